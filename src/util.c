@@ -1,0 +1,186 @@
+/* src/util.c: errors, logging, time and memory helpers. */
+#include "config.h"
+
+#include "src/util.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MESH_ERR_MAX 1024
+
+static _Thread_local char err_buf[MESH_ERR_MAX];
+static _Thread_local int err_set;
+
+static void err_vset(const char *fmt, va_list ap)
+{
+    vsnprintf(err_buf, sizeof(err_buf), fmt, ap);
+    err_set = 1;
+}
+
+int mesh_err(int code, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    err_vset(fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int mesh_err_errno(const char *fmt, ...)
+{
+    int saved = errno ? errno : EIO;
+    char what[MESH_ERR_MAX / 2];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    snprintf(err_buf, sizeof(err_buf), "%s: %s", what, strerror(saved));
+    err_set = 1;
+    return -saved;
+}
+
+int mesh_err_prefix(int code, const char *fmt, ...)
+{
+    char ctx[MESH_ERR_MAX];
+    char old[MESH_ERR_MAX];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(ctx, sizeof(ctx), fmt, ap);
+    va_end(ap);
+    snprintf(old, sizeof(old), "%s", mesh_err_msg(code));
+    snprintf(err_buf, sizeof(err_buf), "%s: %s", ctx, old);
+    err_set = 1;
+    return code;
+}
+
+const char *mesh_err_msg(int code)
+{
+    if (!err_set)
+        snprintf(err_buf, sizeof(err_buf), "%s",
+                 code < 0 ? strerror(-code) : "unknown error");
+    return err_buf;
+}
+
+void mesh_err_clear(void)
+{
+    err_set = 0;
+    err_buf[0] = '\0';
+}
+
+static atomic_int log_rank = -1;
+static atomic_int log_level = -1;
+
+void mesh_log_set_rank(int rank)
+{
+    atomic_store(&log_rank, rank);
+}
+
+void mesh_log_set_level(enum mesh_log_level level)
+{
+    atomic_store(&log_level, (int)level);
+}
+
+static int level_from_env(void)
+{
+    const char *s = getenv("MESHTRAIN_LOG");
+
+    if (!s)
+        return MESH_LOG_INFO;
+    if (!strcasecmp(s, "error"))
+        return MESH_LOG_ERROR;
+    if (!strcasecmp(s, "warn"))
+        return MESH_LOG_WARN;
+    if (!strcasecmp(s, "debug"))
+        return MESH_LOG_DEBUG;
+    return MESH_LOG_INFO;
+}
+
+int mesh_log_enabled(enum mesh_log_level level)
+{
+    int cur = atomic_load(&log_level);
+
+    if (cur < 0) {
+        cur = level_from_env();
+        atomic_store(&log_level, cur);
+    }
+    return (int)level <= cur;
+}
+
+void mesh_log(enum mesh_log_level level, const char *fmt, ...)
+{
+    static const char *names[] = {"error", "warning", "info", "debug"};
+    char line[2048];
+    int n, rank = atomic_load(&log_rank);
+    va_list ap;
+
+    if (!mesh_log_enabled(level))
+        return;
+    if (rank >= 0)
+        n = snprintf(line, sizeof(line), "[meshtrain rank %d] %s: ", rank,
+                     names[level]);
+    else
+        n = snprintf(line, sizeof(line), "[meshtrain] %s: ", names[level]);
+    va_start(ap, fmt);
+    vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    n = (int)strlen(line);
+    line[n++] = '\n';
+    /* One write per line so that lines of several threads never mix. */
+    if (write(STDERR_FILENO, line, (size_t)n) < 0) {
+        /* Nothing sensible to do when stderr is gone. */
+    }
+}
+
+uint64_t mesh_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+double mesh_now_s(void)
+{
+    return (double)mesh_now_ns() * 1e-9;
+}
+
+int mesh_host_alloc(size_t len, void **out)
+{
+    static atomic_int warned;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t rounded = (len + page - 1) / page * page;
+    void *p = NULL;
+
+    if (rounded == 0)
+        rounded = page;
+    if (posix_memalign(&p, page, rounded) != 0)
+        return mesh_err(-ENOMEM, "cannot allocate %zu bytes of host memory",
+                        len);
+    if (mlock(p, rounded) != 0 && !atomic_exchange(&warned, 1))
+        mesh_warn("mlock of %zu bytes failed (%s); host buffers stay "
+                  "pageable (raise RLIMIT_MEMLOCK, ulimit -l, to pin them)",
+                  rounded, strerror(errno));
+    *out = p;
+    return 0;
+}
+
+void mesh_host_free(void *ptr, size_t len)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t rounded = (len + page - 1) / page * page;
+
+    if (!ptr)
+        return;
+    munlock(ptr, rounded ? rounded : page);
+    free(ptr);
+}

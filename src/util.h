@@ -1,0 +1,91 @@
+/*
+ * src/util.h: errors, logging, time and memory helpers shared by every layer.
+ *
+ * Error convention (DESIGN.md): functions return 0 or a negative errno-style
+ * code. The first place that detects an error records a message with
+ * mesh_err(); callers that only propagate the code leave it alone, or add
+ * context in front with mesh_err_prefix(). Only main() prints it and exits.
+ * The message is thread-local.
+ */
+#ifndef MESH_UTIL_H
+#define MESH_UTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define MESH_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define MESH_PRINTF(f, a)
+#endif
+
+/* Record "msg" as this thread's error message and return code (< 0). */
+int mesh_err(int code, const char *fmt, ...) MESH_PRINTF(2, 3);
+
+/* Put "context: " in front of the current message; returns code. */
+int mesh_err_prefix(int code, const char *fmt, ...) MESH_PRINTF(2, 3);
+
+/* This thread's last message, or a description of code if none is set. */
+const char *mesh_err_msg(int code);
+
+/* Forget this thread's message. */
+void mesh_err_clear(void);
+
+/* Log levels; MESHTRAIN_LOG=error|warn|info|debug (default info). */
+enum mesh_log_level {
+    MESH_LOG_ERROR = 0,
+    MESH_LOG_WARN = 1,
+    MESH_LOG_INFO = 2,
+    MESH_LOG_DEBUG = 3,
+};
+
+/* Every log line starts with "[meshtrain rank R] " once the rank is known. */
+void mesh_log_set_rank(int rank);
+void mesh_log_set_level(enum mesh_log_level level);
+int mesh_log_enabled(enum mesh_log_level level);
+void mesh_log(enum mesh_log_level level, const char *fmt, ...)
+    MESH_PRINTF(2, 3);
+
+#define mesh_error_log(...) mesh_log(MESH_LOG_ERROR, __VA_ARGS__)
+#define mesh_warn(...) mesh_log(MESH_LOG_WARN, __VA_ARGS__)
+#define mesh_info(...) mesh_log(MESH_LOG_INFO, __VA_ARGS__)
+#define mesh_debug(...) mesh_log(MESH_LOG_DEBUG, __VA_ARGS__)
+
+/* Monotonic clock. */
+uint64_t mesh_now_ns(void);
+double mesh_now_s(void);
+
+/*
+ * Checked syscall: retries on EINTR, and on failure records
+ * "what: strerror" and jumps to label with rc = -errno.
+ *   MESH_SYSCALL(rc, fd = open(p, O_RDONLY), out, "open %s", p);
+ */
+#define MESH_SYSCALL(rc, expr, label, ...)                                     \
+    do {                                                                       \
+        long mesh_sc_;                                                         \
+        do {                                                                   \
+            mesh_sc_ = (long)(expr);                                           \
+        } while (mesh_sc_ < 0 && errno == EINTR);                              \
+        if (mesh_sc_ < 0) {                                                    \
+            (rc) = mesh_err_errno(__VA_ARGS__);                                \
+            goto label;                                                        \
+        }                                                                      \
+    } while (0)
+
+/* Record "<fmt>: strerror(errno)" and return -errno. */
+int mesh_err_errno(const char *fmt, ...) MESH_PRINTF(1, 2);
+
+/*
+ * Pinned host memory: page-aligned, mlock'ed where RLIMIT_MEMLOCK allows
+ * (a one-time warning is logged where it does not). Freed with
+ * mesh_host_free(ptr, len).
+ */
+int mesh_host_alloc(size_t len, void **out);
+void mesh_host_free(void *ptr, size_t len);
+
+#define MESH_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define MESH_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MESH_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif

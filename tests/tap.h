@@ -1,0 +1,79 @@
+/*
+ * tests/tap.h: a tiny TAP producer for the test programs (header-only).
+ *   plan(n); ok(cond, "name %d", i); skip_all("no GPU"); return done();
+ */
+#ifndef MESH_TAP_H
+#define MESH_TAP_H
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int tap_n, tap_failed, tap_planned;
+
+static inline void plan(int n)
+{
+    tap_planned = n;
+    printf("1..%d\n", n);
+    fflush(stdout);
+}
+
+static inline void skip_all(const char *why)
+{
+    printf("1..0 # SKIP %s\n", why);
+    fflush(stdout);
+}
+
+__attribute__((format(printf, 2, 3))) static inline int
+ok(int cond, const char *fmt, ...)
+{
+    va_list ap;
+
+    printf("%s %d - ", cond ? "ok" : "not ok", ++tap_n);
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    fflush(stdout);
+    if (!cond)
+        tap_failed++;
+    return cond;
+}
+
+__attribute__((format(printf, 1, 2))) static inline void
+skip(const char *fmt, ...)
+{
+    va_list ap;
+
+    printf("ok %d # SKIP ", ++tap_n);
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    fflush(stdout);
+}
+
+__attribute__((format(printf, 1, 2))) static inline void
+diag(const char *fmt, ...)
+{
+    va_list ap;
+
+    printf("# ");
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    fflush(stdout);
+}
+
+/* Exit status: 0 when every planned test ran and passed. */
+static inline int done(void)
+{
+    if (!tap_planned)
+        printf("1..%d\n", tap_n);
+    else if (tap_n != tap_planned)
+        diag("planned %d tests but ran %d", tap_planned, tap_n);
+    return tap_failed || (tap_planned && tap_n != tap_planned);
+}
+
+#endif

@@ -1,0 +1,106 @@
+/* transport/transport.c: what every transport shares (names, options). */
+#include "config.h"
+
+#include "transport/transport.h"
+#include "src/util.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+const char *mesh_peer_name(const struct mesh_world *w, int r, char *buf,
+                           size_t len)
+{
+    const struct mesh_peer *p;
+
+    if (!w || r < 0 || r >= w->size) {
+        snprintf(buf, len, "?");
+        return buf;
+    }
+    p = &w->peers[r];
+    if (strchr(p->host, ':'))
+        snprintf(buf, len, "[%s]:%u", p->host, (unsigned)p->port);
+    else
+        snprintf(buf, len, "%s:%u", p->host, (unsigned)p->port);
+    return buf;
+}
+
+const char *mesh_op_name(int op)
+{
+    static const char *names[] = {"none",      "p2p",       "allreduce",
+                                  "reduce_scatter", "allgather", "broadcast",
+                                  "barrier",   "ps"};
+
+    if (op < 0 || op >= (int)MESH_ARRAY_SIZE(names))
+        return "unknown-op";
+    return names[op];
+}
+
+const char *mesh_dtype_name(int dtype)
+{
+    switch (dtype) {
+    case MESH_DT_BYTE:
+        return "byte";
+    case MESH_DT_F32:
+        return "float32";
+    case MESH_DT_F16:
+        return "float16";
+    case MESH_DT_BF16:
+        return "bfloat16";
+    }
+    return "unknown-dtype";
+}
+
+size_t mesh_dtype_size(int dtype)
+{
+    switch (dtype) {
+    case MESH_DT_BYTE:
+        return 1;
+    case MESH_DT_F32:
+        return 4;
+    case MESH_DT_F16:
+    case MESH_DT_BF16:
+        return 2;
+    }
+    return 0;
+}
+
+const char *mesh_frame_str(const struct mesh_frame *f, char *buf, size_t len)
+{
+    snprintf(buf, len,
+             "%s seq %" PRIu64 " tag %" PRIu32 " %s count %" PRIu64
+             " offset %" PRIu64 " length %" PRIu64,
+             mesh_op_name(f->op), f->seq, f->tag, mesh_dtype_name(f->dtype),
+             f->count, f->offset, f->length);
+    return buf;
+}
+
+void mesh_transport_opts_init(struct mesh_transport_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->streams = 1;
+    o->join_timeout_s = 60.0;
+    o->peer_timeout_s = 10.0;
+    snprintf(o->job_id, sizeof(o->job_id), "meshtrain");
+    o->ib_port = -1;
+    o->gid_index = -1;
+}
+
+int mesh_transport_wait(const struct mesh_transport_ops *ops,
+                        mesh_transport_t *t, mesh_req_t *req)
+{
+    int done = 0, rc;
+
+    for (;;) {
+        rc = ops->test(t, req, &done);
+        if (rc < 0 || done)
+            return rc;
+        rc = ops->wait_any(t, &req, 1, -1.0);
+        if (rc < 0 && rc != -ETIMEDOUT) {
+            /* The job failed: test reports it and frees req. */
+            ops->test(t, req, &done);
+            return rc;
+        }
+    }
+}

@@ -1,0 +1,199 @@
+/*
+ * transport/transport.h: the one interface every transport implements.
+ *
+ * A transport knows bytes, peers and registered memory; it knows nothing of
+ * collectives or tensors. Its shape follows NCCL's network plugin API:
+ * listen, connect, register memory, non-blocking send and receive, test,
+ * progress and close, as a const table of function pointers (one table per
+ * transport: tcp now, verbs later, and any test double).
+ *
+ * Messages are tagged with a struct mesh_frame. The receiver posts what it
+ * expects; the transport matches incoming frames on (seq, tag) and checks the
+ * rest (see "Matching" below). All functions return 0 or a negative
+ * errno-style code with a message recorded by mesh_err() (src/util.h).
+ */
+#ifndef MESH_TRANSPORT_H
+#define MESH_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- the world: who the peers are ------------------------------------- */
+
+#define MESH_HOST_MAX 256
+
+struct mesh_peer {
+    char host[MESH_HOST_MAX]; /* name, IPv4 or IPv6 literal (no brackets) */
+    uint16_t port;            /* where this rank listens */
+    int local_rank;           /* slot index on its host */
+};
+
+struct mesh_world {
+    int rank;                      /* this process */
+    int size;                      /* number of ranks */
+    const struct mesh_peer *peers; /* (size) entries, indexed by rank */
+};
+
+/* "host:port" (with [] around IPv6) of rank r, for messages. */
+const char *mesh_peer_name(const struct mesh_world *w, int r, char *buf,
+                           size_t len);
+
+/* ---- frames ------------------------------------------------------------- */
+
+enum mesh_op {
+    MESH_OP_NONE = 0,
+    MESH_OP_P2P = 1, /* point-to-point (meshbench, control) */
+    MESH_OP_ALLREDUCE = 2,
+    MESH_OP_REDUCE_SCATTER = 3,
+    MESH_OP_ALLGATHER = 4,
+    MESH_OP_BROADCAST = 5,
+    MESH_OP_BARRIER = 6,
+    MESH_OP_PS = 7, /* parameter-server baseline */
+};
+
+enum mesh_dtype {
+    MESH_DT_BYTE = 0,
+    MESH_DT_F32 = 1,
+    MESH_DT_F16 = 2,
+    MESH_DT_BF16 = 3,
+};
+
+const char *mesh_op_name(int op);
+const char *mesh_dtype_name(int dtype);
+size_t mesh_dtype_size(int dtype);
+
+/*
+ * The header every data frame carries on the wire (encoded little-endian,
+ * fixed size). One message posted with isend may travel as several frames
+ * (stripes over several streams); each frame's [offset, offset + length)
+ * lies inside the message's range.
+ */
+struct mesh_frame {
+    uint64_t seq;    /* collective sequence number, same on every rank */
+    uint32_t tag;    /* step within the collective (algorithm-defined) */
+    uint8_t op;      /* enum mesh_op */
+    uint8_t dtype;   /* enum mesh_dtype */
+    uint64_t count;  /* elements in the whole collective */
+    uint64_t offset; /* byte offset of this message in the collective */
+    uint64_t length; /* payload bytes of this message */
+};
+
+/* "allreduce seq 12 tag 3 float32 count 1000 offset 0 length 4000" */
+const char *mesh_frame_str(const struct mesh_frame *f, char *buf, size_t len);
+
+/* ---- options shared by every transport ------------------------------------ */
+
+#define MESH_JOB_MAX 64
+#define MESH_CONFIG_MAX 2048
+
+struct mesh_transport_opts {
+    int streams;             /* TCP streams per link (data), >= 1 */
+    double join_timeout_s;   /* give up joining after this (default 60) */
+    double peer_timeout_s;   /* a silent peer is dead after this (10) */
+    const uint8_t *secret;   /* shared job secret; NULL with insecure */
+    size_t secret_len;
+    int insecure;            /* run without authentication (logged) */
+    char job_id[MESH_JOB_MAX];
+    /*
+     * The configuration that must agree between peers, as "key=value\n"
+     * lines (at most MESH_CONFIG_MAX bytes). Its SHA-256 goes in the
+     * handshake; on a mismatch the log line names the key that differs.
+     */
+    char config[MESH_CONFIG_MAX];
+    /* Transport-specific (verbs): device, port, GID index; NULL/-1 = auto. */
+    const char *ib_dev;
+    int ib_port;
+    int gid_index;
+};
+
+void mesh_transport_opts_init(struct mesh_transport_opts *o);
+
+/* ---- the interface ------------------------------------------------------------ */
+
+typedef struct mesh_transport mesh_transport_t; /* opaque, per transport */
+typedef struct mesh_mr mesh_mr_t;               /* registered memory */
+typedef struct mesh_req mesh_req_t;             /* one isend/irecv */
+
+struct mesh_transport_ops {
+    const char *name;
+
+    /*
+     * Bind this rank's address (world->peers[world->rank]) and start
+     * accepting. world and opts are copied. *out is written on success.
+     */
+    int (*listen)(const struct mesh_world *world,
+                  const struct mesh_transport_opts *opts,
+                  mesh_transport_t **out);
+
+    /*
+     * Join the mesh: connect to every peer (retrying with backoff) and
+     * complete the handshake on every link, or fail at the join timeout
+     * with an error listing the ranks that never answered.
+     */
+    int (*connect)(mesh_transport_t *t);
+
+    /* Register [buf, buf+len) once; data buffers must lie in one. */
+    int (*reg_mr)(mesh_transport_t *t, void *buf, size_t len,
+                  mesh_mr_t **out);
+    int (*dereg_mr)(mesh_transport_t *t, mesh_mr_t *mr);
+
+    /*
+     * Start sending f->length bytes of buf to peer. The buffer must stay
+     * untouched until the request completes. mr may be NULL for memory the
+     * transport need not register (TCP).
+     */
+    int (*isend)(mesh_transport_t *t, int peer, const struct mesh_frame *f,
+                 const void *buf, mesh_mr_t *mr, mesh_req_t **out);
+
+    /*
+     * Post a receive of the message described by expect from peer, written
+     * straight into buf (expect->length bytes).
+     *
+     * Matching: an incoming frame belongs to the posted receive with the
+     * same (seq, tag) whose [offset, offset + length) holds the frame's.
+     * Its op, dtype and count must equal the receive's, else the link and
+     * the job fail with a desync error naming both sides. A frame reaching
+     * past the posted range closes the link before any payload is read. A
+     * frame with no posted receive yet waits (its stream is not read).
+     */
+    int (*irecv)(mesh_transport_t *t, int peer,
+                 const struct mesh_frame *expect, void *buf, mesh_mr_t *mr,
+                 mesh_req_t **out);
+
+    /*
+     * *done = 1 when req has completed, and then req is freed. Returns the
+     * request's error (the job's failure) if it failed; req is freed then
+     * too.
+     */
+    int (*test)(mesh_transport_t *t, mesh_req_t *req, int *done);
+
+    /*
+     * Block until at least one of reqs[0..n) completes, or timeout_s
+     * passes (< 0: no timeout; a failed job always returns promptly).
+     * Completed requests are NOT freed: call test on them. Returns 0, or
+     * -ETIMEDOUT, or the job's failure.
+     */
+    int (*wait_any)(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
+                    double timeout_s);
+
+    /* Drive progress from the caller (a no-op where a thread does it). */
+    int (*progress)(mesh_transport_t *t);
+
+    /*
+     * Fail the job: every pending and future operation returns an error
+     * naming culprit (-1: none) and why; peers are told.
+     */
+    void (*abort)(mesh_transport_t *t, int culprit, const char *why);
+
+    /* Close every link and free everything; NULL is fine. */
+    void (*close)(mesh_transport_t *t);
+};
+
+/* The transports built in: "tcp" always, "verbs" when configured. */
+const struct mesh_transport_ops *mesh_transport_find(const char *name);
+
+/* Wait for one request (wait_any + test). Frees req. */
+int mesh_transport_wait(const struct mesh_transport_ops *ops,
+                        mesh_transport_t *t, mesh_req_t *req);
+
+#endif
