@@ -148,7 +148,7 @@ struct mesh_nn_backend_ops {
                         const float *running_var, void *ws);
     int (*bn_bwd)(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                   const void *x, const void *dy, const float *gamma,
-                  const float *save, const void *reserve, void *dx,
+                  const float *beta, const float *save, const void *reserve, void *dx,
                   float *dgamma, float *dbeta, void *ws);
 
     /* ReLU; the backward reads the forward's output y. May run in place. */

@@ -49,7 +49,7 @@
         }                                                                      \
     } while (0)
 
-#define MAX_ARGS 10
+#define MAX_ARGS 12
 
 /* A primitive with its argument list; memory objects are set per call. */
 struct prim {
@@ -405,7 +405,7 @@ static int prim_run(struct mesh_nn_dev *dev, struct prim *p, void *const *h,
 
         DNNL_CHECK(rc, dnnl_memory_set_data_handle_v2(p->args[i].memory, ptr,
                                                       dev->strm),
-                   out, what);
+                   out, "set_data_handle");
     }
     DNNL_CHECK(rc,
                dnnl_primitive_execute(p->p, dev->strm, p->nargs, p->args),
@@ -648,6 +648,7 @@ static int plan_bn(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
             {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
             {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
             {DNNL_ARG_SCALE, dnnl_query_weights_md, 0, &v},
+            {DNNL_ARG_SHIFT, dnnl_query_weights_md, 1, &v},
             {DNNL_ARG_MEAN, dnnl_query_src_md, 1, &v},
             {DNNL_ARG_VARIANCE, dnnl_query_src_md, 2, &v},
             {DNNL_ARG_DIFF_SRC, dnnl_query_diff_src_md, 0, NULL},
@@ -656,7 +657,7 @@ static int plan_bn(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
             {DNNL_ARG_WORKSPACE, dnnl_query_workspace_md, 0, NULL},
         };
         rc = prim_init(dev, &pl->bwd, &bd, NULL, pl->fwd.pd, a,
-                       d->relu ? 9 : 8, "bn bwd");
+                       d->relu ? 10 : 9, "bn bwd");
         if (rc < 0)
             goto out;
     }
@@ -1044,13 +1045,14 @@ static int cpu_bn_fwd_infer(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 
 static int cpu_bn_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                       const void *x, const void *dy, const float *gamma,
-                      const float *save, const void *reserve, void *dx,
-                      float *dgamma, float *dbeta, void *ws)
+                      const float *beta, const float *save,
+                      const void *reserve, void *dx, float *dgamma,
+                      float *dbeta, void *ws)
 {
-    void *h[9] = {(void *)x,         (void *)dy, (void *)gamma,
-                  (void *)save,      (void *)(save + p->d.c),
-                  dx,                dgamma,     dbeta,
-                  (void *)reserve};
+    void *h[10] = {(void *)x,    (void *)dy,   (void *)gamma,
+                   (void *)beta, (void *)save, (void *)(save + p->d.c),
+                   dx,           dgamma,       dbeta,
+                   (void *)reserve};
 
     return prim_run(dev, &p->bwd, h, ws, "bn bwd");
 }

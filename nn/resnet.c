@@ -1024,7 +1024,8 @@ static int bn_bwd(struct bwd *w, struct nn_bn *b, const void *x,
     int rc;
 
     PROF(m, NN_PROF_BN_BWD,
-         OPS(m)->bn_bwd(DEV(m), b->p, x, dy, m->params + b->g, b->save,
+         OPS(m)->bn_bwd(DEV(m), b->p, x, dy, m->params + b->g,
+                        m->params + b->g + b->c, b->save,
                         b->reserve, dx, dg, dg + b->c, m->ws));
     return gdone(w, b->g, 2 * (size_t)b->c);
 }
