@@ -31,20 +31,20 @@
 #error "nn/safetensors.c assumes a little-endian host"
 #endif
 
-/* ---- dtypes ---------------------------------------------------------------- */
+/* ---- dtypes -------------------------------------------------------------- */
 
 static const struct {
     const char *name;
     int dtype;
     size_t size;
 } dtypes[] = {
-    {"F32", MESH_DT_F32, 4},       {"F16", MESH_DT_F16, 2},
-    {"BF16", MESH_DT_BF16, 2},     {"I64", MESH_ST_I64, 8},
-    {"I32", MESH_ST_I32, 4},       {"U8", MESH_ST_U8, 1},
-    {"F64", MESH_ST_F64, 8},       {"I16", MESH_ST_I16, 2},
-    {"I8", MESH_ST_I8, 1},         {"U16", MESH_ST_U16, 2},
-    {"U32", MESH_ST_U32, 4},       {"U64", MESH_ST_U64, 8},
-    {"BOOL", MESH_ST_BOOL, 1},     {"F8_E4M3", MESH_ST_F8_E4M3, 1},
+    {"F32", MESH_DT_F32, 4},         {"F16", MESH_DT_F16, 2},
+    {"BF16", MESH_DT_BF16, 2},       {"I64", MESH_ST_I64, 8},
+    {"I32", MESH_ST_I32, 4},         {"U8", MESH_ST_U8, 1},
+    {"F64", MESH_ST_F64, 8},         {"I16", MESH_ST_I16, 2},
+    {"I8", MESH_ST_I8, 1},           {"U16", MESH_ST_U16, 2},
+    {"U32", MESH_ST_U32, 4},         {"U64", MESH_ST_U64, 8},
+    {"BOOL", MESH_ST_BOOL, 1},       {"F8_E4M3", MESH_ST_F8_E4M3, 1},
     {"F8_E5M2", MESH_ST_F8_E5M2, 1},
 };
 
@@ -108,18 +108,7 @@ static const char *show_shape(const int64_t *shape, int ndim, char *buf,
     return buf;
 }
 
-/* The same for a shape as parsed (unsigned, <= INT64_MAX each). */
-static const char *show_ushape(const uint64_t *shape, int ndim, char *buf,
-                               size_t len)
-{
-    int64_t s[MESH_ST_MAX_DIMS];
-
-    for (int i = 0; i < ndim; i++)
-        s[i] = (int64_t)shape[i];
-    return show_shape(s, ndim, buf, len);
-}
-
-/* ---- the parsed file --------------------------------------------------------- */
+/* ---- the parsed file ----------------------------------------------------- */
 
 struct meta {
     const char *key, *value;
@@ -132,9 +121,9 @@ struct mesh_st_file {
     int owned;           /* 0 borrowed, 1 mmap'ed, 2 malloc'ed */
     const uint8_t *data; /* the data buffer, after the header */
     uint64_t data_len;
-    int n;                          /* tensors */
-    struct mesh_st_tensor *t;       /* (n) in header order */
-    size_t *hpos;                   /* (n) header byte of each name */
+    int n;                                 /* tensors */
+    struct mesh_st_tensor *t;              /* (n) in header order */
+    size_t *hpos;                          /* (n) header byte of each name */
     const struct mesh_st_tensor **by_name; /* (n) sorted by name */
     int nmeta;
     struct meta *meta; /* (nmeta) sorted by key */
@@ -153,6 +142,7 @@ struct parser {
     int meta_cap;
     int seen_meta;
     const char *cur; /* the tensor being parsed, for messages */
+    uint64_t *ends;  /* (f->n) data_offsets[1] of each tensor, until checked */
 };
 
 /*
@@ -217,6 +207,11 @@ static const char *what_is(const struct parser *p)
         return "':'";
     case '-':
         return "a negative number";
+    case ' ':
+    case '\t':
+    case '\n':
+    case '\r':
+        return "whitespace";
     case 't':
     case 'f':
         return "a boolean or garbage";
@@ -353,8 +348,7 @@ static int parse_string(struct parser *p, const char *ctx, const char **out)
         uint8_t c;
 
         if (p->pos >= p->n)
-            return PERR(p, start, "invalid JSON: unterminated string %s",
-                        ctx);
+            return PERR(p, start, "invalid JSON: unterminated string %s", ctx);
         c = p->h[p->pos];
         if (c == '"') {
             p->pos++;
@@ -460,11 +454,10 @@ static int parse_uint(struct parser *p, const char *ctx, uint64_t max,
     skip_ws(p);
     start = p->pos;
     if (p->pos >= p->n || p->h[p->pos] < '0' || p->h[p->pos] > '9')
-        return PERR(p, p->pos,
-                    "expected a non-negative integer %s, found %s", ctx,
-                    what_is(p));
-    if (p->h[p->pos] == '0' && p->pos + 1 < p->n &&
-        p->h[p->pos + 1] >= '0' && p->h[p->pos + 1] <= '9')
+        return PERR(p, p->pos, "expected a non-negative integer %s, found %s",
+                    ctx, what_is(p));
+    if (p->h[p->pos] == '0' && p->pos + 1 < p->n && p->h[p->pos + 1] >= '0' &&
+        p->h[p->pos + 1] <= '9')
         return PERR(p, p->pos, "invalid JSON: leading zero in a number %s",
                     ctx);
     while (p->pos < p->n && p->h[p->pos] >= '0' && p->h[p->pos] <= '9') {
@@ -475,10 +468,12 @@ static int parse_uint(struct parser *p, const char *ctx, uint64_t max,
         v = v * 10 + d;
         p->pos++;
     }
-    if (p->pos < p->n && (p->h[p->pos] == '.' || p->h[p->pos] == 'e' ||
-                          p->h[p->pos] == 'E'))
-        return PERR(p, start, "expected an integer %s, found a fraction or "
-                              "exponent", ctx);
+    if (p->pos < p->n &&
+        (p->h[p->pos] == '.' || p->h[p->pos] == 'e' || p->h[p->pos] == 'E'))
+        return PERR(p, start,
+                    "expected an integer %s, found a fraction or "
+                    "exponent",
+                    ctx);
     *out = v;
     return 0;
 }
@@ -507,7 +502,7 @@ static int parse_uint_array(struct parser *p, const char *ctx, int maxn,
         if ((rc = parse_uint(p, ctx, max, &v)) < 0)
             return rc;
         if (n == maxn)
-            return PERR(p, start, "%s has more than %d entries", ctx, maxn);
+            return PERR(p, start, "more than %d entries %s", maxn, ctx);
         vals[n++] = v;
         skip_ws(p);
         if (p->pos < p->n && p->h[p->pos] == ',') {
@@ -518,8 +513,10 @@ static int parse_uint_array(struct parser *p, const char *ctx, int maxn,
             p->pos++;
             break;
         }
-        return PERR(p, p->pos, "invalid JSON: expected ',' or ']' in %s, "
-                               "found %s", ctx, what_is(p));
+        return PERR(p, p->pos,
+                    "invalid JSON: expected ',' or ']' in %s, "
+                    "found %s",
+                    ctx, what_is(p));
     }
     *count = n;
     return 0;
@@ -601,8 +598,6 @@ static int parse_tensor(struct parser *p, const char *name, size_t keypos)
     struct mesh_st_tensor *t;
     uint64_t shape[MESH_ST_MAX_DIMS], offs[2];
     int ndim = 0, noffs = 0, seen = 0, dtype = -1;
-    uint64_t elems = 1, need;
-    size_t size;
     char s[160];
     int rc;
 
@@ -610,6 +605,7 @@ static int parse_tensor(struct parser *p, const char *name, size_t keypos)
         int cap = p->cap ? 2 * p->cap : 64;
         struct mesh_st_tensor *nt = realloc(f->t, (size_t)cap * sizeof(*nt));
         size_t *np;
+        uint64_t *ne;
 
         if (!nt)
             return mesh_err(-ENOMEM, "out of memory for tensors");
@@ -618,6 +614,10 @@ static int parse_tensor(struct parser *p, const char *name, size_t keypos)
         if (!np)
             return mesh_err(-ENOMEM, "out of memory for tensors");
         f->hpos = np;
+        ne = realloc(p->ends, (size_t)cap * sizeof(*ne));
+        if (!ne)
+            return mesh_err(-ENOMEM, "out of memory for tensors");
+        p->ends = ne;
         p->cap = cap;
     }
     p->cur = name;
@@ -666,9 +666,8 @@ static int parse_tensor(struct parser *p, const char *name, size_t keypos)
                                 show(d, s, sizeof(s)));
                 p->arena_used = mark;
             } else if (bit == 2) {
-                if ((rc = parse_uint_array(p, "in \"shape\"",
-                                           MESH_ST_MAX_DIMS, INT64_MAX, shape,
-                                           &ndim)) < 0)
+                if ((rc = parse_uint_array(p, "in \"shape\"", MESH_ST_MAX_DIMS,
+                                           INT64_MAX, shape, &ndim)) < 0)
                     return rc;
             } else {
                 skip_ws(p);
@@ -692,37 +691,7 @@ static int parse_tensor(struct parser *p, const char *name, size_t keypos)
                     : !(seen & 2) ? "shape"
                                   : "data_offsets");
 
-    /* The entry is well-formed; now its numbers must agree. */
-    size = mesh_st_dtype_size(dtype);
-    for (int i = 0; i < ndim; i++) {
-        if (shape[i] && elems > UINT64_MAX / shape[i])
-            return PERR(p, keypos, "element count of shape %s overflows",
-                        show_ushape(shape, ndim, s, sizeof(s)));
-        elems *= shape[i];
-    }
-    if (elems > UINT64_MAX / size)
-        return PERR(p, keypos, "byte size of shape %s overflows",
-                    show_ushape(shape, ndim, s, sizeof(s)));
-    need = elems * size;
-    if (offs[0] > offs[1])
-        return PERR(p, keypos,
-                    "data_offsets [%" PRIu64 ",%" PRIu64
-                    "] end before they begin",
-                    offs[0], offs[1]);
-    if (offs[1] - offs[0] != need)
-        return PERR(p, keypos,
-                    "data_offsets [%" PRIu64 ",%" PRIu64 "] hold %" PRIu64
-                    " bytes but dtype %s shape %s needs %" PRIu64,
-                    offs[0], offs[1], offs[1] - offs[0],
-                    mesh_st_dtype_name(dtype),
-                    show_ushape(shape, ndim, s, sizeof(s)), need);
-    if (offs[1] > p->data_len)
-        return PERR(p, keypos,
-                    "data_offsets [%" PRIu64 ",%" PRIu64
-                    "] run past the end of the data buffer (%" PRIu64
-                    " bytes)",
-                    offs[0], offs[1], p->data_len);
-
+    /* Its numbers are checked once the whole header is known to be JSON. */
     t = &f->t[f->n];
     memset(t, 0, sizeof(*t));
     t->name = name;
@@ -731,9 +700,56 @@ static int parse_tensor(struct parser *p, const char *name, size_t keypos)
     for (int i = 0; i < ndim; i++)
         t->shape[i] = (int64_t)shape[i];
     t->offset = offs[0];
-    t->nbytes = need;
+    p->ends[f->n] = offs[1];
     f->hpos[f->n] = keypos;
     f->n++;
+    p->cur = NULL;
+    return 0;
+}
+
+/* Each tensor's shape, dtype size and data_offsets must agree. */
+static int check_sizes(struct parser *p)
+{
+    struct mesh_st_file *f = p->f;
+    char s[160];
+
+    for (int k = 0; k < f->n; k++) {
+        struct mesh_st_tensor *t = &f->t[k];
+        uint64_t elems = 1, need, begin = t->offset, end = p->ends[k];
+        size_t size = mesh_st_dtype_size(t->dtype);
+        size_t at = f->hpos[k];
+
+        p->cur = t->name;
+        for (int i = 0; i < t->ndim; i++) {
+            uint64_t d = (uint64_t)t->shape[i];
+            if (d && elems > UINT64_MAX / d)
+                return PERR(p, at, "element count of shape %s overflows",
+                            show_shape(t->shape, t->ndim, s, sizeof(s)));
+            elems *= d;
+        }
+        if (elems > UINT64_MAX / size)
+            return PERR(p, at, "byte size of shape %s overflows",
+                        show_shape(t->shape, t->ndim, s, sizeof(s)));
+        need = elems * size;
+        if (begin > end)
+            return PERR(p, at,
+                        "data_offsets [%" PRIu64 ",%" PRIu64
+                        "] end before they begin",
+                        begin, end);
+        if (end - begin != need)
+            return PERR(p, at,
+                        "data_offsets [%" PRIu64 ",%" PRIu64 "] hold %" PRIu64
+                        " bytes but dtype %s shape %s needs %" PRIu64,
+                        begin, end, end - begin, mesh_st_dtype_name(t->dtype),
+                        show_shape(t->shape, t->ndim, s, sizeof(s)), need);
+        if (end > p->data_len)
+            return PERR(p, at,
+                        "data_offsets [%" PRIu64 ",%" PRIu64
+                        "] run past the end of the data buffer (%" PRIu64
+                        " bytes)",
+                        begin, end, p->data_len);
+        t->nbytes = need;
+    }
     p->cur = NULL;
     return 0;
 }
@@ -843,7 +859,8 @@ static int check_unique(const struct parser *p)
     }
     for (int i = 0; i < f->n; i++)
         f->by_name[i] = &f->t[i];
-    qsort(f->by_name, (size_t)f->n, sizeof(*f->by_name), cmp_by_name);
+    if (f->n > 1)
+        qsort(f->by_name, (size_t)f->n, sizeof(*f->by_name), cmp_by_name);
     for (int i = 1; i < f->n; i++)
         if (strcmp(f->by_name[i - 1]->name, f->by_name[i]->name) == 0) {
             size_t a = (size_t)(f->by_name[i - 1] - f->t);
@@ -852,14 +869,14 @@ static int check_unique(const struct parser *p)
                         "duplicate tensor name (first at header byte %zu)",
                         f->hpos[MESH_MIN(a, c)]);
         }
-    qsort(f->meta, (size_t)f->nmeta, sizeof(*f->meta), cmp_meta);
+    if (f->nmeta > 1)
+        qsort(f->meta, (size_t)f->nmeta, sizeof(*f->meta), cmp_meta);
     for (int i = 1; i < f->nmeta; i++)
         if (strcmp(f->meta[i - 1].key, f->meta[i].key) == 0)
             return PERR(p, f->meta[i].pos,
                         "duplicate metadata key \"%s\" (first at header "
                         "byte %zu)",
-                        show(f->meta[i].key, b, sizeof(b)),
-                        f->meta[i - 1].pos);
+                        show(f->meta[i].key, b, sizeof(b)), f->meta[i - 1].pos);
     return 0;
 }
 
@@ -899,7 +916,8 @@ static int parse_header(struct parser *p)
     if (p->pos != p->n)
         return PERR(p, p->pos,
                     "trailing garbage after the header's JSON object");
-    if ((rc = check_unique(p)) < 0 || (rc = check_coverage(p)) < 0)
+    if ((rc = check_sizes(p)) < 0 || (rc = check_unique(p)) < 0 ||
+        (rc = check_coverage(p)) < 0)
         return rc;
     return 0;
 }
@@ -967,6 +985,7 @@ static int parse_buf(const uint8_t *base, size_t len, int owned,
     }
     f->arena = p.arena;
     rc = parse_header(&p);
+    free(p.ends);
     if (rc < 0) {
         mesh_st_close(f); /* owned is still 0: the buffer stays */
         return rc;
@@ -1129,7 +1148,7 @@ const char *mesh_st_metadata(const struct mesh_st_file *f, const char *key)
     return NULL;
 }
 
-/* ---- conversions --------------------------------------------------------------- */
+/* ---- conversions --------------------------------------------------------- */
 
 static float f16_to_f32(uint16_t h)
 {
@@ -1314,22 +1333,26 @@ int mesh_st_read(const struct mesh_st_file *f, const char *name, int dtype,
     if (!t)
         return mesh_err(-ENOENT, "%s: not in the file", name);
     if (!mesh_st_dtype_name(dtype))
-        return mesh_err(-EINVAL, "%s: dtype %d requested is not a safetensors "
-                                 "dtype", name, dtype);
+        return mesh_err(-EINVAL,
+                        "%s: dtype %d requested is not a safetensors "
+                        "dtype",
+                        name, dtype);
     if (!convertible(t->dtype, dtype))
         return mesh_err(-EINVAL, "%s: dtype %s in file, %s expected", name,
                         mesh_st_dtype_name(t->dtype),
                         mesh_st_dtype_name(dtype));
+    if (ndim < 0 || ndim > MESH_ST_MAX_DIMS || (ndim && !shape))
+        return mesh_err(-EINVAL,
+                        "%s: %d dimensions expected (0..%d, with a "
+                        "shape)",
+                        name, ndim, MESH_ST_MAX_DIMS);
     same = ndim == t->ndim;
     for (int i = 0; same && i < ndim; i++)
         same = shape[i] == t->shape[i];
-    if (!same || ndim < 0 || ndim > MESH_ST_MAX_DIMS)
+    if (!same)
         return mesh_err(-EINVAL, "%s: shape %s in file, %s expected", name,
                         show_shape(t->shape, t->ndim, a, sizeof(a)),
-                        show_shape(shape, ndim < 0 ? 0
-                                                   : MESH_MIN(ndim,
-                                                              MESH_ST_MAX_DIMS),
-                                   b, sizeof(b)));
+                        show_shape(shape, ndim, b, sizeof(b)));
     src = f->data + t->offset;
     n = t->nbytes / mesh_st_dtype_size(t->dtype);
     if (t->dtype == dtype) {
@@ -1372,7 +1395,7 @@ int mesh_st_read(const struct mesh_st_file *f, const char *name, int dtype,
     return 0;
 }
 
-/* ---- writing ----------------------------------------------------------------- */
+/* ---- writing ------------------------------------------------------------- */
 
 struct sbuf {
     char *p;
@@ -1454,8 +1477,7 @@ static int cmp_str(const void *a, const void *b)
 }
 
 /* Duplicates in strs (n of them, every stride-th); the first or NULL. */
-static const char *find_dup(const char *const *strs, int n, int stride,
-                            int *rc)
+static const char *find_dup(const char *const *strs, int n, int stride, int *rc)
 {
     const char **s;
     const char *dup = NULL;
@@ -1485,8 +1507,8 @@ static int write_all(int fd, const void *buf, size_t len, const char *path)
 
     while (len) {
         ssize_t w;
-        MESH_SYSCALL(rc, w = write(fd, p, MESH_MIN(len, (size_t)1 << 30)),
-                     out, "write %s", path);
+        MESH_SYSCALL(rc, w = write(fd, p, MESH_MIN(len, (size_t)1 << 30)), out,
+                     "write %s", path);
         p += w;
         len -= (size_t)w;
     }
@@ -1496,8 +1518,7 @@ out:
 
 /* Build the header; nbytes[i] receives entry i's size. */
 static int build_header(const struct mesh_st_entry *e, int n,
-                        const char *const *kv, uint64_t *nbytes,
-                        struct sbuf *h)
+                        const char *const *kv, uint64_t *nbytes, struct sbuf *h)
 {
     const char **names;
     const char *dup;
@@ -1540,10 +1561,9 @@ static int build_header(const struct mesh_st_entry *e, int n,
         for (int d = 0; d < e[i].ndim; d++) {
             uint64_t v = (uint64_t)e[i].shape[d];
             if (e[i].shape[d] < 0 || (v && elems > UINT64_MAX / v))
-                return mesh_err(-EINVAL, "%s: bad shape %s",
-                                show(e[i].name, b, sizeof(b)),
-                                show_shape(e[i].shape, e[i].ndim, sh,
-                                           sizeof(sh)));
+                return mesh_err(
+                    -EINVAL, "%s: bad shape %s", show(e[i].name, b, sizeof(b)),
+                    show_shape(e[i].shape, e[i].ndim, sh, sizeof(sh)));
             elems *= v;
         }
         if (elems > UINT64_MAX / size || off > UINT64_MAX - elems * size)

@@ -52,7 +52,7 @@ enum mesh_st_dtype {
     MESH_ST_F8_E5M2,  /* "F8_E5M2", likewise */
 };
 
-#define MESH_ST_MAX_DIMS 8
+#define MESH_ST_MAX_DIMS   8
 #define MESH_ST_MAX_HEADER 100000000u /* the reference implementation's */
 
 /* "F32", "I64", ...; NULL for a value that is no safetensors dtype. */
