@@ -75,7 +75,10 @@ struct mesh_st_tensor {
 /*
  * Map (or, for a pipe, read) the file at path and validate all of it.
  * On success *out owns the mapping; free it with mesh_st_close().
- * Errors start with the path.
+ * Errors start with the path. As with any mmap reader, a file truncated in
+ * place by another process while open faults (SIGBUS) on access; replacing
+ * it with rename, as mesh_st_write does, is safe. A parsed file is never
+ * modified, so threads may share it.
  */
 int mesh_st_open(const char *path, struct mesh_st_file **out);
 
