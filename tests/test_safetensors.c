@@ -21,6 +21,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
@@ -485,6 +486,41 @@ static int file_equals(const char *path, const uint8_t *want, size_t len)
     return same;
 }
 
+/* A file that cannot be mapped (a FIFO) is read instead. */
+static void test_fifo(void)
+{
+    float x[3] = {1, 2, 3}, y[3] = {0};
+    struct mesh_st_entry e = {"x", MESH_DT_F32, 1, {3}, x};
+    struct mesh_st_file *f = NULL;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    pid_t pid;
+    int rc, st;
+
+    rc = mesh_st_write(tpath("fifo-src.st"), &e, 1, NULL);
+    if (rc || read_file(tpath("fifo-src.st"), &buf, &len) < 0 ||
+        mkfifo(tpath("fifo"), 0600) < 0) {
+        ok(0, "set up a FIFO");
+        free(buf);
+        return;
+    }
+    pid = fork();
+    if (pid == 0) {
+        int fd = open(tpath("fifo"), O_WRONLY);
+        _exit(fd < 0 || write(fd, buf, len) != (ssize_t)len);
+    }
+    rc = mesh_st_open(tpath("fifo"), &f);
+    if (rc == 0) {
+        rc = mesh_st_read(f, "x", MESH_DT_F32, (const int64_t[]){3}, 1, y);
+        mesh_st_close(f);
+    }
+    waitpid(pid, &st, 0);
+    ok(rc == 0 && memcmp(x, y, sizeof(x)) == 0 && WIFEXITED(st) &&
+           WEXITSTATUS(st) == 0,
+       "read through a FIFO: %s", rc ? mesh_err_msg(rc) : "ok");
+    free(buf);
+}
+
 static void test_write_errors(void)
 {
     float x[4] = {1, 2, 3, 4};
@@ -565,6 +601,7 @@ static void test_write_errors(void)
        "open of a missing file: %s", mesh_err_msg(rc));
     rc = mesh_st_open(tmpdir, &(struct mesh_st_file *){NULL});
     ok(rc == -EISDIR, "open of a directory: %s", mesh_err_msg(rc));
+    test_fifo();
 }
 
 /* ---- the seed corpus ----------------------------------------------------- */
@@ -645,6 +682,10 @@ static const struct {
      "header byte 3: invalid JSON: high surrogate \\ud800 without a low one"},
     {"lone-low-surrogate.st",
      "header byte 3: invalid JSON: lone low surrogate \\udc00"},
+    {"long-name.st",
+     "header byte 315: tensor \"nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn\\x0a"
+     "mmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmmm...\": unknown "
+     "dtype \"F17\""},
     {"metadata-not-object.st",
      "header byte 16: invalid JSON: expected '{' as the value of "
      "\"__metadata__\", found a string"},

@@ -159,3 +159,7 @@ st("hole.st", [("a", "F32", [1], [0, 4]), ("b", "F32", [1], [8, 12])],
 st("hole-at-start.st", [("a", "F32", [1], [4, 8])], F32x4[:8])
 st("trailing-garbage.st", [("a", "F32", [1], [0, 4])], F32x4[:8])
 raw("no-tensors-with-data.st", b"{}", b"\0" * 4)
+
+# Messages quote names escaped and cut to 96 bytes.
+raw("long-name.st", b'{"' + b"n" * 40 + b"\\n" + b"m" * 260 +
+    b'":{"dtype":"F17","shape":[],"data_offsets":[0,0]}}')
