@@ -153,8 +153,9 @@ int mesh_nn_model_loss(struct mesh_nn_model *m, const int32_t *labels,
 /*
  * Called during backward each time a range of the gradient slab is final:
  * [offset, offset + count) in floats. Ranges come in strictly decreasing,
- * contiguous order (from the end of the slab down to 0), one per tensor, so
- * after a call everything from offset to the end is final. The device work
+ * contiguous order (from the end of the slab down to 0), one per layer (a
+ * conv weight; a BN's weight and bias; fc's weight and bias), so after a
+ * call everything from offset to the end of the slab is final. The device work
  * that produced the range has been issued, and for the "cpu" backend has
  * completed; a device backend calls mesh_nn_sync() first or orders a copy
  * on its stream. Return 0 to continue, < 0 to stop backward with that code.
