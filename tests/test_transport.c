@@ -37,6 +37,7 @@
 static const struct mesh_transport_ops *ops;
 static const char *secret = "correct horse battery staple, 32b";
 static const char *config = "model=resnet50\nbatch=32\nlr=0.1\n";
+static const char *test_host = "127.0.0.1";
 
 /* ---- worlds ------------------------------------------------------------ */
 
@@ -103,7 +104,8 @@ static uint16_t pick_ports(int n)
 static void world_build(struct ctx *cx)
 {
     for (int i = 0; i < cx->cfg.n; i++) {
-        snprintf(cx->peers[i].host, sizeof(cx->peers[i].host), "127.0.0.1");
+        snprintf(cx->peers[i].host, sizeof(cx->peers[i].host), "%s",
+                 test_host);
         cx->peers[i].port = (uint16_t)(cx->base + i);
         cx->peers[i].local_rank = i;
     }
@@ -623,10 +625,10 @@ static void scenario_exchange(int n, int streams, int insecure)
     run_finish(&R, 40);
     report_children(&R, "exchange");
     ok(all_ok(&R),
-       "%d peers, %d stream%s%s: join, all pairs, sizes 0..8 MiB checked "
-       "(%.1f s)",
-       n, streams, streams > 1 ? "s" : "", insecure ? ", insecure" : "",
-       mesh_now_s() - t0);
+       "%d peers on %s, %d stream%s%s: join, all pairs, sizes 0..8 MiB "
+       "checked (%.1f s)",
+       n, test_host, streams, streams > 1 ? "s" : "",
+       insecure ? ", insecure" : "", mesh_now_s() - t0);
     if (insecure) {
         char *log = run_log(&R, 0);
 
@@ -635,6 +637,25 @@ static void scenario_exchange(int n, int streams, int insecure)
         free(log);
     }
     run_cleanup(&R);
+}
+
+/* The same over IPv6 loopback, where the machine has it. */
+static void scenario_ipv6(void)
+{
+    struct sockaddr_in6 s6 = {.sin6_family = AF_INET6};
+    int fd = socket(AF_INET6, SOCK_STREAM, 0), have;
+
+    s6.sin6_addr = in6addr_loopback;
+    have = fd >= 0 && bind(fd, (struct sockaddr *)&s6, sizeof(s6)) == 0;
+    if (fd >= 0)
+        close(fd);
+    if (!have) {
+        skip("no IPv6 loopback (::1) here");
+        return;
+    }
+    test_host = "::1";
+    scenario_exchange(2, 2, 0);
+    test_host = "127.0.0.1";
 }
 
 static void scenario_desync(int mode)
@@ -934,6 +955,7 @@ int main(int argc, char **argv)
     scenario_exchange(4, 1, 0);
     scenario_exchange(4, 4, 0);
     scenario_exchange(8, 2, 0);
+    scenario_ipv6();
     scenario_desync(0);
     scenario_desync(1);
     scenario_desync(2);
