@@ -320,10 +320,15 @@ static char *run_log(struct run *R, int i)
     return buf;
 }
 
+/* Children's logs go away unless MESH_TEST_KEEP_LOGS is set. */
 static void run_cleanup(struct run *R)
 {
-    for (int i = 0; i < R->n; i++)
-        unlink(R->logs[i]);
+    for (int i = 0; i < R->n; i++) {
+        if (getenv("MESH_TEST_KEEP_LOGS"))
+            diag("log of rank %d kept in %s", i, R->logs[i]);
+        else
+            unlink(R->logs[i]);
+    }
 }
 
 static void report_children(struct run *R, const char *what)
@@ -854,7 +859,8 @@ static void scenario_kill(int sig)
     double t0;
 
     c.peer_timeout_s = 2.0;
-    if (!base || run_start(&R, 4, NULL, &c, base, child_victim, "kill")) {
+    if (!base || run_start(&R, 4, NULL, &c, base, child_victim,
+                                  sig == SIGKILL ? "kill" : "stop")) {
         ok(0, "%s: start", name);
         return;
     }
