@@ -1241,6 +1241,35 @@ static int frame_decode(const uint8_t *h, struct mesh_frame *f)
     return 0;
 }
 
+/*
+ * A peer said goodbye. What it sent before still arrives on its data
+ * streams (other sockets than the goodbye's), so its receives may still
+ * complete; the job fails only when a stream broke mid-frame or with sends
+ * queued (cut), or when every stream has ended with operations pending.
+ */
+static void bye_check(struct mesh_transport *t, int peer, int cut)
+{
+    struct link *l = &t->links[peer];
+    struct mesh_req *r;
+    char nb[300];
+    int s;
+
+    if (t->failed)
+        return;
+    /* A parked stream waits for a receive none of the pending ones is. */
+    for (s = 0; s < t->S; s++)
+        if (l->data[s] && l->data[s]->state == C_READY &&
+            !l->data[s]->parked)
+            break;
+    for (r = t->reqs; r; r = r->next)
+        if (r->peer == peer && !atomic_load(&r->done))
+            break;
+    if (cut || (s == t->S && r))
+        fail_job(t, peer, -ECONNRESET, 1,
+                 "rank %d (%s) left the mesh with operations pending", peer,
+                 pname(t, peer, nb, sizeof(nb)));
+}
+
 /* A peer's connection failed: blame it unless it said goodbye or an
  * abort notice explains it (read what its control connection holds). */
 static void peer_lost(struct conn *c, const char *fmt, ...) MESH_PRINTF(2, 3);
@@ -1251,16 +1280,23 @@ static void peer_lost(struct conn *c, const char *fmt, ...)
     struct link *l = &t->links[c->peer];
     char why[300], nb[300];
     va_list ap;
+    int cut = c->rx_req || c->hdr_got || c->txq;
 
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
+
     if (l->ctrl && l->ctrl != c && l->ctrl->state == C_READY)
         ctrl_read(l->ctrl);
     if (c->state == C_READY)
         conn_kill(c);
-    if (l->bye || t->failed || t->stopping)
+    if (t->failed || t->stopping)
         return;
+    if (l->bye) {
+        if (c != l->ctrl)
+            bye_check(t, c->peer, cut);
+        return;
+    }
     if (c != l->ctrl && l->ctrl && l->ctrl->state == C_READY) {
         /* The tick gives the verdict (the goodbye may still be on its
          * way on the control connection). */
@@ -1524,19 +1560,11 @@ static void ctrl_got(struct conn *c)
         fail_job(t, culprit, -ECONNABORTED, 0, "%s (reported by rank %d (%s))",
                  reason, c->peer, pname(t, c->peer, nb, sizeof(nb)));
         return;
-    case TCP_CTRL_BYE: {
-        struct mesh_req *r;
-
+    case TCP_CTRL_BYE:
         l->bye = 1;
-        for (r = t->reqs; r; r = r->next)
-            if (r->peer == c->peer && !atomic_load(&r->done))
-                break;
-        if (r && !t->failed)
-            fail_job(t, c->peer, -ECONNRESET, 1,
-                     "rank %d (%s) left the mesh with operations pending",
-                     c->peer, pname(t, c->peer, nb, sizeof(nb)));
+        l->lost_ns = 0;
+        bye_check(t, c->peer, 0);
         return;
-    }
     default:
         fail_job(t, c->peer, -EPROTO, 1,
                  "rank %d (%s) sent garbage on its control connection "
@@ -2044,7 +2072,8 @@ static int tcp_dereg_mr(mesh_transport_t *t, mesh_mr_t *mr)
     return 0;
 }
 
-static int check_peer(struct mesh_transport *t, int peer, const char *what)
+static int check_peer(struct mesh_transport *t, int peer, const char *what,
+                      int sending)
 {
     char nb[300];
 
@@ -2056,7 +2085,7 @@ static int check_peer(struct mesh_transport *t, int peer, const char *what)
     if (!t->links[peer].ready)
         return mesh_err(-ENOTCONN, "tcp %s: rank %d (%s) has not joined",
                         what, peer, pname(t, peer, nb, sizeof(nb)));
-    if (t->links[peer].bye)
+    if (t->links[peer].bye && sending)
         return mesh_err(-ECONNRESET, "tcp %s: rank %d (%s) left the mesh",
                         what, peer, pname(t, peer, nb, sizeof(nb)));
     return 0;
@@ -2077,7 +2106,7 @@ static int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
         return mesh_err(-EINVAL, "tcp isend: NULL buffer");
     np = 1;
     pthread_mutex_lock(&t->lock);
-    rc = check_peer(t, peer, "isend");
+    rc = check_peer(t, peer, "isend", 1);
     if (rc < 0)
         goto out;
     l = &t->links[peer];
@@ -2160,7 +2189,7 @@ static int tcp_irecv(mesh_transport_t *t, int peer,
     if (expect->offset + expect->length < expect->offset)
         return mesh_err(-EINVAL, "tcp irecv: range overflows");
     pthread_mutex_lock(&t->lock);
-    rc = check_peer(t, peer, "irecv");
+    rc = check_peer(t, peer, "irecv", 0);
     if (rc < 0)
         goto out;
     l = &t->links[peer];
@@ -2206,6 +2235,9 @@ static int tcp_irecv(mesh_transport_t *t, int peer,
             break;
         }
     }
+    /* A peer that left may still have delivered this; else it never will. */
+    if (l->bye)
+        bye_check(t, peer, 0);
     if (t->failed && !atomic_load(&r->done)) {
         rc = fail_err(t);
         req_unlink(t, r);
