@@ -133,7 +133,7 @@ struct link {
     int ready;          /* all S + 1 are READY */
     int bye;            /* the peer closed the mesh normally */
     uint64_t last_rx_ns;
-    uint64_t ctrl_tx_ns; /* last control message sent */
+    uint64_t tx_ns;      /* last bytes sent on any of its connections */
     struct mesh_req *posted; /* receives posted, not yet complete */
     unsigned rr;             /* next data stream for a message */
     struct dial *dial;       /* (S + 1), dialers only */
@@ -197,6 +197,7 @@ struct mesh_transport {
     int nlinks_ready;
     char join_err[MSG_MAX];      /* a permanent join failure */
     int stopping;
+    int accept_paused;           /* accept failed hard; resume at a tick */
     int failed;
     int fail_code;
     int culprit;
@@ -418,7 +419,7 @@ static void ctrl_send(struct conn *c, uint32_t type, int culprit,
     if (n)
         memcpy(m + 12, reason, n);
     c->out_len += TCP_CTRL_LEN;
-    c->t->links[c->peer].ctrl_tx_ns = mesh_now_ns();
+    c->t->links[c->peer].tx_ns = mesh_now_ns();
     conn_flush_out(c);
 }
 
@@ -823,7 +824,7 @@ static void hs_attach(struct conn *c)
         l->dial[c->stream].active = 0;
     l->nready++;
     l->last_rx_ns = mesh_now_ns();
-    l->ctrl_tx_ns = l->last_rx_ns;
+    l->tx_ns = l->last_rx_ns;
     link_check_ready(t, l);
     /* Bytes may already wait in the socket. */
     rev_on(c);
@@ -1176,10 +1177,16 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                mesh_warn("accept on port %u: %s",
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                /* Out of descriptors or memory: the listening socket
+                 * stays readable, so rest until the next tick rather
+                 * than spin. */
+                mesh_warn("accept on port %u: %s; pausing accepts",
                           (unsigned)t->peers[t->world.rank].port,
                           strerror(errno));
+                event_del(t->listen_ev);
+                t->accept_paused = 1;
+            }
             break;
         }
         sockaddr_str((struct sockaddr *)&ss, addr, sizeof(addr));
@@ -1510,6 +1517,7 @@ static int conn_write(struct conn *c)
                      strerror(e));
             return -1;
         }
+        t->links[c->peer].tx_ns = mesh_now_ns();
         /* Retire what was written. */
         while (w > 0 && c->txq) {
             uint64_t left;
@@ -1704,12 +1712,15 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         }
     }
     dial_scan(t);
+    if (t->accept_paused && event_add(t->listen_ev, NULL) == 0)
+        t->accept_paused = 0;
     for (int p = 0; p < t->world.size; p++) {
         struct link *l = &t->links[p];
 
         if (p == t->world.rank || !l->ctrl || l->bye)
             continue;
-        if (l->ctrl->state == C_READY && now - l->ctrl_tx_ns >= pt / 4)
+        /* Heartbeat when nothing else went to this peer lately. */
+        if (l->ctrl->state == C_READY && now - l->tx_ns >= pt / 4)
             ctrl_send(l->ctrl, TCP_CTRL_HEARTBEAT, -1, NULL);
         if (!t->failed && l->lost_ns &&
             now - l->lost_ns > (uint64_t)(LOST_GRACE_S * 1e9))
