@@ -16,7 +16,8 @@
  * usage: mpi_allreduce [-b min] [-e max] [-f factor] [-n iters]
  *                      [-w warmup] [-t seconds]
  * Sizes take K/M/G suffixes (powers of 1024). Iterations per size are
- * min(iters, max(1, seconds / one-iteration-time)), decided by rank 0.
+ * min(iters, max(1, seconds / one-iteration-time)), decided by rank 0;
+ * defaults: -b 8 -e 64M -f 2 -n 200 -w 2 -t 1.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -73,7 +74,7 @@ static void usage(void)
 int main(int argc, char **argv)
 {
     size_t minb = 8, maxb = 64u << 20, factor = 2;
-    long iters = 20, warmup = 2;
+    long iters = 200, warmup = 2;
     double target = 1.0;
     int rank, nranks, opt, status = 0;
     float *sbuf = NULL, *rbuf = NULL;
