@@ -119,7 +119,8 @@ mkdir -p "$outdir/raw" || exit 1
 csv="$outdir/collectives.csv"
 lcsv="$outdir/tcp_limit.csv"
 echo "setting,np,system,size,time_us,algbw,busbw,wrong" >"$csv"
-echo "setting,np,ring_link_GBps,ring_min_GBps,bidir_dir_GBps,single_GBps,ping_rtt_us,limit_GBps" >"$lcsv"
+echo "setting,np,ring_link_GBps,ring_min_GBps,bidir_dir_GBps,single_GBps,$(
+    )ping_rtt_us,limit_GBps" >"$lcsv"
 tmp=$(mktemp -d /tmp/collectives.XXXXXX) || exit 1
 cleanup() {
     bl_teardown

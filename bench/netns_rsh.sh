@@ -6,7 +6,8 @@
 # 10.77.0.I maps to ${MT_NETNS_PREFIX:-mt}I, and a namespace name is taken
 # as it is. The environment (OMPI_ALLOW_RUN_AS_ROOT and the rest) passes
 # through unchanged, unlike ssh.
-#   mpirun --mca plm_rsh_agent bench/netns_rsh.sh --mca plm_rsh_no_tree_spawn 1 ...
+#   mpirun --mca plm_rsh_agent bench/netns_rsh.sh \
+#          --mca plm_rsh_no_tree_spawn 1 ...
 prefix=${MT_NETNS_PREFIX:-mt}
 while [ $# -gt 0 ]; do
     case $1 in

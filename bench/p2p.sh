@@ -10,10 +10,11 @@
 #   bench/p2p.sh [--builddir DIR] [--out DIR] [--time S] [--prefix P]
 #                [--rate R] [--insecure] [-- MESHBENCH-ARGS...]
 #
-# --time S: iperf3 duration (default 3). --rate R shapes both hosts'
-# egress with tbf (default unshaped). MESHBENCH-ARGS go to both meshbench
-# runs (e.g. --streams 2 -n 50). Without a meshbench that knows
-# --op stream, it says so and measures iperf3 and ping alone.
+# --time S: iperf3 duration (default 3, plus 1 s of slow start omitted).
+# --rate R shapes both hosts' egress with tbf (default unshaped).
+# MESHBENCH-ARGS go to both meshbench runs (e.g. --streams 2 -n 50).
+# Without a meshbench that knows --op stream, it says so and measures
+# iperf3 and ping alone.
 #
 # Writes DIR/p2p.csv (metric,value,unit; DIR defaults to bench/out) and
 # DIR/raw/p2p-*.txt, and prints the two ratios. Needs root.
@@ -39,8 +40,10 @@ while [ $# -gt 0 ]; do
         *) echo "p2p.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
-command -v iperf3 >/dev/null || bl_die "iperf3 not found (apt-get install iperf3)"
-command -v ping >/dev/null || bl_die "ping not found (apt-get install iputils-ping)"
+command -v iperf3 >/dev/null ||
+    bl_die "iperf3 not found (apt-get install iperf3)"
+command -v ping >/dev/null ||
+    bl_die "ping not found (apt-get install iputils-ping)"
 why=$("$BL_NETNS" check --prefix "$BL_PREFIX") || bl_die "$why"
 
 meshbench="$builddir/meshbench"
@@ -74,8 +77,8 @@ fi
 # iperf3, one stream, host 1 -> host 2.
 bl_bg 2 iperf3 -s -1 -p 29801 >/dev/null 2>&1
 sleep 0.5
-bl_exec 1 iperf3 -c "$(bl_addr 2)" -p 29801 -t "$secs" --connect-timeout 3000 \
-    -J >"$tmp/iperf.json" 2>&1
+bl_exec 1 iperf3 -c "$(bl_addr 2)" -p 29801 -t "$secs" -O 1 \
+    --connect-timeout 3000 -J >"$tmp/iperf.json" 2>&1
 bl_wait_bg 5 || true
 iperf=$(python3 -c '
 import json, sys

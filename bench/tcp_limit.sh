@@ -15,6 +15,8 @@
 # and prints "key value" lines (GB = 1e9 bytes):
 #   ring_link_GBps  ring_min_GBps  bidir_dir_GBps  single_GBps  ping_rtt_us
 #   limit_GBps      bidir_dir_GBps for N = 2, else ring_link_GBps
+# Each iperf3 run lasts S seconds (--time, default 2) after one omitted
+# second of slow start.
 # Settings: a loopback, b N netns hosts, c N netns hosts with tbf egress
 # at R (default 1gbit). Without --no-setup it creates the namespaces
 # (scripts/netns.sh, prefix P, default mtb) and removes them on exit;
@@ -47,7 +49,8 @@ case $setting in a|b|c) ;; *) echo "tcp_limit.sh: --setting a|b|c" >&2
 case $np in ''|*[!0-9]*) echo "tcp_limit.sh: --np N (N >= 2)" >&2
                          exit 2 ;; esac
 [ "$np" -ge 2 ] || { echo "tcp_limit.sh: --np must be >= 2" >&2; exit 2; }
-command -v iperf3 >/dev/null || bl_die "iperf3 not found (apt-get install iperf3)"
+command -v iperf3 >/dev/null ||
+    bl_die "iperf3 not found (apt-get install iperf3)"
 
 tmp=$(mktemp -d /tmp/tcp_limit.XXXXXX) || exit 1
 cleanup() {
@@ -94,7 +97,7 @@ pids=
 i=1
 while [ "$i" -le "$np" ]; do
     j=$((i % np + 1))
-    bl_exec "$i" iperf3 -c "$(bl_addr $j)" -p $((port + j)) -t "$secs" \
+    bl_exec "$i" iperf3 -c "$(bl_addr $j)" -p $((port + j)) -t "$secs" -O 1 \
         --connect-timeout 3000 -J >"$tmp/ring$i.json" 2>&1 &
     pids="$pids $!"
     i=$((i + 1))
@@ -118,18 +121,19 @@ limit=$ring
 if [ "$np" -eq 2 ]; then
     server 2
     sleep 0.5
-    bl_exec 1 iperf3 -c "$(bl_addr 2)" -p $((port + 2)) -t "$secs" --bidir \
-        --connect-timeout 3000 -J >"$tmp/bidir.json" 2>&1
+    bl_exec 1 iperf3 -c "$(bl_addr 2)" -p $((port + 2)) -t "$secs" -O 1 \
+        --bidir --connect-timeout 3000 -J >"$tmp/bidir.json" 2>&1
     bl_wait_bg 5 || true
     up=$(gbps "$tmp/bidir.json" sum_received)
     down=$(gbps "$tmp/bidir.json" sum_received_bidir_reverse)
-    limit=$(awk -v a="$up" -v b="$down" 'BEGIN { printf "%.4f\n", (a + b) / 2 }')
+    limit=$(awk -v a="$up" -v b="$down" \
+            'BEGIN { printf "%.4f\n", (a + b) / 2 }')
     echo "bidir_dir_GBps $limit"
 fi
 
 server 2
 sleep 0.5
-bl_exec 1 iperf3 -c "$(bl_addr 2)" -p $((port + 2)) -t "$secs" \
+bl_exec 1 iperf3 -c "$(bl_addr 2)" -p $((port + 2)) -t "$secs" -O 1 \
     --connect-timeout 3000 -J >"$tmp/single.json" 2>&1
 bl_wait_bg 5 || true
 echo "single_GBps $(gbps "$tmp/single.json" sum_received)"
