@@ -1050,7 +1050,7 @@ static size_t mutate(const struct seed *seeds, int nseeds, uint8_t *out,
 
 static void test_fuzz(void)
 {
-    enum { ITERS = 50000, CAP = 1 << 18 };
+    enum { ITERS = 200000, CAP = 1 << 18 };
     const double budget_s = 10.0;
     struct seed seeds[MESH_ARRAY_SIZE(corpus) + 1];
     int nseeds = 0, valid = 0, invalid = 0, broken = 0, iters = 0;
