@@ -48,7 +48,8 @@ struct sched_op {
     int first_succ;        /* index into edges, -1 = none */
     int peer;              /* SEND/RECV */
     uint32_t tag;          /* SEND/RECV */
-    uint64_t offset;       /* SEND/RECV: byte offset in the collective */
+    uint64_t offset;       /* SEND/RECV: byte offset in the collective
+                              (for messages; frames carry 0) */
     size_t len;            /* bytes (SEND/RECV/COPY) */
     void *buf;             /* SEND source, RECV/REDUCE/COPY destination */
     mesh_mr_t *mr;         /* SEND/RECV: the region holding buf */

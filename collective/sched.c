@@ -201,7 +201,15 @@ static int start(struct run *r, int i, const struct mesh_transport_ops *ops,
         .op = (uint8_t)s->op,
         .dtype = (uint8_t)s->dtype,
         .count = s->count,
-        .offset = o->offset,
+        /*
+         * Each message is alone on its (seq, tag), so it is matched at
+         * offset 0: a frame from a rank that laid the data out differently
+         * (another count or dtype) then always meets the posted receive and
+         * fails the count/dtype check or the range check, where a real
+         * offset outside the expected range would wait forever. The
+         * chunk's position is in the tag.
+         */
+        .offset = 0,
         .length = o->len,
     };
     static char empty; /* a valid address for zero-length messages */
