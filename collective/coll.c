@@ -115,6 +115,7 @@ void mesh_coll_opts_init(struct mesh_coll_opts *o)
     memset(o, 0, sizeof(*o));
     o->algo = MESH_ALGO_AUTO;
     o->measure = 1;
+    o->seq_base = MESH_COLL_SEQ_BASE;
 }
 
 /* ---- pinned host memory --------------------------------------------------------- */
@@ -893,7 +894,7 @@ int mesh_coll_create(const struct mesh_transport_ops *ops,
         rc = mesh_err(-EINVAL, "unknown algorithm %d", c->opts.algo);
         goto free_c;
     }
-    c->next_seq = 1;
+    c->next_seq = c->opts.seq_base;
     c->model.alpha_s = 50e-6; /* a LAN's order of magnitude */
     c->model.beta_s_per_byte = 1e-9;
     tree_shape(c);

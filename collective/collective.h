@@ -68,7 +68,16 @@ struct mesh_coll_opts {
      * AUTO uses built-in numbers. Default 1.
      */
     int measure;
+    /*
+     * The first sequence number; the communicator's collectives take
+     * seq_base, seq_base + 1, ... Default MESH_COLL_SEQ_BASE, a range
+     * apart from src/mesh.h's point-to-point counter (1, 2, ...), so that
+     * both can share one transport. Every rank must pass the same value.
+     */
+    uint64_t seq_base;
 };
+
+#define MESH_COLL_SEQ_BASE (UINT64_C(1) << 62)
 
 void mesh_coll_opts_init(struct mesh_coll_opts *o);
 
@@ -76,8 +85,9 @@ void mesh_coll_opts_init(struct mesh_coll_opts *o);
  * Create a communicator over a connected transport (ops->connect done).
  * Collective: every rank of world calls it, with the same opts. ops, t and
  * world (with its peers array) must outlive the communicator; the
- * communicator owns sequence numbers 1, 2, ... on t: anyone else sending on
- * t must use sequence numbers with bit 63 set. opts may be NULL (defaults).
+ * communicator owns sequence numbers from opts->seq_base up on t: anyone
+ * else sending on t (mesh_send, mesh_barrier) must stay below it. opts may
+ * be NULL (defaults).
  */
 int mesh_coll_create(const struct mesh_transport_ops *ops,
                      mesh_transport_t *t, const struct mesh_world *world,
