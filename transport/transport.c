@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include "transport/transport.h"
+#include "transport/tcp-internal.h"
 #include "src/util.h"
 
 #include <errno.h>
@@ -103,4 +104,19 @@ int mesh_transport_wait(const struct mesh_transport_ops *ops,
             return rc;
         }
     }
+}
+
+const struct mesh_transport_ops *mesh_transport_find(const char *name)
+{
+    /* The verbs transport joins this table under HAVE_VERBS. */
+    static const struct mesh_transport_ops *const all[] = {
+        &mesh_tcp_ops,
+    };
+
+    if (!name)
+        return NULL;
+    for (size_t i = 0; i < MESH_ARRAY_SIZE(all); i++)
+        if (!strcmp(all[i]->name, name))
+            return all[i];
+    return NULL;
 }
