@@ -5,7 +5,7 @@
 #   bench/collectives.sh [--settings a,b,c] [--np 2,4,8] [--sizes SIZES]
 #                        [--systems mesh,mpi,gloo,tcp] [--algos ring,tree,auto]
 #                        [--time S] [--repeat R] [--quick] [--out DIR]
-#                        [--builddir DIR]
+#                        [--builddir DIR] [--mesh-args "ARGS"]
 #                        [--prefix P] [--rate R] [--insecure]
 #
 # Settings: a loopback (N processes on 127.0.0.1), b N network-namespace
@@ -24,7 +24,9 @@
 # per size unless the list is geometric). --time S: target seconds per
 # size and system (default 1). --repeat R: every system R times in turn,
 # interleaved, so that load from elsewhere hits all of them alike; the
-# report takes each one's best (default 1). --quick = --settings a,b --np 2,4
+# report takes each one's best (default 1). --mesh-args: extra meshbench
+# arguments, e.g. "-n 5 -w 1 --streams 2" (meshbench's -n/-w are fixed
+# counts, not a time target: lower them for slow settings). --quick = --settings a,b --np 2,4
 # --sizes 4K,64M --time 0.5.
 #
 # Writes (DIR defaults to bench/out):
@@ -54,6 +56,7 @@ repeat=1
 outdir="$bl_srcdir/bench/out"
 builddir=${top_builddir:-$bl_srcdir}
 insecure=0
+meshargs=
 while [ $# -gt 0 ]; do
     case $1 in
         --settings) settings=$2; shift 2 ;;
@@ -69,6 +72,7 @@ while [ $# -gt 0 ]; do
         --prefix) BL_PREFIX=$2; shift 2 ;;
         --rate) BL_RATE=$2; shift 2 ;;
         --insecure) insecure=1; shift ;;
+        --mesh-args) meshargs=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) echo "collectives.sh: unknown argument '$1' (see --help)" >&2
            exit 2 ;;
@@ -259,7 +263,7 @@ run_mesh() {   # setting np b e f log algo
     while [ $_r -lt "$_n" ]; do
         bl_bg $((_r + 1)) timeout $runlimit "$meshbench" --hostfile "$_hf" \
             --rank $_r --port 29550 $meshauth --op allreduce --algo "$7" \
-            -b "$3" -e "$4" -f "$5" >"$tmp/mesh.out.$_r" 2>&1
+            -b "$3" -e "$4" -f "$5" $meshargs >"$tmp/mesh.out.$_r" 2>&1
         _r=$((_r + 1))
     done
     bl_wait_bg $((runlimit + 10))
