@@ -1042,6 +1042,36 @@ static int resample(const struct mesh_dataset *ds, const struct img *src,
             y1 = MESH_MIN(y0 + 1, src->h - 1);
             wy = (float)(fy - y0);
         }
+        if (inside && cs == 3 && co == 3 && src->sx == 3 && src->sc == 1) {
+            /* Interleaved RGB to planar RGB (every JPEG): the hot path,
+             * the same arithmetic as below without per-pixel dispatch. */
+            const uint8_t *r0 = src->p + y0 * src->sy;
+            const uint8_t *r1 = src->p + y1 * src->sy;
+            float *o0 = out + (size_t)oy * S, *o1 = o0 + plane,
+                  *o2 = o1 + plane;
+
+            for (int ox = 0; ox < S; ox++) {
+                int i0 = x0[ox] * 3, i1 = x1[ox] * 3;
+                float w = wx[ox], v[3];
+
+                if (x0[ox] < 0) {
+                    o0[ox] = b[0];
+                    o1[ox] = b[1];
+                    o2[ox] = b[2];
+                    continue;
+                }
+                for (int k = 0; k < 3; k++) {
+                    float t = r0[i0 + k] + (r0[i1 + k] - r0[i0 + k]) * w;
+                    float u = r1[i0 + k] + (r1[i1 + k] - r1[i0 + k]) * w;
+
+                    v[k] = t + (u - t) * wy;
+                }
+                o0[ox] = v[0] * a[0] + b[0];
+                o1[ox] = v[1] * a[1] + b[1];
+                o2[ox] = v[2] * a[2] + b[2];
+            }
+            continue;
+        }
         for (int ox = 0; ox < S; ox++) {
             float v[3] = {0, 0, 0};
             size_t o = (size_t)oy * S + ox;
@@ -1160,6 +1190,23 @@ static int make_one(struct mesh_dataset *ds, int split, size_t idx,
 
         src = (struct img){sp->pix + slot * img, ds->sc, ds->sh, ds->sw,
                            (ptrdiff_t)ds->sh * ds->sw, ds->sw, 1};
+        if (!augment && ds->sc == ds->co && ds->sh == ds->size &&
+            ds->sw == ds->size) {
+            /* Native size, no augmentation: normalise only, what
+             * resample computes for an identity box, without its cost. */
+            size_t plane = (size_t)ds->sh * ds->sw;
+
+            for (int k = 0; k < ds->sc; k++) {
+                const uint8_t *p = src.p + k * plane;
+                float *o = out + k * plane;
+                float a = 1.0f / (255.0f * ds->std[k]);
+                float b = -ds->mean[k] / ds->std[k];
+
+                for (size_t i = 0; i < plane; i++)
+                    o[i] = p[i] * a + b;
+            }
+            return 0;
+        }
         if (ds->fit == MESH_DATA_FIT_RESIZE)
             bx = (struct box){0, 0, ds->sw, ds->sh};
         else

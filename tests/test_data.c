@@ -627,6 +627,36 @@ static void test_cifar(void)
         mesh_data_close(ds2);
         free(xg);
     }
+    /* Padding to 36: the native image in the middle, zeros around. */
+    {
+        struct mesh_data_opts op = {.spec = spec, .size = 36,
+                                    .fit = MESH_DATA_FIT_PAD};
+        float *xp = malloc(sizeof(float) * 3 * 36 * 36);
+        float *xn = malloc(sizeof(float) * 3 * 32 * 32);
+        int32_t lab, lab2;
+        int same = 1;
+
+        rc = mesh_data_open(&op, &ds2);
+        if (rc == 0)
+            rc = mesh_data_sample(ds2, MESH_DATA_EVAL, 9, 0, 0, xp, &lab);
+        if (rc == 0)
+            rc = mesh_data_sample(ds, MESH_DATA_EVAL, 9, 0, 0, xn, &lab2);
+        for (int c = 0; rc == 0 && c < 3; c++)
+            for (int y = 0; y < 36; y++)
+                for (int x = 0; x < 36; x++) {
+                    float v = xp[(c * 36 + y) * 36 + x];
+                    int in = x >= 2 && x < 34 && y >= 2 && y < 34;
+                    float want = in ? xn[(c * 32 + y - 2) * 32 + x - 2]
+                                    : -info.mean[c] / info.std[c];
+
+                    same &= fabsf(v - want) < 1e-5f;
+                }
+        ok(rc == 0 && same && lab == lab2,
+           "fit pad to 36: the 32x32 image centred, zero pixels around");
+        mesh_data_close(ds2);
+        free(xp);
+        free(xn);
+    }
     mesh_data_close(ds);
 
     /* Wrong record size. */
@@ -916,7 +946,7 @@ static void test_synthetic(void)
 
 int main(void)
 {
-    int n = 4 + 6 + 16; /* synthetic, fashion-mnist, cifar10 */
+    int n = 4 + 6 + 17; /* synthetic, fashion-mnist, cifar10 */
 
     setenv("MESHTRAIN_LOG", "error", 0);
 #ifdef HAVE_ZLIB
