@@ -32,6 +32,13 @@
  * under a final name; leftover temporary directories are ignored by
  * mesh_ckpt_list and removed by mesh_ckpt_prune. A checkpoint directory
  * belongs to one process (give each peer its own, e.g. DIR/rank-R).
+ *
+ * Weights as safetensors (nn/safetensors.h):
+ *   mesh_ckpt_put_file(w, "model.safetensors", MESH_CKPT_SHARED, p, cap);
+ *   mesh_st_write(p, entries, n, metadata_kv);
+ *   ... mesh_ckpt_put(w, "momentum", ...), mesh_ckpt_commit(w, &meta, dg);
+ * and on resume mesh_ckpt_blob_path(c, "model.safetensors", p, cap) then
+ * mesh_st_open(p, &f): the file a user loads into PyTorch as it is.
  */
 #ifndef MESH_CKPT_H
 #define MESH_CKPT_H
