@@ -1660,12 +1660,17 @@ int mesh_loader_create(struct mesh_dataset *ds,
         o->depth > 1024)
         return mesh_err(-EINVAL, "data loader: bad threads %d / depth %d",
                         o->threads, o->depth);
+    if (o->accumulate < 0 || o->accumulate > 65536)
+        return mesh_err(-EINVAL, "data loader: bad accumulate %d",
+                        o->accumulate);
     if (o->split == MESH_DATA_TRAIN &&
-        n / (size_t)o->world < (size_t)o->batch)
+        n / ((size_t)o->world * (size_t)o->batch) <
+            (size_t)MESH_MAX(o->accumulate, 1))
         return mesh_err(-EINVAL,
                         "data: the %zu training samples of %s make no step "
-                        "of %d peers x batch %d",
-                        n, ds->name, o->world, o->batch);
+                        "of %d peers x batch %d x %d micro-batches",
+                        n, ds->name, o->world, o->batch,
+                        MESH_MAX(o->accumulate, 1));
     ld = calloc(1, sizeof(*ld));
     if (!ld)
         return mesh_err(-ENOMEM, "out of memory");
@@ -1681,7 +1686,9 @@ int mesh_loader_create(struct mesh_dataset *ds,
                                              : !!o->augment;
     ld->sample_floats = (size_t)ds->co * ds->size * ds->size;
     if (o->split == MESH_DATA_TRAIN) {
-        ld->spe = n / ((size_t)o->batch * (size_t)o->world);
+        uint64_t k = (uint64_t)MESH_MAX(o->accumulate, 1);
+
+        ld->spe = n / ((size_t)o->batch * (size_t)o->world) / k * k;
     } else {
         uint64_t mine = eval_count_for(ld);
 

@@ -55,7 +55,8 @@
  * every peer; the n mod G samples at the end of each permutation are not
  * used that epoch (a different remainder every epoch). One process with
  * batch b and world 1 reads, in steps N s + r, exactly what peer r of N
- * reads in step s: the same micro-batches for --accumulate N.
+ * reads in step s: the same micro-batches for --accumulate N (with
+ * accumulate = N both count N floor(n / (b N)) micro-batches per epoch).
  *
  * Sharding (evaluation): no shuffle, no augmentation. Peer r takes the
  * samples r, r + world, r + 2 world, ... in batches of `batch`, the last
@@ -153,6 +154,10 @@ struct mesh_loader_opts {
     int depth;                /* batches prefetched; 0: 2 * threads + 1 */
     int augment;              /* -1: the data set's default (train split
                                  only), 0: off, 1: on */
+    int accumulate;           /* training: steps per epoch rounded down to
+                                 a multiple of this (--accumulate K, one
+                                 loader step per micro-batch); 0 or 1: no
+                                 rounding */
 };
 
 /* A batch; its memory belongs to the loader and stays valid until the next

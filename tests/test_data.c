@@ -485,6 +485,36 @@ static void test_cifar(void)
     for (int r = 0; r < 3; r++)
         mesh_loader_destroy(ld[r]);
 
+    /* One process, --accumulate 3, reads what 3 peers read: micro-batch
+     * 3 s + r is peer r's step s, over two epochs. */
+    {
+        static int one[96 * 4], peer[3][32 * 4];
+        struct mesh_loader *l1 = NULL;
+        struct mesh_loader_opts ao = lo;
+        int same = 1;
+
+        ao.world = 1;
+        ao.rank = 0;
+        ao.accumulate = 3;
+        rc = mesh_loader_create(ds, &ao, &l1);
+        good = rc == 0 && mesh_loader_steps_per_epoch(l1) == 48 &&
+               collect(l1, 96, one, 4, &info) == 0;
+        mesh_loader_destroy(l1);
+        for (int r = 0; r < 3 && good; r++) {
+            lo.rank = r;
+            good = mesh_loader_create(ds, &lo, &ld[r]) == 0 &&
+                   collect(ld[r], 32, peer[r], 4, &info) == 0;
+            mesh_loader_destroy(ld[r]);
+        }
+        for (int s = 0; good && s < 32; s++)
+            for (int r = 0; r < 3; r++)
+                same &= !memcmp(&one[(s * 3 + r) * 4], &peer[r][s * 4],
+                                4 * sizeof(int));
+        ok(good && same,
+           "accumulate 3 on one process = 3 peers, micro-batch for "
+           "micro-batch, across an epoch boundary");
+    }
+
     /* Permutations: per epoch different, per seed reproducible. */
     mesh_data_permutation(ds, 1, perm2);
     ok(memcmp(perm, perm2, sizeof(uint32_t) * (size_t)n) != 0,
@@ -946,7 +976,7 @@ static void test_synthetic(void)
 
 int main(void)
 {
-    int n = 4 + 6 + 17; /* synthetic, fashion-mnist, cifar10 */
+    int n = 4 + 6 + 18; /* synthetic, fashion-mnist, cifar10 */
 
     setenv("MESHTRAIN_LOG", "error", 0);
 #ifdef HAVE_ZLIB
