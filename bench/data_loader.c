@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #ifdef HAVE_JPEG
@@ -88,6 +89,15 @@ static int generate(const char *dir, int count, int w, int h)
 }
 #endif
 
+static double cpu_s(void)
+{
+    struct rusage ru;
+
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+
 static int run(struct mesh_dataset *ds, int augment, int threads, int size, int batch,
                int steps, const char *mode)
 {
@@ -96,12 +106,13 @@ static int run(struct mesh_dataset *ds, int augment, int threads, int size, int 
                                   .augment = augment};
     struct mesh_loader *ld;
     struct mesh_batch b;
-    double t0, wait = 0, dt;
+    double t0, wait = 0, dt, cpu;
     int rc, imgs = 0;
 
     rc = mesh_loader_create(ds, &lo, &ld);
     if (rc < 0)
         return rc;
+    cpu = cpu_s();
     t0 = mesh_now_s();
     for (int s = 0; s < steps; s++) {
         rc = mesh_data_next(ld, &b);
@@ -112,12 +123,15 @@ static int run(struct mesh_dataset *ds, int augment, int threads, int size, int 
     }
     dt = mesh_now_s() - t0;
     mesh_loader_destroy(ld);
+    cpu = cpu_s() - cpu;
     if (rc < 0)
         return rc;
+    /* images per CPU-second: what one idle core does, whatever the load. */
     printf("%-5s threads=%d size=%d batch=%d images=%d seconds=%.2f "
-           "images/s=%.1f consumer_wait=%.2fs\n",
-           mode, threads, size, batch, imgs, dt,
-           imgs / dt, wait);
+           "images/s=%.1f consumer_wait=%.2fs cpu_s=%.2f "
+           "images/cpu_s=%.1f\n",
+           mode, threads, size, batch, imgs, dt, imgs / dt, wait, cpu,
+           imgs / cpu);
     return 0;
 }
 
