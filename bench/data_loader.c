@@ -98,11 +98,13 @@ static double cpu_s(void)
            (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
 }
 
-static int run(struct mesh_dataset *ds, int augment, int threads, int size, int batch,
-               int steps, const char *mode)
+static int run(struct mesh_dataset *ds, int augment, int threads, int size,
+               int batch, int steps, const char *mode)
 {
-    struct mesh_loader_opts lo = {.split = MESH_DATA_TRAIN, .batch = batch,
-                                  .world = 1, .threads = threads,
+    struct mesh_loader_opts lo = {.split = MESH_DATA_TRAIN,
+                                  .batch = batch,
+                                  .world = 1,
+                                  .threads = threads,
                                   .augment = augment};
     struct mesh_loader *ld;
     struct mesh_batch b;
@@ -159,14 +161,30 @@ int main(int argc, char **argv)
 
     while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (opt) {
-        case 'd': dir = optarg; break;
-        case 't': threads = atoi(optarg); break;
-        case 's': size = atoi(optarg); break;
-        case 'b': batch = atoi(optarg); break;
-        case 'n': steps = atoi(optarg); break;
-        case 'c': count = atoi(optarg); break;
-        case 'W': w = atoi(optarg); break;
-        case 'H': h = atoi(optarg); break;
+        case 'd':
+            dir = optarg;
+            break;
+        case 't':
+            threads = atoi(optarg);
+            break;
+        case 's':
+            size = atoi(optarg);
+            break;
+        case 'b':
+            batch = atoi(optarg);
+            break;
+        case 'n':
+            steps = atoi(optarg);
+            break;
+        case 'c':
+            count = atoi(optarg);
+            break;
+        case 'W':
+            w = atoi(optarg);
+            break;
+        case 'H':
+            h = atoi(optarg);
+            break;
         default:
             printf("usage: %s [--dir DIR] [--threads N] [--size S] "
                    "[--batch B] [--steps N (default: one epoch)]\n"
@@ -196,8 +214,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "data_loader: %s\n", mesh_err_msg(rc));
             return 1;
         }
-        printf("generated %d JPEGs of %dx%d in %s (%.1f s)\n", count, w, h,
-               dir, mesh_now_s() - t0);
+        printf("generated %d JPEGs of %dx%d in %s (%.1f s)\n", count, w, h, dir,
+               mesh_now_s() - t0);
     }
     snprintf(spec, sizeof(spec), "imagefolder:%s", dir);
     o.spec = spec;

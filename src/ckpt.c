@@ -19,18 +19,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define MANIFEST "MANIFEST"
+#define MANIFEST     "MANIFEST"
 #define MANIFEST_MAX (1u << 20)
-#define PREFIX "ckpt-"
-#define TMP_PREFIX ".ckpt-"
-#define PATH_CAP 4096
+#define PREFIX       "ckpt-"
+#define TMP_PREFIX   ".ckpt-"
+#define PATH_CAP     4096
 
 struct blob {
     char name[MESH_CKPT_NAME_MAX + 1];
     uint64_t len;
     uint8_t sha[MESH_CKPT_DIGEST_LEN];
     unsigned flags;
-    int pending;          /* put_file: written by the caller, not hashed */
+    int pending; /* put_file: written by the caller, not hashed */
 };
 
 struct mesh_ckpt_writer {
@@ -122,8 +122,8 @@ static int hash_file(const char *path, int do_sync, uint64_t *len,
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0) {
-            rc = mesh_err_errno("%s: read at byte offset %" PRIu64, path,
-                                total);
+            rc =
+                mesh_err_errno("%s: read at byte offset %" PRIu64, path, total);
             goto out;
         }
         if (n == 0)
@@ -410,10 +410,9 @@ static int manifest_body(const struct mesh_ckpt_meta *m, const uint8_t *dg,
     off += (size_t)snprintf(s + off, cap - off, "digest %s\n", h);
     for (size_t i = 0; i < n; i++) {
         hex(b[i].sha, h);
-        off += (size_t)snprintf(s + off, cap - off,
-                                "blob %s %" PRIu64 " %s %u\n", b[i].name,
-                                b[i].len, h,
-                                (b[i].flags & MESH_CKPT_SHARED) ? 1u : 0u);
+        off += (size_t)snprintf(
+            s + off, cap - off, "blob %s %" PRIu64 " %s %u\n", b[i].name,
+            b[i].len, h, (b[i].flags & MESH_CKPT_SHARED) ? 1u : 0u);
     }
     *out = s;
     *len = off;
@@ -468,8 +467,9 @@ int mesh_ckpt_commit(struct mesh_ckpt_writer *w,
     int rc;
 
     if (meta->step != w->step) {
-        rc = mesh_err(-EINVAL, "checkpoint begun for step %" PRIu64
-                               " committed as step %" PRIu64,
+        rc = mesh_err(-EINVAL,
+                      "checkpoint begun for step %" PRIu64
+                      " committed as step %" PRIu64,
                       w->step, meta->step);
         goto fail;
     }
@@ -481,8 +481,7 @@ int mesh_ckpt_commit(struct mesh_ckpt_writer *w,
         snprintf(path, sizeof(path), "%s/%s", w->tmp, b->name);
         rc = hash_file(path, 1, &b->len, b->sha, NULL, 0);
         if (rc < 0) {
-            mesh_err_prefix(rc, "checkpoint blob %s was not written",
-                            b->name);
+            mesh_err_prefix(rc, "checkpoint blob %s was not written", b->name);
             goto fail;
         }
         b->pending = 0;
@@ -705,16 +704,17 @@ static int parse_manifest(struct mesh_ckpt *c, char *text, const char *mpath)
         lineno++;
         if (lineno == 1) {
             if (strcmp(line, "meshtrain-checkpoint 1"))
-                return mesh_err(-EIO, "%s: line 1: not a version 1 "
-                                      "meshtrain checkpoint manifest",
+                return mesh_err(-EIO,
+                                "%s: line 1: not a version 1 "
+                                "meshtrain checkpoint manifest",
                                 mpath);
             continue;
         }
         if (sscanf(line, "step %70s%n", a, &used) == 1 && !line[used] &&
             parse_u64(a, &c->meta.step) == 0) {
             have |= 1;
-        } else if (sscanf(line, "epoch %70s%n", a, &used) == 1 &&
-                   !line[used] && parse_u64(a, &c->meta.epoch) == 0) {
+        } else if (sscanf(line, "epoch %70s%n", a, &used) == 1 && !line[used] &&
+                   parse_u64(a, &c->meta.epoch) == 0) {
             have |= 2;
         } else if (sscanf(line, "config %70s%n", a, &used) == 1 &&
                    !line[used] && unhex(a, c->meta.config) == 0) {
@@ -722,8 +722,8 @@ static int parse_manifest(struct mesh_ckpt *c, char *text, const char *mpath)
         } else if (sscanf(line, "digest %70s%n", a, &used) == 1 &&
                    !line[used] && unhex(a, c->digest) == 0) {
             have |= 8;
-        } else if (sscanf(line, "blob %65s %70s %70s %u%n", name, b, x,
-                          &shared, &used) == 4 &&
+        } else if (sscanf(line, "blob %65s %70s %70s %u%n", name, b, x, &shared,
+                          &used) == 4 &&
                    !line[used] && valid_name(name) && shared <= 1) {
             struct blob *nb, *bl;
 
@@ -731,8 +731,8 @@ static int parse_manifest(struct mesh_ckpt *c, char *text, const char *mpath)
                 return mesh_err(-EIO, "%s: too many blobs", mpath);
             for (size_t i = 0; i < c->n; i++)
                 if (!strcmp(c->blobs[i].name, name))
-                    return mesh_err(-EIO, "%s: line %d: blob %s twice",
-                                    mpath, lineno, name);
+                    return mesh_err(-EIO, "%s: line %d: blob %s twice", mpath,
+                                    lineno, name);
             nb = realloc(c->blobs, (c->n + 1) * sizeof(*nb));
             if (!nb)
                 return mesh_err(-ENOMEM, "out of memory");
@@ -746,8 +746,8 @@ static int parse_manifest(struct mesh_ckpt *c, char *text, const char *mpath)
                                 mpath, lineno);
             c->n++;
         } else {
-            return mesh_err(-EIO, "%s: line %d: cannot parse \"%.60s\"",
-                            mpath, lineno, line);
+            return mesh_err(-EIO, "%s: line %d: cannot parse \"%.60s\"", mpath,
+                            lineno, line);
         }
     }
     if (have != 15)
@@ -779,16 +779,17 @@ int mesh_ckpt_open(const char *path, struct mesh_ckpt **out)
         goto fail;
     /* The last line is "sha256 <hex>\n" over everything before it. */
     if (len < 73 || text[len - 1] != '\n' || memchr(text, '\0', len)) {
-        rc = mesh_err(-EIO, "%s: truncated or not text (%zu bytes)", mpath,
-                      len);
+        rc =
+            mesh_err(-EIO, "%s: truncated or not text (%zu bytes)", mpath, len);
         goto fail;
     }
     text[len - 1] = '\0';
     last = strrchr(text, '\n');
     if (!last || strncmp(last + 1, "sha256 ", 7) ||
         unhex(last + 8, want) != 0) {
-        rc = mesh_err(-EIO, "%s: the final sha256 line is missing or "
-                            "damaged (truncated?)",
+        rc = mesh_err(-EIO,
+                      "%s: the final sha256 line is missing or "
+                      "damaged (truncated?)",
                       mpath);
         goto fail;
     }
@@ -796,8 +797,9 @@ int mesh_ckpt_open(const char *path, struct mesh_ckpt **out)
     if (rc < 0)
         goto fail;
     if (memcmp(sum, want, sizeof(sum))) {
-        rc = mesh_err(-EIO, "%s: checksum mismatch (the manifest was "
-                            "modified or damaged)",
+        rc = mesh_err(-EIO,
+                      "%s: checksum mismatch (the manifest was "
+                      "modified or damaged)",
                       mpath);
         goto fail;
     }
@@ -809,8 +811,9 @@ int mesh_ckpt_open(const char *path, struct mesh_ckpt **out)
     if (rc < 0)
         goto fail;
     if (memcmp(dg, c->digest, sizeof(dg))) {
-        rc = mesh_err(-EIO, "%s: the agreement digest does not match the "
-                            "blobs listed",
+        rc = mesh_err(-EIO,
+                      "%s: the agreement digest does not match the "
+                      "blobs listed",
                       mpath);
         goto fail;
     }
@@ -827,13 +830,13 @@ int mesh_ckpt_open(const char *path, struct mesh_ckpt **out)
             rc = mesh_err(-EIO,
                           "%s: %s: %" PRIu64 " bytes, the manifest "
                           "records %" PRIu64,
-                          bpath, blen < b->len ? "truncated" : "too long",
-                          blen, b->len);
+                          bpath, blen < b->len ? "truncated" : "too long", blen,
+                          b->len);
             goto fail;
         }
         if (memcmp(sum, b->sha, sizeof(sum))) {
-            rc = mesh_err(-EIO, "%s: SHA-256 mismatch (content damaged)",
-                          bpath);
+            rc =
+                mesh_err(-EIO, "%s: SHA-256 mismatch (content damaged)", bpath);
             goto fail;
         }
     }
@@ -874,8 +877,7 @@ void mesh_ckpt_close(struct mesh_ckpt *c)
     free(c);
 }
 
-void mesh_ckpt_get_meta(const struct mesh_ckpt *c,
-                        struct mesh_ckpt_meta *meta)
+void mesh_ckpt_get_meta(const struct mesh_ckpt *c, struct mesh_ckpt_meta *meta)
 {
     *meta = c->meta;
 }
@@ -896,8 +898,7 @@ const char *mesh_ckpt_blob_name(const struct mesh_ckpt *c, size_t i)
     return i < c->n ? c->blobs[i].name : NULL;
 }
 
-static const struct blob *find_blob(const struct mesh_ckpt *c,
-                                    const char *name)
+static const struct blob *find_blob(const struct mesh_ckpt *c, const char *name)
 {
     for (size_t i = 0; i < c->n; i++)
         if (!strcmp(c->blobs[i].name, name))
@@ -917,8 +918,8 @@ int mesh_ckpt_blob_size(const struct mesh_ckpt *c, const char *name,
     return 0;
 }
 
-int mesh_ckpt_read_into(const struct mesh_ckpt *c, const char *name,
-                        void *buf, size_t len)
+int mesh_ckpt_read_into(const struct mesh_ckpt *c, const char *name, void *buf,
+                        size_t len)
 {
     const struct blob *b = find_blob(c, name);
     char path[PATH_CAP + 100];
@@ -938,8 +939,9 @@ int mesh_ckpt_read_into(const struct mesh_ckpt *c, const char *name,
     if (rc < 0)
         return rc;
     if (got != b->len || memcmp(sum, b->sha, sizeof(sum)))
-        return mesh_err(-EIO, "%s: changed since the checkpoint was opened "
-                              "(size or SHA-256 mismatch)",
+        return mesh_err(-EIO,
+                        "%s: changed since the checkpoint was opened "
+                        "(size or SHA-256 mismatch)",
                         path);
     return 0;
 }
@@ -955,8 +957,8 @@ int mesh_ckpt_read(const struct mesh_ckpt *c, const char *name, void **data,
         return -ENOENT;
     buf = malloc(b->len ? (size_t)b->len : 1);
     if (!buf)
-        return mesh_err(-ENOMEM, "checkpoint blob %s: cannot allocate %" PRIu64
-                                 " bytes",
+        return mesh_err(-ENOMEM,
+                        "checkpoint blob %s: cannot allocate %" PRIu64 " bytes",
                         name, b->len);
     rc = mesh_ckpt_read_into(c, name, buf, (size_t)b->len);
     if (rc < 0) {
@@ -968,8 +970,8 @@ int mesh_ckpt_read(const struct mesh_ckpt *c, const char *name, void **data,
     return 0;
 }
 
-int mesh_ckpt_blob_path(const struct mesh_ckpt *c, const char *name,
-                        char *path, size_t cap)
+int mesh_ckpt_blob_path(const struct mesh_ckpt *c, const char *name, char *path,
+                        size_t cap)
 {
     int n;
 

@@ -47,14 +47,14 @@
 #include <stdint.h>
 
 #define MESH_CKPT_DIGEST_LEN 32
-#define MESH_CKPT_NAME_MAX 64  /* blob names: [A-Za-z0-9._-], no leading '.' */
-#define MESH_CKPT_BLOBS_MAX 1024
+#define MESH_CKPT_NAME_MAX   64 /* blob names: [A-Za-z0-9._-], no leading '.' */
+#define MESH_CKPT_BLOBS_MAX  1024
 
 /* Blob flag: identical on every peer; enters the agreement digest. */
 #define MESH_CKPT_SHARED 1u
 
 struct mesh_ckpt_meta {
-    uint64_t step;            /* optimizer steps done */
+    uint64_t step; /* optimizer steps done */
     uint64_t epoch;
     uint8_t config[MESH_CKPT_DIGEST_LEN]; /* digest of the configuration */
 };
@@ -122,8 +122,7 @@ int mesh_ckpt_prune(const char *dir, int keep);
 int mesh_ckpt_open(const char *path, struct mesh_ckpt **out);
 void mesh_ckpt_close(struct mesh_ckpt *c);
 
-void mesh_ckpt_get_meta(const struct mesh_ckpt *c,
-                        struct mesh_ckpt_meta *meta);
+void mesh_ckpt_get_meta(const struct mesh_ckpt *c, struct mesh_ckpt_meta *meta);
 void mesh_ckpt_get_digest(const struct mesh_ckpt *c,
                           uint8_t digest[MESH_CKPT_DIGEST_LEN]);
 
@@ -139,12 +138,12 @@ int mesh_ckpt_read(const struct mesh_ckpt *c, const char *name, void **data,
 
 /* Read a blob of exactly len bytes into buf (-EIO naming the blob when its
  * size differs), checking its SHA-256. */
-int mesh_ckpt_read_into(const struct mesh_ckpt *c, const char *name,
-                        void *buf, size_t len);
+int mesh_ckpt_read_into(const struct mesh_ckpt *c, const char *name, void *buf,
+                        size_t len);
 
 /* Path of a blob's file (verified by mesh_ckpt_open), e.g. for
  * mesh_st_open. */
-int mesh_ckpt_blob_path(const struct mesh_ckpt *c, const char *name,
-                        char *path, size_t cap);
+int mesh_ckpt_blob_path(const struct mesh_ckpt *c, const char *name, char *path,
+                        size_t cap);
 
 #endif

@@ -32,11 +32,11 @@
 #endif
 
 #define DEFAULT_FMNIST_DIR "/usr/share/datasets/fashion-mnist"
-#define SYN_DEFAULT_COUNT 50000
-#define SYN_POOL 64
-#define MAX_SIZE 4096          /* largest output side */
-#define MAX_PIXELS (1u << 27)  /* largest decoded JPEG, pixels */
-#define PERM_KEY 0x7065726dull /* "perm" */
+#define SYN_DEFAULT_COUNT  50000
+#define SYN_POOL           64
+#define MAX_SIZE           4096          /* largest output side */
+#define MAX_PIXELS         (1u << 27)    /* largest decoded JPEG, pixels */
+#define PERM_KEY           0x7065726dull /* "perm" */
 
 /* ---- random streams (documented in data.h) ------------------------------ */
 
@@ -107,19 +107,19 @@ enum kind { K_SYNTHETIC, K_FMNIST, K_CIFAR, K_FOLDER };
 
 struct split {
     size_t count;
-    int32_t *labels;      /* (count) */
-    uint8_t *pix;         /* in-memory: (count or SYN_POOL, c, h, w) */
-    char **paths;         /* imagefolder: (count) */
-    atomic_uchar *bad;    /* imagefolder: bad file already reported */
+    int32_t *labels;   /* (count) */
+    uint8_t *pix;      /* in-memory: (count or SYN_POOL, c, h, w) */
+    char **paths;      /* imagefolder: (count) */
+    atomic_uchar *bad; /* imagefolder: bad file already reported */
 };
 
 struct mesh_dataset {
     enum kind kind;
     const char *name;
     int classes;
-    char **class_names;   /* imagefolder: (classes) */
-    int sc, sh, sw;       /* source channels, height, width (0: varies) */
-    int co, size;         /* output channels and side */
+    char **class_names; /* imagefolder: (classes) */
+    int sc, sh, sw;     /* source channels, height, width (0: varies) */
+    int co, size;       /* output channels and side */
     float mean[3], std[3];
     uint64_t seed;
     enum mesh_data_bad on_bad;
@@ -131,11 +131,11 @@ struct mesh_dataset {
 struct scratch {
     uint8_t *file;
     size_t file_cap;
-    size_t file_len;      /* bytes of the file in file */
+    size_t file_len; /* bytes of the file in file */
     uint8_t *img;
     size_t img_cap;
-    int32_t *xi;          /* resampling: (2 * size) source columns */
-    float *xw;            /* (size) weights */
+    int32_t *xi; /* resampling: (2 * size) source columns */
+    float *xw;   /* (size) weights */
 };
 
 static void scratch_free(struct scratch *s)
@@ -165,7 +165,7 @@ static int grow(uint8_t **buf, size_t *cap, size_t need)
 
 struct rd {
     const char *path;
-    uint64_t off;         /* uncompressed bytes consumed */
+    uint64_t off; /* uncompressed bytes consumed */
 #ifdef HAVE_ZLIB
     gzFile gz;
 #else
@@ -240,8 +240,7 @@ static int rd_some(struct rd *r, void *buf, size_t len, size_t *got)
             return mesh_err(-EIO,
                             "%s: gzip error at uncompressed byte offset "
                             "%" PRIu64 " (compressed offset %ld): %s",
-                            r->path, r->off + done, (long)gzoffset(r->gz),
-                            m);
+                            r->path, r->off + done, (long)gzoffset(r->gz), m);
         }
         if (n == 0) {
             int zerr;
@@ -252,8 +251,8 @@ static int rd_some(struct rd *r, void *buf, size_t len, size_t *got)
                 return mesh_err(-EIO,
                                 "%s: gzip error at uncompressed byte offset "
                                 "%" PRIu64 " (compressed offset %ld): %s",
-                                r->path, r->off + done,
-                                (long)gzoffset(r->gz), m);
+                                r->path, r->off + done, (long)gzoffset(r->gz),
+                                m);
             break;
         }
 #else
@@ -263,8 +262,8 @@ static int rd_some(struct rd *r, void *buf, size_t len, size_t *got)
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
-            return mesh_err_errno("%s: read at byte offset %" PRIu64,
-                                  r->path, r->off + done);
+            return mesh_err_errno("%s: read at byte offset %" PRIu64, r->path,
+                                  r->off + done);
         if (n == 0)
             break;
 #endif
@@ -287,8 +286,7 @@ static int rd_exact(struct rd *r, void *buf, size_t len, const char *what)
     if (got < len)
         return mesh_err(-EIO,
                         "%s: truncated: end of data at byte offset %" PRIu64
-                        " while reading %s (%zu bytes from offset %" PRIu64
-                        ")",
+                        " while reading %s (%zu bytes from offset %" PRIu64 ")",
                         r->path, r->off, what, len, start);
     return 0;
 }
@@ -312,13 +310,12 @@ static int rd_end(struct rd *r)
 
 static uint32_t be32(const uint8_t *p)
 {
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
-           (uint32_t)p[2] << 8 | p[3];
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 |
+           p[3];
 }
 
 /* path = dir/name.gz if it exists (and zlib is built), else dir/name. */
-static int find_file(const char *dir, const char *name, char *path,
-                     size_t cap)
+static int find_file(const char *dir, const char *name, char *path, size_t cap)
 {
     struct stat st;
 
@@ -327,8 +324,7 @@ static int find_file(const char *dir, const char *name, char *path,
 #ifdef HAVE_ZLIB
         return 0;
 #else
-        return mesh_err(-ENOTSUP, "%s: built without zlib; gunzip it",
-                        path);
+        return mesh_err(-ENOTSUP, "%s: built without zlib; gunzip it", path);
 #endif
     }
     snprintf(path, cap, "%s/%s", dir, name);
@@ -339,9 +335,8 @@ static int find_file(const char *dir, const char *name, char *path,
 
 /* ---- fashion-mnist (IDX) ------------------------------------------------ */
 
-static int idx_read(const char *dir, const char *img_name,
-                    const char *lbl_name, int classes, struct split *sp,
-                    int *h, int *w)
+static int idx_read(const char *dir, const char *img_name, const char *lbl_name,
+                    int classes, struct split *sp, int *h, int *w)
 {
     char ipath[4096], lpath[4096];
     uint8_t hdr[16];
@@ -372,9 +367,8 @@ static int idx_read(const char *dir, const char *img_name,
     n = be32(hdr + 4);
     rows = be32(hdr + 8);
     cols = be32(hdr + 12);
-    if (n == 0 || n > (1u << 24) || rows == 0 || rows > MAX_SIZE ||
-        cols == 0 || cols > MAX_SIZE ||
-        (uint64_t)n * rows * cols > ((uint64_t)1 << 34)) {
+    if (n == 0 || n > (1u << 24) || rows == 0 || rows > MAX_SIZE || cols == 0 ||
+        cols > MAX_SIZE || (uint64_t)n * rows * cols > ((uint64_t)1 << 34)) {
         rc = mesh_err(-EIO,
                       "%s: implausible IDX dimensions %u x %u x %u at byte "
                       "offset 4",
@@ -392,8 +386,7 @@ static int idx_read(const char *dir, const char *img_name,
     sp->pix = malloc(bytes);
     sp->labels = malloc(sizeof(int32_t) * n);
     if (!sp->pix || !sp->labels) {
-        rc = mesh_err(-ENOMEM, "%s: cannot allocate %zu bytes", ipath,
-                      bytes);
+        rc = mesh_err(-ENOMEM, "%s: cannot allocate %zu bytes", ipath, bytes);
         goto out_img;
     }
     rc = rd_exact(&ri, sp->pix, bytes, "the images");
@@ -436,9 +429,9 @@ static int idx_read(const char *dir, const char *img_name,
         uint8_t v = ((uint8_t *)sp->labels)[i];
 
         if (v >= classes) {
-            rc = mesh_err(-EIO,
-                          "%s: label %u at byte offset %u is not below %d",
-                          lpath, v, 8 + i, classes);
+            rc =
+                mesh_err(-EIO, "%s: label %u at byte offset %u is not below %d",
+                         lpath, v, 8 + i, classes);
             goto out_lbl;
         }
         sp->labels[i] = v;
@@ -462,12 +455,12 @@ static int open_fmnist(struct mesh_dataset *ds, const char *dir)
     ds->sc = 1;
     ds->mean[0] = 0.2860f;
     ds->std[0] = 0.3530f;
-    rc = idx_read(dir, "train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                  10, &ds->sp[MESH_DATA_TRAIN], &ds->sh, &ds->sw);
+    rc = idx_read(dir, "train-images-idx3-ubyte", "train-labels-idx1-ubyte", 10,
+                  &ds->sp[MESH_DATA_TRAIN], &ds->sh, &ds->sw);
     if (rc < 0)
         return rc;
-    return idx_read(dir, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte",
-                    10, &ds->sp[MESH_DATA_EVAL], &ds->sh, &ds->sw);
+    return idx_read(dir, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", 10,
+                    &ds->sp[MESH_DATA_EVAL], &ds->sh, &ds->sw);
 }
 
 /* ---- cifar10 ------------------------------------------------------------ */
@@ -587,8 +580,10 @@ static int open_synthetic(struct mesh_dataset *ds, size_t count)
         sp->labels = malloc(sizeof(int32_t) * count);
         sp->pix = malloc(pool * img);
         if (!sp->labels || !sp->pix)
-            return mesh_err(-ENOMEM, "synthetic: cannot allocate %zu "
-                                     "samples", count);
+            return mesh_err(-ENOMEM,
+                            "synthetic: cannot allocate %zu "
+                            "samples",
+                            count);
         rng_seed(&r, key3(ds->seed, 0x73796e00ull + (uint64_t)s, 0));
         for (size_t i = 0; i < count; i++)
             sp->labels[i] = (int32_t)rng_bounded(&r, (uint64_t)ds->classes);
@@ -632,8 +627,7 @@ static void free_names(char **v, size_t n)
 }
 
 /* Sorted names in dir (not starting with '.'), subdirectories or JPEGs. */
-static int list_dir(const char *dir, int want_dirs, char ***out,
-                    size_t *nout)
+static int list_dir(const char *dir, int want_dirs, char ***out, size_t *nout)
 {
     DIR *d = opendir(dir);
     struct dirent *e;
@@ -688,8 +682,7 @@ static int folder_scan(struct mesh_dataset *ds, const char *root,
         return rc;
     if (set_classes) {
         if (ncls == 0) {
-            rc = mesh_err(-ENOENT, "imagefolder: no class folders in %s",
-                          root);
+            rc = mesh_err(-ENOENT, "imagefolder: no class folders in %s", root);
             goto out;
         }
         if (ncls > INT32_MAX) {
@@ -701,8 +694,7 @@ static int folder_scan(struct mesh_dataset *ds, const char *root,
         cls = NULL;
         ncls = 0;
     }
-    for (size_t c = 0; c < (set_classes ? (size_t)ds->classes : ncls);
-         c++) {
+    for (size_t c = 0; c < (set_classes ? (size_t)ds->classes : ncls); c++) {
         const char *cname = set_classes ? ds->class_names[c] : cls[c];
         int label = -1;
 
@@ -781,8 +773,7 @@ static int open_folder(struct mesh_dataset *ds, const char *dir)
     (void)train;
     (void)val;
     (void)rc;
-    return mesh_err(-ENOTSUP, "imagefolder:%s: built without libjpeg",
-                    dir);
+    return mesh_err(-ENOTSUP, "imagefolder:%s: built without libjpeg", dir);
 #else
     ds->name = "imagefolder";
     ds->sc = 3;
@@ -835,8 +826,7 @@ static void jerr_emit(j_common_ptr c, int level)
     }
 }
 
-static size_t jpeg_offset(j_decompress_ptr c, const uint8_t *buf,
-                          size_t len)
+static size_t jpeg_offset(j_decompress_ptr c, const uint8_t *buf, size_t len)
 {
     const uint8_t *p;
 
@@ -986,8 +976,7 @@ struct box {
  * normalisation (out = v a + b per source channel).
  */
 static int resample(const struct mesh_dataset *ds, const struct img *src,
-                    struct box bx, int flip, struct scratch *scr,
-                    float *out)
+                    struct box bx, int flip, struct scratch *scr, float *out)
 {
     int S = ds->size, co = ds->co, cs = src->c;
     size_t plane = (size_t)S * S;
@@ -1010,10 +999,10 @@ static int resample(const struct mesh_dataset *ds, const struct img *src,
         b[k] = -ds->mean[k] / ds->std[k];
     }
     if (cs == 3 && co == 1) {
-        float m = 0.299f * ds->mean[0] + 0.587f * ds->mean[1] +
-                  0.114f * ds->mean[2];
-        float s = 0.299f * ds->std[0] + 0.587f * ds->std[1] +
-                  0.114f * ds->std[2];
+        float m =
+            0.299f * ds->mean[0] + 0.587f * ds->mean[1] + 0.114f * ds->mean[2];
+        float s =
+            0.299f * ds->std[0] + 0.587f * ds->std[1] + 0.114f * ds->std[2];
 
         ag = 1.0f / (255.0f * s);
         bg = -m / s;
@@ -1097,9 +1086,8 @@ static int resample(const struct mesh_dataset *ds, const struct img *src,
                 for (int k = 0; k < co; k++)
                     out[k * plane + o] = v[0] * a[0] + b[0];
             } else {
-                out[o] = (0.299f * v[0] + 0.587f * v[1] + 0.114f * v[2]) *
-                             ag +
-                         bg;
+                out[o] =
+                    (0.299f * v[0] + 0.587f * v[1] + 0.114f * v[2]) * ag + bg;
             }
         }
     }
@@ -1188,7 +1176,7 @@ static int make_one(struct mesh_dataset *ds, int split, size_t idx,
         size_t slot = ds->kind == K_SYNTHETIC ? idx % SYN_POOL : idx;
         double S = ds->size;
 
-        src = (struct img){sp->pix + slot * img, ds->sc, ds->sh, ds->sw,
+        src = (struct img){sp->pix + slot * img,       ds->sc, ds->sh, ds->sw,
                            (ptrdiff_t)ds->sh * ds->sw, ds->sw, 1};
         if (!augment && ds->sc == ds->co && ds->sh == ds->size &&
             ds->sw == ds->size) {
@@ -1210,8 +1198,8 @@ static int make_one(struct mesh_dataset *ds, int split, size_t idx,
         if (ds->fit == MESH_DATA_FIT_RESIZE)
             bx = (struct box){0, 0, ds->sw, ds->sh};
         else
-            bx = (struct box){floor((ds->sw - S) / 2),
-                              floor((ds->sh - S) / 2), S, S};
+            bx = (struct box){floor((ds->sw - S) / 2), floor((ds->sh - S) / 2),
+                              S, S};
         if (augment) {
             /* Pad 4, random crop, flip: a shift of -4..4 output pixels. */
             double dx = (int)rng_bounded(&r, 9) - 4;
@@ -1234,8 +1222,8 @@ static int make_sample(struct mesh_dataset *ds, int split, size_t idx,
     int rc = 0;
 
     if (idx >= sp->count)
-        return mesh_err(-EINVAL, "sample %zu beyond the %zu of the split",
-                        idx, sp->count);
+        return mesh_err(-EINVAL, "sample %zu beyond the %zu of the split", idx,
+                        sp->count);
     for (size_t t = 0; t < sp->count; t++) {
         size_t j = (idx + t) % sp->count;
 
@@ -1301,8 +1289,7 @@ static int parse_count(const char *s, size_t *out)
 
     errno = 0;
     v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || v == 0 || v > (1ull << 31) ||
-        s[0] == '-')
+    if (errno || end == s || *end || v == 0 || v > (1ull << 31) || s[0] == '-')
         return mesh_err(-EINVAL,
                         "--data synthetic:%s: the count must be an integer "
                         "from 1 to 2^31",
@@ -1324,8 +1311,8 @@ int mesh_data_open(const struct mesh_data_opts *o, struct mesh_dataset **out)
         return mesh_err(-EINVAL, "data: %d input channels (1 or 3 expected)",
                         o->channels);
     if (o->size < 0 || o->size > MAX_SIZE)
-        return mesh_err(-EINVAL, "data: input size %d out of 1..%d",
-                        o->size, MAX_SIZE);
+        return mesh_err(-EINVAL, "data: input size %d out of 1..%d", o->size,
+                        MAX_SIZE);
     if (o->classes < 0)
         return mesh_err(-EINVAL, "data: %d classes", o->classes);
     ds = calloc(1, sizeof(*ds));
@@ -1376,10 +1363,10 @@ int mesh_data_open(const struct mesh_data_opts *o, struct mesh_dataset **out)
         ds->mean[1] = ds->mean[2] = ds->mean[0];
         ds->std[1] = ds->std[2] = ds->std[0];
     }
-    if (ds->kind != K_FOLDER && ds->kind != K_SYNTHETIC &&
-        ds->sh != ds->sw && ds->fit == MESH_DATA_FIT_RESIZE && o->size)
-        mesh_warn("data: %s images are %d x %d; resized to a square",
-                  ds->name, ds->sh, ds->sw);
+    if (ds->kind != K_FOLDER && ds->kind != K_SYNTHETIC && ds->sh != ds->sw &&
+        ds->fit == MESH_DATA_FIT_RESIZE && o->size)
+        mesh_warn("data: %s images are %d x %d; resized to a square", ds->name,
+                  ds->sh, ds->sw);
     *out = ds;
     return 0;
 fail:
@@ -1450,12 +1437,12 @@ int mesh_data_parse_bad(const char *s, enum mesh_data_bad *out)
 
 /* One batch of the ring. */
 struct slot {
-    float *x;             /* (batch, co, size, size) */
-    int32_t *y;           /* (batch) */
-    uint64_t seq;         /* batch sequence number it holds */
-    int n;                /* samples in it */
-    int done;             /* samples finished */
-    int err;              /* first error of a sample, 0 if none */
+    float *x;     /* (batch, co, size, size) */
+    int32_t *y;   /* (batch) */
+    uint64_t seq; /* batch sequence number it holds */
+    int n;        /* samples in it */
+    int done;     /* samples finished */
+    int err;      /* first error of a sample, 0 if none */
     char msg[1024];
     uint64_t epoch, step;
 };
@@ -1463,14 +1450,14 @@ struct slot {
 struct mesh_loader {
     struct mesh_dataset *ds;
     int split, batch, rank, world, augment, nthreads, depth;
-    uint64_t spe;         /* steps per epoch */
+    uint64_t spe; /* steps per epoch */
     size_t sample_floats;
 
     pthread_mutex_t mu;
     pthread_cond_t cv_work;  /* workers: a slot or a stop */
     pthread_cond_t cv_ready; /* consumer: a batch complete */
     pthread_t *threads;
-    int running;          /* threads started */
+    int running; /* threads started */
     int stop;
 
     struct slot *slots;
@@ -1481,7 +1468,7 @@ struct mesh_loader {
     uint64_t consume_seq; /* next batch mesh_data_next returns */
     int held;             /* the consumer holds consume_seq - 1 */
     int failed;
-    uint32_t *perm;       /* permutation of perm_epoch, (train count) */
+    uint32_t *perm; /* permutation of perm_epoch, (train count) */
     uint64_t perm_epoch;
     int perm_valid;
 };
@@ -1587,15 +1574,14 @@ static void *worker(void *arg)
         assign(ld, &t);
         pthread_mutex_unlock(&ld->mu);
 
-        rc = make_sample(ld->ds, ld->split, t.idx, t.epoch, ld->augment,
-                         &scr, t.slot->x + (size_t)t.i * ld->sample_floats,
+        rc = make_sample(ld->ds, ld->split, t.idx, t.epoch, ld->augment, &scr,
+                         t.slot->x + (size_t)t.i * ld->sample_floats,
                          &t.slot->y[t.i]);
 
         pthread_mutex_lock(&ld->mu);
         if (rc < 0 && !t.slot->err) {
             t.slot->err = rc;
-            snprintf(t.slot->msg, sizeof(t.slot->msg), "%s",
-                     mesh_err_msg(rc));
+            snprintf(t.slot->msg, sizeof(t.slot->msg), "%s", mesh_err_msg(rc));
         }
         if (++t.slot->done == t.slot->n)
             pthread_cond_broadcast(&ld->cv_ready);
@@ -1656,8 +1642,7 @@ int mesh_loader_create(struct mesh_dataset *ds,
         return mesh_err(-EINVAL,
                         "data loader: bad batch %d / rank %d / world %d",
                         o->batch, o->rank, o->world);
-    if (o->threads < 0 || o->threads > 256 || o->depth < 0 ||
-        o->depth > 1024)
+    if (o->threads < 0 || o->threads > 256 || o->depth < 0 || o->depth > 1024)
         return mesh_err(-EINVAL, "data loader: bad threads %d / depth %d",
                         o->threads, o->depth);
     if (o->accumulate < 0 || o->accumulate > 65536)
@@ -1699,18 +1684,20 @@ int mesh_loader_create(struct mesh_dataset *ds,
     ld->slots = calloc((size_t)ld->depth, sizeof(struct slot));
     if (o->split == MESH_DATA_TRAIN)
         ld->perm = malloc(sizeof(uint32_t) * n);
-    if (!ld->threads || !ld->slots || (o->split == MESH_DATA_TRAIN &&
-                                       !ld->perm)) {
+    if (!ld->threads || !ld->slots ||
+        (o->split == MESH_DATA_TRAIN && !ld->perm)) {
         mesh_err(rc, "data loader: out of memory");
         goto fail;
     }
     for (int i = 0; i < ld->depth; i++) {
-        ld->slots[i].x = malloc(sizeof(float) * ld->sample_floats *
-                                (size_t)ld->batch);
+        ld->slots[i].x =
+            malloc(sizeof(float) * ld->sample_floats * (size_t)ld->batch);
         ld->slots[i].y = malloc(sizeof(int32_t) * (size_t)ld->batch);
         if (!ld->slots[i].x || !ld->slots[i].y) {
-            mesh_err(rc, "data loader: cannot allocate %d batches of %zu "
-                         "bytes", ld->depth,
+            mesh_err(rc,
+                     "data loader: cannot allocate %d batches of %zu "
+                     "bytes",
+                     ld->depth,
                      sizeof(float) * ld->sample_floats * (size_t)ld->batch);
             goto fail;
         }
@@ -1818,9 +1805,9 @@ void mesh_data_tell(const struct mesh_loader *ld, uint64_t *epoch,
 
 int mesh_data_seek(struct mesh_loader *ld, uint64_t epoch, uint64_t step)
 {
-    if (ld->split == MESH_DATA_EVAL ? epoch != 0 || step > ld->spe
-                                    : step >= ld->spe ||
-                                          epoch > UINT64_MAX / ld->spe - 1)
+    if (ld->split == MESH_DATA_EVAL
+            ? epoch != 0 || step > ld->spe
+            : step >= ld->spe || epoch > UINT64_MAX / ld->spe - 1)
         return mesh_err(-EINVAL,
                         "data: cannot seek to epoch %" PRIu64 " step %" PRIu64
                         " (%" PRIu64 " steps per epoch)",
@@ -1832,7 +1819,7 @@ int mesh_data_seek(struct mesh_loader *ld, uint64_t epoch, uint64_t step)
 
 /* ---- state record ------------------------------------------------------- */
 
-#define STATE_MAGIC 0x6174616468736d6dull /* "mmshdata" little-endian */
+#define STATE_MAGIC   0x6174616468736d6dull /* "mmshdata" little-endian */
 #define STATE_VERSION 1
 
 static void put64(uint8_t *p, uint64_t v)
@@ -1870,8 +1857,7 @@ void mesh_data_get_state(const struct mesh_loader *ld,
                           (uint64_t)ld->ds->sp[ld->split].count << 32);
 }
 
-int mesh_data_set_state(struct mesh_loader *ld, const uint8_t *st,
-                        size_t len)
+int mesh_data_set_state(struct mesh_loader *ld, const uint8_t *st, size_t len)
 {
     uint64_t count = ld->ds->sp[ld->split].count;
 

@@ -94,25 +94,25 @@ enum mesh_data_fit {
 };
 
 struct mesh_data_opts {
-    const char *spec;         /* --data, as above */
-    int channels;             /* model input channels; 0: the source's */
-    int size;                 /* model input height = width; 0: native
-                                 (224 for imagefolder) */
-    int classes;              /* synthetic only; 0: 1000 */
-    uint64_t seed;            /* --seed: permutation, augmentation */
+    const char *spec; /* --data, as above */
+    int channels;     /* model input channels; 0: the source's */
+    int size;         /* model input height = width; 0: native
+                         (224 for imagefolder) */
+    int classes;      /* synthetic only; 0: 1000 */
+    uint64_t seed;    /* --seed: permutation, augmentation */
     enum mesh_data_bad on_bad;
     enum mesh_data_fit fit;
 };
 
 struct mesh_data_info {
-    size_t train_count;       /* samples in the training split */
-    size_t eval_count;        /* samples in the evaluation split (may be 0) */
+    size_t train_count; /* samples in the training split */
+    size_t eval_count;  /* samples in the evaluation split (may be 0) */
     int classes;
-    int channels, size;       /* the output shape of every sample */
-    int src_channels;         /* the source's channels (1 or 3) */
-    int src_height, src_width;/* the source's size; 0 when it varies */
-    float mean[3], std[3];    /* normalisation per source channel */
-    const char *name;         /* "fashion-mnist", ... */
+    int channels, size;        /* the output shape of every sample */
+    int src_channels;          /* the source's channels (1 or 3) */
+    int src_height, src_width; /* the source's size; 0 when it varies */
+    float mean[3], std[3];     /* normalisation per source channel */
+    const char *name;          /* "fashion-mnist", ... */
 };
 
 /*
@@ -148,28 +148,28 @@ void mesh_data_permutation(const struct mesh_dataset *ds, uint64_t epoch,
 
 struct mesh_loader_opts {
     enum mesh_data_split split;
-    int batch;                /* per-peer batch size, >= 1 */
-    int rank, world;          /* this peer and the peer count */
-    int threads;              /* worker threads; 0: 2 */
-    int depth;                /* batches prefetched; 0: 2 * threads + 1 */
-    int augment;              /* -1: the data set's default (train split
-                                 only), 0: off, 1: on */
-    int accumulate;           /* training: steps per epoch rounded down to
-                                 a multiple of this (--accumulate K, one
-                                 loader step per micro-batch); 0 or 1: no
-                                 rounding */
+    int batch;       /* per-peer batch size, >= 1 */
+    int rank, world; /* this peer and the peer count */
+    int threads;     /* worker threads; 0: 2 */
+    int depth;       /* batches prefetched; 0: 2 * threads + 1 */
+    int augment;     /* -1: the data set's default (train split
+                        only), 0: off, 1: on */
+    int accumulate;  /* training: steps per epoch rounded down to
+                        a multiple of this (--accumulate K, one
+                        loader step per micro-batch); 0 or 1: no
+                        rounding */
 };
 
 /* A batch; its memory belongs to the loader and stays valid until the next
  * mesh_data_next, mesh_data_seek or mesh_loader_destroy. */
 struct mesh_batch {
-    const float *x;           /* (n, channels, size, size) */
-    const int32_t *y;         /* (n) */
-    int n;                    /* samples; < batch only in an eval tail */
+    const float *x;   /* (n, channels, size, size) */
+    const int32_t *y; /* (n) */
+    int n;            /* samples; < batch only in an eval tail */
     int channels, size;
-    uint64_t epoch;           /* position of this batch */
-    uint64_t step;            /* step within the epoch */
-    double wait_s;            /* time mesh_data_next blocked for it */
+    uint64_t epoch; /* position of this batch */
+    uint64_t step;  /* step within the epoch */
+    double wait_s;  /* time mesh_data_next blocked for it */
 };
 
 /*

@@ -22,8 +22,7 @@
 
 static char tmp[256];
 
-static int rm_cb(const char *p, const struct stat *st, int flag,
-                 struct FTW *f)
+static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
 {
     (void)st;
     (void)flag;
@@ -58,10 +57,10 @@ static int write_ckpt(const char *dir, uint64_t step, uint32_t wseed,
     rc = mesh_ckpt_begin(dir, step, &wr);
     if (rc < 0)
         return rc;
-    if ((rc = mesh_ckpt_put(wr, "weights", w, sizeof(w),
-                            MESH_CKPT_SHARED)) < 0 ||
-        (rc = mesh_ckpt_put(wr, "momentum", m, sizeof(m),
-                            MESH_CKPT_SHARED)) < 0 ||
+    if ((rc = mesh_ckpt_put(wr, "weights", w, sizeof(w), MESH_CKPT_SHARED)) <
+            0 ||
+        (rc = mesh_ckpt_put(wr, "momentum", m, sizeof(m), MESH_CKPT_SHARED)) <
+            0 ||
         (rc = mesh_ckpt_put(wr, "data.state", st, sizeof(st), 0)) < 0 ||
         (rc = mesh_ckpt_put_file(wr, "model.safetensors", MESH_CKPT_SHARED,
                                  path, sizeof(path))) < 0) {
@@ -289,8 +288,8 @@ int main(void)
         bias[1] = -2.5f;
         rc = mesh_ckpt_begin(dir, 1000, &wr);
         if (rc == 0)
-            rc = mesh_ckpt_put_file(wr, "model.safetensors",
-                                    MESH_CKPT_SHARED, bp, sizeof(bp));
+            rc = mesh_ckpt_put_file(wr, "model.safetensors", MESH_CKPT_SHARED,
+                                    bp, sizeof(bp));
         if (rc == 0)
             rc = mesh_st_write(bp, e, 2, md);
         if (rc == 0)
@@ -306,8 +305,7 @@ int main(void)
         if (rc == 0)
             rc = mesh_st_open(bp, &sf);
         if (rc == 0)
-            rc = mesh_st_read(sf, "conv.weight", MESH_DT_F32, shape, 4,
-                              back);
+            rc = mesh_st_read(sf, "conv.weight", MESH_DT_F32, shape, 4, back);
         ok(rc == 0 && !memcmp(back, conv, sizeof(conv)) &&
                mesh_ckpt_blob_count(c) == 1,
            "safetensors weights written by mesh_st_write inside a "

@@ -32,8 +32,7 @@
 
 static char tmp[256];
 
-static int rm_cb(const char *p, const struct stat *st, int flag,
-                 struct FTW *f)
+static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
 {
     (void)st;
     (void)flag;
@@ -104,8 +103,11 @@ static void test_fmnist(void)
     struct mesh_dataset *ds = NULL;
     struct mesh_data_info info;
     struct mesh_loader *ld = NULL;
-    struct mesh_loader_opts lo = {.split = MESH_DATA_TRAIN, .batch = 100,
-                                  .rank = 0, .world = 1, .threads = 2,
+    struct mesh_loader_opts lo = {.split = MESH_DATA_TRAIN,
+                                  .batch = 100,
+                                  .rank = 0,
+                                  .world = 1,
+                                  .threads = 2,
                                   .augment = -1};
     struct mesh_batch b;
     long hist[2][10] = {{0}};
@@ -140,8 +142,7 @@ static void test_fmnist(void)
 
     /* One epoch of the loader sees every training label once. */
     rc = mesh_loader_create(ds, &lo, &ld);
-    for (uint64_t s = 0; rc == 0 && s < mesh_loader_steps_per_epoch(ld);
-         s++) {
+    for (uint64_t s = 0; rc == 0 && s < mesh_loader_steps_per_epoch(ld); s++) {
         rc = mesh_data_next(ld, &b);
         for (int i = 0; rc == 0 && i < b.n; i++)
             hist[0][b.y[i]]++;
@@ -156,8 +157,7 @@ static void test_fmnist(void)
             hist[1][b.y[i]]++;
     mesh_loader_destroy(ld);
 
-    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 -c \"$PYREF\" %s",
-             FMNIST_DIR);
+    snprintf(cmd, sizeof(cmd), "/usr/bin/python3 -c \"$PYREF\" %s", FMNIST_DIR);
     setenv("PYREF", py_ref, 1);
     p = access("/usr/bin/python3", X_OK) == 0 ? popen(cmd, "r") : NULL;
     while (p && fgets(line, sizeof(line), p)) {
@@ -171,10 +171,9 @@ static void test_fmnist(void)
         if (k < 0)
             continue;
         h = ref_h[k];
-        if (sscanf(line,
-                   "%*s %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %64s",
-                   &ref_n[k], &h[0], &h[1], &h[2], &h[3], &h[4], &h[5],
-                   &h[6], &h[7], &h[8], &h[9], ref_sha[k]) == 12)
+        if (sscanf(line, "%*s %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %ld %64s",
+                   &ref_n[k], &h[0], &h[1], &h[2], &h[3], &h[4], &h[5], &h[6],
+                   &h[7], &h[8], &h[9], ref_sha[k]) == 12)
             nref++;
     }
     if (p)
@@ -194,8 +193,8 @@ static void test_fmnist(void)
        "%ld vs %ld)",
        hist[0][0], ref_h[0][0]);
     for (int s = 0; s < 2; s++) {
-        rc = mesh_data_sample(ds, s ? MESH_DATA_EVAL : MESH_DATA_TRAIN, 0, 0,
-                              0, img, &lab);
+        rc = mesh_data_sample(ds, s ? MESH_DATA_EVAL : MESH_DATA_TRAIN, 0, 0, 0,
+                              img, &lab);
         for (int i = 0; i < 784; i++)
             px[i] = (uint8_t)unnorm(img[i], info.mean[0], info.std[0]);
         sha_hex(px, 784, my_sha);
@@ -205,8 +204,8 @@ static void test_fmnist(void)
     }
     /* 3 channels at 32: replicated and resized. */
     {
-        struct mesh_data_opts o3 = {.spec = "fashion-mnist", .channels = 3,
-                                    .size = 32, .seed = 1};
+        struct mesh_data_opts o3 = {
+            .spec = "fashion-mnist", .channels = 3, .size = 32, .seed = 1};
         struct mesh_dataset *d3 = NULL;
         float *x = malloc(sizeof(float) * 3 * 32 * 32);
         int same = 1;
@@ -306,8 +305,7 @@ static void test_idx_bad(void)
     rc = open_spec(spec, MESH_DATA_BAD_SKIP, &ds);
     ok(rc < 0 && strstr(mesh_err_msg(rc), path) &&
            strstr(mesh_err_msg(rc), "offset"),
-       "truncated gzip: error names file and offset: %s",
-       mesh_err_msg(rc));
+       "truncated gzip: error names file and offset: %s", mesh_err_msg(rc));
     write_idx(dir, "train", 100, 0x803, 100, 1);
 
     /* Bad magic. */
@@ -341,7 +339,7 @@ static void test_idx_bad(void)
 /* ---- cifar10: the pixels carry the sample index ----------------------- */
 
 #define CIFAR_TRAIN_PER 40
-#define CIFAR_TEST 50
+#define CIFAR_TEST      50
 
 static void write_cifar(const char *dir, int extra)
 {
@@ -424,8 +422,11 @@ static void test_cifar(void)
     struct mesh_data_opts o = {.seed = 7};
     struct mesh_dataset *ds = NULL, *ds2 = NULL;
     struct mesh_data_info info;
-    struct mesh_loader_opts lo = {.split = MESH_DATA_TRAIN, .batch = 4,
-                                  .world = 3, .threads = 2, .augment = 0};
+    struct mesh_loader_opts lo = {.split = MESH_DATA_TRAIN,
+                                  .batch = 4,
+                                  .world = 3,
+                                  .threads = 2,
+                                  .augment = 0};
     struct mesh_loader *ld[3] = {NULL, NULL, NULL};
     int n = 5 * CIFAR_TRAIN_PER, idx[3][16 * 4], seen[5 * CIFAR_TRAIN_PER];
     uint32_t *perm = malloc(sizeof(uint32_t) * (size_t)n);
@@ -444,8 +445,8 @@ static void test_cifar(void)
         return;
     }
     mesh_data_get_info(ds, &info);
-    ok(info.train_count == 200 && info.eval_count == 50 &&
-           info.channels == 3 && info.size == 32,
+    ok(info.train_count == 200 && info.eval_count == 50 && info.channels == 3 &&
+           info.size == 32,
        "cifar10: 200 train, 50 test, 3x32x32");
 
     /* Shards: 3 peers x batch 4, 16 steps, 192 distinct samples. */
@@ -469,8 +470,7 @@ static void test_cifar(void)
                 match &= (uint32_t)v == perm[s * 12 + r * 4 + i];
             }
     ok(good && dup == 0 && total == 192,
-       "3 shards x 16 steps x 4: 192 samples, none twice (%d duplicates)",
-       dup);
+       "3 shards x 16 steps x 4: 192 samples, none twice (%d duplicates)", dup);
     ok(good && match, "peer r, step s takes permutation block s*12 + r*4");
     {
         struct mesh_batch b;
@@ -576,8 +576,8 @@ static void test_cifar(void)
             rc = mesh_data_next(x, &b);
             if (s == 53)
                 good = !memcmp(b.x, c, sizeof(float) * fl) &&
-                       !memcmp(b.y, lc, sizeof(int32_t) * 4) &&
-                       b.epoch == 1 && b.step == 3;
+                       !memcmp(b.y, lc, sizeof(int32_t) * 4) && b.epoch == 1 &&
+                       b.step == 3;
         }
         ok(rc == 0 && good,
            "seek(1, 3) gives the batch an uninterrupted run reads 54th");
@@ -606,8 +606,8 @@ static void test_cifar(void)
 
     /* Evaluation shards: 50 samples over 3 peers, batch 4. */
     {
-        struct mesh_loader_opts eo = {.split = MESH_DATA_EVAL, .batch = 4,
-                                      .world = 3, .threads = 2};
+        struct mesh_loader_opts eo = {
+            .split = MESH_DATA_EVAL, .batch = 4, .world = 3, .threads = 2};
         int cnt[50] = {0}, tot = 0, bad = 0;
         struct mesh_batch b;
 
@@ -642,7 +642,8 @@ static void test_cifar(void)
     {
         struct mesh_data_opts og = {.spec = spec, .channels = 1, .size = 40};
         float *xg = malloc(sizeof(float) * 1600);
-        float lo_v = (0 - 0.45f) / 0.24f - 0.2f, hi_v = (1 - 0.45f) / 0.24f + 0.2f;
+        float lo_v = (0 - 0.45f) / 0.24f - 0.2f,
+              hi_v = (1 - 0.45f) / 0.24f + 0.2f;
         int32_t lab;
         int inr = 1;
 
@@ -659,8 +660,8 @@ static void test_cifar(void)
     }
     /* Padding to 36: the native image in the middle, zeros around. */
     {
-        struct mesh_data_opts op = {.spec = spec, .size = 36,
-                                    .fit = MESH_DATA_FIT_PAD};
+        struct mesh_data_opts op = {
+            .spec = spec, .size = 36, .fit = MESH_DATA_FIT_PAD};
         float *xp = malloc(sizeof(float) * 3 * 36 * 36);
         float *xn = malloc(sizeof(float) * 3 * 32 * 32);
         int32_t lab, lab2;
@@ -705,8 +706,8 @@ static void test_cifar(void)
 
 #ifdef HAVE_JPEG
 /* A w x h JPEG: solid (r, g, b) when solid, else a gradient + noise. */
-static void write_jpeg(const char *path, int w, int h, int solid, int r,
-                       int g, int b)
+static void write_jpeg(const char *path, int w, int h, int solid, int r, int g,
+                       int b)
 {
     struct jpeg_compress_struct c;
     struct jpeg_error_mgr e;
@@ -767,8 +768,8 @@ static void make_folder(const char *root)
                 snprintf(p, sizeof(p), "%s/%s/%s/img%02d.jpg", root,
                          sp ? "val" : "train", classes[c], i);
                 /* Train: textured, various sizes; val: solid colours. */
-                write_jpeg(p, 40 + 13 * i + 7 * c, 30 + 11 * i, sp, colour[c][0],
-                           colour[c][1], colour[c][2]);
+                write_jpeg(p, 40 + 13 * i + 7 * c, 30 + 11 * i, sp,
+                           colour[c][0], colour[c][1], colour[c][2]);
             }
         }
     }
@@ -821,8 +822,7 @@ static void test_folder(void)
     for (int c = 0; good && c < 3; c++)
         for (int i = 0; i < 576; i++)
             good &= x[c * 576 + i] >= -info.mean[c] / info.std[c] - 1e-4f &&
-                    x[c * 576 + i] <=
-                        (1 - info.mean[c]) / info.std[c] + 1e-4f;
+                    x[c * 576 + i] <= (1 - info.mean[c]) / info.std[c] + 1e-4f;
     rc = mesh_data_sample(ds, MESH_DATA_TRAIN, 4, 0, 1, x2, &lab2);
     ok(good && rc == 0 && !memcmp(x, x2, sizeof(float) * 3 * 576),
        "random-resized-crop: values in the normalised range, same for the "
@@ -833,8 +833,10 @@ static void test_folder(void)
 
     /* Thread counts: identical loader batches. */
     {
-        struct mesh_loader_opts lo = {.split = MESH_DATA_TRAIN, .batch = 3,
-                                      .world = 1, .threads = 1,
+        struct mesh_loader_opts lo = {.split = MESH_DATA_TRAIN,
+                                      .batch = 3,
+                                      .world = 1,
+                                      .threads = 1,
                                       .augment = -1};
         struct mesh_loader *a = NULL, *b = NULL;
         size_t fl = 3 * 3 * 576;
@@ -882,8 +884,10 @@ static void test_folder(void)
            strstr(mesh_err_msg(rc), trunc_off),
        "truncated JPEG, fail: %s", mesh_err_msg(rc));
     {
-        struct mesh_loader_opts eo = {.split = MESH_DATA_TRAIN, .batch = 18,
-                                      .world = 1, .threads = 2,
+        struct mesh_loader_opts eo = {.split = MESH_DATA_TRAIN,
+                                      .batch = 18,
+                                      .world = 1,
+                                      .threads = 2,
                                       .augment = -1};
         struct mesh_loader *e = NULL;
         struct mesh_batch b;
@@ -909,8 +913,10 @@ static void test_folder(void)
     snprintf(path, sizeof(path), "%s/train/dog/img05.jpg", root);
     write_bytes(path, "\xff\xd8\xff\xe0garbage, not a JPEG at all", 30);
     {
-        struct mesh_loader_opts lo = {.split = MESH_DATA_TRAIN, .batch = 6,
-                                      .world = 1, .threads = 2,
+        struct mesh_loader_opts lo = {.split = MESH_DATA_TRAIN,
+                                      .batch = 6,
+                                      .world = 1,
+                                      .threads = 2,
                                       .augment = -1};
         struct mesh_loader *l = NULL;
         struct mesh_batch b;
@@ -937,8 +943,11 @@ static void test_folder(void)
 
 static void test_synthetic(void)
 {
-    struct mesh_data_opts o = {.spec = "synthetic:100", .channels = 3,
-                               .size = 8, .classes = 5, .seed = 11};
+    struct mesh_data_opts o = {.spec = "synthetic:100",
+                               .channels = 3,
+                               .size = 8,
+                               .classes = 5,
+                               .seed = 11};
     struct mesh_dataset *a = NULL, *b = NULL;
     struct mesh_data_info info;
     float xa[192], xb[192];
