@@ -1665,7 +1665,12 @@ int mesh_loader_create(struct mesh_dataset *ds,
     ld->rank = o->rank;
     ld->world = o->world;
     ld->nthreads = o->threads ? o->threads : 2;
-    ld->depth = o->depth ? o->depth : 2 * ld->nthreads + 1;
+    /* Enough batches in flight for two samples per thread, plus the one
+     * the consumer holds; at least two ready ahead of it. */
+    ld->depth =
+        o->depth
+            ? o->depth
+            : MESH_MAX(3, (2 * ld->nthreads + o->batch - 1) / o->batch + 1);
     ld->augment = o->split == MESH_DATA_EVAL ? 0
                   : o->augment < 0           ? default_augment(ds)
                                              : !!o->augment;

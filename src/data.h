@@ -151,7 +151,8 @@ struct mesh_loader_opts {
     int batch;       /* per-peer batch size, >= 1 */
     int rank, world; /* this peer and the peer count */
     int threads;     /* worker threads; 0: 2 */
-    int depth;       /* batches prefetched; 0: 2 * threads + 1 */
+    int depth;       /* batches in the ring, the one the consumer holds
+                        included; 0: max(3, ceil(2 threads / batch) + 1) */
     int augment;     /* -1: the data set's default (train split
                         only), 0: off, 1: on */
     int accumulate;  /* training: steps per epoch rounded down to
