@@ -48,6 +48,8 @@
  *   on the stream key(seed, 0x7065726d ("perm"), e).
  *   Sample augmentation uses the stream key(seed, e + 1, index): it depends
  *   only on (seed, epoch, sample index), never on thread scheduling.
+ *   A bad sample skipped (MESH_DATA_BAD_SKIP) is replaced by the next good
+ *   index j after it (wrapping), with j's label and j's stream.
  *
  * Sharding (training): global batch G = batch * world. Step s of epoch e
  * covers permutation positions [s G, (s + 1) G); peer r takes the block

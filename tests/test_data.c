@@ -515,6 +515,66 @@ static void test_cifar(void)
            "micro-batch, across an epoch boundary");
     }
 
+    /* The documented PRNG, replayed in Python, gives the same order. */
+    {
+        static const char *py_perm =
+            "import sys\n"
+            "M = (1 << 64) - 1\n"
+            "def sm(s):\n"
+            "    s = (s + 0x9e3779b97f4a7c15) & M\n"
+            "    z = s\n"
+            "    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & M\n"
+            "    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & M\n"
+            "    return s, z ^ (z >> 31)\n"
+            "def key(a, b, c):\n"
+            "    s, x = sm(a)\n"
+            "    s, x = sm(x ^ b)\n"
+            "    s, x = sm(x ^ c)\n"
+            "    return x\n"
+            "rotl = lambda x, k: ((x << k) | (x >> (64 - k))) & M\n"
+            "class X:\n"
+            "    def __init__(self, k):\n"
+            "        self.s = []\n"
+            "        for i in range(4):\n"
+            "            k, v = sm(k)\n"
+            "            self.s.append(v)\n"
+            "    def next(self):\n"
+            "        s = self.s\n"
+            "        r = (rotl((s[1] * 5) & M, 7) * 9) & M\n"
+            "        t = (s[1] << 17) & M\n"
+            "        s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]\n"
+            "        s[2] ^= t; s[3] = rotl(s[3], 45)\n"
+            "        return r\n"
+            "seed, e, n = map(int, sys.argv[1:4])\n"
+            "g = X(key(seed, 0x7065726d, e))\n"
+            "p = list(range(n))\n"
+            "for i in range(n - 1, 0, -1):\n"
+            "    j = ((g.next() >> 32) * (i + 1)) >> 32\n"
+            "    p[i], p[j] = p[j], p[i]\n"
+            "print(' '.join(map(str, p)))\n";
+        char cmd[256];
+        FILE *pp;
+        int same = 1, got = 0, v;
+
+        setenv("PYPERM", py_perm, 1);
+        snprintf(cmd, sizeof(cmd), "/usr/bin/python3 -c \"$PYPERM\" 7 1 %d", n);
+        mesh_data_permutation(ds, 1, perm2);
+        pp = access("/usr/bin/python3", X_OK) == 0 ? popen(cmd, "r") : NULL;
+        while (pp && fscanf(pp, "%d", &v) == 1) {
+            same &= got < n && (uint32_t)v == perm2[got];
+            got++;
+        }
+        if (pp)
+            pclose(pp);
+        if (pp)
+            ok(same && got == n,
+               "the permutation replays in Python from data.h's "
+               "description (%d of %d)",
+               got, n);
+        else
+            skip("no /usr/bin/python3");
+    }
+
     /* Permutations: per epoch different, per seed reproducible. */
     mesh_data_permutation(ds, 1, perm2);
     ok(memcmp(perm, perm2, sizeof(uint32_t) * (size_t)n) != 0,
@@ -985,7 +1045,7 @@ static void test_synthetic(void)
 
 int main(void)
 {
-    int n = 4 + 6 + 18; /* synthetic, fashion-mnist, cifar10 */
+    int n = 4 + 6 + 19; /* synthetic, fashion-mnist, cifar10 */
 
     setenv("MESHTRAIN_LOG", "error", 0);
 #ifdef HAVE_ZLIB
