@@ -982,3 +982,114 @@ int mesh_ckpt_blob_path(const struct mesh_ckpt *c, const char *name, char *path,
         return mesh_err(-ENAMETOOLONG, "checkpoint blob path too long");
     return 0;
 }
+
+/* ---- choosing a checkpoint to resume from ------------------------------- */
+
+int mesh_ckpt_scan(const char *dir, struct mesh_ckpt_entry **out, size_t *n)
+{
+    struct mesh_ckpt_entry *v = NULL;
+    uint64_t *steps = NULL;
+    size_t cnt = 0, got = 0;
+    char path[PATH_CAP];
+    int rc;
+
+    rc = mesh_ckpt_list(dir, &steps, &cnt);
+    if (rc < 0)
+        return rc;
+    if (cnt) {
+        v = calloc(cnt, sizeof(*v));
+        if (!v) {
+            free(steps);
+            return mesh_err(-ENOMEM, "out of memory");
+        }
+    }
+    for (size_t i = 0; i < cnt; i++) {
+        struct mesh_ckpt *c = NULL;
+
+        rc = mesh_ckpt_path(dir, steps[i], path, sizeof(path));
+        if (rc == 0)
+            rc = mesh_ckpt_open(path, &c);
+        if (rc == -ENOMEM) {
+            free(v);
+            free(steps);
+            return rc;
+        }
+        if (rc < 0) {
+            mesh_warn("checkpoint %s skipped: %s", path, mesh_err_msg(rc));
+            continue;
+        }
+        v[got].step = c->meta.step;
+        v[got].epoch = c->meta.epoch;
+        memcpy(v[got].digest, c->digest, MESH_CKPT_DIGEST_LEN);
+        memcpy(v[got].config, c->meta.config, MESH_CKPT_DIGEST_LEN);
+        if (v[got].step != steps[i])
+            mesh_warn("checkpoint %s skipped: its manifest says step %" PRIu64,
+                      path, v[got].step);
+        else
+            got++;
+        mesh_ckpt_close(c);
+    }
+    free(steps);
+    *out = v;
+    *n = got;
+    return 0;
+}
+
+int mesh_ckpt_agree(const struct mesh_ckpt_entry *const *lists,
+                    const size_t *counts, int npeers, uint64_t *step)
+{
+    const struct mesh_ckpt_entry *best = NULL;
+
+    if (npeers < 1)
+        return mesh_err(-EINVAL, "checkpoint agreement among %d peers", npeers);
+    /* Candidates from peer 0; each must appear identically everywhere. */
+    for (size_t i = 0; i < counts[0]; i++) {
+        const struct mesh_ckpt_entry *e = &lists[0][i];
+        int everywhere = 1;
+
+        if (best && e->step <= best->step)
+            continue;
+        for (int p = 1; p < npeers && everywhere; p++) {
+            int found = 0;
+
+            for (size_t j = 0; j < counts[p] && !found; j++)
+                found = lists[p][j].step == e->step &&
+                        !memcmp(lists[p][j].digest, e->digest,
+                                MESH_CKPT_DIGEST_LEN);
+            everywhere = found;
+        }
+        if (everywhere)
+            best = e;
+    }
+    if (!best)
+        return mesh_err(-ENOENT,
+                        "--resume: no checkpoint is held with the same "
+                        "digest by all %d peers",
+                        npeers);
+    *step = best->step;
+    return 0;
+}
+
+void mesh_ckpt_entry_pack(const struct mesh_ckpt_entry *e,
+                          uint8_t out[MESH_CKPT_ENTRY_BYTES])
+{
+    for (int k = 0; k < 8; k++) {
+        out[k] = (uint8_t)(e->step >> (8 * k));
+        out[8 + k] = (uint8_t)(e->epoch >> (8 * k));
+    }
+    memcpy(out + 16, e->digest, MESH_CKPT_DIGEST_LEN);
+    memcpy(out + 48, e->config, MESH_CKPT_DIGEST_LEN);
+}
+
+void mesh_ckpt_entry_unpack(const uint8_t in[MESH_CKPT_ENTRY_BYTES],
+                            struct mesh_ckpt_entry *e)
+{
+    e->step = 0;
+    e->epoch = 0;
+    for (int k = 0; k < 8; k++) {
+        e->step |= (uint64_t)in[k] << (8 * k);
+        e->epoch |= (uint64_t)in[8 + k] << (8 * k);
+    }
+    memcpy(e->digest, in + 16, MESH_CKPT_DIGEST_LEN);
+    memcpy(e->config, in + 48, MESH_CKPT_DIGEST_LEN);
+}

@@ -108,6 +108,37 @@ void mesh_ckpt_abort(struct mesh_ckpt_writer *w);
  */
 int mesh_ckpt_list(const char *dir, uint64_t **steps, size_t *n);
 
+/* A verified checkpoint, as peers compare them for --resume. */
+struct mesh_ckpt_entry {
+    uint64_t step;
+    uint64_t epoch;
+    uint8_t digest[MESH_CKPT_DIGEST_LEN]; /* agreement digest */
+    uint8_t config[MESH_CKPT_DIGEST_LEN]; /* configuration digest */
+};
+
+/*
+ * The checkpoints in dir that verify completely (mesh_ckpt_open), newest
+ * first; a damaged one is reported with mesh_warn (file and fault) and
+ * left out. *out is malloc'ed (free it); *n may be 0.
+ */
+int mesh_ckpt_scan(const char *dir, struct mesh_ckpt_entry **out, size_t *n);
+
+/*
+ * --resume: the newest step that every peer holds with the same digest.
+ * lists[p] (counts[p] entries, any order) is peer p's scan. Returns 0 and
+ * *step, or -ENOENT (with a message) when no checkpoint is common.
+ */
+int mesh_ckpt_agree(const struct mesh_ckpt_entry *const *lists,
+                    const size_t *counts, int npeers, uint64_t *step);
+
+/* An entry as 80 portable bytes (little-endian step, epoch, then the two
+ * digests), for exchanging scans between peers. */
+#define MESH_CKPT_ENTRY_BYTES 80
+void mesh_ckpt_entry_pack(const struct mesh_ckpt_entry *e,
+                          uint8_t out[MESH_CKPT_ENTRY_BYTES]);
+void mesh_ckpt_entry_unpack(const uint8_t in[MESH_CKPT_ENTRY_BYTES],
+                            struct mesh_ckpt_entry *e);
+
 /* Keep the `keep` newest checkpoints (keep >= 1), remove the others and
  * every leftover temporary directory. */
 int mesh_ckpt_prune(const char *dir, int keep);

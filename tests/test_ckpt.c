@@ -117,7 +117,7 @@ int main(void)
         skip_all("cannot create a temporary directory");
         return 0;
     }
-    plan(23);
+    plan(28);
     snprintf(dir, sizeof(dir), "%s/ck", tmp);
 
     /* Round trip. */
@@ -313,6 +313,57 @@ int main(void)
            rc ? mesh_err_msg(rc) : "ok");
         mesh_st_close(sf);
         mesh_ckpt_close(c);
+    }
+
+    /* --resume agreement over three peers' directories. */
+    {
+        struct mesh_ckpt_entry *l[3] = {NULL, NULL, NULL}, back;
+        size_t cnt[3] = {0, 0, 0};
+        uint8_t rec[MESH_CKPT_ENTRY_BYTES];
+        uint64_t step = 0;
+        char pd[3][320];
+
+        rc = 0;
+        for (int r = 0; r < 3; r++) {
+            snprintf(pd[r], sizeof(pd[r]), "%s/peer%d", tmp, r);
+            /* Steps 10 and 20 alike everywhere, except that peer 1's
+             * step 30 has other weights and peer 2's step 30 is damaged. */
+            rc |= write_ckpt(pd[r], 10, 10, (uint32_t)r, NULL);
+            rc |= write_ckpt(pd[r], 20, 20, (uint32_t)r, NULL);
+            rc |= write_ckpt(pd[r], 30, r == 1 ? 31 : 30, (uint32_t)r, NULL);
+        }
+        mesh_ckpt_path(pd[2], 30, p, sizeof(p));
+        snprintf(bp, sizeof(bp), "%s/momentum", p);
+        flip_byte(bp, 7);
+        mesh_log_set_level(MESH_LOG_ERROR); /* the skip warning */
+        for (int r = 0; r < 3 && rc == 0; r++)
+            rc = mesh_ckpt_scan(pd[r], &l[r], &cnt[r]);
+        mesh_log_set_level(MESH_LOG_INFO);
+        ok(rc == 0 && cnt[0] == 3 && cnt[2] == 2 && l[0][0].step == 30 &&
+               l[0][2].step == 10,
+           "scan: verified checkpoints newest first, the damaged one out");
+        if (rc == 0)
+            rc = mesh_ckpt_agree((const struct mesh_ckpt_entry *const *)l, cnt,
+                                 3, &step);
+        ok(rc == 0 && step == 20,
+           "agree: the newest step all peers hold with one digest is 20");
+        if (rc == 0)
+            rc = mesh_ckpt_agree((const struct mesh_ckpt_entry *const *)l, cnt,
+                                 2, &step);
+        ok(rc == 0 && step == 20 && l[1][0].step == 30 &&
+               memcmp(l[0][0].digest, l[1][0].digest, 32),
+           "agree: peer 1's step 30 differs from peer 0's, so 20");
+        cnt[1] = 1; /* peer 1 only has its odd step 30 */
+        rc = mesh_ckpt_agree((const struct mesh_ckpt_entry *const *)l, cnt, 3,
+                             &step);
+        ok(rc == -ENOENT && strstr(mesh_err_msg(rc), "3 peers"),
+           "agree: nothing common is -ENOENT: %s", mesh_err_msg(rc));
+        mesh_ckpt_entry_pack(&l[0][1], rec);
+        mesh_ckpt_entry_unpack(rec, &back);
+        ok(!memcmp(&back, &l[0][1], sizeof(back)) && rec[0] == 20,
+           "entries pack to 80 little-endian bytes and back");
+        for (int r = 0; r < 3; r++)
+            free(l[r]);
     }
 
     free(w);
