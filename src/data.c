@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <openssl/evp.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdatomic.h>
@@ -124,6 +125,7 @@ struct mesh_dataset {
     uint64_t seed;
     enum mesh_data_bad on_bad;
     enum mesh_data_fit fit;
+    size_t root_len; /* imagefolder: strlen(DIR) + 1, paths after it */
     struct split sp[2];
 };
 
@@ -781,6 +783,7 @@ static int open_folder(struct mesh_dataset *ds, const char *dir)
     memcpy(ds->std, std, sizeof(std));
     if (!is_dir(dir))
         return mesh_err(-ENOENT, "imagefolder: %s is not a directory", dir);
+    ds->root_len = strlen(dir) + 1;
     snprintf(train, sizeof(train), "%s/train", dir);
     snprintf(val, sizeof(val), "%s/val", dir);
     if (is_dir(train)) {
@@ -1419,6 +1422,56 @@ const char *mesh_data_class_name(const struct mesh_dataset *ds, int k)
     if (ds->class_names)
         return ds->class_names[k];
     return k < 10 ? digits[k] : "class";
+}
+
+static int fp_u64(EVP_MD_CTX *ctx, uint64_t v)
+{
+    uint8_t le[8];
+
+    for (int i = 0; i < 8; i++)
+        le[i] = (uint8_t)(v >> (8 * i));
+    return EVP_DigestUpdate(ctx, le, 8);
+}
+
+int mesh_data_fingerprint(const struct mesh_dataset *ds, uint8_t out[32])
+{
+    size_t img = (size_t)ds->sc * ds->sh * ds->sw;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    unsigned int olen = 0;
+    int ok;
+
+    if (!ctx)
+        return mesh_err(-ENOMEM, "data fingerprint: out of memory");
+    ok = EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) &&
+         EVP_DigestUpdate(ctx, "meshtrain-data 1", 17) &&
+         EVP_DigestUpdate(ctx, ds->name, strlen(ds->name) + 1) &&
+         fp_u64(ctx, (uint64_t)ds->classes) && fp_u64(ctx, (uint64_t)ds->co) &&
+         fp_u64(ctx, (uint64_t)ds->size) && fp_u64(ctx, (uint64_t)ds->sc) &&
+         fp_u64(ctx, (uint64_t)ds->sh) && fp_u64(ctx, (uint64_t)ds->sw) &&
+         fp_u64(ctx, (uint64_t)ds->fit);
+    for (int c = 0; ok && c < 3; c++)
+        ok = fp_u64(ctx, (uint64_t)lroundf(ds->mean[c] * 1e6f)) &&
+             fp_u64(ctx, (uint64_t)lroundf(ds->std[c] * 1e6f));
+    for (int s = 0; ok && s < 2; s++) {
+        const struct split *sp = &ds->sp[s];
+        size_t pix = ds->kind == K_SYNTHETIC
+                         ? MESH_MIN(sp->count, (size_t)SYN_POOL)
+                         : sp->count;
+
+        ok = fp_u64(ctx, sp->count);
+        for (size_t i = 0; ok && i < sp->count; i++)
+            ok = fp_u64(ctx, (uint64_t)(uint32_t)sp->labels[i]);
+        if (ok && sp->pix)
+            ok = EVP_DigestUpdate(ctx, sp->pix, pix * img);
+        for (size_t i = 0; ok && sp->paths && i < sp->count; i++) {
+            const char *rel = sp->paths[i] + ds->root_len;
+
+            ok = EVP_DigestUpdate(ctx, rel, strlen(rel) + 1);
+        }
+    }
+    ok = ok && EVP_DigestFinal_ex(ctx, out, &olen);
+    EVP_MD_CTX_free(ctx);
+    return ok ? 0 : mesh_err(-EIO, "data fingerprint: SHA-256 failed");
 }
 
 int mesh_data_parse_bad(const char *s, enum mesh_data_bad *out)

@@ -223,6 +223,16 @@ void mesh_data_get_state(const struct mesh_loader *ld,
 int mesh_data_set_state(struct mesh_loader *ld, const uint8_t *state,
                         size_t len);
 
+/*
+ * SHA-256 identifying what the peers train on, for the configuration
+ * check at join: kind, classes, shapes, fit, normalisation, and per split
+ * the count, every label and, for in-memory formats, every pixel byte;
+ * for imagefolder the file paths relative to DIR (not their contents).
+ * Peers whose DIRs differ in place but not in content agree. -EIO or
+ * -ENOMEM on an OpenSSL failure.
+ */
+int mesh_data_fingerprint(const struct mesh_dataset *ds, uint8_t out[32]);
+
 /* Parse "skip" or "fail" (--on-bad-sample). */
 int mesh_data_parse_bad(const char *s, enum mesh_data_bad *out);
 

@@ -860,6 +860,23 @@ static void test_folder(void)
         return;
     }
     mesh_data_get_info(ds, &info);
+    {
+        char link[320];
+        struct mesh_data_opts ol = o;
+        struct mesh_dataset *dl = NULL;
+        uint8_t f1[32], f2[32];
+
+        snprintf(link, sizeof(link), "imagefolder:%s/folder-link", tmp);
+        rc = symlink(root, link + 12);
+        ol.spec = link;
+        if (rc == 0)
+            rc = mesh_data_open(&ol, &dl);
+        if (rc == 0)
+            rc = mesh_data_fingerprint(dl, f1) | mesh_data_fingerprint(ds, f2);
+        ok(rc == 0 && !memcmp(f1, f2, 32),
+           "the same image folder under another path: same fingerprint");
+        mesh_data_close(dl);
+    }
     ok(info.train_count == 18 && info.eval_count == 6 && info.classes == 3 &&
            !strcmp(mesh_data_class_name(ds, 0), "ant") &&
            !strcmp(mesh_data_class_name(ds, 2), "dog"),
@@ -1031,6 +1048,22 @@ static void test_synthetic(void)
     }
     ok(rc == 0 && good && inr,
        "synthetic: same seed, same samples; labels and values in range");
+    {
+        uint8_t fa[32], fb[32];
+        struct mesh_dataset *c = NULL;
+
+        rc = mesh_data_fingerprint(a, fa);
+        rc |= mesh_data_fingerprint(b, fb);
+        ok(rc == 0 && !memcmp(fa, fb, 32),
+           "equal data sets have equal fingerprints");
+        o.seed = 12;
+        rc = mesh_data_open(&o, &c);
+        if (rc == 0)
+            rc = mesh_data_fingerprint(c, fb);
+        ok(rc == 0 && memcmp(fa, fb, 32),
+           "other synthetic data, another fingerprint");
+        mesh_data_close(c);
+    }
     mesh_data_close(a);
     mesh_data_close(b);
     o.spec = "synthetic:0";
@@ -1045,14 +1078,14 @@ static void test_synthetic(void)
 
 int main(void)
 {
-    int n = 4 + 6 + 19; /* synthetic, fashion-mnist, cifar10 */
+    int n = 6 + 6 + 19; /* synthetic, fashion-mnist, cifar10 */
 
     setenv("MESHTRAIN_LOG", "error", 0);
 #ifdef HAVE_ZLIB
     n += 5;
 #endif
 #ifdef HAVE_JPEG
-    n += 11;
+    n += 12;
 #endif
     snprintf(tmp, sizeof(tmp), "%s/test_data.XXXXXX",
              getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
