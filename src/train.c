@@ -686,6 +686,9 @@ static int ckpt_dir(const struct trainer *t, char *buf, size_t cap)
     if (n < 0 || (size_t)n >= cap)
         return mesh_err(-ENAMETOOLONG, "--checkpoint-dir %s: path too long",
                         t->c->checkpoint_dir);
+    /* DIR itself; mesh_ckpt_begin makes DIR/rank-R */
+    if (mkdir(t->c->checkpoint_dir, 0777) < 0 && errno != EEXIST)
+        return mesh_err_errno("--checkpoint-dir %s", t->c->checkpoint_dir);
     return 0;
 }
 
