@@ -140,6 +140,8 @@ struct trainer {
     int nbuckets, next_bucket;
     float grad_scale;  /* 1 / accumulate */
     int comm_rc;       /* first error of a bucket, seen in the callback */
+    int local_err;     /* the error is this peer's own (data, files,
+                          compute), not the mesh's: exit code 1 */
 
     struct mesh_nn_lr_sched lr; /* --lr-schedule with the run's length */
 
@@ -228,6 +230,14 @@ static int tl_write(const struct trainer *t)
     if (fclose(f) != 0)
         return mesh_err_errno("--timeline %s", t->c->timeline);
     return 0;
+}
+
+/* Mark an error as this peer's own (MESH_EXIT_USAGE rather than PEER). */
+static int local(struct trainer *t, int rc)
+{
+    if (rc < 0)
+        t->local_err = 1;
+    return rc;
 }
 
 /* ---- host copies of device slabs ------------------------------------------ */
@@ -738,15 +748,15 @@ static int checkpoint_write(struct trainer *t, uint64_t step)
         rc = mesh_ckpt_put(w, "loader", lstate, sizeof(lstate), 0);
     if (rc < 0) {
         mesh_ckpt_abort(w);
-        return rc;
+        return local(t, rc);
     }
     memset(&meta, 0, sizeof(meta));
     meta.step = step;
     meta.epoch = epoch;
     memcpy(meta.config, t->config_digest, 32);
-    rc = mesh_ckpt_commit(w, &meta, NULL);
+    rc = local(t, mesh_ckpt_commit(w, &meta, NULL));
     if (rc == 0)
-        rc = mesh_ckpt_prune(dir, t->c->keep);
+        rc = local(t, mesh_ckpt_prune(dir, t->c->keep));
     if (rc == 0)
         mesh_info("checkpoint %s/ckpt-%09" PRIu64 " written", dir, step);
     return rc;
@@ -928,7 +938,7 @@ static int evaluate(struct trainer *t, double *top1, double *top5)
     }
     free(logits);
     if (rc < 0)
-        return rc;
+        return local(t, mesh_err_prefix(rc, "evaluation data"));
     rc = sum_floats(t, counts, 3);
     if (rc < 0)
         return rc;
@@ -1176,7 +1186,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         if (rc > 0)
             rc = mesh_err(-EIO, "training loader ended");
         if (rc < 0)
-            return mesh_err_prefix(rc, "data");
+            return local(t, mesh_err_prefix(rc, "data"));
         data += now_s(t) - ts;
         tl_add(t, "data wait", 2, -1, ts, now_s(t) - ts);
         ts = now_s(t);
@@ -1185,7 +1195,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
             rc = mesh_nn_model_loss(t->model, batch.y, c->label_smoothing,
                                     &loss);
         if (rc < 0)
-            return rc;
+            return local(t, rc);
         tl_add(t, "forward", 0, -1, ts, now_s(t) - ts);
         loss_sum += loss;
         ts = now_s(t);
@@ -1207,7 +1217,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         ts = now_s(t);
         rc = mesh_nn_sgd_step(t->sgd, (float)lr);
         if (rc < 0)
-            return rc;
+            return local(t, rc);
         tl_add(t, "optimizer", 0, -1, ts, now_s(t) - ts);
         loss = loss_sum / (float)c->accumulate;
         rc = avg_floats(t, &loss, 1);
@@ -1272,8 +1282,8 @@ static int train_loop(struct trainer *t, uint64_t start)
         if (rc < 0)
             return rc;
         if (!isfinite(loss)) {
-            return mesh_err(-ERANGE, "loss is %f at step %" PRIu64
-                            " (lower --lr?)", (double)loss, done);
+            return local(t, mesh_err(-ERANGE, "loss is %f at step %" PRIu64
+                            " (lower --lr?)", (double)loss, done));
         }
         ema = ema == 0 ? one.t_step : 0.9 * ema + 0.1 * one.t_step;
         win.t_step += one.t_step;
@@ -1439,8 +1449,8 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     }
     rc = train_loop(&t, start);
     if (rc < 0) {
-        code = fail(&t, rc == -EBADMSG ? MESH_EXIT_VERIFY
-                        : rc == -ERANGE ? MESH_EXIT_USAGE : MESH_EXIT_PEER,
+        code = fail(&t, t.local_err ? MESH_EXIT_USAGE
+                        : rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER,
                     rc);
         goto out;
     }
@@ -1453,9 +1463,9 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     if (rc == 0 && c->verify_every)
         rc = verify_weights(&t, "at the end");
     if (rc == 0 && c->save && t.rank == 0)
-        rc = weights_save(&t, c->save);
+        rc = local(&t, weights_save(&t, c->save));
     if (rc == 0 && t.c->timeline && t.rank == 0)
-        rc = tl_write(&t);
+        rc = local(&t, tl_write(&t));
     if (rc == 0) {
         /* the communicator's engine stops first: mesh_barrier then owns
          * the transport, and no peer hangs up while another needs it */
@@ -1466,7 +1476,8 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
             rc = mesh_barrier(t.mesh);
     }
     if (rc < 0) {
-        code = fail(&t, rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER,
+        code = fail(&t, t.local_err ? MESH_EXIT_USAGE
+                        : rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER,
                     rc);
         goto out;
     }
