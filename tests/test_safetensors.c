@@ -752,7 +752,8 @@ static const struct {
     {"trailing-comma.st",
      "header byte 54: invalid JSON: trailing comma in the header object"},
     {"trailing-garbage.st",
-     "trailing garbage: the data buffer has 8 bytes but the tensors end at 4"},
+     "header byte 1: tensor \"a\": trailing garbage: the data buffer has 8 "
+     "bytes but this last tensor ends at 4"},
     {"unknown-dtype.st", "header byte 16: tensor \"w\": unknown dtype \"F17\""},
     {"unknown-field.st", "header byte 53: tensor \"w\": unknown field \"foo\""},
     {"unterminated-object.st",
