@@ -40,6 +40,8 @@
 #define SECRET_BYTES 32
 #define DEFAULT_GRACE_S 5.0
 #define DRAIN_AFTER_EXIT_S 2.0
+/* How long a rank's "peer failed" exit waits for the culprit's own. */
+#define SETTLE_S 0.5
 
 enum launcher { LAUNCH_AUTO, LAUNCH_LOCAL, LAUNCH_SSH };
 
@@ -524,9 +526,9 @@ static int supervise(struct run *run)
     struct pollfd *pfds;
     struct stream **owners;
     struct proc **procs_of;
-    int first_fail = -1, code = 0, running = 0, stopping = 0;
+    int cand = -1, cand_pri = 0, code = 0, running = 0, stopping = 0;
     int killed = 0;
-    double kill_at = 0, all_exited_at = 0;
+    double kill_at = 0, all_exited_at = 0, settle_at = 0;
 
     pfds = calloc(2 * (size_t)run->np + 1, sizeof(*pfds));
     owners = calloc(2 * (size_t)run->np + 1, sizeof(*owners));
@@ -542,57 +544,57 @@ static int supervise(struct run *run)
     for (int r = 0; r < run->np; r++)
         running += run->procs[r].running;
     for (;;) {
-        int n = 0, open_streams = 0, timeout = 200;
+        int n = 0, open_streams = 0, timeout = 100;
         pid_t pid;
         int status;
 
         /*
-         * Reap every rank that has exited. When several failed at once,
-         * the culprit is the one killed by a signal or failing for its
-         * own reasons, not one exiting 3 (MESH_EXIT_PEER) in reaction.
+         * Reap every rank that has exited. The culprit is the rank killed
+         * by a signal or failing for its own reasons, not one exiting 3
+         * (MESH_EXIT_PEER) in reaction to it: such a one is only a
+         * candidate for SETTLE_S, in case the culprit's own exit is
+         * reported a moment later.
          */
-        {
-            int pick = -1, pick_pri = 0;
+        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+            for (int r = 0; r < run->np; r++) {
+                struct proc *p = &run->procs[r];
+                int c, pri;
 
-            while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-                for (int r = 0; r < run->np; r++) {
-                    struct proc *p = &run->procs[r];
-                    int c, pri;
-
-                    if (p->pid != pid || !p->running)
-                        continue;
-                    p->running = 0;
-                    p->status = status;
-                    running--;
-                    c = exit_code_of(status);
-                    if (c == 0 || first_fail >= 0 || stopping)
-                        continue;
-                    pri = WIFSIGNALED(status) ? 3 : c != 3 ? 2 : 1;
-                    if (pri > pick_pri) {
-                        pick = r;
-                        pick_pri = pri;
-                    }
+                if (p->pid != pid || !p->running)
+                    continue;
+                p->running = 0;
+                p->status = status;
+                running--;
+                c = exit_code_of(status);
+                if (c == 0 || stopping)
+                    continue;
+                pri = WIFSIGNALED(status) ? 3 : c != 3 ? 2 : 1;
+                if (pri > cand_pri) {
+                    cand = r;
+                    cand_pri = pri;
                 }
+                if (!settle_at)
+                    settle_at = mesh_now_s() + SETTLE_S;
             }
-            if (pick >= 0) {
-                struct proc *p = &run->procs[pick];
+        }
+        if (cand >= 0 && !stopping &&
+            (cand_pri >= 2 || mesh_now_s() >= settle_at)) {
+            struct proc *p = &run->procs[cand];
 
-                first_fail = pick;
-                code = exit_code_of(p->status);
-                if (WIFSIGNALED(p->status))
-                    fprintf(stderr,
-                            "meshrun: rank %d (%s) was killed by signal %d; "
-                            "stopping the other ranks\n",
-                            pick, p->host, WTERMSIG(p->status));
-                else
-                    fprintf(stderr,
-                            "meshrun: rank %d (%s) exited with code %d; "
-                            "stopping the other ranks\n",
-                            pick, p->host, code);
-                stopping = 1;
-                signal_all(run, SIGTERM);
-                kill_at = mesh_now_s() + run->grace_s;
-            }
+            code = exit_code_of(p->status);
+            if (WIFSIGNALED(p->status))
+                fprintf(stderr,
+                        "meshrun: rank %d (%s) was killed by signal %d; "
+                        "stopping the other ranks\n",
+                        cand, p->host, WTERMSIG(p->status));
+            else
+                fprintf(stderr,
+                        "meshrun: rank %d (%s) exited with code %d; "
+                        "stopping the other ranks\n",
+                        cand, p->host, code);
+            stopping = 1;
+            signal_all(run, SIGTERM);
+            kill_at = mesh_now_s() + run->grace_s;
         }
         if (got_signal && !stopping) {
             int sig = got_signal;
