@@ -41,6 +41,10 @@ struct bench {
     mesh_mr_t *send_mr, *recv_mr;
     int iters, warmup, check;
     uint64_t errors; /* wrong bytes seen by this rank */
+    /* MESHBENCH_TEST_CORRUPT=RANK:OFFSET: that rank flips one byte of its
+     * first message longer than OFFSET, to prove the check catches it. */
+    int corrupt_rank;
+    size_t corrupt_offset;
 };
 
 /* One pairing: this rank's partner (-1 = sits this round out). */
@@ -100,6 +104,17 @@ static void fill(uint8_t *buf, size_t len, uint64_t seed)
     }
     for (i = words * 8; i < len; i++)
         buf[i] = pattern_byte(seed, i);
+}
+
+/* The test aid: spoil one byte after the fill, once. */
+static void maybe_corrupt(struct bench *b, uint8_t *buf, size_t len)
+{
+    if (b->rank != b->corrupt_rank || len <= b->corrupt_offset)
+        return;
+    buf[b->corrupt_offset] ^= 0x5a;
+    b->corrupt_rank = -1;
+    mesh_warn("MESHBENCH_TEST_CORRUPT: flipped byte %zu of a %zu-byte "
+              "message on purpose", b->corrupt_offset, len);
 }
 
 /* Count wrong bytes; report the first one. */
@@ -199,8 +214,10 @@ static int run_pingpong(struct bench *b, const struct round *rd, size_t size,
 
         if (peer < 0)
             continue;
-        if (b->check)
+        if (b->check) {
             fill(b->sendbuf, size, seed_out);
+            maybe_corrupt(b, b->sendbuf, size);
+        }
         if (lead) {
             rc = post_recv(b, peer, seq, 1, b->recvbuf, size, &reqs[1]);
             if (rc < 0)
@@ -266,9 +283,11 @@ static int stream_dir(struct bench *b, int sender, int receiver, size_t size,
 
         if (me == sender) {
             if (b->check)
-                for (j = 0; j < (int)window; j++)
+                for (j = 0; j < (int)window; j++) {
                     fill(b->sendbuf + (size_t)j * size, size,
                          seed_of(me, receiver, seq, (uint32_t)j));
+                    maybe_corrupt(b, b->sendbuf + (size_t)j * size, size);
+                }
             rc = post_recv(b, receiver, seq, (uint32_t)window, &ack,
                            sizeof(ack), &reqs[n]);
             if (rc < 0)
@@ -640,6 +659,7 @@ int main(int argc, char **argv)
     int rc, code = MESH_EXIT_USAGE;
 
     memset(&b, 0, sizeof(b));
+    b.corrupt_rank = -1;
     mesh_opts_init(&mo);
     rc = parse_args(&mo, &a, argc, argv);
     if (rc == 1) {
@@ -659,6 +679,21 @@ int main(int argc, char **argv)
         fprintf(stderr, "meshbench: needs at least 2 ranks, the hosts "
                         "have %d slot\n", mo.world.size);
         goto out_opts;
+    }
+    {
+        const char *c = getenv("MESHBENCH_TEST_CORRUPT");
+        unsigned long long off;
+        int r, n = 0;
+
+        if (c && (sscanf(c, "%d:%llu%n", &r, &off, &n) != 2 || c[n])) {
+            fprintf(stderr, "meshbench: MESHBENCH_TEST_CORRUPT='%s': "
+                            "expected RANK:OFFSET\n", c);
+            goto out_opts;
+        }
+        if (c) {
+            b.corrupt_rank = r;
+            b.corrupt_offset = (size_t)off;
+        }
     }
     b.iters = a.iters;
     b.warmup = a.warmup;
