@@ -531,6 +531,18 @@ struct args {
     int iters, warmup, check, all_pairs;
 };
 
+static int is_value_option(const char *arg)
+{
+    static const char *const names[] = {
+        "--op", "-b", "--minbytes", "-e", "--maxbytes", "-f", "--stepfactor",
+        "-n", "--iters", "-w", "--warmup", "-c", "--check"};
+
+    for (size_t k = 0; k < MESH_ARRAY_SIZE(names); k++)
+        if (!strcmp(arg, names[k]))
+            return 1;
+    return 0;
+}
+
 /* Returns 1 for --help, 0 to run, < 0 on a usage error. */
 static int parse_args(struct mesh_opts *mo, struct args *a, int argc,
                       char **argv)
@@ -553,12 +565,14 @@ static int parse_args(struct mesh_opts *mo, struct args *a, int argc,
             i++;
             continue;
         }
-        if (!v)
-            return mesh_err(-EINVAL, arg[0] == '-' ? "%s needs a value (see "
+        if (!is_value_option(arg))
+            return mesh_err(-EINVAL, arg[0] == '-' ? "unknown option %s (see "
                                                      "--help)"
                                                    : "unexpected argument "
-                                                     "'%s'",
+                                                     "'%s' (see --help)",
                             arg);
+        if (!v)
+            return mesh_err(-EINVAL, "%s needs a value (see --help)", arg);
         if (!strcmp(arg, "--op"))
             rc = select_op(v, &a->op_mask);
         else if (!strcmp(arg, "-b") || !strcmp(arg, "--minbytes"))
@@ -576,7 +590,7 @@ static int parse_args(struct mesh_opts *mo, struct args *a, int argc,
             if (rc == 0 && a->check > 1)
                 rc = mesh_err(-EINVAL, "%s '%s': expected 0 or 1", arg, v);
         } else
-            rc = mesh_err(-EINVAL, "unknown option %s (see --help)", arg);
+            rc = mesh_err(-EINVAL, "unhandled option %s", arg);
         if (rc < 0)
             return rc;
         i += 2;
