@@ -253,7 +253,10 @@ static int remote_command(const struct run *run, const struct proc *p,
         for (i = 0; i < nenv; i++)
             if (!strcmp(name, envs[i][0]))
                 break;
-        if (i < nenv || !strcmp(name, "MESHTRAIN_SECRET_FD"))
+        /* Ours win; and only one of the two host sources may arrive. */
+        if (i < nenv || !strcmp(name, "MESHTRAIN_SECRET_FD") ||
+            !strcmp(name, "MESHTRAIN_HOSTS") ||
+            !strcmp(name, "MESHTRAIN_HOSTFILE"))
             continue;
         if (shell_quote(buf, cap, &len, *e) < 0)
             return -1;
@@ -335,6 +338,8 @@ static void exec_rank(const struct run *run, struct proc *p, int out_w,
     envs[nenv][0] = "MESHTRAIN_JOB_ID";
     envs[nenv++][1] = (char *)run->job_id;
 
+    /* One host source only (an ssh-like agent may pass our env on). */
+    unsetenv(run->hostfile ? "MESHTRAIN_HOSTS" : "MESHTRAIN_HOSTFILE");
     if (p->remote) {
         static char cmd[65536];
         static char store[1024];
@@ -375,7 +380,6 @@ static void exec_rank(const struct run *run, struct proc *p, int out_w,
     }
     for (i = 0; i < nenv; i++)
         setenv(envs[i][0], envs[i][1], 1);
-    unsetenv(run->hostfile ? "MESHTRAIN_HOSTS" : "MESHTRAIN_HOSTFILE");
     execvp(run->argv[0], run->argv);
     child_fail("cannot run", run->argv[0]);
 }
