@@ -73,7 +73,7 @@ struct bench_op {
                struct result *res);
 };
 
-/* ---- content: a pattern every receiver can recompute ----------------------- */
+/* ---- content: a pattern every receiver can recompute --------------------- */
 
 static uint64_t mix64(uint64_t x)
 {
@@ -390,7 +390,7 @@ static const struct bench_op bench_ops[] = {
     {"stream", 1, run_stream},
 };
 
-/* ---- pairing -------------------------------------------------------------- */
+/* ---- pairing ------------------------------------------------------------ */
 
 /*
  * Round-robin tournament (circle method) over n ranks, n - 1 rounds for
@@ -427,7 +427,7 @@ static int rounds_of(int n, int all_pairs)
     return n % 2 ? n : n - 1;
 }
 
-/* ---- flags ------------------------------------------------------------------ */
+/* ---- flags -------------------------------------------------------------- */
 
 static int parse_size(const char *s, size_t *out)
 {

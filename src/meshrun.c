@@ -36,9 +36,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define LINE_MAX_BYTES 65536
-#define SECRET_BYTES 32
-#define DEFAULT_GRACE_S 5.0
+#define LINE_MAX_BYTES     65536
+#define SECRET_BYTES       32
+#define DEFAULT_GRACE_S    5.0
 #define DRAIN_AFTER_EXIT_S 2.0
 /* How long a rank's "peer failed" exit waits for the culprit's own. */
 #define SETTLE_S 0.5
@@ -46,9 +46,9 @@
 enum launcher { LAUNCH_AUTO, LAUNCH_LOCAL, LAUNCH_SSH };
 
 struct stream {
-    int fd;        /* read end of the rank's stdout or stderr, -1 closed */
-    int out;       /* where its lines go: 1 or 2 */
-    size_t len;    /* bytes waiting for a newline */
+    int fd;     /* read end of the rank's stdout or stderr, -1 closed */
+    int out;    /* where its lines go: 1 or 2 */
+    size_t len; /* bytes waiting for a newline */
     char buf[LINE_MAX_BYTES];
 };
 
@@ -207,8 +207,8 @@ static int shell_quote(char *buf, size_t cap, size_t *len, const char *s)
     return 0;
 }
 
-static int append_assign(char *buf, size_t cap, size_t *len,
-                         const char *name, const char *val)
+static int append_assign(char *buf, size_t cap, size_t *len, const char *name,
+                         const char *val)
 {
     char kv[PATH_MAX + 128];
 
@@ -603,16 +603,16 @@ static int supervise(struct run *run)
         if (got_signal && !stopping) {
             int sig = got_signal;
 
-            fprintf(stderr, "meshrun: got signal %d; stopping the job\n",
-                    sig);
+            fprintf(stderr, "meshrun: got signal %d; stopping the job\n", sig);
             code = 128 + sig;
             stopping = 1;
             signal_all(run, sig == SIGINT ? SIGINT : SIGTERM);
             kill_at = mesh_now_s() + run->grace_s;
         }
         if (stopping && !killed && running > 0 && mesh_now_s() >= kill_at) {
-            fprintf(stderr, "meshrun: %d rank(s) still running after %.1f "
-                            "s; sending SIGKILL\n",
+            fprintf(stderr,
+                    "meshrun: %d rank(s) still running after %.1f "
+                    "s; sending SIGKILL\n",
                     running, run->grace_s);
             signal_all(run, SIGKILL);
             killed = 1;
@@ -709,8 +709,8 @@ static int parse_args(struct run *run, int argc, char **argv)
             long n = strtol(v, &end, 10);
 
             if (*end || n < 1 || n > 65536)
-                return mesh_err(-EINVAL, "%s '%s': expected a rank count",
-                                a, v);
+                return mesh_err(-EINVAL, "%s '%s': expected a rank count", a,
+                                v);
             run->np = (int)n;
         } else if (!strcmp(a, "--hostfile")) {
             run->hostfile = v;
@@ -724,8 +724,10 @@ static int parse_args(struct run *run, int argc, char **argv)
             else if (!strcmp(v, "auto"))
                 run->launcher = LAUNCH_AUTO;
             else
-                return mesh_err(-EINVAL, "--launcher '%s': expected local, "
-                                         "ssh or auto", v);
+                return mesh_err(-EINVAL,
+                                "--launcher '%s': expected local, "
+                                "ssh or auto",
+                                v);
         } else if (!strcmp(a, "--ssh")) {
             run->ssh = v;
         } else if (!strcmp(a, "--grace")) {
@@ -733,11 +735,15 @@ static int parse_args(struct run *run, int argc, char **argv)
 
             run->grace_s = strtod(v, &end);
             if (*end || !(run->grace_s >= 0 && run->grace_s <= 3600))
-                return mesh_err(-EINVAL, "--grace '%s': expected seconds "
-                                         "from 0 to 3600", v);
+                return mesh_err(-EINVAL,
+                                "--grace '%s': expected seconds "
+                                "from 0 to 3600",
+                                v);
         } else {
-            return mesh_err(-EINVAL, "unknown option %s (see meshrun "
-                                     "--help)", a);
+            return mesh_err(-EINVAL,
+                            "unknown option %s (see meshrun "
+                            "--help)",
+                            a);
         }
         i++;
     }
