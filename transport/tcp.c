@@ -358,15 +358,11 @@ static void wev_off(struct conn *c)
 static int set_sockopts(struct mesh_transport *t, int fd)
 {
     int one = 1, rc = 0;
-    unsigned int uto = (unsigned int)(t->opts.peer_timeout_s * 1000.0);
     const char *env = getenv("MESHTRAIN_TCP_SOCKBUF");
 
+    (void)t;
     MESH_SYSCALL(rc, setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one,
                                 sizeof(one)), out, "setsockopt TCP_NODELAY");
-    /* Unacknowledged data older than the peer timeout kills the link. */
-    MESH_SYSCALL(rc, setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto,
-                                sizeof(uto)), out,
-                 "setsockopt TCP_USER_TIMEOUT");
     if (env && atoi(env) > 0) {
         int sz = atoi(env);
 
@@ -844,6 +840,21 @@ static void hs_attach(struct conn *c)
     c->in_len = 0;
     c->hdr_got = 0;
     if (c->stream == 0) {
+        /*
+         * Data unacknowledged for the peer timeout kills the link. Only
+         * here: the kernel applies TCP_USER_TIMEOUT to zero-window probes
+         * too, so on a data stream it would kill a link whose receiver
+         * merely posts its receive late (measured: a receive posted 2 s
+         * late, 1 s timeout). The control connection is always read; its
+         * heartbeats carry silence detection for the whole link.
+         */
+        unsigned int uto = (unsigned int)(t->opts.peer_timeout_s * 1000.0);
+
+        if (setsockopt(c->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto,
+                       sizeof(uto)) < 0)
+            mesh_warn("rank %d control connection: setsockopt "
+                      "TCP_USER_TIMEOUT: %s",
+                      c->peer, strerror(errno));
         l->ctrl = c;
         c->in_need = TCP_CTRL_LEN;
     } else {
