@@ -656,6 +656,68 @@ static int child_goodbye(struct ctx *cx, char *msg, size_t len)
     return 0;
 }
 
+/*
+ * Peer timeout 1 s. The mesh idles for 2.5 s (heartbeats must keep it
+ * alive); then rank 1 sends 8 MiB that rank 0 posts for only 2 s later (a
+ * parked stream with a blocked sender is not a dead peer); then rank 2
+ * aborts and the others' pending receives fail naming it and its reason.
+ */
+static int child_idle(struct ctx *cx, char *msg, size_t len)
+{
+    const size_t sz = 8u << 20;
+    struct mesh_frame f = {.seq = 1, .op = MESH_OP_P2P, .count = sz,
+                           .length = sz};
+    uint8_t *buf = malloc(sz);
+    mesh_req_t *r;
+    int rc = mesh_up(cx, msg, len);
+
+    if (rc < 0)
+        return rc;
+    if (!buf) {
+        snprintf(msg, len, "out of memory");
+        return -1;
+    }
+    usleep(2500000);
+    if (cx->rank == 1) {
+        fill(buf, sz, seed_of(1, 0, 1, 0));
+        rc = ops->isend(cx->t, 0, &f, buf, NULL, &r);
+    } else if (cx->rank == 0) {
+        usleep(2000000);
+        rc = ops->irecv(cx->t, 1, &f, buf, NULL, &r);
+    }
+    if (cx->rank < 2) {
+        if (rc >= 0)
+            rc = mesh_transport_wait(ops, cx->t, r);
+        if (rc < 0) {
+            snprintf(msg, len, "after idling: %s", mesh_err_msg(rc));
+            return rc;
+        }
+        if (cx->rank == 0 && check(buf, sz, seed_of(1, 0, 1, 0)) >= 0) {
+            snprintf(msg, len, "after idling: wrong contents");
+            return -1;
+        }
+        /* Now wait for something rank 2 never sends. */
+        f.seq = 2;
+        f.count = f.length = 8;
+        rc = ops->irecv(cx->t, 2, &f, buf, NULL, &r);
+        if (rc >= 0)
+            rc = mesh_transport_wait(ops, cx->t, r);
+    } else {
+        usleep(3000000); /* until the others wait on us */
+        ops->abort(cx->t, -1, "the test aborts here");
+        f.seq = 3;
+        f.count = f.length = 8;
+        rc = ops->isend(cx->t, 0, &f, buf, NULL, &r);
+    }
+    free(buf);
+    if (rc >= 0) {
+        snprintf(msg, len, "no failure after the abort");
+        return -1;
+    }
+    snprintf(msg, len, "%s", mesh_err_msg(rc));
+    return 0;
+}
+
 static int child_join_fail(struct ctx *cx, char *msg, size_t len)
 {
     int rc = mesh_up(cx, msg, len);
@@ -1001,6 +1063,34 @@ static void scenario_goodbye(void)
     run_cleanup(&R);
 }
 
+static void scenario_idle(void)
+{
+    struct world_cfg c = wcfg(3, 2);
+    uint16_t base = pick_ports(3);
+    char who[64];
+    struct run R;
+
+    c.peer_timeout_s = 1.0;
+    if (!base || run_start(&R, 3, NULL, &c, base, child_idle, "idle")) {
+        ok(0, "idle: start");
+        return;
+    }
+    run_finish(&R, 30);
+    report_children(&R, "idle");
+    ok(R.status[0] == 0 && R.status[1] == 0 &&
+           !strstr(R.msg[0], "after idling") &&
+           !strstr(R.msg[1], "after idling"),
+       "an idle mesh and a parked, blocked stream outlive a 1 s peer "
+       "timeout");
+    snprintf(who, sizeof(who), "rank 2 (127.0.0.1:%u)", (unsigned)base + 2);
+    for (int i = 0; i < 3; i++)
+        ok(R.status[i] == 0 && strstr(R.msg[i], who) &&
+               strstr(R.msg[i], "the test aborts here"),
+           "abort() on rank 2 fails rank %d naming it and why: %s", i,
+           R.msg[i]);
+    run_cleanup(&R);
+}
+
 static void scenario_join_timeout(void)
 {
     struct world_cfg c = wcfg(4, 1);
@@ -1058,6 +1148,7 @@ int main(int argc, char **argv)
     scenario_desync(2);
     scenario_live();
     scenario_goodbye();
+    scenario_idle();
     scenario_kill(SIGKILL);
     scenario_kill(SIGSTOP);
     scenario_join_timeout();

@@ -47,11 +47,11 @@
 #define TCP_FRAME_HDR_LEN 48
 
 /*
- * Control message (fixed 512 bytes): u32 type, i32 culprit, u32 reason
- * length, char reason[500].
+ * Control message (fixed 512 bytes): u32 type, i32 culprit, u32 error code
+ * (positive errno), u32 reason length, char reason[496].
  */
 #define TCP_CTRL_LEN 512
-#define TCP_CTRL_REASON_MAX (TCP_CTRL_LEN - 12)
+#define TCP_CTRL_REASON_MAX (TCP_CTRL_LEN - 16)
 enum tcp_ctrl_type {
     TCP_CTRL_HEARTBEAT = 1,
     TCP_CTRL_ABORT = 2, /* the job failed: culprit + reason */

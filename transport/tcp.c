@@ -5,15 +5,43 @@
  * non-blocking sockets. Every piece of state below the transport lives under
  * one mutex (t->lock): the progress thread takes it in each callback, the
  * caller's thread in each operation. The caller's thread may write to a
- * socket directly (isend on an idle stream) and may add events, but never
- * deletes one (event_del would wait for a callback that waits for our lock);
- * the progress thread deletes events only from its own callbacks.
+ * socket directly (isend on an idle stream: no thread hand-off on the
+ * latency path) and may add events, but never deletes one (event_del would
+ * wait for a callback that waits for our lock); the progress thread deletes
+ * events only from its own callbacks.
  *
  * Payload moves with sendmsg/recv straight between the caller's buffers and
  * the kernel: a data stream reads a frame header (48 bytes) into the
  * connection, matches it against the posted receives, then reads the
  * payload into the receive's buffer. A header with no posted receive parks
- * its stream (the read event is removed) until irecv posts one.
+ * its stream (the read event is removed) until irecv posts one. Messages of
+ * 512 KiB and more are striped over the data streams in 4 KiB-aligned
+ * slices; smaller ones go whole, round-robin.
+ *
+ * Matching, precisely: a frame belongs to the posted receive from its peer
+ * with the same (seq, tag) whose range holds the frame's first byte (the
+ * earliest posted wins). Different op, dtype or count: desync. Its end
+ * past the receive's range, or past the bytes still unclaimed: the link is
+ * closed before any payload byte is read. No such receive: the stream
+ * parks (a later receive for another slice of the same (seq, tag) is fine).
+ *
+ * The configuration fingerprint covers opts->config plus the transport's
+ * own "transport.streams=S" line, so peers must agree on the stream count.
+ *
+ * Failure codes (the job's failure, returned by every later operation):
+ *   -ECONNRESET    a peer closed or reset a connection, or left (goodbye)
+ *                  with operations pending
+ *   -EHOSTDOWN     a peer was silent past the peer timeout
+ *   -EPROTO        desync, out-of-range frame, or garbage from a peer
+ *   -ECANCELED     abort() was called (here or on the peer that said so)
+ *   -ECONNABORTED  an abort notice with an unknown code
+ * connect() also returns -ETIMEDOUT (join timeout, listing the ranks that
+ * never joined) and -ECONNREFUSED (a peer's configuration differs).
+ *
+ * Tuning knobs for experiments (environment): MESHTRAIN_TCP_SPIN_US, how
+ * long wait_any spins before sleeping (default 50 us with more than 2 CPUs,
+ * else 0); MESHTRAIN_TCP_SOCKBUF, fixed SO_SNDBUF/SO_RCVBUF bytes (default:
+ * the kernel's autotuning, which measured as fast or faster on loopback).
  *
  * Wire formats and the handshake: transport/tcp-internal.h.
  */
@@ -330,15 +358,11 @@ static void wev_off(struct conn *c)
 static int set_sockopts(struct mesh_transport *t, int fd)
 {
     int one = 1, rc = 0;
-    unsigned int uto = (unsigned int)(t->opts.peer_timeout_s * 1000.0);
     const char *env = getenv("MESHTRAIN_TCP_SOCKBUF");
 
+    (void)t;
     MESH_SYSCALL(rc, setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one,
                                 sizeof(one)), out, "setsockopt TCP_NODELAY");
-    /* Unacknowledged data older than the peer timeout kills the link. */
-    MESH_SYSCALL(rc, setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto,
-                                sizeof(uto)), out,
-                 "setsockopt TCP_USER_TIMEOUT");
     if (env && atoi(env) > 0) {
         int sz = atoi(env);
 
@@ -395,7 +419,7 @@ static void req_complete(struct mesh_transport *t, struct mesh_req *r)
 
 /* ---- failure -------------------------------------------------------------- */
 
-static void ctrl_send(struct conn *c, uint32_t type, int culprit,
+static void ctrl_send(struct conn *c, uint32_t type, int culprit, int code,
                       const char *reason)
 {
     uint8_t *m;
@@ -415,9 +439,10 @@ static void ctrl_send(struct conn *c, uint32_t type, int culprit,
         n = TCP_CTRL_REASON_MAX;
     put32(m, type);
     put32(m + 4, (uint32_t)culprit);
-    put32(m + 8, (uint32_t)n);
+    put32(m + 8, (uint32_t)-code);
+    put32(m + 12, (uint32_t)n);
     if (n)
-        memcpy(m + 12, reason, n);
+        memcpy(m + 16, reason, n);
     c->out_len += TCP_CTRL_LEN;
     c->t->links[c->peer].tx_ns = mesh_now_ns();
     conn_flush_out(c);
@@ -493,7 +518,7 @@ static void fail_job(struct mesh_transport *t, int culprit, int code,
         l->posted = NULL;
         /* The culprit too: a desync names both sides to both. */
         if (notify && !l->bye)
-            ctrl_send(l->ctrl, TCP_CTRL_ABORT, culprit, reason);
+            ctrl_send(l->ctrl, TCP_CTRL_ABORT, culprit, code, reason);
     }
     for (r = t->reqs; r; r = r->next)
         r->posted = 0;
@@ -815,6 +840,21 @@ static void hs_attach(struct conn *c)
     c->in_len = 0;
     c->hdr_got = 0;
     if (c->stream == 0) {
+        /*
+         * Data unacknowledged for the peer timeout kills the link. Only
+         * here: the kernel applies TCP_USER_TIMEOUT to zero-window probes
+         * too, so on a data stream it would kill a link whose receiver
+         * merely posts its receive late (measured: a receive posted 2 s
+         * late, 1 s timeout). The control connection is always read; its
+         * heartbeats carry silence detection for the whole link.
+         */
+        unsigned int uto = (unsigned int)(t->opts.peer_timeout_s * 1000.0);
+
+        if (setsockopt(c->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto,
+                       sizeof(uto)) < 0)
+            mesh_warn("rank %d control connection: setsockopt "
+                      "TCP_USER_TIMEOUT: %s",
+                      c->peer, strerror(errno));
         l->ctrl = c;
         c->in_need = TCP_CTRL_LEN;
     } else {
@@ -1554,18 +1594,23 @@ static void ctrl_got(struct conn *c)
     struct link *l = &t->links[c->peer];
     uint32_t type = get32(c->in);
     int culprit = (int)get32(c->in + 4);
-    uint32_t len = get32(c->in + 8);
+    int code = -(int)get32(c->in + 8);
+    uint32_t len = get32(c->in + 12);
     char reason[TCP_CTRL_REASON_MAX + 1], nb[300];
 
     switch (type) {
     case TCP_CTRL_HEARTBEAT:
         return;
     case TCP_CTRL_ABORT:
-        clean_text(reason, sizeof(reason), c->in + 12,
+        clean_text(reason, sizeof(reason), c->in + 16,
                    MESH_MIN(len, (uint32_t)TCP_CTRL_REASON_MAX));
         if (culprit < -1 || culprit >= t->world.size)
             culprit = -1;
-        fail_job(t, culprit, -ECONNABORTED, 0, "%s (reported by rank %d (%s))",
+        /* Every survivor reports the same kind of failure. */
+        if (code != -ECONNRESET && code != -EHOSTDOWN && code != -EPROTO &&
+            code != -ECANCELED)
+            code = -ECONNABORTED;
+        fail_job(t, culprit, code, 0, "%s (reported by rank %d (%s))",
                  reason, c->peer, pname(t, c->peer, nb, sizeof(nb)));
         return;
     case TCP_CTRL_BYE:
@@ -1721,7 +1766,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             continue;
         /* Heartbeat when nothing else went to this peer lately. */
         if (l->ctrl->state == C_READY && now - l->tx_ns >= pt / 4)
-            ctrl_send(l->ctrl, TCP_CTRL_HEARTBEAT, -1, NULL);
+            ctrl_send(l->ctrl, TCP_CTRL_HEARTBEAT, -1, 0, NULL);
         if (!t->failed && l->lost_ns &&
             now - l->lost_ns > (uint64_t)(LOST_GRACE_S * 1e9))
             fail_job(t, p, -ECONNRESET, 1, "rank %d (%s) %s", p,
@@ -2388,7 +2433,7 @@ static void tcp_close(mesh_transport_t *t)
             struct link *l = &t->links[p];
 
             if (p != t->world.rank && l->ctrl && !l->bye)
-                ctrl_send(l->ctrl, TCP_CTRL_BYE, -1, NULL);
+                ctrl_send(l->ctrl, TCP_CTRL_BYE, -1, 0, NULL);
         }
         wake(t);
         pthread_mutex_unlock(&t->lock);
