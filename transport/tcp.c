@@ -1130,7 +1130,13 @@ static void dial_start(struct mesh_transport *t, int peer, int stream)
     c->peer = peer;
     c->stream = stream;
     c->state = C_CONNECTING;
-    c->deadline_ns = mesh_now_ns() + (uint64_t)(TCP_HS_DEADLINE_S * 1e9);
+    /*
+     * Twice the acceptor's deadline: an acceptor that is slow but finishes
+     * in time has attached its end before sending its last message, and
+     * giving up on that message would break a link it counts as up.
+     */
+    c->deadline_ns =
+        mesh_now_ns() + (uint64_t)(2 * TCP_HS_DEADLINE_S * 1e9);
     sockaddr_str(sa, c->addr, sizeof(c->addr));
     d->active = 1;
     hs_add(t, c);
