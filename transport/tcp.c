@@ -481,10 +481,12 @@ static void fail_job(struct mesh_transport *t, int culprit, int code,
     va_start(ap, fmt);
     vsnprintf(reason, sizeof(reason), fmt, ap);
     va_end(ap);
+    /* The oldest pending operation involving the culprit, else the
+     * oldest of all (the list runs newest first). */
     for (r = t->reqs; r; r = r->next) {
         if (atomic_load(&r->done))
             continue;
-        if (!inflight || (r->peer == culprit && inflight->peer != culprit))
+        if (!inflight || r->peer == culprit || inflight->peer != culprit)
             inflight = r;
     }
     if (inflight)
@@ -2166,6 +2168,8 @@ static int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
     (void)mr;
     if (len && !buf)
         return mesh_err(-EINVAL, "tcp isend: NULL buffer");
+    if (f->offset + len < f->offset)
+        return mesh_err(-EINVAL, "tcp isend: range overflows");
     np = 1;
     pthread_mutex_lock(&t->lock);
     rc = check_peer(t, peer, "isend", 1);
