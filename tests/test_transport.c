@@ -14,6 +14,7 @@
 
 #include "src/util.h"
 #include "tests/tap.h"
+#include "transport/tcp-internal.h"
 #include "transport/transport.h"
 
 #include <arpa/inet.h>
@@ -899,6 +900,28 @@ static int closed_within(int fd, double timeout_s)
     }
 }
 
+/* A raw TCP HELLO (tcp only): wrong version, or a rank out of range. */
+static int raw_hello(uint16_t port, uint32_t version, uint32_t rank)
+{
+    uint8_t m[TCP_HELLO_LEN];
+    int fd = raw_connect(port), closed;
+
+    if (fd < 0)
+        return 0;
+    memset(m, 0, sizeof(m));
+    for (int i = 0; i < 4; i++) {
+        m[i] = (uint8_t)(TCP_HS_MAGIC >> (8 * i));
+        m[4 + i] = (uint8_t)(version >> (8 * i));
+        m[8 + i] = (uint8_t)(4u >> (8 * i));
+        m[12 + i] = (uint8_t)(rank >> (8 * i));
+    }
+    memcpy(m + 24, "test-job", 8);
+    closed = write(fd, m, sizeof(m)) == (ssize_t)sizeof(m) &&
+             closed_within(fd, 3);
+    close(fd);
+    return closed;
+}
+
 static void scenario_live(void)
 {
     struct world_cfg c = wcfg(4, 1);
@@ -932,6 +955,15 @@ static void scenario_live(void)
     if (garbage >= 0)
         close(garbage);
 
+    if (!strcmp(ops->name, "tcp")) {
+        ok(raw_hello(base, TCP_PROTO_VERSION + 1, 3),
+           "a handshake of another protocol version is dropped");
+        ok(raw_hello(base, TCP_PROTO_VERSION, 99),
+           "a handshake from an unknown rank is dropped");
+    } else {
+        skip("raw TCP handshakes apply to the tcp transport only");
+        skip("raw TCP handshakes apply to the tcp transport only");
+    }
     rc = bad_join(base, 4, "the wrong secret", "test-job", config, m,
                   sizeof(m));
     ok(rc < 0, "wrong secret cannot join: %s", m);
@@ -962,6 +994,18 @@ static void scenario_live(void)
     ok(log && strstr(log, "bad magic"), "rank 0 logged the garbage");
     ok(log && strstr(log, "handshake not completed"),
        "rank 0 logged the slow-loris");
+    if (!strcmp(ops->name, "tcp")) {
+        char want[64];
+
+        snprintf(want, sizeof(want), "protocol version %u, expected %u",
+                 TCP_PROTO_VERSION + 1, TCP_PROTO_VERSION);
+        ok(log && strstr(log, want), "rank 0 logged the version");
+        ok(log && strstr(log, "unknown rank 99"),
+           "rank 0 logged the unknown rank");
+    } else {
+        skip("raw TCP handshakes apply to the tcp transport only");
+        skip("raw TCP handshakes apply to the tcp transport only");
+    }
     for (int i = 1; i < 3 && log; i++) {
         char *more = run_log(&R, i);
 
