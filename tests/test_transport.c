@@ -1166,6 +1166,44 @@ static void scenario_join_timeout(void)
     run_cleanup(&R);
 }
 
+/* In-process checks of the API's edges (no peers needed). */
+static void scenario_api(void)
+{
+    struct world_cfg c = wcfg(1, 1);
+    struct ctx cx;
+    char m[MSG];
+    int rc;
+
+    memset(&cx, 0, sizeof(cx));
+    cx.cfg = c;
+    cx.base = pick_ports(1);
+    rc = mesh_up(&cx, m, sizeof(m));
+    ok(rc == 0, "a world of one joins at once");
+    ops->close(cx.t);
+    ops->close(NULL); /* allowed: must not crash */
+
+    memset(&cx, 0, sizeof(cx));
+    cx.cfg = c;
+    cx.base = pick_ports(1);
+    world_build(&cx);
+    cx.o.secret = NULL;
+    cx.o.secret_len = 0;
+    rc = ops->listen(&cx.w, &cx.o, &cx.t);
+    ok(rc < 0 && strstr(mesh_err_msg(rc), "--secret-file") &&
+           strstr(mesh_err_msg(rc), "--insecure"),
+       "no secret and not insecure: refused, saying how to fix it");
+    if (rc >= 0)
+        ops->close(cx.t);
+
+    cx.o.insecure = 1;
+    cx.o.streams = 0;
+    cx.t = NULL;
+    rc = ops->listen(&cx.w, &cx.o, &cx.t);
+    ok(rc < 0, "zero streams refused: %s", mesh_err_msg(rc));
+    if (rc >= 0)
+        ops->close(cx.t);
+}
+
 int main(int argc, char **argv)
 {
     const char *name = argc > 1 ? argv[1] : "tcp";
@@ -1180,6 +1218,7 @@ int main(int argc, char **argv)
         return 0;
     }
     diag("transport %s", name);
+    scenario_api();
     scenario_exchange(2, 1, 0);
     scenario_exchange(2, 4, 0);
     scenario_exchange(2, 1, 1);
