@@ -63,7 +63,8 @@ extern const struct mesh_transport_ops mesh_tcp_ops;
 
 /* Handshake deadline per connection. */
 #define TCP_HS_DEADLINE_S 5.0
-/* Handshakes in progress at once before new connections are refused. */
+/* Handshakes in progress at once before new connections are refused (at
+ * least; twice the mesh's own connection count where that is more). */
 #define TCP_HS_PENDING_MAX 256
 
 #endif

@@ -1238,7 +1238,10 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
             break;
         }
         sockaddr_str((struct sockaddr *)&ss, addr, sizeof(addr));
-        if (t->stopping || t->nhs >= TCP_HS_PENDING_MAX) {
+        /* Room for every legitimate connection at once, plus some. */
+        if (t->stopping ||
+            t->nhs >= MESH_MAX(TCP_HS_PENDING_MAX,
+                               2 * t->world.size * (t->S + 1))) {
             mesh_warn("refused connection from %s: %s", addr,
                       t->stopping ? "closing"
                                   : "too many handshakes in progress");
@@ -1881,7 +1884,7 @@ static int listen_socket(struct mesh_transport *t, int *out)
                      close_fd, "rank %d: bind port %u", t->world.rank,
                      (unsigned)port);
     }
-    MESH_SYSCALL(rc, listen(fd, 128), close_fd, "listen on port %u",
+    MESH_SYSCALL(rc, listen(fd, SOMAXCONN), close_fd, "listen on port %u",
                  (unsigned)port);
     *out = fd;
     return 0;
