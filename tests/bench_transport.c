@@ -84,7 +84,8 @@ static int peer_main(int rank, const struct bopts *b)
 
     /* Ping-pong: rank 0 sends, rank 1 answers. */
     for (int i = -100; i < b->pings; i++) {
-        struct mesh_frame f = {.seq = (uint64_t)(i + 1000), .op = MESH_OP_P2P,
+        struct mesh_frame f = {.seq = (uint64_t)(i + 1000),
+                               .op = MESH_OP_P2P,
                                .count = b->ping_bytes,
                                .length = b->ping_bytes};
         double t0 = mesh_now_s();
@@ -111,9 +112,8 @@ static int peer_main(int rank, const struct bopts *b)
         qsort(lat, (size_t)b->pings, sizeof(*lat), cmp_double);
         printf("ping-pong %zu B: mean %.1f us, median %.1f us, p99 %.1f us "
                "(round trip, %d pings)\n",
-               b->ping_bytes, sum / b->pings * 1e6,
-               lat[b->pings / 2] * 1e6, lat[b->pings * 99 / 100] * 1e6,
-               b->pings);
+               b->ping_bytes, sum / b->pings * 1e6, lat[b->pings / 2] * 1e6,
+               lat[b->pings * 99 / 100] * 1e6, b->pings);
     }
 
     /* Streaming: rank 0 sends nmsg messages, window in flight. */
@@ -177,26 +177,53 @@ out:
 
 int main(int argc, char **argv)
 {
-    struct bopts b = {.transport = "tcp", .streams = 1, .msg = 64u << 20,
-                      .nmsg = 32, .window = 2, .pings = 10000,
-                      .ping_bytes = 8, .port = 0,
+    struct bopts b = {.transport = "tcp",
+                      .streams = 1,
+                      .msg = 64u << 20,
+                      .nmsg = 32,
+                      .window = 2,
+                      .pings = 10000,
+                      .ping_bytes = 8,
+                      .port = 0,
                       .hosts = {"127.0.0.1", "127.0.0.1"}};
     pid_t pid;
     int c, st, rc, only = -1;
 
     while ((c = getopt(argc, argv, "t:s:m:n:w:p:b:P:r:A:B:h")) != -1) {
         switch (c) {
-        case 't': b.transport = optarg; break;
-        case 's': b.streams = atoi(optarg); break;
-        case 'm': b.msg = (size_t)strtoull(optarg, NULL, 0); break;
-        case 'n': b.nmsg = atoi(optarg); break;
-        case 'w': b.window = atoi(optarg); break;
-        case 'p': b.pings = atoi(optarg); break;
-        case 'b': b.ping_bytes = (size_t)strtoull(optarg, NULL, 0); break;
-        case 'P': b.port = (uint16_t)atoi(optarg); break;
-        case 'r': only = atoi(optarg); break;
-        case 'A': b.hosts[0] = optarg; break;
-        case 'B': b.hosts[1] = optarg; break;
+        case 't':
+            b.transport = optarg;
+            break;
+        case 's':
+            b.streams = atoi(optarg);
+            break;
+        case 'm':
+            b.msg = (size_t)strtoull(optarg, NULL, 0);
+            break;
+        case 'n':
+            b.nmsg = atoi(optarg);
+            break;
+        case 'w':
+            b.window = atoi(optarg);
+            break;
+        case 'p':
+            b.pings = atoi(optarg);
+            break;
+        case 'b':
+            b.ping_bytes = (size_t)strtoull(optarg, NULL, 0);
+            break;
+        case 'P':
+            b.port = (uint16_t)atoi(optarg);
+            break;
+        case 'r':
+            only = atoi(optarg);
+            break;
+        case 'A':
+            b.hosts[0] = optarg;
+            break;
+        case 'B':
+            b.hosts[1] = optarg;
+            break;
         default:
             fprintf(stderr,
                     "usage: %s [-t tcp] [-s STREAMS] [-m BYTES] [-n MESSAGES] "

@@ -80,12 +80,12 @@
 /* How long a broken data stream waits for its control connection. */
 #define LOST_GRACE_S 0.5
 /* Dial retry backoff. */
-#define DIAL_BACKOFF_MIN_NS 10000000ull    /* 10 ms */
-#define DIAL_BACKOFF_MAX_NS 1000000000ull  /* 1 s */
-#define ADDRS_MAX 4
-#define OUTBUF_LEN (TCP_CONFIG_WIRE_MAX + 4 * TCP_CTRL_LEN + 256)
-#define INBUF_LEN (TCP_CONFIG_WIRE_MAX + 8)
-#define MSG_MAX 1024
+#define DIAL_BACKOFF_MIN_NS 10000000ull   /* 10 ms */
+#define DIAL_BACKOFF_MAX_NS 1000000000ull /* 1 s */
+#define ADDRS_MAX           4
+#define OUTBUF_LEN          (TCP_CONFIG_WIRE_MAX + 4 * TCP_CTRL_LEN + 256)
+#define INBUF_LEN           (TCP_CONFIG_WIRE_MAX + 8)
+#define MSG_MAX             1024
 
 enum role { ROLE_DIALER = 'D', ROLE_ACCEPTOR = 'A' };
 
@@ -136,9 +136,9 @@ struct conn {
     /* data stream, receiving: a header, then its payload */
     uint8_t hdr[TCP_FRAME_HDR_LEN];
     size_t hdr_got;
-    int parked;               /* header read, no posted receive yet */
-    struct mesh_frame rx_f;   /* the header */
-    struct mesh_req *rx_req;  /* where its payload goes */
+    int parked;              /* header read, no posted receive yet */
+    struct mesh_frame rx_f;  /* the header */
+    struct mesh_req *rx_req; /* where its payload goes */
     uint8_t *rx_dst;
     uint64_t rx_left;
 
@@ -148,8 +148,8 @@ struct conn {
 };
 
 struct dial {
-    int active;          /* a connection attempt exists */
-    uint64_t next_ns;    /* next attempt not before */
+    int active;       /* a connection attempt exists */
+    uint64_t next_ns; /* next attempt not before */
     uint64_t backoff_ns;
     unsigned addr_i;
 };
@@ -161,7 +161,7 @@ struct link {
     int ready;          /* all S + 1 are READY */
     int bye;            /* the peer closed the mesh normally */
     uint64_t last_rx_ns;
-    uint64_t tx_ns;      /* last bytes sent on any of its connections */
+    uint64_t tx_ns;          /* last bytes sent on any of its connections */
     struct mesh_req *posted; /* receives posted, not yet complete */
     unsigned rr;             /* next data stream for a message */
     struct dial *dial;       /* (S + 1), dialers only */
@@ -184,11 +184,11 @@ struct mesh_req {
     struct mesh_frame f;
     uint8_t *buf;
     atomic_int done;
-    int pieces_left;    /* send: pieces not fully written */
-    uint64_t got;       /* recv: payload bytes arrived */
-    uint64_t reserved;  /* recv: bytes claimed by matched headers */
-    int frames;         /* recv: headers matched */
-    int posted;         /* recv: on its link's posted list */
+    int pieces_left;                /* send: pieces not fully written */
+    uint64_t got;                   /* recv: payload bytes arrived */
+    uint64_t reserved;              /* recv: bytes claimed by matched headers */
+    int frames;                     /* recv: headers matched */
+    int posted;                     /* recv: on its link's posted list */
     struct mesh_req *pnext, *pprev; /* link's posted list */
     struct mesh_req *next, *prev;   /* the transport's request list */
 };
@@ -204,7 +204,7 @@ struct mesh_transport {
     struct mesh_transport_opts opts;
     uint8_t *secret;
     size_t secret_len;
-    int S;                           /* data streams per link */
+    int S;                            /* data streams per link */
     char config[TCP_CONFIG_WIRE_MAX]; /* opts->config + transport keys */
     size_t config_len;
     uint8_t fp[TCP_FP_LEN];
@@ -217,20 +217,20 @@ struct mesh_transport {
 
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    struct link *links;          /* (size) */
-    struct conn *hs;             /* handshakes in progress */
+    struct link *links; /* (size) */
+    struct conn *hs;    /* handshakes in progress */
     int nhs;
-    struct mesh_req *reqs;       /* every request not yet freed */
+    struct mesh_req *reqs; /* every request not yet freed */
     int joining;
     int nlinks_ready;
-    char join_err[MSG_MAX];      /* a permanent join failure */
+    char join_err[MSG_MAX]; /* a permanent join failure */
     int stopping;
-    int accept_paused;           /* accept failed hard; resume at a tick */
+    int accept_paused; /* accept failed hard; resume at a tick */
     int failed;
     int fail_code;
     int culprit;
     char fail_msg[MSG_MAX];
-    double spin_s;               /* wait_any spins this long first */
+    double spin_s; /* wait_any spins this long first */
 };
 
 static void conn_kill(struct conn *c);
@@ -273,15 +273,13 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
-static const char *pname(struct mesh_transport *t, int r, char *buf,
-                         size_t len)
+static const char *pname(struct mesh_transport *t, int r, char *buf, size_t len)
 {
     return mesh_peer_name(&t->world, r, buf, len);
 }
 
 /* Copy at most len bytes of untrusted text, replacing non-printables. */
-static void clean_text(char *dst, size_t dstlen, const uint8_t *src,
-                       size_t len)
+static void clean_text(char *dst, size_t dstlen, const uint8_t *src, size_t len)
 {
     size_t i, n = 0;
 
@@ -299,8 +297,7 @@ static void sockaddr_str(const struct sockaddr *sa, char *buf, size_t len)
         const struct sockaddr_in6 *s6 = (const void *)sa;
 
         if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr))
-            inet_ntop(AF_INET, &s6->sin6_addr.s6_addr[12], host,
-                      sizeof(host));
+            inet_ntop(AF_INET, &s6->sin6_addr.s6_addr[12], host, sizeof(host));
         else
             inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
         port = ntohs(s6->sin6_port);
@@ -361,15 +358,16 @@ static int set_sockopts(struct mesh_transport *t, int fd)
     const char *env = getenv("MESHTRAIN_TCP_SOCKBUF");
 
     (void)t;
-    MESH_SYSCALL(rc, setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one,
-                                sizeof(one)), out, "setsockopt TCP_NODELAY");
+    MESH_SYSCALL(rc,
+                 setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)),
+                 out, "setsockopt TCP_NODELAY");
     if (env && atoi(env) > 0) {
         int sz = atoi(env);
 
-        MESH_SYSCALL(rc, setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz,
-                                    sizeof(sz)), out, "setsockopt SO_SNDBUF");
-        MESH_SYSCALL(rc, setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz,
-                                    sizeof(sz)), out, "setsockopt SO_RCVBUF");
+        MESH_SYSCALL(rc, setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz)),
+                     out, "setsockopt SO_SNDBUF");
+        MESH_SYSCALL(rc, setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz)),
+                     out, "setsockopt SO_RCVBUF");
     }
 out:
     return rc;
@@ -417,7 +415,8 @@ static void req_complete(struct mesh_transport *t, struct mesh_req *r)
     pthread_cond_broadcast(&t->cond);
 }
 
-/* ---- failure -------------------------------------------------------------- */
+/* ---- failure --------------------------------------------------------------
+ */
 
 static void ctrl_send(struct conn *c, uint32_t type, int culprit, int code,
                       const char *reason)
@@ -481,10 +480,12 @@ static void fail_job(struct mesh_transport *t, int culprit, int code,
     va_start(ap, fmt);
     vsnprintf(reason, sizeof(reason), fmt, ap);
     va_end(ap);
+    /* The oldest pending operation involving the culprit, else the
+     * oldest of all (the list runs newest first). */
     for (r = t->reqs; r; r = r->next) {
         if (atomic_load(&r->done))
             continue;
-        if (!inflight || (r->peer == culprit && inflight->peer != culprit))
+        if (!inflight || r->peer == culprit || inflight->peer != culprit)
             inflight = r;
     }
     if (inflight)
@@ -495,8 +496,8 @@ static void fail_job(struct mesh_transport *t, int culprit, int code,
                  inflight->kind == REQ_SEND ? "to" : "from", inflight->peer,
                  pname(t, inflight->peer, nb, sizeof(nb)));
     else
-        snprintf(t->fail_msg, sizeof(t->fail_msg),
-                 "%s; no operation in flight", reason);
+        snprintf(t->fail_msg, sizeof(t->fail_msg), "%s; no operation in flight",
+                 reason);
     t->failed = 1;
     t->fail_code = code;
     t->culprit = culprit;
@@ -531,7 +532,8 @@ static int fail_err(struct mesh_transport *t)
     return mesh_err(t->fail_code, "%s", t->fail_msg);
 }
 
-/* ---- connections ---------------------------------------------------------- */
+/* ---- connections ----------------------------------------------------------
+ */
 
 static void hs_add(struct mesh_transport *t, struct conn *c)
 {
@@ -654,10 +656,10 @@ static void out_append(struct conn *c, const void *p, size_t n)
     c->out_len += n;
 }
 
-/* ---- handshake -------------------------------------------------------------- */
+/* ---- handshake --------------------------------------------------------------
+ */
 
-static void hello_encode(struct mesh_transport *t, struct conn *c,
-                         uint8_t *m)
+static void hello_encode(struct mesh_transport *t, struct conn *c, uint8_t *m)
 {
     memset(m, 0, TCP_HELLO_LEN);
     put32(m, TCP_HS_MAGIC);
@@ -749,8 +751,8 @@ static void config_get(const char *cfg, size_t len, const char *key,
 }
 
 /* Name the first key whose value differs between the two configs. */
-static void config_diff(const char *a, size_t alen, const char *b,
-                        size_t blen, char *out, size_t outlen)
+static void config_diff(const char *a, size_t alen, const char *b, size_t blen,
+                        char *out, size_t outlen)
 {
     const char *cfgs[2] = {a, b};
     size_t lens[2] = {alen, blen};
@@ -783,8 +785,8 @@ static void config_diff(const char *a, size_t alen, const char *b,
                     clean_text(sb, sizeof(sb), (const uint8_t *)vb,
                                MESH_MIN(lb, sizeof(sb) - 1));
                 snprintf(out, outlen, "%s%s%s here, %s%s%s there", key,
-                         va ? "=" : " ", va ? sa : "unset", key,
-                         vb ? "=" : " ", vb ? sb : "unset");
+                         va ? "=" : " ", va ? sa : "unset", key, vb ? "=" : " ",
+                         vb ? sb : "unset");
                 return;
             }
             p = le + 1;
@@ -884,8 +886,8 @@ static int hs_got_hello(struct conn *c)
     int insecure = (flags & TCP_HELLO_INSECURE) != 0;
 
     if (magic != TCP_HS_MAGIC) {
-        hs_refuse(c, "not a meshtrain handshake (bad magic 0x%08" PRIx32
-                     ")", magic);
+        hs_refuse(c, "not a meshtrain handshake (bad magic 0x%08" PRIx32 ")",
+                  magic);
         return -1;
     }
     if (ver != TCP_PROTO_VERSION) {
@@ -896,10 +898,8 @@ static int hs_got_hello(struct conn *c)
     clean_text(job, sizeof(job), m + 24, MESH_JOB_MAX);
     if (strnlen((const char *)m + 24, MESH_JOB_MAX) !=
             strnlen(t->opts.job_id, MESH_JOB_MAX) ||
-        memcmp(m + 24, t->opts.job_id,
-               strnlen(t->opts.job_id, MESH_JOB_MAX))) {
-        hs_refuse(c, "wrong job id '%s', expected '%s'", job,
-                  t->opts.job_id);
+        memcmp(m + 24, t->opts.job_id, strnlen(t->opts.job_id, MESH_JOB_MAX))) {
+        hs_refuse(c, "wrong job id '%s', expected '%s'", job, t->opts.job_id);
         return -1;
     }
     if (size != (uint32_t)t->world.size) {
@@ -911,22 +911,25 @@ static int hs_got_hello(struct conn *c)
         /* The higher rank dials the lower: only higher ranks call us. */
         if (rank >= (uint32_t)t->world.size ||
             rank <= (uint32_t)t->world.rank) {
-            hs_refuse(c, "unknown rank %" PRIu32 " (world of %d; only ranks "
-                         "above %d dial this one)",
+            hs_refuse(c,
+                      "unknown rank %" PRIu32 " (world of %d; only ranks "
+                      "above %d dial this one)",
                       rank, t->world.size, t->world.rank);
             return -1;
         }
         if (stream > (uint32_t)t->S) {
-            hs_refuse(c, "unknown stream %" PRIu32 " (rank %" PRIu32
-                         ", %d data streams)",
+            hs_refuse(c,
+                      "unknown stream %" PRIu32 " (rank %" PRIu32
+                      ", %d data streams)",
                       stream, rank, t->S);
             return -1;
         }
         c->peer = (int)rank;
         c->stream = (int)stream;
     } else if (rank != (uint32_t)c->peer || stream != (uint32_t)c->stream) {
-        hs_refuse(c, "the peer answered as rank %" PRIu32 " stream %" PRIu32
-                     ", expected rank %d stream %d",
+        hs_refuse(c,
+                  "the peer answered as rank %" PRIu32 " stream %" PRIu32
+                  ", expected rank %d stream %d",
                   rank, stream, c->peer, c->stream);
         return -1;
     }
@@ -992,8 +995,9 @@ static int hs_got_auth(struct conn *c)
     if (c->role == ROLE_ACCEPTOR) {
         cur = c->stream ? l->data[c->stream - 1] : l->ctrl;
         if (same_fp && cur) {
-            hs_refuse(c, "duplicate rank %d stream %d: that link is "
-                         "already established",
+            hs_refuse(c,
+                      "duplicate rank %d stream %d: that link is "
+                      "already established",
                       c->peer, c->stream);
             return -1;
         }
@@ -1021,8 +1025,8 @@ static void hs_got_config(struct conn *c)
                 c->in_len - 4, diff, sizeof(diff));
     if (c->role == ROLE_DIALER && !t->join_err[0]) {
         snprintf(t->join_err, sizeof(t->join_err),
-                 "refused by rank %d (%s): configuration differs: %s",
-                 c->peer, pname(t, c->peer, nb, sizeof(nb)), diff);
+                 "refused by rank %d (%s): configuration differs: %s", c->peer,
+                 pname(t, c->peer, nb, sizeof(nb)), diff);
         pthread_cond_broadcast(&t->cond);
     }
     hs_refuse(c, "configuration differs: %s", diff);
@@ -1066,8 +1070,9 @@ static void hs_read(struct conn *c)
         case C_HS_CFGLEN:
             len = get32(c->in);
             if (len > TCP_CONFIG_WIRE_MAX) {
-                hs_refuse(c, "configuration of %" PRIu32 " bytes (at most "
-                             "%d)",
+                hs_refuse(c,
+                          "configuration of %" PRIu32 " bytes (at most "
+                          "%d)",
                           len, TCP_CONFIG_WIRE_MAX);
                 return;
             }
@@ -1130,7 +1135,12 @@ static void dial_start(struct mesh_transport *t, int peer, int stream)
     c->peer = peer;
     c->stream = stream;
     c->state = C_CONNECTING;
-    c->deadline_ns = mesh_now_ns() + (uint64_t)(TCP_HS_DEADLINE_S * 1e9);
+    /*
+     * Twice the acceptor's deadline: an acceptor that is slow but finishes
+     * in time has attached its end before sending its last message, and
+     * giving up on that message would break a link it counts as up.
+     */
+    c->deadline_ns = mesh_now_ns() + (uint64_t)(2 * TCP_HS_DEADLINE_S * 1e9);
     sockaddr_str(sa, c->addr, sizeof(c->addr));
     d->active = 1;
     hs_add(t, c);
@@ -1230,15 +1240,16 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
             break;
         }
         sockaddr_str((struct sockaddr *)&ss, addr, sizeof(addr));
-        if (t->stopping || t->nhs >= TCP_HS_PENDING_MAX) {
+        /* Room for every legitimate connection at once, plus some. */
+        if (t->stopping || t->nhs >= MESH_MAX(TCP_HS_PENDING_MAX,
+                                              2 * t->world.size * (t->S + 1))) {
             mesh_warn("refused connection from %s: %s", addr,
                       t->stopping ? "closing"
                                   : "too many handshakes in progress");
             close(fd);
             continue;
         }
-        if (set_sockopts(t, fd) < 0 ||
-            !(c = conn_new(t, fd, ROLE_ACCEPTOR))) {
+        if (set_sockopts(t, fd) < 0 || !(c = conn_new(t, fd, ROLE_ACCEPTOR))) {
             mesh_warn("refused connection from %s: %s", addr,
                       mesh_err_msg(-ENOMEM));
             close(fd);
@@ -1305,8 +1316,7 @@ static void bye_check(struct mesh_transport *t, int peer, int cut)
         return;
     /* A parked stream waits for a receive none of the pending ones is. */
     for (s = 0; s < t->S; s++)
-        if (l->data[s] && l->data[s]->state == C_READY &&
-            !l->data[s]->parked)
+        if (l->data[s] && l->data[s]->state == C_READY && !l->data[s]->parked)
             break;
     for (r = t->reqs; r; r = r->next)
         if (r->peer == peer && !atomic_load(&r->done))
@@ -1375,9 +1385,9 @@ static enum match_rc data_match(struct conn *c)
     for (r = l->posted; r; r = r->pnext) {
         const struct mesh_frame *e = &r->f;
         uint64_t end = e->offset + e->length;
-        int starts_inside = e->length ? (f->offset >= e->offset &&
-                                         f->offset < end)
-                                      : f->offset == e->offset;
+        int starts_inside = e->length
+                                ? (f->offset >= e->offset && f->offset < end)
+                                : f->offset == e->offset;
 
         if (e->seq != f->seq || e->tag != f->tag || !starts_inside)
             continue;
@@ -1441,8 +1451,8 @@ static void data_read(struct conn *c)
                 rev_off(c);
                 return;
             }
-            n = recv(c->fd, c->hdr + c->hdr_got,
-                     TCP_FRAME_HDR_LEN - c->hdr_got, 0);
+            n = recv(c->fd, c->hdr + c->hdr_got, TCP_FRAME_HDR_LEN - c->hdr_got,
+                     0);
         } else {
             size_t want = (size_t)MESH_MIN(c->rx_left, (uint64_t)budget);
 
@@ -1522,8 +1532,7 @@ static int conn_write(struct conn *c)
         ssize_t w;
 
         memset(&mh, 0, sizeof(mh));
-        for (p = c->txq; p && n + 2 <= (int)MESH_ARRAY_SIZE(iov);
-             p = p->next) {
+        for (p = c->txq; p && n + 2 <= (int)MESH_ARRAY_SIZE(iov); p = p->next) {
             if (p->sent < TCP_FRAME_HDR_LEN) {
                 iov[n].iov_base = p->hdr + p->sent;
                 iov[n++].iov_len = TCP_FRAME_HDR_LEN - p->sent;
@@ -1552,9 +1561,8 @@ static int conn_write(struct conn *c)
             int e = errno;
 
             fail_job(t, c->peer, -ECONNRESET, 1,
-                     "rank %d (%s) connection failed (stream %d): %s",
-                     c->peer, pname(t, c->peer, nb, sizeof(nb)), c->stream,
-                     strerror(e));
+                     "rank %d (%s) connection failed (stream %d): %s", c->peer,
+                     pname(t, c->peer, nb, sizeof(nb)), c->stream, strerror(e));
             return -1;
         }
         t->links[c->peer].tx_ns = mesh_now_ns();
@@ -1610,8 +1618,8 @@ static void ctrl_got(struct conn *c)
         if (code != -ECONNRESET && code != -EHOSTDOWN && code != -EPROTO &&
             code != -ECANCELED)
             code = -ECONNABORTED;
-        fail_job(t, culprit, code, 0, "%s (reported by rank %d (%s))",
-                 reason, c->peer, pname(t, c->peer, nb, sizeof(nb)));
+        fail_job(t, culprit, code, 0, "%s (reported by rank %d (%s))", reason,
+                 c->peer, pname(t, c->peer, nb, sizeof(nb)));
         return;
     case TCP_CTRL_BYE:
         l->bye = 1;
@@ -1773,8 +1781,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
                      pname(t, p, nb, sizeof(nb)), l->lost_why);
         if (!t->failed && now - l->last_rx_ns > pt)
             fail_job(t, p, -EHOSTDOWN, 1,
-                     "rank %d (%s) silent for %.1f s (peer timeout %.1f s)",
-                     p, pname(t, p, nb, sizeof(nb)),
+                     "rank %d (%s) silent for %.1f s (peer timeout %.1f s)", p,
+                     pname(t, p, nb, sizeof(nb)),
                      (double)(now - l->last_rx_ns) / 1e9,
                      t->opts.peer_timeout_s);
     }
@@ -1859,21 +1867,21 @@ static int listen_socket(struct mesh_transport *t, int *out)
     }
     if (fd < 0) {
         /* No IPv6 here: IPv4 only. */
-        MESH_SYSCALL(rc, fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK |
-                                                  SOCK_CLOEXEC, 0),
-                     out, "socket");
+        MESH_SYSCALL(
+            rc,
+            fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0),
+            out, "socket");
         memset(&s4, 0, sizeof(s4));
         s4.sin_family = AF_INET;
         s4.sin_addr.s_addr = htonl(INADDR_ANY);
         s4.sin_port = htons(port);
-        MESH_SYSCALL(rc, setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one,
-                                    sizeof(one)), close_fd,
-                     "setsockopt SO_REUSEADDR");
-        MESH_SYSCALL(rc, bind(fd, (struct sockaddr *)&s4, sizeof(s4)),
-                     close_fd, "rank %d: bind port %u", t->world.rank,
-                     (unsigned)port);
+        MESH_SYSCALL(
+            rc, setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)),
+            close_fd, "setsockopt SO_REUSEADDR");
+        MESH_SYSCALL(rc, bind(fd, (struct sockaddr *)&s4, sizeof(s4)), close_fd,
+                     "rank %d: bind port %u", t->world.rank, (unsigned)port);
     }
-    MESH_SYSCALL(rc, listen(fd, 128), close_fd, "listen on port %u",
+    MESH_SYSCALL(rc, listen(fd, SOMAXCONN), close_fd, "listen on port %u",
                  (unsigned)port);
     *out = fd;
     return 0;
@@ -1964,15 +1972,15 @@ static int tcp_listen(const struct mesh_world *world,
 
         /* Spinning pays only where the progress thread has a core of
          * its own (measured: on 2 loaded cores it doubles the latency). */
-        t->spin_s = spin ? atof(spin) * 1e-6
-                         : sysconf(_SC_NPROCESSORS_ONLN) > 2 ? 50e-6 : 0;
+        t->spin_s = spin                                ? atof(spin) * 1e-6
+                    : sysconf(_SC_NPROCESSORS_ONLN) > 2 ? 50e-6
+                                                        : 0;
     }
 
     rc = listen_socket(t, &t->listen_fd);
     if (rc < 0)
         goto fail;
-    if (pthread_mutex_init(&t->lock, NULL) ||
-        pthread_condattr_init(&ca) ||
+    if (pthread_mutex_init(&t->lock, NULL) || pthread_condattr_init(&ca) ||
         pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) ||
         pthread_cond_init(&t->cond, &ca)) {
         rc = mesh_err(-ENOMEM, "pthread init failed");
@@ -1984,8 +1992,8 @@ static int tcp_listen(const struct mesh_world *world,
         rc = mesh_err(-ENOMEM, "event_base_new failed");
         goto fail;
     }
-    t->listen_ev = event_new(t->base, t->listen_fd, EV_READ | EV_PERSIST,
-                             on_accept, t);
+    t->listen_ev =
+        event_new(t->base, t->listen_fd, EV_READ | EV_PERSIST, on_accept, t);
     t->wake_ev = event_new(t->base, -1, 0, on_wake, t);
     t->tick_ev = evtimer_new(t->base, on_tick, t);
     if (!t->listen_ev || !t->wake_ev || !t->tick_ev ||
@@ -2028,8 +2036,9 @@ static int resolve_peers(struct mesh_transport *t)
         snprintf(port, sizeof(port), "%u", (unsigned)t->peers[p].port);
         rc = getaddrinfo(t->peers[p].host, port, &hints, &res);
         if (rc)
-            return mesh_err(-EHOSTUNREACH, "rank %d (%s): cannot resolve "
-                                           "host: %s",
+            return mesh_err(-EHOSTUNREACH,
+                            "rank %d (%s): cannot resolve "
+                            "host: %s",
                             p, pname(t, p, nb, sizeof(nb)), gai_strerror(rc));
         for (ai = res; ai && l->naddrs < ADDRS_MAX; ai = ai->ai_next) {
             if (ai->ai_addrlen > sizeof(l->addrs[0]))
@@ -2039,8 +2048,8 @@ static int resolve_peers(struct mesh_transport *t)
         }
         freeaddrinfo(res);
         if (!l->naddrs)
-            return mesh_err(-EHOSTUNREACH, "rank %d (%s): no usable address",
-                            p, pname(t, p, nb, sizeof(nb)));
+            return mesh_err(-EHOSTUNREACH, "rank %d (%s): no usable address", p,
+                            pname(t, p, nb, sizeof(nb)));
     }
     return 0;
 }
@@ -2092,10 +2101,10 @@ static int tcp_connect(mesh_transport_t *t)
             rc = mesh_err(-ETIMEDOUT, "%s", msg);
             break;
         }
-        ts.tv_sec = (time_t)(MESH_MIN(deadline, now + 100000000ull) /
-                             1000000000ull);
-        ts.tv_nsec = (long)(MESH_MIN(deadline, now + 100000000ull) %
-                            1000000000ull);
+        ts.tv_sec =
+            (time_t)(MESH_MIN(deadline, now + 100000000ull) / 1000000000ull);
+        ts.tv_nsec =
+            (long)(MESH_MIN(deadline, now + 100000000ull) % 1000000000ull);
         pthread_cond_timedwait(&t->cond, &t->lock, &ts);
     }
     t->joining = 0;
@@ -2139,11 +2148,11 @@ static int check_peer(struct mesh_transport *t, int peer, const char *what,
     if (t->failed)
         return fail_err(t);
     if (!t->links[peer].ready)
-        return mesh_err(-ENOTCONN, "tcp %s: rank %d (%s) has not joined",
-                        what, peer, pname(t, peer, nb, sizeof(nb)));
+        return mesh_err(-ENOTCONN, "tcp %s: rank %d (%s) has not joined", what,
+                        peer, pname(t, peer, nb, sizeof(nb)));
     if (t->links[peer].bye && sending)
-        return mesh_err(-ECONNRESET, "tcp %s: rank %d (%s) left the mesh",
-                        what, peer, pname(t, peer, nb, sizeof(nb)));
+        return mesh_err(-ECONNRESET, "tcp %s: rank %d (%s) left the mesh", what,
+                        peer, pname(t, peer, nb, sizeof(nb)));
     return 0;
 }
 
@@ -2160,6 +2169,8 @@ static int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
     (void)mr;
     if (len && !buf)
         return mesh_err(-EINVAL, "tcp isend: NULL buffer");
+    if (f->offset + len < f->offset)
+        return mesh_err(-EINVAL, "tcp isend: range overflows");
     np = 1;
     pthread_mutex_lock(&t->lock);
     rc = check_peer(t, peer, "isend", 1);
@@ -2232,8 +2243,8 @@ out:
 }
 
 static int tcp_irecv(mesh_transport_t *t, int peer,
-                     const struct mesh_frame *expect, void *buf,
-                     mesh_mr_t *mr, mesh_req_t **out)
+                     const struct mesh_frame *expect, void *buf, mesh_mr_t *mr,
+                     mesh_req_t **out)
 {
     struct mesh_req *r;
     struct link *l;
@@ -2332,8 +2343,8 @@ static int tcp_test(mesh_transport_t *t, mesh_req_t *req, int *done)
 static int any_done(mesh_req_t *const *reqs, int n)
 {
     for (int i = 0; i < n; i++)
-        if (reqs[i] && atomic_load_explicit(&reqs[i]->done,
-                                            memory_order_acquire))
+        if (reqs[i] &&
+            atomic_load_explicit(&reqs[i]->done, memory_order_acquire))
             return 1;
     return 0;
 }
@@ -2371,8 +2382,9 @@ static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
             uint64_t now = mesh_now_ns();
 
             if (now >= deadline) {
-                rc = mesh_err(-ETIMEDOUT, "tcp wait: no request completed "
-                                          "within %.3f s",
+                rc = mesh_err(-ETIMEDOUT,
+                              "tcp wait: no request completed "
+                              "within %.3f s",
                               timeout_s);
                 break;
             }
