@@ -20,7 +20,6 @@
 #include "src/train.h"
 
 #include "collective/collective.h"
-#include "nn/safetensors.h"
 #include "src/ckpt.h"
 #include "src/util.h"
 
@@ -569,106 +568,6 @@ out:
     return rc;
 }
 
-/* ---- weights as safetensors ---------------------------------------------- */
-
-/* Every tensor with torchvision's name, plus num_batches_tracked per BN. */
-static int weights_save(struct trainer *t, const char *path)
-{
-    int n = mesh_nn_model_num_tensors(t->model), i, k = 0, nbn = 0, rc;
-    struct mesh_st_entry *e;
-    char (*names)[64];
-    int64_t tracked = mesh_nn_model_batches_tracked(t->model);
-    float *p, *buf = mesh_nn_model_buffers(t->model);
-
-    p = params_host(t, &rc);
-    if (rc < 0)
-        return rc;
-    if (!t->host_slabs) {
-        rc = mesh_nn_download(t->ctx, t->hbuf, buf, t->nbuffers * 4);
-        if (rc < 0)
-            return rc;
-        buf = t->hbuf;
-    }
-    for (i = 0; i < n; i++)
-        nbn += mesh_nn_model_tensor(t->model, i)->role ==
-               MESH_NN_ROLE_BN_MEAN;
-    if (n < 0 || nbn < 0)
-        return mesh_err(-EINVAL, "internal error: no tensors");
-    e = calloc((size_t)n + (size_t)nbn + 1, sizeof(*e));
-    names = calloc((size_t)nbn + 1, sizeof(*names));
-    if (!e || !names) {
-        rc = mesh_err(-ENOMEM, "out of memory");
-        goto out;
-    }
-    nbn = 0;
-    for (i = 0; i < n; i++) {
-        const struct mesh_nn_tensor *x = mesh_nn_model_tensor(t->model, i);
-
-        e[k].name = x->name;
-        e[k].dtype = MESH_DT_F32;
-        e[k].ndim = x->ndim;
-        memcpy(e[k].shape, x->shape, sizeof(x->shape));
-        e[k].data = (x->kind == MESH_NN_PARAM ? p : buf) + x->offset;
-        k++;
-        if (x->role == MESH_NN_ROLE_BN_MEAN) {
-            size_t len = strlen(x->name) - strlen("running_mean");
-
-            snprintf(names[nbn], sizeof(names[nbn]),
-                     "%.*snum_batches_tracked", (int)len, x->name);
-            e[k].name = names[nbn++];
-            e[k].dtype = MESH_ST_I64;
-            e[k].ndim = 0;
-            e[k].data = &tracked;
-            k++;
-        }
-    }
-    rc = mesh_st_write(path, e, k, NULL);
-out:
-    free(names);
-    free(e);
-    return rc;
-}
-
-static int weights_load(struct trainer *t, const char *path)
-{
-    struct mesh_st_file *f = NULL;
-    const struct mesh_st_tensor *st;
-    float *p, *buf;
-    int n = mesh_nn_model_num_tensors(t->model), i, rc;
-    int64_t tracked = 0;
-
-    rc = mesh_st_open(path, &f);
-    if (rc < 0)
-        return rc;
-    p = t->host_slabs ? mesh_nn_model_params(t->model) : t->hparams;
-    buf = t->host_slabs ? mesh_nn_model_buffers(t->model) : t->hbuf;
-    for (i = 0; i < n && rc == 0; i++) {
-        const struct mesh_nn_tensor *x = mesh_nn_model_tensor(t->model, i);
-
-        rc = mesh_st_read(f, x->name, MESH_DT_F32, x->shape, x->ndim,
-                          (x->kind == MESH_NN_PARAM ? p : buf) + x->offset);
-    }
-    /* every BN counts the same steps: take the first one's counter */
-    for (i = 0; i < mesh_st_count(f) && rc == 0; i++) {
-        st = mesh_st_get(f, i);
-        if (strstr(st->name, "num_batches_tracked")) {
-            rc = mesh_st_read(f, st->name, MESH_ST_I64, NULL, 0, &tracked);
-            break;
-        }
-    }
-    if (rc == 0 && !t->host_slabs) {
-        rc = mesh_nn_upload(t->ctx, mesh_nn_model_params(t->model), p,
-                            t->nparams * 4);
-        if (rc == 0)
-            rc = mesh_nn_upload(t->ctx, mesh_nn_model_buffers(t->model), buf,
-                                t->nbuffers * 4);
-    }
-    if (rc == 0)
-        mesh_nn_model_set_batches_tracked(t->model, tracked);
-    mesh_st_close(f);
-    return rc;
-}
-
 /* ---- checkpoints ---------------------------------------------------------- */
 
 static void put_u64(uint8_t *p, uint64_t v)
@@ -728,7 +627,7 @@ static int checkpoint_write(struct trainer *t, uint64_t step)
     rc = mesh_ckpt_put_file(w, "model.safetensors", MESH_CKPT_SHARED, path,
                             sizeof(path));
     if (rc == 0)
-        rc = weights_save(t, path);
+        rc = mesh_nn_model_save(t->model, path);
     if (rc == 0)
         mom = momentum_host(t, &rc);
     if (rc == 0)
@@ -853,7 +752,7 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
 
         rc = mesh_ckpt_blob_path(ck, "model.safetensors", st, sizeof(st));
         if (rc == 0)
-            rc = weights_load(t, st);
+            rc = mesh_nn_model_load(t->model, st);
     }
     if (rc == 0) {
         float *mom = t->host_slabs ? mesh_nn_sgd_momentum(t->sgd) : t->hmom;
@@ -1463,7 +1362,7 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     if (rc == 0 && c->verify_every)
         rc = verify_weights(&t, "at the end");
     if (rc == 0 && c->save && t.rank == 0)
-        rc = local(&t, weights_save(&t, c->save));
+        rc = local(&t, mesh_nn_model_save(t.model, c->save));
     if (rc == 0 && t.c->timeline && t.rank == 0)
         rc = local(&t, tl_write(&t));
     if (rc == 0) {
