@@ -411,7 +411,7 @@ static int run_measure(struct mesh_coll *c, struct mesh_coll_req *q)
                               c->scratch_mr);
         }
         t0 = mesh_now_s();
-        rc = sched_run(&s, c->ops, c->t, c->w);
+        rc = sched_run(&s, c->ops, c->t);
         sched_free(&s);
         if (rc < 0)
             return mesh_err_prefix(rc, "measuring the links");
@@ -506,8 +506,13 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
             break;
         }
     }
-    if (rc == 0)
-        rc = sched_run(&s, c->ops, c->t, c->w);
+    if (rc == 0) {
+        mesh_debug("%s seq %llu: %zu x %s, %s, %d operations",
+                   mesh_op_name(a->op), (unsigned long long)q->seq, a->count,
+                   mesh_dtype_name(a->dtype), mesh_algo_name(q->algo),
+                   s.nops);
+        rc = sched_run(&s, c->ops, c->t);
+    }
     sched_free(&s);
     if (rtmp)
         c->ops->dereg_mr(c->t, a->recv_mr);
