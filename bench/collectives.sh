@@ -4,7 +4,8 @@
 #
 #   bench/collectives.sh [--settings a,b,c] [--np 2,4,8] [--sizes SIZES]
 #                        [--systems mesh,mpi,gloo,tcp] [--algos ring,tree,auto]
-#                        [--time S] [--quick] [--out DIR] [--builddir DIR]
+#                        [--time S] [--repeat R] [--quick] [--out DIR]
+#                        [--builddir DIR] [--mesh-args "ARGS"]
 #                        [--prefix P] [--rate R] [--insecure]
 #
 # Settings: a loopback (N processes on 127.0.0.1), b N network-namespace
@@ -21,13 +22,19 @@
 #         is skipped, saying so, while meshbench has no all-reduce.
 # SIZES: "MIN:MAX:FACTOR" (default 4K:256M:4) or a list "4K,64M" (one run
 # per size unless the list is geometric). --time S: target seconds per
-# size and system (default 1). --quick = --settings a,b --np 2,4
+# size and system (default 1). --repeat R: every system R times in turn,
+# interleaved, so that load from elsewhere hits all of them alike; the
+# report takes each one's best (default 1). --mesh-args: extra meshbench
+# arguments, e.g. "-n 5 -w 1 --streams 2" (meshbench's -n/-w are fixed
+# counts, not a time target: lower them for slow settings). --quick = --settings a,b --np 2,4
 # --sizes 4K,64M --time 0.5.
 #
 # Writes (DIR defaults to bench/out):
-#   DIR/collectives.csv  setting,np,system,size,time_us,algbw,busbw,wrong
+#   DIR/collectives.csv  setting,np,system,size,time_us,algbw,busbw,wrong,
+#                        rep
 #   DIR/tcp_limit.csv    setting,np,ring_link_GBps,ring_min_GBps,
-#                        bidir_dir_GBps,single_GBps,ping_rtt_us,limit_GBps
+#                        bidir_dir_GBps,single_GBps,ping_rtt_us,limit_GBps,
+#                        rep
 #   DIR/collectives.png  busbw vs size, one panel per setting and N, one
 #                        line per system, the TCP limit dashed
 #   DIR/raw/*.txt        every tool's own output
@@ -45,9 +52,11 @@ sizes=4K:256M:4
 systems=mesh,mpi,gloo,tcp
 algos=ring,tree,auto
 secs=1
+repeat=1
 outdir="$bl_srcdir/bench/out"
 builddir=${top_builddir:-$bl_srcdir}
 insecure=0
+meshargs=
 while [ $# -gt 0 ]; do
     case $1 in
         --settings) settings=$2; shift 2 ;;
@@ -56,12 +65,14 @@ while [ $# -gt 0 ]; do
         --systems) systems=$2; shift 2 ;;
         --algos) algos=$2; shift 2 ;;
         --time) secs=$2; shift 2 ;;
+        --repeat) repeat=$2; shift 2 ;;
         --quick) settings=a,b nps=2,4 sizes=4K,64M secs=0.5; shift ;;
         --out) outdir=$2; shift 2 ;;
         --builddir) builddir=$2; shift 2 ;;
         --prefix) BL_PREFIX=$2; shift 2 ;;
         --rate) BL_RATE=$2; shift 2 ;;
         --insecure) insecure=1; shift ;;
+        --mesh-args) meshargs=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) echo "collectives.sh: unknown argument '$1' (see --help)" >&2
            exit 2 ;;
@@ -73,6 +84,8 @@ for s in $(echo "$settings" | tr , ' '); do
     bl_setting_name "$s" >/dev/null ||
         { echo "collectives.sh: unknown setting '$s' (a, b, c)" >&2; exit 2; }
 done
+case $repeat in ''|*[!0-9]*|0) echo "collectives.sh: bad --repeat '$repeat'" >&2
+                             exit 2 ;; esac
 for n in $(echo "$nps" | tr , ' '); do
     case $n in ''|*[!0-9]*) echo "collectives.sh: bad --np '$n'" >&2
                             exit 2 ;; esac
@@ -85,10 +98,10 @@ runs=$(python3 - "$sizes" <<'EOF'
 import sys
 def b(s):
     m = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(s[-1:].lower(), 1)
-    v = int(s[:-1] if m > 1 else s)
+    v = int(s[:-1] if m > 1 else s) * m
     if v < 4 or v % 4:
         raise ValueError("size %r: need a multiple of 4 bytes" % s)
-    return v * m
+    return v
 try:
     spec = sys.argv[1]
     if ":" in spec:
@@ -118,9 +131,9 @@ EOF
 mkdir -p "$outdir/raw" || exit 1
 csv="$outdir/collectives.csv"
 lcsv="$outdir/tcp_limit.csv"
-echo "setting,np,system,size,time_us,algbw,busbw,wrong" >"$csv"
+echo "setting,np,system,size,time_us,algbw,busbw,wrong,rep" >"$csv"
 echo "setting,np,ring_link_GBps,ring_min_GBps,bidir_dir_GBps,single_GBps,$(
-    )ping_rtt_us,limit_GBps" >"$lcsv"
+    )ping_rtt_us,limit_GBps,rep" >"$lcsv"
 tmp=$(mktemp -d /tmp/collectives.XXXXXX) || exit 1
 cleanup() {
     bl_teardown
@@ -250,7 +263,7 @@ run_mesh() {   # setting np b e f log algo
     while [ $_r -lt "$_n" ]; do
         bl_bg $((_r + 1)) timeout $runlimit "$meshbench" --hostfile "$_hf" \
             --rank $_r --port 29550 $meshauth --op allreduce --algo "$7" \
-            -b "$3" -e "$4" -f "$5" >"$tmp/mesh.out.$_r" 2>&1
+            -b "$3" -e "$4" -f "$5" $meshargs >"$tmp/mesh.out.$_r" 2>&1
         _r=$((_r + 1))
     done
     bl_wait_bg $((runlimit + 10))
@@ -266,9 +279,9 @@ run_mesh() {   # setting np b e f log algo
     return $_rc
 }
 
-# record SYSTEM SETTING NP LOG RC: parse LOG into the CSV, check it.
+# record SYSTEM SETTING NP LOG RC REP: parse LOG into the CSV, check it.
 record() {
-    _rows=$(bl_parse_table "$1" "$2" "$3" <"$4")
+    _rows=$(bl_parse_table "$1" "$2" "$3" <"$4" | sed "s/\$/,$6/")
     if [ -z "$_rows" ]; then
         bl_log "$1 ($2, N=$3) printed no results (exit $5): see $4"
         tail -n 5 "$4" | sed 's/^/    /' >&2
@@ -287,6 +300,46 @@ record() {
     fi
 }
 
+# one_round SETTING NAME NP TAG REP: every system once, sizes as asked.
+one_round() {
+    if has "$systems" tcp; then
+        bl_log "  TCP limit (iperf3, ping)"
+        "$bl_srcdir/bench/tcp_limit.sh" --setting "$1" --np "$3" \
+            --no-setup --prefix "$BL_PREFIX" --rate "$BL_RATE" \
+            >"$outdir/raw/$4-tcp.txt" 2>&1 </dev/null || status=1
+        awk -v s="$2" -v n="$3" -v r="$5" '
+            { v[$1] = $2 }
+            END { printf "%s,%s,%s,%s,%s,%s,%s,%s,%s\n", s, n,
+                  v["ring_link_GBps"], v["ring_min_GBps"],
+                  v["bidir_dir_GBps"], v["single_GBps"],
+                  v["ping_rtt_us"], v["limit_GBps"], r }' \
+            "$outdir/raw/$4-tcp.txt" >>"$lcsv"
+    fi
+    while read -r b e f; do
+        sz="$b-$e"
+        if [ -n "$mpibin" ]; then
+            bl_log "  Open MPI, $b..$e bytes"
+            log="$outdir/raw/$4-mpi-$sz.txt"
+            run_mpi "$1" "$3" "$b" "$e" "$f" "$log" </dev/null
+            record openmpi "$2" "$3" "$log" $? "$5"
+        fi
+        if [ $gloo -eq 1 ]; then
+            bl_log "  Gloo, $b..$e bytes"
+            log="$outdir/raw/$4-gloo-$sz.txt"
+            run_gloo "$1" "$3" "$b" "$e" "$f" "$log" </dev/null
+            record gloo "$2" "$3" "$log" $? "$5"
+        fi
+        if [ $mesh -eq 1 ]; then
+            for a in $(echo "$algos" | tr , ' '); do
+                bl_log "  meshbench --algo $a, $b..$e bytes"
+                log="$outdir/raw/$4-mesh-$a-$sz.txt"
+                run_mesh "$1" "$3" "$b" "$e" "$f" "$log" "$a" </dev/null
+                record "meshbench-$a" "$2" "$3" "$log" $? "$5"
+            done
+        fi
+    done <"$tmp/runs"
+}
+
 for s in $(echo "$settings" | tr , ' '); do
     sname=$(bl_setting_name "$s")
     if [ "$s" != a ]; then
@@ -299,44 +352,14 @@ for s in $(echo "$settings" | tr , ' '); do
     for n in $(echo "$nps" | tr , ' '); do
         bl_log "setting $s ($sname), N=$n"
         bl_setup "$s" "$n" || { status=1; continue; }
-        tag="$s-$n"
-        if has "$systems" tcp; then
-            bl_log "  TCP limit (iperf3, ping)"
-            "$bl_srcdir/bench/tcp_limit.sh" --setting "$s" --np "$n" \
-                --no-setup --prefix "$BL_PREFIX" --rate "$BL_RATE" \
-                >"$outdir/raw/$tag-tcp.txt" 2>&1 || status=1
-            awk -v s="$sname" -v n="$n" '
-                { v[$1] = $2 }
-                END { printf "%s,%s,%s,%s,%s,%s,%s,%s\n", s, n,
-                      v["ring_link_GBps"], v["ring_min_GBps"],
-                      v["bidir_dir_GBps"], v["single_GBps"],
-                      v["ping_rtt_us"], v["limit_GBps"] }' \
-                "$outdir/raw/$tag-tcp.txt" >>"$lcsv"
-        fi
         echo "$runs" >"$tmp/runs"
-        while read -r b e f; do
-            sz="$b-$e"
-            if [ -n "$mpibin" ]; then
-                bl_log "  Open MPI, $b..$e bytes"
-                log="$outdir/raw/$tag-mpi-$sz.txt"
-                run_mpi "$s" "$n" "$b" "$e" "$f" "$log"
-                record openmpi "$sname" "$n" "$log" $?
-            fi
-            if [ $gloo -eq 1 ]; then
-                bl_log "  Gloo, $b..$e bytes"
-                log="$outdir/raw/$tag-gloo-$sz.txt"
-                run_gloo "$s" "$n" "$b" "$e" "$f" "$log"
-                record gloo "$sname" "$n" "$log" $?
-            fi
-            if [ $mesh -eq 1 ]; then
-                for a in $(echo "$algos" | tr , ' '); do
-                    bl_log "  meshbench --algo $a, $b..$e bytes"
-                    log="$outdir/raw/$tag-mesh-$a-$sz.txt"
-                    run_mesh "$s" "$n" "$b" "$e" "$f" "$log" "$a"
-                    record "meshbench-$a" "$sname" "$n" "$log" $?
-                done
-            fi
-        done <"$tmp/runs"
+        r=1
+        while [ $r -le "$repeat" ]; do
+            tag="$s-$n-r$r"
+            [ "$repeat" -gt 1 ] && bl_log "  repetition $r of $repeat"
+            one_round "$s" "$sname" "$n" "$tag" "$r"
+            r=$((r + 1))
+        done
         bl_teardown
     done
 done

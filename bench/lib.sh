@@ -141,7 +141,8 @@ bl_bytes() {
 # bl_parse_table SYSTEM SETTING NP: read an nccl-tests style table on
 # stdin, print CSV rows "setting,np,system,size,time_us,algbw,busbw,wrong".
 # The columns are found by name in the "#  size ... time algbw busbw"
-# header (its first time/algbw/busbw, i.e. out-of-place), so meshbench,
+# header (its first time/algbw/busbw, i.e. out-of-place; wrong sums every
+# #wrong column, out-of-place and in-place), so meshbench,
 # mpi_allreduce and gloo_allreduce all parse the same way.
 bl_parse_table() {
     awk -v sys="$1" -v set="$2" -v np="$3" '
@@ -153,13 +154,16 @@ bl_parse_table() {
                 if (h[k] == "time" && !ct) ct = k;
                 if (h[k] == "algbw" && !ca) ca = k;
                 if (h[k] == "busbw" && !cb) cb = k;
-                if (h[k] == "#wrong" && !cw) cw = k;
+                if (h[k] == "#wrong") cw[++nw] = k;
             }
             hdr = 1; next
         }
         /^#/ || NF == 0 { next }
         hdr && $cs ~ /^[0-9]+$/ {
+            w = "";
+            for (k = 1; k <= nw; k++)
+                w = (w == "" ? 0 : w) + ($cw[k] ~ /^[0-9]+$/ ? $cw[k] : 0);
             printf "%s,%s,%s,%s,%s,%s,%s,%s\n", set, np, sys, $cs, $ct,
-                   $ca, $cb, (cw ? $cw : "")
+                   $ca, $cb, w
         }'
 }

@@ -7,17 +7,19 @@
 #     meshbench's lat_us is half the round trip) against ping's RTT (goal:
 #     ratio <= 2).
 #
-#   bench/p2p.sh [--builddir DIR] [--out DIR] [--time S] [--prefix P]
-#                [--rate R] [--insecure] [-- MESHBENCH-ARGS...]
+#   bench/p2p.sh [--builddir DIR] [--out DIR] [--time S] [--repeat R]
+#                [--prefix P] [--rate R] [--insecure] [-- MESHBENCH-ARGS...]
 #
 # --time S: iperf3 duration (default 3, plus 1 s of slow start omitted).
+# --repeat R: everything R times in turn; each measurement's best is kept
+# (default 1).
 # --rate R shapes both hosts' egress with tbf (default unshaped).
 # MESHBENCH-ARGS go to both meshbench runs (e.g. --streams 2 -n 50).
 # Without a meshbench that knows --op stream, it says so and measures
 # iperf3 and ping alone.
 #
 # Writes DIR/p2p.csv (metric,value,unit; DIR defaults to bench/out) and
-# DIR/raw/p2p-*.txt, and prints the two ratios. Needs root.
+# DIR/raw/p2p-*, and prints the two ratios. Needs root.
 
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -25,6 +27,7 @@ set -u
 outdir="$bl_srcdir/bench/out"
 builddir=${top_builddir:-$bl_srcdir}
 secs=3
+repeat=1
 insecure=0
 rate=
 while [ $# -gt 0 ]; do
@@ -32,6 +35,7 @@ while [ $# -gt 0 ]; do
         --builddir) builddir=$2; shift 2 ;;
         --out) outdir=$2; shift 2 ;;
         --time) secs=$2; shift 2 ;;
+        --repeat) repeat=$2; shift 2 ;;
         --prefix) BL_PREFIX=$2; shift 2 ;;
         --rate) rate=$2; shift 2 ;;
         --insecure) insecure=1; shift ;;
@@ -40,6 +44,8 @@ while [ $# -gt 0 ]; do
         *) echo "p2p.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
+case $repeat in ''|*[!0-9]*|0) echo "p2p.sh: bad --repeat '$repeat'" >&2
+                             exit 2 ;; esac
 command -v iperf3 >/dev/null ||
     bl_die "iperf3 not found (apt-get install iperf3)"
 command -v ping >/dev/null ||
@@ -73,28 +79,6 @@ if [ -n "$rate" ]; then
 else
     bl_setup b 2 || exit 1
 fi
-
-# iperf3, one stream, host 1 -> host 2.
-bl_bg 2 iperf3 -s -1 -p 29801 >/dev/null 2>&1
-sleep 0.5
-bl_exec 1 iperf3 -c "$(bl_addr 2)" -p 29801 -t "$secs" -O 1 \
-    --connect-timeout 3000 -J >"$tmp/iperf.json" 2>&1
-bl_wait_bg 5 || true
-iperf=$(python3 -c '
-import json, sys
-try:
-    d = json.load(open(sys.argv[1]))
-    print("%.4f" % (d["end"]["sum_received"]["bits_per_second"] / 8e9))
-except Exception as e:
-    sys.stderr.write("p2p.sh: iperf3: %s\n" % e)
-    print("nan")' "$tmp/iperf.json")
-cp "$tmp/iperf.json" "$outdir/raw/p2p-iperf3.json"
-
-bl_exec 1 ping -c 200 -i 0.01 "$(bl_addr 2)" >"$outdir/raw/p2p-ping.txt" 2>&1
-rtt=$(awk -F/ '/^rtt|^round-trip/ { printf "%.1f\n", $5 * 1000 }' \
-      "$outdir/raw/p2p-ping.txt")
-rttmin=$(awk -F/ '/^rtt|^round-trip/ { split($4, a, "= ");
-                  printf "%.1f\n", a[2] * 1000 }' "$outdir/raw/p2p-ping.txt")
 
 # meshbench OP B E F LOG [ARGS]: two ranks, one per host; rank 0's table.
 run_mesh() {
@@ -136,6 +120,57 @@ mesh_rows() {
     ' "$1"
 }
 
+# Every measurement, repeat times, interleaved; the best of each is kept.
+: >"$tmp/iperf" >"$tmp/ping" >"$tmp/stream" >"$tmp/pingpong"
+r=1
+while [ $r -le "$repeat" ]; do
+    [ "$repeat" -gt 1 ] && bl_log "repetition $r of $repeat"
+    # iperf3, one stream, host 1 -> host 2.
+    bl_bg 2 iperf3 -s -1 -p 29801 >/dev/null 2>&1
+    sleep 0.5
+    bl_exec 1 iperf3 -c "$(bl_addr 2)" -p 29801 -t "$secs" -O 1 \
+        --connect-timeout 3000 -J >"$outdir/raw/p2p-r$r-iperf3.json" 2>&1
+    bl_wait_bg 5 || true
+    python3 -c '
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+    print("%.4f" % (d["end"]["sum_received"]["bits_per_second"] / 8e9))
+except Exception as e:
+    sys.stderr.write("p2p.sh: iperf3: %s\n" % e)' \
+        "$outdir/raw/p2p-r$r-iperf3.json" >>"$tmp/iperf"
+
+    log="$outdir/raw/p2p-r$r-ping.txt"
+    bl_exec 1 ping -c 200 -i 0.01 "$(bl_addr 2)" >"$log" 2>&1
+    awk -F/ '/^rtt|^round-trip/ { split($4, a, "= ");
+             printf "%.1f %.1f\n", $5 * 1000, a[2] * 1000 }' "$log" \
+        >>"$tmp/ping"
+
+    if [ $mesh -eq 1 ]; then
+        log="$outdir/raw/p2p-r$r-mesh-stream.txt"
+        run_mesh stream 64K 64M 4 "$log" "$@" </dev/null || status=1
+        mesh_rows "$log" stream >>"$tmp/stream"
+        log="$outdir/raw/p2p-r$r-mesh-pingpong.txt"
+        run_mesh pingpong 8 4K 8 "$log" "$@" </dev/null || status=1
+        mesh_rows "$log" pingpong >>"$tmp/pingpong"
+    fi
+    r=$((r + 1))
+done
+
+iperf=$(awk 'NR == 1 || $1 > m { m = $1 } END { print (NR ? m : "nan") }' \
+        "$tmp/iperf")
+rtt=$(awk 'NR == 1 || $1 < m { m = $1 } END { print (NR ? m : "nan") }' \
+      "$tmp/ping")
+rttmin=$(awk 'NR == 1 || $2 < m { m = $2 } END { print (NR ? m : "nan") }' \
+         "$tmp/ping")
+# Best per size: highest GB/s for stream, lowest lat_us for ping-pong.
+awk '!($1 in g) || $3 > g[$1] { g[$1] = $3; l[$1] = $2 }
+     END { for (s in g) print s, l[s], g[s] }' "$tmp/stream" |
+    sort -n >"$tmp/stream.best"
+awk '!($1 in l) || $2 < l[$1] { l[$1] = $2; g[$1] = $3 }
+     END { for (s in l) print s, l[s], g[s] }' "$tmp/pingpong" |
+    sort -n >"$tmp/pingpong.best"
+
 csv="$outdir/p2p.csv"
 {
     echo "metric,value,unit"
@@ -144,37 +179,32 @@ csv="$outdir/p2p.csv"
     echo "ping_rtt_min,$rttmin,us"
 } >"$csv"
 
+[ "$repeat" -gt 1 ] && echo "best of $repeat repetitions"
 echo "iperf3 single stream, host 1 -> host 2: $iperf GB/s"
 echo "ping RTT host 1 -> host 2: avg $rtt us, min $rttmin us"
 
 if [ $mesh -eq 1 ]; then
-    log="$outdir/raw/p2p-mesh-stream.txt"
-    run_mesh stream 64K 64M 4 "$log" "$@" || status=1
-    mesh_rows "$log" stream >"$tmp/stream"
-    log="$outdir/raw/p2p-mesh-pingpong.txt"
-    run_mesh pingpong 8 4K 8 "$log" "$@" || status=1
-    mesh_rows "$log" pingpong >"$tmp/pingpong"
-    if [ ! -s "$tmp/stream" ] || [ ! -s "$tmp/pingpong" ]; then
-        bl_log "meshbench printed no table: see $outdir/raw/p2p-mesh-*.txt"
+    if [ ! -s "$tmp/stream.best" ] || [ ! -s "$tmp/pingpong.best" ]; then
+        bl_log "meshbench printed no table: see $outdir/raw/p2p-*-mesh-*.txt"
         status=1
     fi
     while read -r size lat gbps; do
         echo "meshbench_stream_$size,$gbps,GB/s" >>"$csv"
-    done <"$tmp/stream"
+    done <"$tmp/stream.best"
     while read -r size lat gbps; do
         echo "meshbench_pingpong_rtt_$size,$(awk -v l="$lat" \
             'BEGIN { printf "%.2f", 2 * l }'),us" >>"$csv"
-    done <"$tmp/pingpong"
+    done <"$tmp/pingpong.best"
     echo
     echo "meshbench stream (GB/s) against iperf3's single stream" \
          "(goal >= 0.90):"
     awk -v ip="$iperf" '{ printf "  %10d B  %8.4f GB/s  ratio %.2f\n",
-                          $1, $3, (ip > 0 ? $3 / ip : 0) }' "$tmp/stream"
-    echo "meshbench ping-pong round trip (2 x lat_us) against ping's RTT" \
-         "(goal <= 2):"
+                          $1, $3, (ip > 0 ? $3 / ip : 0) }' "$tmp/stream.best"
+    echo "meshbench ping-pong round trip (2 x lat_us) against ping's" \
+         "mean RTT (goal <= 2):"
     awk -v r="$rtt" '{ printf "  %10d B  %8.1f us  ratio %.2f\n",
                        $1, 2 * $2, (r > 0 ? 2 * $2 / r : 0) }' \
-        "$tmp/pingpong"
+        "$tmp/pingpong.best"
 fi
 echo
 echo "wrote $csv"

@@ -131,32 +131,38 @@ default_burst() {
         printf "%d\n", b }'
 }
 
+# A failed "up" removes what it made before it reports.
+up_fail() {
+    do_down
+    die "$@"
+}
+
 do_up() {
     n=$1 rate=$2 burst=$3 latency=$4
+    if [ -n "$rate" ] && [ -z "$burst" ]; then
+        burst=$(default_burst "$rate") || exit 2
+    fi
     why=$(cant) || { echo "netns.sh: $why" >&2; exit 77; }
     do_down
-    ip link add "${prefix}br0" type bridge || die "cannot create bridge"
-    ip link set "${prefix}br0" up || die "cannot bring up ${prefix}br0"
-    if [ -n "$rate" ] && [ -z "$burst" ]; then
-        burst=$(default_burst "$rate") || exit 1
-    fi
+    ip link add "${prefix}br0" type bridge || up_fail "cannot create bridge"
+    ip link set "${prefix}br0" up || up_fail "cannot bring up ${prefix}br0"
     i=1
     while [ "$i" -le "$n" ]; do
         ns="${prefix}$i"
-        ip netns add "$ns" || die "cannot create namespace $ns"
+        ip netns add "$ns" || up_fail "cannot create namespace $ns"
         ip link add "${prefix}v$i" type veth peer name eth0 netns "$ns" ||
-            die "cannot create veth ${prefix}v$i"
+            up_fail "cannot create veth ${prefix}v$i"
         ip link set "${prefix}v$i" master "${prefix}br0" ||
-            die "cannot attach ${prefix}v$i to ${prefix}br0"
-        ip link set "${prefix}v$i" up || die "cannot bring up ${prefix}v$i"
-        ip -n "$ns" link set lo up || die "cannot bring up lo in $ns"
+            up_fail "cannot attach ${prefix}v$i to ${prefix}br0"
+        ip link set "${prefix}v$i" up || up_fail "cannot bring up ${prefix}v$i"
+        ip -n "$ns" link set lo up || up_fail "cannot bring up lo in $ns"
         ip -n "$ns" addr add "$SUBNET.$i/24" dev eth0 ||
-            die "cannot address eth0 in $ns"
-        ip -n "$ns" link set eth0 up || die "cannot bring up eth0 in $ns"
+            up_fail "cannot address eth0 in $ns"
+        ip -n "$ns" link set eth0 up || up_fail "cannot bring up eth0 in $ns"
         if [ -n "$rate" ]; then
             ip netns exec "$ns" tc qdisc replace dev eth0 root tbf \
                 rate "$rate" burst "$burst" latency "$latency" ||
-                die "cannot shape eth0 in $ns to $rate"
+                up_fail "cannot shape eth0 in $ns to $rate"
         fi
         echo "$ns $SUBNET.$i"
         i=$((i + 1))

@@ -586,6 +586,76 @@ static int child_victim(struct ctx *cx, char *msg, size_t len)
     return 0;
 }
 
+/*
+ * Rank 1 sends and closes at once; rank 0 posts its receives only after
+ * the goodbye: what was sent still arrives, and one more receive fails
+ * naming the peer that left.
+ */
+static int child_goodbye(struct ctx *cx, char *msg, size_t len)
+{
+    static const size_t gsz[2] = {1u << 20, 8};
+    uint8_t *buf[2];
+    mesh_req_t *r[2];
+    int rc = mesh_up(cx, msg, len);
+
+    if (rc < 0)
+        return rc;
+    for (int i = 0; i < 2; i++) {
+        buf[i] = malloc(gsz[i]);
+        if (!buf[i]) {
+            snprintf(msg, len, "out of memory");
+            return -1;
+        }
+        if (cx->rank == 1)
+            fill(buf[i], gsz[i], seed_of(1, 0, (uint64_t)i, 0));
+    }
+    if (cx->rank == 0)
+        usleep(300000);
+    for (int i = 0; i < 2; i++) {
+        struct mesh_frame f = {.seq = (uint64_t)i, .op = MESH_OP_P2P,
+                               .count = gsz[i], .length = gsz[i]};
+
+        rc = cx->rank == 1 ? ops->isend(cx->t, 0, &f, buf[i], NULL, &r[i])
+                           : ops->irecv(cx->t, 1, &f, buf[i], NULL, &r[i]);
+        if (rc < 0) {
+            snprintf(msg, len, "post %d: %s", i, mesh_err_msg(rc));
+            return rc;
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        rc = mesh_transport_wait(ops, cx->t, r[i]);
+        if (rc < 0) {
+            snprintf(msg, len, "message %d: %s", i, mesh_err_msg(rc));
+            return rc;
+        }
+        if (cx->rank == 0 &&
+            check(buf[i], gsz[i], seed_of(1, 0, (uint64_t)i, 0)) >= 0) {
+            snprintf(msg, len, "message %d: wrong contents", i);
+            return -1;
+        }
+    }
+    if (cx->rank == 1) {
+        ops->close(cx->t);
+        cx->t = NULL;
+        return 0;
+    }
+    {
+        struct mesh_frame f = {.seq = 7, .op = MESH_OP_P2P, .count = 8,
+                               .length = 8};
+
+        usleep(200000);
+        rc = ops->irecv(cx->t, 1, &f, buf[1], NULL, &r[0]);
+        if (rc >= 0)
+            rc = mesh_transport_wait(ops, cx->t, r[0]);
+        if (rc >= 0) {
+            snprintf(msg, len, "a receive from a departed peer completed");
+            return -1;
+        }
+        snprintf(msg, len, "%s", mesh_err_msg(rc));
+    }
+    return 0;
+}
+
 static int child_join_fail(struct ctx *cx, char *msg, size_t len)
 {
     int rc = mesh_up(cx, msg, len);
@@ -910,6 +980,27 @@ static void scenario_kill(int sig)
     run_cleanup(&R);
 }
 
+static void scenario_goodbye(void)
+{
+    struct world_cfg c = wcfg(2, 2);
+    uint16_t base = pick_ports(2);
+    char who[64];
+    struct run R;
+
+    if (!base || run_start(&R, 2, NULL, &c, base, child_goodbye, "bye")) {
+        ok(0, "goodbye: start");
+        return;
+    }
+    run_finish(&R, 20);
+    report_children(&R, "goodbye");
+    snprintf(who, sizeof(who), "rank 1 (127.0.0.1:%u)", (unsigned)base + 1);
+    ok(all_ok(&R), "data sent before a peer closes still arrives");
+    ok(R.status[0] == 0 && strstr(R.msg[0], who) &&
+           strstr(R.msg[0], "left the mesh"),
+       "a later receive from it fails naming it: %s", R.msg[0]);
+    run_cleanup(&R);
+}
+
 static void scenario_join_timeout(void)
 {
     struct world_cfg c = wcfg(4, 1);
@@ -966,6 +1057,7 @@ int main(int argc, char **argv)
     scenario_desync(1);
     scenario_desync(2);
     scenario_live();
+    scenario_goodbye();
     scenario_kill(SIGKILL);
     scenario_kill(SIGSTOP);
     scenario_join_timeout();

@@ -133,7 +133,7 @@ struct link {
     int ready;          /* all S + 1 are READY */
     int bye;            /* the peer closed the mesh normally */
     uint64_t last_rx_ns;
-    uint64_t ctrl_tx_ns; /* last control message sent */
+    uint64_t tx_ns;      /* last bytes sent on any of its connections */
     struct mesh_req *posted; /* receives posted, not yet complete */
     unsigned rr;             /* next data stream for a message */
     struct dial *dial;       /* (S + 1), dialers only */
@@ -197,6 +197,7 @@ struct mesh_transport {
     int nlinks_ready;
     char join_err[MSG_MAX];      /* a permanent join failure */
     int stopping;
+    int accept_paused;           /* accept failed hard; resume at a tick */
     int failed;
     int fail_code;
     int culprit;
@@ -418,7 +419,7 @@ static void ctrl_send(struct conn *c, uint32_t type, int culprit,
     if (n)
         memcpy(m + 12, reason, n);
     c->out_len += TCP_CTRL_LEN;
-    c->t->links[c->peer].ctrl_tx_ns = mesh_now_ns();
+    c->t->links[c->peer].tx_ns = mesh_now_ns();
     conn_flush_out(c);
 }
 
@@ -823,7 +824,7 @@ static void hs_attach(struct conn *c)
         l->dial[c->stream].active = 0;
     l->nready++;
     l->last_rx_ns = mesh_now_ns();
-    l->ctrl_tx_ns = l->last_rx_ns;
+    l->tx_ns = l->last_rx_ns;
     link_check_ready(t, l);
     /* Bytes may already wait in the socket. */
     rev_on(c);
@@ -1176,10 +1177,16 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                mesh_warn("accept on port %u: %s",
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                /* Out of descriptors or memory: the listening socket
+                 * stays readable, so rest until the next tick rather
+                 * than spin. */
+                mesh_warn("accept on port %u: %s; pausing accepts",
                           (unsigned)t->peers[t->world.rank].port,
                           strerror(errno));
+                event_del(t->listen_ev);
+                t->accept_paused = 1;
+            }
             break;
         }
         sockaddr_str((struct sockaddr *)&ss, addr, sizeof(addr));
@@ -1241,6 +1248,35 @@ static int frame_decode(const uint8_t *h, struct mesh_frame *f)
     return 0;
 }
 
+/*
+ * A peer said goodbye. What it sent before still arrives on its data
+ * streams (other sockets than the goodbye's), so its receives may still
+ * complete; the job fails only when a stream broke mid-frame or with sends
+ * queued (cut), or when every stream has ended with operations pending.
+ */
+static void bye_check(struct mesh_transport *t, int peer, int cut)
+{
+    struct link *l = &t->links[peer];
+    struct mesh_req *r;
+    char nb[300];
+    int s;
+
+    if (t->failed)
+        return;
+    /* A parked stream waits for a receive none of the pending ones is. */
+    for (s = 0; s < t->S; s++)
+        if (l->data[s] && l->data[s]->state == C_READY &&
+            !l->data[s]->parked)
+            break;
+    for (r = t->reqs; r; r = r->next)
+        if (r->peer == peer && !atomic_load(&r->done))
+            break;
+    if (cut || (s == t->S && r))
+        fail_job(t, peer, -ECONNRESET, 1,
+                 "rank %d (%s) left the mesh with operations pending", peer,
+                 pname(t, peer, nb, sizeof(nb)));
+}
+
 /* A peer's connection failed: blame it unless it said goodbye or an
  * abort notice explains it (read what its control connection holds). */
 static void peer_lost(struct conn *c, const char *fmt, ...) MESH_PRINTF(2, 3);
@@ -1251,16 +1287,23 @@ static void peer_lost(struct conn *c, const char *fmt, ...)
     struct link *l = &t->links[c->peer];
     char why[300], nb[300];
     va_list ap;
+    int cut = c->rx_req || c->hdr_got || c->txq;
 
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
+
     if (l->ctrl && l->ctrl != c && l->ctrl->state == C_READY)
         ctrl_read(l->ctrl);
     if (c->state == C_READY)
         conn_kill(c);
-    if (l->bye || t->failed || t->stopping)
+    if (t->failed || t->stopping)
         return;
+    if (l->bye) {
+        if (c != l->ctrl)
+            bye_check(t, c->peer, cut);
+        return;
+    }
     if (c != l->ctrl && l->ctrl && l->ctrl->state == C_READY) {
         /* The tick gives the verdict (the goodbye may still be on its
          * way on the control connection). */
@@ -1474,6 +1517,7 @@ static int conn_write(struct conn *c)
                      strerror(e));
             return -1;
         }
+        t->links[c->peer].tx_ns = mesh_now_ns();
         /* Retire what was written. */
         while (w > 0 && c->txq) {
             uint64_t left;
@@ -1524,19 +1568,11 @@ static void ctrl_got(struct conn *c)
         fail_job(t, culprit, -ECONNABORTED, 0, "%s (reported by rank %d (%s))",
                  reason, c->peer, pname(t, c->peer, nb, sizeof(nb)));
         return;
-    case TCP_CTRL_BYE: {
-        struct mesh_req *r;
-
+    case TCP_CTRL_BYE:
         l->bye = 1;
-        for (r = t->reqs; r; r = r->next)
-            if (r->peer == c->peer && !atomic_load(&r->done))
-                break;
-        if (r && !t->failed)
-            fail_job(t, c->peer, -ECONNRESET, 1,
-                     "rank %d (%s) left the mesh with operations pending",
-                     c->peer, pname(t, c->peer, nb, sizeof(nb)));
+        l->lost_ns = 0;
+        bye_check(t, c->peer, 0);
         return;
-    }
     default:
         fail_job(t, c->peer, -EPROTO, 1,
                  "rank %d (%s) sent garbage on its control connection "
@@ -1676,12 +1712,15 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         }
     }
     dial_scan(t);
+    if (t->accept_paused && event_add(t->listen_ev, NULL) == 0)
+        t->accept_paused = 0;
     for (int p = 0; p < t->world.size; p++) {
         struct link *l = &t->links[p];
 
         if (p == t->world.rank || !l->ctrl || l->bye)
             continue;
-        if (l->ctrl->state == C_READY && now - l->ctrl_tx_ns >= pt / 4)
+        /* Heartbeat when nothing else went to this peer lately. */
+        if (l->ctrl->state == C_READY && now - l->tx_ns >= pt / 4)
             ctrl_send(l->ctrl, TCP_CTRL_HEARTBEAT, -1, NULL);
         if (!t->failed && l->lost_ns &&
             now - l->lost_ns > (uint64_t)(LOST_GRACE_S * 1e9))
@@ -2044,7 +2083,8 @@ static int tcp_dereg_mr(mesh_transport_t *t, mesh_mr_t *mr)
     return 0;
 }
 
-static int check_peer(struct mesh_transport *t, int peer, const char *what)
+static int check_peer(struct mesh_transport *t, int peer, const char *what,
+                      int sending)
 {
     char nb[300];
 
@@ -2056,7 +2096,7 @@ static int check_peer(struct mesh_transport *t, int peer, const char *what)
     if (!t->links[peer].ready)
         return mesh_err(-ENOTCONN, "tcp %s: rank %d (%s) has not joined",
                         what, peer, pname(t, peer, nb, sizeof(nb)));
-    if (t->links[peer].bye)
+    if (t->links[peer].bye && sending)
         return mesh_err(-ECONNRESET, "tcp %s: rank %d (%s) left the mesh",
                         what, peer, pname(t, peer, nb, sizeof(nb)));
     return 0;
@@ -2077,7 +2117,7 @@ static int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
         return mesh_err(-EINVAL, "tcp isend: NULL buffer");
     np = 1;
     pthread_mutex_lock(&t->lock);
-    rc = check_peer(t, peer, "isend");
+    rc = check_peer(t, peer, "isend", 1);
     if (rc < 0)
         goto out;
     l = &t->links[peer];
@@ -2160,7 +2200,7 @@ static int tcp_irecv(mesh_transport_t *t, int peer,
     if (expect->offset + expect->length < expect->offset)
         return mesh_err(-EINVAL, "tcp irecv: range overflows");
     pthread_mutex_lock(&t->lock);
-    rc = check_peer(t, peer, "irecv");
+    rc = check_peer(t, peer, "irecv", 0);
     if (rc < 0)
         goto out;
     l = &t->links[peer];
@@ -2206,6 +2246,9 @@ static int tcp_irecv(mesh_transport_t *t, int peer,
             break;
         }
     }
+    /* A peer that left may still have delivered this; else it never will. */
+    if (l->bye)
+        bye_check(t, peer, 0);
     if (t->failed && !atomic_load(&r->done)) {
         rc = fail_err(t);
         req_unlink(t, r);
