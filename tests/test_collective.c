@@ -549,8 +549,9 @@ static void s_size_mismatch(struct rank_ctx *x)
     free(b);
 }
 
-/* Rank n-2 dies while a large all-reduce runs. */
-static void s_kill(struct rank_ctx *x)
+/* Rank n-2 dies (SIGKILL) or goes silent (SIGSTOP) while a large
+ * all-reduce runs. */
+static void s_kill(struct rank_ctx *x, int sig)
 {
     size_t cnt = (size_t)4 << 20;
     float *b = calloc(cnt, sizeof(float));
@@ -565,7 +566,7 @@ static void s_kill(struct rank_ctx *x)
                                        MESH_REDOP_SUM, MESH_ALGO_RING, &q);
     if (rc == 0 && x->rank == victim) {
         usleep(20000);
-        kill(getpid(), SIGKILL);
+        kill(getpid(), sig);
     }
     t0 = mesh_now_s();
     if (rc == 0) {
@@ -585,7 +586,7 @@ static void s_kill(struct rank_ctx *x)
 
 /* ---- the parent ---------------------------------------------------------------- */
 
-enum scenario { SC_BATTERY, SC_MISMATCH, SC_KILL };
+enum scenario { SC_BATTERY, SC_MISMATCH, SC_KILL, SC_STOP };
 
 struct result {
     char *text; /* everything the rank wrote */
@@ -615,7 +616,7 @@ static void child(int rank, int n, uint16_t base, int sc, int fd)
     else if (sc == SC_MISMATCH)
         s_size_mismatch(&x);
     else
-        s_kill(&x);
+        s_kill(&x, sc == SC_KILL ? SIGKILL : SIGSTOP);
     fclose(x.out);
     mesh_coll_destroy(x.c);
     ops->close(x.t);
@@ -650,7 +651,8 @@ static int run(int n, int sc, struct result *res)
         fds[r] = p[0];
         res[r].text = calloc(1, 1);
     }
-    /* read every pipe to its end, all at once (children block otherwise) */
+    /* read every pipe to its end, all at once (children block otherwise);
+     * a stopped rank is killed once every other rank has finished */
     for (int open_ = n; open_ > 0;) {
         struct pollfd pf[MAXP];
 
@@ -680,6 +682,8 @@ static int run(int n, int sc, struct result *res)
             memcpy(res[r].text + have, buf, (size_t)got);
             res[r].text[have + (size_t)got] = 0;
         }
+        if (sc == SC_STOP && open_ == 1 && fds[n - 2] >= 0)
+            kill(pid[n - 2], SIGKILL);
     }
     for (int r = 0; r < n; r++) {
         int st = 0;
@@ -753,6 +757,46 @@ static void report_battery(int n, struct result *res)
             diag("rank %d (exit %d): %s", r, res[r].status, res[r].text);
 }
 
+/* N = 4, rank 2 dies or stops mid-all-reduce: every survivor must get an
+ * error naming it within the peer timeout (plus slack for a loaded box). */
+static void check_death(int sc, int sig, const char *how)
+{
+    struct result res[MAXP];
+    int all = 1, victim = 2;
+    double worst = 0;
+
+    memset(res, 0, sizeof(res));
+    if (run(4, sc, res) < 0) {
+        ok(0, "N=4 rank 2 %s: could not start the ranks", how);
+        return;
+    }
+    for (int r = 0; r < 4; r++) {
+        int erred = 0, named = 0;
+        double secs = 0;
+
+        if (r == victim) {
+            /* SIGKILL ends it either way (the parent kills a stopped one) */
+            if (res[r].status != 128 + SIGKILL) {
+                all = 0;
+                diag("rank %d was to end by signal %d: exit %d", r, sig,
+                     res[r].status);
+            }
+            continue;
+        }
+        if (sscanf(res[r].text, "kill %d %lf %d", &erred, &secs, &named) !=
+                3 ||
+            !erred || !named || secs > PEER_TIMEOUT_S + 2.0)
+            all = 0;
+        worst = MESH_MAX(worst, secs);
+        diag("rank %d: %s", r, res[r].text);
+    }
+    ok(all, "N=4 rank 2 %s mid-all-reduce: every survivor errors naming it "
+       "within the peer timeout (%.0f s; slowest %.2f s)", how,
+       PEER_TIMEOUT_S, worst);
+    for (int r = 0; r < 4; r++)
+        free(res[r].text);
+}
+
 int main(int argc, char **argv)
 {
     struct result res[MAXP];
@@ -801,39 +845,7 @@ int main(int argc, char **argv)
         ok(0, "N=3 sizes disagree: could not start the ranks");
     }
 
-    /* a peer killed mid-collective */
-    memset(res, 0, sizeof(res));
-    if (run(4, SC_KILL, res) == 0) {
-        int all = 1, victim = 2;
-        double worst = 0;
-
-        for (int r = 0; r < 4; r++) {
-            int erred = 0, named = 0;
-            double secs = 0;
-
-            if (r == victim) {
-                if (res[r].status != 128 + SIGKILL) {
-                    all = 0;
-                    diag("rank %d was to die by SIGKILL: exit %d", r,
-                         res[r].status);
-                }
-                continue;
-            }
-            if (sscanf(res[r].text, "kill %d %lf %d", &erred, &secs,
-                       &named) != 3 || !erred || !named ||
-                secs > PEER_TIMEOUT_S + 2.0) {
-                all = 0;
-            }
-            worst = MESH_MAX(worst, secs);
-            diag("rank %d: %s", r, res[r].text);
-        }
-        ok(all, "N=4 rank 2 killed mid-all-reduce: every survivor errors "
-           "naming it within the peer timeout (%.0f s; slowest %.2f s)",
-           PEER_TIMEOUT_S, worst);
-        for (int r = 0; r < 4; r++)
-            free(res[r].text);
-    } else {
-        ok(0, "N=4 kill: could not start the ranks");
-    }
+    check_death(SC_KILL, SIGKILL, "killed (SIGKILL)");
+    check_death(SC_STOP, SIGSTOP, "stopped (SIGSTOP, silent)");
     return done();
 }
