@@ -259,8 +259,10 @@ static int scratch_reserve(struct mesh_coll *c, size_t need)
 /*
  * The alpha-beta(-gamma) model, in seconds for an all-reduce of bytes:
  * hops on the critical path x alpha, bytes through the busiest rank's link
- * x beta, bytes that rank adds x gamma, plus the pipeline's fill (a chunk
- * per hop that cannot overlap).
+ * x beta, bytes that rank adds x gamma, plus the tree's pipeline fill (a
+ * chunk per level up and down). The ring keeps every link busy from the
+ * start, and direct sends everything at once: neither has a fill worth a
+ * term.
  */
 static double chunk_of(double slice)
 {
@@ -273,8 +275,7 @@ static double ring_cost(const struct mesh_coll *c, double bytes)
     double n = c->w->size, seg = bytes / n;
 
     return 2 * (n - 1) * m->alpha_s + 2 * (n - 1) * seg * m->beta_s_per_byte +
-           (n - 1) * seg * m->gamma_s_per_byte +
-           MESH_MIN(chunk_of(seg), seg) * m->beta_s_per_byte;
+           (n - 1) * seg * m->gamma_s_per_byte;
 }
 
 static double tree_cost(const struct mesh_coll *c, double bytes)
