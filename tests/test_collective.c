@@ -34,14 +34,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define MAXP 8
-#define LINE 1024
+#define MAXP           8
+#define LINE           1024
 #define PEER_TIMEOUT_S 3.0
 
 static const struct mesh_transport_ops *ops;
 static const char *secret = "test_collective shared secret";
 
-/* ---- the mesh ------------------------------------------------------------- */
+/* ---- the mesh ------------------------------------------------------------ */
 
 static int port_free(uint16_t port)
 {
@@ -91,8 +91,7 @@ struct rank_ctx {
     FILE *out; /* results to the parent */
 };
 
-static int mesh_up(struct rank_ctx *x, uint16_t base, size_t chunk,
-                   int measure)
+static int mesh_up(struct rank_ctx *x, uint16_t base, size_t chunk, int measure)
 {
     struct mesh_coll_opts co;
     int rc;
@@ -123,7 +122,7 @@ static int mesh_up(struct rank_ctx *x, uint16_t base, size_t chunk,
     return mesh_coll_create(ops, x->t, &x->w, &co, &x->c);
 }
 
-/* ---- data ----------------------------------------------------------------- */
+/* ---- data ---------------------------------------------------------------- */
 
 static const int dtypes[] = {MESH_DT_F32, MESH_DT_F16, MESH_DT_BF16};
 
@@ -143,8 +142,7 @@ static void put(int dtype, void *p, size_t i, float v)
         ((float *)p)[i] = v;
 }
 
-static void fill(int dtype, void *p, size_t n, int rank, int salt,
-                 size_t first)
+static void fill(int dtype, void *p, size_t n, int rank, int salt, size_t first)
 {
     for (size_t i = 0; i < n; i++)
         put(dtype, p, i, (float)val(rank, first + i, salt));
@@ -198,8 +196,7 @@ static void group_begin(struct group *g, int hashed, const char *fmt, ...)
     g->hashed = hashed;
 }
 
-static void group_fail(struct group *g, const char *fmt, ...)
-    MESH_PRINTF(2, 3);
+static void group_fail(struct group *g, const char *fmt, ...) MESH_PRINTF(2, 3);
 static void group_fail(struct group *g, const char *fmt, ...)
 {
     va_list ap;
@@ -223,8 +220,8 @@ static void group_end(struct rank_ctx *x, struct group *g)
 }
 
 /* Compare got with want; on a difference, name the first element. */
-static void check(struct group *g, const void *got, const void *want,
-                  size_t n, int dtype, const char *what, size_t count)
+static void check(struct group *g, const void *got, const void *want, size_t n,
+                  int dtype, const char *what, size_t count)
 {
     size_t es = mesh_dtype_size(dtype);
 
@@ -238,7 +235,7 @@ static void check(struct group *g, const void *got, const void *want,
         }
 }
 
-/* ---- the battery ------------------------------------------------------------ */
+/* ---- the battery --------------------------------------------------------- */
 
 static void t_allreduce(struct rank_ctx *x, int algo, int dtype, int redop,
                         const size_t *counts, int ncounts)
@@ -295,8 +292,7 @@ static void t_reduce_scatter(struct rank_ctx *x, int dtype, int redop,
         int rc;
 
         for (size_t j = 0; j < rc_; j++)
-            expect_red(dtype, want, j, n, redop, (size_t)x->rank * rc_ + j,
-                       3);
+            expect_red(dtype, want, j, n, redop, (size_t)x->rank * rc_ + j, 3);
         for (int inplace = 0; inplace < 2; inplace++) {
             char *dst = inplace ? in + (size_t)x->rank * rc_ * es : outb;
 
@@ -409,8 +405,8 @@ static void t_random(struct rank_ctx *x, int algo)
                 (float)((double)(s >> 11) / 9007199254740992.0 - 0.5) *
                     (float)(1 + i % 100));
         }
-        rc = mesh_coll_allreduce(x->c, in, outb, cnt, dtypes[d],
-                                 MESH_REDOP_AVG, algo);
+        rc = mesh_coll_allreduce(x->c, in, outb, cnt, dtypes[d], MESH_REDOP_AVG,
+                                 algo);
         if (rc < 0)
             group_fail(&g, "%s", mesh_err_msg(rc));
         else
@@ -447,9 +443,8 @@ static void t_back_to_back(struct rank_ctx *x)
             expect_red(dt[k], want[k], i, x->n, MESH_REDOP_SUM, i, 10 + k);
     }
     for (int k = 0; k < K; k++) {
-        int rc = mesh_coll_allreduce_start(x->c, buf[k], buf[k], cnt[k],
-                                           dt[k], MESH_REDOP_SUM,
-                                           algos[k % 5], &q[k]);
+        int rc = mesh_coll_allreduce_start(x->c, buf[k], buf[k], cnt[k], dt[k],
+                                           MESH_REDOP_SUM, algos[k % 5], &q[k]);
 
         if (rc < 0) {
             group_fail(&g, "start %d: %s", k, mesh_err_msg(rc));
@@ -463,8 +458,7 @@ static void t_back_to_back(struct rank_ctx *x)
         if (rc < 0)
             group_fail(&g, "collective %d: %s", k, mesh_err_msg(rc));
         else
-            check(&g, buf[k], want[k], cnt[k], dt[k], "back to back",
-                  cnt[k]);
+            check(&g, buf[k], want[k], cnt[k], dt[k], "back to back", cnt[k]);
         g.hash = fnv(g.hash, buf[k], cnt[k] * mesh_dtype_size(dt[k]));
     }
     for (int k = 0; k < K; k++) {
@@ -525,7 +519,7 @@ static void battery(struct rank_ctx *x)
     t_barrier(x);
 }
 
-/* ---- failure scenarios -------------------------------------------------------- */
+/* ---- failure scenarios --------------------------------------------------- */
 
 /* Rank 1 asks for one element fewer: everyone must get an error. */
 static void s_size_mismatch(struct rank_ctx *x)
@@ -536,10 +530,9 @@ static void s_size_mismatch(struct rank_ctx *x)
     int rc = mesh_coll_barrier(x->c); /* every rank has joined */
 
     if (rc == 0)
-        rc = mesh_coll_allreduce(x->c, b, b, cnt, MESH_DT_F32,
-                                 MESH_REDOP_SUM, MESH_ALGO_RING);
-    group_begin(&g, 0, "N=%d sizes disagree: every rank gets an error",
-                x->n);
+        rc = mesh_coll_allreduce(x->c, b, b, cnt, MESH_DT_F32, MESH_REDOP_SUM,
+                                 MESH_ALGO_RING);
+    group_begin(&g, 0, "N=%d sizes disagree: every rank gets an error", x->n);
     if (rc == 0)
         group_fail(&g, "the all-reduce succeeded");
     else
@@ -584,7 +577,7 @@ static void s_kill(struct rank_ctx *x, int sig)
     free(b);
 }
 
-/* ---- the parent ---------------------------------------------------------------- */
+/* ---- the parent ---------------------------------------------------------- */
 
 enum scenario { SC_BATTERY, SC_MISMATCH, SC_KILL, SC_STOP };
 
@@ -689,8 +682,7 @@ static int run(int n, int sc, struct result *res)
         int st = 0;
 
         waitpid(pid[r], &st, 0);
-        res[r].status = WIFEXITED(st) ? WEXITSTATUS(st)
-                                      : 128 + WTERMSIG(st);
+        res[r].status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     }
     return 0;
 }
@@ -731,8 +723,10 @@ static void report_battery(int n, struct result *res)
                 sscanf(lr, "%1023s %d %31s %n", name_r, &okr, h, &off) < 3 ||
                 strcmp(name, name_r)) {
                 okall = 0;
-                snprintf(detail, sizeof(detail), "rank %d: no result "
-                         "(exit %d)", r, res[r].status);
+                snprintf(detail, sizeof(detail),
+                         "rank %d: no result "
+                         "(exit %d)",
+                         r, res[r].status);
                 continue;
             }
             if (!okr && okall) {
@@ -783,16 +777,16 @@ static void check_death(int sc, int sig, const char *how)
             }
             continue;
         }
-        if (sscanf(res[r].text, "kill %d %lf %d", &erred, &secs, &named) !=
-                3 ||
+        if (sscanf(res[r].text, "kill %d %lf %d", &erred, &secs, &named) != 3 ||
             !erred || !named || secs > PEER_TIMEOUT_S + 2.0)
             all = 0;
         worst = MESH_MAX(worst, secs);
         diag("rank %d: %s", r, res[r].text);
     }
-    ok(all, "N=4 rank 2 %s mid-all-reduce: every survivor errors naming it "
-       "within the peer timeout (%.0f s; slowest %.2f s)", how,
-       PEER_TIMEOUT_S, worst);
+    ok(all,
+       "N=4 rank 2 %s mid-all-reduce: every survivor errors naming it "
+       "within the peer timeout (%.0f s; slowest %.2f s)",
+       how, PEER_TIMEOUT_S, worst);
     for (int r = 0; r < 4; r++)
         free(res[r].text);
 }
@@ -838,7 +832,7 @@ int main(int argc, char **argv)
             }
         }
         ok(all, "N=3 sizes disagree (1000 vs 1001): every rank gets an "
-           "error");
+                "error");
         for (int r = 0; r < 3; r++)
             free(res[r].text);
     } else {
