@@ -40,6 +40,7 @@ struct mesh_coll_req {
     int done;
     int rc;
     char msg[1024];
+    double t_begin, t_end; /* mesh_now_s() when it started and ended */
     struct mesh_coll_req *next;
 };
 
@@ -543,7 +544,9 @@ static void run_req(struct mesh_coll *c, struct mesh_coll_req *q)
                  req_what(q, what, sizeof(what)), c->failed_msg);
         return;
     }
+    q->t_begin = mesh_now_s();
     rc = q->kind == REQ_MEASURE ? run_measure(c, q) : run_coll(c, q);
+    q->t_end = mesh_now_s();
     if (rc < 0) {
         snprintf(q->msg, sizeof(q->msg), "%s: %s",
                  req_what(q, what, sizeof(what)), mesh_err_msg(rc));
@@ -664,6 +667,11 @@ int mesh_coll_test(mesh_coll_req_t *q, int *done)
 
 int mesh_coll_wait(mesh_coll_req_t *q)
 {
+    return mesh_coll_wait_times(q, NULL, NULL);
+}
+
+int mesh_coll_wait_times(mesh_coll_req_t *q, double *begin_s, double *end_s)
+{
     struct mesh_coll *c = q->c;
     int done;
 
@@ -671,6 +679,10 @@ int mesh_coll_wait(mesh_coll_req_t *q)
     while (!q->done)
         pthread_cond_wait(&c->dcv, &c->mu);
     pthread_mutex_unlock(&c->mu);
+    if (begin_s)
+        *begin_s = q->t_begin;
+    if (end_s)
+        *end_s = q->t_end;
     return mesh_coll_test(q, &done);
 }
 

@@ -168,6 +168,13 @@ int mesh_coll_barrier_start(mesh_coll_t *c, mesh_coll_req_t **out);
 /* Block until req is done; frees req. Returns the collective's result. */
 int mesh_coll_wait(mesh_coll_req_t *req);
 
+/*
+ * mesh_coll_wait, also telling when the collective really ran (it may
+ * have queued behind others): mesh_now_s() times, for a timeline. Either
+ * pointer may be NULL; they stay 0 for a request that never ran.
+ */
+int mesh_coll_wait_times(mesh_coll_req_t *req, double *begin_s, double *end_s);
+
 /* *done = 1 when req is done, and then req is freed and its result
  * returned (as mesh_coll_wait would). */
 int mesh_coll_test(mesh_coll_req_t *req, int *done);

@@ -427,6 +427,7 @@ static void t_back_to_back(struct rank_ctx *x)
     mesh_coll_req_t *q[K];
     void *buf[K], *want[K];
     size_t cnt[K];
+    double prev_end = 0;
     int dt[K], started = 0;
 
     group_begin(&g, 1, "N=%d %d collectives started back to back", x->n, K);
@@ -453,8 +454,16 @@ static void t_back_to_back(struct rank_ctx *x)
         started++;
     }
     for (int k = 0; k < started; k++) {
-        int rc = mesh_coll_wait(q[k]);
+        double t0 = 0, t1 = 0;
+        int rc = mesh_coll_wait_times(q[k], &t0, &t1);
 
+        /* in order, one at a time */
+        if (rc == 0 && (t1 < t0 || t0 < prev_end))
+            group_fail(&g,
+                       "collective %d ran %.6f..%.6f, before the "
+                       "previous one ended (%.6f)",
+                       k, t0, t1, prev_end);
+        prev_end = t1;
         if (rc < 0)
             group_fail(&g, "collective %d: %s", k, mesh_err_msg(rc));
         else
