@@ -12,8 +12,8 @@
  * finishes) down to 0: bucket 0 is at most 1 MiB (or --bucket-mb if
  * smaller) so that communication starts early, the others about
  * --bucket-mb. The grad-ready callback starts every bucket whose lower end
- * is final and polls the ones in flight, so the timeline shows when each
- * finished.
+ * is final; after backward the trainer waits for each in order, and the
+ * timeline shows when the engine really ran each one.
  */
 #include "config.h"
 
@@ -138,7 +138,6 @@ struct trainer {
     struct bucket *b;
     int nbuckets, next_bucket;
     float grad_scale;  /* 1 / accumulate */
-    int comm_rc;       /* first error of a bucket, seen in the callback */
     int local_err;     /* the error is this peer's own (data, files,
                           compute), not the mesh's: exit code 1 */
 
@@ -409,7 +408,7 @@ static int bucket_finish(struct trainer *t, int i, int rc)
 static int on_grad_ready(void *arg, size_t offset, size_t count)
 {
     struct trainer *t = arg;
-    int i, rc;
+    int rc;
 
     (void)count;
     while (t->next_bucket < t->nbuckets &&
@@ -418,21 +417,6 @@ static int on_grad_ready(void *arg, size_t offset, size_t count)
         if (rc < 0)
             return rc;
         t->next_bucket++;
-    }
-    /* Note buckets that finished meanwhile (for the timeline). */
-    for (i = 0; i < t->next_bucket; i++) {
-        int done = 0;
-
-        if (!t->b[i].req)
-            continue;
-        rc = mesh_coll_test(t->b[i].req, &done);
-        if (done) {
-            rc = bucket_finish(t, i, rc);
-            if (rc < 0) {
-                t->comm_rc = rc;
-                return rc;
-            }
-        }
     }
     return 0;
 }
@@ -445,10 +429,17 @@ static int buckets_wait(struct trainer *t)
     while (rc == 0 && t->next_bucket < t->nbuckets)
         rc = bucket_start(t, t->next_bucket++);
     for (i = 0; i < t->nbuckets; i++) {
+        double b0 = 0, b1 = 0;
+
         if (!t->b[i].req)
             continue;
-        rc2 = mesh_coll_wait(t->b[i].req);
+        rc2 = mesh_coll_wait_times(t->b[i].req, &b0, &b1);
         rc2 = bucket_finish(t, i, rc2);
+        /* when the engine really ran it (it may queue behind others) */
+        if (b0 > 0 && b1 >= b0) {
+            t->b[i].t_start = b0 - t->t0;
+            t->b[i].t_end = b1 - t->t0;
+        }
         if (rc == 0)
             rc = rc2;
     }
@@ -1074,7 +1065,6 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
     int k, rc;
 
     t->next_bucket = 0;
-    t->comm_rc = 0;
     for (k = 0; k < t->nbuckets; k++)
         t->b[k].started = t->b[k].done = 0;
     for (k = 0; k < c->accumulate; k++) {
@@ -1101,7 +1091,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         rc = mesh_nn_model_backward(t->model, k > 0,
                                     last ? on_grad_ready : NULL, t);
         if (rc < 0)
-            return t->comm_rc ? t->comm_rc : rc;
+            return rc;
         t_bwd_end = now_s(t);
         tl_add(t, "backward", 0, -1, ts, t_bwd_end - ts);
     }
