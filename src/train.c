@@ -265,9 +265,11 @@ static float *momentum_host(struct trainer *t, int *rc)
 /* ---- gradient buckets ----------------------------------------------------- */
 
 /*
- * Cut the slab at tensor boundaries, from the end down: bucket 0 holds up to
- * FIRST_BUCKET_MAX_BYTES (at least one tensor), the others up to
- * --bucket-mb. A tensor larger than a bucket is a bucket of its own.
+ * Cut the slab at tensor boundaries, from the end down, as DDP does: a
+ * bucket closes after the tensor that takes it to its cap or more, so no
+ * tiny bucket is left between two large tensors. Bucket 0's cap is
+ * FIRST_BUCKET_MAX_BYTES (or --bucket-mb if smaller), the others'
+ * --bucket-mb.
  */
 static int buckets_plan(struct trainer *t)
 {
@@ -287,15 +289,13 @@ static int buckets_plan(struct trainer *t)
     /* Params come first in the tensor list, in slab order. */
     for (i = n - 1; i >= 0; i--) {
         const struct mesh_nn_tensor *x = mesh_nn_model_tensor(t->model, i);
-        size_t limit = nb == 0 ? first : cap;
 
         if (x->kind != MESH_NN_PARAM)
             continue;
-        if (hi - x->offset > limit && hi > x->offset + x->count) {
-            /* x would overflow the open bucket: close it above x */
-            b[nb].lo = x->offset + x->count;
+        if (hi - x->offset >= (nb == 0 ? first : cap) && x->offset > 0) {
+            b[nb].lo = x->offset;
             b[nb].hi = hi;
-            hi = b[nb].lo;
+            hi = x->offset;
             nb++;
         }
     }
