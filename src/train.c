@@ -443,7 +443,7 @@ static int buckets_wait(struct trainer *t)
         if (rc == 0)
             rc = rc2;
     }
-    for (i = 0; i < t->nbuckets; i++)
+    for (i = 0; t->coll && i < t->nbuckets; i++)
         if (t->b[i].started)
             tl_add(t, "allreduce", 1, i, t->b[i].t_start,
                    t->b[i].t_end - t->b[i].t_start);
