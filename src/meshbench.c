@@ -3,6 +3,10 @@
  *
  *   meshbench [mesh options] [--op pingpong|stream|all] [-b 8] [-e 64M]
  *             [-f 2] [-n 20] [-w 5] [-c 1] [--all-pairs]
+ *   meshbench [mesh options] --op allreduce|reduce_scatter|allgather|
+ *             broadcast [--algo ring|tree|auto|ps] [--dtype float|half|
+ *             bfloat16] [-o sum|avg] [--root R] [--chunk BYTES] [-b -e -f
+ *             -n -w -c]
  *
  * Every rank joins the mesh with the common flags (src/mesh.h). Ranks pair
  * up (0-1, 2-3, ...; with --all-pairs every pair in turn, round-robin) and
@@ -10,13 +14,14 @@
  * checked against the pattern its sender wrote (outside the timed region);
  * rank 0 prints the table for its own pair.
  *
- * Operations are rows of the bench_ops table below: the collectives add
- * theirs there (with pairwise = 0, so that the driver runs them once per
- * size on every rank instead of per pair).
+ * Operations are rows of the bench_ops table below. The collectives run
+ * on every rank through the communicator of collective/ and print
+ * nccl-tests columns instead (src/meshbench_coll.c).
  */
 #include "config.h"
 
 #include "src/mesh.h"
+#include "src/meshbench_coll.h"
 #include "src/util.h"
 
 #include <errno.h>
@@ -358,8 +363,8 @@ static int run_stream(struct bench *b, const struct round *rd, size_t size,
 }
 
 /*
- * The operations, in the order they run. The collectives helper adds
- * allreduce, reduce_scatter, allgather and broadcast rows here.
+ * The point-to-point operations, in the order they run; the collectives
+ * follow them (src/meshbench_coll.c).
  */
 static const struct bench_op bench_ops[] = {
     {"pingpong", 1, run_pingpong},
@@ -453,13 +458,16 @@ static void usage(FILE *f)
     fprintf(f,
             "Usage: meshbench [mesh options] [options]\n"
             "\n"
-            "Point-to-point benchmark of the mesh: every rank joins, ranks\n"
+            "Benchmark of the mesh. Point to point: every rank joins, ranks\n"
             "pair up (0-1, 2-3, ...) and exchange messages over a sweep of\n"
             "sizes; every received byte is verified. Rank 0 prints a table\n"
-            "for its own pair.\n"
+            "for its own pair. Collectives: every rank takes part, rank 0\n"
+            "prints nccl-tests columns.\n"
             "\n"
-            "  --op OP            pingpong, stream or all (default all);\n"
-            "                     may be repeated or comma-separated\n"
+            "  --op OP            pingpong, stream, all (both; the default),\n"
+            "                     allreduce, reduce_scatter, allgather or\n"
+            "                     broadcast; may be repeated or\n"
+            "                     comma-separated\n"
             "  -b, --minbytes N   smallest message (default 8; K, M, G "
             "suffixes)\n"
             "  -e, --maxbytes N   largest message (default 64M)\n"
@@ -477,11 +485,11 @@ static void usage(FILE *f)
             "flight,\n"
             "acknowledged per window; lat_us = time per message.\n"
             "\n"
-            "%s\n%s",
-            mesh_opts_help(), mesh_exit_help());
+            "%s\n%s\n%s",
+            meshbench_coll_help(), mesh_opts_help(), mesh_exit_help());
 }
 
-static int select_op(const char *list, int *mask)
+static int select_op(const char *list, int *mask, int *coll_mask)
 {
     char buf[256], *tok, *save = NULL;
 
@@ -490,16 +498,23 @@ static int select_op(const char *list, int *mask)
          tok = strtok_r(NULL, ",", &save)) {
         size_t k;
 
+        int bit;
+
         if (!strcmp(tok, "all")) {
             *mask |= (1 << MESH_ARRAY_SIZE(bench_ops)) - 1;
+            continue;
+        }
+        if (meshbench_coll_op(tok, &bit)) {
+            *coll_mask |= bit;
             continue;
         }
         for (k = 0; k < MESH_ARRAY_SIZE(bench_ops); k++)
             if (!strcmp(tok, bench_ops[k].name))
                 break;
         if (k == MESH_ARRAY_SIZE(bench_ops))
-            return mesh_err(-EINVAL, "--op '%s': expected pingpong, stream "
-                                     "or all", tok);
+            return mesh_err(-EINVAL, "--op '%s': expected pingpong, stream, "
+                                     "all, allreduce, reduce_scatter, "
+                                     "allgather or broadcast", tok);
         *mask |= 1 << k;
     }
     return 0;
@@ -510,6 +525,7 @@ struct args {
     size_t minbytes, maxbytes;
     int factor;
     int iters, warmup, check, all_pairs;
+    struct meshbench_coll_args coll; /* collective ops and their flags */
 };
 
 /* Returns 1 for --help, 0 to run, < 0 on a usage error. */
@@ -523,6 +539,11 @@ static int parse_args(struct mesh_opts *mo, struct args *a, int argc,
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 
         rc = mesh_opts_parse_arg(mo, argc, argv, &i);
+        if (rc < 0)
+            return rc;
+        if (rc == 1)
+            continue;
+        rc = meshbench_coll_parse_arg(&a->coll, argc, argv, &i);
         if (rc < 0)
             return rc;
         if (rc == 1)
@@ -541,7 +562,7 @@ static int parse_args(struct mesh_opts *mo, struct args *a, int argc,
                                                      "'%s'",
                             arg);
         if (!strcmp(arg, "--op"))
-            rc = select_op(v, &a->op_mask);
+            rc = select_op(v, &a->op_mask, &a->coll.ops);
         else if (!strcmp(arg, "-b") || !strcmp(arg, "--minbytes"))
             rc = parse_size(v, &a->minbytes);
         else if (!strcmp(arg, "-e") || !strcmp(arg, "--maxbytes"))
@@ -565,8 +586,14 @@ static int parse_args(struct mesh_opts *mo, struct args *a, int argc,
     if (a->minbytes > a->maxbytes)
         return mesh_err(-EINVAL, "-b %zu is larger than -e %zu", a->minbytes,
                         a->maxbytes);
-    if (!a->op_mask)
+    if (!a->op_mask && !a->coll.ops)
         a->op_mask = (1 << MESH_ARRAY_SIZE(bench_ops)) - 1;
+    a->coll.minbytes = a->minbytes;
+    a->coll.maxbytes = a->maxbytes;
+    a->coll.factor = a->factor;
+    a->coll.iters = a->iters;
+    a->coll.warmup = a->warmup;
+    a->coll.check = a->check;
     return 0;
 }
 
@@ -640,6 +667,7 @@ int main(int argc, char **argv)
     int rc, code = MESH_EXIT_USAGE;
 
     memset(&b, 0, sizeof(b));
+    meshbench_coll_args_init(&a.coll);
     mesh_opts_init(&mo);
     rc = parse_args(&mo, &a, argc, argv);
     if (rc == 1) {
@@ -663,7 +691,9 @@ int main(int argc, char **argv)
     b.iters = a.iters;
     b.warmup = a.warmup;
     b.check = a.check;
-    b.region = MESH_MAX(a.maxbytes, (size_t)STREAM_WINDOW_BYTES);
+    /* The collectives bring their own (registered) buffers. */
+    b.region = a.op_mask ? MESH_MAX(a.maxbytes, (size_t)STREAM_WINDOW_BYTES)
+                         : 4096;
     rc = mesh_host_alloc(b.region, (void **)&b.sendbuf);
     if (rc == 0)
         rc = mesh_host_alloc(b.region, (void **)&b.recvbuf);
@@ -672,7 +702,8 @@ int main(int argc, char **argv)
         goto out_bufs;
     }
     {
-        char config[256];
+        char config[512];
+        size_t used;
 
         /* Peers must run the same sweep, or they would desync. */
         snprintf(config, sizeof(config),
@@ -680,6 +711,8 @@ int main(int argc, char **argv)
                  "factor=%d\niters=%d\nwarmup=%d\ncheck=%d\nall_pairs=%d\n",
                  a.op_mask, a.minbytes, a.maxbytes, a.factor, a.iters,
                  a.warmup, a.check, a.all_pairs);
+        used = strlen(config);
+        meshbench_coll_config(&a.coll, config + used, sizeof(config) - used);
         rc = mesh_open(&mo, config, &b.m);
     }
     if (rc < 0) {
@@ -700,9 +733,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "meshbench: rank %d: %s\n", b.rank, mesh_err_msg(rc));
         goto out_mesh;
     }
-    if (b.rank == 0)
+    if (b.rank == 0 && a.op_mask)
         print_header(&b, &a, &mo);
     rc = run_all(&b, &a);
+    if (rc == 0 && a.coll.ops) {
+        uint64_t wrong = 0;
+
+        rc = meshbench_coll_run(b.m, &a.coll, &wrong);
+        b.errors += wrong;
+    }
     if (rc == 0)
         rc = mesh_barrier(b.m);
     if (rc < 0) {
