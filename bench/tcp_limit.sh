@@ -19,7 +19,7 @@
 # second of slow start.
 # Settings: a loopback, b N netns hosts, c N netns hosts with tbf egress
 # at R (default 1gbit). Without --no-setup it creates the namespaces
-# (scripts/netns.sh, prefix P, default mtb) and removes them on exit;
+# (scripts/netns.sh, prefix P, default mb<pid>) and removes them on exit;
 # with it, they must exist already (bench/collectives.sh does that).
 
 set -u
