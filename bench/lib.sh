@@ -18,6 +18,10 @@ bl_srcdir=$(cd "$(dirname "$0")/.." && pwd)
 BL_NETNS="$bl_srcdir/scripts/netns.sh"
 BL_PIDS=
 BL_UP=0
+# Ports: each run takes 100 from 10000-28999 by its pid (below Linux's
+# ephemeral range and meshtrain's default 29400), so that runs side by
+# side do not collide. $BL_PORT sets the base.
+BL_PORT=${BL_PORT:-$((10000 + ($$ % 190) * 100))}
 
 bl_log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 

@@ -4,7 +4,7 @@
 # traffic at once.
 #
 #   bench/tcp_limit.sh --setting a|b|c --np N [--time S] [--no-setup]
-#                      [--prefix P] [--rate R]
+#                      [--prefix P] [--rate R] [--port BASE]
 #
 # Measures, in this order and each alone:
 #   ring    N iperf3 streams at once, host i sending to host i+1 (mod N);
@@ -29,7 +29,7 @@ setting=
 np=
 secs=2
 setup=1
-port=29700
+port=$BL_PORT
 while [ $# -gt 0 ]; do
     case $1 in
         --setting) setting=$2; shift 2 ;;
