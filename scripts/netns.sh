@@ -67,17 +67,17 @@ cant() {
         return 1
     fi
     ip netns del "$probe" 2>/dev/null
-    if ! err=$(ip link add "${prefix}chk$$" type bridge 2>&1); then
+    # Interface names must fit IFNAMSIZ (15): short ones, unique by pid.
+    if ! err=$(ip link add "mtcb$$" type bridge 2>&1); then
         echo "cannot create a bridge: $err"
         return 1
     fi
-    ip link del "${prefix}chk$$" 2>/dev/null
-    if ! err=$(ip link add "${prefix}ca$$" type veth \
-               peer name "${prefix}cb$$" 2>&1); then
+    ip link del "mtcb$$" 2>/dev/null
+    if ! err=$(ip link add "mtca$$" type veth peer name "mtcz$$" 2>&1); then
         echo "cannot create a veth pair: $err"
         return 1
     fi
-    ip link del "${prefix}ca$$" 2>/dev/null
+    ip link del "mtca$$" 2>/dev/null
     return 0
 }
 
