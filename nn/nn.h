@@ -1,0 +1,231 @@
+/*
+ * nn/nn.h: the whole public interface of nn: a compute device (backend
+ * chosen by name), the ResNet family, loss, SGD and LR schedules, and
+ * weights in safetensors with torchvision's names.
+ *
+ * Typical training step (errors: 0 or a negative errno-style code, message
+ * in mesh_err_msg()):
+ *
+ *   mesh_nn_ctx_open("cpu", threads, &ctx);
+ *   mesh_nn_model_create(ctx, &cfg, &model);
+ *   mesh_nn_sgd_create(model, &sgd_cfg, &sgd);
+ *   for (...) {
+ *       mesh_nn_model_forward(model, n, images, 1);
+ *       mesh_nn_model_loss(model, labels, smoothing, &loss);
+ *       mesh_nn_model_backward(model, 0, on_grad_ready, arg);
+ *       (all-reduce the gradient slab)
+ *       mesh_nn_sgd_step(sgd, mesh_nn_lr_at(&sched, epoch_float));
+ *   }
+ *
+ * Slabs. All parameters live in one contiguous float32 slab and their
+ * gradients in another of the same size; BN running statistics in a third
+ * ("buffers"). Each tensor is a view at a fixed offset. The order is
+ * torchvision's state_dict order with the buffers removed: conv1.weight,
+ * bn1.weight, bn1.bias, layer1.0.conv1.weight, layer1.0.bn1.weight, ...,
+ * [layerL.0.downsample.0.weight, layerL.0.downsample.1.weight/.bias,] ...,
+ * fc.weight, fc.bias. Buffers: bn*.running_mean then running_var, per BN in
+ * the same order. num_batches_tracked is one counter for the whole model
+ * (every BN counts the same training steps), written per BN on save.
+ * Offsets are in floats; shapes as torchvision's (conv (K, C, R, S), fc
+ * (O, I)). Slab pointers are device pointers of the backend (host memory for
+ * "cpu"); use mesh_nn_upload/download to reach them from the host.
+ */
+#ifndef MESH_NN_H
+#define MESH_NN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+struct mesh_nn_ctx;
+struct mesh_nn_model;
+struct mesh_nn_sgd;
+
+/* ---- device ---------------------------------------------------------------- */
+
+/*
+ * Open a device of backend "cpu" (oneDNN) or "cuda" (when built). threads
+ * <= 0: every online core. The ctx owns the backend's plans (created once
+ * per shape, shared). A ctx is used by one thread at a time.
+ */
+int mesh_nn_ctx_open(const char *backend, int threads,
+                     struct mesh_nn_ctx **out);
+void mesh_nn_ctx_close(struct mesh_nn_ctx *ctx);
+/* "cpu: oneDNN 2.6.3, OpenMP threads 2, activations nChw16c" and such. */
+const char *mesh_nn_ctx_describe(struct mesh_nn_ctx *ctx);
+/* Copy between host and device memory (slabs), bytes. */
+int mesh_nn_upload(struct mesh_nn_ctx *ctx, void *dev_dst,
+                   const void *host_src, size_t bytes);
+int mesh_nn_download(struct mesh_nn_ctx *ctx, void *host_dst,
+                     const void *dev_src, size_t bytes);
+/* Wait for every op issued on the device. */
+int mesh_nn_sync(struct mesh_nn_ctx *ctx);
+
+/* ---- models ---------------------------------------------------------------- */
+
+struct mesh_nn_model_cfg {
+    const char *arch;      /* resnet18|resnet34|resnet50|resnet101|resnet152 */
+    int num_classes;       /* default 1000 when 0 */
+    int in_channels;       /* default 3 when 0 */
+    int image_size;        /* square input side, default 224 when 0 */
+    int cifar_stem;        /* 3x3 stride-1 conv1, no max pool */
+    int zero_init_residual; /* last BN gamma of each block = 0 */
+    uint64_t seed;         /* same seed: bitwise same weights everywhere */
+};
+
+/* The architectures, for --help: "resnet18, resnet34, ...". */
+const char *mesh_nn_arch_list(void);
+
+/* Build the model and initialise it as torchvision does, from cfg->seed. */
+int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
+                         const struct mesh_nn_model_cfg *cfg,
+                         struct mesh_nn_model **out);
+void mesh_nn_model_destroy(struct mesh_nn_model *m);
+
+/* Print the layer table; its last line is "parameters: N". */
+void mesh_nn_model_summary(const struct mesh_nn_model *m, FILE *f);
+
+/* One named tensor of the model (a view into a slab). */
+enum mesh_nn_tensor_kind {
+    MESH_NN_PARAM = 0,  /* in params/grads */
+    MESH_NN_BUFFER = 1, /* in buffers (BN running statistics) */
+};
+enum mesh_nn_tensor_role {
+    MESH_NN_ROLE_CONV_WEIGHT = 0,
+    MESH_NN_ROLE_BN_WEIGHT,
+    MESH_NN_ROLE_BN_BIAS,
+    MESH_NN_ROLE_FC_WEIGHT,
+    MESH_NN_ROLE_FC_BIAS,
+    MESH_NN_ROLE_BN_MEAN,
+    MESH_NN_ROLE_BN_VAR,
+};
+struct mesh_nn_tensor {
+    char name[48];   /* torchvision's name, e.g. "layer1.0.bn2.weight" */
+    int kind;        /* enum mesh_nn_tensor_kind */
+    int role;        /* enum mesh_nn_tensor_role */
+    size_t offset;   /* in floats, into its slab */
+    size_t count;    /* floats */
+    int ndim;
+    int64_t shape[4];
+};
+
+/* Tensors: params first in slab order, then buffers in slab order. */
+int mesh_nn_model_num_tensors(const struct mesh_nn_model *m);
+const struct mesh_nn_tensor *mesh_nn_model_tensor(const struct mesh_nn_model *m,
+                                                  int i);
+const struct mesh_nn_tensor *
+mesh_nn_model_find_tensor(const struct mesh_nn_model *m, const char *name);
+
+/* Slabs (device pointers) and their sizes in floats. */
+float *mesh_nn_model_params(struct mesh_nn_model *m);
+float *mesh_nn_model_grads(struct mesh_nn_model *m);
+size_t mesh_nn_model_num_params(const struct mesh_nn_model *m);
+float *mesh_nn_model_buffers(struct mesh_nn_model *m);
+size_t mesh_nn_model_num_buffers(const struct mesh_nn_model *m);
+/* BN training steps counted so far (torchvision's num_batches_tracked). */
+int64_t mesh_nn_model_batches_tracked(const struct mesh_nn_model *m);
+void mesh_nn_model_set_batches_tracked(struct mesh_nn_model *m, int64_t n);
+
+/* The model's configuration with defaults filled in. */
+const struct mesh_nn_model_cfg *
+mesh_nn_model_config(const struct mesh_nn_model *m);
+
+/*
+ * Forward n images (host, float32 NCHW (n, in_channels, size, size)).
+ * train = 1: BN uses batch statistics, updates the running ones and keeps
+ * what backward needs; train = 0: BN uses the running statistics. Plans and
+ * activations are sized for n at the first call and rebuilt when n changes.
+ */
+int mesh_nn_model_forward(struct mesh_nn_model *m, int n, const float *images,
+                          int train);
+
+/* Copy the last forward's logits (n, num_classes) to the host. */
+int mesh_nn_model_logits(struct mesh_nn_model *m, float *host);
+
+/*
+ * Softmax cross-entropy of the last forward against labels (host, n int32
+ * in [0, num_classes)), label smoothing in [0, 1). Writes the mean loss and
+ * keeps d(loss)/d(logits) for backward.
+ */
+int mesh_nn_model_loss(struct mesh_nn_model *m, const int32_t *labels,
+                       float smoothing, float *loss);
+
+/*
+ * Called during backward each time a range of the gradient slab is final:
+ * [offset, offset + count) in floats. Ranges come in strictly decreasing,
+ * contiguous order (from the end of the slab down to 0), one per tensor, so
+ * after a call everything from offset to the end is final. The device work
+ * that produced the range has been issued, and for the "cpu" backend has
+ * completed; a device backend calls mesh_nn_sync() first or orders a copy
+ * on its stream. Return 0 to continue, < 0 to stop backward with that code.
+ */
+typedef int (*mesh_nn_grad_ready_fn)(void *arg, size_t offset, size_t count);
+
+/*
+ * Backward of the last training forward and loss. accumulate = 0 overwrites
+ * the gradient slab; 1 adds to it (micro-batches). cb may be NULL.
+ */
+int mesh_nn_model_backward(struct mesh_nn_model *m, int accumulate,
+                           mesh_nn_grad_ready_fn cb, void *arg);
+
+/* Per-op timing of forward/backward (for benchmarks); off by default. */
+void mesh_nn_model_profile(struct mesh_nn_model *m, int on);
+/* Print seconds per op type accumulated since profiling was turned on. */
+void mesh_nn_model_profile_report(const struct mesh_nn_model *m, FILE *f);
+
+/*
+ * Weights in safetensors with torchvision's names and dtypes (F32, and I64
+ * num_batches_tracked). Load accepts F32, F16 and BF16 tensors, checks
+ * every shape and needs every tensor of the model; errors name the tensor.
+ */
+int mesh_nn_model_save(struct mesh_nn_model *m, const char *path);
+int mesh_nn_model_load(struct mesh_nn_model *m, const char *path);
+
+/* ---- optimizer --------------------------------------------------------- */
+
+struct mesh_nn_sgd_cfg {
+    float momentum;      /* 0: plain SGD */
+    float dampening;     /* PyTorch's, default 0 */
+    float weight_decay;  /* L2, added to the gradient as PyTorch does */
+    int nesterov;        /* needs momentum > 0 and dampening 0 */
+    int wd_skip_bn_bias; /* no weight decay on BN weights/biases, fc.bias */
+};
+
+/* An optimizer over the model's parameter slab; owns the momentum slab. */
+int mesh_nn_sgd_create(struct mesh_nn_model *m,
+                       const struct mesh_nn_sgd_cfg *cfg,
+                       struct mesh_nn_sgd **out);
+void mesh_nn_sgd_destroy(struct mesh_nn_sgd *s);
+/* params -= lr * update(grads) with PyTorch's torch.optim.SGD formulas. */
+int mesh_nn_sgd_step(struct mesh_nn_sgd *s, float lr);
+/* Momentum slab (device, num_params floats), for checkpoints. */
+float *mesh_nn_sgd_momentum(struct mesh_nn_sgd *s);
+/* Steps taken (0: the momentum buffer is not initialised yet). */
+int64_t mesh_nn_sgd_steps(const struct mesh_nn_sgd *s);
+void mesh_nn_sgd_set_steps(struct mesh_nn_sgd *s, int64_t steps);
+
+/* ---- learning-rate schedules --------------------------------------------- */
+
+enum mesh_nn_lr_kind {
+    MESH_NN_LR_CONST = 0,
+    MESH_NN_LR_STEP,   /* lr * gamma^(number of milestones passed) */
+    MESH_NN_LR_COSINE, /* lr * (1 + cos(pi * t / T)) / 2 after warmup */
+};
+
+struct mesh_nn_lr_sched {
+    int kind;             /* enum mesh_nn_lr_kind */
+    double base_lr;       /* after warmup (Goyal: 0.1 * batch / 256) */
+    double warmup_epochs; /* linear ramp from warmup_start * base_lr */
+    double warmup_start;  /* fraction of base_lr at epoch 0 */
+    double gamma;         /* STEP: factor per milestone (0.1) */
+    double milestones[8]; /* STEP: epochs, ascending */
+    int num_milestones;
+    double total_epochs;  /* COSINE: T (warmup included) */
+};
+
+/* Parse "const", "step", "cosine"; -EINVAL naming the string otherwise. */
+int mesh_nn_lr_parse(const char *s, int *kind);
+/* The learning rate at a fractional epoch (step / steps_per_epoch). */
+double mesh_nn_lr_at(const struct mesh_nn_lr_sched *s, double epoch);
+
+#endif
