@@ -17,7 +17,7 @@
 
 /* Hostfiles are small; a bigger file is surely the wrong one. */
 #define HOSTFILE_MAX_BYTES (4 << 20)
-#define SLOTS_MAX 4096
+#define SLOTS_MAX          4096
 
 /* A cursor over the text that knows its line and column for messages. */
 struct cursor {
@@ -114,8 +114,8 @@ static int parse_host(struct cursor *c, struct mesh_hostfile_entry *e)
 
         c->p++;
         start = c->p;
-        while (isxdigit((unsigned char)*c->p) || *c->p == ':' ||
-               *c->p == '.' || *c->p == '%' || isalnum((unsigned char)*c->p))
+        while (isxdigit((unsigned char)*c->p) || *c->p == ':' || *c->p == '.' ||
+               *c->p == '%' || isalnum((unsigned char)*c->p))
             c->p++;
         if (*c->p != ']')
             return expected(c, "']' closing the IPv6 address");
@@ -224,8 +224,7 @@ static int parse_fields(struct cursor *c, struct mesh_hostfile_entry *e,
             return expected(c, "whitespace, '#' or end of line");
     }
     if (max_slots >= 0 && max_slots < e->slots)
-        return mesh_err(-EINVAL,
-                        "%s:%d:%d: max_slots=%d is less than slots=%d",
+        return mesh_err(-EINVAL, "%s:%d:%d: max_slots=%d is less than slots=%d",
                         c->source, e->line, e->column, max_slots, e->slots);
     return 0;
 }
@@ -242,8 +241,7 @@ static int parse_entry(struct cursor *c, struct mesh_hostfile_entry *e)
         return rc;
     if (*c->p == ':') {
         c->p++;
-        rc = parse_number(c, 1, SLOTS_MAX, "a slot count after ':'",
-                          &e->slots);
+        rc = parse_number(c, 1, SLOTS_MAX, "a slot count after ':'", &e->slots);
         if (rc < 0)
             return rc;
         slots_given = 1;
@@ -254,8 +252,7 @@ static int parse_entry(struct cursor *c, struct mesh_hostfile_entry *e)
             return expected(c, "':' and a slot count, ',' or end of list");
         return 0;
     }
-    if (!at_end_of_entry(c) && *c->p != ' ' && *c->p != '\t' &&
-        *c->p != '\r')
+    if (!at_end_of_entry(c) && *c->p != ' ' && *c->p != '\t' && *c->p != '\r')
         return expected(c, slots_given ? "whitespace, '#' or end of line"
                                        : "':', whitespace, '#' or end of "
                                          "line");
@@ -281,8 +278,11 @@ static int push(struct mesh_hostfile *hf, int *cap,
 static int parse(const char *source, const char *text, int hosts_form,
                  struct mesh_hostfile **out)
 {
-    struct cursor c = {.source = source, .p = text, .line = 1,
-                       .line_start = text, .hosts_form = hosts_form};
+    struct cursor c = {.source = source,
+                       .p = text,
+                       .line = 1,
+                       .line_start = text,
+                       .hosts_form = hosts_form};
     struct mesh_hostfile_entry e;
     struct mesh_hostfile *hf;
     int cap = 0, rc;
@@ -354,11 +354,12 @@ int mesh_hostfile_parse_file(const char *path, struct mesh_hostfile **out)
 
     MESH_SYSCALL(rc, fd = open(path, O_RDONLY | O_CLOEXEC), out_none,
                  "cannot open hostfile %s", path);
-    MESH_SYSCALL(rc, fstat(fd, &st), out_fd, "cannot stat hostfile %s",
-                 path);
+    MESH_SYSCALL(rc, fstat(fd, &st), out_fd, "cannot stat hostfile %s", path);
     if (!S_ISREG(st.st_mode) || st.st_size > HOSTFILE_MAX_BYTES) {
-        rc = mesh_err(-EINVAL, "hostfile %s is not a regular file under %d "
-                               "bytes", path, HOSTFILE_MAX_BYTES);
+        rc = mesh_err(-EINVAL,
+                      "hostfile %s is not a regular file under %d "
+                      "bytes",
+                      path, HOSTFILE_MAX_BYTES);
         goto out_fd;
     }
     text = malloc((size_t)st.st_size + 1);
@@ -494,9 +495,8 @@ static int env_int(const char *const *names, int min, int *val,
         errno = 0;
         v = strtol(s, &end, 10);
         if (errno || *end || v < min || v > INT_MAX)
-            return mesh_err(-EINVAL,
-                            "%s='%s' is not an integer >= %d", names[i], s,
-                            min);
+            return mesh_err(-EINVAL, "%s='%s' is not an integer >= %d",
+                            names[i], s, min);
         *val = (int)v;
         *var = names[i];
         return 1;
@@ -542,6 +542,8 @@ int mesh_parse_port_range(const char *str, int *lo, int *hi)
     *hi = (int)b;
     return 0;
 bad:
-    return mesh_err(-EINVAL, "port range '%s': expected LO-HI with "
-                             "1 <= LO <= HI <= 65535", str);
+    return mesh_err(-EINVAL,
+                    "port range '%s': expected LO-HI with "
+                    "1 <= LO <= HI <= 65535",
+                    str);
 }

@@ -85,8 +85,10 @@ static int parse_int(const char *what, const char *s, long lo, long hi,
     errno = 0;
     v = strtol(s, &end, 10);
     if (errno || end == s || *end || v < lo || v > hi)
-        return mesh_err(-EINVAL, "%s '%s': expected an integer from %ld to "
-                                 "%ld", what, s, lo, hi);
+        return mesh_err(-EINVAL,
+                        "%s '%s': expected an integer from %ld to "
+                        "%ld",
+                        what, s, lo, hi);
     *out = (int)v;
     return 0;
 }
@@ -99,8 +101,10 @@ static int parse_seconds(const char *what, const char *s, double *out)
     errno = 0;
     v = strtod(s, &end);
     if (errno || end == s || *end || !isfinite(v) || v <= 0 || v > 86400)
-        return mesh_err(-EINVAL, "%s '%s': expected seconds, more than 0 "
-                                 "and at most 86400", what, s);
+        return mesh_err(-EINVAL,
+                        "%s '%s': expected seconds, more than 0 "
+                        "and at most 86400",
+                        what, s);
     *out = v;
     return 0;
 }
@@ -175,8 +179,7 @@ int mesh_opts_parse_arg(struct mesh_opts *o, int argc, char **argv, int *i)
                 val = argv[*i + 1];
                 used = 2;
             }
-        } else if (f->has_arg && !strncmp(arg, f->name, n) &&
-                   arg[n] == '=') {
+        } else if (f->has_arg && !strncmp(arg, f->name, n) && arg[n] == '=') {
             val = arg + n + 1;
         } else {
             continue;
@@ -218,8 +221,7 @@ static void trim_newline(struct mesh_opts *o, size_t *len)
         (*len)--;
 }
 
-static int read_secret_file(struct mesh_opts *o, const char *path,
-                            size_t *len)
+static int read_secret_file(struct mesh_opts *o, const char *path, size_t *len)
 {
     struct stat st;
     size_t got = 0;
@@ -280,8 +282,8 @@ static int read_secret_fd(struct mesh_opts *o, const char *val, size_t *len)
         struct pollfd p = {.fd = fd, .events = POLLIN};
         ssize_t n;
 
-        MESH_SYSCALL(rc, n = poll(&p, 1, SECRET_FD_TIMEOUT_MS), out,
-                     "poll %s", where);
+        MESH_SYSCALL(rc, n = poll(&p, 1, SECRET_FD_TIMEOUT_MS), out, "poll %s",
+                     where);
         if (n == 0) {
             rc = mesh_err(-ETIMEDOUT,
                           "no job secret arrived on %s within %d s (the "
@@ -389,8 +391,10 @@ static int finish_job_id(struct mesh_opts *o)
                         MESH_JOB_MAX - 1);
     for (s = id; *s; s++)
         if (*s <= ' ' || *s > '~')
-            return mesh_err(-EINVAL, "job id '%s': only printable "
-                                     "characters without spaces", id);
+            return mesh_err(-EINVAL,
+                            "job id '%s': only printable "
+                            "characters without spaces",
+                            id);
     snprintf(o->topts.job_id, sizeof(o->topts.job_id), "%s", id);
     return 0;
 }
@@ -463,8 +467,9 @@ static int finish_world(struct mesh_opts *o)
         }
     }
     if (o->rank >= size) {
-        rc = mesh_err(-EINVAL, "rank %d (from %s) is outside the world of "
-                               "%d slots in %s",
+        rc = mesh_err(-EINVAL,
+                      "rank %d (from %s) is outside the world of "
+                      "%d slots in %s",
                       o->rank, o->rank_source, size, o->source);
         goto fail;
     }
@@ -567,36 +572,42 @@ void mesh_opts_free(struct mesh_opts *o)
     o->finished = 0;
 }
 
+static const char opts_help[] =
+    "Mesh options (every mesh program; the environment variable in []\n"
+    "applies when the flag is not given):\n"
+    "  --hostfile FILE     hosts, Open MPI (host slots=N port=P) or\n"
+    "                      Horovod (host:N) syntax [MESHTRAIN_HOSTFILE]\n"
+    "  -H, --hosts LIST    hosts as h1:2,h2:2,[::1]:1 [MESHTRAIN_HOSTS]\n"
+    "  --rank R            this process's rank [MESHTRAIN_RANK, else\n"
+    "                      SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK];\n"
+    "                      the world size is checked against\n"
+    "                      MESHTRAIN_SIZE, SLURM_NTASKS,\n"
+    "                      OMPI_COMM_WORLD_SIZE or PMI_SIZE\n"
+    "  --port P            base port; a slot listens on base + its\n"
+    "                      index on its host (default 29400)\n"
+    "                      [MESHTRAIN_PORT]\n"
+    "  --port-range LO-HI  every port must lie in it\n"
+    "                      [MESHTRAIN_PORT_RANGE]\n"
+    "  --streams S         TCP connections per link (default 1, 1..16)\n"
+    "                      [MESHTRAIN_STREAMS]\n"
+    "  --secret-file FILE  the job's shared secret, mode 0600 or\n"
+    "                      stricter [MESHTRAIN_SECRET_FILE; meshrun\n"
+    "                      passes one per job on a pipe:\n"
+    "                      MESHTRAIN_SECRET_FD]\n"
+    "  --insecure          run without authentication (logged)\n"
+    "                      [MESHTRAIN_INSECURE=1]\n"
+    "  --join-timeout S    give up joining after S seconds (default\n"
+    "                      60) [MESHTRAIN_JOIN_TIMEOUT]\n"
+    "  --peer-timeout S    a silent peer is dead after S seconds\n"
+    "                      (default 10) [MESHTRAIN_PEER_TIMEOUT]\n"
+    "  --transport NAME    tcp (default) [MESHTRAIN_TRANSPORT]\n"
+    "  --job-id ID         must match on every peer [MESHTRAIN_JOB_ID,\n"
+    "                      else slurm-$SLURM_JOB_ID, else meshtrain]\n"
+    "  MESHTRAIN_LOG=error|warn|info|debug sets the log level.\n";
+
 const char *mesh_opts_help(void)
 {
-    return
-        "Mesh options (every mesh program; the environment variable in []\n"
-        "applies when the flag is not given):\n"
-        "  --hostfile FILE      hosts, Open MPI (host slots=N port=P) or\n"
-        "                       Horovod (host:N) syntax [MESHTRAIN_HOSTFILE]\n"
-        "  -H, --hosts LIST     hosts as h1:2,h2:2,[::1]:1 [MESHTRAIN_HOSTS]\n"
-        "  --rank R             this process's rank [MESHTRAIN_RANK, else\n"
-        "                       SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK]\n"
-        "                       world size checked against MESHTRAIN_SIZE,\n"
-        "                       SLURM_NTASKS, OMPI_COMM_WORLD_SIZE, PMI_SIZE\n"
-        "  --port P             base port; a slot listens on base + its index\n"
-        "                       on its host (default 29400) [MESHTRAIN_PORT]\n"
-        "  --port-range LO-HI   every port must lie in it [MESHTRAIN_PORT_RANGE]\n"
-        "  --streams S          TCP connections per link (default 1, 1..16)\n"
-        "                       [MESHTRAIN_STREAMS]\n"
-        "  --secret-file FILE   the job's shared secret, mode 0600 or stricter\n"
-        "                       [MESHTRAIN_SECRET_FILE; meshrun passes one per\n"
-        "                       job on a pipe: MESHTRAIN_SECRET_FD]\n"
-        "  --insecure           run without authentication (logged)\n"
-        "                       [MESHTRAIN_INSECURE=1]\n"
-        "  --join-timeout S     give up joining after S seconds (default 60)\n"
-        "                       [MESHTRAIN_JOIN_TIMEOUT]\n"
-        "  --peer-timeout S     a silent peer is dead after S seconds\n"
-        "                       (default 10) [MESHTRAIN_PEER_TIMEOUT]\n"
-        "  --transport NAME     tcp (default) [MESHTRAIN_TRANSPORT]\n"
-        "  --job-id ID          must match on every peer [MESHTRAIN_JOB_ID,\n"
-        "                       else slurm-$SLURM_JOB_ID, else meshtrain]\n"
-        "  MESHTRAIN_LOG=error|warn|info|debug sets the log level.\n";
+    return opts_help;
 }
 
 const char *mesh_exit_help(void)
@@ -611,7 +622,8 @@ const char *mesh_exit_help(void)
            "  4  received data was wrong (verification failed)\n";
 }
 
-/* ---- the joined mesh ------------------------------------------------------ */
+/* ---- the joined mesh ------------------------------------------------------
+ */
 
 /* SHA-256 of the rank layout, so peers with different hostfiles refuse. */
 static int layout_digest(const struct mesh_world *w, char *hex, size_t len)
@@ -647,8 +659,7 @@ out:
     return rc;
 }
 
-int mesh_open(const struct mesh_opts *o, const char *config,
-              struct mesh **out)
+int mesh_open(const struct mesh_opts *o, const char *config, struct mesh **out)
 {
     struct mesh *m;
     char digest[40] = "";
@@ -797,8 +808,8 @@ int mesh_send(struct mesh *m, int peer, uint64_t seq, uint32_t tag,
     return mesh_transport_wait(m->ops, m->t, req);
 }
 
-int mesh_recv(struct mesh *m, int peer, uint64_t seq, uint32_t tag,
-              void *buf, size_t len)
+int mesh_recv(struct mesh *m, int peer, uint64_t seq, uint32_t tag, void *buf,
+              size_t len)
 {
     struct mesh_frame f;
     mesh_req_t *req;
@@ -856,8 +867,9 @@ int mesh_barrier(struct mesh *m)
     }
     for (i = 0; i < n && rc == 0; i++)
         if (tokens[i] != seq)
-            rc = mesh_err(-EPROTO, "barrier: rank %d sent token %llu, "
-                                   "expected %llu",
+            rc = mesh_err(-EPROTO,
+                          "barrier: rank %d sent token %llu, "
+                          "expected %llu",
                           i, (unsigned long long)tokens[i],
                           (unsigned long long)seq);
 out:

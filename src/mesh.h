@@ -47,9 +47,9 @@ enum mesh_exit {
  * development machine; see man/meshbench.1 (STREAMS) for the figures.
  */
 #define MESH_STREAMS_DEFAULT 1
-#define MESH_STREAMS_MAX 16
-#define MESH_SECRET_MIN 16
-#define MESH_SECRET_MAX 4096
+#define MESH_STREAMS_MAX     16
+#define MESH_SECRET_MIN      16
+#define MESH_SECRET_MAX      4096
 
 struct mesh_opts {
     /* As given on the command line; unset ones are filled from the
@@ -69,11 +69,11 @@ struct mesh_opts {
 
     /* Written by mesh_opts_finish. */
     int finished;
-    struct mesh_world world;         /* rank, size, peers (owned) */
+    struct mesh_world world;          /* rank, size, peers (owned) */
     struct mesh_transport_opts topts; /* timeouts, streams, secret, job id */
-    const char *rank_source;         /* "--rank", "MESHTRAIN_RANK", ... */
-    uint8_t secret[MESH_SECRET_MAX]; /* wiped by mesh_opts_free */
-    char source[300];                /* hostfile name or "-H list" */
+    const char *rank_source;          /* "--rank", "MESHTRAIN_RANK", ... */
+    uint8_t secret[MESH_SECRET_MAX];  /* wiped by mesh_opts_free */
+    char source[300];                 /* hostfile name or "-H list" */
 };
 
 void mesh_opts_init(struct mesh_opts *o);
@@ -116,8 +116,7 @@ struct mesh; /* opaque */
  * layout are added to it. o must have been finished; it may be freed after
  * this returns. Failure means MESH_EXIT_JOIN.
  */
-int mesh_open(const struct mesh_opts *o, const char *config,
-              struct mesh **out);
+int mesh_open(const struct mesh_opts *o, const char *config, struct mesh **out);
 
 /*
  * Close every link and free the mesh (NULL is fine). Call mesh_barrier
@@ -147,8 +146,8 @@ uint64_t mesh_seq_next(struct mesh *m);
  */
 int mesh_send(struct mesh *m, int peer, uint64_t seq, uint32_t tag,
               const void *buf, size_t len);
-int mesh_recv(struct mesh *m, int peer, uint64_t seq, uint32_t tag,
-              void *buf, size_t len);
+int mesh_recv(struct mesh *m, int peer, uint64_t seq, uint32_t tag, void *buf,
+              size_t len);
 
 /*
  * Every rank waits for every other (an all-to-all of 8-byte tokens): when

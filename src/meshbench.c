@@ -46,6 +46,10 @@ struct bench {
     mesh_mr_t *send_mr, *recv_mr;
     int iters, warmup, check;
     uint64_t errors; /* wrong bytes seen by this rank */
+    /* MESHBENCH_TEST_CORRUPT=RANK:OFFSET: that rank flips one byte of its
+     * first message longer than OFFSET, to prove the check catches it. */
+    int corrupt_rank;
+    size_t corrupt_offset;
 };
 
 /* One pairing: this rank's partner (-1 = sits this round out). */
@@ -69,7 +73,7 @@ struct bench_op {
                struct result *res);
 };
 
-/* ---- content: a pattern every receiver can recompute ----------------------- */
+/* ---- content: a pattern every receiver can recompute --------------------- */
 
 static uint64_t mix64(uint64_t x)
 {
@@ -105,6 +109,17 @@ static void fill(uint8_t *buf, size_t len, uint64_t seed)
     }
     for (i = words * 8; i < len; i++)
         buf[i] = pattern_byte(seed, i);
+}
+
+/* The test aid: spoil one byte after the fill, once. */
+static void maybe_corrupt(struct bench *b, uint8_t *buf, size_t len)
+{
+    if (b->rank != b->corrupt_rank || len <= b->corrupt_offset)
+        return;
+    buf[b->corrupt_offset] ^= 0x5a;
+    b->corrupt_rank = -1;
+    mesh_warn("MESHBENCH_TEST_CORRUPT: flipped byte %zu of a %zu-byte "
+              "message on purpose", b->corrupt_offset, len);
 }
 
 /* Count wrong bytes; report the first one. */
@@ -204,8 +219,10 @@ static int run_pingpong(struct bench *b, const struct round *rd, size_t size,
 
         if (peer < 0)
             continue;
-        if (b->check)
+        if (b->check) {
             fill(b->sendbuf, size, seed_out);
+            maybe_corrupt(b, b->sendbuf, size);
+        }
         if (lead) {
             rc = post_recv(b, peer, seq, 1, b->recvbuf, size, &reqs[1]);
             if (rc < 0)
@@ -271,9 +288,11 @@ static int stream_dir(struct bench *b, int sender, int receiver, size_t size,
 
         if (me == sender) {
             if (b->check)
-                for (j = 0; j < (int)window; j++)
+                for (j = 0; j < (int)window; j++) {
                     fill(b->sendbuf + (size_t)j * size, size,
                          seed_of(me, receiver, seq, (uint32_t)j));
+                    maybe_corrupt(b, b->sendbuf + (size_t)j * size, size);
+                }
             rc = post_recv(b, receiver, seq, (uint32_t)window, &ack,
                            sizeof(ack), &reqs[n]);
             if (rc < 0)
@@ -371,7 +390,7 @@ static const struct bench_op bench_ops[] = {
     {"stream", 1, run_stream},
 };
 
-/* ---- pairing -------------------------------------------------------------- */
+/* ---- pairing ------------------------------------------------------------ */
 
 /*
  * Round-robin tournament (circle method) over n ranks, n - 1 rounds for
@@ -408,7 +427,7 @@ static int rounds_of(int n, int all_pairs)
     return n % 2 ? n : n - 1;
 }
 
-/* ---- flags ------------------------------------------------------------------ */
+/* ---- flags -------------------------------------------------------------- */
 
 static int parse_size(const char *s, size_t *out)
 {
@@ -528,6 +547,18 @@ struct args {
     struct meshbench_coll_args coll; /* collective ops and their flags */
 };
 
+static int is_value_option(const char *arg)
+{
+    static const char *const names[] = {
+        "--op", "-b", "--minbytes", "-e", "--maxbytes", "-f", "--stepfactor",
+        "-n", "--iters", "-w", "--warmup", "-c", "--check"};
+
+    for (size_t k = 0; k < MESH_ARRAY_SIZE(names); k++)
+        if (!strcmp(arg, names[k]))
+            return 1;
+    return 0;
+}
+
 /* Returns 1 for --help, 0 to run, < 0 on a usage error. */
 static int parse_args(struct mesh_opts *mo, struct args *a, int argc,
                       char **argv)
@@ -555,12 +586,14 @@ static int parse_args(struct mesh_opts *mo, struct args *a, int argc,
             i++;
             continue;
         }
-        if (!v)
-            return mesh_err(-EINVAL, arg[0] == '-' ? "%s needs a value (see "
+        if (!is_value_option(arg))
+            return mesh_err(-EINVAL, arg[0] == '-' ? "unknown option %s (see "
                                                      "--help)"
                                                    : "unexpected argument "
-                                                     "'%s'",
+                                                     "'%s' (see --help)",
                             arg);
+        if (!v)
+            return mesh_err(-EINVAL, "%s needs a value (see --help)", arg);
         if (!strcmp(arg, "--op"))
             rc = select_op(v, &a->op_mask, &a->coll.ops);
         else if (!strcmp(arg, "-b") || !strcmp(arg, "--minbytes"))
@@ -578,7 +611,7 @@ static int parse_args(struct mesh_opts *mo, struct args *a, int argc,
             if (rc == 0 && a->check > 1)
                 rc = mesh_err(-EINVAL, "%s '%s': expected 0 or 1", arg, v);
         } else
-            rc = mesh_err(-EINVAL, "unknown option %s (see --help)", arg);
+            rc = mesh_err(-EINVAL, "unhandled option %s", arg);
         if (rc < 0)
             return rc;
         i += 2;
@@ -667,6 +700,7 @@ int main(int argc, char **argv)
     int rc, code = MESH_EXIT_USAGE;
 
     memset(&b, 0, sizeof(b));
+    b.corrupt_rank = -1;
     meshbench_coll_args_init(&a.coll);
     mesh_opts_init(&mo);
     rc = parse_args(&mo, &a, argc, argv);
@@ -687,6 +721,21 @@ int main(int argc, char **argv)
         fprintf(stderr, "meshbench: needs at least 2 ranks, the hosts "
                         "have %d slot\n", mo.world.size);
         goto out_opts;
+    }
+    {
+        const char *c = getenv("MESHBENCH_TEST_CORRUPT");
+        unsigned long long off;
+        int r, n = 0;
+
+        if (c && (sscanf(c, "%d:%llu%n", &r, &off, &n) != 2 || c[n])) {
+            fprintf(stderr, "meshbench: MESHBENCH_TEST_CORRUPT='%s': "
+                            "expected RANK:OFFSET\n", c);
+            goto out_opts;
+        }
+        if (c) {
+            b.corrupt_rank = r;
+            b.corrupt_offset = (size_t)off;
+        }
     }
     b.iters = a.iters;
     b.warmup = a.warmup;

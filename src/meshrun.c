@@ -36,17 +36,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define LINE_MAX_BYTES 65536
-#define SECRET_BYTES 32
-#define DEFAULT_GRACE_S 5.0
+#define LINE_MAX_BYTES     65536
+#define SECRET_BYTES       32
+#define DEFAULT_GRACE_S    5.0
 #define DRAIN_AFTER_EXIT_S 2.0
+/* How long a rank's "peer failed" exit waits for the culprit's own. */
+#define SETTLE_S 0.5
 
 enum launcher { LAUNCH_AUTO, LAUNCH_LOCAL, LAUNCH_SSH };
 
 struct stream {
-    int fd;        /* read end of the rank's stdout or stderr, -1 closed */
-    int out;       /* where its lines go: 1 or 2 */
-    size_t len;    /* bytes waiting for a newline */
+    int fd;     /* read end of the rank's stdout or stderr, -1 closed */
+    int out;    /* where its lines go: 1 or 2 */
+    size_t len; /* bytes waiting for a newline */
     char buf[LINE_MAX_BYTES];
 };
 
@@ -205,8 +207,8 @@ static int shell_quote(char *buf, size_t cap, size_t *len, const char *s)
     return 0;
 }
 
-static int append_assign(char *buf, size_t cap, size_t *len,
-                         const char *name, const char *val)
+static int append_assign(char *buf, size_t cap, size_t *len, const char *name,
+                         const char *val)
 {
     char kv[PATH_MAX + 128];
 
@@ -251,7 +253,10 @@ static int remote_command(const struct run *run, const struct proc *p,
         for (i = 0; i < nenv; i++)
             if (!strcmp(name, envs[i][0]))
                 break;
-        if (i < nenv || !strcmp(name, "MESHTRAIN_SECRET_FD"))
+        /* Ours win; and only one of the two host sources may arrive. */
+        if (i < nenv || !strcmp(name, "MESHTRAIN_SECRET_FD") ||
+            !strcmp(name, "MESHTRAIN_HOSTS") ||
+            !strcmp(name, "MESHTRAIN_HOSTFILE"))
             continue;
         if (shell_quote(buf, cap, &len, *e) < 0)
             return -1;
@@ -333,6 +338,8 @@ static void exec_rank(const struct run *run, struct proc *p, int out_w,
     envs[nenv][0] = "MESHTRAIN_JOB_ID";
     envs[nenv++][1] = (char *)run->job_id;
 
+    /* One host source only (an ssh-like agent may pass our env on). */
+    unsetenv(run->hostfile ? "MESHTRAIN_HOSTS" : "MESHTRAIN_HOSTFILE");
     if (p->remote) {
         static char cmd[65536];
         static char store[1024];
@@ -373,7 +380,6 @@ static void exec_rank(const struct run *run, struct proc *p, int out_w,
     }
     for (i = 0; i < nenv; i++)
         setenv(envs[i][0], envs[i][1], 1);
-    unsetenv(run->hostfile ? "MESHTRAIN_HOSTS" : "MESHTRAIN_HOSTFILE");
     execvp(run->argv[0], run->argv);
     child_fail("cannot run", run->argv[0]);
 }
@@ -524,9 +530,9 @@ static int supervise(struct run *run)
     struct pollfd *pfds;
     struct stream **owners;
     struct proc **procs_of;
-    int first_fail = -1, code = 0, running = 0, stopping = 0;
+    int cand = -1, cand_pri = 0, code = 0, running = 0, stopping = 0;
     int killed = 0;
-    double kill_at = 0, all_exited_at = 0;
+    double kill_at = 0, all_exited_at = 0, settle_at = 0;
 
     pfds = calloc(2 * (size_t)run->np + 1, sizeof(*pfds));
     owners = calloc(2 * (size_t)run->np + 1, sizeof(*owners));
@@ -542,71 +548,71 @@ static int supervise(struct run *run)
     for (int r = 0; r < run->np; r++)
         running += run->procs[r].running;
     for (;;) {
-        int n = 0, open_streams = 0, timeout = 200;
+        int n = 0, open_streams = 0, timeout = 100;
         pid_t pid;
         int status;
 
         /*
-         * Reap every rank that has exited. When several failed at once,
-         * the culprit is the one killed by a signal or failing for its
-         * own reasons, not one exiting 3 (MESH_EXIT_PEER) in reaction.
+         * Reap every rank that has exited. The culprit is the rank killed
+         * by a signal or failing for its own reasons, not one exiting 3
+         * (MESH_EXIT_PEER) in reaction to it: such a one is only a
+         * candidate for SETTLE_S, in case the culprit's own exit is
+         * reported a moment later.
          */
-        {
-            int pick = -1, pick_pri = 0;
+        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+            for (int r = 0; r < run->np; r++) {
+                struct proc *p = &run->procs[r];
+                int c, pri;
 
-            while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-                for (int r = 0; r < run->np; r++) {
-                    struct proc *p = &run->procs[r];
-                    int c, pri;
-
-                    if (p->pid != pid || !p->running)
-                        continue;
-                    p->running = 0;
-                    p->status = status;
-                    running--;
-                    c = exit_code_of(status);
-                    if (c == 0 || first_fail >= 0 || stopping)
-                        continue;
-                    pri = WIFSIGNALED(status) ? 3 : c != 3 ? 2 : 1;
-                    if (pri > pick_pri) {
-                        pick = r;
-                        pick_pri = pri;
-                    }
+                if (p->pid != pid || !p->running)
+                    continue;
+                p->running = 0;
+                p->status = status;
+                running--;
+                c = exit_code_of(status);
+                if (c == 0 || stopping)
+                    continue;
+                pri = WIFSIGNALED(status) ? 3 : c != 3 ? 2 : 1;
+                if (pri > cand_pri) {
+                    cand = r;
+                    cand_pri = pri;
                 }
+                if (!settle_at)
+                    settle_at = mesh_now_s() + SETTLE_S;
             }
-            if (pick >= 0) {
-                struct proc *p = &run->procs[pick];
+        }
+        if (cand >= 0 && !stopping &&
+            (cand_pri >= 2 || mesh_now_s() >= settle_at)) {
+            struct proc *p = &run->procs[cand];
 
-                first_fail = pick;
-                code = exit_code_of(p->status);
-                if (WIFSIGNALED(p->status))
-                    fprintf(stderr,
-                            "meshrun: rank %d (%s) was killed by signal %d; "
-                            "stopping the other ranks\n",
-                            pick, p->host, WTERMSIG(p->status));
-                else
-                    fprintf(stderr,
-                            "meshrun: rank %d (%s) exited with code %d; "
-                            "stopping the other ranks\n",
-                            pick, p->host, code);
-                stopping = 1;
-                signal_all(run, SIGTERM);
-                kill_at = mesh_now_s() + run->grace_s;
-            }
+            code = exit_code_of(p->status);
+            if (WIFSIGNALED(p->status))
+                fprintf(stderr,
+                        "meshrun: rank %d (%s) was killed by signal %d; "
+                        "stopping the other ranks\n",
+                        cand, p->host, WTERMSIG(p->status));
+            else
+                fprintf(stderr,
+                        "meshrun: rank %d (%s) exited with code %d; "
+                        "stopping the other ranks\n",
+                        cand, p->host, code);
+            stopping = 1;
+            signal_all(run, SIGTERM);
+            kill_at = mesh_now_s() + run->grace_s;
         }
         if (got_signal && !stopping) {
             int sig = got_signal;
 
-            fprintf(stderr, "meshrun: got signal %d; stopping the job\n",
-                    sig);
+            fprintf(stderr, "meshrun: got signal %d; stopping the job\n", sig);
             code = 128 + sig;
             stopping = 1;
             signal_all(run, sig == SIGINT ? SIGINT : SIGTERM);
             kill_at = mesh_now_s() + run->grace_s;
         }
         if (stopping && !killed && running > 0 && mesh_now_s() >= kill_at) {
-            fprintf(stderr, "meshrun: %d rank(s) still running after %.1f "
-                            "s; sending SIGKILL\n",
+            fprintf(stderr,
+                    "meshrun: %d rank(s) still running after %.1f "
+                    "s; sending SIGKILL\n",
                     running, run->grace_s);
             signal_all(run, SIGKILL);
             killed = 1;
@@ -703,8 +709,8 @@ static int parse_args(struct run *run, int argc, char **argv)
             long n = strtol(v, &end, 10);
 
             if (*end || n < 1 || n > 65536)
-                return mesh_err(-EINVAL, "%s '%s': expected a rank count",
-                                a, v);
+                return mesh_err(-EINVAL, "%s '%s': expected a rank count", a,
+                                v);
             run->np = (int)n;
         } else if (!strcmp(a, "--hostfile")) {
             run->hostfile = v;
@@ -718,8 +724,10 @@ static int parse_args(struct run *run, int argc, char **argv)
             else if (!strcmp(v, "auto"))
                 run->launcher = LAUNCH_AUTO;
             else
-                return mesh_err(-EINVAL, "--launcher '%s': expected local, "
-                                         "ssh or auto", v);
+                return mesh_err(-EINVAL,
+                                "--launcher '%s': expected local, "
+                                "ssh or auto",
+                                v);
         } else if (!strcmp(a, "--ssh")) {
             run->ssh = v;
         } else if (!strcmp(a, "--grace")) {
@@ -727,11 +735,15 @@ static int parse_args(struct run *run, int argc, char **argv)
 
             run->grace_s = strtod(v, &end);
             if (*end || !(run->grace_s >= 0 && run->grace_s <= 3600))
-                return mesh_err(-EINVAL, "--grace '%s': expected seconds "
-                                         "from 0 to 3600", v);
+                return mesh_err(-EINVAL,
+                                "--grace '%s': expected seconds "
+                                "from 0 to 3600",
+                                v);
         } else {
-            return mesh_err(-EINVAL, "unknown option %s (see meshrun "
-                                     "--help)", a);
+            return mesh_err(-EINVAL,
+                            "unknown option %s (see meshrun "
+                            "--help)",
+                            a);
         }
         i++;
     }

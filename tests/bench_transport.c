@@ -4,7 +4,11 @@
  * (not run by make check); meshbench is the user-facing benchmark.
  *
  *   tests/bench_transport [-t tcp] [-s STREAMS] [-m BYTES] [-n MESSAGES]
- *                         [-w WINDOW] [-p PINGS] [-b PINGBYTES]
+ *                         [-w WINDOW] [-p PINGS] [-b PINGBYTES] [-P PORT]
+ *                         [-r RANK -A HOST0 -B HOST1]
+ *
+ * Without -r both ranks run here (fork) on 127.0.0.1; with -r only that
+ * rank runs, rank i listening at HOSTi:PORT+i (e.g. one per namespace).
  */
 #include "config.h"
 
@@ -29,6 +33,7 @@ struct bopts {
     int pings;
     size_t ping_bytes;
     uint16_t port;
+    const char *hosts[2];
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -55,7 +60,7 @@ static int peer_main(int rank, const struct bopts *b)
         return 1;
     }
     for (int i = 0; i < 2; i++) {
-        snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
+        snprintf(peers[i].host, sizeof(peers[i].host), "%s", b->hosts[i]);
         peers[i].port = (uint16_t)(b->port + i);
         peers[i].local_rank = i;
     }
@@ -79,7 +84,8 @@ static int peer_main(int rank, const struct bopts *b)
 
     /* Ping-pong: rank 0 sends, rank 1 answers. */
     for (int i = -100; i < b->pings; i++) {
-        struct mesh_frame f = {.seq = (uint64_t)(i + 1000), .op = MESH_OP_P2P,
+        struct mesh_frame f = {.seq = (uint64_t)(i + 1000),
+                               .op = MESH_OP_P2P,
                                .count = b->ping_bytes,
                                .length = b->ping_bytes};
         double t0 = mesh_now_s();
@@ -106,9 +112,8 @@ static int peer_main(int rank, const struct bopts *b)
         qsort(lat, (size_t)b->pings, sizeof(*lat), cmp_double);
         printf("ping-pong %zu B: mean %.1f us, median %.1f us, p99 %.1f us "
                "(round trip, %d pings)\n",
-               b->ping_bytes, sum / b->pings * 1e6,
-               lat[b->pings / 2] * 1e6, lat[b->pings * 99 / 100] * 1e6,
-               b->pings);
+               b->ping_bytes, sum / b->pings * 1e6, lat[b->pings / 2] * 1e6,
+               lat[b->pings * 99 / 100] * 1e6, b->pings);
     }
 
     /* Streaming: rank 0 sends nmsg messages, window in flight. */
@@ -172,34 +177,71 @@ out:
 
 int main(int argc, char **argv)
 {
-    struct bopts b = {.transport = "tcp", .streams = 1, .msg = 64u << 20,
-                      .nmsg = 32, .window = 2, .pings = 10000,
-                      .ping_bytes = 8, .port = 0};
+    struct bopts b = {.transport = "tcp",
+                      .streams = 1,
+                      .msg = 64u << 20,
+                      .nmsg = 32,
+                      .window = 2,
+                      .pings = 10000,
+                      .ping_bytes = 8,
+                      .port = 0,
+                      .hosts = {"127.0.0.1", "127.0.0.1"}};
     pid_t pid;
-    int c, st, rc;
+    int c, st, rc, only = -1;
 
-    while ((c = getopt(argc, argv, "t:s:m:n:w:p:b:P:h")) != -1) {
+    while ((c = getopt(argc, argv, "t:s:m:n:w:p:b:P:r:A:B:h")) != -1) {
         switch (c) {
-        case 't': b.transport = optarg; break;
-        case 's': b.streams = atoi(optarg); break;
-        case 'm': b.msg = (size_t)strtoull(optarg, NULL, 0); break;
-        case 'n': b.nmsg = atoi(optarg); break;
-        case 'w': b.window = atoi(optarg); break;
-        case 'p': b.pings = atoi(optarg); break;
-        case 'b': b.ping_bytes = (size_t)strtoull(optarg, NULL, 0); break;
-        case 'P': b.port = (uint16_t)atoi(optarg); break;
+        case 't':
+            b.transport = optarg;
+            break;
+        case 's':
+            b.streams = atoi(optarg);
+            break;
+        case 'm':
+            b.msg = (size_t)strtoull(optarg, NULL, 0);
+            break;
+        case 'n':
+            b.nmsg = atoi(optarg);
+            break;
+        case 'w':
+            b.window = atoi(optarg);
+            break;
+        case 'p':
+            b.pings = atoi(optarg);
+            break;
+        case 'b':
+            b.ping_bytes = (size_t)strtoull(optarg, NULL, 0);
+            break;
+        case 'P':
+            b.port = (uint16_t)atoi(optarg);
+            break;
+        case 'r':
+            only = atoi(optarg);
+            break;
+        case 'A':
+            b.hosts[0] = optarg;
+            break;
+        case 'B':
+            b.hosts[1] = optarg;
+            break;
         default:
             fprintf(stderr,
                     "usage: %s [-t tcp] [-s STREAMS] [-m BYTES] [-n MESSAGES] "
-                    "[-w WINDOW] [-p PINGS] [-b PINGBYTES] [-P PORT]\n",
+                    "[-w WINDOW] [-p PINGS] [-b PINGBYTES] [-P PORT] "
+                    "[-r RANK -A HOST0 -B HOST1]\n",
                     argv[0]);
             return c == 'h' ? 0 : 2;
         }
     }
     if (b.streams < 1 || b.window < 1 || b.nmsg < 1 || b.pings < 0 ||
-        b.ping_bytes > b.msg) {
+        b.ping_bytes > b.msg || only > 1) {
         fprintf(stderr, "%s: bad arguments\n", argv[0]);
         return 2;
+    }
+    if (only >= 0) {
+        if (!b.port)
+            b.port = 29400;
+        return peer_main(only, &b);
     }
     if (!b.port)
         b.port = (uint16_t)(30000 + getpid() % 20000);

@@ -14,7 +14,7 @@ VICTIM=2
 WORK="--op pingpong -b 64 -e 64 -n 1000000 -w 0 --peer-timeout $PEER_TIMEOUT \
 --join-timeout 30"
 
-t_plan 14
+t_plan 15
 
 # by_hand SIGNAL: 4 peers started by hand; SIGNAL the victim.
 by_hand() {
@@ -102,13 +102,28 @@ under_meshrun() {
                grep -Eq "^\[[013]\] .*rank $VICTIM" "$log"; echo $?) \
             "meshrun exits 3, a survivor's code; survivors name rank $VICTIM"
     fi
-    [ "$EXIT_CODE" -eq 0 ] || grep -E "meshrun|rank $VICTIM" "$log" |
+    [ "$EXIT_CODE" -eq 0 ] || grep -E "^meshrun|error" "$log" |
         head -n 4 | sed 's/^/# /'
     left=$(ps -o pid= --ppid "$mr" 2>/dev/null | wc -l)
     gone=0
     [ -n "$victim" ] && kill -0 "$victim" 2>/dev/null && gone=1
     t_ok $gone "meshrun left no rank running ($left children)"
 }
+
+# A peer that never starts: the join fails at --join-timeout with exit 2,
+# naming the ranks that never answered.
+port=$(free_ports 3)
+"$MESHBENCH" -H localhost:3 --rank 0 --port "$port" --insecure \
+    --join-timeout 2 > "$TMP/join.log" 2>&1 &
+jp=$!
+T_PIDS="$T_PIDS $jp"
+wait_exit $jp 15
+t_ok $([ "$EXIT_CODE" -eq 2 ] &&
+       grep -q "rank 1 (localhost:$((port + 1)))" "$TMP/join.log" &&
+       grep -q "rank 2 (localhost:$((port + 2)))" "$TMP/join.log"; echo $?) \
+    "peers never started: exit 2 after the join timeout, naming ranks 1 and \
+2 with host:port (exit $EXIT_CODE after ${EXIT_AFTER}s)"
+grep "cannot join" "$TMP/join.log" | sed 's/^/# /'
 
 by_hand KILL
 by_hand STOP

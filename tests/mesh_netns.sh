@@ -10,7 +10,8 @@
 
 NETNS=$top_srcdir/scripts/netns.sh
 [ -f "$NETNS" ] || t_skip_all "scripts/netns.sh is missing"
-PREFIX=mm$(( $$ % 100000 ))
+# Short: netns.sh appends up to 10 characters to it in interface names.
+PREFIX=m$(( $$ % 1000 ))
 why=$(sh "$NETNS" check --prefix "$PREFIX" 2>&1) ||
     t_skip_all "network namespaces unavailable: $why"
 

@@ -25,12 +25,19 @@ static const char *size_vars[] = {"MESHTRAIN_SIZE", "SLURM_NTASKS",
 
 static void clear_env(void)
 {
-    static const char *others[] = {
-        "MESHTRAIN_HOSTFILE", "MESHTRAIN_HOSTS", "MESHTRAIN_PORT",
-        "MESHTRAIN_PORT_RANGE", "MESHTRAIN_STREAMS", "MESHTRAIN_SECRET_FILE",
-        "MESHTRAIN_SECRET_FD", "MESHTRAIN_INSECURE", "MESHTRAIN_JOB_ID",
-        "MESHTRAIN_JOIN_TIMEOUT", "MESHTRAIN_PEER_TIMEOUT",
-        "MESHTRAIN_TRANSPORT", "SLURM_JOB_ID"};
+    static const char *others[] = {"MESHTRAIN_HOSTFILE",
+                                   "MESHTRAIN_HOSTS",
+                                   "MESHTRAIN_PORT",
+                                   "MESHTRAIN_PORT_RANGE",
+                                   "MESHTRAIN_STREAMS",
+                                   "MESHTRAIN_SECRET_FILE",
+                                   "MESHTRAIN_SECRET_FD",
+                                   "MESHTRAIN_INSECURE",
+                                   "MESHTRAIN_JOB_ID",
+                                   "MESHTRAIN_JOIN_TIMEOUT",
+                                   "MESHTRAIN_PEER_TIMEOUT",
+                                   "MESHTRAIN_TRANSPORT",
+                                   "SLURM_JOB_ID"};
 
     for (size_t i = 0; i < 4; i++) {
         unsetenv(rank_vars[i]);
@@ -129,8 +136,8 @@ static void test_openmpi(void)
            "port= sets the host's base port");
         ok(!strcmp(p[3].host, "10.0.0.3") && p[3].port == 29400,
            "IPv4 address, one slot");
-        ok(p[4].port == 29500 && p[5].port == 29501 &&
-               p[4].local_rank == 2 && p[5].local_rank == 3,
+        ok(p[4].port == 29500 && p[5].port == 29501 && p[4].local_rank == 2 &&
+               p[5].local_rank == 3,
            "a host on two lines keeps counting local ranks");
     }
     free(p);
@@ -183,8 +190,7 @@ static void test_horovod_and_ipv6(void)
 
 static void test_malformed(void)
 {
-    bad("node1 slots=x\n",
-        "hf:1:13: expected a slot count, found 'x'");
+    bad("node1 slots=x\n", "hf:1:13: expected a slot count, found 'x'");
     bad("a:2\nb slots=2 bogus=1\n",
         "hf:2:11: expected slots=N, max_slots=N, port=P, '#' or end of "
         "line, found 'b'");
@@ -197,16 +203,13 @@ static void test_malformed(void)
         "hf:1:2: expected an IPv6 address inside [ ], found 'zz::1'");
     bad("a:0\n", "hf:1:3: expected a slot count after ':' between 1 and "
                  "4096");
-    bad("a port=70000\n",
-        "hf:1:8: expected a port number between 1 and 65535");
+    bad("a port=70000\n", "hf:1:8: expected a port number between 1 and 65535");
     bad("a:2x\n", "hf:1:4: expected whitespace, '#' or end of line, found "
                   "'x'");
     bad("a@b\n", "hf:1:2: expected ':', whitespace, '#' or end of line, "
                  "found '@'");
-    bad("a slots=2 slots=3\n",
-        "hf:1:11: slots given twice");
-    bad("a max_slots=1 slots=2\n",
-        "hf:1:1: max_slots=1 is less than slots=2");
+    bad("a slots=2 slots=3\n", "hf:1:11: slots given twice");
+    bad("a max_slots=1 slots=2\n", "hf:1:1: max_slots=1 is less than slots=2");
     bad("a slots=\n", "hf:1:9: expected a slot count, found end of line");
     bad("a:\n", "hf:1:3: expected a slot count after ':', found end of line");
     bad("# only comments\n\n", "hf: no hosts listed");
@@ -305,8 +308,8 @@ static int opts_run(struct mesh_opts *o, int argc, char **argv)
     while (i < argc) {
         rc = mesh_opts_parse_arg(o, argc, argv, &i);
         if (rc <= 0)
-            return rc < 0 ? rc : mesh_err(-EINVAL, "not a mesh flag: %s",
-                                          argv[i]);
+            return rc < 0 ? rc
+                          : mesh_err(-EINVAL, "not a mesh flag: %s", argv[i]);
     }
     return mesh_opts_finish(o);
 }
@@ -319,9 +322,9 @@ static void test_opts(void)
 
     clear_env();
     {
-        char *argv[] = {"-H", "localhost:4", "--rank=2", "--port", "31000",
-                        "--streams", "2", "--insecure", "--join-timeout",
-                        "1.5"};
+        char *argv[] = {
+            "-H",        "localhost:4", "--rank=2",   "--port",         "31000",
+            "--streams", "2",           "--insecure", "--join-timeout", "1.5"};
 
         rc = opts_run(&o, 10, argv);
         ok(rc == 0 && o.world.size == 4 && o.world.rank == 2 &&

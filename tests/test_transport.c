@@ -14,6 +14,7 @@
 
 #include "src/util.h"
 #include "tests/tap.h"
+#include "transport/tcp-internal.h"
 #include "transport/transport.h"
 
 #include <arpa/inet.h>
@@ -32,7 +33,7 @@
 #include <unistd.h>
 
 #define MAXP 8
-#define MSG 2048
+#define MSG  2048
 
 static const struct mesh_transport_ops *ops;
 static const char *secret = "correct horse battery staple, 32b";
@@ -104,8 +105,7 @@ static uint16_t pick_ports(int n)
 static void world_build(struct ctx *cx)
 {
     for (int i = 0; i < cx->cfg.n; i++) {
-        snprintf(cx->peers[i].host, sizeof(cx->peers[i].host), "%s",
-                 test_host);
+        snprintf(cx->peers[i].host, sizeof(cx->peers[i].host), "%s", test_host);
         cx->peers[i].port = (uint16_t)(cx->base + i);
         cx->peers[i].local_rank = i;
     }
@@ -166,11 +166,11 @@ struct run {
     int n;
     pid_t pid[MAXP];
     int res_fd[MAXP];
-    int ready_fd;     /* parent reads */
-    int go_fd;        /* parent writes */
+    int ready_fd; /* parent reads */
+    int go_fd;    /* parent writes */
     char logs[MAXP][128];
     char msg[MAXP][MSG];
-    int status[MAXP];  /* exit code, or 128 + signal, -1 not reaped */
+    int status[MAXP]; /* exit code, or 128 + signal, -1 not reaped */
     uint16_t base;
 };
 
@@ -277,8 +277,8 @@ static void run_finish(struct run *R, double timeout_s)
             if (R->status[i] != -1)
                 continue;
             if (waitpid(R->pid[i], &st, WNOHANG) == R->pid[i]) {
-                R->status[i] = WIFEXITED(st) ? WEXITSTATUS(st)
-                                             : 128 + WTERMSIG(st);
+                R->status[i] =
+                    WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
                 left--;
             }
         }
@@ -385,7 +385,7 @@ static uint64_t seed_of(int src, int dst, uint64_t seq, uint32_t tag)
                tag);
 }
 
-static const size_t sizes[] = {0,     1,      4095,    4096,   7919,
+static const size_t sizes[] = {0,     1,      4095,    4096,    7919,
                                65536, 104729, 1000003, 8u << 20};
 
 /*
@@ -556,9 +556,13 @@ static int child_live(struct ctx *cx, char *msg, size_t len)
  */
 static int child_victim(struct ctx *cx, char *msg, size_t len)
 {
-    struct mesh_frame f = {.seq = 1, .tag = 0, .op = MESH_OP_P2P,
-                           .dtype = MESH_DT_BYTE, .count = 64,
-                           .offset = 0, .length = 64};
+    struct mesh_frame f = {.seq = 1,
+                           .tag = 0,
+                           .op = MESH_OP_P2P,
+                           .dtype = MESH_DT_BYTE,
+                           .count = 64,
+                           .offset = 0,
+                           .length = 64};
     uint8_t buf[64];
     mesh_req_t *r;
     int rc = mesh_up(cx, msg, len);
@@ -612,8 +616,10 @@ static int child_goodbye(struct ctx *cx, char *msg, size_t len)
     if (cx->rank == 0)
         usleep(300000);
     for (int i = 0; i < 2; i++) {
-        struct mesh_frame f = {.seq = (uint64_t)i, .op = MESH_OP_P2P,
-                               .count = gsz[i], .length = gsz[i]};
+        struct mesh_frame f = {.seq = (uint64_t)i,
+                               .op = MESH_OP_P2P,
+                               .count = gsz[i],
+                               .length = gsz[i]};
 
         rc = cx->rank == 1 ? ops->isend(cx->t, 0, &f, buf[i], NULL, &r[i])
                            : ops->irecv(cx->t, 1, &f, buf[i], NULL, &r[i]);
@@ -640,8 +646,8 @@ static int child_goodbye(struct ctx *cx, char *msg, size_t len)
         return 0;
     }
     {
-        struct mesh_frame f = {.seq = 7, .op = MESH_OP_P2P, .count = 8,
-                               .length = 8};
+        struct mesh_frame f = {
+            .seq = 7, .op = MESH_OP_P2P, .count = 8, .length = 8};
 
         usleep(200000);
         rc = ops->irecv(cx->t, 1, &f, buf[1], NULL, &r[0]);
@@ -653,6 +659,68 @@ static int child_goodbye(struct ctx *cx, char *msg, size_t len)
         }
         snprintf(msg, len, "%s", mesh_err_msg(rc));
     }
+    return 0;
+}
+
+/*
+ * Peer timeout 1 s. The mesh idles for 2.5 s (heartbeats must keep it
+ * alive); then rank 1 sends 8 MiB that rank 0 posts for only 2 s later (a
+ * parked stream with a blocked sender is not a dead peer); then rank 2
+ * aborts and the others' pending receives fail naming it and its reason.
+ */
+static int child_idle(struct ctx *cx, char *msg, size_t len)
+{
+    const size_t sz = 8u << 20;
+    struct mesh_frame f = {
+        .seq = 1, .op = MESH_OP_P2P, .count = sz, .length = sz};
+    uint8_t *buf = malloc(sz);
+    mesh_req_t *r;
+    int rc = mesh_up(cx, msg, len);
+
+    if (rc < 0)
+        return rc;
+    if (!buf) {
+        snprintf(msg, len, "out of memory");
+        return -1;
+    }
+    usleep(2500000);
+    if (cx->rank == 1) {
+        fill(buf, sz, seed_of(1, 0, 1, 0));
+        rc = ops->isend(cx->t, 0, &f, buf, NULL, &r);
+    } else if (cx->rank == 0) {
+        usleep(2000000);
+        rc = ops->irecv(cx->t, 1, &f, buf, NULL, &r);
+    }
+    if (cx->rank < 2) {
+        if (rc >= 0)
+            rc = mesh_transport_wait(ops, cx->t, r);
+        if (rc < 0) {
+            snprintf(msg, len, "after idling: %s", mesh_err_msg(rc));
+            return rc;
+        }
+        if (cx->rank == 0 && check(buf, sz, seed_of(1, 0, 1, 0)) >= 0) {
+            snprintf(msg, len, "after idling: wrong contents");
+            return -1;
+        }
+        /* Now wait for something rank 2 never sends. */
+        f.seq = 2;
+        f.count = f.length = 8;
+        rc = ops->irecv(cx->t, 2, &f, buf, NULL, &r);
+        if (rc >= 0)
+            rc = mesh_transport_wait(ops, cx->t, r);
+    } else {
+        usleep(3000000); /* until the others wait on us */
+        ops->abort(cx->t, -1, "the test aborts here");
+        f.seq = 3;
+        f.count = f.length = 8;
+        rc = ops->isend(cx->t, 0, &f, buf, NULL, &r);
+    }
+    free(buf);
+    if (rc >= 0) {
+        snprintf(msg, len, "no failure after the abort");
+        return -1;
+    }
+    snprintf(msg, len, "%s", mesh_err_msg(rc));
     return 0;
 }
 
@@ -671,8 +739,11 @@ static int child_join_fail(struct ctx *cx, char *msg, size_t len)
 
 static struct world_cfg wcfg(int n, int streams)
 {
-    struct world_cfg c = {.n = n, .streams = streams, .peer_timeout_s = 10,
-                          .join_timeout_s = 20, .insecure = 0};
+    struct world_cfg c = {.n = n,
+                          .streams = streams,
+                          .peer_timeout_s = 10,
+                          .join_timeout_s = 20,
+                          .insecure = 0};
 
     return c;
 }
@@ -762,8 +833,8 @@ static void scenario_desync(int mode)
             good = good && strstr(m, "desync") && strstr(m, "count 1024") &&
                    strstr(m, "count 512");
         else
-            good = good && strstr(m, "beyond") &&
-                   strstr(m, "length 4096") && strstr(m, "length 2048");
+            good = good && strstr(m, "beyond") && strstr(m, "length 4096") &&
+                   strstr(m, "length 2048");
         ok(good, "%s: rank %d fails naming both sides", what[mode], i);
         if (!good)
             diag("rank %d said: %s", i, R.msg[i]);
@@ -805,8 +876,7 @@ static int bad_join(uint16_t base, int n, const char *sec, const char *job,
 
 static int raw_connect(uint16_t port)
 {
-    struct sockaddr_in s4 = {.sin_family = AF_INET,
-                             .sin_port = htons(port)};
+    struct sockaddr_in s4 = {.sin_family = AF_INET, .sin_port = htons(port)};
     int fd = socket(AF_INET, SOCK_STREAM, 0);
 
     s4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -837,6 +907,28 @@ static int closed_within(int fd, double timeout_s)
     }
 }
 
+/* A raw TCP HELLO (tcp only): wrong version, or a rank out of range. */
+static int raw_hello(uint16_t port, uint32_t version, uint32_t rank)
+{
+    uint8_t m[TCP_HELLO_LEN];
+    int fd = raw_connect(port), closed;
+
+    if (fd < 0)
+        return 0;
+    memset(m, 0, sizeof(m));
+    for (int i = 0; i < 4; i++) {
+        m[i] = (uint8_t)(TCP_HS_MAGIC >> (8 * i));
+        m[4 + i] = (uint8_t)(version >> (8 * i));
+        m[8 + i] = (uint8_t)(4u >> (8 * i));
+        m[12 + i] = (uint8_t)(rank >> (8 * i));
+    }
+    memcpy(m + 24, "test-job", 8);
+    closed =
+        write(fd, m, sizeof(m)) == (ssize_t)sizeof(m) && closed_within(fd, 3);
+    close(fd);
+    return closed;
+}
+
 static void scenario_live(void)
 {
     struct world_cfg c = wcfg(4, 1);
@@ -863,15 +955,24 @@ static void scenario_live(void)
     garbage = raw_connect(base);
     for (size_t i = 0; i < sizeof(junk); i++)
         junk[i] = (uint8_t)mix(i);
-    ok(garbage >= 0 && write(garbage, junk, sizeof(junk)) ==
-                           (ssize_t)sizeof(junk) &&
+    ok(garbage >= 0 &&
+           write(garbage, junk, sizeof(junk)) == (ssize_t)sizeof(junk) &&
            closed_within(garbage, 3),
        "garbage client is dropped");
     if (garbage >= 0)
         close(garbage);
 
-    rc = bad_join(base, 4, "the wrong secret", "test-job", config, m,
-                  sizeof(m));
+    if (!strcmp(ops->name, "tcp")) {
+        ok(raw_hello(base, TCP_PROTO_VERSION + 1, 3),
+           "a handshake of another protocol version is dropped");
+        ok(raw_hello(base, TCP_PROTO_VERSION, 99),
+           "a handshake from an unknown rank is dropped");
+    } else {
+        skip("raw TCP handshakes apply to the tcp transport only");
+        skip("raw TCP handshakes apply to the tcp transport only");
+    }
+    rc =
+        bad_join(base, 4, "the wrong secret", "test-job", config, m, sizeof(m));
     ok(rc < 0, "wrong secret cannot join: %s", m);
     rc = bad_join(base, 4, secret, "other-job", config, m, sizeof(m));
     ok(rc < 0, "wrong job id cannot join: %s", m);
@@ -885,8 +986,7 @@ static void scenario_live(void)
     rc = loris >= 0 && closed_within(loris, 9);
     t_loris = mesh_now_s() - t_loris;
     ok(rc && t_loris >= 4.0,
-       "slow-loris client dropped at the handshake deadline (%.1f s)",
-       t_loris);
+       "slow-loris client dropped at the handshake deadline (%.1f s)", t_loris);
     if (loris >= 0)
         close(loris);
 
@@ -900,6 +1000,18 @@ static void scenario_live(void)
     ok(log && strstr(log, "bad magic"), "rank 0 logged the garbage");
     ok(log && strstr(log, "handshake not completed"),
        "rank 0 logged the slow-loris");
+    if (!strcmp(ops->name, "tcp")) {
+        char want[64];
+
+        snprintf(want, sizeof(want), "protocol version %u, expected %u",
+                 TCP_PROTO_VERSION + 1, TCP_PROTO_VERSION);
+        ok(log && strstr(log, want), "rank 0 logged the version");
+        ok(log && strstr(log, "unknown rank 99"),
+           "rank 0 logged the unknown rank");
+    } else {
+        skip("raw TCP handshakes apply to the tcp transport only");
+        skip("raw TCP handshakes apply to the tcp transport only");
+    }
     for (int i = 1; i < 3 && log; i++) {
         char *more = run_log(&R, i);
 
@@ -913,8 +1025,7 @@ static void scenario_live(void)
     ok(log && strstr(log, "configuration differs: batch=32 here, batch=64 "
                           "there"),
        "the mesh logged the config key that differs");
-    ok(log && strstr(log, "duplicate rank 3"),
-       "the mesh logged the duplicate");
+    ok(log && strstr(log, "duplicate rank 3"), "the mesh logged the duplicate");
     free(log);
     run_cleanup(&R);
 }
@@ -930,7 +1041,7 @@ static void scenario_kill(int sig)
 
     c.peer_timeout_s = 2.0;
     if (!base || run_start(&R, 4, NULL, &c, base, child_victim,
-                                  sig == SIGKILL ? "kill" : "stop")) {
+                           sig == SIGKILL ? "kill" : "stop")) {
         ok(0, "%s: start", name);
         return;
     }
@@ -966,11 +1077,12 @@ static void scenario_kill(int sig)
         double when = atof(R.msg[i]) - t0;
         /* The bound: the peer timeout, plus scheduling slack. */
         double bound = sig == SIGKILL ? 2.0 : c.peer_timeout_s + 2.0;
-        int good = R.status[i] == 0 && strstr(R.msg[i], culprit) &&
-                   when >= 0 && when <= bound;
+        int good = R.status[i] == 0 && strstr(R.msg[i], culprit) && when >= 0 &&
+                   when <= bound;
 
-        ok(good, "%s of rank 3: rank %d's pending receive failed after "
-                 "%.2f s naming the culprit",
+        ok(good,
+           "%s of rank 3: rank %d's pending receive failed after "
+           "%.2f s naming the culprit",
            name, i, when);
         if (!good)
             diag("rank %d said: %s", i, R.msg[i]);
@@ -1001,6 +1113,34 @@ static void scenario_goodbye(void)
     run_cleanup(&R);
 }
 
+static void scenario_idle(void)
+{
+    struct world_cfg c = wcfg(3, 2);
+    uint16_t base = pick_ports(3);
+    char who[64];
+    struct run R;
+
+    c.peer_timeout_s = 1.0;
+    if (!base || run_start(&R, 3, NULL, &c, base, child_idle, "idle")) {
+        ok(0, "idle: start");
+        return;
+    }
+    run_finish(&R, 30);
+    report_children(&R, "idle");
+    ok(R.status[0] == 0 && R.status[1] == 0 &&
+           !strstr(R.msg[0], "after idling") &&
+           !strstr(R.msg[1], "after idling"),
+       "an idle mesh and a parked, blocked stream outlive a 1 s peer "
+       "timeout");
+    snprintf(who, sizeof(who), "rank 2 (127.0.0.1:%u)", (unsigned)base + 2);
+    for (int i = 0; i < 3; i++)
+        ok(R.status[i] == 0 && strstr(R.msg[i], who) &&
+               strstr(R.msg[i], "the test aborts here"),
+           "abort() on rank 2 fails rank %d naming it and why: %s", i,
+           R.msg[i]);
+    run_cleanup(&R);
+}
+
 static void scenario_join_timeout(void)
 {
     struct world_cfg c = wcfg(4, 1);
@@ -1009,8 +1149,7 @@ static void scenario_join_timeout(void)
     struct run R;
 
     c.join_timeout_s = 1.5;
-    if (!base ||
-        run_start(&R, 2, ranks, &c, base, child_join_fail, "join")) {
+    if (!base || run_start(&R, 2, ranks, &c, base, child_join_fail, "join")) {
         ok(0, "join timeout: start");
         return;
     }
@@ -1032,6 +1171,44 @@ static void scenario_join_timeout(void)
     run_cleanup(&R);
 }
 
+/* In-process checks of the API's edges (no peers needed). */
+static void scenario_api(void)
+{
+    struct world_cfg c = wcfg(1, 1);
+    struct ctx cx;
+    char m[MSG];
+    int rc;
+
+    memset(&cx, 0, sizeof(cx));
+    cx.cfg = c;
+    cx.base = pick_ports(1);
+    rc = mesh_up(&cx, m, sizeof(m));
+    ok(rc == 0, "a world of one joins at once");
+    ops->close(cx.t);
+    ops->close(NULL); /* allowed: must not crash */
+
+    memset(&cx, 0, sizeof(cx));
+    cx.cfg = c;
+    cx.base = pick_ports(1);
+    world_build(&cx);
+    cx.o.secret = NULL;
+    cx.o.secret_len = 0;
+    rc = ops->listen(&cx.w, &cx.o, &cx.t);
+    ok(rc < 0 && strstr(mesh_err_msg(rc), "--secret-file") &&
+           strstr(mesh_err_msg(rc), "--insecure"),
+       "no secret and not insecure: refused, saying how to fix it");
+    if (rc >= 0)
+        ops->close(cx.t);
+
+    cx.o.insecure = 1;
+    cx.o.streams = 0;
+    cx.t = NULL;
+    rc = ops->listen(&cx.w, &cx.o, &cx.t);
+    ok(rc < 0, "zero streams refused: %s", mesh_err_msg(rc));
+    if (rc >= 0)
+        ops->close(cx.t);
+}
+
 int main(int argc, char **argv)
 {
     const char *name = argc > 1 ? argv[1] : "tcp";
@@ -1046,6 +1223,7 @@ int main(int argc, char **argv)
         return 0;
     }
     diag("transport %s", name);
+    scenario_api();
     scenario_exchange(2, 1, 0);
     scenario_exchange(2, 4, 0);
     scenario_exchange(2, 1, 1);
@@ -1058,6 +1236,7 @@ int main(int argc, char **argv)
     scenario_desync(2);
     scenario_live();
     scenario_goodbye();
+    scenario_idle();
     scenario_kill(SIGKILL);
     scenario_kill(SIGSTOP);
     scenario_join_timeout();

@@ -23,17 +23,17 @@
 
 #include <stdint.h>
 
-#define TCP_HS_MAGIC 0x3148534du    /* "MSH1" */
+#define TCP_HS_MAGIC      0x3148534du /* "MSH1" */
 #define TCP_PROTO_VERSION 1u
-#define TCP_FRAME_MAGIC 0x4d52464du /* "MFRM" */
+#define TCP_FRAME_MAGIC   0x4d52464du /* "MFRM" */
 
 #define TCP_NONCE_LEN 32
-#define TCP_FP_LEN 32  /* SHA-256 */
-#define TCP_MAC_LEN 32 /* HMAC-SHA256 */
+#define TCP_FP_LEN    32 /* SHA-256 */
+#define TCP_MAC_LEN   32 /* HMAC-SHA256 */
 
 /* HELLO: u32 magic, u32 version, u32 world size, u32 rank, u32 stream,
  * u32 flags, char job[MESH_JOB_MAX], u8 fp[32], u8 nonce[32]. */
-#define TCP_HELLO_LEN (6 * 4 + MESH_JOB_MAX + TCP_FP_LEN + TCP_NONCE_LEN)
+#define TCP_HELLO_LEN      (6 * 4 + MESH_JOB_MAX + TCP_FP_LEN + TCP_NONCE_LEN)
 #define TCP_HELLO_INSECURE 1u /* flags: the sender runs without a secret */
 
 /* CONFIG: u32 length, then that many bytes of "key=value\n" text. */
@@ -47,11 +47,11 @@
 #define TCP_FRAME_HDR_LEN 48
 
 /*
- * Control message (fixed 512 bytes): u32 type, i32 culprit, u32 reason
- * length, char reason[500].
+ * Control message (fixed 512 bytes): u32 type, i32 culprit, u32 error code
+ * (positive errno), u32 reason length, char reason[496].
  */
-#define TCP_CTRL_LEN 512
-#define TCP_CTRL_REASON_MAX (TCP_CTRL_LEN - 12)
+#define TCP_CTRL_LEN        512
+#define TCP_CTRL_REASON_MAX (TCP_CTRL_LEN - 16)
 enum tcp_ctrl_type {
     TCP_CTRL_HEARTBEAT = 1,
     TCP_CTRL_ABORT = 2, /* the job failed: culprit + reason */
@@ -63,7 +63,8 @@ extern const struct mesh_transport_ops mesh_tcp_ops;
 
 /* Handshake deadline per connection. */
 #define TCP_HS_DEADLINE_S 5.0
-/* Handshakes in progress at once before new connections are refused. */
+/* Handshakes in progress at once before new connections are refused (at
+ * least; twice the mesh's own connection count where that is more). */
 #define TCP_HS_PENDING_MAX 256
 
 #endif

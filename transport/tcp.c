@@ -5,15 +5,43 @@
  * non-blocking sockets. Every piece of state below the transport lives under
  * one mutex (t->lock): the progress thread takes it in each callback, the
  * caller's thread in each operation. The caller's thread may write to a
- * socket directly (isend on an idle stream) and may add events, but never
- * deletes one (event_del would wait for a callback that waits for our lock);
- * the progress thread deletes events only from its own callbacks.
+ * socket directly (isend on an idle stream: no thread hand-off on the
+ * latency path) and may add events, but never deletes one (event_del would
+ * wait for a callback that waits for our lock); the progress thread deletes
+ * events only from its own callbacks.
  *
  * Payload moves with sendmsg/recv straight between the caller's buffers and
  * the kernel: a data stream reads a frame header (48 bytes) into the
  * connection, matches it against the posted receives, then reads the
  * payload into the receive's buffer. A header with no posted receive parks
- * its stream (the read event is removed) until irecv posts one.
+ * its stream (the read event is removed) until irecv posts one. Messages of
+ * 512 KiB and more are striped over the data streams in 4 KiB-aligned
+ * slices; smaller ones go whole, round-robin.
+ *
+ * Matching, precisely: a frame belongs to the posted receive from its peer
+ * with the same (seq, tag) whose range holds the frame's first byte (the
+ * earliest posted wins). Different op, dtype or count: desync. Its end
+ * past the receive's range, or past the bytes still unclaimed: the link is
+ * closed before any payload byte is read. No such receive: the stream
+ * parks (a later receive for another slice of the same (seq, tag) is fine).
+ *
+ * The configuration fingerprint covers opts->config plus the transport's
+ * own "transport.streams=S" line, so peers must agree on the stream count.
+ *
+ * Failure codes (the job's failure, returned by every later operation):
+ *   -ECONNRESET    a peer closed or reset a connection, or left (goodbye)
+ *                  with operations pending
+ *   -EHOSTDOWN     a peer was silent past the peer timeout
+ *   -EPROTO        desync, out-of-range frame, or garbage from a peer
+ *   -ECANCELED     abort() was called (here or on the peer that said so)
+ *   -ECONNABORTED  an abort notice with an unknown code
+ * connect() also returns -ETIMEDOUT (join timeout, listing the ranks that
+ * never joined) and -ECONNREFUSED (a peer's configuration differs).
+ *
+ * Tuning knobs for experiments (environment): MESHTRAIN_TCP_SPIN_US, how
+ * long wait_any spins before sleeping (default 50 us with more than 2 CPUs,
+ * else 0); MESHTRAIN_TCP_SOCKBUF, fixed SO_SNDBUF/SO_RCVBUF bytes (default:
+ * the kernel's autotuning, which measured as fast or faster on loopback).
  *
  * Wire formats and the handshake: transport/tcp-internal.h.
  */
@@ -52,12 +80,12 @@
 /* How long a broken data stream waits for its control connection. */
 #define LOST_GRACE_S 0.5
 /* Dial retry backoff. */
-#define DIAL_BACKOFF_MIN_NS 10000000ull    /* 10 ms */
-#define DIAL_BACKOFF_MAX_NS 1000000000ull  /* 1 s */
-#define ADDRS_MAX 4
-#define OUTBUF_LEN (TCP_CONFIG_WIRE_MAX + 4 * TCP_CTRL_LEN + 256)
-#define INBUF_LEN (TCP_CONFIG_WIRE_MAX + 8)
-#define MSG_MAX 1024
+#define DIAL_BACKOFF_MIN_NS 10000000ull   /* 10 ms */
+#define DIAL_BACKOFF_MAX_NS 1000000000ull /* 1 s */
+#define ADDRS_MAX           4
+#define OUTBUF_LEN          (TCP_CONFIG_WIRE_MAX + 4 * TCP_CTRL_LEN + 256)
+#define INBUF_LEN           (TCP_CONFIG_WIRE_MAX + 8)
+#define MSG_MAX             1024
 
 enum role { ROLE_DIALER = 'D', ROLE_ACCEPTOR = 'A' };
 
@@ -108,9 +136,9 @@ struct conn {
     /* data stream, receiving: a header, then its payload */
     uint8_t hdr[TCP_FRAME_HDR_LEN];
     size_t hdr_got;
-    int parked;               /* header read, no posted receive yet */
-    struct mesh_frame rx_f;   /* the header */
-    struct mesh_req *rx_req;  /* where its payload goes */
+    int parked;              /* header read, no posted receive yet */
+    struct mesh_frame rx_f;  /* the header */
+    struct mesh_req *rx_req; /* where its payload goes */
     uint8_t *rx_dst;
     uint64_t rx_left;
 
@@ -120,8 +148,8 @@ struct conn {
 };
 
 struct dial {
-    int active;          /* a connection attempt exists */
-    uint64_t next_ns;    /* next attempt not before */
+    int active;       /* a connection attempt exists */
+    uint64_t next_ns; /* next attempt not before */
     uint64_t backoff_ns;
     unsigned addr_i;
 };
@@ -133,7 +161,7 @@ struct link {
     int ready;          /* all S + 1 are READY */
     int bye;            /* the peer closed the mesh normally */
     uint64_t last_rx_ns;
-    uint64_t tx_ns;      /* last bytes sent on any of its connections */
+    uint64_t tx_ns;          /* last bytes sent on any of its connections */
     struct mesh_req *posted; /* receives posted, not yet complete */
     unsigned rr;             /* next data stream for a message */
     struct dial *dial;       /* (S + 1), dialers only */
@@ -156,11 +184,11 @@ struct mesh_req {
     struct mesh_frame f;
     uint8_t *buf;
     atomic_int done;
-    int pieces_left;    /* send: pieces not fully written */
-    uint64_t got;       /* recv: payload bytes arrived */
-    uint64_t reserved;  /* recv: bytes claimed by matched headers */
-    int frames;         /* recv: headers matched */
-    int posted;         /* recv: on its link's posted list */
+    int pieces_left;                /* send: pieces not fully written */
+    uint64_t got;                   /* recv: payload bytes arrived */
+    uint64_t reserved;              /* recv: bytes claimed by matched headers */
+    int frames;                     /* recv: headers matched */
+    int posted;                     /* recv: on its link's posted list */
     struct mesh_req *pnext, *pprev; /* link's posted list */
     struct mesh_req *next, *prev;   /* the transport's request list */
 };
@@ -176,7 +204,7 @@ struct mesh_transport {
     struct mesh_transport_opts opts;
     uint8_t *secret;
     size_t secret_len;
-    int S;                           /* data streams per link */
+    int S;                            /* data streams per link */
     char config[TCP_CONFIG_WIRE_MAX]; /* opts->config + transport keys */
     size_t config_len;
     uint8_t fp[TCP_FP_LEN];
@@ -189,20 +217,20 @@ struct mesh_transport {
 
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    struct link *links;          /* (size) */
-    struct conn *hs;             /* handshakes in progress */
+    struct link *links; /* (size) */
+    struct conn *hs;    /* handshakes in progress */
     int nhs;
-    struct mesh_req *reqs;       /* every request not yet freed */
+    struct mesh_req *reqs; /* every request not yet freed */
     int joining;
     int nlinks_ready;
-    char join_err[MSG_MAX];      /* a permanent join failure */
+    char join_err[MSG_MAX]; /* a permanent join failure */
     int stopping;
-    int accept_paused;           /* accept failed hard; resume at a tick */
+    int accept_paused; /* accept failed hard; resume at a tick */
     int failed;
     int fail_code;
     int culprit;
     char fail_msg[MSG_MAX];
-    double spin_s;               /* wait_any spins this long first */
+    double spin_s; /* wait_any spins this long first */
 };
 
 static void conn_kill(struct conn *c);
@@ -245,15 +273,13 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
-static const char *pname(struct mesh_transport *t, int r, char *buf,
-                         size_t len)
+static const char *pname(struct mesh_transport *t, int r, char *buf, size_t len)
 {
     return mesh_peer_name(&t->world, r, buf, len);
 }
 
 /* Copy at most len bytes of untrusted text, replacing non-printables. */
-static void clean_text(char *dst, size_t dstlen, const uint8_t *src,
-                       size_t len)
+static void clean_text(char *dst, size_t dstlen, const uint8_t *src, size_t len)
 {
     size_t i, n = 0;
 
@@ -271,8 +297,7 @@ static void sockaddr_str(const struct sockaddr *sa, char *buf, size_t len)
         const struct sockaddr_in6 *s6 = (const void *)sa;
 
         if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr))
-            inet_ntop(AF_INET, &s6->sin6_addr.s6_addr[12], host,
-                      sizeof(host));
+            inet_ntop(AF_INET, &s6->sin6_addr.s6_addr[12], host, sizeof(host));
         else
             inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
         port = ntohs(s6->sin6_port);
@@ -330,22 +355,19 @@ static void wev_off(struct conn *c)
 static int set_sockopts(struct mesh_transport *t, int fd)
 {
     int one = 1, rc = 0;
-    unsigned int uto = (unsigned int)(t->opts.peer_timeout_s * 1000.0);
     const char *env = getenv("MESHTRAIN_TCP_SOCKBUF");
 
-    MESH_SYSCALL(rc, setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one,
-                                sizeof(one)), out, "setsockopt TCP_NODELAY");
-    /* Unacknowledged data older than the peer timeout kills the link. */
-    MESH_SYSCALL(rc, setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto,
-                                sizeof(uto)), out,
-                 "setsockopt TCP_USER_TIMEOUT");
+    (void)t;
+    MESH_SYSCALL(rc,
+                 setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)),
+                 out, "setsockopt TCP_NODELAY");
     if (env && atoi(env) > 0) {
         int sz = atoi(env);
 
-        MESH_SYSCALL(rc, setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz,
-                                    sizeof(sz)), out, "setsockopt SO_SNDBUF");
-        MESH_SYSCALL(rc, setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz,
-                                    sizeof(sz)), out, "setsockopt SO_RCVBUF");
+        MESH_SYSCALL(rc, setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz)),
+                     out, "setsockopt SO_SNDBUF");
+        MESH_SYSCALL(rc, setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz)),
+                     out, "setsockopt SO_RCVBUF");
     }
 out:
     return rc;
@@ -393,9 +415,10 @@ static void req_complete(struct mesh_transport *t, struct mesh_req *r)
     pthread_cond_broadcast(&t->cond);
 }
 
-/* ---- failure -------------------------------------------------------------- */
+/* ---- failure --------------------------------------------------------------
+ */
 
-static void ctrl_send(struct conn *c, uint32_t type, int culprit,
+static void ctrl_send(struct conn *c, uint32_t type, int culprit, int code,
                       const char *reason)
 {
     uint8_t *m;
@@ -415,9 +438,10 @@ static void ctrl_send(struct conn *c, uint32_t type, int culprit,
         n = TCP_CTRL_REASON_MAX;
     put32(m, type);
     put32(m + 4, (uint32_t)culprit);
-    put32(m + 8, (uint32_t)n);
+    put32(m + 8, (uint32_t)-code);
+    put32(m + 12, (uint32_t)n);
     if (n)
-        memcpy(m + 12, reason, n);
+        memcpy(m + 16, reason, n);
     c->out_len += TCP_CTRL_LEN;
     c->t->links[c->peer].tx_ns = mesh_now_ns();
     conn_flush_out(c);
@@ -456,10 +480,12 @@ static void fail_job(struct mesh_transport *t, int culprit, int code,
     va_start(ap, fmt);
     vsnprintf(reason, sizeof(reason), fmt, ap);
     va_end(ap);
+    /* The oldest pending operation involving the culprit, else the
+     * oldest of all (the list runs newest first). */
     for (r = t->reqs; r; r = r->next) {
         if (atomic_load(&r->done))
             continue;
-        if (!inflight || (r->peer == culprit && inflight->peer != culprit))
+        if (!inflight || r->peer == culprit || inflight->peer != culprit)
             inflight = r;
     }
     if (inflight)
@@ -470,8 +496,8 @@ static void fail_job(struct mesh_transport *t, int culprit, int code,
                  inflight->kind == REQ_SEND ? "to" : "from", inflight->peer,
                  pname(t, inflight->peer, nb, sizeof(nb)));
     else
-        snprintf(t->fail_msg, sizeof(t->fail_msg),
-                 "%s; no operation in flight", reason);
+        snprintf(t->fail_msg, sizeof(t->fail_msg), "%s; no operation in flight",
+                 reason);
     t->failed = 1;
     t->fail_code = code;
     t->culprit = culprit;
@@ -493,7 +519,7 @@ static void fail_job(struct mesh_transport *t, int culprit, int code,
         l->posted = NULL;
         /* The culprit too: a desync names both sides to both. */
         if (notify && !l->bye)
-            ctrl_send(l->ctrl, TCP_CTRL_ABORT, culprit, reason);
+            ctrl_send(l->ctrl, TCP_CTRL_ABORT, culprit, code, reason);
     }
     for (r = t->reqs; r; r = r->next)
         r->posted = 0;
@@ -506,7 +532,8 @@ static int fail_err(struct mesh_transport *t)
     return mesh_err(t->fail_code, "%s", t->fail_msg);
 }
 
-/* ---- connections ---------------------------------------------------------- */
+/* ---- connections ----------------------------------------------------------
+ */
 
 static void hs_add(struct mesh_transport *t, struct conn *c)
 {
@@ -629,10 +656,10 @@ static void out_append(struct conn *c, const void *p, size_t n)
     c->out_len += n;
 }
 
-/* ---- handshake -------------------------------------------------------------- */
+/* ---- handshake --------------------------------------------------------------
+ */
 
-static void hello_encode(struct mesh_transport *t, struct conn *c,
-                         uint8_t *m)
+static void hello_encode(struct mesh_transport *t, struct conn *c, uint8_t *m)
 {
     memset(m, 0, TCP_HELLO_LEN);
     put32(m, TCP_HS_MAGIC);
@@ -724,8 +751,8 @@ static void config_get(const char *cfg, size_t len, const char *key,
 }
 
 /* Name the first key whose value differs between the two configs. */
-static void config_diff(const char *a, size_t alen, const char *b,
-                        size_t blen, char *out, size_t outlen)
+static void config_diff(const char *a, size_t alen, const char *b, size_t blen,
+                        char *out, size_t outlen)
 {
     const char *cfgs[2] = {a, b};
     size_t lens[2] = {alen, blen};
@@ -758,8 +785,8 @@ static void config_diff(const char *a, size_t alen, const char *b,
                     clean_text(sb, sizeof(sb), (const uint8_t *)vb,
                                MESH_MIN(lb, sizeof(sb) - 1));
                 snprintf(out, outlen, "%s%s%s here, %s%s%s there", key,
-                         va ? "=" : " ", va ? sa : "unset", key,
-                         vb ? "=" : " ", vb ? sb : "unset");
+                         va ? "=" : " ", va ? sa : "unset", key, vb ? "=" : " ",
+                         vb ? sb : "unset");
                 return;
             }
             p = le + 1;
@@ -815,6 +842,21 @@ static void hs_attach(struct conn *c)
     c->in_len = 0;
     c->hdr_got = 0;
     if (c->stream == 0) {
+        /*
+         * Data unacknowledged for the peer timeout kills the link. Only
+         * here: the kernel applies TCP_USER_TIMEOUT to zero-window probes
+         * too, so on a data stream it would kill a link whose receiver
+         * merely posts its receive late (measured: a receive posted 2 s
+         * late, 1 s timeout). The control connection is always read; its
+         * heartbeats carry silence detection for the whole link.
+         */
+        unsigned int uto = (unsigned int)(t->opts.peer_timeout_s * 1000.0);
+
+        if (setsockopt(c->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto,
+                       sizeof(uto)) < 0)
+            mesh_warn("rank %d control connection: setsockopt "
+                      "TCP_USER_TIMEOUT: %s",
+                      c->peer, strerror(errno));
         l->ctrl = c;
         c->in_need = TCP_CTRL_LEN;
     } else {
@@ -844,8 +886,8 @@ static int hs_got_hello(struct conn *c)
     int insecure = (flags & TCP_HELLO_INSECURE) != 0;
 
     if (magic != TCP_HS_MAGIC) {
-        hs_refuse(c, "not a meshtrain handshake (bad magic 0x%08" PRIx32
-                     ")", magic);
+        hs_refuse(c, "not a meshtrain handshake (bad magic 0x%08" PRIx32 ")",
+                  magic);
         return -1;
     }
     if (ver != TCP_PROTO_VERSION) {
@@ -856,10 +898,8 @@ static int hs_got_hello(struct conn *c)
     clean_text(job, sizeof(job), m + 24, MESH_JOB_MAX);
     if (strnlen((const char *)m + 24, MESH_JOB_MAX) !=
             strnlen(t->opts.job_id, MESH_JOB_MAX) ||
-        memcmp(m + 24, t->opts.job_id,
-               strnlen(t->opts.job_id, MESH_JOB_MAX))) {
-        hs_refuse(c, "wrong job id '%s', expected '%s'", job,
-                  t->opts.job_id);
+        memcmp(m + 24, t->opts.job_id, strnlen(t->opts.job_id, MESH_JOB_MAX))) {
+        hs_refuse(c, "wrong job id '%s', expected '%s'", job, t->opts.job_id);
         return -1;
     }
     if (size != (uint32_t)t->world.size) {
@@ -871,22 +911,25 @@ static int hs_got_hello(struct conn *c)
         /* The higher rank dials the lower: only higher ranks call us. */
         if (rank >= (uint32_t)t->world.size ||
             rank <= (uint32_t)t->world.rank) {
-            hs_refuse(c, "unknown rank %" PRIu32 " (world of %d; only ranks "
-                         "above %d dial this one)",
+            hs_refuse(c,
+                      "unknown rank %" PRIu32 " (world of %d; only ranks "
+                      "above %d dial this one)",
                       rank, t->world.size, t->world.rank);
             return -1;
         }
         if (stream > (uint32_t)t->S) {
-            hs_refuse(c, "unknown stream %" PRIu32 " (rank %" PRIu32
-                         ", %d data streams)",
+            hs_refuse(c,
+                      "unknown stream %" PRIu32 " (rank %" PRIu32
+                      ", %d data streams)",
                       stream, rank, t->S);
             return -1;
         }
         c->peer = (int)rank;
         c->stream = (int)stream;
     } else if (rank != (uint32_t)c->peer || stream != (uint32_t)c->stream) {
-        hs_refuse(c, "the peer answered as rank %" PRIu32 " stream %" PRIu32
-                     ", expected rank %d stream %d",
+        hs_refuse(c,
+                  "the peer answered as rank %" PRIu32 " stream %" PRIu32
+                  ", expected rank %d stream %d",
                   rank, stream, c->peer, c->stream);
         return -1;
     }
@@ -952,8 +995,9 @@ static int hs_got_auth(struct conn *c)
     if (c->role == ROLE_ACCEPTOR) {
         cur = c->stream ? l->data[c->stream - 1] : l->ctrl;
         if (same_fp && cur) {
-            hs_refuse(c, "duplicate rank %d stream %d: that link is "
-                         "already established",
+            hs_refuse(c,
+                      "duplicate rank %d stream %d: that link is "
+                      "already established",
                       c->peer, c->stream);
             return -1;
         }
@@ -981,8 +1025,8 @@ static void hs_got_config(struct conn *c)
                 c->in_len - 4, diff, sizeof(diff));
     if (c->role == ROLE_DIALER && !t->join_err[0]) {
         snprintf(t->join_err, sizeof(t->join_err),
-                 "refused by rank %d (%s): configuration differs: %s",
-                 c->peer, pname(t, c->peer, nb, sizeof(nb)), diff);
+                 "refused by rank %d (%s): configuration differs: %s", c->peer,
+                 pname(t, c->peer, nb, sizeof(nb)), diff);
         pthread_cond_broadcast(&t->cond);
     }
     hs_refuse(c, "configuration differs: %s", diff);
@@ -1026,8 +1070,9 @@ static void hs_read(struct conn *c)
         case C_HS_CFGLEN:
             len = get32(c->in);
             if (len > TCP_CONFIG_WIRE_MAX) {
-                hs_refuse(c, "configuration of %" PRIu32 " bytes (at most "
-                             "%d)",
+                hs_refuse(c,
+                          "configuration of %" PRIu32 " bytes (at most "
+                          "%d)",
                           len, TCP_CONFIG_WIRE_MAX);
                 return;
             }
@@ -1090,7 +1135,12 @@ static void dial_start(struct mesh_transport *t, int peer, int stream)
     c->peer = peer;
     c->stream = stream;
     c->state = C_CONNECTING;
-    c->deadline_ns = mesh_now_ns() + (uint64_t)(TCP_HS_DEADLINE_S * 1e9);
+    /*
+     * Twice the acceptor's deadline: an acceptor that is slow but finishes
+     * in time has attached its end before sending its last message, and
+     * giving up on that message would break a link it counts as up.
+     */
+    c->deadline_ns = mesh_now_ns() + (uint64_t)(2 * TCP_HS_DEADLINE_S * 1e9);
     sockaddr_str(sa, c->addr, sizeof(c->addr));
     d->active = 1;
     hs_add(t, c);
@@ -1190,15 +1240,16 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
             break;
         }
         sockaddr_str((struct sockaddr *)&ss, addr, sizeof(addr));
-        if (t->stopping || t->nhs >= TCP_HS_PENDING_MAX) {
+        /* Room for every legitimate connection at once, plus some. */
+        if (t->stopping || t->nhs >= MESH_MAX(TCP_HS_PENDING_MAX,
+                                              2 * t->world.size * (t->S + 1))) {
             mesh_warn("refused connection from %s: %s", addr,
                       t->stopping ? "closing"
                                   : "too many handshakes in progress");
             close(fd);
             continue;
         }
-        if (set_sockopts(t, fd) < 0 ||
-            !(c = conn_new(t, fd, ROLE_ACCEPTOR))) {
+        if (set_sockopts(t, fd) < 0 || !(c = conn_new(t, fd, ROLE_ACCEPTOR))) {
             mesh_warn("refused connection from %s: %s", addr,
                       mesh_err_msg(-ENOMEM));
             close(fd);
@@ -1265,8 +1316,7 @@ static void bye_check(struct mesh_transport *t, int peer, int cut)
         return;
     /* A parked stream waits for a receive none of the pending ones is. */
     for (s = 0; s < t->S; s++)
-        if (l->data[s] && l->data[s]->state == C_READY &&
-            !l->data[s]->parked)
+        if (l->data[s] && l->data[s]->state == C_READY && !l->data[s]->parked)
             break;
     for (r = t->reqs; r; r = r->next)
         if (r->peer == peer && !atomic_load(&r->done))
@@ -1335,9 +1385,9 @@ static enum match_rc data_match(struct conn *c)
     for (r = l->posted; r; r = r->pnext) {
         const struct mesh_frame *e = &r->f;
         uint64_t end = e->offset + e->length;
-        int starts_inside = e->length ? (f->offset >= e->offset &&
-                                         f->offset < end)
-                                      : f->offset == e->offset;
+        int starts_inside = e->length
+                                ? (f->offset >= e->offset && f->offset < end)
+                                : f->offset == e->offset;
 
         if (e->seq != f->seq || e->tag != f->tag || !starts_inside)
             continue;
@@ -1401,8 +1451,8 @@ static void data_read(struct conn *c)
                 rev_off(c);
                 return;
             }
-            n = recv(c->fd, c->hdr + c->hdr_got,
-                     TCP_FRAME_HDR_LEN - c->hdr_got, 0);
+            n = recv(c->fd, c->hdr + c->hdr_got, TCP_FRAME_HDR_LEN - c->hdr_got,
+                     0);
         } else {
             size_t want = (size_t)MESH_MIN(c->rx_left, (uint64_t)budget);
 
@@ -1482,8 +1532,7 @@ static int conn_write(struct conn *c)
         ssize_t w;
 
         memset(&mh, 0, sizeof(mh));
-        for (p = c->txq; p && n + 2 <= (int)MESH_ARRAY_SIZE(iov);
-             p = p->next) {
+        for (p = c->txq; p && n + 2 <= (int)MESH_ARRAY_SIZE(iov); p = p->next) {
             if (p->sent < TCP_FRAME_HDR_LEN) {
                 iov[n].iov_base = p->hdr + p->sent;
                 iov[n++].iov_len = TCP_FRAME_HDR_LEN - p->sent;
@@ -1512,9 +1561,8 @@ static int conn_write(struct conn *c)
             int e = errno;
 
             fail_job(t, c->peer, -ECONNRESET, 1,
-                     "rank %d (%s) connection failed (stream %d): %s",
-                     c->peer, pname(t, c->peer, nb, sizeof(nb)), c->stream,
-                     strerror(e));
+                     "rank %d (%s) connection failed (stream %d): %s", c->peer,
+                     pname(t, c->peer, nb, sizeof(nb)), c->stream, strerror(e));
             return -1;
         }
         t->links[c->peer].tx_ns = mesh_now_ns();
@@ -1554,19 +1602,24 @@ static void ctrl_got(struct conn *c)
     struct link *l = &t->links[c->peer];
     uint32_t type = get32(c->in);
     int culprit = (int)get32(c->in + 4);
-    uint32_t len = get32(c->in + 8);
+    int code = -(int)get32(c->in + 8);
+    uint32_t len = get32(c->in + 12);
     char reason[TCP_CTRL_REASON_MAX + 1], nb[300];
 
     switch (type) {
     case TCP_CTRL_HEARTBEAT:
         return;
     case TCP_CTRL_ABORT:
-        clean_text(reason, sizeof(reason), c->in + 12,
+        clean_text(reason, sizeof(reason), c->in + 16,
                    MESH_MIN(len, (uint32_t)TCP_CTRL_REASON_MAX));
         if (culprit < -1 || culprit >= t->world.size)
             culprit = -1;
-        fail_job(t, culprit, -ECONNABORTED, 0, "%s (reported by rank %d (%s))",
-                 reason, c->peer, pname(t, c->peer, nb, sizeof(nb)));
+        /* Every survivor reports the same kind of failure. */
+        if (code != -ECONNRESET && code != -EHOSTDOWN && code != -EPROTO &&
+            code != -ECANCELED)
+            code = -ECONNABORTED;
+        fail_job(t, culprit, code, 0, "%s (reported by rank %d (%s))", reason,
+                 c->peer, pname(t, c->peer, nb, sizeof(nb)));
         return;
     case TCP_CTRL_BYE:
         l->bye = 1;
@@ -1721,15 +1774,15 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             continue;
         /* Heartbeat when nothing else went to this peer lately. */
         if (l->ctrl->state == C_READY && now - l->tx_ns >= pt / 4)
-            ctrl_send(l->ctrl, TCP_CTRL_HEARTBEAT, -1, NULL);
+            ctrl_send(l->ctrl, TCP_CTRL_HEARTBEAT, -1, 0, NULL);
         if (!t->failed && l->lost_ns &&
             now - l->lost_ns > (uint64_t)(LOST_GRACE_S * 1e9))
             fail_job(t, p, -ECONNRESET, 1, "rank %d (%s) %s", p,
                      pname(t, p, nb, sizeof(nb)), l->lost_why);
         if (!t->failed && now - l->last_rx_ns > pt)
             fail_job(t, p, -EHOSTDOWN, 1,
-                     "rank %d (%s) silent for %.1f s (peer timeout %.1f s)",
-                     p, pname(t, p, nb, sizeof(nb)),
+                     "rank %d (%s) silent for %.1f s (peer timeout %.1f s)", p,
+                     pname(t, p, nb, sizeof(nb)),
                      (double)(now - l->last_rx_ns) / 1e9,
                      t->opts.peer_timeout_s);
     }
@@ -1814,21 +1867,21 @@ static int listen_socket(struct mesh_transport *t, int *out)
     }
     if (fd < 0) {
         /* No IPv6 here: IPv4 only. */
-        MESH_SYSCALL(rc, fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK |
-                                                  SOCK_CLOEXEC, 0),
-                     out, "socket");
+        MESH_SYSCALL(
+            rc,
+            fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0),
+            out, "socket");
         memset(&s4, 0, sizeof(s4));
         s4.sin_family = AF_INET;
         s4.sin_addr.s_addr = htonl(INADDR_ANY);
         s4.sin_port = htons(port);
-        MESH_SYSCALL(rc, setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one,
-                                    sizeof(one)), close_fd,
-                     "setsockopt SO_REUSEADDR");
-        MESH_SYSCALL(rc, bind(fd, (struct sockaddr *)&s4, sizeof(s4)),
-                     close_fd, "rank %d: bind port %u", t->world.rank,
-                     (unsigned)port);
+        MESH_SYSCALL(
+            rc, setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)),
+            close_fd, "setsockopt SO_REUSEADDR");
+        MESH_SYSCALL(rc, bind(fd, (struct sockaddr *)&s4, sizeof(s4)), close_fd,
+                     "rank %d: bind port %u", t->world.rank, (unsigned)port);
     }
-    MESH_SYSCALL(rc, listen(fd, 128), close_fd, "listen on port %u",
+    MESH_SYSCALL(rc, listen(fd, SOMAXCONN), close_fd, "listen on port %u",
                  (unsigned)port);
     *out = fd;
     return 0;
@@ -1919,15 +1972,15 @@ static int tcp_listen(const struct mesh_world *world,
 
         /* Spinning pays only where the progress thread has a core of
          * its own (measured: on 2 loaded cores it doubles the latency). */
-        t->spin_s = spin ? atof(spin) * 1e-6
-                         : sysconf(_SC_NPROCESSORS_ONLN) > 2 ? 50e-6 : 0;
+        t->spin_s = spin                                ? atof(spin) * 1e-6
+                    : sysconf(_SC_NPROCESSORS_ONLN) > 2 ? 50e-6
+                                                        : 0;
     }
 
     rc = listen_socket(t, &t->listen_fd);
     if (rc < 0)
         goto fail;
-    if (pthread_mutex_init(&t->lock, NULL) ||
-        pthread_condattr_init(&ca) ||
+    if (pthread_mutex_init(&t->lock, NULL) || pthread_condattr_init(&ca) ||
         pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) ||
         pthread_cond_init(&t->cond, &ca)) {
         rc = mesh_err(-ENOMEM, "pthread init failed");
@@ -1939,8 +1992,8 @@ static int tcp_listen(const struct mesh_world *world,
         rc = mesh_err(-ENOMEM, "event_base_new failed");
         goto fail;
     }
-    t->listen_ev = event_new(t->base, t->listen_fd, EV_READ | EV_PERSIST,
-                             on_accept, t);
+    t->listen_ev =
+        event_new(t->base, t->listen_fd, EV_READ | EV_PERSIST, on_accept, t);
     t->wake_ev = event_new(t->base, -1, 0, on_wake, t);
     t->tick_ev = evtimer_new(t->base, on_tick, t);
     if (!t->listen_ev || !t->wake_ev || !t->tick_ev ||
@@ -1983,8 +2036,9 @@ static int resolve_peers(struct mesh_transport *t)
         snprintf(port, sizeof(port), "%u", (unsigned)t->peers[p].port);
         rc = getaddrinfo(t->peers[p].host, port, &hints, &res);
         if (rc)
-            return mesh_err(-EHOSTUNREACH, "rank %d (%s): cannot resolve "
-                                           "host: %s",
+            return mesh_err(-EHOSTUNREACH,
+                            "rank %d (%s): cannot resolve "
+                            "host: %s",
                             p, pname(t, p, nb, sizeof(nb)), gai_strerror(rc));
         for (ai = res; ai && l->naddrs < ADDRS_MAX; ai = ai->ai_next) {
             if (ai->ai_addrlen > sizeof(l->addrs[0]))
@@ -1994,8 +2048,8 @@ static int resolve_peers(struct mesh_transport *t)
         }
         freeaddrinfo(res);
         if (!l->naddrs)
-            return mesh_err(-EHOSTUNREACH, "rank %d (%s): no usable address",
-                            p, pname(t, p, nb, sizeof(nb)));
+            return mesh_err(-EHOSTUNREACH, "rank %d (%s): no usable address", p,
+                            pname(t, p, nb, sizeof(nb)));
     }
     return 0;
 }
@@ -2047,10 +2101,10 @@ static int tcp_connect(mesh_transport_t *t)
             rc = mesh_err(-ETIMEDOUT, "%s", msg);
             break;
         }
-        ts.tv_sec = (time_t)(MESH_MIN(deadline, now + 100000000ull) /
-                             1000000000ull);
-        ts.tv_nsec = (long)(MESH_MIN(deadline, now + 100000000ull) %
-                            1000000000ull);
+        ts.tv_sec =
+            (time_t)(MESH_MIN(deadline, now + 100000000ull) / 1000000000ull);
+        ts.tv_nsec =
+            (long)(MESH_MIN(deadline, now + 100000000ull) % 1000000000ull);
         pthread_cond_timedwait(&t->cond, &t->lock, &ts);
     }
     t->joining = 0;
@@ -2094,11 +2148,11 @@ static int check_peer(struct mesh_transport *t, int peer, const char *what,
     if (t->failed)
         return fail_err(t);
     if (!t->links[peer].ready)
-        return mesh_err(-ENOTCONN, "tcp %s: rank %d (%s) has not joined",
-                        what, peer, pname(t, peer, nb, sizeof(nb)));
+        return mesh_err(-ENOTCONN, "tcp %s: rank %d (%s) has not joined", what,
+                        peer, pname(t, peer, nb, sizeof(nb)));
     if (t->links[peer].bye && sending)
-        return mesh_err(-ECONNRESET, "tcp %s: rank %d (%s) left the mesh",
-                        what, peer, pname(t, peer, nb, sizeof(nb)));
+        return mesh_err(-ECONNRESET, "tcp %s: rank %d (%s) left the mesh", what,
+                        peer, pname(t, peer, nb, sizeof(nb)));
     return 0;
 }
 
@@ -2115,6 +2169,8 @@ static int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
     (void)mr;
     if (len && !buf)
         return mesh_err(-EINVAL, "tcp isend: NULL buffer");
+    if (f->offset + len < f->offset)
+        return mesh_err(-EINVAL, "tcp isend: range overflows");
     np = 1;
     pthread_mutex_lock(&t->lock);
     rc = check_peer(t, peer, "isend", 1);
@@ -2187,8 +2243,8 @@ out:
 }
 
 static int tcp_irecv(mesh_transport_t *t, int peer,
-                     const struct mesh_frame *expect, void *buf,
-                     mesh_mr_t *mr, mesh_req_t **out)
+                     const struct mesh_frame *expect, void *buf, mesh_mr_t *mr,
+                     mesh_req_t **out)
 {
     struct mesh_req *r;
     struct link *l;
@@ -2287,8 +2343,8 @@ static int tcp_test(mesh_transport_t *t, mesh_req_t *req, int *done)
 static int any_done(mesh_req_t *const *reqs, int n)
 {
     for (int i = 0; i < n; i++)
-        if (reqs[i] && atomic_load_explicit(&reqs[i]->done,
-                                            memory_order_acquire))
+        if (reqs[i] &&
+            atomic_load_explicit(&reqs[i]->done, memory_order_acquire))
             return 1;
     return 0;
 }
@@ -2326,8 +2382,9 @@ static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
             uint64_t now = mesh_now_ns();
 
             if (now >= deadline) {
-                rc = mesh_err(-ETIMEDOUT, "tcp wait: no request completed "
-                                          "within %.3f s",
+                rc = mesh_err(-ETIMEDOUT,
+                              "tcp wait: no request completed "
+                              "within %.3f s",
                               timeout_s);
                 break;
             }
@@ -2388,7 +2445,7 @@ static void tcp_close(mesh_transport_t *t)
             struct link *l = &t->links[p];
 
             if (p != t->world.rank && l->ctrl && !l->bye)
-                ctrl_send(l->ctrl, TCP_CTRL_BYE, -1, NULL);
+                ctrl_send(l->ctrl, TCP_CTRL_BYE, -1, 0, NULL);
         }
         wake(t);
         pthread_mutex_unlock(&t->lock);

@@ -29,9 +29,9 @@ const char *mesh_peer_name(const struct mesh_world *w, int r, char *buf,
 
 const char *mesh_op_name(int op)
 {
-    static const char *names[] = {"none",      "p2p",       "allreduce",
+    static const char *names[] = {"none",           "p2p",       "allreduce",
                                   "reduce_scatter", "allgather", "broadcast",
-                                  "barrier",   "ps"};
+                                  "barrier",        "ps"};
 
     if (op < 0 || op >= (int)MESH_ARRAY_SIZE(names))
         return "unknown-op";
