@@ -412,6 +412,26 @@ static int parse_args(int argc, char **argv, struct mesh_opts *mo,
     return 0;
 }
 
+/* Nothing names hosts or a world size: flags, MESHTRAIN_*, Slurm, MPI. */
+static int lone_process(const struct mesh_opts *mo)
+{
+    static const char *const vars[] = {
+        "MESHTRAIN_HOSTFILE", "MESHTRAIN_HOSTS", "MESHTRAIN_SIZE",
+        "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+    };
+    size_t i;
+
+    if (mo->hosts || mo->hostfile)
+        return 0;
+    for (i = 0; i < MESH_ARRAY_SIZE(vars); i++) {
+        const char *v = getenv(vars[i]);
+
+        if (v && *v)
+            return 0;
+    }
+    return 1;
+}
+
 static int summary(const struct train_cfg *c)
 {
     struct mesh_nn_ctx *ctx = NULL;
@@ -432,7 +452,7 @@ int main(int argc, char **argv)
 {
     struct train_cfg c;
     struct mesh_opts mo;
-    int rc, code;
+    int rc, code, lone, level = -1;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
     train_cfg_init(&c);
@@ -456,7 +476,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "meshtrain: --resume needs --checkpoint-dir\n");
         return MESH_EXIT_USAGE;
     }
+    lone = lone_process(&mo);
+    if (lone) {
+        /* No hosts anywhere: a world of one, which has no peer to
+         * authenticate and joins no mesh (train_run skips it), so the
+         * warning about running without a secret would mislead. */
+        mo.hosts = "localhost:1";
+        if (mo.insecure < 0 && !mo.secret_file) {
+            mo.insecure = 1;
+            level = mesh_log_enabled(MESH_LOG_DEBUG)  ? MESH_LOG_DEBUG
+                    : mesh_log_enabled(MESH_LOG_INFO) ? MESH_LOG_INFO
+                    : mesh_log_enabled(MESH_LOG_WARN) ? MESH_LOG_WARN
+                                                      : MESH_LOG_ERROR;
+            mesh_log_set_level(MESH_LOG_ERROR);
+        }
+    }
     rc = mesh_opts_finish(&mo);
+    if (level >= 0)
+        mesh_log_set_level((enum mesh_log_level)level);
     if (rc < 0) {
         fprintf(stderr, "meshtrain: %s\n", mesh_err_msg(rc));
         mesh_opts_free(&mo);

@@ -1265,7 +1265,8 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
         code = fail(&t, MESH_EXIT_USAGE, rc);
         goto out;
     }
-    rc = mesh_open(mo, t.config, &t.mesh);
+    /* A world of one joins no mesh: nothing to agree with or average. */
+    rc = t.size > 1 ? mesh_open(mo, t.config, &t.mesh) : 0;
     if (rc < 0) {
         fprintf(stderr, "meshtrain: rank %d: cannot join the mesh: %s\n",
                 t.rank, mesh_err_msg(rc));
