@@ -1331,6 +1331,26 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
             goto out;
         }
     }
+    /*
+     * Test aid (tests/train_verify.sh): MESHTRAIN_TEST_PERTURB=R makes rank
+     * R change one weight by one ulp, which the digest check must catch.
+     */
+    {
+        const char *v = getenv("MESHTRAIN_TEST_PERTURB");
+
+        if (v && *v && atoi(v) == t.rank) {
+            float *p = params_host(&t, &rc), one;
+
+            if (rc == 0) {
+                one = nextafterf(p[0], INFINITY);
+                rc = t.host_slabs ? (p[0] = one, 0)
+                                  : mesh_nn_upload(t.ctx,
+                                                   mesh_nn_model_params(t.model),
+                                                   &one, sizeof(one));
+            }
+            mesh_warn("MESHTRAIN_TEST_PERTURB: weight 0 changed by one ulp");
+        }
+    }
     rc = verify_weights(&t, start ? "after resuming" : "before step 1");
     if (rc < 0) {
         code = fail(&t, rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER,
