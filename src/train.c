@@ -33,10 +33,10 @@
 #include <unistd.h>
 
 #define FIRST_BUCKET_MAX_BYTES (1u << 20)
-#define RESUME_MAX_ENTRIES 32
-#define TRAINER_STATE_MAGIC UINT64_C(0x31726e6961727474) /* "ttrainr1" */
+#define RESUME_MAX_ENTRIES     32
+#define TRAINER_STATE_MAGIC    UINT64_C(0x31726e6961727474) /* "ttrainr1" */
 
-/* ---- configuration -------------------------------------------------------- */
+/* ---- configuration ------------------------------------------------------- */
 
 void train_cfg_init(struct train_cfg *c)
 {
@@ -75,31 +75,35 @@ int train_compress_parse(const char *s, int *out)
     else if (!strcmp(s, "bf16"))
         *out = TRAIN_COMPRESS_BF16;
     else
-        return mesh_err(-EINVAL, "--compress: \"%s\" is not none, fp16 or "
-                                 "bf16", s);
+        return mesh_err(-EINVAL,
+                        "--compress: \"%s\" is not none, fp16 or "
+                        "bf16",
+                        s);
     return 0;
 }
 
 static const char *compress_name(int c)
 {
-    return c == TRAIN_COMPRESS_FP16 ? "fp16"
-           : c == TRAIN_COMPRESS_BF16 ? "bf16" : "none";
+    return c == TRAIN_COMPRESS_FP16   ? "fp16"
+           : c == TRAIN_COMPRESS_BF16 ? "bf16"
+                                      : "none";
 }
 
 static const char *lr_kind_name(int k)
 {
-    return k == MESH_NN_LR_STEP ? "step"
-           : k == MESH_NN_LR_COSINE ? "cosine" : "const";
+    return k == MESH_NN_LR_STEP     ? "step"
+           : k == MESH_NN_LR_COSINE ? "cosine"
+                                    : "const";
 }
 
-/* ---- the trainer's state -------------------------------------------------- */
+/* ---- the trainer's state ------------------------------------------------- */
 
 struct bucket {
-    size_t lo, hi;           /* floats [lo, hi) of the gradient slab */
-    void *wire;              /* (hi - lo) 16-bit values with --compress */
-    mesh_coll_req_t *req;    /* in flight */
+    size_t lo, hi;        /* floats [lo, hi) of the gradient slab */
+    void *wire;           /* (hi - lo) 16-bit values with --compress */
+    mesh_coll_req_t *req; /* in flight */
     int started, done;
-    double t_start, t_end;   /* seconds since the run started */
+    double t_start, t_end; /* seconds since the run started */
 };
 
 struct tl_event {
@@ -107,13 +111,13 @@ struct tl_event {
     int tid;          /* 0 compute, 1 communication, 2 data */
     int bucket;       /* -1 or the bucket's index */
     uint64_t step;
-    double ts, dur;   /* seconds since the run started */
+    double ts, dur; /* seconds since the run started */
 };
 
 struct trainer {
     const struct train_cfg *c;
     struct mesh *mesh;
-    mesh_coll_t *coll;  /* NULL with one peer */
+    mesh_coll_t *coll; /* NULL with one peer */
     int rank, size;
 
     struct mesh_dataset *ds;
@@ -128,18 +132,18 @@ struct trainer {
     struct mesh_nn_sgd *sgd;
     struct mesh_nn_model_cfg mcfg;
     size_t nparams, nbuffers;
-    int host_slabs;  /* the backend's slabs are host memory */
-    float *hgrads;   /* host copy of the gradients when not host_slabs */
-    float *hparams;  /* host copies for digests, checkpoints (nparams) */
+    int host_slabs; /* the backend's slabs are host memory */
+    float *hgrads;  /* host copy of the gradients when not host_slabs */
+    float *hparams; /* host copies for digests, checkpoints (nparams) */
     float *hmom;
-    float *hbuf;     /* nbuffers */
-    float *images;   /* staging for a device backend: unused on cpu */
+    float *hbuf;   /* nbuffers */
+    float *images; /* staging for a device backend: unused on cpu */
 
     struct bucket *b;
     int nbuckets, next_bucket;
-    float grad_scale;  /* 1 / accumulate */
-    int local_err;     /* the error is this peer's own (data, files,
-                          compute), not the mesh's: exit code 1 */
+    float grad_scale; /* 1 / accumulate */
+    int local_err;    /* the error is this peer's own (data, files,
+                         compute), not the mesh's: exit code 1 */
 
     struct mesh_nn_lr_sched lr; /* --lr-schedule with the run's length */
 
@@ -165,8 +169,7 @@ static void tl_add(struct trainer *t, const char *name, int tid, int bucket,
 {
     struct tl_event *e;
 
-    if (!t->c->timeline || t->rank != 0 ||
-        t->step >= t->c->timeline_steps)
+    if (!t->c->timeline || t->rank != 0 || t->step >= t->c->timeline_steps)
         return;
     if (t->ntl == t->tl_cap) {
         size_t cap = t->tl_cap ? 2 * t->tl_cap : 1024;
@@ -188,8 +191,7 @@ static void tl_add(struct trainer *t, const char *name, int tid, int bucket,
 
 static int tl_write(const struct trainer *t)
 {
-    static const char *const threads[] = {"compute", "communication",
-                                          "data"};
+    static const char *const threads[] = {"compute", "communication", "data"};
     FILE *f;
     size_t i;
     int k;
@@ -198,12 +200,14 @@ static int tl_write(const struct trainer *t)
     if (!f)
         return mesh_err_errno("--timeline %s", t->c->timeline);
     fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-    fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, "
-               "\"args\": {\"name\": \"meshtrain rank %d\"}}",
+    fprintf(f,
+            "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, "
+            "\"args\": {\"name\": \"meshtrain rank %d\"}}",
             t->rank, t->rank);
     for (k = 0; k < 3; k++)
-        fprintf(f, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": "
-                   "%d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
+        fprintf(f,
+                ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": "
+                "%d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
                 t->rank, k, threads[k]);
     for (i = 0; i < t->ntl; i++) {
         const struct tl_event *e = &t->tl[i];
@@ -213,9 +217,10 @@ static int tl_write(const struct trainer *t)
             snprintf(name, sizeof(name), "allreduce bucket %d", e->bucket);
         else
             snprintf(name, sizeof(name), "%s", e->name);
-        fprintf(f, ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", "
-                   "\"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, "
-                   "\"args\": {\"step\": %" PRIu64,
+        fprintf(f,
+                ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", "
+                "\"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, "
+                "\"args\": {\"step\": %" PRIu64,
                 name, threads[e->tid], t->rank, e->tid, e->ts * 1e6,
                 e->dur * 1e6, e->step);
         if (e->bucket >= 0)
@@ -238,7 +243,7 @@ static int local(struct trainer *t, int rc)
     return rc;
 }
 
-/* ---- host copies of device slabs ------------------------------------------ */
+/* ---- host copies of device slabs ----------------------------------------- */
 
 static float *params_host(struct trainer *t, int *rc)
 {
@@ -262,7 +267,7 @@ static float *momentum_host(struct trainer *t, int *rc)
     return t->hmom;
 }
 
-/* ---- gradient buckets ----------------------------------------------------- */
+/* ---- gradient buckets ---------------------------------------------------- */
 
 /*
  * Cut the slab at tensor boundaries, from the end down, as DDP does: a
@@ -396,8 +401,8 @@ static int bucket_finish(struct trainer *t, int i, int rc)
     if (rc < 0)
         return rc;
     if (t->c->compress)
-        mesh_convert(MESH_DT_F32, grads_host(t) + b->lo, wire_dtype(t),
-                     b->wire, b->hi - b->lo);
+        mesh_convert(MESH_DT_F32, grads_host(t) + b->lo, wire_dtype(t), b->wire,
+                     b->hi - b->lo);
     if (!t->host_slabs)
         return mesh_nn_upload(t->ctx, mesh_nn_model_grads(t->model) + b->lo,
                               grads_host(t) + b->lo, (b->hi - b->lo) * 4);
@@ -411,8 +416,7 @@ static int on_grad_ready(void *arg, size_t offset, size_t count)
     int rc;
 
     (void)count;
-    while (t->next_bucket < t->nbuckets &&
-           t->b[t->next_bucket].lo >= offset) {
+    while (t->next_bucket < t->nbuckets && t->b[t->next_bucket].lo >= offset) {
         rc = bucket_start(t, t->next_bucket);
         if (rc < 0)
             return rc;
@@ -450,7 +454,7 @@ static int buckets_wait(struct trainer *t)
     return rc;
 }
 
-/* ---- collectives on small things ------------------------------------------ */
+/* ---- collectives on small things ----------------------------------------- */
 
 static int avg_floats(struct trainer *t, float *x, size_t n)
 {
@@ -547,19 +551,22 @@ static int verify_weights(struct trainer *t, const char *when)
         hex(all, 8, a);
         hex(all + 32 * (bad == t->size - 1 && t->size > 2 ? 1 : 0), 8, b);
         if (bad == t->size - 1 && t->size > 2)
-            rc = mesh_err(-EBADMSG, "weights differ %s: rank 0 (digest "
+            rc = mesh_err(-EBADMSG,
+                          "weights differ %s: rank 0 (digest "
                           "%s...) differs from every other peer (%s...)",
                           when, a, b);
         else
-            rc = mesh_err(-EBADMSG, "weights differ %s: rank(s) %s differ "
-                          "from rank 0 (digest %s...)", when, list, a);
+            rc = mesh_err(-EBADMSG,
+                          "weights differ %s: rank(s) %s differ "
+                          "from rank 0 (digest %s...)",
+                          when, list, a);
     }
 out:
     free(all);
     return rc;
 }
 
-/* ---- checkpoints ---------------------------------------------------------- */
+/* ---- checkpoints --------------------------------------------------------- */
 
 static void put_u64(uint8_t *p, uint64_t v)
 {
@@ -622,8 +629,8 @@ static int checkpoint_write(struct trainer *t, uint64_t step)
     if (rc == 0)
         mom = momentum_host(t, &rc);
     if (rc == 0)
-        rc = mesh_ckpt_put(w, "momentum", mom, t->nparams * 4,
-                           MESH_CKPT_SHARED);
+        rc =
+            mesh_ckpt_put(w, "momentum", mom, t->nparams * 4, MESH_CKPT_SHARED);
     mesh_data_tell(t->train_ld, &epoch, &lstep);
     put_u64(state, TRAINER_STATE_MAGIC);
     put_u64(state + 8, step);
@@ -631,8 +638,8 @@ static int checkpoint_write(struct trainer *t, uint64_t step)
     put_u64(state + 24, (uint64_t)mesh_nn_sgd_steps(t->sgd));
     put_u64(state + 32, (uint64_t)mesh_nn_model_batches_tracked(t->model));
     if (rc == 0)
-        rc = mesh_ckpt_put(w, "trainer", state, sizeof(state),
-                           MESH_CKPT_SHARED);
+        rc =
+            mesh_ckpt_put(w, "trainer", state, sizeof(state), MESH_CKPT_SHARED);
     mesh_data_get_state(t->train_ld, lstate);
     if (rc == 0)
         rc = mesh_ckpt_put(w, "loader", lstate, sizeof(lstate), 0);
@@ -703,8 +710,9 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
         uint64_t n = get_u64(g);
 
         if (n > RESUME_MAX_ENTRIES) {
-            rc = mesh_err(-EPROTO, "--resume: rank %d sent %" PRIu64
-                          " checkpoint entries", r, n);
+            rc = mesh_err(
+                -EPROTO,
+                "--resume: rank %d sent %" PRIu64 " checkpoint entries", r, n);
             goto out;
         }
         lists[r] = all + (size_t)r * RESUME_MAX_ENTRIES;
@@ -717,7 +725,8 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
     if (total == 0) {
         if (t->rank == 0)
             mesh_info("--resume: no peer has a checkpoint in %s: starting "
-                      "from step 0", t->c->checkpoint_dir);
+                      "from step 0",
+                      t->c->checkpoint_dir);
         *step_out = 0;
         goto out;
     }
@@ -727,7 +736,8 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
     for (i = 0; i < nmine; i++)
         if (mine[i].step == step &&
             memcmp(mine[i].config, t->config_digest, 32) != 0) {
-            rc = mesh_err(-EINVAL, "--resume: checkpoint %s/ckpt-%09" PRIu64
+            rc = mesh_err(-EINVAL,
+                          "--resume: checkpoint %s/ckpt-%09" PRIu64
                           " was written with another configuration (model, "
                           "data, batch, seed, optimizer or peer count)",
                           dir, step);
@@ -755,10 +765,12 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
     }
     if (rc == 0)
         rc = mesh_ckpt_read_into(ck, "trainer", state, sizeof(state));
-    if (rc == 0 && (get_u64(state) != TRAINER_STATE_MAGIC ||
-                    get_u64(state + 8) != step))
-        rc = mesh_err(-EIO, "%s/trainer: not a meshtrain trainer record for "
-                      "step %" PRIu64, path, step);
+    if (rc == 0 &&
+        (get_u64(state) != TRAINER_STATE_MAGIC || get_u64(state + 8) != step))
+        rc = mesh_err(-EIO,
+                      "%s/trainer: not a meshtrain trainer record for "
+                      "step %" PRIu64,
+                      path, step);
     if (rc == 0) {
         mesh_nn_sgd_set_steps(t->sgd, (int64_t)get_u64(state + 24));
         mesh_nn_model_set_batches_tracked(t->model,
@@ -786,7 +798,7 @@ out:
     return rc;
 }
 
-/* ---- evaluation ----------------------------------------------------------- */
+/* ---- evaluation ---------------------------------------------------------- */
 
 /* Top-1 and top-5 over the whole evaluation split (each peer its shard). */
 static int evaluate(struct trainer *t, double *top1, double *top5)
@@ -838,7 +850,7 @@ static int evaluate(struct trainer *t, double *top1, double *top5)
     return 0;
 }
 
-/* ---- progress -------------------------------------------------------------- */
+/* ---- progress ------------------------------------------------------------ */
 
 struct window {
     double t_step, t_compute, t_comm, t_data;
@@ -877,7 +889,7 @@ static void progress(struct trainer *t, uint64_t step, float loss, double lr,
     fflush(stdout);
 }
 
-/* ---- the run -------------------------------------------------------------- */
+/* ---- the run ------------------------------------------------------------- */
 
 /*
  * The configuration that peers must share, as "key=value\n" lines. The
@@ -893,23 +905,22 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
     int n;
 
     hex(data_fp, 32, fp);
-    n = snprintf(t->config, sizeof(t->config),
-                 "program=meshtrain\nmodel=%s\nwidth=%d\ncifar_stem=%d\n"
-                 "zero_init_residual=%d\nclasses=%d\nchannels=%d\n"
-                 "image_size=%d\nseed=%" PRIu64 "\ndata=%s\ndata_digest=%s\n"
-                 "augment=%d\nbatch=%d\naccumulate=%d\nlr=%.9g\n"
-                 "lr_schedule=%s\nwarmup_epochs=%.9g\nmomentum=%.9g\n"
-                 "weight_decay=%.9g\nnesterov=%d\nlabel_smoothing=%.9g\n"
-                 "compress=%s\ndevice=%s\nsteps_per_epoch=%" PRIu64
-                 "\npeers=%d\n",
-                 m->arch, m->width, m->cifar_stem, m->zero_init_residual,
-                 m->num_classes, m->in_channels, m->image_size, m->seed,
-                 t->info.name, fp, c->augment, c->batch, c->accumulate,
-                 c->lr.base_lr, lr_kind_name(c->lr.kind),
-                 c->lr.warmup_epochs, (double)c->sgd.momentum,
-                 (double)c->sgd.weight_decay, c->sgd.nesterov,
-                 (double)c->label_smoothing, compress_name(c->compress),
-                 c->device, t->steps_per_epoch, t->size);
+    n = snprintf(
+        t->config, sizeof(t->config),
+        "program=meshtrain\nmodel=%s\nwidth=%d\ncifar_stem=%d\n"
+        "zero_init_residual=%d\nclasses=%d\nchannels=%d\n"
+        "image_size=%d\nseed=%" PRIu64 "\ndata=%s\ndata_digest=%s\n"
+        "augment=%d\nbatch=%d\naccumulate=%d\nlr=%.9g\n"
+        "lr_schedule=%s\nwarmup_epochs=%.9g\nmomentum=%.9g\n"
+        "weight_decay=%.9g\nnesterov=%d\nlabel_smoothing=%.9g\n"
+        "compress=%s\ndevice=%s\nsteps_per_epoch=%" PRIu64 "\npeers=%d\n",
+        m->arch, m->width, m->cifar_stem, m->zero_init_residual, m->num_classes,
+        m->in_channels, m->image_size, m->seed, t->info.name, fp, c->augment,
+        c->batch, c->accumulate, c->lr.base_lr, lr_kind_name(c->lr.kind),
+        c->lr.warmup_epochs, (double)c->sgd.momentum,
+        (double)c->sgd.weight_decay, c->sgd.nesterov,
+        (double)c->label_smoothing, compress_name(c->compress), c->device,
+        t->steps_per_epoch, t->size);
     if (n < 0 || (size_t)n >= sizeof(t->config))
         return mesh_err(-EINVAL, "configuration too long");
     core = (size_t)n;
@@ -956,8 +967,10 @@ static int open_data(struct trainer *t, const struct mesh_opts *mo)
         return rc;
     mesh_data_get_info(t->ds, &t->info);
     if (c->model.num_classes && c->model.num_classes < t->info.classes)
-        return mesh_err(-EINVAL, "--num-classes %d: the data set has %d "
-                        "classes", c->model.num_classes, t->info.classes);
+        return mesh_err(-EINVAL,
+                        "--num-classes %d: the data set has %d "
+                        "classes",
+                        c->model.num_classes, t->info.classes);
     t->mcfg = c->model;
     t->mcfg.in_channels = t->info.channels;
     t->mcfg.image_size = t->info.size;
@@ -978,19 +991,21 @@ static int open_data(struct trainer *t, const struct mesh_opts *mo)
     t->micro_per_epoch = mesh_loader_steps_per_epoch(t->train_ld);
     t->steps_per_epoch = t->micro_per_epoch / (uint64_t)c->accumulate;
     if (t->steps_per_epoch == 0)
-        return mesh_err(-EINVAL, "--data %s: %zu training samples are fewer "
+        return mesh_err(-EINVAL,
+                        "--data %s: %zu training samples are fewer "
                         "than one step (batch %d x accumulate %d x %d "
-                        "peers)", c->data, t->info.train_count, c->batch,
-                        c->accumulate, mo->world.size);
-    t->total_steps = c->iters ? c->iters
-                              : (uint64_t)ceil(c->epochs *
-                                               (double)t->steps_per_epoch);
+                        "peers)",
+                        c->data, t->info.train_count, c->batch, c->accumulate,
+                        mo->world.size);
+    t->total_steps =
+        c->iters ? c->iters
+                 : (uint64_t)ceil(c->epochs * (double)t->steps_per_epoch);
     if (t->total_steps == 0)
         t->total_steps = 1;
     t->lr = c->lr;
-    t->lr.total_epochs = c->iters ? (double)t->total_steps /
-                                        (double)t->steps_per_epoch
-                                  : c->epochs;
+    t->lr.total_epochs =
+        c->iters ? (double)t->total_steps / (double)t->steps_per_epoch
+                 : c->epochs;
     if (t->lr.kind == MESH_NN_LR_STEP && t->lr.num_milestones == 0) {
         t->lr.milestones[0] = 30;
         t->lr.milestones[1] = 60;
@@ -1041,10 +1056,9 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
                "train, %zu eval, %d x %d x %d, %d classes); %d peer(s) x "
                "batch %d x accumulate %d\n",
                t->mcfg.arch, t->mcfg.width, t->nparams,
-               mesh_nn_ctx_describe(t->ctx), t->info.name,
-               t->info.train_count, t->info.eval_count, t->info.channels,
-               t->info.size, t->info.size, t->info.classes, mo->world.size,
-               c->batch, c->accumulate);
+               mesh_nn_ctx_describe(t->ctx), t->info.name, t->info.train_count,
+               t->info.eval_count, t->info.channels, t->info.size, t->info.size,
+               t->info.classes, mo->world.size, c->batch, c->accumulate);
     return 0;
 }
 
@@ -1100,8 +1114,8 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         return rc;
     {
         double t_comm_end = now_s(t);
-        double lr = mesh_nn_lr_at(&t->lr, (double)t->step /
-                                              (double)t->steps_per_epoch);
+        double lr =
+            mesh_nn_lr_at(&t->lr, (double)t->step / (double)t->steps_per_epoch);
 
         ts = now_s(t);
         rc = mesh_nn_sgd_step(t->sgd, (float)lr);
@@ -1117,8 +1131,8 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         w->t_step += now_s(t) - t_begin;
         w->t_compute += (now_s(t) - t_begin) - data - (t_comm_end - t_bwd_end);
         w->steps++;
-        w->images += (uint64_t)c->batch * (uint64_t)c->accumulate *
-                     (uint64_t)t->size;
+        w->images +=
+            (uint64_t)c->batch * (uint64_t)c->accumulate * (uint64_t)t->size;
         *loss_out = loss;
     }
     return 0;
@@ -1154,15 +1168,15 @@ static int train_loop(struct trainer *t, uint64_t start)
     memset(&win, 0, sizeof(win));
     memset(&total, 0, sizeof(total));
     if (t->eval_ld && c->eval_every > 0) {
-        eval_interval = (uint64_t)llround(c->eval_every *
-                                          (double)t->steps_per_epoch);
+        eval_interval =
+            (uint64_t)llround(c->eval_every * (double)t->steps_per_epoch);
         if (eval_interval == 0)
             eval_interval = 1;
     }
     for (step = start; step < t->total_steps; step++) {
         struct window one;
-        double lr = mesh_nn_lr_at(&t->lr,
-                                  (double)step / (double)t->steps_per_epoch);
+        double lr =
+            mesh_nn_lr_at(&t->lr, (double)step / (double)t->steps_per_epoch);
         uint64_t done = step + 1;
 
         memset(&one, 0, sizeof(one));
@@ -1171,8 +1185,10 @@ static int train_loop(struct trainer *t, uint64_t start)
         if (rc < 0)
             return rc;
         if (!isfinite(loss)) {
-            return local(t, mesh_err(-ERANGE, "loss is %f at step %" PRIu64
-                            " (lower --lr?)", (double)loss, done));
+            return local(t, mesh_err(-ERANGE,
+                                     "loss is %f at step %" PRIu64
+                                     " (lower --lr?)",
+                                     (double)loss, done));
         }
         ema = ema == 0 ? one.t_step : 0.9 * ema + 0.1 * one.t_step;
         win.t_step += one.t_step;
@@ -1205,9 +1221,9 @@ static int train_loop(struct trainer *t, uint64_t start)
                 return rc;
             if (t->rank == 0 && !c->quiet)
                 printf("%seval after step %" PRIu64 " (epoch %.2f): top-1 "
-                       "%.2f %% top-5 %.2f %%\n", t->tty ? "\r\033[K" : "",
-                       done, (double)done / (double)t->steps_per_epoch, top1,
-                       top5);
+                       "%.2f %% top-5 %.2f %%\n",
+                       t->tty ? "\r\033[K" : "", done,
+                       (double)done / (double)t->steps_per_epoch, top1, top5);
         }
         if (c->checkpoint_every && c->checkpoint_dir &&
             done % c->checkpoint_every == 0) {
@@ -1326,8 +1342,11 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
         }
         rc = checkpoint_resume(&t, &start);
         if (rc < 0) {
-            code = fail(&t, rc == -ENOENT || rc == -EIO || rc == -EINVAL
-                                ? MESH_EXIT_USAGE : MESH_EXIT_PEER, rc);
+            code = fail(&t,
+                        rc == -ENOENT || rc == -EIO || rc == -EINVAL
+                            ? MESH_EXIT_USAGE
+                            : MESH_EXIT_PEER,
+                        rc);
             goto out;
         }
     }
@@ -1343,24 +1362,25 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
 
             if (rc == 0) {
                 one = nextafterf(p[0], INFINITY);
-                rc = t.host_slabs ? (p[0] = one, 0)
-                                  : mesh_nn_upload(t.ctx,
-                                                   mesh_nn_model_params(t.model),
-                                                   &one, sizeof(one));
+                rc = t.host_slabs
+                         ? (p[0] = one, 0)
+                         : mesh_nn_upload(t.ctx, mesh_nn_model_params(t.model),
+                                          &one, sizeof(one));
             }
             mesh_warn("MESHTRAIN_TEST_PERTURB: weight 0 changed by one ulp");
         }
     }
     rc = verify_weights(&t, start ? "after resuming" : "before step 1");
     if (rc < 0) {
-        code = fail(&t, rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER,
-                    rc);
+        code = fail(&t, rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER, rc);
         goto out;
     }
     rc = train_loop(&t, start);
     if (rc < 0) {
-        code = fail(&t, t.local_err ? MESH_EXIT_USAGE
-                        : rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER,
+        code = fail(&t,
+                    t.local_err      ? MESH_EXIT_USAGE
+                    : rc == -EBADMSG ? MESH_EXIT_VERIFY
+                                     : MESH_EXIT_PEER,
                     rc);
         goto out;
     }
@@ -1368,8 +1388,8 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     rc = have_eval ? evaluate(&t, &top1, &top5) : bn_average(&t);
     if (rc == 0 && have_eval && t.rank == 0)
         printf("%stest accuracy after %" PRIu64 " steps: top-1 %.2f %% "
-               "top-5 %.2f %%\n", t.tty ? "\r\033[K" : "", t.total_steps,
-               top1, top5);
+               "top-5 %.2f %%\n",
+               t.tty ? "\r\033[K" : "", t.total_steps, top1, top5);
     if (rc == 0 && c->verify_every)
         rc = verify_weights(&t, "at the end");
     if (rc == 0 && c->save && t.rank == 0)
@@ -1386,8 +1406,10 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
             rc = mesh_barrier(t.mesh);
     }
     if (rc < 0) {
-        code = fail(&t, t.local_err ? MESH_EXIT_USAGE
-                        : rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER,
+        code = fail(&t,
+                    t.local_err      ? MESH_EXIT_USAGE
+                    : rc == -EBADMSG ? MESH_EXIT_VERIFY
+                                     : MESH_EXIT_PEER,
                     rc);
         goto out;
     }
