@@ -5,7 +5,10 @@
  * Shape: callers queue requests (under mu); one engine thread takes them in
  * order, registers the buffers it meets (once, cached), grows the scratch
  * buffer when needed, compiles the collective into a schedule and runs it.
- * The engine is the only thread that touches the transport.
+ * A blocking call made while nothing is queued or running runs the same
+ * way on the caller's thread. Either way one request runs at a time (busy),
+ * and only the running request touches the transport and the engine-only
+ * fields below.
  */
 #include "config.h"
 
