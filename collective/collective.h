@@ -130,6 +130,15 @@ int mesh_coll_bcast_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
 int mesh_coll_buf_alloc(mesh_coll_t *c, size_t len, void **out);
 void mesh_coll_buf_free(mesh_coll_t *c, void *buf);
 
+/*
+ * The caller's own memory (a gradient slab, say), registered with the
+ * transport at first use and then reused, instead of for every collective
+ * that touches it. The memory stays the caller's: unregister it (not while
+ * in use) before freeing it; destroy unregisters what is left.
+ */
+int mesh_coll_buf_register(mesh_coll_t *c, void *buf, size_t len);
+void mesh_coll_buf_unregister(mesh_coll_t *c, void *buf);
+
 /* ---- collectives: start, then wait --------------------------------------- */
 
 /*
