@@ -96,6 +96,14 @@
         }                                                                      \
     } while (0)
 
+/* Make the device current on this thread (see bind()), or return. */
+#define BIND(dev)                                                              \
+    do {                                                                       \
+        int b_ = bind(dev);                                                    \
+        if (b_ < 0)                                                            \
+            return b_;                                                         \
+    } while (0)
+
 /* Our own kernels: the launcher returns a cudaError_t as int. */
 #define KERN_CHECK(rc, expr, label, call, p)                                  \
     do {                                                                       \
@@ -145,6 +153,7 @@ struct mesh_nn_plan {
     size_t algo_ws[3];
     int bf16;      /* CONV/FC: operands staged as bfloat16 */
     size_t nw;     /* CONV: weight elements */
+    size_t fc_a;   /* FC under bf16: bytes of A's staging, B's follows */
 };
 
 static const float one = 1.f, zero = 0.f;
@@ -166,6 +175,25 @@ static void *ws_at(void *ws, size_t off)
 }
 
 /* ---- device ------------------------------------------------------------- */
+
+/*
+ * The CUDA runtime's current device is per thread, and a ctx may be used
+ * by several threads in turn (one at a time): every op makes the device
+ * current first, at the cost of a thread-local compare when it already is.
+ */
+static _Thread_local int bound_gpu = -1;
+
+static int bind(struct mesh_nn_dev *dev)
+{
+    int rc = 0;
+
+    if (bound_gpu == dev->gpu)
+        return 0;
+    CUDA_CHECK(rc, cudaSetDevice(dev->gpu), out, "cudaSetDevice", NULL);
+    bound_gpu = dev->gpu;
+out:
+    return rc;
+}
 
 /* The device index from the options, MESHTRAIN_LOCAL_RANK or 0. */
 static int pick_gpu(const struct mesh_nn_dev_opts *o, int ndev, int *out)
@@ -219,6 +247,7 @@ static int cuda_dev_open_opts(const struct mesh_nn_dev_opts *o,
         goto fail_free;
     CUDA_CHECK(rc, cudaSetDevice(dev->gpu), fail_free, "cudaSetDevice",
                NULL);
+    bound_gpu = dev->gpu;
     CUDA_CHECK(rc, cudaGetDeviceProperties(&prop, dev->gpu), fail_free,
                "cudaGetDeviceProperties", NULL);
     dev->cc = prop.major * 10 + prop.minor;
@@ -299,6 +328,7 @@ static void cuda_dev_close(struct mesh_nn_dev *dev)
 
     if (!dev)
         return;
+    (void)bind(dev);
     cudaStreamSynchronize(dev->copy);
     cudaStreamSynchronize(dev->compute);
     for (c = dev->free_copies; c; c = next) {
@@ -327,6 +357,7 @@ static int cuda_alloc(struct mesh_nn_dev *dev, size_t bytes, void **out)
     void *p = NULL;
     int rc = 0;
 
+    BIND(dev);
     CUDA_CHECK(rc, cudaMalloc(&p, bytes ? bytes : ALIGN), fail, "cudaMalloc",
                NULL);
     /* on the compute stream: every op that later uses p is ordered after */
@@ -345,6 +376,7 @@ fail:
 
 static void cuda_free(struct mesh_nn_dev *dev, void *p)
 {
+    (void)bind(dev);
     (void)dev;
     cudaFree(p); /* synchronises with the device before freeing */
 }
@@ -368,6 +400,7 @@ out:
 static int cuda_upload(struct mesh_nn_dev *dev, void *dst, const void *src,
                        size_t bytes)
 {
+    BIND(dev);
     return copy_sync(dev, dst, src, bytes, cudaMemcpyHostToDevice,
                      "cudaMemcpyAsync (upload)");
 }
@@ -375,6 +408,7 @@ static int cuda_upload(struct mesh_nn_dev *dev, void *dst, const void *src,
 static int cuda_download(struct mesh_nn_dev *dev, void *dst, const void *src,
                          size_t bytes)
 {
+    BIND(dev);
     return copy_sync(dev, dst, src, bytes, cudaMemcpyDeviceToHost,
                      "cudaMemcpyAsync (download)");
 }
@@ -383,6 +417,7 @@ static int cuda_zero(struct mesh_nn_dev *dev, void *p, size_t bytes)
 {
     int rc = 0;
 
+    BIND(dev);
     CUDA_CHECK(rc, cudaMemsetAsync(p, 0, bytes, dev->compute), out,
                "cudaMemsetAsync", NULL);
 out:
@@ -393,6 +428,7 @@ static int cuda_sync(struct mesh_nn_dev *dev)
 {
     int rc = 0;
 
+    BIND(dev);
     CUDA_CHECK(rc, cudaStreamSynchronize(dev->compute), out,
                "cudaStreamSynchronize (compute)", NULL);
     CUDA_CHECK(rc, cudaStreamSynchronize(dev->copy), out,
@@ -411,12 +447,14 @@ static size_t cuda_act_bytes(struct mesh_nn_dev *dev, int n, int c, int h,
 static int cuda_act_import(struct mesh_nn_dev *dev, int n, int c, int h,
                            int w, const float *host_nchw, void *dst)
 {
+    BIND(dev);
     return cuda_upload(dev, dst, host_nchw, cuda_act_bytes(dev, n, c, h, w));
 }
 
 static int cuda_act_export(struct mesh_nn_dev *dev, int n, int c, int h,
                            int w, const void *src, float *host_nchw)
 {
+    BIND(dev);
     return cuda_download(dev, host_nchw, src,
                          cuda_act_bytes(dev, n, c, h, w));
 }
@@ -606,6 +644,7 @@ static int cuda_plan_create(struct mesh_nn_dev *dev,
     struct mesh_nn_plan *p;
     int rc = 0;
 
+    BIND(dev);
     if (d->n < 1 || d->c < 1 || d->h < 1 || d->w < 1)
         return mesh_err(-EINVAL, "nn cuda: plan of kind %d: bad shape "
                                  "%dx%dx%dx%d", d->kind, d->n, d->c, d->h,
@@ -670,11 +709,14 @@ static int cuda_plan_create(struct mesh_nn_dev *dev,
             goto fail;
         }
         p->bf16 = dev->precision == MESH_NN_PREC_BF16_AMP;
-        /* bf16 staging: W, then x or dx, then dy (any call's operands) */
-        if (p->bf16)
-            p->ws = align_up((size_t)d->k * d->c * 2) +
-                    align_up((size_t)d->n * d->c * 2) +
-                    align_up((size_t)d->n * d->k * 2);
+        /* bf16 staging of a gemm's A (W or x) and B (x or dy) */
+        if (p->bf16) {
+            size_t kc = (size_t)d->k * d->c, nc = (size_t)d->n * d->c;
+            size_t nk = (size_t)d->n * d->k;
+
+            p->fc_a = align_up((kc > nc ? kc : nc) * 2);
+            p->ws = p->fc_a + align_up((nc > nk ? nc : nk) * 2);
+        }
         break;
     default:
         rc = mesh_err(-EINVAL, "nn cuda: unknown plan kind %d", d->kind);
@@ -693,7 +735,7 @@ fail:
 
 static void cuda_plan_destroy(struct mesh_nn_dev *dev, struct mesh_nn_plan *p)
 {
-    (void)dev;
+    (void)dev; /* descriptors are host objects */
     if (!p)
         return;
     plan_free_descs(p);
@@ -771,6 +813,7 @@ static int cuda_conv_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     void *yy = y;
     int rc = 0;
 
+    BIND(dev);
     if (p->bf16) {
         if ((rc = to_bf16(dev, p, s.x, x, p->nx)) < 0 ||
             (rc = to_bf16(dev, p, s.w, w, p->nw)) < 0)
@@ -803,6 +846,7 @@ static int cuda_conv_bwd_data(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     void *dxx = dx;
     int rc = 0;
 
+    BIND(dev);
     if (p->bf16) {
         if ((rc = to_bf16(dev, p, s.y, dy, p->ny)) < 0 ||
             (rc = to_bf16(dev, p, s.w, w, p->nw)) < 0)
@@ -834,6 +878,7 @@ static int cuda_conv_bwd_filter(struct mesh_nn_dev *dev,
     void *dww = dw;
     int rc = 0;
 
+    BIND(dev);
     if (p->bf16) {
         if ((rc = to_bf16(dev, p, s.x, x, p->nx)) < 0 ||
             (rc = to_bf16(dev, p, s.y, dy, p->ny)) < 0)
@@ -866,6 +911,7 @@ static int cuda_bn_fwd_train(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 {
     int rc = 0;
 
+    BIND(dev);
     (void)ws;
     /* cuDNN updates running_var with the unbiased batch variance and
      * normalises with the biased one, as PyTorch (which calls it) does */
@@ -891,6 +937,7 @@ static int cuda_bn_fwd_infer(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 {
     int rc = 0;
 
+    BIND(dev);
     (void)ws;
     DNN_CHECK(rc,
               cudnnBatchNormalizationForwardInference(
@@ -914,6 +961,7 @@ static int cuda_bn_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     const void *g = dy;
     int rc = 0;
 
+    BIND(dev);
     (void)beta;
     if (p->d.relu) {
         KERN_CHECK(rc,
@@ -944,6 +992,7 @@ static int cuda_relu_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 {
     int rc = 0;
 
+    BIND(dev);
     KERN_CHECK(rc, mesh_cuk_relu_fwd(dev->compute, p->nx, x, y, NULL), out,
                "relu", p);
 out:
@@ -955,6 +1004,7 @@ static int cuda_relu_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 {
     int rc = 0;
 
+    BIND(dev);
     KERN_CHECK(rc, mesh_cuk_relu_bwd(dev->compute, p->nx, y, dy, dx), out,
                "relu backward", p);
 out:
@@ -966,6 +1016,7 @@ static int cuda_add(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 {
     int rc = 0;
 
+    BIND(dev);
     KERN_CHECK(rc, mesh_cuk_add(dev->compute, p->nx, a, b, y, p->d.relu), out,
                "add", p);
 out:
@@ -978,6 +1029,7 @@ static int cuda_maxpool_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     const struct mesh_nn_plan_desc *d = &p->d;
     int rc = 0;
 
+    BIND(dev);
     (void)ws;
     KERN_CHECK(rc,
                mesh_cuk_maxpool_fwd(dev->compute, d->n, d->c, d->h, d->w,
@@ -995,6 +1047,7 @@ static int cuda_maxpool_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     const struct mesh_nn_plan_desc *d = &p->d;
     int rc = 0;
 
+    BIND(dev);
     (void)ws;
     KERN_CHECK(rc,
                mesh_cuk_maxpool_bwd(dev->compute, d->n, d->c, d->h, d->w,
@@ -1010,6 +1063,7 @@ static int cuda_avgpool_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 {
     int rc = 0;
 
+    BIND(dev);
     (void)ws;
     KERN_CHECK(rc,
                mesh_cuk_avgpool_fwd(dev->compute, p->d.n * p->d.c,
@@ -1024,6 +1078,7 @@ static int cuda_avgpool_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 {
     int rc = 0;
 
+    BIND(dev);
     (void)ws;
     KERN_CHECK(rc,
                mesh_cuk_avgpool_bwd(dev->compute, p->d.n * p->d.c,
@@ -1049,10 +1104,8 @@ static int gemm(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     int rc = 0;
 
     if (p->bf16) {
-        void *ab = ws, *bb = ws_at(ws, align_up((size_t)p->d.k * p->d.c * 2));
+        void *ab = ws, *bb = ws_at(ws, p->fc_a);
 
-        /* A is at most W (k x c); B at most max(n c, n k) elements, and
-         * both fit the staging the plan sized */
         if ((rc = to_bf16(dev, p, ab, a, na)) < 0 ||
             (rc = to_bf16(dev, p, bb, b, nb)) < 0)
             return rc;
@@ -1078,6 +1131,7 @@ static int cuda_fc_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 {
     int n = p->d.n, c = p->d.c, k = p->d.k, rc = 0;
 
+    BIND(dev);
     KERN_CHECK(rc, mesh_cuk_bias_fill(dev->compute, n, k, b, y), out,
                "bias", p);
     /* y^T (k x n) = W (k x c) x^T: W is col-major (c x k), op T */
@@ -1093,6 +1147,7 @@ static int cuda_fc_bwd_data(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 {
     int n = p->d.n, c = p->d.c, k = p->d.k;
 
+    BIND(dev);
     /* dx^T (c x n) = W^T (c x k, col-major W) dy^T (k x n) */
     return gemm(dev, p, CUBLAS_OP_N, CUBLAS_OP_N, c, n, k, w, c,
                 (size_t)k * c, dy, k, (size_t)n * k, 0.f, dx, c, ws);
@@ -1104,6 +1159,7 @@ static int cuda_fc_bwd_weights(struct mesh_nn_dev *dev,
 {
     int n = p->d.n, c = p->d.c, k = p->d.k, rc;
 
+    BIND(dev);
     /* dW^T (c x k) = x^T (c x n) dy (n x k): dy is col-major (k x n) */
     rc = gemm(dev, p, CUBLAS_OP_N, CUBLAS_OP_T, c, k, n, x, c,
               (size_t)n * c, dy, k, (size_t)n * k, 0.f, dw, c, ws);
@@ -1126,6 +1182,7 @@ static int cuda_xent(struct mesh_nn_dev *dev, int n, int k,
     double total = 0;
     int rc = 0, i, bad;
 
+    BIND(dev);
     if (n < 1 || k < 1 || !(smoothing >= 0.f && smoothing < 1.f))
         return mesh_err(-EINVAL, "nn cuda: xent: bad arguments (n %d, k %d, "
                                  "smoothing %g)", n, k, (double)smoothing);
@@ -1171,6 +1228,7 @@ static int cuda_sgd(struct mesh_nn_dev *dev, size_t n, float *p,
 {
     int rc = 0;
 
+    BIND(dev);
     if (a->momentum != 0.f && !buf)
         return mesh_err(-EINVAL, "nn cuda: sgd: momentum without a buffer");
     KERN_CHECK(rc,
@@ -1187,6 +1245,7 @@ static int cuda_axpy1(struct mesh_nn_dev *dev, size_t n, const float *x,
 {
     int rc = 0;
 
+    BIND(dev);
     KERN_CHECK(rc, mesh_cuk_axpy1(dev->compute, n, x, y), out, "axpy", NULL);
 out:
     return rc;
@@ -1197,6 +1256,7 @@ static int cuda_convert(struct mesh_nn_dev *dev, int dst_dtype, void *dst,
 {
     int rc = 0;
 
+    BIND(dev);
     KERN_CHECK(rc,
                mesh_cuk_convert(dev->compute, n, dst_dtype, dst, src_dtype,
                                 src, scale),
@@ -1249,6 +1309,7 @@ static int cuda_copy_start(struct mesh_nn_dev *dev, int to_host, void *dst,
     struct mesh_nn_copy *c = NULL;
     int rc = copy_get(dev, &c);
 
+    BIND(dev);
     if (rc < 0)
         return rc;
     CUDA_CHECK(rc, cudaEventRecord(c->ev, dev->compute), fail,
@@ -1279,6 +1340,7 @@ static int cuda_copy_test(struct mesh_nn_dev *dev, struct mesh_nn_copy *c,
     cudaError_t e = cudaEventQuery(c->ev);
     int rc = 0;
 
+    BIND(dev);
     (void)dev;
     if (e == cudaErrorNotReady) {
         *done = 0;
@@ -1294,6 +1356,7 @@ static int cuda_copy_wait(struct mesh_nn_dev *dev, struct mesh_nn_copy *c)
 {
     int rc = 0;
 
+    BIND(dev);
     CUDA_CHECK(rc, cudaEventSynchronize(c->ev), out,
                "cudaEventSynchronize (copy)", NULL);
 out:
@@ -1305,6 +1368,7 @@ static int cuda_copy_order(struct mesh_nn_dev *dev, struct mesh_nn_copy *c)
 {
     int rc = 0;
 
+    BIND(dev);
     CUDA_CHECK(rc, cudaStreamWaitEvent(dev->compute, c->ev, 0), out,
                "cudaStreamWaitEvent (compute)", NULL);
 out:
