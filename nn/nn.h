@@ -256,6 +256,11 @@ int mesh_nn_ctx_open_opts(const char *backend,
                           const struct mesh_nn_dev_opts *o,
                           struct mesh_nn_ctx **out);
 
+/* Device memory of the ctx's backend (zero-filled), e.g. the 16-bit
+ * staging of a bucket for mesh_nn_convert; host memory for "cpu". */
+int mesh_nn_alloc(struct mesh_nn_ctx *ctx, size_t bytes, void **out);
+void mesh_nn_free(struct mesh_nn_ctx *ctx, void *p);
+
 /*
  * Asynchronous copies between device memory and host memory, for the
  * gradient buckets. Host memory should be pinned (mesh_coll_buf_alloc

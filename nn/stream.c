@@ -38,8 +38,19 @@ int mesh_nn_precision_parse(const char *s, int *out)
             *out = t[i].v;
             return 0;
         }
-    return mesh_err(-EINVAL,
-                    "unknown precision \"%s\" (fp32, tf32, bf16-amp)", s);
+    return mesh_err(-EINVAL, "unknown precision \"%s\" (fp32, tf32, bf16-amp)",
+                    s);
+}
+
+int mesh_nn_alloc(struct mesh_nn_ctx *ctx, size_t bytes, void **out)
+{
+    return ctx->ops->alloc(ctx->dev, bytes, out);
+}
+
+void mesh_nn_free(struct mesh_nn_ctx *ctx, void *p)
+{
+    if (p)
+        ctx->ops->free(ctx->dev, p);
 }
 
 /*
@@ -110,15 +121,17 @@ int mesh_nn_convert(struct mesh_nn_ctx *ctx, int dst_dtype, void *dst,
 {
     if ((unsigned)dst_dtype > MESH_NN_BF16 ||
         (unsigned)src_dtype > MESH_NN_BF16)
-        return mesh_err(-EINVAL, "nn: convert: bad dtype %d -> %d",
-                        src_dtype, dst_dtype);
+        return mesh_err(-EINVAL, "nn: convert: bad dtype %d -> %d", src_dtype,
+                        dst_dtype);
     if (dst_dtype != MESH_NN_F32 && src_dtype != MESH_NN_F32)
         return mesh_err(-EINVAL, "nn: convert: one side must be float32");
     if (dst == src && dst_dtype != src_dtype)
         return mesh_err(-EINVAL, "nn: convert: in place needs equal types");
     if (!ctx->ops->convert)
-        return mesh_err(-ENOTSUP, "nn: backend \"%s\" has no device "
-                                  "conversion", ctx->ops->name);
+        return mesh_err(-ENOTSUP,
+                        "nn: backend \"%s\" has no device "
+                        "conversion",
+                        ctx->ops->name);
     return ctx->ops->convert(ctx->dev, dst_dtype, dst, src_dtype, src, n,
                              scale);
 }

@@ -93,8 +93,8 @@ static void *up(struct mesh_nn_ctx *c, const float *h, size_t n)
     return d;
 }
 
-static void *upact(struct mesh_nn_ctx *c, const float *h, int n, int ch,
-                   int hh, int w)
+static void *upact(struct mesh_nn_ctx *c, const float *h, int n, int ch, int hh,
+                   int w)
 {
     void *d = dalloc(c, c->ops->act_bytes(c->dev, n, ch, hh, w));
     int rc = c->ops->act_import(c->dev, n, ch, hh, w, h, d);
@@ -147,8 +147,8 @@ static double relerr(const float *got, const float *want, size_t n)
     return m > 0 ? e / m : e;
 }
 
-static void cmp(const char *what, const float *got, const float *want,
-                size_t n, double tol)
+static void cmp(const char *what, const float *got, const float *want, size_t n,
+                double tol)
 {
     double e = relerr(got, want, n);
 
@@ -189,7 +189,7 @@ static struct mesh_nn_plan *mkplan(struct mesh_nn_ctx *c,
 
 /* Both sides of one op: index 0 gpu, 1 cpu. */
 #define BOTH(i) for (int i = 0; i < 2; i++)
-#define CTX(i) ((i) ? cpu : gpu)
+#define CTX(i)  ((i) ? cpu : gpu)
 
 static void test_conv(int n, int c, int h, int k, int r, int stride, int pad)
 {
@@ -205,7 +205,8 @@ static void test_conv(int n, int c, int h, int k, int r, int stride, int pad)
     d.kind = MESH_NN_PLAN_CONV;
     d.n = n, d.c = c, d.h = d.w = h, d.k = k, d.r = d.s = r;
     d.stride = stride, d.pad = pad, d.oh = d.ow = oh;
-    BOTH(i) {
+    BOTH(i)
+    {
         struct mesh_nn_ctx *C = CTX(i);
         struct mesh_nn_plan *p = mkplan(C, &d);
         int rc;
@@ -218,8 +219,8 @@ static void test_conv(int n, int c, int h, int k, int r, int stride, int pad)
         DW[i] = dalloc(C, nw * sizeof(float));
         WS[i] = dalloc(C, C->ops->plan_workspace(p) + 1);
         if ((rc = C->ops->conv_fwd(C->dev, p, X[i], W[i], Y[i], WS[i])) < 0 ||
-            (rc = C->ops->conv_bwd_data(C->dev, p, DY[i], W[i], DX[i],
-                                        WS[i])) < 0 ||
+            (rc = C->ops->conv_bwd_data(C->dev, p, DY[i], W[i], DX[i], WS[i])) <
+                0 ||
             (rc = C->ops->conv_bwd_filter(C->dev, p, X[i], DY[i], DW[i],
                                           WS[i])) < 0)
             die("conv", rc);
@@ -236,7 +237,8 @@ static void test_conv(int n, int c, int h, int k, int r, int stride, int pad)
         snprintf(t, sizeof(t), "%s bwd filter", tag);
         cmp_dev(t, DW[0], DW[1], nw, tol_mm());
     }
-    BOTH(i) {
+    BOTH(i)
+    {
         struct mesh_nn_ctx *C = CTX(i);
 
         C->ops->free(C->dev, X[i]), C->ops->free(C->dev, W[i]);
@@ -263,7 +265,8 @@ static void test_bn(int n, int c, int h, int relu)
     memset(&d, 0, sizeof(d));
     d.kind = MESH_NN_PLAN_BN;
     d.n = n, d.c = c, d.h = d.w = h, d.relu = relu, d.eps = 1e-5f;
-    BOTH(j) {
+    BOTH(j)
+    {
         struct mesh_nn_ctx *C = CTX(j);
         struct mesh_nn_plan *p = mkplan(C, &d);
         int rc;
@@ -279,19 +282,19 @@ static void test_bn(int n, int c, int h, int relu)
         DG[j] = dalloc(C, 2 * c * sizeof(float));
         RES[j] = dalloc(C, C->ops->plan_reserve(p) + 1);
         WS[j] = dalloc(C, C->ops->plan_workspace(p) + 1);
-        if ((rc = C->ops->bn_fwd_train(C->dev, p, X[j], Y[j], G[j], B[j],
-                                       RM[j], RV[j], 0.1f, SAVE[j], RES[j],
-                                       WS[j])) < 0 ||
+        if ((rc = C->ops->bn_fwd_train(C->dev, p, X[j], Y[j], G[j], B[j], RM[j],
+                                       RV[j], 0.1f, SAVE[j], RES[j], WS[j])) <
+                0 ||
             (rc = C->ops->bn_fwd_infer(C->dev, p, X[j], Y2[j], G[j], B[j],
                                        RM[j], RV[j], WS[j])) < 0 ||
             /* dx aliases dy, as the model runs it */
             (rc = C->ops->bn_bwd(C->dev, p, X[j], DY[j], G[j], B[j], SAVE[j],
-                                 RES[j], DY[j], DG[j],
-                                 (float *)DG[j] + c, WS[j])) < 0)
+                                 RES[j], DY[j], DG[j], (float *)DG[j] + c,
+                                 WS[j])) < 0)
             die("bn", rc);
     }
-    snprintf(t, sizeof(t), "bn%s n%d c%d %dx%d y", relu ? "+relu" : "", n, c,
-             h, h);
+    snprintf(t, sizeof(t), "bn%s n%d c%d %dx%d y", relu ? "+relu" : "", n, c, h,
+             h);
     cmp_act(t, Y[0], Y[1], n, c, h, h, 1e-4);
     strcat(t, " running mean");
     cmp_dev(t, RM[0], RM[1], c, 1e-5);
@@ -303,10 +306,11 @@ static void test_bn(int n, int c, int h, int relu)
     cmp_act(t, DY[0], DY[1], n, c, h, h, 1e-3);
     strcpy(strstr(t, " dx"), " dgamma dbeta");
     cmp_dev(t, DG[0], DG[1], 2 * (size_t)c, 1e-3);
-    BOTH(j) {
+    BOTH(j)
+    {
         struct mesh_nn_ctx *C = CTX(j);
-        void *all[] = {X[j], Y[j], Y2[j], DY[j], DX[j], G[j], B[j], RM[j],
-                       RV[j], SAVE[j], DG[j], RES[j], WS[j]};
+        void *all[] = {X[j],  Y[j],  Y2[j],   DY[j], DX[j],  G[j], B[j],
+                       RM[j], RV[j], SAVE[j], DG[j], RES[j], WS[j]};
 
         for (i = 0; i < (int)(sizeof(all) / sizeof(all[0])); i++)
             C->ops->free(C->dev, all[i]);
@@ -322,8 +326,8 @@ static void test_eltwise_pool(int n, int c, int h)
     size_t ny = (size_t)n * c * oh * oh;
     float *a = rnd(nx, 1), *b = rnd(nx, 1), *dyp = rnd(ny, 1);
     float *dvh = rnd((size_t)n * c, 1);
-    void *A[2], *B[2], *R[2], *DR[2], *S[2], *MP[2], *RES[2], *DMP[2],
-        *DYP[2], *AV[2], *DV[2], *DAV[2], *WS[2];
+    void *A[2], *B[2], *R[2], *DR[2], *S[2], *MP[2], *RES[2], *DMP[2], *DYP[2],
+        *AV[2], *DV[2], *DAV[2], *WS[2];
 
     memset(&dr, 0, sizeof(dr));
     dr.kind = MESH_NN_PLAN_RELU, dr.n = n, dr.c = c, dr.h = dr.w = h;
@@ -334,7 +338,8 @@ static void test_eltwise_pool(int n, int c, int h)
     dm.pad = 1, dm.oh = dm.ow = oh;
     dv = dr;
     dv.kind = MESH_NN_PLAN_AVGPOOL, dv.oh = dv.ow = 1;
-    BOTH(j) {
+    BOTH(j)
+    {
         struct mesh_nn_ctx *C = CTX(j);
         struct mesh_nn_plan *pr = mkplan(C, &dr), *pa = mkplan(C, &da);
         struct mesh_nn_plan *pm = mkplan(C, &dm), *pv = mkplan(C, &dv);
@@ -357,8 +362,8 @@ static void test_eltwise_pool(int n, int c, int h)
         if ((rc = C->ops->relu_fwd(C->dev, pr, A[j], R[j])) < 0 ||
             (rc = C->ops->relu_bwd(C->dev, pr, R[j], B[j], DR[j])) < 0 ||
             (rc = C->ops->add(C->dev, pa, A[j], B[j], S[j])) < 0 ||
-            (rc = C->ops->maxpool_fwd(C->dev, pm, A[j], MP[j], RES[j],
-                                      WS[j])) < 0 ||
+            (rc = C->ops->maxpool_fwd(C->dev, pm, A[j], MP[j], RES[j], WS[j])) <
+                0 ||
             (rc = C->ops->maxpool_bwd(C->dev, pm, DYP[j], RES[j], DMP[j],
                                       WS[j])) < 0 ||
             (rc = C->ops->avgpool_fwd(C->dev, pv, A[j], AV[j], WS[j])) < 0 ||
@@ -372,10 +377,11 @@ static void test_eltwise_pool(int n, int c, int h)
     cmp_act("maxpool 3x3/2 bwd", DMP[0], DMP[1], n, c, h, h, 1e-6);
     cmp_act("avgpool fwd", AV[0], AV[1], n, c, 1, 1, 1e-6);
     cmp_act("avgpool bwd", DAV[0], DAV[1], n, c, h, h, 1e-6);
-    BOTH(j) {
+    BOTH(j)
+    {
         struct mesh_nn_ctx *C = CTX(j);
-        void *all[] = {A[j], B[j], R[j], DR[j], S[j], MP[j], RES[j], DMP[j],
-                       DYP[j], AV[j], DV[j], DAV[j], WS[j]};
+        void *all[] = {A[j],   B[j],   R[j],  DR[j], S[j],   MP[j], RES[j],
+                       DMP[j], DYP[j], AV[j], DV[j], DAV[j], WS[j]};
 
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
             C->ops->free(C->dev, all[i]);
@@ -393,7 +399,8 @@ static void test_fc(int n, int c, int k)
 
     memset(&d, 0, sizeof(d));
     d.kind = MESH_NN_PLAN_FC, d.n = n, d.c = c, d.h = d.w = 1, d.k = k;
-    BOTH(j) {
+    BOTH(j)
+    {
         struct mesh_nn_ctx *C = CTX(j);
         struct mesh_nn_plan *p = mkplan(C, &d);
         int rc;
@@ -404,12 +411,12 @@ static void test_fc(int n, int c, int k)
         DX[j] = dalloc(C, (size_t)n * c * 4);
         DW[j] = dalloc(C, (size_t)k * c * 4), DB[j] = dalloc(C, k * 4);
         WS[j] = dalloc(C, C->ops->plan_workspace(p) + 1);
-        if ((rc = C->ops->fc_fwd(C->dev, p, X[j], W[j], Bb[j], Y[j],
-                                 WS[j])) < 0 ||
-            (rc = C->ops->fc_bwd_data(C->dev, p, DY[j], W[j], DX[j],
-                                      WS[j])) < 0 ||
-            (rc = C->ops->fc_bwd_weights(C->dev, p, X[j], DY[j], DW[j],
-                                         DB[j], WS[j])) < 0)
+        if ((rc = C->ops->fc_fwd(C->dev, p, X[j], W[j], Bb[j], Y[j], WS[j])) <
+                0 ||
+            (rc = C->ops->fc_bwd_data(C->dev, p, DY[j], W[j], DX[j], WS[j])) <
+                0 ||
+            (rc = C->ops->fc_bwd_weights(C->dev, p, X[j], DY[j], DW[j], DB[j],
+                                         WS[j])) < 0)
             die("fc", rc);
     }
     snprintf(t, sizeof(t), "fc %dx%d->%d fwd", n, c, k);
@@ -420,10 +427,11 @@ static void test_fc(int n, int c, int k)
     cmp_dev(t, DW[0], DW[1], (size_t)k * c, tol_mm());
     snprintf(t, sizeof(t), "fc %dx%d->%d bwd bias", n, c, k);
     cmp_dev(t, DB[0], DB[1], k, 1e-5);
-    BOTH(j) {
+    BOTH(j)
+    {
         struct mesh_nn_ctx *C = CTX(j);
-        void *all[] = {X[j], W[j], Bb[j], Y[j], DY[j], DX[j], DW[j], DB[j],
-                       WS[j]};
+        void *all[] = {X[j],  W[j],  Bb[j], Y[j], DY[j],
+                       DX[j], DW[j], DB[j], WS[j]};
 
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
             C->ops->free(C->dev, all[i]);
@@ -437,14 +445,15 @@ static void test_xent_sgd(int n, int k, float eps)
     int32_t *lab = malloc(n * sizeof(int32_t));
     size_t np = 1000;
     float *p = rnd(np, 1), *g = rnd(np, 1), *m = rnd(np, 1);
-    struct mesh_nn_sgd_args a = {.lr = 0.1f, .momentum = 0.9f,
-                                 .weight_decay = 1e-4f, .nesterov = 1};
+    struct mesh_nn_sgd_args a = {
+        .lr = 0.1f, .momentum = 0.9f, .weight_decay = 1e-4f, .nesterov = 1};
     void *Z[2], *L[2], *DZ[2], *P[2], *G[2], *M[2];
     int rc;
 
     for (int i = 0; i < n; i++)
         lab[i] = (int32_t)((unsigned)(i * 7919) % (unsigned)k);
-    BOTH(j) {
+    BOTH(j)
+    {
         struct mesh_nn_ctx *C = CTX(j);
 
         Z[j] = up(C, z, (size_t)n * k);
@@ -472,7 +481,8 @@ static void test_xent_sgd(int n, int k, float eps)
     rc = gpu->ops->xent(gpu->dev, n, k, Z[0], L[0], eps, &loss[0], DZ[0]);
     ok(rc == -EINVAL, "xent: label %d of %d classes is -EINVAL (%s)", k, k,
        rc < 0 ? mesh_err_msg(rc) : "accepted");
-    BOTH(j) {
+    BOTH(j)
+    {
         struct mesh_nn_ctx *C = CTX(j);
         void *all[] = {Z[j], L[j], DZ[j], P[j], G[j], M[j]};
 
@@ -498,15 +508,17 @@ static void test_convert_copies(void)
 
         x[0] = 1e9f, x[1] = -0.f, x[2] = 1e-8f; /* overflow, signs, tiny */
         if ((rc = gpu->ops->upload(gpu->dev, X, x, n * 4)) < 0 ||
-            (rc = mesh_nn_convert(gpu, dts[k], H, MESH_NN_F32, X, n,
-                                  1.f)) < 0 ||
+            (rc = mesh_nn_convert(gpu, dts[k], H, MESH_NN_F32, X, n, 1.f)) <
+                0 ||
             (rc = gpu->ops->download(gpu->dev, d16, H, n * 2)) < 0)
             die("convert", rc);
         mesh_convert(cdt, h16, MESH_DT_F32, x, n);
-        ok(memcmp(h16, d16, n * 2) == 0, "convert f32 -> %s: bitwise as the "
-           "host's", k ? "bf16" : "f16");
-        if ((rc = mesh_nn_convert(gpu, MESH_NN_F32, Y, dts[k], H, n,
-                                  0.5f)) < 0 ||
+        ok(memcmp(h16, d16, n * 2) == 0,
+           "convert f32 -> %s: bitwise as the "
+           "host's",
+           k ? "bf16" : "f16");
+        if ((rc = mesh_nn_convert(gpu, MESH_NN_F32, Y, dts[k], H, n, 0.5f)) <
+                0 ||
             (rc = gpu->ops->download(gpu->dev, back, Y, n * 4)) < 0)
             die("convert", rc);
         mesh_convert(MESH_DT_F32, x, cdt, h16, n);
@@ -549,8 +561,8 @@ static void test_convert_copies(void)
 /* One ResNet-50 training step (forward, loss, backward, SGD) on both. */
 static void test_resnet50_step(void)
 {
-    struct mesh_nn_model_cfg cfg = {.arch = "resnet50", .num_classes = 1000,
-                                    .image_size = 224, .seed = 7};
+    struct mesh_nn_model_cfg cfg = {
+        .arch = "resnet50", .num_classes = 1000, .image_size = 224, .seed = 7};
     struct mesh_nn_sgd_cfg scfg = {.momentum = 0.9f, .weight_decay = 1e-4f};
     struct mesh_nn_model *m[2] = {NULL, NULL};
     struct mesh_nn_sgd *s[2] = {NULL, NULL};
@@ -560,7 +572,8 @@ static void test_resnet50_step(void)
     int32_t lab[4] = {1, 500, 999, 42};
     double dotp = 0, na = 0, nb = 0;
 
-    BOTH(j) {
+    BOTH(j)
+    {
         struct mesh_nn_ctx *C = CTX(j);
 
         if ((rc = mesh_nn_model_create(C, &cfg, &m[j])) < 0 ||
@@ -598,12 +611,13 @@ static void test_resnet50_step(void)
         ok(fabs(loss[0] - loss[1]) <= lt * fabs(loss[1]),
            "%s resnet50 loss %.6f vs cpu %.6f (tol %.0e)", prec_name,
            (double)loss[0], (double)loss[1], lt);
-        ok(dotp >= ct, "%s resnet50 gradient cosine %.5f (>= %.2f)",
-           prec_name, dotp, ct);
+        ok(dotp >= ct, "%s resnet50 gradient cosine %.5f (>= %.2f)", prec_name,
+           dotp, ct);
         cmp("resnet50 params after sgd", pr[0], pr[1], np, 1e-3);
     }
     diag("%s resnet50: gradient cosine similarity %.6f", prec_name, dotp);
-    BOTH(j) {
+    BOTH(j)
+    {
         mesh_nn_sgd_destroy(s[j]);
         mesh_nn_model_destroy(m[j]);
         free(lg[j]), free(gr[j]), free(pr[j]);
@@ -635,7 +649,7 @@ int main(void)
     diag("%s", mesh_nn_ctx_describe(cpu));
     for (k = 0; k < 3; k++) {
         mesh_nn_dev_opts_init(&o);
-        prec = k == 0 ? MESH_NN_PREC_FP32
+        prec = k == 0   ? MESH_NN_PREC_FP32
                : k == 1 ? MESH_NN_PREC_TF32
                         : MESH_NN_PREC_BF16_AMP;
         prec_name = names[k];

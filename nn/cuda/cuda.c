@@ -63,7 +63,7 @@
 
 #define PLAN_NAME(p) plan_name(p)
 
-#define CUDA_CHECK(rc, expr, label, call, p)                                  \
+#define CUDA_CHECK(rc, expr, label, call, p)                                   \
     do {                                                                       \
         cudaError_t e_ = (expr);                                               \
         if (e_ != cudaSuccess) {                                               \
@@ -74,7 +74,7 @@
         }                                                                      \
     } while (0)
 
-#define DNN_CHECK(rc, expr, label, call, p)                                   \
+#define DNN_CHECK(rc, expr, label, call, p)                                    \
     do {                                                                       \
         cudnnStatus_t s_ = (expr);                                             \
         if (s_ != CUDNN_STATUS_SUCCESS) {                                      \
@@ -85,7 +85,7 @@
         }                                                                      \
     } while (0)
 
-#define BLAS_CHECK(rc, expr, label, call, p)                                  \
+#define BLAS_CHECK(rc, expr, label, call, p)                                   \
     do {                                                                       \
         cublasStatus_t s_ = (expr);                                            \
         if (s_ != CUBLAS_STATUS_SUCCESS) {                                     \
@@ -105,7 +105,7 @@
     } while (0)
 
 /* Our own kernels: the launcher returns a cudaError_t as int. */
-#define KERN_CHECK(rc, expr, label, call, p)                                  \
+#define KERN_CHECK(rc, expr, label, call, p)                                   \
     do {                                                                       \
         int k_ = (expr);                                                       \
         if (k_ != 0) {                                                         \
@@ -115,7 +115,7 @@
         }                                                                      \
     } while (0)
 
-/* ---- types ------------------------------------------------------------------ */
+/* ---- types --------------------------------------------------------------- */
 
 struct mesh_nn_copy {
     cudaEvent_t ev;            /* recorded on the copy stream after the copy */
@@ -141,9 +141,9 @@ enum { FWD = 0, BWD_DATA = 1, BWD_FILTER = 2 };
 
 struct mesh_nn_plan {
     struct mesh_nn_plan_desc d;
-    char name[96];  /* the shape, for messages: "conv 32x64x56x56 ..." */
+    char name[96]; /* the shape, for messages: "conv 32x64x56x56 ..." */
     size_t ws, reserve;
-    size_t nx, ny;  /* elements of x and y */
+    size_t nx, ny; /* elements of x and y */
     /* CONV, BN */
     cudnnTensorDescriptor_t xd, yd, bnd;
     cudnnFilterDescriptor_t wd;
@@ -151,9 +151,9 @@ struct mesh_nn_plan {
     int algo[3];
     cudnnMathType_t math[3];
     size_t algo_ws[3];
-    int bf16;      /* CONV/FC: operands staged as bfloat16 */
-    size_t nw;     /* CONV: weight elements */
-    size_t fc_a;   /* FC under bf16: bytes of A's staging, B's follows */
+    int bf16;    /* CONV/FC: operands staged as bfloat16 */
+    size_t nw;   /* CONV: weight elements */
+    size_t fc_a; /* FC under bf16: bytes of A's staging, B's follows */
 };
 
 static const float one = 1.f, zero = 0.f;
@@ -174,7 +174,7 @@ static void *ws_at(void *ws, size_t off)
     return (char *)ws + off;
 }
 
-/* ---- device ------------------------------------------------------------- */
+/* ---- device -------------------------------------------------------------- */
 
 /*
  * The CUDA runtime's current device is per thread, and a ctx may be used
@@ -217,7 +217,8 @@ static int pick_gpu(const struct mesh_nn_dev_opts *o, int ndev, int *out)
         if (errno || *end || v < 0 || v > INT_MAX)
             return mesh_err(-EINVAL,
                             "nn cuda: MESHTRAIN_LOCAL_RANK=\"%s\" is not a "
-                            "rank", lr);
+                            "rank",
+                            lr);
         *out = (int)(v % ndev);
         return 0;
     }
@@ -245,31 +246,26 @@ static int cuda_dev_open_opts(const struct mesh_nn_dev_opts *o,
     rc = pick_gpu(o, ndev, &dev->gpu);
     if (rc < 0)
         goto fail_free;
-    CUDA_CHECK(rc, cudaSetDevice(dev->gpu), fail_free, "cudaSetDevice",
-               NULL);
+    CUDA_CHECK(rc, cudaSetDevice(dev->gpu), fail_free, "cudaSetDevice", NULL);
     bound_gpu = dev->gpu;
     CUDA_CHECK(rc, cudaGetDeviceProperties(&prop, dev->gpu), fail_free,
                "cudaGetDeviceProperties", NULL);
     dev->cc = prop.major * 10 + prop.minor;
     dev->precision = o->precision;
     if (dev->precision == MESH_NN_PREC_DEFAULT)
-        dev->precision =
-            dev->cc >= 80 ? MESH_NN_PREC_TF32 : MESH_NN_PREC_FP32;
+        dev->precision = dev->cc >= 80 ? MESH_NN_PREC_TF32 : MESH_NN_PREC_FP32;
     if (dev->precision != MESH_NN_PREC_FP32 && dev->cc < 80) {
         rc = mesh_err(-ENOTSUP,
                       "nn cuda: %s needs compute capability 8.0 or newer; "
                       "%s is %d.%d",
-                      dev->precision == MESH_NN_PREC_TF32 ? "tf32"
-                                                          : "bf16-amp",
+                      dev->precision == MESH_NN_PREC_TF32 ? "tf32" : "bf16-amp",
                       prop.name, prop.major, prop.minor);
         goto fail_free;
     }
     CUDA_CHECK(rc,
-               cudaStreamCreateWithFlags(&dev->compute,
-                                         cudaStreamNonBlocking),
+               cudaStreamCreateWithFlags(&dev->compute, cudaStreamNonBlocking),
                fail_free, "cudaStreamCreateWithFlags", NULL);
-    CUDA_CHECK(rc,
-               cudaStreamCreateWithFlags(&dev->copy, cudaStreamNonBlocking),
+    CUDA_CHECK(rc, cudaStreamCreateWithFlags(&dev->copy, cudaStreamNonBlocking),
                fail_compute, "cudaStreamCreateWithFlags", NULL);
     DNN_CHECK(rc, cudnnCreate(&dev->dnn), fail_copy, "cudnnCreate", NULL);
     DNN_CHECK(rc, cudnnSetStream(dev->dnn, dev->compute), fail_dnn,
@@ -278,10 +274,9 @@ static int cuda_dev_open_opts(const struct mesh_nn_dev_opts *o,
     BLAS_CHECK(rc, cublasSetStream(dev->blas, dev->compute), fail_blas,
                "cublasSetStream", NULL);
     BLAS_CHECK(rc,
-               cublasSetMathMode(dev->blas,
-                                 dev->precision == MESH_NN_PREC_TF32
-                                     ? CUBLAS_TF32_TENSOR_OP_MATH
-                                     : CUBLAS_PEDANTIC_MATH),
+               cublasSetMathMode(dev->blas, dev->precision == MESH_NN_PREC_TF32
+                                                ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                : CUBLAS_PEDANTIC_MATH),
                fail_blas, "cublasSetMathMode", NULL);
     {
         size_t v = cudnnGetVersion();
@@ -291,8 +286,8 @@ static int cuda_dev_open_opts(const struct mesh_nn_dev_opts *o,
         snprintf(dev->desc, sizeof(dev->desc),
                  "cuda: %s (sm_%d, device %d of %d), cuDNN %zu.%zu.%zu, "
                  "cuBLAS %d, precision %s, activations NCHW float32",
-                 prop.name, dev->cc, dev->gpu, ndev, v / 10000,
-                 v / 100 % 100, v % 100, bv,
+                 prop.name, dev->cc, dev->gpu, ndev, v / 10000, v / 100 % 100,
+                 v % 100, bv,
                  dev->precision == MESH_NN_PREC_FP32   ? "fp32"
                  : dev->precision == MESH_NN_PREC_TF32 ? "tf32"
                                                        : "bf16-amp");
@@ -444,19 +439,18 @@ static size_t cuda_act_bytes(struct mesh_nn_dev *dev, int n, int c, int h,
     return (size_t)n * c * h * w * sizeof(float);
 }
 
-static int cuda_act_import(struct mesh_nn_dev *dev, int n, int c, int h,
-                           int w, const float *host_nchw, void *dst)
+static int cuda_act_import(struct mesh_nn_dev *dev, int n, int c, int h, int w,
+                           const float *host_nchw, void *dst)
 {
     BIND(dev);
     return cuda_upload(dev, dst, host_nchw, cuda_act_bytes(dev, n, c, h, w));
 }
 
-static int cuda_act_export(struct mesh_nn_dev *dev, int n, int c, int h,
-                           int w, const void *src, float *host_nchw)
+static int cuda_act_export(struct mesh_nn_dev *dev, int n, int c, int h, int w,
+                           const void *src, float *host_nchw)
 {
     BIND(dev);
-    return cuda_download(dev, host_nchw, src,
-                         cuda_act_bytes(dev, n, c, h, w));
+    return cuda_download(dev, host_nchw, src, cuda_act_bytes(dev, n, c, h, w));
 }
 
 /* ---- plans --------------------------------------------------------------- */
@@ -478,9 +472,12 @@ static void plan_free_descs(struct mesh_nn_plan *p)
 static cudnnMathType_t base_math(const struct mesh_nn_dev *dev)
 {
     switch (dev->precision) {
-    case MESH_NN_PREC_FP32: return CUDNN_FMA_MATH;
-    case MESH_NN_PREC_BF16_AMP: return CUDNN_TENSOR_OP_MATH;
-    default: return CUDNN_DEFAULT_MATH; /* TF32 allowed */
+    case MESH_NN_PREC_FP32:
+        return CUDNN_FMA_MATH;
+    case MESH_NN_PREC_BF16_AMP:
+        return CUDNN_TENSOR_OP_MATH;
+    default:
+        return CUDNN_DEFAULT_MATH; /* TF32 allowed */
     }
 }
 
@@ -502,8 +499,7 @@ static int math_ok(const struct mesh_nn_dev *dev, cudnnMathType_t m)
         perf_t perf_[16];                                                      \
         int n_ = 0, i_;                                                        \
                                                                                \
-        DNN_CHECK(rc,                                                          \
-                  cudnnSetConvolutionMathType((p)->cd, base_math(dev)),        \
+        DNN_CHECK(rc, cudnnSetConvolutionMathType((p)->cd, base_math(dev)),    \
                   label, "cudnnSetConvolutionMathType", p);                    \
         DNN_CHECK(rc, get_fn args, label, #get_fn, p);                         \
         (p)->algo[dir] = -1;                                                   \
@@ -554,10 +550,9 @@ static int conv_plan(struct mesh_nn_dev *dev, struct mesh_nn_plan *p)
               out, "cudnnSetFilter4dDescriptor", p);
     /* cross-correlation, as PyTorch; float32 accumulation in every mode */
     DNN_CHECK(rc,
-              cudnnSetConvolution2dDescriptor(p->cd, d->pad, d->pad,
-                                              d->stride, d->stride, 1, 1,
-                                              CUDNN_CROSS_CORRELATION,
-                                              CUDNN_DATA_FLOAT),
+              cudnnSetConvolution2dDescriptor(
+                  p->cd, d->pad, d->pad, d->stride, d->stride, 1, 1,
+                  CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
               out, "cudnnSetConvolution2dDescriptor", p);
     PICK_ALGO(rc, dev, p, FWD, cudnnConvolutionFwdAlgoPerf_t,
               cudnnGetConvolutionForwardAlgorithm_v7,
@@ -585,24 +580,22 @@ static int conv_plan(struct mesh_nn_dev *dev, struct mesh_nn_plan *p)
                           dev->dnn, p->wd, p->yd, p->cd, p->xd,
                           (cudnnConvolutionBwdDataAlgo_t)p->algo[i],
                           &p->algo_ws[i]),
-                      out, "cudnnGetConvolutionBackwardDataWorkspaceSize",
-                      p);
+                      out, "cudnnGetConvolutionBackwardDataWorkspaceSize", p);
         else
             DNN_CHECK(rc,
                       cudnnGetConvolutionBackwardFilterWorkspaceSize(
                           dev->dnn, p->xd, p->yd, p->cd, p->wd,
                           (cudnnConvolutionBwdFilterAlgo_t)p->algo[i],
                           &p->algo_ws[i]),
-                      out, "cudnnGetConvolutionBackwardFilterWorkspaceSize",
-                      p);
+                      out, "cudnnGetConvolutionBackwardFilterWorkspaceSize", p);
         if (align_up(p->algo_ws[i]) > stage)
             stage = align_up(p->algo_ws[i]);
     }
     /* bf16: [algorithm | x | w | y] staging, 2 bytes an element */
     p->nw = (size_t)d->k * d->c * d->r * d->s;
     if (p->bf16)
-        stage += align_up(p->nx * 2) + align_up(p->nw * 2) +
-                 align_up(p->ny * 2);
+        stage +=
+            align_up(p->nx * 2) + align_up(p->nw * 2) + align_up(p->ny * 2);
     p->ws = stage;
 out:
     return rc;
@@ -626,10 +619,10 @@ static int bn_plan(struct mesh_nn_dev *dev, struct mesh_nn_plan *p)
                                          CUDNN_DATA_FLOAT, d->n, d->c, d->h,
                                          d->w),
               out, "cudnnSetTensor4dDescriptor", p);
-    DNN_CHECK(rc,
-              cudnnDeriveBNTensorDescriptor(p->bnd, p->xd,
-                                            CUDNN_BATCHNORM_SPATIAL),
-              out, "cudnnDeriveBNTensorDescriptor", p);
+    DNN_CHECK(
+        rc,
+        cudnnDeriveBNTensorDescriptor(p->bnd, p->xd, CUDNN_BATCHNORM_SPATIAL),
+        out, "cudnnDeriveBNTensorDescriptor", p);
     /* backward: a copy of dy (masked by the ReLU) so dx may alias dy */
     p->ws = p->nx * sizeof(float);
     p->reserve = d->relu ? p->nx : 0; /* the fused ReLU's mask, a byte each */
@@ -646,9 +639,10 @@ static int cuda_plan_create(struct mesh_nn_dev *dev,
 
     BIND(dev);
     if (d->n < 1 || d->c < 1 || d->h < 1 || d->w < 1)
-        return mesh_err(-EINVAL, "nn cuda: plan of kind %d: bad shape "
-                                 "%dx%dx%dx%d", d->kind, d->n, d->c, d->h,
-                        d->w);
+        return mesh_err(-EINVAL,
+                        "nn cuda: plan of kind %d: bad shape "
+                        "%dx%dx%dx%d",
+                        d->kind, d->n, d->c, d->h, d->w);
     p = calloc(1, sizeof(*p));
     if (!p)
         return mesh_err(-ENOMEM, "nn cuda: out of memory");
@@ -661,10 +655,10 @@ static int cuda_plan_create(struct mesh_nn_dev *dev,
         p->ny = (size_t)d->n * d->k * p->d.oh * p->d.ow;
         p->bf16 = dev->precision == MESH_NN_PREC_BF16_AMP;
         snprintf(p->name, sizeof(p->name),
-                 "conv %dx%dx%dx%d -> %d, %dx%d stride %d pad %d", d->n,
-                 d->c, d->h, d->w, d->k, d->r, d->s, d->stride, d->pad);
-        if (d->k < 1 || d->r < 1 || d->s < 1 || d->stride < 1 ||
-            d->pad < 0 || p->d.oh < 1 || p->d.ow < 1) {
+                 "conv %dx%dx%dx%d -> %d, %dx%d stride %d pad %d", d->n, d->c,
+                 d->h, d->w, d->k, d->r, d->s, d->stride, d->pad);
+        if (d->k < 1 || d->r < 1 || d->s < 1 || d->stride < 1 || d->pad < 0 ||
+            p->d.oh < 1 || p->d.ow < 1) {
             rc = mesh_err(-EINVAL, "nn cuda: [%s]: bad parameters", p->name);
             goto fail;
         }
@@ -702,8 +696,7 @@ static int cuda_plan_create(struct mesh_nn_dev *dev,
                  d->h, d->w);
         break;
     case MESH_NN_PLAN_FC:
-        snprintf(p->name, sizeof(p->name), "fc %dx%d -> %d", d->n, d->c,
-                 d->k);
+        snprintf(p->name, sizeof(p->name), "fc %dx%d -> %d", d->n, d->c, d->k);
         if (d->k < 1) {
             rc = mesh_err(-EINVAL, "nn cuda: [%s]: bad parameters", p->name);
             goto fail;
@@ -752,7 +745,7 @@ static size_t cuda_plan_reserve(const struct mesh_nn_plan *p)
     return p->reserve;
 }
 
-/* ---- convolution -------------------------------------------------------- */
+/* ---- convolution --------------------------------------------------------- */
 
 /* The bf16 staging areas of a conv plan's workspace. */
 struct stage {
@@ -785,21 +778,21 @@ static int to_bf16(struct mesh_nn_dev *dev, struct mesh_nn_plan *p, void *dst,
     int rc = 0;
 
     KERN_CHECK(rc,
-               mesh_cuk_convert(dev->compute, n, MESH_NN_BF16, dst,
-                                MESH_NN_F32, src, 1.f),
+               mesh_cuk_convert(dev->compute, n, MESH_NN_BF16, dst, MESH_NN_F32,
+                                src, 1.f),
                out, "convert f32->bf16", p);
 out:
     return rc;
 }
 
-static int from_bf16(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
-                     void *dst, const void *src, size_t n)
+static int from_bf16(struct mesh_nn_dev *dev, struct mesh_nn_plan *p, void *dst,
+                     const void *src, size_t n)
 {
     int rc = 0;
 
     KERN_CHECK(rc,
-               mesh_cuk_convert(dev->compute, n, MESH_NN_F32, dst,
-                                MESH_NN_BF16, src, 1.f),
+               mesh_cuk_convert(dev->compute, n, MESH_NN_F32, dst, MESH_NN_BF16,
+                                src, 1.f),
                out, "convert bf16->f32", p);
 out:
     return rc;
@@ -824,13 +817,12 @@ static int cuda_conv_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     }
     DNN_CHECK(rc, cudnnSetConvolutionMathType(p->cd, p->math[FWD]), out,
               "cudnnSetConvolutionMathType", p);
-    DNN_CHECK(rc,
-              cudnnConvolutionForward(dev->dnn, &one, p->xd, xx, p->wd, ww,
-                                      p->cd,
-                                      (cudnnConvolutionFwdAlgo_t)p->algo[FWD],
-                                      s.algo, p->algo_ws[FWD], &zero, p->yd,
-                                      yy),
-              out, "cudnnConvolutionForward", p);
+    DNN_CHECK(
+        rc,
+        cudnnConvolutionForward(dev->dnn, &one, p->xd, xx, p->wd, ww, p->cd,
+                                (cudnnConvolutionFwdAlgo_t)p->algo[FWD], s.algo,
+                                p->algo_ws[FWD], &zero, p->yd, yy),
+        out, "cudnnConvolutionForward", p);
     if (p->bf16)
         rc = from_bf16(dev, p, y, s.y, p->ny);
 out:
@@ -869,9 +861,9 @@ out:
     return rc;
 }
 
-static int cuda_conv_bwd_filter(struct mesh_nn_dev *dev,
-                                struct mesh_nn_plan *p, const void *x,
-                                const void *dy, float *dw, void *ws)
+static int cuda_conv_bwd_filter(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                                const void *x, const void *dy, float *dw,
+                                void *ws)
 {
     struct stage s = conv_stage(p, ws);
     const void *xx = x, *dyy = dy;
@@ -887,13 +879,13 @@ static int cuda_conv_bwd_filter(struct mesh_nn_dev *dev,
         dyy = s.y;
         dww = s.w;
     }
-    DNN_CHECK(rc, cudnnSetConvolutionMathType(p->cd, p->math[BWD_FILTER]),
-              out, "cudnnSetConvolutionMathType", p);
+    DNN_CHECK(rc, cudnnSetConvolutionMathType(p->cd, p->math[BWD_FILTER]), out,
+              "cudnnSetConvolutionMathType", p);
     DNN_CHECK(rc,
               cudnnConvolutionBackwardFilter(
                   dev->dnn, &one, p->xd, xx, p->yd, dyy, p->cd,
-                  (cudnnConvolutionBwdFilterAlgo_t)p->algo[BWD_FILTER],
-                  s.algo, p->algo_ws[BWD_FILTER], &zero, p->wd, dww),
+                  (cudnnConvolutionBwdFilterAlgo_t)p->algo[BWD_FILTER], s.algo,
+                  p->algo_ws[BWD_FILTER], &zero, p->wd, dww),
               out, "cudnnConvolutionBackwardFilter", p);
     if (p->bf16)
         rc = from_bf16(dev, p, dw, s.w, p->nw);
@@ -901,7 +893,7 @@ out:
     return rc;
 }
 
-/* ---- batch norm ----------------------------------------------------------- */
+/* ---- batch norm ---------------------------------------------------------- */
 
 static int cuda_bn_fwd_train(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                              const void *x, void *y, const float *gamma,
@@ -918,13 +910,11 @@ static int cuda_bn_fwd_train(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     DNN_CHECK(rc,
               cudnnBatchNormalizationForwardTraining(
                   dev->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, p->xd, x,
-                  p->xd, y, p->bnd, gamma, beta, (double)momentum,
-                  running_mean, running_var, (double)p->d.eps, save,
-                  save + p->d.c),
+                  p->xd, y, p->bnd, gamma, beta, (double)momentum, running_mean,
+                  running_var, (double)p->d.eps, save, save + p->d.c),
               out, "cudnnBatchNormalizationForwardTraining", p);
     if (p->d.relu)
-        KERN_CHECK(rc,
-                   mesh_cuk_relu_fwd(dev->compute, p->nx, y, y, reserve),
+        KERN_CHECK(rc, mesh_cuk_relu_fwd(dev->compute, p->nx, y, y, reserve),
                    out, "relu (bn)", p);
 out:
     return rc;
@@ -946,8 +936,8 @@ static int cuda_bn_fwd_infer(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                   (double)p->d.eps),
               out, "cudnnBatchNormalizationForwardInference", p);
     if (p->d.relu)
-        KERN_CHECK(rc, mesh_cuk_relu_fwd(dev->compute, p->nx, y, y, NULL),
-                   out, "relu (bn)", p);
+        KERN_CHECK(rc, mesh_cuk_relu_fwd(dev->compute, p->nx, y, y, NULL), out,
+                   "relu (bn)", p);
 out:
     return rc;
 }
@@ -964,8 +954,7 @@ static int cuda_bn_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     BIND(dev);
     (void)beta;
     if (p->d.relu) {
-        KERN_CHECK(rc,
-                   mesh_cuk_mask_bwd(dev->compute, p->nx, reserve, dy, ws),
+        KERN_CHECK(rc, mesh_cuk_mask_bwd(dev->compute, p->nx, reserve, dy, ws),
                    out, "relu mask (bn backward)", p);
         g = ws;
     } else if (dx == dy) {
@@ -985,7 +974,7 @@ out:
     return rc;
 }
 
-/* ---- element-wise and pooling ------------------------------------------- */
+/* ---- element-wise and pooling -------------------------------------------- */
 
 static int cuda_relu_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                          const void *x, void *y)
@@ -1032,9 +1021,9 @@ static int cuda_maxpool_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     BIND(dev);
     (void)ws;
     KERN_CHECK(rc,
-               mesh_cuk_maxpool_fwd(dev->compute, d->n, d->c, d->h, d->w,
-                                    d->oh, d->ow, d->r, d->stride, d->pad, x,
-                                    y, reserve),
+               mesh_cuk_maxpool_fwd(dev->compute, d->n, d->c, d->h, d->w, d->oh,
+                                    d->ow, d->r, d->stride, d->pad, x, y,
+                                    reserve),
                out, "maxpool", p);
 out:
     return rc;
@@ -1050,9 +1039,9 @@ static int cuda_maxpool_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     BIND(dev);
     (void)ws;
     KERN_CHECK(rc,
-               mesh_cuk_maxpool_bwd(dev->compute, d->n, d->c, d->h, d->w,
-                                    d->oh, d->ow, d->r, d->stride, d->pad,
-                                    dy, reserve, dx),
+               mesh_cuk_maxpool_bwd(dev->compute, d->n, d->c, d->h, d->w, d->oh,
+                                    d->ow, d->r, d->stride, d->pad, dy, reserve,
+                                    dx),
                out, "maxpool backward", p);
 out:
     return rc;
@@ -1097,9 +1086,9 @@ out:
  * accumulation into the float32 C.
  */
 static int gemm(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
-                cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                int k, const float *a, int lda, size_t na, const float *b,
-                int ldb, size_t nb, float beta, float *c, int ldc, void *ws)
+                cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                const float *a, int lda, size_t na, const float *b, int ldb,
+                size_t nb, float beta, float *c, int ldc, void *ws)
 {
     int rc = 0;
 
@@ -1132,37 +1121,36 @@ static int cuda_fc_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     int n = p->d.n, c = p->d.c, k = p->d.k, rc = 0;
 
     BIND(dev);
-    KERN_CHECK(rc, mesh_cuk_bias_fill(dev->compute, n, k, b, y), out,
-               "bias", p);
+    KERN_CHECK(rc, mesh_cuk_bias_fill(dev->compute, n, k, b, y), out, "bias",
+               p);
     /* y^T (k x n) = W (k x c) x^T: W is col-major (c x k), op T */
-    rc = gemm(dev, p, CUBLAS_OP_T, CUBLAS_OP_N, k, n, c, w, c,
-              (size_t)k * c, x, c, (size_t)n * c, 1.f, y, k, ws);
+    rc = gemm(dev, p, CUBLAS_OP_T, CUBLAS_OP_N, k, n, c, w, c, (size_t)k * c, x,
+              c, (size_t)n * c, 1.f, y, k, ws);
 out:
     return rc;
 }
 
 static int cuda_fc_bwd_data(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
-                            const void *dy, const float *w, void *dx,
-                            void *ws)
+                            const void *dy, const float *w, void *dx, void *ws)
 {
     int n = p->d.n, c = p->d.c, k = p->d.k;
 
     BIND(dev);
     /* dx^T (c x n) = W^T (c x k, col-major W) dy^T (k x n) */
-    return gemm(dev, p, CUBLAS_OP_N, CUBLAS_OP_N, c, n, k, w, c,
-                (size_t)k * c, dy, k, (size_t)n * k, 0.f, dx, c, ws);
+    return gemm(dev, p, CUBLAS_OP_N, CUBLAS_OP_N, c, n, k, w, c, (size_t)k * c,
+                dy, k, (size_t)n * k, 0.f, dx, c, ws);
 }
 
-static int cuda_fc_bwd_weights(struct mesh_nn_dev *dev,
-                               struct mesh_nn_plan *p, const void *x,
-                               const void *dy, float *dw, float *db, void *ws)
+static int cuda_fc_bwd_weights(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                               const void *x, const void *dy, float *dw,
+                               float *db, void *ws)
 {
     int n = p->d.n, c = p->d.c, k = p->d.k, rc;
 
     BIND(dev);
     /* dW^T (c x k) = x^T (c x n) dy (n x k): dy is col-major (k x n) */
-    rc = gemm(dev, p, CUBLAS_OP_N, CUBLAS_OP_T, c, k, n, x, c,
-              (size_t)n * c, dy, k, (size_t)n * k, 0.f, dw, c, ws);
+    rc = gemm(dev, p, CUBLAS_OP_N, CUBLAS_OP_T, c, k, n, x, c, (size_t)n * c,
+              dy, k, (size_t)n * k, 0.f, dw, c, ws);
     if (rc < 0)
         return rc;
     KERN_CHECK(rc, mesh_cuk_bias_grad(dev->compute, n, k, dy, db), out,
@@ -1171,11 +1159,11 @@ out:
     return rc;
 }
 
-/* ---- loss, optimizer, accumulation -------------------------------------- */
+/* ---- loss, optimizer, accumulation --------------------------------------- */
 
-static int cuda_xent(struct mesh_nn_dev *dev, int n, int k,
-                     const float *logits, const int32_t *labels,
-                     float smoothing, float *loss, float *dlogits)
+static int cuda_xent(struct mesh_nn_dev *dev, int n, int k, const float *logits,
+                     const int32_t *labels, float smoothing, float *loss,
+                     float *dlogits)
 {
     size_t need = ((size_t)n + 1) * sizeof(float);
     const float *rows;
@@ -1184,8 +1172,10 @@ static int cuda_xent(struct mesh_nn_dev *dev, int n, int k,
 
     BIND(dev);
     if (n < 1 || k < 1 || !(smoothing >= 0.f && smoothing < 1.f))
-        return mesh_err(-EINVAL, "nn cuda: xent: bad arguments (n %d, k %d, "
-                                 "smoothing %g)", n, k, (double)smoothing);
+        return mesh_err(-EINVAL,
+                        "nn cuda: xent: bad arguments (n %d, k %d, "
+                        "smoothing %g)",
+                        n, k, (double)smoothing);
     if (need > dev->xent_cap) {
         cudaFree(dev->xent_dev);
         cudaFreeHost(dev->xent_host);
@@ -1222,9 +1212,8 @@ out:
     return rc;
 }
 
-static int cuda_sgd(struct mesh_nn_dev *dev, size_t n, float *p,
-                    const float *g, float *buf,
-                    const struct mesh_nn_sgd_args *a)
+static int cuda_sgd(struct mesh_nn_dev *dev, size_t n, float *p, const float *g,
+                    float *buf, const struct mesh_nn_sgd_args *a)
 {
     int rc = 0;
 
@@ -1258,8 +1247,8 @@ static int cuda_convert(struct mesh_nn_dev *dev, int dst_dtype, void *dst,
 
     BIND(dev);
     KERN_CHECK(rc,
-               mesh_cuk_convert(dev->compute, n, dst_dtype, dst, src_dtype,
-                                src, scale),
+               mesh_cuk_convert(dev->compute, n, dst_dtype, dst, src_dtype, src,
+                                scale),
                out, "convert", NULL);
 out:
     return rc;
@@ -1321,8 +1310,9 @@ static int cuda_copy_start(struct mesh_nn_dev *dev, int to_host, void *dst,
                                to_host ? cudaMemcpyDeviceToHost
                                        : cudaMemcpyHostToDevice,
                                dev->copy),
-               fail, to_host ? "cudaMemcpyAsync (gradients to host)"
-                             : "cudaMemcpyAsync (gradients to device)",
+               fail,
+               to_host ? "cudaMemcpyAsync (gradients to host)"
+                       : "cudaMemcpyAsync (gradients to device)",
                NULL);
     CUDA_CHECK(rc, cudaEventRecord(c->ev, dev->copy), fail,
                "cudaEventRecord (copy)", NULL);

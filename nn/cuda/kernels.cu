@@ -30,7 +30,7 @@ static int launched(void)
 }
 
 #define GRID_LOOP(i, n)                                                        \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);     \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);    \
          i += (size_t)gridDim.x * blockDim.x)
 
 __global__ void k_relu_fwd(size_t n, const float *x, float *y, uint8_t *mask)
@@ -45,18 +45,21 @@ __global__ void k_relu_fwd(size_t n, const float *x, float *y, uint8_t *mask)
     }
 }
 
-__global__ void k_relu_bwd(size_t n, const float *y, const float *dy,
-                           float *dx)
+__global__ void k_relu_bwd(size_t n, const float *y, const float *dy, float *dx)
 {
     GRID_LOOP(i, n)
-    dx[i] = y[i] > 0.f ? dy[i] : 0.f;
+    {
+        dx[i] = y[i] > 0.f ? dy[i] : 0.f;
+    }
 }
 
 __global__ void k_mask_bwd(size_t n, const uint8_t *m, const float *dy,
                            float *dx)
 {
     GRID_LOOP(i, n)
-    dx[i] = m[i] ? dy[i] : 0.f;
+    {
+        dx[i] = m[i] ? dy[i] : 0.f;
+    }
 }
 
 __global__ void k_add(size_t n, const float *a, const float *b, float *y,
@@ -73,14 +76,16 @@ __global__ void k_add(size_t n, const float *a, const float *b, float *y,
 __global__ void k_axpy1(size_t n, const float *x, float *y)
 {
     GRID_LOOP(i, n)
-    y[i] += x[i];
+    {
+        y[i] += x[i];
+    }
 }
 
 /* One thread per output; ties keep the first maximum in window order, and
  * a NaN wins (as PyTorch's max pool propagates NaN). */
-__global__ void k_maxpool_fwd(int n, int c, int h, int w, int oh, int ow,
-                              int r, int stride, int pad, const float *x,
-                              float *y, int32_t *argmax)
+__global__ void k_maxpool_fwd(int n, int c, int h, int w, int oh, int ow, int r,
+                              int stride, int pad, const float *x, float *y,
+                              int32_t *argmax)
 {
     size_t total = (size_t)n * c * oh * ow;
 
@@ -120,8 +125,8 @@ __global__ void k_maxpool_fwd(int n, int c, int h, int w, int oh, int ow,
 
 /* One thread per input element: the windows covering (iy, ix) are
  * oy in [ceil((iy + pad - r + 1) / stride), (iy + pad) / stride]. */
-__global__ void k_maxpool_bwd(int n, int c, int h, int w, int oh, int ow,
-                              int r, int stride, int pad, const float *dy,
+__global__ void k_maxpool_bwd(int n, int c, int h, int w, int oh, int ow, int r,
+                              int stride, int pad, const float *dy,
                               const int32_t *argmax, float *dx)
 {
     size_t total = (size_t)n * c * h * w;
@@ -171,17 +176,20 @@ __global__ void k_avgpool_fwd(int hw, const float *x, float *y)
         y[blockIdx.x] = sh[0] / (float)hw;
 }
 
-__global__ void k_avgpool_bwd(size_t total, int hw, const float *dy,
-                              float *dx)
+__global__ void k_avgpool_bwd(size_t total, int hw, const float *dy, float *dx)
 {
     GRID_LOOP(i, total)
-    dx[i] = dy[i / hw] / (float)hw;
+    {
+        dx[i] = dy[i / hw] / (float)hw;
+    }
 }
 
 __global__ void k_bias_fill(size_t total, int k, const float *b, float *y)
 {
     GRID_LOOP(i, total)
-    y[i] = b[i % k];
+    {
+        y[i] = b[i % k];
+    }
 }
 
 __global__ void k_bias_grad(int n, int k, const float *dy, float *db)
@@ -205,8 +213,8 @@ __device__ float block_reduce(float v, float *sh, int is_max)
         if ((int)threadIdx.x < k) {
             float o = sh[threadIdx.x + k];
 
-            sh[threadIdx.x] = is_max ? fmaxf(sh[threadIdx.x], o)
-                                     : sh[threadIdx.x] + o;
+            sh[threadIdx.x] =
+                is_max ? fmaxf(sh[threadIdx.x], o) : sh[threadIdx.x] + o;
         }
         __syncthreads();
     }
@@ -216,9 +224,8 @@ __device__ float block_reduce(float v, float *sh, int is_max)
 }
 
 /* One block per row. */
-__global__ void k_xent(int n, int k, const float *logits,
-                       const int32_t *labels, float eps, float *rowloss,
-                       float *dlogits, int *bad)
+__global__ void k_xent(int n, int k, const float *logits, const int32_t *labels,
+                       float eps, float *rowloss, float *dlogits, int *bad)
 {
     __shared__ float sh[THREADS];
     const float *z = logits + (size_t)blockIdx.x * k;
@@ -251,13 +258,12 @@ __global__ void k_xent(int n, int k, const float *logits,
         dz[j] = (expf(z[j] - lse) - t) / (float)n;
     }
     if (threadIdx.x == 0)
-        rowloss[blockIdx.x] =
-            lse - (1.f - eps) * z[lab] - eps / (float)k * zs;
+        rowloss[blockIdx.x] = lse - (1.f - eps) * z[lab] - eps / (float)k * zs;
 }
 
-__global__ void k_sgd(size_t n, float *p, const float *g, float *buf,
-                      float lr, float momentum, float dampening, float wd,
-                      int nesterov, int first)
+__global__ void k_sgd(size_t n, float *p, const float *g, float *buf, float lr,
+                      float momentum, float dampening, float wd, int nesterov,
+                      int first)
 {
     GRID_LOOP(i, n)
     {
@@ -323,8 +329,8 @@ int mesh_cuk_relu_bwd(void *s, size_t n, const float *y, const float *dy,
     return launched();
 }
 
-int mesh_cuk_mask_bwd(void *s, size_t n, const uint8_t *mask,
-                      const float *dy, float *dx)
+int mesh_cuk_mask_bwd(void *s, size_t n, const uint8_t *mask, const float *dy,
+                      float *dx)
 {
     k_mask_bwd<<<blocks_for(n), THREADS, 0, STREAM(s)>>>(n, mask, dy, dx);
     return launched();
@@ -376,7 +382,7 @@ int mesh_cuk_avgpool_bwd(void *s, int nc, int hw, const float *dy, float *dx)
     size_t total = (size_t)nc * hw;
 
     k_avgpool_bwd<<<blocks_for(total), THREADS, 0, STREAM(s)>>>(total, hw, dy,
-                                                                 dx);
+                                                                dx);
     return launched();
 }
 
@@ -390,8 +396,8 @@ int mesh_cuk_bias_fill(void *s, int n, int k, const float *b, float *y)
 
 int mesh_cuk_bias_grad(void *s, int n, int k, const float *dy, float *db)
 {
-    k_bias_grad<<<(k + THREADS - 1) / THREADS, THREADS, 0, STREAM(s)>>>(
-        n, k, dy, db);
+    k_bias_grad<<<(k + THREADS - 1) / THREADS, THREADS, 0, STREAM(s)>>>(n, k,
+                                                                        dy, db);
     return launched();
 }
 
@@ -413,8 +419,8 @@ int mesh_cuk_sgd(void *s, size_t n, float *p, const float *g, float *buf,
     return launched();
 }
 
-int mesh_cuk_convert(void *s, size_t n, int dst_dtype, void *dst,
-                     int src_dtype, const void *src, float scale)
+int mesh_cuk_convert(void *s, size_t n, int dst_dtype, void *dst, int src_dtype,
+                     const void *src, float scale)
 {
     k_convert<<<blocks_for(n), THREADS, 0, STREAM(s)>>>(n, dst_dtype, dst,
                                                         src_dtype, src, scale);

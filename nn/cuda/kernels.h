@@ -20,8 +20,8 @@ extern "C" {
 int mesh_cuk_relu_fwd(void *stream, size_t n, const float *x, float *y,
                       uint8_t *mask);
 /* dx = y > 0 ? dy : 0 (in place allowed). */
-int mesh_cuk_relu_bwd(void *stream, size_t n, const float *y,
-                      const float *dy, float *dx);
+int mesh_cuk_relu_bwd(void *stream, size_t n, const float *y, const float *dy,
+                      float *dx);
 /* dx = mask ? dy : 0 (in place allowed). */
 int mesh_cuk_mask_bwd(void *stream, size_t n, const uint8_t *mask,
                       const float *dy, float *dx);
@@ -48,8 +48,7 @@ int mesh_cuk_avgpool_bwd(void *stream, int nc, int hw, const float *dy,
 
 /* y (n, k) = broadcast bias b (k); db (k) = column sums of dy (n, k). */
 int mesh_cuk_bias_fill(void *stream, int n, int k, const float *b, float *y);
-int mesh_cuk_bias_grad(void *stream, int n, int k, const float *dy,
-                       float *db);
+int mesh_cuk_bias_grad(void *stream, int n, int k, const float *dy, float *db);
 
 /*
  * Softmax cross-entropy with label smoothing eps, per row i:

@@ -53,7 +53,9 @@ int main(int argc, char **argv)
     mesh_nn_dev_opts_init(&o);
     while ((opt = getopt(argc, argv, "d:p:a:b:s:w:i:g:h")) != -1) {
         switch (opt) {
-        case 'd': device = optarg; break;
+        case 'd':
+            device = optarg;
+            break;
         case 'p':
             pname = optarg;
             if (mesh_nn_precision_parse(optarg, &o.precision) < 0) {
@@ -61,7 +63,9 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        case 'a': arch = optarg; break;
+        case 'a':
+            arch = optarg;
+            break;
         case 'b':
             if (parse_int(optarg, "batch", 1, &batch) < 0)
                 return 2;
