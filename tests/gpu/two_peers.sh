@@ -13,7 +13,12 @@
 # still tells a missing bucket or a wrong scale (1e-2 or more) apart.
 # Replicas must agree bit for bit: --verify-every 1 compares SHA-256
 # digests of the weights across the peers at every step (exit != 0 if not).
-. "${top_srcdir:-$(dirname "$0")/../..}/tests/train_lib.sh"
+top_srcdir=${top_srcdir:-$(dirname "$0")/../..}
+if [ ! -f "$top_srcdir/tests/train_lib.sh" ]; then
+    echo "1..0 # SKIP no tests/train_lib.sh: the trainer is not in this tree"
+    exit 0
+fi
+. "$top_srcdir/tests/train_lib.sh"
 
 "$MESHTRAIN" --help 2>&1 | grep -q 'cpu|cuda' ||
     t_skip_all "meshtrain has no --device cuda"
