@@ -120,6 +120,7 @@
 struct mesh_nn_copy {
     cudaEvent_t ev;            /* recorded on the copy stream after the copy */
     struct mesh_nn_copy *next; /* free list */
+    struct mesh_nn_copy *all;  /* every handle, freed with the device */
 };
 
 struct mesh_nn_dev {
@@ -133,6 +134,7 @@ struct mesh_nn_dev {
     void *xent_dev, *xent_host;
     size_t xent_cap;
     struct mesh_nn_copy *free_copies;
+    struct mesh_nn_copy *all_copies; /* also those still held by callers */
     char desc[256];
 };
 
@@ -326,8 +328,8 @@ static void cuda_dev_close(struct mesh_nn_dev *dev)
     (void)bind(dev);
     cudaStreamSynchronize(dev->copy);
     cudaStreamSynchronize(dev->compute);
-    for (c = dev->free_copies; c; c = next) {
-        next = c->next;
+    for (c = dev->all_copies; c; c = next) {
+        next = c->all;
         cudaEventDestroy(c->ev);
         free(c);
     }
@@ -1272,6 +1274,8 @@ static int copy_get(struct mesh_nn_dev *dev, struct mesh_nn_copy **out)
     /* no timing: the cheapest event, enough for ordering and queries */
     CUDA_CHECK(rc, cudaEventCreateWithFlags(&c->ev, cudaEventDisableTiming),
                fail, "cudaEventCreateWithFlags", NULL);
+    c->all = dev->all_copies;
+    dev->all_copies = c;
     *out = c;
     return 0;
 
