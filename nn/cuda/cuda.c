@@ -665,6 +665,19 @@ static int cuda_plan_create(struct mesh_nn_dev *dev,
             goto fail;
         }
         rc = conv_plan(dev, p);
+        if (rc == -ENOTSUP && p->bf16) {
+            /* a shape cuDNN has no bfloat16 algorithm for (the 3-channel
+             * stem may be one): this convolution computes in float32 */
+            mesh_warn("nn cuda: [%s]: %s; float32 for this convolution",
+                      p->name, mesh_err_msg(rc));
+            mesh_err_clear();
+            plan_free_descs(p);
+            p->xd = p->yd = NULL;
+            p->wd = NULL;
+            p->cd = NULL;
+            p->bf16 = 0;
+            rc = conv_plan(dev, p);
+        }
         break;
     case MESH_NN_PLAN_BN:
         snprintf(p->name, sizeof(p->name), "bn%s %dx%dx%dx%d",
