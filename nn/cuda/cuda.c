@@ -59,6 +59,22 @@
 /* Alignment of sub-buffers carved from one workspace. */
 #define ALIGN 256
 
+/* The errno-style code of a cuDNN 9 status (grouped by category). */
+static int dnn_code(cudnnStatus_t s)
+{
+    if (s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+        s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
+        return -ENOMEM;
+    switch (CUDNN_STATUS_CATEGORY(s)) {
+    case CUDNN_STATUS_NOT_SUPPORTED:
+        return -ENOTSUP;
+    case CUDNN_STATUS_BAD_PARAM:
+        return -EINVAL;
+    default:
+        return -EIO;
+    }
+}
+
 /* ---- check macros: one per API, each jumps to an explicit label ---------- */
 
 #define PLAN_NAME(p) plan_name(p)
@@ -78,9 +94,8 @@
     do {                                                                       \
         cudnnStatus_t s_ = (expr);                                             \
         if (s_ != CUDNN_STATUS_SUCCESS) {                                      \
-            (rc) = mesh_err(s_ == CUDNN_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO,  \
-                            "nn cuda: %s [%s]: %s", (call), PLAN_NAME(p),      \
-                            cudnnGetErrorString(s_));                          \
+            (rc) = mesh_err(dnn_code(s_), "nn cuda: %s [%s]: %s", (call),      \
+                            PLAN_NAME(p), cudnnGetErrorString(s_));            \
             goto label;                                                        \
         }                                                                      \
     } while (0)
