@@ -838,10 +838,10 @@ static int check_coverage(const struct parser *p)
         }
     }
     if (covered != p->data_len)
-        rc = mesh_err(-EINVAL,
-                      "trailing garbage: the data buffer has %" PRIu64
-                      " bytes but the tensors end at %" PRIu64,
-                      p->data_len, covered);
+        rc = terr(f->hpos[sp[last].idx], f->t[sp[last].idx].name,
+                  "trailing garbage: the data buffer has %" PRIu64
+                  " bytes but this last tensor ends at %" PRIu64,
+                  p->data_len, covered);
 out:
     free(sp);
     return rc;

@@ -2,7 +2,8 @@
  * tests/fuzz_safetensors.c: libFuzzer target for the safetensors parser.
  * Not part of make check; build and run by hand with clang:
  *   make fuzz-safetensors
- *   ./tests/fuzz_safetensors -max_total_time=300 fuzz-corpus \
+ *   ./tests/fuzz_safetensors -max_total_time=300 \
+ *       -dict=$(srcdir)/tests/fuzz_safetensors.dict fuzz-corpus \
  *       $(srcdir)/tests/safetensors-corpus
  * Every input must either parse into a consistent file (every tensor inside
  * the data buffer, found by name, readable as its dtype and, for floats, as

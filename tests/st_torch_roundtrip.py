@@ -4,9 +4,17 @@
 Run by tests/test_safetensors.c, never alone; the python safetensors package
 is not used: the format is written and read here by hand.
 
-  st_torch_roundtrip.py write PATH   write torch tensors to PATH
-  st_torch_roundtrip.py check PATH   read PATH (written by meshtrain) and
-                                     compare it with what torch computes
+  st_torch_roundtrip.py write DIR    write torch tensors to DIR/torch.st,
+                                     and a seeded torchvision resnet18's
+                                     state_dict to DIR/r18.st
+  st_torch_roundtrip.py check DIR    read DIR/ours.st and DIR/r18-ours.st
+                                     (written by meshtrain) and compare them
+                                     with what torch computes
+
+Exit status: 0 all good; 77 torch cannot be imported (the reason printed);
+4 ours.st differs; 8 r18-ours.st differs; 12 both; anything else is a
+failure of the script itself. A missing torchvision is not an error: r18.st
+is then not written, and the reason is printed.
 
 Both sides generate the same float32 bit patterns with one LCG, so each can
 check the other's F32 -> F16/BF16 rounding bit for bit. The model tensors
@@ -16,10 +24,15 @@ them back with num_batches_tracked + 1, and "check" loads that file into a
 fresh module with load_state_dict(strict=True).
 """
 import json
+import os
 import struct
 import sys
 
-import torch
+try:
+    import torch
+except ImportError as e:
+    print("cannot import torch: %s" % e)
+    sys.exit(77)
 
 DTYPES = {
     torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -100,7 +113,7 @@ def same_bits(a, b):
     return bool(same.all())
 
 
-def cmd_write(path):
+def cmd_write_small(path):
     bits = lcg_bits(4096).reshape(64, 64)
     allhalf = torch.arange(65536, dtype=torch.int32).to(torch.int16)
     allhalf = allhalf.view(torch.float16)
@@ -120,7 +133,7 @@ def cmd_write(path):
     return 0
 
 
-def cmd_check(path):
+def cmd_check_small(path):
     got, meta = read(path)
     bad = 0
 
@@ -156,14 +169,65 @@ def cmd_check(path):
     return 1 if bad else 0
 
 
+def resnet18():
+    import torchvision
+    torch.manual_seed(11)
+    m = torchvision.models.resnet18()
+    with torch.no_grad():  # buffers that differ from their initial values
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                mod.running_mean.uniform_(-1, 1)
+                mod.running_var.uniform_(0.5, 2)
+                mod.num_batches_tracked.fill_(1000)
+    return m.state_dict()
+
+
+def cmd_write_resnet18(path):
+    write(path, resnet18(), {"format": "pt"})
+    return 0
+
+
+def cmd_check_resnet18(path):
+    import torchvision
+    got, _ = read(path)
+    ref = resnet18()
+    m = torchvision.models.resnet18()
+    try:
+        m.load_state_dict(got, strict=True)
+    except RuntimeError as e:
+        print("MISMATCH: load_state_dict: %s" % e)
+        return 1
+    bad = [k for k, v in ref.items() if not same_bits(got[k], v)]
+    print("%s: resnet18 load_state_dict(strict=True) of %d tensors, %d "
+          "differ %s" % ("ok" if not bad else "MISMATCH", len(got), len(bad),
+                         bad[:5]))
+    return 1 if bad else 0
+
+
+def cmd_write(d):
+    cmd_write_small(os.path.join(d, "torch.st"))
+    try:
+        import torchvision  # noqa: F401
+    except ImportError as e:
+        print("cannot import torchvision: %s" % e)
+        return 0
+    return cmd_write_resnet18(os.path.join(d, "r18.st"))
+
+
+def cmd_check(d):
+    rc = 4 if cmd_check_small(os.path.join(d, "ours.st")) else 0
+    r18 = os.path.join(d, "r18-ours.st")
+    if os.path.exists(r18) and cmd_check_resnet18(r18):
+        rc |= 8
+    return rc
+
+
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in ("write", "check"):
-        print("usage: st_torch_roundtrip.py write|check PATH",
-              file=sys.stderr)
+    verbs = {"write": cmd_write, "check": cmd_check}
+    if len(sys.argv) != 3 or sys.argv[1] not in verbs:
+        print("usage: st_torch_roundtrip.py write|check DIR", file=sys.stderr)
         return 2
-    if sys.argv[1] == "write":
-        return cmd_write(sys.argv[2])
-    return cmd_check(sys.argv[2])
+    return verbs[sys.argv[1]](sys.argv[2])
 
 
 if __name__ == "__main__":

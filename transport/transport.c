@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include "transport/transport.h"
+#include "transport/tcp-internal.h"
 #include "src/util.h"
 
 #include <errno.h>
@@ -28,9 +29,9 @@ const char *mesh_peer_name(const struct mesh_world *w, int r, char *buf,
 
 const char *mesh_op_name(int op)
 {
-    static const char *names[] = {"none",      "p2p",       "allreduce",
+    static const char *names[] = {"none",           "p2p",       "allreduce",
                                   "reduce_scatter", "allgather", "broadcast",
-                                  "barrier",   "ps"};
+                                  "barrier",        "ps"};
 
     if (op < 0 || op >= (int)MESH_ARRAY_SIZE(names))
         return "unknown-op";
@@ -103,4 +104,19 @@ int mesh_transport_wait(const struct mesh_transport_ops *ops,
             return rc;
         }
     }
+}
+
+const struct mesh_transport_ops *mesh_transport_find(const char *name)
+{
+    /* The verbs transport joins this table under HAVE_VERBS. */
+    static const struct mesh_transport_ops *const all[] = {
+        &mesh_tcp_ops,
+    };
+
+    if (!name)
+        return NULL;
+    for (size_t i = 0; i < MESH_ARRAY_SIZE(all); i++)
+        if (!strcmp(all[i]->name, name))
+            return all[i];
+    return NULL;
 }

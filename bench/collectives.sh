@@ -1,0 +1,375 @@
+#!/bin/sh
+# collectives.sh: meshbench's all-reduce against Open MPI and Gloo and the
+# TCP limit, side by side in one run, with the same sizes and peer counts.
+#
+#   bench/collectives.sh [--settings a,b,c] [--np 2,4,8] [--sizes SIZES]
+#                        [--systems mesh,mpi,gloo,tcp] [--algos ring,tree,auto]
+#                        [--time S] [--repeat R] [--quick] [--out DIR]
+#                        [--builddir DIR] [--mesh-args "ARGS"]
+#                        [--prefix P] [--rate R] [--insecure]
+#
+# Settings: a loopback (N processes on 127.0.0.1), b N network-namespace
+# hosts on a bridge (scripts/netns.sh), c the same with each host's egress
+# shaped to R (default 1gbit) by tbf. For every setting and N it runs:
+#   tcp   bench/tcp_limit.sh: iperf3 ring of N streams (and --bidir for
+#         N = 2), single stream, ping RTT
+#   mpi   bench/mpi_allreduce (MPI_Allreduce, mpirun --mca btl tcp,self
+#         --mca pml ob1; namespaces through bench/netns_rsh.sh)
+#   gloo  bench/gloo_allreduce.py (torch.distributed "gloo", one process
+#         per host, GLOO_SOCKET_IFNAME set)
+#   mesh  $builddir/meshbench --op allreduce --algo A for each A in
+#         --algos, one process per host started directly with --rank; it
+#         is skipped, saying so, while meshbench has no all-reduce.
+# SIZES: "MIN:MAX:FACTOR" (default 4K:256M:4) or a list "4K,64M" (one run
+# per size unless the list is geometric). --time S: target seconds per
+# size and system (default 1). --repeat R: every system R times in turn,
+# interleaved, so that load from elsewhere hits all of them alike; the
+# report takes each one's best (default 1). --mesh-args: extra meshbench
+# arguments, e.g. "-n 5 -w 1 --streams 2" (meshbench's -n/-w are fixed
+# counts, not a time target: lower them for slow settings).
+# --quick = --settings a,b --np 2,4 --sizes 4K,64M --time 0.5.
+# Ports: BL_PORT (environment) + 0..59, by default chosen from the pid.
+#
+# Writes (DIR defaults to bench/out):
+#   DIR/collectives.csv  setting,np,system,size,time_us,algbw,busbw,wrong,
+#                        rep
+#   DIR/tcp_limit.csv    setting,np,ring_link_GBps,ring_min_GBps,
+#                        bidir_dir_GBps,single_GBps,ping_rtt_us,limit_GBps,
+#                        rep
+#   DIR/collectives.png  busbw vs size, one panel per setting and N, one
+#                        line per system, the TCP limit dashed
+#   DIR/raw/*.txt        every tool's own output
+# and prints meshbench's busbw against the better anchor and the TCP limit
+# per size, and the 4 KiB all-reduce times (bench/report_collectives.py).
+# Exit status: 0, or 1 when a system failed or reported wrong values (the
+# others still run). Needs root for settings b and c.
+
+set -u
+. "$(dirname "$0")/lib.sh"
+
+settings=a,b,c
+nps=2,4,8
+sizes=4K:256M:4
+systems=mesh,mpi,gloo,tcp
+algos=ring,tree,auto
+secs=1
+repeat=1
+outdir="$bl_srcdir/bench/out"
+builddir=${top_builddir:-$bl_srcdir}
+insecure=0
+meshargs=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --settings) settings=$2; shift 2 ;;
+        --np) nps=$2; shift 2 ;;
+        --sizes) sizes=$2; shift 2 ;;
+        --systems) systems=$2; shift 2 ;;
+        --algos) algos=$2; shift 2 ;;
+        --time) secs=$2; shift 2 ;;
+        --repeat) repeat=$2; shift 2 ;;
+        --quick) settings=a,b nps=2,4 sizes=4K,64M secs=0.5; shift ;;
+        --out) outdir=$2; shift 2 ;;
+        --builddir) builddir=$2; shift 2 ;;
+        --prefix) BL_PREFIX=$2; shift 2 ;;
+        --rate) BL_RATE=$2; shift 2 ;;
+        --insecure) insecure=1; shift ;;
+        --mesh-args) meshargs=$2; shift 2 ;;
+        -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
+        *) echo "collectives.sh: unknown argument '$1' (see --help)" >&2
+           exit 2 ;;
+    esac
+done
+
+has() { case ",$1," in *",$2,"*) return 0 ;; esac; return 1; }
+for s in $(echo "$settings" | tr , ' '); do
+    bl_setting_name "$s" >/dev/null ||
+        { echo "collectives.sh: unknown setting '$s' (a, b, c)" >&2; exit 2; }
+done
+case $repeat in ''|*[!0-9]*|0) echo "collectives.sh: bad --repeat '$repeat'" >&2
+                             exit 2 ;; esac
+for n in $(echo "$nps" | tr , ' '); do
+    case $n in ''|*[!0-9]*) echo "collectives.sh: bad --np '$n'" >&2
+                            exit 2 ;; esac
+    [ "$n" -ge 2 ] || { echo "collectives.sh: --np values must be >= 2" >&2
+                        exit 2; }
+done
+
+# Sizes -> "b e f" triples, one per run.
+runs=$(python3 - "$sizes" <<'EOF'
+import sys
+def b(s):
+    m = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(s[-1:].lower(), 1)
+    v = int(s[:-1] if m > 1 else s) * m
+    if v < 4 or v % 4:
+        raise ValueError("size %r: need a multiple of 4 bytes" % s)
+    return v
+try:
+    spec = sys.argv[1]
+    if ":" in spec:
+        lo, hi, f = spec.split(":")
+        lo, hi, f = b(lo), b(hi), int(f)
+        if hi < lo or f < 2:
+            raise ValueError("need MIN <= MAX and FACTOR >= 2")
+        print(lo, hi, f)
+    else:
+        v = [b(s) for s in spec.split(",")]
+        if sorted(v) != v:
+            raise ValueError("list sizes in increasing order")
+        r = {v[i + 1] // v[i] for i in range(len(v) - 1)}
+        if len(v) > 1 and len(r) == 1 and all(
+                v[i + 1] == v[i] * min(r) for i in range(len(v) - 1)) \
+                and min(r) >= 2:
+            print(v[0], v[-1], min(r))
+        else:
+            for x in v:
+                print(x, x, 2)
+except Exception as e:
+    sys.stderr.write("collectives.sh: bad --sizes %r: %s\n" % (sys.argv[1], e))
+    sys.exit(2)
+EOF
+) || exit 2
+
+mkdir -p "$outdir/raw" || exit 1
+csv="$outdir/collectives.csv"
+lcsv="$outdir/tcp_limit.csv"
+echo "setting,np,system,size,time_us,algbw,busbw,wrong,rep" >"$csv"
+echo "setting,np,ring_link_GBps,ring_min_GBps,bidir_dir_GBps,single_GBps,$(
+    )ping_rtt_us,limit_GBps,rep" >"$lcsv"
+tmp=$(mktemp -d /tmp/collectives.XXXXXX) || exit 1
+cleanup() {
+    bl_teardown
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+status=0
+
+# Each system's run is bounded: a hang costs at most this long.
+runlimit=600
+
+# --- what can run ---------------------------------------------------------
+mpibin=
+if has "$systems" mpi; then
+    if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
+        mpibin="$tmp/mpi_allreduce"
+        if [ -x "$builddir/bench/mpi_allreduce" ]; then
+            mpibin="$builddir/bench/mpi_allreduce"
+        elif ! mpicc -O2 -o "$mpibin" "$bl_srcdir/bench/mpi_allreduce.c"; then
+            bl_log "mpicc failed: skipping Open MPI"
+            mpibin=
+            status=1
+        fi
+    else
+        bl_log "mpicc/mpirun not found (apt-get install openmpi-bin" \
+               "libopenmpi-dev): skipping Open MPI"
+    fi
+fi
+gloo=0
+if has "$systems" gloo; then
+    if /usr/bin/python3 -c 'import torch.distributed as d
+assert d.is_gloo_available()' 2>/dev/null; then
+        gloo=1
+    else
+        bl_log "/usr/bin/python3 has no torch with gloo (apt-get install" \
+               "python3-torch): skipping Gloo"
+    fi
+fi
+mesh=0
+meshbench="$builddir/meshbench"
+if has "$systems" mesh; then
+    if [ ! -x "$meshbench" ]; then
+        bl_log "meshbench not built at $meshbench (make, or --builddir):" \
+               "skipping meshbench"
+    elif ! "$meshbench" --help 2>&1 | grep -q allreduce; then
+        bl_log "$meshbench has no --op allreduce yet: skipping meshbench"
+    else
+        mesh=1
+    fi
+fi
+secret="$tmp/secret"
+( umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$secret" ) ||
+    exit 1
+if [ $insecure -eq 1 ]; then
+    meshauth="--insecure"
+else
+    meshauth="--secret-file $secret"
+fi
+
+# --- one system at a time ----------------------------------------------------
+# Port bases differ per system (lib.sh's BL_PORT + 0, 20, 40) so that a
+# straggler never meets the next run.
+run_mpi() {   # setting np b e f log
+    _n=$2
+    if [ "$1" = a ]; then
+        timeout $runlimit mpirun --allow-run-as-root --oversubscribe \
+            -np "$_n" --mca btl tcp,self --mca pml ob1 \
+            --mca btl_tcp_if_include 127.0.0.1/8 \
+            "$mpibin" -b "$3" -e "$4" -f "$5" -t "$secs" >"$6" 2>&1
+    else
+        _hf="$tmp/hostfile.mpi"
+        : >"$_hf"
+        _k=1
+        while [ $_k -le "$_n" ]; do
+            echo "10.77.0.$_k slots=1" >>"$_hf"
+            _k=$((_k + 1))
+        done
+        # mpirun itself runs on host 1, so the orteds it starts in the
+        # other namespaces can reach it at 10.77.0.1.
+        timeout $runlimit ip netns exec "${BL_PREFIX}1" env \
+            OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+            MT_NETNS_PREFIX="$BL_PREFIX" \
+            mpirun --hostfile "$_hf" -np "$_n" --oversubscribe \
+            --mca plm_rsh_agent "$bl_srcdir/bench/netns_rsh.sh" \
+            --mca plm_rsh_no_tree_spawn 1 \
+            --mca btl tcp,self --mca pml ob1 \
+            --mca btl_tcp_if_include 10.77.0.0/24 \
+            --mca oob_tcp_if_include 10.77.0.0/24 \
+            "$mpibin" -b "$3" -e "$4" -f "$5" -t "$secs" >"$6" 2>&1
+    fi
+}
+
+run_gloo() {   # setting np b e f log
+    _n=$2
+    _r=0
+    while [ $_r -lt "$_n" ]; do
+        _out=/dev/null
+        [ $_r -eq 0 ] && _out=$6
+        bl_bg $((_r + 1)) env GLOO_SOCKET_IFNAME="$(bl_ifname)" \
+            timeout $runlimit /usr/bin/python3 \
+            "$bl_srcdir/bench/gloo_allreduce.py" --rank $_r --world "$_n" \
+            --master "$(bl_addr 1)" --port $((BL_PORT + 20)) \
+            -b "$3" -e "$4" -f "$5" -t "$secs" >"$_out" 2>"$tmp/gloo.err.$_r"
+        _r=$((_r + 1))
+    done
+    bl_wait_bg $((runlimit + 10))
+    _rc=$?
+    cat "$tmp"/gloo.err.* >>"$6" 2>/dev/null
+    rm -f "$tmp"/gloo.err.*
+    return $_rc
+}
+
+run_mesh() {   # setting np b e f log algo
+    _n=$2
+    _hf="$tmp/hostfile.mesh"
+    if [ "$1" = a ]; then
+        echo "127.0.0.1 slots=$_n" >"$_hf"
+    else
+        : >"$_hf"
+        _k=1
+        while [ $_k -le "$_n" ]; do
+            echo "10.77.0.$_k slots=1" >>"$_hf"
+            _k=$((_k + 1))
+        done
+    fi
+    _r=0
+    while [ $_r -lt "$_n" ]; do
+        bl_bg $((_r + 1)) timeout $runlimit "$meshbench" --hostfile "$_hf" \
+            --rank $_r --port "$BL_PORT" $meshauth --op allreduce \
+            --algo "$7" -b "$3" -e "$4" -f "$5" $meshargs \
+            >"$tmp/mesh.out.$_r" 2>&1
+        _r=$((_r + 1))
+    done
+    bl_wait_bg $((runlimit + 10))
+    _rc=$?
+    # nccl-tests print the table on rank 0; keep the others' lines after.
+    cat "$tmp/mesh.out.0" >"$6"
+    _r=1
+    while [ $_r -lt "$_n" ]; do
+        sed "s/^/[rank $_r] /" "$tmp/mesh.out.$_r" >>"$6"
+        _r=$((_r + 1))
+    done
+    rm -f "$tmp"/mesh.out.*
+    return $_rc
+}
+
+# record SYSTEM SETTING NP LOG RC REP: parse LOG into the CSV, check it.
+record() {
+    _rows=$(bl_parse_table "$1" "$2" "$3" <"$4" | sed "s/\$/,$6/")
+    if [ -z "$_rows" ]; then
+        bl_log "$1 ($2, N=$3) printed no results (exit $5): see $4"
+        tail -n 5 "$4" | sed 's/^/    /' >&2
+        status=1
+        return
+    fi
+    echo "$_rows" >>"$csv"
+    if [ "$5" -ne 0 ]; then
+        bl_log "$1 ($2, N=$3) exited with status $5: see $4"
+        status=1
+    fi
+    if echo "$_rows" | awk -F, '$8 != "" && $8 != 0 { bad = 1 }
+                                END { exit !bad }'; then
+        bl_log "$1 ($2, N=$3) reported wrong values: see $4"
+        status=1
+    fi
+}
+
+# one_round SETTING NAME NP TAG REP: every system once, sizes as asked.
+one_round() {
+    if has "$systems" tcp; then
+        bl_log "  TCP limit (iperf3, ping)"
+        "$bl_srcdir/bench/tcp_limit.sh" --setting "$1" --np "$3" \
+            --no-setup --prefix "$BL_PREFIX" --rate "$BL_RATE" \
+            --port $((BL_PORT + 40)) \
+            >"$outdir/raw/$4-tcp.txt" 2>&1 </dev/null || status=1
+        awk -v s="$2" -v n="$3" -v r="$5" '
+            { v[$1] = $2 }
+            END { printf "%s,%s,%s,%s,%s,%s,%s,%s,%s\n", s, n,
+                  v["ring_link_GBps"], v["ring_min_GBps"],
+                  v["bidir_dir_GBps"], v["single_GBps"],
+                  v["ping_rtt_us"], v["limit_GBps"], r }' \
+            "$outdir/raw/$4-tcp.txt" >>"$lcsv"
+    fi
+    while read -r b e f; do
+        sz="$b-$e"
+        if [ -n "$mpibin" ]; then
+            bl_log "  Open MPI, $b..$e bytes"
+            log="$outdir/raw/$4-mpi-$sz.txt"
+            run_mpi "$1" "$3" "$b" "$e" "$f" "$log" </dev/null
+            record openmpi "$2" "$3" "$log" $? "$5"
+        fi
+        if [ $gloo -eq 1 ]; then
+            bl_log "  Gloo, $b..$e bytes"
+            log="$outdir/raw/$4-gloo-$sz.txt"
+            run_gloo "$1" "$3" "$b" "$e" "$f" "$log" </dev/null
+            record gloo "$2" "$3" "$log" $? "$5"
+        fi
+        if [ $mesh -eq 1 ]; then
+            for a in $(echo "$algos" | tr , ' '); do
+                bl_log "  meshbench --algo $a, $b..$e bytes"
+                log="$outdir/raw/$4-mesh-$a-$sz.txt"
+                run_mesh "$1" "$3" "$b" "$e" "$f" "$log" "$a" </dev/null
+                record "meshbench-$a" "$2" "$3" "$log" $? "$5"
+            done
+        fi
+    done <"$tmp/runs"
+}
+
+for s in $(echo "$settings" | tr , ' '); do
+    sname=$(bl_setting_name "$s")
+    if [ "$s" != a ]; then
+        why=$("$BL_NETNS" check --prefix "$BL_PREFIX")
+        if [ $? -ne 0 ]; then
+            bl_log "setting $s ($sname) skipped: $why"
+            continue
+        fi
+    fi
+    for n in $(echo "$nps" | tr , ' '); do
+        bl_log "setting $s ($sname), N=$n"
+        bl_load
+        bl_setup "$s" "$n" || { status=1; continue; }
+        echo "$runs" >"$tmp/runs"
+        r=1
+        while [ $r -le "$repeat" ]; do
+            tag="$s-$n-r$r"
+            [ "$repeat" -gt 1 ] && bl_log "  repetition $r of $repeat"
+            one_round "$s" "$sname" "$n" "$tag" "$r"
+            r=$((r + 1))
+        done
+        bl_teardown
+    done
+done
+
+bl_load
+/usr/bin/python3 "$bl_srcdir/bench/report_collectives.py" "$csv" "$lcsv" \
+    "$outdir/collectives.png" || status=1
+exit $status

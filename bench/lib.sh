@@ -1,0 +1,185 @@
+# bench/lib.sh: shared helpers of the bench scripts (sourced, not run).
+#
+# A "setting" is where the N hosts live:
+#   a  loopback: N processes on this host, 127.0.0.1
+#   b  N network namespaces on a bridge (scripts/netns.sh), unshaped
+#   c  the same, each host's egress shaped by tbf to $BL_RATE (1gbit)
+# Host numbers are 1-based. Namespaces use prefix $BL_PREFIX, by default
+# "mb" and the script's pid, so that concurrent runs (and the tests) never
+# touch each other's hosts.
+# Shell functions share the caller's variables: everything here that is
+# not part of the interface is named _bl_*.
+
+BL_PREFIX=${BL_PREFIX:-mb$(($$ % 1000000))}
+BL_RATE=${BL_RATE:-1gbit}
+BL_SETTING=
+BL_NP=0
+bl_srcdir=$(cd "$(dirname "$0")/.." && pwd)
+BL_NETNS="$bl_srcdir/scripts/netns.sh"
+BL_PIDS=
+BL_UP=0
+# Ports: each run takes 100 from 10000-28999 by its pid (below Linux's
+# ephemeral range and meshtrain's default 29400), so that runs side by
+# side do not collide. $BL_PORT sets the base.
+BL_PORT=${BL_PORT:-$((10000 + ($$ % 190) * 100))}
+
+bl_log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+
+# The machine's load: what else ran and disturbed the numbers.
+bl_load() {
+    bl_log "load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)" \
+           "on $(nproc 2>/dev/null) cores"
+}
+
+bl_die() { echo "$(basename "$0"): $*" >&2; exit 1; }
+
+bl_setting_name() {
+    case $1 in
+        a) echo "loopback" ;;
+        b) echo "netns" ;;
+        c) echo "netns-$BL_RATE" ;;
+        *) return 1 ;;
+    esac
+}
+
+# bl_setup SETTING N: make the hosts (and remember them for bl_teardown).
+bl_setup() {
+    BL_SETTING=$1 BL_NP=$2
+    case $1 in
+        a) return 0 ;;
+        b) BL_UP=1
+           "$BL_NETNS" up "$2" --prefix "$BL_PREFIX" >/dev/null ;;
+        c) BL_UP=1
+           "$BL_NETNS" up "$2" --prefix "$BL_PREFIX" --rate "$BL_RATE" \
+               >/dev/null ;;
+        *) bl_die "unknown setting '$1' (a, b or c)" ;;
+    esac
+}
+
+# Stop what bl_bg started; remove the namespaces if bl_setup made them.
+bl_teardown() {
+    bl_kill_bg
+    [ "$BL_UP" -eq 1 ] || return 0
+    "$BL_NETNS" down --prefix "$BL_PREFIX" >/dev/null 2>&1 || true
+    BL_UP=0
+}
+
+bl_addr() {
+    case $BL_SETTING in
+        a) echo 127.0.0.1 ;;
+        *) echo "10.77.0.$1" ;;
+    esac
+}
+
+bl_ifname() {
+    case $BL_SETTING in
+        a) echo lo ;;
+        *) echo eth0 ;;
+    esac
+}
+
+# bl_exec I CMD...: run CMD on host I.
+bl_exec() {
+    _bl_i=$1
+    shift
+    case $BL_SETTING in
+        a) "$@" ;;
+        *) ip netns exec "$BL_PREFIX$_bl_i" "$@" ;;
+    esac
+}
+
+# bl_bg I CMD...: run CMD on host I in the background, remembering its pid
+# (ip netns exec execs CMD, so the pid is CMD's own).
+bl_bg() {
+    _bl_i=$1
+    shift
+    case $BL_SETTING in
+        a) "$@" & ;;
+        *) ip netns exec "$BL_PREFIX$_bl_i" "$@" & ;;
+    esac
+    BL_PIDS="$BL_PIDS $!"
+}
+
+# Stop what bl_bg started and that is still running, by pid.
+bl_kill_bg() {
+    [ -n "$BL_PIDS" ] || return 0
+    for _bl_p in $BL_PIDS; do
+        kill -TERM "$_bl_p" 2>/dev/null
+    done
+    sleep 0.2
+    for _bl_p in $BL_PIDS; do
+        kill -KILL "$_bl_p" 2>/dev/null
+    done
+    for _bl_p in $BL_PIDS; do
+        wait "$_bl_p" 2>/dev/null
+    done
+    BL_PIDS=
+}
+
+# bl_wait_bg SECONDS: wait for the background jobs, killing them after
+# SECONDS. Returns non-zero if any failed or had to be killed.
+bl_wait_bg() {
+    _bl_limit=$1
+    _bl_rc=0
+    _bl_t=0
+    while [ "$_bl_t" -lt $((_bl_limit * 10)) ]; do
+        _bl_alive=0
+        for _bl_p in $BL_PIDS; do
+            kill -0 "$_bl_p" 2>/dev/null && _bl_alive=1
+        done
+        [ $_bl_alive -eq 0 ] && break
+        sleep 0.1
+        _bl_t=$((_bl_t + 1))
+    done
+    for _bl_p in $BL_PIDS; do
+        if kill -0 "$_bl_p" 2>/dev/null; then
+            bl_log "pid $_bl_p still running after ${_bl_limit}s: killing it"
+            kill -KILL "$_bl_p" 2>/dev/null
+            _bl_rc=1
+        fi
+        wait "$_bl_p" || _bl_rc=1
+    done
+    BL_PIDS=
+    return $_bl_rc
+}
+
+# Size strings (4K, 64M, 1G, 4096) to bytes.
+bl_bytes() {
+    awk -v s="$1" 'BEGIN {
+        m = 1; u = substr(s, length(s), 1);
+        if (u ~ /[kK]/) m = 1024; else if (u ~ /[mM]/) m = 1048576;
+        else if (u ~ /[gG]/) m = 1073741824;
+        if (m > 1) s = substr(s, 1, length(s) - 1);
+        if (s !~ /^[0-9]+$/) { print "bad"; exit 1 }
+        printf "%d\n", s * m }'
+}
+
+# bl_parse_table SYSTEM SETTING NP: read an nccl-tests style table on
+# stdin, print CSV rows "setting,np,system,size,time_us,algbw,busbw,wrong".
+# The columns are found by name in the "#  size ... time algbw busbw"
+# header (its first time/algbw/busbw, i.e. out-of-place; wrong sums every
+# #wrong column, out-of-place and in-place), so meshbench,
+# mpi_allreduce and gloo_allreduce all parse the same way.
+bl_parse_table() {
+    awk -v sys="$1" -v set="$2" -v np="$3" '
+        /^#/ && /size/ && /busbw/ && !hdr {
+            line = $0; sub(/^#/, "", line);
+            nf = split(line, h, " ");
+            for (k = 1; k <= nf; k++) {
+                if (h[k] == "size" && !cs) cs = k;
+                if (h[k] == "time" && !ct) ct = k;
+                if (h[k] == "algbw" && !ca) ca = k;
+                if (h[k] == "busbw" && !cb) cb = k;
+                if (h[k] == "#wrong") cw[++nw] = k;
+            }
+            hdr = 1; next
+        }
+        /^#/ || NF == 0 { next }
+        hdr && $cs ~ /^[0-9]+$/ {
+            w = "";
+            for (k = 1; k <= nw; k++)
+                w = (w == "" ? 0 : w) + ($cw[k] ~ /^[0-9]+$/ ? $cw[k] : 0);
+            printf "%s,%s,%s,%s,%s,%s,%s,%s\n", set, np, sys, $cs, $ct,
+                   $ca, $cb, w
+        }'
+}

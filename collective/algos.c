@@ -1,0 +1,710 @@
+/*
+ * collective/algos.c: ring, double binary tree, parameter-server, chain and
+ * barrier schedules.
+ *
+ * Each builder turns one collective into sends, receives and reductions
+ * (collective/sched.c runs them). Data is cut into chunks so that the steps
+ * pipeline; every (step, chunk) message gets its own tag, so a link never
+ * carries two messages with the same (seq, tag). Every step sends a message
+ * even when its slice is empty (count 0, or fewer elements than ranks): the
+ * receivers then always see one frame per step, and a rank that disagrees
+ * about the size gets a desync error from the transport instead of waiting.
+ *
+ * Buffer hazards: where a receive lands in memory that an earlier send of
+ * the same collective reads, the receive is posted only after that send
+ * completed (the data dependency alone would make it safe in practice, the
+ * transport's contract asks for the buffer to stay untouched).
+ */
+#include "config.h"
+
+#include "collective/coll-internal.h"
+#include "src/util.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHUNK_MIN (64u << 10)
+#define CHUNK_MAX (4u << 20)
+#define CHUNKS_MAX 4096 /* per slice, whatever chunk size was asked for */
+
+static int mod(int a, int n)
+{
+    return ((a % n) + n) % n;
+}
+
+static char *at(const void *base, size_t elems, size_t es)
+{
+    return base ? (char *)base + elems * es : NULL;
+}
+
+/* Elements per chunk for a slice of n elements. */
+static size_t chunk_elems(const struct coll_args *a, size_t n)
+{
+    size_t es = mesh_dtype_size(a->dtype);
+    size_t bytes = a->chunk_bytes;
+
+    size_t ce;
+
+    if (!bytes) {
+        bytes = n * es / 8;
+        bytes = MESH_MAX(bytes, CHUNK_MIN);
+        bytes = MESH_MIN(bytes, CHUNK_MAX);
+    }
+    ce = MESH_MAX(bytes / es, 1);
+    /* a tiny --chunk on a big message: bound the schedule's size */
+    if (n / ce >= CHUNKS_MAX)
+        ce = (n + CHUNKS_MAX - 1) / CHUNKS_MAX;
+    return ce;
+}
+
+/* Chunks covering n elements (at least one: empty messages still flow). */
+static size_t nchunks(size_t n, size_t ce)
+{
+    return n ? (n + ce - 1) / ce : 1;
+}
+
+/* Clip chunk k of a slice [start, start + len) to [*o, *o + *l). */
+static void clip(size_t start, size_t len, size_t k, size_t ce, size_t *o,
+                 size_t *l)
+{
+    size_t off = MESH_MIN(k * ce, len);
+
+    *o = start + off;
+    *l = MESH_MIN(ce, len - off);
+}
+
+/* Balanced ring segment j of count over n ranks. */
+static void segment(size_t count, int n, int j, size_t *start, size_t *len)
+{
+    size_t base = count / (size_t)n, rem = count % (size_t)n;
+
+    *start = (size_t)j * base + MESH_MIN((size_t)j, rem);
+    *len = base + ((size_t)j < rem);
+}
+
+static int tag_room(size_t steps, size_t k)
+{
+    if (k && steps > (size_t)UINT32_MAX / k)
+        return mesh_err(-E2BIG,
+                        "too many chunks (%zu x %zu): raise the "
+                        "chunk size",
+                        steps, k);
+    return 0;
+}
+
+/* ---- ring ---------------------------------------------------------------- */
+
+size_t coll_ring_scratch(const struct coll_args *a)
+{
+    size_t es = mesh_dtype_size(a->dtype), n = (size_t)a->size;
+
+    if (a->size < 2)
+        return 0;
+    if (a->op == MESH_OP_REDUCE_SCATTER)
+        return (2 * n - 3) * a->count * es;
+    return (n - 1) * ((a->count + n - 1) / n) * es;
+}
+
+/*
+ * All-reduce: reduce-scatter, after which rank r holds the final value of
+ * segment r + 1, then all-gather. Segment j is reduced in ring order:
+ * ((x_j + x_j+1) + x_j+2) + ..., whoever runs it.
+ */
+int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
+                              void *scratch, mesh_mr_t *smr)
+{
+    int n = a->size, r = a->rank, left = mod(r - 1, n), right = mod(r + 1, n);
+    size_t es = mesh_dtype_size(a->dtype);
+    size_t maxseg = (a->count + (size_t)n - 1) / (size_t)n;
+    size_t ce = chunk_elems(a, maxseg), nk = nchunks(maxseg, ce);
+    int inplace = a->sendbuf == a->recvbuf;
+    float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
+    int *prev, *sent, rc;
+
+    rc = tag_room(2 * (size_t)n, nk);
+    if (rc < 0)
+        return rc;
+    prev = malloc(nk * sizeof(*prev));
+    sent = malloc((size_t)(n - 1) * nk * sizeof(*sent));
+    if (!prev || !sent) {
+        free(prev);
+        free(sent);
+        return mesh_err(-ENOMEM, "out of memory building a ring");
+    }
+    for (size_t k = 0; k < nk; k++)
+        prev[k] = -1;
+    for (int st = 0; st < n - 1; st++) {
+        size_t ss, sl, rs, rl;
+
+        segment(a->count, n, mod(r - st, n), &ss, &sl);
+        segment(a->count, n, mod(r - st - 1, n), &rs, &rl);
+        for (size_t k = 0; k < nk; k++) {
+            size_t o, l, ro, roff, rlen;
+            const void *src = st == 0 ? a->sendbuf : a->recvbuf;
+            uint32_t tag = (uint32_t)((size_t)st * nk + k);
+            char *slot;
+            const void *in[2];
+            int snd, rcv, red;
+
+            clip(ss, sl, k, ce, &o, &l);
+            snd = sched_send(s, right, tag, o * es, at(src, o, es), l * es,
+                             st == 0 ? a->send_mr : a->recv_mr);
+            sched_dep(s, prev[k], snd);
+            sent[(size_t)st * nk + k] = snd;
+            clip(rs, rl, k, ce, &roff, &rlen);
+            ro = roff - rs;
+            slot = at(scratch, (size_t)st * maxseg + ro, es);
+            rcv = sched_recv(s, left, tag, roff * es, slot, rlen * es, smr);
+            in[0] = slot;
+            in[1] = at(a->sendbuf, roff, es);
+            red = sched_reduce(s, at(a->recvbuf, roff, es), in, 2, rlen,
+                               st == n - 2 ? div : 1.0f);
+            sched_dep(s, rcv, red);
+            prev[k] = red;
+        }
+    }
+    for (int st = 0; st < n - 1; st++) {
+        size_t ss, sl, rs, rl;
+
+        segment(a->count, n, mod(r + 1 - st, n), &ss, &sl);
+        segment(a->count, n, mod(r - st, n), &rs, &rl);
+        for (size_t k = 0; k < nk; k++) {
+            size_t o, l;
+            uint32_t tag = (uint32_t)((size_t)(n - 1 + st) * nk + k);
+            int snd, rcv;
+
+            clip(ss, sl, k, ce, &o, &l);
+            snd = sched_send(s, right, tag, o * es, at(a->recvbuf, o, es),
+                             l * es, a->recv_mr);
+            sched_dep(s, prev[k], snd);
+            clip(rs, rl, k, ce, &o, &l);
+            rcv = sched_recv(s, left, tag, o * es, at(a->recvbuf, o, es),
+                             l * es, a->recv_mr);
+            /* It lands where reduce-scatter step st sent from. */
+            if (st > 0 || inplace)
+                sched_dep(s, sent[(size_t)st * nk + k], rcv);
+            prev[k] = rcv;
+        }
+    }
+    free(sent);
+    free(prev);
+    return 0;
+}
+
+/*
+ * Reduce-scatter: as the first half of the ring all-reduce, rotated so that
+ * rank r ends with segment r; partial sums live in scratch.
+ */
+int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
+                                   void *scratch, mesh_mr_t *smr)
+{
+    int n = a->size, r = a->rank, left = mod(r - 1, n), right = mod(r + 1, n);
+    size_t es = mesh_dtype_size(a->dtype), cnt = a->count;
+    size_t ce = chunk_elems(a, cnt), nk = nchunks(cnt, ce);
+    char *part = at(scratch, (size_t)(n - 1) * cnt, es);
+    float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
+    int *prev, rc;
+
+    rc = tag_room((size_t)n, nk);
+    if (rc < 0)
+        return rc;
+    prev = malloc(nk * sizeof(*prev));
+    if (!prev)
+        return mesh_err(-ENOMEM, "out of memory building a ring");
+    for (size_t k = 0; k < nk; k++)
+        prev[k] = -1;
+    for (int st = 0; st < n - 1; st++) {
+        size_t sseg = (size_t)mod(r - st - 1, n);
+        size_t rseg = (size_t)mod(r - st - 2, n);
+
+        for (size_t k = 0; k < nk; k++) {
+            size_t o, l;
+            uint32_t tag = (uint32_t)((size_t)st * nk + k);
+            const void *in[2];
+            void *dst;
+            int snd, rcv, red;
+
+            clip(0, cnt, k, ce, &o, &l);
+            if (st == 0)
+                snd = sched_send(s, right, tag, (sseg * cnt + o) * es,
+                                 at(a->sendbuf, sseg * cnt + o, es), l * es,
+                                 a->send_mr);
+            else
+                snd = sched_send(s, right, tag, (sseg * cnt + o) * es,
+                                 at(part, (size_t)(st - 1) * cnt + o, es),
+                                 l * es, smr);
+            sched_dep(s, prev[k], snd);
+            rcv =
+                sched_recv(s, left, tag, (rseg * cnt + o) * es,
+                           at(scratch, (size_t)st * cnt + o, es), l * es, smr);
+            in[0] = at(scratch, (size_t)st * cnt + o, es);
+            in[1] = at(a->sendbuf, rseg * cnt + o, es);
+            dst = st == n - 2 ? at(a->recvbuf, o, es)
+                              : at(part, (size_t)st * cnt + o, es);
+            red = sched_reduce(s, dst, in, 2, l, st == n - 2 ? div : 1.0f);
+            sched_dep(s, rcv, red);
+            prev[k] = red;
+        }
+    }
+    free(prev);
+    return 0;
+}
+
+/* All-gather: rank r's block travels n - 1 hops around the ring. */
+int coll_build_ring_allgather(struct sched *s, const struct coll_args *a)
+{
+    int n = a->size, r = a->rank, left = mod(r - 1, n), right = mod(r + 1, n);
+    size_t es = mesh_dtype_size(a->dtype), cnt = a->count;
+    size_t ce = chunk_elems(a, cnt), nk = nchunks(cnt, ce);
+    char *mine = at(a->recvbuf, (size_t)r * cnt, es);
+    int *prev, rc;
+
+    rc = tag_room((size_t)n, nk);
+    if (rc < 0)
+        return rc;
+    prev = malloc(nk * sizeof(*prev));
+    if (!prev)
+        return mesh_err(-ENOMEM, "out of memory building a ring");
+    for (size_t k = 0; k < nk; k++)
+        prev[k] = -1;
+    if (a->sendbuf != mine)
+        sched_copy(s, mine, a->sendbuf, cnt * es);
+    for (int st = 0; st < n - 1; st++) {
+        size_t sseg = (size_t)mod(r - st, n), rseg = (size_t)mod(r - st - 1, n);
+
+        for (size_t k = 0; k < nk; k++) {
+            size_t o, l;
+            uint32_t tag = (uint32_t)((size_t)st * nk + k);
+            int snd, rcv;
+
+            clip(0, cnt, k, ce, &o, &l);
+            if (st == 0)
+                snd = sched_send(s, right, tag, (sseg * cnt + o) * es,
+                                 at(a->sendbuf, o, es), l * es, a->send_mr);
+            else
+                snd = sched_send(s, right, tag, (sseg * cnt + o) * es,
+                                 at(a->recvbuf, sseg * cnt + o, es), l * es,
+                                 a->recv_mr);
+            sched_dep(s, prev[k], snd);
+            rcv = sched_recv(s, left, tag, (rseg * cnt + o) * es,
+                             at(a->recvbuf, rseg * cnt + o, es), l * es,
+                             a->recv_mr);
+            prev[k] = rcv;
+        }
+    }
+    free(prev);
+    return 0;
+}
+
+/* Broadcast down a chain root, root + 1, ..., root - 1, chunk by chunk. */
+int coll_build_chain_broadcast(struct sched *s, const struct coll_args *a)
+{
+    int n = a->size, r = a->rank, v = mod(r - a->root, n);
+    size_t es = mesh_dtype_size(a->dtype);
+    size_t ce = chunk_elems(a, a->count), nk = nchunks(a->count, ce);
+    int rc = tag_room(1, nk);
+
+    if (rc < 0)
+        return rc;
+    if (v == 0 && a->sendbuf != a->recvbuf)
+        sched_copy(s, a->recvbuf, a->sendbuf, a->count * es);
+    for (size_t k = 0; k < nk; k++) {
+        size_t o, l;
+        int rcv = -1, snd;
+
+        clip(0, a->count, k, ce, &o, &l);
+        if (v > 0)
+            rcv = sched_recv(s, mod(r - 1, n), (uint32_t)k, o * es,
+                             at(a->recvbuf, o, es), l * es, a->recv_mr);
+        if (v < n - 1) {
+            snd = v == 0
+                      ? sched_send(s, mod(r + 1, n), (uint32_t)k, o * es,
+                                   at(a->sendbuf, o, es), l * es, a->send_mr)
+                      : sched_send(s, mod(r + 1, n), (uint32_t)k, o * es,
+                                   at(a->recvbuf, o, es), l * es, a->recv_mr);
+            sched_dep(s, rcv, snd);
+        }
+    }
+    return 0;
+}
+
+/* ---- trees --------------------------------------------------------------- */
+
+/*
+ * NCCL's binary tree over ranks 0..n-1 with root 0, built from the bits of
+ * the rank: a rank whose lowest set bit is b has parent (r ^ b) | (b << 1)
+ * (or r ^ b when that is out of range) and children r -/+ b/2 (the upper
+ * one halved until it is in range). Leaves are the odd ranks.
+ */
+static void btree(int n, int r, int *up, int *d0, int *d1)
+{
+    int bit, low, u;
+
+    for (bit = 1; bit < n; bit <<= 1)
+        if (bit & r)
+            break;
+    if (r == 0) {
+        *up = -1;
+        *d0 = -1;
+        *d1 = n > 1 ? bit >> 1 : -1;
+        return;
+    }
+    u = (r ^ bit) | (bit << 1);
+    if (u >= n)
+        u = r ^ bit;
+    *up = u;
+    low = bit >> 1;
+    *d0 = low ? r - low : -1;
+    *d1 = -1;
+    for (; low; low >>= 1)
+        if (r + low < n) {
+            *d1 = r + low;
+            break;
+        }
+}
+
+/*
+ * Tree 1 is tree 0 mirrored (n even) or shifted by one (n odd), so that the
+ * leaves of one tree are the inner nodes of the other.
+ */
+void coll_dtree(int n, int r, int tree, int *parent, int *child0, int *child1)
+{
+    int u, d0, d1;
+
+    if (tree == 0) {
+        btree(n, r, parent, child0, child1);
+        return;
+    }
+    if (n % 2) {
+        btree(n, mod(r - 1, n), &u, &d0, &d1);
+        *parent = u < 0 ? -1 : (u + 1) % n;
+        *child0 = d0 < 0 ? -1 : (d0 + 1) % n;
+        *child1 = d1 < 0 ? -1 : (d1 + 1) % n;
+    } else {
+        btree(n, n - 1 - r, &u, &d0, &d1);
+        *parent = u < 0 ? -1 : n - 1 - u;
+        *child0 = d0 < 0 ? -1 : n - 1 - d0;
+        *child1 = d1 < 0 ? -1 : n - 1 - d1;
+    }
+}
+
+static size_t half_start(size_t count, int t)
+{
+    return t == 0 ? 0 : count / 2;
+}
+
+static size_t half_len(size_t count, int t)
+{
+    return t == 0 ? count / 2 : count - count / 2;
+}
+
+static int nchildren(int c0, int c1)
+{
+    return (c0 >= 0) + (c1 >= 0);
+}
+
+size_t coll_tree_scratch(const struct coll_args *a)
+{
+    size_t es = mesh_dtype_size(a->dtype), total = 0;
+
+    if (a->size < 2)
+        return 0;
+    for (int t = 0; t < 2; t++) {
+        int p, c0, c1, nc;
+
+        coll_dtree(a->size, a->rank, t, &p, &c0, &c1);
+        nc = nchildren(c0, c1);
+        total += (size_t)nc * half_len(a->count, t) * es;
+        if (nc && p >= 0)
+            total += half_len(a->count, t) * es;
+    }
+    return total;
+}
+
+/* tag of chunk k of tree t, going up (0) or down (1) */
+static uint32_t tree_tag(size_t k, int t, int down)
+{
+    return (uint32_t)((k * 2 + (size_t)t) * 2 + (size_t)down);
+}
+
+/*
+ * Double binary tree all-reduce: the first half of the data is reduced up
+ * tree 0 and broadcast down it, the second half likewise on tree 1, both
+ * pipelined in chunks. A node adds ((own + child0) + child1).
+ */
+int coll_build_tree_allreduce(struct sched *s, const struct coll_args *a,
+                              void *scratch, mesh_mr_t *smr)
+{
+    size_t es = mesh_dtype_size(a->dtype);
+    float div = a->redop == MESH_REDOP_AVG ? (float)a->size : 1.0f;
+    int inplace = a->sendbuf == a->recvbuf;
+    char *next = scratch;
+
+    for (int t = 0; t < 2; t++) {
+        size_t hs = half_start(a->count, t), hn = half_len(a->count, t);
+        size_t ce = chunk_elems(a, hn), nk = nchunks(hn, ce);
+        int p, ch[2], nc, rc;
+        char *slot[2] = {NULL, NULL}, *part = NULL;
+
+        rc = tag_room(4, nk);
+        if (rc < 0)
+            return rc;
+        coll_dtree(a->size, a->rank, t, &p, &ch[0], &ch[1]);
+        if (ch[0] < 0) { /* keep the present child first */
+            ch[0] = ch[1];
+            ch[1] = -1;
+        }
+        nc = nchildren(ch[0], ch[1]);
+        for (int i = 0; i < nc; i++) {
+            slot[i] = next;
+            next = at(next, hn, es);
+        }
+        if (nc && p >= 0) {
+            part = next;
+            next = at(next, hn, es);
+        }
+        for (size_t k = 0; k < nk; k++) {
+            size_t o, l;
+            const void *in[3];
+            int red = -1, up = -1, down = -1, rcv[2] = {-1, -1};
+
+            clip(hs, hn, k, ce, &o, &l);
+            if (nc == 0) { /* a leaf: own data up, the result down */
+                up = sched_send(s, p, tree_tag(k, t, 0), o * es,
+                                at(a->sendbuf, o, es), l * es, a->send_mr);
+                down = sched_recv(s, p, tree_tag(k, t, 1), o * es,
+                                  at(a->recvbuf, o, es), l * es, a->recv_mr);
+                if (inplace)
+                    sched_dep(s, up, down);
+                continue;
+            }
+            in[0] = at(a->sendbuf, o, es);
+            for (int i = 0; i < nc; i++) {
+                in[1 + i] = at(slot[i], o - hs, es);
+                rcv[i] = sched_recv(s, ch[i], tree_tag(k, t, 0), o * es,
+                                    at(slot[i], o - hs, es), l * es, smr);
+            }
+            if (p < 0) {
+                red =
+                    sched_reduce(s, at(a->recvbuf, o, es), in, 1 + nc, l, div);
+            } else {
+                red =
+                    sched_reduce(s, at(part, o - hs, es), in, 1 + nc, l, 1.0f);
+                up = sched_send(s, p, tree_tag(k, t, 0), o * es,
+                                at(part, o - hs, es), l * es, smr);
+                sched_dep(s, red, up);
+                down = sched_recv(s, p, tree_tag(k, t, 1), o * es,
+                                  at(a->recvbuf, o, es), l * es, a->recv_mr);
+                if (inplace) /* the reduction reads what lands there */
+                    sched_dep(s, red, down);
+            }
+            for (int i = 0; i < nc; i++) {
+                int snd;
+
+                sched_dep(s, rcv[i], red);
+                snd = sched_send(s, ch[i], tree_tag(k, t, 1), o * es,
+                                 at(a->recvbuf, o, es), l * es, a->recv_mr);
+                sched_dep(s, p < 0 ? red : down, snd);
+            }
+        }
+    }
+    return 0;
+}
+
+/* Broadcast down tree 0 over ranks renumbered so that root is 0. */
+int coll_build_tree_broadcast(struct sched *s, const struct coll_args *a)
+{
+    int n = a->size, v = mod(a->rank - a->root, n), p, ch[2];
+    size_t es = mesh_dtype_size(a->dtype);
+    size_t ce = chunk_elems(a, a->count), nk = nchunks(a->count, ce);
+    int rc = tag_room(1, nk);
+
+    if (rc < 0)
+        return rc;
+    coll_dtree(n, v, 0, &p, &ch[0], &ch[1]);
+    if (p >= 0)
+        p = (p + a->root) % n;
+    for (int i = 0; i < 2; i++)
+        if (ch[i] >= 0)
+            ch[i] = (ch[i] + a->root) % n;
+    if (v == 0 && a->sendbuf != a->recvbuf)
+        sched_copy(s, a->recvbuf, a->sendbuf, a->count * es);
+    for (size_t k = 0; k < nk; k++) {
+        size_t o, l;
+        int rcv = -1;
+
+        clip(0, a->count, k, ce, &o, &l);
+        if (p >= 0)
+            rcv = sched_recv(s, p, (uint32_t)k, o * es, at(a->recvbuf, o, es),
+                             l * es, a->recv_mr);
+        for (int i = 0; i < 2; i++) {
+            int snd;
+
+            if (ch[i] < 0)
+                continue;
+            snd = v == 0
+                      ? sched_send(s, ch[i], (uint32_t)k, o * es,
+                                   at(a->sendbuf, o, es), l * es, a->send_mr)
+                      : sched_send(s, ch[i], (uint32_t)k, o * es,
+                                   at(a->recvbuf, o, es), l * es, a->recv_mr);
+            sched_dep(s, rcv, snd);
+        }
+    }
+    return 0;
+}
+
+/* ---- parameter server (the seed's baseline) ------------------------------ */
+
+size_t coll_ps_scratch(const struct coll_args *a)
+{
+    if (a->rank != 0 || a->size < 2)
+        return 0;
+    return (size_t)(a->size - 1) * a->count * mesh_dtype_size(a->dtype);
+}
+
+/* Rank 0 receives everyone's data, adds it in rank order, sends it back. */
+int coll_build_ps_allreduce(struct sched *s, const struct coll_args *a,
+                            void *scratch, mesh_mr_t *smr)
+{
+    int n = a->size;
+    size_t es = mesh_dtype_size(a->dtype);
+    size_t ce = chunk_elems(a, a->count), nk = nchunks(a->count, ce);
+    float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
+    const void **in;
+    int *rcv, rc;
+
+    rc = tag_room(2, nk);
+    if (rc < 0)
+        return rc;
+    in = malloc((size_t)n * sizeof(*in));
+    rcv = malloc((size_t)n * sizeof(*rcv));
+    if (!in || !rcv) {
+        free(in);
+        free(rcv);
+        return mesh_err(-ENOMEM, "out of memory building a ps schedule");
+    }
+    for (size_t k = 0; k < nk; k++) {
+        size_t o, l;
+
+        clip(0, a->count, k, ce, &o, &l);
+        if (a->rank == 0) {
+            int red;
+
+            in[0] = at(a->sendbuf, o, es);
+            for (int p = 1; p < n; p++) {
+                char *slot = at(scratch, (size_t)(p - 1) * a->count + o, es);
+
+                in[p] = slot;
+                rcv[p] = sched_recv(s, p, (uint32_t)(k * 2), o * es, slot,
+                                    l * es, smr);
+            }
+            red = sched_reduce(s, at(a->recvbuf, o, es), in, n, l, div);
+            for (int p = 1; p < n; p++) {
+                sched_dep(s, rcv[p], red);
+                sched_dep(s, red,
+                          sched_send(s, p, (uint32_t)(k * 2 + 1), o * es,
+                                     at(a->recvbuf, o, es), l * es,
+                                     a->recv_mr));
+            }
+        } else {
+            int up = sched_send(s, 0, (uint32_t)(k * 2), o * es,
+                                at(a->sendbuf, o, es), l * es, a->send_mr);
+            int down = sched_recv(s, 0, (uint32_t)(k * 2 + 1), o * es,
+                                  at(a->recvbuf, o, es), l * es, a->recv_mr);
+
+            if (a->sendbuf == a->recvbuf)
+                sched_dep(s, up, down);
+        }
+    }
+    free(rcv);
+    free(in);
+    return 0;
+}
+
+/* ---- direct: one hop ----------------------------------------------------- */
+
+size_t coll_direct_scratch(const struct coll_args *a)
+{
+    if (a->size < 2)
+        return 0;
+    return (size_t)(a->size - 1) * a->count * mesh_dtype_size(a->dtype);
+}
+
+/*
+ * Every rank sends its data to every other and adds all N inputs in rank
+ * order, (((x_0 + x_1) + x_2) + ...), in float32: every rank computes the
+ * same bytes. One hop of latency, (N - 1) x the data on each rank's link.
+ */
+int coll_build_direct_allreduce(struct sched *s, const struct coll_args *a,
+                                void *scratch, mesh_mr_t *smr)
+{
+    int n = a->size, r = a->rank;
+    size_t es = mesh_dtype_size(a->dtype);
+    size_t ce = chunk_elems(a, a->count), nk = nchunks(a->count, ce);
+    float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
+    int inplace = a->sendbuf == a->recvbuf;
+    const void **in;
+    int *ops, rc;
+
+    rc = tag_room(1, nk);
+    if (rc < 0)
+        return rc;
+    in = malloc((size_t)n * sizeof(*in));
+    ops = malloc(2 * (size_t)n * sizeof(*ops));
+    if (!in || !ops) {
+        free(in);
+        free(ops);
+        return mesh_err(-ENOMEM, "out of memory building a direct schedule");
+    }
+    for (size_t k = 0; k < nk; k++) {
+        size_t o, l;
+        int nops = 0, red;
+
+        clip(0, a->count, k, ce, &o, &l);
+        for (int q = 0; q < n; q++) {
+            char *slot;
+
+            if (q == r) {
+                in[q] = at(a->sendbuf, o, es);
+                continue;
+            }
+            /* slot of rank q: scratch block q, or q - 1 above this rank */
+            slot = at(scratch, (size_t)(q < r ? q : q - 1) * a->count + o, es);
+            in[q] = slot;
+            ops[nops++] =
+                sched_recv(s, q, (uint32_t)k, o * es, slot, l * es, smr);
+        }
+        for (int d = 1; d < n; d++) { /* r + 1 first: spread the load */
+            int q = (r + d) % n, snd;
+
+            snd = sched_send(s, q, (uint32_t)k, o * es, at(a->sendbuf, o, es),
+                             l * es, a->send_mr);
+            if (inplace) /* the sum overwrites what is being sent */
+                ops[nops++] = snd;
+        }
+        red = sched_reduce(s, at(a->recvbuf, o, es), in, n, l, div);
+        for (int i = 0; i < nops; i++)
+            sched_dep(s, ops[i], red);
+    }
+    free(ops);
+    free(in);
+    return 0;
+}
+
+/* ---- barrier ------------------------------------------------------------- */
+
+/* Dissemination: in round j, send to r + 2^j and hear from r - 2^j. */
+int coll_build_barrier(struct sched *s, int rank, int size)
+{
+    int prev = -1;
+    uint32_t j = 0;
+
+    for (int d = 1; d < size; d <<= 1, j++) {
+        int snd = sched_send(s, (rank + d) % size, j, 0, NULL, 0, NULL);
+
+        sched_dep(s, prev, snd);
+        prev = sched_recv(s, mod(rank - d, size), j, 0, NULL, 0, NULL);
+    }
+    return 0;
+}

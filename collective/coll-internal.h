@@ -1,0 +1,148 @@
+/*
+ * collective/coll-internal.h: what the collective's own files and tests
+ * share and nobody else needs: kernel instruction-set paths, the schedule
+ * (a small dependency graph of sends, receives and reductions that every
+ * algorithm compiles to) and its executor.
+ */
+#ifndef MESH_COLL_INTERNAL_H
+#define MESH_COLL_INTERNAL_H
+
+#include "collective/collective.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- reduction kernels, per instruction set ------------------------------ */
+
+enum mesh_isa {
+    MESH_ISA_SCALAR = 0,
+    MESH_ISA_AVX2 = 1,   /* AVX2 + F16C */
+    MESH_ISA_AVX512 = 2, /* AVX-512F */
+};
+
+const char *mesh_isa_name(int isa);
+/* 1 when this CPU (and this build) can run isa. */
+int mesh_isa_available(int isa);
+/* The best available; MESHTRAIN_ISA=scalar|avx2|avx512f caps it. */
+int mesh_isa_best(void);
+void mesh_reduce_sum_isa(int isa, int dtype, void *dst, const void *const *src,
+                         int nsrc, size_t n, float div);
+void mesh_convert_isa(int isa, int dst_dtype, void *dst, int src_dtype,
+                      const void *src, size_t n);
+
+/* ---- schedules ----------------------------------------------------------- */
+
+enum sched_kind {
+    SCHED_SEND = 0,
+    SCHED_RECV = 1,
+    SCHED_REDUCE = 2, /* dst = sum(src[]) / div */
+    SCHED_COPY = 3,   /* memcpy(dst, src[0], len) */
+};
+
+struct sched_op {
+    int kind;
+    int state;        /* 0 waiting, 1 in flight, 2 done */
+    int ndeps;        /* unfinished predecessors */
+    int first_succ;   /* index into edges, -1 = none */
+    int peer;         /* SEND/RECV */
+    uint32_t tag;     /* SEND/RECV */
+    uint64_t offset;  /* SEND/RECV: byte offset in the collective
+                         (for the debug trace; frames carry 0) */
+    size_t len;       /* bytes (SEND/RECV/COPY) */
+    void *buf;        /* SEND source, RECV/REDUCE/COPY destination */
+    mesh_mr_t *mr;    /* SEND/RECV: the region holding buf */
+    const void **src; /* REDUCE/COPY inputs (nsrc) */
+    int nsrc;
+    size_t n;        /* REDUCE elements */
+    float div;       /* REDUCE */
+    mesh_req_t *req; /* SEND/RECV in flight */
+};
+
+struct sched_edge {
+    int to;
+    int next;
+};
+
+struct sched {
+    struct sched_op *ops;
+    int nops, cap;
+    struct sched_edge *edges;
+    int nedges, ecap;
+    const void **srcs; /* storage for every op's src pointers */
+    int nsrcs, scap;
+    /* the frame fields every message of this collective shares */
+    uint64_t seq;
+    int op;
+    int dtype;
+    uint64_t count;
+    int failed; /* an allocation failed while building */
+};
+
+void sched_init(struct sched *s, uint64_t seq, int op, int dtype,
+                uint64_t count);
+void sched_free(struct sched *s);
+/* Each returns the new op's index, or -1 (s->failed is set). */
+int sched_send(struct sched *s, int peer, uint32_t tag, uint64_t offset,
+               const void *buf, size_t len, mesh_mr_t *mr);
+int sched_recv(struct sched *s, int peer, uint32_t tag, uint64_t offset,
+               void *buf, size_t len, mesh_mr_t *mr);
+int sched_reduce(struct sched *s, void *dst, const void *const *src, int nsrc,
+                 size_t n, float div);
+int sched_copy(struct sched *s, void *dst, const void *src, size_t len);
+/* after may start only once before is done; -1 on either side is a no-op
+ * (an op that was not needed). */
+void sched_dep(struct sched *s, int before, int after);
+
+/*
+ * Run s to the end over the transport. On failure the requests still in
+ * flight are reaped, and the error (with its message) is returned.
+ */
+int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
+              mesh_transport_t *t);
+
+/* ---- algorithms: each compiles one collective into a schedule ------------ */
+
+/* What an algorithm needs to know about one collective. */
+struct coll_args {
+    int op; /* enum mesh_op */
+    int dtype;
+    int redop;
+    int root;     /* broadcast */
+    size_t count; /* allreduce/broadcast: elements; RS/AG: per rank */
+    const void *sendbuf;
+    void *recvbuf;
+    mesh_mr_t *send_mr, *recv_mr;
+    size_t chunk_bytes; /* 0: pick */
+    int rank, size;
+};
+
+/* Scratch space the schedule needs, in bytes (computed before building). */
+size_t coll_ring_scratch(const struct coll_args *a);
+size_t coll_tree_scratch(const struct coll_args *a);
+size_t coll_ps_scratch(const struct coll_args *a);
+size_t coll_direct_scratch(const struct coll_args *a);
+
+int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
+                              void *scratch, mesh_mr_t *smr);
+int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
+                                   void *scratch, mesh_mr_t *smr);
+int coll_build_ring_allgather(struct sched *s, const struct coll_args *a);
+int coll_build_tree_allreduce(struct sched *s, const struct coll_args *a,
+                              void *scratch, mesh_mr_t *smr);
+int coll_build_ps_allreduce(struct sched *s, const struct coll_args *a,
+                            void *scratch, mesh_mr_t *smr);
+int coll_build_direct_allreduce(struct sched *s, const struct coll_args *a,
+                                void *scratch, mesh_mr_t *smr);
+int coll_build_chain_broadcast(struct sched *s, const struct coll_args *a);
+int coll_build_tree_broadcast(struct sched *s, const struct coll_args *a);
+int coll_build_barrier(struct sched *s, int rank, int size);
+
+/*
+ * One binary tree of NCCL's double binary tree: parent and children of rank
+ * in tree (0 or 1) over size ranks (-1 = none).
+ */
+void coll_dtree(int size, int rank, int tree, int *parent, int *child0,
+                int *child1);
+
+#endif

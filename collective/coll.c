@@ -1,0 +1,1136 @@
+/*
+ * collective/coll.c: the communicator: its engine thread, requests, pinned
+ * registered buffers, scratch, and the alpha-beta choice of algorithm.
+ *
+ * Shape: callers queue requests (under mu); one engine thread takes them in
+ * order, registers the buffers it meets (once, cached), grows the scratch
+ * buffer when needed, compiles the collective into a schedule and runs it.
+ * A blocking call made while nothing is queued or running runs the same
+ * way on the caller's thread. Either way one request runs at a time (busy),
+ * and only the running request touches the transport and the engine-only
+ * fields below.
+ */
+#include "config.h"
+
+#include "collective/coll-internal.h"
+#include "src/util.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+enum req_kind {
+    REQ_COLL = 0,    /* a collective */
+    REQ_DEREG = 1,   /* deregister a buffer (from mesh_coll_buf_free) */
+    REQ_MEASURE = 2, /* ping-pong and stream to the ring neighbours */
+};
+
+struct mesh_coll_req {
+    struct mesh_coll *c;
+    int kind;
+    struct coll_args a;
+    int algo; /* as asked; AUTO resolved by the engine */
+    uint64_t seq;
+    mesh_mr_t *mr; /* REQ_DEREG */
+    int done;
+    int rc;
+    char msg[1024];
+    double t_begin, t_end; /* mesh_now_s() when it started and ended */
+    struct mesh_coll_req *next;
+};
+
+struct bufent {
+    void *ptr;
+    size_t len;
+    mesh_mr_t *mr; /* registered by the engine at first use */
+    int cuda;      /* from cudaHostAlloc */
+    int owned;     /* from mesh_coll_buf_alloc (else the caller's memory) */
+};
+
+struct mesh_coll {
+    const struct mesh_transport_ops *ops;
+    mesh_transport_t *t;
+    const struct mesh_world *w;
+    struct mesh_coll_opts opts;
+    struct mesh_coll_model model;
+    /* the tree's shape, for the cost model */
+    int tree_depth;
+    double tree_load; /* most bytes a rank sends, per byte reduced */
+
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t qcv; /* the engine waits for work */
+    pthread_cond_t dcv; /* callers wait for completions */
+    struct mesh_coll_req *head, *tail;
+    int stop;
+    int busy; /* a request is running (on the engine or inline) */
+    uint64_t next_seq;
+    struct bufent *bufs;
+    int nbufs, capbufs;
+
+    /* engine only */
+    int failed_rc;
+    char failed_msg[1024];
+    void *scratch;
+    size_t scratch_len;
+    int scratch_cuda;
+    mesh_mr_t *scratch_mr;
+    double meas_alpha, meas_beta; /* this rank's own measurement */
+};
+
+const char *mesh_algo_name(int algo)
+{
+    switch (algo) {
+    case MESH_ALGO_AUTO:
+        return "auto";
+    case MESH_ALGO_RING:
+        return "ring";
+    case MESH_ALGO_TREE:
+        return "tree";
+    case MESH_ALGO_PS:
+        return "ps";
+    case MESH_ALGO_DIRECT:
+        return "direct";
+    }
+    return "unknown-algo";
+}
+
+int mesh_algo_parse(const char *s, int *out)
+{
+    static const int all[] = {MESH_ALGO_AUTO, MESH_ALGO_RING, MESH_ALGO_TREE,
+                              MESH_ALGO_PS, MESH_ALGO_DIRECT};
+
+    for (size_t i = 0; s && i < MESH_ARRAY_SIZE(all); i++)
+        if (!strcmp(s, mesh_algo_name(all[i]))) {
+            *out = all[i];
+            return 0;
+        }
+    return mesh_err(-EINVAL,
+                    "unknown algorithm '%s' (ring, tree, auto, ps, "
+                    "direct)",
+                    s ? s : "");
+}
+
+void mesh_coll_opts_init(struct mesh_coll_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->algo = MESH_ALGO_AUTO;
+    o->measure = 1;
+    o->seq_base = MESH_COLL_SEQ_BASE;
+}
+
+/* ---- pinned host memory -------------------------------------------------- */
+
+#ifdef HAVE_CUDA
+/* cudaHostAlloc where a device exists; remembers when none does, so that
+ * CPU-only runs pay for the probe once. */
+static int cuda_host_alloc(size_t len, void **out)
+{
+    static atomic_int usable = 1;
+    cudaError_t err;
+    void *p = NULL;
+
+    if (!atomic_load(&usable))
+        return -ENODEV;
+    err = cudaHostAlloc(&p, len ? len : 1, cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+        if (atomic_exchange(&usable, 0))
+            mesh_debug("cudaHostAlloc: %s; using mlock'ed host memory",
+                       cudaGetErrorString(err));
+        cudaGetLastError();
+        return -ENODEV;
+    }
+    *out = p;
+    return 0;
+}
+
+static void cuda_host_free(void *p)
+{
+    cudaError_t err = cudaFreeHost(p);
+
+    if (err != cudaSuccess)
+        mesh_warn("cudaFreeHost: %s", cudaGetErrorString(err));
+}
+#endif
+
+/* Pinned memory: cudaHostAlloc when built with CUDA and a device answers,
+ * else page-aligned mlock'ed memory (mesh_host_alloc logs a fallback). */
+static int pinned_alloc(size_t len, void **out, int *cuda)
+{
+#ifdef HAVE_CUDA
+    if (cuda_host_alloc(len, out) == 0) {
+        *cuda = 1;
+        return 0;
+    }
+#endif
+    *cuda = 0;
+    return mesh_host_alloc(len, out);
+}
+
+static void pinned_free(void *p, size_t len, int cuda)
+{
+    if (!p)
+        return;
+#ifdef HAVE_CUDA
+    if (cuda) {
+        cuda_host_free(p);
+        return;
+    }
+#endif
+    (void)cuda;
+    mesh_host_free(p, len);
+}
+
+/* ---- engine-side helpers ------------------------------------------------- */
+
+/* The registration covering [p, p + len), registering a known buffer at
+ * first use; *tmp = 1 when p is foreign memory registered for this call. */
+static int find_mr(struct mesh_coll *c, const void *p, size_t len,
+                   mesh_mr_t **mr, int *tmp)
+{
+    const char *q = p;
+    struct bufent *hit = NULL;
+    int rc = 0;
+
+    *mr = NULL;
+    *tmp = 0;
+    if (!p || !len)
+        return 0;
+    if (q >= (const char *)c->scratch &&
+        q + len <= (const char *)c->scratch + c->scratch_len) {
+        *mr = c->scratch_mr;
+        return 0;
+    }
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->nbufs; i++) {
+        const char *b = c->bufs[i].ptr;
+
+        if (q >= b && q + len <= b + c->bufs[i].len) {
+            hit = &c->bufs[i];
+            break;
+        }
+    }
+    if (hit && !hit->mr)
+        rc = c->ops->reg_mr(c->t, hit->ptr, hit->len, &hit->mr);
+    if (hit && rc == 0)
+        *mr = hit->mr;
+    pthread_mutex_unlock(&c->mu);
+    if (hit || rc < 0)
+        return rc;
+    rc = c->ops->reg_mr(c->t, (void *)p, len, mr);
+    if (rc == 0)
+        *tmp = 1;
+    return rc;
+}
+
+static int scratch_reserve(struct mesh_coll *c, size_t need)
+{
+    size_t len;
+    void *p;
+    int cuda, rc;
+    mesh_mr_t *mr;
+
+    if (need <= c->scratch_len)
+        return 0;
+    len = MESH_MAX(need, (size_t)1 << 20);
+    len = (len + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+    rc = pinned_alloc(len, &p, &cuda);
+    if (rc < 0)
+        return mesh_err_prefix(rc, "scratch of %zu bytes", len);
+    rc = c->ops->reg_mr(c->t, p, len, &mr);
+    if (rc < 0) {
+        pinned_free(p, len, cuda);
+        return mesh_err_prefix(rc, "registering scratch");
+    }
+    if (c->scratch_mr)
+        c->ops->dereg_mr(c->t, c->scratch_mr);
+    pinned_free(c->scratch, c->scratch_len, c->scratch_cuda);
+    c->scratch = p;
+    c->scratch_len = len;
+    c->scratch_cuda = cuda;
+    c->scratch_mr = mr;
+    return 0;
+}
+
+/* ---- the cost model ------------------------------------------------------ */
+
+/*
+ * The alpha-beta(-gamma) model, in seconds for an all-reduce of bytes:
+ * hops on the critical path x alpha, bytes through the busiest rank's link
+ * x beta, bytes that rank adds x gamma, plus the tree's pipeline fill (a
+ * chunk per level up and down). The ring keeps every link busy from the
+ * start, and direct sends everything at once: neither has a fill worth a
+ * term.
+ */
+static double chunk_of(double slice)
+{
+    return MESH_MIN(MESH_MAX(slice / 8, 65536.0), 4194304.0);
+}
+
+static double ring_cost(const struct mesh_coll *c, double bytes)
+{
+    const struct mesh_coll_model *m = &c->model;
+    double n = c->w->size, seg = bytes / n;
+
+    return 2 * (n - 1) * m->alpha_s + 2 * (n - 1) * seg * m->beta_s_per_byte +
+           (n - 1) * seg * m->gamma_s_per_byte;
+}
+
+static double tree_cost(const struct mesh_coll *c, double bytes)
+{
+    const struct mesh_coll_model *m = &c->model;
+    double half = bytes / 2;
+
+    return 2 * c->tree_depth * m->alpha_s +
+           c->tree_load * bytes * m->beta_s_per_byte +
+           bytes * m->gamma_s_per_byte +
+           2 * c->tree_depth * MESH_MIN(chunk_of(half), half) *
+               m->beta_s_per_byte;
+}
+
+static double direct_cost(const struct mesh_coll *c, double bytes)
+{
+    const struct mesh_coll_model *m = &c->model;
+    double n = c->w->size;
+
+    return m->alpha_s + (n - 1) * bytes * m->beta_s_per_byte +
+           (n - 1) * bytes * m->gamma_s_per_byte;
+}
+
+int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
+{
+    double ring, tree, direct;
+
+    if (algo == MESH_ALGO_AUTO)
+        algo = c->opts.algo;
+    if (algo != MESH_ALGO_AUTO)
+        return algo;
+    ring = ring_cost(c, (double)bytes);
+    tree = tree_cost(c, (double)bytes);
+    direct = direct_cost(c, (double)bytes);
+    if (direct < ring && direct < tree)
+        return MESH_ALGO_DIRECT;
+    return tree < ring ? MESH_ALGO_TREE : MESH_ALGO_RING;
+}
+
+/* Broadcast: a chain (ring) or the binary tree, by the same numbers. */
+int mesh_coll_bcast_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
+{
+    const struct mesh_coll_model *m = &c->model;
+    double n = c->w->size, b = (double)bytes, chain, tree;
+
+    if (algo == MESH_ALGO_AUTO)
+        algo = c->opts.algo;
+    if (algo == MESH_ALGO_TREE)
+        return MESH_ALGO_TREE;
+    if (algo != MESH_ALGO_AUTO)
+        return MESH_ALGO_RING;
+    chain = (n - 1) * m->alpha_s + b * m->beta_s_per_byte +
+            (n - 2) * MESH_MIN(chunk_of(b), b) * m->beta_s_per_byte;
+    tree = c->tree_depth * m->alpha_s + 2 * b * m->beta_s_per_byte +
+           c->tree_depth * MESH_MIN(chunk_of(b), b) * m->beta_s_per_byte;
+    return tree < chain ? MESH_ALGO_TREE : MESH_ALGO_RING;
+}
+
+void mesh_coll_model_get(const mesh_coll_t *c, struct mesh_coll_model *out)
+{
+    *out = c->model;
+}
+
+/* Depth and per-rank load of the double binary tree (the same everywhere). */
+static void tree_shape(struct mesh_coll *c)
+{
+    int n = c->w->size, depth = 0;
+    double load = 0;
+
+    for (int t = 0; t < 2; t++)
+        for (int r = 0; r < n; r++) {
+            int d = 0, x = r, p, c0, c1;
+
+            for (coll_dtree(n, x, t, &p, &c0, &c1); p >= 0 && d <= n;
+                 coll_dtree(n, x, t, &p, &c0, &c1)) {
+                x = p;
+                d++;
+            }
+            depth = MESH_MAX(depth, d);
+        }
+    for (int r = 0; r < n; r++) {
+        double sent = 0;
+
+        for (int t = 0; t < 2; t++) {
+            int p, c0, c1;
+
+            coll_dtree(n, r, t, &p, &c0, &c1);
+            sent += 0.5 * ((p >= 0) + (c0 >= 0) + (c1 >= 0));
+        }
+        load = MESH_MAX(load, sent);
+    }
+    c->tree_depth = depth;
+    c->tree_load = load;
+}
+
+/* ---- running one request ------------------------------------------------- */
+
+static const char *req_what(const struct mesh_coll_req *q, char *buf,
+                            size_t len)
+{
+    snprintf(buf, len, "%s seq %" PRIu64 " (%s, %zu x %s)",
+             mesh_op_name(q->a.op), q->seq, mesh_algo_name(q->algo), q->a.count,
+             mesh_dtype_name(q->a.dtype));
+    return buf;
+}
+
+/* Ping-pong (latency) and streams (bandwidth) to the ring neighbours. */
+static int run_measure(struct mesh_coll *c, struct mesh_coll_req *q)
+{
+    enum { PINGS = 20, STREAMS = 4 };
+    const size_t mlen = (size_t)2 << 20;
+    int n = c->w->size, r = c->w->rank, right = (r + 1) % n,
+        left = (r + n - 1) % n, rc;
+    struct sched s;
+    double t0, tping = 0, tstream = 0;
+    char *buf;
+
+    rc = scratch_reserve(c, 2 * mlen);
+    if (rc < 0)
+        return rc;
+    buf = c->scratch;
+    for (int phase = 0; phase < 2; phase++) {
+        int rounds = phase == 0 ? PINGS : STREAMS, prev = -1;
+        size_t len = phase == 0 ? 8 : mlen;
+
+        sched_init(&s, q->seq + (uint64_t)phase, MESH_OP_P2P, MESH_DT_BYTE,
+                   len);
+        for (int i = 0; i < rounds; i++) {
+            int snd =
+                sched_send(&s, right, (uint32_t)i, 0, buf, len, c->scratch_mr);
+
+            sched_dep(&s, prev, snd);
+            prev = sched_recv(&s, left, (uint32_t)i, 0, buf + mlen, len,
+                              c->scratch_mr);
+        }
+        t0 = mesh_now_s();
+        rc = sched_run(&s, c->ops, c->t);
+        sched_free(&s);
+        if (rc < 0)
+            return mesh_err_prefix(rc, "measuring the links");
+        if (phase == 0)
+            tping = (mesh_now_s() - t0) / PINGS;
+        else
+            tstream = (mesh_now_s() - t0) / STREAMS;
+    }
+    c->meas_alpha = tping;
+    c->meas_beta = MESH_MAX(tstream - tping, 1e-9) / (double)mlen;
+    return 0;
+}
+
+static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
+{
+    struct coll_args *a = &q->a;
+    size_t es = mesh_dtype_size(a->dtype), sbytes, rbytes, need = 0;
+    int stmp = 0, rtmp = 0, rc;
+    struct sched s;
+
+    switch (a->op) {
+    case MESH_OP_REDUCE_SCATTER:
+        sbytes = (size_t)a->size * a->count * es;
+        rbytes = a->count * es;
+        break;
+    case MESH_OP_ALLGATHER:
+        sbytes = a->count * es;
+        rbytes = (size_t)a->size * a->count * es;
+        break;
+    default:
+        sbytes = rbytes = a->count * es;
+        break;
+    }
+    if (a->op == MESH_OP_ALLREDUCE)
+        q->algo = mesh_coll_algo_for(c, q->algo, a->count * es);
+    else if (a->op == MESH_OP_BROADCAST)
+        q->algo = mesh_coll_bcast_algo_for(c, q->algo, a->count * es);
+    if (a->op == MESH_OP_ALLREDUCE)
+        need = q->algo == MESH_ALGO_TREE     ? coll_tree_scratch(a)
+               : q->algo == MESH_ALGO_PS     ? coll_ps_scratch(a)
+               : q->algo == MESH_ALGO_DIRECT ? coll_direct_scratch(a)
+                                             : coll_ring_scratch(a);
+    else if (a->op == MESH_OP_REDUCE_SCATTER)
+        need = coll_ring_scratch(a);
+    rc = scratch_reserve(c, need);
+    if (rc < 0)
+        return rc;
+    rc = find_mr(c, a->sendbuf, sbytes, &a->send_mr, &stmp);
+    if (rc < 0)
+        return mesh_err_prefix(rc, "registering the send buffer");
+    if (a->recvbuf == a->sendbuf && rbytes == sbytes) {
+        a->recv_mr = a->send_mr;
+    } else {
+        rc = find_mr(c, a->recvbuf, rbytes, &a->recv_mr, &rtmp);
+        if (rc < 0) {
+            rc = mesh_err_prefix(rc, "registering the receive buffer");
+            goto dereg;
+        }
+    }
+    sched_init(&s, q->seq, a->op, a->dtype, a->count);
+    if (a->size == 1) {
+        if (a->op != MESH_OP_BARRIER && a->sendbuf != a->recvbuf)
+            sched_copy(&s, a->recvbuf, a->sendbuf, a->count * es);
+    } else {
+        switch (a->op) {
+        case MESH_OP_ALLREDUCE:
+            rc = q->algo == MESH_ALGO_TREE
+                     ? coll_build_tree_allreduce(&s, a, c->scratch,
+                                                 c->scratch_mr)
+                 : q->algo == MESH_ALGO_PS
+                     ? coll_build_ps_allreduce(&s, a, c->scratch, c->scratch_mr)
+                 : q->algo == MESH_ALGO_DIRECT
+                     ? coll_build_direct_allreduce(&s, a, c->scratch,
+                                                   c->scratch_mr)
+                     : coll_build_ring_allreduce(&s, a, c->scratch,
+                                                 c->scratch_mr);
+            break;
+        case MESH_OP_REDUCE_SCATTER:
+            rc = coll_build_ring_reduce_scatter(&s, a, c->scratch,
+                                                c->scratch_mr);
+            break;
+        case MESH_OP_ALLGATHER:
+            rc = coll_build_ring_allgather(&s, a);
+            break;
+        case MESH_OP_BROADCAST:
+            rc = q->algo == MESH_ALGO_TREE ? coll_build_tree_broadcast(&s, a)
+                                           : coll_build_chain_broadcast(&s, a);
+            break;
+        default:
+            rc = coll_build_barrier(&s, a->rank, a->size);
+            break;
+        }
+    }
+    if (rc == 0) {
+        mesh_debug("%s seq %llu: %zu x %s, %s, %d operations",
+                   mesh_op_name(a->op), (unsigned long long)q->seq, a->count,
+                   mesh_dtype_name(a->dtype), mesh_algo_name(q->algo), s.nops);
+        rc = sched_run(&s, c->ops, c->t);
+    }
+    sched_free(&s);
+    if (rtmp)
+        c->ops->dereg_mr(c->t, a->recv_mr);
+dereg:
+    if (stmp)
+        c->ops->dereg_mr(c->t, a->send_mr);
+    return rc;
+}
+
+static void run_req(struct mesh_coll *c, struct mesh_coll_req *q)
+{
+    char what[256];
+    int rc;
+
+    mesh_err_clear();
+    if (q->kind == REQ_DEREG) {
+        q->rc = q->mr ? c->ops->dereg_mr(c->t, q->mr) : 0;
+        if (q->rc < 0)
+            snprintf(q->msg, sizeof(q->msg), "%s", mesh_err_msg(q->rc));
+        return;
+    }
+    if (c->failed_rc < 0) {
+        q->rc = c->failed_rc;
+        snprintf(q->msg, sizeof(q->msg),
+                 "%s: the communicator failed "
+                 "earlier: %s",
+                 req_what(q, what, sizeof(what)), c->failed_msg);
+        return;
+    }
+    q->t_begin = mesh_now_s();
+    rc = q->kind == REQ_MEASURE ? run_measure(c, q) : run_coll(c, q);
+    q->t_end = mesh_now_s();
+    if (rc < 0) {
+        snprintf(q->msg, sizeof(q->msg), "%s: %s",
+                 req_what(q, what, sizeof(what)), mesh_err_msg(rc));
+        c->failed_rc = rc;
+        snprintf(c->failed_msg, sizeof(c->failed_msg), "%s", q->msg);
+    }
+    q->rc = rc;
+}
+
+static void *engine(void *arg)
+{
+    struct mesh_coll *c = arg;
+
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        struct mesh_coll_req *q;
+
+        while ((!c->head || c->busy) && !(c->stop && !c->busy && !c->head))
+            pthread_cond_wait(&c->qcv, &c->mu);
+        if (!c->head)
+            break;
+        q = c->head;
+        c->head = q->next;
+        if (!c->head)
+            c->tail = NULL;
+        c->busy = 1;
+        pthread_mutex_unlock(&c->mu);
+        run_req(c, q);
+        pthread_mutex_lock(&c->mu);
+        c->busy = 0;
+        q->done = 1;
+        pthread_cond_broadcast(&c->dcv);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+static int new_req(mesh_coll_t *c, int kind, mesh_coll_req_t **out)
+{
+    struct mesh_coll_req *q = calloc(1, sizeof(*q));
+
+    if (!q)
+        return mesh_err(-ENOMEM, "out of memory for a collective request");
+    q->c = c;
+    q->kind = kind;
+    q->a.rank = c->w->rank;
+    q->a.size = c->w->size;
+    q->a.chunk_bytes = c->opts.chunk_bytes;
+    *out = q;
+    return 0;
+}
+
+/* Queue q with the next sequence number(s). */
+static void submit(mesh_coll_t *c, mesh_coll_req_t *q, int nseq)
+{
+    pthread_mutex_lock(&c->mu);
+    q->seq = c->next_seq;
+    c->next_seq += (uint64_t)nseq;
+    if (c->tail)
+        c->tail->next = q;
+    else
+        c->head = q;
+    c->tail = q;
+    pthread_cond_signal(&c->qcv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/*
+ * Run q to the end and free it. When nothing is queued or running, the
+ * caller's thread runs it itself (saving two thread hand-offs, which is
+ * most of a small collective's time); else it queues behind the others.
+ */
+static int submit_wait(mesh_coll_t *c, mesh_coll_req_t *q, int nseq)
+{
+    int done;
+
+    pthread_mutex_lock(&c->mu);
+    if (c->head || c->busy) {
+        pthread_mutex_unlock(&c->mu);
+        submit(c, q, nseq);
+        return mesh_coll_wait(q);
+    }
+    q->seq = c->next_seq;
+    c->next_seq += (uint64_t)nseq;
+    c->busy = 1;
+    pthread_mutex_unlock(&c->mu);
+    run_req(c, q);
+    pthread_mutex_lock(&c->mu);
+    c->busy = 0;
+    q->done = 1;
+    if (c->head || c->stop)
+        pthread_cond_signal(&c->qcv);
+    pthread_mutex_unlock(&c->mu);
+    return mesh_coll_test(q, &done);
+}
+
+int mesh_coll_test(mesh_coll_req_t *q, int *done)
+{
+    struct mesh_coll *c = q->c;
+    int d, rc;
+
+    pthread_mutex_lock(&c->mu);
+    d = q->done;
+    pthread_mutex_unlock(&c->mu);
+    if (!d) {
+        *done = 0;
+        return 0;
+    }
+    rc = q->rc;
+    if (rc < 0)
+        mesh_err(rc, "%s", q->msg);
+    free(q);
+    *done = 1;
+    return rc;
+}
+
+int mesh_coll_wait(mesh_coll_req_t *q)
+{
+    return mesh_coll_wait_times(q, NULL, NULL);
+}
+
+int mesh_coll_wait_times(mesh_coll_req_t *q, double *begin_s, double *end_s)
+{
+    struct mesh_coll *c = q->c;
+    int done;
+
+    pthread_mutex_lock(&c->mu);
+    while (!q->done)
+        pthread_cond_wait(&c->dcv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    if (begin_s)
+        *begin_s = q->t_begin;
+    if (end_s)
+        *end_s = q->t_end;
+    return mesh_coll_test(q, &done);
+}
+
+static int check_dtype(int dtype, int reduce)
+{
+    if (dtype == MESH_DT_F32 || dtype == MESH_DT_F16 || dtype == MESH_DT_BF16 ||
+        (!reduce && dtype == MESH_DT_BYTE))
+        return 0;
+    return mesh_err(-EINVAL, "data type %d (%s) is not supported here", dtype,
+                    mesh_dtype_name(dtype));
+}
+
+static int check_args(const mesh_coll_t *c, const void *sendbuf,
+                      const void *recvbuf, size_t count, size_t mult, int dtype,
+                      int reduce, int redop)
+{
+    int rc = check_dtype(dtype, reduce);
+
+    if (rc < 0)
+        return rc;
+    if (reduce && redop != MESH_REDOP_SUM && redop != MESH_REDOP_AVG)
+        return mesh_err(-EINVAL, "unknown reduction %d", redop);
+    if (count && mult && count > SIZE_MAX / 8 / mult)
+        return mesh_err(-EOVERFLOW, "%zu elements is too many", count);
+    if (count && (!recvbuf || (!sendbuf && c->w->size > 0)))
+        return mesh_err(-EINVAL, "NULL buffer for %zu elements", count);
+    return 0;
+}
+
+static int start_coll(mesh_coll_t *c, int op, const void *sendbuf,
+                      void *recvbuf, size_t count, int dtype, int redop,
+                      int root, int algo, mesh_coll_req_t **out)
+{
+    mesh_coll_req_t *q = NULL;
+    int rc = new_req(c, REQ_COLL, &q);
+
+    if (rc < 0)
+        return rc;
+    q->a.op = op;
+    q->a.dtype = dtype;
+    q->a.redop = redop;
+    q->a.root = root;
+    q->a.count = count;
+    q->a.sendbuf = sendbuf;
+    q->a.recvbuf = recvbuf;
+    q->algo = algo;
+    if (!out) /* a blocking call */
+        return submit_wait(c, q, 1);
+    submit(c, q, 1);
+    *out = q;
+    return 0;
+}
+
+static int allreduce_go(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                        size_t count, int dtype, int redop, int algo,
+                        mesh_coll_req_t **out)
+{
+    int rc = check_args(c, sendbuf, recvbuf, count, 1, dtype, 1, redop);
+
+    if (rc == 0 && (algo < MESH_ALGO_AUTO || algo > MESH_ALGO_DIRECT))
+        rc = mesh_err(-EINVAL, "unknown algorithm %d", algo);
+    if (rc < 0)
+        return rc;
+    return start_coll(c, MESH_OP_ALLREDUCE, sendbuf, recvbuf, count, dtype,
+                      redop, 0, algo, out);
+}
+
+static int reduce_scatter_go(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                             size_t recvcount, int dtype, int redop,
+                             mesh_coll_req_t **out)
+{
+    int rc = check_args(c, sendbuf, recvbuf, recvcount, (size_t)c->w->size,
+                        dtype, 1, redop);
+
+    if (rc < 0)
+        return rc;
+    return start_coll(c, MESH_OP_REDUCE_SCATTER, sendbuf, recvbuf, recvcount,
+                      dtype, redop, 0, MESH_ALGO_RING, out);
+}
+
+static int allgather_go(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                        size_t sendcount, int dtype, mesh_coll_req_t **out)
+{
+    int rc = check_args(c, sendbuf, recvbuf, sendcount, (size_t)c->w->size,
+                        dtype, 0, 0);
+
+    if (rc < 0)
+        return rc;
+    return start_coll(c, MESH_OP_ALLGATHER, sendbuf, recvbuf, sendcount, dtype,
+                      0, 0, MESH_ALGO_RING, out);
+}
+
+static int broadcast_go(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                        size_t count, int dtype, int root, int algo,
+                        mesh_coll_req_t **out)
+{
+    int rc = check_args(c, c->w->rank == root ? sendbuf : recvbuf, recvbuf,
+                        count, 1, dtype, 0, 0);
+
+    if (rc == 0 && (root < 0 || root >= c->w->size))
+        rc = mesh_err(-EINVAL, "broadcast root %d is not a rank (0..%d)", root,
+                      c->w->size - 1);
+    if (rc == 0 && (algo == MESH_ALGO_PS || algo == MESH_ALGO_DIRECT))
+        algo = MESH_ALGO_RING; /* none of their own: the chain */
+    if (rc < 0)
+        return rc;
+    return start_coll(c, MESH_OP_BROADCAST, sendbuf, recvbuf, count, dtype, 0,
+                      root, algo, out);
+}
+
+static int barrier_go(mesh_coll_t *c, mesh_coll_req_t **out)
+{
+    return start_coll(c, MESH_OP_BARRIER, NULL, NULL, 0, MESH_DT_BYTE, 0, 0,
+                      MESH_ALGO_RING, out);
+}
+
+/* Non-blocking forms: queue, return the request. */
+
+int mesh_coll_allreduce_start(mesh_coll_t *c, const void *sendbuf,
+                              void *recvbuf, size_t count, int dtype, int redop,
+                              int algo, mesh_coll_req_t **out)
+{
+    if (!out)
+        return mesh_err(-EINVAL, "mesh_coll_allreduce_start: NULL out");
+    return allreduce_go(c, sendbuf, recvbuf, count, dtype, redop, algo, out);
+}
+
+int mesh_coll_reduce_scatter_start(mesh_coll_t *c, const void *sendbuf,
+                                   void *recvbuf, size_t recvcount, int dtype,
+                                   int redop, mesh_coll_req_t **out)
+{
+    if (!out)
+        return mesh_err(-EINVAL, "mesh_coll_reduce_scatter_start: NULL out");
+    return reduce_scatter_go(c, sendbuf, recvbuf, recvcount, dtype, redop, out);
+}
+
+int mesh_coll_allgather_start(mesh_coll_t *c, const void *sendbuf,
+                              void *recvbuf, size_t sendcount, int dtype,
+                              mesh_coll_req_t **out)
+{
+    if (!out)
+        return mesh_err(-EINVAL, "mesh_coll_allgather_start: NULL out");
+    return allgather_go(c, sendbuf, recvbuf, sendcount, dtype, out);
+}
+
+int mesh_coll_broadcast_start(mesh_coll_t *c, const void *sendbuf,
+                              void *recvbuf, size_t count, int dtype, int root,
+                              int algo, mesh_coll_req_t **out)
+{
+    if (!out)
+        return mesh_err(-EINVAL, "mesh_coll_broadcast_start: NULL out");
+    return broadcast_go(c, sendbuf, recvbuf, count, dtype, root, algo, out);
+}
+
+int mesh_coll_barrier_start(mesh_coll_t *c, mesh_coll_req_t **out)
+{
+    if (!out)
+        return mesh_err(-EINVAL, "mesh_coll_barrier_start: NULL out");
+    return barrier_go(c, out);
+}
+
+/* Blocking forms: run on the caller's thread when the engine is idle. */
+
+int mesh_coll_allreduce(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                        size_t count, int dtype, int redop, int algo)
+{
+    return allreduce_go(c, sendbuf, recvbuf, count, dtype, redop, algo, NULL);
+}
+
+int mesh_coll_reduce_scatter(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                             size_t recvcount, int dtype, int redop)
+{
+    return reduce_scatter_go(c, sendbuf, recvbuf, recvcount, dtype, redop,
+                             NULL);
+}
+
+int mesh_coll_allgather(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                        size_t sendcount, int dtype)
+{
+    return allgather_go(c, sendbuf, recvbuf, sendcount, dtype, NULL);
+}
+
+int mesh_coll_broadcast(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                        size_t count, int dtype, int root, int algo)
+{
+    return broadcast_go(c, sendbuf, recvbuf, count, dtype, root, algo, NULL);
+}
+
+int mesh_coll_barrier(mesh_coll_t *c)
+{
+    return barrier_go(c, NULL);
+}
+
+/* ---- buffers ------------------------------------------------------------- */
+
+static int table_add(mesh_coll_t *c, const struct bufent *e)
+{
+    pthread_mutex_lock(&c->mu);
+    if (c->nbufs == c->capbufs) {
+        int ncap = c->capbufs ? 2 * c->capbufs : 16;
+        struct bufent *nb = realloc(c->bufs, (size_t)ncap * sizeof(*nb));
+
+        if (!nb) {
+            pthread_mutex_unlock(&c->mu);
+            return mesh_err(-ENOMEM, "out of memory for the buffer table");
+        }
+        c->bufs = nb;
+        c->capbufs = ncap;
+    }
+    c->bufs[c->nbufs++] = *e;
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+int mesh_coll_buf_alloc(mesh_coll_t *c, size_t len, void **out)
+{
+    struct bufent e = {.len = len, .owned = 1};
+    int rc = pinned_alloc(len, &e.ptr, &e.cuda);
+
+    if (rc < 0)
+        return rc;
+    rc = table_add(c, &e);
+    if (rc < 0) {
+        pinned_free(e.ptr, len, e.cuda);
+        return rc;
+    }
+    *out = e.ptr;
+    return 0;
+}
+
+int mesh_coll_buf_register(mesh_coll_t *c, void *buf, size_t len)
+{
+    struct bufent e = {.ptr = buf, .len = len};
+
+    if (!buf || !len)
+        return mesh_err(-EINVAL, "mesh_coll_buf_register: empty region");
+    return table_add(c, &e);
+}
+
+/* Take buf out of the table; the engine deregisters it, in queue order
+ * (after the collectives queued before). Returns 0 when it was there. */
+static int table_remove(mesh_coll_t *c, void *buf, int owned,
+                        struct bufent *out)
+{
+    mesh_coll_req_t *q = NULL;
+    int found = 0;
+
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->nbufs; i++)
+        if (c->bufs[i].ptr == buf && c->bufs[i].owned == owned) {
+            *out = c->bufs[i];
+            c->bufs[i] = c->bufs[--c->nbufs];
+            found = 1;
+            break;
+        }
+    pthread_mutex_unlock(&c->mu);
+    if (!found)
+        return -ENOENT;
+    if (out->mr && new_req(c, REQ_DEREG, &q) == 0) {
+        q->mr = out->mr;
+        submit(c, q, 0);
+        if (mesh_coll_wait(q) < 0)
+            mesh_warn("deregistering a buffer: %s", mesh_err_msg(-EIO));
+    }
+    return 0;
+}
+
+void mesh_coll_buf_free(mesh_coll_t *c, void *buf)
+{
+    struct bufent e;
+
+    if (!buf)
+        return;
+    if (table_remove(c, buf, 1, &e) < 0) {
+        mesh_warn("mesh_coll_buf_free: %p is not a communicator buffer", buf);
+        return;
+    }
+    pinned_free(e.ptr, e.len, e.cuda);
+}
+
+void mesh_coll_buf_unregister(mesh_coll_t *c, void *buf)
+{
+    struct bufent e;
+
+    if (buf && table_remove(c, buf, 0, &e) < 0)
+        mesh_warn("mesh_coll_buf_unregister: %p was not registered", buf);
+}
+
+/* ---- create, destroy ----------------------------------------------------- */
+
+/* Agree on alpha and beta: the average of every rank's measurement, by a
+ * ring all-reduce, so that every rank holds the same bytes. */
+static int agree(mesh_coll_t *c)
+{
+    mesh_coll_req_t *q = NULL;
+    float *v;
+    int rc;
+
+    rc = new_req(c, REQ_MEASURE, &q);
+    if (rc < 0)
+        return rc;
+    submit(c, q, 2);
+    rc = mesh_coll_wait(q);
+    if (rc < 0)
+        return rc;
+    rc = mesh_coll_buf_alloc(c, 2 * sizeof(float), (void **)&v);
+    if (rc < 0)
+        return rc;
+    v[0] = (float)(c->meas_alpha * 1e6); /* us */
+    v[1] = (float)(c->meas_beta * 1e9);  /* ns per byte */
+    rc = mesh_coll_allreduce(c, v, v, 2, MESH_DT_F32, MESH_REDOP_AVG,
+                             MESH_ALGO_RING);
+    if (rc == 0) {
+        c->model.alpha_s = v[0] * 1e-6;
+        c->model.beta_s_per_byte = v[1] * 1e-9;
+        c->model.measured = 1;
+    }
+    mesh_coll_buf_free(c, v);
+    return rc;
+}
+
+static void log_model(const mesh_coll_t *c)
+{
+    char ranges[512] = "";
+    size_t used = 0, from = 8;
+    int prev = -1;
+
+    mesh_info("collectives: %d ranks, kernels %s, alpha %.1f us, beta %.3f "
+              "ns/B (%.2f GB/s), gamma %.3f ns/B%s",
+              c->w->size, mesh_reduce_isa(), c->model.alpha_s * 1e6,
+              c->model.beta_s_per_byte * 1e9, 1e-9 / c->model.beta_s_per_byte,
+              c->model.gamma_s_per_byte * 1e9,
+              c->model.measured ? " (alpha, beta measured to the ring "
+                                  "neighbours, averaged over the ranks)"
+                                : " (not measured: defaults)");
+    if (c->opts.algo != MESH_ALGO_AUTO) {
+        mesh_info("collectives: all-reduce algorithm %s (fixed)",
+                  mesh_algo_name(c->opts.algo));
+        return;
+    }
+    /* the choice per power of two, as ranges */
+    for (size_t b = 8;; b *= 2) {
+        int a = b <= ((size_t)1 << 30)
+                    ? mesh_coll_algo_for(c, MESH_ALGO_AUTO, b)
+                    : -1;
+
+        if (prev >= 0 && a != prev && used < sizeof(ranges)) {
+            used += (size_t)snprintf(ranges + used, sizeof(ranges) - used,
+                                     "%s%s from %zu B", used ? ", " : "",
+                                     mesh_algo_name(prev), from);
+            from = b;
+        }
+        if (a < 0)
+            break;
+        prev = a;
+    }
+    mesh_info("collectives: auto all-reduce: %s (tree depth %d)", ranges,
+              c->tree_depth);
+}
+
+int mesh_coll_create(const struct mesh_transport_ops *ops, mesh_transport_t *t,
+                     const struct mesh_world *world,
+                     const struct mesh_coll_opts *opts, mesh_coll_t **out)
+{
+    mesh_coll_t *c;
+    int rc;
+
+    if (!ops || !t || !world || world->size < 1 || world->rank < 0 ||
+        world->rank >= world->size)
+        return mesh_err(-EINVAL, "mesh_coll_create: bad transport or world");
+    c = calloc(1, sizeof(*c));
+    if (!c)
+        return mesh_err(-ENOMEM, "out of memory for a communicator");
+    c->ops = ops;
+    c->t = t;
+    c->w = world;
+    if (opts)
+        c->opts = *opts;
+    else
+        mesh_coll_opts_init(&c->opts);
+    if (c->opts.algo < MESH_ALGO_AUTO || c->opts.algo > MESH_ALGO_DIRECT) {
+        rc = mesh_err(-EINVAL, "unknown algorithm %d", c->opts.algo);
+        goto free_c;
+    }
+    c->next_seq = c->opts.seq_base;
+    c->model.alpha_s = 50e-6; /* a LAN's order of magnitude */
+    c->model.beta_s_per_byte = 1e-9;
+    /* y += x streams about 6 GB/s of x from memory on the development
+     * machine; a timing here would run in cache and flatter it. */
+    c->model.gamma_s_per_byte = 0.16e-9;
+    tree_shape(c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->qcv, NULL);
+    pthread_cond_init(&c->dcv, NULL);
+    rc = -pthread_create(&c->thread, NULL, engine, c);
+    if (rc < 0) {
+        rc = mesh_err(rc, "cannot start the collective engine thread");
+        goto destroy_sync;
+    }
+    c->thread_started = 1;
+    if (c->opts.measure && world->size > 1) {
+        rc = agree(c);
+        if (rc < 0) {
+            rc = mesh_err_prefix(rc, "forming the communicator");
+            mesh_coll_destroy(c);
+            return rc;
+        }
+    }
+    log_model(c);
+    *out = c;
+    return 0;
+
+destroy_sync:
+    pthread_cond_destroy(&c->dcv);
+    pthread_cond_destroy(&c->qcv);
+    pthread_mutex_destroy(&c->mu);
+free_c:
+    free(c);
+    return rc;
+}
+
+void mesh_coll_destroy(mesh_coll_t *c)
+{
+    if (!c)
+        return;
+    if (c->thread_started) {
+        pthread_mutex_lock(&c->mu);
+        c->stop = 1;
+        pthread_cond_signal(&c->qcv);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->thread, NULL);
+    }
+    for (int i = 0; i < c->nbufs; i++) {
+        if (c->bufs[i].mr)
+            c->ops->dereg_mr(c->t, c->bufs[i].mr);
+        if (c->bufs[i].owned)
+            pinned_free(c->bufs[i].ptr, c->bufs[i].len, c->bufs[i].cuda);
+    }
+    free(c->bufs);
+    if (c->scratch_mr)
+        c->ops->dereg_mr(c->t, c->scratch_mr);
+    pinned_free(c->scratch, c->scratch_len, c->scratch_cuda);
+    pthread_cond_destroy(&c->dcv);
+    pthread_cond_destroy(&c->qcv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}

@@ -1,0 +1,231 @@
+/*
+ * collective/collective.h: collectives over the transport interface.
+ *
+ * A communicator runs all-reduce (sum, average), reduce-scatter, all-gather,
+ * broadcast and barrier over one transport and world. Every rank must issue
+ * the same collectives in the same order; each one takes the communicator's
+ * next sequence number, and the frames' (seq, op, dtype, count, length) let
+ * the transport catch ranks that diverge in operation, type or size (an
+ * error naming both sides, never a wrong result). The algorithm, reduction,
+ * root and communicator options must agree too, which the frames do not
+ * show: programs put them in the configuration fingerprint checked at join
+ * (meshbench does).
+ *
+ * Non-blocking: *_start() queues the collective and returns a request at
+ * once; mesh_coll_wait() blocks for it. One engine thread per communicator
+ * runs the queued collectives in order, one at a time, so several may be in
+ * flight from the caller's point of view (the trainer's gradient buckets).
+ * The blocking forms run on the caller's thread when nothing is queued.
+ * Only the communicator calls the transport while a collective runs:
+ * callers must not use the transport (mesh_send, mesh_barrier) with
+ * collectives in flight. A request is waited for by one thread.
+ *
+ * Results are bitwise identical on every rank: each element is reduced in
+ * an order fixed by the algorithm (ring order, tree shape, rank order), and
+ * the final bytes are then copied to everyone. 16-bit types are converted to
+ * float32, added, and rounded back (to nearest even) at each reduction step;
+ * an average divides by the rank count in float32 before the last rounding.
+ *
+ * Buffers: any host memory works; memory from mesh_coll_buf_alloc() is
+ * pinned (page-aligned and mlock'ed, or cudaHostAlloc'ed when built with
+ * CUDA) and registered with the transport once. A buffer must stay untouched
+ * between *_start() and the end of mesh_coll_wait().
+ *
+ * All functions return 0 or a negative errno-style code with a message
+ * recorded by mesh_err() (src/util.h). After a failure (a peer died, ranks
+ * diverged) the communicator is broken: every later collective fails with
+ * the first error, and the job is aborted on every rank.
+ */
+#ifndef MESH_COLLECTIVE_H
+#define MESH_COLLECTIVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "transport/transport.h"
+
+typedef struct mesh_coll mesh_coll_t;         /* opaque communicator */
+typedef struct mesh_coll_req mesh_coll_req_t; /* one started collective */
+
+enum mesh_redop {
+    MESH_REDOP_SUM = 0,
+    MESH_REDOP_AVG = 1, /* sum divided by the rank count */
+};
+
+enum mesh_algo {
+    MESH_ALGO_AUTO = 0,   /* alpha-beta cost model on measured numbers */
+    MESH_ALGO_RING = 1,   /* pipelined ring: reduce-scatter + all-gather */
+    MESH_ALGO_TREE = 2,   /* pipelined double binary tree (NCCL's design) */
+    MESH_ALGO_PS = 3,     /* the seed's parameter-server baseline: rank 0
+                             gathers, sums and sends back; comparison only */
+    MESH_ALGO_DIRECT = 4, /* one hop: every rank sends its data to every
+                             other and adds all N in rank order; for small
+                             messages, where latency rules */
+};
+
+const char *mesh_algo_name(int algo);
+/* "ring", "tree", "auto", "ps", "direct" -> *out; -EINVAL otherwise. */
+int mesh_algo_parse(const char *s, int *out);
+
+struct mesh_coll_opts {
+    int algo;           /* default for all-reduce and broadcast (AUTO) */
+    size_t chunk_bytes; /* pipeline chunk; 0 picks per message size */
+    /*
+     * Measure latency and bandwidth to the ring neighbours at create (a
+     * collective step: every rank must pass the same value). Without it,
+     * AUTO uses built-in numbers. Default 1.
+     */
+    int measure;
+    /*
+     * The first sequence number; the communicator's collectives take
+     * seq_base, seq_base + 1, ... Default MESH_COLL_SEQ_BASE, a range
+     * apart from src/mesh.h's point-to-point counter (1, 2, ...), so that
+     * both can share one transport. Every rank must pass the same value.
+     */
+    uint64_t seq_base;
+};
+
+#define MESH_COLL_SEQ_BASE (UINT64_C(1) << 62)
+
+void mesh_coll_opts_init(struct mesh_coll_opts *o);
+
+/*
+ * Create a communicator over a connected transport (ops->connect done).
+ * Collective: every rank of world calls it, with the same opts. ops, t and
+ * world (with its peers array) must outlive the communicator; the
+ * communicator owns sequence numbers from opts->seq_base up on t: anyone
+ * else sending on t (mesh_send, mesh_barrier) must stay below it. opts may
+ * be NULL (defaults).
+ */
+int mesh_coll_create(const struct mesh_transport_ops *ops, mesh_transport_t *t,
+                     const struct mesh_world *world,
+                     const struct mesh_coll_opts *opts, mesh_coll_t **out);
+
+/* Wait for queued collectives, stop the engine, free everything. NULL ok. */
+void mesh_coll_destroy(mesh_coll_t *c);
+
+/*
+ * The numbers AUTO decides from, the same on every rank: one-hop latency
+ * alpha (seconds), inverse bandwidth beta (seconds per byte on a link),
+ * reduction cost gamma (seconds per byte added; a fixed figure), and
+ * whether alpha and beta were measured.
+ */
+struct mesh_coll_model {
+    double alpha_s;
+    double beta_s_per_byte;
+    double gamma_s_per_byte;
+    int measured;
+};
+void mesh_coll_model_get(const mesh_coll_t *c, struct mesh_coll_model *out);
+
+/* The algorithm an all-reduce of bytes would run with algo (AUTO chooses). */
+int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
+/* Likewise for a broadcast: MESH_ALGO_RING (a chain) or MESH_ALGO_TREE. */
+int mesh_coll_bcast_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
+
+/* ---- pinned, registered buffers ------------------------------------------ */
+
+/* len bytes of pinned host memory, registered with the transport at first
+ * use and reused. Free with mesh_coll_buf_free (not while in use). */
+int mesh_coll_buf_alloc(mesh_coll_t *c, size_t len, void **out);
+void mesh_coll_buf_free(mesh_coll_t *c, void *buf);
+
+/*
+ * The caller's own memory (a gradient slab, say), registered with the
+ * transport at first use and then reused, instead of for every collective
+ * that touches it. The memory stays the caller's: unregister it (not while
+ * in use) before freeing it; destroy unregisters what is left.
+ */
+int mesh_coll_buf_register(mesh_coll_t *c, void *buf, size_t len);
+void mesh_coll_buf_unregister(mesh_coll_t *c, void *buf);
+
+/* ---- collectives: start, then wait --------------------------------------- */
+
+/*
+ * recvbuf[0..count) = reduction of every rank's sendbuf[0..count).
+ * sendbuf == recvbuf is in place. algo: MESH_ALGO_* (AUTO: the
+ * communicator's default, chosen per size). dtype F32, F16 or BF16.
+ */
+int mesh_coll_allreduce_start(mesh_coll_t *c, const void *sendbuf,
+                              void *recvbuf, size_t count, int dtype, int redop,
+                              int algo, mesh_coll_req_t **out);
+
+/*
+ * sendbuf holds size * recvcount elements; recvbuf[0..recvcount) =
+ * reduction of every rank's block [rank * recvcount, (rank+1) * recvcount).
+ * In place when recvbuf == sendbuf + rank * recvcount elements. Ring.
+ */
+int mesh_coll_reduce_scatter_start(mesh_coll_t *c, const void *sendbuf,
+                                   void *recvbuf, size_t recvcount, int dtype,
+                                   int redop, mesh_coll_req_t **out);
+
+/*
+ * recvbuf (size * sendcount elements) block r = rank r's sendbuf. In place
+ * when sendbuf == recvbuf + rank * sendcount elements. Ring. Any dtype.
+ */
+int mesh_coll_allgather_start(mesh_coll_t *c, const void *sendbuf,
+                              void *recvbuf, size_t sendcount, int dtype,
+                              mesh_coll_req_t **out);
+
+/*
+ * recvbuf[0..count) = root's sendbuf (sendbuf is read on root only; in
+ * place when equal). algo RING: a pipelined chain; TREE: a pipelined binary
+ * tree; AUTO picks by size. Any dtype.
+ */
+int mesh_coll_broadcast_start(mesh_coll_t *c, const void *sendbuf,
+                              void *recvbuf, size_t count, int dtype, int root,
+                              int algo, mesh_coll_req_t **out);
+
+/* Returns when every rank has started it (dissemination, log2 rounds). */
+int mesh_coll_barrier_start(mesh_coll_t *c, mesh_coll_req_t **out);
+
+/* Block until req is done; frees req. Returns the collective's result. */
+int mesh_coll_wait(mesh_coll_req_t *req);
+
+/*
+ * mesh_coll_wait, also telling when the collective really ran (it may
+ * have queued behind others): mesh_now_s() times, for a timeline. Either
+ * pointer may be NULL; they stay 0 for a request that never ran.
+ */
+int mesh_coll_wait_times(mesh_coll_req_t *req, double *begin_s, double *end_s);
+
+/* *done = 1 when req is done, and then req is freed and its result
+ * returned (as mesh_coll_wait would). */
+int mesh_coll_test(mesh_coll_req_t *req, int *done);
+
+/* Blocking forms: start + wait. */
+int mesh_coll_allreduce(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                        size_t count, int dtype, int redop, int algo);
+int mesh_coll_reduce_scatter(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                             size_t recvcount, int dtype, int redop);
+int mesh_coll_allgather(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                        size_t sendcount, int dtype);
+int mesh_coll_broadcast(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                        size_t count, int dtype, int root, int algo);
+int mesh_coll_barrier(mesh_coll_t *c);
+
+/* ---- reduction kernels and conversions (vectorized, any thread) ---------- */
+
+/*
+ * dst[i] = round((((src[0][i] + src[1][i]) + src[2][i]) + ...) / div), in
+ * float32, for n elements of dtype (F32, F16, BF16); div == 1 skips the
+ * division. dst may equal src[0]. nsrc >= 1. The result is bitwise the same
+ * on every instruction-set path (AVX-512, AVX2+F16C, scalar).
+ */
+void mesh_reduce_sum(int dtype, void *dst, const void *const *src, int nsrc,
+                     size_t n, float div);
+
+/* Element conversions between F32, F16 and BF16 (round to nearest even),
+ * e.g. to put float32 gradients on the wire as 16-bit. */
+void mesh_convert(int dst_dtype, void *dst, int src_dtype, const void *src,
+                  size_t n);
+
+uint16_t mesh_f16_from_f32(float f);
+float mesh_f32_from_f16(uint16_t h);
+uint16_t mesh_bf16_from_f32(float f);
+float mesh_f32_from_bf16(uint16_t h);
+
+/* The instruction set the kernels picked: "avx512f", "avx2" or "scalar". */
+const char *mesh_reduce_isa(void);
+
+#endif

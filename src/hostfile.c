@@ -1,0 +1,549 @@
+/* src/hostfile.c: hostfile and -H parsing, rank layout, rank from env. */
+#include "config.h"
+
+#include "src/hostfile.h"
+#include "src/util.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Hostfiles are small; a bigger file is surely the wrong one. */
+#define HOSTFILE_MAX_BYTES (4 << 20)
+#define SLOTS_MAX          4096
+
+/* A cursor over the text that knows its line and column for messages. */
+struct cursor {
+    const char *source;
+    const char *p;
+    int line;
+    const char *line_start;
+    int hosts_form; /* the -H string: ',' separates entries */
+};
+
+static int col(const struct cursor *c)
+{
+    return (int)(c->p - c->line_start) + 1;
+}
+
+static int at_end_of_entry(const struct cursor *c)
+{
+    char ch = *c->p;
+
+    if (c->hosts_form)
+        return ch == '\0' || ch == ',';
+    return ch == '\0' || ch == '\n' || ch == '#';
+}
+
+static const char *found(const struct cursor *c, char *buf, size_t len)
+{
+    unsigned char ch = (unsigned char)*c->p;
+
+    if (ch == '\0')
+        snprintf(buf, len, "end of %s", c->hosts_form ? "list" : "file");
+    else if (ch == '\n' || ch == '\r')
+        snprintf(buf, len, "end of line");
+    else if (isprint(ch))
+        snprintf(buf, len, "'%c'", ch);
+    else
+        snprintf(buf, len, "byte 0x%02x", ch);
+    return buf;
+}
+
+static int expected(const struct cursor *c, const char *what)
+{
+    char f[32];
+
+    return mesh_err(-EINVAL, "%s:%d:%d: expected %s, found %s", c->source,
+                    c->line, col(c), what, found(c, f, sizeof(f)));
+}
+
+static void skip_blanks(struct cursor *c)
+{
+    while (*c->p == ' ' || *c->p == '\t' || *c->p == '\r')
+        c->p++;
+}
+
+static int is_name_char(char ch)
+{
+    return isalnum((unsigned char)ch) || ch == '.' || ch == '-' || ch == '_';
+}
+
+/* A decimal number in [lo, hi] at the cursor. */
+static int parse_number(struct cursor *c, long lo, long hi, const char *what,
+                        int *out)
+{
+    const char *start = c->p;
+    long v = 0;
+
+    if (!isdigit((unsigned char)*c->p))
+        return expected(c, what);
+    while (isdigit((unsigned char)*c->p)) {
+        v = v * 10 + (*c->p - '0');
+        if (v > hi)
+            break;
+        c->p++;
+    }
+    if (v < lo || v > hi) {
+        c->p = start;
+        return mesh_err(-EINVAL, "%s:%d:%d: expected %s between %ld and %ld",
+                        c->source, c->line, col(c), what, lo, hi);
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_host(struct cursor *c, struct mesh_hostfile_entry *e)
+{
+    const char *start;
+    size_t len;
+
+    e->line = c->line;
+    e->column = col(c);
+    if (*c->p == '[') {
+        struct in6_addr a6;
+        char tmp[MESH_HOST_MAX];
+        struct cursor open = *c;
+
+        c->p++;
+        start = c->p;
+        while (isxdigit((unsigned char)*c->p) || *c->p == ':' || *c->p == '.' ||
+               *c->p == '%' || isalnum((unsigned char)*c->p))
+            c->p++;
+        if (*c->p != ']')
+            return expected(c, "']' closing the IPv6 address");
+        len = (size_t)(c->p - start);
+        if (len == 0 || len >= sizeof(tmp))
+            return expected(&open, "an IPv6 address inside [ ]");
+        memcpy(tmp, start, len);
+        tmp[len] = '\0';
+        /* A zone (fe80::1%eth0) is kept; only the address is checked. */
+        {
+            char addr[MESH_HOST_MAX];
+            char *pct;
+
+            snprintf(addr, sizeof(addr), "%s", tmp);
+            pct = strchr(addr, '%');
+            if (pct)
+                *pct = '\0';
+            if (inet_pton(AF_INET6, addr, &a6) != 1) {
+                c->p = start;
+                return mesh_err(-EINVAL,
+                                "%s:%d:%d: expected an IPv6 address inside "
+                                "[ ], found '%s'",
+                                c->source, c->line, col(c), tmp);
+            }
+        }
+        memcpy(e->host, tmp, len + 1);
+        c->p++; /* ']' */
+        return 0;
+    }
+    start = c->p;
+    while (is_name_char(*c->p))
+        c->p++;
+    len = (size_t)(c->p - start);
+    if (len == 0)
+        return expected(c, "a host name or address");
+    if (*c->p == ':' && c->p[1] != '\0' &&
+        (isxdigit((unsigned char)c->p[1]) || c->p[1] == ':')) {
+        /* "fe80::1" or "::1": an unbracketed IPv6 address. */
+        const char *q = c->p + 1;
+
+        while (isdigit((unsigned char)*q))
+            q++;
+        if (*q == ':' || isxdigit((unsigned char)*q)) {
+            c->p = start;
+            return mesh_err(-EINVAL,
+                            "%s:%d:%d: expected an IPv6 address in brackets "
+                            "(like [::1]:2), found an unbracketed one",
+                            c->source, c->line, col(c));
+        }
+    }
+    if (len >= MESH_HOST_MAX) {
+        c->p = start;
+        return mesh_err(-EINVAL, "%s:%d:%d: host name longer than %d bytes",
+                        c->source, c->line, col(c), MESH_HOST_MAX - 1);
+    }
+    memcpy(e->host, start, len);
+    e->host[len] = '\0';
+    return 0;
+}
+
+/* key=value fields after the host, Open MPI style. */
+static int parse_fields(struct cursor *c, struct mesh_hostfile_entry *e,
+                        int slots_given)
+{
+    int max_slots = -1, port_given = 0, rc;
+
+    for (;;) {
+        const char *before = c->p;
+        struct cursor key;
+
+        skip_blanks(c);
+        if (at_end_of_entry(c))
+            break;
+        if (c->p == before)
+            return expected(c, "whitespace before the next field");
+        key = *c;
+        if (!strncmp(c->p, "slots=", 6)) {
+            if (slots_given)
+                return mesh_err(-EINVAL, "%s:%d:%d: slots given twice",
+                                c->source, c->line, col(&key));
+            c->p += 6;
+            rc = parse_number(c, 1, SLOTS_MAX, "a slot count", &e->slots);
+            if (rc < 0)
+                return rc;
+            slots_given = 1;
+        } else if (!strncmp(c->p, "max_slots=", 10)) {
+            c->p += 10;
+            rc = parse_number(c, 1, SLOTS_MAX, "a slot count", &max_slots);
+            if (rc < 0)
+                return rc;
+        } else if (!strncmp(c->p, "port=", 5)) {
+            if (port_given)
+                return mesh_err(-EINVAL, "%s:%d:%d: port= given twice",
+                                c->source, c->line, col(&key));
+            c->p += 5;
+            rc = parse_number(c, 1, 65535, "a port number", &e->port);
+            if (rc < 0)
+                return rc;
+            port_given = 1;
+        } else {
+            return expected(c, "slots=N, max_slots=N, port=P, '#' or end "
+                               "of line");
+        }
+        if (!at_end_of_entry(c) && *c->p != ' ' && *c->p != '\t' &&
+            *c->p != '\r')
+            return expected(c, "whitespace, '#' or end of line");
+    }
+    if (max_slots >= 0 && max_slots < e->slots)
+        return mesh_err(-EINVAL, "%s:%d:%d: max_slots=%d is less than slots=%d",
+                        c->source, e->line, e->column, max_slots, e->slots);
+    return 0;
+}
+
+static int parse_entry(struct cursor *c, struct mesh_hostfile_entry *e)
+{
+    int slots_given = 0, rc;
+
+    memset(e, 0, sizeof(*e));
+    e->slots = 1;
+    e->port = -1;
+    rc = parse_host(c, e);
+    if (rc < 0)
+        return rc;
+    if (*c->p == ':') {
+        c->p++;
+        rc = parse_number(c, 1, SLOTS_MAX, "a slot count after ':'", &e->slots);
+        if (rc < 0)
+            return rc;
+        slots_given = 1;
+    }
+    if (c->hosts_form) {
+        skip_blanks(c);
+        if (!at_end_of_entry(c))
+            return expected(c, "':' and a slot count, ',' or end of list");
+        return 0;
+    }
+    if (!at_end_of_entry(c) && *c->p != ' ' && *c->p != '\t' && *c->p != '\r')
+        return expected(c, slots_given ? "whitespace, '#' or end of line"
+                                       : "':', whitespace, '#' or end of "
+                                         "line");
+    return parse_fields(c, e, slots_given);
+}
+
+static int push(struct mesh_hostfile *hf, int *cap,
+                const struct mesh_hostfile_entry *e)
+{
+    if (hf->n == *cap) {
+        int ncap = *cap ? *cap * 2 : 16;
+        void *p = realloc(hf->entries, (size_t)ncap * sizeof(*e));
+
+        if (!p)
+            return mesh_err(-ENOMEM, "out of memory reading %s", hf->source);
+        hf->entries = p;
+        *cap = ncap;
+    }
+    hf->entries[hf->n++] = *e;
+    return 0;
+}
+
+static int parse(const char *source, const char *text, int hosts_form,
+                 struct mesh_hostfile **out)
+{
+    struct cursor c = {.source = source,
+                       .p = text,
+                       .line = 1,
+                       .line_start = text,
+                       .hosts_form = hosts_form};
+    struct mesh_hostfile_entry e;
+    struct mesh_hostfile *hf;
+    int cap = 0, rc;
+
+    hf = calloc(1, sizeof(*hf));
+    if (!hf)
+        return mesh_err(-ENOMEM, "out of memory reading %s", source);
+    snprintf(hf->source, sizeof(hf->source), "%s", source);
+    for (;;) {
+        skip_blanks(&c);
+        if (hosts_form) {
+            rc = parse_entry(&c, &e);
+            if (rc < 0)
+                goto fail;
+            rc = push(hf, &cap, &e);
+            if (rc < 0)
+                goto fail;
+            if (*c.p == '\0')
+                break;
+            c.p++; /* ',' */
+            continue;
+        }
+        if (*c.p != '\0' && *c.p != '\n' && *c.p != '#') {
+            rc = parse_entry(&c, &e);
+            if (rc < 0)
+                goto fail;
+            rc = push(hf, &cap, &e);
+            if (rc < 0)
+                goto fail;
+        }
+        if (*c.p == '#')
+            while (*c.p != '\0' && *c.p != '\n')
+                c.p++;
+        if (*c.p == '\0')
+            break;
+        c.p++; /* '\n' */
+        c.line++;
+        c.line_start = c.p;
+    }
+    if (hf->n == 0) {
+        rc = mesh_err(-EINVAL, "%s: no hosts listed", source);
+        goto fail;
+    }
+    *out = hf;
+    return 0;
+fail:
+    mesh_hostfile_free(hf);
+    return rc;
+}
+
+int mesh_hostfile_parse_text(const char *source, const char *text,
+                             struct mesh_hostfile **out)
+{
+    return parse(source, text, 0, out);
+}
+
+int mesh_hostfile_parse_hosts(const char *hosts, struct mesh_hostfile **out)
+{
+    return parse("-H", hosts, 1, out);
+}
+
+int mesh_hostfile_parse_file(const char *path, struct mesh_hostfile **out)
+{
+    struct stat st;
+    char *text = NULL;
+    size_t got = 0;
+    ssize_t n;
+    int fd = -1, rc;
+
+    MESH_SYSCALL(rc, fd = open(path, O_RDONLY | O_CLOEXEC), out_none,
+                 "cannot open hostfile %s", path);
+    MESH_SYSCALL(rc, fstat(fd, &st), out_fd, "cannot stat hostfile %s", path);
+    if (!S_ISREG(st.st_mode) || st.st_size > HOSTFILE_MAX_BYTES) {
+        rc = mesh_err(-EINVAL,
+                      "hostfile %s is not a regular file under %d "
+                      "bytes",
+                      path, HOSTFILE_MAX_BYTES);
+        goto out_fd;
+    }
+    text = malloc((size_t)st.st_size + 1);
+    if (!text) {
+        rc = mesh_err(-ENOMEM, "out of memory reading %s", path);
+        goto out_fd;
+    }
+    while (got < (size_t)st.st_size) {
+        MESH_SYSCALL(rc, n = read(fd, text + got, (size_t)st.st_size - got),
+                     out_text, "cannot read hostfile %s", path);
+        if (n == 0)
+            break;
+        got += (size_t)n;
+    }
+    text[got] = '\0';
+    if (strlen(text) != got) {
+        rc = mesh_err(-EINVAL, "hostfile %s contains a NUL byte", path);
+        goto out_text;
+    }
+    rc = parse(path, text, 0, out);
+out_text:
+    free(text);
+out_fd:
+    close(fd);
+out_none:
+    return rc;
+}
+
+void mesh_hostfile_free(struct mesh_hostfile *hf)
+{
+    if (!hf)
+        return;
+    free(hf->entries);
+    free(hf);
+}
+
+int mesh_hostfile_slots(const struct mesh_hostfile *hf)
+{
+    int i, n = 0;
+
+    for (i = 0; i < hf->n; i++)
+        n += hf->entries[i].slots;
+    return n;
+}
+
+int mesh_hostfile_layout(const struct mesh_hostfile *hf, int base_port,
+                         int port_lo, int port_hi, struct mesh_peer **out,
+                         int *size)
+{
+    int n = mesh_hostfile_slots(hf), r = 0, i, j, k, rc;
+    struct mesh_peer *peers;
+    int *origin; /* entry index of each rank, for messages */
+
+    if (n <= 0)
+        return mesh_err(-EINVAL, "%s: no slots", hf->source);
+    peers = calloc((size_t)n, sizeof(*peers));
+    origin = calloc((size_t)n, sizeof(*origin));
+    if (!peers || !origin) {
+        rc = mesh_err(-ENOMEM, "out of memory laying out %d ranks", n);
+        goto fail;
+    }
+    for (i = 0; i < hf->n; i++) {
+        const struct mesh_hostfile_entry *e = &hf->entries[i];
+        int base = e->port > 0 ? e->port : base_port;
+        int earlier = 0; /* slots of this host on earlier lines */
+
+        for (k = 0; k < i; k++)
+            if (!strcmp(hf->entries[k].host, e->host))
+                earlier += hf->entries[k].slots;
+        for (j = 0; j < e->slots; j++, r++) {
+            long port = (long)base + j;
+
+            if (port > 65535) {
+                rc = mesh_err(-EINVAL,
+                              "%s:%d:%d: slot %d of %s (rank %d) needs port "
+                              "%ld, beyond 65535",
+                              hf->source, e->line, e->column, j, e->host, r,
+                              port);
+                goto fail;
+            }
+            if (port_lo > 0 && (port < port_lo || port > port_hi)) {
+                rc = mesh_err(-EINVAL,
+                              "%s:%d:%d: slot %d of %s (rank %d) needs port "
+                              "%ld, outside --port-range %d-%d",
+                              hf->source, e->line, e->column, j, e->host, r,
+                              port, port_lo, port_hi);
+                goto fail;
+            }
+            snprintf(peers[r].host, sizeof(peers[r].host), "%s", e->host);
+            peers[r].port = (uint16_t)port;
+            peers[r].local_rank = earlier + j;
+            origin[r] = i;
+            for (k = 0; k < r; k++) {
+                const struct mesh_hostfile_entry *o;
+
+                if (peers[k].port != peers[r].port ||
+                    strcmp(peers[k].host, peers[r].host))
+                    continue;
+                o = &hf->entries[origin[k]];
+                rc = mesh_err(-EINVAL,
+                              "%s:%d:%d: duplicate host:port %s:%u (rank "
+                              "%d) already used by rank %d from line %d; "
+                              "give one of them another port=",
+                              hf->source, e->line, e->column, e->host,
+                              (unsigned)port, r, k, o->line);
+                goto fail;
+            }
+        }
+    }
+    free(origin);
+    *out = peers;
+    *size = n;
+    return 0;
+fail:
+    free(origin);
+    free(peers);
+    return rc;
+}
+
+/* First set variable of names[]: 1 and value, 0 if none, <0 if invalid. */
+static int env_int(const char *const *names, int min, int *val,
+                   const char **var)
+{
+    int i;
+
+    for (i = 0; names[i]; i++) {
+        const char *s = getenv(names[i]);
+        char *end;
+        long v;
+
+        if (!s || !*s)
+            continue;
+        errno = 0;
+        v = strtol(s, &end, 10);
+        if (errno || *end || v < min || v > INT_MAX)
+            return mesh_err(-EINVAL, "%s='%s' is not an integer >= %d",
+                            names[i], s, min);
+        *val = (int)v;
+        *var = names[i];
+        return 1;
+    }
+    return 0;
+}
+
+int mesh_env_rank(int *rank, const char **var)
+{
+    static const char *const names[] = {"MESHTRAIN_RANK", "SLURM_PROCID",
+                                        "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                        NULL};
+
+    return env_int(names, 0, rank, var);
+}
+
+int mesh_env_size(int *size, const char **var)
+{
+    static const char *const names[] = {"MESHTRAIN_SIZE", "SLURM_NTASKS",
+                                        "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                                        NULL};
+
+    return env_int(names, 1, size, var);
+}
+
+int mesh_parse_port_range(const char *str, int *lo, int *hi)
+{
+    const char *s = str;
+    char *end;
+    long a, b;
+
+    errno = 0;
+    a = strtol(s, &end, 10);
+    if (errno || end == s || *end != '-')
+        goto bad;
+    s = end + 1;
+    b = strtol(s, &end, 10);
+    if (errno || end == s || *end)
+        goto bad;
+    if (a < 1 || b > 65535 || a > b)
+        goto bad;
+    *lo = (int)a;
+    *hi = (int)b;
+    return 0;
+bad:
+    return mesh_err(-EINVAL,
+                    "port range '%s': expected LO-HI with "
+                    "1 <= LO <= HI <= 65535",
+                    str);
+}

@@ -1,0 +1,879 @@
+/* src/mesh.c: the mesh flags, the job secret, and joining the mesh. */
+#include "config.h"
+
+#include "src/mesh.h"
+#include "src/hostfile.h"
+#include "src/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* How long a launcher may take to deliver the secret on its pipe. */
+#define SECRET_FD_TIMEOUT_MS 10000
+
+struct mesh {
+    const struct mesh_transport_ops *ops;
+    mesh_transport_t *t;
+    struct mesh_world world;
+    struct mesh_peer *peers;
+    struct mesh_transport_opts topts;
+    uint8_t secret[MESH_SECRET_MAX];
+    uint64_t seq;
+};
+
+enum flag_id {
+    F_HOSTFILE,
+    F_HOSTS,
+    F_RANK,
+    F_PORT,
+    F_PORT_RANGE,
+    F_STREAMS,
+    F_SECRET_FILE,
+    F_INSECURE,
+    F_JOIN_TIMEOUT,
+    F_PEER_TIMEOUT,
+    F_TRANSPORT,
+    F_JOB_ID,
+};
+
+static const struct flag {
+    const char *name;  /* long form */
+    const char *alias; /* short form or NULL */
+    int has_arg;
+    enum flag_id id;
+} flags[] = {
+    {"--hostfile", NULL, 1, F_HOSTFILE},
+    {"--hosts", "-H", 1, F_HOSTS},
+    {"--rank", NULL, 1, F_RANK},
+    {"--port", NULL, 1, F_PORT},
+    {"--port-range", NULL, 1, F_PORT_RANGE},
+    {"--streams", NULL, 1, F_STREAMS},
+    {"--secret-file", NULL, 1, F_SECRET_FILE},
+    {"--insecure", NULL, 0, F_INSECURE},
+    {"--join-timeout", NULL, 1, F_JOIN_TIMEOUT},
+    {"--peer-timeout", NULL, 1, F_PEER_TIMEOUT},
+    {"--transport", NULL, 1, F_TRANSPORT},
+    {"--job-id", NULL, 1, F_JOB_ID},
+};
+
+void mesh_opts_init(struct mesh_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->rank = -1;
+    o->insecure = -1;
+    o->join_timeout_s = -1.0;
+    o->peer_timeout_s = -1.0;
+}
+
+static int parse_int(const char *what, const char *s, long lo, long hi,
+                     int *out)
+{
+    char *end;
+    long v;
+
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return mesh_err(-EINVAL,
+                        "%s '%s': expected an integer from %ld to "
+                        "%ld",
+                        what, s, lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_seconds(const char *what, const char *s, double *out)
+{
+    char *end;
+    double v;
+
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v <= 0 || v > 86400)
+        return mesh_err(-EINVAL,
+                        "%s '%s': expected seconds, more than 0 "
+                        "and at most 86400",
+                        what, s);
+    *out = v;
+    return 0;
+}
+
+static int parse_bool(const char *what, const char *s, int *out)
+{
+    if (!strcmp(s, "1") || !strcasecmp(s, "yes") || !strcasecmp(s, "true")) {
+        *out = 1;
+        return 0;
+    }
+    if (!strcmp(s, "0") || !strcasecmp(s, "no") || !strcasecmp(s, "false") ||
+        !*s) {
+        *out = 0;
+        return 0;
+    }
+    return mesh_err(-EINVAL, "%s '%s': expected 1 or 0", what, s);
+}
+
+static int set_flag(struct mesh_opts *o, enum flag_id id, const char *name,
+                    const char *v)
+{
+    switch (id) {
+    case F_HOSTFILE:
+        o->hostfile = v;
+        return 0;
+    case F_HOSTS:
+        o->hosts = v;
+        return 0;
+    case F_RANK:
+        return parse_int(name, v, 0, INT_MAX, &o->rank);
+    case F_PORT:
+        return parse_int(name, v, 1, 65535, &o->port);
+    case F_PORT_RANGE:
+        return mesh_parse_port_range(v, &o->port_lo, &o->port_hi);
+    case F_STREAMS:
+        return parse_int(name, v, 1, MESH_STREAMS_MAX, &o->streams);
+    case F_SECRET_FILE:
+        o->secret_file = v;
+        return 0;
+    case F_INSECURE:
+        o->insecure = 1;
+        return 0;
+    case F_JOIN_TIMEOUT:
+        return parse_seconds(name, v, &o->join_timeout_s);
+    case F_PEER_TIMEOUT:
+        return parse_seconds(name, v, &o->peer_timeout_s);
+    case F_TRANSPORT:
+        o->transport = v;
+        return 0;
+    case F_JOB_ID:
+        o->job_id = v;
+        return 0;
+    }
+    return mesh_err(-EINVAL, "unknown mesh flag %s", name);
+}
+
+int mesh_opts_parse_arg(struct mesh_opts *o, int argc, char **argv, int *i)
+{
+    const char *arg = argv[*i];
+    size_t k;
+
+    for (k = 0; k < MESH_ARRAY_SIZE(flags); k++) {
+        const struct flag *f = &flags[k];
+        size_t n = strlen(f->name);
+        const char *val = NULL;
+        int used = 1, rc;
+
+        if (!strcmp(arg, f->name) || (f->alias && !strcmp(arg, f->alias))) {
+            if (f->has_arg) {
+                if (*i + 1 >= argc)
+                    return mesh_err(-EINVAL, "%s needs a value", arg);
+                val = argv[*i + 1];
+                used = 2;
+            }
+        } else if (f->has_arg && !strncmp(arg, f->name, n) && arg[n] == '=') {
+            val = arg + n + 1;
+        } else {
+            continue;
+        }
+        rc = set_flag(o, f->id, f->name, val);
+        if (rc < 0)
+            return rc;
+        *i += used;
+        return 1;
+    }
+    return 0;
+}
+
+/* Apply env var name to flag id unless the flag was given. */
+static int from_env(struct mesh_opts *o, enum flag_id id, const char *name)
+{
+    const char *v = getenv(name);
+
+    if (!v || !*v)
+        return 0;
+    return set_flag(o, id, name, v);
+}
+
+static int check_secret_len(size_t len, const char *where)
+{
+    if (len < MESH_SECRET_MIN)
+        return mesh_err(-EINVAL,
+                        "the secret in %s is %zu bytes; at least %d are "
+                        "needed (make one with: head -c 32 /dev/urandom | "
+                        "base64 > FILE; chmod 600 FILE)",
+                        where, len, MESH_SECRET_MIN);
+    return 0;
+}
+
+static void trim_newline(struct mesh_opts *o, size_t *len)
+{
+    while (*len > 0 &&
+           (o->secret[*len - 1] == '\n' || o->secret[*len - 1] == '\r'))
+        (*len)--;
+}
+
+static int read_secret_file(struct mesh_opts *o, const char *path, size_t *len)
+{
+    struct stat st;
+    size_t got = 0;
+    ssize_t n;
+    int fd = -1, rc;
+
+    MESH_SYSCALL(rc, fd = open(path, O_RDONLY | O_CLOEXEC), out,
+                 "cannot open secret file %s", path);
+    MESH_SYSCALL(rc, fstat(fd, &st), out_fd, "cannot stat secret file %s",
+                 path);
+    if (!S_ISREG(st.st_mode)) {
+        rc = mesh_err(-EINVAL, "secret file %s is not a regular file", path);
+        goto out_fd;
+    }
+    if (st.st_mode & 077) {
+        rc = mesh_err(-EPERM,
+                      "secret file %s has mode %04o, more open than 0600; "
+                      "refusing it (run: chmod 600 %s)",
+                      path, (unsigned)(st.st_mode & 07777), path);
+        goto out_fd;
+    }
+    for (;;) {
+        MESH_SYSCALL(rc, n = read(fd, o->secret + got, sizeof(o->secret) - got),
+                     out_fd, "cannot read secret file %s", path);
+        if (n == 0)
+            break;
+        got += (size_t)n;
+        if (got == sizeof(o->secret)) {
+            rc = mesh_err(-EINVAL, "secret file %s is larger than %d bytes",
+                          path, MESH_SECRET_MAX - 1);
+            goto out_fd;
+        }
+    }
+    trim_newline(o, &got);
+    rc = check_secret_len(got, path);
+    if (rc == 0)
+        *len = got;
+out_fd:
+    close(fd);
+out:
+    return rc;
+}
+
+/* The secret a launcher (meshrun) writes on a pipe and then closes. */
+static int read_secret_fd(struct mesh_opts *o, const char *val, size_t *len)
+{
+    char where[64];
+    size_t got = 0;
+    int fd, rc;
+
+    rc = parse_int("MESHTRAIN_SECRET_FD", val, 0, INT_MAX, &fd);
+    if (rc < 0)
+        return rc;
+    snprintf(where, sizeof(where), "MESHTRAIN_SECRET_FD=%d", fd);
+    if (fcntl(fd, F_GETFD) < 0)
+        return mesh_err_errno("%s is not an open file descriptor", where);
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        ssize_t n;
+
+        MESH_SYSCALL(rc, n = poll(&p, 1, SECRET_FD_TIMEOUT_MS), out, "poll %s",
+                     where);
+        if (n == 0) {
+            rc = mesh_err(-ETIMEDOUT,
+                          "no job secret arrived on %s within %d s (the "
+                          "launcher must write it and close the pipe)",
+                          where, SECRET_FD_TIMEOUT_MS / 1000);
+            goto out;
+        }
+        MESH_SYSCALL(rc, n = read(fd, o->secret + got, sizeof(o->secret) - got),
+                     out, "cannot read the secret from %s", where);
+        if (n == 0)
+            break;
+        got += (size_t)n;
+        if (got == sizeof(o->secret)) {
+            rc = mesh_err(-EINVAL, "the secret on %s is larger than %d bytes",
+                          where, MESH_SECRET_MAX - 1);
+            goto out;
+        }
+    }
+    trim_newline(o, &got);
+    rc = check_secret_len(got, where);
+    if (rc == 0)
+        *len = got;
+out:
+    close(fd);
+    return rc;
+}
+
+static int finish_secret(struct mesh_opts *o)
+{
+    const char *fdv = getenv("MESHTRAIN_SECRET_FD");
+    const char *file = o->secret_file;
+    size_t len = 0;
+    int rc = 0, have = 0;
+
+    if (o->insecure < 0) {
+        const char *v = getenv("MESHTRAIN_INSECURE");
+
+        o->insecure = 0;
+        if (v && (rc = parse_bool("MESHTRAIN_INSECURE", v, &o->insecure)) < 0)
+            return rc;
+    }
+    if (!file && !fdv)
+        file = getenv("MESHTRAIN_SECRET_FILE");
+    if (file && *file) {
+        rc = read_secret_file(o, file, &len);
+        have = 1;
+    } else if (fdv && *fdv) {
+        rc = read_secret_fd(o, fdv, &len);
+        have = 1;
+    }
+    /* The pipe is read once; children of this program must not see it. */
+    if (fdv) {
+        if (file && *file) {
+            int fd;
+
+            if (parse_int("MESHTRAIN_SECRET_FD", fdv, 0, INT_MAX, &fd) == 0)
+                close(fd);
+        }
+        unsetenv("MESHTRAIN_SECRET_FD");
+    }
+    if (rc < 0)
+        return rc;
+    if (o->insecure) {
+        OPENSSL_cleanse(o->secret, sizeof(o->secret));
+        o->topts.secret = NULL;
+        o->topts.secret_len = 0;
+        o->topts.insecure = 1;
+        mesh_warn("running without authentication (--insecure): any "
+                  "process that reaches these ports can join the job");
+        return 0;
+    }
+    if (!have)
+        return mesh_err(-EINVAL,
+                        "no job secret: pass --secret-file FILE (the same "
+                        "file on every peer, mode 0600; make one with: head "
+                        "-c 32 /dev/urandom | base64 > FILE; chmod 600 "
+                        "FILE), or start the job with meshrun, which makes "
+                        "one per job, or pass --insecure to run without "
+                        "authentication");
+    o->topts.secret = o->secret;
+    o->topts.secret_len = len;
+    o->topts.insecure = 0;
+    return 0;
+}
+
+static int finish_job_id(struct mesh_opts *o)
+{
+    const char *id = o->job_id;
+    const char *s;
+    char buf[MESH_JOB_MAX + 16];
+
+    if (!id)
+        id = getenv("MESHTRAIN_JOB_ID");
+    if (!id || !*id) {
+        s = getenv("SLURM_JOB_ID");
+        if (s && *s) {
+            snprintf(buf, sizeof(buf), "slurm-%s", s);
+            id = buf;
+        }
+    }
+    if (!id || !*id)
+        id = "meshtrain";
+    if (strlen(id) >= MESH_JOB_MAX)
+        return mesh_err(-EINVAL, "job id '%s' is longer than %d bytes", id,
+                        MESH_JOB_MAX - 1);
+    for (s = id; *s; s++)
+        if (*s <= ' ' || *s > '~')
+            return mesh_err(-EINVAL,
+                            "job id '%s': only printable "
+                            "characters without spaces",
+                            id);
+    snprintf(o->topts.job_id, sizeof(o->topts.job_id), "%s", id);
+    return 0;
+}
+
+static int finish_world(struct mesh_opts *o)
+{
+    struct mesh_hostfile *hf = NULL;
+    struct mesh_peer *peers = NULL;
+    const char *var = NULL;
+    int size = 0, env_size, rc;
+
+    if (o->hostfile && o->hosts)
+        return mesh_err(-EINVAL, "give either --hostfile or -H, not both");
+    if (!o->hostfile && !o->hosts) {
+        o->hostfile = getenv("MESHTRAIN_HOSTFILE");
+        o->hosts = getenv("MESHTRAIN_HOSTS");
+        if (o->hostfile && !*o->hostfile)
+            o->hostfile = NULL;
+        if (o->hosts && !*o->hosts)
+            o->hosts = NULL;
+        if (o->hostfile && o->hosts)
+            return mesh_err(-EINVAL, "both MESHTRAIN_HOSTFILE and "
+                                     "MESHTRAIN_HOSTS are set; unset one");
+    }
+    if (o->hostfile) {
+        rc = mesh_hostfile_parse_file(o->hostfile, &hf);
+        snprintf(o->source, sizeof(o->source), "hostfile %s", o->hostfile);
+    } else if (o->hosts) {
+        rc = mesh_hostfile_parse_hosts(o->hosts, &hf);
+        snprintf(o->source, sizeof(o->source), "-H %s", o->hosts);
+    } else {
+        return mesh_err(-EINVAL, "no hosts: pass --hostfile FILE or -H "
+                                 "host:slots,... (or set MESHTRAIN_HOSTFILE "
+                                 "or MESHTRAIN_HOSTS)");
+    }
+    if (rc < 0)
+        return rc;
+    rc = mesh_hostfile_layout(hf, o->port, o->port_lo, o->port_hi, &peers,
+                              &size);
+    mesh_hostfile_free(hf);
+    if (rc < 0)
+        return rc;
+
+    rc = mesh_env_size(&env_size, &var);
+    if (rc < 0)
+        goto fail;
+    if (rc == 1 && env_size != size) {
+        rc = mesh_err(-EINVAL,
+                      "world size mismatch: %s has %d slots but %s=%d (the "
+                      "world size is the total slot count)",
+                      o->source, size, var, env_size);
+        goto fail;
+    }
+    if (o->rank >= 0) {
+        o->rank_source = "--rank";
+    } else {
+        rc = mesh_env_rank(&o->rank, &o->rank_source);
+        if (rc < 0)
+            goto fail;
+        if (rc == 0) {
+            if (size != 1) {
+                rc = mesh_err(-EINVAL,
+                              "no rank: pass --rank R or set "
+                              "MESHTRAIN_RANK (meshrun, srun and mpirun "
+                              "set one)");
+                goto fail;
+            }
+            o->rank = 0;
+            o->rank_source = "default";
+        }
+    }
+    if (o->rank >= size) {
+        rc = mesh_err(-EINVAL,
+                      "rank %d (from %s) is outside the world of "
+                      "%d slots in %s",
+                      o->rank, o->rank_source, size, o->source);
+        goto fail;
+    }
+    o->world.rank = o->rank;
+    o->world.size = size;
+    o->world.peers = peers;
+    return 0;
+fail:
+    free(peers);
+    return rc;
+}
+
+int mesh_opts_finish(struct mesh_opts *o)
+{
+    static const struct {
+        enum flag_id id;
+        const char *env;
+    } envs[] = {
+        {F_PORT, "MESHTRAIN_PORT"},
+        {F_PORT_RANGE, "MESHTRAIN_PORT_RANGE"},
+        {F_STREAMS, "MESHTRAIN_STREAMS"},
+        {F_JOIN_TIMEOUT, "MESHTRAIN_JOIN_TIMEOUT"},
+        {F_PEER_TIMEOUT, "MESHTRAIN_PEER_TIMEOUT"},
+        {F_TRANSPORT, "MESHTRAIN_TRANSPORT"},
+    };
+    struct mesh_opts given = *o;
+    size_t k;
+    int rc;
+
+    if (o->finished)
+        return mesh_err(-EINVAL, "mesh options finished twice");
+    mesh_transport_opts_init(&o->topts);
+    /* The environment fills only what the command line left unset. */
+    for (k = 0; k < MESH_ARRAY_SIZE(envs); k++) {
+        int unset = 0;
+
+        switch (envs[k].id) {
+        case F_PORT:
+            unset = !given.port;
+            break;
+        case F_PORT_RANGE:
+            unset = !given.port_lo;
+            break;
+        case F_STREAMS:
+            unset = !given.streams;
+            break;
+        case F_JOIN_TIMEOUT:
+            unset = given.join_timeout_s < 0;
+            break;
+        case F_PEER_TIMEOUT:
+            unset = given.peer_timeout_s < 0;
+            break;
+        case F_TRANSPORT:
+            unset = !given.transport;
+            break;
+        default:
+            break;
+        }
+        if (unset && (rc = from_env(o, envs[k].id, envs[k].env)) < 0)
+            return rc;
+    }
+    if (!o->port)
+        o->port = MESH_PORT_DEFAULT;
+    if (!o->streams)
+        o->streams = MESH_STREAMS_DEFAULT;
+    if (!o->transport)
+        o->transport = "tcp";
+    if (o->join_timeout_s > 0)
+        o->topts.join_timeout_s = o->join_timeout_s;
+    if (o->peer_timeout_s > 0)
+        o->topts.peer_timeout_s = o->peer_timeout_s;
+    o->topts.streams = o->streams;
+
+    rc = finish_world(o);
+    if (rc < 0)
+        return rc;
+    mesh_log_set_rank(o->rank);
+    rc = finish_job_id(o);
+    if (rc < 0)
+        goto fail;
+    rc = finish_secret(o);
+    if (rc < 0)
+        goto fail;
+    o->finished = 1;
+    return 0;
+fail:
+    free((void *)o->world.peers);
+    o->world.peers = NULL;
+    OPENSSL_cleanse(o->secret, sizeof(o->secret));
+    return rc;
+}
+
+void mesh_opts_free(struct mesh_opts *o)
+{
+    OPENSSL_cleanse(o->secret, sizeof(o->secret));
+    o->topts.secret = NULL;
+    o->topts.secret_len = 0;
+    free((void *)o->world.peers);
+    o->world.peers = NULL;
+    o->finished = 0;
+}
+
+static const char opts_help[] =
+    "Mesh options (every mesh program; the environment variable in []\n"
+    "applies when the flag is not given):\n"
+    "  --hostfile FILE     hosts, Open MPI (host slots=N port=P) or\n"
+    "                      Horovod (host:N) syntax [MESHTRAIN_HOSTFILE]\n"
+    "  -H, --hosts LIST    hosts as h1:2,h2:2,[::1]:1 [MESHTRAIN_HOSTS]\n"
+    "  --rank R            this process's rank [MESHTRAIN_RANK, else\n"
+    "                      SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK];\n"
+    "                      the world size is checked against\n"
+    "                      MESHTRAIN_SIZE, SLURM_NTASKS,\n"
+    "                      OMPI_COMM_WORLD_SIZE or PMI_SIZE\n"
+    "  --port P            base port; a slot listens on base + its\n"
+    "                      index on its host (default 29400)\n"
+    "                      [MESHTRAIN_PORT]\n"
+    "  --port-range LO-HI  every port must lie in it\n"
+    "                      [MESHTRAIN_PORT_RANGE]\n"
+    "  --streams S         TCP connections per link (default 1, 1..16)\n"
+    "                      [MESHTRAIN_STREAMS]\n"
+    "  --secret-file FILE  the job's shared secret, mode 0600 or\n"
+    "                      stricter [MESHTRAIN_SECRET_FILE; meshrun\n"
+    "                      passes one per job on a pipe:\n"
+    "                      MESHTRAIN_SECRET_FD]\n"
+    "  --insecure          run without authentication (logged)\n"
+    "                      [MESHTRAIN_INSECURE=1]\n"
+    "  --join-timeout S    give up joining after S seconds (default\n"
+    "                      60) [MESHTRAIN_JOIN_TIMEOUT]\n"
+    "  --peer-timeout S    a silent peer is dead after S seconds\n"
+    "                      (default 10) [MESHTRAIN_PEER_TIMEOUT]\n"
+    "  --transport NAME    tcp (default) [MESHTRAIN_TRANSPORT]\n"
+    "  --job-id ID         must match on every peer [MESHTRAIN_JOB_ID,\n"
+    "                      else slurm-$SLURM_JOB_ID, else meshtrain]\n"
+    "  MESHTRAIN_LOG=error|warn|info|debug sets the log level.\n";
+
+const char *mesh_opts_help(void)
+{
+    return opts_help;
+}
+
+const char *mesh_exit_help(void)
+{
+    return "Exit status:\n"
+           "  0  success\n"
+           "  1  usage or configuration error (flags, hostfile, rank, "
+           "secret)\n"
+           "  2  could not listen or join the mesh within --join-timeout\n"
+           "  3  a peer failed after joining (died, went silent past\n"
+           "     --peer-timeout, desynced) or the job was aborted\n"
+           "  4  received data was wrong (verification failed)\n";
+}
+
+/* ---- the joined mesh ------------------------------------------------------
+ */
+
+/* SHA-256 of the rank layout, so peers with different hostfiles refuse. */
+static int layout_digest(const struct mesh_world *w, char *hex, size_t len)
+{
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0, i;
+    char name[MESH_HOST_MAX + 16];
+    int r, rc = 0;
+
+    if (!ctx)
+        return mesh_err(-ENOMEM, "EVP_MD_CTX_new failed");
+    if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
+        rc = mesh_err(-EIO, "EVP_DigestInit_ex(sha256) failed");
+        goto out;
+    }
+    for (r = 0; r < w->size; r++) {
+        mesh_peer_name(w, r, name, sizeof(name));
+        if (EVP_DigestUpdate(ctx, name, strlen(name) + 1) != 1) {
+            rc = mesh_err(-EIO, "EVP_DigestUpdate failed");
+            goto out;
+        }
+    }
+    if (EVP_DigestFinal_ex(ctx, md, &mdlen) != 1) {
+        rc = mesh_err(-EIO, "EVP_DigestFinal_ex failed");
+        goto out;
+    }
+    /* 16 bytes are plenty to tell layouts apart. */
+    for (i = 0; i < 16 && 2 * i + 2 < len; i++)
+        snprintf(hex + 2 * i, len - 2 * i, "%02x", md[i]);
+out:
+    EVP_MD_CTX_free(ctx);
+    return rc;
+}
+
+int mesh_open(const struct mesh_opts *o, const char *config, struct mesh **out)
+{
+    struct mesh *m;
+    char digest[40] = "";
+    size_t n;
+    int rc;
+
+    if (!o->finished)
+        return mesh_err(-EINVAL, "mesh_open before mesh_opts_finish");
+    m = calloc(1, sizeof(*m));
+    if (!m)
+        return mesh_err(-ENOMEM, "out of memory opening the mesh");
+    m->ops = mesh_transport_find(o->transport);
+    if (!m->ops) {
+        rc = mesh_err(-EINVAL, "unknown or unbuilt transport '%s'",
+                      o->transport);
+        goto fail_m;
+    }
+    m->peers = malloc((size_t)o->world.size * sizeof(*m->peers));
+    if (!m->peers) {
+        rc = mesh_err(-ENOMEM, "out of memory opening the mesh");
+        goto fail_m;
+    }
+    memcpy(m->peers, o->world.peers, (size_t)o->world.size * sizeof(*m->peers));
+    m->world = o->world;
+    m->world.peers = m->peers;
+    m->topts = o->topts;
+    if (o->topts.secret) {
+        memcpy(m->secret, o->topts.secret, o->topts.secret_len);
+        m->topts.secret = m->secret;
+    }
+    rc = layout_digest(&m->world, digest, sizeof(digest));
+    if (rc < 0)
+        goto fail_peers;
+    n = (size_t)snprintf(m->topts.config, sizeof(m->topts.config),
+                         "%sworld_size=%d\ntransport=%s\nstreams=%d\n"
+                         "layout=%s\n",
+                         config ? config : "", m->world.size, o->transport,
+                         m->topts.streams, digest);
+    if (n >= sizeof(m->topts.config)) {
+        rc = mesh_err(-EINVAL, "program configuration longer than %d bytes",
+                      MESH_CONFIG_MAX - 200);
+        goto fail_peers;
+    }
+    if (config && *config && config[strlen(config) - 1] != '\n') {
+        rc = mesh_err(-EINVAL, "program configuration must be key=value "
+                               "lines ending in a newline");
+        goto fail_peers;
+    }
+    rc = m->ops->listen(&m->world, &m->topts, &m->t);
+    if (rc < 0)
+        goto fail_peers;
+    rc = m->ops->connect(m->t);
+    if (rc < 0)
+        goto fail_transport;
+    {
+        char me[MESH_HOST_MAX + 16];
+
+        mesh_info("joined the mesh: rank %d of %d at %s, transport %s, %d "
+                  "stream(s) per link, job %s%s",
+                  m->world.rank, m->world.size,
+                  mesh_peer_name(&m->world, m->world.rank, me, sizeof(me)),
+                  o->transport, m->topts.streams, m->topts.job_id,
+                  m->topts.insecure ? ", insecure" : "");
+    }
+    *out = m;
+    return 0;
+fail_transport:
+    m->ops->close(m->t);
+fail_peers:
+    OPENSSL_cleanse(m->secret, sizeof(m->secret));
+    free(m->peers);
+fail_m:
+    free(m);
+    return rc;
+}
+
+void mesh_close(struct mesh *m)
+{
+    if (!m)
+        return;
+    m->ops->close(m->t);
+    OPENSSL_cleanse(m->secret, sizeof(m->secret));
+    free(m->peers);
+    free(m);
+}
+
+const struct mesh_transport_ops *mesh_ops(const struct mesh *m)
+{
+    return m->ops;
+}
+
+mesh_transport_t *mesh_transport(const struct mesh *m)
+{
+    return m->t;
+}
+
+const struct mesh_world *mesh_world(const struct mesh *m)
+{
+    return &m->world;
+}
+
+const struct mesh_transport_opts *mesh_topts(const struct mesh *m)
+{
+    return &m->topts;
+}
+
+int mesh_rank(const struct mesh *m)
+{
+    return m->world.rank;
+}
+
+int mesh_size(const struct mesh *m)
+{
+    return m->world.size;
+}
+
+uint64_t mesh_seq_next(struct mesh *m)
+{
+    return ++m->seq;
+}
+
+static void p2p_frame(struct mesh_frame *f, uint64_t seq, uint32_t tag,
+                      size_t len)
+{
+    memset(f, 0, sizeof(*f));
+    f->seq = seq;
+    f->tag = tag;
+    f->op = MESH_OP_P2P;
+    f->dtype = MESH_DT_BYTE;
+    f->count = len;
+    f->offset = 0;
+    f->length = len;
+}
+
+int mesh_send(struct mesh *m, int peer, uint64_t seq, uint32_t tag,
+              const void *buf, size_t len)
+{
+    struct mesh_frame f;
+    mesh_req_t *req;
+    int rc;
+
+    p2p_frame(&f, seq, tag, len);
+    rc = m->ops->isend(m->t, peer, &f, buf, NULL, &req);
+    if (rc < 0)
+        return rc;
+    return mesh_transport_wait(m->ops, m->t, req);
+}
+
+int mesh_recv(struct mesh *m, int peer, uint64_t seq, uint32_t tag, void *buf,
+              size_t len)
+{
+    struct mesh_frame f;
+    mesh_req_t *req;
+    int rc;
+
+    p2p_frame(&f, seq, tag, len);
+    rc = m->ops->irecv(m->t, peer, &f, buf, NULL, &req);
+    if (rc < 0)
+        return rc;
+    return mesh_transport_wait(m->ops, m->t, req);
+}
+
+int mesh_barrier(struct mesh *m)
+{
+    int n = m->world.size, me = m->world.rank, i, k = 0, rc = 0, rc2;
+    uint64_t seq = mesh_seq_next(m);
+    uint64_t *tokens;
+    mesh_req_t **reqs;
+    struct mesh_frame f;
+
+    if (n == 1)
+        return 0;
+    tokens = calloc((size_t)n, sizeof(*tokens));
+    reqs = calloc(2 * (size_t)n, sizeof(*reqs));
+    if (!tokens || !reqs) {
+        rc = mesh_err(-ENOMEM, "out of memory in barrier");
+        goto out;
+    }
+    memset(&f, 0, sizeof(f));
+    f.seq = seq;
+    f.op = MESH_OP_BARRIER;
+    f.dtype = MESH_DT_BYTE;
+    f.count = sizeof(uint64_t);
+    f.length = sizeof(uint64_t);
+    tokens[me] = seq;
+    for (i = 0; i < n && rc == 0; i++) {
+        if (i == me)
+            continue;
+        rc = m->ops->irecv(m->t, i, &f, &tokens[i], NULL, &reqs[k]);
+        if (rc == 0)
+            k++;
+    }
+    for (i = 0; i < n && rc == 0; i++) {
+        if (i == me)
+            continue;
+        rc = m->ops->isend(m->t, i, &f, &tokens[me], NULL, &reqs[k]);
+        if (rc == 0)
+            k++;
+    }
+    /* Complete (or, after a failure, reap) every posted request. */
+    for (i = 0; i < k; i++) {
+        rc2 = mesh_transport_wait(m->ops, m->t, reqs[i]);
+        if (rc == 0)
+            rc = rc2;
+    }
+    for (i = 0; i < n && rc == 0; i++)
+        if (tokens[i] != seq)
+            rc = mesh_err(-EPROTO,
+                          "barrier: rank %d sent token %llu, "
+                          "expected %llu",
+                          i, (unsigned long long)tokens[i],
+                          (unsigned long long)seq);
+out:
+    free(reqs);
+    free(tokens);
+    return rc;
+}

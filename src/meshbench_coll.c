@@ -1,0 +1,509 @@
+/*
+ * src/meshbench_coll.c: meshbench's collective operations, nccl-tests style.
+ *
+ * For each size of the sweep and each placement (out of place, then in
+ * place): one checked run (inputs are small integers, so every sum is exact
+ * in any order and the expected value is known), the warmup runs, then the
+ * timed runs. The time of a size is the slowest rank's mean. Columns and
+ * bus bandwidth follow nccl-tests (doc/PERFORMANCE.md there):
+ *   size   bytes of the whole buffer (all-gather / reduce-scatter: all
+ *          ranks' blocks together), count = size / type size
+ *   algbw  size / time
+ *   busbw  algbw x 2(n-1)/n (all-reduce), x (n-1)/n (reduce-scatter,
+ *          all-gather), x 1 (broadcast)
+ * The algorithm actually run (auto resolved) closes each row.
+ */
+#include "config.h"
+
+#include "src/meshbench_coll.h"
+#include "collective/collective.h"
+#include "src/util.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PERIOD 15 /* the input pattern repeats every PERIOD elements */
+
+static const struct {
+    const char *name;
+    int bit;
+    int op; /* enum mesh_op */
+} coll_ops[] = {
+    {"allreduce", MESHBENCH_ALLREDUCE, MESH_OP_ALLREDUCE},
+    {"reduce_scatter", MESHBENCH_REDUCE_SCATTER, MESH_OP_REDUCE_SCATTER},
+    {"allgather", MESHBENCH_ALLGATHER, MESH_OP_ALLGATHER},
+    {"broadcast", MESHBENCH_BROADCAST, MESH_OP_BROADCAST},
+};
+
+void meshbench_coll_args_init(struct meshbench_coll_args *a)
+{
+    memset(a, 0, sizeof(*a));
+    a->algo = MESH_ALGO_AUTO;
+    a->dtype = MESH_DT_F32;
+    a->redop = MESH_REDOP_SUM;
+    a->corrupt_rank = -1;
+}
+
+int meshbench_coll_op(const char *name, int *bit)
+{
+    for (size_t k = 0; k < MESH_ARRAY_SIZE(coll_ops); k++)
+        if (!strcmp(name, coll_ops[k].name)) {
+            *bit = coll_ops[k].bit;
+            return 1;
+        }
+    return 0;
+}
+
+/* nccl-tests' names for the types */
+static const char *type_name(int dtype)
+{
+    switch (dtype) {
+    case MESH_DT_F16:
+        return "half";
+    case MESH_DT_BF16:
+        return "bfloat16";
+    default:
+        return "float";
+    }
+}
+
+static int parse_dtype(const char *s, int *out)
+{
+    if (!strcmp(s, "float") || !strcmp(s, "float32"))
+        *out = MESH_DT_F32;
+    else if (!strcmp(s, "half") || !strcmp(s, "float16"))
+        *out = MESH_DT_F16;
+    else if (!strcmp(s, "bfloat16") || !strcmp(s, "bf16"))
+        *out = MESH_DT_BF16;
+    else
+        return mesh_err(-EINVAL,
+                        "--dtype '%s': expected float, half or "
+                        "bfloat16",
+                        s);
+    return 0;
+}
+
+int meshbench_coll_parse_arg(struct meshbench_coll_args *a, int argc,
+                             char **argv, int *i)
+{
+    const char *arg = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    char *end;
+    long x;
+    int rc = 0;
+
+    if (strcmp(arg, "--algo") && strcmp(arg, "--dtype") && strcmp(arg, "-d") &&
+        strcmp(arg, "--redop") && strcmp(arg, "-o") && strcmp(arg, "--root") &&
+        strcmp(arg, "--chunk"))
+        return 0;
+    if (!v)
+        return mesh_err(-EINVAL, "%s needs a value (see --help)", arg);
+    if (!strcmp(arg, "--algo")) {
+        rc = mesh_algo_parse(v, &a->algo);
+    } else if (!strcmp(arg, "--dtype") || !strcmp(arg, "-d")) {
+        rc = parse_dtype(v, &a->dtype);
+    } else if (!strcmp(arg, "--redop") || !strcmp(arg, "-o")) {
+        if (!strcmp(v, "sum"))
+            a->redop = MESH_REDOP_SUM;
+        else if (!strcmp(v, "avg"))
+            a->redop = MESH_REDOP_AVG;
+        else
+            rc = mesh_err(-EINVAL, "%s '%s': expected sum or avg", arg, v);
+    } else {
+        errno = 0;
+        x = strtol(v, &end, 10);
+        if (errno || end == v || x < 0 || x > (1L << 30) ||
+            (*end && strcmp(end, "K") && strcmp(end, "M")))
+            rc = mesh_err(-EINVAL, "%s '%s': expected a number from 0", arg, v);
+        else if (!strcmp(arg, "--root"))
+            a->root = (int)x;
+        else
+            a->chunk_bytes = (size_t)x << (!strcmp(end, "K")   ? 10
+                                           : !strcmp(end, "M") ? 20
+                                                               : 0);
+    }
+    if (rc < 0)
+        return rc;
+    *i += 2;
+    return 1;
+}
+
+const char *meshbench_coll_help(void)
+{
+    return "Collectives (every rank takes part; nccl-tests columns):\n"
+           "  --op allreduce|reduce_scatter|allgather|broadcast\n"
+           "  --algo ALGO        ring, tree, direct (one hop, for small\n"
+           "                     messages), auto (default: alpha-beta model\n"
+           "                     on latency and bandwidth measured when the\n"
+           "                     communicator forms) or ps (the seed's\n"
+           "                     parameter-server baseline, rank 0 serves;\n"
+           "                     for comparison only)\n"
+           "  -d, --dtype T      float (default), half or bfloat16 (16-bit\n"
+           "                     types are added in float32)\n"
+           "  -o, --redop OP     sum (default) or avg\n"
+           "  --root R           broadcast root (default 0)\n"
+           "  --chunk BYTES      pipeline chunk (K, M suffixes; default: by\n"
+           "                     message size)\n"
+           "size is the whole buffer (all ranks' blocks for reduce_scatter\n"
+           "and allgather); algbw = size / time; busbw = algbw x 2(n-1)/n\n"
+           "(allreduce), x (n-1)/n (reduce_scatter, allgather), x 1\n"
+           "(broadcast). Inputs are small integers, so every sum is exact;\n"
+           "#wrong counts wrong elements (any makes the exit code 4).\n";
+}
+
+void meshbench_coll_config(const struct meshbench_coll_args *a, char *buf,
+                           size_t len)
+{
+    snprintf(buf, len,
+             "coll_ops=%d\nalgo=%s\ndtype=%s\nredop=%d\nroot=%d\nchunk=%zu\n",
+             a->ops, mesh_algo_name(a->algo), mesh_dtype_name(a->dtype),
+             a->redop, a->root, a->chunk_bytes);
+}
+
+/* ---- data ---------------------------------------------------------------- */
+
+static int val(int rank, size_t i)
+{
+    return (int)(((size_t)rank * 131 + i * 31) % PERIOD) - 7;
+}
+
+static void put(int dtype, void *p, size_t i, float v)
+{
+    if (dtype == MESH_DT_F16)
+        ((uint16_t *)p)[i] = mesh_f16_from_f32(v);
+    else if (dtype == MESH_DT_BF16)
+        ((uint16_t *)p)[i] = mesh_bf16_from_f32(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+/* Encoded element values: period[k] for element index i with i % PERIOD
+ * == k, for rank r (r >= 0) or for the reduction (r = -1). */
+static void pattern(int dtype, int n, int redop, int r, void *out)
+{
+    for (size_t k = 0; k < PERIOD; k++) {
+        int sum = 0;
+
+        if (r >= 0) {
+            put(dtype, out, k, (float)val(r, k));
+            continue;
+        }
+        for (int q = 0; q < n; q++)
+            sum += val(q, k);
+        put(dtype, out, k,
+            redop == MESH_REDOP_AVG ? (float)sum / (float)n : (float)sum);
+    }
+}
+
+/* Write elements [first, first + cnt) of the pattern p into buf. */
+static void fill(void *buf, size_t cnt, size_t first, const void *p, size_t es)
+{
+    for (size_t i = 0; i < cnt; i++)
+        memcpy((char *)buf + i * es,
+               (const char *)p + ((first + i) % PERIOD) * es, es);
+}
+
+static uint64_t count_wrong(const void *buf, size_t cnt, size_t first,
+                            const void *p, size_t es)
+{
+    uint64_t bad = 0;
+
+    for (size_t i = 0; i < cnt; i++)
+        bad += memcmp((const char *)buf + i * es,
+                      (const char *)p + ((first + i) % PERIOD) * es, es) != 0;
+    return bad;
+}
+
+/* ---- one size ------------------------------------------------------------ */
+
+struct ctx {
+    mesh_coll_t *c;
+    const struct meshbench_coll_args *a;
+    int corrupt_rank; /* the test aid, until it has fired */
+    int rank, n;
+    size_t es;
+    char *sbuf, *rbuf; /* maxbytes each, pinned and registered */
+    float *times;      /* n entries, for the slowest rank's time */
+    uint64_t *wrongs;  /* n entries */
+    char mine[PERIOD * 4], want[PERIOD * 4];
+};
+
+/* One collective; cnt is elements per rank block for RS/AG. */
+static int run_once(struct ctx *x, int op, int inplace, size_t cnt)
+{
+    const struct meshbench_coll_args *a = x->a;
+    size_t blk = (size_t)x->rank * cnt * x->es;
+
+    switch (op) {
+    case MESH_OP_ALLREDUCE:
+        return mesh_coll_allreduce(x->c, x->sbuf, inplace ? x->sbuf : x->rbuf,
+                                   cnt, a->dtype, a->redop, a->algo);
+    case MESH_OP_REDUCE_SCATTER:
+        return mesh_coll_reduce_scatter(x->c, x->sbuf,
+                                        inplace ? x->sbuf + blk : x->rbuf, cnt,
+                                        a->dtype, a->redop);
+    case MESH_OP_ALLGATHER:
+        return mesh_coll_allgather(x->c, inplace ? x->rbuf + blk : x->sbuf,
+                                   x->rbuf, cnt, a->dtype);
+    default:
+        return mesh_coll_broadcast(x->c, x->sbuf, inplace ? x->sbuf : x->rbuf,
+                                   cnt, a->dtype, a->root, a->algo);
+    }
+}
+
+/* The test aid: spoil one byte of this rank's input, once. */
+static void maybe_corrupt(struct ctx *x, char *in, size_t len)
+{
+    if (x->rank != x->corrupt_rank || len <= x->a->corrupt_offset)
+        return;
+    in[x->a->corrupt_offset] ^= 0x5a;
+    x->corrupt_rank = -1;
+    mesh_warn("MESHBENCH_TEST_CORRUPT: flipped byte %zu of a %zu-byte "
+              "input on purpose",
+              x->a->corrupt_offset, len);
+}
+
+/* Fill the inputs, run once, count wrong elements on this rank. */
+static int checked(struct ctx *x, int op, int inplace, size_t cnt,
+                   uint64_t *bad)
+{
+    const struct meshbench_coll_args *a = x->a;
+    size_t es = x->es, n = (size_t)x->n, me = (size_t)x->rank;
+    char *out;
+    int rc;
+
+    switch (op) {
+    case MESH_OP_ALLREDUCE:
+        pattern(a->dtype, x->n, a->redop, x->rank, x->mine);
+        pattern(a->dtype, x->n, a->redop, -1, x->want);
+        fill(x->sbuf, cnt, 0, x->mine, es);
+        maybe_corrupt(x, x->sbuf, cnt * es);
+        rc = run_once(x, op, inplace, cnt);
+        out = inplace ? x->sbuf : x->rbuf;
+        *bad = rc ? 0 : count_wrong(out, cnt, 0, x->want, es);
+        return rc;
+    case MESH_OP_REDUCE_SCATTER:
+        pattern(a->dtype, x->n, a->redop, x->rank, x->mine);
+        pattern(a->dtype, x->n, a->redop, -1, x->want);
+        fill(x->sbuf, n * cnt, 0, x->mine, es);
+        maybe_corrupt(x, x->sbuf, n * cnt * es);
+        rc = run_once(x, op, inplace, cnt);
+        out = inplace ? x->sbuf + me * cnt * es : x->rbuf;
+        *bad = rc ? 0 : count_wrong(out, cnt, me * cnt, x->want, es);
+        return rc;
+    case MESH_OP_ALLGATHER:
+        pattern(a->dtype, x->n, a->redop, x->rank, x->mine);
+        fill(inplace ? x->rbuf + me * cnt * es : x->sbuf, cnt, me * cnt,
+             x->mine, es);
+        maybe_corrupt(x, inplace ? x->rbuf + me * cnt * es : x->sbuf, cnt * es);
+        rc = run_once(x, op, inplace, cnt);
+        *bad = 0;
+        for (int r = 0; rc == 0 && r < x->n; r++) {
+            pattern(a->dtype, x->n, a->redop, r, x->want);
+            *bad += count_wrong(x->rbuf + (size_t)r * cnt * es, cnt,
+                                (size_t)r * cnt, x->want, es);
+        }
+        return rc;
+    default:
+        pattern(a->dtype, x->n, a->redop, x->rank, x->mine);
+        pattern(a->dtype, x->n, a->redop, a->root, x->want);
+        fill(x->sbuf, cnt, 0, x->mine, es);
+        maybe_corrupt(x, x->sbuf, cnt * es);
+        rc = run_once(x, op, inplace, cnt);
+        *bad =
+            rc ? 0
+               : count_wrong(inplace ? x->sbuf : x->rbuf, cnt, 0, x->want, es);
+        return rc;
+    }
+}
+
+/* Time and wrong count of one placement, agreed between the ranks. */
+static int measure(struct ctx *x, int op, int inplace, size_t cnt,
+                   double *time_us, uint64_t *wrong)
+{
+    const struct meshbench_coll_args *a = x->a;
+    uint64_t bad = 0;
+    float mine;
+    double t0;
+    int rc = 0;
+
+    if (a->check)
+        rc = checked(x, op, inplace, cnt, &bad);
+    for (int i = 0; rc == 0 && i < a->warmup; i++)
+        rc = run_once(x, op, inplace, cnt);
+    if (rc == 0)
+        rc = mesh_coll_barrier(x->c);
+    t0 = mesh_now_s();
+    for (int i = 0; rc == 0 && i < a->iters; i++)
+        rc = run_once(x, op, inplace, cnt);
+    mine = (float)((mesh_now_s() - t0) / a->iters * 1e6);
+    if (rc == 0)
+        rc = mesh_coll_allgather(x->c, &mine, x->times, 1, MESH_DT_F32);
+    if (rc == 0)
+        rc = mesh_coll_allgather(x->c, &bad, x->wrongs, sizeof(bad),
+                                 MESH_DT_BYTE);
+    if (rc < 0)
+        return rc;
+    *time_us = 0;
+    *wrong = 0;
+    for (int r = 0; r < x->n; r++) {
+        *time_us = MESH_MAX(*time_us, (double)x->times[r]);
+        *wrong += x->wrongs[r];
+    }
+    return 0;
+}
+
+static double bus_factor(int op, int n)
+{
+    switch (op) {
+    case MESH_OP_ALLREDUCE:
+        return 2.0 * (n - 1) / n;
+    case MESH_OP_REDUCE_SCATTER:
+    case MESH_OP_ALLGATHER:
+        return (double)(n - 1) / n;
+    default:
+        return 1.0;
+    }
+}
+
+/* The algorithm a collective of bytes runs with (auto resolved). */
+static const char *algo_ran(const struct ctx *x, int op, size_t bytes)
+{
+    if (op == MESH_OP_ALLREDUCE)
+        return mesh_algo_name(mesh_coll_algo_for(x->c, x->a->algo, bytes));
+    if (op == MESH_OP_BROADCAST)
+        return mesh_algo_name(
+            mesh_coll_bcast_algo_for(x->c, x->a->algo, bytes));
+    return "ring";
+}
+
+static void print_header(const struct ctx *x, const char *name)
+{
+    struct mesh_coll_model m;
+
+    mesh_coll_model_get(x->c, &m);
+    printf("#\n# %s: %d ranks, algo %s, type %s, kernels %s; alpha %.1f us, "
+           "beta %.3f ns/B (%s)\n",
+           name, x->n, mesh_algo_name(x->a->algo), type_name(x->a->dtype),
+           mesh_reduce_isa(), m.alpha_s * 1e6, m.beta_s_per_byte * 1e9,
+           m.measured ? "measured" : "defaults");
+    if (x->a->algo == MESH_ALGO_PS)
+        printf("# ps: the seed's parameter-server baseline (rank 0 "
+               "serves), for comparison only\n");
+    printf("#%64s%36s\n", "out-of-place", "in-place");
+    printf("# %10s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s  %s\n",
+           "size", "count", "type", "redop", "root", "time", "algbw", "busbw",
+           "#wrong", "time", "algbw", "busbw", "#wrong", "algo");
+    printf("# %10s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "(B)",
+           "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)",
+           "(GB/s)", "(GB/s)", "");
+    fflush(stdout);
+}
+
+int meshbench_coll_run(struct mesh *m, const struct meshbench_coll_args *a,
+                       uint64_t *wrong)
+{
+    struct mesh_coll_opts co;
+    struct ctx x = {.a = a};
+    double bus_sum = 0;
+    uint64_t wrong_all = 0;
+    int rows = 0, rc;
+
+    memset(&x, 0, sizeof(x));
+    x.a = a;
+    x.corrupt_rank = a->corrupt_rank;
+    x.rank = mesh_rank(m);
+    x.n = mesh_size(m);
+    x.es = mesh_dtype_size(a->dtype);
+    if (a->root < 0 || a->root >= x.n)
+        return mesh_err(-EINVAL, "--root %d: not a rank (0..%d)", a->root,
+                        x.n - 1);
+    mesh_coll_opts_init(&co);
+    co.algo = a->algo;
+    co.chunk_bytes = a->chunk_bytes;
+    rc = mesh_coll_create(mesh_ops(m), mesh_transport(m), mesh_world(m), &co,
+                          &x.c);
+    if (rc < 0)
+        return rc;
+    x.times = calloc((size_t)x.n, sizeof(*x.times));
+    x.wrongs = calloc((size_t)x.n, sizeof(*x.wrongs));
+    if (!x.times || !x.wrongs) {
+        rc = mesh_err(-ENOMEM, "out of memory");
+        goto free_arrays;
+    }
+    rc = mesh_coll_buf_alloc(x.c, a->maxbytes, (void **)&x.sbuf);
+    if (rc == 0)
+        rc = mesh_coll_buf_alloc(x.c, a->maxbytes, (void **)&x.rbuf);
+    if (rc < 0)
+        goto free_bufs;
+    for (size_t k = 0; k < MESH_ARRAY_SIZE(coll_ops); k++) {
+        int op = coll_ops[k].op;
+        int split = op == MESH_OP_REDUCE_SCATTER || op == MESH_OP_ALLGATHER;
+
+        if (!(a->ops & coll_ops[k].bit))
+            continue;
+        if (x.rank == 0)
+            print_header(&x, coll_ops[k].name);
+        for (size_t size = a->minbytes;;) {
+            size_t count = size / x.es, per = count;
+            double t[2] = {0, 0};
+            uint64_t w[2] = {0, 0};
+
+            if (split) { /* whole blocks per rank */
+                per = count / (size_t)x.n;
+                count = per * (size_t)x.n;
+            }
+            for (int inplace = 0; inplace < 2; inplace++) {
+                rc = measure(&x, op, inplace, per, &t[inplace], &w[inplace]);
+                if (rc < 0) {
+                    rc = mesh_err_prefix(rc, "%s of %zu bytes",
+                                         coll_ops[k].name, size);
+                    goto free_bufs;
+                }
+            }
+            if (x.rank == 0) {
+                double bytes = (double)(count * x.es), f = bus_factor(op, x.n);
+                double alg0 = t[0] > 0 ? bytes / t[0] / 1e3 : 0;
+                double alg1 = t[1] > 0 ? bytes / t[1] / 1e3 : 0;
+                char w0[24], w1[24];
+
+                snprintf(w0, sizeof(w0), "%" PRIu64, w[0]);
+                snprintf(w1, sizeof(w1), "%" PRIu64, w[1]);
+                printf("  %10zu %12zu %8s %6s %6d %8.1f %7.3f %7.3f %6s "
+                       "%8.1f %7.3f %7.3f %6s  %s\n",
+                       count * x.es, count, type_name(a->dtype),
+                       op == MESH_OP_ALLREDUCE || op == MESH_OP_REDUCE_SCATTER
+                           ? (a->redop ? "avg" : "sum")
+                           : "none",
+                       op == MESH_OP_BROADCAST ? a->root : -1, t[0], alg0,
+                       alg0 * f, a->check ? w0 : "N/A", t[1], alg1, alg1 * f,
+                       a->check ? w1 : "N/A", algo_ran(&x, op, count * x.es));
+                fflush(stdout);
+                bus_sum += (alg0 + alg1) * f;
+            }
+            rows += 2;
+            wrong_all += w[0] + w[1];
+            if (size > a->maxbytes / (size_t)a->factor)
+                break;
+            size *= (size_t)a->factor;
+        }
+    }
+    if (x.rank == 0) {
+        printf("# Out of bounds values : %" PRIu64 " %s\n", wrong_all,
+               wrong_all ? "FAILED" : "OK");
+        printf("# Avg bus bandwidth    : %.4f\n#\n",
+               rows ? bus_sum / rows : 0.0);
+        fflush(stdout);
+    }
+    *wrong = wrong_all;
+free_bufs:
+    mesh_coll_buf_free(x.c, x.rbuf);
+    mesh_coll_buf_free(x.c, x.sbuf);
+free_arrays:
+    free(x.wrongs);
+    free(x.times);
+    mesh_coll_destroy(x.c);
+    return rc;
+}

@@ -1,0 +1,871 @@
+/*
+ * src/meshrun.c: start every rank of a mesh job and watch them.
+ *
+ *   meshrun -np N [--hostfile F | -H h1:2,h2:2] [--launcher local|ssh]
+ *           -- PROGRAM ARGS...
+ *
+ * meshrun takes no part in the job's communication: it starts each rank
+ * (fork/exec on this host, ssh elsewhere) with MESHTRAIN_RANK, _SIZE,
+ * _LOCAL_RANK, _HOSTFILE or _HOSTS and _JOB_ID set, hands each one the
+ * job's fresh secret on a pipe (MESHTRAIN_SECRET_FD; over ssh, on its
+ * stdin), prefixes every output line with the rank, and on the first
+ * failure stops the others (SIGTERM, then SIGKILL after a grace period) and
+ * exits with that rank's code.
+ */
+#include "config.h"
+
+#include "src/hostfile.h"
+#include "src/util.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define LINE_MAX_BYTES     65536
+#define SECRET_BYTES       32
+#define DEFAULT_GRACE_S    5.0
+#define DRAIN_AFTER_EXIT_S 2.0
+/* How long a rank's "peer failed" exit waits for the culprit's own. */
+#define SETTLE_S 0.5
+
+enum launcher { LAUNCH_AUTO, LAUNCH_LOCAL, LAUNCH_SSH };
+
+struct stream {
+    int fd;     /* read end of the rank's stdout or stderr, -1 closed */
+    int out;    /* where its lines go: 1 or 2 */
+    size_t len; /* bytes waiting for a newline */
+    char buf[LINE_MAX_BYTES];
+};
+
+struct proc {
+    int rank;
+    int local_rank;
+    const char *host;
+    int remote;
+    pid_t pid;
+    int running;
+    int status; /* from waitpid, once it has exited */
+    struct stream s[2];
+};
+
+struct run {
+    int np;
+    const char *hostfile; /* absolute path */
+    const char *hosts;
+    enum launcher launcher;
+    const char *ssh;
+    double grace_s;
+    char **argv; /* the program and its arguments */
+    struct proc *procs;
+    char secret[2 * SECRET_BYTES + 2];
+    char job_id[64];
+};
+
+static int sig_pipe[2] = {-1, -1};
+static volatile sig_atomic_t got_signal;
+
+static void on_signal(int sig)
+{
+    int saved = errno;
+    char c = (char)sig;
+
+    if (sig != SIGCHLD)
+        got_signal = sig;
+    if (write(sig_pipe[1], &c, 1) < 0) {
+        /* The pipe is full: a wakeup is already pending. */
+    }
+    errno = saved;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "Usage: meshrun [-np N] [--hostfile FILE | -H h1:2,h2:2]\n"
+            "               [--launcher local|ssh] [--ssh CMD] [--grace S]\n"
+            "               -- PROGRAM [ARGS...]\n"
+            "\n"
+            "Start N ranks of PROGRAM, one per hostfile slot, in file order.\n"
+            "Ranks on this host are forked; others are started with ssh.\n"
+            "\n"
+            "  -np, -n N          number of ranks: must equal the total slot\n"
+            "                     count; with no hosts given, -H localhost:N\n"
+            "  --hostfile FILE    Open MPI or Horovod hostfile "
+            "[MESHTRAIN_HOSTFILE]\n"
+            "  -H, --hosts LIST   h1:2,h2:2,[::1]:1 [MESHTRAIN_HOSTS]\n"
+            "  --launcher MODE    auto (default: fork for this host's "
+            "entries,\n"
+            "                     ssh for others), local (fork every rank),\n"
+            "                     ssh (ssh for every rank)\n"
+            "  --ssh CMD          remote shell, run as CMD HOST COMMAND\n"
+            "                     (default 'ssh -o BatchMode=yes -x -T')\n"
+            "                     [MESHTRAIN_SSH]\n"
+            "  --grace S          seconds between SIGTERM and SIGKILL when\n"
+            "                     stopping ranks (default 5)\n"
+            "  -h, --help         this text\n"
+            "\n"
+            "Every rank gets MESHTRAIN_RANK, MESHTRAIN_SIZE,\n"
+            "MESHTRAIN_LOCAL_RANK, MESHTRAIN_HOSTFILE or MESHTRAIN_HOSTS,\n"
+            "MESHTRAIN_JOB_ID (fresh per job), and the job's fresh secret on\n"
+            "a pipe named by MESHTRAIN_SECRET_FD (over ssh: on stdin). Other\n"
+            "MESHTRAIN_* variables are passed on. Output lines are prefixed\n"
+            "with '[RANK] '.\n"
+            "\n"
+            "Exit status:\n"
+            "  0        every rank exited with 0\n"
+            "  1        meshrun's own usage or launch error\n"
+            "  C        the exit code C of the first rank that failed\n"
+            "  128+S    the first failing rank was killed by signal S, or\n"
+            "           meshrun itself got SIGINT/SIGTERM (S) and stopped "
+            "the job\n");
+}
+
+static int is_local_host(const char *host)
+{
+    struct ifaddrs *ifs, *ifa;
+    char name[HOST_NAME_MAX + 1], addr[INET6_ADDRSTRLEN];
+    size_t n;
+    int local = 0;
+
+    if (!strcmp(host, "localhost") || !strncmp(host, "127.", 4) ||
+        !strcmp(host, "::1"))
+        return 1;
+    if (gethostname(name, sizeof(name)) == 0) {
+        name[sizeof(name) - 1] = '\0';
+        if (!strcmp(host, name))
+            return 1;
+        /* "node1" matches "node1.example.org" either way round. */
+        n = strcspn(name, ".");
+        if (strlen(host) == n && !strncmp(host, name, n))
+            return 1;
+        n = strcspn(host, ".");
+        if (strlen(name) == n && !strncmp(host, name, n))
+            return 1;
+    }
+    if (getifaddrs(&ifs) != 0)
+        return 0;
+    for (ifa = ifs; ifa && !local; ifa = ifa->ifa_next) {
+        const void *a;
+
+        if (!ifa->ifa_addr)
+            continue;
+        if (ifa->ifa_addr->sa_family == AF_INET)
+            a = &((struct sockaddr_in *)(void *)ifa->ifa_addr)->sin_addr;
+        else if (ifa->ifa_addr->sa_family == AF_INET6)
+            a = &((struct sockaddr_in6 *)(void *)ifa->ifa_addr)->sin6_addr;
+        else
+            continue;
+        if (inet_ntop(ifa->ifa_addr->sa_family, a, addr, sizeof(addr)) &&
+            !strcmp(addr, host))
+            local = 1;
+    }
+    freeifaddrs(ifs);
+    return local;
+}
+
+/* Append s to buf (cap bytes) in single quotes, shell-safe. */
+static int shell_quote(char *buf, size_t cap, size_t *len, const char *s)
+{
+    size_t n = *len;
+
+#define PUT(c)                                                                 \
+    do {                                                                       \
+        if (n + 1 >= cap)                                                      \
+            return -1;                                                         \
+        buf[n++] = (c);                                                        \
+    } while (0)
+    PUT('\'');
+    for (; *s; s++) {
+        if (*s == '\'') {
+            PUT('\'');
+            PUT('\\');
+            PUT('\'');
+            PUT('\'');
+        } else {
+            PUT(*s);
+        }
+    }
+    PUT('\'');
+    PUT(' ');
+#undef PUT
+    buf[n] = '\0';
+    *len = n;
+    return 0;
+}
+
+static int append_assign(char *buf, size_t cap, size_t *len, const char *name,
+                         const char *val)
+{
+    char kv[PATH_MAX + 128];
+
+    snprintf(kv, sizeof(kv), "%s=%s", name, val);
+    return shell_quote(buf, cap, len, kv);
+}
+
+/*
+ * The command line the remote shell runs: cd to our directory, set the
+ * rank's variables (and every MESHTRAIN_* of ours but the secret's), exec
+ * the program with the secret on stdin.
+ */
+static int remote_command(const struct run *run, const struct proc *p,
+                          char *const envs[][2], int nenv, char *buf,
+                          size_t cap)
+{
+    extern char **environ;
+    char cwd[PATH_MAX];
+    size_t len = 0;
+    char **e;
+    int i;
+
+    if (!getcwd(cwd, sizeof(cwd)))
+        snprintf(cwd, sizeof(cwd), ".");
+    buf[0] = '\0';
+    len = (size_t)snprintf(buf, cap, "cd ");
+    if (shell_quote(buf, cap, &len, cwd) < 0)
+        return -1;
+    len += (size_t)snprintf(buf + len, cap - len, "&& exec env ");
+    for (e = environ; *e; e++) {
+        char name[128];
+        const char *eq = strchr(*e, '=');
+        size_t n;
+
+        if (strncmp(*e, "MESHTRAIN_", 10) || !eq)
+            continue;
+        n = (size_t)(eq - *e);
+        if (n >= sizeof(name))
+            continue;
+        memcpy(name, *e, n);
+        name[n] = '\0';
+        for (i = 0; i < nenv; i++)
+            if (!strcmp(name, envs[i][0]))
+                break;
+        /* Ours win; and only one of the two host sources may arrive. */
+        if (i < nenv || !strcmp(name, "MESHTRAIN_SECRET_FD") ||
+            !strcmp(name, "MESHTRAIN_HOSTS") ||
+            !strcmp(name, "MESHTRAIN_HOSTFILE"))
+            continue;
+        if (shell_quote(buf, cap, &len, *e) < 0)
+            return -1;
+    }
+    for (i = 0; i < nenv; i++)
+        if (append_assign(buf, cap, &len, envs[i][0], envs[i][1]) < 0)
+            return -1;
+    if (append_assign(buf, cap, &len, "MESHTRAIN_SECRET_FD", "0") < 0)
+        return -1;
+    for (i = 0; run->argv[i]; i++)
+        if (shell_quote(buf, cap, &len, run->argv[i]) < 0)
+            return -1;
+    (void)p;
+    return 0;
+}
+
+/* Split "ssh -o X" into words (no quoting: keep the command simple). */
+static int split_words(const char *s, char **words, int max, char *store,
+                       size_t cap)
+{
+    int n = 0;
+
+    snprintf(store, cap, "%s", s);
+    for (char *tok = strtok(store, " \t"); tok; tok = strtok(NULL, " \t")) {
+        if (n + 1 >= max)
+            return -1;
+        words[n++] = tok;
+    }
+    words[n] = NULL;
+    return n;
+}
+
+static void child_fail(const char *what, const char *arg)
+{
+    char msg[512];
+    int n = snprintf(msg, sizeof(msg), "meshrun: %s %s: %s\n", what, arg,
+                     strerror(errno));
+
+    if (write(STDERR_FILENO, msg, (size_t)n) < 0) {
+        /* Nowhere left to report to. */
+    }
+    _exit(127);
+}
+
+/* In the child: become the rank and exec. Never returns. */
+static void exec_rank(const struct run *run, struct proc *p, int out_w,
+                      int err_w, int secret_r)
+{
+    char rank[16], size[16], local[16];
+    char *envs[5][2];
+    int nenv = 0, devnull, i;
+    sigset_t none;
+
+    setpgid(0, 0);
+#ifdef PR_SET_PDEATHSIG
+    /* If meshrun is killed outright, its local ranks go too. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+#endif
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (dup2(out_w, STDOUT_FILENO) < 0 || dup2(err_w, STDERR_FILENO) < 0)
+        child_fail("cannot redirect output of", p->host);
+
+    snprintf(rank, sizeof(rank), "%d", p->rank);
+    snprintf(size, sizeof(size), "%d", run->np);
+    snprintf(local, sizeof(local), "%d", p->local_rank);
+    envs[nenv][0] = "MESHTRAIN_RANK";
+    envs[nenv++][1] = rank;
+    envs[nenv][0] = "MESHTRAIN_SIZE";
+    envs[nenv++][1] = size;
+    envs[nenv][0] = "MESHTRAIN_LOCAL_RANK";
+    envs[nenv++][1] = local;
+    envs[nenv][0] = run->hostfile ? "MESHTRAIN_HOSTFILE" : "MESHTRAIN_HOSTS";
+    envs[nenv++][1] = (char *)(run->hostfile ? run->hostfile : run->hosts);
+    envs[nenv][0] = "MESHTRAIN_JOB_ID";
+    envs[nenv++][1] = (char *)run->job_id;
+
+    /* One host source only (an ssh-like agent may pass our env on). */
+    unsetenv(run->hostfile ? "MESHTRAIN_HOSTS" : "MESHTRAIN_HOSTFILE");
+    if (p->remote) {
+        static char cmd[65536];
+        static char store[1024];
+        char *words[64];
+        int n;
+
+        /* The secret travels on ssh's stdin. */
+        if (dup2(secret_r, STDIN_FILENO) < 0)
+            child_fail("cannot give the secret to", p->host);
+        if (remote_command(run, p, envs, nenv, cmd, sizeof(cmd)) < 0) {
+            errno = E2BIG;
+            child_fail("command line too long for", p->host);
+        }
+        n = split_words(run->ssh, words, 60, store, sizeof(store));
+        if (n <= 0) {
+            errno = EINVAL;
+            child_fail("bad --ssh command", run->ssh);
+        }
+        words[n++] = (char *)p->host;
+        words[n++] = cmd;
+        words[n] = NULL;
+        execvp(words[0], words);
+        child_fail("cannot run", words[0]);
+    }
+
+    devnull = open("/dev/null", O_RDONLY);
+    if (devnull < 0 || dup2(devnull, STDIN_FILENO) < 0)
+        child_fail("cannot open", "/dev/null");
+    {
+        char fdstr[16];
+        int flags = fcntl(secret_r, F_GETFD);
+
+        /* Only the secret pipe survives exec, by number. */
+        if (flags < 0 || fcntl(secret_r, F_SETFD, flags & ~FD_CLOEXEC) < 0)
+            child_fail("cannot pass the secret pipe to", p->host);
+        snprintf(fdstr, sizeof(fdstr), "%d", secret_r);
+        setenv("MESHTRAIN_SECRET_FD", fdstr, 1);
+    }
+    for (i = 0; i < nenv; i++)
+        setenv(envs[i][0], envs[i][1], 1);
+    execvp(run->argv[0], run->argv);
+    child_fail("cannot run", run->argv[0]);
+}
+
+static int launch(struct run *run, struct proc *p)
+{
+    int out[2] = {-1, -1}, err[2] = {-1, -1}, sec[2] = {-1, -1};
+    size_t len = strlen(run->secret);
+    pid_t pid;
+    int rc;
+
+    MESH_SYSCALL(rc, pipe2(out, O_CLOEXEC), fail, "pipe");
+    MESH_SYSCALL(rc, pipe2(err, O_CLOEXEC), fail_out, "pipe");
+    MESH_SYSCALL(rc, pipe2(sec, O_CLOEXEC), fail_err, "pipe");
+    /* The secret fits the pipe's buffer: write it all now, then EOF. */
+    if (write(sec[1], run->secret, len) != (ssize_t)len) {
+        rc = mesh_err_errno("cannot write the secret pipe");
+        goto fail_sec;
+    }
+    close(sec[1]);
+    sec[1] = -1;
+    fflush(stdout);
+    fflush(stderr);
+    MESH_SYSCALL(rc, pid = fork(), fail_sec, "fork");
+    if (pid == 0)
+        exec_rank(run, p, out[1], err[1], sec[0]);
+    setpgid(pid, pid);
+    close(out[1]);
+    close(err[1]);
+    close(sec[0]);
+    p->pid = pid;
+    p->running = 1;
+    p->s[0].fd = out[0];
+    p->s[0].out = STDOUT_FILENO;
+    p->s[1].fd = err[0];
+    p->s[1].out = STDERR_FILENO;
+    return 0;
+fail_sec:
+    close(sec[0]);
+    if (sec[1] >= 0)
+        close(sec[1]);
+fail_err:
+    close(err[0]);
+    close(err[1]);
+fail_out:
+    close(out[0]);
+    close(out[1]);
+fail:
+    return rc;
+}
+
+/* Write "[rank] line\n" with one write call, so lines never mix. */
+static void emit(const struct proc *p, struct stream *s, const char *line,
+                 size_t n)
+{
+    char buf[LINE_MAX_BYTES + 32];
+    int h = snprintf(buf, sizeof(buf), "[%d] ", p->rank);
+    size_t total;
+
+    if (n > LINE_MAX_BYTES)
+        n = LINE_MAX_BYTES;
+    memcpy(buf + h, line, n);
+    total = (size_t)h + n;
+    buf[total++] = '\n';
+    for (size_t off = 0; off < total;) {
+        ssize_t w = write(s->out, buf + off, total - off);
+
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return; /* our own output is gone; keep running the job */
+        off += (size_t)w;
+    }
+}
+
+static void drain(struct proc *p, struct stream *s)
+{
+    ssize_t n;
+    size_t start = 0, i;
+
+    n = read(s->fd, s->buf + s->len, sizeof(s->buf) - s->len);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (n <= 0) {
+        if (s->len)
+            emit(p, s, s->buf, s->len);
+        s->len = 0;
+        close(s->fd);
+        s->fd = -1;
+        return;
+    }
+    s->len += (size_t)n;
+    for (i = 0; i < s->len; i++) {
+        if (s->buf[i] != '\n')
+            continue;
+        emit(p, s, s->buf + start, i - start);
+        start = i + 1;
+    }
+    if (start == 0 && s->len == sizeof(s->buf)) {
+        /* A line longer than the buffer: pass it on in pieces. */
+        emit(p, s, s->buf, s->len);
+        start = s->len;
+    }
+    memmove(s->buf, s->buf + start, s->len - start);
+    s->len -= start;
+}
+
+static void signal_all(struct run *run, int sig)
+{
+    for (int r = 0; r < run->np; r++)
+        if (run->procs[r].running)
+            kill(-run->procs[r].pid, sig);
+}
+
+static int exit_code_of(int status)
+{
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    if (WIFSIGNALED(status))
+        return 128 + WTERMSIG(status);
+    return 1;
+}
+
+static int setup_signals(void)
+{
+    struct sigaction sa;
+    int rc;
+
+    MESH_SYSCALL(rc, pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK), out, "pipe");
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGINT, &sa, NULL) || sigaction(SIGTERM, &sa, NULL) ||
+        sigaction(SIGHUP, &sa, NULL) || sigaction(SIGCHLD, &sa, NULL)) {
+        rc = mesh_err_errno("sigaction");
+        goto out;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+out:
+    return rc;
+}
+
+/* Watch the ranks until all have exited; returns meshrun's exit code. */
+static int supervise(struct run *run)
+{
+    struct pollfd *pfds;
+    struct stream **owners;
+    struct proc **procs_of;
+    int cand = -1, cand_pri = 0, code = 0, running = 0, stopping = 0;
+    int killed = 0;
+    double kill_at = 0, all_exited_at = 0, settle_at = 0;
+
+    pfds = calloc(2 * (size_t)run->np + 1, sizeof(*pfds));
+    owners = calloc(2 * (size_t)run->np + 1, sizeof(*owners));
+    procs_of = calloc(2 * (size_t)run->np + 1, sizeof(*procs_of));
+    if (!pfds || !owners || !procs_of) {
+        fprintf(stderr, "meshrun: out of memory\n");
+        signal_all(run, SIGKILL);
+        free(pfds);
+        free(owners);
+        free(procs_of);
+        return 1;
+    }
+    for (int r = 0; r < run->np; r++)
+        running += run->procs[r].running;
+    for (;;) {
+        int n = 0, open_streams = 0, timeout = 100;
+        pid_t pid;
+        int status;
+
+        /*
+         * Reap every rank that has exited. The culprit is the rank killed
+         * by a signal or failing for its own reasons, not one exiting 3
+         * (MESH_EXIT_PEER) in reaction to it: such a one is only a
+         * candidate for SETTLE_S, in case the culprit's own exit is
+         * reported a moment later.
+         */
+        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+            for (int r = 0; r < run->np; r++) {
+                struct proc *p = &run->procs[r];
+                int c, pri;
+
+                if (p->pid != pid || !p->running)
+                    continue;
+                p->running = 0;
+                p->status = status;
+                running--;
+                c = exit_code_of(status);
+                if (c == 0 || stopping)
+                    continue;
+                pri = WIFSIGNALED(status) ? 3 : c != 3 ? 2 : 1;
+                if (pri > cand_pri) {
+                    cand = r;
+                    cand_pri = pri;
+                }
+                if (!settle_at)
+                    settle_at = mesh_now_s() + SETTLE_S;
+            }
+        }
+        if (cand >= 0 && !stopping &&
+            (cand_pri >= 2 || mesh_now_s() >= settle_at)) {
+            struct proc *p = &run->procs[cand];
+
+            code = exit_code_of(p->status);
+            if (WIFSIGNALED(p->status))
+                fprintf(stderr,
+                        "meshrun: rank %d (%s) was killed by signal %d; "
+                        "stopping the other ranks\n",
+                        cand, p->host, WTERMSIG(p->status));
+            else
+                fprintf(stderr,
+                        "meshrun: rank %d (%s) exited with code %d; "
+                        "stopping the other ranks\n",
+                        cand, p->host, code);
+            stopping = 1;
+            signal_all(run, SIGTERM);
+            kill_at = mesh_now_s() + run->grace_s;
+        }
+        if (got_signal && !stopping) {
+            int sig = got_signal;
+
+            fprintf(stderr, "meshrun: got signal %d; stopping the job\n", sig);
+            code = 128 + sig;
+            stopping = 1;
+            signal_all(run, sig == SIGINT ? SIGINT : SIGTERM);
+            kill_at = mesh_now_s() + run->grace_s;
+        }
+        if (stopping && !killed && running > 0 && mesh_now_s() >= kill_at) {
+            fprintf(stderr,
+                    "meshrun: %d rank(s) still running after %.1f "
+                    "s; sending SIGKILL\n",
+                    running, run->grace_s);
+            signal_all(run, SIGKILL);
+            killed = 1;
+        }
+        for (int r = 0; r < run->np; r++) {
+            for (int k = 0; k < 2; k++) {
+                struct stream *s = &run->procs[r].s[k];
+
+                if (s->fd < 0)
+                    continue;
+                pfds[n].fd = s->fd;
+                pfds[n].events = POLLIN;
+                owners[n] = s;
+                procs_of[n] = &run->procs[r];
+                n++;
+                open_streams++;
+            }
+        }
+        if (running == 0) {
+            /* Output held open by a rank's own children ends the wait. */
+            if (all_exited_at == 0)
+                all_exited_at = mesh_now_s();
+            if (!open_streams ||
+                mesh_now_s() - all_exited_at > DRAIN_AFTER_EXIT_S)
+                break;
+        }
+        pfds[n].fd = sig_pipe[0];
+        pfds[n].events = POLLIN;
+        if (poll(pfds, (nfds_t)n + 1, timeout) < 0 && errno != EINTR) {
+            fprintf(stderr, "meshrun: poll: %s\n", strerror(errno));
+            signal_all(run, SIGKILL);
+            code = 1;
+            stopping = 1;
+        }
+        for (int i = 0; i < n; i++)
+            if (pfds[i].revents)
+                drain(procs_of[i], owners[i]);
+        if (pfds[n].revents) {
+            char junk[64];
+
+            while (read(sig_pipe[0], junk, sizeof(junk)) > 0) {
+            }
+        }
+    }
+    for (int r = 0; r < run->np; r++)
+        for (int k = 0; k < 2; k++)
+            if (run->procs[r].s[k].fd >= 0)
+                close(run->procs[r].s[k].fd);
+    free(pfds);
+    free(owners);
+    free(procs_of);
+    return code;
+}
+
+static int make_secret(struct run *run)
+{
+    unsigned char raw[SECRET_BYTES], id[8];
+    int i;
+
+    if (RAND_bytes(raw, sizeof(raw)) != 1 || RAND_bytes(id, sizeof(id)) != 1)
+        return mesh_err(-EIO, "RAND_bytes failed: no randomness for the "
+                              "job secret");
+    for (i = 0; i < SECRET_BYTES; i++)
+        snprintf(run->secret + 2 * i, 3, "%02x", raw[i]);
+    OPENSSL_cleanse(raw, sizeof(raw));
+    snprintf(run->job_id, sizeof(run->job_id), "meshrun-");
+    for (i = 0; i < (int)sizeof(id); i++)
+        snprintf(run->job_id + 8 + 2 * i, 3, "%02x", id[i]);
+    return 0;
+}
+
+static int parse_args(struct run *run, int argc, char **argv)
+{
+    int i;
+
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 1;
+        }
+        if (a[0] != '-')
+            break;
+        if (!v)
+            return mesh_err(-EINVAL, "%s needs a value", a);
+        if (!strcmp(a, "-np") || !strcmp(a, "-n") || !strcmp(a, "--np")) {
+            char *end;
+            long n = strtol(v, &end, 10);
+
+            if (*end || n < 1 || n > 65536)
+                return mesh_err(-EINVAL, "%s '%s': expected a rank count", a,
+                                v);
+            run->np = (int)n;
+        } else if (!strcmp(a, "--hostfile")) {
+            run->hostfile = v;
+        } else if (!strcmp(a, "-H") || !strcmp(a, "--hosts")) {
+            run->hosts = v;
+        } else if (!strcmp(a, "--launcher")) {
+            if (!strcmp(v, "local"))
+                run->launcher = LAUNCH_LOCAL;
+            else if (!strcmp(v, "ssh"))
+                run->launcher = LAUNCH_SSH;
+            else if (!strcmp(v, "auto"))
+                run->launcher = LAUNCH_AUTO;
+            else
+                return mesh_err(-EINVAL,
+                                "--launcher '%s': expected local, "
+                                "ssh or auto",
+                                v);
+        } else if (!strcmp(a, "--ssh")) {
+            run->ssh = v;
+        } else if (!strcmp(a, "--grace")) {
+            char *end;
+
+            run->grace_s = strtod(v, &end);
+            if (*end || !(run->grace_s >= 0 && run->grace_s <= 3600))
+                return mesh_err(-EINVAL,
+                                "--grace '%s': expected seconds "
+                                "from 0 to 3600",
+                                v);
+        } else {
+            return mesh_err(-EINVAL,
+                            "unknown option %s (see meshrun "
+                            "--help)",
+                            a);
+        }
+        i++;
+    }
+    if (i >= argc)
+        return mesh_err(-EINVAL, "no program to run: meshrun [options] -- "
+                                 "PROGRAM [ARGS...]");
+    run->argv = argv + i;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static char hostfile_abs[PATH_MAX];
+    static char local_hosts[64];
+    struct mesh_hostfile *hf = NULL;
+    struct run run;
+    int rc, r, e, code = 1;
+
+    memset(&run, 0, sizeof(run));
+    run.grace_s = DEFAULT_GRACE_S;
+    run.ssh = getenv("MESHTRAIN_SSH");
+    if (!run.ssh || !*run.ssh)
+        run.ssh = "ssh -o BatchMode=yes -x -T";
+    rc = parse_args(&run, argc, argv);
+    if (rc == 1)
+        return 0;
+    if (rc < 0)
+        goto usage_error;
+    if (run.hostfile && run.hosts) {
+        rc = mesh_err(-EINVAL, "give either --hostfile or -H, not both");
+        goto usage_error;
+    }
+    if (!run.hostfile && !run.hosts) {
+        const char *f = getenv("MESHTRAIN_HOSTFILE");
+        const char *h = getenv("MESHTRAIN_HOSTS");
+
+        if (f && *f)
+            run.hostfile = f;
+        else if (h && *h)
+            run.hosts = h;
+    }
+    if (!run.hostfile && !run.hosts) {
+        if (!run.np) {
+            rc = mesh_err(-EINVAL, "give -np N, a --hostfile or -H");
+            goto usage_error;
+        }
+        snprintf(local_hosts, sizeof(local_hosts), "localhost:%d", run.np);
+        run.hosts = local_hosts;
+    }
+    if (run.hostfile) {
+        /* Ranks may run elsewhere: give them an absolute path. */
+        if (!realpath(run.hostfile, hostfile_abs)) {
+            rc = mesh_err_errno("hostfile %s", run.hostfile);
+            goto usage_error;
+        }
+        rc = mesh_hostfile_parse_file(hostfile_abs, &hf);
+        run.hostfile = hostfile_abs;
+    } else {
+        rc = mesh_hostfile_parse_hosts(run.hosts, &hf);
+    }
+    if (rc < 0)
+        goto usage_error;
+    r = mesh_hostfile_slots(hf);
+    if (run.np && run.np != r) {
+        rc = mesh_err(-EINVAL,
+                      "-np %d but the hosts have %d slots: the world size is "
+                      "the total slot count (drop -np or list %d slots)",
+                      run.np, r, run.np);
+        goto usage_error;
+    }
+    run.np = r;
+    run.procs = calloc((size_t)run.np, sizeof(*run.procs));
+    if (!run.procs) {
+        rc = mesh_err(-ENOMEM, "out of memory for %d ranks", run.np);
+        goto usage_error;
+    }
+    r = 0;
+    for (e = 0; e < hf->n; e++) {
+        const struct mesh_hostfile_entry *en = &hf->entries[e];
+        int earlier = 0, remote;
+
+        for (int k = 0; k < e; k++)
+            if (!strcmp(hf->entries[k].host, en->host))
+                earlier += hf->entries[k].slots;
+        remote = run.launcher == LAUNCH_SSH ||
+                 (run.launcher == LAUNCH_AUTO && !is_local_host(en->host));
+        for (int j = 0; j < en->slots; j++, r++) {
+            struct proc *p = &run.procs[r];
+
+            p->rank = r;
+            p->local_rank = earlier + j;
+            p->host = en->host;
+            p->remote = remote;
+            p->s[0].fd = p->s[1].fd = -1;
+        }
+    }
+    rc = make_secret(&run);
+    if (rc < 0)
+        goto usage_error;
+    rc = setup_signals();
+    if (rc < 0)
+        goto usage_error;
+    for (r = 0; r < run.np; r++) {
+        rc = launch(&run, &run.procs[r]);
+        if (rc < 0) {
+            fprintf(stderr, "meshrun: cannot start rank %d on %s: %s\n", r,
+                    run.procs[r].host, mesh_err_msg(rc));
+            signal_all(&run, SIGTERM);
+            break;
+        }
+    }
+    OPENSSL_cleanse(run.secret, sizeof(run.secret));
+    code = supervise(&run);
+    if (rc < 0 && code == 0)
+        code = 1;
+    free(run.procs);
+    mesh_hostfile_free(hf);
+    return code;
+
+usage_error:
+    fprintf(stderr, "meshrun: %s\n", mesh_err_msg(rc));
+    free(run.procs);
+    mesh_hostfile_free(hf);
+    return 1;
+}

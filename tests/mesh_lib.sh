@@ -1,0 +1,136 @@
+# tests/mesh_lib.sh: shared pieces of the mesh scenario scripts (sourced).
+# TAP output, free ports, background processes that are always cleaned up.
+#
+# Sets: MESHRUN, MESHBENCH, TMP (a private directory, removed on exit).
+# Every process started with bg() is killed (by pid) on exit.
+
+top_srcdir=${top_srcdir:-$(cd "$(dirname "$0")/.." && pwd)}
+top_builddir=${top_builddir:-$top_srcdir}
+MESHRUN=$top_builddir/meshrun
+MESHBENCH=$top_builddir/meshbench
+# Keep the logs readable: one line per event at info level.
+export MESHTRAIN_LOG=${MESHTRAIN_LOG:-info}
+unset MESHTRAIN_HOSTFILE MESHTRAIN_HOSTS MESHTRAIN_RANK MESHTRAIN_SIZE \
+      MESHTRAIN_SECRET_FILE MESHTRAIN_SECRET_FD MESHTRAIN_INSECURE \
+      MESHTRAIN_PORT MESHTRAIN_JOB_ID SLURM_PROCID SLURM_NTASKS \
+      OMPI_COMM_WORLD_RANK OMPI_COMM_WORLD_SIZE PMI_RANK PMI_SIZE
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/meshtest.XXXXXX") || exit 99
+T_N=0
+T_FAILED=0
+T_PIDS=""
+T_CLEANUP_HOOK=""
+
+t_cleanup() {
+    for p in $T_PIDS; do
+        kill -CONT "$p" 2>/dev/null
+        kill -TERM "$p" 2>/dev/null
+    done
+    for p in $T_PIDS; do
+        i=0
+        while kill -0 "$p" 2>/dev/null && [ $i -lt 20 ]; do
+            sleep 0.1
+            i=$((i + 1))
+        done
+        kill -KILL "$p" 2>/dev/null
+    done
+    [ -n "$T_CLEANUP_HOOK" ] && $T_CLEANUP_HOOK
+    rm -rf "$TMP"
+}
+trap 't_cleanup' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+t_plan() { echo "1..$1"; }
+t_ok() { # t_ok COND-STATUS NAME
+    T_N=$((T_N + 1))
+    if [ "$1" -eq 0 ]; then
+        echo "ok $T_N - $2"
+    else
+        echo "not ok $T_N - $2"
+        T_FAILED=$((T_FAILED + 1))
+    fi
+}
+t_skip() { T_N=$((T_N + 1)); echo "ok $T_N # SKIP $1"; }
+t_diag() { echo "# $*"; }
+t_skip_all() { echo "1..0 # SKIP $1"; exit 0; }
+t_done() { [ "$T_FAILED" -eq 0 ]; exit $?; }
+
+# Show a file's lines as TAP diagnostics (for failures).
+t_show() {
+    [ -f "$1" ] && sed 's/^/#   /' "$1" | tail -n "${2:-30}"
+}
+
+# free_ports N: print a base port P such that P..P+N-1 are all free on
+# 127.0.0.1, chosen at random so that parallel tests rarely meet.
+free_ports() {
+    /usr/bin/python3 - "$1" <<'EOF'
+import random, socket, sys
+n = int(sys.argv[1])
+for _ in range(200):
+    base = random.randrange(20000, 60000 - n)
+    socks = []
+    try:
+        for p in range(base, base + n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", p))
+            socks.append(s)
+    except OSError:
+        continue
+    finally:
+        for s in socks:
+            s.close()
+    print(base)
+    sys.exit(0)
+sys.exit(1)
+EOF
+}
+
+# bg CMD...: start CMD in the background, remember its pid in $BG_PID.
+bg() {
+    "$@" &
+    BG_PID=$!
+    T_PIDS="$T_PIDS $BG_PID"
+}
+
+# wait_exit PID SECONDS: wait for PID to end; sets $EXIT_CODE (or 255 when
+# it was still running after SECONDS, then it is killed) and $EXIT_AFTER.
+wait_exit() {
+    _start=$(date +%s)
+    _limit=$(( $2 * 10 ))
+    _i=0
+    while kill -0 "$1" 2>/dev/null && [ $_i -lt $_limit ]; do
+        sleep 0.1
+        _i=$((_i + 1))
+    done
+    EXIT_AFTER=$(( $(date +%s) - _start ))
+    if kill -0 "$1" 2>/dev/null; then
+        kill -CONT "$1" 2>/dev/null
+        kill -KILL "$1" 2>/dev/null
+        wait "$1" 2>/dev/null
+        EXIT_CODE=255
+        return
+    fi
+    wait "$1"
+    EXIT_CODE=$?
+}
+
+# wait_for FILE PATTERN SECONDS: until FILE contains PATTERN (grep -E).
+wait_for() {
+    _i=0
+    while [ $_i -lt $(( $3 * 10 )) ]; do
+        grep -Eq "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+        _i=$((_i + 1))
+    done
+    return 1
+}
+
+# A 0600 secret file shared by peers started by hand.
+make_secret() {
+    head -c 32 /dev/urandom | base64 > "$1"
+    chmod 600 "$1"
+}
+
+[ -x "$MESHRUN" ] && [ -x "$MESHBENCH" ] ||
+    t_skip_all "meshrun or meshbench not built in $top_builddir"

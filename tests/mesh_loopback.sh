@@ -1,0 +1,55 @@
+#!/bin/sh
+# tests/mesh_loopback.sh: 2, 4 and 8 peers on loopback, started by meshrun,
+# join the mesh and run meshbench over every pair of ranks (--all-pairs:
+# ping-pong, and streaming both ways) at odd sizes from 3 bytes to 2.3 MB;
+# every received byte is checked by the receiver, and any wrong byte or
+# error fails the rank and so meshrun.
+. "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
+
+t_plan 13
+for n in 2 4 8; do
+    port=$(free_ports "$n") || { t_ok 1 "no free ports for $n peers"; continue; }
+    log=$TMP/loop$n.log
+    timeout 300 "$MESHRUN" -np "$n" -- "$MESHBENCH" --port "$port" \
+        --join-timeout 30 --all-pairs --op all -b 3 -e 3M -f 7 -n 2 -w 1 \
+        > "$log" 2>&1
+    rc=$?
+    t_ok $rc "$n peers: meshrun + meshbench exit 0 (got $rc)"
+    [ $rc -eq 0 ] || t_show "$log"
+    # Rows: 2 ops x rounds x 8 sizes (3, 21, ..., 2470629), printed by rank 0.
+    rounds=$(( n % 2 ? n : n - 1 ))
+    rows=$(grep -Ec '^\[0\] +(pingpong|stream) ' "$log")
+    t_ok $([ "$rows" -eq $((2 * rounds * 8)) ]; echo $?) \
+        "$n peers: $rows table rows (want $((2 * rounds * 8)))"
+    # The errors column (last) is 0 on every row.
+    bad=$(grep -E '^\[0\] +(pingpong|stream) ' "$log" |
+          awk '$NF != 0 { n++ } END { print n + 0 }')
+    t_ok $([ "$bad" -eq 0 ] && ! grep -q 'wrong data' "$log"; echo $?) \
+        "$n peers: no wrong byte on any rank ($bad rows with errors)"
+done
+
+# IPv6 loopback, several TCP streams per link (messages striped over them).
+port=$(free_ports 4)
+log=$TMP/v6.log
+timeout 300 "$MESHRUN" -H '[::1]:4' -- "$MESHBENCH" --port "$port" \
+    --streams 3 --join-timeout 30 --all-pairs --op all -b 3 -e 3M -f 7 \
+    -n 2 -w 1 > "$log" 2>&1
+rc=$?
+t_ok $rc "4 peers on [::1], --streams 3, every pair: exit 0 (got $rc)"
+[ $rc -eq 0 ] || t_show "$log"
+rows=$(grep -Ec '^\[0\] +(pingpong|stream) ' "$log")
+t_ok $([ "$rows" -eq 48 ] && grep -q '3 stream(s) per link' "$log"; echo $?) \
+    "[::1]: $rows table rows (want 48), 3 streams per link"
+
+# The check can fail: rank 0 spoils one byte of its first message longer
+# than 1000 bytes; rank 1 must find exactly that byte and meshrun exit 4.
+port=$(free_ports 2)
+log=$TMP/corrupt.log
+MESHBENCH_TEST_CORRUPT=0:1000 timeout 120 "$MESHRUN" -np 2 -- "$MESHBENCH" \
+    --port "$port" --op all -b 8 -e 64K -f 8 -n 2 -w 1 > "$log" 2>&1
+rc=$?
+t_ok $([ $rc -eq 4 ]; echo $?) "a spoiled byte: meshrun exits 4 (got $rc)"
+t_ok $(grep -q "^\[1\] .*wrong data from rank 0: 1 of 4096 bytes differ .*first at offset 1000" "$log"; echo $?) \
+    "the receiver names the sender, the size and the offset"
+grep "wrong data" "$log" | sed 's/^/# /'
+t_done

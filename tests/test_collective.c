@@ -1,0 +1,859 @@
+/*
+ * tests/test_collective.c: the collectives over the real TCP transport,
+ * with real processes on 127.0.0.1.
+ *
+ * For each N = 2..8 the parent forks N ranks that form a mesh, create a
+ * communicator and run a battery: every operation, algorithm and dtype,
+ * counts 0, 1, N-1, primes and a few MiB, in place and out of place, against
+ * a serial reference (inputs are small integers, so every sum is exact in
+ * any order); random floats, where the order matters, must give bitwise
+ * the same bytes on every rank; several collectives started back to back
+ * before any wait. Each rank sends one line per group ("name ok hash
+ * detail") through a pipe; the parent prints one TAP line per group,
+ * requiring every rank to pass and the hashes to agree where outputs must
+ * be identical. Then two failure scenarios: ranks whose sizes disagree
+ * (every rank must get an error), and a peer killed mid-collective (every
+ * survivor must get an error naming it within the peer timeout).
+ */
+#include "config.h"
+
+#include "collective/collective.h"
+#include "src/util.h"
+#include "tests/tap.h"
+#include "transport/transport.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAXP           8
+#define LINE           1024
+#define PEER_TIMEOUT_S 3.0
+
+static const struct mesh_transport_ops *ops;
+static const char *secret = "test_collective shared secret";
+
+/* ---- the mesh ------------------------------------------------------------ */
+
+static int port_free(uint16_t port)
+{
+    struct sockaddr_in s4;
+    int fd, one = 1, ok_;
+
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return 1;
+    memset(&s4, 0, sizeof(s4));
+    s4.sin_family = AF_INET;
+    s4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    s4.sin_port = htons(port);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    ok_ = bind(fd, (struct sockaddr *)&s4, sizeof(s4)) == 0;
+    close(fd);
+    return ok_;
+}
+
+static uint16_t pick_ports(int n)
+{
+    static unsigned next;
+
+    if (!next)
+        next = (unsigned)getpid() * 7907u;
+    for (int tries = 0; tries < 200; tries++) {
+        uint16_t base = (uint16_t)(20000 + (next % 40000u));
+        int i;
+
+        next += 101;
+        for (i = 0; i < n; i++)
+            if (!port_free((uint16_t)(base + i)))
+                break;
+        if (i == n)
+            return base;
+    }
+    return 0;
+}
+
+struct rank_ctx {
+    int rank, n;
+    struct mesh_peer peers[MAXP];
+    struct mesh_world w;
+    struct mesh_transport_opts o;
+    mesh_transport_t *t;
+    mesh_coll_t *c;
+    FILE *out; /* results to the parent */
+};
+
+static int mesh_up(struct rank_ctx *x, uint16_t base, size_t chunk, int measure)
+{
+    struct mesh_coll_opts co;
+    int rc;
+
+    for (int i = 0; i < x->n; i++) {
+        snprintf(x->peers[i].host, sizeof(x->peers[i].host), "127.0.0.1");
+        x->peers[i].port = (uint16_t)(base + i);
+        x->peers[i].local_rank = i;
+    }
+    x->w.rank = x->rank;
+    x->w.size = x->n;
+    x->w.peers = x->peers;
+    mesh_transport_opts_init(&x->o);
+    x->o.peer_timeout_s = PEER_TIMEOUT_S;
+    x->o.join_timeout_s = 30;
+    x->o.secret = (const uint8_t *)secret;
+    x->o.secret_len = strlen(secret);
+    snprintf(x->o.job_id, sizeof(x->o.job_id), "test-collective");
+    snprintf(x->o.config, sizeof(x->o.config), "test=collective\n");
+    rc = ops->listen(&x->w, &x->o, &x->t);
+    if (rc == 0)
+        rc = ops->connect(x->t);
+    if (rc < 0)
+        return rc;
+    mesh_coll_opts_init(&co);
+    co.chunk_bytes = chunk;
+    co.measure = measure;
+    return mesh_coll_create(ops, x->t, &x->w, &co, &x->c);
+}
+
+/* ---- data ---------------------------------------------------------------- */
+
+static const int dtypes[] = {MESH_DT_F32, MESH_DT_F16, MESH_DT_BF16};
+
+/* A small integer, so that sums of up to 8 ranks are exact in any type. */
+static int val(int rank, size_t i, int salt)
+{
+    return (int)(((size_t)rank * 131 + i * 31 + (size_t)salt * 17) % 15) - 7;
+}
+
+static void put(int dtype, void *p, size_t i, float v)
+{
+    if (dtype == MESH_DT_F16)
+        ((uint16_t *)p)[i] = mesh_f16_from_f32(v);
+    else if (dtype == MESH_DT_BF16)
+        ((uint16_t *)p)[i] = mesh_bf16_from_f32(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+static void fill(int dtype, void *p, size_t n, int rank, int salt, size_t first)
+{
+    for (size_t i = 0; i < n; i++)
+        put(dtype, p, i, (float)val(rank, first + i, salt));
+}
+
+/* Expected reduction of element i over n ranks. */
+static void expect_red(int dtype, void *p, size_t i, int n, int redop,
+                       size_t elem, int salt)
+{
+    int sum = 0;
+
+    for (int r = 0; r < n; r++)
+        sum += val(r, elem, salt);
+    put(dtype, p, i,
+        redop == MESH_REDOP_AVG ? (float)sum / (float)n : (float)sum);
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t len)
+{
+    const unsigned char *b = p;
+
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* One group of checks on this rank: a failure detail and an output hash. */
+struct group {
+    char name[128];
+    int ok;
+    uint64_t hash;
+    int hashed; /* outputs must be the same on every rank */
+    char detail[256];
+};
+
+static void group_begin(struct group *g, int hashed, const char *fmt, ...)
+    MESH_PRINTF(3, 4);
+static void group_begin(struct group *g, int hashed, const char *fmt, ...)
+{
+    va_list ap;
+
+    memset(g, 0, sizeof(*g));
+    va_start(ap, fmt);
+    vsnprintf(g->name, sizeof(g->name), fmt, ap);
+    va_end(ap);
+    for (char *s = g->name; *s; s++) /* one word on the wire */
+        if (*s == ' ')
+            *s = '~';
+    g->ok = 1;
+    g->hash = 0xcbf29ce484222325ull;
+    g->hashed = hashed;
+}
+
+static void group_fail(struct group *g, const char *fmt, ...) MESH_PRINTF(2, 3);
+static void group_fail(struct group *g, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!g->ok)
+        return;
+    g->ok = 0;
+    va_start(ap, fmt);
+    vsnprintf(g->detail, sizeof(g->detail), fmt, ap);
+    va_end(ap);
+    for (char *s = g->detail; *s; s++)
+        if (*s == '\n')
+            *s = ' ';
+}
+
+static void group_end(struct rank_ctx *x, struct group *g)
+{
+    fprintf(x->out, "%s %d %016" PRIx64 " %s\n", g->name, g->ok,
+            g->hashed ? g->hash : 0, g->ok ? "-" : g->detail);
+    fflush(x->out);
+}
+
+/* Compare got with want; on a difference, name the first element. */
+static void check(struct group *g, const void *got, const void *want, size_t n,
+                  int dtype, const char *what, size_t count)
+{
+    size_t es = mesh_dtype_size(dtype);
+
+    if (!memcmp(got, want, n * es))
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp((const char *)got + i * es, (const char *)want + i * es,
+                   es)) {
+            group_fail(g, "%s count %zu: element %zu wrong", what, count, i);
+            return;
+        }
+}
+
+/* ---- the battery --------------------------------------------------------- */
+
+static void t_allreduce(struct rank_ctx *x, int algo, int dtype, int redop,
+                        const size_t *counts, int ncounts)
+{
+    struct group g;
+    int n = x->n;
+
+    group_begin(&g, 1, "N=%d allreduce %s %s %s", n, mesh_algo_name(algo),
+                mesh_dtype_name(dtype), redop ? "avg" : "sum");
+    for (int ci = 0; ci < ncounts; ci++) {
+        size_t cnt = counts[ci], es = mesh_dtype_size(dtype);
+        void *in = NULL, *outb = NULL, *want = malloc(cnt * es + 1);
+        int salt = 1 + ci, rc;
+
+        if (mesh_coll_buf_alloc(x->c, cnt * es, &in) < 0 ||
+            mesh_coll_buf_alloc(x->c, cnt * es, &outb) < 0 || !want) {
+            group_fail(&g, "allocation: %s", mesh_err_msg(-ENOMEM));
+            break;
+        }
+        for (size_t i = 0; i < cnt; i++)
+            expect_red(dtype, want, i, n, redop, i, salt);
+        for (int inplace = 0; inplace < 2; inplace++) {
+            void *dst = inplace ? in : outb;
+
+            fill(dtype, in, cnt, x->rank, salt, 0);
+            rc = mesh_coll_allreduce(x->c, in, dst, cnt, dtype, redop, algo);
+            if (rc < 0) {
+                group_fail(&g, "count %zu: %s", cnt, mesh_err_msg(rc));
+                continue;
+            }
+            check(&g, dst, want, cnt, dtype,
+                  inplace ? "in place" : "out of place", cnt);
+            g.hash = fnv(g.hash, dst, cnt * es);
+        }
+        mesh_coll_buf_free(x->c, outb);
+        mesh_coll_buf_free(x->c, in);
+        free(want);
+    }
+    group_end(x, &g);
+}
+
+static void t_reduce_scatter(struct rank_ctx *x, int dtype, int redop,
+                             const size_t *counts, int ncounts)
+{
+    struct group g;
+    int n = x->n;
+
+    group_begin(&g, 0, "N=%d reduce_scatter ring %s %s", n,
+                mesh_dtype_name(dtype), redop ? "avg" : "sum");
+    for (int ci = 0; ci < ncounts; ci++) {
+        size_t rc_ = counts[ci], es = mesh_dtype_size(dtype);
+        char *in = malloc((size_t)n * rc_ * es + 1);
+        char *outb = malloc(rc_ * es + 1), *want = malloc(rc_ * es + 1);
+        int rc;
+
+        for (size_t j = 0; j < rc_; j++)
+            expect_red(dtype, want, j, n, redop, (size_t)x->rank * rc_ + j, 3);
+        for (int inplace = 0; inplace < 2; inplace++) {
+            char *dst = inplace ? in + (size_t)x->rank * rc_ * es : outb;
+
+            fill(dtype, in, (size_t)n * rc_, x->rank, 3, 0);
+            rc = mesh_coll_reduce_scatter(x->c, in, dst, rc_, dtype, redop);
+            if (rc < 0) {
+                group_fail(&g, "count %zu: %s", rc_, mesh_err_msg(rc));
+                continue;
+            }
+            check(&g, dst, want, rc_, dtype,
+                  inplace ? "in place" : "out of place", rc_);
+        }
+        free(want);
+        free(outb);
+        free(in);
+    }
+    group_end(x, &g);
+}
+
+static void t_allgather(struct rank_ctx *x, int dtype, const size_t *counts,
+                        int ncounts)
+{
+    struct group g;
+    int n = x->n;
+
+    group_begin(&g, 1, "N=%d allgather ring %s", n, mesh_dtype_name(dtype));
+    for (int ci = 0; ci < ncounts; ci++) {
+        size_t sc = counts[ci], es = mesh_dtype_size(dtype);
+        char *in = malloc(sc * es + 1), *outb = malloc((size_t)n * sc * es + 1);
+        char *want = malloc((size_t)n * sc * es + 1);
+        int rc;
+
+        for (int r = 0; r < n; r++)
+            fill(dtype, want + (size_t)r * sc * es, sc, r, 4, 0);
+        for (int inplace = 0; inplace < 2; inplace++) {
+            char *src = inplace ? outb + (size_t)x->rank * sc * es : in;
+
+            memset(outb, 0xee, (size_t)n * sc * es);
+            fill(dtype, src, sc, x->rank, 4, 0);
+            rc = mesh_coll_allgather(x->c, src, outb, sc, dtype);
+            if (rc < 0) {
+                group_fail(&g, "count %zu: %s", sc, mesh_err_msg(rc));
+                continue;
+            }
+            check(&g, outb, want, (size_t)n * sc, dtype,
+                  inplace ? "in place" : "out of place", sc);
+            g.hash = fnv(g.hash, outb, (size_t)n * sc * es);
+        }
+        free(want);
+        free(outb);
+        free(in);
+    }
+    group_end(x, &g);
+}
+
+static void t_broadcast(struct rank_ctx *x, int algo, int dtype,
+                        const size_t *counts, int ncounts)
+{
+    struct group g;
+    int n = x->n;
+
+    group_begin(&g, 1, "N=%d broadcast %s %s", n, mesh_algo_name(algo),
+                mesh_dtype_name(dtype));
+    for (int ci = 0; ci < ncounts; ci++) {
+        size_t cnt = counts[ci], es = mesh_dtype_size(dtype);
+        int root = (int)(cnt % (size_t)n);
+        char *in = malloc(cnt * es + 1), *outb = malloc(cnt * es + 1);
+        char *want = malloc(cnt * es + 1);
+        int rc;
+
+        fill(dtype, want, cnt, root, 5, 0);
+        for (int inplace = 0; inplace < 2; inplace++) {
+            char *dst = inplace ? in : outb;
+
+            memset(outb, 0xee, cnt * es);
+            fill(dtype, in, cnt, x->rank, 5, 0);
+            rc = mesh_coll_broadcast(x->c, in, dst, cnt, dtype, root, algo);
+            if (rc < 0) {
+                group_fail(&g, "count %zu: %s", cnt, mesh_err_msg(rc));
+                continue;
+            }
+            check(&g, dst, want, cnt, dtype,
+                  inplace ? "in place" : "out of place", cnt);
+            g.hash = fnv(g.hash, dst, cnt * es);
+        }
+        free(want);
+        free(outb);
+        free(in);
+    }
+    group_end(x, &g);
+}
+
+/* Random floats: rounding happens, so only the agreement of ranks counts. */
+static void t_random(struct rank_ctx *x, int algo)
+{
+    struct group g;
+    size_t cnt = 10007;
+    uint64_t s = 0x1234567ull * (uint64_t)(x->rank + 1);
+
+    group_begin(&g, 1, "N=%d random floats %s: bitwise equal on all ranks",
+                x->n, mesh_algo_name(algo));
+    for (size_t d = 0; d < MESH_ARRAY_SIZE(dtypes); d++) {
+        size_t es = mesh_dtype_size(dtypes[d]);
+        char *in = malloc(cnt * es), *outb = malloc(cnt * es);
+        int rc;
+
+        for (size_t i = 0; i < cnt; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            put(dtypes[d], in, i,
+                (float)((double)(s >> 11) / 9007199254740992.0 - 0.5) *
+                    (float)(1 + i % 100));
+        }
+        rc = mesh_coll_allreduce(x->c, in, outb, cnt, dtypes[d], MESH_REDOP_AVG,
+                                 algo);
+        if (rc < 0)
+            group_fail(&g, "%s", mesh_err_msg(rc));
+        else
+            g.hash = fnv(g.hash, outb, cnt * es);
+        free(outb);
+        free(in);
+    }
+    group_end(x, &g);
+}
+
+/* Several collectives started before any wait, finished in order. */
+static void t_back_to_back(struct rank_ctx *x)
+{
+    enum { K = 8 };
+    static const int algos[] = {MESH_ALGO_RING, MESH_ALGO_TREE, MESH_ALGO_PS,
+                                MESH_ALGO_DIRECT, MESH_ALGO_AUTO};
+    struct group g;
+    mesh_coll_req_t *q[K];
+    void *buf[K], *want[K];
+    size_t cnt[K];
+    double prev_end = 0;
+    int dt[K], started = 0;
+
+    group_begin(&g, 1, "N=%d %d collectives started back to back", x->n, K);
+    for (int k = 0; k < K; k++) {
+        size_t es;
+
+        dt[k] = dtypes[k % 3];
+        es = mesh_dtype_size(dt[k]);
+        cnt[k] = (size_t)(k + 1) * 12345;
+        buf[k] = malloc(cnt[k] * es);
+        want[k] = malloc(cnt[k] * es);
+        /* half the buffers registered once, half per collective */
+        if (k % 2 && mesh_coll_buf_register(x->c, buf[k], cnt[k] * es) < 0)
+            group_fail(&g, "register %d: %s", k, mesh_err_msg(-EINVAL));
+        fill(dt[k], buf[k], cnt[k], x->rank, 10 + k, 0);
+        for (size_t i = 0; i < cnt[k]; i++)
+            expect_red(dt[k], want[k], i, x->n, MESH_REDOP_SUM, i, 10 + k);
+    }
+    for (int k = 0; k < K; k++) {
+        int rc = mesh_coll_allreduce_start(x->c, buf[k], buf[k], cnt[k], dt[k],
+                                           MESH_REDOP_SUM, algos[k % 5], &q[k]);
+
+        if (rc < 0) {
+            group_fail(&g, "start %d: %s", k, mesh_err_msg(rc));
+            break;
+        }
+        started++;
+    }
+    for (int k = 0; k < started; k++) {
+        double t0 = 0, t1 = 0;
+        int rc = mesh_coll_wait_times(q[k], &t0, &t1);
+
+        /* in order, one at a time */
+        if (rc == 0 && (t1 < t0 || t0 < prev_end))
+            group_fail(&g,
+                       "collective %d ran %.6f..%.6f, before the "
+                       "previous one ended (%.6f)",
+                       k, t0, t1, prev_end);
+        prev_end = t1;
+        if (rc < 0)
+            group_fail(&g, "collective %d: %s", k, mesh_err_msg(rc));
+        else
+            check(&g, buf[k], want[k], cnt[k], dt[k], "back to back", cnt[k]);
+        g.hash = fnv(g.hash, buf[k], cnt[k] * mesh_dtype_size(dt[k]));
+    }
+    for (int k = 0; k < K; k++) {
+        if (k % 2)
+            mesh_coll_buf_unregister(x->c, buf[k]);
+        free(want[k]);
+        free(buf[k]);
+    }
+    group_end(x, &g);
+}
+
+static void t_barrier(struct rank_ctx *x)
+{
+    struct group g;
+
+    group_begin(&g, 0, "N=%d barrier x3", x->n);
+    for (int i = 0; i < 3; i++) {
+        int rc = mesh_coll_barrier(x->c);
+
+        if (rc < 0)
+            group_fail(&g, "%s", mesh_err_msg(rc));
+    }
+    group_end(x, &g);
+}
+
+static void battery(struct rank_ctx *x)
+{
+    static const int algos[] = {MESH_ALGO_RING, MESH_ALGO_TREE, MESH_ALGO_PS,
+                                MESH_ALGO_DIRECT, MESH_ALGO_AUTO};
+    int n = x->n;
+    size_t counts[] = {0, 1, (size_t)n - 1, 7, 1009, 65537};
+    size_t big[] = {(size_t)3 << 20 >> (n > 4)}; /* 12 or 6 MiB of f32 */
+    size_t small[] = {0, 1, (size_t)n - 1, 7, 1009};
+
+    t_barrier(x);
+    for (size_t a = 0; a < MESH_ARRAY_SIZE(algos); a++)
+        for (size_t d = 0; d < MESH_ARRAY_SIZE(dtypes); d++)
+            for (int redop = 0; redop < 2; redop++)
+                t_allreduce(x, algos[a], dtypes[d], redop, counts,
+                            (int)MESH_ARRAY_SIZE(counts));
+    /* a few MiB, where chunks pipeline */
+    t_allreduce(x, MESH_ALGO_RING, MESH_DT_F32, MESH_REDOP_AVG, big, 1);
+    t_allreduce(x, MESH_ALGO_TREE, MESH_DT_BF16, MESH_REDOP_SUM, big, 1);
+    for (size_t d = 0; d < MESH_ARRAY_SIZE(dtypes); d++) {
+        for (int redop = 0; redop < 2; redop++)
+            t_reduce_scatter(x, dtypes[d], redop, small,
+                             (int)MESH_ARRAY_SIZE(small));
+        t_allgather(x, dtypes[d], small, (int)MESH_ARRAY_SIZE(small));
+        t_broadcast(x, MESH_ALGO_RING, dtypes[d], counts,
+                    (int)MESH_ARRAY_SIZE(counts));
+        t_broadcast(x, MESH_ALGO_TREE, dtypes[d], counts,
+                    (int)MESH_ARRAY_SIZE(counts));
+    }
+    t_reduce_scatter(x, MESH_DT_F32, MESH_REDOP_SUM, big, 1);
+    t_random(x, MESH_ALGO_RING);
+    t_random(x, MESH_ALGO_TREE);
+    t_random(x, MESH_ALGO_PS);
+    t_random(x, MESH_ALGO_DIRECT);
+    t_back_to_back(x);
+    t_barrier(x);
+}
+
+/* ---- failure scenarios --------------------------------------------------- */
+
+/* Rank 1 asks for one element fewer: everyone must get an error. */
+static void s_size_mismatch(struct rank_ctx *x)
+{
+    struct group g;
+    size_t cnt = x->rank == 1 ? 1000 : 1001;
+    float *b = calloc(1001, sizeof(float));
+    int rc = mesh_coll_barrier(x->c); /* every rank has joined */
+
+    if (rc == 0)
+        rc = mesh_coll_allreduce(x->c, b, b, cnt, MESH_DT_F32, MESH_REDOP_SUM,
+                                 MESH_ALGO_RING);
+    group_begin(&g, 0, "N=%d sizes disagree: every rank gets an error", x->n);
+    if (rc == 0)
+        group_fail(&g, "the all-reduce succeeded");
+    else
+        snprintf(g.detail, sizeof(g.detail), "%s", mesh_err_msg(rc));
+    fprintf(x->out, "%s %d 0 %s\n", g.name, g.ok, g.detail);
+    fflush(x->out);
+    free(b);
+}
+
+/* Rank n-2 dies (SIGKILL) or goes silent (SIGSTOP) while a large
+ * all-reduce runs. */
+static void s_kill(struct rank_ctx *x, int sig)
+{
+    size_t cnt = (size_t)4 << 20;
+    float *b = calloc(cnt, sizeof(float));
+    mesh_coll_req_t *q;
+    double t0;
+    int victim = x->n - 2, rc;
+    char name[300];
+
+    rc = mesh_coll_barrier(x->c);
+    if (rc == 0)
+        rc = mesh_coll_allreduce_start(x->c, b, b, cnt, MESH_DT_F32,
+                                       MESH_REDOP_SUM, MESH_ALGO_RING, &q);
+    if (rc == 0 && x->rank == victim) {
+        usleep(20000);
+        kill(getpid(), sig);
+    }
+    t0 = mesh_now_s();
+    if (rc == 0) {
+        rc = mesh_coll_wait(q);
+        /* The first collective may finish before the death: go on. */
+        for (int i = 0; rc == 0 && i < 50; i++)
+            rc = mesh_coll_allreduce(x->c, b, b, cnt, MESH_DT_F32,
+                                     MESH_REDOP_SUM, MESH_ALGO_RING);
+    }
+    mesh_peer_name(&x->w, victim, name, sizeof(name));
+    fprintf(x->out, "kill %d %.3f %d %s\n", rc < 0, mesh_now_s() - t0,
+            rc < 0 && (strstr(mesh_err_msg(rc), name) != NULL),
+            rc < 0 ? mesh_err_msg(rc) : "no error");
+    fflush(x->out);
+    free(b);
+}
+
+/* ---- the parent ---------------------------------------------------------- */
+
+enum scenario { SC_BATTERY, SC_MISMATCH, SC_KILL, SC_STOP };
+
+struct result {
+    char *text; /* everything the rank wrote */
+    int status;
+};
+
+static void child(int rank, int n, uint16_t base, int sc, int fd)
+{
+    struct rank_ctx x = {.rank = rank, .n = n};
+    int rc;
+
+    alarm(sc == SC_BATTERY ? 150 : 60);
+    mesh_log_set_rank(rank);
+    mesh_log_set_level(MESH_LOG_WARN);
+    x.out = fdopen(fd, "w");
+    if (!x.out)
+        _exit(2);
+    /* odd N: small chunks, so that even small counts run many chunks */
+    rc = mesh_up(&x, base, n % 2 ? 4096 : 0, sc == SC_BATTERY);
+    if (rc < 0) {
+        fprintf(x.out, "setup 0 0 %s\n", mesh_err_msg(rc));
+        fclose(x.out);
+        _exit(1);
+    }
+    if (sc == SC_BATTERY)
+        battery(&x);
+    else if (sc == SC_MISMATCH)
+        s_size_mismatch(&x);
+    else
+        s_kill(&x, sc == SC_KILL ? SIGKILL : SIGSTOP);
+    fclose(x.out);
+    mesh_coll_destroy(x.c);
+    ops->close(x.t);
+    _exit(0);
+}
+
+/* Fork n ranks; collect what each wrote. */
+static int run(int n, int sc, struct result *res)
+{
+    uint16_t base = pick_ports(n);
+    pid_t pid[MAXP];
+    int fds[MAXP];
+
+    if (!base)
+        return -1;
+    fflush(stdout);
+    for (int r = 0; r < n; r++) {
+        int p[2];
+
+        if (pipe(p))
+            return -1;
+        pid[r] = fork();
+        if (pid[r] < 0)
+            return -1;
+        if (pid[r] == 0) {
+            for (int k = 0; k < r; k++)
+                close(fds[k]);
+            close(p[0]);
+            child(r, n, base, sc, p[1]);
+        }
+        close(p[1]);
+        fds[r] = p[0];
+        res[r].text = calloc(1, 1);
+    }
+    /* read every pipe to its end, all at once (children block otherwise);
+     * a stopped rank is killed once every other rank has finished */
+    for (int open_ = n; open_ > 0;) {
+        struct pollfd pf[MAXP];
+
+        for (int r = 0; r < n; r++) {
+            pf[r].fd = fds[r];
+            pf[r].events = POLLIN;
+        }
+        if (poll(pf, (nfds_t)n, -1) < 0 && errno != EINTR)
+            break;
+        for (int r = 0; r < n; r++) {
+            char buf[4096];
+            ssize_t got;
+            size_t have;
+
+            if (fds[r] < 0 || !(pf[r].revents & (POLLIN | POLLHUP)))
+                continue;
+            got = read(fds[r], buf, sizeof(buf));
+            if (got <= 0) {
+                close(fds[r]);
+                fds[r] = -1;
+                pf[r].fd = -1;
+                open_--;
+                continue;
+            }
+            have = strlen(res[r].text);
+            res[r].text = realloc(res[r].text, have + (size_t)got + 1);
+            memcpy(res[r].text + have, buf, (size_t)got);
+            res[r].text[have + (size_t)got] = 0;
+        }
+        if (sc == SC_STOP && open_ == 1 && fds[n - 2] >= 0)
+            kill(pid[n - 2], SIGKILL);
+    }
+    for (int r = 0; r < n; r++) {
+        int st = 0;
+
+        waitpid(pid[r], &st, 0);
+        res[r].status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    return 0;
+}
+
+/* Line k of text (0-based), copied into out. */
+static int nth_line(const char *text, int k, char *out, size_t len)
+{
+    const char *s = text;
+
+    for (int i = 0; i < k && s; i++) {
+        s = strchr(s, '\n');
+        if (s)
+            s++;
+    }
+    if (!s || !*s)
+        return -1;
+    snprintf(out, len, "%.*s", (int)(strcspn(s, "\n")), s);
+    return 0;
+}
+
+static void report_battery(int n, struct result *res)
+{
+    char line[LINE];
+    int nlines = 0;
+
+    for (int k = 0; nth_line(res[0].text, k, line, sizeof(line)) == 0; k++) {
+        char name[LINE], name_r[LINE], detail[LINE] = "", hash0[32];
+        int okall = 1, hashes_equal = 1;
+
+        if (sscanf(line, "%1023s %*d %31s", name, hash0) != 2)
+            continue;
+        nlines++;
+        for (int r = 0; r < n; r++) {
+            char lr[LINE], h[32];
+            int okr = 0, off = 0;
+
+            if (nth_line(res[r].text, k, lr, sizeof(lr)) < 0 ||
+                sscanf(lr, "%1023s %d %31s %n", name_r, &okr, h, &off) < 3 ||
+                strcmp(name, name_r)) {
+                okall = 0;
+                snprintf(detail, sizeof(detail),
+                         "rank %d: no result "
+                         "(exit %d)",
+                         r, res[r].status);
+                continue;
+            }
+            if (!okr && okall) {
+                okall = 0;
+                snprintf(detail, sizeof(detail), "rank %d: %s", r, lr + off);
+            }
+            if (strcmp(h, hash0))
+                hashes_equal = 0;
+        }
+        for (char *s = name; *s; s++)
+            if (*s == '~')
+                *s = ' ';
+        ok(okall && hashes_equal, "%s%s", name,
+           hashes_equal ? "" : " (outputs differ between ranks)");
+        if (!okall)
+            diag("%s", detail);
+    }
+    ok(nlines > 0 && strstr(res[0].text, "back~to~back") != NULL,
+       "N=%d battery ran to the end (rank 0 exit %d)", n, res[0].status);
+    if (nlines == 0 || !strstr(res[0].text, "back~to~back"))
+        for (int r = 0; r < n; r++)
+            diag("rank %d (exit %d): %s", r, res[r].status, res[r].text);
+}
+
+/* N = 4, rank 2 dies or stops mid-all-reduce: every survivor must get an
+ * error naming it within the peer timeout (plus slack for a loaded box). */
+static void check_death(int sc, int sig, const char *how)
+{
+    struct result res[MAXP];
+    int all = 1, victim = 2;
+    double worst = 0;
+
+    memset(res, 0, sizeof(res));
+    if (run(4, sc, res) < 0) {
+        ok(0, "N=4 rank 2 %s: could not start the ranks", how);
+        return;
+    }
+    for (int r = 0; r < 4; r++) {
+        int erred = 0, named = 0;
+        double secs = 0;
+
+        if (r == victim) {
+            /* SIGKILL ends it either way (the parent kills a stopped one) */
+            if (res[r].status != 128 + SIGKILL) {
+                all = 0;
+                diag("rank %d was to end by signal %d: exit %d", r, sig,
+                     res[r].status);
+            }
+            continue;
+        }
+        if (sscanf(res[r].text, "kill %d %lf %d", &erred, &secs, &named) != 3 ||
+            !erred || !named || secs > PEER_TIMEOUT_S + 2.0)
+            all = 0;
+        worst = MESH_MAX(worst, secs);
+        diag("rank %d: %s", r, res[r].text);
+    }
+    ok(all,
+       "N=4 rank 2 %s mid-all-reduce: every survivor errors naming it "
+       "within the peer timeout (%.0f s; slowest %.2f s)",
+       how, PEER_TIMEOUT_S, worst);
+    for (int r = 0; r < 4; r++)
+        free(res[r].text);
+}
+
+int main(int argc, char **argv)
+{
+    struct result res[MAXP];
+    int nmax = argc > 1 ? atoi(argv[1]) : MAXP;
+
+    ops = mesh_transport_find("tcp");
+    if (!ops) {
+        skip_all("no tcp transport built");
+        return 0;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    diag("kernels: %s", mesh_reduce_isa());
+    for (int n = 2; n <= nmax && n <= MAXP; n++) {
+        memset(res, 0, sizeof(res));
+        if (run(n, SC_BATTERY, res) < 0) {
+            ok(0, "N=%d: could not start the ranks", n);
+            continue;
+        }
+        report_battery(n, res);
+        for (int r = 0; r < n; r++)
+            free(res[r].text);
+    }
+
+    /* sizes disagree */
+    memset(res, 0, sizeof(res));
+    if (run(3, SC_MISMATCH, res) == 0) {
+        int all = 1;
+
+        for (int r = 0; r < 3; r++) {
+            char line[LINE];
+            int okr = 0;
+
+            if (nth_line(res[r].text, 0, line, sizeof(line)) < 0 ||
+                sscanf(line, "%*s %d", &okr) != 1 || !okr) {
+                all = 0;
+                diag("rank %d: %s", r, res[r].text);
+            } else {
+                diag("rank %d: %s", r, strchr(line, ' ') + 1);
+            }
+        }
+        ok(all, "N=3 sizes disagree (1000 vs 1001): every rank gets an "
+                "error");
+        for (int r = 0; r < 3; r++)
+            free(res[r].text);
+    } else {
+        ok(0, "N=3 sizes disagree: could not start the ranks");
+    }
+
+    check_death(SC_KILL, SIGKILL, "killed (SIGKILL)");
+    check_death(SC_STOP, SIGSTOP, "stopped (SIGSTOP, silent)");
+    return done();
+}

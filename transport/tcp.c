@@ -1,0 +1,2505 @@
+/*
+ * transport/tcp.c: the TCP transport (mesh_tcp_ops).
+ *
+ * One progress thread per transport runs a libevent loop over raw
+ * non-blocking sockets. Every piece of state below the transport lives under
+ * one mutex (t->lock): the progress thread takes it in each callback, the
+ * caller's thread in each operation. The caller's thread may write to a
+ * socket directly (isend on an idle stream: no thread hand-off on the
+ * latency path) and may add events, but never deletes one (event_del would
+ * wait for a callback that waits for our lock); the progress thread deletes
+ * events only from its own callbacks.
+ *
+ * Payload moves with sendmsg/recv straight between the caller's buffers and
+ * the kernel: a data stream reads a frame header (48 bytes) into the
+ * connection, matches it against the posted receives, then reads the
+ * payload into the receive's buffer. A header with no posted receive parks
+ * its stream (the read event is removed) until irecv posts one. Messages of
+ * 512 KiB and more are striped over the data streams in 4 KiB-aligned
+ * slices; smaller ones go whole, round-robin.
+ *
+ * Matching, precisely: a frame belongs to the posted receive from its peer
+ * with the same (seq, tag) whose range holds the frame's first byte (the
+ * earliest posted wins). Different op, dtype or count: desync. Its end
+ * past the receive's range, or past the bytes still unclaimed: the link is
+ * closed before any payload byte is read. No such receive: the stream
+ * parks (a later receive for another slice of the same (seq, tag) is fine).
+ *
+ * The configuration fingerprint covers opts->config plus the transport's
+ * own "transport.streams=S" line, so peers must agree on the stream count.
+ *
+ * Failure codes (the job's failure, returned by every later operation):
+ *   -ECONNRESET    a peer closed or reset a connection, or left (goodbye)
+ *                  with operations pending
+ *   -EHOSTDOWN     a peer was silent past the peer timeout
+ *   -EPROTO        desync, out-of-range frame, or garbage from a peer
+ *   -ECANCELED     abort() was called (here or on the peer that said so)
+ *   -ECONNABORTED  an abort notice with an unknown code
+ * connect() also returns -ETIMEDOUT (join timeout, listing the ranks that
+ * never joined) and -ECONNREFUSED (a peer's configuration differs).
+ *
+ * Tuning knobs for experiments (environment): MESHTRAIN_TCP_SPIN_US, how
+ * long wait_any spins before sleeping (default 50 us with more than 2 CPUs,
+ * else 0); MESHTRAIN_TCP_SOCKBUF, fixed SO_SNDBUF/SO_RCVBUF bytes (default:
+ * the kernel's autotuning, which measured as fast or faster on loopback).
+ *
+ * Wire formats and the handshake: transport/tcp-internal.h.
+ */
+#include "config.h"
+
+#include "transport/tcp-internal.h"
+#include "transport/transport.h"
+#include "src/util.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Messages at least this long are striped over the data streams. */
+#define STRIPE_MIN (512u * 1024u)
+/* Bytes one callback moves before it yields to other sockets. */
+#define IO_BUDGET (4u * 1024u * 1024u)
+/* How long a broken data stream waits for its control connection. */
+#define LOST_GRACE_S 0.5
+/* Dial retry backoff. */
+#define DIAL_BACKOFF_MIN_NS 10000000ull   /* 10 ms */
+#define DIAL_BACKOFF_MAX_NS 1000000000ull /* 1 s */
+#define ADDRS_MAX           4
+#define OUTBUF_LEN          (TCP_CONFIG_WIRE_MAX + 4 * TCP_CTRL_LEN + 256)
+#define INBUF_LEN           (TCP_CONFIG_WIRE_MAX + 8)
+#define MSG_MAX             1024
+
+enum role { ROLE_DIALER = 'D', ROLE_ACCEPTOR = 'A' };
+
+enum cstate {
+    C_CONNECTING, /* dialer: non-blocking connect in progress */
+    C_HS_HELLO,   /* reading the peer's HELLO */
+    C_HS_AUTH,    /* reading the peer's AUTH */
+    C_HS_CFGLEN,  /* fingerprints differ: reading the config length */
+    C_HS_CFG,     /* ... and the config text */
+    C_READY,      /* authenticated, attached to its link */
+    C_DEAD,       /* closed or given up; events removed */
+};
+
+struct piece {
+    struct piece *next;
+    struct mesh_req *req;
+    uint8_t hdr[TCP_FRAME_HDR_LEN];
+    const uint8_t *buf; /* payload */
+    uint64_t len;       /* payload bytes */
+    uint64_t sent;      /* header + payload bytes written */
+};
+
+struct conn {
+    struct mesh_transport *t;
+    int fd;
+    struct event *rev, *wev;
+    int rev_on, wev_on;
+    enum role role;
+    int peer;   /* -1 until the acceptor has read a HELLO */
+    int stream; /* 0 control, 1..S data */
+    enum cstate state;
+    uint64_t deadline_ns; /* handshake deadline */
+    char addr[96];        /* the remote socket address, for messages */
+    struct conn *hs_next, *hs_prev; /* handshakes in progress */
+
+    /* handshake */
+    uint8_t nonce[TCP_NONCE_LEN];      /* ours */
+    uint8_t peer_nonce[TCP_NONCE_LEN]; /* theirs */
+    uint8_t peer_fp[TCP_FP_LEN];
+
+    /* bytes in (handshake and control messages) */
+    uint8_t in[INBUF_LEN];
+    size_t in_len, in_need;
+    /* bytes out (handshake and control messages) */
+    uint8_t out[OUTBUF_LEN];
+    size_t out_len, out_off;
+
+    /* data stream, receiving: a header, then its payload */
+    uint8_t hdr[TCP_FRAME_HDR_LEN];
+    size_t hdr_got;
+    int parked;              /* header read, no posted receive yet */
+    struct mesh_frame rx_f;  /* the header */
+    struct mesh_req *rx_req; /* where its payload goes */
+    uint8_t *rx_dst;
+    uint64_t rx_left;
+
+    /* data stream, sending */
+    struct piece *txq, *txq_tail;
+    uint64_t tx_queued; /* payload bytes queued */
+};
+
+struct dial {
+    int active;       /* a connection attempt exists */
+    uint64_t next_ns; /* next attempt not before */
+    uint64_t backoff_ns;
+    unsigned addr_i;
+};
+
+struct link {
+    struct conn *ctrl;  /* stream 0 */
+    struct conn **data; /* (S) streams 1..S */
+    int nready;         /* connections READY (of S + 1) */
+    int ready;          /* all S + 1 are READY */
+    int bye;            /* the peer closed the mesh normally */
+    uint64_t last_rx_ns;
+    uint64_t tx_ns;          /* last bytes sent on any of its connections */
+    struct mesh_req *posted; /* receives posted, not yet complete */
+    unsigned rr;             /* next data stream for a message */
+    struct dial *dial;       /* (S + 1), dialers only */
+    struct sockaddr_storage addrs[ADDRS_MAX];
+    socklen_t addr_lens[ADDRS_MAX];
+    unsigned naddrs;
+    char why[160]; /* last reason a dial failed, for the join error */
+    /* A data stream broke while the control connection still stands: the
+     * verdict waits (LOST_GRACE) for a goodbye or abort notice that may
+     * travel behind it on the other connection. */
+    uint64_t lost_ns;
+    char lost_why[160];
+};
+
+enum req_kind { REQ_SEND, REQ_RECV };
+
+struct mesh_req {
+    enum req_kind kind;
+    int peer;
+    struct mesh_frame f;
+    uint8_t *buf;
+    atomic_int done;
+    int pieces_left;                /* send: pieces not fully written */
+    uint64_t got;                   /* recv: payload bytes arrived */
+    uint64_t reserved;              /* recv: bytes claimed by matched headers */
+    int frames;                     /* recv: headers matched */
+    int posted;                     /* recv: on its link's posted list */
+    struct mesh_req *pnext, *pprev; /* link's posted list */
+    struct mesh_req *next, *prev;   /* the transport's request list */
+};
+
+struct mesh_mr {
+    void *buf;
+    size_t len;
+};
+
+struct mesh_transport {
+    struct mesh_world world;
+    struct mesh_peer *peers;
+    struct mesh_transport_opts opts;
+    uint8_t *secret;
+    size_t secret_len;
+    int S;                            /* data streams per link */
+    char config[TCP_CONFIG_WIRE_MAX]; /* opts->config + transport keys */
+    size_t config_len;
+    uint8_t fp[TCP_FP_LEN];
+
+    int listen_fd;
+    struct event_base *base;
+    struct event *listen_ev, *wake_ev, *tick_ev;
+    pthread_t thread;
+    int thread_started;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct link *links; /* (size) */
+    struct conn *hs;    /* handshakes in progress */
+    int nhs;
+    struct mesh_req *reqs; /* every request not yet freed */
+    int joining;
+    int nlinks_ready;
+    char join_err[MSG_MAX]; /* a permanent join failure */
+    int stopping;
+    int accept_paused; /* accept failed hard; resume at a tick */
+    int failed;
+    int fail_code;
+    int culprit;
+    char fail_msg[MSG_MAX];
+    double spin_s; /* wait_any spins this long first */
+};
+
+static void conn_kill(struct conn *c);
+static void dial_failed(struct mesh_transport *t, int peer, int stream);
+static void conn_flush_out(struct conn *c);
+static int conn_write(struct conn *c);
+static void ctrl_read(struct conn *c);
+static void on_read(evutil_socket_t fd, short what, void *arg);
+static void on_write(evutil_socket_t fd, short what, void *arg);
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static const char *pname(struct mesh_transport *t, int r, char *buf, size_t len)
+{
+    return mesh_peer_name(&t->world, r, buf, len);
+}
+
+/* Copy at most len bytes of untrusted text, replacing non-printables. */
+static void clean_text(char *dst, size_t dstlen, const uint8_t *src, size_t len)
+{
+    size_t i, n = 0;
+
+    for (i = 0; i < len && src[i] && n + 1 < dstlen; i++)
+        dst[n++] = (src[i] >= 0x20 && src[i] < 0x7f) ? (char)src[i] : '?';
+    dst[n] = '\0';
+}
+
+static void sockaddr_str(const struct sockaddr *sa, char *buf, size_t len)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+
+    if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const void *)sa;
+
+        if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr))
+            inet_ntop(AF_INET, &s6->sin6_addr.s6_addr[12], host, sizeof(host));
+        else
+            inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
+        port = ntohs(s6->sin6_port);
+        if (strchr(host, ':')) {
+            snprintf(buf, len, "[%s]:%u", host, port);
+            return;
+        }
+    } else if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *s4 = (const void *)sa;
+
+        inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
+        port = ntohs(s4->sin_port);
+    }
+    snprintf(buf, len, "%s:%u", host, port);
+}
+
+static void wake(struct mesh_transport *t)
+{
+    event_active(t->wake_ev, EV_READ, 0);
+}
+
+static void rev_on(struct conn *c)
+{
+    if (!c->rev_on && c->state != C_DEAD) {
+        event_add(c->rev, NULL);
+        c->rev_on = 1;
+    }
+}
+
+static void wev_on(struct conn *c)
+{
+    if (!c->wev_on && c->state != C_DEAD) {
+        event_add(c->wev, NULL);
+        c->wev_on = 1;
+    }
+}
+
+/* Progress thread only (see the top of the file). */
+static void rev_off(struct conn *c)
+{
+    if (c->rev_on) {
+        event_del(c->rev);
+        c->rev_on = 0;
+    }
+}
+
+static void wev_off(struct conn *c)
+{
+    if (c->wev_on) {
+        event_del(c->wev);
+        c->wev_on = 0;
+    }
+}
+
+static int set_sockopts(struct mesh_transport *t, int fd)
+{
+    int one = 1, rc = 0;
+    const char *env = getenv("MESHTRAIN_TCP_SOCKBUF");
+
+    (void)t;
+    MESH_SYSCALL(rc,
+                 setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)),
+                 out, "setsockopt TCP_NODELAY");
+    if (env && atoi(env) > 0) {
+        int sz = atoi(env);
+
+        MESH_SYSCALL(rc, setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz)),
+                     out, "setsockopt SO_SNDBUF");
+        MESH_SYSCALL(rc, setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz)),
+                     out, "setsockopt SO_RCVBUF");
+    }
+out:
+    return rc;
+}
+
+/* ---- requests ----------------------------------------------------------- */
+
+static void req_link(struct mesh_transport *t, struct mesh_req *r)
+{
+    r->prev = NULL;
+    r->next = t->reqs;
+    if (t->reqs)
+        t->reqs->prev = r;
+    t->reqs = r;
+}
+
+static void req_unlink(struct mesh_transport *t, struct mesh_req *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        t->reqs = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+}
+
+static void posted_remove(struct link *l, struct mesh_req *r)
+{
+    if (!r->posted)
+        return;
+    if (r->pprev)
+        r->pprev->pnext = r->pnext;
+    else
+        l->posted = r->pnext;
+    if (r->pnext)
+        r->pnext->pprev = r->pprev;
+    r->posted = 0;
+}
+
+static void req_complete(struct mesh_transport *t, struct mesh_req *r)
+{
+    if (r->kind == REQ_RECV)
+        posted_remove(&t->links[r->peer], r);
+    atomic_store_explicit(&r->done, 1, memory_order_release);
+    pthread_cond_broadcast(&t->cond);
+}
+
+/* ---- failure --------------------------------------------------------------
+ */
+
+static void ctrl_send(struct conn *c, uint32_t type, int culprit, int code,
+                      const char *reason)
+{
+    uint8_t *m;
+    size_t n = reason ? strlen(reason) : 0;
+
+    if (!c || c->state != C_READY)
+        return;
+    if (c->out_off == c->out_len)
+        c->out_off = c->out_len = 0;
+    if (c->out_len + TCP_CTRL_LEN > sizeof(c->out)) {
+        /* A peer that reads nothing for this long is dead anyway. */
+        return;
+    }
+    m = c->out + c->out_len;
+    memset(m, 0, TCP_CTRL_LEN);
+    if (n > TCP_CTRL_REASON_MAX)
+        n = TCP_CTRL_REASON_MAX;
+    put32(m, type);
+    put32(m + 4, (uint32_t)culprit);
+    put32(m + 8, (uint32_t)-code);
+    put32(m + 12, (uint32_t)n);
+    if (n)
+        memcpy(m + 16, reason, n);
+    c->out_len += TCP_CTRL_LEN;
+    c->t->links[c->peer].tx_ns = mesh_now_ns();
+    conn_flush_out(c);
+}
+
+static void free_pieces(struct conn *c)
+{
+    struct piece *p, *n;
+
+    for (p = c->txq; p; p = n) {
+        n = p->next;
+        free(p);
+    }
+    c->txq = c->txq_tail = NULL;
+    c->tx_queued = 0;
+}
+
+/*
+ * Fail the job: record the message (reason + the operation in flight),
+ * drop every queued piece and posted receive, tell the other peers
+ * (notify), wake every waiter. The first failure wins.
+ */
+static void fail_job(struct mesh_transport *t, int culprit, int code,
+                     int notify, const char *fmt, ...) MESH_PRINTF(5, 6);
+
+static void fail_job(struct mesh_transport *t, int culprit, int code,
+                     int notify, const char *fmt, ...)
+{
+    char reason[MSG_MAX / 2], fs[200], nb[300];
+    struct mesh_req *r, *inflight = NULL;
+    va_list ap;
+    int p;
+
+    if (t->failed)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof(reason), fmt, ap);
+    va_end(ap);
+    /* The oldest pending operation involving the culprit, else the
+     * oldest of all (the list runs newest first). */
+    for (r = t->reqs; r; r = r->next) {
+        if (atomic_load(&r->done))
+            continue;
+        if (!inflight || r->peer == culprit || inflight->peer != culprit)
+            inflight = r;
+    }
+    if (inflight)
+        snprintf(t->fail_msg, sizeof(t->fail_msg),
+                 "%s; operation in flight: %s %s %s rank %d (%s)", reason,
+                 inflight->kind == REQ_SEND ? "send" : "receive",
+                 mesh_frame_str(&inflight->f, fs, sizeof(fs)),
+                 inflight->kind == REQ_SEND ? "to" : "from", inflight->peer,
+                 pname(t, inflight->peer, nb, sizeof(nb)));
+    else
+        snprintf(t->fail_msg, sizeof(t->fail_msg), "%s; no operation in flight",
+                 reason);
+    t->failed = 1;
+    t->fail_code = code;
+    t->culprit = culprit;
+    mesh_error_log("%s", t->fail_msg);
+
+    for (p = 0; p < t->world.size; p++) {
+        struct link *l = &t->links[p];
+
+        if (p == t->world.rank)
+            continue;
+        for (int s = 0; s < t->S; s++) {
+            struct conn *c = l->data[s];
+
+            if (!c)
+                continue;
+            free_pieces(c);
+            c->rx_req = NULL;
+        }
+        l->posted = NULL;
+        /* The culprit too: a desync names both sides to both. */
+        if (notify && !l->bye)
+            ctrl_send(l->ctrl, TCP_CTRL_ABORT, culprit, code, reason);
+    }
+    for (r = t->reqs; r; r = r->next)
+        r->posted = 0;
+    pthread_cond_broadcast(&t->cond);
+    wake(t);
+}
+
+static int fail_err(struct mesh_transport *t)
+{
+    return mesh_err(t->fail_code, "%s", t->fail_msg);
+}
+
+/* ---- connections ----------------------------------------------------------
+ */
+
+static void hs_add(struct mesh_transport *t, struct conn *c)
+{
+    c->hs_prev = NULL;
+    c->hs_next = t->hs;
+    if (t->hs)
+        t->hs->hs_prev = c;
+    t->hs = c;
+    t->nhs++;
+}
+
+static void hs_remove(struct mesh_transport *t, struct conn *c)
+{
+    if (c->hs_prev)
+        c->hs_prev->hs_next = c->hs_next;
+    else if (t->hs == c)
+        t->hs = c->hs_next;
+    else
+        return;
+    if (c->hs_next)
+        c->hs_next->hs_prev = c->hs_prev;
+    c->hs_next = c->hs_prev = NULL;
+    t->nhs--;
+}
+
+static struct conn *conn_new(struct mesh_transport *t, int fd, enum role role)
+{
+    struct conn *c = calloc(1, sizeof(*c));
+
+    if (!c)
+        return NULL;
+    c->t = t;
+    c->fd = fd;
+    c->role = role;
+    c->peer = -1;
+    c->rev = event_new(t->base, fd, EV_READ | EV_PERSIST, on_read, c);
+    c->wev = event_new(t->base, fd, EV_WRITE | EV_PERSIST, on_write, c);
+    if (!c->rev || !c->wev) {
+        if (c->rev)
+            event_free(c->rev);
+        if (c->wev)
+            event_free(c->wev);
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
+static void conn_free(struct conn *c)
+{
+    if (!c)
+        return;
+    event_free(c->rev);
+    event_free(c->wev);
+    if (c->fd >= 0)
+        close(c->fd);
+    free_pieces(c);
+    free(c);
+}
+
+/*
+ * Stop a connection for good. Handshake connections (progress thread only)
+ * are freed, and a dialer's is scheduled for a retry. A READY one is shut
+ * down but stays attached to its link, fd open, until mesh close, so that
+ * nothing else need track who points at it; from another thread its events
+ * go away in their own callbacks, which the shutdown fires.
+ */
+static void conn_kill(struct conn *c)
+{
+    struct mesh_transport *t = c->t;
+
+    if (c->state != C_READY) {
+        int peer = c->peer, stream = c->stream;
+        enum role role = c->role;
+
+        rev_off(c);
+        wev_off(c);
+        hs_remove(t, c);
+        conn_free(c);
+        if (role == ROLE_DIALER)
+            dial_failed(t, peer, stream);
+        return;
+    }
+    c->state = C_DEAD;
+    free_pieces(c);
+    c->rx_req = NULL;
+    shutdown(c->fd, SHUT_RDWR);
+    if (t->thread_started && pthread_equal(pthread_self(), t->thread)) {
+        rev_off(c);
+        wev_off(c);
+    }
+}
+
+/* Write what is buffered in c->out; on a hard error the reader notices. */
+static void conn_flush_out(struct conn *c)
+{
+    while (c->out_off < c->out_len) {
+        ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                wev_on(c);
+            return;
+        }
+        c->out_off += (size_t)n;
+    }
+    c->out_off = c->out_len = 0;
+}
+
+static void out_append(struct conn *c, const void *p, size_t n)
+{
+    if (c->out_off == c->out_len)
+        c->out_off = c->out_len = 0;
+    if (c->out_len + n > sizeof(c->out))
+        return; /* cannot happen: handshake messages are bounded */
+    memcpy(c->out + c->out_len, p, n);
+    c->out_len += n;
+}
+
+/* ---- handshake --------------------------------------------------------------
+ */
+
+static void hello_encode(struct mesh_transport *t, struct conn *c, uint8_t *m)
+{
+    memset(m, 0, TCP_HELLO_LEN);
+    put32(m, TCP_HS_MAGIC);
+    put32(m + 4, TCP_PROTO_VERSION);
+    put32(m + 8, (uint32_t)t->world.size);
+    put32(m + 12, (uint32_t)t->world.rank);
+    put32(m + 16, (uint32_t)c->stream);
+    put32(m + 20, t->secret ? 0 : TCP_HELLO_INSECURE);
+    memcpy(m + 24, t->opts.job_id, strnlen(t->opts.job_id, MESH_JOB_MAX));
+    memcpy(m + 24 + MESH_JOB_MAX, t->fp, TCP_FP_LEN);
+    memcpy(m + 24 + MESH_JOB_MAX + TCP_FP_LEN, c->nonce, TCP_NONCE_LEN);
+}
+
+/*
+ * The proof for one role: HMAC-SHA256 over a transcript that binds both
+ * nonces, both ranks, the stream, the role and both fingerprints, so that
+ * no answer can be replayed or reflected.
+ */
+static int auth_mac(struct mesh_transport *t, struct conn *c, enum role who,
+                    uint8_t *mac)
+{
+    uint8_t msg[16 + 1 + 2 * TCP_NONCE_LEN + 12 + 2 * TCP_FP_LEN];
+    const uint8_t *nd, *na, *fd, *fa;
+    uint32_t rd, ra;
+    unsigned int maclen = 0;
+    size_t n = 0;
+
+    if (c->role == ROLE_DIALER) {
+        nd = c->nonce;
+        na = c->peer_nonce;
+        fd = t->fp;
+        fa = c->peer_fp;
+        rd = (uint32_t)t->world.rank;
+        ra = (uint32_t)c->peer;
+    } else {
+        nd = c->peer_nonce;
+        na = c->nonce;
+        fd = c->peer_fp;
+        fa = t->fp;
+        rd = (uint32_t)c->peer;
+        ra = (uint32_t)t->world.rank;
+    }
+    memcpy(msg, "meshtrain-auth1", 16);
+    n = 16;
+    msg[n++] = (uint8_t)who;
+    memcpy(msg + n, nd, TCP_NONCE_LEN);
+    n += TCP_NONCE_LEN;
+    memcpy(msg + n, na, TCP_NONCE_LEN);
+    n += TCP_NONCE_LEN;
+    put32(msg + n, rd);
+    put32(msg + n + 4, ra);
+    put32(msg + n + 8, (uint32_t)c->stream);
+    n += 12;
+    memcpy(msg + n, fd, TCP_FP_LEN);
+    n += TCP_FP_LEN;
+    memcpy(msg + n, fa, TCP_FP_LEN);
+    n += TCP_FP_LEN;
+    if (!t->secret) {
+        memset(mac, 0, TCP_MAC_LEN);
+        return 0;
+    }
+    if (!HMAC(EVP_sha256(), t->secret, (int)t->secret_len, msg, n, mac,
+              &maclen) ||
+        maclen != TCP_MAC_LEN)
+        return mesh_err(-EIO, "HMAC-SHA256 failed");
+    return 0;
+}
+
+/* Find "key=" line by line; the value goes to val, vlen (NULL: absent). */
+static void config_get(const char *cfg, size_t len, const char *key,
+                       size_t klen, const char **val, size_t *vlen)
+{
+    const char *p = cfg, *end = cfg + len;
+
+    *val = NULL;
+    *vlen = 0;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *le = nl ? nl : end;
+        const char *eq = memchr(p, '=', (size_t)(le - p));
+
+        if (eq && (size_t)(eq - p) == klen && !memcmp(p, key, klen)) {
+            *val = eq + 1;
+            *vlen = (size_t)(le - eq - 1);
+            return;
+        }
+        p = le + 1;
+    }
+}
+
+/* Name the first key whose value differs between the two configs. */
+static void config_diff(const char *a, size_t alen, const char *b, size_t blen,
+                        char *out, size_t outlen)
+{
+    const char *cfgs[2] = {a, b};
+    size_t lens[2] = {alen, blen};
+
+    for (int side = 0; side < 2; side++) {
+        const char *p = cfgs[side], *end = p + lens[side];
+
+        while (p < end) {
+            const char *nl = memchr(p, '\n', (size_t)(end - p));
+            const char *le = nl ? nl : end;
+            const char *eq = memchr(p, '=', (size_t)(le - p));
+            const char *va, *vb;
+            size_t la, lb, klen;
+            char key[128], sa[200], sb[200];
+
+            if (!eq) {
+                p = le + 1;
+                continue;
+            }
+            klen = (size_t)(eq - p);
+            config_get(a, alen, p, klen, &va, &la);
+            config_get(b, blen, p, klen, &vb, &lb);
+            if (!va || !vb || la != lb || memcmp(va, vb, la)) {
+                clean_text(key, sizeof(key), (const uint8_t *)p,
+                           MESH_MIN(klen, sizeof(key) - 1));
+                if (va)
+                    clean_text(sa, sizeof(sa), (const uint8_t *)va,
+                               MESH_MIN(la, sizeof(sa) - 1));
+                if (vb)
+                    clean_text(sb, sizeof(sb), (const uint8_t *)vb,
+                               MESH_MIN(lb, sizeof(sb) - 1));
+                snprintf(out, outlen, "%s%s%s here, %s%s%s there", key,
+                         va ? "=" : " ", va ? sa : "unset", key, vb ? "=" : " ",
+                         vb ? sb : "unset");
+                return;
+            }
+            p = le + 1;
+        }
+    }
+    snprintf(out, outlen, "the fingerprints differ but no key does");
+}
+
+/* Drop a handshake that failed: the acceptor logs one line. */
+static void hs_refuse(struct conn *c, const char *fmt, ...) MESH_PRINTF(2, 3);
+
+static void hs_refuse(struct conn *c, const char *fmt, ...)
+{
+    struct mesh_transport *t = c->t;
+    char why[MSG_MAX / 2], nb[300];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    if (c->role == ROLE_ACCEPTOR) {
+        if (c->peer >= 0)
+            mesh_warn("refused rank %d (%s) connecting from %s: %s", c->peer,
+                      pname(t, c->peer, nb, sizeof(nb)), c->addr, why);
+        else
+            mesh_warn("refused connection from %s: %s", c->addr, why);
+    } else {
+        struct link *l = &t->links[c->peer];
+
+        snprintf(l->why, sizeof(l->why), "%s", why);
+        mesh_debug("dial rank %d (%s) stream %d: %s", c->peer,
+                   pname(t, c->peer, nb, sizeof(nb)), c->stream, why);
+    }
+    conn_kill(c);
+}
+
+static void link_check_ready(struct mesh_transport *t, struct link *l)
+{
+    if (!l->ready && l->nready == t->S + 1) {
+        l->ready = 1;
+        t->nlinks_ready++;
+        pthread_cond_broadcast(&t->cond);
+    }
+}
+
+static void hs_attach(struct conn *c)
+{
+    struct mesh_transport *t = c->t;
+    struct link *l = &t->links[c->peer];
+
+    hs_remove(t, c);
+    c->state = C_READY;
+    c->in_len = 0;
+    c->hdr_got = 0;
+    if (c->stream == 0) {
+        /*
+         * Data unacknowledged for the peer timeout kills the link. Only
+         * here: the kernel applies TCP_USER_TIMEOUT to zero-window probes
+         * too, so on a data stream it would kill a link whose receiver
+         * merely posts its receive late (measured: a receive posted 2 s
+         * late, 1 s timeout). The control connection is always read; its
+         * heartbeats carry silence detection for the whole link.
+         */
+        unsigned int uto = (unsigned int)(t->opts.peer_timeout_s * 1000.0);
+
+        if (setsockopt(c->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto,
+                       sizeof(uto)) < 0)
+            mesh_warn("rank %d control connection: setsockopt "
+                      "TCP_USER_TIMEOUT: %s",
+                      c->peer, strerror(errno));
+        l->ctrl = c;
+        c->in_need = TCP_CTRL_LEN;
+    } else {
+        l->data[c->stream - 1] = c;
+    }
+    if (c->role == ROLE_DIALER)
+        l->dial[c->stream].active = 0;
+    l->nready++;
+    l->last_rx_ns = mesh_now_ns();
+    l->tx_ns = l->last_rx_ns;
+    link_check_ready(t, l);
+    /* Bytes may already wait in the socket. */
+    rev_on(c);
+    if (c->out_len > c->out_off)
+        wev_on(c);
+}
+
+static int hs_got_hello(struct conn *c)
+{
+    struct mesh_transport *t = c->t;
+    const uint8_t *m = c->in;
+    uint32_t magic = get32(m), ver = get32(m + 4), size = get32(m + 8);
+    uint32_t rank = get32(m + 12), stream = get32(m + 16);
+    uint32_t flags = get32(m + 20);
+    char job[MESH_JOB_MAX + 1];
+    uint8_t hello[TCP_HELLO_LEN];
+    int insecure = (flags & TCP_HELLO_INSECURE) != 0;
+
+    if (magic != TCP_HS_MAGIC) {
+        hs_refuse(c, "not a meshtrain handshake (bad magic 0x%08" PRIx32 ")",
+                  magic);
+        return -1;
+    }
+    if (ver != TCP_PROTO_VERSION) {
+        hs_refuse(c, "protocol version %" PRIu32 ", expected %u", ver,
+                  TCP_PROTO_VERSION);
+        return -1;
+    }
+    clean_text(job, sizeof(job), m + 24, MESH_JOB_MAX);
+    if (strnlen((const char *)m + 24, MESH_JOB_MAX) !=
+            strnlen(t->opts.job_id, MESH_JOB_MAX) ||
+        memcmp(m + 24, t->opts.job_id, strnlen(t->opts.job_id, MESH_JOB_MAX))) {
+        hs_refuse(c, "wrong job id '%s', expected '%s'", job, t->opts.job_id);
+        return -1;
+    }
+    if (size != (uint32_t)t->world.size) {
+        hs_refuse(c, "world size %" PRIu32 ", expected %d", size,
+                  t->world.size);
+        return -1;
+    }
+    if (c->role == ROLE_ACCEPTOR) {
+        /* The higher rank dials the lower: only higher ranks call us. */
+        if (rank >= (uint32_t)t->world.size ||
+            rank <= (uint32_t)t->world.rank) {
+            hs_refuse(c,
+                      "unknown rank %" PRIu32 " (world of %d; only ranks "
+                      "above %d dial this one)",
+                      rank, t->world.size, t->world.rank);
+            return -1;
+        }
+        if (stream > (uint32_t)t->S) {
+            hs_refuse(c,
+                      "unknown stream %" PRIu32 " (rank %" PRIu32
+                      ", %d data streams)",
+                      stream, rank, t->S);
+            return -1;
+        }
+        c->peer = (int)rank;
+        c->stream = (int)stream;
+    } else if (rank != (uint32_t)c->peer || stream != (uint32_t)c->stream) {
+        hs_refuse(c,
+                  "the peer answered as rank %" PRIu32 " stream %" PRIu32
+                  ", expected rank %d stream %d",
+                  rank, stream, c->peer, c->stream);
+        return -1;
+    }
+    if (insecure != !t->secret) {
+        hs_refuse(c, "authentication differs: %s here, %s there",
+                  t->secret ? "a secret" : "insecure",
+                  insecure ? "insecure" : "a secret");
+        return -1;
+    }
+    memcpy(c->peer_fp, m + 24 + MESH_JOB_MAX, TCP_FP_LEN);
+    memcpy(c->peer_nonce, m + 24 + MESH_JOB_MAX + TCP_FP_LEN, TCP_NONCE_LEN);
+    if (c->role == ROLE_ACCEPTOR) {
+        hello_encode(t, c, hello);
+        out_append(c, hello, sizeof(hello));
+    } else {
+        uint8_t mac[TCP_MAC_LEN];
+
+        if (auth_mac(t, c, ROLE_DIALER, mac) < 0) {
+            hs_refuse(c, "%s", mesh_err_msg(-EIO));
+            return -1;
+        }
+        out_append(c, mac, sizeof(mac));
+    }
+    conn_flush_out(c);
+    c->state = C_HS_AUTH;
+    c->in_len = 0;
+    c->in_need = TCP_MAC_LEN;
+    return 0;
+}
+
+static void hs_send_config(struct conn *c)
+{
+    struct mesh_transport *t = c->t;
+    uint8_t len[4];
+
+    put32(len, (uint32_t)t->config_len);
+    out_append(c, len, 4);
+    out_append(c, t->config, t->config_len);
+    conn_flush_out(c);
+    c->state = C_HS_CFGLEN;
+    c->in_len = 0;
+    c->in_need = 4;
+}
+
+/* Returns 0: go on (configs to exchange), 1: attached, -1: dropped. */
+static int hs_got_auth(struct conn *c)
+{
+    struct mesh_transport *t = c->t;
+    enum role other = c->role == ROLE_DIALER ? ROLE_ACCEPTOR : ROLE_DIALER;
+    uint8_t want[TCP_MAC_LEN], mac[TCP_MAC_LEN];
+    struct link *l = &t->links[c->peer];
+    struct conn *cur;
+    int same_fp = !memcmp(c->peer_fp, t->fp, TCP_FP_LEN);
+
+    if (auth_mac(t, c, other, want) < 0) {
+        hs_refuse(c, "%s", mesh_err_msg(-EIO));
+        return -1;
+    }
+    if (t->secret && CRYPTO_memcmp(want, c->in, TCP_MAC_LEN)) {
+        hs_refuse(c, "wrong secret (authentication failed)");
+        return -1;
+    }
+    if (c->role == ROLE_ACCEPTOR) {
+        cur = c->stream ? l->data[c->stream - 1] : l->ctrl;
+        if (same_fp && cur) {
+            hs_refuse(c,
+                      "duplicate rank %d stream %d: that link is "
+                      "already established",
+                      c->peer, c->stream);
+            return -1;
+        }
+        if (auth_mac(t, c, ROLE_ACCEPTOR, mac) < 0) {
+            hs_refuse(c, "%s", mesh_err_msg(-EIO));
+            return -1;
+        }
+        out_append(c, mac, sizeof(mac));
+        conn_flush_out(c);
+    }
+    if (!same_fp) {
+        hs_send_config(c);
+        return 0;
+    }
+    hs_attach(c);
+    return 1;
+}
+
+static void hs_got_config(struct conn *c)
+{
+    struct mesh_transport *t = c->t;
+    char diff[600], nb[300];
+
+    config_diff(t->config, t->config_len, (const char *)c->in + 4,
+                c->in_len - 4, diff, sizeof(diff));
+    if (c->role == ROLE_DIALER && !t->join_err[0]) {
+        snprintf(t->join_err, sizeof(t->join_err),
+                 "refused by rank %d (%s): configuration differs: %s", c->peer,
+                 pname(t, c->peer, nb, sizeof(nb)), diff);
+        pthread_cond_broadcast(&t->cond);
+    }
+    hs_refuse(c, "configuration differs: %s", diff);
+}
+
+/* Read handshake bytes: exactly what the current step needs, no more. */
+static void hs_read(struct conn *c)
+{
+    for (;;) {
+        ssize_t n = recv(c->fd, c->in + c->in_len, c->in_need - c->in_len, 0);
+        uint32_t len;
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n < 0) {
+            hs_refuse(c, "handshake failed: %s", strerror(errno));
+            return;
+        }
+        if (n == 0) {
+            if (c->role == ROLE_DIALER && c->state == C_HS_AUTH)
+                hs_refuse(c, "closed during the handshake (a different "
+                             "secret, or a duplicate rank?)");
+            else
+                hs_refuse(c, "closed during the handshake");
+            return;
+        }
+        c->in_len += (size_t)n;
+        if (c->in_len < c->in_need)
+            continue;
+        switch (c->state) {
+        case C_HS_HELLO:
+            if (hs_got_hello(c) < 0)
+                return;
+            break;
+        case C_HS_AUTH:
+            if (hs_got_auth(c) != 0)
+                return;
+            break;
+        case C_HS_CFGLEN:
+            len = get32(c->in);
+            if (len > TCP_CONFIG_WIRE_MAX) {
+                hs_refuse(c,
+                          "configuration of %" PRIu32 " bytes (at most "
+                          "%d)",
+                          len, TCP_CONFIG_WIRE_MAX);
+                return;
+            }
+            c->state = C_HS_CFG;
+            c->in_need = 4 + len;
+            if (len)
+                break;
+            hs_got_config(c);
+            return;
+        case C_HS_CFG:
+            hs_got_config(c);
+            return;
+        default:
+            return;
+        }
+    }
+}
+
+/* ---- joining ------------------------------------------------------------ */
+
+static void dial_failed(struct mesh_transport *t, int peer, int stream)
+{
+    struct dial *d = &t->links[peer].dial[stream];
+
+    d->active = 0;
+    d->next_ns = mesh_now_ns() + d->backoff_ns;
+    d->backoff_ns = MESH_MIN(d->backoff_ns * 2, DIAL_BACKOFF_MAX_NS);
+    d->addr_i++;
+}
+
+static void dial_start(struct mesh_transport *t, int peer, int stream)
+{
+    struct link *l = &t->links[peer];
+    struct dial *d = &l->dial[stream];
+    const struct sockaddr *sa;
+    struct conn *c;
+    int fd, rc;
+
+    if (!l->naddrs)
+        return;
+    sa = (const struct sockaddr *)&l->addrs[d->addr_i % l->naddrs];
+    fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(l->why, sizeof(l->why), "socket: %s", strerror(errno));
+        dial_failed(t, peer, stream);
+        return;
+    }
+    if (set_sockopts(t, fd) < 0) {
+        snprintf(l->why, sizeof(l->why), "%s", mesh_err_msg(-EIO));
+        close(fd);
+        dial_failed(t, peer, stream);
+        return;
+    }
+    c = conn_new(t, fd, ROLE_DIALER);
+    if (!c) {
+        close(fd);
+        dial_failed(t, peer, stream);
+        return;
+    }
+    c->peer = peer;
+    c->stream = stream;
+    c->state = C_CONNECTING;
+    /*
+     * Twice the acceptor's deadline: an acceptor that is slow but finishes
+     * in time has attached its end before sending its last message, and
+     * giving up on that message would break a link it counts as up.
+     */
+    c->deadline_ns = mesh_now_ns() + (uint64_t)(2 * TCP_HS_DEADLINE_S * 1e9);
+    sockaddr_str(sa, c->addr, sizeof(c->addr));
+    d->active = 1;
+    hs_add(t, c);
+    do {
+        rc = connect(fd, sa, l->addr_lens[d->addr_i % l->naddrs]);
+    } while (rc < 0 && errno == EINTR);
+    if (rc < 0 && errno != EINPROGRESS) {
+        snprintf(l->why, sizeof(l->why), "%s", strerror(errno));
+        conn_kill(c);
+        return;
+    }
+    wev_on(c);
+}
+
+static void dial_connected(struct conn *c)
+{
+    struct mesh_transport *t = c->t;
+    int err = 0, peer = c->peer;
+    socklen_t len = sizeof(err);
+    uint8_t hello[TCP_HELLO_LEN];
+
+    if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+        err = errno;
+    if (err == EINPROGRESS)
+        return;
+    if (err) {
+        snprintf(t->links[peer].why, sizeof(t->links[peer].why), "%s",
+                 strerror(err));
+        conn_kill(c);
+        return;
+    }
+    wev_off(c);
+    if (RAND_bytes(c->nonce, TCP_NONCE_LEN) != 1) {
+        snprintf(t->links[peer].why, sizeof(t->links[peer].why),
+                 "RAND_bytes failed");
+        conn_kill(c);
+        return;
+    }
+    c->state = C_HS_HELLO;
+    c->in_len = 0;
+    c->in_need = TCP_HELLO_LEN;
+    hello_encode(t, c, hello);
+    out_append(c, hello, sizeof(hello));
+    conn_flush_out(c);
+    rev_on(c);
+}
+
+static void dial_scan(struct mesh_transport *t)
+{
+    uint64_t now = mesh_now_ns();
+
+    if (!t->joining || t->failed)
+        return;
+    for (int p = 0; p < t->world.rank; p++) {
+        struct link *l = &t->links[p];
+
+        for (int s = 0; s <= t->S; s++) {
+            struct conn *cur = s ? l->data[s - 1] : l->ctrl;
+            struct dial *d = &l->dial[s];
+
+            if (cur || d->active || now < d->next_ns)
+                continue;
+            dial_start(t, p, s);
+        }
+    }
+}
+
+static void on_accept(evutil_socket_t lfd, short what, void *arg)
+{
+    struct mesh_transport *t = arg;
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    struct conn *c;
+    int fd;
+
+    (void)what;
+    pthread_mutex_lock(&t->lock);
+    for (;;) {
+        char addr[96];
+
+        sl = sizeof(ss);
+        fd = accept4(lfd, (struct sockaddr *)&ss, &sl,
+                     SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                /* Out of descriptors or memory: the listening socket
+                 * stays readable, so rest until the next tick rather
+                 * than spin. */
+                mesh_warn("accept on port %u: %s; pausing accepts",
+                          (unsigned)t->peers[t->world.rank].port,
+                          strerror(errno));
+                event_del(t->listen_ev);
+                t->accept_paused = 1;
+            }
+            break;
+        }
+        sockaddr_str((struct sockaddr *)&ss, addr, sizeof(addr));
+        /* Room for every legitimate connection at once, plus some. */
+        if (t->stopping || t->nhs >= MESH_MAX(TCP_HS_PENDING_MAX,
+                                              2 * t->world.size * (t->S + 1))) {
+            mesh_warn("refused connection from %s: %s", addr,
+                      t->stopping ? "closing"
+                                  : "too many handshakes in progress");
+            close(fd);
+            continue;
+        }
+        if (set_sockopts(t, fd) < 0 || !(c = conn_new(t, fd, ROLE_ACCEPTOR))) {
+            mesh_warn("refused connection from %s: %s", addr,
+                      mesh_err_msg(-ENOMEM));
+            close(fd);
+            continue;
+        }
+        snprintf(c->addr, sizeof(c->addr), "%s", addr);
+        if (RAND_bytes(c->nonce, TCP_NONCE_LEN) != 1) {
+            mesh_warn("refused connection from %s: RAND_bytes failed", addr);
+            conn_free(c);
+            continue;
+        }
+        c->state = C_HS_HELLO;
+        c->in_need = TCP_HELLO_LEN;
+        c->deadline_ns = mesh_now_ns() + (uint64_t)(TCP_HS_DEADLINE_S * 1e9);
+        hs_add(t, c);
+        rev_on(c);
+    }
+    pthread_mutex_unlock(&t->lock);
+}
+
+/* ---- the data plane ---------------------------------------------------- */
+
+static void frame_encode(const struct mesh_frame *f, uint8_t *h)
+{
+    memset(h, 0, TCP_FRAME_HDR_LEN);
+    put32(h, TCP_FRAME_MAGIC);
+    h[4] = f->op;
+    h[5] = f->dtype;
+    put32(h + 8, f->tag);
+    put64(h + 16, f->seq);
+    put64(h + 24, f->count);
+    put64(h + 32, f->offset);
+    put64(h + 40, f->length);
+}
+
+static int frame_decode(const uint8_t *h, struct mesh_frame *f)
+{
+    if (get32(h) != TCP_FRAME_MAGIC || h[6] || h[7] || get32(h + 12))
+        return -1;
+    f->op = h[4];
+    f->dtype = h[5];
+    f->tag = get32(h + 8);
+    f->seq = get64(h + 16);
+    f->count = get64(h + 24);
+    f->offset = get64(h + 32);
+    f->length = get64(h + 40);
+    return 0;
+}
+
+/*
+ * A peer said goodbye. What it sent before still arrives on its data
+ * streams (other sockets than the goodbye's), so its receives may still
+ * complete; the job fails only when a stream broke mid-frame or with sends
+ * queued (cut), or when every stream has ended with operations pending.
+ */
+static void bye_check(struct mesh_transport *t, int peer, int cut)
+{
+    struct link *l = &t->links[peer];
+    struct mesh_req *r;
+    char nb[300];
+    int s;
+
+    if (t->failed)
+        return;
+    /* A parked stream waits for a receive none of the pending ones is. */
+    for (s = 0; s < t->S; s++)
+        if (l->data[s] && l->data[s]->state == C_READY && !l->data[s]->parked)
+            break;
+    for (r = t->reqs; r; r = r->next)
+        if (r->peer == peer && !atomic_load(&r->done))
+            break;
+    if (cut || (s == t->S && r))
+        fail_job(t, peer, -ECONNRESET, 1,
+                 "rank %d (%s) left the mesh with operations pending", peer,
+                 pname(t, peer, nb, sizeof(nb)));
+}
+
+/* A peer's connection failed: blame it unless it said goodbye or an
+ * abort notice explains it (read what its control connection holds). */
+static void peer_lost(struct conn *c, const char *fmt, ...) MESH_PRINTF(2, 3);
+
+static void peer_lost(struct conn *c, const char *fmt, ...)
+{
+    struct mesh_transport *t = c->t;
+    struct link *l = &t->links[c->peer];
+    char why[300], nb[300];
+    va_list ap;
+    int cut = c->rx_req || c->hdr_got || c->txq;
+
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+
+    if (l->ctrl && l->ctrl != c && l->ctrl->state == C_READY)
+        ctrl_read(l->ctrl);
+    if (c->state == C_READY)
+        conn_kill(c);
+    if (t->failed || t->stopping)
+        return;
+    if (l->bye) {
+        if (c != l->ctrl)
+            bye_check(t, c->peer, cut);
+        return;
+    }
+    if (c != l->ctrl && l->ctrl && l->ctrl->state == C_READY) {
+        /* The tick gives the verdict (the goodbye may still be on its
+         * way on the control connection). */
+        if (!l->lost_ns) {
+            l->lost_ns = mesh_now_ns();
+            snprintf(l->lost_why, sizeof(l->lost_why), "%s", why);
+        }
+        return;
+    }
+    fail_job(t, c->peer, -ECONNRESET, 1, "rank %d (%s) %s", c->peer,
+             pname(t, c->peer, nb, sizeof(nb)), why);
+}
+
+enum match_rc { MATCH_OK, MATCH_WAIT, MATCH_FAILED };
+
+/*
+ * Match the header held by data connection c against the posted receives
+ * of its peer (see irecv in transport.h). Fails the job on a desync or an
+ * out-of-range frame (the payload stays unread).
+ */
+static enum match_rc data_match(struct conn *c)
+{
+    struct mesh_transport *t = c->t;
+    struct link *l = &t->links[c->peer];
+    const struct mesh_frame *f = &c->rx_f;
+    char fa[200], fb[200], me[300], them[300];
+    struct mesh_req *r;
+
+    for (r = l->posted; r; r = r->pnext) {
+        const struct mesh_frame *e = &r->f;
+        uint64_t end = e->offset + e->length;
+        int starts_inside = e->length
+                                ? (f->offset >= e->offset && f->offset < end)
+                                : f->offset == e->offset;
+
+        if (e->seq != f->seq || e->tag != f->tag || !starts_inside)
+            continue;
+        if (e->op != f->op || e->dtype != f->dtype || e->count != f->count) {
+            fail_job(t, c->peer, -EPROTO, 1,
+                     "desync between rank %d (%s), which expected %s, and "
+                     "rank %d (%s), which sent %s",
+                     t->world.rank, pname(t, t->world.rank, me, sizeof(me)),
+                     mesh_frame_str(e, fa, sizeof(fa)), c->peer,
+                     pname(t, c->peer, them, sizeof(them)),
+                     mesh_frame_str(f, fb, sizeof(fb)));
+            return MATCH_FAILED;
+        }
+        if (f->length > end - f->offset ||
+            f->length > e->length - r->reserved) {
+            fail_job(t, c->peer, -EPROTO, 1,
+                     "rank %d (%s) sent a frame beyond the posted receive "
+                     "of rank %d (%s): got %s, expected %s (%" PRIu64
+                     " bytes already claimed); link closed before its "
+                     "payload",
+                     c->peer, pname(t, c->peer, them, sizeof(them)),
+                     t->world.rank, pname(t, t->world.rank, me, sizeof(me)),
+                     mesh_frame_str(f, fb, sizeof(fb)),
+                     mesh_frame_str(e, fa, sizeof(fa)), r->reserved);
+            conn_kill(c);
+            return MATCH_FAILED;
+        }
+        r->reserved += f->length;
+        r->frames++;
+        c->rx_req = r;
+        c->rx_dst = r->buf + (f->offset - e->offset);
+        c->rx_left = f->length;
+        return MATCH_OK;
+    }
+    return MATCH_WAIT;
+}
+
+/* The current frame's payload has fully arrived. */
+static void data_piece_done(struct conn *c)
+{
+    struct mesh_req *r = c->rx_req;
+
+    r->got += c->rx_f.length;
+    c->rx_req = NULL;
+    c->hdr_got = 0;
+    if (r->got == r->f.length)
+        req_complete(c->t, r);
+}
+
+static void data_read(struct conn *c)
+{
+    struct mesh_transport *t = c->t;
+    struct link *l = &t->links[c->peer];
+    size_t budget = IO_BUDGET;
+    char nb[300];
+    ssize_t n;
+
+    while (c->state == C_READY && !t->failed) {
+        if (!c->rx_req) {
+            if (c->parked) {
+                rev_off(c);
+                return;
+            }
+            n = recv(c->fd, c->hdr + c->hdr_got, TCP_FRAME_HDR_LEN - c->hdr_got,
+                     0);
+        } else {
+            size_t want = (size_t)MESH_MIN(c->rx_left, (uint64_t)budget);
+
+            if (!want) {
+                data_piece_done(c);
+                continue;
+            }
+            n = recv(c->fd, c->rx_dst, want, 0);
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n < 0) {
+            peer_lost(c, "connection failed (stream %d): %s", c->stream,
+                      strerror(errno));
+            return;
+        }
+        if (n == 0) {
+            peer_lost(c, "closed the connection (stream %d)", c->stream);
+            return;
+        }
+        l->last_rx_ns = mesh_now_ns();
+        if (c->rx_req) {
+            c->rx_dst += n;
+            c->rx_left -= (uint64_t)n;
+            if (!c->rx_left)
+                data_piece_done(c);
+            if ((size_t)n >= budget)
+                return;
+            budget -= (size_t)n;
+            continue;
+        }
+        c->hdr_got += (size_t)n;
+        if (c->hdr_got < TCP_FRAME_HDR_LEN)
+            continue;
+        if (frame_decode(c->hdr, &c->rx_f) < 0) {
+            fail_job(t, c->peer, -EPROTO, 1,
+                     "rank %d (%s) sent garbage on data stream %d (bad "
+                     "frame header)",
+                     c->peer, pname(t, c->peer, nb, sizeof(nb)), c->stream);
+            conn_kill(c);
+            return;
+        }
+        switch (data_match(c)) {
+        case MATCH_OK:
+            if (!c->rx_left)
+                data_piece_done(c);
+            break;
+        case MATCH_WAIT:
+            c->parked = 1;
+            rev_off(c);
+            return;
+        case MATCH_FAILED:
+            return;
+        }
+    }
+    if (t->failed)
+        rev_off(c);
+}
+
+/* Write queued pieces (any thread, under the lock). */
+static int conn_write(struct conn *c)
+{
+    struct mesh_transport *t = c->t;
+
+    if (c->out_off < c->out_len) {
+        conn_flush_out(c);
+        if (c->out_off < c->out_len)
+            return 0;
+    }
+    while (c->txq && c->state == C_READY) {
+        struct iovec iov[16];
+        struct msghdr mh;
+        struct piece *p;
+        int n = 0;
+        ssize_t w;
+
+        memset(&mh, 0, sizeof(mh));
+        for (p = c->txq; p && n + 2 <= (int)MESH_ARRAY_SIZE(iov); p = p->next) {
+            if (p->sent < TCP_FRAME_HDR_LEN) {
+                iov[n].iov_base = p->hdr + p->sent;
+                iov[n++].iov_len = TCP_FRAME_HDR_LEN - p->sent;
+                if (p->len) {
+                    iov[n].iov_base = (void *)p->buf;
+                    iov[n++].iov_len = p->len;
+                }
+            } else {
+                uint64_t off = p->sent - TCP_FRAME_HDR_LEN;
+
+                iov[n].iov_base = (void *)(p->buf + off);
+                iov[n++].iov_len = p->len - off;
+            }
+        }
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)n;
+        w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            wev_on(c);
+            return 0;
+        }
+        if (w < 0) {
+            char nb[300];
+            int e = errno;
+
+            fail_job(t, c->peer, -ECONNRESET, 1,
+                     "rank %d (%s) connection failed (stream %d): %s", c->peer,
+                     pname(t, c->peer, nb, sizeof(nb)), c->stream, strerror(e));
+            return -1;
+        }
+        t->links[c->peer].tx_ns = mesh_now_ns();
+        /* Retire what was written. */
+        while (w > 0 && c->txq) {
+            uint64_t left;
+
+            p = c->txq;
+            left = TCP_FRAME_HDR_LEN + p->len - p->sent;
+            if ((uint64_t)w < left) {
+                p->sent += (uint64_t)w;
+                w = 0;
+                break;
+            }
+            w -= (ssize_t)left;
+            c->txq = p->next;
+            if (!c->txq)
+                c->txq_tail = NULL;
+            c->tx_queued -= p->len;
+            if (--p->req->pieces_left == 0)
+                req_complete(t, p->req);
+            free(p);
+        }
+        if (t->failed)
+            return -1;
+    }
+    if (c->txq)
+        wev_on(c);
+    return 0;
+}
+
+/* ---- control connections ------------------------------------------------ */
+
+static void ctrl_got(struct conn *c)
+{
+    struct mesh_transport *t = c->t;
+    struct link *l = &t->links[c->peer];
+    uint32_t type = get32(c->in);
+    int culprit = (int)get32(c->in + 4);
+    int code = -(int)get32(c->in + 8);
+    uint32_t len = get32(c->in + 12);
+    char reason[TCP_CTRL_REASON_MAX + 1], nb[300];
+
+    switch (type) {
+    case TCP_CTRL_HEARTBEAT:
+        return;
+    case TCP_CTRL_ABORT:
+        clean_text(reason, sizeof(reason), c->in + 16,
+                   MESH_MIN(len, (uint32_t)TCP_CTRL_REASON_MAX));
+        if (culprit < -1 || culprit >= t->world.size)
+            culprit = -1;
+        /* Every survivor reports the same kind of failure. */
+        if (code != -ECONNRESET && code != -EHOSTDOWN && code != -EPROTO &&
+            code != -ECANCELED)
+            code = -ECONNABORTED;
+        fail_job(t, culprit, code, 0, "%s (reported by rank %d (%s))", reason,
+                 c->peer, pname(t, c->peer, nb, sizeof(nb)));
+        return;
+    case TCP_CTRL_BYE:
+        l->bye = 1;
+        l->lost_ns = 0;
+        bye_check(t, c->peer, 0);
+        return;
+    default:
+        fail_job(t, c->peer, -EPROTO, 1,
+                 "rank %d (%s) sent garbage on its control connection "
+                 "(type %" PRIu32 ")",
+                 c->peer, pname(t, c->peer, nb, sizeof(nb)), type);
+        conn_kill(c);
+    }
+}
+
+static void ctrl_read(struct conn *c)
+{
+    struct mesh_transport *t = c->t;
+
+    while (c->state == C_READY) {
+        ssize_t n = recv(c->fd, c->in + c->in_len, c->in_need - c->in_len, 0);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return;
+        if (n <= 0) {
+            int e = n < 0 ? errno : 0;
+
+            if (n < 0)
+                peer_lost(c, "connection failed (control): %s", strerror(e));
+            else
+                peer_lost(c, "closed the connection (control)");
+            return;
+        }
+        t->links[c->peer].last_rx_ns = mesh_now_ns();
+        c->in_len += (size_t)n;
+        if (c->in_len == c->in_need) {
+            c->in_len = 0;
+            ctrl_got(c);
+        }
+    }
+}
+
+/* ---- event callbacks --------------------------------------------------- */
+
+static void on_read(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    struct mesh_transport *t = c->t;
+
+    (void)fd;
+    (void)what;
+    pthread_mutex_lock(&t->lock);
+    if (c->state == C_READY) {
+        if (c->stream == 0)
+            ctrl_read(c);
+        else if (t->failed)
+            rev_off(c);
+        else
+            data_read(c);
+    } else if (c->state == C_DEAD) {
+        rev_off(c);
+    } else if (c->state != C_CONNECTING) {
+        hs_read(c);
+    }
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void on_write(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    struct mesh_transport *t = c->t;
+
+    (void)fd;
+    (void)what;
+    pthread_mutex_lock(&t->lock);
+    if (c->state == C_CONNECTING) {
+        dial_connected(c);
+        goto out;
+    }
+    if (c->state == C_DEAD) {
+        wev_off(c);
+        goto out;
+    }
+    if (c->out_off < c->out_len) {
+        wev_off(c);
+        conn_flush_out(c); /* re-adds the event if still blocked */
+        if (c->out_off < c->out_len)
+            goto out;
+    }
+    if (c->state == C_READY && c->stream > 0 && c->txq && !t->failed) {
+        conn_write(c);
+        if (c->txq)
+            goto out;
+    }
+    wev_off(c);
+out:
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void tick_arm(struct mesh_transport *t)
+{
+    double s = t->joining ? 0.005 : MESH_MIN(t->opts.peer_timeout_s / 8, 0.25);
+    struct timeval tv;
+
+    if (s < 0.002)
+        s = 0.002;
+    tv.tv_sec = (time_t)s;
+    tv.tv_usec = (suseconds_t)((s - (double)tv.tv_sec) * 1e6);
+    evtimer_add(t->tick_ev, &tv);
+}
+
+/* Periodic: dials, handshake deadlines, heartbeats, silent peers. */
+static void on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    struct mesh_transport *t = arg;
+    uint64_t now = mesh_now_ns();
+    uint64_t pt = (uint64_t)(t->opts.peer_timeout_s * 1e9);
+    struct conn *c, *next;
+    char nb[300];
+
+    (void)fd;
+    (void)what;
+    pthread_mutex_lock(&t->lock);
+    if (t->stopping) {
+        event_base_loopbreak(t->base);
+        goto out;
+    }
+    for (c = t->hs; c; c = next) {
+        next = c->hs_next;
+        if (now < c->deadline_ns)
+            continue;
+        if (c->state == C_CONNECTING) {
+            int peer = c->peer;
+
+            snprintf(t->links[peer].why, sizeof(t->links[peer].why),
+                     "connect timed out");
+            conn_kill(c);
+        } else {
+            hs_refuse(c, "handshake not completed within %.0f s",
+                      TCP_HS_DEADLINE_S);
+        }
+    }
+    dial_scan(t);
+    if (t->accept_paused && event_add(t->listen_ev, NULL) == 0)
+        t->accept_paused = 0;
+    for (int p = 0; p < t->world.size; p++) {
+        struct link *l = &t->links[p];
+
+        if (p == t->world.rank || !l->ctrl || l->bye)
+            continue;
+        /* Heartbeat when nothing else went to this peer lately. */
+        if (l->ctrl->state == C_READY && now - l->tx_ns >= pt / 4)
+            ctrl_send(l->ctrl, TCP_CTRL_HEARTBEAT, -1, 0, NULL);
+        if (!t->failed && l->lost_ns &&
+            now - l->lost_ns > (uint64_t)(LOST_GRACE_S * 1e9))
+            fail_job(t, p, -ECONNRESET, 1, "rank %d (%s) %s", p,
+                     pname(t, p, nb, sizeof(nb)), l->lost_why);
+        if (!t->failed && now - l->last_rx_ns > pt)
+            fail_job(t, p, -EHOSTDOWN, 1,
+                     "rank %d (%s) silent for %.1f s (peer timeout %.1f s)", p,
+                     pname(t, p, nb, sizeof(nb)),
+                     (double)(now - l->last_rx_ns) / 1e9,
+                     t->opts.peer_timeout_s);
+    }
+    tick_arm(t);
+out:
+    pthread_mutex_unlock(&t->lock);
+}
+
+/* Work handed over by another thread. */
+static void on_wake(evutil_socket_t fd, short what, void *arg)
+{
+    struct mesh_transport *t = arg;
+
+    (void)fd;
+    (void)what;
+    pthread_mutex_lock(&t->lock);
+    if (t->stopping) {
+        event_base_loopbreak(t->base);
+    } else {
+        if (t->failed) {
+            for (int p = 0; p < t->world.size; p++)
+                for (int s = 0; p != t->world.rank && s < t->S; s++)
+                    if (t->links[p].data[s]) {
+                        rev_off(t->links[p].data[s]);
+                        wev_off(t->links[p].data[s]);
+                    }
+        }
+        dial_scan(t);
+        /* Rearm the tick at the right pace (joining starts fast). */
+        evtimer_del(t->tick_ev);
+        tick_arm(t);
+    }
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void *progress_main(void *arg)
+{
+    struct mesh_transport *t = arg;
+
+    if (event_base_loop(t->base, EVLOOP_NO_EXIT_ON_EMPTY) < 0)
+        mesh_error_log("TCP transport: the libevent loop failed");
+    return NULL;
+}
+
+/* ---- operations ---------------------------------------------------------- */
+
+static pthread_once_t evthread_once = PTHREAD_ONCE_INIT;
+static int evthread_rc;
+
+static void evthread_init(void)
+{
+    evthread_rc = evthread_use_pthreads();
+}
+
+static int listen_socket(struct mesh_transport *t, int *out)
+{
+    uint16_t port = t->peers[t->world.rank].port;
+    struct sockaddr_in6 s6;
+    struct sockaddr_in s4;
+    int fd, one = 1, zero = 0, rc = 0;
+
+    fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        memset(&s6, 0, sizeof(s6));
+        s6.sin6_family = AF_INET6;
+        s6.sin6_addr = in6addr_any;
+        s6.sin6_port = htons(port);
+        /* Dual stack: IPv4 peers arrive as v4-mapped addresses. */
+        if (setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) <
+                0 ||
+            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+            bind(fd, (struct sockaddr *)&s6, sizeof(s6)) < 0) {
+            if (errno == EADDRINUSE) {
+                rc = mesh_err_errno("rank %d: bind port %u", t->world.rank,
+                                    (unsigned)port);
+                close(fd);
+                return rc;
+            }
+            close(fd);
+            fd = -1;
+        }
+    }
+    if (fd < 0) {
+        /* No IPv6 here: IPv4 only. */
+        MESH_SYSCALL(
+            rc,
+            fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0),
+            out, "socket");
+        memset(&s4, 0, sizeof(s4));
+        s4.sin_family = AF_INET;
+        s4.sin_addr.s_addr = htonl(INADDR_ANY);
+        s4.sin_port = htons(port);
+        MESH_SYSCALL(
+            rc, setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)),
+            close_fd, "setsockopt SO_REUSEADDR");
+        MESH_SYSCALL(rc, bind(fd, (struct sockaddr *)&s4, sizeof(s4)), close_fd,
+                     "rank %d: bind port %u", t->world.rank, (unsigned)port);
+    }
+    MESH_SYSCALL(rc, listen(fd, SOMAXCONN), close_fd, "listen on port %u",
+                 (unsigned)port);
+    *out = fd;
+    return 0;
+close_fd:
+    close(fd);
+out:
+    return rc;
+}
+
+static void tcp_close(mesh_transport_t *t);
+
+static int tcp_listen(const struct mesh_world *world,
+                      const struct mesh_transport_opts *opts,
+                      mesh_transport_t **out)
+{
+    struct mesh_transport *t;
+    pthread_condattr_t ca;
+    size_t clen;
+    int rc, n;
+
+    if (!world || !opts || world->size < 1 || world->rank < 0 ||
+        world->rank >= world->size || !world->peers)
+        return mesh_err(-EINVAL, "tcp: invalid world (rank %d of %d)",
+                        world ? world->rank : -1, world ? world->size : 0);
+    if (opts->streams < 1 || opts->streams > 64)
+        return mesh_err(-EINVAL, "tcp: streams must be 1..64, not %d",
+                        opts->streams);
+    if (!(opts->peer_timeout_s > 0) || !(opts->join_timeout_s > 0))
+        return mesh_err(-EINVAL, "tcp: timeouts must be positive");
+    if ((!opts->secret || !opts->secret_len) && !opts->insecure)
+        return mesh_err(-EINVAL, "no shared secret: give --secret-file FILE "
+                                 "(mode 0600), or --insecure to run without "
+                                 "authentication");
+    clen = strnlen(opts->config, MESH_CONFIG_MAX);
+    if (clen >= MESH_CONFIG_MAX)
+        return mesh_err(-EINVAL, "tcp: configuration longer than %d bytes",
+                        MESH_CONFIG_MAX - 1);
+    pthread_once(&evthread_once, evthread_init);
+    if (evthread_rc < 0)
+        return mesh_err(-EIO, "evthread_use_pthreads failed");
+
+    t = calloc(1, sizeof(*t));
+    if (!t)
+        return mesh_err(-ENOMEM, "out of memory");
+    t->listen_fd = -1;
+    t->opts = *opts;
+    t->opts.secret = NULL;
+    t->S = opts->streams;
+    t->world = *world;
+    t->peers = calloc((size_t)world->size, sizeof(*t->peers));
+    t->links = calloc((size_t)world->size, sizeof(*t->links));
+    if (!t->peers || !t->links) {
+        rc = mesh_err(-ENOMEM, "out of memory");
+        goto fail;
+    }
+    memcpy(t->peers, world->peers, (size_t)world->size * sizeof(*t->peers));
+    t->world.peers = t->peers;
+    for (int p = 0; p < world->size; p++) {
+        t->links[p].data = calloc((size_t)t->S, sizeof(struct conn *));
+        t->links[p].dial = calloc((size_t)t->S + 1, sizeof(struct dial));
+        if (!t->links[p].data || !t->links[p].dial) {
+            rc = mesh_err(-ENOMEM, "out of memory");
+            goto fail;
+        }
+        for (int s = 0; s <= t->S; s++)
+            t->links[p].dial[s].backoff_ns = DIAL_BACKOFF_MIN_NS;
+    }
+    if (opts->secret && opts->secret_len) {
+        t->secret = malloc(opts->secret_len);
+        if (!t->secret) {
+            rc = mesh_err(-ENOMEM, "out of memory");
+            goto fail;
+        }
+        memcpy(t->secret, opts->secret, opts->secret_len);
+        t->secret_len = opts->secret_len;
+    }
+    /* The stream count must agree too: it joins the fingerprint. */
+    n = snprintf(t->config, sizeof(t->config), "%.*stransport.streams=%d\n",
+                 (int)clen, opts->config, t->S);
+    t->config_len = (size_t)n;
+    if (!EVP_Digest(t->config, t->config_len, t->fp, NULL, EVP_sha256(),
+                    NULL)) {
+        rc = mesh_err(-EIO, "SHA-256 failed");
+        goto fail;
+    }
+    {
+        const char *spin = getenv("MESHTRAIN_TCP_SPIN_US");
+
+        /* Spinning pays only where the progress thread has a core of
+         * its own (measured: on 2 loaded cores it doubles the latency). */
+        t->spin_s = spin                                ? atof(spin) * 1e-6
+                    : sysconf(_SC_NPROCESSORS_ONLN) > 2 ? 50e-6
+                                                        : 0;
+    }
+
+    rc = listen_socket(t, &t->listen_fd);
+    if (rc < 0)
+        goto fail;
+    if (pthread_mutex_init(&t->lock, NULL) || pthread_condattr_init(&ca) ||
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) ||
+        pthread_cond_init(&t->cond, &ca)) {
+        rc = mesh_err(-ENOMEM, "pthread init failed");
+        goto fail;
+    }
+    pthread_condattr_destroy(&ca);
+    t->base = event_base_new();
+    if (!t->base) {
+        rc = mesh_err(-ENOMEM, "event_base_new failed");
+        goto fail;
+    }
+    t->listen_ev =
+        event_new(t->base, t->listen_fd, EV_READ | EV_PERSIST, on_accept, t);
+    t->wake_ev = event_new(t->base, -1, 0, on_wake, t);
+    t->tick_ev = evtimer_new(t->base, on_tick, t);
+    if (!t->listen_ev || !t->wake_ev || !t->tick_ev ||
+        event_add(t->listen_ev, NULL) < 0) {
+        rc = mesh_err(-ENOMEM, "libevent: cannot create events");
+        goto fail;
+    }
+    tick_arm(t);
+    if (pthread_create(&t->thread, NULL, progress_main, t)) {
+        rc = mesh_err(-EAGAIN, "cannot start the progress thread");
+        goto fail;
+    }
+    t->thread_started = 1;
+    if (!t->secret)
+        mesh_warn("insecure: this mesh is unauthenticated (no secret); "
+                  "anyone who can reach port %u can join it",
+                  (unsigned)t->peers[t->world.rank].port);
+    mesh_debug("tcp: rank %d listening on port %u, %d data streams",
+               world->rank, (unsigned)t->peers[world->rank].port, t->S);
+    *out = t;
+    return 0;
+fail:
+    tcp_close(t);
+    return rc;
+}
+
+static int resolve_peers(struct mesh_transport *t)
+{
+    for (int p = 0; p < t->world.rank; p++) {
+        struct link *l = &t->links[p];
+        struct addrinfo hints, *res = NULL, *ai;
+        char port[16], nb[300];
+        int rc;
+
+        if (l->naddrs)
+            continue;
+        memset(&hints, 0, sizeof(hints));
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        snprintf(port, sizeof(port), "%u", (unsigned)t->peers[p].port);
+        rc = getaddrinfo(t->peers[p].host, port, &hints, &res);
+        if (rc)
+            return mesh_err(-EHOSTUNREACH,
+                            "rank %d (%s): cannot resolve "
+                            "host: %s",
+                            p, pname(t, p, nb, sizeof(nb)), gai_strerror(rc));
+        for (ai = res; ai && l->naddrs < ADDRS_MAX; ai = ai->ai_next) {
+            if (ai->ai_addrlen > sizeof(l->addrs[0]))
+                continue;
+            memcpy(&l->addrs[l->naddrs], ai->ai_addr, ai->ai_addrlen);
+            l->addr_lens[l->naddrs++] = ai->ai_addrlen;
+        }
+        freeaddrinfo(res);
+        if (!l->naddrs)
+            return mesh_err(-EHOSTUNREACH, "rank %d (%s): no usable address", p,
+                            pname(t, p, nb, sizeof(nb)));
+    }
+    return 0;
+}
+
+static int tcp_connect(mesh_transport_t *t)
+{
+    uint64_t deadline;
+    int rc = 0;
+
+    rc = resolve_peers(t);
+    if (rc < 0)
+        return rc;
+    deadline = mesh_now_ns() + (uint64_t)(t->opts.join_timeout_s * 1e9);
+    pthread_mutex_lock(&t->lock);
+    t->joining = 1;
+    wake(t);
+    for (;;) {
+        struct timespec ts;
+        uint64_t now;
+
+        if (t->failed) {
+            rc = fail_err(t);
+            break;
+        }
+        if (t->join_err[0]) {
+            rc = mesh_err(-ECONNREFUSED, "%s", t->join_err);
+            break;
+        }
+        if (t->nlinks_ready == t->world.size - 1)
+            break;
+        now = mesh_now_ns();
+        if (now >= deadline) {
+            char msg[MSG_MAX], nb[300];
+            size_t n;
+
+            n = (size_t)snprintf(msg, sizeof(msg),
+                                 "join timed out after %.1f s; never joined:",
+                                 t->opts.join_timeout_s);
+            for (int p = 0; p < t->world.size && n < sizeof(msg); p++) {
+                struct link *l = &t->links[p];
+
+                if (p == t->world.rank || l->ready)
+                    continue;
+                n += (size_t)snprintf(
+                    msg + n, sizeof(msg) - n, " rank %d (%s%s%s)", p,
+                    pname(t, p, nb, sizeof(nb)), l->why[0] ? ": " : "",
+                    p < t->world.rank ? l->why : "");
+            }
+            rc = mesh_err(-ETIMEDOUT, "%s", msg);
+            break;
+        }
+        ts.tv_sec =
+            (time_t)(MESH_MIN(deadline, now + 100000000ull) / 1000000000ull);
+        ts.tv_nsec =
+            (long)(MESH_MIN(deadline, now + 100000000ull) % 1000000000ull);
+        pthread_cond_timedwait(&t->cond, &t->lock, &ts);
+    }
+    t->joining = 0;
+    pthread_mutex_unlock(&t->lock);
+    if (!rc)
+        mesh_debug("tcp: rank %d joined the mesh (%d peers, %d data streams "
+                   "per link)",
+                   t->world.rank, t->world.size - 1, t->S);
+    return rc;
+}
+
+static int tcp_reg_mr(mesh_transport_t *t, void *buf, size_t len,
+                      mesh_mr_t **out)
+{
+    struct mesh_mr *mr = malloc(sizeof(*mr));
+
+    (void)t;
+    if (!mr)
+        return mesh_err(-ENOMEM, "out of memory");
+    mr->buf = buf;
+    mr->len = len;
+    *out = mr;
+    return 0;
+}
+
+static int tcp_dereg_mr(mesh_transport_t *t, mesh_mr_t *mr)
+{
+    (void)t;
+    free(mr);
+    return 0;
+}
+
+static int check_peer(struct mesh_transport *t, int peer, const char *what,
+                      int sending)
+{
+    char nb[300];
+
+    if (peer < 0 || peer >= t->world.size || peer == t->world.rank)
+        return mesh_err(-EINVAL, "tcp %s: invalid peer %d (rank %d of %d)",
+                        what, peer, t->world.rank, t->world.size);
+    if (t->failed)
+        return fail_err(t);
+    if (!t->links[peer].ready)
+        return mesh_err(-ENOTCONN, "tcp %s: rank %d (%s) has not joined", what,
+                        peer, pname(t, peer, nb, sizeof(nb)));
+    if (t->links[peer].bye && sending)
+        return mesh_err(-ECONNRESET, "tcp %s: rank %d (%s) left the mesh", what,
+                        peer, pname(t, peer, nb, sizeof(nb)));
+    return 0;
+}
+
+static int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
+                     const void *buf, mesh_mr_t *mr, mesh_req_t **out)
+{
+    struct mesh_req *r;
+    struct link *l;
+    struct piece *ps[64];
+    int idle[64];
+    uint64_t len = f->length, off = 0, chunk;
+    int np, rc;
+
+    (void)mr;
+    if (len && !buf)
+        return mesh_err(-EINVAL, "tcp isend: NULL buffer");
+    if (f->offset + len < f->offset)
+        return mesh_err(-EINVAL, "tcp isend: range overflows");
+    np = 1;
+    pthread_mutex_lock(&t->lock);
+    rc = check_peer(t, peer, "isend", 1);
+    if (rc < 0)
+        goto out;
+    l = &t->links[peer];
+    if (len >= STRIPE_MIN && t->S > 1)
+        np = (int)MESH_MIN((uint64_t)t->S, len / (STRIPE_MIN / 2));
+    r = calloc(1, sizeof(*r));
+    if (!r) {
+        rc = mesh_err(-ENOMEM, "out of memory");
+        goto out;
+    }
+    /* Stripe in 4 KiB-aligned slices; the last takes the rest. */
+    chunk = ((len / (uint64_t)np) + 4095) & ~(uint64_t)4095;
+    for (int i = 0; i < np; i++) {
+        uint64_t plen = i == np - 1 ? len - off : MESH_MIN(chunk, len - off);
+        struct mesh_frame pf = *f;
+
+        ps[i] = malloc(sizeof(struct piece));
+        if (!ps[i]) {
+            while (i-- > 0)
+                free(ps[i]);
+            free(r);
+            rc = mesh_err(-ENOMEM, "out of memory");
+            goto out;
+        }
+        pf.offset = f->offset + off;
+        pf.length = plen;
+        frame_encode(&pf, ps[i]->hdr);
+        ps[i]->next = NULL;
+        ps[i]->req = r;
+        ps[i]->buf = (const uint8_t *)buf + off;
+        ps[i]->len = plen;
+        ps[i]->sent = 0;
+        off += plen;
+    }
+    r->kind = REQ_SEND;
+    r->peer = peer;
+    r->f = *f;
+    r->buf = (uint8_t *)buf;
+    r->pieces_left = np;
+    req_link(t, r);
+    for (int i = 0; i < np; i++) {
+        struct conn *c = l->data[(l->rr + (unsigned)i) % (unsigned)t->S];
+
+        idle[i] = c->txq == NULL;
+        if (c->txq_tail)
+            c->txq_tail->next = ps[i];
+        else
+            c->txq = ps[i];
+        c->txq_tail = ps[i];
+        c->tx_queued += ps[i]->len;
+    }
+    /* An idle stream sends at once from this thread. */
+    for (int i = 0; i < np && !t->failed; i++)
+        if (idle[i])
+            conn_write(l->data[(l->rr + (unsigned)i) % (unsigned)t->S]);
+    l->rr += (unsigned)np;
+    if (t->failed) {
+        rc = fail_err(t);
+        req_unlink(t, r);
+        free(r);
+        goto out;
+    }
+    *out = r;
+out:
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+static int tcp_irecv(mesh_transport_t *t, int peer,
+                     const struct mesh_frame *expect, void *buf, mesh_mr_t *mr,
+                     mesh_req_t **out)
+{
+    struct mesh_req *r;
+    struct link *l;
+    int rc;
+
+    (void)mr;
+    if (expect->length && !buf)
+        return mesh_err(-EINVAL, "tcp irecv: NULL buffer");
+    if (expect->offset + expect->length < expect->offset)
+        return mesh_err(-EINVAL, "tcp irecv: range overflows");
+    pthread_mutex_lock(&t->lock);
+    rc = check_peer(t, peer, "irecv", 0);
+    if (rc < 0)
+        goto out;
+    l = &t->links[peer];
+    r = calloc(1, sizeof(*r));
+    if (!r) {
+        rc = mesh_err(-ENOMEM, "out of memory");
+        goto out;
+    }
+    r->kind = REQ_RECV;
+    r->peer = peer;
+    r->f = *expect;
+    r->buf = buf;
+    req_link(t, r);
+    /* Append: earlier receives match first. */
+    r->posted = 1;
+    r->pnext = NULL;
+    if (!l->posted) {
+        r->pprev = NULL;
+        l->posted = r;
+    } else {
+        struct mesh_req *q = l->posted;
+
+        while (q->pnext)
+            q = q->pnext;
+        q->pnext = r;
+        r->pprev = q;
+    }
+    /* Streams parked on a header may now go on. */
+    for (int s = 0; s < t->S && !t->failed; s++) {
+        struct conn *c = l->data[s];
+
+        if (!c || !c->parked || c->state != C_READY)
+            continue;
+        switch (data_match(c)) {
+        case MATCH_OK:
+            c->parked = 0;
+            if (!c->rx_left)
+                data_piece_done(c);
+            rev_on(c);
+            break;
+        case MATCH_WAIT:
+        case MATCH_FAILED:
+            break;
+        }
+    }
+    /* A peer that left may still have delivered this; else it never will. */
+    if (l->bye)
+        bye_check(t, peer, 0);
+    if (t->failed && !atomic_load(&r->done)) {
+        rc = fail_err(t);
+        req_unlink(t, r);
+        free(r);
+        goto out;
+    }
+    *out = r;
+out:
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+static int tcp_test(mesh_transport_t *t, mesh_req_t *req, int *done)
+{
+    int rc = 0;
+
+    if (!req)
+        return mesh_err(-EINVAL, "tcp test: NULL request");
+    pthread_mutex_lock(&t->lock);
+    if (atomic_load(&req->done)) {
+        req_unlink(t, req);
+        free(req);
+        *done = 1;
+    } else if (t->failed) {
+        rc = fail_err(t);
+        req_unlink(t, req);
+        free(req);
+        *done = 1;
+    } else {
+        *done = 0;
+    }
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+static int any_done(mesh_req_t *const *reqs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (reqs[i] &&
+            atomic_load_explicit(&reqs[i]->done, memory_order_acquire))
+            return 1;
+    return 0;
+}
+
+static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
+                        double timeout_s)
+{
+    uint64_t start = mesh_now_ns(), deadline = 0;
+    int rc = 0;
+
+    if (n <= 0 || !reqs)
+        return mesh_err(-EINVAL, "tcp wait_any: no requests");
+    /* A short spin saves the sleep/wake round trip on small messages. */
+    if (t->spin_s > 0) {
+        uint64_t spin_end = start + (uint64_t)(t->spin_s * 1e9);
+
+        do {
+            if (any_done(reqs, n))
+                return 0;
+        } while (mesh_now_ns() < spin_end);
+    }
+    if (timeout_s >= 0)
+        deadline = start + (uint64_t)(timeout_s * 1e9);
+    pthread_mutex_lock(&t->lock);
+    for (;;) {
+        struct timespec ts;
+
+        if (any_done(reqs, n))
+            break;
+        if (t->failed) {
+            rc = fail_err(t);
+            break;
+        }
+        if (timeout_s >= 0) {
+            uint64_t now = mesh_now_ns();
+
+            if (now >= deadline) {
+                rc = mesh_err(-ETIMEDOUT,
+                              "tcp wait: no request completed "
+                              "within %.3f s",
+                              timeout_s);
+                break;
+            }
+            ts.tv_sec = (time_t)(deadline / 1000000000ull);
+            ts.tv_nsec = (long)(deadline % 1000000000ull);
+            pthread_cond_timedwait(&t->cond, &t->lock, &ts);
+        } else {
+            pthread_cond_wait(&t->cond, &t->lock);
+        }
+    }
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+static int tcp_progress(mesh_transport_t *t)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&t->lock);
+    if (t->failed)
+        rc = fail_err(t);
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+static void tcp_abort(mesh_transport_t *t, int culprit, const char *why)
+{
+    char me[300], nb[300];
+
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->lock);
+    if (culprit >= 0 && culprit < t->world.size)
+        fail_job(t, culprit, -ECANCELED, 1,
+                 "rank %d (%s) aborted the job, blaming rank %d (%s): %s",
+                 t->world.rank, pname(t, t->world.rank, me, sizeof(me)),
+                 culprit, pname(t, culprit, nb, sizeof(nb)),
+                 why ? why : "no reason given");
+    else
+        fail_job(t, t->world.rank, -ECANCELED, 1,
+                 "rank %d (%s) aborted the job: %s", t->world.rank,
+                 pname(t, t->world.rank, me, sizeof(me)),
+                 why ? why : "no reason given");
+    pthread_mutex_unlock(&t->lock);
+}
+
+static void tcp_close(mesh_transport_t *t)
+{
+    struct mesh_req *r, *rn;
+    struct conn *c, *cn;
+
+    if (!t)
+        return;
+    if (t->thread_started) {
+        pthread_mutex_lock(&t->lock);
+        t->stopping = 1;
+        for (int p = 0; p < t->world.size; p++) {
+            struct link *l = &t->links[p];
+
+            if (p != t->world.rank && l->ctrl && !l->bye)
+                ctrl_send(l->ctrl, TCP_CTRL_BYE, -1, 0, NULL);
+        }
+        wake(t);
+        pthread_mutex_unlock(&t->lock);
+        pthread_join(t->thread, NULL);
+        pthread_mutex_destroy(&t->lock);
+        pthread_cond_destroy(&t->cond);
+    }
+    for (c = t->hs; c; c = cn) {
+        cn = c->hs_next;
+        conn_free(c);
+    }
+    for (int p = 0; t->links && p < t->world.size; p++) {
+        struct link *l = &t->links[p];
+
+        conn_free(l->ctrl);
+        for (int s = 0; l->data && s < t->S; s++)
+            conn_free(l->data[s]);
+        free(l->data);
+        free(l->dial);
+    }
+    for (r = t->reqs; r; r = rn) {
+        rn = r->next;
+        free(r);
+    }
+    if (t->listen_ev)
+        event_free(t->listen_ev);
+    if (t->wake_ev)
+        event_free(t->wake_ev);
+    if (t->tick_ev)
+        event_free(t->tick_ev);
+    if (t->base)
+        event_base_free(t->base);
+    if (t->listen_fd >= 0)
+        close(t->listen_fd);
+    if (t->secret) {
+        OPENSSL_cleanse(t->secret, t->secret_len);
+        free(t->secret);
+    }
+    free(t->links);
+    free(t->peers);
+    free(t);
+}
+
+const struct mesh_transport_ops mesh_tcp_ops = {
+    .name = "tcp",
+    .listen = tcp_listen,
+    .connect = tcp_connect,
+    .reg_mr = tcp_reg_mr,
+    .dereg_mr = tcp_dereg_mr,
+    .isend = tcp_isend,
+    .irecv = tcp_irecv,
+    .test = tcp_test,
+    .wait_any = tcp_wait_any,
+    .progress = tcp_progress,
+    .abort = tcp_abort,
+    .close = tcp_close,
+};
