@@ -619,6 +619,77 @@ int coll_build_ps_allreduce(struct sched *s, const struct coll_args *a,
     return 0;
 }
 
+/* ---- direct: one hop ------------------------------------------------------------ */
+
+size_t coll_direct_scratch(const struct coll_args *a)
+{
+    if (a->size < 2)
+        return 0;
+    return (size_t)(a->size - 1) * a->count * mesh_dtype_size(a->dtype);
+}
+
+/*
+ * Every rank sends its data to every other and adds all N inputs in rank
+ * order, (((x_0 + x_1) + x_2) + ...), in float32: every rank computes the
+ * same bytes. One hop of latency, (N - 1) x the data on each rank's link.
+ */
+int coll_build_direct_allreduce(struct sched *s, const struct coll_args *a,
+                                void *scratch, mesh_mr_t *smr)
+{
+    int n = a->size, r = a->rank;
+    size_t es = mesh_dtype_size(a->dtype);
+    size_t ce = chunk_elems(a, a->count), nk = nchunks(a->count, ce);
+    float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
+    int inplace = a->sendbuf == a->recvbuf;
+    const void **in;
+    int *ops, rc;
+
+    rc = tag_room(1, nk);
+    if (rc < 0)
+        return rc;
+    in = malloc((size_t)n * sizeof(*in));
+    ops = malloc(2 * (size_t)n * sizeof(*ops));
+    if (!in || !ops) {
+        free(in);
+        free(ops);
+        return mesh_err(-ENOMEM, "out of memory building a direct schedule");
+    }
+    for (size_t k = 0; k < nk; k++) {
+        size_t o, l;
+        int nops = 0, red;
+
+        clip(0, a->count, k, ce, &o, &l);
+        for (int q = 0; q < n; q++) {
+            char *slot;
+
+            if (q == r) {
+                in[q] = at(a->sendbuf, o, es);
+                continue;
+            }
+            /* slot of rank q: scratch block q, or q - 1 above this rank */
+            slot = at(scratch, (size_t)(q < r ? q : q - 1) * a->count + o,
+                      es);
+            in[q] = slot;
+            ops[nops++] = sched_recv(s, q, (uint32_t)k, o * es, slot,
+                                     l * es, smr);
+        }
+        for (int d = 1; d < n; d++) { /* r + 1 first: spread the load */
+            int q = (r + d) % n, snd;
+
+            snd = sched_send(s, q, (uint32_t)k, o * es, at(a->sendbuf, o, es),
+                             l * es, a->send_mr);
+            if (inplace) /* the sum overwrites what is being sent */
+                ops[nops++] = snd;
+        }
+        red = sched_reduce(s, at(a->recvbuf, o, es), in, n, l, div);
+        for (int i = 0; i < nops; i++)
+            sched_dep(s, ops[i], red);
+    }
+    free(ops);
+    free(in);
+    return 0;
+}
+
 /* ---- barrier --------------------------------------------------------------------- */
 
 /* Dissemination: in round j, send to r + 2^j and hear from r - 2^j. */

@@ -49,7 +49,7 @@ struct sched_op {
     int peer;              /* SEND/RECV */
     uint32_t tag;          /* SEND/RECV */
     uint64_t offset;       /* SEND/RECV: byte offset in the collective
-                              (for messages; frames carry 0) */
+                              (for the debug trace; frames carry 0) */
     size_t len;            /* bytes (SEND/RECV/COPY) */
     void *buf;             /* SEND source, RECV/REDUCE/COPY destination */
     mesh_mr_t *mr;         /* SEND/RECV: the region holding buf */
@@ -100,7 +100,7 @@ void sched_dep(struct sched *s, int before, int after);
  * flight are reaped, and the error (with its message) is returned.
  */
 int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
-              mesh_transport_t *t, const struct mesh_world *w);
+              mesh_transport_t *t);
 
 /* ---- algorithms: each compiles one collective into a schedule ----------------- */
 
@@ -122,6 +122,7 @@ struct coll_args {
 size_t coll_ring_scratch(const struct coll_args *a);
 size_t coll_tree_scratch(const struct coll_args *a);
 size_t coll_ps_scratch(const struct coll_args *a);
+size_t coll_direct_scratch(const struct coll_args *a);
 
 int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
                               void *scratch, mesh_mr_t *smr);
@@ -133,6 +134,8 @@ int coll_build_tree_allreduce(struct sched *s, const struct coll_args *a,
                               void *scratch, mesh_mr_t *smr);
 int coll_build_ps_allreduce(struct sched *s, const struct coll_args *a,
                             void *scratch, mesh_mr_t *smr);
+int coll_build_direct_allreduce(struct sched *s, const struct coll_args *a,
+                                void *scratch, mesh_mr_t *smr);
 int coll_build_chain_broadcast(struct sched *s, const struct coll_args *a);
 int coll_build_tree_broadcast(struct sched *s, const struct coll_args *a);
 int coll_build_barrier(struct sched *s, int rank, int size);

@@ -67,6 +67,7 @@ struct mesh_coll {
     pthread_cond_t dcv; /* callers wait for completions */
     struct mesh_coll_req *head, *tail;
     int stop;
+    int busy; /* a request is running (on the engine or inline) */
     uint64_t next_seq;
     struct bufent *bufs;
     int nbufs, capbufs;
@@ -92,6 +93,8 @@ const char *mesh_algo_name(int algo)
         return "tree";
     case MESH_ALGO_PS:
         return "ps";
+    case MESH_ALGO_DIRECT:
+        return "direct";
     }
     return "unknown-algo";
 }
@@ -99,15 +102,15 @@ const char *mesh_algo_name(int algo)
 int mesh_algo_parse(const char *s, int *out)
 {
     static const int all[] = {MESH_ALGO_AUTO, MESH_ALGO_RING, MESH_ALGO_TREE,
-                              MESH_ALGO_PS};
+                              MESH_ALGO_PS, MESH_ALGO_DIRECT};
 
     for (size_t i = 0; s && i < MESH_ARRAY_SIZE(all); i++)
         if (!strcmp(s, mesh_algo_name(all[i]))) {
             *out = all[i];
             return 0;
         }
-    return mesh_err(-EINVAL, "unknown algorithm '%s' (ring, tree, auto, ps)",
-                    s ? s : "");
+    return mesh_err(-EINVAL, "unknown algorithm '%s' (ring, tree, auto, ps, "
+                    "direct)", s ? s : "");
 }
 
 void mesh_coll_opts_init(struct mesh_coll_opts *o)
@@ -253,35 +256,81 @@ static int scratch_reserve(struct mesh_coll *c, size_t need)
 
 /* ---- the cost model ------------------------------------------------------------------ */
 
+/*
+ * The alpha-beta(-gamma) model, in seconds for an all-reduce of bytes:
+ * hops on the critical path x alpha, bytes through the busiest rank's link
+ * x beta, bytes that rank adds x gamma, plus the pipeline's fill (a chunk
+ * per hop that cannot overlap).
+ */
+static double chunk_of(double slice)
+{
+    return MESH_MIN(MESH_MAX(slice / 8, 65536.0), 4194304.0);
+}
+
 static double ring_cost(const struct mesh_coll *c, double bytes)
 {
-    double n = c->w->size, a = c->model.alpha_s, b = c->model.beta_s_per_byte;
-    double chunk = MESH_MIN(MESH_MAX(bytes / n / 8, 65536.0), 4194304.0);
+    const struct mesh_coll_model *m = &c->model;
+    double n = c->w->size, seg = bytes / n;
 
-    return 2 * (n - 1) * a + 2 * (n - 1) / n * bytes * b +
-           MESH_MIN(chunk, bytes / n) * b;
+    return 2 * (n - 1) * m->alpha_s + 2 * (n - 1) * seg * m->beta_s_per_byte +
+           (n - 1) * seg * m->gamma_s_per_byte +
+           MESH_MIN(chunk_of(seg), seg) * m->beta_s_per_byte;
 }
 
 static double tree_cost(const struct mesh_coll *c, double bytes)
 {
-    double a = c->model.alpha_s, b = c->model.beta_s_per_byte;
-    double chunk = MESH_MIN(MESH_MAX(bytes / 16, 65536.0), 4194304.0);
+    const struct mesh_coll_model *m = &c->model;
+    double half = bytes / 2;
 
-    return 2 * c->tree_depth * a + c->tree_load * bytes * b +
-           2 * c->tree_depth * MESH_MIN(chunk, bytes / 2) * b;
+    return 2 * c->tree_depth * m->alpha_s +
+           c->tree_load * bytes * m->beta_s_per_byte +
+           bytes * m->gamma_s_per_byte +
+           2 * c->tree_depth * MESH_MIN(chunk_of(half), half) *
+               m->beta_s_per_byte;
+}
+
+static double direct_cost(const struct mesh_coll *c, double bytes)
+{
+    const struct mesh_coll_model *m = &c->model;
+    double n = c->w->size;
+
+    return m->alpha_s + (n - 1) * bytes * m->beta_s_per_byte +
+           (n - 1) * bytes * m->gamma_s_per_byte;
 }
 
 int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
 {
+    double ring, tree, direct;
+
     if (algo == MESH_ALGO_AUTO)
         algo = c->opts.algo;
     if (algo != MESH_ALGO_AUTO)
         return algo;
-    if (c->w->size <= 2)
-        return MESH_ALGO_RING; /* the same messages either way */
-    return tree_cost(c, (double)bytes) < ring_cost(c, (double)bytes)
-               ? MESH_ALGO_TREE
-               : MESH_ALGO_RING;
+    ring = ring_cost(c, (double)bytes);
+    tree = tree_cost(c, (double)bytes);
+    direct = direct_cost(c, (double)bytes);
+    if (direct < ring && direct < tree)
+        return MESH_ALGO_DIRECT;
+    return tree < ring ? MESH_ALGO_TREE : MESH_ALGO_RING;
+}
+
+/* Broadcast: a chain (ring) or the binary tree, by the same numbers. */
+int mesh_coll_bcast_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
+{
+    const struct mesh_coll_model *m = &c->model;
+    double n = c->w->size, b = (double)bytes, chain, tree;
+
+    if (algo == MESH_ALGO_AUTO)
+        algo = c->opts.algo;
+    if (algo == MESH_ALGO_TREE)
+        return MESH_ALGO_TREE;
+    if (algo != MESH_ALGO_AUTO)
+        return MESH_ALGO_RING;
+    chain = (n - 1) * m->alpha_s + b * m->beta_s_per_byte +
+            (n - 2) * MESH_MIN(chunk_of(b), b) * m->beta_s_per_byte;
+    tree = c->tree_depth * m->alpha_s + 2 * b * m->beta_s_per_byte +
+           c->tree_depth * MESH_MIN(chunk_of(b), b) * m->beta_s_per_byte;
+    return tree < chain ? MESH_ALGO_TREE : MESH_ALGO_RING;
 }
 
 void mesh_coll_model_get(const mesh_coll_t *c, struct mesh_coll_model *out)
@@ -362,7 +411,7 @@ static int run_measure(struct mesh_coll *c, struct mesh_coll_req *q)
                               c->scratch_mr);
         }
         t0 = mesh_now_s();
-        rc = sched_run(&s, c->ops, c->t, c->w);
+        rc = sched_run(&s, c->ops, c->t);
         sched_free(&s);
         if (rc < 0)
             return mesh_err_prefix(rc, "measuring the links");
@@ -396,12 +445,15 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
         sbytes = rbytes = a->count * es;
         break;
     }
-    if (a->op == MESH_OP_ALLREDUCE || a->op == MESH_OP_BROADCAST)
-        q->algo = mesh_coll_algo_for(c, q->algo, a->count * es);
     if (a->op == MESH_OP_ALLREDUCE)
-        need = q->algo == MESH_ALGO_TREE ? coll_tree_scratch(a)
-               : q->algo == MESH_ALGO_PS ? coll_ps_scratch(a)
-                                         : coll_ring_scratch(a);
+        q->algo = mesh_coll_algo_for(c, q->algo, a->count * es);
+    else if (a->op == MESH_OP_BROADCAST)
+        q->algo = mesh_coll_bcast_algo_for(c, q->algo, a->count * es);
+    if (a->op == MESH_OP_ALLREDUCE)
+        need = q->algo == MESH_ALGO_TREE     ? coll_tree_scratch(a)
+               : q->algo == MESH_ALGO_PS     ? coll_ps_scratch(a)
+               : q->algo == MESH_ALGO_DIRECT ? coll_direct_scratch(a)
+                                             : coll_ring_scratch(a);
     else if (a->op == MESH_OP_REDUCE_SCATTER)
         need = coll_ring_scratch(a);
     rc = scratch_reserve(c, need);
@@ -432,6 +484,9 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
                  : q->algo == MESH_ALGO_PS
                      ? coll_build_ps_allreduce(&s, a, c->scratch,
                                                c->scratch_mr)
+                 : q->algo == MESH_ALGO_DIRECT
+                     ? coll_build_direct_allreduce(&s, a, c->scratch,
+                                                   c->scratch_mr)
                      : coll_build_ring_allreduce(&s, a, c->scratch,
                                                  c->scratch_mr);
             break;
@@ -451,8 +506,13 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
             break;
         }
     }
-    if (rc == 0)
-        rc = sched_run(&s, c->ops, c->t, c->w);
+    if (rc == 0) {
+        mesh_debug("%s seq %llu: %zu x %s, %s, %d operations",
+                   mesh_op_name(a->op), (unsigned long long)q->seq, a->count,
+                   mesh_dtype_name(a->dtype), mesh_algo_name(q->algo),
+                   s.nops);
+        rc = sched_run(&s, c->ops, c->t);
+    }
     sched_free(&s);
     if (rtmp)
         c->ops->dereg_mr(c->t, a->recv_mr);
@@ -499,7 +559,7 @@ static void *engine(void *arg)
     for (;;) {
         struct mesh_coll_req *q;
 
-        while (!c->head && !c->stop)
+        while ((!c->head || c->busy) && !(c->stop && !c->busy && !c->head))
             pthread_cond_wait(&c->qcv, &c->mu);
         if (!c->head)
             break;
@@ -507,9 +567,11 @@ static void *engine(void *arg)
         c->head = q->next;
         if (!c->head)
             c->tail = NULL;
+        c->busy = 1;
         pthread_mutex_unlock(&c->mu);
         run_req(c, q);
         pthread_mutex_lock(&c->mu);
+        c->busy = 0;
         q->done = 1;
         pthread_cond_broadcast(&c->dcv);
     }
@@ -547,6 +609,35 @@ static void submit(mesh_coll_t *c, mesh_coll_req_t *q, int nseq)
     c->tail = q;
     pthread_cond_signal(&c->qcv);
     pthread_mutex_unlock(&c->mu);
+}
+
+/*
+ * Run q to the end and free it. When nothing is queued or running, the
+ * caller's thread runs it itself (saving two thread hand-offs, which is
+ * most of a small collective's time); else it queues behind the others.
+ */
+static int submit_wait(mesh_coll_t *c, mesh_coll_req_t *q, int nseq)
+{
+    int done;
+
+    pthread_mutex_lock(&c->mu);
+    if (c->head || c->busy) {
+        pthread_mutex_unlock(&c->mu);
+        submit(c, q, nseq);
+        return mesh_coll_wait(q);
+    }
+    q->seq = c->next_seq;
+    c->next_seq += (uint64_t)nseq;
+    c->busy = 1;
+    pthread_mutex_unlock(&c->mu);
+    run_req(c, q);
+    pthread_mutex_lock(&c->mu);
+    c->busy = 0;
+    q->done = 1;
+    if (c->head || c->stop)
+        pthread_cond_signal(&c->qcv);
+    pthread_mutex_unlock(&c->mu);
+    return mesh_coll_test(q, &done);
 }
 
 int mesh_coll_test(mesh_coll_req_t *q, int *done)
@@ -624,18 +715,20 @@ static int start_coll(mesh_coll_t *c, int op, const void *sendbuf,
     q->a.sendbuf = sendbuf;
     q->a.recvbuf = recvbuf;
     q->algo = algo;
+    if (!out) /* a blocking call */
+        return submit_wait(c, q, 1);
     submit(c, q, 1);
     *out = q;
     return 0;
 }
 
-int mesh_coll_allreduce_start(mesh_coll_t *c, const void *sendbuf,
+static int allreduce_go(mesh_coll_t *c, const void *sendbuf,
                               void *recvbuf, size_t count, int dtype,
                               int redop, int algo, mesh_coll_req_t **out)
 {
     int rc = check_args(c, sendbuf, recvbuf, count, 1, dtype, 1, redop);
 
-    if (rc == 0 && (algo < MESH_ALGO_AUTO || algo > MESH_ALGO_PS))
+    if (rc == 0 && (algo < MESH_ALGO_AUTO || algo > MESH_ALGO_DIRECT))
         rc = mesh_err(-EINVAL, "unknown algorithm %d", algo);
     if (rc < 0)
         return rc;
@@ -643,7 +736,7 @@ int mesh_coll_allreduce_start(mesh_coll_t *c, const void *sendbuf,
                       redop, 0, algo, out);
 }
 
-int mesh_coll_reduce_scatter_start(mesh_coll_t *c, const void *sendbuf,
+static int reduce_scatter_go(mesh_coll_t *c, const void *sendbuf,
                                    void *recvbuf, size_t recvcount,
                                    int dtype, int redop,
                                    mesh_coll_req_t **out)
@@ -657,7 +750,7 @@ int mesh_coll_reduce_scatter_start(mesh_coll_t *c, const void *sendbuf,
                       dtype, redop, 0, MESH_ALGO_RING, out);
 }
 
-int mesh_coll_allgather_start(mesh_coll_t *c, const void *sendbuf,
+static int allgather_go(mesh_coll_t *c, const void *sendbuf,
                               void *recvbuf, size_t sendcount, int dtype,
                               mesh_coll_req_t **out)
 {
@@ -670,7 +763,7 @@ int mesh_coll_allgather_start(mesh_coll_t *c, const void *sendbuf,
                       dtype, 0, 0, MESH_ALGO_RING, out);
 }
 
-int mesh_coll_broadcast_start(mesh_coll_t *c, const void *sendbuf,
+static int broadcast_go(mesh_coll_t *c, const void *sendbuf,
                               void *recvbuf, size_t count, int dtype,
                               int root, int algo, mesh_coll_req_t **out)
 {
@@ -680,67 +773,98 @@ int mesh_coll_broadcast_start(mesh_coll_t *c, const void *sendbuf,
     if (rc == 0 && (root < 0 || root >= c->w->size))
         rc = mesh_err(-EINVAL, "broadcast root %d is not a rank (0..%d)",
                       root, c->w->size - 1);
-    if (rc == 0 && algo == MESH_ALGO_PS)
-        algo = MESH_ALGO_RING; /* no baseline of its own: the chain */
+    if (rc == 0 && (algo == MESH_ALGO_PS || algo == MESH_ALGO_DIRECT))
+        algo = MESH_ALGO_RING; /* none of their own: the chain */
     if (rc < 0)
         return rc;
     return start_coll(c, MESH_OP_BROADCAST, sendbuf, recvbuf, count, dtype, 0,
                       root, algo, out);
 }
 
-int mesh_coll_barrier_start(mesh_coll_t *c, mesh_coll_req_t **out)
+static int barrier_go(mesh_coll_t *c, mesh_coll_req_t **out)
 {
     return start_coll(c, MESH_OP_BARRIER, NULL, NULL, 0, MESH_DT_BYTE, 0, 0,
                       MESH_ALGO_RING, out);
 }
 
+/* Non-blocking forms: queue, return the request. */
+
+int mesh_coll_allreduce_start(mesh_coll_t *c, const void *sendbuf,
+                              void *recvbuf, size_t count, int dtype,
+                              int redop, int algo, mesh_coll_req_t **out)
+{
+    if (!out)
+        return mesh_err(-EINVAL, "mesh_coll_allreduce_start: NULL out");
+    return allreduce_go(c, sendbuf, recvbuf, count, dtype, redop, algo, out);
+}
+
+int mesh_coll_reduce_scatter_start(mesh_coll_t *c, const void *sendbuf,
+                                   void *recvbuf, size_t recvcount,
+                                   int dtype, int redop,
+                                   mesh_coll_req_t **out)
+{
+    if (!out)
+        return mesh_err(-EINVAL, "mesh_coll_reduce_scatter_start: NULL out");
+    return reduce_scatter_go(c, sendbuf, recvbuf, recvcount, dtype, redop,
+                             out);
+}
+
+int mesh_coll_allgather_start(mesh_coll_t *c, const void *sendbuf,
+                              void *recvbuf, size_t sendcount, int dtype,
+                              mesh_coll_req_t **out)
+{
+    if (!out)
+        return mesh_err(-EINVAL, "mesh_coll_allgather_start: NULL out");
+    return allgather_go(c, sendbuf, recvbuf, sendcount, dtype, out);
+}
+
+int mesh_coll_broadcast_start(mesh_coll_t *c, const void *sendbuf,
+                              void *recvbuf, size_t count, int dtype,
+                              int root, int algo, mesh_coll_req_t **out)
+{
+    if (!out)
+        return mesh_err(-EINVAL, "mesh_coll_broadcast_start: NULL out");
+    return broadcast_go(c, sendbuf, recvbuf, count, dtype, root, algo, out);
+}
+
+int mesh_coll_barrier_start(mesh_coll_t *c, mesh_coll_req_t **out)
+{
+    if (!out)
+        return mesh_err(-EINVAL, "mesh_coll_barrier_start: NULL out");
+    return barrier_go(c, out);
+}
+
+/* Blocking forms: run on the caller's thread when the engine is idle. */
+
 int mesh_coll_allreduce(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
                         size_t count, int dtype, int redop, int algo)
 {
-    mesh_coll_req_t *q = NULL;
-    int rc = mesh_coll_allreduce_start(c, sendbuf, recvbuf, count, dtype,
-                                       redop, algo, &q);
-
-    return rc < 0 ? rc : mesh_coll_wait(q);
+    return allreduce_go(c, sendbuf, recvbuf, count, dtype, redop, algo, NULL);
 }
 
 int mesh_coll_reduce_scatter(mesh_coll_t *c, const void *sendbuf,
                              void *recvbuf, size_t recvcount, int dtype,
                              int redop)
 {
-    mesh_coll_req_t *q = NULL;
-    int rc = mesh_coll_reduce_scatter_start(c, sendbuf, recvbuf, recvcount,
-                                            dtype, redop, &q);
-
-    return rc < 0 ? rc : mesh_coll_wait(q);
+    return reduce_scatter_go(c, sendbuf, recvbuf, recvcount, dtype, redop,
+                             NULL);
 }
 
 int mesh_coll_allgather(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
                         size_t sendcount, int dtype)
 {
-    mesh_coll_req_t *q = NULL;
-    int rc = mesh_coll_allgather_start(c, sendbuf, recvbuf, sendcount, dtype,
-                                       &q);
-
-    return rc < 0 ? rc : mesh_coll_wait(q);
+    return allgather_go(c, sendbuf, recvbuf, sendcount, dtype, NULL);
 }
 
 int mesh_coll_broadcast(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
                         size_t count, int dtype, int root, int algo)
 {
-    mesh_coll_req_t *q = NULL;
-    int rc = mesh_coll_broadcast_start(c, sendbuf, recvbuf, count, dtype,
-                                       root, algo, &q);
-
-    return rc < 0 ? rc : mesh_coll_wait(q);
+    return broadcast_go(c, sendbuf, recvbuf, count, dtype, root, algo, NULL);
 }
 
 int mesh_coll_barrier(mesh_coll_t *c)
 {
-    mesh_coll_req_t *q = NULL;
-    int rc = mesh_coll_barrier_start(c, &q);
-
-    return rc < 0 ? rc : mesh_coll_wait(q);
+    return barrier_go(c, NULL);
 }
 
 /* ---- buffers ----------------------------------------------------------------------------- */
@@ -813,6 +937,8 @@ static int agree(mesh_coll_t *c)
     float *v;
     int rc;
 
+    /* rank order: the values reach every rank as the same bytes */
+
     rc = new_req(c, REQ_MEASURE, &q);
     if (rc < 0)
         return rc;
@@ -823,8 +949,8 @@ static int agree(mesh_coll_t *c)
     rc = mesh_coll_buf_alloc(c, 2 * sizeof(float), (void **)&v);
     if (rc < 0)
         return rc;
-    v[0] = (float)(c->meas_alpha * 1e6);  /* us */
-    v[1] = (float)(c->meas_beta * 1e9);   /* ns per byte */
+    v[0] = (float)(c->meas_alpha * 1e6); /* us */
+    v[1] = (float)(c->meas_beta * 1e9);  /* ns per byte */
     rc = mesh_coll_allreduce(c, v, v, 2, MESH_DT_F32, MESH_REDOP_AVG,
                              MESH_ALGO_RING);
     if (rc == 0) {
@@ -838,36 +964,42 @@ static int agree(mesh_coll_t *c)
 
 static void log_model(const mesh_coll_t *c)
 {
-    size_t cross = 0;
+    char ranges[512] = "";
+    size_t used = 0, from = 8;
     int prev = -1;
 
     mesh_info("collectives: %d ranks, kernels %s, alpha %.1f us, beta %.3f "
-              "ns/B (%.2f GB/s)%s", c->w->size, mesh_reduce_isa(),
-              c->model.alpha_s * 1e6, c->model.beta_s_per_byte * 1e9,
+              "ns/B (%.2f GB/s), gamma %.3f ns/B%s", c->w->size,
+              mesh_reduce_isa(), c->model.alpha_s * 1e6,
+              c->model.beta_s_per_byte * 1e9,
               1e-9 / c->model.beta_s_per_byte,
-              c->model.measured ? " measured to the ring neighbours, "
-                                  "averaged over the ranks"
+              c->model.gamma_s_per_byte * 1e9,
+              c->model.measured ? " (alpha, beta measured to the ring "
+                                  "neighbours, averaged over the ranks)"
                                 : " (not measured: defaults)");
     if (c->opts.algo != MESH_ALGO_AUTO) {
         mesh_info("collectives: all-reduce algorithm %s (fixed)",
                   mesh_algo_name(c->opts.algo));
         return;
     }
-    for (size_t b = 8; b <= ((size_t)1 << 30); b *= 2) {
-        int a = mesh_coll_algo_for(c, MESH_ALGO_AUTO, b);
+    /* the choice per power of two, as ranges */
+    for (size_t b = 8;; b *= 2) {
+        int a = b <= ((size_t)1 << 30) ? mesh_coll_algo_for(c, MESH_ALGO_AUTO,
+                                                            b)
+                                       : -1;
 
-        if (prev >= 0 && a != prev && !cross)
-            cross = b;
+        if (prev >= 0 && a != prev && used < sizeof(ranges)) {
+            used += (size_t)snprintf(ranges + used, sizeof(ranges) - used,
+                                     "%s%s from %zu B", used ? ", " : "",
+                                     mesh_algo_name(prev), from);
+            from = b;
+        }
+        if (a < 0)
+            break;
         prev = a;
     }
-    if (cross)
-        mesh_info("collectives: auto all-reduce: %s below %zu bytes, %s "
-                  "from there (tree depth %d)",
-                  mesh_algo_name(mesh_coll_algo_for(c, MESH_ALGO_AUTO, 8)),
-                  cross, mesh_algo_name(prev), c->tree_depth);
-    else
-        mesh_info("collectives: auto all-reduce: %s at every size",
-                  mesh_algo_name(prev));
+    mesh_info("collectives: auto all-reduce: %s (tree depth %d)", ranges,
+              c->tree_depth);
 }
 
 int mesh_coll_create(const struct mesh_transport_ops *ops,
@@ -890,13 +1022,16 @@ int mesh_coll_create(const struct mesh_transport_ops *ops,
         c->opts = *opts;
     else
         mesh_coll_opts_init(&c->opts);
-    if (c->opts.algo < MESH_ALGO_AUTO || c->opts.algo > MESH_ALGO_PS) {
+    if (c->opts.algo < MESH_ALGO_AUTO || c->opts.algo > MESH_ALGO_DIRECT) {
         rc = mesh_err(-EINVAL, "unknown algorithm %d", c->opts.algo);
         goto free_c;
     }
     c->next_seq = c->opts.seq_base;
     c->model.alpha_s = 50e-6; /* a LAN's order of magnitude */
     c->model.beta_s_per_byte = 1e-9;
+    /* y += x streams about 6 GB/s of x from memory on the development
+     * machine; a timing here would run in cache and flatter it. */
+    c->model.gamma_s_per_byte = 0.16e-9;
     tree_shape(c);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->qcv, NULL);

@@ -53,10 +53,13 @@ enum mesh_algo {
     MESH_ALGO_TREE = 2, /* pipelined double binary tree (NCCL's design) */
     MESH_ALGO_PS = 3,   /* the seed's parameter-server baseline: rank 0
                            gathers, sums and sends back; comparison only */
+    MESH_ALGO_DIRECT = 4, /* one hop: every rank sends its data to every
+                             other and adds all N in rank order; for small
+                             messages, where latency rules */
 };
 
 const char *mesh_algo_name(int algo);
-/* "ring", "tree", "auto", "ps" -> *out; -EINVAL with a message otherwise. */
+/* "ring", "tree", "auto", "ps", "direct" -> *out; -EINVAL otherwise. */
 int mesh_algo_parse(const char *s, int *out);
 
 struct mesh_coll_opts {
@@ -98,18 +101,22 @@ void mesh_coll_destroy(mesh_coll_t *c);
 
 /*
  * The numbers AUTO decides from, the same on every rank: one-hop latency
- * alpha (seconds) and inverse bandwidth beta (seconds per byte), and
- * whether they were measured.
+ * alpha (seconds), inverse bandwidth beta (seconds per byte on a link),
+ * reduction cost gamma (seconds per byte added; a fixed figure), and
+ * whether alpha and beta were measured.
  */
 struct mesh_coll_model {
     double alpha_s;
     double beta_s_per_byte;
+    double gamma_s_per_byte;
     int measured;
 };
 void mesh_coll_model_get(const mesh_coll_t *c, struct mesh_coll_model *out);
 
 /* The algorithm an all-reduce of bytes would run with algo (AUTO chooses). */
 int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
+/* Likewise for a broadcast: MESH_ALGO_RING (a chain) or MESH_ALGO_TREE. */
+int mesh_coll_bcast_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
 
 /* ---- pinned, registered buffers ------------------------------------------ */
 

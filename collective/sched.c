@@ -216,6 +216,12 @@ static int start(struct run *r, int i, const struct mesh_transport_ops *ops,
     void *buf = o->buf ? o->buf : &empty;
     int rc;
 
+    if (o->kind <= SCHED_RECV && mesh_log_enabled(MESH_LOG_DEBUG))
+        mesh_debug("%s seq %llu tag %u: %s %zu bytes at offset %llu %s "
+                   "rank %d", mesh_op_name(s->op), (unsigned long long)s->seq,
+                   o->tag, o->kind == SCHED_SEND ? "send" : "receive", o->len,
+                   (unsigned long long)o->offset,
+                   o->kind == SCHED_SEND ? "to" : "from", o->peer);
     switch (o->kind) {
     case SCHED_SEND:
         rc = ops->isend(t, o->peer, &f, buf, o->mr, &o->req);
@@ -300,13 +306,11 @@ static void drain(struct run *r, const struct mesh_transport_ops *ops,
 }
 
 int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
-              mesh_transport_t *t, const struct mesh_world *w)
+              mesh_transport_t *t)
 {
     struct run r = {.s = s};
     char msg[1024];
     int rc = 0;
-
-    (void)w;
     if (s->failed)
         return mesh_err(-ENOMEM, "out of memory building a %s schedule",
                         mesh_op_name(s->op));

@@ -132,7 +132,8 @@ const char *meshbench_coll_help(void)
 {
     return "Collectives (every rank takes part; nccl-tests columns):\n"
            "  --op allreduce|reduce_scatter|allgather|broadcast\n"
-           "  --algo ALGO        ring, tree, auto (default: alpha-beta model\n"
+           "  --algo ALGO        ring, tree, direct (one hop, for small\n"
+           "                     messages), auto (default: alpha-beta model\n"
            "                     on latency and bandwidth measured when the\n"
            "                     communicator forms) or ps (the seed's\n"
            "                     parameter-server baseline, rank 0 serves;\n"
@@ -349,6 +350,17 @@ static double bus_factor(int op, int n)
     }
 }
 
+/* The algorithm a collective of bytes runs with (auto resolved). */
+static const char *algo_ran(const struct ctx *x, int op, size_t bytes)
+{
+    if (op == MESH_OP_ALLREDUCE)
+        return mesh_algo_name(mesh_coll_algo_for(x->c, x->a->algo, bytes));
+    if (op == MESH_OP_BROADCAST)
+        return mesh_algo_name(mesh_coll_bcast_algo_for(x->c, x->a->algo,
+                                                       bytes));
+    return "ring";
+}
+
 static void print_header(const struct ctx *x, const char *name)
 {
     struct mesh_coll_model m;
@@ -449,10 +461,7 @@ int meshbench_coll_run(struct mesh *m, const struct meshbench_coll_args *a,
                        op == MESH_OP_BROADCAST ? a->root : -1, t[0], alg0,
                        alg0 * f, a->check ? w0 : "N/A", t[1], alg1, alg1 * f,
                        a->check ? w1 : "N/A",
-                       op == MESH_OP_ALLREDUCE || op == MESH_OP_BROADCAST
-                           ? mesh_algo_name(mesh_coll_algo_for(
-                                 x.c, a->algo, count * x.es))
-                           : "ring");
+                       algo_ran(&x, op, count * x.es));
                 fflush(stdout);
                 bus_sum += (alg0 + alg1) * f;
             }

@@ -426,7 +426,7 @@ static void t_back_to_back(struct rank_ctx *x)
 {
     enum { K = 8 };
     static const int algos[] = {MESH_ALGO_RING, MESH_ALGO_TREE, MESH_ALGO_PS,
-                                MESH_ALGO_AUTO};
+                                MESH_ALGO_DIRECT, MESH_ALGO_AUTO};
     struct group g;
     mesh_coll_req_t *q[K];
     void *buf[K], *want[K];
@@ -449,7 +449,7 @@ static void t_back_to_back(struct rank_ctx *x)
     for (int k = 0; k < K; k++) {
         int rc = mesh_coll_allreduce_start(x->c, buf[k], buf[k], cnt[k],
                                            dt[k], MESH_REDOP_SUM,
-                                           algos[k % 4], &q[k]);
+                                           algos[k % 5], &q[k]);
 
         if (rc < 0) {
             group_fail(&g, "start %d: %s", k, mesh_err_msg(rc));
@@ -491,7 +491,7 @@ static void t_barrier(struct rank_ctx *x)
 static void battery(struct rank_ctx *x)
 {
     static const int algos[] = {MESH_ALGO_RING, MESH_ALGO_TREE, MESH_ALGO_PS,
-                                MESH_ALGO_AUTO};
+                                MESH_ALGO_DIRECT, MESH_ALGO_AUTO};
     int n = x->n;
     size_t counts[] = {0, 1, (size_t)n - 1, 7, 1009, 65537};
     size_t big[] = {(size_t)3 << 20 >> (n > 4)}; /* 12 or 6 MiB of f32 */
@@ -520,6 +520,7 @@ static void battery(struct rank_ctx *x)
     t_random(x, MESH_ALGO_RING);
     t_random(x, MESH_ALGO_TREE);
     t_random(x, MESH_ALGO_PS);
+    t_random(x, MESH_ALGO_DIRECT);
     t_back_to_back(x);
     t_barrier(x);
 }

@@ -1,0 +1,48 @@
+#!/bin/sh
+# tests/coll_meshbench.sh: meshbench's collective operations end to end:
+# 3 peers on loopback started by meshrun run all-reduce (each algorithm),
+# reduce-scatter, all-gather and broadcast at odd sizes in every dtype;
+# every row must have the nccl-tests columns with #wrong 0 for both
+# placements, and the table must end with the summary lines. Then flags
+# that make no sense must be refused with a usage error (exit 1).
+. "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
+
+t_plan 12
+n=3
+for algo in ring tree direct ps auto; do
+    port=$(free_ports "$n") || { t_ok 1 "no free ports"; continue; }
+    log=$TMP/ar_$algo.log
+    timeout 120 "$MESHRUN" -np "$n" -- "$MESHBENCH" --port "$port" \
+        --join-timeout 30 --op allreduce --algo "$algo" -d half -o avg \
+        -b 6 -e 3M -f 9 -n 2 -w 1 > "$log" 2>&1
+    rc=$?
+    # [0] size count type redop root time algbw busbw #wrong (x2) algo: 15
+    rows=$(grep -E '^\[0\] +[0-9]+ +[0-9]+ +half +avg ' "$log" |
+           awk 'NF == 15 && $10 == 0 && $14 == 0 { n++ } END { print n + 0 }')
+    t_ok $([ $rc -eq 0 ] && [ "$rows" -eq 6 ] &&
+           grep -q '# Out of bounds values : 0 OK' "$log" &&
+           grep -q '# Avg bus bandwidth' "$log"; echo $?) \
+        "allreduce --algo $algo, half, avg: exit $rc, $rows of 6 rows exact"
+    [ $rc -eq 0 ] && [ "$rows" -eq 6 ] || t_show "$log"
+done
+for op in reduce_scatter allgather broadcast; do
+    for dt in float bfloat16; do
+        port=$(free_ports "$n") || { t_ok 1 "no free ports"; continue; }
+        log=$TMP/$op.$dt.log
+        timeout 120 "$MESHRUN" -np "$n" -- "$MESHBENCH" --port "$port" \
+            --join-timeout 30 --op "$op" -d "$dt" --root 2 -b 6 -e 3M -f 9 \
+            -n 2 -w 1 > "$log" 2>&1
+        rc=$?
+        rows=$(grep -E "^\[0\] +[0-9]+ +[0-9]+ +$dt " "$log" |
+               awk 'NF == 15 && $10 == 0 && $14 == 0 { n++ } END { print n + 0 }')
+        t_ok $([ $rc -eq 0 ] && [ "$rows" -eq 6 ] &&
+               grep -q '# Out of bounds values : 0 OK' "$log"; echo $?) \
+            "$op $dt: exit $rc, $rows of 6 rows exact"
+        [ $rc -eq 0 ] && [ "$rows" -eq 6 ] || t_show "$log"
+    done
+done
+"$MESHBENCH" --op allreduce --algo fastest > "$TMP/bad.log" 2>&1
+rc=$?
+t_ok $([ $rc -eq 1 ] && grep -q "unknown algorithm 'fastest'" "$TMP/bad.log"
+       echo $?) "--algo fastest is refused (exit $rc)"
+t_done
