@@ -1,6 +1,8 @@
 /*
- * tests/test_collective.c: the collectives over the real TCP transport,
- * with real processes on 127.0.0.1.
+ * tests/test_collective.c: the collectives over a real transport (default
+ * TCP), with real processes on 127.0.0.1.
+ *
+ *   tests/test_collective [NMAX [TRANSPORT]]   ("3 verbs" in the verbs lane)
  *
  * For each N = 2..8 the parent forks N ranks that form a mesh, create a
  * communicator and run a battery: every operation, algorithm and dtype,
@@ -757,12 +759,17 @@ int main(int argc, char **argv)
 {
     struct result res[MAXP];
     int nmax = argc > 1 ? atoi(argv[1]) : MAXP;
+    const char *name = argc > 2 ? argv[2] : "tcp";
 
-    ops = mesh_transport_find("tcp");
+    ops = mesh_transport_find(name);
     if (!ops) {
-        skip_all("no tcp transport built");
+        char why[128];
+
+        snprintf(why, sizeof(why), "transport '%s' is not built", name);
+        skip_all(why);
         return 0;
     }
+    diag("transport %s", name);
     signal(SIGPIPE, SIG_IGN);
     diag("kernels: %s", mesh_reduce_isa());
     for (int n = 2; n <= nmax && n <= MAXP; n++) {

@@ -577,19 +577,26 @@ out:
 }
 
 /*
- * The retransmission timeout: 4.096 us * 2^timeout per try, retry_cnt + 1
- * tries. Pick the largest exponent whose worst case (7 retries) stays
- * within half the peer timeout, so a dead peer surfaces as a retry-exceeded
- * completion within the bound even when the TCP mesh has not noticed.
+ * Retransmission: each try waits 4.096 us * 2^timeout for an ack, and a
+ * send fails after retry_cnt + 1 tries. A dead peer must surface as a
+ * retry-exceeded completion within the peer timeout even when the TCP mesh
+ * has not noticed yet, so tries * wait <= peer timeout. The wait itself
+ * stays at 268 ms (2^16) where the bound allows: shorter ones fire
+ * spuriously on a loaded host (Soft-RoCE under emulation), and a spurious
+ * retransmission costs a whole message.
  */
-static uint8_t qp_timeout(double peer_timeout_s)
+static void qp_retry(double peer_timeout_s, uint8_t *timeout, uint8_t *retry)
 {
-    uint8_t e = 1;
+    uint8_t e = 16;
+    double wait;
+    int tries;
 
-    while (e < 31 && 4.096e-6 * (double)(1u << (e + 1)) * 8.0 <=
-                         peer_timeout_s / 2.0)
-        e++;
-    return e;
+    while (e > 8 && 2.0 * 4.096e-6 * (double)(1u << e) > peer_timeout_s)
+        e--;
+    wait = 4.096e-6 * (double)(1u << e);
+    tries = (int)(peer_timeout_s / wait);
+    *timeout = e;
+    *retry = (uint8_t)MESH_MAX(1, MESH_MIN(tries - 1, 7));
 }
 
 static int qps_create(struct mesh_transport *t)
@@ -721,8 +728,10 @@ static int qps_connect(struct mesh_transport *t, int peer,
                        const struct remote *r)
 {
     enum ibv_mtu mtu = MESH_MIN((enum ibv_mtu)r->mtu, t->pattr.active_mtu);
-    uint8_t timeout = qp_timeout(t->opts.peer_timeout_s);
+    uint8_t timeout, retry;
     int rc = 0;
+
+    qp_retry(t->opts.peer_timeout_s, &timeout, &retry);
 
     for (int q = 0; q < t->nqp; q++) {
         struct vqp *v = &t->vp[peer].qp[q];
@@ -742,7 +751,7 @@ static int qps_connect(struct mesh_transport *t, int peer,
         struct ibv_qp_attr rts = {
             .qp_state = IBV_QPS_RTS,
             .timeout = timeout,
-            .retry_cnt = 7,
+            .retry_cnt = retry,
             .rnr_retry = 7,
             .sq_psn = v->psn,
             .max_rd_atomic = 1,
