@@ -26,6 +26,7 @@
 
 #define CHUNK_MIN (64u << 10)
 #define CHUNK_MAX (4u << 20)
+#define CHUNKS_MAX 4096 /* per slice, whatever chunk size was asked for */
 
 static int mod(int a, int n)
 {
@@ -43,12 +44,18 @@ static size_t chunk_elems(const struct coll_args *a, size_t n)
     size_t es = mesh_dtype_size(a->dtype);
     size_t bytes = a->chunk_bytes;
 
+    size_t ce;
+
     if (!bytes) {
         bytes = n * es / 8;
         bytes = MESH_MAX(bytes, CHUNK_MIN);
         bytes = MESH_MIN(bytes, CHUNK_MAX);
     }
-    return MESH_MAX(bytes / es, 1);
+    ce = MESH_MAX(bytes / es, 1);
+    /* a tiny --chunk on a big message: bound the schedule's size */
+    if (n / ce >= CHUNKS_MAX)
+        ce = (n + CHUNKS_MAX - 1) / CHUNKS_MAX;
+    return ce;
 }
 
 /* Chunks covering n elements (at least one: empty messages still flow). */
@@ -79,12 +86,14 @@ static void segment(size_t count, int n, int j, size_t *start, size_t *len)
 static int tag_room(size_t steps, size_t k)
 {
     if (k && steps > (size_t)UINT32_MAX / k)
-        return mesh_err(-E2BIG, "too many chunks (%zu x %zu): raise the "
-                        "chunk size", steps, k);
+        return mesh_err(-E2BIG,
+                        "too many chunks (%zu x %zu): raise the "
+                        "chunk size",
+                        steps, k);
     return 0;
 }
 
-/* ---- ring ----------------------------------------------------------------------- */
+/* ---- ring ---------------------------------------------------------------- */
 
 size_t coll_ring_scratch(const struct coll_args *a)
 {
@@ -187,9 +196,8 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
  * Reduce-scatter: as the first half of the ring all-reduce, rotated so that
  * rank r ends with segment r; partial sums live in scratch.
  */
-int coll_build_ring_reduce_scatter(struct sched *s,
-                                   const struct coll_args *a, void *scratch,
-                                   mesh_mr_t *smr)
+int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
+                                   void *scratch, mesh_mr_t *smr)
 {
     int n = a->size, r = a->rank, left = mod(r - 1, n), right = mod(r + 1, n);
     size_t es = mesh_dtype_size(a->dtype), cnt = a->count;
@@ -227,9 +235,9 @@ int coll_build_ring_reduce_scatter(struct sched *s,
                                  at(part, (size_t)(st - 1) * cnt + o, es),
                                  l * es, smr);
             sched_dep(s, prev[k], snd);
-            rcv = sched_recv(s, left, tag, (rseg * cnt + o) * es,
-                             at(scratch, (size_t)st * cnt + o, es), l * es,
-                             smr);
+            rcv =
+                sched_recv(s, left, tag, (rseg * cnt + o) * es,
+                           at(scratch, (size_t)st * cnt + o, es), l * es, smr);
             in[0] = at(scratch, (size_t)st * cnt + o, es);
             in[1] = at(a->sendbuf, rseg * cnt + o, es);
             dst = st == n - 2 ? at(a->recvbuf, o, es)
@@ -310,19 +318,18 @@ int coll_build_chain_broadcast(struct sched *s, const struct coll_args *a)
             rcv = sched_recv(s, mod(r - 1, n), (uint32_t)k, o * es,
                              at(a->recvbuf, o, es), l * es, a->recv_mr);
         if (v < n - 1) {
-            snd = v == 0 ? sched_send(s, mod(r + 1, n), (uint32_t)k, o * es,
-                                      at(a->sendbuf, o, es), l * es,
-                                      a->send_mr)
-                         : sched_send(s, mod(r + 1, n), (uint32_t)k, o * es,
-                                      at(a->recvbuf, o, es), l * es,
-                                      a->recv_mr);
+            snd = v == 0
+                      ? sched_send(s, mod(r + 1, n), (uint32_t)k, o * es,
+                                   at(a->sendbuf, o, es), l * es, a->send_mr)
+                      : sched_send(s, mod(r + 1, n), (uint32_t)k, o * es,
+                                   at(a->recvbuf, o, es), l * es, a->recv_mr);
             sched_dep(s, rcv, snd);
         }
     }
     return 0;
 }
 
-/* ---- trees ---------------------------------------------------------------------- */
+/* ---- trees --------------------------------------------------------------- */
 
 /*
  * NCCL's binary tree over ranks 0..n-1 with root 0, built from the bits of
@@ -361,8 +368,7 @@ static void btree(int n, int r, int *up, int *d0, int *d1)
  * Tree 1 is tree 0 mirrored (n even) or shifted by one (n odd), so that the
  * leaves of one tree are the inner nodes of the other.
  */
-void coll_dtree(int n, int r, int tree, int *parent, int *child0,
-                int *child1)
+void coll_dtree(int n, int r, int tree, int *parent, int *child0, int *child1)
 {
     int u, d0, d1;
 
@@ -468,8 +474,7 @@ int coll_build_tree_allreduce(struct sched *s, const struct coll_args *a,
                 up = sched_send(s, p, tree_tag(k, t, 0), o * es,
                                 at(a->sendbuf, o, es), l * es, a->send_mr);
                 down = sched_recv(s, p, tree_tag(k, t, 1), o * es,
-                                  at(a->recvbuf, o, es), l * es,
-                                  a->recv_mr);
+                                  at(a->recvbuf, o, es), l * es, a->recv_mr);
                 if (inplace)
                     sched_dep(s, up, down);
                 continue;
@@ -481,17 +486,16 @@ int coll_build_tree_allreduce(struct sched *s, const struct coll_args *a,
                                     at(slot[i], o - hs, es), l * es, smr);
             }
             if (p < 0) {
-                red = sched_reduce(s, at(a->recvbuf, o, es), in, 1 + nc, l,
-                                   div);
+                red =
+                    sched_reduce(s, at(a->recvbuf, o, es), in, 1 + nc, l, div);
             } else {
-                red = sched_reduce(s, at(part, o - hs, es), in, 1 + nc, l,
-                                   1.0f);
+                red =
+                    sched_reduce(s, at(part, o - hs, es), in, 1 + nc, l, 1.0f);
                 up = sched_send(s, p, tree_tag(k, t, 0), o * es,
                                 at(part, o - hs, es), l * es, smr);
                 sched_dep(s, red, up);
                 down = sched_recv(s, p, tree_tag(k, t, 1), o * es,
-                                  at(a->recvbuf, o, es), l * es,
-                                  a->recv_mr);
+                                  at(a->recvbuf, o, es), l * es, a->recv_mr);
                 if (inplace) /* the reduction reads what lands there */
                     sched_dep(s, red, down);
             }
@@ -539,19 +543,18 @@ int coll_build_tree_broadcast(struct sched *s, const struct coll_args *a)
 
             if (ch[i] < 0)
                 continue;
-            snd = v == 0 ? sched_send(s, ch[i], (uint32_t)k, o * es,
-                                      at(a->sendbuf, o, es), l * es,
-                                      a->send_mr)
-                         : sched_send(s, ch[i], (uint32_t)k, o * es,
-                                      at(a->recvbuf, o, es), l * es,
-                                      a->recv_mr);
+            snd = v == 0
+                      ? sched_send(s, ch[i], (uint32_t)k, o * es,
+                                   at(a->sendbuf, o, es), l * es, a->send_mr)
+                      : sched_send(s, ch[i], (uint32_t)k, o * es,
+                                   at(a->recvbuf, o, es), l * es, a->recv_mr);
             sched_dep(s, rcv, snd);
         }
     }
     return 0;
 }
 
-/* ---- parameter server (the seed's baseline) ---------------------------------- */
+/* ---- parameter server (the seed's baseline) ------------------------------ */
 
 size_t coll_ps_scratch(const struct coll_args *a)
 {
@@ -619,7 +622,7 @@ int coll_build_ps_allreduce(struct sched *s, const struct coll_args *a,
     return 0;
 }
 
-/* ---- direct: one hop ------------------------------------------------------------ */
+/* ---- direct: one hop ----------------------------------------------------- */
 
 size_t coll_direct_scratch(const struct coll_args *a)
 {
@@ -667,11 +670,10 @@ int coll_build_direct_allreduce(struct sched *s, const struct coll_args *a,
                 continue;
             }
             /* slot of rank q: scratch block q, or q - 1 above this rank */
-            slot = at(scratch, (size_t)(q < r ? q : q - 1) * a->count + o,
-                      es);
+            slot = at(scratch, (size_t)(q < r ? q : q - 1) * a->count + o, es);
             in[q] = slot;
-            ops[nops++] = sched_recv(s, q, (uint32_t)k, o * es, slot,
-                                     l * es, smr);
+            ops[nops++] =
+                sched_recv(s, q, (uint32_t)k, o * es, slot, l * es, smr);
         }
         for (int d = 1; d < n; d++) { /* r + 1 first: spread the load */
             int q = (r + d) % n, snd;
@@ -690,7 +692,7 @@ int coll_build_direct_allreduce(struct sched *s, const struct coll_args *a,
     return 0;
 }
 
-/* ---- barrier --------------------------------------------------------------------- */
+/* ---- barrier ------------------------------------------------------------- */
 
 /* Dissemination: in round j, send to r + 2^j and hear from r - 2^j. */
 int coll_build_barrier(struct sched *s, int rank, int size)

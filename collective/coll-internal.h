@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- reduction kernels, per instruction set ------------------------------- */
+/* ---- reduction kernels, per instruction set ------------------------------ */
 
 enum mesh_isa {
     MESH_ISA_SCALAR = 0,
@@ -26,13 +26,12 @@ const char *mesh_isa_name(int isa);
 int mesh_isa_available(int isa);
 /* The best available; MESHTRAIN_ISA=scalar|avx2|avx512f caps it. */
 int mesh_isa_best(void);
-void mesh_reduce_sum_isa(int isa, int dtype, void *dst,
-                         const void *const *src, int nsrc, size_t n,
-                         float div);
+void mesh_reduce_sum_isa(int isa, int dtype, void *dst, const void *const *src,
+                         int nsrc, size_t n, float div);
 void mesh_convert_isa(int isa, int dst_dtype, void *dst, int src_dtype,
                       const void *src, size_t n);
 
-/* ---- schedules ------------------------------------------------------------------ */
+/* ---- schedules ----------------------------------------------------------- */
 
 enum sched_kind {
     SCHED_SEND = 0,
@@ -43,21 +42,21 @@ enum sched_kind {
 
 struct sched_op {
     int kind;
-    int state;             /* 0 waiting, 1 in flight, 2 done */
-    int ndeps;             /* unfinished predecessors */
-    int first_succ;        /* index into edges, -1 = none */
-    int peer;              /* SEND/RECV */
-    uint32_t tag;          /* SEND/RECV */
-    uint64_t offset;       /* SEND/RECV: byte offset in the collective
-                              (for the debug trace; frames carry 0) */
-    size_t len;            /* bytes (SEND/RECV/COPY) */
-    void *buf;             /* SEND source, RECV/REDUCE/COPY destination */
-    mesh_mr_t *mr;         /* SEND/RECV: the region holding buf */
-    const void **src;      /* REDUCE/COPY inputs (nsrc) */
+    int state;        /* 0 waiting, 1 in flight, 2 done */
+    int ndeps;        /* unfinished predecessors */
+    int first_succ;   /* index into edges, -1 = none */
+    int peer;         /* SEND/RECV */
+    uint32_t tag;     /* SEND/RECV */
+    uint64_t offset;  /* SEND/RECV: byte offset in the collective
+                         (for the debug trace; frames carry 0) */
+    size_t len;       /* bytes (SEND/RECV/COPY) */
+    void *buf;        /* SEND source, RECV/REDUCE/COPY destination */
+    mesh_mr_t *mr;    /* SEND/RECV: the region holding buf */
+    const void **src; /* REDUCE/COPY inputs (nsrc) */
     int nsrc;
-    size_t n;              /* REDUCE elements */
-    float div;             /* REDUCE */
-    mesh_req_t *req;       /* SEND/RECV in flight */
+    size_t n;        /* REDUCE elements */
+    float div;       /* REDUCE */
+    mesh_req_t *req; /* SEND/RECV in flight */
 };
 
 struct sched_edge {
@@ -88,8 +87,8 @@ int sched_send(struct sched *s, int peer, uint32_t tag, uint64_t offset,
                const void *buf, size_t len, mesh_mr_t *mr);
 int sched_recv(struct sched *s, int peer, uint32_t tag, uint64_t offset,
                void *buf, size_t len, mesh_mr_t *mr);
-int sched_reduce(struct sched *s, void *dst, const void *const *src,
-                 int nsrc, size_t n, float div);
+int sched_reduce(struct sched *s, void *dst, const void *const *src, int nsrc,
+                 size_t n, float div);
 int sched_copy(struct sched *s, void *dst, const void *src, size_t len);
 /* after may start only once before is done; -1 on either side is a no-op
  * (an op that was not needed). */
@@ -102,15 +101,15 @@ void sched_dep(struct sched *s, int before, int after);
 int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
               mesh_transport_t *t);
 
-/* ---- algorithms: each compiles one collective into a schedule ----------------- */
+/* ---- algorithms: each compiles one collective into a schedule ------------ */
 
 /* What an algorithm needs to know about one collective. */
 struct coll_args {
-    int op;          /* enum mesh_op */
+    int op; /* enum mesh_op */
     int dtype;
     int redop;
-    int root;        /* broadcast */
-    size_t count;    /* allreduce/broadcast: elements; RS/AG: per rank */
+    int root;     /* broadcast */
+    size_t count; /* allreduce/broadcast: elements; RS/AG: per rank */
     const void *sendbuf;
     void *recvbuf;
     mesh_mr_t *send_mr, *recv_mr;
@@ -126,9 +125,8 @@ size_t coll_direct_scratch(const struct coll_args *a);
 
 int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
                               void *scratch, mesh_mr_t *smr);
-int coll_build_ring_reduce_scatter(struct sched *s,
-                                   const struct coll_args *a, void *scratch,
-                                   mesh_mr_t *smr);
+int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
+                                   void *scratch, mesh_mr_t *smr);
 int coll_build_ring_allgather(struct sched *s, const struct coll_args *a);
 int coll_build_tree_allreduce(struct sched *s, const struct coll_args *a,
                               void *scratch, mesh_mr_t *smr);

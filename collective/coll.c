@@ -40,6 +40,7 @@ struct mesh_coll_req {
     int done;
     int rc;
     char msg[1024];
+    double t_begin, t_end; /* mesh_now_s() when it started and ended */
     struct mesh_coll_req *next;
 };
 
@@ -109,8 +110,10 @@ int mesh_algo_parse(const char *s, int *out)
             *out = all[i];
             return 0;
         }
-    return mesh_err(-EINVAL, "unknown algorithm '%s' (ring, tree, auto, ps, "
-                    "direct)", s ? s : "");
+    return mesh_err(-EINVAL,
+                    "unknown algorithm '%s' (ring, tree, auto, ps, "
+                    "direct)",
+                    s ? s : "");
 }
 
 void mesh_coll_opts_init(struct mesh_coll_opts *o)
@@ -121,7 +124,7 @@ void mesh_coll_opts_init(struct mesh_coll_opts *o)
     o->seq_base = MESH_COLL_SEQ_BASE;
 }
 
-/* ---- pinned host memory --------------------------------------------------------- */
+/* ---- pinned host memory -------------------------------------------------- */
 
 #ifdef HAVE_CUDA
 /* cudaHostAlloc where a device exists; remembers when none does, so that
@@ -183,7 +186,7 @@ static void pinned_free(void *p, size_t len, int cuda)
     mesh_host_free(p, len);
 }
 
-/* ---- engine-side helpers ---------------------------------------------------------- */
+/* ---- engine-side helpers ------------------------------------------------- */
 
 /* The registration covering [p, p + len), registering a known buffer at
  * first use; *tmp = 1 when p is foreign memory registered for this call. */
@@ -254,13 +257,15 @@ static int scratch_reserve(struct mesh_coll *c, size_t need)
     return 0;
 }
 
-/* ---- the cost model ------------------------------------------------------------------ */
+/* ---- the cost model ------------------------------------------------------ */
 
 /*
  * The alpha-beta(-gamma) model, in seconds for an all-reduce of bytes:
  * hops on the critical path x alpha, bytes through the busiest rank's link
- * x beta, bytes that rank adds x gamma, plus the pipeline's fill (a chunk
- * per hop that cannot overlap).
+ * x beta, bytes that rank adds x gamma, plus the tree's pipeline fill (a
+ * chunk per level up and down). The ring keeps every link busy from the
+ * start, and direct sends everything at once: neither has a fill worth a
+ * term.
  */
 static double chunk_of(double slice)
 {
@@ -273,8 +278,7 @@ static double ring_cost(const struct mesh_coll *c, double bytes)
     double n = c->w->size, seg = bytes / n;
 
     return 2 * (n - 1) * m->alpha_s + 2 * (n - 1) * seg * m->beta_s_per_byte +
-           (n - 1) * seg * m->gamma_s_per_byte +
-           MESH_MIN(chunk_of(seg), seg) * m->beta_s_per_byte;
+           (n - 1) * seg * m->gamma_s_per_byte;
 }
 
 static double tree_cost(const struct mesh_coll *c, double bytes)
@@ -370,14 +374,14 @@ static void tree_shape(struct mesh_coll *c)
     c->tree_load = load;
 }
 
-/* ---- running one request ------------------------------------------------------------- */
+/* ---- running one request ------------------------------------------------- */
 
 static const char *req_what(const struct mesh_coll_req *q, char *buf,
                             size_t len)
 {
     snprintf(buf, len, "%s seq %" PRIu64 " (%s, %zu x %s)",
-             mesh_op_name(q->a.op), q->seq, mesh_algo_name(q->algo),
-             q->a.count, mesh_dtype_name(q->a.dtype));
+             mesh_op_name(q->a.op), q->seq, mesh_algo_name(q->algo), q->a.count,
+             mesh_dtype_name(q->a.dtype));
     return buf;
 }
 
@@ -403,8 +407,8 @@ static int run_measure(struct mesh_coll *c, struct mesh_coll_req *q)
         sched_init(&s, q->seq + (uint64_t)phase, MESH_OP_P2P, MESH_DT_BYTE,
                    len);
         for (int i = 0; i < rounds; i++) {
-            int snd = sched_send(&s, right, (uint32_t)i, 0, buf, len,
-                                 c->scratch_mr);
+            int snd =
+                sched_send(&s, right, (uint32_t)i, 0, buf, len, c->scratch_mr);
 
             sched_dep(&s, prev, snd);
             prev = sched_recv(&s, left, (uint32_t)i, 0, buf + mlen, len,
@@ -482,8 +486,7 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
                      ? coll_build_tree_allreduce(&s, a, c->scratch,
                                                  c->scratch_mr)
                  : q->algo == MESH_ALGO_PS
-                     ? coll_build_ps_allreduce(&s, a, c->scratch,
-                                               c->scratch_mr)
+                     ? coll_build_ps_allreduce(&s, a, c->scratch, c->scratch_mr)
                  : q->algo == MESH_ALGO_DIRECT
                      ? coll_build_direct_allreduce(&s, a, c->scratch,
                                                    c->scratch_mr)
@@ -509,8 +512,7 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
     if (rc == 0) {
         mesh_debug("%s seq %llu: %zu x %s, %s, %d operations",
                    mesh_op_name(a->op), (unsigned long long)q->seq, a->count,
-                   mesh_dtype_name(a->dtype), mesh_algo_name(q->algo),
-                   s.nops);
+                   mesh_dtype_name(a->dtype), mesh_algo_name(q->algo), s.nops);
         rc = sched_run(&s, c->ops, c->t);
     }
     sched_free(&s);
@@ -536,12 +538,15 @@ static void run_req(struct mesh_coll *c, struct mesh_coll_req *q)
     }
     if (c->failed_rc < 0) {
         q->rc = c->failed_rc;
-        snprintf(q->msg, sizeof(q->msg), "%s: the communicator failed "
-                 "earlier: %s", req_what(q, what, sizeof(what)),
-                 c->failed_msg);
+        snprintf(q->msg, sizeof(q->msg),
+                 "%s: the communicator failed "
+                 "earlier: %s",
+                 req_what(q, what, sizeof(what)), c->failed_msg);
         return;
     }
+    q->t_begin = mesh_now_s();
     rc = q->kind == REQ_MEASURE ? run_measure(c, q) : run_coll(c, q);
+    q->t_end = mesh_now_s();
     if (rc < 0) {
         snprintf(q->msg, sizeof(q->msg), "%s: %s",
                  req_what(q, what, sizeof(what)), mesh_err_msg(rc));
@@ -579,7 +584,7 @@ static void *engine(void *arg)
     return NULL;
 }
 
-/* ---- requests -------------------------------------------------------------------------- */
+/* ---- requests ------------------------------------------------------------ */
 
 static int new_req(mesh_coll_t *c, int kind, mesh_coll_req_t **out)
 {
@@ -662,6 +667,11 @@ int mesh_coll_test(mesh_coll_req_t *q, int *done)
 
 int mesh_coll_wait(mesh_coll_req_t *q)
 {
+    return mesh_coll_wait_times(q, NULL, NULL);
+}
+
+int mesh_coll_wait_times(mesh_coll_req_t *q, double *begin_s, double *end_s)
+{
     struct mesh_coll *c = q->c;
     int done;
 
@@ -669,21 +679,25 @@ int mesh_coll_wait(mesh_coll_req_t *q)
     while (!q->done)
         pthread_cond_wait(&c->dcv, &c->mu);
     pthread_mutex_unlock(&c->mu);
+    if (begin_s)
+        *begin_s = q->t_begin;
+    if (end_s)
+        *end_s = q->t_end;
     return mesh_coll_test(q, &done);
 }
 
 static int check_dtype(int dtype, int reduce)
 {
-    if (dtype == MESH_DT_F32 || dtype == MESH_DT_F16 ||
-        dtype == MESH_DT_BF16 || (!reduce && dtype == MESH_DT_BYTE))
+    if (dtype == MESH_DT_F32 || dtype == MESH_DT_F16 || dtype == MESH_DT_BF16 ||
+        (!reduce && dtype == MESH_DT_BYTE))
         return 0;
     return mesh_err(-EINVAL, "data type %d (%s) is not supported here", dtype,
                     mesh_dtype_name(dtype));
 }
 
 static int check_args(const mesh_coll_t *c, const void *sendbuf,
-                      const void *recvbuf, size_t count, size_t mult,
-                      int dtype, int reduce, int redop)
+                      const void *recvbuf, size_t count, size_t mult, int dtype,
+                      int reduce, int redop)
 {
     int rc = check_dtype(dtype, reduce);
 
@@ -722,9 +736,9 @@ static int start_coll(mesh_coll_t *c, int op, const void *sendbuf,
     return 0;
 }
 
-static int allreduce_go(mesh_coll_t *c, const void *sendbuf,
-                              void *recvbuf, size_t count, int dtype,
-                              int redop, int algo, mesh_coll_req_t **out)
+static int allreduce_go(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                        size_t count, int dtype, int redop, int algo,
+                        mesh_coll_req_t **out)
 {
     int rc = check_args(c, sendbuf, recvbuf, count, 1, dtype, 1, redop);
 
@@ -736,10 +750,9 @@ static int allreduce_go(mesh_coll_t *c, const void *sendbuf,
                       redop, 0, algo, out);
 }
 
-static int reduce_scatter_go(mesh_coll_t *c, const void *sendbuf,
-                                   void *recvbuf, size_t recvcount,
-                                   int dtype, int redop,
-                                   mesh_coll_req_t **out)
+static int reduce_scatter_go(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                             size_t recvcount, int dtype, int redop,
+                             mesh_coll_req_t **out)
 {
     int rc = check_args(c, sendbuf, recvbuf, recvcount, (size_t)c->w->size,
                         dtype, 1, redop);
@@ -750,29 +763,28 @@ static int reduce_scatter_go(mesh_coll_t *c, const void *sendbuf,
                       dtype, redop, 0, MESH_ALGO_RING, out);
 }
 
-static int allgather_go(mesh_coll_t *c, const void *sendbuf,
-                              void *recvbuf, size_t sendcount, int dtype,
-                              mesh_coll_req_t **out)
+static int allgather_go(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                        size_t sendcount, int dtype, mesh_coll_req_t **out)
 {
     int rc = check_args(c, sendbuf, recvbuf, sendcount, (size_t)c->w->size,
                         dtype, 0, 0);
 
     if (rc < 0)
         return rc;
-    return start_coll(c, MESH_OP_ALLGATHER, sendbuf, recvbuf, sendcount,
-                      dtype, 0, 0, MESH_ALGO_RING, out);
+    return start_coll(c, MESH_OP_ALLGATHER, sendbuf, recvbuf, sendcount, dtype,
+                      0, 0, MESH_ALGO_RING, out);
 }
 
-static int broadcast_go(mesh_coll_t *c, const void *sendbuf,
-                              void *recvbuf, size_t count, int dtype,
-                              int root, int algo, mesh_coll_req_t **out)
+static int broadcast_go(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                        size_t count, int dtype, int root, int algo,
+                        mesh_coll_req_t **out)
 {
     int rc = check_args(c, c->w->rank == root ? sendbuf : recvbuf, recvbuf,
                         count, 1, dtype, 0, 0);
 
     if (rc == 0 && (root < 0 || root >= c->w->size))
-        rc = mesh_err(-EINVAL, "broadcast root %d is not a rank (0..%d)",
-                      root, c->w->size - 1);
+        rc = mesh_err(-EINVAL, "broadcast root %d is not a rank (0..%d)", root,
+                      c->w->size - 1);
     if (rc == 0 && (algo == MESH_ALGO_PS || algo == MESH_ALGO_DIRECT))
         algo = MESH_ALGO_RING; /* none of their own: the chain */
     if (rc < 0)
@@ -790,8 +802,8 @@ static int barrier_go(mesh_coll_t *c, mesh_coll_req_t **out)
 /* Non-blocking forms: queue, return the request. */
 
 int mesh_coll_allreduce_start(mesh_coll_t *c, const void *sendbuf,
-                              void *recvbuf, size_t count, int dtype,
-                              int redop, int algo, mesh_coll_req_t **out)
+                              void *recvbuf, size_t count, int dtype, int redop,
+                              int algo, mesh_coll_req_t **out)
 {
     if (!out)
         return mesh_err(-EINVAL, "mesh_coll_allreduce_start: NULL out");
@@ -799,14 +811,12 @@ int mesh_coll_allreduce_start(mesh_coll_t *c, const void *sendbuf,
 }
 
 int mesh_coll_reduce_scatter_start(mesh_coll_t *c, const void *sendbuf,
-                                   void *recvbuf, size_t recvcount,
-                                   int dtype, int redop,
-                                   mesh_coll_req_t **out)
+                                   void *recvbuf, size_t recvcount, int dtype,
+                                   int redop, mesh_coll_req_t **out)
 {
     if (!out)
         return mesh_err(-EINVAL, "mesh_coll_reduce_scatter_start: NULL out");
-    return reduce_scatter_go(c, sendbuf, recvbuf, recvcount, dtype, redop,
-                             out);
+    return reduce_scatter_go(c, sendbuf, recvbuf, recvcount, dtype, redop, out);
 }
 
 int mesh_coll_allgather_start(mesh_coll_t *c, const void *sendbuf,
@@ -819,8 +829,8 @@ int mesh_coll_allgather_start(mesh_coll_t *c, const void *sendbuf,
 }
 
 int mesh_coll_broadcast_start(mesh_coll_t *c, const void *sendbuf,
-                              void *recvbuf, size_t count, int dtype,
-                              int root, int algo, mesh_coll_req_t **out)
+                              void *recvbuf, size_t count, int dtype, int root,
+                              int algo, mesh_coll_req_t **out)
 {
     if (!out)
         return mesh_err(-EINVAL, "mesh_coll_broadcast_start: NULL out");
@@ -842,9 +852,8 @@ int mesh_coll_allreduce(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
     return allreduce_go(c, sendbuf, recvbuf, count, dtype, redop, algo, NULL);
 }
 
-int mesh_coll_reduce_scatter(mesh_coll_t *c, const void *sendbuf,
-                             void *recvbuf, size_t recvcount, int dtype,
-                             int redop)
+int mesh_coll_reduce_scatter(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                             size_t recvcount, int dtype, int redop)
 {
     return reduce_scatter_go(c, sendbuf, recvbuf, recvcount, dtype, redop,
                              NULL);
@@ -867,7 +876,7 @@ int mesh_coll_barrier(mesh_coll_t *c)
     return barrier_go(c, NULL);
 }
 
-/* ---- buffers ----------------------------------------------------------------------------- */
+/* ---- buffers ------------------------------------------------------------- */
 
 int mesh_coll_buf_alloc(mesh_coll_t *c, size_t len, void **out)
 {
@@ -913,8 +922,7 @@ void mesh_coll_buf_free(mesh_coll_t *c, void *buf)
         }
     pthread_mutex_unlock(&c->mu);
     if (!found) {
-        mesh_warn("mesh_coll_buf_free: %p is not a communicator buffer",
-                  buf);
+        mesh_warn("mesh_coll_buf_free: %p is not a communicator buffer", buf);
         return;
     }
     /* The engine owns the transport: it deregisters, in queue order. */
@@ -927,7 +935,7 @@ void mesh_coll_buf_free(mesh_coll_t *c, void *buf)
     pinned_free(e.ptr, e.len, e.cuda);
 }
 
-/* ---- create, destroy ------------------------------------------------------------------ */
+/* ---- create, destroy ----------------------------------------------------- */
 
 /* Agree on alpha and beta: the average of every rank's measurement, by a
  * ring all-reduce, so that every rank holds the same bytes. */
@@ -969,10 +977,9 @@ static void log_model(const mesh_coll_t *c)
     int prev = -1;
 
     mesh_info("collectives: %d ranks, kernels %s, alpha %.1f us, beta %.3f "
-              "ns/B (%.2f GB/s), gamma %.3f ns/B%s", c->w->size,
-              mesh_reduce_isa(), c->model.alpha_s * 1e6,
-              c->model.beta_s_per_byte * 1e9,
-              1e-9 / c->model.beta_s_per_byte,
+              "ns/B (%.2f GB/s), gamma %.3f ns/B%s",
+              c->w->size, mesh_reduce_isa(), c->model.alpha_s * 1e6,
+              c->model.beta_s_per_byte * 1e9, 1e-9 / c->model.beta_s_per_byte,
               c->model.gamma_s_per_byte * 1e9,
               c->model.measured ? " (alpha, beta measured to the ring "
                                   "neighbours, averaged over the ranks)"
@@ -984,9 +991,9 @@ static void log_model(const mesh_coll_t *c)
     }
     /* the choice per power of two, as ranges */
     for (size_t b = 8;; b *= 2) {
-        int a = b <= ((size_t)1 << 30) ? mesh_coll_algo_for(c, MESH_ALGO_AUTO,
-                                                            b)
-                                       : -1;
+        int a = b <= ((size_t)1 << 30)
+                    ? mesh_coll_algo_for(c, MESH_ALGO_AUTO, b)
+                    : -1;
 
         if (prev >= 0 && a != prev && used < sizeof(ranges)) {
             used += (size_t)snprintf(ranges + used, sizeof(ranges) - used,
@@ -1002,8 +1009,8 @@ static void log_model(const mesh_coll_t *c)
               c->tree_depth);
 }
 
-int mesh_coll_create(const struct mesh_transport_ops *ops,
-                     mesh_transport_t *t, const struct mesh_world *world,
+int mesh_coll_create(const struct mesh_transport_ops *ops, mesh_transport_t *t,
+                     const struct mesh_world *world,
                      const struct mesh_coll_opts *opts, mesh_coll_t **out)
 {
     mesh_coll_t *c;

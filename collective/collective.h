@@ -4,16 +4,21 @@
  * A communicator runs all-reduce (sum, average), reduce-scatter, all-gather,
  * broadcast and barrier over one transport and world. Every rank must issue
  * the same collectives in the same order; each one takes the communicator's
- * next sequence number, and the frames' (seq, op, dtype, count, offset,
- * length) let the transport catch ranks that diverge (an error naming both
- * sides, never a wrong result).
+ * next sequence number, and the frames' (seq, op, dtype, count, length) let
+ * the transport catch ranks that diverge in operation, type or size (an
+ * error naming both sides, never a wrong result). The algorithm, reduction,
+ * root and communicator options must agree too, which the frames do not
+ * show: programs put them in the configuration fingerprint checked at join
+ * (meshbench does).
  *
  * Non-blocking: *_start() queues the collective and returns a request at
  * once; mesh_coll_wait() blocks for it. One engine thread per communicator
  * runs the queued collectives in order, one at a time, so several may be in
  * flight from the caller's point of view (the trainer's gradient buckets).
- * The engine is the only thread that calls the transport while the
- * communicator exists: callers must not use the transport concurrently.
+ * The blocking forms run on the caller's thread when nothing is queued.
+ * Only the communicator calls the transport while a collective runs:
+ * callers must not use the transport (mesh_send, mesh_barrier) with
+ * collectives in flight. A request is waited for by one thread.
  *
  * Results are bitwise identical on every rank: each element is reduced in
  * an order fixed by the algorithm (ring order, tree shape, rank order), and
@@ -48,11 +53,11 @@ enum mesh_redop {
 };
 
 enum mesh_algo {
-    MESH_ALGO_AUTO = 0, /* alpha-beta cost model on measured numbers */
-    MESH_ALGO_RING = 1, /* pipelined ring: reduce-scatter + all-gather */
-    MESH_ALGO_TREE = 2, /* pipelined double binary tree (NCCL's design) */
-    MESH_ALGO_PS = 3,   /* the seed's parameter-server baseline: rank 0
-                           gathers, sums and sends back; comparison only */
+    MESH_ALGO_AUTO = 0,   /* alpha-beta cost model on measured numbers */
+    MESH_ALGO_RING = 1,   /* pipelined ring: reduce-scatter + all-gather */
+    MESH_ALGO_TREE = 2,   /* pipelined double binary tree (NCCL's design) */
+    MESH_ALGO_PS = 3,     /* the seed's parameter-server baseline: rank 0
+                             gathers, sums and sends back; comparison only */
     MESH_ALGO_DIRECT = 4, /* one hop: every rank sends its data to every
                              other and adds all N in rank order; for small
                              messages, where latency rules */
@@ -92,8 +97,8 @@ void mesh_coll_opts_init(struct mesh_coll_opts *o);
  * else sending on t (mesh_send, mesh_barrier) must stay below it. opts may
  * be NULL (defaults).
  */
-int mesh_coll_create(const struct mesh_transport_ops *ops,
-                     mesh_transport_t *t, const struct mesh_world *world,
+int mesh_coll_create(const struct mesh_transport_ops *ops, mesh_transport_t *t,
+                     const struct mesh_world *world,
                      const struct mesh_coll_opts *opts, mesh_coll_t **out);
 
 /* Wait for queued collectives, stop the engine, free everything. NULL ok. */
@@ -125,7 +130,7 @@ int mesh_coll_bcast_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
 int mesh_coll_buf_alloc(mesh_coll_t *c, size_t len, void **out);
 void mesh_coll_buf_free(mesh_coll_t *c, void *buf);
 
-/* ---- collectives: start, then wait ----------------------------------------- */
+/* ---- collectives: start, then wait --------------------------------------- */
 
 /*
  * recvbuf[0..count) = reduction of every rank's sendbuf[0..count).
@@ -133,8 +138,8 @@ void mesh_coll_buf_free(mesh_coll_t *c, void *buf);
  * communicator's default, chosen per size). dtype F32, F16 or BF16.
  */
 int mesh_coll_allreduce_start(mesh_coll_t *c, const void *sendbuf,
-                              void *recvbuf, size_t count, int dtype,
-                              int redop, int algo, mesh_coll_req_t **out);
+                              void *recvbuf, size_t count, int dtype, int redop,
+                              int algo, mesh_coll_req_t **out);
 
 /*
  * sendbuf holds size * recvcount elements; recvbuf[0..recvcount) =
@@ -142,9 +147,8 @@ int mesh_coll_allreduce_start(mesh_coll_t *c, const void *sendbuf,
  * In place when recvbuf == sendbuf + rank * recvcount elements. Ring.
  */
 int mesh_coll_reduce_scatter_start(mesh_coll_t *c, const void *sendbuf,
-                                   void *recvbuf, size_t recvcount,
-                                   int dtype, int redop,
-                                   mesh_coll_req_t **out);
+                                   void *recvbuf, size_t recvcount, int dtype,
+                                   int redop, mesh_coll_req_t **out);
 
 /*
  * recvbuf (size * sendcount elements) block r = rank r's sendbuf. In place
@@ -160,14 +164,21 @@ int mesh_coll_allgather_start(mesh_coll_t *c, const void *sendbuf,
  * tree; AUTO picks by size. Any dtype.
  */
 int mesh_coll_broadcast_start(mesh_coll_t *c, const void *sendbuf,
-                              void *recvbuf, size_t count, int dtype,
-                              int root, int algo, mesh_coll_req_t **out);
+                              void *recvbuf, size_t count, int dtype, int root,
+                              int algo, mesh_coll_req_t **out);
 
 /* Returns when every rank has started it (dissemination, log2 rounds). */
 int mesh_coll_barrier_start(mesh_coll_t *c, mesh_coll_req_t **out);
 
 /* Block until req is done; frees req. Returns the collective's result. */
 int mesh_coll_wait(mesh_coll_req_t *req);
+
+/*
+ * mesh_coll_wait, also telling when the collective really ran (it may
+ * have queued behind others): mesh_now_s() times, for a timeline. Either
+ * pointer may be NULL; they stay 0 for a request that never ran.
+ */
+int mesh_coll_wait_times(mesh_coll_req_t *req, double *begin_s, double *end_s);
 
 /* *done = 1 when req is done, and then req is freed and its result
  * returned (as mesh_coll_wait would). */
@@ -176,16 +187,15 @@ int mesh_coll_test(mesh_coll_req_t *req, int *done);
 /* Blocking forms: start + wait. */
 int mesh_coll_allreduce(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
                         size_t count, int dtype, int redop, int algo);
-int mesh_coll_reduce_scatter(mesh_coll_t *c, const void *sendbuf,
-                             void *recvbuf, size_t recvcount, int dtype,
-                             int redop);
+int mesh_coll_reduce_scatter(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
+                             size_t recvcount, int dtype, int redop);
 int mesh_coll_allgather(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
                         size_t sendcount, int dtype);
 int mesh_coll_broadcast(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
                         size_t count, int dtype, int root, int algo);
 int mesh_coll_barrier(mesh_coll_t *c);
 
-/* ---- reduction kernels and conversions (vectorized, any thread) ------------ */
+/* ---- reduction kernels and conversions (vectorized, any thread) ---------- */
 
 /*
  * dst[i] = round((((src[0][i] + src[1][i]) + src[2][i]) + ...) / div), in

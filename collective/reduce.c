@@ -21,7 +21,7 @@
 #include <immintrin.h>
 #endif
 
-/* ---- scalar conversions ------------------------------------------------------ */
+/* ---- scalar conversions -------------------------------------------------- */
 
 static uint32_t f32_bits(float f)
 {
@@ -137,8 +137,8 @@ static void store1(int dtype, void *p, size_t i, float v)
 }
 
 /* The scalar loop, also the tail of the vector paths (from element i). */
-static void sum_scalar(int dtype, void *dst, const void *const *src,
-                       int nsrc, size_t i, size_t n, float div)
+static void sum_scalar(int dtype, void *dst, const void *const *src, int nsrc,
+                       size_t i, size_t n, float div)
 {
     for (; i < n; i++) {
         float acc = load1(dtype, src[0], i);
@@ -151,14 +151,14 @@ static void sum_scalar(int dtype, void *dst, const void *const *src,
     }
 }
 
-static void convert_scalar(int dd, void *dst, int sd, const void *src,
-                           size_t i, size_t n)
+static void convert_scalar(int dd, void *dst, int sd, const void *src, size_t i,
+                           size_t n)
 {
     for (; i < n; i++)
         store1(dd, dst, i, load1(sd, src, i));
 }
 
-/* ---- AVX2 + F16C --------------------------------------------------------------- */
+/* ---- AVX2 + F16C --------------------------------------------------------- */
 
 #ifdef MESH_X86
 #define AVX2 __attribute__((target("avx2,f16c")))
@@ -170,10 +170,10 @@ AVX2 static inline __m256 ld8(int dtype, const void *p, size_t i)
         return _mm256_cvtph_ps(
             _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
     case MESH_DT_BF16:
-        return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128(
-                (const __m128i *)((const uint16_t *)p + i))),
-            16));
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                  (const __m128i *)((const uint16_t *)p + i))),
+                              16));
     default:
         return _mm256_loadu_ps((const float *)p + i);
     }
@@ -183,14 +183,14 @@ AVX2 static inline void st8(int dtype, void *p, size_t i, __m256 v)
 {
     switch (dtype) {
     case MESH_DT_F16:
-        _mm_storeu_si128((__m128i *)((uint16_t *)p + i),
-                         _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT |
-                                                _MM_FROUND_NO_EXC));
+        _mm_storeu_si128(
+            (__m128i *)((uint16_t *)p + i),
+            _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         break;
     case MESH_DT_BF16: {
         __m256i x = _mm256_castps_si256(v);
-        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16),
-                                       _mm256_set1_epi32(1));
+        __m256i lsb =
+            _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
         __m256i r = _mm256_add_epi32(
             x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
         __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
@@ -220,8 +220,8 @@ AVX2 static void sum_avx2(int dtype, void *dst, const void *const *src,
         float *d = dst;
 
         for (; i + 16 <= n; i += 16) {
-            __m256 x0 = _mm256_add_ps(_mm256_loadu_ps(a + i),
-                                      _mm256_loadu_ps(b + i));
+            __m256 x0 =
+                _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
             __m256 x1 = _mm256_add_ps(_mm256_loadu_ps(a + i + 8),
                                       _mm256_loadu_ps(b + i + 8));
             _mm256_storeu_ps(d + i, x0);
@@ -250,7 +250,7 @@ AVX2 static void convert_avx2(int dd, void *dst, int sd, const void *src,
     convert_scalar(dd, dst, sd, src, i, n);
 }
 
-/* ---- AVX-512F -------------------------------------------------------------------- */
+/* ---- AVX-512F ------------------------------------------------------------ */
 
 #define AVX512 __attribute__((target("avx512f")))
 
@@ -261,10 +261,10 @@ AVX512 static inline __m512 ld16(int dtype, const void *p, size_t i)
         return _mm512_cvtph_ps(
             _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
     case MESH_DT_BF16:
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256(
-                (const __m256i *)((const uint16_t *)p + i))),
-            16));
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                  (const __m256i *)((const uint16_t *)p + i))),
+                              16));
     default:
         return _mm512_loadu_ps((const float *)p + i);
     }
@@ -274,14 +274,14 @@ AVX512 static inline void st16(int dtype, void *p, size_t i, __m512 v)
 {
     switch (dtype) {
     case MESH_DT_F16:
-        _mm256_storeu_si256((__m256i *)((uint16_t *)p + i),
-                            _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT |
-                                                   _MM_FROUND_NO_EXC));
+        _mm256_storeu_si256(
+            (__m256i *)((uint16_t *)p + i),
+            _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         break;
     case MESH_DT_BF16: {
         __m512i x = _mm512_castps_si512(v);
-        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(x, 16),
-                                       _mm512_set1_epi32(1));
+        __m512i lsb =
+            _mm512_and_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(1));
         __m512i r = _mm512_add_epi32(
             x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
         __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
@@ -309,8 +309,8 @@ AVX512 static void sum_avx512(int dtype, void *dst, const void *const *src,
         float *d = dst;
 
         for (; i + 32 <= n; i += 32) {
-            __m512 x0 = _mm512_add_ps(_mm512_loadu_ps(a + i),
-                                      _mm512_loadu_ps(b + i));
+            __m512 x0 =
+                _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
             __m512 x1 = _mm512_add_ps(_mm512_loadu_ps(a + i + 16),
                                       _mm512_loadu_ps(b + i + 16));
             _mm512_storeu_ps(d + i, x0);
@@ -340,7 +340,7 @@ AVX512 static void convert_avx512(int dd, void *dst, int sd, const void *src,
 }
 #endif /* MESH_X86 */
 
-/* ---- dispatch ------------------------------------------------------------------------ */
+/* ---- dispatch ------------------------------------------------------------ */
 
 const char *mesh_isa_name(int isa)
 {
@@ -362,8 +362,7 @@ int mesh_isa_available(int isa)
 #ifdef MESH_X86
     case MESH_ISA_AVX2:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") &&
-               __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
     case MESH_ISA_AVX512:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f");
@@ -411,9 +410,8 @@ static int dtype_ok(int dtype)
            dtype == MESH_DT_BF16;
 }
 
-void mesh_reduce_sum_isa(int isa, int dtype, void *dst,
-                         const void *const *src, int nsrc, size_t n,
-                         float div)
+void mesh_reduce_sum_isa(int isa, int dtype, void *dst, const void *const *src,
+                         int nsrc, size_t n, float div)
 {
     if (!dtype_ok(dtype) || nsrc < 1)
         return;

@@ -60,8 +60,8 @@ static int add_op(struct sched *s, int kind)
 {
     struct sched_op *o;
 
-    if (s->failed || grow((void **)&s->ops, &s->cap, s->nops + 1,
-                          sizeof(*s->ops))) {
+    if (s->failed ||
+        grow((void **)&s->ops, &s->cap, s->nops + 1, sizeof(*s->ops))) {
         s->failed = 1;
         return -1;
     }
@@ -120,8 +120,8 @@ static int add_srcs(struct sched *s, int i, const void *const *src, int n)
     return 0;
 }
 
-int sched_reduce(struct sched *s, void *dst, const void *const *src,
-                 int nsrc, size_t n, float div)
+int sched_reduce(struct sched *s, void *dst, const void *const *src, int nsrc,
+                 size_t n, float div)
 {
     int i = add_op(s, SCHED_REDUCE);
 
@@ -152,8 +152,7 @@ void sched_dep(struct sched *s, int before, int after)
 
     if (before < 0 || after < 0 || s->failed)
         return;
-    if (grow((void **)&s->edges, &s->ecap, s->nedges + 1,
-             sizeof(*s->edges))) {
+    if (grow((void **)&s->edges, &s->ecap, s->nedges + 1, sizeof(*s->edges))) {
         s->failed = 1;
         return;
     }
@@ -164,7 +163,7 @@ void sched_dep(struct sched *s, int before, int after)
     s->ops[after].ndeps++;
 }
 
-/* ---- the executor ------------------------------------------------------------ */
+/* ---- the executor -------------------------------------------------------- */
 
 struct run {
     struct sched *s;
@@ -218,8 +217,9 @@ static int start(struct run *r, int i, const struct mesh_transport_ops *ops,
 
     if (o->kind <= SCHED_RECV && mesh_log_enabled(MESH_LOG_DEBUG))
         mesh_debug("%s seq %llu tag %u: %s %zu bytes at offset %llu %s "
-                   "rank %d", mesh_op_name(s->op), (unsigned long long)s->seq,
-                   o->tag, o->kind == SCHED_SEND ? "send" : "receive", o->len,
+                   "rank %d",
+                   mesh_op_name(s->op), (unsigned long long)s->seq, o->tag,
+                   o->kind == SCHED_SEND ? "send" : "receive", o->len,
                    (unsigned long long)o->offset,
                    o->kind == SCHED_SEND ? "to" : "from", o->peer);
     switch (o->kind) {
@@ -343,9 +343,10 @@ int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
         if (r.done == s->nops)
             break;
         if (r.ninflight == 0) {
-            rc = mesh_err(-EDEADLK, "%s schedule stuck with %d of %d "
-                          "operations done", mesh_op_name(s->op), r.done,
-                          s->nops);
+            rc = mesh_err(-EDEADLK,
+                          "%s schedule stuck with %d of %d "
+                          "operations done",
+                          mesh_op_name(s->op), r.done, s->nops);
             goto fail;
         }
         rc = ops->wait_any(t, r.reqs, r.ninflight, 1.0);

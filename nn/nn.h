@@ -71,6 +71,9 @@ struct mesh_nn_model_cfg {
     int cifar_stem;        /* 3x3 stride-1 conv1, no max pool */
     int zero_init_residual; /* last BN gamma of each block = 0 */
     uint64_t seed;         /* same seed: bitwise same weights everywhere */
+    int width;             /* conv1 channels, stage k has width << k (and
+                              x4 in bottlenecks); default (0) 64 as
+                              torchvision; smaller for fast small models */
 };
 
 /* The architectures, for --help: "resnet18, resnet34, ...". */

@@ -149,7 +149,7 @@ static int def_bn_buffers(struct mesh_nn_model *m, struct nn_bn *b)
 static int define(struct mesh_nn_model *m, const struct arch *a)
 {
     const struct mesh_nn_model_cfg *cfg = &m->cfg;
-    int stage, i, j, inplanes = 64, nb = 0, rc;
+    int stage, i, j, w = cfg->width, inplanes = w, nb = 0, rc;
     int expansion = a->bottleneck ? 4 : 1;
     char name[48];
 
@@ -161,17 +161,17 @@ static int define(struct mesh_nn_model *m, const struct arch *a)
     m->nblocks = nb;
 
     if (cfg->cifar_stem)
-        rc = def_conv(m, &m->conv1, "conv1", cfg->in_channels, 64, 3, 1, 1);
+        rc = def_conv(m, &m->conv1, "conv1", cfg->in_channels, w, 3, 1, 1);
     else
-        rc = def_conv(m, &m->conv1, "conv1", cfg->in_channels, 64, 7, 2, 3);
+        rc = def_conv(m, &m->conv1, "conv1", cfg->in_channels, w, 7, 2, 3);
     if (rc == 0)
-        rc = def_bn(m, &m->bn1, "bn1", 64, 1);
+        rc = def_bn(m, &m->bn1, "bn1", w, 1);
     if (rc < 0)
         return rc;
 
     nb = 0;
     for (stage = 0; stage < 4; stage++) {
-        int planes = 64 << stage;
+        int planes = w << stage;
         int stride = stage == 0 ? 1 : 2;
 
         for (i = 0; i < a->layers[stage]; i++) {
@@ -460,6 +460,8 @@ int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
         m->cfg.in_channels = 3;
     if (!m->cfg.image_size)
         m->cfg.image_size = 224;
+    if (!m->cfg.width)
+        m->cfg.width = 64;
     if (m->cfg.num_classes < 1 || m->cfg.num_classes > 1000000) {
         rc = mesh_err(-EINVAL, "nn: num_classes %d is out of range",
                       m->cfg.num_classes);
@@ -473,6 +475,11 @@ int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
     if (m->cfg.image_size < 8 || m->cfg.image_size > 4096) {
         rc = mesh_err(-EINVAL, "nn: image size %d is out of range [8, 4096]",
                       m->cfg.image_size);
+        goto fail;
+    }
+    if (m->cfg.width < 1 || m->cfg.width > 1024) {
+        rc = mesh_err(-EINVAL, "nn: width %d is out of range [1, 1024]",
+                      m->cfg.width);
         goto fail;
     }
     rc = define(m, a);
@@ -592,7 +599,7 @@ void mesh_nn_model_summary(const struct mesh_nn_model *m, FILE *f)
     h = mesh_nn_out_dim(h, m->conv1.k, m->conv1.stride, m->conv1.pad);
     snprintf(type, sizeof(type), "conv %dx%d/%d", m->conv1.k, m->conv1.k,
              m->conv1.stride);
-    row(f, "conv1", type, 64, h, conv_params(&m->conv1));
+    row(f, "conv1", type, m->cfg.width, h, conv_params(&m->conv1));
     row(f, "bn1 + relu", "batchnorm", 64, h, 2 * 64);
     if (!cfg->cifar_stem) {
         h = mesh_nn_out_dim(h, 3, 2, 1);

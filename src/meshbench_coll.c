@@ -44,6 +44,7 @@ void meshbench_coll_args_init(struct meshbench_coll_args *a)
     a->algo = MESH_ALGO_AUTO;
     a->dtype = MESH_DT_F32;
     a->redop = MESH_REDOP_SUM;
+    a->corrupt_rank = -1;
 }
 
 int meshbench_coll_op(const char *name, int *bit)
@@ -78,8 +79,10 @@ static int parse_dtype(const char *s, int *out)
     else if (!strcmp(s, "bfloat16") || !strcmp(s, "bf16"))
         *out = MESH_DT_BF16;
     else
-        return mesh_err(-EINVAL, "--dtype '%s': expected float, half or "
-                                 "bfloat16", s);
+        return mesh_err(-EINVAL,
+                        "--dtype '%s': expected float, half or "
+                        "bfloat16",
+                        s);
     return 0;
 }
 
@@ -91,9 +94,9 @@ int meshbench_coll_parse_arg(struct meshbench_coll_args *a, int argc,
     long x;
     int rc = 0;
 
-    if (strcmp(arg, "--algo") && strcmp(arg, "--dtype") &&
-        strcmp(arg, "-d") && strcmp(arg, "--redop") && strcmp(arg, "-o") &&
-        strcmp(arg, "--root") && strcmp(arg, "--chunk"))
+    if (strcmp(arg, "--algo") && strcmp(arg, "--dtype") && strcmp(arg, "-d") &&
+        strcmp(arg, "--redop") && strcmp(arg, "-o") && strcmp(arg, "--root") &&
+        strcmp(arg, "--chunk"))
         return 0;
     if (!v)
         return mesh_err(-EINVAL, "%s needs a value (see --help)", arg);
@@ -113,8 +116,7 @@ int meshbench_coll_parse_arg(struct meshbench_coll_args *a, int argc,
         x = strtol(v, &end, 10);
         if (errno || end == v || x < 0 || x > (1L << 30) ||
             (*end && strcmp(end, "K") && strcmp(end, "M")))
-            rc = mesh_err(-EINVAL, "%s '%s': expected a number from 0", arg,
-                          v);
+            rc = mesh_err(-EINVAL, "%s '%s': expected a number from 0", arg, v);
         else if (!strcmp(arg, "--root"))
             a->root = (int)x;
         else
@@ -196,8 +198,7 @@ static void pattern(int dtype, int n, int redop, int r, void *out)
 }
 
 /* Write elements [first, first + cnt) of the pattern p into buf. */
-static void fill(void *buf, size_t cnt, size_t first, const void *p,
-                 size_t es)
+static void fill(void *buf, size_t cnt, size_t first, const void *p, size_t es)
 {
     for (size_t i = 0; i < cnt; i++)
         memcpy((char *)buf + i * es,
@@ -211,16 +212,16 @@ static uint64_t count_wrong(const void *buf, size_t cnt, size_t first,
 
     for (size_t i = 0; i < cnt; i++)
         bad += memcmp((const char *)buf + i * es,
-                      (const char *)p + ((first + i) % PERIOD) * es,
-                      es) != 0;
+                      (const char *)p + ((first + i) % PERIOD) * es, es) != 0;
     return bad;
 }
 
-/* ---- one size -------------------------------------------------------------- */
+/* ---- one size ------------------------------------------------------------ */
 
 struct ctx {
     mesh_coll_t *c;
     const struct meshbench_coll_args *a;
+    int corrupt_rank; /* the test aid, until it has fired */
     int rank, n;
     size_t es;
     char *sbuf, *rbuf; /* maxbytes each, pinned and registered */
@@ -241,8 +242,8 @@ static int run_once(struct ctx *x, int op, int inplace, size_t cnt)
                                    cnt, a->dtype, a->redop, a->algo);
     case MESH_OP_REDUCE_SCATTER:
         return mesh_coll_reduce_scatter(x->c, x->sbuf,
-                                        inplace ? x->sbuf + blk : x->rbuf,
-                                        cnt, a->dtype, a->redop);
+                                        inplace ? x->sbuf + blk : x->rbuf, cnt,
+                                        a->dtype, a->redop);
     case MESH_OP_ALLGATHER:
         return mesh_coll_allgather(x->c, inplace ? x->rbuf + blk : x->sbuf,
                                    x->rbuf, cnt, a->dtype);
@@ -250,6 +251,18 @@ static int run_once(struct ctx *x, int op, int inplace, size_t cnt)
         return mesh_coll_broadcast(x->c, x->sbuf, inplace ? x->sbuf : x->rbuf,
                                    cnt, a->dtype, a->root, a->algo);
     }
+}
+
+/* The test aid: spoil one byte of this rank's input, once. */
+static void maybe_corrupt(struct ctx *x, char *in, size_t len)
+{
+    if (x->rank != x->corrupt_rank || len <= x->a->corrupt_offset)
+        return;
+    in[x->a->corrupt_offset] ^= 0x5a;
+    x->corrupt_rank = -1;
+    mesh_warn("MESHBENCH_TEST_CORRUPT: flipped byte %zu of a %zu-byte "
+              "input on purpose",
+              x->a->corrupt_offset, len);
 }
 
 /* Fill the inputs, run once, count wrong elements on this rank. */
@@ -266,6 +279,7 @@ static int checked(struct ctx *x, int op, int inplace, size_t cnt,
         pattern(a->dtype, x->n, a->redop, x->rank, x->mine);
         pattern(a->dtype, x->n, a->redop, -1, x->want);
         fill(x->sbuf, cnt, 0, x->mine, es);
+        maybe_corrupt(x, x->sbuf, cnt * es);
         rc = run_once(x, op, inplace, cnt);
         out = inplace ? x->sbuf : x->rbuf;
         *bad = rc ? 0 : count_wrong(out, cnt, 0, x->want, es);
@@ -274,6 +288,7 @@ static int checked(struct ctx *x, int op, int inplace, size_t cnt,
         pattern(a->dtype, x->n, a->redop, x->rank, x->mine);
         pattern(a->dtype, x->n, a->redop, -1, x->want);
         fill(x->sbuf, n * cnt, 0, x->mine, es);
+        maybe_corrupt(x, x->sbuf, n * cnt * es);
         rc = run_once(x, op, inplace, cnt);
         out = inplace ? x->sbuf + me * cnt * es : x->rbuf;
         *bad = rc ? 0 : count_wrong(out, cnt, me * cnt, x->want, es);
@@ -282,6 +297,7 @@ static int checked(struct ctx *x, int op, int inplace, size_t cnt,
         pattern(a->dtype, x->n, a->redop, x->rank, x->mine);
         fill(inplace ? x->rbuf + me * cnt * es : x->sbuf, cnt, me * cnt,
              x->mine, es);
+        maybe_corrupt(x, inplace ? x->rbuf + me * cnt * es : x->sbuf, cnt * es);
         rc = run_once(x, op, inplace, cnt);
         *bad = 0;
         for (int r = 0; rc == 0 && r < x->n; r++) {
@@ -294,9 +310,11 @@ static int checked(struct ctx *x, int op, int inplace, size_t cnt,
         pattern(a->dtype, x->n, a->redop, x->rank, x->mine);
         pattern(a->dtype, x->n, a->redop, a->root, x->want);
         fill(x->sbuf, cnt, 0, x->mine, es);
+        maybe_corrupt(x, x->sbuf, cnt * es);
         rc = run_once(x, op, inplace, cnt);
-        *bad = rc ? 0 : count_wrong(inplace ? x->sbuf : x->rbuf, cnt, 0,
-                                    x->want, es);
+        *bad =
+            rc ? 0
+               : count_wrong(inplace ? x->sbuf : x->rbuf, cnt, 0, x->want, es);
         return rc;
     }
 }
@@ -356,8 +374,8 @@ static const char *algo_ran(const struct ctx *x, int op, size_t bytes)
     if (op == MESH_OP_ALLREDUCE)
         return mesh_algo_name(mesh_coll_algo_for(x->c, x->a->algo, bytes));
     if (op == MESH_OP_BROADCAST)
-        return mesh_algo_name(mesh_coll_bcast_algo_for(x->c, x->a->algo,
-                                                       bytes));
+        return mesh_algo_name(
+            mesh_coll_bcast_algo_for(x->c, x->a->algo, bytes));
     return "ring";
 }
 
@@ -376,11 +394,11 @@ static void print_header(const struct ctx *x, const char *name)
                "serves), for comparison only\n");
     printf("#%64s%36s\n", "out-of-place", "in-place");
     printf("# %10s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s  %s\n",
-           "size", "count", "type", "redop", "root", "time", "algbw",
-           "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "algo");
-    printf("# %10s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n",
-           "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "",
-           "(us)", "(GB/s)", "(GB/s)", "");
+           "size", "count", "type", "redop", "root", "time", "algbw", "busbw",
+           "#wrong", "time", "algbw", "busbw", "#wrong", "algo");
+    printf("# %10s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "(B)",
+           "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)",
+           "(GB/s)", "(GB/s)", "");
     fflush(stdout);
 }
 
@@ -395,6 +413,7 @@ int meshbench_coll_run(struct mesh *m, const struct meshbench_coll_args *a,
 
     memset(&x, 0, sizeof(x));
     x.a = a;
+    x.corrupt_rank = a->corrupt_rank;
     x.rank = mesh_rank(m);
     x.n = mesh_size(m);
     x.es = mesh_dtype_size(a->dtype);
@@ -460,8 +479,7 @@ int meshbench_coll_run(struct mesh *m, const struct meshbench_coll_args *a,
                            : "none",
                        op == MESH_OP_BROADCAST ? a->root : -1, t[0], alg0,
                        alg0 * f, a->check ? w0 : "N/A", t[1], alg1, alg1 * f,
-                       a->check ? w1 : "N/A",
-                       algo_ran(&x, op, count * x.es));
+                       a->check ? w1 : "N/A", algo_ran(&x, op, count * x.es));
                 fflush(stdout);
                 bus_sum += (alg0 + alg1) * f;
             }

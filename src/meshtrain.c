@@ -1,33 +1,31 @@
 /*
- * src/meshtrain.c: the trainer program. For now it builds a model and
- * prints its layer table (--summary); the trainer issue adds training.
+ * src/meshtrain.c: the trainer program. Parses the flags (the mesh flags
+ * of src/mesh.h and the trainer's own, one table that also drives --help)
+ * and hands over to train_run() (src/train.c); --summary only builds the
+ * model and prints its layer table.
  *
- * Options are one table (opts[]) that drives both getopt_long and --help,
- * so adding a flag is one row plus one case in apply_opt().
+ *   meshrun -np 4 -H localhost:4 -- meshtrain --model resnet50 \
+ *       --data synthetic --batch 32
  */
 #include "config.h"
 
+#include "collective/collective.h"
 #include "nn/nn.h"
+#include "src/mesh.h"
+#include "src/train.h"
 #include "src/util.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-struct config {
-    struct mesh_nn_model_cfg model;
-    int threads;
-    int summary;
-    const char *device;
-};
-
 enum {
-    OPT_MODEL = 'm',
-    OPT_HELP = 'h',
-    OPT_NUM_CLASSES = 256,
+    OPT_MODEL,
+    OPT_WIDTH,
+    OPT_NUM_CLASSES,
     OPT_IMAGE_SIZE,
     OPT_IN_CHANNELS,
     OPT_CIFAR_STEM,
@@ -36,56 +34,145 @@ enum {
     OPT_THREADS,
     OPT_DEVICE,
     OPT_SUMMARY,
+    OPT_DATA,
+    OPT_DATA_THREADS,
+    OPT_AUGMENT,
+    OPT_ON_BAD,
+    OPT_BATCH,
+    OPT_ACCUMULATE,
+    OPT_EPOCHS,
+    OPT_ITERS,
+    OPT_LR,
+    OPT_MOMENTUM,
+    OPT_WEIGHT_DECAY,
+    OPT_NESTEROV,
+    OPT_LR_SCHEDULE,
+    OPT_WARMUP,
+    OPT_MILESTONES,
+    OPT_LABEL_SMOOTHING,
+    OPT_BUCKET_MB,
+    OPT_COMPRESS,
+    OPT_ALGO,
+    OPT_VERIFY_EVERY,
+    OPT_EVAL_EVERY,
+    OPT_NO_EVAL,
+    OPT_CKPT_EVERY,
+    OPT_CKPT_DIR,
+    OPT_KEEP,
+    OPT_RESUME,
+    OPT_SAVE,
+    OPT_METRICS,
+    OPT_TIMELINE,
+    OPT_TIMELINE_STEPS,
+    OPT_LOG_EVERY,
+    OPT_QUIET,
+    OPT_HELP,
 };
 
 struct opt_doc {
-    struct option o;
-    const char *arg;  /* argument name for --help, NULL for none */
+    const char *name;
+    int id;
+    const char *arg;  /* argument name for --help, NULL for a switch */
     const char *help; /* one line */
 };
 
 static const struct opt_doc opts[] = {
-    {{"model", required_argument, NULL, OPT_MODEL}, "NAME",
+    {"model", OPT_MODEL, "NAME",
      "resnet18|resnet34|resnet50|resnet101|resnet152 (default resnet50)"},
-    {{"num-classes", required_argument, NULL, OPT_NUM_CLASSES}, "N",
-     "classes of the final layer (default 1000)"},
-    {{"image-size", required_argument, NULL, OPT_IMAGE_SIZE}, "S",
-     "input side in pixels, e.g. 224, 32, 28 (default 224)"},
-    {{"in-channels", required_argument, NULL, OPT_IN_CHANNELS}, "C",
-     "input channels (default 3)"},
-    {{"cifar-stem", no_argument, NULL, OPT_CIFAR_STEM}, NULL,
+    {"width", OPT_WIDTH, "W",
+     "conv1 channels; stage k has W << k (default 64, torchvision's)"},
+    {"num-classes", OPT_NUM_CLASSES, "N",
+     "classes of the final layer (default: the data set's)"},
+    {"image-size", OPT_IMAGE_SIZE, "S",
+     "input side in pixels (default: the data set's; 224 synthetic)"},
+    {"in-channels", OPT_IN_CHANNELS, "C",
+     "input channels (default: the data set's)"},
+    {"cifar-stem", OPT_CIFAR_STEM, NULL,
      "3x3 stride-1 first conv and no max pool, for small images"},
-    {{"zero-init-residual", no_argument, NULL, OPT_ZERO_INIT_RESIDUAL}, NULL,
+    {"zero-init-residual", OPT_ZERO_INIT_RESIDUAL, NULL,
      "initialise each block's last BN gamma to 0"},
-    {{"seed", required_argument, NULL, OPT_SEED}, "N",
-     "seed of the weight initialisation (default 1)"},
-    {{"threads", required_argument, NULL, OPT_THREADS}, "N",
-     "compute threads (default: every core)"},
-    {{"device", required_argument, NULL, OPT_DEVICE}, "cpu|cuda",
-     "compute backend (default cpu)"},
-    {{"summary", no_argument, NULL, OPT_SUMMARY}, NULL,
-     "print the model's layer table and exit"},
-    {{"help", no_argument, NULL, OPT_HELP}, NULL, "print this help and exit"},
+    {"seed", OPT_SEED, "N", "weights, data order and augmentation (default 1)"},
+    {"threads", OPT_THREADS, "N",
+     "compute threads (default: cores / peers on this host)"},
+    {"device", OPT_DEVICE, "cpu|cuda", "compute backend (default cpu)"},
+    {"summary", OPT_SUMMARY, NULL, "print the model's layer table and exit"},
+    {"data", OPT_DATA, "SPEC",
+     "synthetic[:N], fashion-mnist[:DIR], cifar10:DIR, imagefolder:DIR "
+     "(default synthetic)"},
+    {"data-threads", OPT_DATA_THREADS, "N",
+     "data loader threads per peer (default 2)"},
+    {"augment", OPT_AUGMENT, "on|off",
+     "training augmentation (default: the data set's)"},
+    {"on-bad-sample", OPT_ON_BAD, "fail|skip",
+     "a corrupt sample stops training, or is replaced (default fail)"},
+    {"batch", OPT_BATCH, "B", "samples per peer and micro-batch (default 32)"},
+    {"accumulate", OPT_ACCUMULATE, "K", "micro-batches per step (default 1)"},
+    {"epochs", OPT_EPOCHS, "E", "training length in epochs (default 1)"},
+    {"iters", OPT_ITERS, "N", "training length in steps (overrides --epochs)"},
+    {"lr", OPT_LR, "LR", "learning rate after warmup (default 0.1)"},
+    {"momentum", OPT_MOMENTUM, "M", "SGD momentum (default 0.9)"},
+    {"weight-decay", OPT_WEIGHT_DECAY, "WD", "L2 weight decay (default 1e-4)"},
+    {"nesterov", OPT_NESTEROV, NULL, "Nesterov momentum"},
+    {"lr-schedule", OPT_LR_SCHEDULE, "const|step|cosine",
+     "learning-rate schedule over the run (default const)"},
+    {"warmup-epochs", OPT_WARMUP, "E",
+     "linear warmup from 0.1 x lr (default 0)"},
+    {"milestones", OPT_MILESTONES, "E1,E2,..",
+     "epochs where step multiplies lr by 0.1 (default 30,60,80)"},
+    {"label-smoothing", OPT_LABEL_SMOOTHING, "S",
+     "label smoothing of the loss (default 0)"},
+    {"bucket-mb", OPT_BUCKET_MB, "MB",
+     "gradient bucket size in MiB (default 25; the first is <= 1)"},
+    {"compress", OPT_COMPRESS, "none|fp16|bf16",
+     "gradients on the wire as 16-bit (default none)"},
+    {"algo", OPT_ALGO, "ring|tree|auto", "all-reduce algorithm (default auto)"},
+    {"verify-every", OPT_VERIFY_EVERY, "N",
+     "compare weight digests every N steps, 0: only at start (default 100)"},
+    {"eval-every", OPT_EVAL_EVERY, "E",
+     "top-1/top-5 on the test split every E epochs, and at the end "
+     "(default 1)"},
+    {"no-eval", OPT_NO_EVAL, NULL, "no evaluation at all"},
+    {"checkpoint-every", OPT_CKPT_EVERY, "N",
+     "checkpoint every N steps (default 0: never)"},
+    {"checkpoint-dir", OPT_CKPT_DIR, "DIR",
+     "checkpoints go to DIR/rank-R (one per peer)"},
+    {"keep", OPT_KEEP, "N", "checkpoints kept per peer (default 3)"},
+    {"resume", OPT_RESUME, NULL,
+     "continue from the newest checkpoint every peer holds"},
+    {"save", OPT_SAVE, "FILE",
+     "final weights as safetensors (rank 0, torchvision's names)"},
+    {"metrics", OPT_METRICS, "FILE", "one JSON object per step (rank 0)"},
+    {"timeline", OPT_TIMELINE, "FILE",
+     "Chrome trace of the first steps (rank 0; Perfetto)"},
+    {"timeline-steps", OPT_TIMELINE_STEPS, "N",
+     "steps recorded by --timeline (default 20)"},
+    {"log-every", OPT_LOG_EVERY, "N",
+     "progress line every N steps when not on a TTY (default 10)"},
+    {"quiet", OPT_QUIET, NULL, "no progress lines"},
+    {"help", OPT_HELP, NULL, "print this help and exit"},
 };
 
 static void usage(FILE *f)
 {
     size_t i;
 
-    fprintf(f, "usage: meshtrain [OPTIONS]\n"
+    fprintf(f, "usage: meshrun -np N [-H hosts | --hostfile F] -- meshtrain "
+               "[OPTIONS]\n"
+               "       meshtrain [MESH OPTIONS] [OPTIONS]\n"
                "Synchronous data-parallel training of ResNets over a "
-               "peer-to-peer mesh.\n\n");
+               "peer-to-peer mesh.\n\nTraining options:\n");
     for (i = 0; i < MESH_ARRAY_SIZE(opts); i++) {
         char left[48];
 
-        snprintf(left, sizeof(left), "--%s%s%s", opts[i].o.name,
+        snprintf(left, sizeof(left), "--%s%s%s", opts[i].name,
                  opts[i].arg ? " " : "", opts[i].arg ? opts[i].arg : "");
-        fprintf(f, "  %-26s %s\n", left, opts[i].help);
+        fprintf(f, "  %-28s %s\n", left, opts[i].help);
     }
+    fprintf(f, "\n%s\n%s", mesh_opts_help(), mesh_exit_help());
 }
 
-static int parse_int(const char *flag, const char *s, long lo, long hi,
-                     long *out)
+static int parse_long(const char *flag, const char *s, long lo, long hi,
+                      long *out)
 {
     char *end;
     long v;
@@ -93,116 +180,371 @@ static int parse_int(const char *flag, const char *s, long lo, long hi,
     errno = 0;
     v = strtol(s, &end, 10);
     if (errno || end == s || *end || v < lo || v > hi)
-        return mesh_err(-EINVAL, "--%s: \"%s\" is not an integer in [%ld, %ld]",
+        return mesh_err(-EINVAL,
+                        "--%s: \"%s\" is not an integer in "
+                        "[%ld, %ld]",
                         flag, s, lo, hi);
     *out = v;
     return 0;
 }
 
-static int apply_opt(struct config *c, int id, const char *name,
+static int parse_double(const char *flag, const char *s, double lo, double hi,
+                        double *out)
+{
+    char *end;
+    double v;
+
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
+        return mesh_err(-EINVAL, "--%s: \"%s\" is not a number in [%g, %g]",
+                        flag, s, lo, hi);
+    *out = v;
+    return 0;
+}
+
+static int parse_milestones(const char *s, struct mesh_nn_lr_sched *l)
+{
+    char buf[256], *tok, *save = NULL;
+    int n = 0, rc;
+
+    if (strlen(s) >= sizeof(buf))
+        return mesh_err(-EINVAL, "--milestones: too long");
+    snprintf(buf, sizeof(buf), "%s", s);
+    for (tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        double v;
+
+        if (n == (int)MESH_ARRAY_SIZE(l->milestones))
+            return mesh_err(-EINVAL, "--milestones: at most %d",
+                            (int)MESH_ARRAY_SIZE(l->milestones));
+        rc = parse_double("milestones", tok, 0, 1e9, &v);
+        if (rc < 0)
+            return rc;
+        if (n > 0 && v <= l->milestones[n - 1])
+            return mesh_err(-EINVAL,
+                            "--milestones: \"%s\" is not "
+                            "ascending",
+                            s);
+        l->milestones[n++] = v;
+    }
+    l->num_milestones = n;
+    return 0;
+}
+
+static int apply_opt(struct train_cfg *c, int id, const char *name,
                      const char *arg)
 {
-    long v;
+    long v = 0;
+    double d = 0;
     int rc = 0;
 
     switch (id) {
-    case OPT_MODEL: c->model.arch = arg; break;
+    case OPT_MODEL:
+        c->model.arch = arg;
+        break;
+    case OPT_WIDTH:
+        rc = parse_long(name, arg, 1, 1024, &v);
+        c->model.width = (int)v;
+        break;
     case OPT_NUM_CLASSES:
-        rc = parse_int(name, arg, 1, 1000000, &v);
+        rc = parse_long(name, arg, 1, 1000000, &v);
         c->model.num_classes = (int)v;
         break;
     case OPT_IMAGE_SIZE:
-        rc = parse_int(name, arg, 8, 4096, &v);
+        rc = parse_long(name, arg, 8, 4096, &v);
         c->model.image_size = (int)v;
         break;
     case OPT_IN_CHANNELS:
-        rc = parse_int(name, arg, 1, 64, &v);
+        rc = parse_long(name, arg, 1, 3, &v);
         c->model.in_channels = (int)v;
         break;
-    case OPT_CIFAR_STEM: c->model.cifar_stem = 1; break;
-    case OPT_ZERO_INIT_RESIDUAL: c->model.zero_init_residual = 1; break;
+    case OPT_CIFAR_STEM:
+        c->model.cifar_stem = 1;
+        break;
+    case OPT_ZERO_INIT_RESIDUAL:
+        c->model.zero_init_residual = 1;
+        break;
     case OPT_SEED:
-        rc = parse_int(name, arg, 0, LONG_MAX, &v);
+        rc = parse_long(name, arg, 0, LONG_MAX, &v);
         c->model.seed = (uint64_t)v;
         break;
     case OPT_THREADS:
-        rc = parse_int(name, arg, 1, 4096, &v);
+        rc = parse_long(name, arg, 1, 4096, &v);
         c->threads = (int)v;
         break;
-    case OPT_DEVICE: c->device = arg; break;
-    case OPT_SUMMARY: c->summary = 1; break;
-    default: rc = mesh_err(-EINVAL, "unknown option");
+    case OPT_DEVICE:
+        c->device = arg;
+        break;
+    case OPT_SUMMARY:
+        c->summary = 1;
+        break;
+    case OPT_DATA:
+        c->data = arg;
+        break;
+    case OPT_DATA_THREADS:
+        rc = parse_long(name, arg, 1, 256, &v);
+        c->data_threads = (int)v;
+        break;
+    case OPT_AUGMENT:
+        if (!strcmp(arg, "on"))
+            c->augment = 1;
+        else if (!strcmp(arg, "off"))
+            c->augment = 0;
+        else
+            rc = mesh_err(-EINVAL, "--augment: \"%s\" is not on or off", arg);
+        break;
+    case OPT_ON_BAD:
+        rc = mesh_data_parse_bad(arg, &c->on_bad);
+        break;
+    case OPT_BATCH:
+        rc = parse_long(name, arg, 1, 1 << 20, &v);
+        c->batch = (int)v;
+        break;
+    case OPT_ACCUMULATE:
+        rc = parse_long(name, arg, 1, 1 << 16, &v);
+        c->accumulate = (int)v;
+        break;
+    case OPT_EPOCHS:
+        rc = parse_double(name, arg, 1e-9, 1e6, &c->epochs);
+        break;
+    case OPT_ITERS:
+        rc = parse_long(name, arg, 1, LONG_MAX, &v);
+        c->iters = (uint64_t)v;
+        break;
+    case OPT_LR:
+        rc = parse_double(name, arg, 0, 1e6, &c->lr.base_lr);
+        break;
+    case OPT_MOMENTUM:
+        rc = parse_double(name, arg, 0, 1, &d);
+        c->sgd.momentum = (float)d;
+        break;
+    case OPT_WEIGHT_DECAY:
+        rc = parse_double(name, arg, 0, 1, &d);
+        c->sgd.weight_decay = (float)d;
+        break;
+    case OPT_NESTEROV:
+        c->sgd.nesterov = 1;
+        break;
+    case OPT_LR_SCHEDULE:
+        rc = mesh_nn_lr_parse(arg, &c->lr.kind);
+        break;
+    case OPT_WARMUP:
+        rc = parse_double(name, arg, 0, 1e6, &c->lr.warmup_epochs);
+        break;
+    case OPT_MILESTONES:
+        rc = parse_milestones(arg, &c->lr);
+        break;
+    case OPT_LABEL_SMOOTHING:
+        rc = parse_double(name, arg, 0, 0.999, &d);
+        c->label_smoothing = (float)d;
+        break;
+    case OPT_BUCKET_MB:
+        rc = parse_double(name, arg, 1e-6, 1 << 20, &c->bucket_mb);
+        break;
+    case OPT_COMPRESS:
+        rc = train_compress_parse(arg, &c->compress);
+        break;
+    case OPT_ALGO:
+        rc = mesh_algo_parse(arg, &c->algo);
+        if (rc == 0 && c->algo == MESH_ALGO_PS)
+            rc = mesh_err(-EINVAL, "--algo: ps is a benchmark baseline "
+                                   "(meshbench), use ring, tree or auto");
+        break;
+    case OPT_VERIFY_EVERY:
+        rc = parse_long(name, arg, 0, LONG_MAX, &v);
+        c->verify_every = (uint64_t)v;
+        break;
+    case OPT_EVAL_EVERY:
+        rc = parse_double(name, arg, 0, 1e6, &c->eval_every);
+        break;
+    case OPT_NO_EVAL:
+        c->no_eval = 1;
+        break;
+    case OPT_CKPT_EVERY:
+        rc = parse_long(name, arg, 0, LONG_MAX, &v);
+        c->checkpoint_every = (uint64_t)v;
+        break;
+    case OPT_CKPT_DIR:
+        c->checkpoint_dir = arg;
+        break;
+    case OPT_KEEP:
+        rc = parse_long(name, arg, 1, 1000000, &v);
+        c->keep = (int)v;
+        break;
+    case OPT_RESUME:
+        c->resume = 1;
+        break;
+    case OPT_SAVE:
+        c->save = arg;
+        break;
+    case OPT_METRICS:
+        c->metrics = arg;
+        break;
+    case OPT_TIMELINE:
+        c->timeline = arg;
+        break;
+    case OPT_TIMELINE_STEPS:
+        rc = parse_long(name, arg, 1, 1000000, &v);
+        c->timeline_steps = (uint64_t)v;
+        break;
+    case OPT_LOG_EVERY:
+        rc = parse_long(name, arg, 0, LONG_MAX, &v);
+        c->log_every = (uint64_t)v;
+        break;
+    case OPT_QUIET:
+        c->quiet = 1;
+        break;
+    default:
+        rc = mesh_err(-EINVAL, "internal error: option %d", id);
     }
     return rc;
 }
 
-static int parse_args(int argc, char **argv, struct config *c)
+/*
+ * Mesh flags first (src/mesh.h), then the table above; "--flag value" and
+ * "--flag=value" both work. Returns 1 for --help.
+ */
+static int parse_args(int argc, char **argv, struct mesh_opts *mo,
+                      struct train_cfg *c)
 {
-    struct option lo[MESH_ARRAY_SIZE(opts) + 1];
-    size_t i;
-    int id, rc;
+    int i = 1, rc;
 
-    memset(lo, 0, sizeof(lo));
-    for (i = 0; i < MESH_ARRAY_SIZE(opts); i++)
-        lo[i] = opts[i].o;
-    opterr = 0;
-    while ((id = getopt_long(argc, argv, "m:h", lo, NULL)) != -1) {
-        const char *name = "?";
+    while (i < argc) {
+        const char *a = argv[i], *val = NULL, *eq;
+        size_t k, len;
 
-        if (id == '?' || id == ':')
-            return mesh_err(-EINVAL, "unknown or incomplete option \"%s\" "
-                                     "(see --help)",
-                            argv[optind - 1]);
-        if (id == OPT_HELP) {
-            usage(stdout);
-            return 1;
-        }
-        for (i = 0; i < MESH_ARRAY_SIZE(opts); i++)
-            if (opts[i].o.val == id)
-                name = opts[i].o.name;
-        rc = apply_opt(c, id, name, optarg);
+        rc = mesh_opts_parse_arg(mo, argc, argv, &i);
         if (rc < 0)
             return rc;
+        if (rc == 1)
+            continue;
+        if (!strcmp(a, "-h"))
+            return 1;
+        if (strncmp(a, "--", 2) != 0)
+            return mesh_err(-EINVAL,
+                            "unexpected argument \"%s\" (see "
+                            "--help)",
+                            a);
+        a += 2;
+        eq = strchr(a, '=');
+        len = eq ? (size_t)(eq - a) : strlen(a);
+        for (k = 0; k < MESH_ARRAY_SIZE(opts); k++)
+            if (strlen(opts[k].name) == len && !strncmp(opts[k].name, a, len))
+                break;
+        if (k == MESH_ARRAY_SIZE(opts))
+            return mesh_err(-EINVAL, "unknown option \"%s\" (see --help)",
+                            argv[i]);
+        if (opts[k].id == OPT_HELP)
+            return 1;
+        if (opts[k].arg) {
+            if (eq) {
+                val = eq + 1;
+            } else if (i + 1 < argc) {
+                val = argv[++i];
+            } else {
+                return mesh_err(-EINVAL, "--%s needs a value %s", opts[k].name,
+                                opts[k].arg);
+            }
+        } else if (eq) {
+            return mesh_err(-EINVAL, "--%s takes no value", opts[k].name);
+        }
+        rc = apply_opt(c, opts[k].id, opts[k].name, val);
+        if (rc < 0)
+            return rc;
+        i++;
     }
-    if (optind < argc)
-        return mesh_err(-EINVAL, "unexpected argument \"%s\" (see --help)",
-                        argv[optind]);
     return 0;
 }
 
-int main(int argc, char **argv)
+/* Nothing names hosts or a world size: flags, MESHTRAIN_*, Slurm, MPI. */
+static int lone_process(const struct mesh_opts *mo)
 {
-    struct config c;
+    static const char *const vars[] = {
+        "MESHTRAIN_HOSTFILE", "MESHTRAIN_HOSTS",      "MESHTRAIN_SIZE",
+        "SLURM_NTASKS",       "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+    };
+    size_t i;
+
+    if (mo->hosts || mo->hostfile)
+        return 0;
+    for (i = 0; i < MESH_ARRAY_SIZE(vars); i++) {
+        const char *v = getenv(vars[i]);
+
+        if (v && *v)
+            return 0;
+    }
+    return 1;
+}
+
+static int summary(const struct train_cfg *c)
+{
     struct mesh_nn_ctx *ctx = NULL;
     struct mesh_nn_model *m = NULL;
     int rc;
 
-    memset(&c, 0, sizeof(c));
-    c.model.arch = "resnet50";
-    c.model.seed = 1;
-    c.device = "cpu";
-    rc = parse_args(argc, argv, &c);
-    if (rc > 0)
-        return 0;
-    if (rc < 0) {
-        fprintf(stderr, "meshtrain: %s\n", mesh_err_msg(rc));
-        return 2;
-    }
-    if (!c.summary) {
-        fprintf(stderr, "meshtrain: training is not available in this "
-                        "build yet; use --summary (see --help)\n");
-        return 2;
-    }
-    rc = mesh_nn_ctx_open(c.device, c.threads, &ctx);
+    rc = mesh_nn_ctx_open(c->device, c->threads, &ctx);
     if (rc == 0)
-        rc = mesh_nn_model_create(ctx, &c.model, &m);
+        rc = mesh_nn_model_create(ctx, &c->model, &m);
     if (rc == 0)
         mesh_nn_model_summary(m, stdout);
     mesh_nn_model_destroy(m);
     mesh_nn_ctx_close(ctx);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    struct train_cfg c;
+    struct mesh_opts mo;
+    int rc, code, lone, level = -1;
+
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    train_cfg_init(&c);
+    mesh_opts_init(&mo);
+    rc = parse_args(argc, argv, &mo, &c);
+    if (rc > 0) {
+        usage(stdout);
+        return MESH_EXIT_OK;
+    }
     if (rc < 0) {
         fprintf(stderr, "meshtrain: %s\n", mesh_err_msg(rc));
-        return 1;
+        return MESH_EXIT_USAGE;
     }
-    return 0;
+    if (c.summary) {
+        rc = summary(&c);
+        if (rc < 0)
+            fprintf(stderr, "meshtrain: %s\n", mesh_err_msg(rc));
+        return rc < 0 ? MESH_EXIT_USAGE : MESH_EXIT_OK;
+    }
+    if (c.resume && !c.checkpoint_dir) {
+        fprintf(stderr, "meshtrain: --resume needs --checkpoint-dir\n");
+        return MESH_EXIT_USAGE;
+    }
+    lone = lone_process(&mo);
+    if (lone) {
+        /* No hosts anywhere: a world of one, which has no peer to
+         * authenticate and joins no mesh (train_run skips it), so the
+         * warning about running without a secret would mislead. */
+        mo.hosts = "localhost:1";
+        if (mo.insecure < 0 && !mo.secret_file) {
+            mo.insecure = 1;
+            level = mesh_log_enabled(MESH_LOG_DEBUG)  ? MESH_LOG_DEBUG
+                    : mesh_log_enabled(MESH_LOG_INFO) ? MESH_LOG_INFO
+                    : mesh_log_enabled(MESH_LOG_WARN) ? MESH_LOG_WARN
+                                                      : MESH_LOG_ERROR;
+            mesh_log_set_level(MESH_LOG_ERROR);
+        }
+    }
+    rc = mesh_opts_finish(&mo);
+    if (level >= 0)
+        mesh_log_set_level((enum mesh_log_level)level);
+    if (rc < 0) {
+        fprintf(stderr, "meshtrain: %s\n", mesh_err_msg(rc));
+        mesh_opts_free(&mo);
+        return MESH_EXIT_USAGE;
+    }
+    code = train_run(&c, &mo);
+    mesh_opts_free(&mo);
+    return code;
 }

@@ -36,14 +36,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define MAXP 8
-#define LINE 1024
+#define MAXP           8
+#define LINE           1024
 #define PEER_TIMEOUT_S 3.0
 
 static const struct mesh_transport_ops *ops;
 static const char *secret = "test_collective shared secret";
 
-/* ---- the mesh ------------------------------------------------------------- */
+/* ---- the mesh ------------------------------------------------------------ */
 
 static int port_free(uint16_t port)
 {
@@ -93,8 +93,7 @@ struct rank_ctx {
     FILE *out; /* results to the parent */
 };
 
-static int mesh_up(struct rank_ctx *x, uint16_t base, size_t chunk,
-                   int measure)
+static int mesh_up(struct rank_ctx *x, uint16_t base, size_t chunk, int measure)
 {
     struct mesh_coll_opts co;
     int rc;
@@ -125,7 +124,7 @@ static int mesh_up(struct rank_ctx *x, uint16_t base, size_t chunk,
     return mesh_coll_create(ops, x->t, &x->w, &co, &x->c);
 }
 
-/* ---- data ----------------------------------------------------------------- */
+/* ---- data ---------------------------------------------------------------- */
 
 static const int dtypes[] = {MESH_DT_F32, MESH_DT_F16, MESH_DT_BF16};
 
@@ -145,8 +144,7 @@ static void put(int dtype, void *p, size_t i, float v)
         ((float *)p)[i] = v;
 }
 
-static void fill(int dtype, void *p, size_t n, int rank, int salt,
-                 size_t first)
+static void fill(int dtype, void *p, size_t n, int rank, int salt, size_t first)
 {
     for (size_t i = 0; i < n; i++)
         put(dtype, p, i, (float)val(rank, first + i, salt));
@@ -200,8 +198,7 @@ static void group_begin(struct group *g, int hashed, const char *fmt, ...)
     g->hashed = hashed;
 }
 
-static void group_fail(struct group *g, const char *fmt, ...)
-    MESH_PRINTF(2, 3);
+static void group_fail(struct group *g, const char *fmt, ...) MESH_PRINTF(2, 3);
 static void group_fail(struct group *g, const char *fmt, ...)
 {
     va_list ap;
@@ -225,8 +222,8 @@ static void group_end(struct rank_ctx *x, struct group *g)
 }
 
 /* Compare got with want; on a difference, name the first element. */
-static void check(struct group *g, const void *got, const void *want,
-                  size_t n, int dtype, const char *what, size_t count)
+static void check(struct group *g, const void *got, const void *want, size_t n,
+                  int dtype, const char *what, size_t count)
 {
     size_t es = mesh_dtype_size(dtype);
 
@@ -240,7 +237,7 @@ static void check(struct group *g, const void *got, const void *want,
         }
 }
 
-/* ---- the battery ------------------------------------------------------------ */
+/* ---- the battery --------------------------------------------------------- */
 
 static void t_allreduce(struct rank_ctx *x, int algo, int dtype, int redop,
                         const size_t *counts, int ncounts)
@@ -297,8 +294,7 @@ static void t_reduce_scatter(struct rank_ctx *x, int dtype, int redop,
         int rc;
 
         for (size_t j = 0; j < rc_; j++)
-            expect_red(dtype, want, j, n, redop, (size_t)x->rank * rc_ + j,
-                       3);
+            expect_red(dtype, want, j, n, redop, (size_t)x->rank * rc_ + j, 3);
         for (int inplace = 0; inplace < 2; inplace++) {
             char *dst = inplace ? in + (size_t)x->rank * rc_ * es : outb;
 
@@ -411,8 +407,8 @@ static void t_random(struct rank_ctx *x, int algo)
                 (float)((double)(s >> 11) / 9007199254740992.0 - 0.5) *
                     (float)(1 + i % 100));
         }
-        rc = mesh_coll_allreduce(x->c, in, outb, cnt, dtypes[d],
-                                 MESH_REDOP_AVG, algo);
+        rc = mesh_coll_allreduce(x->c, in, outb, cnt, dtypes[d], MESH_REDOP_AVG,
+                                 algo);
         if (rc < 0)
             group_fail(&g, "%s", mesh_err_msg(rc));
         else
@@ -433,6 +429,7 @@ static void t_back_to_back(struct rank_ctx *x)
     mesh_coll_req_t *q[K];
     void *buf[K], *want[K];
     size_t cnt[K];
+    double prev_end = 0;
     int dt[K], started = 0;
 
     group_begin(&g, 1, "N=%d %d collectives started back to back", x->n, K);
@@ -449,9 +446,8 @@ static void t_back_to_back(struct rank_ctx *x)
             expect_red(dt[k], want[k], i, x->n, MESH_REDOP_SUM, i, 10 + k);
     }
     for (int k = 0; k < K; k++) {
-        int rc = mesh_coll_allreduce_start(x->c, buf[k], buf[k], cnt[k],
-                                           dt[k], MESH_REDOP_SUM,
-                                           algos[k % 5], &q[k]);
+        int rc = mesh_coll_allreduce_start(x->c, buf[k], buf[k], cnt[k], dt[k],
+                                           MESH_REDOP_SUM, algos[k % 5], &q[k]);
 
         if (rc < 0) {
             group_fail(&g, "start %d: %s", k, mesh_err_msg(rc));
@@ -460,13 +456,20 @@ static void t_back_to_back(struct rank_ctx *x)
         started++;
     }
     for (int k = 0; k < started; k++) {
-        int rc = mesh_coll_wait(q[k]);
+        double t0 = 0, t1 = 0;
+        int rc = mesh_coll_wait_times(q[k], &t0, &t1);
 
+        /* in order, one at a time */
+        if (rc == 0 && (t1 < t0 || t0 < prev_end))
+            group_fail(&g,
+                       "collective %d ran %.6f..%.6f, before the "
+                       "previous one ended (%.6f)",
+                       k, t0, t1, prev_end);
+        prev_end = t1;
         if (rc < 0)
             group_fail(&g, "collective %d: %s", k, mesh_err_msg(rc));
         else
-            check(&g, buf[k], want[k], cnt[k], dt[k], "back to back",
-                  cnt[k]);
+            check(&g, buf[k], want[k], cnt[k], dt[k], "back to back", cnt[k]);
         g.hash = fnv(g.hash, buf[k], cnt[k] * mesh_dtype_size(dt[k]));
     }
     for (int k = 0; k < K; k++) {
@@ -527,7 +530,7 @@ static void battery(struct rank_ctx *x)
     t_barrier(x);
 }
 
-/* ---- failure scenarios -------------------------------------------------------- */
+/* ---- failure scenarios --------------------------------------------------- */
 
 /* Rank 1 asks for one element fewer: everyone must get an error. */
 static void s_size_mismatch(struct rank_ctx *x)
@@ -538,10 +541,9 @@ static void s_size_mismatch(struct rank_ctx *x)
     int rc = mesh_coll_barrier(x->c); /* every rank has joined */
 
     if (rc == 0)
-        rc = mesh_coll_allreduce(x->c, b, b, cnt, MESH_DT_F32,
-                                 MESH_REDOP_SUM, MESH_ALGO_RING);
-    group_begin(&g, 0, "N=%d sizes disagree: every rank gets an error",
-                x->n);
+        rc = mesh_coll_allreduce(x->c, b, b, cnt, MESH_DT_F32, MESH_REDOP_SUM,
+                                 MESH_ALGO_RING);
+    group_begin(&g, 0, "N=%d sizes disagree: every rank gets an error", x->n);
     if (rc == 0)
         group_fail(&g, "the all-reduce succeeded");
     else
@@ -551,8 +553,9 @@ static void s_size_mismatch(struct rank_ctx *x)
     free(b);
 }
 
-/* Rank n-2 dies while a large all-reduce runs. */
-static void s_kill(struct rank_ctx *x)
+/* Rank n-2 dies (SIGKILL) or goes silent (SIGSTOP) while a large
+ * all-reduce runs. */
+static void s_kill(struct rank_ctx *x, int sig)
 {
     size_t cnt = (size_t)4 << 20;
     float *b = calloc(cnt, sizeof(float));
@@ -567,7 +570,7 @@ static void s_kill(struct rank_ctx *x)
                                        MESH_REDOP_SUM, MESH_ALGO_RING, &q);
     if (rc == 0 && x->rank == victim) {
         usleep(20000);
-        kill(getpid(), SIGKILL);
+        kill(getpid(), sig);
     }
     t0 = mesh_now_s();
     if (rc == 0) {
@@ -585,9 +588,9 @@ static void s_kill(struct rank_ctx *x)
     free(b);
 }
 
-/* ---- the parent ---------------------------------------------------------------- */
+/* ---- the parent ---------------------------------------------------------- */
 
-enum scenario { SC_BATTERY, SC_MISMATCH, SC_KILL };
+enum scenario { SC_BATTERY, SC_MISMATCH, SC_KILL, SC_STOP };
 
 struct result {
     char *text; /* everything the rank wrote */
@@ -617,7 +620,7 @@ static void child(int rank, int n, uint16_t base, int sc, int fd)
     else if (sc == SC_MISMATCH)
         s_size_mismatch(&x);
     else
-        s_kill(&x);
+        s_kill(&x, sc == SC_KILL ? SIGKILL : SIGSTOP);
     fclose(x.out);
     mesh_coll_destroy(x.c);
     ops->close(x.t);
@@ -652,7 +655,8 @@ static int run(int n, int sc, struct result *res)
         fds[r] = p[0];
         res[r].text = calloc(1, 1);
     }
-    /* read every pipe to its end, all at once (children block otherwise) */
+    /* read every pipe to its end, all at once (children block otherwise);
+     * a stopped rank is killed once every other rank has finished */
     for (int open_ = n; open_ > 0;) {
         struct pollfd pf[MAXP];
 
@@ -682,13 +686,14 @@ static int run(int n, int sc, struct result *res)
             memcpy(res[r].text + have, buf, (size_t)got);
             res[r].text[have + (size_t)got] = 0;
         }
+        if (sc == SC_STOP && open_ == 1 && fds[n - 2] >= 0)
+            kill(pid[n - 2], SIGKILL);
     }
     for (int r = 0; r < n; r++) {
         int st = 0;
 
         waitpid(pid[r], &st, 0);
-        res[r].status = WIFEXITED(st) ? WEXITSTATUS(st)
-                                      : 128 + WTERMSIG(st);
+        res[r].status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     }
     return 0;
 }
@@ -729,8 +734,10 @@ static void report_battery(int n, struct result *res)
                 sscanf(lr, "%1023s %d %31s %n", name_r, &okr, h, &off) < 3 ||
                 strcmp(name, name_r)) {
                 okall = 0;
-                snprintf(detail, sizeof(detail), "rank %d: no result "
-                         "(exit %d)", r, res[r].status);
+                snprintf(detail, sizeof(detail),
+                         "rank %d: no result "
+                         "(exit %d)",
+                         r, res[r].status);
                 continue;
             }
             if (!okr && okall) {
@@ -753,6 +760,46 @@ static void report_battery(int n, struct result *res)
     if (nlines == 0 || !strstr(res[0].text, "back~to~back"))
         for (int r = 0; r < n; r++)
             diag("rank %d (exit %d): %s", r, res[r].status, res[r].text);
+}
+
+/* N = 4, rank 2 dies or stops mid-all-reduce: every survivor must get an
+ * error naming it within the peer timeout (plus slack for a loaded box). */
+static void check_death(int sc, int sig, const char *how)
+{
+    struct result res[MAXP];
+    int all = 1, victim = 2;
+    double worst = 0;
+
+    memset(res, 0, sizeof(res));
+    if (run(4, sc, res) < 0) {
+        ok(0, "N=4 rank 2 %s: could not start the ranks", how);
+        return;
+    }
+    for (int r = 0; r < 4; r++) {
+        int erred = 0, named = 0;
+        double secs = 0;
+
+        if (r == victim) {
+            /* SIGKILL ends it either way (the parent kills a stopped one) */
+            if (res[r].status != 128 + SIGKILL) {
+                all = 0;
+                diag("rank %d was to end by signal %d: exit %d", r, sig,
+                     res[r].status);
+            }
+            continue;
+        }
+        if (sscanf(res[r].text, "kill %d %lf %d", &erred, &secs, &named) != 3 ||
+            !erred || !named || secs > PEER_TIMEOUT_S + 2.0)
+            all = 0;
+        worst = MESH_MAX(worst, secs);
+        diag("rank %d: %s", r, res[r].text);
+    }
+    ok(all,
+       "N=4 rank 2 %s mid-all-reduce: every survivor errors naming it "
+       "within the peer timeout (%.0f s; slowest %.2f s)",
+       how, PEER_TIMEOUT_S, worst);
+    for (int r = 0; r < 4; r++)
+        free(res[r].text);
 }
 
 int main(int argc, char **argv)
@@ -801,46 +848,14 @@ int main(int argc, char **argv)
             }
         }
         ok(all, "N=3 sizes disagree (1000 vs 1001): every rank gets an "
-           "error");
+                "error");
         for (int r = 0; r < 3; r++)
             free(res[r].text);
     } else {
         ok(0, "N=3 sizes disagree: could not start the ranks");
     }
 
-    /* a peer killed mid-collective */
-    memset(res, 0, sizeof(res));
-    if (run(4, SC_KILL, res) == 0) {
-        int all = 1, victim = 2;
-        double worst = 0;
-
-        for (int r = 0; r < 4; r++) {
-            int erred = 0, named = 0;
-            double secs = 0;
-
-            if (r == victim) {
-                if (res[r].status != 128 + SIGKILL) {
-                    all = 0;
-                    diag("rank %d was to die by SIGKILL: exit %d", r,
-                         res[r].status);
-                }
-                continue;
-            }
-            if (sscanf(res[r].text, "kill %d %lf %d", &erred, &secs,
-                       &named) != 3 || !erred || !named ||
-                secs > PEER_TIMEOUT_S + 2.0) {
-                all = 0;
-            }
-            worst = MESH_MAX(worst, secs);
-            diag("rank %d: %s", r, res[r].text);
-        }
-        ok(all, "N=4 rank 2 killed mid-all-reduce: every survivor errors "
-           "naming it within the peer timeout (%.0f s; slowest %.2f s)",
-           PEER_TIMEOUT_S, worst);
-        for (int r = 0; r < 4; r++)
-            free(res[r].text);
-    } else {
-        ok(0, "N=4 kill: could not start the ranks");
-    }
+    check_death(SC_KILL, SIGKILL, "killed (SIGKILL)");
+    check_death(SC_STOP, SIGSTOP, "stopped (SIGSTOP, silent)");
     return done();
 }

@@ -159,8 +159,7 @@ static void test_isa(int isa)
                              nmax);
             mesh_convert_isa(isa, to, got, MESH_DT_F32, wide, nmax);
             bad += memcmp(want, got, nmax * 2) != 0;
-            mesh_convert_isa(MESH_ISA_SCALAR, MESH_DT_F32, want, to, got,
-                             nmax);
+            mesh_convert_isa(MESH_ISA_SCALAR, MESH_DT_F32, want, to, got, nmax);
             mesh_convert_isa(isa, MESH_DT_F32, raw, to, got, nmax);
             bad += memcmp(want, raw, nmax * 4) != 0;
         }

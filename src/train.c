@@ -1,0 +1,1420 @@
+/*
+ * src/train.c: the training loop of meshtrain (see src/train.h).
+ *
+ * Shape of a run (train_run):
+ *   open the data set -> configuration string -> join the mesh (peers that
+ *   disagree are refused, the field named) -> model, SGD, communicator,
+ *   loaders -> resume (optional) -> digest check -> steps -> final
+ *   evaluation, save, barrier.
+ *
+ * Gradient buckets are contiguous ranges of the gradient slab cut at tensor
+ * boundaries, from the end of the slab (the first gradients backward
+ * finishes) down to 0: bucket 0 is at most 1 MiB (or --bucket-mb if
+ * smaller) so that communication starts early, the others about
+ * --bucket-mb. The grad-ready callback starts every bucket whose lower end
+ * is final; after backward the trainer waits for each in order, and the
+ * timeline shows when the engine really ran each one.
+ */
+#include "config.h"
+
+#include "src/train.h"
+
+#include "collective/collective.h"
+#include "src/ckpt.h"
+#include "src/util.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define FIRST_BUCKET_MAX_BYTES (1u << 20)
+#define RESUME_MAX_ENTRIES     32
+#define TRAINER_STATE_MAGIC    UINT64_C(0x31726e6961727474) /* "ttrainr1" */
+
+/* ---- configuration ------------------------------------------------------- */
+
+void train_cfg_init(struct train_cfg *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->model.arch = "resnet50";
+    c->model.seed = 1;
+    c->device = "cpu";
+    c->data = "synthetic";
+    c->augment = -1;
+    c->on_bad = MESH_DATA_BAD_FAIL;
+    c->batch = 32;
+    c->accumulate = 1;
+    c->epochs = 1;
+    c->lr.kind = MESH_NN_LR_CONST;
+    c->lr.base_lr = 0.1;
+    c->lr.warmup_start = 0.1;
+    c->lr.gamma = 0.1;
+    c->sgd.momentum = 0.9f;
+    c->sgd.weight_decay = 1e-4f;
+    c->bucket_mb = 25;
+    c->compress = TRAIN_COMPRESS_NONE;
+    c->algo = MESH_ALGO_AUTO;
+    c->verify_every = 100;
+    c->eval_every = 1;
+    c->keep = 3;
+    c->timeline_steps = 20;
+    c->log_every = 10;
+}
+
+int train_compress_parse(const char *s, int *out)
+{
+    if (!strcmp(s, "none"))
+        *out = TRAIN_COMPRESS_NONE;
+    else if (!strcmp(s, "fp16"))
+        *out = TRAIN_COMPRESS_FP16;
+    else if (!strcmp(s, "bf16"))
+        *out = TRAIN_COMPRESS_BF16;
+    else
+        return mesh_err(-EINVAL,
+                        "--compress: \"%s\" is not none, fp16 or "
+                        "bf16",
+                        s);
+    return 0;
+}
+
+static const char *compress_name(int c)
+{
+    return c == TRAIN_COMPRESS_FP16   ? "fp16"
+           : c == TRAIN_COMPRESS_BF16 ? "bf16"
+                                      : "none";
+}
+
+static const char *lr_kind_name(int k)
+{
+    return k == MESH_NN_LR_STEP     ? "step"
+           : k == MESH_NN_LR_COSINE ? "cosine"
+                                    : "const";
+}
+
+/* ---- the trainer's state ------------------------------------------------- */
+
+struct bucket {
+    size_t lo, hi;        /* floats [lo, hi) of the gradient slab */
+    void *wire;           /* (hi - lo) 16-bit values with --compress */
+    mesh_coll_req_t *req; /* in flight */
+    int started, done;
+    double t_start, t_end; /* seconds since the run started */
+};
+
+struct tl_event {
+    const char *name; /* static string, or "allreduce" with a bucket id */
+    int tid;          /* 0 compute, 1 communication, 2 data */
+    int bucket;       /* -1 or the bucket's index */
+    uint64_t step;
+    double ts, dur; /* seconds since the run started */
+};
+
+struct trainer {
+    const struct train_cfg *c;
+    struct mesh *mesh;
+    mesh_coll_t *coll; /* NULL with one peer */
+    int rank, size;
+
+    struct mesh_dataset *ds;
+    struct mesh_data_info info;
+    struct mesh_loader *train_ld, *eval_ld;
+    uint64_t micro_per_epoch; /* loader steps (micro-batches) per epoch */
+    uint64_t steps_per_epoch; /* optimizer steps per epoch */
+    uint64_t total_steps;
+
+    struct mesh_nn_ctx *ctx;
+    struct mesh_nn_model *model;
+    struct mesh_nn_sgd *sgd;
+    struct mesh_nn_model_cfg mcfg;
+    size_t nparams, nbuffers;
+    int host_slabs; /* the backend's slabs are host memory */
+    float *hgrads;  /* host copy of the gradients when not host_slabs */
+    float *hparams; /* host copies for digests, checkpoints (nparams) */
+    float *hmom;
+    float *hbuf;   /* nbuffers */
+    float *images; /* staging for a device backend: unused on cpu */
+
+    struct bucket *b;
+    int nbuckets, next_bucket;
+    float grad_scale; /* 1 / accumulate */
+    int local_err;    /* the error is this peer's own (data, files,
+                         compute), not the mesh's: exit code 1 */
+
+    struct mesh_nn_lr_sched lr; /* --lr-schedule with the run's length */
+
+    uint8_t config_digest[32];
+    char config[MESH_CONFIG_MAX];
+
+    /* output */
+    double t0;
+    FILE *metrics;
+    struct tl_event *tl;
+    size_t ntl, tl_cap;
+    uint64_t step; /* the step being run */
+    int tty;
+};
+
+static double now_s(const struct trainer *t)
+{
+    return mesh_now_s() - t->t0;
+}
+
+static void tl_add(struct trainer *t, const char *name, int tid, int bucket,
+                   double ts, double dur)
+{
+    struct tl_event *e;
+
+    if (!t->c->timeline || t->rank != 0 || t->step >= t->c->timeline_steps)
+        return;
+    if (t->ntl == t->tl_cap) {
+        size_t cap = t->tl_cap ? 2 * t->tl_cap : 1024;
+        struct tl_event *n = realloc(t->tl, cap * sizeof(*n));
+
+        if (!n)
+            return; /* the trace is a diagnostic: drop events, keep going */
+        t->tl = n;
+        t->tl_cap = cap;
+    }
+    e = &t->tl[t->ntl++];
+    e->name = name;
+    e->tid = tid;
+    e->bucket = bucket;
+    e->step = t->step;
+    e->ts = ts;
+    e->dur = dur;
+}
+
+static int tl_write(const struct trainer *t)
+{
+    static const char *const threads[] = {"compute", "communication", "data"};
+    FILE *f;
+    size_t i;
+    int k;
+
+    f = fopen(t->c->timeline, "w");
+    if (!f)
+        return mesh_err_errno("--timeline %s", t->c->timeline);
+    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    fprintf(f,
+            "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, "
+            "\"args\": {\"name\": \"meshtrain rank %d\"}}",
+            t->rank, t->rank);
+    for (k = 0; k < 3; k++)
+        fprintf(f,
+                ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": "
+                "%d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
+                t->rank, k, threads[k]);
+    for (i = 0; i < t->ntl; i++) {
+        const struct tl_event *e = &t->tl[i];
+        char name[48];
+
+        if (e->bucket >= 0)
+            snprintf(name, sizeof(name), "allreduce bucket %d", e->bucket);
+        else
+            snprintf(name, sizeof(name), "%s", e->name);
+        fprintf(f,
+                ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", "
+                "\"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, "
+                "\"args\": {\"step\": %" PRIu64,
+                name, threads[e->tid], t->rank, e->tid, e->ts * 1e6,
+                e->dur * 1e6, e->step);
+        if (e->bucket >= 0)
+            fprintf(f, ", \"bucket\": %d, \"bytes\": %zu", e->bucket,
+                    (t->b[e->bucket].hi - t->b[e->bucket].lo) *
+                        (t->c->compress ? 2 : 4));
+        fprintf(f, "}}");
+    }
+    fprintf(f, "\n]}\n");
+    if (fclose(f) != 0)
+        return mesh_err_errno("--timeline %s", t->c->timeline);
+    return 0;
+}
+
+/* Mark an error as this peer's own (MESH_EXIT_USAGE rather than PEER). */
+static int local(struct trainer *t, int rc)
+{
+    if (rc < 0)
+        t->local_err = 1;
+    return rc;
+}
+
+/* ---- host copies of device slabs ----------------------------------------- */
+
+static float *params_host(struct trainer *t, int *rc)
+{
+    float *p = mesh_nn_model_params(t->model);
+
+    *rc = 0;
+    if (t->host_slabs)
+        return p;
+    *rc = mesh_nn_download(t->ctx, t->hparams, p, t->nparams * 4);
+    return t->hparams;
+}
+
+static float *momentum_host(struct trainer *t, int *rc)
+{
+    float *p = mesh_nn_sgd_momentum(t->sgd);
+
+    *rc = 0;
+    if (t->host_slabs)
+        return p;
+    *rc = mesh_nn_download(t->ctx, t->hmom, p, t->nparams * 4);
+    return t->hmom;
+}
+
+/* ---- gradient buckets ---------------------------------------------------- */
+
+/*
+ * Cut the slab at tensor boundaries, from the end down, as DDP does: a
+ * bucket closes after the tensor that takes it to its cap or more, so no
+ * tiny bucket is left between two large tensors. Bucket 0's cap is
+ * FIRST_BUCKET_MAX_BYTES (or --bucket-mb if smaller), the others'
+ * --bucket-mb.
+ */
+static int buckets_plan(struct trainer *t)
+{
+    int n = mesh_nn_model_num_tensors(t->model), i, nb = 0;
+    size_t cap = (size_t)(t->c->bucket_mb * 1024 * 1024 / 4);
+    size_t first = FIRST_BUCKET_MAX_BYTES / 4;
+    size_t hi = t->nparams;
+    struct bucket *b;
+
+    if (cap < 1)
+        cap = 1;
+    if (first > cap)
+        first = cap;
+    b = calloc((size_t)n + 1, sizeof(*b));
+    if (!b)
+        return mesh_err(-ENOMEM, "out of memory planning gradient buckets");
+    /* Params come first in the tensor list, in slab order. */
+    for (i = n - 1; i >= 0; i--) {
+        const struct mesh_nn_tensor *x = mesh_nn_model_tensor(t->model, i);
+
+        if (x->kind != MESH_NN_PARAM)
+            continue;
+        if (hi - x->offset >= (nb == 0 ? first : cap) && x->offset > 0) {
+            b[nb].lo = x->offset;
+            b[nb].hi = hi;
+            hi = x->offset;
+            nb++;
+        }
+    }
+    if (hi > 0) {
+        b[nb].lo = 0;
+        b[nb].hi = hi;
+        nb++;
+    }
+    t->b = b;
+    t->nbuckets = nb;
+    if (t->c->compress && t->coll) {
+        for (i = 0; i < nb; i++) {
+            int rc = mesh_coll_buf_alloc(t->coll, (b[i].hi - b[i].lo) * 2,
+                                         &b[i].wire);
+
+            if (rc < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static void buckets_free(struct trainer *t)
+{
+    int i;
+
+    for (i = 0; t->b && t->coll && i < t->nbuckets; i++)
+        if (t->b[i].wire)
+            mesh_coll_buf_free(t->coll, t->b[i].wire);
+    free(t->b);
+    t->b = NULL;
+}
+
+static float *grads_host(struct trainer *t)
+{
+    return t->host_slabs ? mesh_nn_model_grads(t->model) : t->hgrads;
+}
+
+static int wire_dtype(const struct trainer *t)
+{
+    return t->c->compress == TRAIN_COMPRESS_FP16   ? MESH_DT_F16
+           : t->c->compress == TRAIN_COMPRESS_BF16 ? MESH_DT_BF16
+                                                   : MESH_DT_F32;
+}
+
+/* Bring bucket i to the host, scale it, and start its average. */
+static int bucket_start(struct trainer *t, int i)
+{
+    struct bucket *b = &t->b[i];
+    float *g = grads_host(t) + b->lo;
+    size_t n = b->hi - b->lo, k;
+    int rc, dt = wire_dtype(t);
+
+    if (!t->host_slabs) {
+        rc = mesh_nn_download(t->ctx, g, mesh_nn_model_grads(t->model) + b->lo,
+                              n * 4);
+        if (rc < 0)
+            return rc;
+    }
+    if (t->grad_scale != 1.0f)
+        for (k = 0; k < n; k++)
+            g[k] *= t->grad_scale;
+    b->started = 1;
+    b->done = 0;
+    b->t_start = now_s(t);
+    if (!t->coll) {
+        /* One peer: nothing to average; the wire rounding still applies,
+         * so that one process computes what N peers would. */
+        if (dt != MESH_DT_F32) {
+            uint16_t *tmp = malloc(n * 2);
+
+            if (!tmp)
+                return mesh_err(-ENOMEM, "out of memory");
+            mesh_convert(dt, tmp, MESH_DT_F32, g, n);
+            mesh_convert(MESH_DT_F32, g, dt, tmp, n);
+            free(tmp);
+        }
+        b->done = 1;
+        b->t_end = now_s(t);
+        return 0;
+    }
+    if (dt != MESH_DT_F32) {
+        mesh_convert(dt, b->wire, MESH_DT_F32, g, n);
+        return mesh_coll_allreduce_start(t->coll, b->wire, b->wire, n, dt,
+                                         MESH_REDOP_AVG, t->c->algo, &b->req);
+    }
+    return mesh_coll_allreduce_start(t->coll, g, g, n, MESH_DT_F32,
+                                     MESH_REDOP_AVG, t->c->algo, &b->req);
+}
+
+static int bucket_finish(struct trainer *t, int i, int rc)
+{
+    struct bucket *b = &t->b[i];
+
+    b->req = NULL;
+    b->done = 1;
+    b->t_end = now_s(t);
+    if (rc < 0)
+        return rc;
+    if (t->c->compress)
+        mesh_convert(MESH_DT_F32, grads_host(t) + b->lo, wire_dtype(t), b->wire,
+                     b->hi - b->lo);
+    if (!t->host_slabs)
+        return mesh_nn_upload(t->ctx, mesh_nn_model_grads(t->model) + b->lo,
+                              grads_host(t) + b->lo, (b->hi - b->lo) * 4);
+    return 0;
+}
+
+/* nn's grad-ready callback: everything from offset to the end is final. */
+static int on_grad_ready(void *arg, size_t offset, size_t count)
+{
+    struct trainer *t = arg;
+    int rc;
+
+    (void)count;
+    while (t->next_bucket < t->nbuckets && t->b[t->next_bucket].lo >= offset) {
+        rc = bucket_start(t, t->next_bucket);
+        if (rc < 0)
+            return rc;
+        t->next_bucket++;
+    }
+    return 0;
+}
+
+/* Start what is left, wait for every bucket in order. */
+static int buckets_wait(struct trainer *t)
+{
+    int i, rc = 0, rc2;
+
+    while (rc == 0 && t->next_bucket < t->nbuckets)
+        rc = bucket_start(t, t->next_bucket++);
+    for (i = 0; i < t->nbuckets; i++) {
+        double b0 = 0, b1 = 0;
+
+        if (!t->b[i].req)
+            continue;
+        rc2 = mesh_coll_wait_times(t->b[i].req, &b0, &b1);
+        rc2 = bucket_finish(t, i, rc2);
+        /* when the engine really ran it (it may queue behind others) */
+        if (b0 > 0 && b1 >= b0) {
+            t->b[i].t_start = b0 - t->t0;
+            t->b[i].t_end = b1 - t->t0;
+        }
+        if (rc == 0)
+            rc = rc2;
+    }
+    for (i = 0; t->coll && i < t->nbuckets; i++)
+        if (t->b[i].started)
+            tl_add(t, "allreduce", 1, i, t->b[i].t_start,
+                   t->b[i].t_end - t->b[i].t_start);
+    return rc;
+}
+
+/* ---- collectives on small things ----------------------------------------- */
+
+static int avg_floats(struct trainer *t, float *x, size_t n)
+{
+    if (!t->coll)
+        return 0;
+    return mesh_coll_allreduce(t->coll, x, x, n, MESH_DT_F32, MESH_REDOP_AVG,
+                               t->c->algo);
+}
+
+static int sum_floats(struct trainer *t, float *x, size_t n)
+{
+    if (!t->coll)
+        return 0;
+    return mesh_coll_allreduce(t->coll, x, x, n, MESH_DT_F32, MESH_REDOP_SUM,
+                               t->c->algo);
+}
+
+/* Average the BN running statistics over the peers (identical after). */
+static int bn_average(struct trainer *t)
+{
+    float *buf = mesh_nn_model_buffers(t->model);
+    int rc;
+
+    if (!t->coll || t->nbuffers == 0)
+        return 0;
+    if (t->host_slabs)
+        return avg_floats(t, buf, t->nbuffers);
+    rc = mesh_nn_download(t->ctx, t->hbuf, buf, t->nbuffers * 4);
+    if (rc == 0)
+        rc = avg_floats(t, t->hbuf, t->nbuffers);
+    if (rc == 0)
+        rc = mesh_nn_upload(t->ctx, buf, t->hbuf, t->nbuffers * 4);
+    return rc;
+}
+
+static void hex(const uint8_t *d, size_t n, char *out)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++)
+        snprintf(out + 2 * i, 3, "%02x", d[i]);
+}
+
+/* SHA-256 of the parameters and momentum (what must stay identical). */
+static int weights_digest(struct trainer *t, uint8_t out[32])
+{
+    uint8_t two[64];
+    float *p, *mom;
+    int rc;
+
+    p = params_host(t, &rc);
+    if (rc == 0)
+        rc = mesh_ckpt_sha256(p, t->nparams * 4, two);
+    if (rc == 0)
+        mom = momentum_host(t, &rc);
+    if (rc == 0)
+        rc = mesh_ckpt_sha256(mom, t->nparams * 4, two + 32);
+    if (rc == 0)
+        rc = mesh_ckpt_sha256(two, sizeof(two), out);
+    return rc;
+}
+
+/*
+ * Compare the weight digests of every peer (an all-gather of 32 bytes).
+ * A mismatch names the peers that differ from rank 0 (or, when rank 0 is
+ * alone against everyone else, rank 0).
+ */
+static int verify_weights(struct trainer *t, const char *when)
+{
+    uint8_t mine[32], *all;
+    char list[256] = "", a[20], b[20];
+    int r, bad = 0, rc;
+
+    rc = weights_digest(t, mine);
+    if (rc < 0 || !t->coll)
+        return rc;
+    all = malloc((size_t)t->size * 32);
+    if (!all)
+        return mesh_err(-ENOMEM, "out of memory");
+    rc = mesh_coll_allgather(t->coll, mine, all, 32, MESH_DT_BYTE);
+    if (rc < 0)
+        goto out;
+    for (r = 1; r < t->size; r++) {
+        size_t len = strlen(list);
+
+        if (memcmp(all, all + 32 * r, 32) == 0)
+            continue;
+        bad++;
+        if (len < sizeof(list) - 16)
+            snprintf(list + len, sizeof(list) - len, "%s%d", len ? ", " : "",
+                     r);
+    }
+    if (bad) {
+        hex(all, 8, a);
+        hex(all + 32 * (bad == t->size - 1 && t->size > 2 ? 1 : 0), 8, b);
+        if (bad == t->size - 1 && t->size > 2)
+            rc = mesh_err(-EBADMSG,
+                          "weights differ %s: rank 0 (digest "
+                          "%s...) differs from every other peer (%s...)",
+                          when, a, b);
+        else
+            rc = mesh_err(-EBADMSG,
+                          "weights differ %s: rank(s) %s differ "
+                          "from rank 0 (digest %s...)",
+                          when, list, a);
+    }
+out:
+    free(all);
+    return rc;
+}
+
+/* ---- checkpoints --------------------------------------------------------- */
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    int i;
+
+    for (i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    int i;
+
+    for (i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static int ckpt_dir(const struct trainer *t, char *buf, size_t cap)
+{
+    int n = snprintf(buf, cap, "%s/rank-%d", t->c->checkpoint_dir, t->rank);
+
+    if (n < 0 || (size_t)n >= cap)
+        return mesh_err(-ENAMETOOLONG, "--checkpoint-dir %s: path too long",
+                        t->c->checkpoint_dir);
+    /* DIR itself; mesh_ckpt_begin makes DIR/rank-R */
+    if (mkdir(t->c->checkpoint_dir, 0777) < 0 && errno != EEXIST)
+        return mesh_err_errno("--checkpoint-dir %s", t->c->checkpoint_dir);
+    return 0;
+}
+
+/*
+ * Checkpoint after `step` optimizer steps: the weights and averaged BN
+ * statistics (safetensors), the momentum, the trainer's counters (shared,
+ * identical on every peer) and the loader's position (this peer's).
+ */
+static int checkpoint_write(struct trainer *t, uint64_t step)
+{
+    struct mesh_ckpt_writer *w = NULL;
+    struct mesh_ckpt_meta meta;
+    uint8_t state[40], lstate[MESH_DATA_STATE_BYTES];
+    char dir[1024], path[1200];
+    uint64_t epoch, lstep;
+    float *mom;
+    int rc;
+
+    rc = bn_average(t);
+    if (rc < 0)
+        return rc;
+    rc = ckpt_dir(t, dir, sizeof(dir));
+    if (rc == 0)
+        rc = mesh_ckpt_begin(dir, step, &w);
+    if (rc < 0)
+        return rc;
+    rc = mesh_ckpt_put_file(w, "model.safetensors", MESH_CKPT_SHARED, path,
+                            sizeof(path));
+    if (rc == 0)
+        rc = mesh_nn_model_save(t->model, path);
+    if (rc == 0)
+        mom = momentum_host(t, &rc);
+    if (rc == 0)
+        rc =
+            mesh_ckpt_put(w, "momentum", mom, t->nparams * 4, MESH_CKPT_SHARED);
+    mesh_data_tell(t->train_ld, &epoch, &lstep);
+    put_u64(state, TRAINER_STATE_MAGIC);
+    put_u64(state + 8, step);
+    put_u64(state + 16, epoch);
+    put_u64(state + 24, (uint64_t)mesh_nn_sgd_steps(t->sgd));
+    put_u64(state + 32, (uint64_t)mesh_nn_model_batches_tracked(t->model));
+    if (rc == 0)
+        rc =
+            mesh_ckpt_put(w, "trainer", state, sizeof(state), MESH_CKPT_SHARED);
+    mesh_data_get_state(t->train_ld, lstate);
+    if (rc == 0)
+        rc = mesh_ckpt_put(w, "loader", lstate, sizeof(lstate), 0);
+    if (rc < 0) {
+        mesh_ckpt_abort(w);
+        return local(t, rc);
+    }
+    memset(&meta, 0, sizeof(meta));
+    meta.step = step;
+    meta.epoch = epoch;
+    memcpy(meta.config, t->config_digest, 32);
+    rc = local(t, mesh_ckpt_commit(w, &meta, NULL));
+    if (rc == 0)
+        rc = local(t, mesh_ckpt_prune(dir, t->c->keep));
+    if (rc == 0)
+        mesh_info("checkpoint %s/ckpt-%09" PRIu64 " written", dir, step);
+    return rc;
+}
+
+/*
+ * --resume: every peer scans its directory, the scans are all-gathered
+ * (RESUME_MAX_ENTRIES newest of each), and every peer picks the newest step
+ * that all hold with the same agreement digest. *step = 0 when no peer has
+ * any checkpoint (a fresh start).
+ */
+static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
+{
+    struct mesh_ckpt_entry *mine = NULL, *all = NULL;
+    const struct mesh_ckpt_entry **lists = NULL;
+    struct mesh_ckpt *ck = NULL;
+    size_t nmine = 0, *counts = NULL, total = 0, rec;
+    uint8_t *pack = NULL, *gathered = NULL, state[40];
+    char dir[1024], path[1200];
+    uint64_t step = 0;
+    void *lstate = NULL;
+    size_t llen = 0;
+    int r, rc;
+    size_t i;
+
+    rc = ckpt_dir(t, dir, sizeof(dir));
+    if (rc == 0)
+        rc = mesh_ckpt_scan(dir, &mine, &nmine);
+    if (rc < 0)
+        return rc;
+    if (nmine > RESUME_MAX_ENTRIES)
+        nmine = RESUME_MAX_ENTRIES; /* newest first */
+    rec = 8 + RESUME_MAX_ENTRIES * MESH_CKPT_ENTRY_BYTES;
+    pack = calloc(1, rec);
+    gathered = calloc((size_t)t->size, rec);
+    lists = calloc((size_t)t->size, sizeof(*lists));
+    counts = calloc((size_t)t->size, sizeof(*counts));
+    all = calloc((size_t)t->size * RESUME_MAX_ENTRIES + 1, sizeof(*all));
+    if (!pack || !gathered || !lists || !counts || !all) {
+        rc = mesh_err(-ENOMEM, "out of memory");
+        goto out;
+    }
+    put_u64(pack, nmine);
+    for (i = 0; i < nmine; i++)
+        mesh_ckpt_entry_pack(&mine[i], pack + 8 + i * MESH_CKPT_ENTRY_BYTES);
+    if (t->coll)
+        rc = mesh_coll_allgather(t->coll, pack, gathered, rec, MESH_DT_BYTE);
+    else
+        memcpy(gathered, pack, rec);
+    if (rc < 0)
+        goto out;
+    for (r = 0; r < t->size; r++) {
+        const uint8_t *g = gathered + (size_t)r * rec;
+        uint64_t n = get_u64(g);
+
+        if (n > RESUME_MAX_ENTRIES) {
+            rc = mesh_err(
+                -EPROTO,
+                "--resume: rank %d sent %" PRIu64 " checkpoint entries", r, n);
+            goto out;
+        }
+        lists[r] = all + (size_t)r * RESUME_MAX_ENTRIES;
+        counts[r] = n;
+        total += n;
+        for (i = 0; i < n; i++)
+            mesh_ckpt_entry_unpack(g + 8 + i * MESH_CKPT_ENTRY_BYTES,
+                                   &all[(size_t)r * RESUME_MAX_ENTRIES + i]);
+    }
+    if (total == 0) {
+        if (t->rank == 0)
+            mesh_info("--resume: no peer has a checkpoint in %s: starting "
+                      "from step 0",
+                      t->c->checkpoint_dir);
+        *step_out = 0;
+        goto out;
+    }
+    rc = mesh_ckpt_agree(lists, counts, t->size, &step);
+    if (rc < 0)
+        goto out;
+    for (i = 0; i < nmine; i++)
+        if (mine[i].step == step &&
+            memcmp(mine[i].config, t->config_digest, 32) != 0) {
+            rc = mesh_err(-EINVAL,
+                          "--resume: checkpoint %s/ckpt-%09" PRIu64
+                          " was written with another configuration (model, "
+                          "data, batch, seed, optimizer or peer count)",
+                          dir, step);
+            goto out;
+        }
+    rc = mesh_ckpt_path(dir, step, path, sizeof(path));
+    if (rc == 0)
+        rc = mesh_ckpt_open(path, &ck);
+    if (rc < 0)
+        goto out;
+    {
+        char st[1300];
+
+        rc = mesh_ckpt_blob_path(ck, "model.safetensors", st, sizeof(st));
+        if (rc == 0)
+            rc = mesh_nn_model_load(t->model, st);
+    }
+    if (rc == 0) {
+        float *mom = t->host_slabs ? mesh_nn_sgd_momentum(t->sgd) : t->hmom;
+
+        rc = mesh_ckpt_read_into(ck, "momentum", mom, t->nparams * 4);
+        if (rc == 0 && !t->host_slabs)
+            rc = mesh_nn_upload(t->ctx, mesh_nn_sgd_momentum(t->sgd), mom,
+                                t->nparams * 4);
+    }
+    if (rc == 0)
+        rc = mesh_ckpt_read_into(ck, "trainer", state, sizeof(state));
+    if (rc == 0 &&
+        (get_u64(state) != TRAINER_STATE_MAGIC || get_u64(state + 8) != step))
+        rc = mesh_err(-EIO,
+                      "%s/trainer: not a meshtrain trainer record for "
+                      "step %" PRIu64,
+                      path, step);
+    if (rc == 0) {
+        mesh_nn_sgd_set_steps(t->sgd, (int64_t)get_u64(state + 24));
+        mesh_nn_model_set_batches_tracked(t->model,
+                                          (int64_t)get_u64(state + 32));
+        rc = mesh_ckpt_read(ck, "loader", &lstate, &llen);
+    }
+    if (rc == 0)
+        rc = mesh_data_set_state(t->train_ld, lstate, llen);
+    if (rc < 0)
+        rc = mesh_err_prefix(rc, "--resume from %s", path);
+    if (rc == 0) {
+        if (t->rank == 0)
+            mesh_info("resumed from step %" PRIu64 " (%s)", step, path);
+        *step_out = step;
+    }
+out:
+    free(lstate);
+    mesh_ckpt_close(ck);
+    free(all);
+    free(counts);
+    free(lists);
+    free(gathered);
+    free(pack);
+    free(mine);
+    return rc;
+}
+
+/* ---- evaluation ---------------------------------------------------------- */
+
+/* Top-1 and top-5 over the whole evaluation split (each peer its shard). */
+static int evaluate(struct trainer *t, double *top1, double *top5)
+{
+    int classes = t->info.classes, rc, k;
+    float *logits = NULL, counts[3] = {0, 0, 0};
+    struct mesh_batch batch;
+    double ts = now_s(t);
+
+    rc = bn_average(t);
+    if (rc == 0)
+        rc = mesh_data_seek(t->eval_ld, 0, 0);
+    if (rc < 0)
+        return rc;
+    logits = malloc((size_t)t->c->batch * (size_t)classes * sizeof(float));
+    if (!logits)
+        return mesh_err(-ENOMEM, "out of memory");
+    while ((rc = mesh_data_next(t->eval_ld, &batch)) == 0) {
+        int i;
+
+        rc = mesh_nn_model_forward(t->model, batch.n, batch.x, 0);
+        if (rc == 0)
+            rc = mesh_nn_model_logits(t->model, logits);
+        if (rc < 0)
+            break;
+        for (i = 0; i < batch.n; i++) {
+            const float *l = logits + (size_t)i * (size_t)classes;
+            int y = batch.y[i], above = 0;
+
+            /* rank of the true class: how many logits beat it (ties go
+             * to the lower index, as a stable sort would) */
+            for (k = 0; k < classes; k++)
+                if (l[k] > l[y] || (l[k] == l[y] && k < y))
+                    above++;
+            counts[0] += above == 0;
+            counts[1] += above < 5;
+            counts[2] += 1;
+        }
+    }
+    free(logits);
+    if (rc < 0)
+        return local(t, mesh_err_prefix(rc, "evaluation data"));
+    rc = sum_floats(t, counts, 3);
+    if (rc < 0)
+        return rc;
+    tl_add(t, "evaluate", 0, -1, ts, now_s(t) - ts);
+    *top1 = counts[2] > 0 ? 100.0 * counts[0] / counts[2] : 0;
+    *top5 = counts[2] > 0 ? 100.0 * counts[1] / counts[2] : 0;
+    return 0;
+}
+
+/* ---- progress ------------------------------------------------------------ */
+
+struct window {
+    double t_step, t_compute, t_comm, t_data;
+    uint64_t steps, images;
+};
+
+static void fmt_eta(double s, char *buf, size_t cap)
+{
+    long v = s > 0 && s < 1e9 ? (long)(s + 0.5) : 0;
+
+    if (v >= 3600)
+        snprintf(buf, cap, "%ldh%02ldm", v / 3600, v / 60 % 60);
+    else
+        snprintf(buf, cap, "%ldm%02lds", v / 60, v % 60);
+}
+
+static void progress(struct trainer *t, uint64_t step, float loss, double lr,
+                     const struct window *w, double eta_s, int final)
+{
+    double tot = w->t_compute + w->t_comm + w->t_data;
+    char eta[32];
+
+    if (t->c->quiet || t->rank != 0 || w->steps == 0)
+        return;
+    if (tot <= 0)
+        tot = 1;
+    fmt_eta(eta_s, eta, sizeof(eta));
+    printf("%sstep %" PRIu64 "/%" PRIu64 " epoch %.2f loss %.4f lr %.4g | "
+           "%.1f img/s | compute %.0f%% comm %.0f%% data %.0f%% | "
+           "ETA %s%s",
+           t->tty ? "\r\033[K" : "", step, t->total_steps,
+           (double)step / (double)t->steps_per_epoch, loss, lr,
+           w->t_step > 0 ? (double)w->images / w->t_step : 0.0,
+           100 * w->t_compute / tot, 100 * w->t_comm / tot,
+           100 * w->t_data / tot, eta, t->tty && !final ? "" : "\n");
+    fflush(stdout);
+}
+
+/* ---- the run ------------------------------------------------------------- */
+
+/*
+ * The configuration that peers must share, as "key=value\n" lines. The
+ * checkpoint digest covers the first part only (what defines the training
+ * trajectory), so that a resumed run may change its length or reporting.
+ */
+static int build_config(struct trainer *t, const uint8_t data_fp[32])
+{
+    const struct train_cfg *c = t->c;
+    const struct mesh_nn_model_cfg *m = &t->mcfg;
+    char fp[65];
+    size_t core;
+    int n;
+
+    hex(data_fp, 32, fp);
+    n = snprintf(
+        t->config, sizeof(t->config),
+        "program=meshtrain\nmodel=%s\nwidth=%d\ncifar_stem=%d\n"
+        "zero_init_residual=%d\nclasses=%d\nchannels=%d\n"
+        "image_size=%d\nseed=%" PRIu64 "\ndata=%s\ndata_digest=%s\n"
+        "augment=%d\nbatch=%d\naccumulate=%d\nlr=%.9g\n"
+        "lr_schedule=%s\nwarmup_epochs=%.9g\nmomentum=%.9g\n"
+        "weight_decay=%.9g\nnesterov=%d\nlabel_smoothing=%.9g\n"
+        "compress=%s\ndevice=%s\nsteps_per_epoch=%" PRIu64 "\npeers=%d\n",
+        m->arch, m->width, m->cifar_stem, m->zero_init_residual, m->num_classes,
+        m->in_channels, m->image_size, m->seed, t->info.name, fp, c->augment,
+        c->batch, c->accumulate, c->lr.base_lr, lr_kind_name(c->lr.kind),
+        c->lr.warmup_epochs, (double)c->sgd.momentum,
+        (double)c->sgd.weight_decay, c->sgd.nesterov,
+        (double)c->label_smoothing, compress_name(c->compress), c->device,
+        t->steps_per_epoch, t->size);
+    if (n < 0 || (size_t)n >= sizeof(t->config))
+        return mesh_err(-EINVAL, "configuration too long");
+    core = (size_t)n;
+    if (mesh_ckpt_sha256(t->config, core, t->config_digest) < 0)
+        return -EIO;
+    n += snprintf(t->config + n, sizeof(t->config) - (size_t)n,
+                  "total_steps=%" PRIu64 "\nalgo=%s\nbucket_mb=%.9g\n"
+                  "verify_every=%" PRIu64 "\neval_every=%.9g\n"
+                  "checkpoint_every=%" PRIu64 "\nresume=%d\n",
+                  t->total_steps, mesh_algo_name(c->algo), c->bucket_mb,
+                  c->verify_every, c->no_eval ? 0.0 : c->eval_every,
+                  c->checkpoint_every, c->resume);
+    if ((size_t)n >= sizeof(t->config) - 200)
+        return mesh_err(-EINVAL, "configuration too long");
+    return 0;
+}
+
+/* Peers on this host (the same host string in the layout). */
+static int local_peers(const struct mesh_world *w)
+{
+    int r, n = 0;
+
+    for (r = 0; r < w->size; r++)
+        n += strcmp(w->peers[r].host, w->peers[w->rank].host) == 0;
+    return n > 0 ? n : 1;
+}
+
+static int open_data(struct trainer *t, const struct mesh_opts *mo)
+{
+    const struct train_cfg *c = t->c;
+    struct mesh_data_opts dopts;
+    struct mesh_loader_opts lo;
+    int rc;
+
+    memset(&dopts, 0, sizeof(dopts));
+    dopts.spec = c->data;
+    dopts.channels = c->model.in_channels;
+    dopts.size = c->model.image_size;
+    dopts.classes = c->model.num_classes;
+    dopts.seed = c->model.seed;
+    dopts.on_bad = c->on_bad;
+    rc = mesh_data_open(&dopts, &t->ds);
+    if (rc < 0)
+        return rc;
+    mesh_data_get_info(t->ds, &t->info);
+    if (c->model.num_classes && c->model.num_classes < t->info.classes)
+        return mesh_err(-EINVAL,
+                        "--num-classes %d: the data set has %d "
+                        "classes",
+                        c->model.num_classes, t->info.classes);
+    t->mcfg = c->model;
+    t->mcfg.in_channels = t->info.channels;
+    t->mcfg.image_size = t->info.size;
+    if (!t->mcfg.num_classes)
+        t->mcfg.num_classes = t->info.classes;
+
+    memset(&lo, 0, sizeof(lo));
+    lo.split = MESH_DATA_TRAIN;
+    lo.batch = c->batch;
+    lo.rank = mo->world.rank;
+    lo.world = mo->world.size;
+    lo.threads = c->data_threads;
+    lo.augment = c->augment;
+    lo.accumulate = c->accumulate;
+    rc = mesh_loader_create(t->ds, &lo, &t->train_ld);
+    if (rc < 0)
+        return rc;
+    t->micro_per_epoch = mesh_loader_steps_per_epoch(t->train_ld);
+    t->steps_per_epoch = t->micro_per_epoch / (uint64_t)c->accumulate;
+    if (t->steps_per_epoch == 0)
+        return mesh_err(-EINVAL,
+                        "--data %s: %zu training samples are fewer "
+                        "than one step (batch %d x accumulate %d x %d "
+                        "peers)",
+                        c->data, t->info.train_count, c->batch, c->accumulate,
+                        mo->world.size);
+    t->total_steps =
+        c->iters ? c->iters
+                 : (uint64_t)ceil(c->epochs * (double)t->steps_per_epoch);
+    if (t->total_steps == 0)
+        t->total_steps = 1;
+    t->lr = c->lr;
+    t->lr.total_epochs =
+        c->iters ? (double)t->total_steps / (double)t->steps_per_epoch
+                 : c->epochs;
+    if (t->lr.kind == MESH_NN_LR_STEP && t->lr.num_milestones == 0) {
+        t->lr.milestones[0] = 30;
+        t->lr.milestones[1] = 60;
+        t->lr.milestones[2] = 80;
+        t->lr.num_milestones = 3;
+    }
+    if (t->info.eval_count > 0 && !c->no_eval) {
+        lo.split = MESH_DATA_EVAL;
+        lo.augment = 0;
+        lo.accumulate = 0;
+        rc = mesh_loader_create(t->ds, &lo, &t->eval_ld);
+    }
+    return rc;
+}
+
+static int open_model(struct trainer *t, const struct mesh_opts *mo)
+{
+    const struct train_cfg *c = t->c;
+    int threads = c->threads, rc;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+
+    if (threads <= 0) {
+        threads = (int)(cores > 0 ? cores : 1) / local_peers(&mo->world);
+        if (threads < 1)
+            threads = 1;
+    }
+    rc = mesh_nn_ctx_open(c->device, threads, &t->ctx);
+    if (rc == 0)
+        rc = mesh_nn_model_create(t->ctx, &t->mcfg, &t->model);
+    if (rc == 0)
+        rc = mesh_nn_sgd_create(t->model, &c->sgd, &t->sgd);
+    if (rc < 0)
+        return rc;
+    t->mcfg = *mesh_nn_model_config(t->model);
+    t->nparams = mesh_nn_model_num_params(t->model);
+    t->nbuffers = mesh_nn_model_num_buffers(t->model);
+    t->host_slabs = strcmp(c->device, "cpu") == 0;
+    if (!t->host_slabs) {
+        t->hgrads = malloc(t->nparams * 4);
+        t->hparams = malloc(t->nparams * 4);
+        t->hmom = malloc(t->nparams * 4);
+        t->hbuf = malloc(t->nbuffers * 4 + 4);
+        if (!t->hgrads || !t->hparams || !t->hmom || !t->hbuf)
+            return mesh_err(-ENOMEM, "out of memory for host slabs");
+    }
+    if (mo->world.rank == 0 && !c->quiet)
+        printf("meshtrain: %s width %d, %zu parameters, %s; data %s (%zu "
+               "train, %zu eval, %d x %d x %d, %d classes); %d peer(s) x "
+               "batch %d x accumulate %d\n",
+               t->mcfg.arch, t->mcfg.width, t->nparams,
+               mesh_nn_ctx_describe(t->ctx), t->info.name, t->info.train_count,
+               t->info.eval_count, t->info.channels, t->info.size, t->info.size,
+               t->info.classes, mo->world.size, c->batch, c->accumulate);
+    return 0;
+}
+
+/* An error's exit code: after joining, a collective failure is a peer's. */
+static int fail(struct trainer *t, int code, int rc)
+{
+    fprintf(stderr, "meshtrain: rank %d: %s\n", t->rank, mesh_err_msg(rc));
+    return code;
+}
+
+/* One optimizer step; *loss is the mean over the peers' micro-batches. */
+static int train_step(struct trainer *t, struct window *w, float *loss_out)
+{
+    const struct train_cfg *c = t->c;
+    double t_begin = now_s(t), t_bwd_end = 0, data = 0, ts;
+    struct mesh_batch batch;
+    float loss_sum = 0, loss;
+    int k, rc;
+
+    t->next_bucket = 0;
+    for (k = 0; k < t->nbuckets; k++)
+        t->b[k].started = t->b[k].done = 0;
+    for (k = 0; k < c->accumulate; k++) {
+        int last = k == c->accumulate - 1;
+
+        ts = now_s(t);
+        rc = mesh_data_next(t->train_ld, &batch);
+        if (rc > 0)
+            rc = mesh_err(-EIO, "training loader ended");
+        if (rc < 0)
+            return local(t, mesh_err_prefix(rc, "data"));
+        data += now_s(t) - ts;
+        tl_add(t, "data wait", 2, -1, ts, now_s(t) - ts);
+        ts = now_s(t);
+        rc = mesh_nn_model_forward(t->model, batch.n, batch.x, 1);
+        if (rc == 0)
+            rc = mesh_nn_model_loss(t->model, batch.y, c->label_smoothing,
+                                    &loss);
+        if (rc < 0)
+            return local(t, rc);
+        tl_add(t, "forward", 0, -1, ts, now_s(t) - ts);
+        loss_sum += loss;
+        ts = now_s(t);
+        rc = mesh_nn_model_backward(t->model, k > 0,
+                                    last ? on_grad_ready : NULL, t);
+        if (rc < 0)
+            return rc;
+        t_bwd_end = now_s(t);
+        tl_add(t, "backward", 0, -1, ts, t_bwd_end - ts);
+    }
+    rc = buckets_wait(t);
+    if (rc < 0)
+        return rc;
+    {
+        double t_comm_end = now_s(t);
+        double lr =
+            mesh_nn_lr_at(&t->lr, (double)t->step / (double)t->steps_per_epoch);
+
+        ts = now_s(t);
+        rc = mesh_nn_sgd_step(t->sgd, (float)lr);
+        if (rc < 0)
+            return local(t, rc);
+        tl_add(t, "optimizer", 0, -1, ts, now_s(t) - ts);
+        loss = loss_sum / (float)c->accumulate;
+        rc = avg_floats(t, &loss, 1);
+        if (rc < 0)
+            return rc;
+        w->t_comm += t_comm_end - t_bwd_end;
+        w->t_data += data;
+        w->t_step += now_s(t) - t_begin;
+        w->t_compute += (now_s(t) - t_begin) - data - (t_comm_end - t_bwd_end);
+        w->steps++;
+        w->images +=
+            (uint64_t)c->batch * (uint64_t)c->accumulate * (uint64_t)t->size;
+        *loss_out = loss;
+    }
+    return 0;
+}
+
+static void metrics_line(struct trainer *t, uint64_t step, float loss,
+                         double lr, const struct window *one)
+{
+    if (!t->metrics)
+        return;
+    fprintf(t->metrics,
+            "{\"step\": %" PRIu64 ", \"epoch\": %.6f, \"loss\": %.9g, "
+            "\"lr\": %.9g, \"images_per_s\": %.3f, \"t_step\": %.6f, "
+            "\"t_compute\": %.6f, \"t_comm_exposed\": %.6f, "
+            "\"t_data\": %.6f, \"peers\": %d, \"batch\": %d, "
+            "\"accumulate\": %d}\n",
+            step, (double)step / (double)t->steps_per_epoch, (double)loss, lr,
+            one->t_step > 0 ? (double)one->images / one->t_step : 0.0,
+            one->t_step, one->t_compute, one->t_comm, one->t_data, t->size,
+            t->c->batch, t->c->accumulate);
+    fflush(t->metrics);
+}
+
+static int train_loop(struct trainer *t, uint64_t start)
+{
+    const struct train_cfg *c = t->c;
+    struct window win, total;
+    uint64_t eval_interval = 0, step;
+    double ema = 0, top1, top5;
+    float loss = 0;
+    int rc;
+
+    memset(&win, 0, sizeof(win));
+    memset(&total, 0, sizeof(total));
+    if (t->eval_ld && c->eval_every > 0) {
+        eval_interval =
+            (uint64_t)llround(c->eval_every * (double)t->steps_per_epoch);
+        if (eval_interval == 0)
+            eval_interval = 1;
+    }
+    for (step = start; step < t->total_steps; step++) {
+        struct window one;
+        double lr =
+            mesh_nn_lr_at(&t->lr, (double)step / (double)t->steps_per_epoch);
+        uint64_t done = step + 1;
+
+        memset(&one, 0, sizeof(one));
+        t->step = step;
+        rc = train_step(t, &one, &loss);
+        if (rc < 0)
+            return rc;
+        if (!isfinite(loss)) {
+            return local(t, mesh_err(-ERANGE,
+                                     "loss is %f at step %" PRIu64
+                                     " (lower --lr?)",
+                                     (double)loss, done));
+        }
+        ema = ema == 0 ? one.t_step : 0.9 * ema + 0.1 * one.t_step;
+        win.t_step += one.t_step;
+        win.t_compute += one.t_compute;
+        win.t_comm += one.t_comm;
+        win.t_data += one.t_data;
+        win.steps += one.steps;
+        win.images += one.images;
+        metrics_line(t, done, loss, lr, &one);
+        if ((t->tty && win.t_step > 0.5) ||
+            (!t->tty && c->log_every && done % c->log_every == 0) ||
+            done == t->total_steps) {
+            progress(t, done, loss, lr, &win,
+                     ema * (double)(t->total_steps - done),
+                     done == t->total_steps);
+            memset(&win, 0, sizeof(win));
+        }
+        if (c->verify_every && done % c->verify_every == 0) {
+            char when[64];
+
+            snprintf(when, sizeof(when), "after step %" PRIu64, done);
+            rc = verify_weights(t, when);
+            if (rc < 0)
+                return rc;
+        }
+        if (eval_interval && done % eval_interval == 0 &&
+            done != t->total_steps) {
+            rc = evaluate(t, &top1, &top5);
+            if (rc < 0)
+                return rc;
+            if (t->rank == 0 && !c->quiet)
+                printf("%seval after step %" PRIu64 " (epoch %.2f): top-1 "
+                       "%.2f %% top-5 %.2f %%\n",
+                       t->tty ? "\r\033[K" : "", done,
+                       (double)done / (double)t->steps_per_epoch, top1, top5);
+        }
+        if (c->checkpoint_every && c->checkpoint_dir &&
+            done % c->checkpoint_every == 0) {
+            rc = checkpoint_write(t, done);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* Close every resource in reverse order of opening. */
+static void trainer_close(struct trainer *t)
+{
+    buckets_free(t);
+    mesh_coll_destroy(t->coll);
+    mesh_nn_sgd_destroy(t->sgd);
+    mesh_nn_model_destroy(t->model);
+    mesh_nn_ctx_close(t->ctx);
+    mesh_loader_destroy(t->eval_ld);
+    mesh_loader_destroy(t->train_ld);
+    mesh_data_close(t->ds);
+    mesh_close(t->mesh);
+    if (t->metrics)
+        fclose(t->metrics);
+    free(t->tl);
+    free(t->hgrads);
+    free(t->hparams);
+    free(t->hmom);
+    free(t->hbuf);
+}
+
+int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
+{
+    struct trainer t;
+    uint8_t data_fp[32];
+    uint64_t start = 0;
+    double top1 = 0, top5 = 0;
+    int rc, code = MESH_EXIT_USAGE, have_eval;
+
+    memset(&t, 0, sizeof(t));
+    t.c = c;
+    t.rank = mo->world.rank;
+    t.size = mo->world.size;
+    t.t0 = mesh_now_s();
+    t.grad_scale = 1.0f / (float)c->accumulate;
+    t.tty = isatty(STDOUT_FILENO);
+
+    rc = open_data(&t, mo);
+    if (rc == 0)
+        rc = mesh_data_fingerprint(t.ds, data_fp);
+    if (rc == 0)
+        rc = build_config(&t, data_fp);
+    if (rc < 0) {
+        code = fail(&t, MESH_EXIT_USAGE, rc);
+        goto out;
+    }
+    /* A world of one joins no mesh: nothing to agree with or average. */
+    rc = t.size > 1 ? mesh_open(mo, t.config, &t.mesh) : 0;
+    if (rc < 0) {
+        fprintf(stderr, "meshtrain: rank %d: cannot join the mesh: %s\n",
+                t.rank, mesh_err_msg(rc));
+        code = MESH_EXIT_JOIN;
+        goto out;
+    }
+    rc = open_model(&t, mo);
+    if (rc < 0) {
+        code = fail(&t, MESH_EXIT_USAGE, rc);
+        goto out;
+    }
+    if (t.size > 1) {
+        struct mesh_coll_opts co;
+
+        mesh_coll_opts_init(&co);
+        co.algo = c->algo;
+        /*
+         * AUTO decides from the built-in cost numbers, not measured ones:
+         * the algorithm fixes the summation order, and a run must repeat
+         * (and resume) bitwise, whatever the network felt like at start.
+         */
+        co.measure = 0;
+        rc = mesh_coll_create(mesh_ops(t.mesh), mesh_transport(t.mesh),
+                              mesh_world(t.mesh), &co, &t.coll);
+        if (rc < 0) {
+            code = fail(&t, MESH_EXIT_PEER, rc);
+            goto out;
+        }
+    }
+    rc = buckets_plan(&t);
+    if (rc < 0) {
+        code = fail(&t, MESH_EXIT_USAGE, rc);
+        goto out;
+    }
+    if (t.rank == 0 && c->metrics) {
+        t.metrics = fopen(c->metrics, "w");
+        if (!t.metrics) {
+            code = fail(&t, MESH_EXIT_USAGE,
+                        mesh_err_errno("--metrics %s", c->metrics));
+            goto out;
+        }
+    }
+    if (t.rank == 0 && !c->quiet)
+        printf("meshtrain: %d gradient bucket(s) of up to %.3g MiB (first "
+               "%.3g MiB), %s on the wire, all-reduce %s; %" PRIu64
+               " steps of %" PRIu64 " per epoch\n",
+               t.nbuckets, c->bucket_mb,
+               (double)(t.b[0].hi - t.b[0].lo) * 4 / 1048576,
+               c->compress ? compress_name(c->compress) : "fp32",
+               mesh_algo_name(c->algo), t.total_steps, t.steps_per_epoch);
+    code = MESH_EXIT_PEER;
+    if (c->resume) {
+        if (!c->checkpoint_dir) {
+            code = fail(&t, MESH_EXIT_USAGE,
+                        mesh_err(-EINVAL, "--resume needs --checkpoint-dir"));
+            goto out;
+        }
+        rc = checkpoint_resume(&t, &start);
+        if (rc < 0) {
+            code = fail(&t,
+                        rc == -ENOENT || rc == -EIO || rc == -EINVAL
+                            ? MESH_EXIT_USAGE
+                            : MESH_EXIT_PEER,
+                        rc);
+            goto out;
+        }
+    }
+    /*
+     * Test aid (tests/train_verify.sh): MESHTRAIN_TEST_PERTURB=R makes rank
+     * R change one weight by one ulp, which the digest check must catch.
+     */
+    {
+        const char *v = getenv("MESHTRAIN_TEST_PERTURB");
+
+        if (v && *v && atoi(v) == t.rank) {
+            float *p = params_host(&t, &rc), one;
+
+            if (rc == 0) {
+                one = nextafterf(p[0], INFINITY);
+                rc = t.host_slabs
+                         ? (p[0] = one, 0)
+                         : mesh_nn_upload(t.ctx, mesh_nn_model_params(t.model),
+                                          &one, sizeof(one));
+            }
+            mesh_warn("MESHTRAIN_TEST_PERTURB: weight 0 changed by one ulp");
+        }
+    }
+    rc = verify_weights(&t, start ? "after resuming" : "before step 1");
+    if (rc < 0) {
+        code = fail(&t, rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER, rc);
+        goto out;
+    }
+    rc = train_loop(&t, start);
+    if (rc < 0) {
+        code = fail(&t,
+                    t.local_err      ? MESH_EXIT_USAGE
+                    : rc == -EBADMSG ? MESH_EXIT_VERIFY
+                                     : MESH_EXIT_PEER,
+                    rc);
+        goto out;
+    }
+    have_eval = t.eval_ld != NULL;
+    rc = have_eval ? evaluate(&t, &top1, &top5) : bn_average(&t);
+    if (rc == 0 && have_eval && t.rank == 0)
+        printf("%stest accuracy after %" PRIu64 " steps: top-1 %.2f %% "
+               "top-5 %.2f %%\n",
+               t.tty ? "\r\033[K" : "", t.total_steps, top1, top5);
+    if (rc == 0 && c->verify_every)
+        rc = verify_weights(&t, "at the end");
+    if (rc == 0 && c->save && t.rank == 0)
+        rc = local(&t, mesh_nn_model_save(t.model, c->save));
+    if (rc == 0 && t.c->timeline && t.rank == 0)
+        rc = local(&t, tl_write(&t));
+    if (rc == 0) {
+        /* the communicator's engine stops first: mesh_barrier then owns
+         * the transport, and no peer hangs up while another needs it */
+        buckets_free(&t);
+        mesh_coll_destroy(t.coll);
+        t.coll = NULL;
+        if (t.size > 1)
+            rc = mesh_barrier(t.mesh);
+    }
+    if (rc < 0) {
+        code = fail(&t,
+                    t.local_err      ? MESH_EXIT_USAGE
+                    : rc == -EBADMSG ? MESH_EXIT_VERIFY
+                                     : MESH_EXIT_PEER,
+                    rc);
+        goto out;
+    }
+    code = MESH_EXIT_OK;
+out:
+    trainer_close(&t);
+    return code;
+}

@@ -1,0 +1,100 @@
+/*
+ * src/train.h: the synchronous data-parallel training loop of meshtrain.
+ *
+ * meshtrain.c parses the flags into a struct train_cfg and the mesh flags
+ * into a struct mesh_opts, then calls train_run(), which joins the mesh,
+ * trains, evaluates, checkpoints and returns a process exit code
+ * (enum mesh_exit of src/mesh.h).
+ *
+ * One optimizer step, per peer:
+ *   1. K = --accumulate micro-batches of --batch samples from the loader
+ *      (this peer's shard of the epoch's permutation, src/data.h);
+ *   2. forward, loss, backward of each; the gradients of the last
+ *      micro-batch are reported by nn range by range (from the end of the
+ *      slab down), and every gradient bucket (about --bucket-mb, the first
+ *      one smaller) starts its non-blocking all-reduce (average over the
+ *      peers, optionally as 16-bit on the wire) as soon as its range is
+ *      final, so communication overlaps the rest of backward;
+ *   3. wait for every bucket, divide by K, and apply the same SGD step on
+ *      every peer: the replicas stay bitwise identical, which a SHA-256
+ *      digest of the weights, compared across peers, checks before step 1
+ *      and every --verify-every steps.
+ *
+ * Batch norm uses each peer's local batch statistics; the running
+ * statistics are averaged over the peers before every evaluation, every
+ * checkpoint and the final save.
+ */
+#ifndef MESH_TRAIN_H
+#define MESH_TRAIN_H
+
+#include <stdint.h>
+
+#include "nn/nn.h"
+#include "src/data.h"
+#include "src/mesh.h"
+
+enum train_compress {
+    TRAIN_COMPRESS_NONE = 0,
+    TRAIN_COMPRESS_FP16 = 1,
+    TRAIN_COMPRESS_BF16 = 2,
+};
+
+struct train_cfg {
+    /* model */
+    struct mesh_nn_model_cfg model; /* arch, width, stem, seed; classes,
+                                       channels and size come from data */
+    const char *device;             /* "cpu" or "cuda" */
+    int threads; /* compute threads, 0: cores / local peers */
+    int summary; /* print the layer table and exit */
+
+    /* data */
+    const char *data; /* --data spec (src/data.h) */
+    int data_threads; /* loader workers (0: 2) */
+    int augment;      /* -1 data set default, 0 off, 1 on */
+    enum mesh_data_bad on_bad;
+
+    /* training */
+    int batch;                  /* per peer and micro-batch */
+    int accumulate;             /* micro-batches per step */
+    double epochs;              /* length, when iters == 0 */
+    uint64_t iters;             /* optimizer steps, 0: use epochs */
+    struct mesh_nn_lr_sched lr; /* base_lr, kind, warmup, ... */
+    struct mesh_nn_sgd_cfg sgd;
+    float label_smoothing;
+
+    /* communication */
+    double bucket_mb;
+    int compress; /* enum train_compress */
+    int algo;     /* MESH_ALGO_* */
+
+    /* checks, evaluation, checkpoints */
+    uint64_t verify_every; /* steps between digest checks, 0: off */
+    double eval_every;     /* epochs between evaluations, 0: end only */
+    int no_eval;
+    uint64_t checkpoint_every;  /* steps, 0: none */
+    const char *checkpoint_dir; /* each peer uses DIR/rank-R */
+    int keep;
+    int resume;
+    const char *save; /* final weights (safetensors), rank 0 */
+
+    /* output */
+    const char *metrics;     /* JSON lines, rank 0 */
+    const char *timeline;    /* Chrome trace, rank 0 */
+    uint64_t timeline_steps; /* steps recorded in the trace */
+    uint64_t log_every;      /* progress lines when not a TTY */
+    int quiet;
+};
+
+void train_cfg_init(struct train_cfg *c);
+
+/*
+ * Join the mesh described by mo (finished), train as c says, and return
+ * the exit code (MESH_EXIT_*); errors are printed on stderr, prefixed with
+ * the rank.
+ */
+int train_run(const struct train_cfg *c, const struct mesh_opts *mo);
+
+/* Parse "none", "fp16", "bf16". */
+int train_compress_parse(const char *s, int *out);
+
+#endif

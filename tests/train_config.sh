@@ -1,0 +1,50 @@
+#!/bin/sh
+# tests/train_config.sh: peers whose training configurations disagree are
+# refused when they join (exit code 2), and the error names the field:
+# the model, the per-peer batch, the seed; and two agreeing peers join.
+. "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
+
+t_plan 4
+BASE="$SMALL --data synthetic:512 --num-classes 10 --in-channels 1 \
+--iters 1 --no-eval --join-timeout 6"
+
+# pair NAME FIELD ARGS0 -- ARGS1: rank 0 and rank 1 with different flags.
+pair() {
+    name=$1
+    field=$2
+    a=$3
+    b=$4
+    port=$(free_ports 2) || { t_ok 1 "free ports"; return; }
+    make_secret "$TMP/secret"
+    # shellcheck disable=SC2086
+    bg "$MESHTRAIN" -H localhost:2 --rank 0 --port "$port" \
+        --secret-file "$TMP/secret" $BASE $a > "$TMP/$name.0.log" 2>&1
+    p0=$BG_PID
+    # shellcheck disable=SC2086
+    bg "$MESHTRAIN" -H localhost:2 --rank 1 --port "$port" \
+        --secret-file "$TMP/secret" $BASE $b > "$TMP/$name.1.log" 2>&1
+    p1=$BG_PID
+    wait_exit "$p0" 60
+    c0=$EXIT_CODE
+    wait_exit "$p1" 60
+    c1=$EXIT_CODE
+    if [ -z "$field" ]; then
+        [ "$c0" -eq 0 ] && [ "$c1" -eq 0 ]
+        t_ok $? "$name: agreeing peers join and train (exit $c0 $c1)"
+        return
+    fi
+    ok=0
+    [ "$c0" -eq 2 ] && [ "$c1" -eq 2 ] || ok=1
+    grep -q "configuration differs.*$field=" "$TMP/$name.0.log" "$TMP/$name.1.log" ||
+        ok=1
+    t_ok $ok "$name: refused at join with exit 2 naming \"$field\" (exit $c0 $c1)"
+    grep -h "configuration differs" "$TMP/$name.0.log" "$TMP/$name.1.log" |
+        head -n 1 | sed 's/^/# /'
+    [ $ok -eq 0 ] || { t_show "$TMP/$name.0.log" 5; t_show "$TMP/$name.1.log" 5; }
+}
+
+pair model model "--batch 8" "--batch 8 --model resnet34"
+pair batch batch "--batch 8" "--batch 16"
+pair seed seed "--batch 8 --seed 1" "--batch 8 --seed 2"
+pair same "" "--batch 8" "--batch 8"
+t_done

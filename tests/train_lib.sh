@@ -1,0 +1,47 @@
+# tests/train_lib.sh: shared pieces of the meshtrain scenario scripts
+# (sourced after tests/mesh_lib.sh's conventions: TAP helpers, free ports,
+# background processes killed by pid on exit, $TMP removed on exit).
+#
+# Sets MESHTRAIN and SMALL, the arguments of a small, fast model: a
+# ResNet-18 of width 16 with the CIFAR stem on 14 x 14 inputs (about 0.7 M
+# parameters, a few ms per sample on one core), one compute thread and one
+# loader thread per peer, since the 2-core test machine runs several peers
+# and other tests at once.
+. "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
+
+MESHTRAIN=$top_builddir/meshtrain
+[ -x "$MESHTRAIN" ] || t_skip_all "meshtrain not built in $top_builddir"
+SMALL="--model resnet18 --width 16 --cifar-stem --image-size 14 \
+--threads 1 --data-threads 1 --quiet"
+FMNIST=/usr/share/datasets/fashion-mnist
+export OMP_WAIT_POLICY=passive
+
+# by_hand N LOGPREFIX ARGS...: start N peers of meshtrain by hand on free
+# ports with a fresh secret; their pids in $PEERS, logs LOGPREFIX$r.log.
+by_hand() {
+    _n=$1
+    _log=$2
+    shift 2
+    _port=$(free_ports "$_n") || return 1
+    PORT=$_port
+    make_secret "$TMP/secret"
+    PEERS=""
+    _r=0
+    while [ $_r -lt "$_n" ]; do
+        bg "$MESHTRAIN" -H "localhost:$_n" --rank $_r --port "$_port" \
+            --secret-file "$TMP/secret" "$@" > "$_log$_r.log" 2>&1
+        PEERS="$PEERS $BG_PID"
+        _r=$((_r + 1))
+    done
+}
+
+# wait_all SECONDS: wait for every pid in $PEERS; $CODES gets their exit
+# codes ("0 0 3"), 255 for one still running after SECONDS (then killed).
+wait_all() {
+    CODES=""
+    for _p in $PEERS; do
+        wait_exit "$_p" "$1"
+        CODES="$CODES $EXIT_CODE"
+    done
+    CODES=${CODES# }
+}

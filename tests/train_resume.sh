@@ -1,0 +1,54 @@
+#!/bin/sh
+# tests/train_resume.sh: exact resume. 2 peers train 10 steps without a
+# break, checkpointing every 3 steps (A). Then the same job runs again and
+# every peer is killed (SIGKILL) once a checkpoint exists; --resume
+# continues from the newest checkpoint both peers hold and runs to step 10
+# (B). The final weights of A and B (parameters, BN running statistics,
+# which are averaged over the peers at every checkpoint, and counters)
+# must be bitwise identical.
+. "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
+
+t_plan 5
+COMMON="$SMALL --data fashion-mnist --batch 16 --lr 0.05 --iters 10 \
+--no-eval --verify-every 2 --algo ring --bucket-mb 0.5 --join-timeout 60"
+
+# shellcheck disable=SC2086
+by_hand 2 "$TMP/a" $COMMON --checkpoint-every 3 --checkpoint-dir "$TMP/cka" \
+    --save "$TMP/a.st"
+wait_all 600
+[ "$CODES" = "0 0" ]
+t_ok $? "uninterrupted run of 10 steps (exit codes $CODES)"
+
+# shellcheck disable=SC2086
+by_hand 2 "$TMP/b" $COMMON --checkpoint-every 3 --checkpoint-dir "$TMP/ck"
+killed=1
+i=0
+while [ $i -lt 3000 ]; do
+    if [ -d "$TMP/ck/rank-0/ckpt-000000003" ] &&
+       [ -d "$TMP/ck/rank-1/ckpt-000000003" ]; then
+        for p in $PEERS; do kill -KILL "$p" 2>/dev/null; done
+        killed=0
+        break
+    fi
+    sleep 0.1
+    i=$((i + 1))
+done
+wait_all 30
+t_ok $killed "both peers killed after the checkpoint of step 3 appeared"
+t_diag "checkpoints when killed: $(ls "$TMP/ck/rank-0" | tr '\n' ' ')"
+
+# shellcheck disable=SC2086
+by_hand 2 "$TMP/c" $COMMON --checkpoint-every 3 --checkpoint-dir "$TMP/ck" \
+    --resume --save "$TMP/b.st"
+wait_all 600
+[ "$CODES" = "0 0" ]
+t_ok $? "resumed run (exit codes $CODES)"
+from=$(sed -n 's/.*resumed from step \([0-9]*\).*/\1/p' "$TMP/c0.log" |
+       head -n 1)
+[ -n "$from" ] && [ "$from" -ge 3 ] && [ "$from" -lt 10 ]
+t_ok $? "it resumed from a checkpoint before the end (step ${from:-none})"
+[ "$CODES" = "0 0" ] || t_show "$TMP/c0.log"
+
+cmp "$TMP/a.st" "$TMP/b.st"
+t_ok $? "final weights of the resumed run are bitwise identical"
+t_done
