@@ -19,7 +19,7 @@ sub_tap() {
     rc=$?
     awk -v n="$name" '
         /^ok / || /^not ok / {
-            s = $0; okp = ($1 == "ok"); sub(/^(not )?ok [0-9]+ ?-? ?/, "", s)
+            s = $0; okp = ($1 == "ok"); sub(/^(not )?ok [0-9]+/, "", s); sub(/^ *-? */, "", s)
             if (s ~ /# SKIP/) { sub(/ *# SKIP */, "", s); print "VERBS-TAP skip - " n ": " s }
             else print "VERBS-TAP " (okp ? "ok" : "not ok") " - " n ": " s
             next }

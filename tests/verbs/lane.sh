@@ -30,7 +30,7 @@ esac
 verbs_prepare || skip_all "$verbs_why"
 
 job=$VERBS_CACHE/job-$$.sh
-log=$B/tests/verbs/lane.log
+log=$B/tests/verbs/lane-console.log
 cat >"$job" <<JOB
 VERBS_PARTS="${VERBS_PARTS:-pingpong verbs transport collective hosts}"
 export VERBS_PARTS
