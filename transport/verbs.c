@@ -42,7 +42,8 @@
 #include <unistd.h>
 
 #define VERBS_TICK_MS  20   /* watch the TCP mesh at least this often */
-#define VERBS_SPIN_NS  50000 /* poll the CQ this long before sleeping */
+#define VERBS_SPIN_NS  200000 /* poll the CQ this long before sleeping */
+#define VERBS_WAIT_SPIN_NS 30000 /* wait_any spins this long first */
 #define VERBS_RQ_DEPTH (2 * VERBS_CREDITS + 8)
 #define VERBS_SQ_DEPTH (VERBS_CREDITS + VERBS_WRITE_WINDOW)
 #define MSG_MAX        1024
@@ -1376,9 +1377,11 @@ static int auto_listen(const struct mesh_world *world,
 static void dev_close(struct mesh_transport *t)
 {
     for (int p = 0; t->vp && p < t->world.size; p++)
-        for (int q = 0; q < VERBS_QP_MAX; q++)
+        for (int q = 0; q < VERBS_QP_MAX; q++) {
             if (t->vp[p].qp[q].qp && ibv_destroy_qp(t->vp[p].qp[q].qp))
                 mesh_warn("verbs: ibv_destroy_qp for rank %d failed", p);
+            t->vp[p].qp[q].qp = NULL;
+        }
     if (t->ctrl_mr && ibv_dereg_mr(t->ctrl_mr))
         mesh_warn("verbs: ibv_dereg_mr (control buffers) failed");
     t->ctrl_mr = NULL;
@@ -1859,6 +1862,15 @@ static int verbs_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
         rc = t->inner_ops->wait_any(t->inner, in, n, timeout_s);
         free(in);
         return rc;
+    }
+    /* A short spin saves the sleep/wake round trip on small messages. */
+    {
+        uint64_t spin_end = mesh_now_ns() + VERBS_WAIT_SPIN_NS;
+
+        do {
+            if (any_done(reqs, n))
+                return 0;
+        } while (mesh_now_ns() < spin_end);
     }
     if (timeout_s >= 0)
         deadline = mesh_now_ns() + (uint64_t)(timeout_s * 1e9);

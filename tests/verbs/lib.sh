@@ -21,7 +21,8 @@ VERBS_CPUS=${VERBS_CPUS:-2}
 # The modules the guest loads (their dependencies come first, by modinfo).
 # crc32_generic: rdma_rxe asks the crypto API for "crc32" at device
 # creation, which modinfo depends does not list.
-VERBS_MODULES="virtio_pci 9pnet_virtio 9p dummy veth crc32_generic rdma_rxe ib_uverbs"
+# virtio_net: the link between two guests (the multi-host path).
+VERBS_MODULES="virtio_pci 9pnet_virtio 9p dummy veth virtio_net crc32_generic rdma_rxe ib_uverbs"
 
 verbs_why=
 
@@ -95,7 +96,9 @@ verbs_build_initramfs() {
         verbs_why="$bb is not static (apt-get install busybox-static)"
         return 1
     fi
-    VERBS_INITRD=$VERBS_CACHE/initramfs-$VERBS_KVER.cpio.gz
+    # Named after what goes in, so that a changed list rebuilds it.
+    sum=$(echo "$VERBS_MODULES init-2" | cksum | cut -d' ' -f1)
+    VERBS_INITRD=$VERBS_CACHE/initramfs-$VERBS_KVER-$sum.cpio.gz
     [ -f "$VERBS_INITRD" ] && return 0
     VERBS_ORDER=
     for m in $VERBS_MODULES; do
@@ -150,13 +153,33 @@ verbs_prepare() {
     verbs_build_initramfs || return 1
 }
 
-# verbs_boot SCRIPT LOG: TCG only (KVM guests hang at boot on our machines).
+# verbs_boot SCRIPT LOG [NIC...]: TCG only (KVM guests hang at boot on
+# our machines).
 verbs_boot() {
+    script=$1 log=$2
+    shift 2
+    [ $# -gt 0 ] || set -- -nic none
     timeout "$VERBS_TIMEOUT" qemu-system-x86_64 -accel tcg -nographic \
         -no-reboot -m "$VERBS_MEM" -smp "$VERBS_CPUS" -cpu max \
         -kernel "$VERBS_KERNEL" -initrd "$VERBS_INITRD" \
-        -append "console=ttyS0 quiet panic=-1 verbs_script=$1" \
+        -append "console=ttyS0 quiet panic=-1 verbs_script=$script" \
         -fsdev local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap \
         -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot \
-        -nic none </dev/null >"$2" 2>&1
+        "$@" </dev/null >"$log" 2>&1
+}
+
+# verbs_boot_pair SCRIPT0 LOG0 SCRIPT1 LOG1: two guests, two "hosts", with
+# one virtio-net link between them (a QEMU socket netdev on loopback): each
+# has its own kernel, rxe and IP stack. (Network namespaces inside one guest
+# do not work for this: the 6.1 kernel's rdma_rxe routes and listens in the
+# initial namespace only.)
+verbs_boot_pair() {
+    port=$((20000 + $$ % 20000))
+    verbs_boot "$3" "$4" -netdev "socket,id=n0,listen=127.0.0.1:$port" \
+        -device virtio-net-pci,netdev=n0,mac=52:54:00:12:34:02 &
+    pid1=$!
+    sleep 1
+    verbs_boot "$1" "$2" -netdev "socket,id=n0,connect=127.0.0.1:$port" \
+        -device virtio-net-pci,netdev=n0,mac=52:54:00:12:34:01
+    wait "$pid1"
 }
