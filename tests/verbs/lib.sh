@@ -156,16 +156,16 @@ verbs_prepare() {
 # verbs_boot SCRIPT LOG [NIC...]: TCG only (KVM guests hang at boot on
 # our machines).
 verbs_boot() {
-    script=$1 log=$2
+    vb_script=$1 vb_log=$2
     shift 2
     [ $# -gt 0 ] || set -- -nic none
     timeout "$VERBS_TIMEOUT" qemu-system-x86_64 -accel tcg -nographic \
         -no-reboot -m "$VERBS_MEM" -smp "$VERBS_CPUS" -cpu max \
         -kernel "$VERBS_KERNEL" -initrd "$VERBS_INITRD" \
-        -append "console=ttyS0 quiet panic=-1 verbs_script=$script" \
+        -append "console=ttyS0 quiet panic=-1 verbs_script=$vb_script" \
         -fsdev local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap \
         -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot \
-        "$@" </dev/null >"$log" 2>&1
+        "$@" </dev/null >"$vb_log" 2>&1
 }
 
 # verbs_boot_pair SCRIPT0 LOG0 SCRIPT1 LOG1: two guests, two "hosts", with
@@ -174,12 +174,12 @@ verbs_boot() {
 # do not work for this: the 6.1 kernel's rdma_rxe routes and listens in the
 # initial namespace only.)
 verbs_boot_pair() {
-    port=$((20000 + $$ % 20000))
-    verbs_boot "$3" "$4" -netdev "socket,id=n0,listen=127.0.0.1:$port" \
+    vb_port=$((20000 + $$ % 20000))
+    verbs_boot "$3" "$4" -netdev "socket,id=n0,listen=127.0.0.1:$vb_port" \
         -device virtio-net-pci,netdev=n0,mac=52:54:00:12:34:02 &
-    pid1=$!
+    vb_pid=$!
     sleep 1
-    verbs_boot "$1" "$2" -netdev "socket,id=n0,connect=127.0.0.1:$port" \
+    verbs_boot "$1" "$2" -netdev "socket,id=n0,connect=127.0.0.1:$vb_port" \
         -device virtio-net-pci,netdev=n0,mac=52:54:00:12:34:01
-    wait "$pid1"
+    wait "$vb_pid"
 }
