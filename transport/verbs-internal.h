@@ -30,10 +30,10 @@
 
 #include <stdint.h>
 
-#define VERBS_QP_MAX  8
-#define VERBS_CREDITS 32 /* outstanding CTS slots per peer */
-#define VERBS_WRITE_WINDOW 32 /* write WQEs in flight per QP */
-#define VERBS_PIECE   (1u << 20) /* bytes per RDMA write */
+#define VERBS_QP_MAX       8
+#define VERBS_CREDITS      32         /* outstanding CTS slots per peer */
+#define VERBS_WRITE_WINDOW 32         /* write WQEs in flight per QP */
+#define VERBS_PIECE        (1u << 20) /* bytes per RDMA write */
 
 /* The TCP mesh's frames that belong to the verbs transport itself. */
 #define VERBS_CTRL_SEQ UINT64_MAX
@@ -49,9 +49,9 @@ enum verbs_ctrl_tag {
  * u8 link layer, u8 gid[16], u8 use_gid, u8 pad[3], u32 qpn[8], u32 psn[8],
  * zero padding.
  */
-#define VERBS_INFO_MAGIC 0x31425649u /* "IVB1" */
+#define VERBS_INFO_MAGIC   0x31425649u /* "IVB1" */
 #define VERBS_INFO_VERSION 1u
-#define VERBS_INFO_LEN 128
+#define VERBS_INFO_LEN     128
 
 /*
  * CTS (64 bytes): u32 magic, u16 slot, u16 gen, u8 op, u8 dtype, u16 zero,
@@ -62,9 +62,9 @@ enum verbs_ctrl_tag {
 #define VERBS_CTS_LEN   64
 
 /* Immediate data of the last write of a message (host order here). */
-#define VERBS_IMM_FINAL    0x80000000u
-#define VERBS_IMM_GEN(imm) (((imm) >> 16) & 0x7fffu)
-#define VERBS_IMM_SLOT(imm) ((imm) & 0xffffu)
+#define VERBS_IMM_FINAL     0x80000000u
+#define VERBS_IMM_GEN(imm)  (((imm) >> 16) & 0x7fffu)
+#define VERBS_IMM_SLOT(imm) ((imm)&0xffffu)
 
 /* The verbs transport (transport/verbs.c) and "auto": verbs when every
  * rank has an active port, else TCP underneath. */

@@ -41,12 +41,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#define VERBS_TICK_MS  20   /* watch the TCP mesh at least this often */
-#define VERBS_SPIN_NS  200000 /* poll the CQ this long before sleeping */
-#define VERBS_WAIT_SPIN_NS 30000 /* wait_any spins this long first */
-#define VERBS_RQ_DEPTH (2 * VERBS_CREDITS + 8)
-#define VERBS_SQ_DEPTH (VERBS_CREDITS + VERBS_WRITE_WINDOW)
-#define MSG_MAX        1024
+#define VERBS_TICK_MS      20     /* watch the TCP mesh at least this often */
+#define VERBS_SPIN_NS      200000 /* poll the CQ this long before sleeping */
+#define VERBS_WAIT_SPIN_NS 30000  /* wait_any spins this long first */
+#define VERBS_RQ_DEPTH     (2 * VERBS_CREDITS + 8)
+#define VERBS_SQ_DEPTH     (VERBS_CREDITS + VERBS_WRITE_WINDOW)
+#define MSG_MAX            1024
 
 /* Checked verbs calls, one per error convention. */
 #define VERBS_CHECK_RC(rc, expr, label, ...)                                   \
@@ -84,7 +84,7 @@ struct mesh_mr {
     char *base;
     size_t len;
     int refs;
-    mesh_mr_t *inner;  /* the TCP transport's handle (auto on TCP) */
+    mesh_mr_t *inner; /* the TCP transport's handle (auto on TCP) */
     struct mesh_mr *next;
 };
 
@@ -95,11 +95,11 @@ struct mesh_req {
     int peer;
     struct mesh_frame f;
     char *buf;
-    uint32_t lkey, rkey;  /* of the memory under buf */
-    struct ibv_mr *tmp;   /* a registration for this request only */
+    uint32_t lkey, rkey; /* of the memory under buf */
+    struct ibv_mr *tmp;  /* a registration for this request only */
     atomic_int done;
     int failed;
-    mesh_req_t *inner;    /* auto on TCP: the TCP request */
+    mesh_req_t *inner; /* auto on TCP: the TCP request */
     /* receive: CTS slot while one is held, else -1 */
     int slot;
     /* send: the matched window, and what is posted and acknowledged */
@@ -138,7 +138,7 @@ struct vqp {
     uint32_t psn;
     struct sent ring[VERBS_SQ_DEPTH];
     int ring_head, ring_n;
-    int writes; /* write WQEs in flight */
+    int writes;                         /* write WQEs in flight */
     struct mesh_req *sq_head, *sq_tail; /* matched sends with pieces left */
 };
 
@@ -178,7 +178,7 @@ struct mesh_transport {
     char devname[64];
     int nqp;
     struct vpeer *vp;
-    char *ctrl;           /* receive buffers, then CTS send buffers */
+    char *ctrl; /* receive buffers, then CTS send buffers */
     size_t ctrl_len;
     struct ibv_mr *ctrl_mr;
     struct mesh_mr *mrs; /* the registration cache */
@@ -239,8 +239,7 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
-static const char *pname(struct mesh_transport *t, int r, char *buf,
-                         size_t len)
+static const char *pname(struct mesh_transport *t, int r, char *buf, size_t len)
 {
     return mesh_peer_name(&t->world, r, buf, len);
 }
@@ -358,8 +357,8 @@ static void fail_job(struct mesh_transport *t, int culprit, int code,
                  inflight->kind == REQ_SEND ? "to" : "from", inflight->peer,
                  pname(t, inflight->peer, nb, sizeof(nb)));
     else
-        snprintf(t->fail_msg, sizeof(t->fail_msg),
-                 "%s; no operation in flight", reason);
+        snprintf(t->fail_msg, sizeof(t->fail_msg), "%s; no operation in flight",
+                 reason);
     t->failed = 1;
     t->fail_code = code;
     mesh_error_log("%s", t->fail_msg);
@@ -389,7 +388,8 @@ static void adopt_inner_failure(struct mesh_transport *t, int rc)
     fail_job(t, -1, rc, 0, "%s", why);
 }
 
-/* ---- device, port, GID ----------------------------------------------------- */
+/* ---- device, port, GID -----------------------------------------------------
+ */
 
 static int mtu_bytes(enum ibv_mtu m)
 {
@@ -403,8 +403,8 @@ static int find_rocev2_gid(struct mesh_transport *t)
 
     for (int i = 0; i < t->pattr.gid_tbl_len; i++) {
         struct ibv_gid_entry e;
-        static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff,
-                                       0xff};
+        static const uint8_t v4[12] = {0, 0, 0, 0, 0,    0,
+                                       0, 0, 0, 0, 0xff, 0xff};
 
         if (ibv_query_gid_ex(t->ctx, t->port, (uint32_t)i, &e, 0))
             continue;
@@ -479,8 +479,10 @@ static int dev_open(struct mesh_transport *t)
                             "RDMA device(s) (--ib-dev, --ib-port)",
                             t->opts.ib_dev ? t->opts.ib_dev : "any device",
                             t->opts.ib_port, n);
-        return mesh_err(-ENODEV, "verbs: none of %d RDMA device(s) has an "
-                                 "active port", n);
+        return mesh_err(-ENODEV,
+                        "verbs: none of %d RDMA device(s) has an "
+                        "active port",
+                        n);
     }
 
     t->gid_index = -1;
@@ -505,8 +507,8 @@ static int dev_open(struct mesh_transport *t)
         }
     }
     if (t->gid_index >= 0)
-        VERBS_CHECK_RC(rc, ibv_query_gid(t->ctx, t->port, t->gid_index,
-                                         &t->gid),
+        VERBS_CHECK_RC(rc,
+                       ibv_query_gid(t->ctx, t->port, t->gid_index, &t->gid),
                        close_dev, "verbs: ibv_query_gid %s port %u index %d",
                        t->devname, t->port, t->gid_index);
 
@@ -539,7 +541,8 @@ close_dev:
     return rc;
 }
 
-/* ---- QPs ------------------------------------------------------------------ */
+/* ---- QPs ------------------------------------------------------------------
+ */
 
 static uint8_t *rbuf(struct mesh_transport *t, int peer, int qpi, int idx)
 {
@@ -564,11 +567,13 @@ static int post_recv(struct mesh_transport *t, int peer, int qpi, int idx)
         .length = VERBS_CTS_LEN,
         .lkey = t->ctrl_mr->lkey,
     };
-    struct ibv_recv_wr wr = {
-        .wr_id = wr_id(WR_RECV, peer, qpi, idx),
-        .sg_list = &sge,
-        .num_sge = 1,
-    }, *bad;
+    struct ibv_recv_wr wr =
+                           {
+                               .wr_id = wr_id(WR_RECV, peer, qpi, idx),
+                               .sg_list = &sge,
+                               .num_sge = 1,
+                           },
+                       *bad;
     int rc = 0;
 
     VERBS_CHECK_RC(rc, ibv_post_recv(t->vp[peer].qp[qpi].qp, &wr, &bad), out,
@@ -630,12 +635,11 @@ static int qps_create(struct mesh_transport *t)
             VERBS_CHECK_RC(rc,
                            ibv_modify_qp(v->qp, &a,
                                          IBV_QP_STATE | IBV_QP_PKEY_INDEX |
-                                             IBV_QP_PORT |
-                                             IBV_QP_ACCESS_FLAGS),
+                                             IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
                            out, "verbs: QP for rank %d to INIT", p);
-            v->psn = (uint32_t)(mesh_now_ns() ^ ((uint64_t)p << 8) ^
-                                (uint64_t)q) &
-                     0xffffff;
+            v->psn =
+                (uint32_t)(mesh_now_ns() ^ ((uint64_t)p << 8) ^ (uint64_t)q) &
+                0xffffff;
             for (int i = 0; i < VERBS_RQ_DEPTH; i++) {
                 rc = post_recv(t, p, q, i);
                 if (rc < 0)
@@ -764,14 +768,13 @@ static int qps_connect(struct mesh_transport *t, int peer,
             rtr.ah_attr.grh.sgid_index = (uint8_t)t->gid_index;
             rtr.ah_attr.grh.hop_limit = 1;
         }
-        VERBS_CHECK_RC(rc,
-                       ibv_modify_qp(v->qp, &rtr,
-                                     IBV_QP_STATE | IBV_QP_AV |
-                                         IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                         IBV_QP_RQ_PSN |
-                                         IBV_QP_MAX_DEST_RD_ATOMIC |
-                                         IBV_QP_MIN_RNR_TIMER),
-                       out, "verbs: QP %d for rank %d to RTR", q, peer);
+        VERBS_CHECK_RC(
+            rc,
+            ibv_modify_qp(v->qp, &rtr,
+                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+                              IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+            out, "verbs: QP %d for rank %d to RTR", q, peer);
         VERBS_CHECK_RC(rc,
                        ibv_modify_qp(v->qp, &rts,
                                      IBV_QP_STATE | IBV_QP_TIMEOUT |
@@ -784,7 +787,8 @@ out:
     return rc;
 }
 
-/* ---- the control exchange over the TCP mesh --------------------------------- */
+/* ---- the control exchange over the TCP mesh ---------------------------------
+ */
 
 /* Send msg (len bytes, tag) to every peer and receive theirs into in. */
 static int ctrl_exchange(struct mesh_transport *t, uint32_t tag,
@@ -832,15 +836,18 @@ static int post_cts(struct mesh_transport *t, struct mesh_req *r, int slot)
     int qpi = slot % t->nqp;
     struct vqp *v = &vp->qp[qpi];
     uint8_t *m = sbuf(t, r->peer, slot);
-    struct ibv_sge sge = {
-        .addr = (uintptr_t)m, .length = VERBS_CTS_LEN, .lkey = t->ctrl_mr->lkey};
-    struct ibv_send_wr wr = {
-        .wr_id = wr_id(WR_CTS, r->peer, qpi, slot),
-        .sg_list = &sge,
-        .num_sge = 1,
-        .opcode = IBV_WR_SEND,
-        .send_flags = IBV_SEND_SIGNALED,
-    }, *bad;
+    struct ibv_sge sge = {.addr = (uintptr_t)m,
+                          .length = VERBS_CTS_LEN,
+                          .lkey = t->ctrl_mr->lkey};
+    struct ibv_send_wr wr =
+                           {
+                               .wr_id = wr_id(WR_CTS, r->peer, qpi, slot),
+                               .sg_list = &sge,
+                               .num_sge = 1,
+                               .opcode = IBV_WR_SEND,
+                               .send_flags = IBV_SEND_SIGNALED,
+                           },
+                       *bad;
     int rc = 0;
 
     vp->gen[slot] = (uint16_t)((vp->gen[slot] + 1) & 0x7fff);
@@ -903,16 +910,20 @@ static int pump(struct mesh_transport *t, int peer, int qpi)
         struct ibv_sge sge = {.addr = (uintptr_t)(r->buf + r->posted),
                               .length = len,
                               .lkey = r->lkey};
-        struct ibv_send_wr wr = {
-            .wr_id = wr_id(WR_WRITE, peer, qpi, 0),
-            .sg_list = &sge,
-            .num_sge = len ? 1 : 0,
-            .opcode = last ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
-            .send_flags = IBV_SEND_SIGNALED,
-            .imm_data = last ? htonl(r->imm) : 0,
-            .wr = {.rdma = {.remote_addr = r->raddr + r->posted,
-                            .rkey = r->rrkey}},
-        }, *bad;
+        struct ibv_send_wr wr =
+                               {
+                                   .wr_id = wr_id(WR_WRITE, peer, qpi, 0),
+                                   .sg_list = &sge,
+                                   .num_sge = len ? 1 : 0,
+                                   .opcode = last ? IBV_WR_RDMA_WRITE_WITH_IMM
+                                                  : IBV_WR_RDMA_WRITE,
+                                   .send_flags = IBV_SEND_SIGNALED,
+                                   .imm_data = last ? htonl(r->imm) : 0,
+                                   .wr = {.rdma = {.remote_addr =
+                                                       r->raddr + r->posted,
+                                                   .rkey = r->rrkey}},
+                               },
+                           *bad;
 
         if (dbg & VERBS_DEBUG_BAD_RKEY)
             wr.wr.rdma.rkey ^= 0x5a5a5a;
@@ -960,8 +971,8 @@ static int cts_match(struct mesh_transport *t, struct mesh_req *r,
                  mesh_frame_str(f, fb, sizeof(fb)));
         return -1;
     }
-    if (!overrun && (f->length > end - f->offset ||
-                     f->length > e->length - c->reserved)) {
+    if (!overrun &&
+        (f->length > end - f->offset || f->length > e->length - c->reserved)) {
         fail_job(t, r->peer, -EPROTO, 1,
                  "rank %d (%s) sent a frame beyond the posted receive "
                  "of rank %d (%s): got %s, expected %s (%" PRIu64
@@ -1037,8 +1048,8 @@ static void got_cts(struct mesh_transport *t, int peer, int qpi,
     char nb[300];
     int rc;
 
-    if (len != VERBS_CTS_LEN || get32(m) != VERBS_CTS_MAGIC || m[10] ||
-        m[11] || get32(m + 60)) {
+    if (len != VERBS_CTS_LEN || get32(m) != VERBS_CTS_MAGIC || m[10] || m[11] ||
+        get32(m + 60)) {
         fail_job(t, peer, -EPROTO, 1,
                  "rank %d (%s) sent a malformed clear-to-send (%" PRIu32
                  " bytes)",
@@ -1199,8 +1210,8 @@ static void bye_check(struct mesh_transport *t, int peer)
     for (struct mesh_req *r = t->reqs; r; r = r->next)
         if (r->peer == peer && !atomic_load(&r->done)) {
             fail_job(t, peer, -ECONNRESET, 1,
-                     "rank %d (%s) left the mesh with operations pending",
-                     peer, pname(t, peer, nb, sizeof(nb)));
+                     "rank %d (%s) left the mesh with operations pending", peer,
+                     pname(t, peer, nb, sizeof(nb)));
             return;
         }
 }
@@ -1310,7 +1321,8 @@ static void *progress_main(void *arg)
     return NULL;
 }
 
-/* ---- the interface -------------------------------------------------------- */
+/* ---- the interface --------------------------------------------------------
+ */
 
 static void verbs_close(mesh_transport_t *t);
 
@@ -1430,11 +1442,10 @@ static int verbs_connect(mesh_transport_t *t)
             rc = mesh_err(-ENOMEM, "verbs: out of memory for %d peers", n);
             goto out;
         }
-        VERBS_CHECK_PTR(rc, t->ctrl_mr,
-                        ibv_reg_mr(t->pd, t->ctrl, t->ctrl_len,
-                                   IBV_ACCESS_LOCAL_WRITE),
-                        out, "verbs: ibv_reg_mr of %zu control bytes",
-                        t->ctrl_len);
+        VERBS_CHECK_PTR(
+            rc, t->ctrl_mr,
+            ibv_reg_mr(t->pd, t->ctrl, t->ctrl_len, IBV_ACCESS_LOCAL_WRITE),
+            out, "verbs: ibv_reg_mr of %zu control bytes", t->ctrl_len);
         rc = qps_create(t);
         if (rc < 0)
             goto out;
@@ -1521,7 +1532,8 @@ out:
     return rc;
 }
 
-/* ---- memory registration ----------------------------------------------------- */
+/* ---- memory registration
+ * ----------------------------------------------------- */
 
 static struct mesh_mr *mr_find(struct mesh_transport *t, const void *buf,
                                size_t len)
@@ -1529,8 +1541,7 @@ static struct mesh_mr *mr_find(struct mesh_transport *t, const void *buf,
     const char *b = buf;
 
     for (struct mesh_mr *m = t->mrs; m; m = m->next)
-        if (b >= m->base && b + len <= m->base + m->len &&
-            b + len >= b)
+        if (b >= m->base && b + len <= m->base + m->len && b + len >= b)
             return m;
     return NULL;
 }
@@ -1556,12 +1567,11 @@ static int verbs_reg_mr(mesh_transport_t *t, void *buf, size_t len,
         goto out;
     }
     if (t->pd)
-        VERBS_CHECK_PTR(rc, m->mr,
-                        ibv_reg_mr(t->pd, buf, len,
-                                   IBV_ACCESS_LOCAL_WRITE |
-                                       IBV_ACCESS_REMOTE_WRITE),
-                        free_m, "verbs: ibv_reg_mr of %zu bytes at %p", len,
-                        buf);
+        VERBS_CHECK_PTR(
+            rc, m->mr,
+            ibv_reg_mr(t->pd, buf, len,
+                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE),
+            free_m, "verbs: ibv_reg_mr of %zu bytes at %p", len, buf);
     else if (t->connected) {
         rc = t->inner_ops->reg_mr(t->inner, buf, len, &m->inner);
         if (rc < 0)
@@ -1615,7 +1625,8 @@ out:
     return rc;
 }
 
-/* ---- requests ------------------------------------------------------------- */
+/* ---- requests -------------------------------------------------------------
+ */
 
 static int check_peer(struct mesh_transport *t, int peer, const char *what)
 {
@@ -1639,8 +1650,8 @@ static int check_peer(struct mesh_transport *t, int peer, const char *what)
 
 /* The keys of [buf, buf+len): from mr, the cache, or a registration for
  * this request alone (callers that pass no mr, e.g. tests; slow). */
-static int req_keys(struct mesh_transport *t, struct mesh_req *r,
-                    mesh_mr_t *mr, size_t len)
+static int req_keys(struct mesh_transport *t, struct mesh_req *r, mesh_mr_t *mr,
+                    size_t len)
 {
     struct mesh_mr *m = mr;
     int rc = 0;
@@ -1659,11 +1670,11 @@ static int req_keys(struct mesh_transport *t, struct mesh_req *r,
         r->rkey = m->mr->rkey;
         return 0;
     }
-    VERBS_CHECK_PTR(rc, r->tmp,
-                    ibv_reg_mr(t->pd, r->buf, len,
-                               IBV_ACCESS_LOCAL_WRITE |
-                                   IBV_ACCESS_REMOTE_WRITE),
-                    out, "verbs: ibv_reg_mr of %zu bytes at %p", len, r->buf);
+    VERBS_CHECK_PTR(
+        rc, r->tmp,
+        ibv_reg_mr(t->pd, r->buf, len,
+                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE),
+        out, "verbs: ibv_reg_mr of %zu bytes at %p", len, r->buf);
     t->mr_live++;
     r->lkey = r->tmp->lkey;
     r->rkey = r->tmp->rkey;
@@ -1703,8 +1714,8 @@ static int verbs_isend(mesh_transport_t *t, int peer,
         r = calloc(1, sizeof(*r));
         if (!r)
             return mesh_err(-ENOMEM, "out of memory");
-        rc = t->inner_ops->isend(t->inner, peer, f, buf,
-                                 mr ? mr->inner : NULL, &r->inner);
+        rc = t->inner_ops->isend(t->inner, peer, f, buf, mr ? mr->inner : NULL,
+                                 &r->inner);
         if (rc < 0) {
             free(r);
             return rc;

@@ -117,7 +117,8 @@ static int bad_write(struct two *x, int overrun, char *msg)
     if (x->rank == 0)
         for (size_t i = 0; i < alloc; i++)
             if (buf[i] != 0xee) {
-                snprintf(msg, MSG, "byte %zu of the receive buffer changed "
+                snprintf(msg, MSG,
+                         "byte %zu of the receive buffer changed "
                          "(0x%02x) although the job failed",
                          i, buf[i]);
                 return -1;
@@ -179,15 +180,17 @@ static int child_many(struct two *x, char *msg)
             live10 = mesh_verbs_mr_live(x->t);
     }
     if (mesh_verbs_mr_live(x->t) != live10) {
-        snprintf(msg, MSG, "registrations grew from %d to %d over 280 "
-                 "all-reduces", live10, mesh_verbs_mr_live(x->t));
+        snprintf(msg, MSG,
+                 "registrations grew from %d to %d over 280 "
+                 "all-reduces",
+                 live10, mesh_verbs_mr_live(x->t));
         return -1;
     }
     mesh_coll_buf_free(c, buf);
     mesh_coll_destroy(c);
     live_end = mesh_verbs_mr_live(x->t);
-    snprintf(msg, MSG, "registrations: %d before, %d during, %d after",
-             live0, live10, live_end);
+    snprintf(msg, MSG, "registrations: %d before, %d during, %d after", live0,
+             live10, live_end);
     x->ops->close(x->t);
     x->t = NULL;
     return live_end == live0 ? 0 : -1;
@@ -262,7 +265,8 @@ static int have_rdma(char *why, size_t len)
 
     list = ibv_get_device_list(&n);
     if (!list || !n) {
-        snprintf(why, len, "no RDMA device (the verbs lane boots Soft-RoCE "
+        snprintf(why, len,
+                 "no RDMA device (the verbs lane boots Soft-RoCE "
                  "in QEMU: tests/verbs/lane.sh)");
         if (list)
             ibv_free_device_list(list);
@@ -308,13 +312,17 @@ int main(void)
     diag("rank 1: %s", m[1]);
 
     rc = run2(child_many, m, 300);
-    ok(rc == 0, "300 all-reduces back to back: right sums, no leaked "
-       "registrations (%s)", m[0]);
+    ok(rc == 0,
+       "300 all-reduces back to back: right sums, no leaked "
+       "registrations (%s)",
+       m[0]);
     if (rc)
         diag("rank 1: %s", m[1]);
 
     rc = run2(child_auto, m, 60);
-    ok(rc == 0, "--transport auto chooses RDMA when both ranks have an "
-       "active port (%s, %s)", m[0], m[1]);
+    ok(rc == 0,
+       "--transport auto chooses RDMA when both ranks have an "
+       "active port (%s, %s)",
+       m[0], m[1]);
     return done();
 }
