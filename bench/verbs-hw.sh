@@ -16,7 +16,8 @@ set -eu
 [ $# -ge 3 ] || { sed -n 2,16p "$0"; exit 1; }
 RANK=$1 H0=$2 H1=$3
 shift 3
-DEV= GIDX= SECRET= BUILD=$(cd "$(dirname "$0")/.." && pwd)
+DEV='' GIDX='' SECRET=''
+BUILD=$(cd "$(dirname "$0")/.." && pwd)
 while [ $# -gt 0 ]; do
     case $1 in
     --ib-dev) DEV=$2; shift 2 ;;
