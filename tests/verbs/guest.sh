@@ -41,11 +41,19 @@ for part in $VERBS_PARTS; do
     case $part in
     pingpong)
         ibv_rc_pingpong -d rxe0 -g "$g" -n 200 >/tmp/pp.srv 2>&1 &
-        sleep 1
-        if ibv_rc_pingpong -d rxe0 -g "$g" -n 200 127.0.0.1 >/tmp/pp.cli 2>&1 &&
-            wait $!; then
+        srv=$!
+        # The client gives up at once when the server is not listening yet.
+        i=0
+        until ibv_rc_pingpong -d rxe0 -g "$g" -n 200 127.0.0.1 \
+            >/tmp/pp.cli 2>&1; do
+            i=$((i + 1))
+            [ $i -lt 20 ] && grep -q "Couldn't connect" /tmp/pp.cli || break
+            sleep 1
+        done
+        if grep -q "200 iters" /tmp/pp.cli && wait $srv; then
             res "ok - ibv_rc_pingpong: 200 RC round trips"
         else
+            kill $srv 2>/dev/null
             res "not ok - ibv_rc_pingpong: $(tail -n 2 /tmp/pp.cli /tmp/pp.srv | tr '\n' ' ')"
         fi
         ;;
