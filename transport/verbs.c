@@ -98,12 +98,10 @@ struct mesh_req {
     uint32_t lkey, rkey; /* of the memory under buf */
     struct ibv_mr *tmp;  /* a registration for this request only */
     atomic_int done;
-    int failed;
     mesh_req_t *inner; /* auto on TCP: the TCP request */
     /* receive: CTS slot while one is held, else -1 */
     int slot;
     /* send: the matched window, and what is posted and acknowledged */
-    int matched;
     int qpi;
     uint64_t raddr;
     uint32_t rrkey;
@@ -995,7 +993,6 @@ static int cts_match(struct mesh_transport *t, struct mesh_req *r,
     r->imm = ((uint32_t)c->gen << 16) | c->slot;
     if (c->reserved >= e->length)
         r->imm |= VERBS_IMM_FINAL;
-    r->matched = 1;
     return 1;
 }
 
