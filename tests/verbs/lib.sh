@@ -97,7 +97,7 @@ verbs_build_initramfs() {
         return 1
     fi
     # Named after what goes in, so that a changed list rebuilds it.
-    sum=$(echo "$VERBS_MODULES init-2" | cksum | cut -d' ' -f1)
+    sum=$(echo "$VERBS_MODULES init-3" | cksum | cut -d' ' -f1)
     VERBS_INITRD=$VERBS_CACHE/initramfs-$VERBS_KVER-$sum.cpio.gz
     [ -f "$VERBS_INITRD" ] && return 0
     VERBS_ORDER=
@@ -129,7 +129,19 @@ if mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 hostroot /mnt; t
     mount -t proc proc /mnt/proc
     mount -t sysfs sys /mnt/sys
     mount -t devtmpfs dev /mnt/dev
+    # The guest gets a fresh /tmp, but a tree the lane runs from may live
+    # under the host's /tmp (a CI clone): keep those folders visible.
+    keep=$(sed -n 's/.*verbs_keep=\([^ ]*\).*/\1/p' /proc/cmdline)
+    if [ -n "$keep" ]; then
+        mkdir -p /hold
+        mount -o bind /mnt/tmp /hold
+    fi
     mount -t tmpfs tmp /mnt/tmp
+    for k in $(echo "$keep" | tr ',' ' '); do
+        mkdir -p "/mnt/tmp/$k"
+        mount -o bind "/hold/$k" "/mnt/tmp/$k" ||
+            echo "VERBS-GUEST: cannot keep /tmp/$k"
+    done
     mount -t tmpfs run /mnt/run
     echo "VERBS-GUEST: running $script"
     chroot /mnt /bin/sh -c "cd / && sh $script"
@@ -162,7 +174,7 @@ verbs_boot() {
     timeout "$VERBS_TIMEOUT" qemu-system-x86_64 -accel tcg -nographic \
         -no-reboot -m "$VERBS_MEM" -smp "$VERBS_CPUS" -cpu max \
         -kernel "$VERBS_KERNEL" -initrd "$VERBS_INITRD" \
-        -append "console=ttyS0 quiet panic=-1 verbs_script=$vb_script" \
+        -append "console=ttyS0 quiet panic=-1 verbs_script=$vb_script verbs_keep=${VERBS_KEEP:-}" \
         -fsdev local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap \
         -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot \
         "$@" </dev/null >"$vb_log" 2>&1
