@@ -26,8 +26,9 @@
 # interleaved, so that load from elsewhere hits all of them alike; the
 # report takes each one's best (default 1). --mesh-args: extra meshbench
 # arguments, e.g. "-n 5 -w 1 --streams 2" (meshbench's -n/-w are fixed
-# counts, not a time target: lower them for slow settings). --quick = --settings a,b --np 2,4
-# --sizes 4K,64M --time 0.5.
+# counts, not a time target: lower them for slow settings).
+# --quick = --settings a,b --np 2,4 --sizes 4K,64M --time 0.5.
+# Ports: BL_PORT (environment) + 0..59, by default chosen from the pid.
 #
 # Writes (DIR defaults to bench/out):
 #   DIR/collectives.csv  setting,np,system,size,time_us,algbw,busbw,wrong,
@@ -195,7 +196,8 @@ else
 fi
 
 # --- one system at a time ----------------------------------------------------
-# Port bases differ per system so that a straggler never meets the next run.
+# Port bases differ per system (lib.sh's BL_PORT + 0, 20, 40) so that a
+# straggler never meets the next run.
 run_mpi() {   # setting np b e f log
     _n=$2
     if [ "$1" = a ]; then
@@ -235,8 +237,8 @@ run_gloo() {   # setting np b e f log
         bl_bg $((_r + 1)) env GLOO_SOCKET_IFNAME="$(bl_ifname)" \
             timeout $runlimit /usr/bin/python3 \
             "$bl_srcdir/bench/gloo_allreduce.py" --rank $_r --world "$_n" \
-            --master "$(bl_addr 1)" --port 29650 -b "$3" -e "$4" -f "$5" \
-            -t "$secs" >"$_out" 2>"$tmp/gloo.err.$_r"
+            --master "$(bl_addr 1)" --port $((BL_PORT + 20)) \
+            -b "$3" -e "$4" -f "$5" -t "$secs" >"$_out" 2>"$tmp/gloo.err.$_r"
         _r=$((_r + 1))
     done
     bl_wait_bg $((runlimit + 10))
@@ -262,8 +264,9 @@ run_mesh() {   # setting np b e f log algo
     _r=0
     while [ $_r -lt "$_n" ]; do
         bl_bg $((_r + 1)) timeout $runlimit "$meshbench" --hostfile "$_hf" \
-            --rank $_r --port 29550 $meshauth --op allreduce --algo "$7" \
-            -b "$3" -e "$4" -f "$5" $meshargs >"$tmp/mesh.out.$_r" 2>&1
+            --rank $_r --port "$BL_PORT" $meshauth --op allreduce \
+            --algo "$7" -b "$3" -e "$4" -f "$5" $meshargs \
+            >"$tmp/mesh.out.$_r" 2>&1
         _r=$((_r + 1))
     done
     bl_wait_bg $((runlimit + 10))
@@ -306,6 +309,7 @@ one_round() {
         bl_log "  TCP limit (iperf3, ping)"
         "$bl_srcdir/bench/tcp_limit.sh" --setting "$1" --np "$3" \
             --no-setup --prefix "$BL_PREFIX" --rate "$BL_RATE" \
+            --port $((BL_PORT + 40)) \
             >"$outdir/raw/$4-tcp.txt" 2>&1 </dev/null || status=1
         awk -v s="$2" -v n="$3" -v r="$5" '
             { v[$1] = $2 }

@@ -4,18 +4,24 @@
 #   a  loopback: N processes on this host, 127.0.0.1
 #   b  N network namespaces on a bridge (scripts/netns.sh), unshaped
 #   c  the same, each host's egress shaped by tbf to $BL_RATE (1gbit)
-# Host numbers are 1-based. Namespaces use prefix $BL_PREFIX (default mtb,
-# so that they never collide with the test suite's "mt").
+# Host numbers are 1-based. Namespaces use prefix $BL_PREFIX, by default
+# "mb" and the script's pid, so that concurrent runs (and the tests) never
+# touch each other's hosts.
 # Shell functions share the caller's variables: everything here that is
 # not part of the interface is named _bl_*.
 
-BL_PREFIX=${BL_PREFIX:-mtb}
+BL_PREFIX=${BL_PREFIX:-mb$(($$ % 1000000))}
 BL_RATE=${BL_RATE:-1gbit}
 BL_SETTING=
 BL_NP=0
 bl_srcdir=$(cd "$(dirname "$0")/.." && pwd)
 BL_NETNS="$bl_srcdir/scripts/netns.sh"
 BL_PIDS=
+BL_UP=0
+# Ports: each run takes 100 from 10000-28999 by its pid (below Linux's
+# ephemeral range and meshtrain's default 29400), so that runs side by
+# side do not collide. $BL_PORT sets the base.
+BL_PORT=${BL_PORT:-$((10000 + ($$ % 190) * 100))}
 
 bl_log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 
@@ -36,16 +42,21 @@ bl_setup() {
     BL_SETTING=$1 BL_NP=$2
     case $1 in
         a) return 0 ;;
-        b) "$BL_NETNS" up "$2" --prefix "$BL_PREFIX" >/dev/null ;;
-        c) "$BL_NETNS" up "$2" --prefix "$BL_PREFIX" --rate "$BL_RATE" \
+        b) BL_UP=1
+           "$BL_NETNS" up "$2" --prefix "$BL_PREFIX" >/dev/null ;;
+        c) BL_UP=1
+           "$BL_NETNS" up "$2" --prefix "$BL_PREFIX" --rate "$BL_RATE" \
                >/dev/null ;;
         *) bl_die "unknown setting '$1' (a, b or c)" ;;
     esac
 }
 
+# Stop what bl_bg started; remove the namespaces if bl_setup made them.
 bl_teardown() {
     bl_kill_bg
+    [ "$BL_UP" -eq 1 ] || return 0
     "$BL_NETNS" down --prefix "$BL_PREFIX" >/dev/null 2>&1 || true
+    BL_UP=0
 }
 
 bl_addr() {

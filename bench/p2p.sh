@@ -94,8 +94,8 @@ run_mesh() {
     fi
     for _r in 0 1; do
         bl_bg $((_r + 1)) timeout 300 "$meshbench" --hostfile "$tmp/hostfile" \
-            --rank $_r --port 29810 --op "$_op" -b "$_b" -e "$_e" -f "$_f" \
-            "$@" >"$tmp/mesh.$_r" 2>&1
+            --rank $_r --port $((BL_PORT + 10)) --op "$_op" \
+            -b "$_b" -e "$_e" -f "$_f" "$@" >"$tmp/mesh.$_r" 2>&1
     done
     bl_wait_bg 310
     _rc=$?
@@ -126,9 +126,9 @@ r=1
 while [ $r -le "$repeat" ]; do
     [ "$repeat" -gt 1 ] && bl_log "repetition $r of $repeat"
     # iperf3, one stream, host 1 -> host 2.
-    bl_bg 2 iperf3 -s -1 -p 29801 >/dev/null 2>&1
+    bl_bg 2 iperf3 -s -1 -p $((BL_PORT + 1)) >/dev/null 2>&1
     sleep 0.5
-    bl_exec 1 iperf3 -c "$(bl_addr 2)" -p 29801 -t "$secs" -O 1 \
+    bl_exec 1 iperf3 -c "$(bl_addr 2)" -p $((BL_PORT + 1)) -t "$secs" -O 1 \
         --connect-timeout 3000 -J >"$outdir/raw/p2p-r$r-iperf3.json" 2>&1
     bl_wait_bg 5 || true
     python3 -c '

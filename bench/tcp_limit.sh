@@ -4,7 +4,7 @@
 # traffic at once.
 #
 #   bench/tcp_limit.sh --setting a|b|c --np N [--time S] [--no-setup]
-#                      [--prefix P] [--rate R]
+#                      [--prefix P] [--rate R] [--port BASE]
 #
 # Measures, in this order and each alone:
 #   ring    N iperf3 streams at once, host i sending to host i+1 (mod N);
@@ -19,7 +19,7 @@
 # second of slow start.
 # Settings: a loopback, b N netns hosts, c N netns hosts with tbf egress
 # at R (default 1gbit). Without --no-setup it creates the namespaces
-# (scripts/netns.sh, prefix P, default mtb) and removes them on exit;
+# (scripts/netns.sh, prefix P, default mb<pid>) and removes them on exit;
 # with it, they must exist already (bench/collectives.sh does that).
 
 set -u
@@ -29,7 +29,7 @@ setting=
 np=
 secs=2
 setup=1
-port=29700
+port=$BL_PORT
 while [ $# -gt 0 ]; do
     case $1 in
         --setting) setting=$2; shift 2 ;;

@@ -16,7 +16,11 @@
 #   scripts/netns.sh down [--prefix P]
 #       Kills what still runs inside P<i> (by pid: SIGTERM, then SIGKILL),
 #       removes the namespaces, veths and bridge. Removing nothing is not
-#       an error; safe to call twice and from a trap.
+#       an error; safe to call twice and from a trap. Only this prefix's
+#       hosts are touched (those with a veth Pv<i>, or recorded by "up" in
+#       /run/meshtrain-netns/P), so prefixes like mm1234 and mm12345 can run
+#       side by side. Concurrent runs must use different prefixes: "up"
+#       first removes whatever network the same prefix had.
 #   scripts/netns.sh check [--prefix P]
 #       Exit 0 if namespaces and a bridge can be created here (it tries);
 #       otherwise prints why on stdout and exits 77 (Automake's "skip").
@@ -63,24 +67,46 @@ cant() {
         return 1
     fi
     ip netns del "$probe" 2>/dev/null
-    if ! err=$(ip link add "${prefix}chk$$" type bridge 2>&1); then
+    # Interface names must fit IFNAMSIZ (15): short ones, unique by pid.
+    if ! err=$(ip link add "mtcb$$" type bridge 2>&1); then
         echo "cannot create a bridge: $err"
         return 1
     fi
-    ip link del "${prefix}chk$$" 2>/dev/null
-    if ! err=$(ip link add "${prefix}ca$$" type veth \
-               peer name "${prefix}cb$$" 2>&1); then
+    ip link del "mtcb$$" 2>/dev/null
+    if ! err=$(ip link add "mtca$$" type veth peer name "mtcz$$" 2>&1); then
         echo "cannot create a veth pair: $err"
         return 1
     fi
-    ip link del "${prefix}ca$$" 2>/dev/null
+    ip link del "mtca$$" 2>/dev/null
     return 0
 }
 
-# Namespaces of this prefix: P followed by digits only.
+# "up" records how many hosts it made here, so that "down" finds them
+# even when their veths are already gone.
+state_dir() {
+    if [ -d /run ] && [ -w /run ]; then
+        echo /run/meshtrain-netns
+    else
+        echo "${TMPDIR:-/tmp}/meshtrain-netns"
+    fi
+}
+
+# Namespaces of this prefix: P<i> whose root-side veth P"v"<i> exists, or
+# that the state file lists. Matching names alone is not enough: with
+# prefixes mm1234 and mm12345 running side by side, mm123451 is host 1 of
+# the second, not host 51 of the first.
 list_ns() {
-    ip netns list 2>/dev/null | awk '{print $1}' |
-        grep -E "^${prefix}[0-9]+\$" || true
+    _max=$(cat "$(state_dir)/$prefix" 2>/dev/null)
+    case $_max in ''|*[!0-9]*) _max=0 ;; esac
+    for _ns in $(ip netns list 2>/dev/null | awk '{print $1}' |
+                 grep -E "^${prefix}[0-9]+\$"); do
+        _i=${_ns#"$prefix"}
+        if ip link show "${prefix}v$_i" >/dev/null 2>&1 ||
+           { [ "$_i" -ge 1 ] && [ "$_i" -le "$_max" ] &&
+             [ "$_i" = "$(echo "$_i" | sed 's/^0*//')" ]; }; then
+            echo "$_ns"
+        fi
+    done
 }
 
 do_down() {
@@ -100,8 +126,9 @@ do_down() {
         [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
         ip netns del "$ns" 2>/dev/null
     done
-    # Host-side veth ends vanish with their peers; sweep any stragglers.
-    for l in $(ip -o link show 2>/dev/null |
+    # Host-side veth ends vanish with their peers; sweep any stragglers
+    # still on this prefix's bridge.
+    for l in $(ip -o link show master "${prefix}br0" 2>/dev/null |
                awk -F': ' '{sub(/@.*/, "", $2); print $2}' |
                grep -E "^${prefix}v[0-9]+\$"); do
         ip link del "$l" 2>/dev/null
@@ -110,6 +137,7 @@ do_down() {
         ip link del "${prefix}br0" 2>/dev/null ||
             die "cannot remove bridge ${prefix}br0"
     fi
+    rm -f "$(state_dir)/$prefix"
     return 0
 }
 
@@ -144,6 +172,8 @@ do_up() {
     fi
     why=$(cant) || { echo "netns.sh: $why" >&2; exit 77; }
     do_down
+    mkdir -p "$(state_dir)" && echo "$n" >"$(state_dir)/$prefix" ||
+        die "cannot write $(state_dir)/$prefix"
     ip link add "${prefix}br0" type bridge || up_fail "cannot create bridge"
     ip link set "${prefix}br0" up || up_fail "cannot bring up ${prefix}br0"
     i=1
