@@ -59,7 +59,7 @@ struct mesh_sim_prof {
     uint64_t seen;
 };
 
-/* ---- the layer list -------------------------------------------------------- */
+/* ---- the layer list ------------------------------------------------------ */
 
 struct sim_arch {
     const char *name;

@@ -142,6 +142,8 @@ struct trainer {
 
     struct bucket *b;
     int nbuckets, next_bucket;
+    float loss_avg;            /* the step's loss, averaged in flight */
+    mesh_coll_req_t *loss_req; /* its all-reduce, started after forward */
     float grad_scale;  /* 1 / accumulate */
     int local_err;     /* the error is this peer's own (data, files,
                           compute), not the mesh's: exit code 1 */
@@ -1127,6 +1129,33 @@ static int fail(struct trainer *t, int code, int rc)
     return code;
 }
 
+/*
+ * The step's mean loss is known after the last forward: its average over
+ * the peers starts then, so that the engine runs it while backward computes
+ * (it queues before the gradient buckets, the same order on every peer),
+ * instead of a latency-bound all-reduce after them on the critical path.
+ */
+static int loss_start(struct trainer *t, float mean)
+{
+    t->loss_avg = mean;
+    if (!t->coll)
+        return 0;
+    return mesh_coll_allreduce_start(t->coll, &t->loss_avg, &t->loss_avg, 1,
+                                     MESH_DT_F32, MESH_REDOP_AVG, t->c->algo,
+                                     &t->loss_req);
+}
+
+/* Wait for the loss average (also on error paths: the request is freed). */
+static int loss_wait(struct trainer *t, int rc)
+{
+    int rc2 = 0;
+
+    if (t->loss_req)
+        rc2 = mesh_coll_wait(t->loss_req);
+    t->loss_req = NULL;
+    return rc < 0 ? rc : rc2;
+}
+
 /* One optimizer step; *loss is the mean over the peers' micro-batches. */
 static int train_step(struct trainer *t, struct window *w, float *loss_out)
 {
@@ -1149,13 +1178,14 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         if (rc < 0)
             return local(t, rc);
         tl_add(t, "forward", 0, -1, ts, now_s(t) - ts);
+        if (last && (rc = loss_start(t, 0)) < 0)
+            return loss_wait(t, rc);
         ts = now_s(t);
         rc = mesh_sim_backward(t->sim, last ? on_grad_ready : NULL, t);
         if (rc < 0)
-            return rc;
+            return loss_wait(t, rc);
         t_bwd_end = now_s(t);
         tl_add(t, "backward", 0, -1, ts, t_bwd_end - ts);
-        loss_sum = 0;
     }
     for (k = 0; !t->sim && k < c->accumulate; k++) {
         int last = k == c->accumulate - 1;
@@ -1179,19 +1209,21 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         if (t->prof && last)
             mesh_sim_prof_forward(t->prof, now_s(t) - ts);
         loss_sum += loss;
+        if (last && (rc = loss_start(t, loss_sum / (float)c->accumulate)) < 0)
+            return loss_wait(t, rc);
         ts = now_s(t);
         if (t->prof && last)
             mesh_sim_prof_backward_begin(t->prof);
         rc = mesh_nn_model_backward(t->model, k > 0,
                                     last ? on_grad_ready : NULL, t);
         if (rc < 0)
-            return rc;
+            return loss_wait(t, rc);
         if (t->prof && last)
             mesh_sim_prof_backward_end(t->prof);
         t_bwd_end = now_s(t);
         tl_add(t, "backward", 0, -1, ts, t_bwd_end - ts);
     }
-    rc = buckets_wait(t);
+    rc = loss_wait(t, buckets_wait(t));
     if (rc < 0)
         return rc;
     {
@@ -1204,10 +1236,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         if (rc < 0)
             return local(t, rc);
         tl_add(t, "optimizer", 0, -1, ts, now_s(t) - ts);
-        loss = loss_sum / (float)c->accumulate;
-        rc = avg_floats(t, &loss, 1);
-        if (rc < 0)
-            return rc;
+        loss = t->loss_avg;
         w->t_comm += t_comm_end - t_bwd_end;
         w->t_data += data;
         w->t_step += now_s(t) - t_begin;
