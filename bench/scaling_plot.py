@@ -89,6 +89,7 @@ def read_point(d):
                         ranks += 1
         except OSError:
             pass
+    timeline(p, d, warmup, meta)
     p["late_ms"] = max(lates) if lates else None
     p["stretch_ms"] = max(stretch) if stretch else None
     cores = int(meta.get("cores", "1"))
@@ -112,6 +113,48 @@ def read_point(d):
                             % (100 * p["cpu_demand"]))
     p["valid"] = not p["reasons"]
     return p
+
+
+def rate_bytes_per_s(rate):
+    """tc's rate string ("156250kbit") in bytes per second."""
+    m = re.match(r"([0-9.]+)([kmg]?)bit$", rate)
+    if not m:
+        return None
+    mult = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+    return float(m.group(1)) * mult / 8
+
+
+def timeline(p, d, warmup, meta):
+    """From rank 0's timeline: the median time of the first bucket (the
+    smallest: its all-reduce is latency alone) and of the last bucket (the
+    one left when backward ends: it is most of the communication cost),
+    with the last bucket's ring bandwidth term 2 (N-1)/N bytes / rate."""
+    p["first_bucket_ms"] = p["last_bucket_ms"] = p["last_bw_ms"] = None
+    try:
+        with open(os.path.join(d, "timeline.json")) as f:
+            ev = json.load(f)
+    except (OSError, ValueError):
+        return
+    ev = ev.get("traceEvents", []) if isinstance(ev, dict) else ev
+    first, last, nbytes = [], [], None
+    nb = max([e.get("args", {}).get("bucket", -1) for e in ev] + [-1])
+    for e in ev:
+        a = e.get("args", {})
+        if a.get("step", 0) <= warmup or "bucket" not in a:
+            continue
+        if a["bucket"] == 0:
+            first.append(e["dur"] / 1000)
+        if a["bucket"] == nb:
+            last.append(e["dur"] / 1000)
+            nbytes = a.get("bytes")
+    n = p["peers"]
+    bps = rate_bytes_per_s(meta.get("rate", ""))
+    if first:
+        p["first_bucket_ms"] = statistics.median(first)
+    if last:
+        p["last_bucket_ms"] = statistics.median(last)
+    if nbytes and bps and n > 1:
+        p["last_bw_ms"] = 2 * (n - 1) / n * nbytes / bps * 1000
 
 
 def load(raw):
@@ -158,6 +201,9 @@ def table(pts, seed, path):
             "singa_comm_ms": fmt(sr["singa_derived_comm_ms"] if sr else None,
                                  ".0f"),
             "singa_eff": fmt(sr["singa_eff"] if sr else None, ".2f"),
+            "first_bucket_ms": fmt(p["first_bucket_ms"], ".1f"),
+            "last_bucket_ms": fmt(p["last_bucket_ms"], ".1f"),
+            "last_bucket_ring_bw_ms": fmt(p["last_bw_ms"], ".1f"),
             "stretch_ms": fmt(p["stretch_ms"], ".2f"),
             "late_ms": fmt(p["late_ms"], ".2f"),
             "cpu_demand": fmt(p["cpu_demand"], ".3f"),
@@ -256,9 +302,9 @@ def plot(pts, seed, path, title):
         allx = sorted(vx + ix)
         pos = dict(zip(vx + ix, vy + iy))
         clip = [min(pos[i], top * 0.97) for i in allx]
-        ax2.plot(allx, clip, "-", color=COLOR[s], alpha=0.6)
+        ax2.plot(allx, clip, "-", color=COLOR[s], lw=2)
         ax2.plot(vx, [min(v, top * 0.97) for v in vy], "o", color=COLOR[s],
-                 label=LABEL[s] + " comm. cost")
+                 mec="black", label=LABEL[s] + " comm. cost")
         if ix:
             ax2.plot(ix, [min(v, top * 0.97) for v in iy], "x",
                      color=COLOR[s], ms=9, mew=2)
