@@ -14,6 +14,10 @@ when any of these holds:
     because the peers are not scheduled on time (the CPU is saturated);
   - the CPU demand of the peers (CPU seconds per step, summed over the
     ranks, over t_iter x cores) > CPU_DEMAND;
+  - the same CPU seconds over the part of the step where the peers
+    communicate (t_iter minus the forward pass, when the network is idle)
+    x cores > COMM_CPU_DEMAND: the all-reduces then wait for a core at
+    every hop, and the latency terms are this machine's run queue;
   - the run failed or did not record enough steps.
 The whole machine's busy fraction during the run (/proc/stat, our peers
 and anything else) is reported beside it: other load slows the peers'
@@ -30,6 +34,7 @@ import sys
 
 STRETCH_MS = 2.0
 CPU_DEMAND = 0.85
+COMM_CPU_DEMAND = 0.8
 SERIES = ["ring", "auto", "tree", "ps"]
 LABEL = {"ring": "meshtrain ring", "auto": "meshtrain auto",
          "tree": "meshtrain tree", "ps": "parameter server (--algo ps)"}
@@ -95,6 +100,10 @@ def read_point(d):
     cores = int(meta.get("cores", "1"))
     p["cpu_demand"] = (cpu / (p["t_iter"] * cores)
                        if p["t_iter"] and ranks else None)
+    win = (p["t_iter"] - p["forward_s"]
+           if p["t_iter"] and p["forward_s"] else None)
+    p["comm_cpu_demand"] = (cpu / (win * cores)
+                            if win and win > 0 and ranks and n > 1 else None)
     tot = int(meta.get("total_jiffies", "0"))
     p["machine_busy"] = (int(meta.get("busy_jiffies", "0")) / tot
                          if tot > 0 else None)
@@ -111,6 +120,10 @@ def read_point(d):
     if p["cpu_demand"] is not None and p["cpu_demand"] > CPU_DEMAND:
         p["reasons"].append("peers need %.0f %% of the cores"
                             % (100 * p["cpu_demand"]))
+    if (p["comm_cpu_demand"] is not None and
+            p["comm_cpu_demand"] > COMM_CPU_DEMAND):
+        p["reasons"].append("peers need %.0f %% of the cores while they "
+                            "communicate" % (100 * p["comm_cpu_demand"]))
     p["valid"] = not p["reasons"]
     return p
 
@@ -130,16 +143,19 @@ def timeline(p, d, warmup, meta):
     one left when backward ends: it is most of the communication cost),
     with the last bucket's ring bandwidth term 2 (N-1)/N bytes / rate."""
     p["first_bucket_ms"] = p["last_bucket_ms"] = p["last_bw_ms"] = None
+    p["forward_s"] = None
     try:
         with open(os.path.join(d, "timeline.json")) as f:
             ev = json.load(f)
     except (OSError, ValueError):
         return
     ev = ev.get("traceEvents", []) if isinstance(ev, dict) else ev
-    first, last, nbytes = [], [], None
+    first, last, fwd, nbytes = [], [], [], None
     nb = max([e.get("args", {}).get("bucket", -1) for e in ev] + [-1])
     for e in ev:
         a = e.get("args", {})
+        if a.get("step", 0) > warmup and e.get("name") == "forward":
+            fwd.append(e["dur"] / 1e6)
         if a.get("step", 0) <= warmup or "bucket" not in a:
             continue
         if a["bucket"] == 0:
@@ -149,6 +165,8 @@ def timeline(p, d, warmup, meta):
             nbytes = a.get("bytes")
     n = p["peers"]
     bps = rate_bytes_per_s(meta.get("rate", ""))
+    if fwd:
+        p["forward_s"] = statistics.median(fwd)
     if first:
         p["first_bucket_ms"] = statistics.median(first)
     if last:
@@ -207,6 +225,11 @@ def table(pts, seed, path):
             "stretch_ms": fmt(p["stretch_ms"], ".2f"),
             "late_ms": fmt(p["late_ms"], ".2f"),
             "cpu_demand": fmt(p["cpu_demand"], ".3f"),
+            "comm_cpu_demand": fmt(p["comm_cpu_demand"], ".3f"),
+            # ring: the 4-byte first bucket makes 2 (N-1) hops
+            "ring_hop_latency_ms": fmt(p["first_bucket_ms"] / (2 * (n - 1))
+                                       if p["first_bucket_ms"] and n > 1 and
+                                       s == "ring" else None, ".3f"),
             "machine_busy": fmt(p["machine_busy"], ".3f"),
             "loadavg": p["loadavg"],
             "valid": int(p["valid"]),
@@ -352,7 +375,7 @@ def main():
         print("%-5s %4d %9s %8s %8s %6s %9s %6s %5s %5s  %s" %
               (r["series"], r["peers"], r["t_iter_s"], r["img_per_s"],
                r["comm_ms"], r["efficiency"], r["singa_comm_ms"],
-               r["stretch_ms"], r["cpu_demand"], r["machine_busy"],
+               r["stretch_ms"], r["comm_cpu_demand"], r["machine_busy"],
                "yes" if r["valid"] else
                "NO: " + r["why_invalid"]))
     print("wrote %s and %s" % (a.csv, a.png))
