@@ -312,11 +312,12 @@ def plot(pts, seed, path, title):
             (vx if p["valid"] else ix).append(i)
             (vy if p["valid"] else iy).append(c)
         lines.append((s, vx, vy, ix, iy))
-    # the axis fits SINGA and meshtrain; the PS baseline's larger values
-    # are drawn at the top with their value written beside them
+    # the axis fits SINGA and meshtrain's valid points; larger values (the
+    # PS baseline, invalid points) are drawn at the top with their value
+    # written beside them
     top = max([r["base_derived_comm_ms"] for r in seed] +
-              [max(vy + iy) for (s, vx, vy, ix, iy) in lines
-               if s != "ps" and vy + iy]) * 1.25
+              [max(vy) for (s, vx, vy, ix, iy) in lines
+               if s != "ps" and vy]) * 1.25
     for (s, vx, vy, ix, iy) in lines:
         # at the centre of the series' bars, so that the lines stay apart
         off = (groups.index(s) - (len(groups) - 1) / 2) * width
@@ -334,7 +335,8 @@ def plot(pts, seed, path, title):
         for i in allx:
             if pos[i] > top * 0.97:
                 ax2.annotate("%.2f s" % (pos[i] / 1000), (i, top * 0.97),
-                             textcoords="offset points", xytext=(4, -12),
+                             textcoords="offset points",
+                             xytext=(4, -12 - 11 * groups.index(s)),
                              color=COLOR[s], fontsize=8)
     ax2.plot([], [], "x", color="k", ms=9, mew=2,
              label="invalid: this machine's CPU limits the point")
