@@ -355,6 +355,7 @@ for s in $(echo "$settings" | tr , ' '); do
     fi
     for n in $(echo "$nps" | tr , ' '); do
         bl_log "setting $s ($sname), N=$n"
+        bl_load
         bl_setup "$s" "$n" || { status=1; continue; }
         echo "$runs" >"$tmp/runs"
         r=1
@@ -368,6 +369,7 @@ for s in $(echo "$settings" | tr , ' '); do
     done
 done
 
+bl_load
 /usr/bin/python3 "$bl_srcdir/bench/report_collectives.py" "$csv" "$lcsv" \
     "$outdir/collectives.png" || status=1
 exit $status

@@ -119,11 +119,11 @@ def main():
         wrong = torch.tensor([int((view != want).sum().item())])
         dist.all_reduce(wrong)
 
-        algbw = size / t / 1e9
+        algbw = count * 4 / t / 1e9   # whole floats only
         busbw = algbw * 2 * (n - 1) / n
         if a.rank == 0:
             print(" %12d %12d %8s %6s %6d %10.1f %8.3f %8.3f %6d" % (
-                size, count, "float", "sum", -1, t * 1e6, algbw, busbw,
+                count * 4, count, "float", "sum", -1, t * 1e6, algbw, busbw,
                 wrong.item()))
             sys.stdout.flush()
         total_wrong += wrong.item()

@@ -25,7 +25,12 @@ BL_PORT=${BL_PORT:-$((10000 + ($$ % 190) * 100))}
 
 bl_log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 
-# The parent of the bench scripts that runs this (for error messages).
+# The machine's load: what else ran and disturbed the numbers.
+bl_load() {
+    bl_log "load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)" \
+           "on $(nproc 2>/dev/null) cores"
+}
+
 bl_die() { echo "$(basename "$0"): $*" >&2; exit 1; }
 
 bl_setting_name() {

@@ -40,10 +40,23 @@ static int parse_size(const char *s, size_t *out)
     if (errno != 0 || end == s)
         return -1;
     switch (*end) {
-    case 'k': case 'K': mul = 1ULL << 10; end++; break;
-    case 'm': case 'M': mul = 1ULL << 20; end++; break;
-    case 'g': case 'G': mul = 1ULL << 30; end++; break;
-    default: break;
+    case 'k':
+    case 'K':
+        mul = 1ULL << 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mul = 1ULL << 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mul = 1ULL << 30;
+        end++;
+        break;
+    default:
+        break;
     }
     if (*end != '\0' || v > SIZE_MAX / mul)
         return -1;
@@ -65,10 +78,10 @@ static float pattern(int r, size_t i)
     return (float)(r + 1 + (int)(i % 7));
 }
 
-static void usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr, "usage: mpi_allreduce [-b min] [-e max] [-f factor] "
-            "[-n iters] [-w warmup] [-t seconds]\n");
+    fprintf(f, "usage: mpi_allreduce [-b min] [-e max] [-f factor] "
+               "[-n iters] [-w warmup] [-t seconds]\n");
 }
 
 int main(int argc, char **argv)
@@ -94,24 +107,44 @@ int main(int argc, char **argv)
         int bad = 0;
 
         switch (opt) {
-        case 'b': bad = parse_size(optarg, &minb) != 0 || minb < 4; break;
-        case 'e': bad = parse_size(optarg, &maxb) != 0; break;
-        case 'f': bad = parse_size(optarg, &factor) != 0 || factor < 2;
-                  break;
-        case 'n': iters = strtol(optarg, &end, 10);
-                  bad = *end != '\0' || iters < 1; break;
-        case 'w': warmup = strtol(optarg, &end, 10);
-                  bad = *end != '\0' || warmup < 0; break;
-        case 't': target = strtod(optarg, &end);
-                  bad = *end != '\0' || !(target > 0); break;
-        default: bad = 1; break;
+        case 'b':
+            bad = parse_size(optarg, &minb) != 0 || minb < 4;
+            break;
+        case 'e':
+            bad = parse_size(optarg, &maxb) != 0;
+            break;
+        case 'f':
+            bad = parse_size(optarg, &factor) != 0 || factor < 2;
+            break;
+        case 'n':
+            iters = strtol(optarg, &end, 10);
+            bad = *end != '\0' || iters < 1;
+            break;
+        case 'w':
+            warmup = strtol(optarg, &end, 10);
+            bad = *end != '\0' || warmup < 0;
+            break;
+        case 't':
+            target = strtod(optarg, &end);
+            bad = *end != '\0' || !(target > 0);
+            break;
+        case 'h':
+            if (rank == 0)
+                usage(stdout);
+            MPI_Finalize();
+            return 0;
+        default:
+            bad = 1;
+            break;
         }
         if (bad) {
             if (rank == 0) {
-                if (opt != 'h' && opt != '?')
-                    fprintf(stderr, "mpi_allreduce: bad value '%s' for "
-                            "-%c\n", optarg, opt);
-                usage();
+                if (opt != '?')
+                    fprintf(stderr,
+                            "mpi_allreduce: bad value '%s' for "
+                            "-%c\n",
+                            optarg, opt);
+                usage(stderr);
             }
             MPI_Finalize();
             return 2;
@@ -127,8 +160,10 @@ int main(int argc, char **argv)
     sbuf = malloc(maxb);
     rbuf = malloc(maxb);
     if (sbuf == NULL || rbuf == NULL) {
-        fprintf(stderr, "mpi_allreduce: rank %d: cannot allocate 2 x %zu "
-                "bytes\n", rank, maxb);
+        fprintf(stderr,
+                "mpi_allreduce: rank %d: cannot allocate 2 x %zu "
+                "bytes\n",
+                rank, maxb);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     for (size_t i = 0; i < maxb / sizeof(float); i++)
@@ -136,15 +171,16 @@ int main(int argc, char **argv)
 
     if (rank == 0) {
         printf("# mpi_allreduce: %d ranks, MPI_Allreduce float sum, "
-               "out-of-place\n", nranks);
+               "out-of-place\n",
+               nranks);
         printf("#%12s %12s %8s %6s %6s %10s %8s %8s %6s\n", "size", "count",
                "type", "redop", "root", "time", "algbw", "busbw", "#wrong");
-        printf("#%12s %12s %8s %6s %6s %10s %8s %8s %6s\n", "(B)",
-               "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+        printf("#%12s %12s %8s %6s %6s %10s %8s %8s %6s\n", "(B)", "(elements)",
+               "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
         fflush(stdout);
     }
 
-    for (size_t bytes = minb; bytes <= maxb; ) {
+    for (size_t bytes = minb; bytes <= maxb;) {
         int count = (int)(bytes / sizeof(float));
         double t0, t1, mine, slowest;
         long n = iters, wrong = 0, all_wrong = 0;
@@ -158,8 +194,7 @@ int main(int argc, char **argv)
         t0 = now_s();
         MPI_Allreduce(sbuf, rbuf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         mine = now_s() - t0;
-        MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX,
-                      MPI_COMM_WORLD);
+        MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         if (slowest > 0 && target / slowest < (double)n)
             n = (long)(target / slowest);
         if (n < 1)
@@ -174,8 +209,7 @@ int main(int argc, char **argv)
                           MPI_COMM_WORLD);
         t1 = now_s();
         mine = (t1 - t0) / (double)n;
-        MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX,
-                      MPI_COMM_WORLD);
+        MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 
         for (int i = 0; i < count; i++) {
             float want = expect_base + (float)nranks * (float)(i % 7);
@@ -183,16 +217,17 @@ int main(int argc, char **argv)
             if (rbuf[i] != want)
                 wrong++;
         }
-        MPI_Reduce(&wrong, &all_wrong, 1, MPI_LONG, MPI_SUM, 0,
-                   MPI_COMM_WORLD);
+        MPI_Reduce(&wrong, &all_wrong, 1, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
 
         if (rank == 0) {
-            double algbw = (double)bytes / slowest / 1e9;
+            /* Sizes that are not a multiple of 4 move whole floats only. */
+            size_t moved = (size_t)count * sizeof(float);
+            double algbw = (double)moved / slowest / 1e9;
             double busbw = algbw * 2.0 * (nranks - 1) / nranks;
 
-            printf(" %12zu %12d %8s %6s %6d %10.1f %8.3f %8.3f %6ld\n",
-                   bytes, count, "float", "sum", -1, slowest * 1e6, algbw,
-                   busbw, all_wrong);
+            printf(" %12zu %12d %8s %6s %6d %10.1f %8.3f %8.3f %6ld\n", moved,
+                   count, "float", "sum", -1, slowest * 1e6, algbw, busbw,
+                   all_wrong);
             fflush(stdout);
             total_wrong += all_wrong;
             bw_sum += busbw;

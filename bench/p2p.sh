@@ -125,6 +125,7 @@ mesh_rows() {
 r=1
 while [ $r -le "$repeat" ]; do
     [ "$repeat" -gt 1 ] && bl_log "repetition $r of $repeat"
+    bl_load
     # iperf3, one stream, host 1 -> host 2.
     bl_bg 2 iperf3 -s -1 -p $((BL_PORT + 1)) >/dev/null 2>&1
     sleep 0.5

@@ -7,7 +7,10 @@
 # benchmark defines it, t_step(N) - t_step(1), and from --timeline the
 # all-reduce time per step and the fraction of it hidden behind backward.
 # Run by hand from the build directory; not part of make check.
-#   bench/train_overlap.sh [--peers "1 2 4"] [--iters N] [-- MESHTRAIN-ARGS]
+#   bench/train_overlap.sh [--netns] [--peers "1 2 4"] [--iters N]
+#                          [-- MESHTRAIN-ARGS]
+# --netns: each peer in its own network namespace ("host", scripts/netns.sh,
+# root needed), connected by veth pairs on a bridge, instead of loopback.
 # Default job: ResNet-50 on synthetic 32 x 32 images, batch 32 per peer
 # (97.5 MiB of gradients per step, the seed's model).
 # Caveat: on a 2-core machine, 4 peers also share the cores, so
@@ -19,8 +22,10 @@ builddir=${MESHTRAIN_BUILDDIR:-.}
 [ -x "$builddir/meshtrain" ] || builddir=$here
 peers="1 2 4"
 iters=8
+netns=0
 while [ $# -gt 0 ]; do
     case $1 in
+    --netns) netns=1; shift ;;
     --peers) peers=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
     --) shift; break ;;
@@ -30,19 +35,57 @@ done
 job=${*:-"--model resnet50 --data synthetic:4096 --image-size 32 \
 --num-classes 10 --batch 32"}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/train_overlap.XXXXXX") || exit 1
-trap 'rm -rf "$tmp"' EXIT
-echo "# job: $job, $iters steps, loopback, $(nproc) cores"
+prefix=tro$$
+prefix=$(printf '%s' "$prefix" | cut -c1-8)
+cleanup() {
+    [ $netns -eq 1 ] && sh "$here/scripts/netns.sh" down --prefix "$prefix"
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+where=loopback
+[ $netns -eq 1 ] && where="network namespaces (veth + bridge)"
+echo "# job: $job, $iters steps, $where, $(nproc) cores"
 echo "peers,steps,t_step_s,t_compute_s,t_comm_exposed_s,t_data_s,img_per_s,allreduce_s_per_step,hidden_s_per_step,hidden_fraction"
 base=""
 for n in $peers; do
     port=$((29700 + n * 10))
-    # shellcheck disable=SC2086
-    OMP_WAIT_POLICY=passive MESHTRAIN_LOG=warn \
-    "$builddir/meshrun" -np "$n" -H "localhost:$n" -- "$builddir/meshtrain" \
-        --port $port $job --iters "$iters" --no-eval --threads 1 \
-        --quiet --metrics "$tmp/m$n.jsonl" --timeline "$tmp/t$n.json" \
-        --timeline-steps "$iters" > "$tmp/log$n" 2>&1 ||
-        { echo "# $n peers failed:"; tail -n 5 "$tmp/log$n"; continue; }
+    out="--iters $iters --no-eval --threads 1 --quiet \
+--metrics $tmp/m$n.jsonl --timeline $tmp/t$n.json --timeline-steps $iters"
+    if [ $netns -eq 1 ] && [ "$n" -gt 1 ]; then
+        sh "$here/scripts/netns.sh" up "$n" --prefix "$prefix" > /dev/null ||
+            { echo "# netns up failed"; exit 1; }
+        : > "$tmp/hosts"
+        i=1
+        while [ $i -le "$n" ]; do
+            echo "10.77.0.$i slots=1" >> "$tmp/hosts"
+            i=$((i + 1))
+        done
+        head -c 32 /dev/urandom | base64 > "$tmp/secret"
+        chmod 600 "$tmp/secret"
+        pids=""
+        r=0
+        while [ $r -lt "$n" ]; do
+            # shellcheck disable=SC2086
+            OMP_WAIT_POLICY=passive MESHTRAIN_LOG=warn \
+            sh "$here/scripts/netns.sh" exec --prefix "$prefix" $((r + 1)) \
+                "$builddir/meshtrain" --hostfile "$tmp/hosts" --rank $r \
+                --port $port --secret-file "$tmp/secret" $job $out \
+                > "$tmp/log$n.$r" 2>&1 &
+            pids="$pids $!"
+            r=$((r + 1))
+        done
+        bad=0
+        for p in $pids; do wait "$p" || bad=1; done
+        sh "$here/scripts/netns.sh" down --prefix "$prefix"
+        [ $bad -eq 0 ] ||
+            { echo "# $n peers failed:"; tail -n 5 "$tmp/log$n.0"; continue; }
+    else
+        # shellcheck disable=SC2086
+        OMP_WAIT_POLICY=passive MESHTRAIN_LOG=warn \
+        "$builddir/meshrun" -np "$n" -H "localhost:$n" -- \
+            "$builddir/meshtrain" --port $port $job $out > "$tmp/log$n" 2>&1 ||
+            { echo "# $n peers failed:"; tail -n 5 "$tmp/log$n"; continue; }
+    fi
     row=$(/usr/bin/python3 "$here/bench/train_report.py" "$n" \
           "$tmp/m$n.jsonl" "$tmp/t$n.json")
     echo "$row"

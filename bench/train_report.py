@@ -43,7 +43,7 @@ def main(argv):
         for (x, y) in bwd.get(s, []):
             hidden += max(0.0, min(b, y) - max(a, x))
     ns = max(len(steps), 1)
-    frac = hidden / total if total > 0 else float("nan")
+    frac = hidden / total if total > 0 else 0.0
     print("%s,%d,%.4f,%.4f,%.4f,%.4f,%.1f,%.4f,%.4f,%.3f" % (
         label, n, mean("t_step"), mean("t_compute"), mean("t_comm_exposed"),
         mean("t_data"), mean("images_per_s"), total / ns / 1e6,

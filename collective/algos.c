@@ -26,6 +26,7 @@
 
 #define CHUNK_MIN (64u << 10)
 #define CHUNK_MAX (4u << 20)
+#define CHUNKS_MAX 4096 /* per slice, whatever chunk size was asked for */
 
 static int mod(int a, int n)
 {
@@ -43,12 +44,18 @@ static size_t chunk_elems(const struct coll_args *a, size_t n)
     size_t es = mesh_dtype_size(a->dtype);
     size_t bytes = a->chunk_bytes;
 
+    size_t ce;
+
     if (!bytes) {
         bytes = n * es / 8;
         bytes = MESH_MAX(bytes, CHUNK_MIN);
         bytes = MESH_MIN(bytes, CHUNK_MAX);
     }
-    return MESH_MAX(bytes / es, 1);
+    ce = MESH_MAX(bytes / es, 1);
+    /* a tiny --chunk on a big message: bound the schedule's size */
+    if (n / ce >= CHUNKS_MAX)
+        ce = (n + CHUNKS_MAX - 1) / CHUNKS_MAX;
+    return ce;
 }
 
 /* Chunks covering n elements (at least one: empty messages still flow). */

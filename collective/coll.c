@@ -5,7 +5,10 @@
  * Shape: callers queue requests (under mu); one engine thread takes them in
  * order, registers the buffers it meets (once, cached), grows the scratch
  * buffer when needed, compiles the collective into a schedule and runs it.
- * The engine is the only thread that touches the transport.
+ * A blocking call made while nothing is queued or running runs the same
+ * way on the caller's thread. Either way one request runs at a time (busy),
+ * and only the running request touches the transport and the engine-only
+ * fields below.
  */
 #include "config.h"
 
@@ -49,6 +52,7 @@ struct bufent {
     size_t len;
     mesh_mr_t *mr; /* registered by the engine at first use */
     int cuda;      /* from cudaHostAlloc */
+    int owned;     /* from mesh_coll_buf_alloc (else the caller's memory) */
 };
 
 struct mesh_coll {
@@ -878,13 +882,8 @@ int mesh_coll_barrier(mesh_coll_t *c)
 
 /* ---- buffers ------------------------------------------------------------- */
 
-int mesh_coll_buf_alloc(mesh_coll_t *c, size_t len, void **out)
+static int table_add(mesh_coll_t *c, const struct bufent *e)
 {
-    struct bufent e = {.len = len};
-    int rc = pinned_alloc(len, &e.ptr, &e.cuda);
-
-    if (rc < 0)
-        return rc;
     pthread_mutex_lock(&c->mu);
     if (c->nbufs == c->capbufs) {
         int ncap = c->capbufs ? 2 * c->capbufs : 16;
@@ -892,47 +891,88 @@ int mesh_coll_buf_alloc(mesh_coll_t *c, size_t len, void **out)
 
         if (!nb) {
             pthread_mutex_unlock(&c->mu);
-            pinned_free(e.ptr, len, e.cuda);
             return mesh_err(-ENOMEM, "out of memory for the buffer table");
         }
         c->bufs = nb;
         c->capbufs = ncap;
     }
-    c->bufs[c->nbufs++] = e;
+    c->bufs[c->nbufs++] = *e;
     pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+int mesh_coll_buf_alloc(mesh_coll_t *c, size_t len, void **out)
+{
+    struct bufent e = {.len = len, .owned = 1};
+    int rc = pinned_alloc(len, &e.ptr, &e.cuda);
+
+    if (rc < 0)
+        return rc;
+    rc = table_add(c, &e);
+    if (rc < 0) {
+        pinned_free(e.ptr, len, e.cuda);
+        return rc;
+    }
     *out = e.ptr;
     return 0;
 }
 
-void mesh_coll_buf_free(mesh_coll_t *c, void *buf)
+int mesh_coll_buf_register(mesh_coll_t *c, void *buf, size_t len)
 {
-    struct bufent e = {0};
+    struct bufent e = {.ptr = buf, .len = len};
+
+    if (!buf || !len)
+        return mesh_err(-EINVAL, "mesh_coll_buf_register: empty region");
+    return table_add(c, &e);
+}
+
+/* Take buf out of the table; the engine deregisters it, in queue order
+ * (after the collectives queued before). Returns 0 when it was there. */
+static int table_remove(mesh_coll_t *c, void *buf, int owned,
+                        struct bufent *out)
+{
     mesh_coll_req_t *q = NULL;
     int found = 0;
 
-    if (!buf)
-        return;
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < c->nbufs; i++)
-        if (c->bufs[i].ptr == buf) {
-            e = c->bufs[i];
+        if (c->bufs[i].ptr == buf && c->bufs[i].owned == owned) {
+            *out = c->bufs[i];
             c->bufs[i] = c->bufs[--c->nbufs];
             found = 1;
             break;
         }
     pthread_mutex_unlock(&c->mu);
-    if (!found) {
-        mesh_warn("mesh_coll_buf_free: %p is not a communicator buffer", buf);
-        return;
-    }
-    /* The engine owns the transport: it deregisters, in queue order. */
-    if (e.mr && new_req(c, REQ_DEREG, &q) == 0) {
-        q->mr = e.mr;
+    if (!found)
+        return -ENOENT;
+    if (out->mr && new_req(c, REQ_DEREG, &q) == 0) {
+        q->mr = out->mr;
         submit(c, q, 0);
         if (mesh_coll_wait(q) < 0)
             mesh_warn("deregistering a buffer: %s", mesh_err_msg(-EIO));
     }
+    return 0;
+}
+
+void mesh_coll_buf_free(mesh_coll_t *c, void *buf)
+{
+    struct bufent e;
+
+    if (!buf)
+        return;
+    if (table_remove(c, buf, 1, &e) < 0) {
+        mesh_warn("mesh_coll_buf_free: %p is not a communicator buffer", buf);
+        return;
+    }
     pinned_free(e.ptr, e.len, e.cuda);
+}
+
+void mesh_coll_buf_unregister(mesh_coll_t *c, void *buf)
+{
+    struct bufent e;
+
+    if (buf && table_remove(c, buf, 0, &e) < 0)
+        mesh_warn("mesh_coll_buf_unregister: %p was not registered", buf);
 }
 
 /* ---- create, destroy ----------------------------------------------------- */
@@ -944,8 +984,6 @@ static int agree(mesh_coll_t *c)
     mesh_coll_req_t *q = NULL;
     float *v;
     int rc;
-
-    /* rank order: the values reach every rank as the same bytes */
 
     rc = new_req(c, REQ_MEASURE, &q);
     if (rc < 0)
@@ -1084,7 +1122,8 @@ void mesh_coll_destroy(mesh_coll_t *c)
     for (int i = 0; i < c->nbufs; i++) {
         if (c->bufs[i].mr)
             c->ops->dereg_mr(c->t, c->bufs[i].mr);
-        pinned_free(c->bufs[i].ptr, c->bufs[i].len, c->bufs[i].cuda);
+        if (c->bufs[i].owned)
+            pinned_free(c->bufs[i].ptr, c->bufs[i].len, c->bufs[i].cuda);
     }
     free(c->bufs);
     if (c->scratch_mr)

@@ -4,16 +4,21 @@
  * A communicator runs all-reduce (sum, average), reduce-scatter, all-gather,
  * broadcast and barrier over one transport and world. Every rank must issue
  * the same collectives in the same order; each one takes the communicator's
- * next sequence number, and the frames' (seq, op, dtype, count, offset,
- * length) let the transport catch ranks that diverge (an error naming both
- * sides, never a wrong result).
+ * next sequence number, and the frames' (seq, op, dtype, count, length) let
+ * the transport catch ranks that diverge in operation, type or size (an
+ * error naming both sides, never a wrong result). The algorithm, reduction,
+ * root and communicator options must agree too, which the frames do not
+ * show: programs put them in the configuration fingerprint checked at join
+ * (meshbench does).
  *
  * Non-blocking: *_start() queues the collective and returns a request at
  * once; mesh_coll_wait() blocks for it. One engine thread per communicator
  * runs the queued collectives in order, one at a time, so several may be in
  * flight from the caller's point of view (the trainer's gradient buckets).
- * The engine is the only thread that calls the transport while the
- * communicator exists: callers must not use the transport concurrently.
+ * The blocking forms run on the caller's thread when nothing is queued.
+ * Only the communicator calls the transport while a collective runs:
+ * callers must not use the transport (mesh_send, mesh_barrier) with
+ * collectives in flight. A request is waited for by one thread.
  *
  * Results are bitwise identical on every rank: each element is reduced in
  * an order fixed by the algorithm (ring order, tree shape, rank order), and
@@ -124,6 +129,15 @@ int mesh_coll_bcast_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
  * use and reused. Free with mesh_coll_buf_free (not while in use). */
 int mesh_coll_buf_alloc(mesh_coll_t *c, size_t len, void **out);
 void mesh_coll_buf_free(mesh_coll_t *c, void *buf);
+
+/*
+ * The caller's own memory (a gradient slab, say), registered with the
+ * transport at first use and then reused, instead of for every collective
+ * that touches it. The memory stays the caller's: unregister it (not while
+ * in use) before freeing it; destroy unregisters what is left.
+ */
+int mesh_coll_buf_register(mesh_coll_t *c, void *buf, size_t len);
+void mesh_coll_buf_unregister(mesh_coll_t *c, void *buf);
 
 /* ---- collectives: start, then wait --------------------------------------- */
 

@@ -735,6 +735,8 @@ int main(int argc, char **argv)
         if (c) {
             b.corrupt_rank = r;
             b.corrupt_offset = (size_t)off;
+            a.coll.corrupt_rank = r;
+            a.coll.corrupt_offset = (size_t)off;
         }
     }
     b.iters = a.iters;

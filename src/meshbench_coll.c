@@ -44,6 +44,7 @@ void meshbench_coll_args_init(struct meshbench_coll_args *a)
     a->algo = MESH_ALGO_AUTO;
     a->dtype = MESH_DT_F32;
     a->redop = MESH_REDOP_SUM;
+    a->corrupt_rank = -1;
 }
 
 int meshbench_coll_op(const char *name, int *bit)
@@ -220,6 +221,7 @@ static uint64_t count_wrong(const void *buf, size_t cnt, size_t first,
 struct ctx {
     mesh_coll_t *c;
     const struct meshbench_coll_args *a;
+    int corrupt_rank; /* the test aid, until it has fired */
     int rank, n;
     size_t es;
     char *sbuf, *rbuf; /* maxbytes each, pinned and registered */
@@ -251,6 +253,18 @@ static int run_once(struct ctx *x, int op, int inplace, size_t cnt)
     }
 }
 
+/* The test aid: spoil one byte of this rank's input, once. */
+static void maybe_corrupt(struct ctx *x, char *in, size_t len)
+{
+    if (x->rank != x->corrupt_rank || len <= x->a->corrupt_offset)
+        return;
+    in[x->a->corrupt_offset] ^= 0x5a;
+    x->corrupt_rank = -1;
+    mesh_warn("MESHBENCH_TEST_CORRUPT: flipped byte %zu of a %zu-byte "
+              "input on purpose",
+              x->a->corrupt_offset, len);
+}
+
 /* Fill the inputs, run once, count wrong elements on this rank. */
 static int checked(struct ctx *x, int op, int inplace, size_t cnt,
                    uint64_t *bad)
@@ -265,6 +279,7 @@ static int checked(struct ctx *x, int op, int inplace, size_t cnt,
         pattern(a->dtype, x->n, a->redop, x->rank, x->mine);
         pattern(a->dtype, x->n, a->redop, -1, x->want);
         fill(x->sbuf, cnt, 0, x->mine, es);
+        maybe_corrupt(x, x->sbuf, cnt * es);
         rc = run_once(x, op, inplace, cnt);
         out = inplace ? x->sbuf : x->rbuf;
         *bad = rc ? 0 : count_wrong(out, cnt, 0, x->want, es);
@@ -273,6 +288,7 @@ static int checked(struct ctx *x, int op, int inplace, size_t cnt,
         pattern(a->dtype, x->n, a->redop, x->rank, x->mine);
         pattern(a->dtype, x->n, a->redop, -1, x->want);
         fill(x->sbuf, n * cnt, 0, x->mine, es);
+        maybe_corrupt(x, x->sbuf, n * cnt * es);
         rc = run_once(x, op, inplace, cnt);
         out = inplace ? x->sbuf + me * cnt * es : x->rbuf;
         *bad = rc ? 0 : count_wrong(out, cnt, me * cnt, x->want, es);
@@ -281,6 +297,7 @@ static int checked(struct ctx *x, int op, int inplace, size_t cnt,
         pattern(a->dtype, x->n, a->redop, x->rank, x->mine);
         fill(inplace ? x->rbuf + me * cnt * es : x->sbuf, cnt, me * cnt,
              x->mine, es);
+        maybe_corrupt(x, inplace ? x->rbuf + me * cnt * es : x->sbuf, cnt * es);
         rc = run_once(x, op, inplace, cnt);
         *bad = 0;
         for (int r = 0; rc == 0 && r < x->n; r++) {
@@ -293,6 +310,7 @@ static int checked(struct ctx *x, int op, int inplace, size_t cnt,
         pattern(a->dtype, x->n, a->redop, x->rank, x->mine);
         pattern(a->dtype, x->n, a->redop, a->root, x->want);
         fill(x->sbuf, cnt, 0, x->mine, es);
+        maybe_corrupt(x, x->sbuf, cnt * es);
         rc = run_once(x, op, inplace, cnt);
         *bad =
             rc ? 0
@@ -395,6 +413,7 @@ int meshbench_coll_run(struct mesh *m, const struct meshbench_coll_args *a,
 
     memset(&x, 0, sizeof(x));
     x.a = a;
+    x.corrupt_rank = a->corrupt_rank;
     x.rank = mesh_rank(m);
     x.n = mesh_size(m);
     x.es = mesh_dtype_size(a->dtype);

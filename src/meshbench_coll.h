@@ -27,6 +27,10 @@ struct meshbench_coll_args {
     size_t chunk_bytes; /* 0: the communicator picks */
     size_t minbytes, maxbytes;
     int factor, iters, warmup, check;
+    /* MESHBENCH_TEST_CORRUPT: that rank flips byte corrupt_offset of its
+     * first checked input longer than that (-1: none). */
+    int corrupt_rank;
+    size_t corrupt_offset;
 };
 
 void meshbench_coll_args_init(struct meshbench_coll_args *a);

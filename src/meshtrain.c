@@ -94,8 +94,7 @@ static const struct opt_doc opts[] = {
      "3x3 stride-1 first conv and no max pool, for small images"},
     {"zero-init-residual", OPT_ZERO_INIT_RESIDUAL, NULL,
      "initialise each block's last BN gamma to 0"},
-    {"seed", OPT_SEED, "N",
-     "weights, data order and augmentation (default 1)"},
+    {"seed", OPT_SEED, "N", "weights, data order and augmentation (default 1)"},
     {"threads", OPT_THREADS, "N",
      "compute threads (default: cores / peers on this host)"},
     {"device", OPT_DEVICE, "cpu|cuda", "compute backend (default cpu)"},
@@ -166,12 +165,11 @@ static void usage(FILE *f)
 {
     size_t i;
 
-    fprintf(f,
-            "usage: meshrun -np N [-H hosts | --hostfile F] -- meshtrain "
-            "[OPTIONS]\n"
-            "       meshtrain [MESH OPTIONS] [OPTIONS]\n"
-            "Synchronous data-parallel training of ResNets over a "
-            "peer-to-peer mesh.\n\nTraining options:\n");
+    fprintf(f, "usage: meshrun -np N [-H hosts | --hostfile F] -- meshtrain "
+               "[OPTIONS]\n"
+               "       meshtrain [MESH OPTIONS] [OPTIONS]\n"
+               "Synchronous data-parallel training of ResNets over a "
+               "peer-to-peer mesh.\n\nTraining options:\n");
     for (i = 0; i < MESH_ARRAY_SIZE(opts); i++) {
         char left[48];
 
@@ -191,14 +189,16 @@ static int parse_long(const char *flag, const char *s, long lo, long hi,
     errno = 0;
     v = strtol(s, &end, 10);
     if (errno || end == s || *end || v < lo || v > hi)
-        return mesh_err(-EINVAL, "--%s: \"%s\" is not an integer in "
-                        "[%ld, %ld]", flag, s, lo, hi);
+        return mesh_err(-EINVAL,
+                        "--%s: \"%s\" is not an integer in "
+                        "[%ld, %ld]",
+                        flag, s, lo, hi);
     *out = v;
     return 0;
 }
 
-static int parse_double(const char *flag, const char *s, double lo,
-                        double hi, double *out)
+static int parse_double(const char *flag, const char *s, double lo, double hi,
+                        double *out)
 {
     char *end;
     double v;
@@ -231,8 +231,10 @@ static int parse_milestones(const char *s, struct mesh_nn_lr_sched *l)
         if (rc < 0)
             return rc;
         if (n > 0 && v <= l->milestones[n - 1])
-            return mesh_err(-EINVAL, "--milestones: \"%s\" is not "
-                            "ascending", s);
+            return mesh_err(-EINVAL,
+                            "--milestones: \"%s\" is not "
+                            "ascending",
+                            s);
         l->milestones[n++] = v;
     }
     l->num_milestones = n;
@@ -247,7 +249,9 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
     int rc = 0;
 
     switch (id) {
-    case OPT_MODEL: c->model.arch = arg; break;
+    case OPT_MODEL:
+        c->model.arch = arg;
+        break;
     case OPT_WIDTH:
         rc = parse_long(name, arg, 1, 1024, &v);
         c->model.width = (int)v;
@@ -264,8 +268,12 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         rc = parse_long(name, arg, 1, 3, &v);
         c->model.in_channels = (int)v;
         break;
-    case OPT_CIFAR_STEM: c->model.cifar_stem = 1; break;
-    case OPT_ZERO_INIT_RESIDUAL: c->model.zero_init_residual = 1; break;
+    case OPT_CIFAR_STEM:
+        c->model.cifar_stem = 1;
+        break;
+    case OPT_ZERO_INIT_RESIDUAL:
+        c->model.zero_init_residual = 1;
+        break;
     case OPT_SEED:
         rc = parse_long(name, arg, 0, LONG_MAX, &v);
         c->model.seed = (uint64_t)v;
@@ -274,9 +282,15 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         rc = parse_long(name, arg, 1, 4096, &v);
         c->threads = (int)v;
         break;
-    case OPT_DEVICE: c->device = arg; break;
-    case OPT_SUMMARY: c->summary = 1; break;
-    case OPT_DATA: c->data = arg; break;
+    case OPT_DEVICE:
+        c->device = arg;
+        break;
+    case OPT_SUMMARY:
+        c->summary = 1;
+        break;
+    case OPT_DATA:
+        c->data = arg;
+        break;
     case OPT_DATA_THREADS:
         rc = parse_long(name, arg, 1, 256, &v);
         c->data_threads = (int)v;
@@ -289,7 +303,9 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         else
             rc = mesh_err(-EINVAL, "--augment: \"%s\" is not on or off", arg);
         break;
-    case OPT_ON_BAD: rc = mesh_data_parse_bad(arg, &c->on_bad); break;
+    case OPT_ON_BAD:
+        rc = mesh_data_parse_bad(arg, &c->on_bad);
+        break;
     case OPT_BATCH:
         rc = parse_long(name, arg, 1, 1 << 20, &v);
         c->batch = (int)v;
@@ -298,12 +314,16 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         rc = parse_long(name, arg, 1, 1 << 16, &v);
         c->accumulate = (int)v;
         break;
-    case OPT_EPOCHS: rc = parse_double(name, arg, 1e-9, 1e6, &c->epochs); break;
+    case OPT_EPOCHS:
+        rc = parse_double(name, arg, 1e-9, 1e6, &c->epochs);
+        break;
     case OPT_ITERS:
         rc = parse_long(name, arg, 1, LONG_MAX, &v);
         c->iters = (uint64_t)v;
         break;
-    case OPT_LR: rc = parse_double(name, arg, 0, 1e6, &c->lr.base_lr); break;
+    case OPT_LR:
+        rc = parse_double(name, arg, 0, 1e6, &c->lr.base_lr);
+        break;
     case OPT_MOMENTUM:
         rc = parse_double(name, arg, 0, 1, &d);
         c->sgd.momentum = (float)d;
@@ -312,12 +332,18 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         rc = parse_double(name, arg, 0, 1, &d);
         c->sgd.weight_decay = (float)d;
         break;
-    case OPT_NESTEROV: c->sgd.nesterov = 1; break;
-    case OPT_LR_SCHEDULE: rc = mesh_nn_lr_parse(arg, &c->lr.kind); break;
+    case OPT_NESTEROV:
+        c->sgd.nesterov = 1;
+        break;
+    case OPT_LR_SCHEDULE:
+        rc = mesh_nn_lr_parse(arg, &c->lr.kind);
+        break;
     case OPT_WARMUP:
         rc = parse_double(name, arg, 0, 1e6, &c->lr.warmup_epochs);
         break;
-    case OPT_MILESTONES: rc = parse_milestones(arg, &c->lr); break;
+    case OPT_MILESTONES:
+        rc = parse_milestones(arg, &c->lr);
+        break;
     case OPT_LABEL_SMOOTHING:
         rc = parse_double(name, arg, 0, 0.999, &d);
         c->label_smoothing = (float)d;
@@ -325,7 +351,9 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
     case OPT_BUCKET_MB:
         rc = parse_double(name, arg, 1e-6, 1 << 20, &c->bucket_mb);
         break;
-    case OPT_COMPRESS: rc = train_compress_parse(arg, &c->compress); break;
+    case OPT_COMPRESS:
+        rc = train_compress_parse(arg, &c->compress);
+        break;
     case OPT_ALGO:
         /* ps: checked in main (only with --simulate-compute) */
         rc = mesh_algo_parse(arg, &c->algo);
@@ -337,20 +365,32 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
     case OPT_EVAL_EVERY:
         rc = parse_double(name, arg, 0, 1e6, &c->eval_every);
         break;
-    case OPT_NO_EVAL: c->no_eval = 1; break;
+    case OPT_NO_EVAL:
+        c->no_eval = 1;
+        break;
     case OPT_CKPT_EVERY:
         rc = parse_long(name, arg, 0, LONG_MAX, &v);
         c->checkpoint_every = (uint64_t)v;
         break;
-    case OPT_CKPT_DIR: c->checkpoint_dir = arg; break;
+    case OPT_CKPT_DIR:
+        c->checkpoint_dir = arg;
+        break;
     case OPT_KEEP:
         rc = parse_long(name, arg, 1, 1000000, &v);
         c->keep = (int)v;
         break;
-    case OPT_RESUME: c->resume = 1; break;
-    case OPT_SAVE: c->save = arg; break;
-    case OPT_METRICS: c->metrics = arg; break;
-    case OPT_TIMELINE: c->timeline = arg; break;
+    case OPT_RESUME:
+        c->resume = 1;
+        break;
+    case OPT_SAVE:
+        c->save = arg;
+        break;
+    case OPT_METRICS:
+        c->metrics = arg;
+        break;
+    case OPT_TIMELINE:
+        c->timeline = arg;
+        break;
     case OPT_TIMELINE_STEPS:
         rc = parse_long(name, arg, 1, 1000000, &v);
         c->timeline_steps = (uint64_t)v;
@@ -359,14 +399,21 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         rc = parse_long(name, arg, 0, LONG_MAX, &v);
         c->log_every = (uint64_t)v;
         break;
-    case OPT_QUIET: c->quiet = 1; break;
-    case OPT_SIMULATE: c->simulate = arg; break;
+    case OPT_QUIET:
+        c->quiet = 1;
+        break;
+    case OPT_SIMULATE:
+        c->simulate = arg;
+        break;
     case OPT_SIMULATE_SCALE:
         rc = parse_double(name, arg, 1, 1e6, &d);
         c->simulate_scale = d;
         break;
-    case OPT_PROFILE_LAYERS: c->profile_layers = arg; break;
-    default: rc = mesh_err(-EINVAL, "internal error: option %d", id);
+    case OPT_PROFILE_LAYERS:
+        c->profile_layers = arg;
+        break;
+    default:
+        rc = mesh_err(-EINVAL, "internal error: option %d", id);
     }
     return rc;
 }
@@ -392,8 +439,10 @@ static int parse_args(int argc, char **argv, struct mesh_opts *mo,
         if (!strcmp(a, "-h"))
             return 1;
         if (strncmp(a, "--", 2) != 0)
-            return mesh_err(-EINVAL, "unexpected argument \"%s\" (see "
-                                     "--help)", a);
+            return mesh_err(-EINVAL,
+                            "unexpected argument \"%s\" (see "
+                            "--help)",
+                            a);
         a += 2;
         eq = strchr(a, '=');
         len = eq ? (size_t)(eq - a) : strlen(a);
@@ -411,8 +460,8 @@ static int parse_args(int argc, char **argv, struct mesh_opts *mo,
             } else if (i + 1 < argc) {
                 val = argv[++i];
             } else {
-                return mesh_err(-EINVAL, "--%s needs a value %s",
-                                opts[k].name, opts[k].arg);
+                return mesh_err(-EINVAL, "--%s needs a value %s", opts[k].name,
+                                opts[k].arg);
             }
         } else if (eq) {
             return mesh_err(-EINVAL, "--%s takes no value", opts[k].name);
@@ -423,6 +472,26 @@ static int parse_args(int argc, char **argv, struct mesh_opts *mo,
         i++;
     }
     return 0;
+}
+
+/* Nothing names hosts or a world size: flags, MESHTRAIN_*, Slurm, MPI. */
+static int lone_process(const struct mesh_opts *mo)
+{
+    static const char *const vars[] = {
+        "MESHTRAIN_HOSTFILE", "MESHTRAIN_HOSTS",      "MESHTRAIN_SIZE",
+        "SLURM_NTASKS",       "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+    };
+    size_t i;
+
+    if (mo->hosts || mo->hostfile)
+        return 0;
+    for (i = 0; i < MESH_ARRAY_SIZE(vars); i++) {
+        const char *v = getenv(vars[i]);
+
+        if (v && *v)
+            return 0;
+    }
+    return 1;
 }
 
 static int summary(const struct train_cfg *c)
@@ -445,7 +514,7 @@ int main(int argc, char **argv)
 {
     struct train_cfg c;
     struct mesh_opts mo;
-    int rc, code;
+    int rc, code, lone, level = -1;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
     train_cfg_init(&c);
@@ -487,7 +556,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "meshtrain: --resume needs --checkpoint-dir\n");
         return MESH_EXIT_USAGE;
     }
+    lone = lone_process(&mo);
+    if (lone) {
+        /* No hosts anywhere: a world of one, which has no peer to
+         * authenticate and joins no mesh (train_run skips it), so the
+         * warning about running without a secret would mislead. */
+        mo.hosts = "localhost:1";
+        if (mo.insecure < 0 && !mo.secret_file) {
+            mo.insecure = 1;
+            level = mesh_log_enabled(MESH_LOG_DEBUG)  ? MESH_LOG_DEBUG
+                    : mesh_log_enabled(MESH_LOG_INFO) ? MESH_LOG_INFO
+                    : mesh_log_enabled(MESH_LOG_WARN) ? MESH_LOG_WARN
+                                                      : MESH_LOG_ERROR;
+            mesh_log_set_level(MESH_LOG_ERROR);
+        }
+    }
     rc = mesh_opts_finish(&mo);
+    if (level >= 0)
+        mesh_log_set_level((enum mesh_log_level)level);
     if (rc < 0) {
         fprintf(stderr, "meshtrain: %s\n", mesh_err_msg(rc));
         mesh_opts_free(&mo);

@@ -34,10 +34,10 @@
 #include <unistd.h>
 
 #define FIRST_BUCKET_MAX_BYTES (1u << 20)
-#define RESUME_MAX_ENTRIES 32
-#define TRAINER_STATE_MAGIC UINT64_C(0x31726e6961727474) /* "ttrainr1" */
+#define RESUME_MAX_ENTRIES     32
+#define TRAINER_STATE_MAGIC    UINT64_C(0x31726e6961727474) /* "ttrainr1" */
 
-/* ---- configuration -------------------------------------------------------- */
+/* ---- configuration ------------------------------------------------------- */
 
 void train_cfg_init(struct train_cfg *c)
 {
@@ -77,31 +77,35 @@ int train_compress_parse(const char *s, int *out)
     else if (!strcmp(s, "bf16"))
         *out = TRAIN_COMPRESS_BF16;
     else
-        return mesh_err(-EINVAL, "--compress: \"%s\" is not none, fp16 or "
-                                 "bf16", s);
+        return mesh_err(-EINVAL,
+                        "--compress: \"%s\" is not none, fp16 or "
+                        "bf16",
+                        s);
     return 0;
 }
 
 static const char *compress_name(int c)
 {
-    return c == TRAIN_COMPRESS_FP16 ? "fp16"
-           : c == TRAIN_COMPRESS_BF16 ? "bf16" : "none";
+    return c == TRAIN_COMPRESS_FP16   ? "fp16"
+           : c == TRAIN_COMPRESS_BF16 ? "bf16"
+                                      : "none";
 }
 
 static const char *lr_kind_name(int k)
 {
-    return k == MESH_NN_LR_STEP ? "step"
-           : k == MESH_NN_LR_COSINE ? "cosine" : "const";
+    return k == MESH_NN_LR_STEP     ? "step"
+           : k == MESH_NN_LR_COSINE ? "cosine"
+                                    : "const";
 }
 
-/* ---- the trainer's state -------------------------------------------------- */
+/* ---- the trainer's state ------------------------------------------------- */
 
 struct bucket {
-    size_t lo, hi;           /* floats [lo, hi) of the gradient slab */
-    void *wire;              /* (hi - lo) 16-bit values with --compress */
-    mesh_coll_req_t *req;    /* in flight */
+    size_t lo, hi;        /* floats [lo, hi) of the gradient slab */
+    void *wire;           /* (hi - lo) 16-bit values with --compress */
+    mesh_coll_req_t *req; /* in flight */
     int started, done;
-    double t_start, t_end;   /* seconds since the run started */
+    double t_start, t_end; /* seconds since the run started */
 };
 
 struct tl_event {
@@ -109,13 +113,13 @@ struct tl_event {
     int tid;          /* 0 compute, 1 communication, 2 data */
     int bucket;       /* -1 or the bucket's index */
     uint64_t step;
-    double ts, dur;   /* seconds since the run started */
+    double ts, dur; /* seconds since the run started */
 };
 
 struct trainer {
     const struct train_cfg *c;
     struct mesh *mesh;
-    mesh_coll_t *coll;  /* NULL with one peer */
+    mesh_coll_t *coll; /* NULL with one peer */
     int rank, size;
 
     struct mesh_dataset *ds;
@@ -130,23 +134,23 @@ struct trainer {
     struct mesh_nn_sgd *sgd;
     struct mesh_nn_model_cfg mcfg;
     size_t nparams, nbuffers;
-    int host_slabs;  /* the backend's slabs are host memory */
-    float *hgrads;   /* host copy of the gradients when not host_slabs */
-    float *hparams;  /* host copies for digests, checkpoints (nparams) */
+    int host_slabs; /* the backend's slabs are host memory */
+    float *hgrads;  /* host copy of the gradients when not host_slabs */
+    float *hparams; /* host copies for digests, checkpoints (nparams) */
     float *hmom;
-    float *hbuf;     /* nbuffers */
-    float *images;   /* staging for a device backend: unused on cpu */
-    struct mesh_sim *sim;        /* --simulate-compute: no model, no data */
-    struct mesh_sim_prof *prof;  /* --profile-layers */
+    float *hbuf;   /* nbuffers */
+    float *images; /* staging for a device backend: unused on cpu */
+    struct mesh_sim *sim;       /* --simulate-compute: no model, no data */
+    struct mesh_sim_prof *prof; /* --profile-layers */
     char sim_name[320];
 
     struct bucket *b;
     int nbuckets, next_bucket;
     float loss_avg;            /* the step's loss, averaged in flight */
     mesh_coll_req_t *loss_req; /* its all-reduce, started after forward */
-    float grad_scale;  /* 1 / accumulate */
-    int local_err;     /* the error is this peer's own (data, files,
-                          compute), not the mesh's: exit code 1 */
+    float grad_scale; /* 1 / accumulate */
+    int local_err;    /* the error is this peer's own (data, files,
+                         compute), not the mesh's: exit code 1 */
 
     struct mesh_nn_lr_sched lr; /* --lr-schedule with the run's length */
 
@@ -172,8 +176,7 @@ static void tl_add(struct trainer *t, const char *name, int tid, int bucket,
 {
     struct tl_event *e;
 
-    if (!t->c->timeline || t->rank != 0 ||
-        t->step >= t->c->timeline_steps)
+    if (!t->c->timeline || t->rank != 0 || t->step >= t->c->timeline_steps)
         return;
     if (t->ntl == t->tl_cap) {
         size_t cap = t->tl_cap ? 2 * t->tl_cap : 1024;
@@ -195,8 +198,7 @@ static void tl_add(struct trainer *t, const char *name, int tid, int bucket,
 
 static int tl_write(const struct trainer *t)
 {
-    static const char *const threads[] = {"compute", "communication",
-                                          "data"};
+    static const char *const threads[] = {"compute", "communication", "data"};
     FILE *f;
     size_t i;
     int k;
@@ -205,12 +207,14 @@ static int tl_write(const struct trainer *t)
     if (!f)
         return mesh_err_errno("--timeline %s", t->c->timeline);
     fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-    fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, "
-               "\"args\": {\"name\": \"meshtrain rank %d\"}}",
+    fprintf(f,
+            "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, "
+            "\"args\": {\"name\": \"meshtrain rank %d\"}}",
             t->rank, t->rank);
     for (k = 0; k < 3; k++)
-        fprintf(f, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": "
-                   "%d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
+        fprintf(f,
+                ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": "
+                "%d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
                 t->rank, k, threads[k]);
     for (i = 0; i < t->ntl; i++) {
         const struct tl_event *e = &t->tl[i];
@@ -220,9 +224,10 @@ static int tl_write(const struct trainer *t)
             snprintf(name, sizeof(name), "allreduce bucket %d", e->bucket);
         else
             snprintf(name, sizeof(name), "%s", e->name);
-        fprintf(f, ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", "
-                   "\"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, "
-                   "\"args\": {\"step\": %" PRIu64,
+        fprintf(f,
+                ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", "
+                "\"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, "
+                "\"args\": {\"step\": %" PRIu64,
                 name, threads[e->tid], t->rank, e->tid, e->ts * 1e6,
                 e->dur * 1e6, e->step);
         if (e->bucket >= 0)
@@ -245,7 +250,7 @@ static int local(struct trainer *t, int rc)
     return rc;
 }
 
-/* ---- host copies of device slabs ------------------------------------------ */
+/* ---- host copies of device slabs ----------------------------------------- */
 
 static float *params_host(struct trainer *t, int *rc)
 {
@@ -269,12 +274,14 @@ static float *momentum_host(struct trainer *t, int *rc)
     return t->hmom;
 }
 
-/* ---- gradient buckets ----------------------------------------------------- */
+/* ---- gradient buckets ---------------------------------------------------- */
 
 /*
- * Cut the slab at tensor boundaries, from the end down: bucket 0 holds up to
- * FIRST_BUCKET_MAX_BYTES (at least one tensor), the others up to
- * --bucket-mb. A tensor larger than a bucket is a bucket of its own.
+ * Cut the slab at tensor boundaries, from the end down, as DDP does: a
+ * bucket closes after the tensor that takes it to its cap or more, so no
+ * tiny bucket is left between two large tensors. Bucket 0's cap is
+ * FIRST_BUCKET_MAX_BYTES (or --bucket-mb if smaller), the others'
+ * --bucket-mb.
  */
 static int buckets_plan(struct trainer *t)
 {
@@ -298,18 +305,16 @@ static int buckets_plan(struct trainer *t)
         return mesh_err(-ENOMEM, "out of memory planning gradient buckets");
     /* Params come first in the tensor list, in slab order. */
     for (i = n - 1; i >= 0; i--) {
-        const struct mesh_nn_tensor *x = t->sim ? mesh_sim_tensor(t->sim, i)
-                                               : mesh_nn_model_tensor(t->model,
-                                                                      i);
-        size_t limit = nb == 0 ? first : cap;
+        const struct mesh_nn_tensor *x =
+            t->sim ? mesh_sim_tensor(t->sim, i)
+                   : mesh_nn_model_tensor(t->model, i);
 
         if (x->kind != MESH_NN_PARAM)
             continue;
-        if (hi - x->offset > limit && hi > x->offset + x->count) {
-            /* x would overflow the open bucket: close it above x */
-            b[nb].lo = x->offset + x->count;
+        if (hi - x->offset >= (nb == 0 ? first : cap) && x->offset > 0) {
+            b[nb].lo = x->offset;
             b[nb].hi = hi;
-            hi = b[nb].lo;
+            hi = x->offset;
             nb++;
         }
     }
@@ -418,8 +423,8 @@ static int bucket_finish(struct trainer *t, int i, int rc)
     if (rc < 0)
         return rc;
     if (t->c->compress)
-        mesh_convert(MESH_DT_F32, grads_host(t) + b->lo, wire_dtype(t),
-                     b->wire, b->hi - b->lo);
+        mesh_convert(MESH_DT_F32, grads_host(t) + b->lo, wire_dtype(t), b->wire,
+                     b->hi - b->lo);
     if (!t->host_slabs)
         return mesh_nn_upload(t->ctx, mesh_nn_model_grads(t->model) + b->lo,
                               grads_host(t) + b->lo, (b->hi - b->lo) * 4);
@@ -435,8 +440,7 @@ static int on_grad_ready(void *arg, size_t offset, size_t count)
     (void)count;
     if (t->prof)
         mesh_sim_prof_grad(t->prof, offset);
-    while (t->next_bucket < t->nbuckets &&
-           t->b[t->next_bucket].lo >= offset) {
+    while (t->next_bucket < t->nbuckets && t->b[t->next_bucket].lo >= offset) {
         rc = bucket_start(t, t->next_bucket);
         if (rc < 0)
             return rc;
@@ -467,14 +471,14 @@ static int buckets_wait(struct trainer *t)
         if (rc == 0)
             rc = rc2;
     }
-    for (i = 0; i < t->nbuckets; i++)
+    for (i = 0; t->coll && i < t->nbuckets; i++)
         if (t->b[i].started)
             tl_add(t, "allreduce", 1, i, t->b[i].t_start,
                    t->b[i].t_end - t->b[i].t_start);
     return rc;
 }
 
-/* ---- collectives on small things ------------------------------------------ */
+/* ---- collectives on small things ----------------------------------------- */
 
 static int avg_floats(struct trainer *t, float *x, size_t n)
 {
@@ -576,19 +580,22 @@ static int verify_weights(struct trainer *t, const char *when)
         hex(all, 8, a);
         hex(all + 32 * (bad == t->size - 1 && t->size > 2 ? 1 : 0), 8, b);
         if (bad == t->size - 1 && t->size > 2)
-            rc = mesh_err(-EBADMSG, "weights differ %s: rank 0 (digest "
+            rc = mesh_err(-EBADMSG,
+                          "weights differ %s: rank 0 (digest "
                           "%s...) differs from every other peer (%s...)",
                           when, a, b);
         else
-            rc = mesh_err(-EBADMSG, "weights differ %s: rank(s) %s differ "
-                          "from rank 0 (digest %s...)", when, list, a);
+            rc = mesh_err(-EBADMSG,
+                          "weights differ %s: rank(s) %s differ "
+                          "from rank 0 (digest %s...)",
+                          when, list, a);
     }
 out:
     free(all);
     return rc;
 }
 
-/* ---- checkpoints ---------------------------------------------------------- */
+/* ---- checkpoints --------------------------------------------------------- */
 
 static void put_u64(uint8_t *p, uint64_t v)
 {
@@ -651,8 +658,8 @@ static int checkpoint_write(struct trainer *t, uint64_t step)
     if (rc == 0)
         mom = momentum_host(t, &rc);
     if (rc == 0)
-        rc = mesh_ckpt_put(w, "momentum", mom, t->nparams * 4,
-                           MESH_CKPT_SHARED);
+        rc =
+            mesh_ckpt_put(w, "momentum", mom, t->nparams * 4, MESH_CKPT_SHARED);
     mesh_data_tell(t->train_ld, &epoch, &lstep);
     put_u64(state, TRAINER_STATE_MAGIC);
     put_u64(state + 8, step);
@@ -660,8 +667,8 @@ static int checkpoint_write(struct trainer *t, uint64_t step)
     put_u64(state + 24, (uint64_t)mesh_nn_sgd_steps(t->sgd));
     put_u64(state + 32, (uint64_t)mesh_nn_model_batches_tracked(t->model));
     if (rc == 0)
-        rc = mesh_ckpt_put(w, "trainer", state, sizeof(state),
-                           MESH_CKPT_SHARED);
+        rc =
+            mesh_ckpt_put(w, "trainer", state, sizeof(state), MESH_CKPT_SHARED);
     mesh_data_get_state(t->train_ld, lstate);
     if (rc == 0)
         rc = mesh_ckpt_put(w, "loader", lstate, sizeof(lstate), 0);
@@ -732,8 +739,9 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
         uint64_t n = get_u64(g);
 
         if (n > RESUME_MAX_ENTRIES) {
-            rc = mesh_err(-EPROTO, "--resume: rank %d sent %" PRIu64
-                          " checkpoint entries", r, n);
+            rc = mesh_err(
+                -EPROTO,
+                "--resume: rank %d sent %" PRIu64 " checkpoint entries", r, n);
             goto out;
         }
         lists[r] = all + (size_t)r * RESUME_MAX_ENTRIES;
@@ -746,7 +754,8 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
     if (total == 0) {
         if (t->rank == 0)
             mesh_info("--resume: no peer has a checkpoint in %s: starting "
-                      "from step 0", t->c->checkpoint_dir);
+                      "from step 0",
+                      t->c->checkpoint_dir);
         *step_out = 0;
         goto out;
     }
@@ -756,7 +765,8 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
     for (i = 0; i < nmine; i++)
         if (mine[i].step == step &&
             memcmp(mine[i].config, t->config_digest, 32) != 0) {
-            rc = mesh_err(-EINVAL, "--resume: checkpoint %s/ckpt-%09" PRIu64
+            rc = mesh_err(-EINVAL,
+                          "--resume: checkpoint %s/ckpt-%09" PRIu64
                           " was written with another configuration (model, "
                           "data, batch, seed, optimizer or peer count)",
                           dir, step);
@@ -784,10 +794,12 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
     }
     if (rc == 0)
         rc = mesh_ckpt_read_into(ck, "trainer", state, sizeof(state));
-    if (rc == 0 && (get_u64(state) != TRAINER_STATE_MAGIC ||
-                    get_u64(state + 8) != step))
-        rc = mesh_err(-EIO, "%s/trainer: not a meshtrain trainer record for "
-                      "step %" PRIu64, path, step);
+    if (rc == 0 &&
+        (get_u64(state) != TRAINER_STATE_MAGIC || get_u64(state + 8) != step))
+        rc = mesh_err(-EIO,
+                      "%s/trainer: not a meshtrain trainer record for "
+                      "step %" PRIu64,
+                      path, step);
     if (rc == 0) {
         mesh_nn_sgd_set_steps(t->sgd, (int64_t)get_u64(state + 24));
         mesh_nn_model_set_batches_tracked(t->model,
@@ -815,7 +827,7 @@ out:
     return rc;
 }
 
-/* ---- evaluation ----------------------------------------------------------- */
+/* ---- evaluation ---------------------------------------------------------- */
 
 /* Top-1 and top-5 over the whole evaluation split (each peer its shard). */
 static int evaluate(struct trainer *t, double *top1, double *top5)
@@ -867,7 +879,7 @@ static int evaluate(struct trainer *t, double *top1, double *top5)
     return 0;
 }
 
-/* ---- progress -------------------------------------------------------------- */
+/* ---- progress ------------------------------------------------------------ */
 
 struct window {
     double t_step, t_compute, t_comm, t_data;
@@ -906,7 +918,7 @@ static void progress(struct trainer *t, uint64_t step, float loss, double lr,
     fflush(stdout);
 }
 
-/* ---- the run -------------------------------------------------------------- */
+/* ---- the run ------------------------------------------------------------- */
 
 /*
  * The configuration that peers must share, as "key=value\n" lines. The
@@ -922,23 +934,22 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
     int n;
 
     hex(data_fp, 32, fp);
-    n = snprintf(t->config, sizeof(t->config),
-                 "program=meshtrain\nmodel=%s\nwidth=%d\ncifar_stem=%d\n"
-                 "zero_init_residual=%d\nclasses=%d\nchannels=%d\n"
-                 "image_size=%d\nseed=%" PRIu64 "\ndata=%s\ndata_digest=%s\n"
-                 "augment=%d\nbatch=%d\naccumulate=%d\nlr=%.9g\n"
-                 "lr_schedule=%s\nwarmup_epochs=%.9g\nmomentum=%.9g\n"
-                 "weight_decay=%.9g\nnesterov=%d\nlabel_smoothing=%.9g\n"
-                 "compress=%s\ndevice=%s\nsteps_per_epoch=%" PRIu64
-                 "\npeers=%d\n",
-                 m->arch, m->width, m->cifar_stem, m->zero_init_residual,
-                 m->num_classes, m->in_channels, m->image_size, m->seed,
-                 t->info.name, fp, c->augment, c->batch, c->accumulate,
-                 c->lr.base_lr, lr_kind_name(c->lr.kind),
-                 c->lr.warmup_epochs, (double)c->sgd.momentum,
-                 (double)c->sgd.weight_decay, c->sgd.nesterov,
-                 (double)c->label_smoothing, compress_name(c->compress),
-                 c->device, t->steps_per_epoch, t->size);
+    n = snprintf(
+        t->config, sizeof(t->config),
+        "program=meshtrain\nmodel=%s\nwidth=%d\ncifar_stem=%d\n"
+        "zero_init_residual=%d\nclasses=%d\nchannels=%d\n"
+        "image_size=%d\nseed=%" PRIu64 "\ndata=%s\ndata_digest=%s\n"
+        "augment=%d\nbatch=%d\naccumulate=%d\nlr=%.9g\n"
+        "lr_schedule=%s\nwarmup_epochs=%.9g\nmomentum=%.9g\n"
+        "weight_decay=%.9g\nnesterov=%d\nlabel_smoothing=%.9g\n"
+        "compress=%s\ndevice=%s\nsteps_per_epoch=%" PRIu64 "\npeers=%d\n",
+        m->arch, m->width, m->cifar_stem, m->zero_init_residual, m->num_classes,
+        m->in_channels, m->image_size, m->seed, t->info.name, fp, c->augment,
+        c->batch, c->accumulate, c->lr.base_lr, lr_kind_name(c->lr.kind),
+        c->lr.warmup_epochs, (double)c->sgd.momentum,
+        (double)c->sgd.weight_decay, c->sgd.nesterov,
+        (double)c->label_smoothing, compress_name(c->compress), c->device,
+        t->steps_per_epoch, t->size);
     if (n < 0 || (size_t)n >= sizeof(t->config))
         return mesh_err(-EINVAL, "configuration too long");
     core = (size_t)n;
@@ -1022,8 +1033,10 @@ static int open_data(struct trainer *t, const struct mesh_opts *mo)
         return rc;
     mesh_data_get_info(t->ds, &t->info);
     if (c->model.num_classes && c->model.num_classes < t->info.classes)
-        return mesh_err(-EINVAL, "--num-classes %d: the data set has %d "
-                        "classes", c->model.num_classes, t->info.classes);
+        return mesh_err(-EINVAL,
+                        "--num-classes %d: the data set has %d "
+                        "classes",
+                        c->model.num_classes, t->info.classes);
     t->mcfg = c->model;
     t->mcfg.in_channels = t->info.channels;
     t->mcfg.image_size = t->info.size;
@@ -1044,19 +1057,21 @@ static int open_data(struct trainer *t, const struct mesh_opts *mo)
     t->micro_per_epoch = mesh_loader_steps_per_epoch(t->train_ld);
     t->steps_per_epoch = t->micro_per_epoch / (uint64_t)c->accumulate;
     if (t->steps_per_epoch == 0)
-        return mesh_err(-EINVAL, "--data %s: %zu training samples are fewer "
+        return mesh_err(-EINVAL,
+                        "--data %s: %zu training samples are fewer "
                         "than one step (batch %d x accumulate %d x %d "
-                        "peers)", c->data, t->info.train_count, c->batch,
-                        c->accumulate, mo->world.size);
-    t->total_steps = c->iters ? c->iters
-                              : (uint64_t)ceil(c->epochs *
-                                               (double)t->steps_per_epoch);
+                        "peers)",
+                        c->data, t->info.train_count, c->batch, c->accumulate,
+                        mo->world.size);
+    t->total_steps =
+        c->iters ? c->iters
+                 : (uint64_t)ceil(c->epochs * (double)t->steps_per_epoch);
     if (t->total_steps == 0)
         t->total_steps = 1;
     t->lr = c->lr;
-    t->lr.total_epochs = c->iters ? (double)t->total_steps /
-                                        (double)t->steps_per_epoch
-                                  : c->epochs;
+    t->lr.total_epochs =
+        c->iters ? (double)t->total_steps / (double)t->steps_per_epoch
+                 : c->epochs;
     if (t->lr.kind == MESH_NN_LR_STEP && t->lr.num_milestones == 0) {
         t->lr.milestones[0] = 30;
         t->lr.milestones[1] = 60;
@@ -1115,10 +1130,9 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
                "train, %zu eval, %d x %d x %d, %d classes); %d peer(s) x "
                "batch %d x accumulate %d\n",
                t->mcfg.arch, t->mcfg.width, t->nparams,
-               mesh_nn_ctx_describe(t->ctx), t->info.name,
-               t->info.train_count, t->info.eval_count, t->info.channels,
-               t->info.size, t->info.size, t->info.classes, mo->world.size,
-               c->batch, c->accumulate);
+               mesh_nn_ctx_describe(t->ctx), t->info.name, t->info.train_count,
+               t->info.eval_count, t->info.channels, t->info.size, t->info.size,
+               t->info.classes, mo->world.size, c->batch, c->accumulate);
     return 0;
 }
 
@@ -1228,8 +1242,8 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         return rc;
     {
         double t_comm_end = now_s(t);
-        double lr = mesh_nn_lr_at(&t->lr, (double)t->step /
-                                              (double)t->steps_per_epoch);
+        double lr =
+            mesh_nn_lr_at(&t->lr, (double)t->step / (double)t->steps_per_epoch);
 
         ts = now_s(t);
         rc = t->sim ? 0 : mesh_nn_sgd_step(t->sgd, (float)lr);
@@ -1242,8 +1256,8 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         w->t_step += now_s(t) - t_begin;
         w->t_compute += (now_s(t) - t_begin) - data - (t_comm_end - t_bwd_end);
         w->steps++;
-        w->images += (uint64_t)c->batch * (uint64_t)c->accumulate *
-                     (uint64_t)t->size;
+        w->images +=
+            (uint64_t)c->batch * (uint64_t)c->accumulate * (uint64_t)t->size;
         *loss_out = loss;
     }
     if (t->sim)
@@ -1281,15 +1295,15 @@ static int train_loop(struct trainer *t, uint64_t start)
     memset(&win, 0, sizeof(win));
     memset(&total, 0, sizeof(total));
     if (t->eval_ld && c->eval_every > 0) {
-        eval_interval = (uint64_t)llround(c->eval_every *
-                                          (double)t->steps_per_epoch);
+        eval_interval =
+            (uint64_t)llround(c->eval_every * (double)t->steps_per_epoch);
         if (eval_interval == 0)
             eval_interval = 1;
     }
     for (step = start; step < t->total_steps; step++) {
         struct window one;
-        double lr = mesh_nn_lr_at(&t->lr,
-                                  (double)step / (double)t->steps_per_epoch);
+        double lr =
+            mesh_nn_lr_at(&t->lr, (double)step / (double)t->steps_per_epoch);
         uint64_t done = step + 1;
 
         memset(&one, 0, sizeof(one));
@@ -1298,8 +1312,10 @@ static int train_loop(struct trainer *t, uint64_t start)
         if (rc < 0)
             return rc;
         if (!isfinite(loss)) {
-            return local(t, mesh_err(-ERANGE, "loss is %f at step %" PRIu64
-                            " (lower --lr?)", (double)loss, done));
+            return local(t, mesh_err(-ERANGE,
+                                     "loss is %f at step %" PRIu64
+                                     " (lower --lr?)",
+                                     (double)loss, done));
         }
         ema = ema == 0 ? one.t_step : 0.9 * ema + 0.1 * one.t_step;
         win.t_step += one.t_step;
@@ -1332,9 +1348,9 @@ static int train_loop(struct trainer *t, uint64_t start)
                 return rc;
             if (t->rank == 0 && !c->quiet)
                 printf("%seval after step %" PRIu64 " (epoch %.2f): top-1 "
-                       "%.2f %% top-5 %.2f %%\n", t->tty ? "\r\033[K" : "",
-                       done, (double)done / (double)t->steps_per_epoch, top1,
-                       top5);
+                       "%.2f %% top-5 %.2f %%\n",
+                       t->tty ? "\r\033[K" : "", done,
+                       (double)done / (double)t->steps_per_epoch, top1, top5);
         }
         if (c->checkpoint_every && c->checkpoint_dir &&
             done % c->checkpoint_every == 0) {
@@ -1395,7 +1411,8 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
         code = fail(&t, MESH_EXIT_USAGE, rc);
         goto out;
     }
-    rc = mesh_open(mo, t.config, &t.mesh);
+    /* A world of one joins no mesh: nothing to agree with or average. */
+    rc = t.size > 1 ? mesh_open(mo, t.config, &t.mesh) : 0;
     if (rc < 0) {
         fprintf(stderr, "meshtrain: rank %d: cannot join the mesh: %s\n",
                 t.rank, mesh_err_msg(rc));
@@ -1455,21 +1472,45 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
         }
         rc = checkpoint_resume(&t, &start);
         if (rc < 0) {
-            code = fail(&t, rc == -ENOENT || rc == -EIO || rc == -EINVAL
-                                ? MESH_EXIT_USAGE : MESH_EXIT_PEER, rc);
+            code = fail(&t,
+                        rc == -ENOENT || rc == -EIO || rc == -EINVAL
+                            ? MESH_EXIT_USAGE
+                            : MESH_EXIT_PEER,
+                        rc);
             goto out;
+        }
+    }
+    /*
+     * Test aid (tests/train_verify.sh): MESHTRAIN_TEST_PERTURB=R makes rank
+     * R change one weight by one ulp, which the digest check must catch.
+     */
+    {
+        const char *v = getenv("MESHTRAIN_TEST_PERTURB");
+
+        if (v && *v && atoi(v) == t.rank && !t.sim) {
+            float *p = params_host(&t, &rc), one;
+
+            if (rc == 0) {
+                one = nextafterf(p[0], INFINITY);
+                rc = t.host_slabs
+                         ? (p[0] = one, 0)
+                         : mesh_nn_upload(t.ctx, mesh_nn_model_params(t.model),
+                                          &one, sizeof(one));
+            }
+            mesh_warn("MESHTRAIN_TEST_PERTURB: weight 0 changed by one ulp");
         }
     }
     rc = verify_weights(&t, start ? "after resuming" : "before step 1");
     if (rc < 0) {
-        code = fail(&t, rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER,
-                    rc);
+        code = fail(&t, rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER, rc);
         goto out;
     }
     rc = train_loop(&t, start);
     if (rc < 0) {
-        code = fail(&t, t.local_err ? MESH_EXIT_USAGE
-                        : rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER,
+        code = fail(&t,
+                    t.local_err      ? MESH_EXIT_USAGE
+                    : rc == -EBADMSG ? MESH_EXIT_VERIFY
+                                     : MESH_EXIT_PEER,
                     rc);
         goto out;
     }
@@ -1477,8 +1518,8 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     rc = have_eval ? evaluate(&t, &top1, &top5) : bn_average(&t);
     if (rc == 0 && have_eval && t.rank == 0)
         printf("%stest accuracy after %" PRIu64 " steps: top-1 %.2f %% "
-               "top-5 %.2f %%\n", t.tty ? "\r\033[K" : "", t.total_steps,
-               top1, top5);
+               "top-5 %.2f %%\n",
+               t.tty ? "\r\033[K" : "", t.total_steps, top1, top5);
     if (rc == 0 && c->verify_every)
         rc = verify_weights(&t, "at the end");
     if (rc == 0 && c->save && t.rank == 0 && !t.sim)
@@ -1509,8 +1550,10 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
             rc = mesh_barrier(t.mesh);
     }
     if (rc < 0) {
-        code = fail(&t, t.local_err ? MESH_EXIT_USAGE
-                        : rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER,
+        code = fail(&t,
+                    t.local_err      ? MESH_EXIT_USAGE
+                    : rc == -EBADMSG ? MESH_EXIT_VERIFY
+                                     : MESH_EXIT_PEER,
                     rc);
         goto out;
     }

@@ -44,44 +44,44 @@ struct train_cfg {
     struct mesh_nn_model_cfg model; /* arch, width, stem, seed; classes,
                                        channels and size come from data */
     const char *device;             /* "cpu" or "cuda" */
-    int threads;                    /* compute threads, 0: cores / local peers */
-    int summary;                    /* print the layer table and exit */
+    int threads; /* compute threads, 0: cores / local peers */
+    int summary; /* print the layer table and exit */
 
     /* data */
-    const char *data;               /* --data spec (src/data.h) */
-    int data_threads;               /* loader workers (0: 2) */
-    int augment;                    /* -1 data set default, 0 off, 1 on */
+    const char *data; /* --data spec (src/data.h) */
+    int data_threads; /* loader workers (0: 2) */
+    int augment;      /* -1 data set default, 0 off, 1 on */
     enum mesh_data_bad on_bad;
 
     /* training */
-    int batch;                      /* per peer and micro-batch */
-    int accumulate;                 /* micro-batches per step */
-    double epochs;                  /* length, when iters == 0 */
-    uint64_t iters;                 /* optimizer steps, 0: use epochs */
-    struct mesh_nn_lr_sched lr;     /* base_lr, kind, warmup, ... */
+    int batch;                  /* per peer and micro-batch */
+    int accumulate;             /* micro-batches per step */
+    double epochs;              /* length, when iters == 0 */
+    uint64_t iters;             /* optimizer steps, 0: use epochs */
+    struct mesh_nn_lr_sched lr; /* base_lr, kind, warmup, ... */
     struct mesh_nn_sgd_cfg sgd;
     float label_smoothing;
 
     /* communication */
     double bucket_mb;
-    int compress;                   /* enum train_compress */
-    int algo;                       /* MESH_ALGO_* */
+    int compress; /* enum train_compress */
+    int algo;     /* MESH_ALGO_* */
 
     /* checks, evaluation, checkpoints */
-    uint64_t verify_every;          /* steps between digest checks, 0: off */
-    double eval_every;              /* epochs between evaluations, 0: end only */
+    uint64_t verify_every; /* steps between digest checks, 0: off */
+    double eval_every;     /* epochs between evaluations, 0: end only */
     int no_eval;
-    uint64_t checkpoint_every;      /* steps, 0: none */
-    const char *checkpoint_dir;     /* each peer uses DIR/rank-R */
+    uint64_t checkpoint_every;  /* steps, 0: none */
+    const char *checkpoint_dir; /* each peer uses DIR/rank-R */
     int keep;
     int resume;
-    const char *save;               /* final weights (safetensors), rank 0 */
+    const char *save; /* final weights (safetensors), rank 0 */
 
     /* output */
-    const char *metrics;            /* JSON lines, rank 0 */
-    const char *timeline;           /* Chrome trace, rank 0 */
-    uint64_t timeline_steps;        /* steps recorded in the trace */
-    uint64_t log_every;             /* progress lines when not a TTY */
+    const char *metrics;     /* JSON lines, rank 0 */
+    const char *timeline;    /* Chrome trace, rank 0 */
+    uint64_t timeline_steps; /* steps recorded in the trace */
+    uint64_t log_every;      /* progress lines when not a TTY */
     int quiet;
 
     /* simulated compute (src/simulate.h): the scaling benchmark */

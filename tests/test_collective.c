@@ -439,6 +439,9 @@ static void t_back_to_back(struct rank_ctx *x)
         cnt[k] = (size_t)(k + 1) * 12345;
         buf[k] = malloc(cnt[k] * es);
         want[k] = malloc(cnt[k] * es);
+        /* half the buffers registered once, half per collective */
+        if (k % 2 && mesh_coll_buf_register(x->c, buf[k], cnt[k] * es) < 0)
+            group_fail(&g, "register %d: %s", k, mesh_err_msg(-EINVAL));
         fill(dt[k], buf[k], cnt[k], x->rank, 10 + k, 0);
         for (size_t i = 0; i < cnt[k]; i++)
             expect_red(dt[k], want[k], i, x->n, MESH_REDOP_SUM, i, 10 + k);
@@ -471,6 +474,8 @@ static void t_back_to_back(struct rank_ctx *x)
         g.hash = fnv(g.hash, buf[k], cnt[k] * mesh_dtype_size(dt[k]));
     }
     for (int k = 0; k < K; k++) {
+        if (k % 2)
+            mesh_coll_buf_unregister(x->c, buf[k]);
         free(want[k]);
         free(buf[k]);
     }
