@@ -175,12 +175,22 @@ def timeline(p, d, warmup, meta):
         p["last_bw_ms"] = 2 * (n - 1) / n * nbytes / bps * 1000
 
 
+def read_latency(raw, n):
+    """The 4-byte ring all-reduce time (ms) of bench/scaling's probe."""
+    try:
+        with open(os.path.join(raw, "latency-%d" % n, "time_us")) as f:
+            return float(f.read().split()[0]) / 1000
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def load(raw):
     pts = {}
     for name in sorted(os.listdir(raw)):
         d = os.path.join(raw, name)
         if os.path.isfile(os.path.join(d, "meta")):
             p = read_point(d)
+            p["latency_ms"] = read_latency(raw, p["peers"])
             pts[(p["series"], p["peers"])] = p
     return pts
 
@@ -226,10 +236,11 @@ def table(pts, seed, path):
             "late_ms": fmt(p["late_ms"], ".2f"),
             "cpu_demand": fmt(p["cpu_demand"], ".3f"),
             "comm_cpu_demand": fmt(p["comm_cpu_demand"], ".3f"),
-            # ring: the 4-byte first bucket makes 2 (N-1) hops
-            "ring_hop_latency_ms": fmt(p["first_bucket_ms"] / (2 * (n - 1))
-                                       if p["first_bucket_ms"] and n > 1 and
-                                       s == "ring" else None, ".3f"),
+            # the probe: a 4-byte ring all-reduce, 2 (N-1) hops
+            "allreduce_4b_ms": fmt(p["latency_ms"], ".3f"),
+            "ring_hop_latency_ms": fmt(p["latency_ms"] / (2 * (n - 1))
+                                       if p["latency_ms"] and n > 1 else None,
+                                       ".3f"),
             "machine_busy": fmt(p["machine_busy"], ".3f"),
             "loadavg": p["loadavg"],
             "valid": int(p["valid"]),
