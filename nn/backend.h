@@ -31,6 +31,8 @@
 
 struct mesh_nn_dev;
 struct mesh_nn_plan;
+struct mesh_nn_dev_opts;
+struct mesh_nn_copy;
 
 /* Kinds of plan (the cache key's first field). */
 enum mesh_nn_plan_kind {
@@ -200,11 +202,31 @@ struct mesh_nn_backend_ops {
 
     /* y += x over n floats (gradient accumulation). */
     int (*axpy1)(struct mesh_nn_dev *dev, size_t n, const float *x, float *y);
+
+    /*
+     * Optional (NULL when the backend has none; nn/stream.c falls back to
+     * dev_open(threads), synchronous upload/download, -ENOTSUP).
+     * dev_open_opts: open with every option of struct mesh_nn_dev_opts.
+     * copy_*: see mesh_nn_copy_* in nn.h; the backend allocates the handle.
+     * convert: see mesh_nn_convert in nn.h.
+     */
+    int (*dev_open_opts)(const struct mesh_nn_dev_opts *o,
+                         struct mesh_nn_dev **out);
+    int (*copy_start)(struct mesh_nn_dev *dev, int to_host, void *dst,
+                      const void *src, size_t bytes,
+                      struct mesh_nn_copy **out);
+    int (*copy_test)(struct mesh_nn_dev *dev, struct mesh_nn_copy *c,
+                     int *done);
+    int (*copy_wait)(struct mesh_nn_dev *dev, struct mesh_nn_copy *c);
+    int (*copy_order)(struct mesh_nn_dev *dev, struct mesh_nn_copy *c);
+    int (*convert)(struct mesh_nn_dev *dev, int dst_dtype, void *dst,
+                   int src_dtype, const void *src, size_t n, float scale);
 };
 
 /* The backends built in; NULL (with mesh_err) for an unknown name. */
 const struct mesh_nn_backend_ops *mesh_nn_backend_find(const char *name);
 extern const struct mesh_nn_backend_ops mesh_nn_cpu_ops;
+extern const struct mesh_nn_backend_ops mesh_nn_cuda_ops;
 
 /*
  * nn's device handle wraps a backend's device with a plan cache, so that

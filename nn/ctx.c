@@ -22,6 +22,9 @@ static const struct mesh_nn_backend_ops *const backends[] = {
 #ifdef HAVE_DNNL
     &mesh_nn_cpu_ops,
 #endif
+#ifdef HAVE_CUDA
+    &mesh_nn_cuda_ops,
+#endif
     NULL,
 };
 
@@ -45,18 +48,34 @@ const struct mesh_nn_backend_ops *mesh_nn_backend_find(const char *name)
 int mesh_nn_ctx_open(const char *backend, int threads,
                      struct mesh_nn_ctx **out)
 {
+    struct mesh_nn_dev_opts o;
+
+    mesh_nn_dev_opts_init(&o);
+    o.threads = threads;
+    return mesh_nn_ctx_open_opts(backend, &o, out);
+}
+
+int mesh_nn_ctx_open_opts(const char *backend,
+                          const struct mesh_nn_dev_opts *o,
+                          struct mesh_nn_ctx **out)
+{
     const struct mesh_nn_backend_ops *ops = mesh_nn_backend_find(backend);
     struct mesh_nn_ctx *ctx;
     int rc;
 
     if (!ops)
         return backends[0] ? -EINVAL : -ENOTSUP;
+    if (!ops->dev_open_opts && o->precision != MESH_NN_PREC_DEFAULT &&
+        o->precision != MESH_NN_PREC_FP32)
+        return mesh_err(-ENOTSUP, "nn: backend \"%s\" computes in fp32 "
+                                  "only (no tf32 or bf16-amp)", backend);
     ctx = calloc(1, sizeof(*ctx));
     if (!ctx)
         return mesh_err(-ENOMEM, "nn: out of memory");
     ctx->ops = ops;
-    ctx->threads = threads;
-    rc = ops->dev_open(threads, &ctx->dev);
+    ctx->threads = o->threads;
+    rc = ops->dev_open_opts ? ops->dev_open_opts(o, &ctx->dev)
+                            : ops->dev_open(o->threads, &ctx->dev);
     if (rc < 0) {
         free(ctx);
         return rc;

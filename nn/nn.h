@@ -156,8 +156,9 @@ int mesh_nn_model_loss(struct mesh_nn_model *m, const int32_t *labels,
 /*
  * Called during backward each time a range of the gradient slab is final:
  * [offset, offset + count) in floats. Ranges come in strictly decreasing,
- * contiguous order (from the end of the slab down to 0), one per tensor, so
- * after a call everything from offset to the end is final. The device work
+ * contiguous order (from the end of the slab down to 0), one per layer (a
+ * conv weight; a BN's weight and bias; fc's weight and bias), so after a
+ * call everything from offset to the end of the slab is final. The device work
  * that produced the range has been issued, and for the "cpu" backend has
  * completed; a device backend calls mesh_nn_sync() first or orders a copy
  * on its stream. Return 0 to continue, < 0 to stop backward with that code.
@@ -230,5 +231,87 @@ struct mesh_nn_lr_sched {
 int mesh_nn_lr_parse(const char *s, int *kind);
 /* The learning rate at a fractional epoch (step / steps_per_epoch). */
 double mesh_nn_lr_at(const struct mesh_nn_lr_sched *s, double epoch);
+
+/* ---- device options, asynchronous copies (device backends) --------------- */
+
+enum mesh_nn_precision {
+    MESH_NN_PREC_DEFAULT = 0, /* the backend's default (cuda: tf32) */
+    MESH_NN_PREC_FP32,        /* IEEE float32 math everywhere */
+    MESH_NN_PREC_TF32,        /* float32 storage, TF32 tensor-core math */
+    MESH_NN_PREC_BF16_AMP,    /* convolutions and fc in bfloat16 with
+                                 float32 accumulation; weights, BN,
+                                 gradients and the all-reduce float32 */
+};
+
+struct mesh_nn_dev_opts {
+    int threads;   /* cpu: compute threads, <= 0 every online core */
+    int gpu;       /* cuda: device index among the visible ones (after
+                      CUDA_VISIBLE_DEVICES); -1: MESHTRAIN_LOCAL_RANK modulo
+                      the device count, or 0 */
+    int precision; /* enum mesh_nn_precision; "cpu" accepts fp32/default */
+};
+
+/* Defaults: threads 0, gpu -1, precision default. */
+void mesh_nn_dev_opts_init(struct mesh_nn_dev_opts *o);
+/* Parse "fp32", "tf32", "bf16-amp"; -EINVAL naming the string otherwise. */
+int mesh_nn_precision_parse(const char *s, int *out);
+/* mesh_nn_ctx_open with every device option. */
+int mesh_nn_ctx_open_opts(const char *backend,
+                          const struct mesh_nn_dev_opts *o,
+                          struct mesh_nn_ctx **out);
+
+/* Device memory of the ctx's backend (zero-filled), e.g. the 16-bit
+ * staging of a bucket for mesh_nn_convert; host memory for "cpu". */
+int mesh_nn_alloc(struct mesh_nn_ctx *ctx, size_t bytes, void **out);
+void mesh_nn_free(struct mesh_nn_ctx *ctx, void *p);
+
+/*
+ * Asynchronous copies between device memory and host memory, for the
+ * gradient buckets. Host memory should be pinned (mesh_coll_buf_alloc
+ * returns cudaHostAlloc'ed memory when built with CUDA), else the copy is
+ * staged by the driver and the call may block.
+ *
+ * A D2H copy is ordered after every op issued on the device so far (an
+ * event recorded on the compute stream, waited on by a copy stream), so it
+ * may be started from the gradient-ready callback without a sync. An H2D
+ * copy runs on the copy stream; mesh_nn_copy_order() makes later device
+ * ops (the optimizer step) wait for it without blocking the host.
+ * Backends without streams ("cpu") copy synchronously: the copy is done
+ * when start returns. Every started copy must be finished with
+ * mesh_nn_copy_wait() or mesh_nn_copy_order(), which release it.
+ */
+struct mesh_nn_copy;
+int mesh_nn_copy_d2h_start(struct mesh_nn_ctx *ctx, void *host_dst,
+                           const void *dev_src, size_t bytes,
+                           struct mesh_nn_copy **out);
+int mesh_nn_copy_h2d_start(struct mesh_nn_ctx *ctx, void *dev_dst,
+                           const void *host_src, size_t bytes,
+                           struct mesh_nn_copy **out);
+/* *done = 1 when the copy has completed (the host may read host_dst). */
+int mesh_nn_copy_test(struct mesh_nn_ctx *ctx, struct mesh_nn_copy *c,
+                      int *done);
+/* Block until the copy completed; releases c (also on error). */
+int mesh_nn_copy_wait(struct mesh_nn_ctx *ctx, struct mesh_nn_copy *c);
+/* Device ops issued after this call wait for c; releases c. */
+int mesh_nn_copy_order(struct mesh_nn_ctx *ctx, struct mesh_nn_copy *c);
+
+/* Element types of mesh_nn_convert (the same values as the collective's
+ * MESH_DT_F32/F16/BF16 is not assumed: map explicitly). */
+enum mesh_nn_dtype {
+    MESH_NN_F32 = 0,
+    MESH_NN_F16 = 1,
+    MESH_NN_BF16 = 2,
+};
+
+/*
+ * dst = scale * src, n elements in device memory, converted between
+ * float32 and float16 / bfloat16 (round to nearest even), on the compute
+ * stream (for --compress and gradient scaling on the device). One side
+ * must be float32; dst may equal src only when both are float32.
+ * -ENOTSUP when the backend has no device conversion ("cpu": use the
+ * collective's mesh_convert on the host slab).
+ */
+int mesh_nn_convert(struct mesh_nn_ctx *ctx, int dst_dtype, void *dst,
+                    int src_dtype, const void *src, size_t n, float scale);
 
 #endif

@@ -911,7 +911,6 @@ int mesh_nn_model_forward(struct mesh_nn_model *m, int n, const float *images,
                           int train)
 {
     const struct mesh_nn_model_cfg *cfg = &m->cfg;
-    const void *x;
     int rc, i;
 
     if (n <= 0)
@@ -929,14 +928,10 @@ int mesh_nn_model_forward(struct mesh_nn_model *m, int n, const float *images,
     if ((rc = conv_fwd(m, &m->conv1, m->in, m->a0)) < 0 ||
         (rc = bn_fwd(m, &m->bn1, m->a0, m->o0)) < 0)
         return rc;
-    x = m->o0;
-    if (!cfg->cifar_stem) {
+    if (!cfg->cifar_stem)
         PROF(m, NN_PROF_POOL,
              OPS(m)->maxpool_fwd(DEV(m), m->maxpool, m->o0, m->p0,
                                  m->pool_res, m->ws));
-        x = m->p0;
-    }
-    (void)x;
     for (i = 0; i < m->nblocks; i++) {
         rc = block_fwd(m, &m->blocks[i]);
         if (rc < 0)
@@ -1124,7 +1119,6 @@ int mesh_nn_model_backward(struct mesh_nn_model *m, int accumulate,
     const struct mesh_nn_model_cfg *cfg = &m->cfg;
     struct bwd w = {m, accumulate, cb, arg};
     size_t fcn = (size_t)cfg->num_classes * m->feat;
-    struct nn_block *last;
     int gi = 0, go, i, rc;
 
     if (!m->n || !m->train || !m->have_loss)
@@ -1150,8 +1144,6 @@ int mesh_nn_model_backward(struct mesh_nn_model *m, int accumulate,
              OPS(m)->fc_bwd_data(DEV(m), m->fc, m->dlogits,
                                  m->params + m->fc_w, m->g[1], m->ws));
     }
-    last = &m->blocks[m->nblocks - 1];
-    (void)last;
     PROF(m, NN_PROF_POOL,
          OPS(m)->avgpool_bwd(DEV(m), m->avgpool, m->g[1], m->g[gi], m->ws));
     for (i = m->nblocks - 1; i >= 0; i--) {

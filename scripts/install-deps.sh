@@ -10,6 +10,10 @@ PKGS="build-essential autoconf automake libtool pkg-config
       libevent-dev libssl-dev zlib1g-dev libjpeg62-turbo-dev libdnnl-dev
       libibverbs-dev librdmacm-dev
       dataset-fashion-mnist iproute2 procps python3"
+# The verbs lane (tests/verbs/lane.sh) boots Debian's kernel under QEMU with
+# Soft-RoCE; it downloads linux-image-amd64 itself (apt-get download, never
+# installed as this machine's kernel).
+PKGS="$PKGS qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest"
 # Reference checks (PyTorch parity tests) run when torch is importable.
 PKGS="$PKGS python3-torch python3-torchvision python3-numpy"
 if [ "$1" = "--bench" ]; then

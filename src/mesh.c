@@ -45,6 +45,9 @@ enum flag_id {
     F_PEER_TIMEOUT,
     F_TRANSPORT,
     F_JOB_ID,
+    F_IB_DEV,
+    F_IB_PORT,
+    F_GID_INDEX,
 };
 
 static const struct flag {
@@ -65,6 +68,9 @@ static const struct flag {
     {"--peer-timeout", NULL, 1, F_PEER_TIMEOUT},
     {"--transport", NULL, 1, F_TRANSPORT},
     {"--job-id", NULL, 1, F_JOB_ID},
+    {"--ib-dev", NULL, 1, F_IB_DEV},
+    {"--ib-port", NULL, 1, F_IB_PORT},
+    {"--gid-index", NULL, 1, F_GID_INDEX},
 };
 
 void mesh_opts_init(struct mesh_opts *o)
@@ -74,6 +80,8 @@ void mesh_opts_init(struct mesh_opts *o)
     o->insecure = -1;
     o->join_timeout_s = -1.0;
     o->peer_timeout_s = -1.0;
+    o->ib_port = -1;
+    o->gid_index = -1;
 }
 
 static int parse_int(const char *what, const char *s, long lo, long hi,
@@ -157,6 +165,13 @@ static int set_flag(struct mesh_opts *o, enum flag_id id, const char *name,
     case F_JOB_ID:
         o->job_id = v;
         return 0;
+    case F_IB_DEV:
+        o->ib_dev = v;
+        return 0;
+    case F_IB_PORT:
+        return parse_int(name, v, 1, 255, &o->ib_port);
+    case F_GID_INDEX:
+        return parse_int(name, v, 0, 65535, &o->gid_index);
     }
     return mesh_err(-EINVAL, "unknown mesh flag %s", name);
 }
@@ -542,6 +557,9 @@ int mesh_opts_finish(struct mesh_opts *o)
     if (o->peer_timeout_s > 0)
         o->topts.peer_timeout_s = o->peer_timeout_s;
     o->topts.streams = o->streams;
+    o->topts.ib_dev = o->ib_dev;
+    o->topts.ib_port = o->ib_port;
+    o->topts.gid_index = o->gid_index;
 
     rc = finish_world(o);
     if (rc < 0)
@@ -600,7 +618,15 @@ static const char opts_help[] =
     "                      60) [MESHTRAIN_JOIN_TIMEOUT]\n"
     "  --peer-timeout S    a silent peer is dead after S seconds\n"
     "                      (default 10) [MESHTRAIN_PEER_TIMEOUT]\n"
-    "  --transport NAME    tcp (default) [MESHTRAIN_TRANSPORT]\n"
+    "  --transport NAME    tcp (default), verbs (RDMA; needs an active\n"
+    "                      port on every rank), or auto (verbs when\n"
+    "                      every rank has one, else tcp)\n"
+    "                      [MESHTRAIN_TRANSPORT]\n"
+    "  --ib-dev NAME       verbs: RDMA device (default: the first with\n"
+    "                      an active port)\n"
+    "  --ib-port N         verbs: port (default: the first active one)\n"
+    "  --gid-index N       verbs: GID index (default: a RoCE v2 GID on\n"
+    "                      Ethernet links, none on InfiniBand)\n"
     "  --job-id ID         must match on every peer [MESHTRAIN_JOB_ID,\n"
     "                      else slurm-$SLURM_JOB_ID, else meshtrain]\n"
     "  MESHTRAIN_LOG=error|warn|info|debug sets the log level.\n";

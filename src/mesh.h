@@ -66,6 +66,9 @@ struct mesh_opts {
     double peer_timeout_s;   /* --peer-timeout, < 0 = unset */
     const char *transport;   /* --transport NAME */
     const char *job_id;      /* --job-id ID */
+    const char *ib_dev;      /* --ib-dev NAME (verbs), NULL = first */
+    int ib_port;             /* --ib-port N (verbs), -1 = first active */
+    int gid_index;           /* --gid-index N (verbs), -1 = a RoCE v2 GID */
 
     /* Written by mesh_opts_finish. */
     int finished;

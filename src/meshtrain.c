@@ -33,6 +33,8 @@ enum {
     OPT_SEED,
     OPT_THREADS,
     OPT_DEVICE,
+    OPT_GPU,
+    OPT_PRECISION,
     OPT_SUMMARY,
     OPT_DATA,
     OPT_DATA_THREADS,
@@ -98,6 +100,10 @@ static const struct opt_doc opts[] = {
     {"threads", OPT_THREADS, "N",
      "compute threads (default: cores / peers on this host)"},
     {"device", OPT_DEVICE, "cpu|cuda", "compute backend (default cpu)"},
+    {"gpu", OPT_GPU, "N",
+     "cuda: device index among the visible ones (default: local rank)"},
+    {"precision", OPT_PRECISION, "fp32|tf32|bf16-amp",
+     "cuda math mode (default tf32 where the GPU has it)"},
     {"summary", OPT_SUMMARY, NULL, "print the model's layer table and exit"},
     {"data", OPT_DATA, "SPEC",
      "synthetic[:N], fashion-mnist[:DIR], cifar10:DIR, imagefolder:DIR "
@@ -284,6 +290,13 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         break;
     case OPT_DEVICE:
         c->device = arg;
+        break;
+    case OPT_GPU:
+        rc = parse_long(name, arg, 0, 1023, &v);
+        c->gpu = (int)v;
+        break;
+    case OPT_PRECISION:
+        rc = mesh_nn_precision_parse(arg, &c->precision);
         break;
     case OPT_SUMMARY:
         c->summary = 1;

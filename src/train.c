@@ -45,6 +45,7 @@ void train_cfg_init(struct train_cfg *c)
     c->model.arch = "resnet50";
     c->model.seed = 1;
     c->device = "cpu";
+    c->gpu = -1;
     c->data = "synthetic";
     c->augment = -1;
     c->on_bad = MESH_DATA_BAD_FAIL;
@@ -105,6 +106,12 @@ struct bucket {
     void *wire;           /* (hi - lo) 16-bit values with --compress */
     mesh_coll_req_t *req; /* in flight */
     int started, done;
+    /* device backends (the pinned-host pipeline, see bucket_copy_out) */
+    float *pinned;            /* (hi - lo) floats, mesh_coll_buf_alloc'ed */
+    void *dwire;              /* --compress: 16-bit staging on the device */
+    struct mesh_nn_copy *d2h; /* in flight: device -> pinned host */
+    struct mesh_nn_copy *h2d; /* in flight: pinned host -> device */
+    double t_copy;            /* when d2h was started */
     double t_start, t_end; /* seconds since the run started */
 };
 
@@ -198,7 +205,8 @@ static void tl_add(struct trainer *t, const char *name, int tid, int bucket,
 
 static int tl_write(const struct trainer *t)
 {
-    static const char *const threads[] = {"compute", "communication", "data"};
+    static const char *const threads[] = {"compute", "communication", "data",
+                                          "copies"};
     FILE *f;
     size_t i;
     int k;
@@ -211,7 +219,7 @@ static int tl_write(const struct trainer *t)
             "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, "
             "\"args\": {\"name\": \"meshtrain rank %d\"}}",
             t->rank, t->rank);
-    for (k = 0; k < 3; k++)
+    for (k = 0; k < 4; k++)
         fprintf(f,
                 ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": "
                 "%d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
@@ -334,6 +342,18 @@ static int buckets_plan(struct trainer *t)
                 return rc;
         }
     }
+    /* device slabs: a pinned host buffer per bucket (16-bit under
+     * --compress: the wire buffer above), and the 16-bit device staging */
+    for (i = 0; !t->host_slabs && t->coll && i < nb; i++) {
+        size_t cnt = b[i].hi - b[i].lo;
+        int rc = t->c->compress
+                     ? mesh_nn_alloc(t->ctx, cnt * 2, &b[i].dwire)
+                     : mesh_coll_buf_alloc(t->coll, cnt * 4,
+                                           (void **)&b[i].pinned);
+
+        if (rc < 0)
+            return rc;
+    }
     return 0;
 }
 
@@ -341,6 +361,11 @@ static void buckets_free(struct trainer *t)
 {
     int i;
 
+    for (i = 0; t->b && t->coll && i < t->nbuckets; i++) {
+        if (t->b[i].pinned)
+            mesh_coll_buf_free(t->coll, t->b[i].pinned);
+        mesh_nn_free(t->ctx, t->b[i].dwire);
+    }
     for (i = 0; t->b && t->coll && i < t->nbuckets; i++)
         if (t->b[i].wire)
             mesh_coll_buf_free(t->coll, t->b[i].wire);
@@ -363,6 +388,61 @@ static int wire_dtype(const struct trainer *t)
 }
 
 /* Bring bucket i to the host, scale it, and start its average. */
+static int nn_dtype(const struct trainer *t)
+{
+    return t->c->compress == TRAIN_COMPRESS_FP16   ? MESH_NN_F16
+           : t->c->compress == TRAIN_COMPRESS_BF16 ? MESH_NN_BF16
+                                                   : MESH_NN_F32;
+}
+
+/*
+ * Device slabs with peers: scale (and narrow, under --compress) bucket i
+ * on the device, then copy it to its pinned host buffer on nn's copy
+ * stream, ordered after the backward kernels issued so far; no host wait.
+ * The all-reduce starts when the copy is done (bucket_copied_out).
+ */
+static int bucket_copy_out(struct trainer *t, int i)
+{
+    struct bucket *b = &t->b[i];
+    float *dg = mesh_nn_model_grads(t->model) + b->lo;
+    size_t n = b->hi - b->lo;
+    int rc = 0;
+
+    b->started = 1;
+    b->done = 0;
+    b->t_start = b->t_copy = now_s(t);
+    if (t->c->compress) {
+        rc = mesh_nn_convert(t->ctx, nn_dtype(t), b->dwire, MESH_NN_F32, dg,
+                             n, t->grad_scale);
+        if (rc == 0)
+            rc = mesh_nn_copy_d2h_start(t->ctx, b->wire, b->dwire, n * 2,
+                                        &b->d2h);
+        return rc;
+    }
+    if (t->grad_scale != 1.0f)
+        rc = mesh_nn_convert(t->ctx, MESH_NN_F32, dg, MESH_NN_F32, dg, n,
+                             t->grad_scale);
+    if (rc == 0)
+        rc = mesh_nn_copy_d2h_start(t->ctx, b->pinned, dg, n * 4, &b->d2h);
+    return rc;
+}
+
+/* Bucket i's bytes are on the host: start its average in place. */
+static int bucket_copied_out(struct trainer *t, int i)
+{
+    struct bucket *b = &t->b[i];
+    size_t n = b->hi - b->lo;
+
+    tl_add(t, "copy to host", 3, -1, b->t_copy, now_s(t) - b->t_copy);
+    if (t->c->compress)
+        return mesh_coll_allreduce_start(t->coll, b->wire, b->wire, n,
+                                         wire_dtype(t), MESH_REDOP_AVG,
+                                         t->c->algo, &b->req);
+    return mesh_coll_allreduce_start(t->coll, b->pinned, b->pinned, n,
+                                     MESH_DT_F32, MESH_REDOP_AVG, t->c->algo,
+                                     &b->req);
+}
+
 static int bucket_start(struct trainer *t, int i)
 {
     struct bucket *b = &t->b[i];
@@ -370,6 +450,8 @@ static int bucket_start(struct trainer *t, int i)
     size_t n = b->hi - b->lo, k;
     int rc, dt = wire_dtype(t), algo = t->c->algo;
 
+    if (!t->host_slabs && t->coll)
+        return bucket_copy_out(t, i);
     if (!t->host_slabs) {
         rc = mesh_nn_download(t->ctx, g, mesh_nn_model_grads(t->model) + b->lo,
                               n * 4);
@@ -422,6 +504,15 @@ static int bucket_finish(struct trainer *t, int i, int rc)
     b->t_end = now_s(t);
     if (rc < 0)
         return rc;
+    /* device slabs with peers: the result goes back on the copy stream;
+     * buckets_wait orders the optimizer after it */
+    if (!t->host_slabs && t->coll)
+        return t->c->compress
+                   ? mesh_nn_copy_h2d_start(t->ctx, b->dwire, b->wire,
+                                            (b->hi - b->lo) * 2, &b->h2d)
+                   : mesh_nn_copy_h2d_start(
+                         t->ctx, mesh_nn_model_grads(t->model) + b->lo,
+                         b->pinned, (b->hi - b->lo) * 4, &b->h2d);
     if (t->c->compress)
         mesh_convert(MESH_DT_F32, grads_host(t) + b->lo, wire_dtype(t), b->wire,
                      b->hi - b->lo);
@@ -435,7 +526,7 @@ static int bucket_finish(struct trainer *t, int i, int rc)
 static int on_grad_ready(void *arg, size_t offset, size_t count)
 {
     struct trainer *t = arg;
-    int rc;
+    int i, rc, rc2;
 
     (void)count;
     if (t->prof)
@@ -445,6 +536,25 @@ static int on_grad_ready(void *arg, size_t offset, size_t count)
         if (rc < 0)
             return rc;
         t->next_bucket++;
+    }
+    /* start the average of every bucket whose copy reached the host */
+    for (i = 0; i < t->next_bucket; i++) {
+        struct bucket *b = &t->b[i];
+        int done = 0;
+
+        if (!b->d2h)
+            continue;
+        rc = mesh_nn_copy_test(t->ctx, b->d2h, &done);
+        if (rc == 0 && !done)
+            continue;
+        rc2 = mesh_nn_copy_wait(t->ctx, b->d2h); /* releases it */
+        b->d2h = NULL;
+        if (rc == 0)
+            rc = rc2;
+        if (rc == 0)
+            rc = bucket_copied_out(t, i);
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }
@@ -456,6 +566,17 @@ static int buckets_wait(struct trainer *t)
 
     while (rc == 0 && t->next_bucket < t->nbuckets)
         rc = bucket_start(t, t->next_bucket++);
+    /* copies out, in order: each average starts once its bytes are here */
+    for (i = 0; i < t->nbuckets; i++) {
+        if (!t->b[i].d2h)
+            continue;
+        rc2 = mesh_nn_copy_wait(t->ctx, t->b[i].d2h);
+        t->b[i].d2h = NULL;
+        if (rc2 == 0 && rc == 0)
+            rc2 = bucket_copied_out(t, i);
+        if (rc == 0)
+            rc = rc2;
+    }
     for (i = 0; i < t->nbuckets; i++) {
         double b0 = 0, b1 = 0;
 
@@ -468,6 +589,22 @@ static int buckets_wait(struct trainer *t)
             t->b[i].t_start = b0 - t->t0;
             t->b[i].t_end = b1 - t->t0;
         }
+        if (rc == 0)
+            rc = rc2;
+    }
+    /* copies in: the device waits for them before the optimizer step,
+     * the host does not; --compress widens on the device after its copy */
+    for (i = 0; i < t->nbuckets; i++) {
+        struct bucket *b = &t->b[i];
+
+        if (!b->h2d)
+            continue;
+        rc2 = mesh_nn_copy_order(t->ctx, b->h2d);
+        b->h2d = NULL;
+        if (rc2 == 0 && t->c->compress)
+            rc2 = mesh_nn_convert(t->ctx, MESH_NN_F32,
+                                  mesh_nn_model_grads(t->model) + b->lo,
+                                  nn_dtype(t), b->dwire, b->hi - b->lo, 1.f);
         if (rc == 0)
             rc = rc2;
     }
@@ -942,14 +1079,15 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
         "augment=%d\nbatch=%d\naccumulate=%d\nlr=%.9g\n"
         "lr_schedule=%s\nwarmup_epochs=%.9g\nmomentum=%.9g\n"
         "weight_decay=%.9g\nnesterov=%d\nlabel_smoothing=%.9g\n"
-        "compress=%s\ndevice=%s\nsteps_per_epoch=%" PRIu64 "\npeers=%d\n",
+        "compress=%s\ndevice=%s\nprecision=%d\n"
+        "steps_per_epoch=%" PRIu64 "\npeers=%d\n",
         m->arch, m->width, m->cifar_stem, m->zero_init_residual, m->num_classes,
         m->in_channels, m->image_size, m->seed, t->info.name, fp, c->augment,
         c->batch, c->accumulate, c->lr.base_lr, lr_kind_name(c->lr.kind),
         c->lr.warmup_epochs, (double)c->sgd.momentum,
         (double)c->sgd.weight_decay, c->sgd.nesterov,
         (double)c->label_smoothing, compress_name(c->compress), c->device,
-        t->steps_per_epoch, t->size);
+        c->precision, t->steps_per_epoch, t->size);
     if (n < 0 || (size_t)n >= sizeof(t->config))
         return mesh_err(-EINVAL, "configuration too long");
     core = (size_t)n;
@@ -1101,7 +1239,15 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
         if (threads < 1)
             threads = 1;
     }
-    rc = mesh_nn_ctx_open(c->device, threads, &t->ctx);
+    {
+        struct mesh_nn_dev_opts dev;
+
+        mesh_nn_dev_opts_init(&dev);
+        dev.threads = threads;
+        dev.gpu = c->gpu;
+        dev.precision = c->precision;
+        rc = mesh_nn_ctx_open_opts(c->device, &dev, &t->ctx);
+    }
     if (rc == 0)
         rc = mesh_nn_model_create(t->ctx, &t->mcfg, &t->model);
     if (rc == 0)

@@ -44,6 +44,8 @@ struct train_cfg {
     struct mesh_nn_model_cfg model; /* arch, width, stem, seed; classes,
                                        channels and size come from data */
     const char *device;             /* "cpu" or "cuda" */
+    int gpu;       /* cuda: device index, -1: from MESHTRAIN_LOCAL_RANK */
+    int precision; /* enum mesh_nn_precision (fp32, tf32, bf16-amp) */
     int threads; /* compute threads, 0: cores / local peers */
     int summary; /* print the layer table and exit */
 

@@ -12,11 +12,13 @@ Writes, in OUTDIR:
                        (CrossEntropyLoss, label_smoothing 0.1), "new.<name>"
                        for every parameter after one SGD step (lr 0.1,
                        momentum 0.9, weight decay 1e-4) and "new.<bn>.running_*"
-                       for the running statistics after the forward.
+                       for the running statistics after the forward, and
+                       "grad32.<param>", PyTorch's own float32 gradients.
 The safetensors format is written directly (8-byte little-endian header
 length, JSON header, raw little-endian data): the python3 safetensors package
 is not installed here.
 """
+import copy
 import json
 import struct
 import sys
@@ -69,6 +71,16 @@ def main():
     save(out + "/input.safetensors",
          {"images": images, "labels": labels.to(torch.int32)})
 
+    # PyTorch's own float32 gradients ("grad32.<param>"): how far float32
+    # arithmetic itself lands from the exact answer for this input (ReLU
+    # masks flipped by rounding, BN over few samples), the baseline for
+    # ill-conditioned tensors.
+    m32 = copy.deepcopy(model)
+    m32.train()
+    loss32 = torch.nn.CrossEntropyLoss(label_smoothing=0.1)(m32(images), labels)
+    loss32.backward()
+    grad32 = {"grad32." + n: p.grad for n, p in m32.named_parameters()}
+
     # The reference runs in float64 from the same float32 values: it is the
     # exact answer for the float32 inputs, so the C side's float32 error is
     # measured against it rather than against PyTorch's own float32 error.
@@ -88,6 +100,7 @@ def main():
     for name, t in model.state_dict().items():
         if t.dtype == torch.float64:
             ref["new." + name] = t
+    ref.update(grad32)
     save(out + "/ref.safetensors", ref)
     print("# torch %s torchvision %s: %s loss %.6f" %
           (torch.__version__, torchvision.__version__, arch, loss.item()))

@@ -7,13 +7,25 @@
  * weights load through mesh_nn_model_load and the same step runs on our
  * backend; every tensor is compared.
  *
- * Error per tensor: max|ours - torch| / max|torch|. Normalising by the
+ * The reference is PyTorch in float64 from the same float32 weights and
+ * input: the exact answer for them. Error per tensor: max|ours - ref| /
+ * max|ref|. Normalising by the
  * tensor's largest magnitude instead of element-wise makes the measure
  * robust to entries that are near zero by cancellation (gradients of
  * weights that barely matter), whose element-wise relative error is
  * meaningless in float32, while an error in any element on the tensor's
  * own scale still shows. Limit: 1e-4 (float32 through ~50 layers of
  * different summation orders stays around 1e-6..1e-5).
+ *
+ * Except where float32 itself cannot get there: training-mode ResNet-50 on
+ * batch 2 is ill-conditioned (BN over 8 values per channel at layer4 and
+ * ReLU masks that rounding flips), and PyTorch's own float32 gradients
+ * miss the float64 ones by up to tens of percent on some tensors. So each
+ * gradient's limit is max(1e-4, 4 x PyTorch-float32's error on that tensor),
+ * with both errors printed; on well-conditioned tensors (all of ResNet-18,
+ * the logits, the loss, fc, the BN statistics) that is 1e-4. The SGD step
+ * (momentum 0.9, weight decay 1e-4) runs on the reference gradients and is
+ * held to 1e-4 everywhere.
  *
  * Skips (with the reason) when /usr/bin/python3 cannot import torch and
  * torchvision.
@@ -75,6 +87,23 @@ static double compare(const struct mesh_st_file *ref, const char *name,
     if (print)
         diag("%-44s rel err %.3g", name, e);
     free(want), free(got);
+    return e;
+}
+
+/* PyTorch-float32's error on one gradient against the float64 one. */
+static double baseline(const struct mesh_st_file *ref, const char *param,
+                       const int64_t *shape, int ndim, size_t count)
+{
+    float *a = malloc(count * sizeof(float)), *b = malloc(count * sizeof(float));
+    char n32[96], n64[96];
+    double e = INFINITY;
+
+    snprintf(n32, sizeof(n32), "grad32.%s", param);
+    snprintf(n64, sizeof(n64), "grad.%s", param);
+    if (mesh_st_read(ref, n32, MESH_DT_F32, shape, ndim, a) == 0 &&
+        mesh_st_read(ref, n64, MESH_DT_F32, shape, ndim, b) == 0)
+        e = relerr(a, b, count);
+    free(a), free(b);
     return e;
 }
 
@@ -156,11 +185,15 @@ static void run_arch(const char *arch, int size, const char *dir)
         const struct mesh_nn_tensor *t = mesh_nn_model_tensor(m, i);
 
         if (t->kind == MESH_NN_PARAM) {
+            double base = baseline(ref, t->name, t->shape, t->ndim, t->count);
+            double lim = fmax(TOL, 4 * base);
+
             snprintf(name, sizeof(name), "grad.%s", t->name);
             e = compare(ref, name, mesh_nn_model_grads(m) + t->offset,
-                        t->shape, t->ndim, t->count, 1);
+                        t->shape, t->ndim, t->count, 0);
             worst_g = fmax(worst_g, e);
-            ok(e <= TOL, "%s: %s", arch, name);
+            ok(e <= lim, "%s: %-40s rel err %.3g (pytorch fp32 %.3g, limit %.3g)",
+               arch, name, e, base, lim);
         } else {
             snprintf(name, sizeof(name), "new.%s", t->name);
             e = compare(ref, name, mesh_nn_model_buffers(m) + t->offset,
@@ -172,7 +205,28 @@ static void run_arch(const char *arch, int size, const char *dir)
     ok(worst_b <= TOL, "%s: BN running statistics after the forward, worst "
                        "rel err %.3g", arch, worst_b);
 
-    rc = mesh_nn_sgd_create(m, &scfg, &sgd);
+    /*
+     * The SGD step runs on PyTorch's (float64) gradients, so that it checks
+     * the optimizer alone, not the conditioning of the gradients again.
+     */
+    for (i = 0; i < nt; i++) {
+        const struct mesh_nn_tensor *t = mesh_nn_model_tensor(m, i);
+        float *g;
+
+        if (t->kind != MESH_NN_PARAM)
+            continue;
+        g = malloc(t->count * sizeof(float));
+        snprintf(name, sizeof(name), "grad.%s", t->name);
+        rc = mesh_st_read(ref, name, MESH_DT_F32, t->shape, t->ndim, g);
+        if (rc == 0)
+            rc = mesh_nn_upload(ctx, mesh_nn_model_grads(m) + t->offset, g,
+                                t->count * sizeof(float));
+        free(g);
+        if (rc < 0)
+            break;
+    }
+    if (rc == 0)
+        rc = mesh_nn_sgd_create(m, &scfg, &sgd);
     if (rc == 0)
         rc = mesh_nn_sgd_step(sgd, 0.1f);
     if (!ok(rc == 0, "%s: SGD step", arch))

@@ -3,6 +3,9 @@
 
 #include "transport/transport.h"
 #include "transport/tcp-internal.h"
+#ifdef HAVE_VERBS
+#include "transport/verbs-internal.h"
+#endif
 #include "src/util.h"
 
 #include <errno.h>
@@ -108,13 +111,22 @@ int mesh_transport_wait(const struct mesh_transport_ops *ops,
 
 const struct mesh_transport_ops *mesh_transport_find(const char *name)
 {
-    /* The verbs transport joins this table under HAVE_VERBS. */
+    /* "auto" is verbs where every rank has an active port, else TCP;
+     * without verbs support it is TCP. */
     static const struct mesh_transport_ops *const all[] = {
         &mesh_tcp_ops,
+#ifdef HAVE_VERBS
+        &mesh_verbs_ops,
+        &mesh_auto_ops,
+#endif
     };
 
     if (!name)
         return NULL;
+#ifndef HAVE_VERBS
+    if (!strcmp(name, "auto"))
+        return &mesh_tcp_ops;
+#endif
     for (size_t i = 0; i < MESH_ARRAY_SIZE(all); i++)
         if (!strcmp(all[i]->name, name))
             return all[i];

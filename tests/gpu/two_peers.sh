@@ -1,0 +1,52 @@
+#!/bin/sh
+# tests/gpu/two_peers.sh: two meshtrain peers on one GPU over loopback TCP
+# (--device cuda), the gradient buckets going device -> pinned host ->
+# all-reduce -> device, against one process on the same GPU with
+# --accumulate 2 over the same micro-batches (tests/train_equiv.sh's
+# construction). Run by tests/gpu/check.sh on a machine with a GPU; a TAP
+# skip without meshtrain's cuda device or without a GPU.
+#
+# Tolerance: as train_equiv.sh, the two runs add the same per-micro-batch
+# gradients in a different order; on the GPU, cuDNN's backward-filter
+# algorithms may also add in a run-dependent order (atomics), a few ulp per
+# element. Over 3 steps of ResNet-18 that stays near 1e-6 relative; 1e-4
+# still tells a missing bucket or a wrong scale (1e-2 or more) apart.
+# Replicas must agree bit for bit: --verify-every 1 compares SHA-256
+# digests of the weights across the peers at every step (exit != 0 if not).
+top_srcdir=${top_srcdir:-$(dirname "$0")/../..}
+if [ ! -f "$top_srcdir/tests/train_lib.sh" ]; then
+    echo "1..0 # SKIP no tests/train_lib.sh: the trainer is not in this tree"
+    exit 0
+fi
+. "$top_srcdir/tests/train_lib.sh"
+
+"$MESHTRAIN" --help 2>&1 | grep -q 'cpu|cuda' ||
+    t_skip_all "meshtrain has no --device cuda"
+"$MESHTRAIN" -H localhost:1 --port "$(free_ports 1)" --insecure \
+    --device cuda --summary > "$TMP/probe.log" 2>&1 ||
+    t_skip_all "no cuda device: $(tail -n 1 "$TMP/probe.log")"
+
+t_plan 3
+GPUSMALL="--model resnet18 --width 32 --cifar-stem --image-size 32 \
+--device cuda --data synthetic:2048 --data-threads 2 --quiet \
+--lr 0.05 --iters 3 --no-eval --join-timeout 120"
+
+# shellcheck disable=SC2086
+by_hand 2 "$TMP/peer" $GPUSMALL --batch 32 --verify-every 1 \
+    --bucket-mb 2 --save "$TMP/peers.st" --metrics "$TMP/peers.jsonl"
+wait_all 300
+[ "$CODES" = "0 0" ]
+t_ok $? "2 peers on one GPU, 3 steps, digests equal every step ($CODES)"
+[ "$CODES" = "0 0" ] || t_show "$TMP/peer0.log"
+
+port=$(free_ports 1)
+# shellcheck disable=SC2086
+"$MESHTRAIN" -H localhost:1 --port "$port" --insecure $GPUSMALL --batch 32 \
+    --accumulate 2 --save "$TMP/one.st" --metrics "$TMP/one.jsonl" \
+    > "$TMP/one.log" 2>&1
+rc=$?
+t_ok $rc "one process on the GPU, --accumulate 2 (exit $rc)"
+/usr/bin/env python3 "$top_srcdir/tests/train_compare.py" weights \
+    "$TMP/peers.st" "$TMP/one.st" 1e-4
+t_ok $? "weights of 2 peers and of one process agree within 1e-4"
+t_done

@@ -1,0 +1,70 @@
+#!/bin/sh
+# tests/verbs/guest.sh BUILDDIR SRCDIR: the verbs lane's job, run inside the
+# QEMU guest (chrooted into the host's read-only root, /tmp a tmpfs) by
+# tests/verbs/lane.sh. Prints "VERBS-TAP ok|not ok|skip - what" and
+# "VERBS-TAP # diag" lines on the console; the lane turns them into TAP.
+B=$1
+S=$2
+. "$S/tests/verbs/guest-lib.sh"
+export MESHTRAIN_TEST_SLOW=${MESHTRAIN_TEST_SLOW:-4}
+: "${VERBS_PARTS:=pingpong verbs transport collective}"
+
+res() { echo "VERBS-TAP $*"; }
+
+# Re-emit a TAP program's results, prefixed with its name.
+sub_tap() {
+    name=$1
+    shift
+    "$@" >/tmp/sub.out 2>/tmp/sub.err
+    rc=$?
+    awk -v n="$name" '
+        /^ok / || /^not ok / {
+            s = $0; okp = ($1 == "ok"); sub(/^(not )?ok [0-9]+/, "", s); sub(/^ *-? */, "", s)
+            if (s ~ /# SKIP/) { sub(/ *# SKIP */, "", s); print "VERBS-TAP skip - " n ": " s }
+            else print "VERBS-TAP " (okp ? "ok" : "not ok") " - " n ": " s
+            next }
+        /^1\.\.0/ { sub(/^1\.\.0 *# *(SKIP|skip)? */, ""); print "VERBS-TAP skip - " n ": " $0; next }
+        /^#/ { print "VERBS-TAP " $0 }' /tmp/sub.out
+    grep -q '^\(not \)\?ok \|^1\.\.0' /tmp/sub.out ||
+        res "not ok - $name: no TAP output (exit $rc): $(tail -n 3 /tmp/sub.err | tr '\n' ' ')"
+}
+
+if guest_one_host; then
+    res "ok - Soft-RoCE rxe0 over a dummy netdev"
+else
+    res "not ok - Soft-RoCE rxe0 over a dummy netdev"
+    exit 0
+fi
+g=$(guest_gid rxe0)
+
+for part in $VERBS_PARTS; do
+    case $part in
+    pingpong)
+        ibv_rc_pingpong -d rxe0 -g "$g" -n 200 >/tmp/pp.srv 2>&1 &
+        srv=$!
+        # The client gives up at once when the server is not listening yet.
+        i=0
+        until ibv_rc_pingpong -d rxe0 -g "$g" -n 200 127.0.0.1 \
+            >/tmp/pp.cli 2>&1; do
+            i=$((i + 1))
+            [ $i -lt 20 ] && grep -q "Couldn't connect" /tmp/pp.cli || break
+            sleep 1
+        done
+        if grep -q "200 iters" /tmp/pp.cli && wait $srv; then
+            res "ok - ibv_rc_pingpong: 200 RC round trips"
+        else
+            kill $srv 2>/dev/null
+            res "not ok - ibv_rc_pingpong: $(tail -n 2 /tmp/pp.cli /tmp/pp.srv | tr '\n' ' ')"
+        fi
+        ;;
+    verbs)
+        sub_tap test_verbs "$B/tests/verbs/test_verbs"
+        ;;
+    transport)
+        sub_tap "test_transport verbs" "$B/tests/test_transport" verbs
+        ;;
+    collective)
+        sub_tap "test_collective verbs" "$B/tests/test_collective" 3 verbs
+        ;;
+    esac
+done

@@ -1,0 +1,98 @@
+#!/bin/sh
+# tests/verbs/lane.sh: the verbs transport on a real RDMA stack without RDMA
+# hardware. Boots Debian's stock kernel (linux-image-amd64, downloaded with
+# apt-get download, never installed) under QEMU/TCG with Soft-RoCE
+# (rdma_rxe), shares the host's root read-only over virtio-9p, and runs the
+# project's own tests inside (tests/verbs/guest.sh): ibv_rc_pingpong, the
+# verbs checks (tests/verbs/test_verbs), the transport conformance suite and
+# the collectives over verbs; then two guests joined by one virtio-net link,
+# two "hosts" with their own rxe, run meshbench and a 2-peer training step.
+# A TAP skip, with the reason, where qemu or the kernel package is missing.
+#
+# Environment: MESHTRAIN_VERBS_LANE=0 skips it; VERBS_PARTS picks parts
+# (pingpong verbs transport collective hosts perf; perf adds perftest's
+# ib_write_bw against meshbench on the two-guest link); VERBS_CACHE (default
+# /var/tmp/meshtrain-verbs-UID) holds the kernel and initramfs.
+srcdir=${srcdir:-.}
+S=$(cd "$srcdir" && pwd)
+B=$(pwd)
+. "$S/tests/verbs/lib.sh"
+
+skip_all() {
+    echo "1..0 # SKIP $*"
+    exit 0
+}
+
+[ "${MESHTRAIN_VERBS_LANE:-1}" = 0 ] && skip_all "MESHTRAIN_VERBS_LANE=0"
+[ -x "$B/tests/verbs/test_verbs" ] || skip_all "verbs support not built"
+case "$B/:$S/" in
+/tmp/* | *:/tmp/*) skip_all "the build tree is under /tmp, which the guest mounts over" ;;
+esac
+verbs_prepare || skip_all "$verbs_why"
+
+PARTS=${VERBS_PARTS:-pingpong verbs transport collective hosts}
+one=
+pair=0
+perf=0
+for p in $PARTS; do
+    case $p in
+    hosts) pair=1 ;;
+    perf) pair=1 perf=1 ;;
+    *) one="$one $p" ;;
+    esac
+done
+log=$B/tests/verbs/lane-console.log
+: >"$log"
+qrc=0
+start=$(date +%s)
+if [ -n "$one" ]; then
+    job=$VERBS_CACHE/job-$$.sh
+    cat >"$job" <<JOB
+VERBS_PARTS="$one"
+export VERBS_PARTS
+sh "$S/tests/verbs/guest.sh" "$B" "$S"
+JOB
+    verbs_boot "$job" "$log"
+    qrc=$?
+    rm -f "$job"
+fi
+if [ "$pair" = 1 ]; then
+    # Two guests, one link: the multi-host path. The job secret is shared
+    # through the host's (read-only) root, mode 0600.
+    secret=$VERBS_CACHE/secret-$$
+    (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$secret")
+    for r in 0 1; do
+        cat >"$VERBS_CACHE/job-$$-$r.sh" <<JOB
+VERBS_PERF=$perf
+export VERBS_PERF
+sh "$S/tests/verbs/guest-host.sh" $r "$B" "$S" "$secret"
+JOB
+    done
+    verbs_boot_pair "$VERBS_CACHE/job-$$-0.sh" "$log.0" \
+        "$VERBS_CACHE/job-$$-1.sh" "$log.1"
+    rm -f "$VERBS_CACHE/job-$$-0.sh" "$VERBS_CACHE/job-$$-1.sh" "$secret"
+    cat "$log.0" "$log.1" >>"$log"
+    rm -f "$log.0" "$log.1"
+fi
+end=$(date +%s)
+
+n=0
+tr -d '\r' <"$log" | sed -n 's/^VERBS-TAP //p' >"$log.tap"
+while IFS= read -r line; do
+    case $line in
+    "#"*) echo "$line" ;;
+    "ok - "*) n=$((n + 1)); echo "ok $n - ${line#ok - }" ;;
+    "not ok - "*) n=$((n + 1)); echo "not ok $n - ${line#not ok - }" ;;
+    "skip - "*) n=$((n + 1)); echo "ok $n # SKIP ${line#skip - }" ;;
+    esac
+done <"$log.tap"
+n=$((n + 1))
+want=$(( $([ -n "$one" ] && echo 1 || echo 0) + 2 * pair ))
+got=$(grep -c "VERBS-GUEST: exit" "$log")
+if [ "$got" = "$want" ]; then
+    echo "ok $n - $want guest(s) ran the lane to the end ($((end - start)) s)"
+else
+    echo "not ok $n - $got of $want guest(s) finished (qemu exit $qrc; console in $log)"
+    tail -n 20 "$log" | sed 's/^/# /'
+fi
+echo "1..$n"

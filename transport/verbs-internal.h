@@ -1,0 +1,93 @@
+/*
+ * transport/verbs-internal.h: wire formats and test hooks of the RDMA verbs
+ * transport (transport/verbs.c). Nothing outside transport/ and its tests
+ * includes this.
+ *
+ * The verbs transport opens a TCP mesh (transport/tcp.c) first and uses it
+ * for everything that is not payload: the authenticated join, the exchange
+ * of QP details (only after the TCP handshake has authenticated the peer),
+ * failure and abort propagation, and the goodbye. Its own control messages
+ * travel on the TCP mesh as point-to-point frames with seq VERBS_CTRL_SEQ.
+ *
+ * Per peer, Q reliable-connected queue pairs (Q = --streams, at most
+ * VERBS_QP_MAX) carry the data, receiver-driven:
+ *
+ *   receiver -> sender  SEND  CTS (clear to send): the expected frame, the
+ *                             destination address and rkey, a slot number
+ *                             and its generation; at most VERBS_CREDITS
+ *                             slots per peer are outstanding
+ *   sender -> receiver  RDMA WRITE pieces into that window, the last one
+ *                             WRITE_WITH_IMM: imm = final | gen | slot
+ *
+ * The sender matches the CTS against its send exactly as the TCP receiver
+ * matches a frame header (same desync and bounds checks, same messages);
+ * every field of a CTS and every immediate is checked before use.
+ */
+#ifndef MESH_VERBS_INTERNAL_H
+#define MESH_VERBS_INTERNAL_H
+
+#include "transport/transport.h"
+
+#include <stdint.h>
+
+#define VERBS_QP_MAX       8
+#define VERBS_CREDITS      32         /* outstanding CTS slots per peer */
+#define VERBS_WRITE_WINDOW 32         /* write WQEs in flight per QP */
+#define VERBS_PIECE        (1u << 20) /* bytes per RDMA write */
+
+/* The TCP mesh's frames that belong to the verbs transport itself. */
+#define VERBS_CTRL_SEQ UINT64_MAX
+enum verbs_ctrl_tag {
+    VERBS_TAG_INFO = 1,  /* QP details, once per peer after the join */
+    VERBS_TAG_READY = 2, /* every QP of the sender is ready to send */
+    VERBS_TAG_BYE = 3,   /* the sender closes its verbs side normally */
+};
+
+/*
+ * INFO (128 bytes): u32 magic, u32 version, u32 active (1: this rank has an
+ * active port and wants verbs), u32 nqp, u16 lid, u8 mtu (enum ibv_mtu),
+ * u8 link layer, u8 gid[16], u8 use_gid, u8 pad[3], u32 qpn[8], u32 psn[8],
+ * zero padding.
+ */
+#define VERBS_INFO_MAGIC   0x31425649u /* "IVB1" */
+#define VERBS_INFO_VERSION 1u
+#define VERBS_INFO_LEN     128
+
+/*
+ * CTS (64 bytes): u32 magic, u16 slot, u16 gen, u8 op, u8 dtype, u16 zero,
+ * u32 tag, u64 seq, u64 count, u64 offset, u64 length, u64 addr, u32 rkey,
+ * u32 zero.
+ */
+#define VERBS_CTS_MAGIC 0x53544356u /* "VCTS" */
+#define VERBS_CTS_LEN   64
+
+/* Immediate data of the last write of a message (host order here). */
+#define VERBS_IMM_FINAL     0x80000000u
+#define VERBS_IMM_GEN(imm)  (((imm) >> 16) & 0x7fffu)
+#define VERBS_IMM_SLOT(imm) ((imm)&0xffffu)
+
+/* The verbs transport (transport/verbs.c) and "auto": verbs when every
+ * rank has an active port, else TCP underneath. */
+extern const struct mesh_transport_ops mesh_verbs_ops;
+extern const struct mesh_transport_ops mesh_auto_ops;
+
+/*
+ * Test hooks (tests/verbs only). The next RDMA write of this process uses
+ * a wrong rkey (BAD_RKEY) or lands past the end of the receiver's window
+ * (OVERRUN, the CTS bound check skipped): the target HCA must refuse it
+ * and the job must fail naming the status, never corrupt memory.
+ */
+enum {
+    VERBS_DEBUG_BAD_RKEY = 1,
+    VERBS_DEBUG_OVERRUN = 2,
+};
+void mesh_verbs_debug_set(int flags);
+
+/* Live entries of t's registration cache (ibv_reg_mr not yet undone),
+ * including per-operation registrations in flight; -1 if t is not verbs. */
+int mesh_verbs_mr_live(mesh_transport_t *t);
+
+/* 1 when t moves data by RDMA, 0 when it fell back to TCP (auto). */
+int mesh_verbs_active(mesh_transport_t *t);
+
+#endif
