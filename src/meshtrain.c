@@ -68,6 +68,9 @@ enum {
     OPT_TIMELINE_STEPS,
     OPT_LOG_EVERY,
     OPT_QUIET,
+    OPT_SIMULATE,
+    OPT_SIMULATE_SCALE,
+    OPT_PROFILE_LAYERS,
     OPT_HELP,
 };
 
@@ -155,6 +158,12 @@ static const struct opt_doc opts[] = {
     {"log-every", OPT_LOG_EVERY, "N",
      "progress line every N steps when not on a TTY (default 10)"},
     {"quiet", OPT_QUIET, NULL, "no progress lines"},
+    {"simulate-compute", OPT_SIMULATE, "k80|h200|CSV",
+     "wait each layer's profiled time instead of computing (no data)"},
+    {"simulate-scale", OPT_SIMULATE_SCALE, "K",
+     "simulated: gradient bytes / K on the wire (default 1)"},
+    {"profile-layers", OPT_PROFILE_LAYERS, "FILE",
+     "per-layer forward/backward ms as CSV (rank 0; --simulate-compute)"},
     {"help", OPT_HELP, NULL, "print this help and exit"},
 };
 
@@ -359,10 +368,8 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         rc = train_compress_parse(arg, &c->compress);
         break;
     case OPT_ALGO:
+        /* ps: checked in main (only with --simulate-compute) */
         rc = mesh_algo_parse(arg, &c->algo);
-        if (rc == 0 && c->algo == MESH_ALGO_PS)
-            rc = mesh_err(-EINVAL, "--algo: ps is a benchmark baseline "
-                                   "(meshbench), use ring, tree or auto");
         break;
     case OPT_VERIFY_EVERY:
         rc = parse_long(name, arg, 0, LONG_MAX, &v);
@@ -407,6 +414,16 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         break;
     case OPT_QUIET:
         c->quiet = 1;
+        break;
+    case OPT_SIMULATE:
+        c->simulate = arg;
+        break;
+    case OPT_SIMULATE_SCALE:
+        rc = parse_double(name, arg, 1, 1e6, &d);
+        c->simulate_scale = d;
+        break;
+    case OPT_PROFILE_LAYERS:
+        c->profile_layers = arg;
         break;
     default:
         rc = mesh_err(-EINVAL, "internal error: option %d", id);
@@ -529,6 +546,24 @@ int main(int argc, char **argv)
         if (rc < 0)
             fprintf(stderr, "meshtrain: %s\n", mesh_err_msg(rc));
         return rc < 0 ? MESH_EXIT_USAGE : MESH_EXIT_OK;
+    }
+    if (c.simulate && (c.resume || c.save || c.checkpoint_every ||
+                       c.profile_layers)) {
+        fprintf(stderr, "meshtrain: --simulate-compute has no weights: "
+                "--resume, --save, --checkpoint-every and --profile-layers "
+                "need real compute\n");
+        return MESH_EXIT_USAGE;
+    }
+    if (c.algo == MESH_ALGO_PS && !c.simulate) {
+        fprintf(stderr, "meshtrain: --algo: ps is a benchmark baseline "
+                "(meshbench, and meshtrain with --simulate-compute), use "
+                "ring, tree or auto\n");
+        return MESH_EXIT_USAGE;
+    }
+    if (c.simulate_scale != 1 && !c.simulate) {
+        fprintf(stderr, "meshtrain: --simulate-scale needs "
+                "--simulate-compute\n");
+        return MESH_EXIT_USAGE;
     }
     if (c.resume && !c.checkpoint_dir) {
         fprintf(stderr, "meshtrain: --resume needs --checkpoint-dir\n");

@@ -21,6 +21,7 @@
 
 #include "collective/collective.h"
 #include "src/ckpt.h"
+#include "src/simulate.h"
 #include "src/util.h"
 
 #include <errno.h>
@@ -65,6 +66,7 @@ void train_cfg_init(struct train_cfg *c)
     c->keep = 3;
     c->timeline_steps = 20;
     c->log_every = 10;
+    c->simulate_scale = 1;
 }
 
 int train_compress_parse(const char *s, int *out)
@@ -145,9 +147,14 @@ struct trainer {
     float *hmom;
     float *hbuf;   /* nbuffers */
     float *images; /* staging for a device backend: unused on cpu */
+    struct mesh_sim *sim;       /* --simulate-compute: no model, no data */
+    struct mesh_sim_prof *prof; /* --profile-layers */
+    char sim_name[320];
 
     struct bucket *b;
     int nbuckets, next_bucket;
+    float loss_avg;            /* the step's loss, averaged in flight */
+    mesh_coll_req_t *loss_req; /* its all-reduce, started after forward */
     float grad_scale; /* 1 / accumulate */
     int local_err;    /* the error is this peer's own (data, files,
                          compute), not the mesh's: exit code 1 */
@@ -286,14 +293,19 @@ static float *momentum_host(struct trainer *t, int *rc)
  */
 static int buckets_plan(struct trainer *t)
 {
-    int n = mesh_nn_model_num_tensors(t->model), i, nb = 0;
-    size_t cap = (size_t)(t->c->bucket_mb * 1024 * 1024 / 4);
-    size_t first = FIRST_BUCKET_MAX_BYTES / 4;
+    int n = t->sim ? mesh_sim_num_tensors(t->sim)
+                   : mesh_nn_model_num_tensors(t->model), i, nb = 0;
+    /* simulated: the bucket sizes shrink with the gradients (same cuts) */
+    double k = t->sim ? t->c->simulate_scale : 1;
+    size_t cap = (size_t)(t->c->bucket_mb * 1024 * 1024 / 4 / k);
+    size_t first = (size_t)(FIRST_BUCKET_MAX_BYTES / 4 / k);
     size_t hi = t->nparams;
     struct bucket *b;
 
     if (cap < 1)
         cap = 1;
+    if (first < 1)
+        first = 1;
     if (first > cap)
         first = cap;
     b = calloc((size_t)n + 1, sizeof(*b));
@@ -301,7 +313,9 @@ static int buckets_plan(struct trainer *t)
         return mesh_err(-ENOMEM, "out of memory planning gradient buckets");
     /* Params come first in the tensor list, in slab order. */
     for (i = n - 1; i >= 0; i--) {
-        const struct mesh_nn_tensor *x = mesh_nn_model_tensor(t->model, i);
+        const struct mesh_nn_tensor *x =
+            t->sim ? mesh_sim_tensor(t->sim, i)
+                   : mesh_nn_model_tensor(t->model, i);
 
         if (x->kind != MESH_NN_PARAM)
             continue;
@@ -361,6 +375,8 @@ static void buckets_free(struct trainer *t)
 
 static float *grads_host(struct trainer *t)
 {
+    if (t->sim)
+        return mesh_sim_grads(t->sim);
     return t->host_slabs ? mesh_nn_model_grads(t->model) : t->hgrads;
 }
 
@@ -432,7 +448,7 @@ static int bucket_start(struct trainer *t, int i)
     struct bucket *b = &t->b[i];
     float *g = grads_host(t) + b->lo;
     size_t n = b->hi - b->lo, k;
-    int rc, dt = wire_dtype(t);
+    int rc, dt = wire_dtype(t), algo = t->c->algo;
 
     if (!t->host_slabs && t->coll)
         return bucket_copy_out(t, i);
@@ -469,8 +485,14 @@ static int bucket_start(struct trainer *t, int i)
         return mesh_coll_allreduce_start(t->coll, b->wire, b->wire, n, dt,
                                          MESH_REDOP_AVG, t->c->algo, &b->req);
     }
+    /* simulated: AUTO chooses for the bucket's real size, not k times
+     * smaller (the choice the real run would make) */
+    if (t->sim && algo == MESH_ALGO_AUTO)
+        algo = mesh_coll_algo_for(t->coll, algo,
+                                  (size_t)((double)n * 4 *
+                                           t->c->simulate_scale));
     return mesh_coll_allreduce_start(t->coll, g, g, n, MESH_DT_F32,
-                                     MESH_REDOP_AVG, t->c->algo, &b->req);
+                                     MESH_REDOP_AVG, algo, &b->req);
 }
 
 static int bucket_finish(struct trainer *t, int i, int rc)
@@ -507,6 +529,8 @@ static int on_grad_ready(void *arg, size_t offset, size_t count)
     int i, rc, rc2;
 
     (void)count;
+    if (t->prof)
+        mesh_sim_prof_grad(t->prof, offset);
     while (t->next_bucket < t->nbuckets && t->b[t->next_bucket].lo >= offset) {
         rc = bucket_start(t, t->next_bucket);
         if (rc < 0)
@@ -612,9 +636,12 @@ static int sum_floats(struct trainer *t, float *x, size_t n)
 /* Average the BN running statistics over the peers (identical after). */
 static int bn_average(struct trainer *t)
 {
-    float *buf = mesh_nn_model_buffers(t->model);
+    float *buf;
     int rc;
 
+    if (t->sim)
+        return 0; /* no statistics to average */
+    buf = mesh_nn_model_buffers(t->model);
     if (!t->coll || t->nbuffers == 0)
         return 0;
     if (t->host_slabs)
@@ -665,6 +692,8 @@ static int verify_weights(struct trainer *t, const char *when)
     char list[256] = "", a[20], b[20];
     int r, bad = 0, rc;
 
+    if (t->sim)
+        return 0; /* no weights */
     rc = weights_digest(t, mine);
     if (rc < 0 || !t->coll)
         return rc;
@@ -1086,6 +1115,43 @@ static int local_peers(const struct mesh_world *w)
     return n > 0 ? n : 1;
 }
 
+/*
+ * --simulate-compute: no data set and no model, only the layer list with
+ * the gradient slab divided by --simulate-scale (src/simulate.h).
+ */
+static int open_sim(struct trainer *t)
+{
+    const struct train_cfg *c = t->c;
+    double fwd, bwd;
+    int rc;
+
+    rc = mesh_sim_create(&c->model, c->simulate, c->batch,
+                         c->simulate_scale, &t->sim);
+    if (rc < 0)
+        return rc;
+    t->mcfg = *mesh_sim_config(t->sim);
+    snprintf(t->sim_name, sizeof(t->sim_name), "simulate:%s:k=%.9g",
+             c->simulate, c->simulate_scale);
+    t->info.name = t->sim_name;
+    t->info.classes = t->mcfg.num_classes;
+    t->info.channels = t->mcfg.in_channels;
+    t->info.size = t->mcfg.image_size;
+    t->steps_per_epoch = UINT64_C(1) << 30;
+    t->total_steps = c->iters ? c->iters : 20;
+    t->lr = c->lr;
+    t->nparams = mesh_sim_num_params(t->sim);
+    t->host_slabs = 1;
+    mesh_sim_step_time(t->sim, &fwd, &bwd);
+    if (t->rank == 0 && !c->quiet)
+        printf("meshtrain: simulated %s compute (%s): forward %.2f ms, "
+               "backward %.2f ms per step; %zu parameters, %zu on the wire "
+               "(k = %g); %d peer(s) x batch %d\n", t->mcfg.arch,
+               c->simulate, fwd * 1000, bwd * 1000,
+               mesh_sim_real_params(t->sim), t->nparams, c->simulate_scale,
+               t->size, c->batch);
+    return 0;
+}
+
 static int open_data(struct trainer *t, const struct mesh_opts *mo)
 {
     const struct train_cfg *c = t->c;
@@ -1165,6 +1231,9 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
     int threads = c->threads, rc;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
 
+    if (t->sim)
+        return 0;
+
     if (threads <= 0) {
         threads = (int)(cores > 0 ? cores : 1) / local_peers(&mo->world);
         if (threads < 1)
@@ -1189,6 +1258,11 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
     t->nparams = mesh_nn_model_num_params(t->model);
     t->nbuffers = mesh_nn_model_num_buffers(t->model);
     t->host_slabs = strcmp(c->device, "cpu") == 0;
+    if (c->profile_layers && mo->world.rank == 0) {
+        rc = mesh_sim_prof_create(&t->mcfg, c->batch, &t->prof);
+        if (rc < 0)
+            return rc;
+    }
     if (!t->host_slabs) {
         t->hgrads = malloc(t->nparams * 4);
         t->hparams = malloc(t->nparams * 4);
@@ -1215,6 +1289,33 @@ static int fail(struct trainer *t, int code, int rc)
     return code;
 }
 
+/*
+ * The step's mean loss is known after the last forward: its average over
+ * the peers starts then, so that the engine runs it while backward computes
+ * (it queues before the gradient buckets, the same order on every peer),
+ * instead of a latency-bound all-reduce after them on the critical path.
+ */
+static int loss_start(struct trainer *t, float mean)
+{
+    t->loss_avg = mean;
+    if (!t->coll)
+        return 0;
+    return mesh_coll_allreduce_start(t->coll, &t->loss_avg, &t->loss_avg, 1,
+                                     MESH_DT_F32, MESH_REDOP_AVG, t->c->algo,
+                                     &t->loss_req);
+}
+
+/* Wait for the loss average (also on error paths: the request is freed). */
+static int loss_wait(struct trainer *t, int rc)
+{
+    int rc2 = 0;
+
+    if (t->loss_req)
+        rc2 = mesh_coll_wait(t->loss_req);
+    t->loss_req = NULL;
+    return rc < 0 ? rc : rc2;
+}
+
 /* One optimizer step; *loss is the mean over the peers' micro-batches. */
 static int train_step(struct trainer *t, struct window *w, float *loss_out)
 {
@@ -1227,7 +1328,26 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
     t->next_bucket = 0;
     for (k = 0; k < t->nbuckets; k++)
         t->b[k].started = t->b[k].done = 0;
-    for (k = 0; k < c->accumulate; k++) {
+    if (t->sim)
+        mesh_sim_step_begin(t->sim);
+    for (k = 0; t->sim && k < c->accumulate; k++) {
+        int last = k == c->accumulate - 1;
+
+        ts = now_s(t);
+        rc = mesh_sim_forward(t->sim);
+        if (rc < 0)
+            return local(t, rc);
+        tl_add(t, "forward", 0, -1, ts, now_s(t) - ts);
+        if (last && (rc = loss_start(t, 0)) < 0)
+            return loss_wait(t, rc);
+        ts = now_s(t);
+        rc = mesh_sim_backward(t->sim, last ? on_grad_ready : NULL, t);
+        if (rc < 0)
+            return loss_wait(t, rc);
+        t_bwd_end = now_s(t);
+        tl_add(t, "backward", 0, -1, ts, t_bwd_end - ts);
+    }
+    for (k = 0; !t->sim && k < c->accumulate; k++) {
         int last = k == c->accumulate - 1;
 
         ts = now_s(t);
@@ -1246,16 +1366,24 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         if (rc < 0)
             return local(t, rc);
         tl_add(t, "forward", 0, -1, ts, now_s(t) - ts);
+        if (t->prof && last)
+            mesh_sim_prof_forward(t->prof, now_s(t) - ts);
         loss_sum += loss;
+        if (last && (rc = loss_start(t, loss_sum / (float)c->accumulate)) < 0)
+            return loss_wait(t, rc);
         ts = now_s(t);
+        if (t->prof && last)
+            mesh_sim_prof_backward_begin(t->prof);
         rc = mesh_nn_model_backward(t->model, k > 0,
                                     last ? on_grad_ready : NULL, t);
         if (rc < 0)
-            return rc;
+            return loss_wait(t, rc);
+        if (t->prof && last)
+            mesh_sim_prof_backward_end(t->prof);
         t_bwd_end = now_s(t);
         tl_add(t, "backward", 0, -1, ts, t_bwd_end - ts);
     }
-    rc = buckets_wait(t);
+    rc = loss_wait(t, buckets_wait(t));
     if (rc < 0)
         return rc;
     {
@@ -1264,14 +1392,11 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
             mesh_nn_lr_at(&t->lr, (double)t->step / (double)t->steps_per_epoch);
 
         ts = now_s(t);
-        rc = mesh_nn_sgd_step(t->sgd, (float)lr);
+        rc = t->sim ? 0 : mesh_nn_sgd_step(t->sgd, (float)lr);
         if (rc < 0)
             return local(t, rc);
         tl_add(t, "optimizer", 0, -1, ts, now_s(t) - ts);
-        loss = loss_sum / (float)c->accumulate;
-        rc = avg_floats(t, &loss, 1);
-        if (rc < 0)
-            return rc;
+        loss = t->loss_avg;
         w->t_comm += t_comm_end - t_bwd_end;
         w->t_data += data;
         w->t_step += now_s(t) - t_begin;
@@ -1281,6 +1406,8 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
             (uint64_t)c->batch * (uint64_t)c->accumulate * (uint64_t)t->size;
         *loss_out = loss;
     }
+    if (t->sim)
+        mesh_sim_step_end(t->sim);
     return 0;
 }
 
@@ -1386,6 +1513,8 @@ static void trainer_close(struct trainer *t)
 {
     buckets_free(t);
     mesh_coll_destroy(t->coll);
+    mesh_sim_prof_destroy(t->prof);
+    mesh_sim_destroy(t->sim);
     mesh_nn_sgd_destroy(t->sgd);
     mesh_nn_model_destroy(t->model);
     mesh_nn_ctx_close(t->ctx);
@@ -1418,8 +1547,9 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     t.grad_scale = 1.0f / (float)c->accumulate;
     t.tty = isatty(STDOUT_FILENO);
 
-    rc = open_data(&t, mo);
-    if (rc == 0)
+    memset(data_fp, 0, sizeof(data_fp));
+    rc = c->simulate ? open_sim(&t) : open_data(&t, mo);
+    if (rc == 0 && !c->simulate)
         rc = mesh_data_fingerprint(t.ds, data_fp);
     if (rc == 0)
         rc = build_config(&t, data_fp);
@@ -1503,7 +1633,7 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     {
         const char *v = getenv("MESHTRAIN_TEST_PERTURB");
 
-        if (v && *v && atoi(v) == t.rank) {
+        if (v && *v && atoi(v) == t.rank && !t.sim) {
             float *p = params_host(&t, &rc), one;
 
             if (rc == 0) {
@@ -1538,8 +1668,22 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
                t.tty ? "\r\033[K" : "", t.total_steps, top1, top5);
     if (rc == 0 && c->verify_every)
         rc = verify_weights(&t, "at the end");
-    if (rc == 0 && c->save && t.rank == 0)
+    if (rc == 0 && c->save && t.rank == 0 && !t.sim)
         rc = local(&t, mesh_nn_model_save(t.model, c->save));
+    if (rc == 0 && t.prof)
+        rc = local(&t, mesh_sim_prof_write(t.prof, c->profile_layers));
+    if (rc == 0 && t.sim) {
+        struct mesh_sim_stats st;
+
+        /* every rank: the bench takes the worst (CPU saturation) */
+        mesh_sim_stats_take(t.sim, &st);
+        printf("meshtrain: rank %d: simulate: %" PRIu64 " steps, compute "
+               "stretch median %.3f ms, wait lateness median %.3f ms max "
+               "%.3f ms, cpu %.1f ms/step\n", t.rank, st.steps,
+               st.stretch_median_s * 1000, st.late_median_s * 1000,
+               st.late_max_s * 1000, st.cpu_per_step_s * 1000);
+        fflush(stdout);
+    }
     if (rc == 0 && t.c->timeline && t.rank == 0)
         rc = local(&t, tl_write(&t));
     if (rc == 0) {

@@ -85,6 +85,11 @@ struct train_cfg {
     uint64_t timeline_steps; /* steps recorded in the trace */
     uint64_t log_every;      /* progress lines when not a TTY */
     int quiet;
+
+    /* simulated compute (src/simulate.h): the scaling benchmark */
+    const char *simulate;           /* --simulate-compute PROFILE, or NULL */
+    double simulate_scale;          /* k: gradient bytes divided by k */
+    const char *profile_layers;     /* --profile-layers FILE (rank 0) */
 };
 
 void train_cfg_init(struct train_cfg *c);

@@ -1,0 +1,656 @@
+/*
+ * src/simulate.c: the layer list of a ResNet from its description, the
+ * compute profiles, the simulated waits and the per-layer profiler (see
+ * src/simulate.h).
+ */
+#include "config.h"
+
+#include "src/simulate.h"
+#include "src/util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* One layer: a conv, a BN or the fc, with its parameter tensors. */
+struct sim_layer {
+    char name[48];
+    double flops; /* forward, per image */
+    int t0, nt;   /* its tensors [t0, t0 + nt) */
+    double fwd_s, bwd_s;
+};
+
+struct sim_model {
+    struct mesh_nn_model_cfg cfg;
+    char arch[16];
+    struct sim_layer *l;
+    int nl, lcap;
+    struct mesh_nn_tensor *t;
+    int nt, tcap;
+    size_t nparams;
+};
+
+struct mesh_sim {
+    struct sim_model m;
+    double scale;
+    size_t real_params;
+    float *grads;
+    double fwd_s, bwd_s;
+    /* saturation figures */
+    double step_late;  /* worst lateness in the current step */
+    double step_stretch; /* this step's compute wall time - profiled */
+    double *stretches; /* one per finished step since the last take */
+    double *lates;     /* one per finished step since the last take */
+    size_t nlates, lates_cap;
+    double late_max, cpu_s, cpu0;
+};
+
+struct mesh_sim_prof {
+    struct sim_model m;
+    int batch;
+    int *layer_of;    /* tensor -> layer */
+    double *bwd;      /* per layer, summed over steps after the first */
+    double *cur;      /* per layer, this step */
+    double fwd, t_last;
+    uint64_t steps;   /* backward passes recorded (the first one dropped) */
+    uint64_t seen;
+};
+
+/* ---- the layer list ------------------------------------------------------ */
+
+struct sim_arch {
+    const char *name;
+    int layers[4];
+    int bottleneck;
+};
+
+static const struct sim_arch archs[] = {
+    {"resnet18", {2, 2, 2, 2}, 0},   {"resnet34", {3, 4, 6, 3}, 0},
+    {"resnet50", {3, 4, 6, 3}, 1},   {"resnet101", {3, 4, 23, 3}, 1},
+    {"resnet152", {3, 8, 36, 3}, 1},
+};
+
+static double now(void)
+{
+    return mesh_now_s();
+}
+
+static int add_layer(struct sim_model *m, const char *name, double flops)
+{
+    if (m->nl == m->lcap) {
+        int cap = m->lcap ? 2 * m->lcap : 64;
+        struct sim_layer *l = realloc(m->l, (size_t)cap * sizeof(*l));
+
+        if (!l)
+            return mesh_err(-ENOMEM, "simulate: out of memory");
+        m->l = l;
+        m->lcap = cap;
+    }
+    memset(&m->l[m->nl], 0, sizeof(m->l[m->nl]));
+    snprintf(m->l[m->nl].name, sizeof(m->l[m->nl].name), "%s", name);
+    m->l[m->nl].flops = flops;
+    m->l[m->nl].t0 = m->nt;
+    m->nl++;
+    return 0;
+}
+
+/* A parameter tensor of the last layer; name is the layer's plus suffix. */
+static int add_tensor(struct sim_model *m, const char *suffix, int role,
+                      int ndim, const int64_t *shape)
+{
+    struct mesh_nn_tensor *x;
+    struct sim_layer *l = &m->l[m->nl - 1];
+    size_t count = 1;
+    int i;
+
+    if (m->nt == m->tcap) {
+        int cap = m->tcap ? 2 * m->tcap : 128;
+        struct mesh_nn_tensor *t = realloc(m->t, (size_t)cap * sizeof(*t));
+
+        if (!t)
+            return mesh_err(-ENOMEM, "simulate: out of memory");
+        m->t = t;
+        m->tcap = cap;
+    }
+    x = &m->t[m->nt];
+    memset(x, 0, sizeof(*x));
+    snprintf(x->name, sizeof(x->name), "%s.%s", l->name, suffix);
+    x->kind = MESH_NN_PARAM;
+    x->role = role;
+    x->ndim = ndim;
+    for (i = 0; i < ndim; i++) {
+        x->shape[i] = shape[i];
+        count *= (size_t)shape[i];
+    }
+    x->offset = m->nparams;
+    x->count = count;
+    m->nparams += count;
+    m->nt++;
+    l->nt++;
+    return 0;
+}
+
+/* conv + its BN; *h is the input side, updated to the output side. */
+static int conv_bn(struct sim_model *m, const char *conv, const char *bn,
+                   int ci, int co, int k, int stride, int pad, int *h)
+{
+    int ho = (*h + 2 * pad - k) / stride + 1;
+    int64_t ws[4] = {co, ci, k, k}, bs[1] = {co};
+    double hw = (double)ho * ho;
+    int rc;
+
+    rc = add_layer(m, conv, 2.0 * co * ci * k * k * hw);
+    if (rc == 0)
+        rc = add_tensor(m, "weight", MESH_NN_ROLE_CONV_WEIGHT, 4, ws);
+    /* normalise, scale, shift, ReLU: about 4 operations per element */
+    if (rc == 0)
+        rc = add_layer(m, bn, 4.0 * co * hw);
+    if (rc == 0)
+        rc = add_tensor(m, "weight", MESH_NN_ROLE_BN_WEIGHT, 1, bs);
+    if (rc == 0)
+        rc = add_tensor(m, "bias", MESH_NN_ROLE_BN_BIAS, 1, bs);
+    *h = ho;
+    return rc;
+}
+
+static int build(struct sim_model *m, const struct mesh_nn_model_cfg *cfg)
+{
+    const struct sim_arch *a = NULL;
+    int stage, i, j, w, inplanes, h, rc, expansion;
+    char n1[48], n2[48], blk[24];
+    size_t k;
+
+    memset(m, 0, sizeof(*m));
+    for (k = 0; cfg->arch && k < sizeof(archs) / sizeof(archs[0]); k++)
+        if (strcmp(cfg->arch, archs[k].name) == 0)
+            a = &archs[k];
+    if (!a)
+        return mesh_err(-EINVAL, "simulate: unknown model \"%s\" (%s)",
+                        cfg->arch ? cfg->arch : "(none)",
+                        mesh_nn_arch_list());
+    m->cfg = *cfg;
+    snprintf(m->arch, sizeof(m->arch), "%s", a->name);
+    m->cfg.arch = m->arch;
+    if (!m->cfg.num_classes)
+        m->cfg.num_classes = 1000;
+    if (!m->cfg.in_channels)
+        m->cfg.in_channels = 3;
+    if (!m->cfg.image_size)
+        m->cfg.image_size = 224;
+    if (!m->cfg.width)
+        m->cfg.width = 64;
+    if (m->cfg.width < 1 || m->cfg.width > 4096 || m->cfg.image_size < 8 ||
+        m->cfg.image_size > 4096)
+        return mesh_err(-EINVAL, "simulate: width %d or image size %d out "
+                        "of range", m->cfg.width, m->cfg.image_size);
+    w = m->cfg.width;
+    inplanes = w;
+    expansion = a->bottleneck ? 4 : 1;
+    h = m->cfg.image_size;
+    if (m->cfg.cifar_stem) {
+        rc = conv_bn(m, "conv1", "bn1", m->cfg.in_channels, w, 3, 1, 1, &h);
+    } else {
+        rc = conv_bn(m, "conv1", "bn1", m->cfg.in_channels, w, 7, 2, 3, &h);
+        h = (h + 2 - 3) / 2 + 1; /* max pool 3x3 stride 2 */
+    }
+    for (stage = 0; stage < 4 && rc == 0; stage++) {
+        int planes = w << stage;
+
+        for (i = 0; i < a->layers[stage] && rc == 0; i++) {
+            int s = i == 0 && stage > 0 ? 2 : 1;
+            int cin = i == 0 ? inplanes : planes * expansion;
+            int nconv = a->bottleneck ? 3 : 2, hin = h;
+
+            snprintf(blk, sizeof(blk), "layer%d.%d", stage + 1, i);
+            for (j = 0; j < nconv && rc == 0; j++) {
+                int ci, co, ks, st, pad;
+
+                if (a->bottleneck) {
+                    ci = j == 0 ? cin : planes;
+                    co = j == 2 ? planes * 4 : planes;
+                    ks = j == 1 ? 3 : 1;
+                    st = j == 1 ? s : 1;
+                    pad = j == 1 ? 1 : 0;
+                } else {
+                    ci = j == 0 ? cin : planes;
+                    co = planes;
+                    ks = 3;
+                    st = j == 0 ? s : 1;
+                    pad = 1;
+                }
+                snprintf(n1, sizeof(n1), "%s.conv%d", blk, j + 1);
+                snprintf(n2, sizeof(n2), "%s.bn%d", blk, j + 1);
+                rc = conv_bn(m, n1, n2, ci, co, ks, st, pad, &h);
+            }
+            if (rc == 0 && i == 0 &&
+                (s != 1 || inplanes != planes * expansion)) {
+                snprintf(n1, sizeof(n1), "%s.downsample.0", blk);
+                snprintf(n2, sizeof(n2), "%s.downsample.1", blk);
+                rc = conv_bn(m, n1, n2, cin, planes * expansion, 1, s, 0,
+                             &hin);
+            }
+        }
+        inplanes = planes * expansion;
+    }
+    if (rc == 0)
+        rc = add_layer(m, "fc", 2.0 * inplanes * m->cfg.num_classes);
+    if (rc == 0) {
+        int64_t ws[2] = {m->cfg.num_classes, inplanes};
+        int64_t bs[1] = {m->cfg.num_classes};
+
+        rc = add_tensor(m, "weight", MESH_NN_ROLE_FC_WEIGHT, 2, ws);
+        if (rc == 0)
+            rc = add_tensor(m, "bias", MESH_NN_ROLE_FC_BIAS, 1, bs);
+    }
+    return rc;
+}
+
+static void model_free(struct sim_model *m)
+{
+    free(m->l);
+    free(m->t);
+}
+
+static double total_flops(const struct sim_model *m)
+{
+    double f = 0;
+    int i;
+
+    for (i = 0; i < m->nl; i++)
+        f += m->l[i].flops;
+    return f;
+}
+
+/* ---- profiles ----------------------------------------------------------- */
+
+static void spread(struct sim_model *m, double step_s)
+{
+    double f = total_flops(m);
+    int i;
+
+    for (i = 0; i < m->nl; i++) {
+        m->l[i].fwd_s = step_s / 3 * m->l[i].flops / f;
+        m->l[i].bwd_s = 2 * step_s / 3 * m->l[i].flops / f;
+    }
+}
+
+static int load_csv(struct sim_model *m, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char line[256];
+    int lineno = 0, i, rc = 0;
+    char *seen;
+
+    if (!f)
+        return mesh_err_errno("--simulate-compute %s", path);
+    seen = calloc((size_t)m->nl, 1);
+    if (!seen) {
+        fclose(f);
+        return mesh_err(-ENOMEM, "simulate: out of memory");
+    }
+    while (rc == 0 && fgets(line, sizeof(line), f)) {
+        char name[64];
+        double fw, bw;
+        int used = 0;
+
+        lineno++;
+        if (!strchr(line, '\n') && !feof(f)) {
+            rc = mesh_err(-EINVAL, "%s:%d: line too long", path, lineno);
+            break;
+        }
+        line[strcspn(line, "\r\n")] = 0;
+        if (line[0] == '#' || line[0] == 0 ||
+            strncmp(line, "layer,", 6) == 0)
+            continue;
+        if (sscanf(line, "%63[^,],%lf,%lf%n", name, &fw, &bw, &used) != 3 ||
+            line[used] != 0 || !isfinite(fw) || !isfinite(bw) || fw < 0 ||
+            bw < 0 || fw > 1e6 || bw > 1e6) {
+            rc = mesh_err(-EINVAL, "%s:%d: expected \"layer,forward_ms,"
+                          "backward_ms\" with times in [0, 1e6]", path,
+                          lineno);
+            break;
+        }
+        for (i = 0; i < m->nl; i++)
+            if (strcmp(m->l[i].name, name) == 0)
+                break;
+        if (i == m->nl) {
+            rc = mesh_err(-EINVAL, "%s:%d: no layer \"%s\" in %s", path,
+                          lineno, name, m->cfg.arch);
+            break;
+        }
+        if (seen[i]) {
+            rc = mesh_err(-EINVAL, "%s:%d: layer \"%s\" given twice", path,
+                          lineno, name);
+            break;
+        }
+        seen[i] = 1;
+        m->l[i].fwd_s = fw / 1000;
+        m->l[i].bwd_s = bw / 1000;
+    }
+    if (rc == 0 && ferror(f))
+        rc = mesh_err(-EIO, "%s: read error", path);
+    for (i = 0; rc == 0 && i < m->nl; i++)
+        if (!seen[i])
+            rc = mesh_err(-EINVAL, "%s: no row for layer \"%s\"", path,
+                          m->l[i].name);
+    free(seen);
+    fclose(f);
+    return rc;
+}
+
+int mesh_sim_create(const struct mesh_nn_model_cfg *cfg, const char *profile,
+                    int batch, double scale, struct mesh_sim **out)
+{
+    struct mesh_sim *s;
+    size_t off = 0;
+    int i, rc;
+
+    if (!(scale >= 1) || scale > 1e6)
+        return mesh_err(-EINVAL, "--simulate-scale %g: must be in [1, 1e6]",
+                        scale);
+    if (batch < 1)
+        return mesh_err(-EINVAL, "simulate: batch %d", batch);
+    s = calloc(1, sizeof(*s));
+    if (!s)
+        return mesh_err(-ENOMEM, "simulate: out of memory");
+    rc = build(&s->m, cfg);
+    if (rc == 0) {
+        if (strcmp(profile, "k80") == 0)
+            spread(&s->m, MESH_SIM_K80_STEP_S * batch / 32.0);
+        else if (strcmp(profile, "h200") == 0)
+            spread(&s->m, MESH_SIM_H200_STEP_S * batch / 32.0);
+        else
+            rc = load_csv(&s->m, profile);
+    }
+    if (rc < 0) {
+        mesh_sim_destroy(s);
+        return rc;
+    }
+    s->scale = scale;
+    s->real_params = s->m.nparams;
+    for (i = 0; i < s->m.nt; i++) {
+        struct mesh_nn_tensor *x = &s->m.t[i];
+
+        x->count = (size_t)ceil((double)x->count / scale);
+        x->offset = off;
+        off += x->count;
+    }
+    s->m.nparams = off;
+    for (i = 0; i < s->m.nl; i++) {
+        s->fwd_s += s->m.l[i].fwd_s;
+        s->bwd_s += s->m.l[i].bwd_s;
+    }
+    s->grads = calloc(off, sizeof(float));
+    if (!s->grads) {
+        mesh_sim_destroy(s);
+        return mesh_err(-ENOMEM, "simulate: out of memory for %zu floats",
+                        off);
+    }
+    *out = s;
+    return 0;
+}
+
+void mesh_sim_destroy(struct mesh_sim *s)
+{
+    if (!s)
+        return;
+    model_free(&s->m);
+    free(s->grads);
+    free(s->lates);
+    free(s->stretches);
+    free(s);
+}
+
+int mesh_sim_num_tensors(const struct mesh_sim *s) { return s->m.nt; }
+
+const struct mesh_nn_tensor *mesh_sim_tensor(const struct mesh_sim *s, int i)
+{
+    return i >= 0 && i < s->m.nt ? &s->m.t[i] : NULL;
+}
+
+size_t mesh_sim_num_params(const struct mesh_sim *s) { return s->m.nparams; }
+size_t mesh_sim_real_params(const struct mesh_sim *s)
+{
+    return s->real_params;
+}
+float *mesh_sim_grads(struct mesh_sim *s) { return s->grads; }
+
+const struct mesh_nn_model_cfg *mesh_sim_config(const struct mesh_sim *s)
+{
+    return &s->m.cfg;
+}
+
+void mesh_sim_step_time(const struct mesh_sim *s, double *fwd, double *bwd)
+{
+    *fwd = s->fwd_s;
+    *bwd = s->bwd_s;
+}
+
+/* ---- waits ------------------------------------------------------------- */
+
+/* Sleep until deadline (mesh_now_s() clock); remember how late we woke. */
+static void wait_until(struct mesh_sim *s, double deadline)
+{
+    struct timespec ts;
+    double late;
+
+    ts.tv_sec = (time_t)deadline;
+    ts.tv_nsec = (long)((deadline - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) ==
+           EINTR)
+        ;
+    late = now() - deadline;
+    if (late > s->step_late)
+        s->step_late = late;
+}
+
+int mesh_sim_forward(struct mesh_sim *s)
+{
+    double t0 = now();
+
+    wait_until(s, t0 + s->fwd_s);
+    s->step_stretch += now() - t0 - s->fwd_s;
+    return 0;
+}
+
+int mesh_sim_backward(struct mesh_sim *s, mesh_nn_grad_ready_fn cb, void *arg)
+{
+    double t0 = now(), t = t0;
+    int i, j, rc;
+
+    for (i = s->m.nl - 1; i >= 0; i--) {
+        const struct sim_layer *l = &s->m.l[i];
+
+        t += l->bwd_s;
+        wait_until(s, t);
+        for (j = l->t0 + l->nt - 1; cb && j >= l->t0; j--) {
+            rc = cb(arg, s->m.t[j].offset, s->m.t[j].count);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    s->step_stretch += now() - t0 - s->bwd_s;
+    return 0;
+}
+
+static double cpu_now(void)
+{
+    struct timespec ts;
+
+    if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) < 0)
+        return 0;
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void mesh_sim_step_begin(struct mesh_sim *s)
+{
+    s->step_late = 0;
+    s->step_stretch = 0;
+    s->cpu0 = cpu_now();
+}
+
+void mesh_sim_step_end(struct mesh_sim *s)
+{
+    if (s->nlates == s->lates_cap) {
+        size_t cap = s->lates_cap ? 2 * s->lates_cap : 64;
+        double *p = realloc(s->lates, cap * sizeof(*p));
+        double *q = p ? realloc(s->stretches, cap * sizeof(*q)) : NULL;
+
+        if (p)
+            s->lates = p;
+        if (!q)
+            return; /* the figures then cover fewer steps */
+        s->stretches = q;
+        s->lates_cap = cap;
+    }
+    s->stretches[s->nlates] = s->step_stretch;
+    s->lates[s->nlates++] = s->step_late;
+    if (s->step_late > s->late_max)
+        s->late_max = s->step_late;
+    s->cpu_s += cpu_now() - s->cpu0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+void mesh_sim_stats_take(struct mesh_sim *s, struct mesh_sim_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->steps = s->nlates;
+    if (s->nlates) {
+        qsort(s->lates, s->nlates, sizeof(double), cmp_double);
+        out->late_median_s = s->lates[s->nlates / 2];
+        qsort(s->stretches, s->nlates, sizeof(double), cmp_double);
+        out->stretch_median_s = s->stretches[s->nlates / 2];
+        out->late_max_s = s->late_max;
+        out->cpu_per_step_s = s->cpu_s / (double)s->nlates;
+    }
+    s->nlates = 0;
+    s->late_max = 0;
+    s->cpu_s = 0;
+}
+
+/* ---- --profile-layers --------------------------------------------------- */
+
+int mesh_sim_prof_create(const struct mesh_nn_model_cfg *cfg, int batch,
+                         struct mesh_sim_prof **out)
+{
+    struct mesh_sim_prof *p = calloc(1, sizeof(*p));
+    int i, j, rc;
+
+    if (!p)
+        return mesh_err(-ENOMEM, "profile: out of memory");
+    rc = build(&p->m, cfg);
+    if (rc == 0) {
+        p->layer_of = calloc((size_t)p->m.nt, sizeof(int));
+        p->bwd = calloc((size_t)p->m.nl, sizeof(double));
+        p->cur = calloc((size_t)p->m.nl, sizeof(double));
+        if (!p->layer_of || !p->bwd || !p->cur)
+            rc = mesh_err(-ENOMEM, "profile: out of memory");
+    }
+    if (rc < 0) {
+        mesh_sim_prof_destroy(p);
+        return rc;
+    }
+    for (i = 0; i < p->m.nl; i++)
+        for (j = 0; j < p->m.l[i].nt; j++)
+            p->layer_of[p->m.l[i].t0 + j] = i;
+    p->batch = batch;
+    *out = p;
+    return 0;
+}
+
+void mesh_sim_prof_destroy(struct mesh_sim_prof *p)
+{
+    if (!p)
+        return;
+    model_free(&p->m);
+    free(p->layer_of);
+    free(p->bwd);
+    free(p->cur);
+    free(p);
+}
+
+void mesh_sim_prof_forward(struct mesh_sim_prof *p, double seconds)
+{
+    if (p->seen > 0)
+        p->fwd += seconds;
+}
+
+void mesh_sim_prof_backward_begin(struct mesh_sim_prof *p)
+{
+    memset(p->cur, 0, (size_t)p->m.nl * sizeof(double));
+    p->t_last = now();
+}
+
+void mesh_sim_prof_grad(struct mesh_sim_prof *p, size_t offset)
+{
+    int lo = 0, hi = p->m.nt - 1;
+    double t = now();
+
+    /* the tensor that starts at offset (binary search on offsets) */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+
+        if (p->m.t[mid].offset <= offset)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    p->cur[p->layer_of[lo]] += t - p->t_last;
+    p->t_last = t;
+}
+
+void mesh_sim_prof_backward_end(struct mesh_sim_prof *p)
+{
+    int i;
+
+    /* the first pass builds plans and touches memory: not recorded */
+    if (p->seen++ == 0)
+        return;
+    for (i = 0; i < p->m.nl; i++)
+        p->bwd[i] += p->cur[i];
+    p->steps++;
+}
+
+int mesh_sim_prof_write(const struct mesh_sim_prof *p, const char *path)
+{
+    double btot = 0, n = p->steps ? (double)p->steps : 1;
+    FILE *f;
+    int i;
+
+    if (p->steps == 0)
+        return mesh_err(-EINVAL, "--profile-layers %s: needs at least 2 "
+                        "steps (the first one is not recorded)", path);
+    for (i = 0; i < p->m.nl; i++)
+        btot += p->bwd[i];
+    f = fopen(path, "w");
+    if (!f)
+        return mesh_err_errno("--profile-layers %s", path);
+    fprintf(f, "# meshtrain --profile-layers: %s width %d image %d, batch %d,"
+            " %llu steps averaged\n# backward: between nn's gradient-ready "
+            "callbacks; forward: the measured total split as backward\n"
+            "# batch %d\nlayer,forward_ms,backward_ms\n", p->m.cfg.arch,
+            p->m.cfg.width, p->m.cfg.image_size, p->batch,
+            (unsigned long long)p->steps, p->batch);
+    for (i = 0; i < p->m.nl; i++) {
+        double b = p->bwd[i] / n;
+        double fw = btot > 0 ? p->fwd / n * p->bwd[i] / btot : 0;
+
+        fprintf(f, "%s,%.6f,%.6f\n", p->m.l[i].name, fw * 1000, b * 1000);
+    }
+    if (fclose(f) != 0)
+        return mesh_err_errno("--profile-layers %s", path);
+    return 0;
+}
