@@ -150,6 +150,7 @@ struct vpeer {
     struct cts *cts_head, *cts_tail;
     struct mesh_req *wq_head, *wq_tail; /* sends waiting for a CTS */
     int bye;
+    uint64_t bye_ns;     /* when its goodbye arrived (0: not yet checked) */
     mesh_req_t *bye_req; /* the TCP receive of its goodbye */
 };
 
@@ -1199,18 +1200,40 @@ static void handle_wc(struct mesh_transport *t, const struct ibv_wc *wc)
     }
 }
 
-/* A peer said goodbye: its pending operations can no longer complete. */
+/*
+ * How long a goodbye waits for the peer's last completions. The goodbye
+ * comes over TCP and the data over the RC QP: the two are not ordered, so
+ * a write-with-immediate the peer finished before leaving may still sit
+ * in our CQ (or in Soft-RoCE's queues) when its goodbye arrives.
+ */
+#define VERBS_BYE_GRACE_NS 500000000ull
+
+static int drain_cq(struct mesh_transport *t);
+
+/*
+ * A peer said goodbye: once the grace has passed, its pending operations
+ * can no longer complete.
+ */
 static void bye_check(struct mesh_transport *t, int peer)
 {
+    struct vpeer *vp = &t->vp[peer];
     char nb[300];
 
+    if (!vp->bye_ns)
+        return;
+    if (drain_cq(t) < 0 || t->failed)
+        return;
     for (struct mesh_req *r = t->reqs; r; r = r->next)
         if (r->peer == peer && !atomic_load(&r->done)) {
+            if (mesh_now_ns() - vp->bye_ns < VERBS_BYE_GRACE_NS)
+                return; /* look again at the next tick */
+            vp->bye_ns = 0;
             fail_job(t, peer, -ECONNRESET, 1,
                      "rank %d (%s) left the mesh with operations pending", peer,
                      pname(t, peer, nb, sizeof(nb)));
             return;
         }
+    vp->bye_ns = 0; /* nothing pending: nothing to fail */
 }
 
 /* Watch the TCP mesh: its failures and the peers' goodbyes. */
@@ -1226,7 +1249,14 @@ static void tick(struct mesh_transport *t)
         struct vpeer *vp = &t->vp[p];
         int done = 0;
 
-        if (p == t->world.rank || !vp->bye_req)
+        if (p == t->world.rank)
+            continue;
+        if (vp->bye_ns) {
+            bye_check(t, p);
+            if (t->failed)
+                return;
+        }
+        if (!vp->bye_req)
             continue;
         rc = t->inner_ops->test(t->inner, vp->bye_req, &done);
         if (rc < 0) {
@@ -1237,7 +1267,10 @@ static void tick(struct mesh_transport *t)
         if (done) {
             vp->bye_req = NULL;
             vp->bye = 1;
+            vp->bye_ns = mesh_now_ns();
             bye_check(t, p);
+            if (t->failed)
+                return;
         }
     }
 }
