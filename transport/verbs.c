@@ -1206,7 +1206,7 @@ static void handle_wc(struct mesh_transport *t, const struct ibv_wc *wc)
  * a write-with-immediate the peer finished before leaving may still sit
  * in our CQ (or in Soft-RoCE's queues) when its goodbye arrives.
  */
-#define VERBS_BYE_GRACE_NS 500000000ull
+#define VERBS_BYE_GRACE_NS 2000000000ull
 
 static int drain_cq(struct mesh_transport *t);
 
@@ -1973,6 +1973,15 @@ static void verbs_abort(mesh_transport_t *t, int culprit, const char *why)
     pthread_mutex_unlock(&t->lock);
 }
 
+/* Every other peer's goodbye has arrived (under t->lock). */
+static int all_said_bye(const struct mesh_transport *t)
+{
+    for (int p = 0; p < t->world.size; p++)
+        if (p != t->world.rank && !t->vp[p].bye)
+            return 0;
+    return 1;
+}
+
 static void verbs_close(mesh_transport_t *t)
 {
     struct mesh_req *r, *rn;
@@ -1993,6 +2002,22 @@ static void verbs_close(mesh_transport_t *t)
                 t->inner_ops->isend(t->inner, p, &f, NULL, NULL, &s) == 0)
                 mesh_transport_wait(t->inner_ops, t->inner, s);
         }
+    }
+    /*
+     * Linger until every peer has said goodbye too, within the peer
+     * timeout: a peer's last RDMA writes into us, and the acknowledgements
+     * of ours, need our QPs alive until that peer is done.
+     */
+    if (t->active && t->thread_started) {
+        uint64_t end = mesh_now_ns() + (uint64_t)(t->opts.peer_timeout_s * 1e9);
+
+        pthread_mutex_lock(&t->lock);
+        while (!t->failed && mesh_now_ns() < end && !all_said_bye(t)) {
+            pthread_mutex_unlock(&t->lock);
+            usleep(2000);
+            pthread_mutex_lock(&t->lock);
+        }
+        pthread_mutex_unlock(&t->lock);
     }
     if (t->thread_started) {
         pthread_mutex_lock(&t->lock);
