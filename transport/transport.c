@@ -80,6 +80,22 @@ const char *mesh_frame_str(const struct mesh_frame *f, char *buf, size_t len)
     return buf;
 }
 
+void mesh_failure_msg(char *out, size_t len, const char *reason,
+                      const struct mesh_frame *f, int is_send, int peer,
+                      const char *peer_name)
+{
+    char fs[200];
+
+    if (!f) {
+        snprintf(out, len, "%s; no operation in flight", reason);
+        return;
+    }
+    snprintf(out, len, "%s; operation in flight: %s %s %s rank %d (%s)",
+             reason, is_send ? "send" : "receive",
+             mesh_frame_str(f, fs, sizeof(fs)), is_send ? "to" : "from", peer,
+             peer_name);
+}
+
 void mesh_transport_opts_init(struct mesh_transport_opts *o)
 {
     memset(o, 0, sizeof(*o));

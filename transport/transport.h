@@ -81,6 +81,15 @@ struct mesh_frame {
 /* "allreduce seq 12 tag 3 float32 count 1000 offset 0 length 4000" */
 const char *mesh_frame_str(const struct mesh_frame *f, char *buf, size_t len);
 
+/*
+ * A job failure's message: "reason; operation in flight: send <frame> to
+ * rank P (host:port)", or "reason; no operation in flight" when f is NULL.
+ * Every transport words its failures this way.
+ */
+void mesh_failure_msg(char *out, size_t len, const char *reason,
+                      const struct mesh_frame *f, int is_send, int peer,
+                      const char *peer_name);
+
 /* ---- options shared by every transport ------------------------------------ */
 
 #define MESH_JOB_MAX 64

@@ -333,7 +333,7 @@ static void fail_job(struct mesh_transport *t, int culprit, int code,
 static void fail_job(struct mesh_transport *t, int culprit, int code,
                      int notify, const char *fmt, ...)
 {
-    char reason[MSG_MAX / 2], fs[200], nb[300];
+    char reason[MSG_MAX / 2], nb[300];
     struct mesh_req *r, *inflight = NULL;
     va_list ap;
 
@@ -349,15 +349,13 @@ static void fail_job(struct mesh_transport *t, int culprit, int code,
             inflight = r;
     }
     if (inflight)
-        snprintf(t->fail_msg, sizeof(t->fail_msg),
-                 "%s; operation in flight: %s %s %s rank %d (%s)", reason,
-                 inflight->kind == REQ_SEND ? "send" : "receive",
-                 mesh_frame_str(&inflight->f, fs, sizeof(fs)),
-                 inflight->kind == REQ_SEND ? "to" : "from", inflight->peer,
-                 pname(t, inflight->peer, nb, sizeof(nb)));
+        mesh_failure_msg(t->fail_msg, sizeof(t->fail_msg), reason,
+                         &inflight->f, inflight->kind == REQ_SEND,
+                         inflight->peer,
+                         pname(t, inflight->peer, nb, sizeof(nb)));
     else
-        snprintf(t->fail_msg, sizeof(t->fail_msg), "%s; no operation in flight",
-                 reason);
+        mesh_failure_msg(t->fail_msg, sizeof(t->fail_msg), reason, NULL, 0,
+                         -1, NULL);
     t->failed = 1;
     t->fail_code = code;
     mesh_error_log("%s", t->fail_msg);
