@@ -21,6 +21,7 @@
 
 #include "collective/collective.h"
 #include "src/util.h"
+#include "tests/ports.h"
 #include "tests/tap.h"
 #include "transport/transport.h"
 
@@ -44,44 +45,6 @@ static const struct mesh_transport_ops *ops;
 static const char *secret = "test_collective shared secret";
 
 /* ---- the mesh ------------------------------------------------------------ */
-
-static int port_free(uint16_t port)
-{
-    struct sockaddr_in s4;
-    int fd, one = 1, ok_;
-
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return 1;
-    memset(&s4, 0, sizeof(s4));
-    s4.sin_family = AF_INET;
-    s4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    s4.sin_port = htons(port);
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    ok_ = bind(fd, (struct sockaddr *)&s4, sizeof(s4)) == 0;
-    close(fd);
-    return ok_;
-}
-
-static uint16_t pick_ports(int n)
-{
-    static unsigned next;
-
-    if (!next)
-        next = (unsigned)getpid() * 7907u;
-    for (int tries = 0; tries < 200; tries++) {
-        uint16_t base = (uint16_t)(20000 + (next % 40000u));
-        int i;
-
-        next += 101;
-        for (i = 0; i < n; i++)
-            if (!port_free((uint16_t)(base + i)))
-                break;
-        if (i == n)
-            return base;
-    }
-    return 0;
-}
 
 struct rank_ctx {
     int rank, n;
@@ -641,7 +604,7 @@ static void child(int rank, int n, uint16_t base, int sc, int fd)
 /* Fork n ranks; collect what each wrote. */
 static int run(int n, int sc, struct result *res)
 {
-    uint16_t base = pick_ports(n);
+    uint16_t base = test_ports_pick(n);
     pid_t pid[MAXP];
     int fds[MAXP];
 
@@ -710,9 +673,10 @@ static int run(int n, int sc, struct result *res)
 }
 
 /*
- * run(), again with fresh ports when a rank could not bind its port: the
- * ports were free when picked, but other tests of a parallel `make check`
- * may take one before every rank has bound its own.
+ * run(), again with fresh ports when a rank could not bind its port at the
+ * start: the ports were free when picked, but a process outside our tests
+ * may take one before every rank has bound its own. Only that failure, and
+ * only at the start ("setup" is a rank's first line), is tried again.
  */
 static int run_ports(int n, int sc, struct result *res)
 {
@@ -720,7 +684,8 @@ static int run_ports(int n, int sc, struct result *res)
         int clash = 0, rc = run(n, sc, res);
 
         for (int r = 0; rc == 0 && r < n; r++)
-            if (res[r].text && strstr(res[r].text, "Address already in use"))
+            if (res[r].text && !strncmp(res[r].text, "setup ", 6) &&
+                test_ports_clash(res[r].text))
                 clash = 1;
         if (!clash || attempt == 4)
             return rc;

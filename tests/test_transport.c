@@ -5,7 +5,7 @@
  *
  * Transport-generic: every check goes through mesh_transport_find(), so the
  * verbs transport re-runs the same suite. Each scenario forks its peers
- * (ports picked from the pid, checked free), builds the world itself and
+ * (ports from tests/ports.h), builds the world itself and
  * collects one result line per child through a pipe; children's logs go to
  * files that the parent reads back to check the refusal lines. The parent
  * prints TAP.
@@ -13,6 +13,7 @@
 #include "config.h"
 
 #include "src/util.h"
+#include "tests/ports.h"
 #include "tests/tap.h"
 #include "transport/tcp-internal.h"
 #include "transport/transport.h"
@@ -62,44 +63,10 @@ struct ctx {
     int go_fd;    /* parent -> child: one byte to go on */
 };
 
-static int port_free(uint16_t port)
-{
-    struct sockaddr_in6 s6;
-    int fd, zero = 0, one = 1, ok_ = 0;
-
-    fd = socket(AF_INET6, SOCK_STREAM, 0);
-    if (fd < 0)
-        return 1;
-    memset(&s6, 0, sizeof(s6));
-    s6.sin6_family = AF_INET6;
-    s6.sin6_addr = in6addr_any;
-    s6.sin6_port = htons(port);
-    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    ok_ = bind(fd, (struct sockaddr *)&s6, sizeof(s6)) == 0;
-    close(fd);
-    return ok_;
-}
-
 /* n + 1 free consecutive ports (the last one for an extra client). */
 static uint16_t pick_ports(int n)
 {
-    static unsigned next;
-
-    if (!next)
-        next = (unsigned)getpid() * 7919u;
-    for (int tries = 0; tries < 200; tries++) {
-        uint16_t base = (uint16_t)(20000 + (next % 40000u));
-        int i;
-
-        next += 97;
-        for (i = 0; i <= n; i++)
-            if (!port_free((uint16_t)(base + i)))
-                break;
-        if (i > n)
-            return base;
-    }
-    return 0;
+    return test_ports_pick(n + 1);
 }
 
 static void world_build(struct ctx *cx)

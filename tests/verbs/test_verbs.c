@@ -19,6 +19,7 @@
 
 #include "collective/collective.h"
 #include "src/util.h"
+#include "tests/ports.h"
 #include "tests/tap.h"
 #include "transport/transport.h"
 #include "transport/verbs-internal.h"
@@ -208,15 +209,15 @@ static int child_auto(struct two *x, char *msg)
 static int run2(int (*fn)(struct two *, char *), char msgs[2][MSG],
                 double timeout_s)
 {
-    static unsigned next;
     pid_t pid[2];
     int fds[2][2], st, good = 1;
-    uint16_t base;
+    uint16_t base = test_ports_pick(2);
 
-    if (!next)
-        next = (unsigned)getpid() * 131u;
-    next += 7;
-    base = (uint16_t)(30000 + next % 30000u);
+    if (!base) {
+        snprintf(msgs[0], MSG, "no free ports");
+        snprintf(msgs[1], MSG, "no free ports");
+        return -1;
+    }
     for (int i = 0; i < 2; i++) {
         if (pipe(fds[i]) < 0)
             return -1;
