@@ -19,7 +19,8 @@ t_plan 15
 # by_hand SIGNAL: 4 peers started by hand; SIGNAL the victim.
 by_hand() {
     sig=$1
-    port=$(free_ports 4) || { t_ok 1 "free ports"; return; }
+    free_ports 4 || { t_ok 1 "free ports"; return; }
+    port=$PORT
     secret=$TMP/secret
     make_secret "$secret"
     pids=""
@@ -73,7 +74,8 @@ rank_pid() {
 
 under_meshrun() {
     sig=$1
-    port=$(free_ports 4) || { t_ok 1 "free ports"; return; }
+    free_ports 4 || { t_ok 1 "free ports"; return; }
+    port=$PORT
     log=$TMP/run$sig.log
     # shellcheck disable=SC2086
     bg "$MESHRUN" -np 4 --grace 2 -- "$MESHBENCH" --port "$port" $WORK \
@@ -112,7 +114,8 @@ under_meshrun() {
 
 # A peer that never starts: the join fails at --join-timeout with exit 2,
 # naming the ranks that never answered.
-port=$(free_ports 3)
+free_ports 3
+port=$PORT
 "$MESHBENCH" -H localhost:3 --rank 0 --port "$port" --insecure \
     --join-timeout 2 > "$TMP/join.log" 2>&1 &
 jp=$!

@@ -15,7 +15,8 @@ make_secret "$secret"
 # and size only in the environment.
 env_pair() {
     name=$1
-    port=$(free_ports 2)
+    free_ports 2
+    port=$PORT
     printf 'localhost:2 # Horovod syntax\n' > "$TMP/hosts"
     for r in 0 1; do
         env "$2=$r" "$3=2" ${4:+"$4"} "$MESHBENCH" --hostfile "$TMP/hosts" \
@@ -50,7 +51,8 @@ t_ok $([ $rc -eq 1 ] && grep -q "world size mismatch.*SLURM_NTASKS=3" \
     "SLURM_NTASKS=3 against 2 slots: exit 1, mismatch named (exit $rc)"
 
 if command -v mpirun >/dev/null 2>&1; then
-    port=$(free_ports 2)
+    free_ports 2
+    port=$PORT
     timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 \
         "$MESHBENCH" -H localhost:2 --port "$port" --secret-file "$secret" \
         $BENCH > "$TMP/mpirun.log" 2>&1

@@ -61,30 +61,8 @@ t_show() {
     [ -f "$1" ] && sed 's/^/#   /' "$1" | tail -n "${2:-30}"
 }
 
-# free_ports N: print a base port P such that P..P+N-1 are all free on
-# 127.0.0.1, chosen at random so that parallel tests rarely meet.
-free_ports() {
-    /usr/bin/python3 - "$1" <<'EOF'
-import random, socket, sys
-n = int(sys.argv[1])
-for _ in range(200):
-    base = random.randrange(20000, 60000 - n)
-    socks = []
-    try:
-        for p in range(base, base + n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", p))
-            socks.append(s)
-    except OSError:
-        continue
-    finally:
-        for s in socks:
-            s.close()
-    print(base)
-    sys.exit(0)
-sys.exit(1)
-EOF
-}
+# free_ports N: sets PORT (tests/ports.sh).
+. "$top_srcdir/tests/ports.sh"
 
 # bg CMD...: start CMD in the background, remember its pid in $BG_PID.
 bg() {

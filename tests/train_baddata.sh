@@ -6,7 +6,8 @@
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 t_plan 5
-port=$(free_ports 1) || exit 99
+free_ports 1 || exit 99
+port=$PORT
 ONE="-H localhost:1 --port $port --insecure --join-timeout 20"
 
 # A truncated Fashion-MNIST: the training images cut at 100000 bytes.

@@ -14,7 +14,8 @@ pair() {
     field=$2
     a=$3
     b=$4
-    port=$(free_ports 2) || { t_ok 1 "free ports"; return; }
+    free_ports 2 || { t_ok 1 "free ports"; return; }
+    port=$PORT
     make_secret "$TMP/secret"
     # shellcheck disable=SC2086
     bg "$MESHTRAIN" -H localhost:2 --rank 0 --port "$port" \

@@ -22,8 +22,8 @@ by_hand() {
     _n=$1
     _log=$2
     shift 2
-    _port=$(free_ports "$_n") || return 1
-    PORT=$_port
+    free_ports "$_n" || return 1
+    _port=$PORT
     make_secret "$TMP/secret"
     PEERS=""
     _r=0

@@ -17,6 +17,7 @@ srcdir=${srcdir:-.}
 S=$(cd "$srcdir" && pwd)
 B=$(pwd)
 . "$S/tests/verbs/lib.sh"
+. "$S/tests/ports.sh"
 
 skip_all() {
     echo "1..0 # SKIP $*"
