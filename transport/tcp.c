@@ -243,36 +243,6 @@ static void on_write(evutil_socket_t fd, short what, void *arg);
 
 /* ---- small helpers ------------------------------------------------------ */
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 static const char *pname(struct mesh_transport *t, int r, char *buf, size_t len)
 {
     return mesh_peer_name(&t->world, r, buf, len);
@@ -2350,7 +2320,7 @@ static int any_done(mesh_req_t *const *reqs, int n)
 static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
                         double timeout_s)
 {
-    uint64_t start = mesh_now_ns(), deadline = 0;
+    uint64_t start = mesh_now_ns(), deadline = MESH_NO_DEADLINE;
     int rc = 0;
 
     if (n <= 0 || !reqs)
@@ -2368,29 +2338,17 @@ static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
         deadline = start + (uint64_t)(timeout_s * 1e9);
     pthread_mutex_lock(&t->lock);
     for (;;) {
-        struct timespec ts;
-
         if (any_done(reqs, n))
             break;
         if (t->failed) {
             rc = fail_err(t);
             break;
         }
-        if (timeout_s >= 0) {
-            uint64_t now = mesh_now_ns();
-
-            if (now >= deadline) {
-                rc = mesh_err(-ETIMEDOUT,
-                              "tcp wait: no request completed "
-                              "within %.3f s",
-                              timeout_s);
-                break;
-            }
-            ts.tv_sec = (time_t)(deadline / 1000000000ull);
-            ts.tv_nsec = (long)(deadline % 1000000000ull);
-            pthread_cond_timedwait(&t->cond, &t->lock, &ts);
-        } else {
-            pthread_cond_wait(&t->cond, &t->lock);
+        if (mesh_cond_sleep(&t->cond, &t->lock, deadline) < 0) {
+            rc = mesh_err(-ETIMEDOUT,
+                          "tcp wait: no request completed within %.3f s",
+                          timeout_s);
+            break;
         }
     }
     pthread_mutex_unlock(&t->lock);

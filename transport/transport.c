@@ -1,4 +1,5 @@
-/* transport/transport.c: what every transport shares (names, options). */
+/* transport/transport.c: what every transport shares (names, options,
+ * waits). */
 #include "config.h"
 
 #include "transport/transport.h"
@@ -12,6 +13,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 const char *mesh_peer_name(const struct mesh_world *w, int r, char *buf,
                            size_t len)
@@ -123,6 +125,23 @@ int mesh_transport_wait(const struct mesh_transport_ops *ops,
             return rc;
         }
     }
+}
+
+int mesh_cond_sleep(pthread_cond_t *cond, pthread_mutex_t *lock,
+                    uint64_t deadline_ns)
+{
+    struct timespec ts;
+
+    if (deadline_ns == MESH_NO_DEADLINE) {
+        pthread_cond_wait(cond, lock);
+        return 0;
+    }
+    if (mesh_now_ns() >= deadline_ns)
+        return -ETIMEDOUT;
+    ts.tv_sec = (time_t)(deadline_ns / 1000000000ull);
+    ts.tv_nsec = (long)(deadline_ns % 1000000000ull);
+    pthread_cond_timedwait(cond, lock, &ts);
+    return 0;
 }
 
 const struct mesh_transport_ops *mesh_transport_find(const char *name)

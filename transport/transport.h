@@ -15,6 +15,7 @@
 #ifndef MESH_TRANSPORT_H
 #define MESH_TRANSPORT_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -204,5 +205,18 @@ const struct mesh_transport_ops *mesh_transport_find(const char *name);
 /* Wait for one request (wait_any + test). Frees req. */
 int mesh_transport_wait(const struct mesh_transport_ops *ops,
                         mesh_transport_t *t, mesh_req_t *req);
+
+/*
+ * One sleep of a transport's wait loop on cond, with lock held: until a
+ * broadcast or, unless deadline_ns is MESH_NO_DEADLINE, until deadline_ns
+ * on mesh_now_ns()'s clock (CLOCK_MONOTONIC, which cond's attributes must
+ * name for the sleep to last until the deadline). Returns -ETIMEDOUT, without sleeping and
+ * without recording a message (the caller words it), once the deadline has
+ * passed; else 0, also after a spurious wake-up: the caller checks its
+ * condition again.
+ */
+#define MESH_NO_DEADLINE UINT64_MAX
+int mesh_cond_sleep(pthread_cond_t *cond, pthread_mutex_t *lock,
+                    uint64_t deadline_ns);
 
 #endif

@@ -197,47 +197,6 @@ struct mesh_transport {
 
 /* ---- small helpers ------------------------------------------------------- */
 
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 static const char *pname(struct mesh_transport *t, int r, char *buf, size_t len)
 {
     return mesh_peer_name(&t->world, r, buf, len);
@@ -1886,7 +1845,7 @@ static int any_done(mesh_req_t *const *reqs, int n)
 static int verbs_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
                           double timeout_s)
 {
-    uint64_t deadline = 0;
+    uint64_t deadline = MESH_NO_DEADLINE;
     int rc = 0;
 
     if (n <= 0 || !reqs)
@@ -1915,29 +1874,17 @@ static int verbs_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
         deadline = mesh_now_ns() + (uint64_t)(timeout_s * 1e9);
     pthread_mutex_lock(&t->lock);
     for (;;) {
-        struct timespec ts;
-
         if (any_done(reqs, n))
             break;
         if (t->failed) {
             rc = fail_err(t);
             break;
         }
-        if (timeout_s >= 0) {
-            uint64_t now = mesh_now_ns();
-
-            if (now >= deadline) {
-                rc = mesh_err(-ETIMEDOUT,
-                              "verbs wait: no request completed within "
-                              "%.3f s",
-                              timeout_s);
-                break;
-            }
-            ts.tv_sec = (time_t)(deadline / 1000000000ull);
-            ts.tv_nsec = (long)(deadline % 1000000000ull);
-            pthread_cond_timedwait(&t->cond, &t->lock, &ts);
-        } else {
-            pthread_cond_wait(&t->cond, &t->lock);
+        if (mesh_cond_sleep(&t->cond, &t->lock, deadline) < 0) {
+            rc = mesh_err(-ETIMEDOUT,
+                          "verbs wait: no request completed within %.3f s",
+                          timeout_s);
+            break;
         }
     }
     pthread_mutex_unlock(&t->lock);
