@@ -807,19 +807,6 @@ uint64_t mesh_seq_next(struct mesh *m)
     return ++m->seq;
 }
 
-static void p2p_frame(struct mesh_frame *f, uint64_t seq, uint32_t tag,
-                      size_t len)
-{
-    memset(f, 0, sizeof(*f));
-    f->seq = seq;
-    f->tag = tag;
-    f->op = MESH_OP_P2P;
-    f->dtype = MESH_DT_BYTE;
-    f->count = len;
-    f->offset = 0;
-    f->length = len;
-}
-
 int mesh_send(struct mesh *m, int peer, uint64_t seq, uint32_t tag,
               const void *buf, size_t len)
 {
@@ -827,7 +814,7 @@ int mesh_send(struct mesh *m, int peer, uint64_t seq, uint32_t tag,
     mesh_req_t *req;
     int rc;
 
-    p2p_frame(&f, seq, tag, len);
+    mesh_frame_p2p(&f, seq, tag, len);
     rc = m->ops->isend(m->t, peer, &f, buf, NULL, &req);
     if (rc < 0)
         return rc;
@@ -841,7 +828,7 @@ int mesh_recv(struct mesh *m, int peer, uint64_t seq, uint32_t tag, void *buf,
     mesh_req_t *req;
     int rc;
 
-    p2p_frame(&f, seq, tag, len);
+    mesh_frame_p2p(&f, seq, tag, len);
     rc = m->ops->irecv(m->t, peer, &f, buf, NULL, &req);
     if (rc < 0)
         return rc;

@@ -155,24 +155,12 @@ static uint64_t verify(struct bench *b, const uint8_t *buf, size_t len,
 
 /* ---- point-to-point operations ------------------------------------------- */
 
-static void frame(struct mesh_frame *f, uint64_t seq, uint32_t tag,
-                  size_t len)
-{
-    memset(f, 0, sizeof(*f));
-    f->seq = seq;
-    f->tag = tag;
-    f->op = MESH_OP_P2P;
-    f->dtype = MESH_DT_BYTE;
-    f->count = len;
-    f->length = len;
-}
-
 static int post_send(struct bench *b, int peer, uint64_t seq, uint32_t tag,
                      const void *buf, size_t len, mesh_req_t **req)
 {
     struct mesh_frame f;
 
-    frame(&f, seq, tag, len);
+    mesh_frame_p2p(&f, seq, tag, len);
     return b->ops->isend(b->t, peer, &f, buf, b->send_mr, req);
 }
 
@@ -181,7 +169,7 @@ static int post_recv(struct bench *b, int peer, uint64_t seq, uint32_t tag,
 {
     struct mesh_frame f;
 
-    frame(&f, seq, tag, len);
+    mesh_frame_p2p(&f, seq, tag, len);
     return b->ops->irecv(b->t, peer, &f, buf, b->recv_mr, req);
 }
 

@@ -72,6 +72,18 @@ size_t mesh_dtype_size(int dtype)
     return 0;
 }
 
+void mesh_frame_p2p(struct mesh_frame *f, uint64_t seq, uint32_t tag,
+                    size_t len)
+{
+    memset(f, 0, sizeof(*f));
+    f->seq = seq;
+    f->tag = tag;
+    f->op = MESH_OP_P2P;
+    f->dtype = MESH_DT_BYTE;
+    f->count = len;
+    f->length = len;
+}
+
 const char *mesh_frame_str(const struct mesh_frame *f, char *buf, size_t len)
 {
     snprintf(buf, len,

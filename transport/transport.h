@@ -79,6 +79,10 @@ struct mesh_frame {
     uint64_t length; /* payload bytes of this message */
 };
 
+/* A point-to-point message's frame: len bytes (op P2P, dtype byte). */
+void mesh_frame_p2p(struct mesh_frame *f, uint64_t seq, uint32_t tag,
+                    size_t len);
+
 /* "allreduce seq 12 tag 3 float32 count 1000 offset 0 length 4000" */
 const char *mesh_frame_str(const struct mesh_frame *f, char *buf, size_t len);
 
