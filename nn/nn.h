@@ -79,6 +79,36 @@ struct mesh_nn_model_cfg {
 /* The architectures, for --help: "resnet18, resnet34, ...". */
 const char *mesh_nn_arch_list(void);
 
+/*
+ * One convolution of a ResNet and the batch norm after it, as
+ * mesh_nn_resnet_walk() hands them to its visitor: the stem's conv1, then
+ * block by block (torchvision v1.5: the stride on a bottleneck's 3x3) each
+ * conv of the main path and last the block's projection shortcut.
+ */
+struct mesh_nn_resnet_conv {
+    char conv[40], bn[40]; /* "layer2.0.conv1" and "layer2.0.bn1" */
+    char block[16];        /* "layer2.0"; "" for the stem */
+    int index;             /* the block's, counted over all stages; -1 stem */
+    int j;                 /* conv j of the main path (0..nconv-1), nconv
+                              for the shortcut; 0 for the stem */
+    int nconv;             /* convs on the main path: 2 basic, 3 bottleneck */
+    int has_ds;            /* the block has a projection shortcut */
+    int cin, cout, k, stride, pad;
+    int relu;              /* a ReLU follows the batch norm */
+};
+
+typedef int (*mesh_nn_resnet_visit_fn)(void *arg,
+                                       const struct mesh_nn_resnet_conv *c);
+
+/*
+ * Visit every convolution of the ResNet cfg->arch in the order of its
+ * parameters; cfg's defaults must be filled in (width, in_channels). Stops
+ * at the first visit that returns non-zero and returns that; -EINVAL for an
+ * unknown architecture. *feat gets the channels that reach the fc.
+ */
+int mesh_nn_resnet_walk(const struct mesh_nn_model_cfg *cfg,
+                        mesh_nn_resnet_visit_fn visit, void *arg, int *feat);
+
 /* Build the model and initialise it as torchvision does, from cfg->seed. */
 int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
                          const struct mesh_nn_model_cfg *cfg,

@@ -146,12 +146,127 @@ static int def_bn_buffers(struct mesh_nn_model *m, struct nn_bn *b)
     return rc;
 }
 
+/* ---- the layer walk ---------------------------------------------------- */
+
+static const struct arch *arch_find(const char *name)
+{
+    for (size_t i = 0; name && i < MESH_ARRAY_SIZE(archs); i++)
+        if (strcmp(name, archs[i].name) == 0)
+            return &archs[i];
+    return NULL;
+}
+
+/* The main path's conv j of a block whose first conv takes cin channels:
+ * bottleneck 1x1, 3x3 (stride s), 1x1 to 4 x planes; basic 3x3 (stride s),
+ * 3x3. */
+static void block_conv(struct mesh_nn_resnet_conv *c, int bottleneck, int cin,
+                       int planes, int s)
+{
+    int j = c->j;
+
+    c->cin = j == 0 ? cin : planes;
+    if (bottleneck) {
+        c->cout = j == 2 ? planes * 4 : planes;
+        c->k = j == 1 ? 3 : 1;
+        c->stride = j == 1 ? s : 1;
+        c->pad = j == 1 ? 1 : 0;
+    } else {
+        c->cout = planes;
+        c->k = 3;
+        c->stride = j == 0 ? s : 1;
+        c->pad = 1;
+    }
+    c->relu = j < c->nconv - 1;
+    snprintf(c->conv, sizeof(c->conv), "%s.conv%d", c->block, j + 1);
+    snprintf(c->bn, sizeof(c->bn), "%s.bn%d", c->block, j + 1);
+}
+
+int mesh_nn_resnet_walk(const struct mesh_nn_model_cfg *cfg,
+                        mesh_nn_resnet_visit_fn visit, void *arg, int *feat)
+{
+    const struct arch *a = arch_find(cfg->arch);
+    struct mesh_nn_resnet_conv c;
+    int expansion, inplanes, stage, i, rc;
+
+    if (!a)
+        return mesh_err(-EINVAL, "nn: unknown model \"%s\" (%s)",
+                        cfg->arch ? cfg->arch : "(none)", mesh_nn_arch_list());
+    expansion = a->bottleneck ? 4 : 1;
+    inplanes = cfg->width;
+    memset(&c, 0, sizeof(c));
+    snprintf(c.conv, sizeof(c.conv), "conv1");
+    snprintf(c.bn, sizeof(c.bn), "bn1");
+    c.index = -1;
+    c.cin = cfg->in_channels;
+    c.cout = cfg->width;
+    c.k = cfg->cifar_stem ? 3 : 7;
+    c.stride = cfg->cifar_stem ? 1 : 2;
+    c.pad = cfg->cifar_stem ? 1 : 3;
+    c.relu = 1;
+    rc = visit(arg, &c);
+    c.index = 0;
+    for (stage = 0; stage < 4 && rc == 0; stage++) {
+        int planes = cfg->width << stage;
+
+        for (i = 0; i < a->layers[stage] && rc == 0; i++, c.index++) {
+            int s = i == 0 && stage > 0 ? 2 : 1;
+            int cin = i == 0 ? inplanes : planes * expansion;
+
+            snprintf(c.block, sizeof(c.block), "layer%d.%d", stage + 1, i);
+            c.nconv = a->bottleneck ? 3 : 2;
+            c.has_ds = i == 0 && (s != 1 || inplanes != planes * expansion);
+            for (c.j = 0; c.j < c.nconv && rc == 0; c.j++) {
+                block_conv(&c, a->bottleneck, cin, planes, s);
+                rc = visit(arg, &c);
+            }
+            if (rc == 0 && c.has_ds) {
+                c.cin = cin;
+                c.cout = planes * expansion;
+                c.k = 1;
+                c.stride = s;
+                c.pad = 0;
+                c.relu = 0;
+                snprintf(c.conv, sizeof(c.conv), "%s.downsample.0", c.block);
+                snprintf(c.bn, sizeof(c.bn), "%s.downsample.1", c.block);
+                rc = visit(arg, &c);
+            }
+        }
+        inplanes = planes * expansion;
+    }
+    if (rc == 0)
+        *feat = inplanes;
+    return rc;
+}
+
+/* define()'s visitor: a conv and its BN into their places in the model. */
+static int define_conv(void *arg, const struct mesh_nn_resnet_conv *c)
+{
+    struct mesh_nn_model *m = arg;
+    struct nn_conv *conv = &m->conv1;
+    struct nn_bn *bn = &m->bn1;
+    int rc;
+
+    if (c->index >= 0) {
+        struct nn_block *b = &m->blocks[c->index];
+
+        if (c->j == 0) {
+            snprintf(b->name, sizeof(b->name), "%s", c->block);
+            b->bottleneck = c->nconv == 3;
+            b->nconv = c->nconv;
+            b->has_ds = c->has_ds;
+        }
+        conv = c->j < c->nconv ? &b->c[c->j] : &b->cd;
+        bn = c->j < c->nconv ? &b->b[c->j] : &b->bd;
+    }
+    rc = def_conv(m, conv, c->conv, c->cin, c->cout, c->k, c->stride, c->pad);
+    if (rc == 0)
+        rc = def_bn(m, bn, c->bn, c->cout, c->relu);
+    return rc;
+}
+
 static int define(struct mesh_nn_model *m, const struct arch *a)
 {
-    const struct mesh_nn_model_cfg *cfg = &m->cfg;
-    int stage, i, j, w = cfg->width, inplanes = w, nb = 0, rc;
-    int expansion = a->bottleneck ? 4 : 1;
-    char name[48];
+    int stage, i, j, nb = 0, rc;
 
     for (stage = 0; stage < 4; stage++)
         nb += a->layers[stage];
@@ -159,71 +274,13 @@ static int define(struct mesh_nn_model *m, const struct arch *a)
     if (!m->blocks)
         return mesh_err(-ENOMEM, "nn: out of memory");
     m->nblocks = nb;
-
-    if (cfg->cifar_stem)
-        rc = def_conv(m, &m->conv1, "conv1", cfg->in_channels, w, 3, 1, 1);
-    else
-        rc = def_conv(m, &m->conv1, "conv1", cfg->in_channels, w, 7, 2, 3);
-    if (rc == 0)
-        rc = def_bn(m, &m->bn1, "bn1", w, 1);
+    rc = mesh_nn_resnet_walk(&m->cfg, define_conv, m, &m->feat);
     if (rc < 0)
         return rc;
-
-    nb = 0;
-    for (stage = 0; stage < 4; stage++) {
-        int planes = w << stage;
-        int stride = stage == 0 ? 1 : 2;
-
-        for (i = 0; i < a->layers[stage]; i++) {
-            struct nn_block *b = &m->blocks[nb++];
-            int s = i == 0 ? stride : 1;
-            int cin = i == 0 ? inplanes : planes * expansion;
-
-            snprintf(b->name, sizeof(b->name), "layer%d.%d", stage + 1, i);
-            b->bottleneck = a->bottleneck;
-            b->nconv = a->bottleneck ? 3 : 2;
-            b->has_ds = i == 0 && (s != 1 || inplanes != planes * expansion);
-            for (j = 0; j < b->nconv && rc == 0; j++) {
-                int ci, co, k, st, pad;
-
-                if (a->bottleneck) {
-                    /* v1.5: the stride sits on the 3x3 conv */
-                    ci = j == 0 ? cin : planes;
-                    co = j == 2 ? planes * 4 : planes;
-                    k = j == 1 ? 3 : 1;
-                    st = j == 1 ? s : 1;
-                    pad = j == 1 ? 1 : 0;
-                } else {
-                    ci = j == 0 ? cin : planes;
-                    co = planes;
-                    k = 3;
-                    st = j == 0 ? s : 1;
-                    pad = 1;
-                }
-                snprintf(name, sizeof(name), "%s.conv%d", b->name, j + 1);
-                rc = def_conv(m, &b->c[j], name, ci, co, k, st, pad);
-                snprintf(name, sizeof(name), "%s.bn%d", b->name, j + 1);
-                if (rc == 0)
-                    rc = def_bn(m, &b->b[j], name, co, j < b->nconv - 1);
-            }
-            if (rc == 0 && b->has_ds) {
-                snprintf(name, sizeof(name), "%s.downsample.0", b->name);
-                rc = def_conv(m, &b->cd, name, cin, planes * expansion, 1, s,
-                              0);
-                snprintf(name, sizeof(name), "%s.downsample.1", b->name);
-                if (rc == 0)
-                    rc = def_bn(m, &b->bd, name, planes * expansion, 0);
-            }
-            if (rc < 0)
-                return rc;
-        }
-        inplanes = planes * expansion;
-    }
-    m->feat = inplanes;
     m->fc_w = m->nparams;
     {
-        int64_t ws[2] = {cfg->num_classes, inplanes};
-        int64_t bs[1] = {cfg->num_classes};
+        int64_t ws[2] = {m->cfg.num_classes, m->feat};
+        int64_t bs[1] = {m->cfg.num_classes};
 
         rc = add_tensor(m, "fc.weight", MESH_NN_PARAM, MESH_NN_ROLE_FC_WEIGHT,
                         2, ws);
@@ -435,14 +492,10 @@ int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
                          const struct mesh_nn_model_cfg *cfg,
                          struct mesh_nn_model **out)
 {
-    const struct arch *a = NULL;
+    const struct arch *a = arch_find(cfg->arch);
     struct mesh_nn_model *m;
-    size_t i;
     int rc, j, k;
 
-    for (i = 0; cfg->arch && i < MESH_ARRAY_SIZE(archs); i++)
-        if (strcmp(cfg->arch, archs[i].name) == 0)
-            a = &archs[i];
     if (!a)
         return mesh_err(-EINVAL, "nn: unknown model \"%s\" (%s)",
                         cfg->arch ? cfg->arch : "(none)",

@@ -61,18 +61,6 @@ struct mesh_sim_prof {
 
 /* ---- the layer list ------------------------------------------------------ */
 
-struct sim_arch {
-    const char *name;
-    int layers[4];
-    int bottleneck;
-};
-
-static const struct sim_arch archs[] = {
-    {"resnet18", {2, 2, 2, 2}, 0},   {"resnet34", {3, 4, 6, 3}, 0},
-    {"resnet50", {3, 4, 6, 3}, 1},   {"resnet101", {3, 4, 23, 3}, 1},
-    {"resnet152", {3, 8, 36, 3}, 1},
-};
-
 static double now(void)
 {
     return mesh_now_s();
@@ -156,24 +144,37 @@ static int conv_bn(struct sim_model *m, const char *conv, const char *bn,
     return rc;
 }
 
+/* build()'s visitor: a conv and its BN; h is the side of the layer's
+ * input, hin the side of the block's (where the shortcut starts). */
+struct build_walk {
+    struct sim_model *m;
+    int h, hin;
+};
+
+static int build_conv(void *arg, const struct mesh_nn_resnet_conv *c)
+{
+    struct build_walk *bw = arg;
+    int rc;
+
+    if (c->index >= 0 && c->j == 0)
+        bw->hin = bw->h;
+    if (c->index >= 0 && c->j == c->nconv)
+        return conv_bn(bw->m, c->conv, c->bn, c->cin, c->cout, c->k, c->stride,
+                       c->pad, &bw->hin);
+    rc = conv_bn(bw->m, c->conv, c->bn, c->cin, c->cout, c->k, c->stride,
+                 c->pad, &bw->h);
+    if (c->index < 0 && !bw->m->cfg.cifar_stem)
+        bw->h = (bw->h + 2 - 3) / 2 + 1; /* max pool 3x3 stride 2 */
+    return rc;
+}
+
 static int build(struct sim_model *m, const struct mesh_nn_model_cfg *cfg)
 {
-    const struct sim_arch *a = NULL;
-    int stage, i, j, w, inplanes, h, rc, expansion;
-    char n1[48], n2[48], blk[24];
-    size_t k;
+    struct build_walk bw = {.m = m};
+    int feat, rc;
 
     memset(m, 0, sizeof(*m));
-    for (k = 0; cfg->arch && k < sizeof(archs) / sizeof(archs[0]); k++)
-        if (strcmp(cfg->arch, archs[k].name) == 0)
-            a = &archs[k];
-    if (!a)
-        return mesh_err(-EINVAL, "simulate: unknown model \"%s\" (%s)",
-                        cfg->arch ? cfg->arch : "(none)",
-                        mesh_nn_arch_list());
     m->cfg = *cfg;
-    snprintf(m->arch, sizeof(m->arch), "%s", a->name);
-    m->cfg.arch = m->arch;
     if (!m->cfg.num_classes)
         m->cfg.num_classes = 1000;
     if (!m->cfg.in_channels)
@@ -186,59 +187,15 @@ static int build(struct sim_model *m, const struct mesh_nn_model_cfg *cfg)
         m->cfg.image_size > 4096)
         return mesh_err(-EINVAL, "simulate: width %d or image size %d out "
                         "of range", m->cfg.width, m->cfg.image_size);
-    w = m->cfg.width;
-    inplanes = w;
-    expansion = a->bottleneck ? 4 : 1;
-    h = m->cfg.image_size;
-    if (m->cfg.cifar_stem) {
-        rc = conv_bn(m, "conv1", "bn1", m->cfg.in_channels, w, 3, 1, 1, &h);
-    } else {
-        rc = conv_bn(m, "conv1", "bn1", m->cfg.in_channels, w, 7, 2, 3, &h);
-        h = (h + 2 - 3) / 2 + 1; /* max pool 3x3 stride 2 */
-    }
-    for (stage = 0; stage < 4 && rc == 0; stage++) {
-        int planes = w << stage;
-
-        for (i = 0; i < a->layers[stage] && rc == 0; i++) {
-            int s = i == 0 && stage > 0 ? 2 : 1;
-            int cin = i == 0 ? inplanes : planes * expansion;
-            int nconv = a->bottleneck ? 3 : 2, hin = h;
-
-            snprintf(blk, sizeof(blk), "layer%d.%d", stage + 1, i);
-            for (j = 0; j < nconv && rc == 0; j++) {
-                int ci, co, ks, st, pad;
-
-                if (a->bottleneck) {
-                    ci = j == 0 ? cin : planes;
-                    co = j == 2 ? planes * 4 : planes;
-                    ks = j == 1 ? 3 : 1;
-                    st = j == 1 ? s : 1;
-                    pad = j == 1 ? 1 : 0;
-                } else {
-                    ci = j == 0 ? cin : planes;
-                    co = planes;
-                    ks = 3;
-                    st = j == 0 ? s : 1;
-                    pad = 1;
-                }
-                snprintf(n1, sizeof(n1), "%s.conv%d", blk, j + 1);
-                snprintf(n2, sizeof(n2), "%s.bn%d", blk, j + 1);
-                rc = conv_bn(m, n1, n2, ci, co, ks, st, pad, &h);
-            }
-            if (rc == 0 && i == 0 &&
-                (s != 1 || inplanes != planes * expansion)) {
-                snprintf(n1, sizeof(n1), "%s.downsample.0", blk);
-                snprintf(n2, sizeof(n2), "%s.downsample.1", blk);
-                rc = conv_bn(m, n1, n2, cin, planes * expansion, 1, s, 0,
-                             &hin);
-            }
-        }
-        inplanes = planes * expansion;
-    }
-    if (rc == 0)
-        rc = add_layer(m, "fc", 2.0 * inplanes * m->cfg.num_classes);
+    bw.h = m->cfg.image_size;
+    rc = mesh_nn_resnet_walk(&m->cfg, build_conv, &bw, &feat);
+    if (rc < 0)
+        return rc;
+    snprintf(m->arch, sizeof(m->arch), "%s", cfg->arch);
+    m->cfg.arch = m->arch;
+    rc = add_layer(m, "fc", 2.0 * feat * m->cfg.num_classes);
     if (rc == 0) {
-        int64_t ws[2] = {m->cfg.num_classes, inplanes};
+        int64_t ws[2] = {m->cfg.num_classes, feat};
         int64_t bs[1] = {m->cfg.num_classes};
 
         rc = add_tensor(m, "weight", MESH_NN_ROLE_FC_WEIGHT, 2, ws);
