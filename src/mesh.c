@@ -84,23 +84,6 @@ void mesh_opts_init(struct mesh_opts *o)
     o->gid_index = -1;
 }
 
-static int parse_int(const char *what, const char *s, long lo, long hi,
-                     int *out)
-{
-    char *end;
-    long v;
-
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return mesh_err(-EINVAL,
-                        "%s '%s': expected an integer from %ld to "
-                        "%ld",
-                        what, s, lo, hi);
-    *out = (int)v;
-    return 0;
-}
-
 static int parse_seconds(const char *what, const char *s, double *out)
 {
     char *end;
@@ -142,13 +125,13 @@ static int set_flag(struct mesh_opts *o, enum flag_id id, const char *name,
         o->hosts = v;
         return 0;
     case F_RANK:
-        return parse_int(name, v, 0, INT_MAX, &o->rank);
+        return mesh_parse_int(name, v, 0, INT_MAX, &o->rank);
     case F_PORT:
-        return parse_int(name, v, 1, 65535, &o->port);
+        return mesh_parse_int(name, v, 1, 65535, &o->port);
     case F_PORT_RANGE:
         return mesh_parse_port_range(v, &o->port_lo, &o->port_hi);
     case F_STREAMS:
-        return parse_int(name, v, 1, MESH_STREAMS_MAX, &o->streams);
+        return mesh_parse_int(name, v, 1, MESH_STREAMS_MAX, &o->streams);
     case F_SECRET_FILE:
         o->secret_file = v;
         return 0;
@@ -169,9 +152,9 @@ static int set_flag(struct mesh_opts *o, enum flag_id id, const char *name,
         o->ib_dev = v;
         return 0;
     case F_IB_PORT:
-        return parse_int(name, v, 1, 255, &o->ib_port);
+        return mesh_parse_int(name, v, 1, 255, &o->ib_port);
     case F_GID_INDEX:
-        return parse_int(name, v, 0, 65535, &o->gid_index);
+        return mesh_parse_int(name, v, 0, 65535, &o->gid_index);
     }
     return mesh_err(-EINVAL, "unknown mesh flag %s", name);
 }
@@ -287,7 +270,7 @@ static int read_secret_fd(struct mesh_opts *o, const char *val, size_t *len)
     size_t got = 0;
     int fd, rc;
 
-    rc = parse_int("MESHTRAIN_SECRET_FD", val, 0, INT_MAX, &fd);
+    rc = mesh_parse_int("MESHTRAIN_SECRET_FD", val, 0, INT_MAX, &fd);
     if (rc < 0)
         return rc;
     snprintf(where, sizeof(where), "MESHTRAIN_SECRET_FD=%d", fd);
@@ -354,7 +337,7 @@ static int finish_secret(struct mesh_opts *o)
         if (file && *file) {
             int fd;
 
-            if (parse_int("MESHTRAIN_SECRET_FD", fdv, 0, INT_MAX, &fd) == 0)
+            if (!mesh_parse_int("MESHTRAIN_SECRET_FD", fdv, 0, INT_MAX, &fd))
                 close(fd);
         }
         unsetenv("MESHTRAIN_SECRET_FD");

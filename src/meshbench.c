@@ -446,20 +446,6 @@ bad:
                              "with an optional K, M or G suffix", s);
 }
 
-static int parse_count(const char *what, const char *s, int lo, int *out)
-{
-    char *end;
-    long v;
-
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > 1000000)
-        return mesh_err(-EINVAL, "%s '%s': expected an integer from %d to "
-                                 "1000000", what, s, lo);
-    *out = (int)v;
-    return 0;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -589,13 +575,13 @@ static int parse_args(struct mesh_opts *mo, struct args *a, int argc,
         else if (!strcmp(arg, "-e") || !strcmp(arg, "--maxbytes"))
             rc = parse_size(v, &a->maxbytes);
         else if (!strcmp(arg, "-f") || !strcmp(arg, "--stepfactor"))
-            rc = parse_count(arg, v, 2, &a->factor);
+            rc = mesh_parse_int(arg, v, 2, 1000000, &a->factor);
         else if (!strcmp(arg, "-n") || !strcmp(arg, "--iters"))
-            rc = parse_count(arg, v, 1, &a->iters);
+            rc = mesh_parse_int(arg, v, 1, 1000000, &a->iters);
         else if (!strcmp(arg, "-w") || !strcmp(arg, "--warmup"))
-            rc = parse_count(arg, v, 0, &a->warmup);
+            rc = mesh_parse_int(arg, v, 0, 1000000, &a->warmup);
         else if (!strcmp(arg, "-c") || !strcmp(arg, "--check")) {
-            rc = parse_count(arg, v, 0, &a->check);
+            rc = mesh_parse_int(arg, v, 0, 1000000, &a->check);
             if (rc == 0 && a->check > 1)
                 rc = mesh_err(-EINVAL, "%s '%s': expected 0 or 1", arg, v);
         } else

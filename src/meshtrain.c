@@ -186,21 +186,14 @@ static void usage(FILE *f)
     fprintf(f, "\n%s\n%s", mesh_opts_help(), mesh_exit_help());
 }
 
+/* Flag values, worded as mesh_parse_long() words the mesh flags. */
 static int parse_long(const char *flag, const char *s, long lo, long hi,
                       long *out)
 {
-    char *end;
-    long v;
+    char what[64];
 
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi)
-        return mesh_err(-EINVAL,
-                        "--%s: \"%s\" is not an integer in "
-                        "[%ld, %ld]",
-                        flag, s, lo, hi);
-    *out = v;
-    return 0;
+    snprintf(what, sizeof(what), "--%s", flag);
+    return mesh_parse_long(what, s, lo, hi, out);
 }
 
 static int parse_double(const char *flag, const char *s, double lo, double hi,
@@ -212,7 +205,7 @@ static int parse_double(const char *flag, const char *s, double lo, double hi,
     errno = 0;
     v = strtod(s, &end);
     if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi)
-        return mesh_err(-EINVAL, "--%s: \"%s\" is not a number in [%g, %g]",
+        return mesh_err(-EINVAL, "--%s '%s': expected a number from %g to %g",
                         flag, s, lo, hi);
     *out = v;
     return 0;

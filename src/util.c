@@ -184,3 +184,28 @@ void mesh_host_free(void *ptr, size_t len)
     munlock(ptr, rounded ? rounded : page);
     free(ptr);
 }
+
+int mesh_parse_long(const char *what, const char *s, long lo, long hi,
+                    long *out)
+{
+    char *end;
+    long v;
+
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return mesh_err(-EINVAL, "%s '%s': expected an integer from %ld to %ld",
+                        what, s, lo, hi);
+    *out = v;
+    return 0;
+}
+
+int mesh_parse_int(const char *what, const char *s, int lo, int hi, int *out)
+{
+    long v;
+    int rc = mesh_parse_long(what, s, lo, hi, &v);
+
+    if (rc == 0)
+        *out = (int)v;
+    return rc;
+}

@@ -77,6 +77,15 @@ double mesh_now_s(void);
 int mesh_err_errno(const char *fmt, ...) MESH_PRINTF(1, 2);
 
 /*
+ * s as a whole decimal integer from lo to hi into *out; else -EINVAL with
+ * "<what> '<s>': expected an integer from <lo> to <hi>" (what names the
+ * flag or variable, e.g. "--port").
+ */
+int mesh_parse_long(const char *what, const char *s, long lo, long hi,
+                    long *out);
+int mesh_parse_int(const char *what, const char *s, int lo, int hi, int *out);
+
+/*
  * Pinned host memory: page-aligned, mlock'ed where RLIMIT_MEMLOCK allows
  * (a one-time warning is logged where it does not). Freed with
  * mesh_host_free(ptr, len).
