@@ -641,54 +641,6 @@ int mesh_ckpt_prune(const char *dir, int keep)
 
 /* ---- reading ------------------------------------------------------------ */
 
-static int read_manifest(const char *path, char **out, size_t *len)
-{
-    struct stat st;
-    char *s;
-    size_t done = 0;
-    int fd, rc = 0;
-
-    do {
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0)
-        return mesh_err_errno("%s", path);
-    if (fstat(fd, &st) != 0) {
-        rc = mesh_err_errno("stat %s", path);
-        goto out;
-    }
-    if (st.st_size <= 0 || st.st_size > MANIFEST_MAX) {
-        rc = mesh_err(-EIO, "%s: size %lld is not that of a manifest", path,
-                      (long long)st.st_size);
-        goto out;
-    }
-    s = malloc((size_t)st.st_size + 1);
-    if (!s) {
-        rc = mesh_err(-ENOMEM, "out of memory");
-        goto out;
-    }
-    while (done < (size_t)st.st_size) {
-        ssize_t n = read(fd, s + done, (size_t)st.st_size - done);
-
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            rc = n < 0 ? mesh_err_errno("read %s", path)
-                       : mesh_err(-EIO, "%s: truncated at byte offset %zu",
-                                  path, done);
-            free(s);
-            goto out;
-        }
-        done += (size_t)n;
-    }
-    s[done] = '\0';
-    *out = s;
-    *len = done;
-out:
-    close(fd);
-    return rc;
-}
-
 /* Parse the manifest text (already checksummed) into c. */
 static int parse_manifest(struct mesh_ckpt *c, char *text, const char *mpath)
 {
@@ -761,8 +713,8 @@ int mesh_ckpt_open(const char *path, struct mesh_ckpt **out)
     struct mesh_ckpt *c;
     char mpath[PATH_CAP + 100], *text = NULL, *last;
     uint8_t sum[MESH_CKPT_DIGEST_LEN], want[MESH_CKPT_DIGEST_LEN];
-    uint8_t dg[MESH_CKPT_DIGEST_LEN];
-    size_t len = 0;
+    uint8_t dg[MESH_CKPT_DIGEST_LEN], *tbuf = NULL;
+    size_t len = 0, tcap = 0;
     DIR *d;
     struct dirent *e;
     int rc;
@@ -774,7 +726,8 @@ int mesh_ckpt_open(const char *path, struct mesh_ckpt **out)
         return mesh_err(-ENOMEM, "out of memory");
     snprintf(c->path, sizeof(c->path), "%s", path);
     snprintf(mpath, sizeof(mpath), "%s/" MANIFEST, path);
-    rc = read_manifest(mpath, &text, &len);
+    rc = mesh_file_read(mpath, MANIFEST_MAX, "a manifest", &tbuf, &tcap, &len);
+    text = (char *)tbuf;
     if (rc < 0)
         goto fail;
     /* The last line is "sha256 <hex>\n" over everything before it. */

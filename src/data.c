@@ -842,48 +842,6 @@ static size_t jpeg_offset(j_decompress_ptr c, const uint8_t *buf, size_t len)
     return (size_t)(p - buf);
 }
 
-static int read_file(const char *path, struct scratch *sc)
-{
-    struct stat st;
-    size_t done = 0;
-    int fd, rc = 0;
-
-    do {
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0)
-        return mesh_err_errno("%s", path);
-    if (fstat(fd, &st) != 0) {
-        rc = mesh_err_errno("%s: stat", path);
-        goto out;
-    }
-    if (st.st_size <= 0 || st.st_size > (1 << 30)) {
-        rc = mesh_err(-EIO, "%s: bad JPEG: file size %lld", path,
-                      (long long)st.st_size);
-        goto out;
-    }
-    rc = grow(&sc->file, &sc->file_cap, (size_t)st.st_size);
-    if (rc < 0)
-        goto out;
-    while (done < (size_t)st.st_size) {
-        ssize_t n = read(fd, sc->file + done, (size_t)st.st_size - done);
-
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            rc = mesh_err_errno("%s: read at byte offset %zu", path, done);
-            goto out;
-        }
-        if (n == 0)
-            break;
-        done += (size_t)n;
-    }
-    sc->file_len = done;
-out:
-    close(fd);
-    return rc;
-}
-
 /* Decode path into sc->img as interleaved RGB (h, w, 3). */
 static int jpeg_decode(const char *path, struct scratch *sc, int *w_out,
                        int *h_out)
@@ -893,7 +851,8 @@ static int jpeg_decode(const char *path, struct scratch *sc, int *w_out,
     size_t row;
     int cmyk, rc;
 
-    rc = read_file(path, sc);
+    rc = mesh_file_read(path, (size_t)1 << 30, "a JPEG file", &sc->file,
+                        &sc->file_cap, &sc->file_len);
     if (rc < 0)
         return rc;
     memset(&c, 0, sizeof(c));

@@ -4,12 +4,14 @@
 #include "src/util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -183,6 +185,61 @@ void mesh_host_free(void *ptr, size_t len)
         return;
     munlock(ptr, rounded ? rounded : page);
     free(ptr);
+}
+
+int mesh_file_read(const char *path, size_t max, const char *what,
+                   uint8_t **buf, size_t *cap, size_t *len)
+{
+    struct stat st;
+    size_t size, done = 0;
+    int fd, rc = 0;
+
+    do {
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return mesh_err_errno("%s", path);
+    if (fstat(fd, &st) != 0) {
+        rc = mesh_err_errno("%s: stat", path);
+        goto out;
+    }
+    if (st.st_size <= 0 || (uint64_t)st.st_size > max) {
+        rc = mesh_err(-EIO, "%s: size %lld is not that of %s", path,
+                      (long long)st.st_size, what);
+        goto out;
+    }
+    size = (size_t)st.st_size;
+    if (*cap < size + 1) {
+        uint8_t *p = realloc(*buf, size + 1);
+
+        if (!p) {
+            rc = mesh_err(-ENOMEM, "%s: cannot allocate %zu bytes", path,
+                          size + 1);
+            goto out;
+        }
+        *buf = p;
+        *cap = size + 1;
+    }
+    while (done < size) {
+        ssize_t n = read(fd, *buf + done, size - done);
+
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            rc = mesh_err_errno("%s: read at byte offset %zu", path, done);
+            goto out;
+        }
+        if (n == 0) {
+            rc = mesh_err(-EIO, "%s: truncated at byte offset %zu", path, done);
+            goto out;
+        }
+        done += (size_t)n;
+    }
+    (*buf)[done] = '\0';
+    *len = done;
+out:
+    close(fd);
+    return rc;
 }
 
 int mesh_parse_long(const char *what, const char *s, long lo, long hi,

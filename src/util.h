@@ -86,6 +86,16 @@ int mesh_parse_long(const char *what, const char *s, long lo, long hi,
 int mesh_parse_int(const char *what, const char *s, int lo, int hi, int *out);
 
 /*
+ * The whole file at path, of 1 to max bytes (else an error that calls it
+ * "not <what>"), into *buf: a malloc'ed buffer of *cap bytes, grown with
+ * realloc where the file needs more (start with NULL and 0; the caller
+ * frees it), with a NUL after the data. *len gets the file's length. A
+ * file that ends before its size says is an error.
+ */
+int mesh_file_read(const char *path, size_t max, const char *what,
+                   uint8_t **buf, size_t *cap, size_t *len);
+
+/*
  * Pinned host memory: page-aligned, mlock'ed where RLIMIT_MEMLOCK allows
  * (a one-time warning is logged where it does not). Freed with
  * mesh_host_free(ptr, len).
