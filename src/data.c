@@ -337,6 +337,29 @@ static int find_file(const char *dir, const char *name, char *path, size_t cap)
 
 /* ---- fashion-mnist (IDX) ------------------------------------------------ */
 
+/*
+ * Open an IDX file of unsigned bytes with dims dimensions and read its
+ * header (4 + 4 * dims bytes: the magic 0x0000080D, then one big-endian u32
+ * per dimension) into hdr. On failure r is closed.
+ */
+static int idx_open(struct rd *r, const char *path, int dims, uint8_t *hdr)
+{
+    uint32_t magic = 0x800u | (uint32_t)dims;
+    int rc = rd_open(r, path);
+
+    if (rc < 0)
+        return rc;
+    rc = rd_exact(r, hdr, 4 + 4 * (size_t)dims, "the IDX header");
+    if (rc == 0 && be32(hdr) != magic)
+        rc = mesh_err(-EIO,
+                      "%s: bad IDX magic 0x%08x at byte offset 0 (expected "
+                      "0x%08x: unsigned bytes, %d dimension%s)",
+                      path, be32(hdr), magic, dims, dims == 1 ? "" : "s");
+    if (rc < 0)
+        rd_close(r);
+    return rc;
+}
+
 static int idx_read(const char *dir, const char *img_name, const char *lbl_name,
                     int classes, struct split *sp, int *h, int *w)
 {
@@ -353,19 +376,9 @@ static int idx_read(const char *dir, const char *img_name, const char *lbl_name,
     rc = find_file(dir, lbl_name, lpath, sizeof(lpath));
     if (rc < 0)
         return rc;
-    rc = rd_open(&ri, ipath);
+    rc = idx_open(&ri, ipath, 3, hdr);
     if (rc < 0)
         return rc;
-    rc = rd_exact(&ri, hdr, 16, "the IDX header");
-    if (rc < 0)
-        goto out_img;
-    if (be32(hdr) != 0x00000803) {
-        rc = mesh_err(-EIO,
-                      "%s: bad IDX magic 0x%08x at byte offset 0 (expected "
-                      "0x00000803: unsigned bytes, 3 dimensions)",
-                      ipath, be32(hdr));
-        goto out_img;
-    }
     n = be32(hdr + 4);
     rows = be32(hdr + 8);
     cols = be32(hdr + 12);
@@ -398,19 +411,9 @@ static int idx_read(const char *dir, const char *img_name, const char *lbl_name,
     if (rc < 0)
         goto out_img;
 
-    rc = rd_open(&rl, lpath);
+    rc = idx_open(&rl, lpath, 1, hdr);
     if (rc < 0)
         goto out_img;
-    rc = rd_exact(&rl, hdr, 8, "the IDX header");
-    if (rc < 0)
-        goto out_lbl;
-    if (be32(hdr) != 0x00000801) {
-        rc = mesh_err(-EIO,
-                      "%s: bad IDX magic 0x%08x at byte offset 0 (expected "
-                      "0x00000801: unsigned bytes, 1 dimension)",
-                      lpath, be32(hdr));
-        goto out_lbl;
-    }
     nl = be32(hdr + 4);
     if (nl != n) {
         rc = mesh_err(-EIO,
@@ -1640,6 +1643,20 @@ static void reset_position(struct mesh_loader *ld, uint64_t base)
         ld->slots[i].seq = UINT64_MAX;
 }
 
+/* The loader's memory (its threads stopped, or never started). */
+static void loader_free(struct mesh_loader *ld)
+{
+    if (ld->slots)
+        for (int i = 0; i < ld->depth; i++) {
+            free(ld->slots[i].x);
+            free(ld->slots[i].y);
+        }
+    free(ld->slots);
+    free(ld->threads);
+    free(ld->perm);
+    free(ld);
+}
+
 int mesh_loader_create(struct mesh_dataset *ds,
                        const struct mesh_loader_opts *o,
                        struct mesh_loader **out)
@@ -1731,15 +1748,7 @@ int mesh_loader_create(struct mesh_dataset *ds,
     *out = ld;
     return 0;
 fail:
-    if (ld->slots)
-        for (int i = 0; i < ld->depth; i++) {
-            free(ld->slots[i].x);
-            free(ld->slots[i].y);
-        }
-    free(ld->slots);
-    free(ld->threads);
-    free(ld->perm);
-    free(ld);
+    loader_free(ld);
     return rc;
 }
 
@@ -1751,14 +1760,7 @@ void mesh_loader_destroy(struct mesh_loader *ld)
     pthread_cond_destroy(&ld->cv_ready);
     pthread_cond_destroy(&ld->cv_work);
     pthread_mutex_destroy(&ld->mu);
-    for (int i = 0; i < ld->depth; i++) {
-        free(ld->slots[i].x);
-        free(ld->slots[i].y);
-    }
-    free(ld->slots);
-    free(ld->threads);
-    free(ld->perm);
-    free(ld);
+    loader_free(ld);
 }
 
 uint64_t mesh_loader_steps_per_epoch(const struct mesh_loader *ld)
