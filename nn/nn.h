@@ -76,6 +76,9 @@ struct mesh_nn_model_cfg {
                               torchvision; smaller for fast small models */
 };
 
+/* Fill in cfg's defaults where a field is 0 (see above). */
+void mesh_nn_model_cfg_defaults(struct mesh_nn_model_cfg *cfg);
+
 /* The architectures, for --help: "resnet18, resnet34, ...". */
 const char *mesh_nn_arch_list(void);
 

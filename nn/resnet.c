@@ -488,6 +488,18 @@ static int alloc_save(struct mesh_nn_model *m, struct nn_bn *b)
                          (void **)&b->save);
 }
 
+void mesh_nn_model_cfg_defaults(struct mesh_nn_model_cfg *cfg)
+{
+    if (!cfg->num_classes)
+        cfg->num_classes = 1000;
+    if (!cfg->in_channels)
+        cfg->in_channels = 3;
+    if (!cfg->image_size)
+        cfg->image_size = 224;
+    if (!cfg->width)
+        cfg->width = 64;
+}
+
 int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
                          const struct mesh_nn_model_cfg *cfg,
                          struct mesh_nn_model **out)
@@ -507,14 +519,7 @@ int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
     m->cfg = *cfg;
     snprintf(m->arch, sizeof(m->arch), "%s", a->name);
     m->cfg.arch = m->arch;
-    if (!m->cfg.num_classes)
-        m->cfg.num_classes = 1000;
-    if (!m->cfg.in_channels)
-        m->cfg.in_channels = 3;
-    if (!m->cfg.image_size)
-        m->cfg.image_size = 224;
-    if (!m->cfg.width)
-        m->cfg.width = 64;
+    mesh_nn_model_cfg_defaults(&m->cfg);
     if (m->cfg.num_classes < 1 || m->cfg.num_classes > 1000000) {
         rc = mesh_err(-EINVAL, "nn: num_classes %d is out of range",
                       m->cfg.num_classes);

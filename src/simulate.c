@@ -175,14 +175,7 @@ static int build(struct sim_model *m, const struct mesh_nn_model_cfg *cfg)
 
     memset(m, 0, sizeof(*m));
     m->cfg = *cfg;
-    if (!m->cfg.num_classes)
-        m->cfg.num_classes = 1000;
-    if (!m->cfg.in_channels)
-        m->cfg.in_channels = 3;
-    if (!m->cfg.image_size)
-        m->cfg.image_size = 224;
-    if (!m->cfg.width)
-        m->cfg.width = 64;
+    mesh_nn_model_cfg_defaults(&m->cfg);
     if (m->cfg.width < 1 || m->cfg.width > 4096 || m->cfg.image_size < 8 ||
         m->cfg.image_size > 4096)
         return mesh_err(-EINVAL, "simulate: width %d or image size %d out "
