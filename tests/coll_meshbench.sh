@@ -11,7 +11,7 @@
 t_plan 13
 n=3
 for algo in ring tree direct ps auto; do
-    free_ports "$n" || { t_ok 1 "no free ports"; continue; }
+    take_ports "$n" || { t_ok 1 "no free ports"; continue; }
     port=$PORT
     log=$TMP/ar_$algo.log
     timeout 120 "$MESHRUN" -np "$n" -- "$MESHBENCH" --port "$port" \
@@ -29,7 +29,7 @@ for algo in ring tree direct ps auto; do
 done
 for op in reduce_scatter allgather broadcast; do
     for dt in float bfloat16; do
-        free_ports "$n" || { t_ok 1 "no free ports"; continue; }
+        take_ports "$n" || { t_ok 1 "no free ports"; continue; }
         port=$PORT
         log=$TMP/$op.$dt.log
         timeout 120 "$MESHRUN" -np "$n" -- "$MESHBENCH" --port "$port" \
@@ -50,7 +50,7 @@ t_ok $([ $rc -eq 1 ] && grep -q "unknown algorithm 'fastest'" "$TMP/bad.log"
        echo $?) "--algo fastest is refused (exit $rc)"
 # The check can fail: rank 1 spoils one byte of its first input longer
 # than 100 bytes; the sums come out wrong, and every rank exits 4.
-free_ports "$n"
+take_ports "$n"
 port=$PORT
 log=$TMP/corrupt.log
 MESHBENCH_TEST_CORRUPT=1:100 timeout 120 "$MESHRUN" -np "$n" -- \

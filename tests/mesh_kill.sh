@@ -19,7 +19,7 @@ t_plan 15
 # by_hand SIGNAL: 4 peers started by hand; SIGNAL the victim.
 by_hand() {
     sig=$1
-    free_ports 4 || { t_ok 1 "free ports"; return; }
+    take_ports 4 || { t_ok 1 "free ports"; return; }
     port=$PORT
     secret=$TMP/secret
     make_secret "$secret"
@@ -74,7 +74,7 @@ rank_pid() {
 
 under_meshrun() {
     sig=$1
-    free_ports 4 || { t_ok 1 "free ports"; return; }
+    take_ports 4 || { t_ok 1 "free ports"; return; }
     port=$PORT
     log=$TMP/run$sig.log
     # shellcheck disable=SC2086
@@ -114,7 +114,7 @@ under_meshrun() {
 
 # A peer that never starts: the join fails at --join-timeout with exit 2,
 # naming the ranks that never answered.
-free_ports 3
+take_ports 3
 port=$PORT
 "$MESHBENCH" -H localhost:3 --rank 0 --port "$port" --insecure \
     --join-timeout 2 > "$TMP/join.log" 2>&1 &

@@ -15,7 +15,7 @@ make_secret "$secret"
 # and size only in the environment.
 env_pair() {
     name=$1
-    free_ports 2
+    take_ports 2
     port=$PORT
     printf 'localhost:2 # Horovod syntax\n' > "$TMP/hosts"
     for r in 0 1; do
@@ -51,7 +51,7 @@ t_ok $([ $rc -eq 1 ] && grep -q "world size mismatch.*SLURM_NTASKS=3" \
     "SLURM_NTASKS=3 against 2 slots: exit 1, mismatch named (exit $rc)"
 
 if command -v mpirun >/dev/null 2>&1; then
-    free_ports 2
+    take_ports 2
     port=$PORT
     timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 \
         "$MESHBENCH" -H localhost:2 --port "$port" --secret-file "$secret" \

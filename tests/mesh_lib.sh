@@ -61,7 +61,7 @@ t_show() {
     [ -f "$1" ] && sed 's/^/#   /' "$1" | tail -n "${2:-30}"
 }
 
-# free_ports N: sets PORT (tests/ports.sh).
+# take_ports N: sets PORT and keeps those ports ours (tests/ports.sh).
 . "$top_srcdir/tests/ports.sh"
 
 # bg CMD...: start CMD in the background, remember its pid in $BG_PID.

@@ -8,7 +8,7 @@
 
 t_plan 13
 for n in 2 4 8; do
-    free_ports "$n" || { t_ok 1 "no free ports for $n peers"; continue; }
+    take_ports "$n" || { t_ok 1 "no free ports for $n peers"; continue; }
     port=$PORT
     log=$TMP/loop$n.log
     timeout 300 "$MESHRUN" -np "$n" -- "$MESHBENCH" --port "$port" \
@@ -30,7 +30,7 @@ for n in 2 4 8; do
 done
 
 # IPv6 loopback, several TCP streams per link (messages striped over them).
-free_ports 4
+take_ports 4
 port=$PORT
 log=$TMP/v6.log
 timeout 300 "$MESHRUN" -H '[::1]:4' -- "$MESHBENCH" --port "$port" \
@@ -45,7 +45,7 @@ t_ok $([ "$rows" -eq 48 ] && grep -q '3 stream(s) per link' "$log"; echo $?) \
 
 # The check can fail: rank 0 spoils one byte of its first message longer
 # than 1000 bytes; rank 1 must find exactly that byte and meshrun exit 4.
-free_ports 2
+take_ports 2
 port=$PORT
 log=$TMP/corrupt.log
 MESHBENCH_TEST_CORRUPT=0:1000 timeout 120 "$MESHRUN" -np 2 -- "$MESHBENCH" \

@@ -35,7 +35,7 @@ pair() {
     name=$1
     a0=$2
     a1=$3
-    free_ports 2 || return 1
+    take_ports 2 || return 1
     port=$PORT
     # shellcheck disable=SC2086
     bg "$MESHBENCH" -H localhost:2 --rank 0 --port "$port" $a0 $BENCH \
@@ -77,7 +77,7 @@ t_ok $(cat "$TMP/wrong.0.log" "$TMP/wrong.1.log" | grep -Eqi "secret|auth|hmac";
     "the refusal is logged as an authentication failure"
 
 # meshrun: a job that lives long enough to look at its ranks.
-free_ports 2
+take_ports 2
 port=$PORT
 bg "$MESHRUN" -np 2 -- "$MESHBENCH" --port "$port" --op pingpong -b 8 -e 8 \
     -n 1000000 -w 0 > "$TMP/run.log" 2>&1

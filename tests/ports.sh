@@ -6,12 +6,12 @@
 # FIRSTPORT. Two of our tests, run side by side, never get the same port;
 # no outgoing connection takes one.
 #
-# free_ports N: set PORT to a base port P such that P..P+N-1 (N <= 16) were
+# take_ports N: set PORT to a base port P such that P..P+N-1 (N <= 16) were
 # free when picked; the block stays ours (file descriptor 9 of this shell,
 # inherited by the programs it starts) until the next call or the script's
 # end, and while any program started on it still runs. Returns 1, PORT
 # empty, when no block is free.
-free_ports() {
+take_ports() {
     PORT=
     _fp_dir=${TMPDIR:-/tmp}/meshtrain-test-ports
     if [ ! -d "$_fp_dir" ]; then
@@ -110,4 +110,12 @@ EOF
         exec 9>&-
     done
     return 1
+}
+
+# free_ports N: print such a base port, for callers that write
+# port=$(free_ports N): the command substitution's subshell lets go of the
+# block when it ends, so another test may pick it before the peers bind;
+# take_ports keeps it.
+free_ports() {
+    take_ports "$1" && echo "$PORT"
 }

@@ -6,7 +6,7 @@
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 t_plan 5
-free_ports 1 || exit 99
+take_ports 1 || exit 99
 port=$PORT
 ONE="-H localhost:1 --port $port --insecure --join-timeout 20"
 

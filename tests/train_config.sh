@@ -14,7 +14,7 @@ pair() {
     field=$2
     a=$3
     b=$4
-    free_ports 2 || { t_ok 1 "free ports"; return; }
+    take_ports 2 || { t_ok 1 "free ports"; return; }
     port=$PORT
     make_secret "$TMP/secret"
     # shellcheck disable=SC2086

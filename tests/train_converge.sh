@@ -11,7 +11,7 @@
 [ -r "$FMNIST/train-images-idx3-ubyte.gz" ] ||
     t_skip_all "no Fashion-MNIST in $FMNIST (dataset-fashion-mnist)"
 t_plan 4
-free_ports 4 || exit 99
+take_ports 4 || exit 99
 port=$PORT
 # shellcheck disable=SC2086
 "$MESHRUN" -np 4 -H localhost:4 -- "$MESHTRAIN" --port "$port" \

@@ -33,7 +33,7 @@ wait_all 600
 t_ok $? "4 peers x batch 8 train 3 steps (exit codes $CODES)"
 [ "$CODES" = "0 0 0 0" ] || t_show "$TMP/peer0.log"
 
-free_ports 1
+take_ports 1
 port=$PORT
 # shellcheck disable=SC2086
 "$MESHTRAIN" -H localhost:1 --port "$port" --insecure $COMMON --batch 8 \

@@ -64,7 +64,7 @@ runs a step (exit codes $CODES)"
 
 # Under meshrun: kill one meshtrain; meshrun stops the rest, exits non-zero.
 rm -rf "$TMP/ck"
-free_ports 3
+take_ports 3
 port=$PORT
 # shellcheck disable=SC2086
 bg "$MESHRUN" -np 3 -H localhost:3 -- "$MESHTRAIN" --port "$port" $COMMON \

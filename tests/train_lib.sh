@@ -22,7 +22,7 @@ by_hand() {
     _n=$1
     _log=$2
     shift 2
-    free_ports "$_n" || return 1
+    take_ports "$_n" || return 1
     _port=$PORT
     make_secret "$TMP/secret"
     PEERS=""

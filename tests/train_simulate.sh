@@ -31,7 +31,7 @@ t_ok $? "--simulate-compute with --save is refused"
 "$MESHTRAIN" --algo ps > "$TMP/o" 2>&1
 [ $? -eq 1 ] && grep -q "ps is a benchmark baseline" "$TMP/o"
 t_ok $? "--algo ps without --simulate-compute is refused"
-free_ports 1
+take_ports 1
 ONE="-H localhost:1 --rank 0 --insecure --port $PORT"
 # shellcheck disable=SC2086
 "$MESHTRAIN" $ONE --simulate-compute "$TMP/none.csv" > "$TMP/o" 2>&1

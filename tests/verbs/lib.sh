@@ -184,10 +184,10 @@ verbs_boot() {
 # one virtio-net link between them (a QEMU socket netdev on loopback): each
 # has its own kernel, rxe and IP stack. (Network namespaces inside one guest
 # do not work for this: the 6.1 kernel's rdma_rxe routes and listens in the
-# initial namespace only.) The link's port comes from free_ports
+# initial namespace only.) The link's port comes from take_ports
 # (tests/ports.sh, sourced by the caller).
 verbs_boot_pair() {
-    free_ports 1 || return 1
+    take_ports 1 || return 1
     vb_port=$PORT
     verbs_boot "$3" "$4" -netdev "socket,id=n0,listen=127.0.0.1:$vb_port" \
         -device virtio-net-pci,netdev=n0,mac=52:54:00:12:34:02 &
