@@ -52,11 +52,11 @@ struct mesh_nn_copy {
 };
 
 struct mesh_nn_dev {
-    struct mesh_nn_dev *cpu; /* the "cpu" backend's device: every op */
-    long delay_us;           /* per copy, before its bytes move */
-    pthread_t thread;        /* the copy "stream" */
-    pthread_mutex_t lock;    /* everything below */
-    pthread_cond_t cond;     /* queue grew, a copy finished, stop */
+    struct mesh_nn_dev *cpu;          /* the "cpu" backend's device: every op */
+    long delay_us;                    /* per copy, before its bytes move */
+    pthread_t thread;                 /* the copy "stream" */
+    pthread_mutex_t lock;             /* everything below */
+    pthread_cond_t cond;              /* queue grew, a copy finished, stop */
     struct mesh_nn_copy *head, *tail; /* queued, oldest first */
     struct mesh_nn_copy *free_copies, *all_copies;
     uint64_t issued, done; /* copies started, copies finished (in order) */
@@ -139,8 +139,9 @@ static int read_delay(long *out)
     errno = 0;
     us = strtol(v, &end, 10);
     if (errno || *end || us < 0 || us > DELAY_MAX_US)
-        return mesh_err(-EINVAL, "nn devsim: %s=\"%s\" is not a number of "
-                                 "microseconds from 0 to %ld",
+        return mesh_err(-EINVAL,
+                        "nn devsim: %s=\"%s\" is not a number of "
+                        "microseconds from 0 to %ld",
                         DELAY_ENV, v, DELAY_MAX_US);
     *out = us;
     return 0;
@@ -348,8 +349,8 @@ static float from_f16(uint16_t h)
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = h >> 10 & 0x1f,
              m = h & 0x3ff;
 
-    if (e == 0x1f) /* infinity, NaN */
-        return float_of(sign | 0x7f800000 | m << 13);
+    if (e == 0x1f) /* infinity; NaN quieted, as F16C does */
+        return float_of(sign | 0x7f800000 | (m ? 0x400000 : 0) | m << 13);
     if (e == 0) /* zero, subnormal: m * 2^-24, exact in float */
         return sign ? -(float)m * 0x1p-24f : (float)m * 0x1p-24f;
     return float_of(sign | (e + 112) << 23 | m << 13);
@@ -376,11 +377,10 @@ static int sim_convert(struct mesh_nn_dev *dev, int dst_dtype, void *dst,
 
     (void)dev;
     for (i = 0; i < n; i++) {
-        float v = src_dtype == MESH_NN_F16
-                      ? from_f16(((const uint16_t *)src)[i])
-                  : src_dtype == MESH_NN_BF16
-                      ? from_bf16(((const uint16_t *)src)[i])
-                      : ((const float *)src)[i];
+        float v =
+            src_dtype == MESH_NN_F16    ? from_f16(((const uint16_t *)src)[i])
+            : src_dtype == MESH_NN_BF16 ? from_bf16(((const uint16_t *)src)[i])
+                                        : ((const float *)src)[i];
 
         if (scale != 1.f)
             v *= scale;
@@ -423,8 +423,7 @@ static int sim_zero(struct mesh_nn_dev *dev, void *p, size_t bytes)
     return cpu->zero(dev->cpu, p, bytes);
 }
 
-static size_t sim_act_bytes(struct mesh_nn_dev *dev, int n, int c, int h,
-                            int w)
+static size_t sim_act_bytes(struct mesh_nn_dev *dev, int n, int c, int h, int w)
 {
     return cpu->act_bytes(dev->cpu, n, c, h, w);
 }
@@ -470,15 +469,14 @@ static int sim_conv_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 }
 
 static int sim_conv_bwd_data(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
-                             const void *dy, const float *w, void *dx,
-                             void *ws)
+                             const void *dy, const float *w, void *dx, void *ws)
 {
     return cpu->conv_bwd_data(dev->cpu, p, dy, w, dx, ws);
 }
 
-static int sim_conv_bwd_filter(struct mesh_nn_dev *dev,
-                               struct mesh_nn_plan *p, const void *x,
-                               const void *dy, float *dw, void *ws)
+static int sim_conv_bwd_filter(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                               const void *x, const void *dy, float *dw,
+                               void *ws)
 {
     return cpu->conv_bwd_filter(dev->cpu, p, x, dy, dw, ws);
 }
@@ -503,9 +501,8 @@ static int sim_bn_fwd_infer(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 
 static int sim_bn_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                       const void *x, const void *dy, const float *gamma,
-                      const float *beta, const float *save,
-                      const void *reserve, void *dx, float *dgamma,
-                      float *dbeta, void *ws)
+                      const float *beta, const float *save, const void *reserve,
+                      void *dx, float *dgamma, float *dbeta, void *ws)
 {
     return cpu->bn_bwd(dev->cpu, p, x, dy, gamma, beta, save, reserve, dx,
                        dgamma, dbeta, ws);
@@ -574,17 +571,15 @@ static int sim_fc_bwd_weights(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     return cpu->fc_bwd_weights(dev->cpu, p, x, dy, dw, db, ws);
 }
 
-static int sim_xent(struct mesh_nn_dev *dev, int n, int k,
-                    const float *logits, const int32_t *labels,
-                    float smoothing, float *loss, float *dlogits)
+static int sim_xent(struct mesh_nn_dev *dev, int n, int k, const float *logits,
+                    const int32_t *labels, float smoothing, float *loss,
+                    float *dlogits)
 {
-    return cpu->xent(dev->cpu, n, k, logits, labels, smoothing, loss,
-                     dlogits);
+    return cpu->xent(dev->cpu, n, k, logits, labels, smoothing, loss, dlogits);
 }
 
-static int sim_sgd(struct mesh_nn_dev *dev, size_t n, float *p,
-                   const float *g, float *buf,
-                   const struct mesh_nn_sgd_args *a)
+static int sim_sgd(struct mesh_nn_dev *dev, size_t n, float *p, const float *g,
+                   float *buf, const struct mesh_nn_sgd_args *a)
 {
     return cpu->sgd(dev->cpu, n, p, g, buf, a);
 }
