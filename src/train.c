@@ -740,6 +740,11 @@ static int bucket_start(struct trainer *t, int i)
         }
         b->done = 1;
         b->t_end = now_s(t);
+        /* device slabs: the scaled (and rounded) bucket goes back */
+        if (!t->host_slabs)
+            return mesh_nn_upload(t->ctx,
+                                  mesh_nn_model_grads(t->model) + b->lo, g,
+                                  n * 4);
         return 0;
     }
     if (dt != MESH_DT_F32) {
