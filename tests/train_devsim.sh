@@ -15,6 +15,10 @@
 # round-to-nearest-even code, cpu with the collective's) and with
 # --accumulate 2 (the 1/2 scale on the device against on the host).
 #
+# One process on a device has no pipeline: its buckets are downloaded,
+# scaled by 1/--accumulate and rounded to --compress's 16 bits on the
+# host, and uploaded again; bitwise cpu's too.
+#
 # 3 peers: the ring adds three values in an order set by each element's
 # place in its collective, and chunks are not buckets, so elements are
 # added in other orders: a few ulp per gradient element, amplified by the
@@ -27,7 +31,7 @@
     --device devsim --summary > "$TMP/probe.log" 2>&1 ||
     t_skip_all "no devsim backend: $(tail -n 1 "$TMP/probe.log")"
 
-t_plan 13
+t_plan 16
 # 2 copies of 0.5 ms per chunk, about 30 chunks of 0.1 MiB per step
 MESHTRAIN_DEVSIM_COPY_US=${DEVSIM_COPY_US:-500}
 export MESHTRAIN_DEVSIM_COPY_US
@@ -46,7 +50,7 @@ run() {
     wait_all 300
     _want=$(seq "$_n" | sed 's/.*/0/' | tr '\n' ' ')
     [ "$CODES " = "$_want" ]
-    t_ok $? "$_tag: $_n peers train 3 steps (exit codes $CODES)"
+    t_ok $? "$_tag: $_n peer(s) train 3 steps (exit codes $CODES)"
     [ "$CODES " = "$_want" ] || t_show "$TMP/$_tag.0.log"
 }
 
@@ -63,6 +67,7 @@ same() {
 }
 
 run 2 cpu --device cpu
+# shellcheck disable=SC2086
 run 2 dev $DEV --timeline "$TMP/tl.json" --timeline-steps 1
 same cpu dev "2 peers"
 # the pipeline ran in chunks: bucket 1's second chunk went out, through
@@ -75,15 +80,23 @@ done
 t_ok $? "the timeline shows each chunk's copies and all-reduce"
 
 run 2 cpu16 --device cpu --compress fp16
+# shellcheck disable=SC2086
 run 2 dev16 $DEV --compress fp16
 same cpu16 dev16 "--compress fp16"
 
 run 2 cpuacc --device cpu --accumulate 2
+# shellcheck disable=SC2086
 run 2 devacc $DEV --accumulate 2
 same cpuacc devacc "--accumulate 2"
 
+run 1 cpu1 --device cpu --accumulate 2 --compress fp16
+# shellcheck disable=SC2086
+run 1 dev1 $DEV --accumulate 2 --compress fp16
+same cpu1 dev1 "1 peer, --accumulate 2 --compress fp16"
+
 # 3 peers: cpu's numbers are the 2-peer runs' kind; close, not bitwise
 run 3 cpu3 --device cpu --algo ring
+# shellcheck disable=SC2086
 run 3 dev3 $DEV --algo ring
 /usr/bin/python3 "$top_srcdir/tests/train_compare.py" weights \
     "$TMP/cpu3.st" "$TMP/dev3.st" 1e-6 > "$TMP/cmp3" 2>&1
