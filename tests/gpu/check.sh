@@ -30,6 +30,7 @@ srctree=$(cd "$here/../.." && pwd)
 TARBALL=${1:-}
 OUTDIR=${2:-${OUT:-$PWD/gpu-check}}
 PYTHON=${PYTHON:-python3}
+export PYTHON # for two_peers.sh
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 T0=$(date +%s)
 mkdir -p "$OUTDIR" || exit 2
