@@ -139,7 +139,7 @@ fallback_build() {
         echo "#define HAVE_CUDA 1"
         if [ -f /usr/include/oneapi/dnnl/dnnl.h ]; then
             echo "#define HAVE_DNNL 1"
-            DNNL="nn/cpu_dnnl.c"
+            DNNL="nn/cpu_dnnl.c nn/devsim.c" # ctx.c lists both
         fi
     } > "$BUILD/config.h"
     cat > "$BUILD/shim.c" << 'SHIM'
