@@ -10,7 +10,11 @@
  * - copy_start queues the copy on one copy thread that runs the copies in
  *   FIFO order, as a CUDA stream does, after an optional delay per copy:
  *   MESHTRAIN_DEVSIM_COPY_US microseconds (0 to 1000000, default 0).
- *   copy_test and copy_wait report and wait for its completion. Compute is
+ *   MESHTRAIN_DEVSIM_COPY_ORDER=lifo runs the newest queued copy first
+ *   instead, as copies on several streams may finish in any order: a
+ *   caller that starts work in the order copies finish, rather than its
+ *   own, shows. copy_test and copy_wait report and wait for a copy's
+ *   completion. Compute is
  *   synchronous, so a copy started now is already ordered after every op
  *   issued so far, and copy_order (later ops wait for the copy) waits on the
  *   host.
@@ -40,13 +44,14 @@
 
 #define DELAY_ENV    "MESHTRAIN_DEVSIM_COPY_US"
 #define DELAY_MAX_US 1000000L
+#define ORDER_ENV    "MESHTRAIN_DEVSIM_COPY_ORDER"
 
 /* One queued (or finished, not yet released) copy. */
 struct mesh_nn_copy {
     void *dst;
     const void *src;
     size_t bytes;
-    uint64_t seq;              /* done when the device's done >= seq */
+    int done;                  /* the bytes landed (under the lock) */
     struct mesh_nn_copy *next; /* the queue, or the free list */
     struct mesh_nn_copy *all;  /* every handle, freed with the device */
 };
@@ -54,12 +59,13 @@ struct mesh_nn_copy {
 struct mesh_nn_dev {
     struct mesh_nn_dev *cpu;          /* the "cpu" backend's device: every op */
     long delay_us;                    /* per copy, before its bytes move */
+    int lifo;                         /* newest queued copy first */
     pthread_t thread;                 /* the copy "stream" */
     pthread_mutex_t lock;             /* everything below */
     pthread_cond_t cond;              /* queue grew, a copy finished, stop */
     struct mesh_nn_copy *head, *tail; /* queued, oldest first */
     struct mesh_nn_copy *free_copies, *all_copies;
-    uint64_t issued, done; /* copies started, copies finished (in order) */
+    uint64_t issued, ndone; /* copies started, copies finished */
     int stop;
     char desc[256];
 };
@@ -82,45 +88,42 @@ static void *copy_thread(void *arg)
 
     pthread_mutex_lock(&dev->lock);
     for (;;) {
-        struct mesh_nn_copy *c;
-        void *dst;
-        const void *src;
-        size_t bytes;
-        uint64_t seq;
+        struct mesh_nn_copy *c, *prev = NULL;
 
         while (!dev->head && !dev->stop)
             pthread_cond_wait(&dev->cond, &dev->lock);
         if (!dev->head)
             break; /* stop, and nothing is left to copy */
         c = dev->head;
-        dev->head = c->next;
-        if (!dev->head)
-            dev->tail = NULL;
-        /* the handle may be released as soon as done >= seq: keep what
-         * the copy needs, never touch c after */
-        dst = c->dst;
-        src = c->src;
-        bytes = c->bytes;
-        seq = c->seq;
+        while (dev->lifo && c->next) {
+            prev = c;
+            c = c->next;
+        }
+        if (prev)
+            prev->next = NULL;
+        else
+            dev->head = c->next;
+        if (dev->tail == c)
+            dev->tail = prev;
+        /* c is not released before done is set, under the lock */
         pthread_mutex_unlock(&dev->lock);
         if (dev->delay_us > 0)
             sleep_us(dev->delay_us);
-        memcpy(dst, src, bytes);
+        memcpy(c->dst, c->src, c->bytes);
         pthread_mutex_lock(&dev->lock);
-        dev->done = seq;
+        c->done = 1;
+        dev->ndone++;
         pthread_cond_broadcast(&dev->cond);
     }
     pthread_mutex_unlock(&dev->lock);
     return NULL;
 }
 
-/* Block until copy number seq (0: every copy issued so far) is done. */
-static void wait_seq(struct mesh_nn_dev *dev, uint64_t seq)
+/* Block until c (NULL: every copy issued so far) is done. */
+static void wait_copy(struct mesh_nn_dev *dev, const struct mesh_nn_copy *c)
 {
     pthread_mutex_lock(&dev->lock);
-    if (seq == 0)
-        seq = dev->issued;
-    while (dev->done < seq)
+    while (c ? !c->done : dev->ndone < dev->issued)
         pthread_cond_wait(&dev->cond, &dev->lock);
     pthread_mutex_unlock(&dev->lock);
 }
@@ -147,6 +150,21 @@ static int read_delay(long *out)
     return 0;
 }
 
+static int read_order(int *lifo)
+{
+    const char *v = getenv(ORDER_ENV);
+
+    *lifo = 0;
+    if (!v || !*v || strcmp(v, "fifo") == 0)
+        return 0;
+    if (strcmp(v, "lifo") == 0) {
+        *lifo = 1;
+        return 0;
+    }
+    return mesh_err(-EINVAL, "nn devsim: %s=\"%s\" is not fifo or lifo",
+                    ORDER_ENV, v);
+}
+
 static int sim_dev_open(int threads, struct mesh_nn_dev **out)
 {
     struct mesh_nn_dev *dev;
@@ -156,6 +174,8 @@ static int sim_dev_open(int threads, struct mesh_nn_dev **out)
     if (!dev)
         return mesh_err(-ENOMEM, "nn devsim: out of memory");
     rc = read_delay(&dev->delay_us);
+    if (rc == 0)
+        rc = read_order(&dev->lifo);
     if (rc < 0)
         goto fail_free;
     rc = cpu->dev_open(threads, &dev->cpu);
@@ -179,8 +199,9 @@ static int sim_dev_open(int threads, struct mesh_nn_dev **out)
     }
     snprintf(dev->desc, sizeof(dev->desc),
              "devsim (a GPU test double, not a compute device: copies on a "
-             "thread, %ld us each; ops on %s)",
-             dev->delay_us, cpu->dev_describe(dev->cpu));
+             "thread, %s, %ld us each; ops on %s)",
+             dev->lifo ? "newest first" : "in order", dev->delay_us,
+             cpu->dev_describe(dev->cpu));
     *out = dev;
     return 0;
 
@@ -225,7 +246,7 @@ static const char *sim_dev_describe(struct mesh_nn_dev *dev)
 /* Every op issued so far, the copies included, has finished. */
 static int sim_sync(struct mesh_nn_dev *dev)
 {
-    wait_seq(dev, 0);
+    wait_copy(dev, NULL);
     return cpu->sync(dev->cpu);
 }
 
@@ -256,7 +277,8 @@ static int sim_copy_start(struct mesh_nn_dev *dev, int to_host, void *dst,
     c->dst = dst;
     c->src = src;
     c->bytes = bytes;
-    c->seq = ++dev->issued;
+    c->done = 0;
+    dev->issued++;
     c->next = NULL;
     if (dev->tail)
         dev->tail->next = c;
@@ -273,7 +295,7 @@ static int sim_copy_test(struct mesh_nn_dev *dev, struct mesh_nn_copy *c,
                          int *done)
 {
     pthread_mutex_lock(&dev->lock);
-    *done = dev->done >= c->seq;
+    *done = c->done;
     pthread_mutex_unlock(&dev->lock);
     return 0;
 }
@@ -288,7 +310,7 @@ static void copy_release(struct mesh_nn_dev *dev, struct mesh_nn_copy *c)
 
 static int sim_copy_wait(struct mesh_nn_dev *dev, struct mesh_nn_copy *c)
 {
-    wait_seq(dev, c->seq);
+    wait_copy(dev, c);
     copy_release(dev, c);
     return 0;
 }
