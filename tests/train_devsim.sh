@@ -1,7 +1,8 @@
 #!/bin/sh
 # tests/train_devsim.sh: the trainer's GPU path (device slabs, the
 # pinned-host pipeline in chunks) on --device devsim, the GPU test double
-# (nn/devsim.c: cpu compute, copies on a FIFO copy thread, each delayed by
+# (nn/devsim.c: cpu compute, copies on a FIFO copy thread, or newest first
+# under MESHTRAIN_DEVSIM_COPY_ORDER=lifo, each delayed by
 # MESHTRAIN_DEVSIM_COPY_US, destinations NaN until the copy lands), against
 # the same peers on --device cpu (host slabs, whole buckets).
 #
@@ -10,7 +11,9 @@
 # computes exactly what cpu computes, so the final weights, BN statistics
 # and per-step losses must be bitwise equal: a chunk read before its copy
 # to the host landed, an optimizer step before a copy back, a chunk sent
-# twice or lost, all change bytes. The same holds with --compress fp16
+# twice, lost or paired with another chunk on the other peer (started in
+# another order: the run with copies finishing newest first), all change
+# bytes. The same holds with --compress fp16
 # (devsim narrows and widens on the "device" with its own
 # round-to-nearest-even code, cpu with the collective's) and with
 # --accumulate 2 (the 1/2 scale on the device against on the host).
@@ -31,7 +34,7 @@
     --device devsim --summary > "$TMP/probe.log" 2>&1 ||
     t_skip_all "no devsim backend: $(tail -n 1 "$TMP/probe.log")"
 
-t_plan 16
+t_plan 18
 # 2 copies of 0.5 ms per chunk, about 30 chunks of 0.1 MiB per step
 MESHTRAIN_DEVSIM_COPY_US=${DEVSIM_COPY_US:-500}
 export MESHTRAIN_DEVSIM_COPY_US
@@ -78,6 +81,15 @@ for ev in '"copy to host bucket 1 chunk 1", "cat": "copies"' \
     grep -q "$ev" "$TMP/tl.json" || { t_diag "no event $ev"; false; }
 done
 t_ok $? "the timeline shows each chunk's copies and all-reduce"
+
+# copies finishing newest first (as on several streams): the all-reduces
+# must still start in (bucket, chunk) order on both peers
+MESHTRAIN_DEVSIM_COPY_ORDER=lifo
+export MESHTRAIN_DEVSIM_COPY_ORDER
+# shellcheck disable=SC2086
+run 2 devlifo $DEV
+unset MESHTRAIN_DEVSIM_COPY_ORDER
+same cpu devlifo "copies finishing out of order"
 
 run 2 cpu16 --device cpu --compress fp16
 # shellcheck disable=SC2086
