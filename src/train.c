@@ -13,7 +13,10 @@
  * smaller) so that communication starts early, the others about
  * --bucket-mb. The grad-ready callback starts every bucket whose lower end
  * is final; after backward the trainer waits for each in order, and the
- * timeline shows when the engine really ran each one.
+ * timeline shows when the engine really ran each one. On a device backend
+ * with peers, each bucket goes through pinned host memory in chunks of
+ * --chunk-mb, copies and all-reduces overlapping chunk by chunk (see
+ * "The pinned-host pipeline" below).
  */
 #include "config.h"
 
