@@ -26,8 +26,11 @@
 # place in its collective, and chunks are not buckets, so elements are
 # added in other orders: a few ulp per gradient element, amplified by the
 # network over the steps as in train_equiv.sh (measured: 3e-8 relative
-# after 3 steps). Tolerance 1e-6 there; a lost or stale chunk is off by
-# 1e-3 or more.
+# after 3 steps). Tolerance 1e-6 there. The wrong pipelines tried on
+# purpose (no wait for a copy out, no copy_order before the optimizer,
+# all-reduces started in the order copies finish) did not get that far:
+# NaN losses, digests that differ between the peers, or a desync, so the
+# runs themselves fail.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 "$MESHTRAIN" -H localhost:1 --port "$(free_ports 1)" --insecure \
