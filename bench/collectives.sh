@@ -25,8 +25,9 @@
 # size and system (default 1). --repeat R: every system R times in turn,
 # interleaved, so that load from elsewhere hits all of them alike; the
 # report takes each one's best (default 1). --mesh-args: extra meshbench
-# arguments, e.g. "-n 5 -w 1 --streams 2" (meshbench's -n/-w are fixed
-# counts, not a time target: lower them for slow settings).
+# arguments, e.g. "-n 5 -w 1 --streams 2"; meshbench gets -t S like the
+# others (its -n is then the least number of iterations: lower it for slow
+# settings).
 # --quick = --settings a,b --np 2,4 --sizes 4K,64M --time 0.5.
 # Ports: BL_PORT (environment) + 0..59, by default chosen from the pid.
 #
@@ -265,7 +266,7 @@ run_mesh() {   # setting np b e f log algo
     while [ $_r -lt "$_n" ]; do
         bl_bg $((_r + 1)) timeout $runlimit "$meshbench" --hostfile "$_hf" \
             --rank $_r --port "$BL_PORT" $meshauth --op allreduce \
-            --algo "$7" -b "$3" -e "$4" -f "$5" $meshargs \
+            --algo "$7" -b "$3" -e "$4" -f "$5" -t "$secs" $meshargs \
             >"$tmp/mesh.out.$_r" 2>&1
         _r=$((_r + 1))
     done
