@@ -17,8 +17,12 @@
 # Tolerance: as train_equiv.sh, the two runs add the same per-micro-batch
 # gradients in a different order; on the GPU, cuDNN's backward-filter
 # algorithms may also add in a run-dependent order (atomics), a few ulp per
-# element. Over 3 steps of ResNet-18 that stays near 1e-6 relative; 1e-4
-# still tells a missing bucket or a wrong scale (1e-2 or more) apart.
+# element. Training amplifies such differences: on the cpu backend, only
+# changing the thread count (another summation order inside the
+# convolutions) moves the weights by 8e-6 relative after 1 step and 5e-4
+# after 3 steps of this model. 1e-3 leaves room for that and still tells a
+# missing bucket or a wrong scale (1e-2 or more) apart; the measured value
+# is printed.
 # Replicas must agree bit for bit: --verify-every 1 compares SHA-256
 # digests of the weights across the peers at every step (exit != 0 if not).
 # --compress fp16: within 3e-2 of the float32 peers and not equal to them
@@ -66,8 +70,8 @@ port=$(free_ports 1)
 rc=$?
 t_ok $rc "one process on the GPU, --accumulate 2 (exit $rc)"
 "${PYTHON:-python3}" "$top_srcdir/tests/train_compare.py" weights \
-    "$TMP/peers.st" "$TMP/one.st" 1e-4
-t_ok $? "weights of 2 peers and of one process agree within 1e-4"
+    "$TMP/peers.st" "$TMP/one.st" 1e-3
+t_ok $? "weights of 2 peers and of one process agree within 1e-3"
 
 # shellcheck disable=SC2086
 by_hand 2 "$TMP/fp16." $GPUSMALL --batch 32 --verify-every 1 $CHUNKED \
