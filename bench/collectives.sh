@@ -6,11 +6,13 @@
 #                        [--systems mesh,mpi,gloo,tcp] [--algos ring,tree,auto]
 #                        [--time S] [--repeat R] [--quick] [--out DIR]
 #                        [--builddir DIR] [--mesh-args "ARGS"]
-#                        [--prefix P] [--rate R] [--insecure]
+#                        [--prefix P] [--rate R] [--mtu M] [--insecure]
 #
 # Settings: a loopback (N processes on 127.0.0.1), b N network-namespace
 # hosts on a bridge (scripts/netns.sh), c the same with each host's egress
-# shaped to R (default 1gbit) by tbf. For every setting and N it runs:
+# shaped to R (default 1gbit) by tbf; --mtu M gives b and c links of MTU M
+# (e.g. 9000, jumbo frames; the setting's name gets -mtuM). For every
+# setting and N it runs:
 #   tcp   bench/tcp_limit.sh: iperf3 ring of N streams (and --bidir for
 #         N = 2), single stream, ping RTT
 #   mpi   bench/mpi_allreduce (MPI_Allreduce, mpirun --mca btl tcp,self
@@ -25,8 +27,9 @@
 # size and system (default 1). --repeat R: every system R times in turn,
 # interleaved, so that load from elsewhere hits all of them alike; the
 # report takes each one's best (default 1). --mesh-args: extra meshbench
-# arguments, e.g. "-n 5 -w 1 --streams 2" (meshbench's -n/-w are fixed
-# counts, not a time target: lower them for slow settings).
+# arguments, e.g. "-n 5 -w 1 --streams 2"; meshbench gets -t S like the
+# others (its -n is then the least number of iterations: lower it for slow
+# settings).
 # --quick = --settings a,b --np 2,4 --sizes 4K,64M --time 0.5.
 # Ports: BL_PORT (environment) + 0..59, by default chosen from the pid.
 #
@@ -72,6 +75,7 @@ while [ $# -gt 0 ]; do
         --builddir) builddir=$2; shift 2 ;;
         --prefix) BL_PREFIX=$2; shift 2 ;;
         --rate) BL_RATE=$2; shift 2 ;;
+        --mtu) BL_MTU=$2; shift 2 ;;
         --insecure) insecure=1; shift ;;
         --mesh-args) meshargs=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
@@ -265,7 +269,7 @@ run_mesh() {   # setting np b e f log algo
     while [ $_r -lt "$_n" ]; do
         bl_bg $((_r + 1)) timeout $runlimit "$meshbench" --hostfile "$_hf" \
             --rank $_r --port "$BL_PORT" $meshauth --op allreduce \
-            --algo "$7" -b "$3" -e "$4" -f "$5" $meshargs \
+            --algo "$7" -b "$3" -e "$4" -f "$5" -t "$secs" $meshargs \
             >"$tmp/mesh.out.$_r" 2>&1
         _r=$((_r + 1))
     done

@@ -4,6 +4,8 @@
 #   a  loopback: N processes on this host, 127.0.0.1
 #   b  N network namespaces on a bridge (scripts/netns.sh), unshaped
 #   c  the same, each host's egress shaped by tbf to $BL_RATE (1gbit)
+# $BL_MTU, when set, is the MTU of the namespaces' links (b and c; the
+# setting's name then ends in -mtuM).
 # Host numbers are 1-based. Namespaces use prefix $BL_PREFIX, by default
 # "mb" and the script's pid, so that concurrent runs (and the tests) never
 # touch each other's hosts.
@@ -12,6 +14,7 @@
 
 BL_PREFIX=${BL_PREFIX:-mb$(($$ % 1000000))}
 BL_RATE=${BL_RATE:-1gbit}
+BL_MTU=${BL_MTU:-}
 BL_SETTING=
 BL_NP=0
 bl_srcdir=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,8 +39,8 @@ bl_die() { echo "$(basename "$0"): $*" >&2; exit 1; }
 bl_setting_name() {
     case $1 in
         a) echo "loopback" ;;
-        b) echo "netns" ;;
-        c) echo "netns-$BL_RATE" ;;
+        b) echo "netns${BL_MTU:+-mtu$BL_MTU}" ;;
+        c) echo "netns-$BL_RATE${BL_MTU:+-mtu$BL_MTU}" ;;
         *) return 1 ;;
     esac
 }
@@ -48,10 +51,11 @@ bl_setup() {
     case $1 in
         a) return 0 ;;
         b) BL_UP=1
-           "$BL_NETNS" up "$2" --prefix "$BL_PREFIX" >/dev/null ;;
+           "$BL_NETNS" up "$2" --prefix "$BL_PREFIX" \
+               ${BL_MTU:+--mtu "$BL_MTU"} >/dev/null ;;
         c) BL_UP=1
            "$BL_NETNS" up "$2" --prefix "$BL_PREFIX" --rate "$BL_RATE" \
-               >/dev/null ;;
+               ${BL_MTU:+--mtu "$BL_MTU"} >/dev/null ;;
         *) bl_die "unknown setting '$1' (a, b or c)" ;;
     esac
 }

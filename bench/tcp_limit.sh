@@ -4,7 +4,7 @@
 # traffic at once.
 #
 #   bench/tcp_limit.sh --setting a|b|c --np N [--time S] [--no-setup]
-#                      [--prefix P] [--rate R] [--port BASE]
+#                      [--prefix P] [--rate R] [--mtu M] [--port BASE]
 #
 # Measures, in this order and each alone:
 #   ring    N iperf3 streams at once, host i sending to host i+1 (mod N);
@@ -38,6 +38,7 @@ while [ $# -gt 0 ]; do
         --no-setup) setup=0; shift ;;
         --prefix) BL_PREFIX=$2; shift 2 ;;
         --rate) BL_RATE=$2; shift 2 ;;
+        --mtu) BL_MTU=$2; shift 2 ;;
         --port) port=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) echo "tcp_limit.sh: unknown argument '$1' (see --help)" >&2

@@ -276,12 +276,21 @@ static double chunk_of(double slice)
     return MESH_MIN(MESH_MAX(slice / 8, 65536.0), 4194304.0);
 }
 
+/* The latency term of algo: measured, else hops x alpha. */
+static double lat_of(const struct mesh_coll *c, int algo, double hops)
+{
+    double l = c->model.lat_s[algo];
+
+    return l > 0 ? l : hops * c->model.alpha_s;
+}
+
 static double ring_cost(const struct mesh_coll *c, double bytes)
 {
     const struct mesh_coll_model *m = &c->model;
     double n = c->w->size, seg = bytes / n;
 
-    return 2 * (n - 1) * m->alpha_s + 2 * (n - 1) * seg * m->beta_s_per_byte +
+    return lat_of(c, MESH_ALGO_RING, 2 * (n - 1)) +
+           2 * (n - 1) * seg * m->beta_s_per_byte +
            (n - 1) * seg * m->gamma_s_per_byte;
 }
 
@@ -290,7 +299,7 @@ static double tree_cost(const struct mesh_coll *c, double bytes)
     const struct mesh_coll_model *m = &c->model;
     double half = bytes / 2;
 
-    return 2 * c->tree_depth * m->alpha_s +
+    return lat_of(c, MESH_ALGO_TREE, 2 * c->tree_depth) +
            c->tree_load * bytes * m->beta_s_per_byte +
            bytes * m->gamma_s_per_byte +
            2 * c->tree_depth * MESH_MIN(chunk_of(half), half) *
@@ -302,7 +311,8 @@ static double direct_cost(const struct mesh_coll *c, double bytes)
     const struct mesh_coll_model *m = &c->model;
     double n = c->w->size;
 
-    return m->alpha_s + (n - 1) * bytes * m->beta_s_per_byte +
+    return lat_of(c, MESH_ALGO_DIRECT, 1) +
+           (n - 1) * bytes * m->beta_s_per_byte +
            (n - 1) * bytes * m->gamma_s_per_byte;
 }
 
@@ -977,8 +987,45 @@ void mesh_coll_buf_unregister(mesh_coll_t *c, void *buf)
 
 /* ---- create, destroy ----------------------------------------------------- */
 
-/* Agree on alpha and beta: the average of every rank's measurement, by a
- * ring all-reduce, so that every rank holds the same bytes. */
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return (x > y) - (x < y);
+}
+
+/*
+ * Time a 32-byte all-reduce with ring, tree and direct: the median of
+ * LAT_RUNS after one warmup, per algorithm, into v[0..2] (us). Every rank
+ * runs the same calls in the same order.
+ */
+static int time_small(mesh_coll_t *c, float *buf, float *v)
+{
+    enum { LAT_RUNS = 5 };
+    static const int algos[3] = {MESH_ALGO_RING, MESH_ALGO_TREE,
+                                 MESH_ALGO_DIRECT};
+    double t[LAT_RUNS];
+
+    for (int a = 0; a < 3; a++) {
+        for (int i = -1; i < LAT_RUNS; i++) {
+            double t0 = mesh_now_s();
+            int rc = mesh_coll_allreduce(c, buf, buf, 8, MESH_DT_F32,
+                                         MESH_REDOP_SUM, algos[a]);
+
+            if (rc < 0)
+                return rc;
+            if (i >= 0)
+                t[i] = mesh_now_s() - t0;
+        }
+        qsort(t, LAT_RUNS, sizeof(t[0]), cmp_double);
+        v[a] = (float)(t[LAT_RUNS / 2] * 1e6);
+    }
+    return 0;
+}
+
+/* Agree on alpha, beta and the small all-reduce times: the average of
+ * every rank's measurement, by a ring all-reduce, so that every rank holds
+ * the same bytes. */
 static int agree(mesh_coll_t *c)
 {
     mesh_coll_req_t *q = NULL;
@@ -992,16 +1039,22 @@ static int agree(mesh_coll_t *c)
     rc = mesh_coll_wait(q);
     if (rc < 0)
         return rc;
-    rc = mesh_coll_buf_alloc(c, 2 * sizeof(float), (void **)&v);
+    rc = mesh_coll_buf_alloc(c, 16 * sizeof(float), (void **)&v);
     if (rc < 0)
         return rc;
+    memset(v, 0, 16 * sizeof(float));
     v[0] = (float)(c->meas_alpha * 1e6); /* us */
     v[1] = (float)(c->meas_beta * 1e9);  /* ns per byte */
-    rc = mesh_coll_allreduce(c, v, v, 2, MESH_DT_F32, MESH_REDOP_AVG,
-                             MESH_ALGO_RING);
+    rc = time_small(c, v + 8, v + 2);
+    if (rc == 0)
+        rc = mesh_coll_allreduce(c, v, v, 5, MESH_DT_F32, MESH_REDOP_AVG,
+                                 MESH_ALGO_RING);
     if (rc == 0) {
         c->model.alpha_s = v[0] * 1e-6;
         c->model.beta_s_per_byte = v[1] * 1e-9;
+        c->model.lat_s[MESH_ALGO_RING] = v[2] * 1e-6;
+        c->model.lat_s[MESH_ALGO_TREE] = v[3] * 1e-6;
+        c->model.lat_s[MESH_ALGO_DIRECT] = v[4] * 1e-6;
         c->model.measured = 1;
     }
     mesh_coll_buf_free(c, v);
@@ -1022,6 +1075,12 @@ static void log_model(const mesh_coll_t *c)
               c->model.measured ? " (alpha, beta measured to the ring "
                                   "neighbours, averaged over the ranks)"
                                 : " (not measured: defaults)");
+    if (c->model.measured)
+        mesh_info("collectives: 32-byte all-reduce measured: ring %.1f us, "
+                  "tree %.1f us, direct %.1f us",
+                  c->model.lat_s[MESH_ALGO_RING] * 1e6,
+                  c->model.lat_s[MESH_ALGO_TREE] * 1e6,
+                  c->model.lat_s[MESH_ALGO_DIRECT] * 1e6);
     if (c->opts.algo != MESH_ALGO_AUTO) {
         mesh_info("collectives: all-reduce algorithm %s (fixed)",
                   mesh_algo_name(c->opts.algo));

@@ -107,14 +107,19 @@ void mesh_coll_destroy(mesh_coll_t *c);
 /*
  * The numbers AUTO decides from, the same on every rank: one-hop latency
  * alpha (seconds), inverse bandwidth beta (seconds per byte on a link),
- * reduction cost gamma (seconds per byte added; a fixed figure), and
- * whether alpha and beta were measured.
+ * reduction cost gamma (seconds per byte added; a fixed figure), whether
+ * alpha and beta were measured, and the measured time of a 32-byte
+ * all-reduce with each of ring, tree and direct (lat_s[MESH_ALGO_RING]
+ * etc.; 0 when not measured). Where measured, that time replaces the
+ * model's hops x alpha: it holds what alpha misses, such as the cost of
+ * many messages at one rank, or of more processes than cores.
  */
 struct mesh_coll_model {
     double alpha_s;
     double beta_s_per_byte;
     double gamma_s_per_byte;
     int measured;
+    double lat_s[MESH_ALGO_DIRECT + 1];
 };
 void mesh_coll_model_get(const mesh_coll_t *c, struct mesh_coll_model *out);
 

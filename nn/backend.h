@@ -2,7 +2,7 @@
  * nn/backend.h: the compute backend interface of nn (internal to nn/ and its
  * tests). Layers and models call only these ops; a backend is a const table
  * of function pointers chosen by name ("cpu": oneDNN; "cuda": cuDNN and
- * cuBLAS, later). Nothing above this header tests which backend runs.
+ * cuBLAS; "devsim": a GPU test double over "cpu" for the trainer's tests). Nothing above this header tests which backend runs.
  *
  * The interface follows cuDNN as much as oneDNN:
  * - Buffers are opaque device pointers (void *) from the backend's alloc;
@@ -227,6 +227,8 @@ struct mesh_nn_backend_ops {
 const struct mesh_nn_backend_ops *mesh_nn_backend_find(const char *name);
 extern const struct mesh_nn_backend_ops mesh_nn_cpu_ops;
 extern const struct mesh_nn_backend_ops mesh_nn_cuda_ops;
+/* "devsim": a test double of a GPU over the cpu backend (nn/devsim.c). */
+extern const struct mesh_nn_backend_ops mesh_nn_devsim_ops;
 
 /*
  * nn's device handle wraps a backend's device with a plan cache, so that

@@ -21,6 +21,7 @@ struct mesh_nn_plan_entry {
 static const struct mesh_nn_backend_ops *const backends[] = {
 #ifdef HAVE_DNNL
     &mesh_nn_cpu_ops,
+    &mesh_nn_devsim_ops, /* a GPU test double over cpu (nn/devsim.c) */
 #endif
 #ifdef HAVE_CUDA
     &mesh_nn_cuda_ops,
@@ -40,8 +41,12 @@ const struct mesh_nn_backend_ops *mesh_nn_backend_find(const char *name)
                            "found no oneDNN: apt-get install libdnnl-dev)");
     else if (strcmp(name, "cuda") == 0)
         mesh_err(-ENOTSUP, "nn: backend \"cuda\" is not built");
+    else if (strcmp(name, "devsim") == 0)
+        mesh_err(-ENOTSUP, "nn: backend \"devsim\" is not built (it runs "
+                           "on the cpu backend: configure found no oneDNN)");
     else
-        mesh_err(-EINVAL, "nn: unknown backend \"%s\" (cpu, cuda)", name);
+        mesh_err(-EINVAL, "nn: unknown backend \"%s\" (cpu, cuda, devsim)",
+                 name);
     return NULL;
 }
 

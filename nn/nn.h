@@ -307,7 +307,9 @@ void mesh_nn_free(struct mesh_nn_ctx *ctx, void *p);
  * A D2H copy is ordered after every op issued on the device so far (an
  * event recorded on the compute stream, waited on by a copy stream), so it
  * may be started from the gradient-ready callback without a sync. An H2D
- * copy runs on the copy stream; mesh_nn_copy_order() makes later device
+ * copy runs on a copy stream of its own (cuda: D2H and H2D each have one,
+ * so a copy back does not queue behind copies out; they run in order
+ * within a direction); mesh_nn_copy_order() makes later device
  * ops (the optimizer step) wait for it without blocking the host.
  * Backends without streams ("cpu") copy synchronously: the copy is done
  * when start returns. Every started copy must be finished with

@@ -4,6 +4,7 @@
 # only ever uses 10.77.0.0/24 inside its own namespaces.
 #
 #   scripts/netns.sh up N [--prefix P] [--rate R] [--burst B] [--latency L]
+#                         [--mtu M]
 #       Creates namespaces P1..PN (default prefix "mt"). Host i has the
 #       interface "eth0" with address 10.77.0.i/24 (and "lo" up), the other
 #       end of its veth pair is "Pv<i>" in the root namespace, enslaved to
@@ -11,7 +12,9 @@
 #       prefixes can run side by side without seeing each other.
 #       --rate R (tc syntax, e.g. 1gbit) shapes each host's egress with
 #       tbf on its eth0 (burst defaults to max(64kb, R/250), latency to
-#       20ms). Any earlier network of the same prefix is removed first, so
+#       20ms). --mtu M sets the MTU of every veth end and the bridge
+#       (default: the kernel's, 1500; e.g. 9000 for jumbo frames). Any
+#       earlier network of the same prefix is removed first, so
 #       "up" is idempotent. Prints one line per host: "P<i> 10.77.0.i".
 #   scripts/netns.sh down [--prefix P]
 #       Kills what still runs inside P<i> (by pid: SIGTERM, then SIGKILL),
@@ -42,7 +45,7 @@ prefix=${MT_NETNS_PREFIX:-mt}
 die() { echo "netns.sh: $*" >&2; exit 1; }
 usage() {
     echo "usage: netns.sh up N [--prefix P] [--rate R] [--burst B]" \
-         "[--latency L] | down [--prefix P] | check [--prefix P] |" \
+         "[--latency L] [--mtu M] | down [--prefix P] | check [--prefix P] |" \
          "exec [--prefix P] I CMD... | addr I" >&2
     exit 2
 }
@@ -166,7 +169,7 @@ up_fail() {
 }
 
 do_up() {
-    n=$1 rate=$2 burst=$3 latency=$4
+    n=$1 rate=$2 burst=$3 latency=$4 mtu=$5
     if [ -n "$rate" ] && [ -z "$burst" ]; then
         burst=$(default_burst "$rate") || exit 2
     fi
@@ -175,6 +178,10 @@ do_up() {
     mkdir -p "$(state_dir)" && echo "$n" >"$(state_dir)/$prefix" ||
         die "cannot write $(state_dir)/$prefix"
     ip link add "${prefix}br0" type bridge || up_fail "cannot create bridge"
+    if [ -n "$mtu" ]; then
+        ip link set "${prefix}br0" mtu "$mtu" ||
+            up_fail "cannot set the MTU of ${prefix}br0 to $mtu"
+    fi
     ip link set "${prefix}br0" up || up_fail "cannot bring up ${prefix}br0"
     i=1
     while [ "$i" -le "$n" ]; do
@@ -182,6 +189,11 @@ do_up() {
         ip netns add "$ns" || up_fail "cannot create namespace $ns"
         ip link add "${prefix}v$i" type veth peer name eth0 netns "$ns" ||
             up_fail "cannot create veth ${prefix}v$i"
+        if [ -n "$mtu" ]; then
+            ip link set "${prefix}v$i" mtu "$mtu" &&
+                ip -n "$ns" link set eth0 mtu "$mtu" ||
+                up_fail "cannot set the MTU of host $i's veth to $mtu"
+        fi
         ip link set "${prefix}v$i" master "${prefix}br0" ||
             up_fail "cannot attach ${prefix}v$i to ${prefix}br0"
         ip link set "${prefix}v$i" up || up_fail "cannot bring up ${prefix}v$i"
@@ -217,6 +229,7 @@ n=
 rate=
 burst=
 latency=20ms
+mtu=
 while [ $# -gt 0 ]; do
     case $1 in
         --prefix) [ $# -ge 2 ] || usage; prefix=$2; shift 2 ;;
@@ -227,6 +240,8 @@ while [ $# -gt 0 ]; do
         --burst=*) burst=${1#--burst=}; shift ;;
         --latency) [ $# -ge 2 ] || usage; latency=$2; shift 2 ;;
         --latency=*) latency=${1#--latency=}; shift ;;
+        --mtu) [ $# -ge 2 ] || usage; mtu=$2; shift 2 ;;
+        --mtu=*) mtu=${1#--mtu=}; shift ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *)
             if [ -z "$n" ]; then
@@ -246,7 +261,15 @@ case $cmd in
         case $n in ''|*[!0-9]*) usage ;; esac
         [ "$n" -ge 1 ] && [ "$n" -le 200 ] ||
             { echo "netns.sh: N must be 1..200, not $n" >&2; exit 2; }
-        do_up "$n" "$rate" "$burst" "$latency"
+        case $mtu in
+            '') ;;
+            *[!0-9]*) echo "netns.sh: --mtu '$mtu': expected 68..65535" >&2
+                      exit 2 ;;
+            *) [ "$mtu" -ge 68 ] && [ "$mtu" -le 65535 ] ||
+                   { echo "netns.sh: --mtu '$mtu': expected 68..65535" >&2
+                     exit 2; } ;;
+        esac
+        do_up "$n" "$rate" "$burst" "$latency" "$mtu"
         ;;
     down)
         [ -z "$n" ] || usage

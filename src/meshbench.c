@@ -5,7 +5,7 @@
  *             [-f 2] [-n 20] [-w 5] [-c 1] [--all-pairs]
  *   meshbench [mesh options] --op allreduce|reduce_scatter|allgather|
  *             broadcast [--algo ring|tree|auto|ps] [--dtype float|half|
- *             bfloat16] [-o sum|avg] [--root R] [--chunk BYTES] [-b -e -f
+ *             bfloat16] [-o sum|avg] [--root R] [--chunk BYTES] [-t S] [-b -e -f
  *             -n -w -c]
  *
  * Every rank joins the mesh with the common flags (src/mesh.h). Ranks pair

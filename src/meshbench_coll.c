@@ -96,7 +96,7 @@ int meshbench_coll_parse_arg(struct meshbench_coll_args *a, int argc,
 
     if (strcmp(arg, "--algo") && strcmp(arg, "--dtype") && strcmp(arg, "-d") &&
         strcmp(arg, "--redop") && strcmp(arg, "-o") && strcmp(arg, "--root") &&
-        strcmp(arg, "--chunk"))
+        strcmp(arg, "--chunk") && strcmp(arg, "-t") && strcmp(arg, "--time"))
         return 0;
     if (!v)
         return mesh_err(-EINVAL, "%s needs a value (see --help)", arg);
@@ -111,6 +111,16 @@ int meshbench_coll_parse_arg(struct meshbench_coll_args *a, int argc,
             a->redop = MESH_REDOP_AVG;
         else
             rc = mesh_err(-EINVAL, "%s '%s': expected sum or avg", arg, v);
+    } else if (!strcmp(arg, "-t") || !strcmp(arg, "--time")) {
+        double t;
+
+        errno = 0;
+        t = strtod(v, &end);
+        if (errno || end == v || *end || !(t >= 0 && t <= 3600))
+            rc = mesh_err(-EINVAL, "%s '%s': expected seconds from 0 to 3600",
+                          arg, v);
+        else
+            a->time_s = t;
     } else {
         errno = 0;
         x = strtol(v, &end, 10);
@@ -146,6 +156,9 @@ const char *meshbench_coll_help(void)
            "  --root R           broadcast root (default 0)\n"
            "  --chunk BYTES      pipeline chunk (K, M suffixes; default: by\n"
            "                     message size)\n"
+           "  -t, --time S       time each size for about S seconds (as\n"
+           "                     many iterations as fit, at least -n);\n"
+           "                     0 (default): exactly -n iterations\n"
            "size is the whole buffer (all ranks' blocks for reduce_scatter\n"
            "and allgather); algbw = size / time; busbw = algbw x 2(n-1)/n\n"
            "(allreduce), x (n-1)/n (reduce_scatter, allgather), x 1\n"
@@ -157,9 +170,10 @@ void meshbench_coll_config(const struct meshbench_coll_args *a, char *buf,
                            size_t len)
 {
     snprintf(buf, len,
-             "coll_ops=%d\nalgo=%s\ndtype=%s\nredop=%d\nroot=%d\nchunk=%zu\n",
+             "coll_ops=%d\nalgo=%s\ndtype=%s\nredop=%d\nroot=%d\nchunk=%zu\n"
+             "time=%.6f\n",
              a->ops, mesh_algo_name(a->algo), mesh_dtype_name(a->dtype),
-             a->redop, a->root, a->chunk_bytes);
+             a->redop, a->root, a->chunk_bytes, a->time_s);
 }
 
 /* ---- data ---------------------------------------------------------------- */
@@ -319,6 +333,31 @@ static int checked(struct ctx *x, int op, int inplace, size_t cnt,
     }
 }
 
+/*
+ * -t: time one more (untimed) iteration, take the slowest rank's time, and
+ * fill time_s with iterations (at least -n, at most 1000000). Every rank
+ * computes the same count from the same agreed number.
+ */
+static int agree_iters(struct ctx *x, int op, int inplace, size_t cnt,
+                       int *iters)
+{
+    const struct meshbench_coll_args *a = x->a;
+    float mine, slowest = 0;
+    double t0 = mesh_now_s(), n;
+    int rc = run_once(x, op, inplace, cnt);
+
+    mine = (float)(mesh_now_s() - t0);
+    if (rc == 0)
+        rc = mesh_coll_allgather(x->c, &mine, x->times, 1, MESH_DT_F32);
+    if (rc < 0)
+        return rc;
+    for (int r = 0; r < x->n; r++)
+        slowest = MESH_MAX(slowest, x->times[r]);
+    n = slowest > 0 ? a->time_s / slowest : 1e6;
+    *iters = (int)MESH_MAX((double)a->iters, MESH_MIN(n, 1e6));
+    return 0;
+}
+
 /* Time and wrong count of one placement, agreed between the ranks. */
 static int measure(struct ctx *x, int op, int inplace, size_t cnt,
                    double *time_us, uint64_t *wrong)
@@ -327,18 +366,20 @@ static int measure(struct ctx *x, int op, int inplace, size_t cnt,
     uint64_t bad = 0;
     float mine;
     double t0;
-    int rc = 0;
+    int rc = 0, iters = a->iters;
 
     if (a->check)
         rc = checked(x, op, inplace, cnt, &bad);
     for (int i = 0; rc == 0 && i < a->warmup; i++)
         rc = run_once(x, op, inplace, cnt);
+    if (rc == 0 && a->time_s > 0)
+        rc = agree_iters(x, op, inplace, cnt, &iters);
     if (rc == 0)
         rc = mesh_coll_barrier(x->c);
     t0 = mesh_now_s();
-    for (int i = 0; rc == 0 && i < a->iters; i++)
+    for (int i = 0; rc == 0 && i < iters; i++)
         rc = run_once(x, op, inplace, cnt);
-    mine = (float)((mesh_now_s() - t0) / a->iters * 1e6);
+    mine = (float)((mesh_now_s() - t0) / iters * 1e6);
     if (rc == 0)
         rc = mesh_coll_allgather(x->c, &mine, x->times, 1, MESH_DT_F32);
     if (rc == 0)

@@ -25,6 +25,7 @@ struct meshbench_coll_args {
     int redop;          /* enum mesh_redop */
     int root;           /* broadcast */
     size_t chunk_bytes; /* 0: the communicator picks */
+    double time_s;      /* > 0: timed iterations fill this long (-t) */
     size_t minbytes, maxbytes;
     int factor, iters, warmup, check;
     /* MESHBENCH_TEST_CORRUPT: that rank flips byte corrupt_offset of its

@@ -53,6 +53,7 @@ enum {
     OPT_MILESTONES,
     OPT_LABEL_SMOOTHING,
     OPT_BUCKET_MB,
+    OPT_CHUNK_MB,
     OPT_COMPRESS,
     OPT_ALGO,
     OPT_VERIFY_EVERY,
@@ -99,7 +100,8 @@ static const struct opt_doc opts[] = {
     {"seed", OPT_SEED, "N", "weights, data order and augmentation (default 1)"},
     {"threads", OPT_THREADS, "N",
      "compute threads (default: cores / peers on this host)"},
-    {"device", OPT_DEVICE, "cpu|cuda", "compute backend (default cpu)"},
+    {"device", OPT_DEVICE, "cpu|cuda|devsim",
+     "compute backend (default cpu; devsim: a GPU test double for tests)"},
     {"gpu", OPT_GPU, "N",
      "cuda: device index among the visible ones (default: local rank)"},
     {"precision", OPT_PRECISION, "fp32|tf32|bf16-amp",
@@ -132,6 +134,8 @@ static const struct opt_doc opts[] = {
      "label smoothing of the loss (default 0)"},
     {"bucket-mb", OPT_BUCKET_MB, "MB",
      "gradient bucket size in MiB (default 25; the first is <= 1)"},
+    {"chunk-mb", OPT_CHUNK_MB, "MB",
+     "device backends: pipeline chunks of a bucket in MiB (default 4)"},
     {"compress", OPT_COMPRESS, "none|fp16|bf16",
      "gradients on the wire as 16-bit (default none)"},
     {"algo", OPT_ALGO, "ring|tree|auto", "all-reduce algorithm (default auto)"},
@@ -356,6 +360,9 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         break;
     case OPT_BUCKET_MB:
         rc = parse_double(name, arg, 1e-6, 1 << 20, &c->bucket_mb);
+        break;
+    case OPT_CHUNK_MB:
+        rc = parse_double(name, arg, 1e-6, 1 << 20, &c->chunk_mb);
         break;
     case OPT_COMPRESS:
         rc = train_compress_parse(arg, &c->compress);

@@ -13,7 +13,10 @@
  * smaller) so that communication starts early, the others about
  * --bucket-mb. The grad-ready callback starts every bucket whose lower end
  * is final; after backward the trainer waits for each in order, and the
- * timeline shows when the engine really ran each one.
+ * timeline shows when the engine really ran each one. On a device backend
+ * with peers, each bucket goes through pinned host memory in chunks of
+ * --chunk-mb, copies and all-reduces overlapping chunk by chunk (see
+ * "The pinned-host pipeline" below).
  */
 #include "config.h"
 
@@ -37,6 +40,19 @@
 #define RESUME_MAX_ENTRIES     32
 #define TRAINER_STATE_MAGIC    UINT64_C(0x31726e6961727474) /* "ttrainr1" */
 
+/*
+ * Device slabs with peers: each bucket goes through the pinned-host
+ * pipeline in chunks of about --chunk-mb (see pipeline_poll). 4 MiB by
+ * default: its copy over PCIe (12 to 50 GB/s) takes 80 to 330 us, far
+ * above the few microseconds that starting a copy and its event cost, so
+ * the copy engine runs near its peak; on the network (1 to 3 GB/s over
+ * TCP) it stays in flight for milliseconds, so each chunk's own collective
+ * latency (2 (N - 1) hops of tens of microseconds for the ring) stays a
+ * few percent up to 8 peers; and ResNet-50's 97.5 MiB make about 25
+ * chunks, so the pipeline fills and drains within a fraction of a bucket.
+ */
+#define CHUNK_MB_DEFAULT 4
+
 /* ---- configuration ------------------------------------------------------- */
 
 void train_cfg_init(struct train_cfg *c)
@@ -59,6 +75,7 @@ void train_cfg_init(struct train_cfg *c)
     c->sgd.momentum = 0.9f;
     c->sgd.weight_decay = 1e-4f;
     c->bucket_mb = 25;
+    c->chunk_mb = CHUNK_MB_DEFAULT;
     c->compress = TRAIN_COMPRESS_NONE;
     c->algo = MESH_ALGO_AUTO;
     c->verify_every = 100;
@@ -104,21 +121,35 @@ static const char *lr_kind_name(int k)
 struct bucket {
     size_t lo, hi;        /* floats [lo, hi) of the gradient slab */
     void *wire;           /* (hi - lo) 16-bit values with --compress */
-    mesh_coll_req_t *req; /* in flight */
+    mesh_coll_req_t *req; /* in flight (host slabs, or one peer) */
     int started, done;
-    /* device backends (the pinned-host pipeline, see bucket_copy_out) */
-    float *pinned;            /* (hi - lo) floats, mesh_coll_buf_alloc'ed */
-    void *dwire;              /* --compress: 16-bit staging on the device */
-    struct mesh_nn_copy *d2h; /* in flight: device -> pinned host */
-    struct mesh_nn_copy *h2d; /* in flight: pinned host -> device */
-    double t_copy;            /* when d2h was started */
+    /* device backends with peers (the pinned-host pipeline) */
+    float *pinned; /* (hi - lo) floats, mesh_coll_buf_alloc'ed */
+    void *dwire;   /* --compress: 16-bit staging on the device */
+    int c0, c1;    /* its chunks: [c0, c1) of the trainer's */
     double t_start, t_end; /* seconds since the run started */
 };
 
+/*
+ * One chunk of a bucket in the pinned-host pipeline: copied to the
+ * bucket's host buffer (pinned, or the 16-bit wire buffer under
+ * --compress), all-reduced there, copied back, on its own.
+ */
+struct chunk {
+    size_t lo, hi;             /* floats [lo, hi) of the gradient slab */
+    int bucket, index;         /* its bucket, its place in it */
+    struct mesh_nn_copy *d2h;  /* in flight: device -> pinned host */
+    mesh_coll_req_t *req;      /* in flight: its all-reduce */
+    struct mesh_nn_copy *h2d;  /* in flight: pinned host -> device */
+    double t_out, t_red, t_in; /* when each stage started */
+};
+
 struct tl_event {
-    const char *name; /* static string, or "allreduce" with a bucket id */
-    int tid;          /* 0 compute, 1 communication, 2 data */
+    const char *name; /* static string; with a bucket: its stage */
+    int tid;          /* 0 compute, 1 communication, 2 data, 3 copies */
     int bucket;       /* -1 or the bucket's index */
+    int chunk;        /* -1 or the chunk's index in its bucket */
+    size_t bytes;     /* with a bucket: the bytes it moved */
     uint64_t step;
     double ts, dur; /* seconds since the run started */
 };
@@ -153,6 +184,17 @@ struct trainer {
 
     struct bucket *b;
     int nbuckets, next_bucket;
+    /*
+     * Device slabs with peers: every bucket's chunks in (bucket, chunk)
+     * order, and how far each stage got this step, each a prefix:
+     * ordered <= returned <= reduced <= issued <= nchunks.
+     */
+    struct chunk *ch;
+    int nchunks;
+    int ch_issued;   /* copy to the host started */
+    int ch_reduced;  /* all-reduce started (this order on every rank) */
+    int ch_returned; /* all-reduce done, copy back started */
+    int ch_ordered;  /* the device's later ops wait for the copy back */
     float loss_avg;            /* the step's loss, averaged in flight */
     mesh_coll_req_t *loss_req; /* its all-reduce, started after forward */
     float grad_scale; /* 1 / accumulate */
@@ -178,8 +220,8 @@ static double now_s(const struct trainer *t)
     return mesh_now_s() - t->t0;
 }
 
-static void tl_add(struct trainer *t, const char *name, int tid, int bucket,
-                   double ts, double dur)
+static void tl_push(struct trainer *t, const char *name, int tid, int bucket,
+                    int chunk, size_t bytes, double ts, double dur)
 {
     struct tl_event *e;
 
@@ -198,9 +240,28 @@ static void tl_add(struct trainer *t, const char *name, int tid, int bucket,
     e->name = name;
     e->tid = tid;
     e->bucket = bucket;
+    e->chunk = chunk;
+    e->bytes = bytes;
     e->step = t->step;
     e->ts = ts;
     e->dur = dur;
+}
+
+static void tl_add(struct trainer *t, const char *name, int tid, int bucket,
+                   double ts, double dur)
+{
+    size_t bytes = bucket < 0 ? 0
+                              : (t->b[bucket].hi - t->b[bucket].lo) *
+                                    (t->c->compress ? 2 : 4);
+
+    tl_push(t, name, tid, bucket, -1, bytes, ts, dur);
+}
+
+static void tl_chunk(struct trainer *t, const char *name, int tid,
+                     const struct chunk *ch, double ts, double dur)
+{
+    tl_push(t, name, tid, ch->bucket, ch->index,
+            (ch->hi - ch->lo) * (t->c->compress ? 2 : 4), ts, dur);
 }
 
 static int tl_write(const struct trainer *t)
@@ -226,10 +287,13 @@ static int tl_write(const struct trainer *t)
                 t->rank, k, threads[k]);
     for (i = 0; i < t->ntl; i++) {
         const struct tl_event *e = &t->tl[i];
-        char name[48];
+        char name[80];
 
-        if (e->bucket >= 0)
-            snprintf(name, sizeof(name), "allreduce bucket %d", e->bucket);
+        if (e->chunk >= 0)
+            snprintf(name, sizeof(name), "%s bucket %d chunk %d", e->name,
+                     e->bucket, e->chunk);
+        else if (e->bucket >= 0)
+            snprintf(name, sizeof(name), "%s bucket %d", e->name, e->bucket);
         else
             snprintf(name, sizeof(name), "%s", e->name);
         fprintf(f,
@@ -239,9 +303,9 @@ static int tl_write(const struct trainer *t)
                 name, threads[e->tid], t->rank, e->tid, e->ts * 1e6,
                 e->dur * 1e6, e->step);
         if (e->bucket >= 0)
-            fprintf(f, ", \"bucket\": %d, \"bytes\": %zu", e->bucket,
-                    (t->b[e->bucket].hi - t->b[e->bucket].lo) *
-                        (t->c->compress ? 2 : 4));
+            fprintf(f, ", \"bucket\": %d, \"bytes\": %zu", e->bucket, e->bytes);
+        if (e->chunk >= 0)
+            fprintf(f, ", \"chunk\": %d", e->chunk);
         fprintf(f, "}}");
     }
     fprintf(f, "\n]}\n");
@@ -283,6 +347,49 @@ static float *momentum_host(struct trainer *t, int *rc)
 }
 
 /* ---- gradient buckets ---------------------------------------------------- */
+
+/* Device slabs with peers: buckets go through the pinned-host pipeline. */
+static int pipelined(const struct trainer *t)
+{
+    return !t->host_slabs && t->coll;
+}
+
+/*
+ * Cut every bucket into chunks of at most --chunk-mb, of equal sizes
+ * within a bucket (no small tail chunk paying a whole collective's
+ * latency for a few bytes).
+ */
+static int chunks_plan(struct trainer *t)
+{
+    size_t cap = (size_t)(t->c->chunk_mb * 1024 * 1024 / 4), total = 0;
+    int i, n = 0;
+
+    if (cap < 1)
+        cap = 1;
+    for (i = 0; i < t->nbuckets; i++)
+        total += (t->b[i].hi - t->b[i].lo + cap - 1) / cap;
+    if (total > (1u << 20))
+        return mesh_err(-EINVAL, "--chunk-mb %g: %zu chunks (at most %u)",
+                        t->c->chunk_mb, total, 1u << 20);
+    t->ch = calloc(total, sizeof(*t->ch));
+    if (!t->ch)
+        return mesh_err(-ENOMEM, "out of memory planning gradient chunks");
+    for (i = 0; i < t->nbuckets; i++) {
+        struct bucket *b = &t->b[i];
+        size_t len = b->hi - b->lo, k = (len + cap - 1) / cap, j;
+
+        b->c0 = n;
+        for (j = 0; j < k; j++, n++) {
+            t->ch[n].lo = b->lo + len * j / k;
+            t->ch[n].hi = b->lo + len * (j + 1) / k;
+            t->ch[n].bucket = i;
+            t->ch[n].index = (int)j;
+        }
+        b->c1 = n;
+    }
+    t->nchunks = n;
+    return 0;
+}
 
 /*
  * Cut the slab at tensor boundaries, from the end down, as DDP does: a
@@ -354,12 +461,16 @@ static int buckets_plan(struct trainer *t)
         if (rc < 0)
             return rc;
     }
-    return 0;
+    return pipelined(t) ? chunks_plan(t) : 0;
 }
 
 static void buckets_free(struct trainer *t)
 {
     int i;
+
+    free(t->ch);
+    t->ch = NULL;
+    t->nchunks = 0;
 
     for (i = 0; t->b && t->coll && i < t->nbuckets; i++) {
         if (t->b[i].pinned)
@@ -387,7 +498,6 @@ static int wire_dtype(const struct trainer *t)
                                                    : MESH_DT_F32;
 }
 
-/* Bring bucket i to the host, scale it, and start its average. */
 static int nn_dtype(const struct trainer *t)
 {
     return t->c->compress == TRAIN_COMPRESS_FP16   ? MESH_NN_F16
@@ -396,53 +506,208 @@ static int nn_dtype(const struct trainer *t)
 }
 
 /*
- * Device slabs with peers: scale (and narrow, under --compress) bucket i
- * on the device, then copy it to its pinned host buffer on nn's copy
- * stream, ordered after the backward kernels issued so far; no host wait.
- * The all-reduce starts when the copy is done (bucket_copied_out).
+ * The pinned-host pipeline (device slabs with peers). A bucket whose range
+ * is final is scaled (and narrowed to 16 bits under --compress) on the
+ * device, then each of its chunks is copied to the bucket's host buffer on
+ * nn's copy stream, ordered after the backward kernels issued so far, with
+ * no host wait. Then, per chunk: its all-reduce starts once its copy is
+ * done, its copy back once the all-reduce is (and, under --compress, the
+ * widening to float32 on the device after that), so that the copy out of
+ * chunk k + 1 overlaps the network of chunk k and the copy back of chunk k
+ * the network of chunk k + 1. The grad-ready callback moves this on
+ * during backward (pipeline_poll), buckets_wait after it (pipeline_drain).
  */
+static void *chunk_host(const struct trainer *t, const struct chunk *ch)
+{
+    const struct bucket *b = &t->b[ch->bucket];
+    size_t off = ch->lo - b->lo;
+
+    return t->c->compress ? (void *)((uint16_t *)b->wire + off)
+                          : (void *)(b->pinned + off);
+}
+
+/* The device side of the chunk's copies: the gradients, or the 16-bit
+ * staging under --compress. */
+static void *chunk_dev(const struct trainer *t, const struct chunk *ch)
+{
+    const struct bucket *b = &t->b[ch->bucket];
+
+    return t->c->compress ? (void *)((uint16_t *)b->dwire + (ch->lo - b->lo))
+                          : (void *)(mesh_nn_model_grads(t->model) + ch->lo);
+}
+
+static size_t chunk_bytes(const struct trainer *t, const struct chunk *ch)
+{
+    return (ch->hi - ch->lo) * (t->c->compress ? 2 : 4);
+}
+
 static int bucket_copy_out(struct trainer *t, int i)
 {
     struct bucket *b = &t->b[i];
     float *dg = mesh_nn_model_grads(t->model) + b->lo;
     size_t n = b->hi - b->lo;
-    int rc = 0;
+    int rc = 0, j;
 
     b->started = 1;
     b->done = 0;
-    b->t_start = b->t_copy = now_s(t);
-    if (t->c->compress) {
-        rc = mesh_nn_convert(t->ctx, nn_dtype(t), b->dwire, MESH_NN_F32, dg,
-                             n, t->grad_scale);
-        if (rc == 0)
-            rc = mesh_nn_copy_d2h_start(t->ctx, b->wire, b->dwire, n * 2,
-                                        &b->d2h);
-        return rc;
-    }
-    if (t->grad_scale != 1.0f)
+    b->t_start = now_s(t);
+    if (t->c->compress)
+        rc = mesh_nn_convert(t->ctx, nn_dtype(t), b->dwire, MESH_NN_F32, dg, n,
+                             t->grad_scale);
+    else if (t->grad_scale != 1.0f)
         rc = mesh_nn_convert(t->ctx, MESH_NN_F32, dg, MESH_NN_F32, dg, n,
                              t->grad_scale);
-    if (rc == 0)
-        rc = mesh_nn_copy_d2h_start(t->ctx, b->pinned, dg, n * 4, &b->d2h);
+    for (j = b->c0; rc == 0 && j < b->c1; j++) {
+        struct chunk *ch = &t->ch[j];
+
+        ch->t_out = now_s(t);
+        rc = mesh_nn_copy_d2h_start(t->ctx, chunk_host(t, ch), chunk_dev(t, ch),
+                                    chunk_bytes(t, ch), &ch->d2h);
+        if (rc == 0)
+            t->ch_issued = j + 1;
+    }
     return rc;
 }
 
-/* Bucket i's bytes are on the host: start its average in place. */
-static int bucket_copied_out(struct trainer *t, int i)
+/* The next chunk in (bucket, chunk) order: wait for its copy to the host
+ * (already done when pipeline_poll calls) and start its all-reduce. */
+static int chunk_reduce(struct trainer *t)
 {
-    struct bucket *b = &t->b[i];
-    size_t n = b->hi - b->lo;
+    struct chunk *ch = &t->ch[t->ch_reduced];
+    int rc = mesh_nn_copy_wait(t->ctx, ch->d2h); /* releases it */
 
-    tl_add(t, "copy to host", 3, -1, b->t_copy, now_s(t) - b->t_copy);
-    if (t->c->compress)
-        return mesh_coll_allreduce_start(t->coll, b->wire, b->wire, n,
-                                         wire_dtype(t), MESH_REDOP_AVG,
-                                         t->c->algo, &b->req);
-    return mesh_coll_allreduce_start(t->coll, b->pinned, b->pinned, n,
-                                     MESH_DT_F32, MESH_REDOP_AVG, t->c->algo,
-                                     &b->req);
+    ch->d2h = NULL;
+    if (rc < 0)
+        return rc;
+    ch->t_red = now_s(t);
+    tl_chunk(t, "copy to host", 3, ch, ch->t_out, ch->t_red - ch->t_out);
+    rc = mesh_coll_allreduce_start(
+        t->coll, chunk_host(t, ch), chunk_host(t, ch), ch->hi - ch->lo,
+        wire_dtype(t), MESH_REDOP_AVG, t->c->algo, &ch->req);
+    if (rc == 0)
+        t->ch_reduced++;
+    return rc;
 }
 
+/*
+ * The next chunk's all-reduce ended with rc (its request is freed): copy
+ * the result back. b0, b1: when the engine ran it, 0 when not known.
+ */
+static int chunk_return(struct trainer *t, int rc, double b0, double b1)
+{
+    struct chunk *ch = &t->ch[t->ch_returned];
+    double now = now_s(t);
+
+    ch->req = NULL;
+    if (rc < 0)
+        return rc;
+    if (b0 > 0 && b1 >= b0)
+        tl_chunk(t, "allreduce", 1, ch, b0 - t->t0, b1 - b0);
+    else
+        tl_chunk(t, "allreduce", 1, ch, ch->t_red, now - ch->t_red);
+    ch->t_in = now;
+    rc = mesh_nn_copy_h2d_start(t->ctx, chunk_dev(t, ch), chunk_host(t, ch),
+                                chunk_bytes(t, ch), &ch->h2d);
+    if (rc == 0)
+        t->ch_returned++;
+    return rc;
+}
+
+/*
+ * Order the device's later ops (the optimizer step) after the next
+ * chunk's copy back, without a host wait, and under --compress widen it
+ * to float32 on the device. The timeline shows the copy until it was seen
+ * done, or until the device was ordered after it.
+ */
+static int chunk_order(struct trainer *t)
+{
+    struct chunk *ch = &t->ch[t->ch_ordered];
+    int rc = mesh_nn_copy_order(t->ctx, ch->h2d); /* releases it */
+
+    ch->h2d = NULL;
+    tl_chunk(t, "copy to device", 3, ch, ch->t_in, now_s(t) - ch->t_in);
+    if (rc == 0 && t->c->compress)
+        rc = mesh_nn_convert(
+            t->ctx, MESH_NN_F32, mesh_nn_model_grads(t->model) + ch->lo,
+            nn_dtype(t), chunk_dev(t, ch), ch->hi - ch->lo, 1.f);
+    if (rc == 0)
+        t->ch_ordered++;
+    return rc;
+}
+
+/*
+ * Move the pipeline on as far as it goes without blocking. All-reduces
+ * start strictly in (bucket, chunk) order, the same on every rank: chunk
+ * j + 1 never before chunk j, whatever order the copies are seen to finish
+ * in. A copy back is ordered here only once it is done (then the device
+ * waits for nothing).
+ */
+static int pipeline_poll(struct trainer *t)
+{
+    int done, rc;
+
+    while (t->ch_reduced < t->ch_issued) {
+        done = 0;
+        rc = mesh_nn_copy_test(t->ctx, t->ch[t->ch_reduced].d2h, &done);
+        if (rc == 0 && done)
+            rc = chunk_reduce(t);
+        if (rc < 0)
+            return rc;
+        if (!done)
+            break;
+    }
+    while (t->ch_returned < t->ch_reduced) {
+        done = 0;
+        rc = mesh_coll_test(t->ch[t->ch_returned].req, &done);
+        if (rc == 0 && !done)
+            break;
+        rc = chunk_return(t, rc, 0, 0); /* done: the request is freed */
+        if (rc < 0)
+            return rc;
+    }
+    while (t->ch_ordered < t->ch_returned) {
+        done = 0;
+        rc = mesh_nn_copy_test(t->ctx, t->ch[t->ch_ordered].h2d, &done);
+        if (rc == 0 && done)
+            rc = chunk_order(t);
+        if (rc < 0)
+            return rc;
+        if (!done)
+            break;
+    }
+    return 0;
+}
+
+/* After backward, every bucket's copies out issued: finish every chunk,
+ * blocking on the oldest stage that holds the others up. */
+static int pipeline_drain(struct trainer *t)
+{
+    int rc = 0, rc2;
+
+    if (t->ch_issued != t->nchunks)
+        return mesh_err(-EPROTO,
+                        "gradient pipeline: %d of %d chunks "
+                        "issued after backward",
+                        t->ch_issued, t->nchunks);
+    while (rc == 0 && t->ch_ordered < t->nchunks) {
+        rc = pipeline_poll(t);
+        if (rc < 0)
+            break;
+        if (t->ch_reduced < t->ch_issued) {
+            rc = chunk_reduce(t); /* waits for its copy out */
+        } else if (t->ch_returned < t->ch_reduced) {
+            double b0 = 0, b1 = 0;
+
+            rc2 = mesh_coll_wait_times(t->ch[t->ch_returned].req, &b0, &b1);
+            rc = chunk_return(t, rc2, b0, b1);
+        } else if (t->ch_ordered < t->ch_returned) {
+            rc = chunk_order(t); /* the device waits, the host does not */
+        }
+    }
+    return rc;
+}
+
+/* Bring bucket i to the host, scale it, and start its average. */
 static int bucket_start(struct trainer *t, int i)
 {
     struct bucket *b = &t->b[i];
@@ -450,7 +715,7 @@ static int bucket_start(struct trainer *t, int i)
     size_t n = b->hi - b->lo, k;
     int rc, dt = wire_dtype(t), algo = t->c->algo;
 
-    if (!t->host_slabs && t->coll)
+    if (pipelined(t))
         return bucket_copy_out(t, i);
     if (!t->host_slabs) {
         rc = mesh_nn_download(t->ctx, g, mesh_nn_model_grads(t->model) + b->lo,
@@ -478,6 +743,11 @@ static int bucket_start(struct trainer *t, int i)
         }
         b->done = 1;
         b->t_end = now_s(t);
+        /* device slabs: the scaled (and rounded) bucket goes back */
+        if (!t->host_slabs)
+            return mesh_nn_upload(t->ctx,
+                                  mesh_nn_model_grads(t->model) + b->lo, g,
+                                  n * 4);
         return 0;
     }
     if (dt != MESH_DT_F32) {
@@ -504,15 +774,6 @@ static int bucket_finish(struct trainer *t, int i, int rc)
     b->t_end = now_s(t);
     if (rc < 0)
         return rc;
-    /* device slabs with peers: the result goes back on the copy stream;
-     * buckets_wait orders the optimizer after it */
-    if (!t->host_slabs && t->coll)
-        return t->c->compress
-                   ? mesh_nn_copy_h2d_start(t->ctx, b->dwire, b->wire,
-                                            (b->hi - b->lo) * 2, &b->h2d)
-                   : mesh_nn_copy_h2d_start(
-                         t->ctx, mesh_nn_model_grads(t->model) + b->lo,
-                         b->pinned, (b->hi - b->lo) * 4, &b->h2d);
     if (t->c->compress)
         mesh_convert(MESH_DT_F32, grads_host(t) + b->lo, wire_dtype(t), b->wire,
                      b->hi - b->lo);
@@ -526,7 +787,7 @@ static int bucket_finish(struct trainer *t, int i, int rc)
 static int on_grad_ready(void *arg, size_t offset, size_t count)
 {
     struct trainer *t = arg;
-    int i, rc, rc2;
+    int rc;
 
     (void)count;
     if (t->prof)
@@ -537,26 +798,35 @@ static int on_grad_ready(void *arg, size_t offset, size_t count)
             return rc;
         t->next_bucket++;
     }
-    /* start the average of every bucket whose copy reached the host */
-    for (i = 0; i < t->next_bucket; i++) {
-        struct bucket *b = &t->b[i];
-        int done = 0;
+    return pipelined(t) ? pipeline_poll(t) : 0;
+}
 
-        if (!b->d2h)
-            continue;
-        rc = mesh_nn_copy_test(t->ctx, b->d2h, &done);
-        if (rc == 0 && !done)
-            continue;
-        rc2 = mesh_nn_copy_wait(t->ctx, b->d2h); /* releases it */
-        b->d2h = NULL;
-        if (rc == 0)
-            rc = rc2;
-        if (rc == 0)
-            rc = bucket_copied_out(t, i);
-        if (rc < 0)
-            return rc;
+/*
+ * After an error: wait for every all-reduce still in flight (its host
+ * buffers are freed next) and every copy. Returns rc.
+ */
+static int buckets_abort(struct trainer *t, int rc)
+{
+    int i;
+
+    for (i = 0; i < t->nbuckets; i++)
+        if (t->b[i].req) {
+            mesh_coll_wait(t->b[i].req);
+            t->b[i].req = NULL;
+        }
+    for (i = 0; i < t->nchunks; i++) {
+        struct chunk *ch = &t->ch[i];
+
+        if (ch->d2h)
+            mesh_nn_copy_wait(t->ctx, ch->d2h);
+        if (ch->req)
+            mesh_coll_wait(ch->req);
+        if (ch->h2d)
+            mesh_nn_copy_wait(t->ctx, ch->h2d);
+        ch->d2h = ch->h2d = NULL;
+        ch->req = NULL;
     }
-    return 0;
+    return rc;
 }
 
 /* Start what is left, wait for every bucket in order. */
@@ -566,16 +836,10 @@ static int buckets_wait(struct trainer *t)
 
     while (rc == 0 && t->next_bucket < t->nbuckets)
         rc = bucket_start(t, t->next_bucket++);
-    /* copies out, in order: each average starts once its bytes are here */
-    for (i = 0; i < t->nbuckets; i++) {
-        if (!t->b[i].d2h)
-            continue;
-        rc2 = mesh_nn_copy_wait(t->ctx, t->b[i].d2h);
-        t->b[i].d2h = NULL;
-        if (rc2 == 0 && rc == 0)
-            rc2 = bucket_copied_out(t, i);
+    if (pipelined(t)) {
         if (rc == 0)
-            rc = rc2;
+            rc = pipeline_drain(t);
+        return rc < 0 ? buckets_abort(t, rc) : 0;
     }
     for (i = 0; i < t->nbuckets; i++) {
         double b0 = 0, b1 = 0;
@@ -589,22 +853,6 @@ static int buckets_wait(struct trainer *t)
             t->b[i].t_start = b0 - t->t0;
             t->b[i].t_end = b1 - t->t0;
         }
-        if (rc == 0)
-            rc = rc2;
-    }
-    /* copies in: the device waits for them before the optimizer step,
-     * the host does not; --compress widens on the device after its copy */
-    for (i = 0; i < t->nbuckets; i++) {
-        struct bucket *b = &t->b[i];
-
-        if (!b->h2d)
-            continue;
-        rc2 = mesh_nn_copy_order(t->ctx, b->h2d);
-        b->h2d = NULL;
-        if (rc2 == 0 && t->c->compress)
-            rc2 = mesh_nn_convert(t->ctx, MESH_NN_F32,
-                                  mesh_nn_model_grads(t->model) + b->lo,
-                                  nn_dtype(t), b->dwire, b->hi - b->lo, 1.f);
         if (rc == 0)
             rc = rc2;
     }
@@ -1095,9 +1343,11 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
         return -EIO;
     n += snprintf(t->config + n, sizeof(t->config) - (size_t)n,
                   "total_steps=%" PRIu64 "\nalgo=%s\nbucket_mb=%.9g\n"
+                  "chunk_mb=%.9g\n"
                   "verify_every=%" PRIu64 "\neval_every=%.9g\n"
                   "checkpoint_every=%" PRIu64 "\nresume=%d\n",
                   t->total_steps, mesh_algo_name(c->algo), c->bucket_mb,
+                  c->chunk_mb,
                   c->verify_every, c->no_eval ? 0.0 : c->eval_every,
                   c->checkpoint_every, c->resume);
     if ((size_t)n >= sizeof(t->config) - 200)
@@ -1328,6 +1578,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
     t->next_bucket = 0;
     for (k = 0; k < t->nbuckets; k++)
         t->b[k].started = t->b[k].done = 0;
+    t->ch_issued = t->ch_reduced = t->ch_returned = t->ch_ordered = 0;
     if (t->sim)
         mesh_sim_step_begin(t->sim);
     for (k = 0; t->sim && k < c->accumulate; k++) {
@@ -1343,7 +1594,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         ts = now_s(t);
         rc = mesh_sim_backward(t->sim, last ? on_grad_ready : NULL, t);
         if (rc < 0)
-            return loss_wait(t, rc);
+            return loss_wait(t, buckets_abort(t, rc));
         t_bwd_end = now_s(t);
         tl_add(t, "backward", 0, -1, ts, t_bwd_end - ts);
     }
@@ -1377,7 +1628,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         rc = mesh_nn_model_backward(t->model, k > 0,
                                     last ? on_grad_ready : NULL, t);
         if (rc < 0)
-            return loss_wait(t, rc);
+            return loss_wait(t, buckets_abort(t, rc));
         if (t->prof && last)
             mesh_sim_prof_backward_end(t->prof);
         t_bwd_end = now_s(t);
@@ -1511,6 +1762,9 @@ static int train_loop(struct trainer *t, uint64_t start)
 /* Close every resource in reverse order of opening. */
 static void trainer_close(struct trainer *t)
 {
+    /* no copy may still read or write the host buffers freed below */
+    if (t->ctx && mesh_nn_sync(t->ctx) < 0)
+        mesh_warn("closing the device: %s", mesh_err_msg(-EIO));
     buckets_free(t);
     mesh_coll_destroy(t->coll);
     mesh_sim_prof_destroy(t->prof);
@@ -1609,6 +1863,9 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
                (double)(t.b[0].hi - t.b[0].lo) * 4 / 1048576,
                c->compress ? compress_name(c->compress) : "fp32",
                mesh_algo_name(c->algo), t.total_steps, t.steps_per_epoch);
+    if (t.rank == 0 && !c->quiet && t.nchunks)
+        printf("meshtrain: pinned-host pipeline: %d chunk(s) of up to %.3g "
+               "MiB\n", t.nchunks, c->chunk_mb);
     code = MESH_EXIT_PEER;
     if (c->resume) {
         if (!c->checkpoint_dir) {
@@ -1686,6 +1943,9 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     }
     if (rc == 0 && t.c->timeline && t.rank == 0)
         rc = local(&t, tl_write(&t));
+    /* no copy may still touch the pinned buffers freed next */
+    if (rc == 0 && t.ctx)
+        rc = local(&t, mesh_nn_sync(t.ctx));
     if (rc == 0) {
         /* the communicator's engine stops first: mesh_barrier then owns
          * the transport, and no peer hangs up while another needs it */

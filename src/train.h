@@ -66,6 +66,7 @@ struct train_cfg {
 
     /* communication */
     double bucket_mb;
+    double chunk_mb; /* device backends: a bucket's pipeline chunks */
     int compress; /* enum train_compress */
     int algo;     /* MESH_ALGO_* */
 

@@ -8,7 +8,7 @@
 # spoiled input byte must be counted wrong and make every rank exit 4.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
-t_plan 13
+t_plan 15
 n=3
 for algo in ring tree direct ps auto; do
     take_ports "$n" || { t_ok 1 "no free ports"; continue; }
@@ -44,6 +44,22 @@ for op in reduce_scatter allgather broadcast; do
         [ $rc -eq 0 ] && [ "$rows" -eq 6 ] || t_show "$log"
     done
 done
+# -t: the ranks agree on an iteration count that fills the time.
+port=$(free_ports "$n")
+log=$TMP/timed.log
+timeout 120 "$MESHRUN" -np "$n" -- "$MESHBENCH" --port "$port" \
+    --join-timeout 30 --op allreduce -b 4K -e 64K -f 16 -n 1 -w 1 -t 0.05 \
+    > "$log" 2>&1
+rc=$?
+rows=$(grep -E '^\[0\] +[0-9]+ +[0-9]+ +float +sum ' "$log" |
+       awk 'NF == 15 && $10 == 0 && $14 == 0 { n++ } END { print n + 0 }')
+t_ok $([ $rc -eq 0 ] && [ "$rows" -eq 2 ]; echo $?) \
+    "-t 0.05: exit $rc, $rows of 2 rows exact"
+[ $rc -eq 0 ] && [ "$rows" -eq 2 ] || t_show "$log"
+"$MESHBENCH" --op allreduce -t -1 > "$TMP/badt.log" 2>&1
+rc=$?
+t_ok $([ $rc -eq 1 ] && grep -q "expected seconds from 0 to 3600" \
+       "$TMP/badt.log"; echo $?) "-t -1 is refused (exit $rc)"
 "$MESHBENCH" --op allreduce --algo fastest > "$TMP/bad.log" 2>&1
 rc=$?
 t_ok $([ $rc -eq 1 ] && grep -q "unknown algorithm 'fastest'" "$TMP/bad.log"

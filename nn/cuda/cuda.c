@@ -133,7 +133,7 @@ static int dnn_code(cudnnStatus_t s)
 /* ---- types --------------------------------------------------------------- */
 
 struct mesh_nn_copy {
-    cudaEvent_t ev;            /* recorded on the copy stream after the copy */
+    cudaEvent_t ev;            /* recorded on its copy stream after the copy */
     struct mesh_nn_copy *next; /* free list */
     struct mesh_nn_copy *all;  /* every handle, freed with the device */
 };
@@ -142,7 +142,10 @@ struct mesh_nn_dev {
     int gpu, ndev;
     int cc;        /* compute capability, major * 10 + minor */
     int precision; /* enum mesh_nn_precision, never DEFAULT */
-    cudaStream_t compute, copy;
+    /* copies out (D2H) and back (H2D) on streams of their own, so that a
+     * copy back never queues behind copies out (the GPU has an engine for
+     * each direction) */
+    cudaStream_t compute, copy_out, copy_in;
     cudnnHandle_t dnn;
     cublasHandle_t blas;
     /* xent scratch: n row losses then an int flag (device), host mirror */
@@ -282,8 +285,12 @@ static int cuda_dev_open_opts(const struct mesh_nn_dev_opts *o,
     CUDA_CHECK(rc,
                cudaStreamCreateWithFlags(&dev->compute, cudaStreamNonBlocking),
                fail_free, "cudaStreamCreateWithFlags", NULL);
-    CUDA_CHECK(rc, cudaStreamCreateWithFlags(&dev->copy, cudaStreamNonBlocking),
+    CUDA_CHECK(rc,
+               cudaStreamCreateWithFlags(&dev->copy_out, cudaStreamNonBlocking),
                fail_compute, "cudaStreamCreateWithFlags", NULL);
+    CUDA_CHECK(rc,
+               cudaStreamCreateWithFlags(&dev->copy_in, cudaStreamNonBlocking),
+               fail_copy_out, "cudaStreamCreateWithFlags", NULL);
     DNN_CHECK(rc, cudnnCreate(&dev->dnn), fail_copy, "cudnnCreate", NULL);
     DNN_CHECK(rc, cudnnSetStream(dev->dnn, dev->compute), fail_dnn,
               "cudnnSetStream", NULL);
@@ -317,7 +324,9 @@ fail_blas:
 fail_dnn:
     cudnnDestroy(dev->dnn);
 fail_copy:
-    cudaStreamDestroy(dev->copy);
+    cudaStreamDestroy(dev->copy_in);
+fail_copy_out:
+    cudaStreamDestroy(dev->copy_out);
 fail_compute:
     cudaStreamDestroy(dev->compute);
 fail_free:
@@ -341,7 +350,8 @@ static void cuda_dev_close(struct mesh_nn_dev *dev)
     if (!dev)
         return;
     (void)bind(dev);
-    cudaStreamSynchronize(dev->copy);
+    cudaStreamSynchronize(dev->copy_out);
+    cudaStreamSynchronize(dev->copy_in);
     cudaStreamSynchronize(dev->compute);
     for (c = dev->all_copies; c; c = next) {
         next = c->all;
@@ -352,7 +362,8 @@ static void cuda_dev_close(struct mesh_nn_dev *dev)
     cudaFreeHost(dev->xent_host);
     cublasDestroy(dev->blas);
     cudnnDestroy(dev->dnn);
-    cudaStreamDestroy(dev->copy);
+    cudaStreamDestroy(dev->copy_in);
+    cudaStreamDestroy(dev->copy_out);
     cudaStreamDestroy(dev->compute);
     free(dev);
 }
@@ -443,8 +454,10 @@ static int cuda_sync(struct mesh_nn_dev *dev)
     BIND(dev);
     CUDA_CHECK(rc, cudaStreamSynchronize(dev->compute), out,
                "cudaStreamSynchronize (compute)", NULL);
-    CUDA_CHECK(rc, cudaStreamSynchronize(dev->copy), out,
-               "cudaStreamSynchronize (copy)", NULL);
+    CUDA_CHECK(rc, cudaStreamSynchronize(dev->copy_out), out,
+               "cudaStreamSynchronize (copy out)", NULL);
+    CUDA_CHECK(rc, cudaStreamSynchronize(dev->copy_in), out,
+               "cudaStreamSynchronize (copy in)", NULL);
 out:
     return rc;
 }
@@ -1319,8 +1332,8 @@ static void copy_put(struct mesh_nn_dev *dev, struct mesh_nn_copy *c)
 }
 
 /*
- * Record "compute reached here", make the copy stream wait for it, copy,
- * record the copy's end. The same event serves both: cudaStreamWaitEvent
+ * Record "compute reached here", make the copy's stream (out or in) wait
+ * for it, copy, record the copy's end. The same event serves both: cudaStreamWaitEvent
  * captures the recording current at the time of the call.
  */
 static int cuda_copy_start(struct mesh_nn_dev *dev, int to_host, void *dst,
@@ -1328,6 +1341,7 @@ static int cuda_copy_start(struct mesh_nn_dev *dev, int to_host, void *dst,
                            struct mesh_nn_copy **out)
 {
     struct mesh_nn_copy *c = NULL;
+    cudaStream_t st = to_host ? dev->copy_out : dev->copy_in;
     int rc = copy_get(dev, &c);
 
     BIND(dev);
@@ -1335,18 +1349,18 @@ static int cuda_copy_start(struct mesh_nn_dev *dev, int to_host, void *dst,
         return rc;
     CUDA_CHECK(rc, cudaEventRecord(c->ev, dev->compute), fail,
                "cudaEventRecord (compute)", NULL);
-    CUDA_CHECK(rc, cudaStreamWaitEvent(dev->copy, c->ev, 0), fail,
+    CUDA_CHECK(rc, cudaStreamWaitEvent(st, c->ev, 0), fail,
                "cudaStreamWaitEvent (copy)", NULL);
     CUDA_CHECK(rc,
                cudaMemcpyAsync(dst, src, bytes,
                                to_host ? cudaMemcpyDeviceToHost
                                        : cudaMemcpyHostToDevice,
-                               dev->copy),
+                               st),
                fail,
                to_host ? "cudaMemcpyAsync (gradients to host)"
                        : "cudaMemcpyAsync (gradients to device)",
                NULL);
-    CUDA_CHECK(rc, cudaEventRecord(c->ev, dev->copy), fail,
+    CUDA_CHECK(rc, cudaEventRecord(c->ev, st), fail,
                "cudaEventRecord (copy)", NULL);
     *out = c;
     return 0;

@@ -30,6 +30,7 @@ srctree=$(cd "$here/../.." && pwd)
 TARBALL=${1:-}
 OUTDIR=${2:-${OUT:-$PWD/gpu-check}}
 PYTHON=${PYTHON:-python3}
+export PYTHON # for two_peers.sh
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 T0=$(date +%s)
 mkdir -p "$OUTDIR" || exit 2
@@ -138,7 +139,7 @@ fallback_build() {
         echo "#define HAVE_CUDA 1"
         if [ -f /usr/include/oneapi/dnnl/dnnl.h ]; then
             echo "#define HAVE_DNNL 1"
-            DNNL="nn/cpu_dnnl.c"
+            DNNL="nn/cpu_dnnl.c nn/devsim.c" # ctx.c lists both
         fi
     } > "$BUILD/config.h"
     cat > "$BUILD/shim.c" << 'SHIM'

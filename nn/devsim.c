@@ -1,0 +1,657 @@
+/*
+ * nn/devsim.c: "devsim", a test double of a GPU for the trainer's tests
+ * (--device devsim). Not a compute device: every op runs on the "cpu"
+ * backend (oneDNN), synchronously, on the caller's thread. What it adds is
+ * what the trainer must get right on a real GPU and cannot test without one:
+ *
+ * - Its memory counts as device memory: the trainer takes the path of a
+ *   device backend (host copies of the slabs, download/upload, the
+ *   pinned-host gradient pipeline), since only "cpu" has host slabs.
+ * - copy_start queues the copy on one copy thread that runs the copies in
+ *   FIFO order, as a CUDA stream does, after an optional delay per copy:
+ *   MESHTRAIN_DEVSIM_COPY_US microseconds (0 to 1000000, default 0).
+ *   MESHTRAIN_DEVSIM_COPY_ORDER=lifo runs the newest queued copy first
+ *   instead, as copies on several streams may finish in any order: a
+ *   caller that starts work in the order copies finish, rather than its
+ *   own, shows. copy_test and copy_wait report and wait for a copy's
+ *   completion. Compute is
+ *   synchronous, so a copy started now is already ordered after every op
+ *   issued so far, and copy_order (later ops wait for the copy) waits on the
+ *   host.
+ * - At copy_start, the destination is filled with 0xff bytes (NaN in
+ *   float32 and float16) until the copy lands: a read of a pinned buffer
+ *   before its copy-out completed, or an optimizer step before its copy-in,
+ *   sees NaNs (or, with the delay, at least the wrong bytes), which the
+ *   tests' bitwise comparisons catch; so does a source changed while its
+ *   copy is queued.
+ * - convert (the --compress narrowing and widening, and gradient scaling on
+ *   the device) is its own scalar code, independent of the collective's
+ *   conversions, as CUDA's intrinsics are: both round to nearest even.
+ */
+#include "config.h"
+
+#include "nn/backend.h"
+#include "nn/nn.h"
+#include "src/util.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DELAY_ENV    "MESHTRAIN_DEVSIM_COPY_US"
+#define DELAY_MAX_US 1000000L
+#define ORDER_ENV    "MESHTRAIN_DEVSIM_COPY_ORDER"
+
+/* One queued (or finished, not yet released) copy. */
+struct mesh_nn_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+    int done;                  /* the bytes landed (under the lock) */
+    struct mesh_nn_copy *next; /* the queue, or the free list */
+    struct mesh_nn_copy *all;  /* every handle, freed with the device */
+};
+
+struct mesh_nn_dev {
+    struct mesh_nn_dev *cpu;          /* the "cpu" backend's device: every op */
+    long delay_us;                    /* per copy, before its bytes move */
+    int lifo;                         /* newest queued copy first */
+    pthread_t thread;                 /* the copy "stream" */
+    pthread_mutex_t lock;             /* everything below */
+    pthread_cond_t cond;              /* queue grew, a copy finished, stop */
+    struct mesh_nn_copy *head, *tail; /* queued, oldest first */
+    struct mesh_nn_copy *free_copies, *all_copies;
+    uint64_t issued, ndone; /* copies started, copies finished */
+    int stop;
+    char desc[256];
+};
+
+static const struct mesh_nn_backend_ops *const cpu = &mesh_nn_cpu_ops;
+
+/* ---- the copy thread --------------------------------------------------- */
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static void *copy_thread(void *arg)
+{
+    struct mesh_nn_dev *dev = arg;
+
+    pthread_mutex_lock(&dev->lock);
+    for (;;) {
+        struct mesh_nn_copy *c, *prev = NULL;
+
+        while (!dev->head && !dev->stop)
+            pthread_cond_wait(&dev->cond, &dev->lock);
+        if (!dev->head)
+            break; /* stop, and nothing is left to copy */
+        c = dev->head;
+        while (dev->lifo && c->next) {
+            prev = c;
+            c = c->next;
+        }
+        if (prev)
+            prev->next = NULL;
+        else
+            dev->head = c->next;
+        if (dev->tail == c)
+            dev->tail = prev;
+        /* c is not released before done is set, under the lock */
+        pthread_mutex_unlock(&dev->lock);
+        if (dev->delay_us > 0)
+            sleep_us(dev->delay_us);
+        memcpy(c->dst, c->src, c->bytes);
+        pthread_mutex_lock(&dev->lock);
+        c->done = 1;
+        dev->ndone++;
+        pthread_cond_broadcast(&dev->cond);
+    }
+    pthread_mutex_unlock(&dev->lock);
+    return NULL;
+}
+
+/* Block until c (NULL: every copy issued so far) is done. */
+static void wait_copy(struct mesh_nn_dev *dev, const struct mesh_nn_copy *c)
+{
+    pthread_mutex_lock(&dev->lock);
+    while (c ? !c->done : dev->ndone < dev->issued)
+        pthread_cond_wait(&dev->cond, &dev->lock);
+    pthread_mutex_unlock(&dev->lock);
+}
+
+/* ---- device ------------------------------------------------------------ */
+
+static int read_delay(long *out)
+{
+    const char *v = getenv(DELAY_ENV);
+    char *end;
+    long us;
+
+    *out = 0;
+    if (!v || !*v)
+        return 0;
+    errno = 0;
+    us = strtol(v, &end, 10);
+    if (errno || *end || us < 0 || us > DELAY_MAX_US)
+        return mesh_err(-EINVAL,
+                        "nn devsim: %s=\"%s\" is not a number of "
+                        "microseconds from 0 to %ld",
+                        DELAY_ENV, v, DELAY_MAX_US);
+    *out = us;
+    return 0;
+}
+
+static int read_order(int *lifo)
+{
+    const char *v = getenv(ORDER_ENV);
+
+    *lifo = 0;
+    if (!v || !*v || strcmp(v, "fifo") == 0)
+        return 0;
+    if (strcmp(v, "lifo") == 0) {
+        *lifo = 1;
+        return 0;
+    }
+    return mesh_err(-EINVAL, "nn devsim: %s=\"%s\" is not fifo or lifo",
+                    ORDER_ENV, v);
+}
+
+static int sim_dev_open(int threads, struct mesh_nn_dev **out)
+{
+    struct mesh_nn_dev *dev;
+    int rc;
+
+    dev = calloc(1, sizeof(*dev));
+    if (!dev)
+        return mesh_err(-ENOMEM, "nn devsim: out of memory");
+    rc = read_delay(&dev->delay_us);
+    if (rc == 0)
+        rc = read_order(&dev->lifo);
+    if (rc < 0)
+        goto fail_free;
+    rc = cpu->dev_open(threads, &dev->cpu);
+    if (rc < 0)
+        goto fail_free;
+    rc = -pthread_mutex_init(&dev->lock, NULL);
+    if (rc < 0) {
+        mesh_err(rc, "nn devsim: pthread_mutex_init: %s", strerror(-rc));
+        goto fail_cpu;
+    }
+    rc = -pthread_cond_init(&dev->cond, NULL);
+    if (rc < 0) {
+        mesh_err(rc, "nn devsim: pthread_cond_init: %s", strerror(-rc));
+        goto fail_lock;
+    }
+    rc = -pthread_create(&dev->thread, NULL, copy_thread, dev);
+    if (rc < 0) {
+        mesh_err(rc, "nn devsim: pthread_create (copy thread): %s",
+                 strerror(-rc));
+        goto fail_cond;
+    }
+    snprintf(dev->desc, sizeof(dev->desc),
+             "devsim (a GPU test double, not a compute device: copies on a "
+             "thread, %s, %ld us each; ops on %s)",
+             dev->lifo ? "newest first" : "in order", dev->delay_us,
+             cpu->dev_describe(dev->cpu));
+    *out = dev;
+    return 0;
+
+fail_cond:
+    pthread_cond_destroy(&dev->cond);
+fail_lock:
+    pthread_mutex_destroy(&dev->lock);
+fail_cpu:
+    cpu->dev_close(dev->cpu);
+fail_free:
+    free(dev);
+    return rc;
+}
+
+/* Finish the queued copies, stop the thread, free every copy handle. */
+static void sim_dev_close(struct mesh_nn_dev *dev)
+{
+    struct mesh_nn_copy *c, *next;
+
+    if (!dev)
+        return;
+    pthread_mutex_lock(&dev->lock);
+    dev->stop = 1;
+    pthread_cond_broadcast(&dev->cond);
+    pthread_mutex_unlock(&dev->lock);
+    pthread_join(dev->thread, NULL);
+    for (c = dev->all_copies; c; c = next) {
+        next = c->all;
+        free(c);
+    }
+    pthread_cond_destroy(&dev->cond);
+    pthread_mutex_destroy(&dev->lock);
+    cpu->dev_close(dev->cpu);
+    free(dev);
+}
+
+static const char *sim_dev_describe(struct mesh_nn_dev *dev)
+{
+    return dev->desc;
+}
+
+/* Every op issued so far, the copies included, has finished. */
+static int sim_sync(struct mesh_nn_dev *dev)
+{
+    wait_copy(dev, NULL);
+    return cpu->sync(dev->cpu);
+}
+
+/* ---- asynchronous copies ----------------------------------------------- */
+
+static int sim_copy_start(struct mesh_nn_dev *dev, int to_host, void *dst,
+                          const void *src, size_t bytes,
+                          struct mesh_nn_copy **out)
+{
+    struct mesh_nn_copy *c;
+
+    (void)to_host; /* one address space: both directions are a memcpy */
+    pthread_mutex_lock(&dev->lock);
+    c = dev->free_copies;
+    if (c) {
+        dev->free_copies = c->next;
+    } else {
+        c = calloc(1, sizeof(*c));
+        if (!c) {
+            pthread_mutex_unlock(&dev->lock);
+            return mesh_err(-ENOMEM, "nn devsim: out of memory");
+        }
+        c->all = dev->all_copies;
+        dev->all_copies = c;
+    }
+    /* until the copy lands, the destination holds NaNs (see the top) */
+    memset(dst, 0xff, bytes);
+    c->dst = dst;
+    c->src = src;
+    c->bytes = bytes;
+    c->done = 0;
+    dev->issued++;
+    c->next = NULL;
+    if (dev->tail)
+        dev->tail->next = c;
+    else
+        dev->head = c;
+    dev->tail = c;
+    pthread_cond_broadcast(&dev->cond);
+    pthread_mutex_unlock(&dev->lock);
+    *out = c;
+    return 0;
+}
+
+static int sim_copy_test(struct mesh_nn_dev *dev, struct mesh_nn_copy *c,
+                         int *done)
+{
+    pthread_mutex_lock(&dev->lock);
+    *done = c->done;
+    pthread_mutex_unlock(&dev->lock);
+    return 0;
+}
+
+static void copy_release(struct mesh_nn_dev *dev, struct mesh_nn_copy *c)
+{
+    pthread_mutex_lock(&dev->lock);
+    c->next = dev->free_copies;
+    dev->free_copies = c;
+    pthread_mutex_unlock(&dev->lock);
+}
+
+static int sim_copy_wait(struct mesh_nn_dev *dev, struct mesh_nn_copy *c)
+{
+    wait_copy(dev, c);
+    copy_release(dev, c);
+    return 0;
+}
+
+/* Compute is synchronous: ordering later ops after c is waiting for it. */
+static int sim_copy_order(struct mesh_nn_dev *dev, struct mesh_nn_copy *c)
+{
+    return sim_copy_wait(dev, c);
+}
+
+/* ---- conversions (round to nearest even, as CUDA's __float2*_rn) -------- */
+
+static uint32_t bits_of(float f)
+{
+    uint32_t x;
+
+    memcpy(&x, &f, 4);
+    return x;
+}
+
+static float float_of(uint32_t x)
+{
+    float f;
+
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static uint16_t to_f16(float f)
+{
+    uint32_t x = bits_of(f), sign = (x >> 16) & 0x8000, ax = x & 0x7fffffff;
+    int e = (int)(ax >> 23) - 127; /* unbiased exponent */
+    uint32_t m, keep, lost, halfway;
+    int drop;
+
+    if (ax > 0x7f800000) /* NaN: quiet, top payload bits kept */
+        return (uint16_t)(sign | 0x7e00 | (ax >> 13 & 0x3ff));
+    if (e > 15) /* beyond the largest finite exponent: infinity */
+        return (uint16_t)(sign | 0x7c00);
+    if (e < -25) /* below half of the smallest subnormal: zero */
+        return (uint16_t)sign;
+    /* the significand with its hidden bit, 24 bits; the result keeps
+     * 11 bits (normal) or fewer (subnormal, e < -14) */
+    m = (ax & 0x7fffff) | 0x800000;
+    drop = e >= -14 ? 13 : 13 + (-14 - e);
+    keep = m >> drop;
+    lost = m & ((1u << drop) - 1);
+    halfway = 1u << (drop - 1);
+    if (lost > halfway || (lost == halfway && (keep & 1)))
+        keep++; /* may carry into the exponent: still right */
+    if (e >= -14)
+        return (uint16_t)(sign + ((uint32_t)(e + 14) << 10) + keep);
+    return (uint16_t)(sign + keep); /* subnormal (or the smallest normal) */
+}
+
+static float from_f16(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = h >> 10 & 0x1f,
+             m = h & 0x3ff;
+
+    if (e == 0x1f) /* infinity; NaN quieted, as F16C does */
+        return float_of(sign | 0x7f800000 | (m ? 0x400000 : 0) | m << 13);
+    if (e == 0) /* zero, subnormal: m * 2^-24, exact in float */
+        return sign ? -(float)m * 0x1p-24f : (float)m * 0x1p-24f;
+    return float_of(sign | (e + 112) << 23 | m << 13);
+}
+
+static uint16_t to_bf16(float f)
+{
+    uint32_t x = bits_of(f);
+
+    if ((x & 0x7fffffff) > 0x7f800000) /* NaN: quiet */
+        return (uint16_t)(x >> 16 | 0x40);
+    return (uint16_t)((x + 0x7fff + (x >> 16 & 1)) >> 16);
+}
+
+static float from_bf16(uint16_t h)
+{
+    return float_of((uint32_t)h << 16);
+}
+
+static int sim_convert(struct mesh_nn_dev *dev, int dst_dtype, void *dst,
+                       int src_dtype, const void *src, size_t n, float scale)
+{
+    size_t i;
+
+    (void)dev;
+    for (i = 0; i < n; i++) {
+        float v =
+            src_dtype == MESH_NN_F16    ? from_f16(((const uint16_t *)src)[i])
+            : src_dtype == MESH_NN_BF16 ? from_bf16(((const uint16_t *)src)[i])
+                                        : ((const float *)src)[i];
+
+        if (scale != 1.f)
+            v *= scale;
+        if (dst_dtype == MESH_NN_F16)
+            ((uint16_t *)dst)[i] = to_f16(v);
+        else if (dst_dtype == MESH_NN_BF16)
+            ((uint16_t *)dst)[i] = to_bf16(v);
+        else
+            ((float *)dst)[i] = v;
+    }
+    return 0;
+}
+
+/* ---- every other op: the cpu backend's ----------------------------------- */
+
+static int sim_alloc(struct mesh_nn_dev *dev, size_t bytes, void **out)
+{
+    return cpu->alloc(dev->cpu, bytes, out);
+}
+
+static void sim_free(struct mesh_nn_dev *dev, void *p)
+{
+    cpu->free(dev->cpu, p);
+}
+
+static int sim_upload(struct mesh_nn_dev *dev, void *dst, const void *src,
+                      size_t bytes)
+{
+    return cpu->upload(dev->cpu, dst, src, bytes);
+}
+
+static int sim_download(struct mesh_nn_dev *dev, void *dst, const void *src,
+                        size_t bytes)
+{
+    return cpu->download(dev->cpu, dst, src, bytes);
+}
+
+static int sim_zero(struct mesh_nn_dev *dev, void *p, size_t bytes)
+{
+    return cpu->zero(dev->cpu, p, bytes);
+}
+
+static size_t sim_act_bytes(struct mesh_nn_dev *dev, int n, int c, int h, int w)
+{
+    return cpu->act_bytes(dev->cpu, n, c, h, w);
+}
+
+static int sim_act_import(struct mesh_nn_dev *dev, int n, int c, int h, int w,
+                          const float *host, void *dst)
+{
+    return cpu->act_import(dev->cpu, n, c, h, w, host, dst);
+}
+
+static int sim_act_export(struct mesh_nn_dev *dev, int n, int c, int h, int w,
+                          const void *src, float *host)
+{
+    return cpu->act_export(dev->cpu, n, c, h, w, src, host);
+}
+
+static int sim_plan_create(struct mesh_nn_dev *dev,
+                           const struct mesh_nn_plan_desc *d,
+                           struct mesh_nn_plan **out)
+{
+    return cpu->plan_create(dev->cpu, d, out);
+}
+
+static void sim_plan_destroy(struct mesh_nn_dev *dev, struct mesh_nn_plan *p)
+{
+    cpu->plan_destroy(dev->cpu, p);
+}
+
+static size_t sim_plan_workspace(const struct mesh_nn_plan *p)
+{
+    return cpu->plan_workspace(p);
+}
+
+static size_t sim_plan_reserve(const struct mesh_nn_plan *p)
+{
+    return cpu->plan_reserve(p);
+}
+
+static int sim_conv_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                        const void *x, const float *w, void *y, void *ws)
+{
+    return cpu->conv_fwd(dev->cpu, p, x, w, y, ws);
+}
+
+static int sim_conv_bwd_data(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                             const void *dy, const float *w, void *dx, void *ws)
+{
+    return cpu->conv_bwd_data(dev->cpu, p, dy, w, dx, ws);
+}
+
+static int sim_conv_bwd_filter(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                               const void *x, const void *dy, float *dw,
+                               void *ws)
+{
+    return cpu->conv_bwd_filter(dev->cpu, p, x, dy, dw, ws);
+}
+
+static int sim_bn_fwd_train(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                            const void *x, void *y, const float *gamma,
+                            const float *beta, float *rmean, float *rvar,
+                            float momentum, float *save, void *reserve,
+                            void *ws)
+{
+    return cpu->bn_fwd_train(dev->cpu, p, x, y, gamma, beta, rmean, rvar,
+                             momentum, save, reserve, ws);
+}
+
+static int sim_bn_fwd_infer(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                            const void *x, void *y, const float *gamma,
+                            const float *beta, const float *rmean,
+                            const float *rvar, void *ws)
+{
+    return cpu->bn_fwd_infer(dev->cpu, p, x, y, gamma, beta, rmean, rvar, ws);
+}
+
+static int sim_bn_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                      const void *x, const void *dy, const float *gamma,
+                      const float *beta, const float *save, const void *reserve,
+                      void *dx, float *dgamma, float *dbeta, void *ws)
+{
+    return cpu->bn_bwd(dev->cpu, p, x, dy, gamma, beta, save, reserve, dx,
+                       dgamma, dbeta, ws);
+}
+
+static int sim_relu_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                        const void *x, void *y)
+{
+    return cpu->relu_fwd(dev->cpu, p, x, y);
+}
+
+static int sim_relu_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                        const void *y, const void *dy, void *dx)
+{
+    return cpu->relu_bwd(dev->cpu, p, y, dy, dx);
+}
+
+static int sim_add(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                   const void *a, const void *b, void *y)
+{
+    return cpu->add(dev->cpu, p, a, b, y);
+}
+
+static int sim_maxpool_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                           const void *x, void *y, void *reserve, void *ws)
+{
+    return cpu->maxpool_fwd(dev->cpu, p, x, y, reserve, ws);
+}
+
+static int sim_maxpool_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                           const void *dy, const void *reserve, void *dx,
+                           void *ws)
+{
+    return cpu->maxpool_bwd(dev->cpu, p, dy, reserve, dx, ws);
+}
+
+static int sim_avgpool_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                           const void *x, void *y, void *ws)
+{
+    return cpu->avgpool_fwd(dev->cpu, p, x, y, ws);
+}
+
+static int sim_avgpool_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                           const void *dy, void *dx, void *ws)
+{
+    return cpu->avgpool_bwd(dev->cpu, p, dy, dx, ws);
+}
+
+static int sim_fc_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                      const void *x, const float *w, const float *b, void *y,
+                      void *ws)
+{
+    return cpu->fc_fwd(dev->cpu, p, x, w, b, y, ws);
+}
+
+static int sim_fc_bwd_data(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                           const void *dy, const float *w, void *dx, void *ws)
+{
+    return cpu->fc_bwd_data(dev->cpu, p, dy, w, dx, ws);
+}
+
+static int sim_fc_bwd_weights(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                              const void *x, const void *dy, float *dw,
+                              float *db, void *ws)
+{
+    return cpu->fc_bwd_weights(dev->cpu, p, x, dy, dw, db, ws);
+}
+
+static int sim_xent(struct mesh_nn_dev *dev, int n, int k, const float *logits,
+                    const int32_t *labels, float smoothing, float *loss,
+                    float *dlogits)
+{
+    return cpu->xent(dev->cpu, n, k, logits, labels, smoothing, loss, dlogits);
+}
+
+static int sim_sgd(struct mesh_nn_dev *dev, size_t n, float *p, const float *g,
+                   float *buf, const struct mesh_nn_sgd_args *a)
+{
+    return cpu->sgd(dev->cpu, n, p, g, buf, a);
+}
+
+static int sim_axpy1(struct mesh_nn_dev *dev, size_t n, const float *x,
+                     float *y)
+{
+    return cpu->axpy1(dev->cpu, n, x, y);
+}
+
+const struct mesh_nn_backend_ops mesh_nn_devsim_ops = {
+    .name = "devsim",
+    .dev_open = sim_dev_open,
+    .dev_close = sim_dev_close,
+    .dev_describe = sim_dev_describe,
+    .alloc = sim_alloc,
+    .free = sim_free,
+    .upload = sim_upload,
+    .download = sim_download,
+    .zero = sim_zero,
+    .sync = sim_sync,
+    .act_bytes = sim_act_bytes,
+    .act_import = sim_act_import,
+    .act_export = sim_act_export,
+    .plan_create = sim_plan_create,
+    .plan_destroy = sim_plan_destroy,
+    .plan_workspace = sim_plan_workspace,
+    .plan_reserve = sim_plan_reserve,
+    .conv_fwd = sim_conv_fwd,
+    .conv_bwd_data = sim_conv_bwd_data,
+    .conv_bwd_filter = sim_conv_bwd_filter,
+    .bn_fwd_train = sim_bn_fwd_train,
+    .bn_fwd_infer = sim_bn_fwd_infer,
+    .bn_bwd = sim_bn_bwd,
+    .relu_fwd = sim_relu_fwd,
+    .relu_bwd = sim_relu_bwd,
+    .add = sim_add,
+    .maxpool_fwd = sim_maxpool_fwd,
+    .maxpool_bwd = sim_maxpool_bwd,
+    .avgpool_fwd = sim_avgpool_fwd,
+    .avgpool_bwd = sim_avgpool_bwd,
+    .fc_fwd = sim_fc_fwd,
+    .fc_bwd_data = sim_fc_bwd_data,
+    .fc_bwd_weights = sim_fc_bwd_weights,
+    .xent = sim_xent,
+    .sgd = sim_sgd,
+    .axpy1 = sim_axpy1,
+    .copy_start = sim_copy_start,
+    .copy_test = sim_copy_test,
+    .copy_wait = sim_copy_wait,
+    .copy_order = sim_copy_order,
+    .convert = sim_convert,
+};
