@@ -45,7 +45,8 @@ for op in reduce_scatter allgather broadcast; do
     done
 done
 # -t: the ranks agree on an iteration count that fills the time.
-port=$(free_ports "$n")
+take_ports "$n"
+port=$PORT
 log=$TMP/timed.log
 timeout 120 "$MESHRUN" -np "$n" -- "$MESHBENCH" --port "$port" \
     --join-timeout 30 --op allreduce -b 4K -e 64K -f 16 -n 1 -w 1 -t 0.05 \

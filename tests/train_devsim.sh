@@ -33,7 +33,8 @@
 # runs themselves fail.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
-"$MESHTRAIN" -H localhost:1 --port "$(free_ports 1)" --insecure \
+take_ports 1
+"$MESHTRAIN" -H localhost:1 --port "$PORT" --insecure \
     --device devsim --summary > "$TMP/probe.log" 2>&1 ||
     t_skip_all "no devsim backend: $(tail -n 1 "$TMP/probe.log")"
 
