@@ -193,6 +193,10 @@ struct mesh_transport {
     int failed;
     int fail_code;
     char fail_msg[MSG_MAX];
+    /* a failed work completion, held for VERBS_WC_GRACE_NS (see tick) */
+    uint64_t wc_fail_ns;
+    int wc_fail_peer, wc_fail_code;
+    char wc_fail_msg[MSG_MAX / 2];
 };
 
 /* ---- small helpers ------------------------------------------------------- */
@@ -1122,13 +1126,17 @@ static void handle_wc(struct mesh_transport *t, const struct ibv_wc *wc)
                      "(%s: %s)",
                      peer, pname(t, peer, nb, sizeof(nb)), wr_kind_name(kind),
                      ibv_wc_status_str(wc->status));
-        else
-            fail_job(t, peer, wc_culprit_code(wc->status), 1,
+        else if (!t->wc_fail_ns) {
+            t->wc_fail_ns = mesh_now_ns();
+            t->wc_fail_peer = peer;
+            t->wc_fail_code = wc_culprit_code(wc->status);
+            snprintf(t->wc_fail_msg, sizeof(t->wc_fail_msg),
                      "rank %d (%s): verbs %s on QP %d failed: %s (status %d, "
                      "vendor error 0x%x)",
                      peer, pname(t, peer, nb, sizeof(nb)), wr_kind_name(kind),
                      qpi, ibv_wc_status_str(wc->status), (int)wc->status,
                      wc->vendor_err);
+        }
         return;
     }
     if (kind == WR_RECV) {
@@ -1193,13 +1201,30 @@ static void bye_check(struct mesh_transport *t, int peer)
     vp->bye_ns = 0; /* nothing pending: nothing to fail */
 }
 
-/* Watch the TCP mesh: its failures and the peers' goodbyes. */
+/*
+ * How long a failed work completion waits before it fails the job. A peer
+ * that fails the job first (say, because a third rank went silent) tears
+ * its queue pairs and memory down while our writes to it are in flight:
+ * they fail with a remote access or operation error, which names that
+ * peer, while its abort notice, naming the real culprit, is still on its
+ * way over TCP. The notice wins when it comes within this grace.
+ */
+#define VERBS_WC_GRACE_NS 1000000000ull
+
+/* Watch the TCP mesh: its failures and the peers' goodbyes; fail the job
+ * for a work completion that failed more than the grace ago. */
 static void tick(struct mesh_transport *t)
 {
     int rc = t->inner_ops->progress(t->inner);
 
     if (rc < 0) {
         adopt_inner_failure(t, rc);
+        return;
+    }
+    if (t->wc_fail_ns && !t->failed &&
+        mesh_now_ns() - t->wc_fail_ns >= VERBS_WC_GRACE_NS) {
+        fail_job(t, t->wc_fail_peer, t->wc_fail_code, 1, "%s",
+                 t->wc_fail_msg);
         return;
     }
     for (int p = 0; p < t->world.size; p++) {
