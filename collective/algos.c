@@ -95,32 +95,15 @@ static int tag_room(size_t steps, size_t k)
 
 /* ---- ring ---------------------------------------------------------------- */
 
-/*
- * The ring all-reduce receives each chunk of its reduce-scatter into one of
- * RING_SLOTS scratch slots, reused in turn: a slot is written by the
- * kernel's copy and read by the reduction while it is still in cache, and
- * the scratch stays a few MiB whatever the message size. A receive waits
- * for the reduction that last read its slot; RING_SLOTS chunks in flight
- * keep the link busy.
- */
-#define RING_SLOTS 8
-
-static size_t ring_slots(size_t steps, size_t nk)
-{
-    return MESH_MIN(steps * nk, (size_t)RING_SLOTS);
-}
-
 size_t coll_ring_scratch(const struct coll_args *a)
 {
-    size_t es = mesh_dtype_size(a->dtype), n = (size_t)a->size, maxseg, ce;
+    size_t es = mesh_dtype_size(a->dtype), n = (size_t)a->size;
 
     if (a->size < 2)
         return 0;
     if (a->op == MESH_OP_REDUCE_SCATTER)
         return (2 * n - 3) * a->count * es;
-    maxseg = (a->count + n - 1) / n;
-    ce = chunk_elems(a, maxseg);
-    return ring_slots(n - 1, nchunks(maxseg, ce)) * MESH_MIN(ce, maxseg) * es;
+    return (n - 1) * ((a->count + n - 1) / n) * es;
 }
 
 /*
@@ -135,35 +118,29 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
     size_t es = mesh_dtype_size(a->dtype);
     size_t maxseg = (a->count + (size_t)n - 1) / (size_t)n;
     size_t ce = chunk_elems(a, maxseg), nk = nchunks(maxseg, ce);
-    size_t nslots = ring_slots((size_t)n - 1, nk);
-    size_t slotlen = MESH_MIN(ce, maxseg);
     int inplace = a->sendbuf == a->recvbuf;
     float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
-    int *prev, *sent, *slotuser, rc;
+    int *prev, *sent, rc;
 
     rc = tag_room(2 * (size_t)n, nk);
     if (rc < 0)
         return rc;
     prev = malloc(nk * sizeof(*prev));
     sent = malloc((size_t)(n - 1) * nk * sizeof(*sent));
-    slotuser = malloc(nslots * sizeof(*slotuser));
-    if (!prev || !sent || !slotuser) {
+    if (!prev || !sent) {
         free(prev);
         free(sent);
-        free(slotuser);
         return mesh_err(-ENOMEM, "out of memory building a ring");
     }
     for (size_t k = 0; k < nk; k++)
         prev[k] = -1;
-    for (size_t j = 0; j < nslots; j++)
-        slotuser[j] = -1;
     for (int st = 0; st < n - 1; st++) {
         size_t ss, sl, rs, rl;
 
         segment(a->count, n, mod(r - st, n), &ss, &sl);
         segment(a->count, n, mod(r - st - 1, n), &rs, &rl);
         for (size_t k = 0; k < nk; k++) {
-            size_t o, l, slot_i, roff, rlen;
+            size_t o, l, ro, roff, rlen;
             const void *src = st == 0 ? a->sendbuf : a->recvbuf;
             uint32_t tag = (uint32_t)((size_t)st * nk + k);
             char *slot;
@@ -176,16 +153,14 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
             sched_dep(s, prev[k], snd);
             sent[(size_t)st * nk + k] = snd;
             clip(rs, rl, k, ce, &roff, &rlen);
-            slot_i = ((size_t)st * nk + k) % nslots;
-            slot = at(scratch, slot_i * slotlen, es);
+            ro = roff - rs;
+            slot = at(scratch, (size_t)st * maxseg + ro, es);
             rcv = sched_recv(s, left, tag, roff * es, slot, rlen * es, smr);
-            sched_dep(s, slotuser[slot_i], rcv);
             in[0] = slot;
             in[1] = at(a->sendbuf, roff, es);
             red = sched_reduce(s, at(a->recvbuf, roff, es), in, 2, rlen,
                                st == n - 2 ? div : 1.0f);
             sched_dep(s, rcv, red);
-            slotuser[slot_i] = red;
             prev[k] = red;
         }
     }
@@ -212,7 +187,6 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
             prev[k] = rcv;
         }
     }
-    free(slotuser);
     free(sent);
     free(prev);
     return 0;
