@@ -30,6 +30,7 @@
  */
 #include "config.h"
 
+#include "collective/collective.h"
 #include "nn/backend.h"
 #include "nn/nn.h"
 #include "src/util.h"
@@ -321,76 +322,8 @@ static int sim_copy_order(struct mesh_nn_dev *dev, struct mesh_nn_copy *c)
     return sim_copy_wait(dev, c);
 }
 
-/* ---- conversions (round to nearest even, as CUDA's __float2*_rn) -------- */
-
-static uint32_t bits_of(float f)
-{
-    uint32_t x;
-
-    memcpy(&x, &f, 4);
-    return x;
-}
-
-static float float_of(uint32_t x)
-{
-    float f;
-
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-static uint16_t to_f16(float f)
-{
-    uint32_t x = bits_of(f), sign = (x >> 16) & 0x8000, ax = x & 0x7fffffff;
-    int e = (int)(ax >> 23) - 127; /* unbiased exponent */
-    uint32_t m, keep, lost, halfway;
-    int drop;
-
-    if (ax > 0x7f800000) /* NaN: quiet, top payload bits kept */
-        return (uint16_t)(sign | 0x7e00 | (ax >> 13 & 0x3ff));
-    if (e > 15) /* beyond the largest finite exponent: infinity */
-        return (uint16_t)(sign | 0x7c00);
-    if (e < -25) /* below half of the smallest subnormal: zero */
-        return (uint16_t)sign;
-    /* the significand with its hidden bit, 24 bits; the result keeps
-     * 11 bits (normal) or fewer (subnormal, e < -14) */
-    m = (ax & 0x7fffff) | 0x800000;
-    drop = e >= -14 ? 13 : 13 + (-14 - e);
-    keep = m >> drop;
-    lost = m & ((1u << drop) - 1);
-    halfway = 1u << (drop - 1);
-    if (lost > halfway || (lost == halfway && (keep & 1)))
-        keep++; /* may carry into the exponent: still right */
-    if (e >= -14)
-        return (uint16_t)(sign + ((uint32_t)(e + 14) << 10) + keep);
-    return (uint16_t)(sign + keep); /* subnormal (or the smallest normal) */
-}
-
-static float from_f16(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = h >> 10 & 0x1f,
-             m = h & 0x3ff;
-
-    if (e == 0x1f) /* infinity; NaN quieted, as F16C does */
-        return float_of(sign | 0x7f800000 | (m ? 0x400000 : 0) | m << 13);
-    if (e == 0) /* zero, subnormal: m * 2^-24, exact in float */
-        return sign ? -(float)m * 0x1p-24f : (float)m * 0x1p-24f;
-    return float_of(sign | (e + 112) << 23 | m << 13);
-}
-
-static uint16_t to_bf16(float f)
-{
-    uint32_t x = bits_of(f);
-
-    if ((x & 0x7fffffff) > 0x7f800000) /* NaN: quiet */
-        return (uint16_t)(x >> 16 | 0x40);
-    return (uint16_t)((x + 0x7fff + (x >> 16 & 1)) >> 16);
-}
-
-static float from_bf16(uint16_t h)
-{
-    return float_of((uint32_t)h << 16);
-}
+/* ---- conversions: the collective's scalar ones (round to nearest even,
+ * as CUDA's __float2*_rn; NaN quieted, as F16C) ------------------------- */
 
 static int sim_convert(struct mesh_nn_dev *dev, int dst_dtype, void *dst,
                        int src_dtype, const void *src, size_t n, float scale)
@@ -400,16 +333,18 @@ static int sim_convert(struct mesh_nn_dev *dev, int dst_dtype, void *dst,
     (void)dev;
     for (i = 0; i < n; i++) {
         float v =
-            src_dtype == MESH_NN_F16    ? from_f16(((const uint16_t *)src)[i])
-            : src_dtype == MESH_NN_BF16 ? from_bf16(((const uint16_t *)src)[i])
-                                        : ((const float *)src)[i];
+            src_dtype == MESH_NN_F16
+                ? mesh_f32_from_f16(((const uint16_t *)src)[i])
+            : src_dtype == MESH_NN_BF16
+                ? mesh_f32_from_bf16(((const uint16_t *)src)[i])
+                : ((const float *)src)[i];
 
         if (scale != 1.f)
             v *= scale;
         if (dst_dtype == MESH_NN_F16)
-            ((uint16_t *)dst)[i] = to_f16(v);
+            ((uint16_t *)dst)[i] = mesh_f16_from_f32(v);
         else if (dst_dtype == MESH_NN_BF16)
-            ((uint16_t *)dst)[i] = to_bf16(v);
+            ((uint16_t *)dst)[i] = mesh_bf16_from_f32(v);
         else
             ((float *)dst)[i] = v;
     }
