@@ -106,6 +106,10 @@ static inline uint64_t get64(const uint8_t *p)
 /* The TCP transport's operations (transport/tcp.c). */
 extern const struct mesh_transport_ops mesh_tcp_ops;
 
+/* The rank a failed TCP mesh blames (an abort notice's culprit), or -1:
+ * not failed, or no one. For the verbs transport, which runs over it. */
+int mesh_tcp_culprit(mesh_transport_t *t);
+
 /* Handshake deadline per connection. */
 #define TCP_HS_DEADLINE_S 5.0
 /* Handshakes in progress at once before new connections are refused (at

@@ -2366,6 +2366,16 @@ static int tcp_progress(mesh_transport_t *t)
     return rc;
 }
 
+int mesh_tcp_culprit(mesh_transport_t *t)
+{
+    int culprit;
+
+    pthread_mutex_lock(&t->lock);
+    culprit = t->failed ? t->culprit : -1;
+    pthread_mutex_unlock(&t->lock);
+    return culprit;
+}
+
 static void tcp_abort(mesh_transport_t *t, int culprit, const char *why)
 {
     char me[300], nb[300];
