@@ -1351,6 +1351,7 @@ static int vlisten(const struct mesh_world *world,
                    mesh_transport_t **out)
 {
     struct mesh_transport *t;
+    pthread_condattr_t ca;
     int rc;
 
     t = calloc(1, sizeof(*t));
@@ -1369,8 +1370,15 @@ static int vlisten(const struct mesh_world *world,
     memcpy(t->peers, world->peers, (size_t)world->size * sizeof(*t->peers));
     t->world.peers = t->peers;
     t->nqp = MESH_MAX(1, MESH_MIN(opts->streams, VERBS_QP_MAX));
-    pthread_mutex_init(&t->lock, NULL);
-    pthread_cond_init(&t->cond, NULL);
+    /* wait_any's deadlines are on mesh_now_ns()'s clock (monotonic) */
+    if (pthread_mutex_init(&t->lock, NULL) || pthread_condattr_init(&ca) ||
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) ||
+        pthread_cond_init(&t->cond, &ca)) {
+        free(t->peers);
+        free(t);
+        return mesh_err(-ENOMEM, "pthread init failed");
+    }
+    pthread_condattr_destroy(&ca);
 
     rc = t->inner_ops->listen(world, opts, &t->inner);
     if (rc < 0)
