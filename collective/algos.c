@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHUNK_MIN (256u << 10)
+#define CHUNK_MIN (512u << 10)
 #define CHUNK_MAX (4u << 20)
 #define CHUNKS_MAX 4096 /* per slice, whatever chunk size was asked for */
 

@@ -273,7 +273,7 @@ static int scratch_reserve(struct mesh_coll *c, size_t need)
  */
 static double chunk_of(double slice)
 {
-    return MESH_MIN(MESH_MAX(slice / 8, 262144.0), 4194304.0);
+    return MESH_MIN(MESH_MAX(slice / 8, 524288.0), 4194304.0);
 }
 
 /* The latency term of algo: measured, else hops x alpha. */
