@@ -43,8 +43,9 @@
  *
  * Tuning knobs for experiments (environment): MESHTRAIN_TCP_SPIN_US, how
  * long wait_any spins, reading the data streams itself, before it sleeps
- * (default 200; 0: never); MESHTRAIN_TCP_SOCKBUF, fixed SO_SNDBUF/SO_RCVBUF bytes (default:
- * the kernel's autotuning, which measured as fast or faster on loopback).
+ * (default 200; 0: never); MESHTRAIN_TCP_SOCKBUF, fixed SO_SNDBUF/SO_RCVBUF
+ * bytes (default: the kernel's autotuning, which measured as fast or faster
+ * on loopback).
  *
  * Wire formats and the handshake: transport/tcp-internal.h.
  */
@@ -77,10 +78,9 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Messages at least this long are striped over the data streams. */
 /* How long wait_any spins (MESHTRAIN_TCP_SPIN_US overrides). */
 #define TCP_SPIN_DEFAULT_S 200e-6
-
+/* Messages at least this long are striped over the data streams. */
 #define STRIPE_MIN (512u * 1024u)
 /* Bytes one callback moves before it yields to other sockets. */
 #define IO_BUDGET (4u * 1024u * 1024u)
@@ -144,7 +144,6 @@ struct conn {
     uint8_t hdr[TCP_FRAME_HDR_LEN];
     size_t hdr_got;
     int parked;              /* header read, no posted receive yet */
-    int spin_off;            /* read event off while a waiter reads */
     int spin_lost;           /* a waiter's read found it broken */
     struct mesh_frame rx_f;  /* the header */
     struct mesh_req *rx_req; /* where its payload goes */
@@ -321,6 +320,15 @@ static void wev_on(struct conn *c)
 static int on_progress_thread(const struct mesh_transport *t)
 {
     return !t->thread_started || pthread_equal(pthread_self(), t->thread);
+}
+
+/* Data connection i of the mesh, i in [0, world size x S): link i / S,
+ * stream i % S; NULL for this rank's own slot or one not made yet. */
+static struct conn *data_conn(const struct mesh_transport *t, int i)
+{
+    const struct link *l = &t->links[i / t->S];
+
+    return i / t->S == t->world.rank || !l->data ? NULL : l->data[i % t->S];
 }
 
 /* The progress thread deletes events (see the top of the file); from any
@@ -1455,7 +1463,6 @@ static void data_read(struct conn *c)
         if (n <= 0 && !on_progress_thread(t)) {
             /* A waiter's read (caller_io): the progress thread judges a
              * lost stream, in order with the control connection. */
-            c->spin_off = 0;
             c->spin_lost = 1;
             rev_on(c);
             return;
@@ -1671,7 +1678,6 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
         /* A waiting thread reads the data streams (caller_io): leave it
          * this one rather than wake for it again and again. */
         rev_off(c);
-        c->spin_off = 1;
     } else if (c->state == C_READY) {
         if (c->stream == 0)
             ctrl_read(c);
@@ -1804,12 +1810,14 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
         event_base_loopbreak(t->base);
     } else {
         if (t->failed) {
-            for (int p = 0; p < t->world.size; p++)
-                for (int s = 0; p != t->world.rank && s < t->S; s++)
-                    if (t->links[p].data[s]) {
-                        rev_off(t->links[p].data[s]);
-                        wev_off(t->links[p].data[s]);
-                    }
+            for (int i = 0; i < t->world.size * t->S; i++) {
+                struct conn *c = data_conn(t, i);
+
+                if (c) {
+                    rev_off(c);
+                    wev_off(c);
+                }
+            }
         }
         dial_scan(t);
         /* Rearm the tick at the right pace (joining starts fast). */
@@ -2353,57 +2361,49 @@ static int any_done(mesh_req_t *const *reqs, int n)
 }
 
 /*
- * Progress from the waiting thread: read the data streams of the links the
- * waited requests use, and write what their send queues hold, without
- * blocking. The progress thread's wake-up (a halted CPU woken by an
- * interrupt: ~100 us in a virtual machine) leaves the critical path.
- * Returns whether one of the requests is done.
+ * Progress from the waiting thread: read every data stream and write what
+ * its send queue holds, without blocking (under a trylock: the progress
+ * thread may be at it). The progress thread's wake-up (a halted CPU woken
+ * by an interrupt: ~100 us in a virtual machine) leaves the critical path.
+ * Returns whether one of the requests is done, or the job failed.
  */
 static int caller_io(struct mesh_transport *t, mesh_req_t *const *reqs, int n)
 {
     int done;
 
+    if (any_done(reqs, n))
+        return 1;
     if (pthread_mutex_trylock(&t->lock))
         return 0;
-    for (int p = 0; p < t->world.size && !t->failed; p++) {
-        struct link *l = &t->links[p];
+    for (int i = 0; i < t->world.size * t->S && !t->failed; i++) {
+        struct conn *c = data_conn(t, i);
 
-        if (p == t->world.rank || !l->data)
+        if (!c || c->state != C_READY || c->spin_lost)
             continue;
-        for (int s = 0; s < t->S && !t->failed; s++) {
-            struct conn *c = l->data[s];
-
-            if (!c || c->state != C_READY || c->spin_lost)
-                continue;
-            if (c->txq)
-                conn_write(c);
-            if (!c->parked && c->state == C_READY)
-                data_read(c);
-        }
+        if (c->txq)
+            conn_write(c);
+        if (!c->parked && c->state == C_READY)
+            data_read(c);
     }
     done = any_done(reqs, n) || t->failed;
     pthread_mutex_unlock(&t->lock);
     return done;
 }
 
-/* Hand the data streams whose read events caller_io's spin turned off
- * back to the progress thread (under the lock; any thread). */
+/*
+ * Hand the data streams back to the progress thread (under the lock; any
+ * thread). A stream that is ready and not parked has its read event off,
+ * while the job stands, only because a spinning waiter was reading it.
+ */
 static void spin_release(struct mesh_transport *t)
 {
-    for (int p = 0; p < t->world.size; p++) {
-        struct link *l = &t->links[p];
+    if (t->failed)
+        return;
+    for (int i = 0; i < t->world.size * t->S; i++) {
+        struct conn *c = data_conn(t, i);
 
-        if (p == t->world.rank || !l->data)
-            continue;
-        for (int s = 0; s < t->S; s++) {
-            struct conn *c = l->data[s];
-
-            if (!c || !c->spin_off)
-                continue;
-            c->spin_off = 0;
-            if (c->state == C_READY && !c->parked)
-                rev_on(c);
-        }
+        if (c && c->state == C_READY && !c->parked)
+            rev_on(c);
     }
 }
 
@@ -2422,7 +2422,7 @@ static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
 
         atomic_fetch_add(&t->spinning, 1);
         for (;;) {
-            done = any_done(reqs, n) || caller_io(t, reqs, n);
+            done = caller_io(t, reqs, n);
             if (done || mesh_now_ns() >= spin_end)
                 break;
             sched_yield(); /* a rank sharing this CPU may need it */

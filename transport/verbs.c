@@ -1217,16 +1217,15 @@ static void tick(struct mesh_transport *t)
 {
     int rc = t->inner_ops->progress(t->inner);
 
-    if (rc < 0 && t->wc_fail_ns && !t->failed &&
-        mesh_tcp_culprit(t->inner) == t->world.rank) {
-        /* The peer blames us while our own completion failed: ours is
-         * the first-hand account (a wrong key, a write past a window). */
-        fail_job(t, t->wc_fail_peer, t->wc_fail_code, 0, "%s",
-                 t->wc_fail_msg);
-        return;
-    }
     if (rc < 0) {
-        adopt_inner_failure(t, rc);
+        /* A peer that blames us while our own completion failed: ours is
+         * the first-hand account (a wrong key, a write past a window). */
+        if (t->wc_fail_ns && !t->failed &&
+            mesh_tcp_culprit(t->inner) == t->world.rank)
+            fail_job(t, t->wc_fail_peer, t->wc_fail_code, 0, "%s",
+                     t->wc_fail_msg);
+        else
+            adopt_inner_failure(t, rc);
         return;
     }
     if (t->wc_fail_ns && !t->failed &&
