@@ -58,6 +58,7 @@ done
 log=$B/tests/verbs/lane-console.log
 : >"$log"
 qrc=0
+pair_qemu=
 start=$(date +%s)
 if [ -n "$one" ]; then
     job=$VERBS_CACHE/job-$$.sh
@@ -66,9 +67,10 @@ VERBS_PARTS="$one"
 export VERBS_PARTS
 sh "$S/tests/verbs/guest.sh" "$B" "$S"
 JOB
-    verbs_boot "$job" "$log"
+    verbs_boot "$job" "$log.s"
     qrc=$?
     rm -f "$job"
+    cat "$log.s" >>"$log"
 fi
 if [ "$pair" = 1 ]; then
     # Two guests, one link: the multi-host path. The job secret is shared
@@ -82,11 +84,25 @@ export VERBS_PERF
 sh "$S/tests/verbs/guest-host.sh" $r "$B" "$S" "$secret"
 JOB
     done
-    verbs_boot_pair "$VERBS_CACHE/job-$$-0.sh" "$log.0" \
-        "$VERBS_CACHE/job-$$-1.sh" "$log.1"
+    # A guest that never starts its job stops the pair (verbs_boot_pair);
+    # the pair boots once more, its first consoles kept in the log.
+    for try in 1 2; do
+        verbs_boot_pair "$VERBS_CACHE/job-$$-0.sh" "$log.0" \
+            "$VERBS_CACHE/job-$$-1.sh" "$log.1"
+        prc=$?
+        pair_qemu="qemu exit $verbs_qrc0 and $verbs_qrc1"
+        [ "$prc" = 2 ] && [ "$try" = 1 ] || break
+        echo "# two-host pair, boot $try: $verbs_why ($pair_qemu); booting the pair again"
+        for r in 0 1; do
+            echo "# guest $r console (boot $try), last lines:"
+            tr -d '\r' <"$log.$r" | tail -n 15 | sed 's/^/#   /'
+            sed 's/VERBS-\(TAP\|GUEST\)/(boot 1) \1/' "$log.$r" >>"$log.stalled"
+        done
+    done
     rm -f "$VERBS_CACHE/job-$$-0.sh" "$VERBS_CACHE/job-$$-1.sh" "$secret"
     cat "$log.0" "$log.1" >>"$log"
-    rm -f "$log.0" "$log.1"
+    [ -f "$log.stalled" ] && cat "$log.stalled" >>"$log"
+    rm -f "$log.stalled"
 fi
 end=$(date +%s)
 
@@ -106,7 +122,14 @@ got=$(grep -c "VERBS-GUEST: exit" "$log")
 if [ "$got" = "$want" ]; then
     echo "ok $n - $want guest(s) ran the lane to the end ($((end - start)) s)"
 else
-    echo "not ok $n - $got of $want guest(s) finished (qemu exit $qrc; console in $log)"
-    tail -n 20 "$log" | sed 's/^/# /'
+    echo "not ok $n - $got of $want guest(s) finished (qemu exit $qrc${pair_qemu:+; pair $pair_qemu}${verbs_why:+; $verbs_why}; console in $log)"
+    # The consoles of the guests that did not finish.
+    for f in "$log.s" "$log.0" "$log.1"; do
+        [ -f "$f" ] || continue
+        grep -q "VERBS-GUEST: exit" "$f" && continue
+        echo "# ${f##*/}, last lines:"
+        tr -d '\r' <"$f" | tail -n 20 | sed 's/^/#   /'
+    done
 fi
+rm -f "$log.s" "$log.0" "$log.1"
 echo "1..$n"

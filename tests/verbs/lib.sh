@@ -97,7 +97,7 @@ verbs_build_initramfs() {
         return 1
     fi
     # Named after what goes in, so that a changed list rebuilds it.
-    sum=$(echo "$VERBS_MODULES init-3" | cksum | cut -d' ' -f1)
+    sum=$(echo "$VERBS_MODULES init-4" | cksum | cut -d' ' -f1)
     VERBS_INITRD=$VERBS_CACHE/initramfs-$VERBS_KVER-$sum.cpio.gz
     [ -f "$VERBS_INITRD" ] && return 0
     VERBS_ORDER=
@@ -143,7 +143,7 @@ if mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 hostroot /mnt; t
             echo "VERBS-GUEST: cannot keep /tmp/$k"
     done
     mount -t tmpfs run /mnt/run
-    echo "VERBS-GUEST: running $script"
+    echo "VERBS-GUEST: running $script ($(cut -d' ' -f1 /proc/uptime) s after boot)"
     chroot /mnt /bin/sh -c "cd / && sh $script"
     echo "VERBS-GUEST: exit $?"
 else
@@ -174,7 +174,7 @@ verbs_boot() {
     timeout "$VERBS_TIMEOUT" qemu-system-x86_64 -accel tcg -nographic \
         -no-reboot -m "$VERBS_MEM" -smp "$VERBS_CPUS" -cpu max \
         -kernel "$VERBS_KERNEL" -initrd "$VERBS_INITRD" \
-        -append "console=ttyS0 quiet panic=-1 verbs_script=$vb_script verbs_keep=${VERBS_KEEP:-}" \
+        -append "console=ttyS0 panic=-1 verbs_script=$vb_script verbs_keep=${VERBS_KEEP:-}" \
         -fsdev local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap \
         -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot \
         "$@" </dev/null >"$vb_log" 2>&1
@@ -186,14 +186,61 @@ verbs_boot() {
 # do not work for this: the 6.1 kernel's rdma_rxe routes and listens in the
 # initial namespace only.) The link's port comes from take_ports
 # (tests/ports.sh, sourced by the caller).
+#
+# A guest that has not started its job $VERBS_BOOT_WAIT s (default 180)
+# after boot began leaves its partner waiting on a peer that never comes
+# (seen once in CI, on a loaded machine): both are stopped. verbs_boot_pair
+# returns 2, with verbs_why naming the guest, when a guest never started
+# its job; 0 otherwise. Each guest's QEMU exit status is in verbs_qrc0 and
+# verbs_qrc1.
 verbs_boot_pair() {
     take_ports 1 || return 1
     vb_port=$PORT
+    verbs_why=
+    verbs_qrc0= verbs_qrc1=
     verbs_boot "$3" "$4" -netdev "socket,id=n0,listen=127.0.0.1:$vb_port" \
         -device virtio-net-pci,netdev=n0,mac=52:54:00:12:34:02 &
-    vb_pid=$!
+    vb_pid1=$!
     sleep 1
     verbs_boot "$1" "$2" -netdev "socket,id=n0,connect=127.0.0.1:$vb_port" \
-        -device virtio-net-pci,netdev=n0,mac=52:54:00:12:34:01
-    wait "$vb_pid"
+        -device virtio-net-pci,netdev=n0,mac=52:54:00:12:34:01 &
+    vb_pid0=$!
+    vb_t0=$(date +%s)
+    vb_rc=0
+    while kill -0 "$vb_pid0" 2>/dev/null || kill -0 "$vb_pid1" 2>/dev/null; do
+        sleep 2
+        vb_t=$(($(date +%s) - vb_t0))
+        [ "$vb_t" -ge "${VERBS_BOOT_WAIT:-180}" ] || continue
+        [ "$vb_rc" = 0 ] || continue
+        if ! verbs_started "$2" "$4" "had not started its job after $vb_t s"; then
+            vb_rc=2
+            # Both go: the partner's job waits on this one.
+            pkill -f "verbs_script=$1 "
+            pkill -f "verbs_script=$3 "
+        fi
+    done
+    wait "$vb_pid0"
+    verbs_qrc0=$?
+    wait "$vb_pid1"
+    verbs_qrc1=$?
+    # One that died early, while the other ran out its waits.
+    if [ "$vb_rc" = 0 ] && ! verbs_started "$2" "$4" "never started its job"; then
+        vb_rc=2
+    fi
+    return "$vb_rc"
+}
+
+# verbs_started LOG0 LOG1 WHAT: 0 when both guests' consoles show their job
+# started; else 1, with "guest R WHAT" in verbs_why for each that did not.
+verbs_started() {
+    vs_rc=0
+    vs_r=0
+    for vs_l in "$1" "$2"; do
+        if ! grep -q "VERBS-GUEST: \(running\|exit\)" "$vs_l" 2>/dev/null; then
+            verbs_why="${verbs_why:+$verbs_why; }guest $vs_r $3"
+            vs_rc=1
+        fi
+        vs_r=$((vs_r + 1))
+    done
+    return "$vs_rc"
 }
