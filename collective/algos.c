@@ -1,6 +1,6 @@
 /*
- * collective/algos.c: ring, double binary tree, parameter-server, chain and
- * barrier schedules.
+ * collective/algos.c: ring, double binary tree, parameter-server, direct,
+ * recursive doubling, chain and barrier schedules.
  *
  * Each builder turns one collective into sends, receives and reductions
  * (collective/sched.c runs them). Data is cut into chunks so that the steps
@@ -689,6 +689,114 @@ int coll_build_direct_allreduce(struct sched *s, const struct coll_args *a,
     }
     free(ops);
     free(in);
+    return 0;
+}
+
+/* ---- recursive doubling -------------------------------------------------- */
+
+size_t coll_rd_scratch(const struct coll_args *a)
+{
+    if (a->size < 2)
+        return 0;
+    return 2 * a->count * mesh_dtype_size(a->dtype);
+}
+
+/* The real rank of virtual rank v, with m ranks folded in pairs. */
+static int rd_real(int v, int m)
+{
+    return v < m ? 2 * v + 1 : v + m;
+}
+
+/*
+ * Recursive doubling: with P the largest power of two <= N, log2(P) rounds;
+ * in round j virtual rank v swaps its partial sum with v ^ 2^j, and both
+ * add the same two operands (x + y and y + x are the same float), so every
+ * rank ends with the same bytes. The m = N - P extra ranks fold in first:
+ * ranks 2i and 2i + 1 (i < m) pair up, 2i hands its data to 2i + 1, which
+ * plays virtual rank i, and gets the result back at the end. log2(P) hops
+ * (+ 2 with extras), the whole message on each: for small messages, where
+ * the tree's 2 x depth hops cost more.
+ *
+ * Scratch: two slots of count elements, used in turn; a receive into a
+ * slot waits for the reduction that read it two rounds before.
+ */
+int coll_build_rd_allreduce(struct sched *s, const struct coll_args *a,
+                            void *scratch, mesh_mr_t *smr)
+{
+    int n = a->size, r = a->rank, p2 = 1, rounds = 0, m, v;
+    size_t es = mesh_dtype_size(a->dtype);
+    size_t ce = chunk_elems(a, a->count), nk = nchunks(a->count, ce);
+    float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
+    int inplace = a->sendbuf == a->recvbuf, rc;
+
+    while (p2 * 2 <= n) {
+        p2 *= 2;
+        rounds++;
+    }
+    m = n - p2;
+    v = r < 2 * m ? (r % 2 ? r / 2 : -1) : r - m;
+    rc = tag_room((size_t)rounds + 2, nk);
+    if (rc < 0)
+        return rc;
+    for (size_t k = 0; k < nk; k++) {
+        uint32_t tag0 = (uint32_t)(k * ((size_t)rounds + 2));
+        size_t o, l;
+        char *slot[2];
+        int reader[2] = {-1, -1}, prod = -1, snd, rcv, red;
+        const void *cur, *in[2];
+        mesh_mr_t *cur_mr = a->send_mr;
+
+        clip(0, a->count, k, ce, &o, &l);
+        slot[0] = at(scratch, o, es);
+        slot[1] = at(scratch, a->count + o, es);
+        cur = at(a->sendbuf, o, es);
+        if (v < 0) { /* folded in: hand over, take the result back */
+            snd = sched_send(s, r + 1, tag0, o * es, cur, l * es, a->send_mr);
+            rcv = sched_recv(s, r + 1, tag0 + (uint32_t)rounds + 1, o * es,
+                             at(a->recvbuf, o, es), l * es, a->recv_mr);
+            if (inplace)
+                sched_dep(s, snd, rcv);
+            continue;
+        }
+        if (r < 2 * m) { /* the partner's data first: x_r-1 + x_r */
+            rcv = sched_recv(s, r - 1, tag0, o * es, slot[0], l * es, smr);
+            in[0] = slot[0];
+            in[1] = cur;
+            prod = sched_reduce(s, at(a->recvbuf, o, es), in, 2, l, 1.0f);
+            sched_dep(s, rcv, prod);
+            reader[0] = prod;
+            cur = at(a->recvbuf, o, es);
+            cur_mr = a->recv_mr;
+        }
+        for (int j = 0; j < rounds; j++) {
+            int peer = rd_real(v ^ (1 << j), m);
+            uint32_t tag = tag0 + 1 + (uint32_t)j;
+            char *sl = slot[j % 2];
+
+            snd = sched_send(s, peer, tag, o * es, cur, l * es, cur_mr);
+            sched_dep(s, prod, snd);
+            rcv = sched_recv(s, peer, tag, o * es, sl, l * es, smr);
+            sched_dep(s, reader[j % 2], rcv);
+            in[0] = cur;
+            in[1] = sl;
+            red = sched_reduce(s, at(a->recvbuf, o, es), in, 2, l,
+                               j == rounds - 1 ? div : 1.0f);
+            sched_dep(s, rcv, red);
+            sched_dep(s, prod, red);
+            /* the sum overwrites what is being sent */
+            if (cur == (const void *)at(a->recvbuf, o, es))
+                sched_dep(s, snd, red);
+            reader[j % 2] = red;
+            prod = red;
+            cur = at(a->recvbuf, o, es);
+            cur_mr = a->recv_mr;
+        }
+        if (r < 2 * m) { /* the result back to the folded-in partner */
+            snd = sched_send(s, r - 1, tag0 + (uint32_t)rounds + 1, o * es,
+                             cur, l * es, cur_mr);
+            sched_dep(s, prod, snd);
+        }
+    }
     return 0;
 }
 

@@ -122,6 +122,7 @@ size_t coll_ring_scratch(const struct coll_args *a);
 size_t coll_tree_scratch(const struct coll_args *a);
 size_t coll_ps_scratch(const struct coll_args *a);
 size_t coll_direct_scratch(const struct coll_args *a);
+size_t coll_rd_scratch(const struct coll_args *a);
 
 int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
                               void *scratch, mesh_mr_t *smr);
@@ -134,6 +135,8 @@ int coll_build_ps_allreduce(struct sched *s, const struct coll_args *a,
                             void *scratch, mesh_mr_t *smr);
 int coll_build_direct_allreduce(struct sched *s, const struct coll_args *a,
                                 void *scratch, mesh_mr_t *smr);
+int coll_build_rd_allreduce(struct sched *s, const struct coll_args *a,
+                            void *scratch, mesh_mr_t *smr);
 int coll_build_chain_broadcast(struct sched *s, const struct coll_args *a);
 int coll_build_tree_broadcast(struct sched *s, const struct coll_args *a);
 int coll_build_barrier(struct sched *s, int rank, int size);

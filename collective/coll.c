@@ -100,6 +100,8 @@ const char *mesh_algo_name(int algo)
         return "ps";
     case MESH_ALGO_DIRECT:
         return "direct";
+    case MESH_ALGO_RD:
+        return "rd";
     }
     return "unknown-algo";
 }
@@ -107,7 +109,7 @@ const char *mesh_algo_name(int algo)
 int mesh_algo_parse(const char *s, int *out)
 {
     static const int all[] = {MESH_ALGO_AUTO, MESH_ALGO_RING, MESH_ALGO_TREE,
-                              MESH_ALGO_PS, MESH_ALGO_DIRECT};
+                              MESH_ALGO_PS, MESH_ALGO_DIRECT, MESH_ALGO_RD};
 
     for (size_t i = 0; s && i < MESH_ARRAY_SIZE(all); i++)
         if (!strcmp(s, mesh_algo_name(all[i]))) {
@@ -116,7 +118,7 @@ int mesh_algo_parse(const char *s, int *out)
         }
     return mesh_err(-EINVAL,
                     "unknown algorithm '%s' (ring, tree, auto, ps, "
-                    "direct)",
+                    "direct, rd)",
                     s ? s : "");
 }
 
@@ -316,20 +318,42 @@ static double direct_cost(const struct mesh_coll *c, double bytes)
            (n - 1) * bytes * m->gamma_s_per_byte;
 }
 
+/* log2 P swaps of the whole message, + 2 hops where N is not P. */
+static double rd_cost(const struct mesh_coll *c, double bytes)
+{
+    const struct mesh_coll_model *m = &c->model;
+    int n = c->w->size, p2 = 1;
+    double rounds = 0, hops;
+
+    while (p2 * 2 <= n) {
+        p2 *= 2;
+        rounds++;
+    }
+    hops = rounds + (p2 < n ? 2 : 0);
+    return lat_of(c, MESH_ALGO_RD, hops) + hops * bytes * m->beta_s_per_byte +
+           (rounds + (p2 < n)) * bytes * m->gamma_s_per_byte;
+}
+
 int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
 {
-    double ring, tree, direct;
+    double cost[MESH_ALGO_LAST + 1];
+    static const int cand[] = {MESH_ALGO_RING, MESH_ALGO_TREE, MESH_ALGO_DIRECT,
+                               MESH_ALGO_RD};
+    int best = MESH_ALGO_RING;
 
     if (algo == MESH_ALGO_AUTO)
         algo = c->opts.algo;
     if (algo != MESH_ALGO_AUTO)
         return algo;
-    ring = ring_cost(c, (double)bytes);
-    tree = tree_cost(c, (double)bytes);
-    direct = direct_cost(c, (double)bytes);
-    if (direct < ring && direct < tree)
-        return MESH_ALGO_DIRECT;
-    return tree < ring ? MESH_ALGO_TREE : MESH_ALGO_RING;
+    cost[MESH_ALGO_RING] = ring_cost(c, (double)bytes);
+    cost[MESH_ALGO_TREE] = tree_cost(c, (double)bytes);
+    cost[MESH_ALGO_DIRECT] = direct_cost(c, (double)bytes);
+    cost[MESH_ALGO_RD] = rd_cost(c, (double)bytes);
+    /* the cheapest; on a tie, the first of ring, tree, direct, rd */
+    for (size_t i = 1; i < MESH_ARRAY_SIZE(cand); i++)
+        if (cost[cand[i]] < cost[best])
+            best = cand[i];
+    return best;
 }
 
 /* Broadcast: a chain (ring) or the binary tree, by the same numbers. */
@@ -471,6 +495,7 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
         need = q->algo == MESH_ALGO_TREE     ? coll_tree_scratch(a)
                : q->algo == MESH_ALGO_PS     ? coll_ps_scratch(a)
                : q->algo == MESH_ALGO_DIRECT ? coll_direct_scratch(a)
+               : q->algo == MESH_ALGO_RD     ? coll_rd_scratch(a)
                                              : coll_ring_scratch(a);
     else if (a->op == MESH_OP_REDUCE_SCATTER)
         need = coll_ring_scratch(a);
@@ -504,6 +529,8 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
                  : q->algo == MESH_ALGO_DIRECT
                      ? coll_build_direct_allreduce(&s, a, c->scratch,
                                                    c->scratch_mr)
+                 : q->algo == MESH_ALGO_RD
+                     ? coll_build_rd_allreduce(&s, a, c->scratch, c->scratch_mr)
                      : coll_build_ring_allreduce(&s, a, c->scratch,
                                                  c->scratch_mr);
             break;
@@ -756,7 +783,7 @@ static int allreduce_go(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
 {
     int rc = check_args(c, sendbuf, recvbuf, count, 1, dtype, 1, redop);
 
-    if (rc == 0 && (algo < MESH_ALGO_AUTO || algo > MESH_ALGO_DIRECT))
+    if (rc == 0 && (algo < MESH_ALGO_AUTO || algo > MESH_ALGO_LAST))
         rc = mesh_err(-EINVAL, "unknown algorithm %d", algo);
     if (rc < 0)
         return rc;
@@ -799,7 +826,8 @@ static int broadcast_go(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
     if (rc == 0 && (root < 0 || root >= c->w->size))
         rc = mesh_err(-EINVAL, "broadcast root %d is not a rank (0..%d)", root,
                       c->w->size - 1);
-    if (rc == 0 && (algo == MESH_ALGO_PS || algo == MESH_ALGO_DIRECT))
+    if (rc == 0 && (algo == MESH_ALGO_PS || algo == MESH_ALGO_DIRECT ||
+                    algo == MESH_ALGO_RD))
         algo = MESH_ALGO_RING; /* none of their own: the chain */
     if (rc < 0)
         return rc;
@@ -995,18 +1023,18 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /*
- * Time a 32-byte all-reduce with ring, tree and direct: the median of
- * LAT_RUNS after one warmup, per algorithm, into v[0..2] (us). Every rank
+ * Time a 32-byte all-reduce with ring, tree, direct and rd: the median of
+ * LAT_RUNS after one warmup, per algorithm, into v[0..3] (us). Every rank
  * runs the same calls in the same order.
  */
 static int time_small(mesh_coll_t *c, float *buf, float *v)
 {
     enum { LAT_RUNS = 5 };
-    static const int algos[3] = {MESH_ALGO_RING, MESH_ALGO_TREE,
-                                 MESH_ALGO_DIRECT};
+    static const int algos[4] = {MESH_ALGO_RING, MESH_ALGO_TREE,
+                                 MESH_ALGO_DIRECT, MESH_ALGO_RD};
     double t[LAT_RUNS];
 
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < 4; a++) {
         for (int i = -1; i < LAT_RUNS; i++) {
             double t0 = mesh_now_s();
             int rc = mesh_coll_allreduce(c, buf, buf, 8, MESH_DT_F32,
@@ -1047,7 +1075,7 @@ static int agree(mesh_coll_t *c)
     v[1] = (float)(c->meas_beta * 1e9);  /* ns per byte */
     rc = time_small(c, v + 8, v + 2);
     if (rc == 0)
-        rc = mesh_coll_allreduce(c, v, v, 5, MESH_DT_F32, MESH_REDOP_AVG,
+        rc = mesh_coll_allreduce(c, v, v, 6, MESH_DT_F32, MESH_REDOP_AVG,
                                  MESH_ALGO_RING);
     if (rc == 0) {
         c->model.alpha_s = v[0] * 1e-6;
@@ -1055,6 +1083,7 @@ static int agree(mesh_coll_t *c)
         c->model.lat_s[MESH_ALGO_RING] = v[2] * 1e-6;
         c->model.lat_s[MESH_ALGO_TREE] = v[3] * 1e-6;
         c->model.lat_s[MESH_ALGO_DIRECT] = v[4] * 1e-6;
+        c->model.lat_s[MESH_ALGO_RD] = v[5] * 1e-6;
         c->model.measured = 1;
     }
     mesh_coll_buf_free(c, v);
@@ -1077,10 +1106,11 @@ static void log_model(const mesh_coll_t *c)
                                 : " (not measured: defaults)");
     if (c->model.measured)
         mesh_info("collectives: 32-byte all-reduce measured: ring %.1f us, "
-                  "tree %.1f us, direct %.1f us",
+                  "tree %.1f us, direct %.1f us, rd %.1f us",
                   c->model.lat_s[MESH_ALGO_RING] * 1e6,
                   c->model.lat_s[MESH_ALGO_TREE] * 1e6,
-                  c->model.lat_s[MESH_ALGO_DIRECT] * 1e6);
+                  c->model.lat_s[MESH_ALGO_DIRECT] * 1e6,
+                  c->model.lat_s[MESH_ALGO_RD] * 1e6);
     if (c->opts.algo != MESH_ALGO_AUTO) {
         mesh_info("collectives: all-reduce algorithm %s (fixed)",
                   mesh_algo_name(c->opts.algo));
@@ -1126,7 +1156,7 @@ int mesh_coll_create(const struct mesh_transport_ops *ops, mesh_transport_t *t,
         c->opts = *opts;
     else
         mesh_coll_opts_init(&c->opts);
-    if (c->opts.algo < MESH_ALGO_AUTO || c->opts.algo > MESH_ALGO_DIRECT) {
+    if (c->opts.algo < MESH_ALGO_AUTO || c->opts.algo > MESH_ALGO_LAST) {
         rc = mesh_err(-EINVAL, "unknown algorithm %d", c->opts.algo);
         goto free_c;
     }

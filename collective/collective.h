@@ -61,10 +61,14 @@ enum mesh_algo {
     MESH_ALGO_DIRECT = 4, /* one hop: every rank sends its data to every
                              other and adds all N in rank order; for small
                              messages, where latency rules */
+    MESH_ALGO_RD = 5,     /* recursive doubling: log2 N pairwise swaps of
+                             the whole message; for small messages */
 };
+#define MESH_ALGO_LAST MESH_ALGO_RD
 
 const char *mesh_algo_name(int algo);
-/* "ring", "tree", "auto", "ps", "direct" -> *out; -EINVAL otherwise. */
+/* "ring", "tree", "auto", "ps", "direct", "rd" -> *out; -EINVAL
+ * otherwise. */
 int mesh_algo_parse(const char *s, int *out);
 
 struct mesh_coll_opts {
@@ -109,7 +113,7 @@ void mesh_coll_destroy(mesh_coll_t *c);
  * alpha (seconds), inverse bandwidth beta (seconds per byte on a link),
  * reduction cost gamma (seconds per byte added; a fixed figure), whether
  * alpha and beta were measured, and the measured time of a 32-byte
- * all-reduce with each of ring, tree and direct (lat_s[MESH_ALGO_RING]
+ * all-reduce with each of ring, tree, direct and rd (lat_s[MESH_ALGO_RING]
  * etc.; 0 when not measured). Where measured, that time replaces the
  * model's hops x alpha: it holds what alpha misses, such as the cost of
  * many messages at one rank, or of more processes than cores.
@@ -119,7 +123,7 @@ struct mesh_coll_model {
     double beta_s_per_byte;
     double gamma_s_per_byte;
     int measured;
-    double lat_s[MESH_ALGO_DIRECT + 1];
+    double lat_s[MESH_ALGO_LAST + 1];
 };
 void mesh_coll_model_get(const mesh_coll_t *c, struct mesh_coll_model *out);
 

@@ -4,9 +4,9 @@
  *   meshbench [mesh options] [--op pingpong|stream|all] [-b 8] [-e 64M]
  *             [-f 2] [-n 20] [-w 5] [-c 1] [--all-pairs]
  *   meshbench [mesh options] --op allreduce|reduce_scatter|allgather|
- *             broadcast [--algo ring|tree|auto|ps] [--dtype float|half|
- *             bfloat16] [-o sum|avg] [--root R] [--chunk BYTES] [-t S] [-b -e -f
- *             -n -w -c]
+ *             broadcast [--algo ring|tree|auto|direct|rd|ps]
+ *             [--dtype float|half|bfloat16] [-o sum|avg] [--root R]
+ *             [--chunk BYTES] [-t S] [-b -e -f -n -w -c]
  *
  * Every rank joins the mesh with the common flags (src/mesh.h). Ranks pair
  * up (0-1, 2-3, ...; with --all-pairs every pair in turn, round-robin) and
