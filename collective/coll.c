@@ -1024,18 +1024,20 @@ static int cmp_double(const void *a, const void *b)
 
 /*
  * Time a 32-byte all-reduce with ring, tree, direct and rd: the median of
- * LAT_RUNS after one warmup, per algorithm, into v[0..3] (us). Every rank
- * runs the same calls in the same order.
+ * LAT_RUNS after one warmup round, per algorithm, into v[0..3] (us). The
+ * algorithms take turns, round by round, so that a burst of noise on a
+ * shared machine spoils one run of each rather than all runs of one. Every
+ * rank runs the same calls in the same order.
  */
 static int time_small(mesh_coll_t *c, float *buf, float *v)
 {
-    enum { LAT_RUNS = 5 };
-    static const int algos[4] = {MESH_ALGO_RING, MESH_ALGO_TREE,
-                                 MESH_ALGO_DIRECT, MESH_ALGO_RD};
-    double t[LAT_RUNS];
+    enum { LAT_RUNS = 7, NALGO = 4 };
+    static const int algos[NALGO] = {MESH_ALGO_RING, MESH_ALGO_TREE,
+                                     MESH_ALGO_DIRECT, MESH_ALGO_RD};
+    double t[NALGO][LAT_RUNS];
 
-    for (int a = 0; a < 4; a++) {
-        for (int i = -1; i < LAT_RUNS; i++) {
+    for (int i = -1; i < LAT_RUNS; i++)
+        for (int a = 0; a < NALGO; a++) {
             double t0 = mesh_now_s();
             int rc = mesh_coll_allreduce(c, buf, buf, 8, MESH_DT_F32,
                                          MESH_REDOP_SUM, algos[a]);
@@ -1043,10 +1045,11 @@ static int time_small(mesh_coll_t *c, float *buf, float *v)
             if (rc < 0)
                 return rc;
             if (i >= 0)
-                t[i] = mesh_now_s() - t0;
+                t[a][i] = mesh_now_s() - t0;
         }
-        qsort(t, LAT_RUNS, sizeof(t[0]), cmp_double);
-        v[a] = (float)(t[LAT_RUNS / 2] * 1e6);
+    for (int a = 0; a < NALGO; a++) {
+        qsort(t[a], LAT_RUNS, sizeof(t[a][0]), cmp_double);
+        v[a] = (float)(t[a][LAT_RUNS / 2] * 1e6);
     }
     return 0;
 }
