@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHUNK_MIN (512u << 10)
-#define CHUNK_MAX (4u << 20)
+#define CHUNK_MIN  (512u << 10)
+#define CHUNK_MAX  (4u << 20)
 #define CHUNKS_MAX 4096 /* per slice, whatever chunk size was asked for */
 
 static int mod(int a, int n)
@@ -701,6 +701,18 @@ size_t coll_rd_scratch(const struct coll_args *a)
     return 2 * a->count * mesh_dtype_size(a->dtype);
 }
 
+int coll_rd_rounds(int n, int *extra)
+{
+    int p2 = 1, rounds = 0;
+
+    while (p2 <= n / 2) {
+        p2 *= 2;
+        rounds++;
+    }
+    *extra = n - p2;
+    return rounds;
+}
+
 /* The real rank of virtual rank v, with m ranks folded in pairs. */
 static int rd_real(int v, int m)
 {
@@ -723,17 +735,12 @@ static int rd_real(int v, int m)
 int coll_build_rd_allreduce(struct sched *s, const struct coll_args *a,
                             void *scratch, mesh_mr_t *smr)
 {
-    int n = a->size, r = a->rank, p2 = 1, rounds = 0, m, v;
+    int n = a->size, r = a->rank, m, rounds = coll_rd_rounds(n, &m), v;
     size_t es = mesh_dtype_size(a->dtype);
     size_t ce = chunk_elems(a, a->count), nk = nchunks(a->count, ce);
     float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
     int inplace = a->sendbuf == a->recvbuf, rc;
 
-    while (p2 * 2 <= n) {
-        p2 *= 2;
-        rounds++;
-    }
-    m = n - p2;
     v = r < 2 * m ? (r % 2 ? r / 2 : -1) : r - m;
     rc = tag_room((size_t)rounds + 2, nk);
     if (rc < 0)
@@ -792,8 +799,8 @@ int coll_build_rd_allreduce(struct sched *s, const struct coll_args *a,
             cur_mr = a->recv_mr;
         }
         if (r < 2 * m) { /* the result back to the folded-in partner */
-            snd = sched_send(s, r - 1, tag0 + (uint32_t)rounds + 1, o * es,
-                             cur, l * es, cur_mr);
+            snd = sched_send(s, r - 1, tag0 + (uint32_t)rounds + 1, o * es, cur,
+                             l * es, cur_mr);
             sched_dep(s, prod, snd);
         }
     }

@@ -63,7 +63,8 @@ struct mesh_coll {
     struct mesh_coll_model model;
     /* the tree's shape, for the cost model */
     int tree_depth;
-    double tree_load; /* most bytes a rank sends, per byte reduced */
+    double tree_load;        /* most bytes a rank sends, per byte reduced */
+    int rd_rounds, rd_extra; /* recursive doubling's shape */
 
     pthread_t thread;
     int thread_started;
@@ -108,8 +109,8 @@ const char *mesh_algo_name(int algo)
 
 int mesh_algo_parse(const char *s, int *out)
 {
-    static const int all[] = {MESH_ALGO_AUTO, MESH_ALGO_RING, MESH_ALGO_TREE,
-                              MESH_ALGO_PS, MESH_ALGO_DIRECT, MESH_ALGO_RD};
+    static const int all[] = {MESH_ALGO_AUTO, MESH_ALGO_RING,   MESH_ALGO_TREE,
+                              MESH_ALGO_PS,   MESH_ALGO_DIRECT, MESH_ALGO_RD};
 
     for (size_t i = 0; s && i < MESH_ARRAY_SIZE(all); i++)
         if (!strcmp(s, mesh_algo_name(all[i]))) {
@@ -322,37 +323,50 @@ static double direct_cost(const struct mesh_coll *c, double bytes)
 static double rd_cost(const struct mesh_coll *c, double bytes)
 {
     const struct mesh_coll_model *m = &c->model;
-    int n = c->w->size, p2 = 1;
-    double rounds = 0, hops;
+    int fold = c->rd_extra > 0;
+    double hops = c->rd_rounds + 2 * fold;
 
-    while (p2 * 2 <= n) {
-        p2 *= 2;
-        rounds++;
-    }
-    hops = rounds + (p2 < n ? 2 : 0);
     return lat_of(c, MESH_ALGO_RD, hops) + hops * bytes * m->beta_s_per_byte +
-           (rounds + (p2 < n)) * bytes * m->gamma_s_per_byte;
+           (c->rd_rounds + fold) * bytes * m->gamma_s_per_byte;
+}
+
+/* What auto chooses from (and times at create), in this order of
+ * preference on a tie. */
+static const int auto_algos[] = {MESH_ALGO_RING, MESH_ALGO_TREE,
+                                 MESH_ALGO_DIRECT, MESH_ALGO_RD};
+#define NAUTO ((int)MESH_ARRAY_SIZE(auto_algos))
+
+static double cost_of(const struct mesh_coll *c, int algo, double bytes)
+{
+    switch (algo) {
+    case MESH_ALGO_TREE:
+        return tree_cost(c, bytes);
+    case MESH_ALGO_DIRECT:
+        return direct_cost(c, bytes);
+    case MESH_ALGO_RD:
+        return rd_cost(c, bytes);
+    default:
+        return ring_cost(c, bytes);
+    }
 }
 
 int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
 {
-    double cost[MESH_ALGO_LAST + 1];
-    static const int cand[] = {MESH_ALGO_RING, MESH_ALGO_TREE, MESH_ALGO_DIRECT,
-                               MESH_ALGO_RD};
-    int best = MESH_ALGO_RING;
+    double best_cost = 0;
+    int best = -1;
 
     if (algo == MESH_ALGO_AUTO)
         algo = c->opts.algo;
     if (algo != MESH_ALGO_AUTO)
         return algo;
-    cost[MESH_ALGO_RING] = ring_cost(c, (double)bytes);
-    cost[MESH_ALGO_TREE] = tree_cost(c, (double)bytes);
-    cost[MESH_ALGO_DIRECT] = direct_cost(c, (double)bytes);
-    cost[MESH_ALGO_RD] = rd_cost(c, (double)bytes);
-    /* the cheapest; on a tie, the first of ring, tree, direct, rd */
-    for (size_t i = 1; i < MESH_ARRAY_SIZE(cand); i++)
-        if (cost[cand[i]] < cost[best])
-            best = cand[i];
+    for (int i = 0; i < NAUTO; i++) {
+        double cost = cost_of(c, auto_algos[i], (double)bytes);
+
+        if (best < 0 || cost < best_cost) {
+            best = auto_algos[i];
+            best_cost = cost;
+        }
+    }
     return best;
 }
 
@@ -380,7 +394,8 @@ void mesh_coll_model_get(const mesh_coll_t *c, struct mesh_coll_model *out)
     *out = c->model;
 }
 
-/* Depth and per-rank load of the double binary tree (the same everywhere). */
+/* Depth and per-rank load of the double binary tree, and recursive
+ * doubling's rounds (the same everywhere). */
 static void tree_shape(struct mesh_coll *c)
 {
     int n = c->w->size, depth = 0;
@@ -410,6 +425,7 @@ static void tree_shape(struct mesh_coll *c)
     }
     c->tree_depth = depth;
     c->tree_load = load;
+    c->rd_rounds = coll_rd_rounds(n, &c->rd_extra);
 }
 
 /* ---- running one request ------------------------------------------------- */
@@ -1023,31 +1039,29 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /*
- * Time a 32-byte all-reduce with ring, tree, direct and rd: the median of
- * LAT_RUNS after one warmup round, per algorithm, into v[0..3] (us). The
- * algorithms take turns, round by round, so that a burst of noise on a
+ * Time a 32-byte all-reduce with each of auto_algos: the median of
+ * LAT_RUNS after one warmup round, per algorithm, into v[0..NAUTO) (us).
+ * The algorithms take turns, round by round, so that a burst of noise on a
  * shared machine spoils one run of each rather than all runs of one. Every
  * rank runs the same calls in the same order.
  */
 static int time_small(mesh_coll_t *c, float *buf, float *v)
 {
-    enum { LAT_RUNS = 7, NALGO = 4 };
-    static const int algos[NALGO] = {MESH_ALGO_RING, MESH_ALGO_TREE,
-                                     MESH_ALGO_DIRECT, MESH_ALGO_RD};
-    double t[NALGO][LAT_RUNS];
+    enum { LAT_RUNS = 7 };
+    double t[NAUTO][LAT_RUNS];
 
     for (int i = -1; i < LAT_RUNS; i++)
-        for (int a = 0; a < NALGO; a++) {
+        for (int a = 0; a < NAUTO; a++) {
             double t0 = mesh_now_s();
             int rc = mesh_coll_allreduce(c, buf, buf, 8, MESH_DT_F32,
-                                         MESH_REDOP_SUM, algos[a]);
+                                         MESH_REDOP_SUM, auto_algos[a]);
 
             if (rc < 0)
                 return rc;
             if (i >= 0)
                 t[a][i] = mesh_now_s() - t0;
         }
-    for (int a = 0; a < NALGO; a++) {
+    for (int a = 0; a < NAUTO; a++) {
         qsort(t[a], LAT_RUNS, sizeof(t[a][0]), cmp_double);
         v[a] = (float)(t[a][LAT_RUNS / 2] * 1e6);
     }
@@ -1078,15 +1092,13 @@ static int agree(mesh_coll_t *c)
     v[1] = (float)(c->meas_beta * 1e9);  /* ns per byte */
     rc = time_small(c, v + 8, v + 2);
     if (rc == 0)
-        rc = mesh_coll_allreduce(c, v, v, 6, MESH_DT_F32, MESH_REDOP_AVG,
-                                 MESH_ALGO_RING);
+        rc = mesh_coll_allreduce(c, v, v, 2 + NAUTO, MESH_DT_F32,
+                                 MESH_REDOP_AVG, MESH_ALGO_RING);
     if (rc == 0) {
         c->model.alpha_s = v[0] * 1e-6;
         c->model.beta_s_per_byte = v[1] * 1e-9;
-        c->model.lat_s[MESH_ALGO_RING] = v[2] * 1e-6;
-        c->model.lat_s[MESH_ALGO_TREE] = v[3] * 1e-6;
-        c->model.lat_s[MESH_ALGO_DIRECT] = v[4] * 1e-6;
-        c->model.lat_s[MESH_ALGO_RD] = v[5] * 1e-6;
+        for (int a = 0; a < NAUTO; a++)
+            c->model.lat_s[auto_algos[a]] = v[2 + a] * 1e-6;
         c->model.measured = 1;
     }
     mesh_coll_buf_free(c, v);
