@@ -102,7 +102,7 @@ size_t coll_ring_scratch(const struct coll_args *a)
     if (a->size < 2)
         return 0;
     if (a->op == MESH_OP_REDUCE_SCATTER)
-        return (2 * n - 3) * a->count * es;
+        return (n - 1) * a->count * es;
     return (n - 1) * ((a->count + n - 1) / n) * es;
 }
 
@@ -110,6 +110,12 @@ size_t coll_ring_scratch(const struct coll_args *a)
  * All-reduce: reduce-scatter, after which rank r holds the final value of
  * segment r + 1, then all-gather. Segment j is reduced in ring order:
  * ((x_j + x_j+1) + x_j+2) + ..., whoever runs it.
+ *
+ * A partial sum is only forwarded, so it is added in place into the scratch
+ * slot its chunk was received into, while the kernel's copy has left that
+ * slot in cache, and sent on from there: the receive buffer is written once
+ * per element (by the last step or by the all-gather), where writing every
+ * partial sum into it cost a cold read-for-ownership per step.
  */
 int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
                               void *scratch, mesh_mr_t *smr)
@@ -120,16 +126,18 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
     size_t ce = chunk_elems(a, maxseg), nk = nchunks(maxseg, ce);
     int inplace = a->sendbuf == a->recvbuf;
     float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
-    int *prev, *sent, rc;
+    int *prev, *sent, *reds, rc;
 
     rc = tag_room(2 * (size_t)n, nk);
     if (rc < 0)
         return rc;
     prev = malloc(nk * sizeof(*prev));
-    sent = malloc((size_t)(n - 1) * nk * sizeof(*sent));
-    if (!prev || !sent) {
+    sent = malloc(nk * sizeof(*sent));
+    reds = malloc((size_t)(n - 1) * nk * sizeof(*reds));
+    if (!prev || !sent || !reds) {
         free(prev);
         free(sent);
+        free(reds);
         return mesh_err(-ENOMEM, "out of memory building a ring");
     }
     for (size_t k = 0; k < nk; k++)
@@ -140,27 +148,34 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
         segment(a->count, n, mod(r - st, n), &ss, &sl);
         segment(a->count, n, mod(r - st - 1, n), &rs, &rl);
         for (size_t k = 0; k < nk; k++) {
-            size_t o, l, ro, roff, rlen;
-            const void *src = st == 0 ? a->sendbuf : a->recvbuf;
+            size_t o, l, roff, rlen;
             uint32_t tag = (uint32_t)((size_t)st * nk + k);
             char *slot;
             const void *in[2];
             int snd, rcv, red;
 
             clip(ss, sl, k, ce, &o, &l);
-            snd = sched_send(s, right, tag, o * es, at(src, o, es), l * es,
-                             st == 0 ? a->send_mr : a->recv_mr);
+            /* step st forwards what step st - 1 added into its slot */
+            if (st == 0)
+                snd = sched_send(s, right, tag, o * es, at(a->sendbuf, o, es),
+                                 l * es, a->send_mr);
+            else
+                snd = sched_send(
+                    s, right, tag, o * es,
+                    at(scratch, (size_t)(st - 1) * maxseg + (o - ss), es),
+                    l * es, smr);
             sched_dep(s, prev[k], snd);
-            sent[(size_t)st * nk + k] = snd;
+            if (st == 0)
+                sent[k] = snd;
             clip(rs, rl, k, ce, &roff, &rlen);
-            ro = roff - rs;
-            slot = at(scratch, (size_t)st * maxseg + ro, es);
+            slot = at(scratch, (size_t)st * maxseg + (roff - rs), es);
             rcv = sched_recv(s, left, tag, roff * es, slot, rlen * es, smr);
             in[0] = slot;
             in[1] = at(a->sendbuf, roff, es);
-            red = sched_reduce(s, at(a->recvbuf, roff, es), in, 2, rlen,
-                               st == n - 2 ? div : 1.0f);
+            red = sched_reduce(s, st == n - 2 ? at(a->recvbuf, roff, es) : slot,
+                               in, 2, rlen, st == n - 2 ? div : 1.0f);
             sched_dep(s, rcv, red);
+            reds[(size_t)st * nk + k] = red;
             prev[k] = red;
         }
     }
@@ -178,15 +193,23 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
             snd = sched_send(s, right, tag, o * es, at(a->recvbuf, o, es),
                              l * es, a->recv_mr);
             sched_dep(s, prev[k], snd);
+            /*
+             * Step st lands on segment r - st. In place, that is where the
+             * reduce-scatter's first send read from (st = 0) and where its
+             * step st - 1 read this rank's own input: both must be done.
+             * Out of place nothing else touches it.
+             */
             clip(rs, rl, k, ce, &o, &l);
             rcv = sched_recv(s, left, tag, o * es, at(a->recvbuf, o, es),
                              l * es, a->recv_mr);
-            /* It lands where reduce-scatter step st sent from. */
-            if (st > 0 || inplace)
-                sched_dep(s, sent[(size_t)st * nk + k], rcv);
+            if (inplace)
+                sched_dep(s,
+                          st == 0 ? sent[k] : reds[(size_t)(st - 1) * nk + k],
+                          rcv);
             prev[k] = rcv;
         }
     }
+    free(reds);
     free(sent);
     free(prev);
     return 0;
@@ -194,7 +217,8 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
 
 /*
  * Reduce-scatter: as the first half of the ring all-reduce, rotated so that
- * rank r ends with segment r; partial sums live in scratch.
+ * rank r ends with segment r; partial sums are added in place into the
+ * scratch slots their chunks arrived in, and forwarded from there.
  */
 int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
                                    void *scratch, mesh_mr_t *smr)
@@ -202,7 +226,6 @@ int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
     int n = a->size, r = a->rank, left = mod(r - 1, n), right = mod(r + 1, n);
     size_t es = mesh_dtype_size(a->dtype), cnt = a->count;
     size_t ce = chunk_elems(a, cnt), nk = nchunks(cnt, ce);
-    char *part = at(scratch, (size_t)(n - 1) * cnt, es);
     float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
     int *prev, rc;
 
@@ -232,7 +255,7 @@ int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
                                  a->send_mr);
             else
                 snd = sched_send(s, right, tag, (sseg * cnt + o) * es,
-                                 at(part, (size_t)(st - 1) * cnt + o, es),
+                                 at(scratch, (size_t)(st - 1) * cnt + o, es),
                                  l * es, smr);
             sched_dep(s, prev[k], snd);
             rcv =
@@ -241,7 +264,7 @@ int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
             in[0] = at(scratch, (size_t)st * cnt + o, es);
             in[1] = at(a->sendbuf, rseg * cnt + o, es);
             dst = st == n - 2 ? at(a->recvbuf, o, es)
-                              : at(part, (size_t)st * cnt + o, es);
+                              : at(scratch, (size_t)st * cnt + o, es);
             red = sched_reduce(s, dst, in, 2, l, st == n - 2 ? div : 1.0f);
             sched_dep(s, rcv, red);
             prev[k] = red;
