@@ -126,18 +126,18 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
     size_t ce = chunk_elems(a, maxseg), nk = nchunks(maxseg, ce);
     int inplace = a->sendbuf == a->recvbuf;
     float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
-    int *prev, *sent, *reds, rc;
+    /* reader[st * nk + k]: the last op that reads this rank's input where
+     * all-gather step st lands (segment r - st, chunk k) */
+    int *prev, *reader, rc;
 
     rc = tag_room(2 * (size_t)n, nk);
     if (rc < 0)
         return rc;
     prev = malloc(nk * sizeof(*prev));
-    sent = malloc(nk * sizeof(*sent));
-    reds = malloc((size_t)(n - 1) * nk * sizeof(*reds));
-    if (!prev || !sent || !reds) {
+    reader = malloc((size_t)(n - 1) * nk * sizeof(*reader));
+    if (!prev || !reader) {
         free(prev);
-        free(sent);
-        free(reds);
+        free(reader);
         return mesh_err(-ENOMEM, "out of memory building a ring");
     }
     for (size_t k = 0; k < nk; k++)
@@ -166,7 +166,7 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
                     l * es, smr);
             sched_dep(s, prev[k], snd);
             if (st == 0)
-                sent[k] = snd;
+                reader[k] = snd;
             clip(rs, rl, k, ce, &roff, &rlen);
             slot = at(scratch, (size_t)st * maxseg + (roff - rs), es);
             rcv = sched_recv(s, left, tag, roff * es, slot, rlen * es, smr);
@@ -175,7 +175,8 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
             red = sched_reduce(s, st == n - 2 ? at(a->recvbuf, roff, es) : slot,
                                in, 2, rlen, st == n - 2 ? div : 1.0f);
             sched_dep(s, rcv, red);
-            reds[(size_t)st * nk + k] = red;
+            if (st < n - 2)
+                reader[(size_t)(st + 1) * nk + k] = red;
             prev[k] = red;
         }
     }
@@ -194,23 +195,19 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
                              l * es, a->recv_mr);
             sched_dep(s, prev[k], snd);
             /*
-             * Step st lands on segment r - st. In place, that is where the
-             * reduce-scatter's first send read from (st = 0) and where its
-             * step st - 1 read this rank's own input: both must be done.
+             * In place, step st lands where the reduce-scatter's first send
+             * (st = 0) or its step st - 1's reduce read this rank's input.
              * Out of place nothing else touches it.
              */
             clip(rs, rl, k, ce, &o, &l);
             rcv = sched_recv(s, left, tag, o * es, at(a->recvbuf, o, es),
                              l * es, a->recv_mr);
             if (inplace)
-                sched_dep(s,
-                          st == 0 ? sent[k] : reds[(size_t)(st - 1) * nk + k],
-                          rcv);
+                sched_dep(s, reader[(size_t)st * nk + k], rcv);
             prev[k] = rcv;
         }
     }
-    free(reds);
-    free(sent);
+    free(reader);
     free(prev);
     return 0;
 }
