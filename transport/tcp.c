@@ -1617,7 +1617,10 @@ static void ctrl_got(struct conn *c)
         if (code != -ECONNRESET && code != -EHOSTDOWN && code != -EPROTO &&
             code != -ECANCELED)
             code = -ECONNABORTED;
-        fail_job(t, culprit, code, 0, "%s (reported by rank %d (%s))", reason,
+        /* Passed on to every peer before this rank can leave: a peer that
+         * heard nothing yet would otherwise read our goodbye first and
+         * blame us. */
+        fail_job(t, culprit, code, 1, "%s (reported by rank %d (%s))", reason,
                  c->peer, pname(t, c->peer, nb, sizeof(nb)));
         return;
     case TCP_CTRL_BYE:
