@@ -827,6 +827,169 @@ int coll_build_rd_allreduce(struct sched *s, const struct coll_args *a,
     return 0;
 }
 
+/* ---- recursive halving and doubling (Rabenseifner) ---------------------- */
+
+size_t coll_rhd_scratch(const struct coll_args *a)
+{
+    return coll_rd_scratch(a);
+}
+
+/* Elements [*o, *o + *l) of blocks [b0, b1) of a chunk [o0, o0 + l0) cut
+ * into p blocks. */
+static void blocks(size_t o0, size_t l0, int p, int b0, int b1, size_t *o,
+                   size_t *l)
+{
+    size_t s0, n0, s1, n1;
+
+    segment(l0, p, b0, &s0, &n0);
+    segment(l0, p, b1 - 1, &s1, &n1);
+    *o = o0 + s0;
+    *l = s1 + n1 - s0;
+}
+
+/*
+ * Rabenseifner's all-reduce: a reduce-scatter by recursive halving, then an
+ * all-gather by recursive doubling, on P (the largest power of two <= N)
+ * virtual ranks; the N - P extra ranks fold in and out as in recursive
+ * doubling. In halving round j virtual rank v swaps half of its current
+ * block range with v ^ (P >> (j + 1)) and adds the half it keeps; after
+ * log2(P) rounds it holds the sum of block v alone, and the doubling rounds
+ * hand the blocks round in the reverse order. Each block is summed by one
+ * rank and copied to the others, so every rank ends with the same bytes.
+ * The ring's bytes (2 (P - 1) / P of the message per link) in 2 log2(P)
+ * hops instead of 2 (N - 1): for the middle sizes, where the ring's many
+ * steps cost more than its perfect link use gains.
+ *
+ * The message is cut into chunks that run as independent pipelines (block
+ * sizes near the ring's chunks); scratch: two slots of count elements used
+ * in turn, as recursive doubling does.
+ */
+int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
+                             void *scratch, mesh_mr_t *smr)
+{
+    int n = a->size, r = a->rank, m, rounds = coll_rd_rounds(n, &m), v, p;
+    size_t es = mesh_dtype_size(a->dtype), ce, nk;
+    float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
+    int inplace = a->sendbuf == a->recvbuf, rc;
+    uint32_t ntag = 2 * (uint32_t)rounds + 2;
+
+    p = 1 << rounds;
+    /* the first halving round's message (half a chunk) near the ring's
+     * chunk size */
+    ce = chunk_elems(a, a->count / (size_t)p + 1);
+    ce = ce > SIZE_MAX / 2 ? SIZE_MAX : 2 * ce;
+    nk = nchunks(a->count, ce);
+    v = r < 2 * m ? (r % 2 ? r / 2 : -1) : r - m;
+    rc = tag_room(ntag, nk);
+    if (rc < 0)
+        return rc;
+    for (size_t k = 0; k < nk; k++) {
+        uint32_t tag0 = (uint32_t)(k * ntag);
+        size_t o0, l0, o, l;
+        int lo = 0, hi = p, prod = -1, reader[2] = {-1, -1};
+        int gave[32], got[32];
+        const void *cur, *in[2];
+        mesh_mr_t *cur_mr = a->send_mr;
+        char *out;
+
+        clip(0, a->count, k, ce, &o0, &l0);
+        out = at(a->recvbuf, o0, es);
+        cur = at(a->sendbuf, o0, es);
+        if (v < 0) { /* folded in: hand over, take the result back */
+            int snd = sched_send(s, r + 1, tag0, o0 * es, cur, l0 * es,
+                                 a->send_mr);
+            int rcv = sched_recv(s, r + 1, tag0 + ntag - 1, o0 * es, out,
+                                 l0 * es, a->recv_mr);
+
+            if (inplace)
+                sched_dep(s, snd, rcv);
+            continue;
+        }
+        if (r < 2 * m) { /* the partner's data first: x_r-1 + x_r */
+            int rcv = sched_recv(s, r - 1, tag0, o0 * es,
+                                 at(scratch, o0, es), l0 * es, smr);
+
+            in[0] = at(scratch, o0, es);
+            in[1] = cur;
+            prod = sched_reduce(s, out, in, 2, l0, 1.0f);
+            sched_dep(s, rcv, prod);
+            reader[0] = prod;
+            cur = out;
+            cur_mr = a->recv_mr;
+        }
+        /* reduce-scatter: halve [lo, hi) each round */
+        for (int j = 0; j < rounds; j++) {
+            int mask = p >> (j + 1), mid = lo + (hi - lo) / 2;
+            int peer = rd_real(v ^ mask, m), keep_lo, keep_hi, snd, rcv, red;
+            uint32_t tag = tag0 + 1 + (uint32_t)j;
+            size_t so, sl;
+            char *slot;
+
+            if (v & mask) {
+                blocks(o0, l0, p, lo, mid, &so, &sl);
+                keep_lo = mid;
+                keep_hi = hi;
+            } else {
+                blocks(o0, l0, p, mid, hi, &so, &sl);
+                keep_lo = lo;
+                keep_hi = mid;
+            }
+            blocks(o0, l0, p, keep_lo, keep_hi, &o, &l);
+            snd = sched_send(s, peer, tag, so * es,
+                             (const char *)cur + (so - o0) * es, sl * es,
+                             cur_mr);
+            sched_dep(s, prod, snd);
+            gave[j] = snd;
+            slot = at(scratch, (size_t)(j % 2) * a->count + o, es);
+            rcv = sched_recv(s, peer, tag, o * es, slot, l * es, smr);
+            sched_dep(s, reader[j % 2], rcv);
+            in[0] = (const char *)cur + (o - o0) * es;
+            in[1] = slot;
+            red = sched_reduce(s, at(a->recvbuf, o, es), in, 2, l,
+                               j == rounds - 1 ? div : 1.0f);
+            sched_dep(s, rcv, red);
+            sched_dep(s, prod, red);
+            reader[j % 2] = red;
+            prod = red;
+            cur = out;
+            cur_mr = a->recv_mr;
+            lo = keep_lo;
+            hi = keep_hi;
+        }
+        /* all-gather: double [lo, hi) each round, in the reverse order */
+        for (int j = 0; j < rounds; j++) {
+            int mask = 1 << j, width = hi - lo, plo, snd, rcv;
+            int peer = rd_real(v ^ mask, m);
+            uint32_t tag = tag0 + 1 + (uint32_t)(rounds + j);
+
+            plo = (v & mask) ? lo - width : lo + width;
+            blocks(o0, l0, p, lo, hi, &o, &l);
+            snd = sched_send(s, peer, tag, o * es, at(a->recvbuf, o, es),
+                             l * es, a->recv_mr);
+            sched_dep(s, prod, snd);
+            for (int i = 0; i < j; i++)
+                sched_dep(s, got[i], snd);
+            blocks(o0, l0, p, plo, plo + width, &o, &l);
+            rcv = sched_recv(s, peer, tag, o * es, at(a->recvbuf, o, es),
+                             l * es, a->recv_mr);
+            /* it lands where halving round rounds - 1 - j sent from */
+            sched_dep(s, gave[rounds - 1 - j], rcv);
+            got[j] = rcv;
+            lo = MESH_MIN(lo, plo);
+            hi = lo + 2 * width;
+        }
+        if (r < 2 * m) { /* the result back to the folded-in partner */
+            int snd = sched_send(s, r - 1, tag0 + ntag - 1, o0 * es, out,
+                                 l0 * es, a->recv_mr);
+
+            sched_dep(s, prod, snd);
+            for (int i = 0; i < rounds; i++)
+                sched_dep(s, got[i], snd);
+        }
+    }
+    return 0;
+}
+
 /* ---- barrier ------------------------------------------------------------- */
 
 /* Dissemination: in round j, send to r + 2^j and hear from r - 2^j. */

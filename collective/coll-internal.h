@@ -123,6 +123,7 @@ size_t coll_tree_scratch(const struct coll_args *a);
 size_t coll_ps_scratch(const struct coll_args *a);
 size_t coll_direct_scratch(const struct coll_args *a);
 size_t coll_rd_scratch(const struct coll_args *a);
+size_t coll_rhd_scratch(const struct coll_args *a);
 /* Recursive doubling over n ranks: the rounds (log2 of the largest power
  * of two <= n); the ranks beyond that power are returned in *extra. */
 int coll_rd_rounds(int n, int *extra);
@@ -140,6 +141,8 @@ int coll_build_direct_allreduce(struct sched *s, const struct coll_args *a,
                                 void *scratch, mesh_mr_t *smr);
 int coll_build_rd_allreduce(struct sched *s, const struct coll_args *a,
                             void *scratch, mesh_mr_t *smr);
+int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
+                             void *scratch, mesh_mr_t *smr);
 int coll_build_chain_broadcast(struct sched *s, const struct coll_args *a);
 int coll_build_tree_broadcast(struct sched *s, const struct coll_args *a);
 int coll_build_barrier(struct sched *s, int rank, int size);

@@ -103,14 +103,17 @@ const char *mesh_algo_name(int algo)
         return "direct";
     case MESH_ALGO_RD:
         return "rd";
+    case MESH_ALGO_RHD:
+        return "rhd";
     }
     return "unknown-algo";
 }
 
 int mesh_algo_parse(const char *s, int *out)
 {
-    static const int all[] = {MESH_ALGO_AUTO, MESH_ALGO_RING,   MESH_ALGO_TREE,
-                              MESH_ALGO_PS,   MESH_ALGO_DIRECT, MESH_ALGO_RD};
+    static const int all[] = {MESH_ALGO_AUTO,   MESH_ALGO_RING, MESH_ALGO_TREE,
+                              MESH_ALGO_PS,     MESH_ALGO_DIRECT,
+                              MESH_ALGO_RD,     MESH_ALGO_RHD};
 
     for (size_t i = 0; s && i < MESH_ARRAY_SIZE(all); i++)
         if (!strcmp(s, mesh_algo_name(all[i]))) {
@@ -119,7 +122,7 @@ int mesh_algo_parse(const char *s, int *out)
         }
     return mesh_err(-EINVAL,
                     "unknown algorithm '%s' (ring, tree, auto, ps, "
-                    "direct, rd)",
+                    "direct, rd, rhd)",
                     s ? s : "");
 }
 
@@ -330,10 +333,27 @@ static double rd_cost(const struct mesh_coll *c, double bytes)
            (c->rd_rounds + fold) * bytes * m->gamma_s_per_byte;
 }
 
+/*
+ * Rabenseifner's: the ring's bytes through each link, in 2 log2 P hops
+ * (+ 2 where N is not P), and with extras the fold's whole message in and
+ * out of the folding ranks, which also add it.
+ */
+static double rhd_cost(const struct mesh_coll *c, double bytes)
+{
+    const struct mesh_coll_model *m = &c->model;
+    int fold = c->rd_extra > 0;
+    double p = (double)(1 << c->rd_rounds);
+
+    return lat_of(c, MESH_ALGO_RHD, 2 * c->rd_rounds + 2 * fold) +
+           (2 * (p - 1) / p + 2 * fold) * bytes * m->beta_s_per_byte +
+           ((p - 1) / p + fold) * bytes * m->gamma_s_per_byte;
+}
+
 /* What auto chooses from (and times at create), in this order of
  * preference on a tie. */
 static const int auto_algos[] = {MESH_ALGO_RING, MESH_ALGO_TREE,
-                                 MESH_ALGO_DIRECT, MESH_ALGO_RD};
+                                 MESH_ALGO_DIRECT, MESH_ALGO_RD,
+                                 MESH_ALGO_RHD};
 #define NAUTO ((int)MESH_ARRAY_SIZE(auto_algos))
 
 static double cost_of(const struct mesh_coll *c, int algo, double bytes)
@@ -345,6 +365,8 @@ static double cost_of(const struct mesh_coll *c, int algo, double bytes)
         return direct_cost(c, bytes);
     case MESH_ALGO_RD:
         return rd_cost(c, bytes);
+    case MESH_ALGO_RHD:
+        return rhd_cost(c, bytes);
     default:
         return ring_cost(c, bytes);
     }
@@ -512,6 +534,7 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
                : q->algo == MESH_ALGO_PS     ? coll_ps_scratch(a)
                : q->algo == MESH_ALGO_DIRECT ? coll_direct_scratch(a)
                : q->algo == MESH_ALGO_RD     ? coll_rd_scratch(a)
+               : q->algo == MESH_ALGO_RHD    ? coll_rhd_scratch(a)
                                              : coll_ring_scratch(a);
     else if (a->op == MESH_OP_REDUCE_SCATTER)
         need = coll_ring_scratch(a);
@@ -547,6 +570,9 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
                                                    c->scratch_mr)
                  : q->algo == MESH_ALGO_RD
                      ? coll_build_rd_allreduce(&s, a, c->scratch, c->scratch_mr)
+                 : q->algo == MESH_ALGO_RHD
+                     ? coll_build_rhd_allreduce(&s, a, c->scratch,
+                                                c->scratch_mr)
                      : coll_build_ring_allreduce(&s, a, c->scratch,
                                                  c->scratch_mr);
             break;
@@ -843,7 +869,7 @@ static int broadcast_go(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
         rc = mesh_err(-EINVAL, "broadcast root %d is not a rank (0..%d)", root,
                       c->w->size - 1);
     if (rc == 0 && (algo == MESH_ALGO_PS || algo == MESH_ALGO_DIRECT ||
-                    algo == MESH_ALGO_RD))
+                    algo == MESH_ALGO_RD || algo == MESH_ALGO_RHD))
         algo = MESH_ALGO_RING; /* none of their own: the chain */
     if (rc < 0)
         return rc;
@@ -1121,11 +1147,12 @@ static void log_model(const mesh_coll_t *c)
                                 : " (not measured: defaults)");
     if (c->model.measured)
         mesh_info("collectives: 32-byte all-reduce measured: ring %.1f us, "
-                  "tree %.1f us, direct %.1f us, rd %.1f us",
+                  "tree %.1f us, direct %.1f us, rd %.1f us, rhd %.1f us",
                   c->model.lat_s[MESH_ALGO_RING] * 1e6,
                   c->model.lat_s[MESH_ALGO_TREE] * 1e6,
                   c->model.lat_s[MESH_ALGO_DIRECT] * 1e6,
-                  c->model.lat_s[MESH_ALGO_RD] * 1e6);
+                  c->model.lat_s[MESH_ALGO_RD] * 1e6,
+                  c->model.lat_s[MESH_ALGO_RHD] * 1e6);
     if (c->opts.algo != MESH_ALGO_AUTO) {
         mesh_info("collectives: all-reduce algorithm %s (fixed)",
                   mesh_algo_name(c->opts.algo));

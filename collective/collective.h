@@ -63,11 +63,14 @@ enum mesh_algo {
                              messages, where latency rules */
     MESH_ALGO_RD = 5,     /* recursive doubling: log2 N pairwise swaps of
                              the whole message; for small messages */
+    MESH_ALGO_RHD = 6,    /* Rabenseifner: reduce-scatter by recursive
+                             halving, all-gather by recursive doubling; the
+                             ring's bytes in 2 log2 N hops */
 };
-#define MESH_ALGO_LAST MESH_ALGO_RD
+#define MESH_ALGO_LAST MESH_ALGO_RHD
 
 const char *mesh_algo_name(int algo);
-/* "ring", "tree", "auto", "ps", "direct", "rd" -> *out; -EINVAL
+/* "ring", "tree", "auto", "ps", "direct", "rd", "rhd" -> *out; -EINVAL
  * otherwise. */
 int mesh_algo_parse(const char *s, int *out);
 
@@ -113,7 +116,7 @@ void mesh_coll_destroy(mesh_coll_t *c);
  * alpha (seconds), inverse bandwidth beta (seconds per byte on a link),
  * reduction cost gamma (seconds per byte added; a fixed figure), whether
  * alpha and beta were measured, and the measured time of a 32-byte
- * all-reduce with each of ring, tree, direct and rd (lat_s[MESH_ALGO_RING]
+ * all-reduce with each of ring, tree, direct, rd and rhd (lat_s[MESH_ALGO_RING]
  * etc.; 0 when not measured). Where measured, that time replaces the
  * model's hops x alpha: it holds what alpha misses, such as the cost of
  * many messages at one rank, or of more processes than cores.

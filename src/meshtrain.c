@@ -138,7 +138,7 @@ static const struct opt_doc opts[] = {
      "device backends: pipeline chunks of a bucket in MiB (default 4)"},
     {"compress", OPT_COMPRESS, "none|fp16|bf16",
      "gradients on the wire as 16-bit (default none)"},
-    {"algo", OPT_ALGO, "ring|tree|direct|rd|auto",
+    {"algo", OPT_ALGO, "ring|tree|direct|rd|rhd|auto",
      "all-reduce algorithm (default auto)"},
     {"verify-every", OPT_VERIFY_EVERY, "N",
      "compare weight digests every N steps, 0: only at start (default 100)"},
@@ -558,7 +558,7 @@ int main(int argc, char **argv)
     if (c.algo == MESH_ALGO_PS && !c.simulate) {
         fprintf(stderr, "meshtrain: --algo: ps is a benchmark baseline "
                 "(meshbench, and meshtrain with --simulate-compute), use "
-                "ring, tree, direct, rd or auto\n");
+                "ring, tree, direct, rd, rhd or auto\n");
         return MESH_EXIT_USAGE;
     }
     if (c.simulate_scale != 1 && !c.simulate) {

@@ -8,9 +8,9 @@
 # spoiled input byte must be counted wrong and make every rank exit 4.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
-t_plan 16
+t_plan 17
 n=3
-for algo in ring tree direct rd ps auto; do
+for algo in ring tree direct rd rhd ps auto; do
     take_ports "$n" || { t_ok 1 "no free ports"; continue; }
     port=$PORT
     log=$TMP/ar_$algo.log

@@ -387,7 +387,8 @@ static void t_back_to_back(struct rank_ctx *x)
 {
     enum { K = 8 };
     static const int algos[] = {MESH_ALGO_RING, MESH_ALGO_TREE, MESH_ALGO_PS,
-                                MESH_ALGO_DIRECT, MESH_ALGO_RD, MESH_ALGO_AUTO};
+                                MESH_ALGO_DIRECT, MESH_ALGO_RD, MESH_ALGO_RHD,
+                                MESH_ALGO_AUTO};
     struct group g;
     mesh_coll_req_t *q[K];
     void *buf[K], *want[K];
@@ -466,7 +467,8 @@ static void t_barrier(struct rank_ctx *x)
 static void battery(struct rank_ctx *x)
 {
     static const int algos[] = {MESH_ALGO_RING, MESH_ALGO_TREE, MESH_ALGO_PS,
-                                MESH_ALGO_DIRECT, MESH_ALGO_RD, MESH_ALGO_AUTO};
+                                MESH_ALGO_DIRECT, MESH_ALGO_RD, MESH_ALGO_RHD,
+                                MESH_ALGO_AUTO};
     int n = x->n;
     size_t counts[] = {0, 1, (size_t)n - 1, 7, 1009, 65537};
     size_t big[] = {(size_t)3 << 20 >> (n > 4)}; /* 12 or 6 MiB of f32 */
@@ -482,6 +484,7 @@ static void battery(struct rank_ctx *x)
     t_allreduce(x, MESH_ALGO_RING, MESH_DT_F32, MESH_REDOP_AVG, big, 1);
     t_allreduce(x, MESH_ALGO_TREE, MESH_DT_BF16, MESH_REDOP_SUM, big, 1);
     t_allreduce(x, MESH_ALGO_RD, MESH_DT_F16, MESH_REDOP_AVG, big, 1);
+    t_allreduce(x, MESH_ALGO_RHD, MESH_DT_BF16, MESH_REDOP_AVG, big, 1);
     for (size_t d = 0; d < MESH_ARRAY_SIZE(dtypes); d++) {
         for (int redop = 0; redop < 2; redop++)
             t_reduce_scatter(x, dtypes[d], redop, small,
@@ -498,6 +501,7 @@ static void battery(struct rank_ctx *x)
     t_random(x, MESH_ALGO_PS);
     t_random(x, MESH_ALGO_DIRECT);
     t_random(x, MESH_ALGO_RD);
+    t_random(x, MESH_ALGO_RHD);
     t_back_to_back(x);
     t_barrier(x);
 }
