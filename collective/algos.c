@@ -739,6 +739,43 @@ static int rd_real(int v, int m)
     return v < m ? 2 * v + 1 : v + m;
 }
 
+/* The virtual rank of real rank r, or -1 where r folds into r + 1. */
+static int rd_virtual(int r, int m)
+{
+    return r < 2 * m ? (r % 2 ? r / 2 : -1) : r - m;
+}
+
+/*
+ * The fold of N - P extra ranks, for chunk [o, o + l): rank r (even, below
+ * 2m) hands its data to r + 1 on tag_in and takes the result back on
+ * tag_out (fold_leaf); rank r + 1 first adds x_r + x_r+1 into the receive
+ * buffer, from a receive into slot (fold_in: returns the reduce's op).
+ */
+static void fold_leaf(struct sched *s, const struct coll_args *a, size_t o,
+                      size_t l, uint32_t tag_in, uint32_t tag_out)
+{
+    size_t es = mesh_dtype_size(a->dtype);
+    int snd = sched_send(s, a->rank + 1, tag_in, o * es, at(a->sendbuf, o, es),
+                         l * es, a->send_mr);
+    int rcv = sched_recv(s, a->rank + 1, tag_out, o * es,
+                         at(a->recvbuf, o, es), l * es, a->recv_mr);
+
+    if (a->sendbuf == a->recvbuf)
+        sched_dep(s, snd, rcv);
+}
+
+static int fold_in(struct sched *s, const struct coll_args *a, size_t o,
+                   size_t l, uint32_t tag, char *slot, mesh_mr_t *smr)
+{
+    size_t es = mesh_dtype_size(a->dtype);
+    int rcv = sched_recv(s, a->rank - 1, tag, o * es, slot, l * es, smr);
+    const void *in[2] = {slot, at(a->sendbuf, o, es)};
+    int red = sched_reduce(s, at(a->recvbuf, o, es), in, 2, l, 1.0f);
+
+    sched_dep(s, rcv, red);
+    return red;
+}
+
 /*
  * Recursive doubling: with P the largest power of two <= N, log2(P) rounds;
  * in round j virtual rank v swaps its partial sum with v ^ 2^j, and both
@@ -759,9 +796,9 @@ int coll_build_rd_allreduce(struct sched *s, const struct coll_args *a,
     size_t es = mesh_dtype_size(a->dtype);
     size_t ce = chunk_elems(a, a->count), nk = nchunks(a->count, ce);
     float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
-    int inplace = a->sendbuf == a->recvbuf, rc;
+    int rc;
 
-    v = r < 2 * m ? (r % 2 ? r / 2 : -1) : r - m;
+    v = rd_virtual(r, m);
     rc = tag_room((size_t)rounds + 2, nk);
     if (rc < 0)
         return rc;
@@ -778,19 +815,11 @@ int coll_build_rd_allreduce(struct sched *s, const struct coll_args *a,
         slot[1] = at(scratch, a->count + o, es);
         cur = at(a->sendbuf, o, es);
         if (v < 0) { /* folded in: hand over, take the result back */
-            snd = sched_send(s, r + 1, tag0, o * es, cur, l * es, a->send_mr);
-            rcv = sched_recv(s, r + 1, tag0 + (uint32_t)rounds + 1, o * es,
-                             at(a->recvbuf, o, es), l * es, a->recv_mr);
-            if (inplace)
-                sched_dep(s, snd, rcv);
+            fold_leaf(s, a, o, l, tag0, tag0 + (uint32_t)rounds + 1);
             continue;
         }
         if (r < 2 * m) { /* the partner's data first: x_r-1 + x_r */
-            rcv = sched_recv(s, r - 1, tag0, o * es, slot[0], l * es, smr);
-            in[0] = slot[0];
-            in[1] = cur;
-            prod = sched_reduce(s, at(a->recvbuf, o, es), in, 2, l, 1.0f);
-            sched_dep(s, rcv, prod);
+            prod = fold_in(s, a, o, l, tag0, slot[0], smr);
             reader[0] = prod;
             cur = at(a->recvbuf, o, es);
             cur_mr = a->recv_mr;
@@ -829,11 +858,6 @@ int coll_build_rd_allreduce(struct sched *s, const struct coll_args *a,
 
 /* ---- recursive halving and doubling (Rabenseifner) ---------------------- */
 
-size_t coll_rhd_scratch(const struct coll_args *a)
-{
-    return coll_rd_scratch(a);
-}
-
 /* Elements [*o, *o + *l) of blocks [b0, b1) of a chunk [o0, o0 + l0) cut
  * into p blocks. */
 static void blocks(size_t o0, size_t l0, int p, int b0, int b1, size_t *o,
@@ -870,8 +894,8 @@ int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
     int n = a->size, r = a->rank, m, rounds = coll_rd_rounds(n, &m), v, p;
     size_t es = mesh_dtype_size(a->dtype), ce, nk;
     float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
-    int inplace = a->sendbuf == a->recvbuf, rc;
     uint32_t ntag = 2 * (uint32_t)rounds + 2;
+    int rc;
 
     p = 1 << rounds;
     /* the first halving round's message (half a chunk) near the ring's
@@ -879,7 +903,7 @@ int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
     ce = chunk_elems(a, a->count / (size_t)p + 1);
     ce = ce > SIZE_MAX / 2 ? SIZE_MAX : 2 * ce;
     nk = nchunks(a->count, ce);
-    v = r < 2 * m ? (r % 2 ? r / 2 : -1) : r - m;
+    v = rd_virtual(r, m);
     rc = tag_room(ntag, nk);
     if (rc < 0)
         return rc;
@@ -896,23 +920,11 @@ int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
         out = at(a->recvbuf, o0, es);
         cur = at(a->sendbuf, o0, es);
         if (v < 0) { /* folded in: hand over, take the result back */
-            int snd = sched_send(s, r + 1, tag0, o0 * es, cur, l0 * es,
-                                 a->send_mr);
-            int rcv = sched_recv(s, r + 1, tag0 + ntag - 1, o0 * es, out,
-                                 l0 * es, a->recv_mr);
-
-            if (inplace)
-                sched_dep(s, snd, rcv);
+            fold_leaf(s, a, o0, l0, tag0, tag0 + ntag - 1);
             continue;
         }
         if (r < 2 * m) { /* the partner's data first: x_r-1 + x_r */
-            int rcv = sched_recv(s, r - 1, tag0, o0 * es,
-                                 at(scratch, o0, es), l0 * es, smr);
-
-            in[0] = at(scratch, o0, es);
-            in[1] = cur;
-            prod = sched_reduce(s, out, in, 2, l0, 1.0f);
-            sched_dep(s, rcv, prod);
+            prod = fold_in(s, a, o0, l0, tag0, at(scratch, o0, es), smr);
             reader[0] = prod;
             cur = out;
             cur_mr = a->recv_mr;

@@ -123,7 +123,6 @@ size_t coll_tree_scratch(const struct coll_args *a);
 size_t coll_ps_scratch(const struct coll_args *a);
 size_t coll_direct_scratch(const struct coll_args *a);
 size_t coll_rd_scratch(const struct coll_args *a);
-size_t coll_rhd_scratch(const struct coll_args *a);
 /* Recursive doubling over n ranks: the rounds (log2 of the largest power
  * of two <= n); the ranks beyond that power are returned in *extra. */
 int coll_rd_rounds(int n, int *extra);

@@ -533,8 +533,8 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
         need = q->algo == MESH_ALGO_TREE     ? coll_tree_scratch(a)
                : q->algo == MESH_ALGO_PS     ? coll_ps_scratch(a)
                : q->algo == MESH_ALGO_DIRECT ? coll_direct_scratch(a)
-               : q->algo == MESH_ALGO_RD     ? coll_rd_scratch(a)
-               : q->algo == MESH_ALGO_RHD    ? coll_rhd_scratch(a)
+               : q->algo == MESH_ALGO_RD || q->algo == MESH_ALGO_RHD
+                   ? coll_rd_scratch(a) /* two slots of count, both */
                                              : coll_ring_scratch(a);
     else if (a->op == MESH_OP_REDUCE_SCATTER)
         need = coll_ring_scratch(a);
