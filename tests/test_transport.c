@@ -1224,5 +1224,23 @@ int main(int argc, char **argv)
     scenario_kill(SIGKILL);
     scenario_kill(SIGSTOP);
     scenario_join_timeout();
+    if (!strcmp(name, "tcp")) {
+        /* A waiter's two other ways to wait (the children inherit these):
+         * asleep on the condition variable while the progress thread does
+         * the I/O, and in poll() at once, without the spin. */
+        diag("waiters sleep while the progress thread reads "
+             "(MESHTRAIN_TCP_POLL=0)");
+        setenv("MESHTRAIN_TCP_POLL", "0", 1);
+        scenario_exchange(4, 2, 0);
+        scenario_kill(SIGKILL);
+        unsetenv("MESHTRAIN_TCP_POLL");
+        diag("waiters poll() without a spin (MESHTRAIN_TCP_SPIN_US=0)");
+        setenv("MESHTRAIN_TCP_SPIN_US", "0", 1);
+        scenario_exchange(4, 2, 0);
+        scenario_exchange(2, 1, 0);
+        scenario_kill(SIGKILL);
+        scenario_kill(SIGSTOP);
+        unsetenv("MESHTRAIN_TCP_SPIN_US");
+    }
     return done();
 }

@@ -7,11 +7,15 @@
  * caller's thread in each operation. The caller's thread may write to a
  * socket directly (isend on an idle stream: no thread hand-off on the
  * latency path), and while it waits it reads and writes the data streams
- * itself for a while (wait_any's spin); it may add events, but never deletes
- * one (event_del would wait for a callback that waits for our lock): the
- * progress thread deletes events only from its own callbacks. A data
- * stream's read event goes off while a waiter spins (no wake-up per
- * message) and comes back when the waiter sleeps or at the next tick.
+ * itself: first a short spin, then blocked in poll() on those sockets (and
+ * on an eventfd the progress thread writes when it completes a request or
+ * the job fails), so that arriving bytes wake the waiter directly. It may
+ * add events, but never deletes one (event_del would wait for a callback
+ * that waits for our lock): the progress thread deletes events only from
+ * its own callbacks. A data stream's read and write events go off while a
+ * waiter does its I/O (no wake-up of the progress thread per message) and
+ * come back when the last waiter leaves with sends still queued, when a
+ * waiter sleeps on the condition variable instead, or at the next tick.
  *
  * Payload moves with sendmsg/recv straight between the caller's buffers and
  * the kernel: a data stream reads a frame header (48 bytes) into the
@@ -42,8 +46,10 @@
  * never joined) and -ECONNREFUSED (a peer's configuration differs).
  *
  * Tuning knobs for experiments (environment): MESHTRAIN_TCP_SPIN_US, how
- * long wait_any spins, reading the data streams itself, before it sleeps
- * (default 200; 0: never); MESHTRAIN_TCP_SOCKBUF, fixed SO_SNDBUF/SO_RCVBUF
+ * long wait_any spins, reading the data streams itself, before it blocks
+ * (default 200; 0: never); MESHTRAIN_TCP_POLL=0, block on the condition
+ * variable (the progress thread does the I/O) instead of in poll();
+ * MESHTRAIN_TCP_SOCKBUF, fixed SO_SNDBUF/SO_RCVBUF
  * bytes (default: the kernel's autotuning, which measured as fast or faster
  * on loopback).
  *
@@ -73,6 +79,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -241,7 +249,14 @@ struct mesh_transport {
     double spin_s; /* wait_any spins this long first */
     atomic_int spinning; /* waiters reading the data streams themselves */
     atomic_int sleepers; /* waiters asleep on cond */
+    int poll_wait;       /* after the spin, waiters poll() the streams */
+    int kick_fd;         /* eventfd: wakes waiters blocked in poll() */
+    atomic_int pollers;  /* waiters blocked in (or about to enter) poll() */
+    atomic_int deferred; /* a stream's writing was left to a waiter */
 };
+
+/* Set while this thread does a waiter's I/O (its completions need no kick). */
+static _Thread_local int in_waiter_io;
 
 static void conn_kill(struct conn *c);
 static void dial_failed(struct mesh_transport *t, int peer, int stream);
@@ -298,6 +313,22 @@ static void sockaddr_str(const struct sockaddr *sa, char *buf, size_t len)
 static void wake(struct mesh_transport *t)
 {
     event_active(t->wake_ev, EV_READ, 0);
+}
+
+/* Wake the waiters blocked in poll(); all: even from a waiter's own I/O
+ * (another waiter may be blocked). */
+static void kick(struct mesh_transport *t, int all)
+{
+    int n = atomic_load(&t->pollers);
+    uint64_t one = 1;
+    ssize_t w;
+
+    /* A waiter's own I/O counts it among the pollers. */
+    if (!n || (in_waiter_io && n == 1 && !all))
+        return;
+    do
+        w = write(t->kick_fd, &one, sizeof(one));
+    while (w < 0 && errno == EINTR);
 }
 
 static void rev_on(struct conn *c)
@@ -411,6 +442,7 @@ static void req_complete(struct mesh_transport *t, struct mesh_req *r)
         posted_remove(&t->links[r->peer], r);
     atomic_store_explicit(&r->done, 1, memory_order_release);
     pthread_cond_broadcast(&t->cond);
+    kick(t, 0);
 }
 
 /* ---- failure --------------------------------------------------------------
@@ -520,6 +552,7 @@ static void fail_job(struct mesh_transport *t, int culprit, int code,
     for (r = t->reqs; r; r = r->next)
         r->posted = 0;
     pthread_cond_broadcast(&t->cond);
+    kick(t, 1);
     wake(t);
 }
 
@@ -1515,6 +1548,24 @@ static void data_read(struct conn *c)
         rev_off(c);
 }
 
+/*
+ * A data stream's socket is full with pieces still queued. A waiter doing
+ * its own I/O keeps writing it (and polls for it) while the progress
+ * thread sleeps on: adding the write event from this thread would wake it
+ * (libevent notifies the loop) only to hand the stream back. The last
+ * waiter to leave gives the progress thread what is left (spin_release).
+ */
+static void tx_blocked(struct conn *c)
+{
+    struct mesh_transport *t = c->t;
+
+    if (in_waiter_io && !on_progress_thread(t)) {
+        atomic_store(&t->deferred, 1);
+        return;
+    }
+    wev_on(c);
+}
+
 /* Write queued pieces (any thread, under the lock). */
 static int conn_write(struct conn *c)
 {
@@ -1554,7 +1605,7 @@ static int conn_write(struct conn *c)
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            wev_on(c);
+            tx_blocked(c);
             return 0;
         }
         if (w < 0) {
@@ -1589,7 +1640,7 @@ static int conn_write(struct conn *c)
             return -1;
     }
     if (c->txq)
-        wev_on(c);
+        tx_blocked(c);
     return 0;
 }
 
@@ -1717,6 +1768,14 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
         conn_flush_out(c); /* re-adds the event if still blocked */
         if (c->out_off < c->out_len)
             goto out;
+    }
+    if (c->state == C_READY && c->stream > 0 && c->txq && !t->failed &&
+        atomic_load_explicit(&t->spinning, memory_order_relaxed)) {
+        /* as on_read: a waiter writes the data streams */
+        atomic_store(&t->deferred, 1);
+        wev_off(c);
+        kick(t, 1);
+        goto out;
     }
     if (c->state == C_READY && c->stream > 0 && c->txq && !t->failed) {
         conn_write(c);
@@ -1939,6 +1998,7 @@ static int tcp_listen(const struct mesh_world *world,
     if (!t)
         return mesh_err(-ENOMEM, "out of memory");
     t->listen_fd = -1;
+    t->kick_fd = -1;
     t->opts = *opts;
     t->opts.secret = NULL;
     t->S = opts->streams;
@@ -1986,9 +2046,17 @@ static int tcp_listen(const struct mesh_world *world,
          * yields the CPU each round, so it pays even on 2 cores shared by
          * 4 ranks (measured: 4 KiB all-reduce on loopback, 2 ranks
          * 65-210 us sleeping, 15-27 us spinning; 4 ranks no worse). */
+        const char *pw = getenv("MESHTRAIN_TCP_POLL");
+
         t->spin_s = spin ? atof(spin) * 1e-6 : TCP_SPIN_DEFAULT_S;
         if (t->spin_s < 0 || t->spin_s > 1)
             t->spin_s = TCP_SPIN_DEFAULT_S;
+        t->poll_wait = !pw || strcmp(pw, "0") != 0;
+    }
+    t->kick_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (t->kick_fd < 0) {
+        rc = mesh_err(-errno, "tcp: eventfd: %s", strerror(errno));
+        goto fail;
     }
 
     rc = listen_socket(t, &t->listen_fd);
@@ -2363,6 +2431,24 @@ static int any_done(mesh_req_t *const *reqs, int n)
     return 0;
 }
 
+/* One pass of a waiter's I/O over the data streams, under the lock: write
+ * what the send queues hold, read what arrived. */
+static void waiter_io(struct mesh_transport *t)
+{
+    in_waiter_io = 1;
+    for (int i = 0; i < t->world.size * t->S && !t->failed; i++) {
+        struct conn *c = data_conn(t, i);
+
+        if (!c || c->state != C_READY || c->spin_lost)
+            continue;
+        if (c->txq)
+            conn_write(c);
+        if (!c->parked && c->state == C_READY)
+            data_read(c);
+    }
+    in_waiter_io = 0;
+}
+
 /*
  * Progress from the waiting thread: read every data stream and write what
  * its send queue holds, without blocking (under a trylock: the progress
@@ -2378,36 +2464,111 @@ static int caller_io(struct mesh_transport *t, mesh_req_t *const *reqs, int n)
         return 1;
     if (pthread_mutex_trylock(&t->lock))
         return 0;
-    for (int i = 0; i < t->world.size * t->S && !t->failed; i++) {
-        struct conn *c = data_conn(t, i);
-
-        if (!c || c->state != C_READY || c->spin_lost)
-            continue;
-        if (c->txq)
-            conn_write(c);
-        if (!c->parked && c->state == C_READY)
-            data_read(c);
-    }
+    waiter_io(t);
     done = any_done(reqs, n) || t->failed;
     pthread_mutex_unlock(&t->lock);
     return done;
 }
 
 /*
+ * After the spin: block in poll() on the data streams themselves (and on
+ * kick_fd, which the progress thread writes when it completes a request or
+ * the job fails), doing the I/O in this thread as it becomes possible. The
+ * socket wakes this thread directly: no wake-up of the progress thread,
+ * no hand-over of the lock, no condition variable (measured: two wake-ups
+ * and four context switches per message otherwise). Returns 1 when a
+ * request is done or the job failed, 0 at the deadline, or an error.
+ */
+static int waiter_poll(struct mesh_transport *t, mesh_req_t *const *reqs,
+                       int n, uint64_t deadline)
+{
+    int cap = t->world.size * t->S + 1, rc = 0;
+    struct pollfd stack[65], *fds = stack;
+
+    if (cap > (int)MESH_ARRAY_SIZE(stack)) {
+        fds = malloc((size_t)cap * sizeof(*fds));
+        if (!fds)
+            return mesh_err(-ENOMEM, "out of memory");
+    }
+    atomic_fetch_add(&t->pollers, 1);
+    for (;;) {
+        uint64_t now, ms;
+        int nf = 0;
+
+        pthread_mutex_lock(&t->lock);
+        waiter_io(t);
+        if (any_done(reqs, n) || t->failed) {
+            pthread_mutex_unlock(&t->lock);
+            rc = 1;
+            break;
+        }
+        for (int i = 0; i < t->world.size * t->S; i++) {
+            struct conn *c = data_conn(t, i);
+            short ev;
+
+            if (!c || c->state != C_READY || c->spin_lost)
+                continue;
+            ev = (short)((c->parked ? 0 : POLLIN) | (c->txq ? POLLOUT : 0));
+            if (ev) {
+                fds[nf].fd = c->fd;
+                fds[nf].events = ev;
+                fds[nf++].revents = 0;
+            }
+        }
+        pthread_mutex_unlock(&t->lock);
+        fds[nf].fd = t->kick_fd;
+        fds[nf].events = POLLIN;
+        fds[nf].revents = 0;
+        now = mesh_now_ns();
+        if (now >= deadline)
+            break;
+        /* Bounded: a stream that changes state under us is seen again. */
+        ms = MESH_MIN((deadline - now) / 1000000u + 1, (uint64_t)100);
+        if (poll(fds, (nfds_t)nf + 1, (int)ms) < 0 && errno != EINTR) {
+            rc = mesh_err(-errno, "tcp wait: poll: %s", strerror(errno));
+            break;
+        }
+        if (fds[nf].revents & POLLIN) {
+            uint64_t v;
+
+            if (read(t->kick_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+                mesh_debug("tcp: kick read: %s", strerror(errno));
+        }
+    }
+    atomic_fetch_sub(&t->pollers, 1);
+    if (fds != stack)
+        free(fds);
+    return rc;
+}
+
+/*
  * Hand the data streams back to the progress thread (under the lock; any
  * thread). A stream that is ready and not parked has its read event off,
- * while the job stands, only because a spinning waiter was reading it.
+ * while the job stands, only because a spinning waiter was reading it; a
+ * stream with pieces queued may have its write event off because a waiter
+ * was writing it. reads = 0: the sends only (the last waiter leaves; what
+ * arrives can wait for the next waiter, or the tick).
  */
-static void spin_release(struct mesh_transport *t)
+static void spin_release_io(struct mesh_transport *t, int reads)
 {
     if (t->failed)
         return;
+    atomic_store(&t->deferred, 0);
     for (int i = 0; i < t->world.size * t->S; i++) {
         struct conn *c = data_conn(t, i);
 
-        if (c && c->state == C_READY && !c->parked)
+        if (!c || c->state != C_READY)
+            continue;
+        if (reads && !c->parked)
             rev_on(c);
+        if (c->txq)
+            wev_on(c);
     }
+}
+
+static void spin_release(struct mesh_transport *t)
+{
+    spin_release_io(t, 1);
 }
 
 static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
@@ -2418,8 +2579,11 @@ static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
 
     if (n <= 0 || !reqs)
         return mesh_err(-EINVAL, "tcp wait_any: no requests");
-    /* A short spin saves the sleep/wake round trip on small messages. */
-    if (t->spin_s > 0) {
+    if (timeout_s >= 0)
+        deadline = start + (uint64_t)(timeout_s * 1e9);
+    /* A short spin saves the sleep/wake round trip on small messages;
+     * then poll() the streams (or sleep while the progress thread works). */
+    if (t->spin_s > 0 || t->poll_wait) {
         uint64_t spin_end = start + (uint64_t)(t->spin_s * 1e9);
         int done = 0;
 
@@ -2430,18 +2594,32 @@ static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
                 break;
             sched_yield(); /* a rank sharing this CPU may need it */
         }
-        if (atomic_fetch_sub(&t->spinning, 1) == 1 &&
-            atomic_load(&t->sleepers)) {
-            /* the last spinner leaves: sleepers need the progress thread */
-            pthread_mutex_lock(&t->lock);
-            spin_release(t);
-            pthread_mutex_unlock(&t->lock);
+        if (!done && t->poll_wait)
+            done = waiter_poll(t, reqs, n, deadline);
+        if (atomic_fetch_sub(&t->spinning, 1) == 1) {
+            /* the last waiter leaves: sleepers need the progress thread,
+             * and so do sends it left queued */
+            if (atomic_load(&t->sleepers)) {
+                pthread_mutex_lock(&t->lock);
+                spin_release(t);
+                pthread_mutex_unlock(&t->lock);
+            } else if (atomic_load(&t->deferred)) {
+                pthread_mutex_lock(&t->lock);
+                spin_release_io(t, 0);
+                pthread_mutex_unlock(&t->lock);
+            }
         }
+        if (done < 0)
+            return done;
+        if (done && !any_done(reqs, n))
+            done = 0; /* the job failed: its error, below */
         if (done)
             return 0;
+        if (t->poll_wait && mesh_now_ns() >= deadline)
+            return mesh_err(-ETIMEDOUT,
+                            "tcp wait: no request completed within %.3f s",
+                            timeout_s);
     }
-    if (timeout_s >= 0)
-        deadline = start + (uint64_t)(timeout_s * 1e9);
     pthread_mutex_lock(&t->lock);
     /* About to sleep: the progress thread must read for us again. (A
      * spinner leaving at this moment sees sleepers, or we see it gone.) */
@@ -2558,6 +2736,8 @@ static void tcp_close(mesh_transport_t *t)
         event_base_free(t->base);
     if (t->listen_fd >= 0)
         close(t->listen_fd);
+    if (t->kick_fd >= 0)
+        close(t->kick_fd);
     if (t->secret) {
         OPENSSL_cleanse(t->secret, t->secret_len);
         free(t->secret);
