@@ -1557,10 +1557,8 @@ static void data_read(struct conn *c)
  */
 static void tx_blocked(struct conn *c)
 {
-    struct mesh_transport *t = c->t;
-
-    if (in_waiter_io && !on_progress_thread(t)) {
-        atomic_store(&t->deferred, 1);
+    if (in_waiter_io) { /* never set on the progress thread */
+        atomic_store(&c->t->deferred, 1);
         return;
     }
     wev_on(c);
@@ -1769,15 +1767,14 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
         if (c->out_off < c->out_len)
             goto out;
     }
-    if (c->state == C_READY && c->stream > 0 && c->txq && !t->failed &&
-        atomic_load_explicit(&t->spinning, memory_order_relaxed)) {
-        /* as on_read: a waiter writes the data streams */
-        atomic_store(&t->deferred, 1);
-        wev_off(c);
-        kick(t, 1);
-        goto out;
-    }
     if (c->state == C_READY && c->stream > 0 && c->txq && !t->failed) {
+        if (atomic_load_explicit(&t->spinning, memory_order_relaxed)) {
+            /* as on_read: a waiter writes the data streams */
+            atomic_store(&t->deferred, 1);
+            wev_off(c);
+            kick(t, 1);
+            goto out;
+        }
         conn_write(c);
         if (c->txq)
             goto out;
@@ -2432,8 +2429,9 @@ static int any_done(mesh_req_t *const *reqs, int n)
 }
 
 /* One pass of a waiter's I/O over the data streams, under the lock: write
- * what the send queues hold, read what arrived. */
-static void waiter_io(struct mesh_transport *t)
+ * what the send queues hold, read what arrived. With fds, also list what
+ * each stream still waits for (*nf entries) for poll(). */
+static void waiter_io(struct mesh_transport *t, struct pollfd *fds, int *nf)
 {
     in_waiter_io = 1;
     for (int i = 0; i < t->world.size * t->S && !t->failed; i++) {
@@ -2445,6 +2443,13 @@ static void waiter_io(struct mesh_transport *t)
             conn_write(c);
         if (!c->parked && c->state == C_READY)
             data_read(c);
+        if (fds && c->state == C_READY && !c->spin_lost &&
+            (!c->parked || c->txq)) {
+            fds[*nf].fd = c->fd;
+            fds[*nf].events =
+                (short)((c->parked ? 0 : POLLIN) | (c->txq ? POLLOUT : 0));
+            fds[(*nf)++].revents = 0;
+        }
     }
     in_waiter_io = 0;
 }
@@ -2464,7 +2469,7 @@ static int caller_io(struct mesh_transport *t, mesh_req_t *const *reqs, int n)
         return 1;
     if (pthread_mutex_trylock(&t->lock))
         return 0;
-    waiter_io(t);
+    waiter_io(t, NULL, NULL);
     done = any_done(reqs, n) || t->failed;
     pthread_mutex_unlock(&t->lock);
     return done;
@@ -2496,24 +2501,11 @@ static int waiter_poll(struct mesh_transport *t, mesh_req_t *const *reqs,
         int nf = 0;
 
         pthread_mutex_lock(&t->lock);
-        waiter_io(t);
+        waiter_io(t, fds, &nf);
         if (any_done(reqs, n) || t->failed) {
             pthread_mutex_unlock(&t->lock);
             rc = 1;
             break;
-        }
-        for (int i = 0; i < t->world.size * t->S; i++) {
-            struct conn *c = data_conn(t, i);
-            short ev;
-
-            if (!c || c->state != C_READY || c->spin_lost)
-                continue;
-            ev = (short)((c->parked ? 0 : POLLIN) | (c->txq ? POLLOUT : 0));
-            if (ev) {
-                fds[nf].fd = c->fd;
-                fds[nf].events = ev;
-                fds[nf++].revents = 0;
-            }
         }
         pthread_mutex_unlock(&t->lock);
         fds[nf].fd = t->kick_fd;
@@ -2597,15 +2589,13 @@ static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
         if (!done && t->poll_wait)
             done = waiter_poll(t, reqs, n, deadline);
         if (atomic_fetch_sub(&t->spinning, 1) == 1) {
-            /* the last waiter leaves: sleepers need the progress thread,
-             * and so do sends it left queued */
-            if (atomic_load(&t->sleepers)) {
+            /* the last waiter leaves: sleepers need the progress thread to
+             * read, and sends it left queued need it to write */
+            int sleepers = atomic_load(&t->sleepers);
+
+            if (sleepers || atomic_load(&t->deferred)) {
                 pthread_mutex_lock(&t->lock);
-                spin_release(t);
-                pthread_mutex_unlock(&t->lock);
-            } else if (atomic_load(&t->deferred)) {
-                pthread_mutex_lock(&t->lock);
-                spin_release_io(t, 0);
+                spin_release_io(t, sleepers);
                 pthread_mutex_unlock(&t->lock);
             }
         }
