@@ -568,7 +568,7 @@ static int child_victim(struct ctx *cx, char *msg, size_t len)
         snprintf(msg, len, "receive completed");
         return -1;
     }
-    snprintf(msg, len, "%.3f %s", mesh_now_s(), mesh_err_msg(rc));
+    snprintf(msg, len, "%.6f %s", mesh_now_s(), mesh_err_msg(rc));
     return 0;
 }
 
