@@ -12,6 +12,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,7 @@ enum flag_id {
     F_IB_DEV,
     F_IB_PORT,
     F_GID_INDEX,
+    F_BIND_TO,
 };
 
 static const struct flag {
@@ -71,6 +73,7 @@ static const struct flag {
     {"--ib-dev", NULL, 1, F_IB_DEV},
     {"--ib-port", NULL, 1, F_IB_PORT},
     {"--gid-index", NULL, 1, F_GID_INDEX},
+    {"--bind-to", NULL, 1, F_BIND_TO},
 };
 
 void mesh_opts_init(struct mesh_opts *o)
@@ -82,6 +85,7 @@ void mesh_opts_init(struct mesh_opts *o)
     o->peer_timeout_s = -1.0;
     o->ib_port = -1;
     o->gid_index = -1;
+    o->bind = -1;
 }
 
 static int parse_seconds(const char *what, const char *s, double *out)
@@ -112,6 +116,20 @@ static int parse_bool(const char *what, const char *s, int *out)
         return 0;
     }
     return mesh_err(-EINVAL, "%s '%s': expected 1 or 0", what, s);
+}
+
+static const char *const bind_names[] = {"auto", "none", "cores"};
+
+static int parse_bind(const char *what, const char *s, int *out)
+{
+    int k;
+
+    for (k = 0; k < (int)MESH_ARRAY_SIZE(bind_names); k++)
+        if (!strcmp(s, bind_names[k])) {
+            *out = k;
+            return 0;
+        }
+    return mesh_err(-EINVAL, "%s '%s': expected auto, none or cores", what, s);
 }
 
 static int set_flag(struct mesh_opts *o, enum flag_id id, const char *name,
@@ -155,6 +173,8 @@ static int set_flag(struct mesh_opts *o, enum flag_id id, const char *name,
         return mesh_parse_int(name, v, 1, 255, &o->ib_port);
     case F_GID_INDEX:
         return mesh_parse_int(name, v, 0, 65535, &o->gid_index);
+    case F_BIND_TO:
+        return parse_bind(name, v, &o->bind);
     }
     return mesh_err(-EINVAL, "unknown mesh flag %s", name);
 }
@@ -492,6 +512,7 @@ int mesh_opts_finish(struct mesh_opts *o)
         {F_JOIN_TIMEOUT, "MESHTRAIN_JOIN_TIMEOUT"},
         {F_PEER_TIMEOUT, "MESHTRAIN_PEER_TIMEOUT"},
         {F_TRANSPORT, "MESHTRAIN_TRANSPORT"},
+        {F_BIND_TO, "MESHTRAIN_BIND_TO"},
     };
     struct mesh_opts given = *o;
     size_t k;
@@ -523,6 +544,9 @@ int mesh_opts_finish(struct mesh_opts *o)
         case F_TRANSPORT:
             unset = !given.transport;
             break;
+        case F_BIND_TO:
+            unset = given.bind < 0;
+            break;
         default:
             break;
         }
@@ -535,6 +559,8 @@ int mesh_opts_finish(struct mesh_opts *o)
         o->streams = MESH_STREAMS_DEFAULT;
     if (!o->transport)
         o->transport = "tcp";
+    if (o->bind < 0)
+        o->bind = MESH_BIND_AUTO;
     if (o->join_timeout_s > 0)
         o->topts.join_timeout_s = o->join_timeout_s;
     if (o->peer_timeout_s > 0)
@@ -612,6 +638,10 @@ static const char opts_help[] =
     "                      Ethernet links, none on InfiniBand)\n"
     "  --job-id ID         must match on every peer [MESHTRAIN_JOB_ID,\n"
     "                      else slurm-$SLURM_JOB_ID, else meshtrain]\n"
+    "  --bind-to MODE      this host's CPUs for its ranks: auto (default:\n"
+    "                      an equal share each when 2 or more ranks fit\n"
+    "                      and nothing bound the process already), cores\n"
+    "                      (always), none [MESHTRAIN_BIND_TO]\n"
     "  MESHTRAIN_LOG=error|warn|info|debug sets the log level.\n";
 
 const char *mesh_opts_help(void)
@@ -629,6 +659,136 @@ const char *mesh_exit_help(void)
            "  3  a peer failed after joining (died, went silent past\n"
            "     --peer-timeout, desynced) or the job was aborted\n"
            "  4  received data was wrong (verification failed)\n";
+}
+
+/* ---- binding to CPUs -------------------------------------------------------
+ */
+
+int mesh_bind_plan(enum mesh_bind mode, const int *allowed, int nallowed,
+                   int online, int lr, int n, int *out, const char **why)
+{
+    int lo, hi, k;
+
+    if (mode == MESH_BIND_NONE) {
+        *why = "--bind-to none";
+        return 0;
+    }
+    if (nallowed <= 0 || n <= 0 || lr < 0 || lr >= n) {
+        *why = "no CPUs or no local rank";
+        return 0;
+    }
+    if (mode == MESH_BIND_AUTO) {
+        if (n < 2) {
+            *why = "the only rank on this host";
+            return 0;
+        }
+        if (nallowed < online) {
+            *why = "already bound to some of the CPUs (by the launcher, "
+                   "taskset or a cgroup)";
+            return 0;
+        }
+        if (nallowed < n) {
+            *why = "more ranks on this host than CPUs (--bind-to cores "
+                   "shares them out anyway)";
+            return 0;
+        }
+    }
+    if (nallowed < n) {
+        out[0] = allowed[lr % nallowed];
+        return 1;
+    }
+    /* Shares differ by at most one CPU; the remainder goes to the last. */
+    lo = (int)((long)lr * nallowed / n);
+    hi = (int)((long)(lr + 1) * nallowed / n);
+    for (k = lo; k < hi; k++)
+        out[k - lo] = allowed[k];
+    return hi - lo;
+}
+
+/* "0-3,8" for the log. */
+static void cpu_list(const int *cpus, int n, char *buf, size_t len)
+{
+    size_t at = 0;
+    int i = 0;
+
+    buf[0] = 0;
+    while (i < n && at < len) {
+        int j = i;
+
+        while (j + 1 < n && cpus[j + 1] == cpus[j] + 1)
+            j++;
+        at += (size_t)snprintf(buf + at, len - at, "%s%d", at ? "," : "",
+                               cpus[i]);
+        if (j > i && at < len)
+            at += (size_t)snprintf(buf + at, len - at, "-%d", cpus[j]);
+        i = j + 1;
+    }
+}
+
+int mesh_bind(const struct mesh_opts *o, int *ncpus)
+{
+    const struct mesh_world *w = &o->world;
+    int allowed[CPU_SETSIZE], want[CPU_SETSIZE];
+    int nallowed = 0, nwant, n = 0, lr, r, k, rc;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *why = "";
+    char list[256];
+    cpu_set_t set;
+
+    if (!o->finished)
+        return mesh_err(-EINVAL, "mesh_bind before mesh_opts_finish");
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) < 0) {
+        /* more CPUs than a cpu_set_t holds: leave the process alone */
+        rc = -errno;
+        if (ncpus)
+            *ncpus = online > 0 ? (int)online : 1;
+        if (o->bind == MESH_BIND_CORES)
+            return mesh_err(rc, "--bind-to cores: sched_getaffinity: %s",
+                            strerror(-rc));
+        if (o->bind == MESH_BIND_AUTO)
+            mesh_warn("not binding to CPUs: sched_getaffinity: %s",
+                      strerror(-rc));
+        return 0;
+    }
+    for (k = 0; k < CPU_SETSIZE; k++)
+        if (CPU_ISSET(k, &set))
+            allowed[nallowed++] = k;
+    if (ncpus)
+        *ncpus = nallowed > 0 ? nallowed : 1;
+    for (r = 0; r < w->size; r++)
+        n += !strcmp(w->peers[r].host, w->peers[w->rank].host);
+    lr = w->peers[w->rank].local_rank;
+    nwant =
+        mesh_bind_plan((enum mesh_bind)o->bind, allowed, nallowed,
+                       online > 0 ? (int)online : nallowed, lr, n, want, &why);
+    if (nwant == 0) {
+        cpu_list(allowed, nallowed, list, sizeof(list));
+        mesh_debug("not binding to CPUs (%s): local rank %d of %d may run "
+                   "on %s",
+                   why, lr, n, list);
+        return 0;
+    }
+    CPU_ZERO(&set);
+    for (k = 0; k < nwant; k++)
+        CPU_SET(want[k], &set);
+    cpu_list(want, nwant, list, sizeof(list));
+    if (sched_setaffinity(0, sizeof(set), &set) < 0) {
+        rc = -errno;
+        if (o->bind == MESH_BIND_CORES)
+            return mesh_err(rc, "--bind-to cores: cannot bind to CPU %s: %s",
+                            list, strerror(-rc));
+        mesh_warn("not binding to CPUs %s: sched_setaffinity: %s", list,
+                  strerror(-rc));
+        return 0;
+    }
+    if (ncpus)
+        *ncpus = nwant;
+    mesh_info("bound to CPU%s %s: local rank %d of %d on this host "
+              "(--bind-to %s%s)",
+              nwant > 1 ? "s" : "", list, lr, n, bind_names[o->bind],
+              o->bind == MESH_BIND_AUTO ? "; none leaves it" : "");
+    return 1;
 }
 
 /* ---- the joined mesh ------------------------------------------------------

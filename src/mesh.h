@@ -69,6 +69,7 @@ struct mesh_opts {
     const char *ib_dev;      /* --ib-dev NAME (verbs), NULL = first */
     int ib_port;             /* --ib-port N (verbs), -1 = first active */
     int gid_index;           /* --gid-index N (verbs), -1 = a RoCE v2 GID */
+    int bind;                /* --bind-to (enum mesh_bind), -1 = unset */
 
     /* Written by mesh_opts_finish. */
     int finished;
@@ -97,6 +98,38 @@ int mesh_opts_parse_arg(struct mesh_opts *o, int argc, char **argv, int *i);
  * failure here is a usage or configuration error (MESH_EXIT_USAGE).
  */
 int mesh_opts_finish(struct mesh_opts *o);
+
+/*
+ * --bind-to: which of this host's CPUs a rank runs on. The host's ranks are
+ * the slots with the same host string in the layout.
+ *   auto   bind (as cores) when this host runs 2 or more ranks, each can
+ *          have a CPU of its own, and nothing has bound the process yet
+ *          (it may run on every online CPU); otherwise leave it alone
+ *   none   leave the process as it was started
+ *   cores  local rank i of n gets the i-th of n equal, contiguous shares of
+ *          the CPUs the process may run on; with more ranks than CPUs,
+ *          CPU i mod count
+ */
+enum mesh_bind { MESH_BIND_AUTO, MESH_BIND_NONE, MESH_BIND_CORES };
+
+/*
+ * The plan behind mesh_bind, without system calls: the CPUs for local rank
+ * lr of n under mode, given the CPUs the process may run on now (allowed,
+ * nallowed of them, ascending) and the host's online count. Writes them to
+ * out (room for nallowed) and returns how many; 0 means leave the process
+ * as it is, with the reason in *why.
+ */
+int mesh_bind_plan(enum mesh_bind mode, const int *allowed, int nallowed,
+                   int online, int lr, int n, int *out, const char **why);
+
+/*
+ * Apply --bind-to to the calling thread (threads it starts later inherit
+ * it: call this before starting any). Logs the choice. *ncpus (may be
+ * NULL) gets the count of CPUs the thread may run on afterwards. Returns 1
+ * when it bound the thread, 0 when it left it alone; a failed binding is an
+ * error under "cores" and a warning (0) under "auto".
+ */
+int mesh_bind(const struct mesh_opts *o, int *ncpus);
 
 /* Wipe the secret and free what finish allocated. */
 void mesh_opts_free(struct mesh_opts *o);

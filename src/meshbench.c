@@ -696,6 +696,11 @@ int main(int argc, char **argv)
                         "have %d slot\n", mo.world.size);
         goto out_opts;
     }
+    rc = mesh_bind(&mo, NULL);
+    if (rc < 0) {
+        fprintf(stderr, "meshbench: %s\n", mesh_err_msg(rc));
+        goto out_opts;
+    }
     {
         const char *c = getenv("MESHBENCH_TEST_CORRUPT");
         unsigned long long off;

@@ -159,6 +159,7 @@ struct trainer {
     struct mesh *mesh;
     mesh_coll_t *coll; /* NULL with one peer */
     int rank, size;
+    int ncpus, bound; /* mesh_bind: CPUs this rank may run on; bound them */
 
     struct mesh_dataset *ds;
     struct mesh_data_info info;
@@ -1479,13 +1480,14 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
 {
     const struct train_cfg *c = t->c;
     int threads = c->threads, rc;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
 
     if (t->sim)
         return 0;
 
+    /* Every CPU this rank was bound to, else a fair share of those it may
+     * run on. */
     if (threads <= 0) {
-        threads = (int)(cores > 0 ? cores : 1) / local_peers(&mo->world);
+        threads = t->bound ? t->ncpus : t->ncpus / local_peers(&mo->world);
         if (threads < 1)
             threads = 1;
     }
@@ -1802,6 +1804,13 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     t.tty = isatty(STDOUT_FILENO);
 
     memset(data_fp, 0, sizeof(data_fp));
+    /* before any thread starts (data loader, oneDNN), so they inherit it */
+    rc = mesh_bind(mo, &t.ncpus);
+    if (rc < 0) {
+        code = fail(&t, MESH_EXIT_USAGE, rc);
+        goto out;
+    }
+    t.bound = rc;
     rc = c->simulate ? open_sim(&t) : open_data(&t, mo);
     if (rc == 0 && !c->simulate)
         rc = mesh_data_fingerprint(t.ds, data_fp);

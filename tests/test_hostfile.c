@@ -1,7 +1,8 @@
 /*
  * tests/test_hostfile.c: hostfile and -H parsing (valid and malformed, with
  * the exact error positions), rank layout (ports, port range, duplicates),
- * the rank and size from each environment variable, and the mesh flags.
+ * the rank and size from each environment variable, the mesh flags, and
+ * --bind-to (the plan, and a real binding in a child process).
  */
 #include "config.h"
 
@@ -12,10 +13,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static const char *rank_vars[] = {"MESHTRAIN_RANK", "SLURM_PROCID",
@@ -37,6 +40,7 @@ static void clear_env(void)
                                    "MESHTRAIN_JOIN_TIMEOUT",
                                    "MESHTRAIN_PEER_TIMEOUT",
                                    "MESHTRAIN_TRANSPORT",
+                                   "MESHTRAIN_BIND_TO",
                                    "SLURM_JOB_ID"};
 
     for (size_t i = 0; i < 4; i++) {
@@ -457,9 +461,152 @@ static void test_opts(void)
     clear_env();
 }
 
+/* mesh_bind_plan's CPUs for one case, as "0,1,2" ("" for none). */
+static const char *plan_str(enum mesh_bind mode, const int *allowed,
+                            int nallowed, int online, int lr, int n,
+                            const char **why)
+{
+    static char buf[256];
+    int out[64], k, got, at = 0;
+
+    got = mesh_bind_plan(mode, allowed, nallowed, online, lr, n, out, why);
+    buf[0] = 0;
+    for (k = 0; k < got; k++)
+        at += snprintf(buf + at, sizeof(buf) - (size_t)at, "%s%d",
+                       k ? "," : "", out[k]);
+    return buf;
+}
+
+static void test_bind(void)
+{
+    static const int eight[] = {0, 1, 2, 3, 4, 5, 6, 7};
+    static const int some[] = {2, 3, 6, 7};
+    const char *why = "", *got;
+    struct mesh_opts o;
+    int rc, ok_all, lr;
+
+    /* auto: one CPU share each when the host's ranks fit */
+    ok(!strcmp(plan_str(MESH_BIND_AUTO, eight, 2, 2, 0, 2, &why), "0") &&
+           !strcmp(plan_str(MESH_BIND_AUTO, eight, 2, 2, 1, 2, &why), "1"),
+       "auto: 2 ranks on 2 CPUs get one each");
+    ok(!strcmp(plan_str(MESH_BIND_AUTO, eight, 8, 8, 1, 2, &why), "4,5,6,7"),
+       "auto: rank 1 of 2 on 8 CPUs gets 4-7");
+    ok_all = 1;
+    ok_all &= !strcmp(plan_str(MESH_BIND_AUTO, eight, 8, 8, 0, 3, &why),
+                      "0,1");
+    ok_all &= !strcmp(plan_str(MESH_BIND_AUTO, eight, 8, 8, 1, 3, &why),
+                      "2,3,4");
+    ok_all &= !strcmp(plan_str(MESH_BIND_AUTO, eight, 8, 8, 2, 3, &why),
+                      "5,6,7");
+    ok(ok_all, "auto: 3 ranks on 8 CPUs: 0-1, 2-4, 5-7 (every CPU once)");
+    got = plan_str(MESH_BIND_AUTO, eight, 8, 8, 0, 1, &why);
+    ok(!*got && strstr(why, "only rank"), "auto: a lone rank is left alone "
+                                          "(%s)",
+       why);
+    got = plan_str(MESH_BIND_AUTO, eight, 2, 2, 3, 4, &why);
+    ok(!*got && strstr(why, "more ranks"),
+       "auto: 4 ranks on 2 CPUs are left alone (%s)", why);
+    got = plan_str(MESH_BIND_AUTO, some, 4, 8, 0, 2, &why);
+    ok(!*got && strstr(why, "already bound"),
+       "auto: a process already bound to 4 of 8 CPUs is left alone (%s)",
+       why);
+    got = plan_str(MESH_BIND_NONE, eight, 8, 8, 0, 2, &why);
+    ok(!*got && strstr(why, "none"), "none: left alone");
+    /* cores: always, within what the process may use */
+    ok(!strcmp(plan_str(MESH_BIND_CORES, some, 4, 8, 1, 2, &why), "6,7"),
+       "cores: shares of the allowed CPUs (rank 1 of 2 on 2,3,6,7: 6-7)");
+    ok_all = 1;
+    for (lr = 0; lr < 4; lr++) {
+        char want[4];
+
+        snprintf(want, sizeof(want), "%d", lr % 2);
+        ok_all &= !strcmp(plan_str(MESH_BIND_CORES, eight, 2, 2, lr, 4, &why),
+                          want);
+    }
+    ok(ok_all, "cores: 4 ranks on 2 CPUs alternate 0,1,0,1");
+    got = plan_str(MESH_BIND_CORES, eight, 8, 8, 0, 1, &why);
+    ok(!strcmp(got, "0,1,2,3,4,5,6,7"), "cores: a lone rank gets them all");
+
+    /* the flag and its variable */
+    clear_env();
+    {
+        char *argv[] = {"-H", "localhost:2", "--rank", "1", "--insecure",
+                        "--bind-to=cores"};
+
+        rc = opts_run(&o, 6, argv);
+        ok(rc == 0 && o.bind == MESH_BIND_CORES, "--bind-to=cores parsed");
+        mesh_opts_free(&o);
+    }
+    {
+        char *argv[] = {"-H", "localhost:2", "--rank", "1", "--insecure"};
+
+        setenv("MESHTRAIN_BIND_TO", "none", 1);
+        rc = opts_run(&o, 5, argv);
+        ok(rc == 0 && o.bind == MESH_BIND_NONE, "MESHTRAIN_BIND_TO=none used");
+        mesh_opts_free(&o);
+        unsetenv("MESHTRAIN_BIND_TO");
+        rc = opts_run(&o, 5, argv);
+        ok(rc == 0 && o.bind == MESH_BIND_AUTO, "auto by default");
+        mesh_opts_free(&o);
+    }
+    {
+        char *argv[] = {"-H", "localhost:2", "--rank", "1", "--insecure",
+                        "--bind-to", "socket"};
+
+        rc = opts_run(&o, 7, argv);
+        ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "--bind-to 'socket'") &&
+               strstr(mesh_err_msg(rc), "auto, none or cores"),
+           "bad --bind-to: %s", mesh_err_msg(rc));
+        setenv("MESHTRAIN_BIND_TO", "x", 1);
+        rc = opts_run(&o, 5, argv);
+        ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "MESHTRAIN_BIND_TO 'x'"),
+           "bad MESHTRAIN_BIND_TO: %s", mesh_err_msg(rc));
+        unsetenv("MESHTRAIN_BIND_TO");
+    }
+
+    /* A real binding, in a child so that this process stays unbound: rank 1
+     * of localhost:2 under cores gets the plan for its allowed CPUs. */
+    {
+        char *argv[] = {"-H", "localhost:2", "--rank", "1", "--insecure",
+                        "--bind-to", "cores"};
+        int allowed[CPU_SETSIZE], want[CPU_SETSIZE], nallowed = 0, nwant, k;
+        int status = -1, ncpus = 0;
+        cpu_set_t set;
+        pid_t pid;
+
+        CPU_ZERO(&set);
+        rc = sched_getaffinity(0, sizeof(set), &set);
+        for (k = 0; k < CPU_SETSIZE; k++)
+            if (CPU_ISSET(k, &set))
+                allowed[nallowed++] = k;
+        nwant = mesh_bind_plan(MESH_BIND_CORES, allowed, nallowed, nallowed,
+                               1, 2, want, &why);
+        rc = opts_run(&o, 7, argv);
+        pid = rc == 0 ? fork() : -1;
+        if (pid == 0) {
+            int bad = mesh_bind(&o, &ncpus) != 1 || ncpus != nwant;
+
+            CPU_ZERO(&set);
+            bad |= sched_getaffinity(0, sizeof(set), &set) < 0 ||
+                   CPU_COUNT(&set) != nwant;
+            for (k = 0; k < nwant; k++)
+                bad |= !CPU_ISSET(want[k], &set);
+            _exit(bad);
+        }
+        if (pid > 0)
+            waitpid(pid, &status, 0);
+        ok(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+           "mesh_bind: rank 1 of 2 runs on exactly the planned %d of %d "
+           "CPU(s)",
+           nwant, nallowed);
+        mesh_opts_free(&o);
+    }
+    clear_env();
+}
+
 int main(void)
 {
-    plan(64);
+    plan(80);
     test_openmpi();
     test_horovod_and_ipv6();
     test_malformed();
@@ -467,5 +614,6 @@ int main(void)
     test_file();
     test_env();
     test_opts();
+    test_bind();
     return done();
 }
