@@ -737,12 +737,15 @@ int mesh_bind(const struct mesh_opts *o, int *ncpus)
 
     if (!o->finished)
         return mesh_err(-EINVAL, "mesh_bind before mesh_opts_finish");
+    for (r = 0; r < w->size; r++)
+        n += !strcmp(w->peers[r].host, w->peers[w->rank].host);
+    lr = w->peers[w->rank].local_rank;
     CPU_ZERO(&set);
     if (sched_getaffinity(0, sizeof(set), &set) < 0) {
         /* more CPUs than a cpu_set_t holds: leave the process alone */
         rc = -errno;
         if (ncpus)
-            *ncpus = online > 0 ? (int)online : 1;
+            *ncpus = MESH_MAX((online > 0 ? (int)online : 1) / n, 1);
         if (o->bind == MESH_BIND_CORES)
             return mesh_err(rc, "--bind-to cores: sched_getaffinity: %s",
                             strerror(-rc));
@@ -754,11 +757,9 @@ int mesh_bind(const struct mesh_opts *o, int *ncpus)
     for (k = 0; k < CPU_SETSIZE; k++)
         if (CPU_ISSET(k, &set))
             allowed[nallowed++] = k;
+    /* unless bound below: a fair share of what the host's ranks share */
     if (ncpus)
-        *ncpus = nallowed > 0 ? nallowed : 1;
-    for (r = 0; r < w->size; r++)
-        n += !strcmp(w->peers[r].host, w->peers[w->rank].host);
-    lr = w->peers[w->rank].local_rank;
+        *ncpus = MESH_MAX(nallowed / n, 1);
     nwant =
         mesh_bind_plan((enum mesh_bind)o->bind, allowed, nallowed,
                        online > 0 ? (int)online : nallowed, lr, n, want, &why);

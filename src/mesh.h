@@ -125,7 +125,9 @@ int mesh_bind_plan(enum mesh_bind mode, const int *allowed, int nallowed,
 /*
  * Apply --bind-to to the calling thread (threads it starts later inherit
  * it: call this before starting any). Logs the choice. *ncpus (may be
- * NULL) gets the count of CPUs the thread may run on afterwards. Returns 1
+ * NULL) gets how many CPUs this rank should keep busy (compute threads):
+ * those it was bound to, else its share (at least 1) of those it may run
+ * on, which the host's ranks all share. Returns 1
  * when it bound the thread, 0 when it left it alone; a failed binding is an
  * error under "cores" and a warning (0) under "auto".
  */

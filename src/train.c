@@ -159,7 +159,7 @@ struct trainer {
     struct mesh *mesh;
     mesh_coll_t *coll; /* NULL with one peer */
     int rank, size;
-    int ncpus, bound; /* mesh_bind: CPUs this rank may run on; bound them */
+    int ncpus; /* mesh_bind: the CPUs this rank should keep busy */
 
     struct mesh_dataset *ds;
     struct mesh_data_info info;
@@ -1356,16 +1356,6 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
     return 0;
 }
 
-/* Peers on this host (the same host string in the layout). */
-static int local_peers(const struct mesh_world *w)
-{
-    int r, n = 0;
-
-    for (r = 0; r < w->size; r++)
-        n += strcmp(w->peers[r].host, w->peers[w->rank].host) == 0;
-    return n > 0 ? n : 1;
-}
-
 /*
  * --simulate-compute: no data set and no model, only the layer list with
  * the gradient slab divided by --simulate-scale (src/simulate.h).
@@ -1484,13 +1474,8 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
     if (t->sim)
         return 0;
 
-    /* Every CPU this rank was bound to, else a fair share of those it may
-     * run on. */
-    if (threads <= 0) {
-        threads = t->bound ? t->ncpus : t->ncpus / local_peers(&mo->world);
-        if (threads < 1)
-            threads = 1;
-    }
+    if (threads <= 0)
+        threads = t->ncpus;
     {
         struct mesh_nn_dev_opts dev;
 
@@ -1810,7 +1795,6 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
         code = fail(&t, MESH_EXIT_USAGE, rc);
         goto out;
     }
-    t.bound = rc;
     rc = c->simulate ? open_sim(&t) : open_data(&t, mo);
     if (rc == 0 && !c->simulate)
         rc = mesh_data_fingerprint(t.ds, data_fp);
