@@ -13,9 +13,11 @@
  * add events, but never deletes one (event_del would wait for a callback
  * that waits for our lock): the progress thread deletes events only from
  * its own callbacks. A data stream's read and write events go off while a
- * waiter does its I/O (no wake-up of the progress thread per message) and
- * come back when the last waiter leaves with sends still queued, when a
- * waiter sleeps on the condition variable instead, or at the next tick.
+ * waiter does its I/O, and while a collective's executor holds the
+ * transport between two of its waits (tcp_hold): no wake-up of the
+ * progress thread per message. They come back when the last waiter or
+ * holder leaves with sends still queued, when a waiter sleeps on the
+ * condition variable instead, or at the next tick.
  *
  * Payload moves with sendmsg/recv straight between the caller's buffers and
  * the kernel: a data stream reads a frame header (48 bytes) into the
@@ -253,6 +255,7 @@ struct mesh_transport {
     int kick_fd;         /* eventfd: wakes waiters blocked in poll() */
     atomic_int pollers;  /* waiters blocked in (or about to enter) poll() */
     atomic_int deferred; /* a stream's writing was left to a waiter */
+    atomic_int holders;  /* threads in hold(): they come back to wait */
 };
 
 /* Set while this thread does a waiter's I/O (its completions need no kick). */
@@ -1561,6 +1564,13 @@ static void tx_blocked(struct conn *c)
         atomic_store(&c->t->deferred, 1);
         return;
     }
+    /* A holder (hold()) comes back to wait_any and writes it then; a
+     * waiter blocked in poll() meanwhile adds it to its set. */
+    if (atomic_load(&c->t->holders) && !on_progress_thread(c->t)) {
+        atomic_store(&c->t->deferred, 1);
+        kick(c->t, 1);
+        return;
+    }
     wev_on(c);
 }
 
@@ -1717,6 +1727,16 @@ static void ctrl_read(struct conn *c)
 
 /* ---- event callbacks --------------------------------------------------- */
 
+/* Whether a thread other than the progress thread does the data streams'
+ * I/O: a waiter doing it now, or a holder (tcp_hold) that comes back to do
+ * it, unless a waiter sleeps and needs the progress thread to. */
+static int waiter_does_io(struct mesh_transport *t)
+{
+    return atomic_load_explicit(&t->spinning, memory_order_relaxed) ||
+           (atomic_load_explicit(&t->holders, memory_order_relaxed) &&
+            !atomic_load_explicit(&t->sleepers, memory_order_relaxed));
+}
+
 static void on_read(evutil_socket_t fd, short what, void *arg)
 {
     struct conn *c = arg;
@@ -1726,9 +1746,10 @@ static void on_read(evutil_socket_t fd, short what, void *arg)
     (void)what;
     pthread_mutex_lock(&t->lock);
     if (c->state == C_READY && c->stream > 0 && !t->failed && !c->spin_lost &&
-        atomic_load_explicit(&t->spinning, memory_order_relaxed)) {
-        /* A waiting thread reads the data streams (caller_io): leave it
-         * this one rather than wake for it again and again. */
+        waiter_does_io(t)) {
+        /* A waiting thread reads the data streams (caller_io), or a
+         * holder will: leave it this one rather than wake for it again
+         * and again. */
         rev_off(c);
     } else if (c->state == C_READY) {
         if (c->stream == 0)
@@ -1768,7 +1789,7 @@ static void on_write(evutil_socket_t fd, short what, void *arg)
             goto out;
     }
     if (c->state == C_READY && c->stream > 0 && c->txq && !t->failed) {
-        if (atomic_load_explicit(&t->spinning, memory_order_relaxed)) {
+        if (waiter_does_io(t)) {
             /* as on_read: a waiter writes the data streams */
             atomic_store(&t->deferred, 1);
             wev_off(c);
@@ -2374,7 +2395,11 @@ static int tcp_irecv(mesh_transport_t *t, int peer,
             c->parked = 0;
             if (!c->rx_left)
                 data_piece_done(c);
-            rev_on(c);
+            /* a holder, or a waiter, reads it (see tx_blocked) */
+            if (atomic_load(&t->holders))
+                kick(t, 1);
+            else
+                rev_on(c);
             break;
         case MATCH_WAIT:
         case MATCH_FAILED:
@@ -2590,10 +2615,12 @@ static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
             done = waiter_poll(t, reqs, n, deadline);
         if (atomic_fetch_sub(&t->spinning, 1) == 1) {
             /* the last waiter leaves: sleepers need the progress thread to
-             * read, and sends it left queued need it to write */
+             * read, and sends it left queued need it to write (unless a
+             * holder comes back for them: tcp_hold) */
             int sleepers = atomic_load(&t->sleepers);
 
-            if (sleepers || atomic_load(&t->deferred)) {
+            if (sleepers ||
+                (atomic_load(&t->deferred) && !atomic_load(&t->holders))) {
                 pthread_mutex_lock(&t->lock);
                 spin_release_io(t, sleepers);
                 pthread_mutex_unlock(&t->lock);
@@ -2633,6 +2660,38 @@ static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
     atomic_fetch_sub(&t->sleepers, 1);
     pthread_mutex_unlock(&t->lock);
     return rc;
+}
+
+/*
+ * A schedule's executor holds the transport while it runs: it comes back
+ * to wait_any until its requests are done, so between two waits (while it
+ * reduces a chunk or posts the next operations) the data streams stay
+ * with it, as with a waiter: a blocked send is deferred, a stream that a
+ * receive unparks is left to be read, and the progress thread, on an
+ * event, hands the stream back instead of doing the I/O. Without this the
+ * progress thread, on the same CPU, was woken once or twice per message
+ * and preempted the executor for a lock it held (about ten context
+ * switches per 1 MiB all-reduce of 2 ranks). The last holder or waiter to
+ * leave gives the progress thread what is still queued; a waiter that
+ * goes to sleep on the condition variable (MESHTRAIN_TCP_POLL=0) rearms
+ * everything and has the progress thread do the I/O again, holder or not.
+ */
+static void tcp_hold(mesh_transport_t *t, int on)
+{
+    int sleepers;
+
+    if (on) {
+        atomic_fetch_add(&t->holders, 1);
+        return;
+    }
+    if (atomic_fetch_sub(&t->holders, 1) != 1 || atomic_load(&t->spinning))
+        return;
+    sleepers = atomic_load(&t->sleepers);
+    if (sleepers || atomic_load(&t->deferred)) {
+        pthread_mutex_lock(&t->lock);
+        spin_release_io(t, sleepers);
+        pthread_mutex_unlock(&t->lock);
+    }
 }
 
 static int tcp_progress(mesh_transport_t *t)
@@ -2748,6 +2807,7 @@ const struct mesh_transport_ops mesh_tcp_ops = {
     .test = tcp_test,
     .wait_any = tcp_wait_any,
     .progress = tcp_progress,
+    .hold = tcp_hold,
     .abort = tcp_abort,
     .close = tcp_close,
 };

@@ -194,6 +194,15 @@ struct mesh_transport_ops {
     int (*progress)(mesh_transport_t *t);
 
     /*
+     * Optional (NULL: not needed). hold(t, 1): from now until hold(t, 0),
+     * the calling thread keeps coming back to wait_any until every request
+     * it started is done (a collective's executor does), so the transport
+     * may leave the I/O of its data streams to that thread instead of
+     * waking a progress thread between two waits. Calls nest.
+     */
+    void (*hold)(mesh_transport_t *t, int on);
+
+    /*
      * Fail the job: every pending and future operation returns an error
      * naming culprit (-1: none) and why; peers are told.
      */
