@@ -310,7 +310,7 @@ int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
 {
     struct run r = {.s = s};
     char msg[1024];
-    int rc = 0, held = 0;
+    int rc = 0;
     if (s->failed)
         return mesh_err(-ENOMEM, "out of memory building a %s schedule",
                         mesh_op_name(s->op));
@@ -320,6 +320,10 @@ int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
     for (int i = 0; i < s->nops; i++)
         if (s->ops[i].kind == SCHED_REDUCE || s->ops[i].kind == SCHED_COPY)
             s->ops[i].src = &s->srcs[(intptr_t)s->ops[i].src];
+    /* The executor comes back to wait_any until all is done: the
+     * transport may leave the data streams' I/O to this thread. */
+    if (ops->hold)
+        ops->hold(t, 1);
     r.queue = malloc((size_t)s->nops * sizeof(*r.queue));
     r.inflight = malloc((size_t)s->nops * sizeof(*r.inflight));
     r.reqs = malloc((size_t)s->nops * sizeof(*r.reqs));
@@ -328,11 +332,6 @@ int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
                       mesh_op_name(s->op));
         goto free_arrays;
     }
-    /* The executor comes back to wait_any until all is done: the
-     * transport may leave the data streams' I/O to this thread. */
-    if (ops->hold)
-        ops->hold(t, 1);
-    held = ops->hold != NULL;
     /* Receives first: posted early, they let the peers' data flow in. */
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < s->nops; i++)
@@ -369,7 +368,7 @@ fail:
     mesh_err_clear();
     rc = mesh_err(rc, "%s", msg);
 free_arrays:
-    if (held)
+    if (ops->hold)
         ops->hold(t, 0);
     free(r.reqs);
     free(r.inflight);

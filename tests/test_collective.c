@@ -723,10 +723,9 @@ static int nth_line(const char *text, int k, char *out, size_t len)
     return 0;
 }
 
-/* What the tests of a battery run under (empty: the defaults). */
-static const char *label = "";
-
-static void report_battery(int n, struct result *res)
+/* label: what the battery ran under, prefixed to each test ("": the
+ * defaults). */
+static void report_battery(int n, struct result *res, const char *label)
 {
     char line[LINE];
     int nlines = 0;
@@ -773,6 +772,21 @@ static void report_battery(int n, struct result *res)
     if (nlines == 0 || !strstr(res[0].text, "back~to~back"))
         for (int r = 0; r < n; r++)
             diag("rank %d (exit %d): %s", r, res[r].status, res[r].text);
+}
+
+/* Run the battery on n ranks and report it. */
+static void battery_of(int n, const char *label)
+{
+    struct result res[MAXP];
+
+    memset(res, 0, sizeof(res));
+    if (run_ports(n, SC_BATTERY, res) < 0) {
+        ok(0, "%sN=%d: could not start the ranks", label, n);
+        return;
+    }
+    report_battery(n, res, label);
+    for (int r = 0; r < n; r++)
+        free(res[r].text);
 }
 
 /* N = 4, rank 2 dies or stops mid-all-reduce: every survivor must get an
@@ -832,16 +846,8 @@ int main(int argc, char **argv)
     diag("transport %s", name);
     signal(SIGPIPE, SIG_IGN);
     diag("kernels: %s", mesh_reduce_isa());
-    for (int n = 2; n <= nmax && n <= MAXP; n++) {
-        memset(res, 0, sizeof(res));
-        if (run_ports(n, SC_BATTERY, res) < 0) {
-            ok(0, "N=%d: could not start the ranks", n);
-            continue;
-        }
-        report_battery(n, res);
-        for (int r = 0; r < n; r++)
-            free(res[r].text);
-    }
+    for (int n = 2; n <= nmax && n <= MAXP; n++)
+        battery_of(n, "");
 
     if (!strcmp(name, "tcp")) {
         /*
@@ -854,28 +860,11 @@ int main(int argc, char **argv)
          */
         setenv("MESHTRAIN_TCP_POLL", "0", 1);
         setenv("MESHTRAIN_TCP_SPIN_US", "0", 1);
-        label = "waiters asleep (MESHTRAIN_TCP_POLL=0, SPIN_US=0): ";
-        memset(res, 0, sizeof(res));
-        if (run_ports(3, SC_BATTERY, res) == 0) {
-            report_battery(3, res);
-            for (int r = 0; r < 3; r++)
-                free(res[r].text);
-        } else {
-            ok(0, "%sN=3: could not start the ranks", label);
-        }
+        battery_of(3, "waiters asleep (MESHTRAIN_TCP_POLL=0, SPIN_US=0): ");
         /* and waiters that poll() at once, without the spin */
         unsetenv("MESHTRAIN_TCP_POLL");
-        label = "waiters poll at once (MESHTRAIN_TCP_SPIN_US=0): ";
-        memset(res, 0, sizeof(res));
-        if (run_ports(4, SC_BATTERY, res) == 0) {
-            report_battery(4, res);
-            for (int r = 0; r < 4; r++)
-                free(res[r].text);
-        } else {
-            ok(0, "%sN=4: could not start the ranks", label);
-        }
+        battery_of(4, "waiters poll at once (MESHTRAIN_TCP_SPIN_US=0): ");
         unsetenv("MESHTRAIN_TCP_SPIN_US");
-        label = "";
     }
 
     /* sizes disagree */

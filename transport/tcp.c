@@ -2588,6 +2588,22 @@ static void spin_release(struct mesh_transport *t)
     spin_release_io(t, 1);
 }
 
+/*
+ * The last waiter (or holder) has left: sleepers need the progress thread
+ * to read, and sends left queued need it to write, unless a holder comes
+ * back for them (tcp_hold).
+ */
+static void last_out(struct mesh_transport *t)
+{
+    int sleepers = atomic_load(&t->sleepers);
+
+    if (sleepers || (atomic_load(&t->deferred) && !atomic_load(&t->holders))) {
+        pthread_mutex_lock(&t->lock);
+        spin_release_io(t, sleepers);
+        pthread_mutex_unlock(&t->lock);
+    }
+}
+
 static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
                         double timeout_s)
 {
@@ -2613,19 +2629,8 @@ static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
         }
         if (!done && t->poll_wait)
             done = waiter_poll(t, reqs, n, deadline);
-        if (atomic_fetch_sub(&t->spinning, 1) == 1) {
-            /* the last waiter leaves: sleepers need the progress thread to
-             * read, and sends it left queued need it to write (unless a
-             * holder comes back for them: tcp_hold) */
-            int sleepers = atomic_load(&t->sleepers);
-
-            if (sleepers ||
-                (atomic_load(&t->deferred) && !atomic_load(&t->holders))) {
-                pthread_mutex_lock(&t->lock);
-                spin_release_io(t, sleepers);
-                pthread_mutex_unlock(&t->lock);
-            }
-        }
+        if (atomic_fetch_sub(&t->spinning, 1) == 1)
+            last_out(t);
         if (done < 0)
             return done;
         if (done && !any_done(reqs, n))
@@ -2678,20 +2683,12 @@ static int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
  */
 static void tcp_hold(mesh_transport_t *t, int on)
 {
-    int sleepers;
-
     if (on) {
         atomic_fetch_add(&t->holders, 1);
         return;
     }
-    if (atomic_fetch_sub(&t->holders, 1) != 1 || atomic_load(&t->spinning))
-        return;
-    sleepers = atomic_load(&t->sleepers);
-    if (sleepers || atomic_load(&t->deferred)) {
-        pthread_mutex_lock(&t->lock);
-        spin_release_io(t, sleepers);
-        pthread_mutex_unlock(&t->lock);
-    }
+    if (atomic_fetch_sub(&t->holders, 1) == 1 && !atomic_load(&t->spinning))
+        last_out(t);
 }
 
 static int tcp_progress(mesh_transport_t *t)
