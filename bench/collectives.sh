@@ -39,6 +39,10 @@
 #   DIR/tcp_limit.csv    setting,np,ring_link_GBps,ring_min_GBps,
 #                        bidir_dir_GBps,single_GBps,ping_rtt_us,limit_GBps,
 #                        rep
+#   DIR/cpu.csv          setting,np,system,sizes,busy_pct,user_pct,
+#                        steal_pct,steal_max_pct,rep: the machine's CPU
+#                        while each system ran (bench/lib.sh, bl_cpu_stop;
+#                        system tcp-limit: the TCP limit's iperf3 runs)
 #   DIR/collectives.png  busbw vs size, one panel per setting and N, one
 #                        line per system, the TCP limit dashed
 #   DIR/raw/*.txt        every tool's own output
@@ -136,11 +140,15 @@ EOF
 mkdir -p "$outdir/raw" || exit 1
 csv="$outdir/collectives.csv"
 lcsv="$outdir/tcp_limit.csv"
+ccsv="$outdir/cpu.csv"
 echo "setting,np,system,size,time_us,algbw,busbw,wrong,rep" >"$csv"
+echo "setting,np,system,sizes,busy_pct,user_pct,steal_pct,steal_max_pct,rep" \
+    >"$ccsv"
 echo "setting,np,ring_link_GBps,ring_min_GBps,bidir_dir_GBps,single_GBps,$(
     )ping_rtt_us,limit_GBps,rep" >"$lcsv"
 tmp=$(mktemp -d /tmp/collectives.XXXXXX) || exit 1
 cleanup() {
+    bl_cpu_abort
     bl_teardown
     rm -rf "$tmp"
 }
@@ -286,8 +294,14 @@ run_mesh() {   # setting np b e f log algo
     return $_rc
 }
 
-# record SYSTEM SETTING NP LOG RC REP: parse LOG into the CSV, check it.
+# record SYSTEM SETTING NP LOG RC REP SIZES: parse LOG into the CSV, check
+# it; the CPU use bl_cpu_stop measured meanwhile ($tmp/cpu.txt) goes to
+# cpu.csv.
 record() {
+    bl_cpu_stop "$tmp/cpu.txt" | awk -v s="$2" -v n="$3" -v y="$1" \
+        -v z="$7" -v r="$6" '
+        { printf "%s,%s,%s,%s,%s,%s,%s,%s,%s\n", s, n, y, z, $1, $2, $3,
+                 $4, r }' >>"$ccsv"
     _rows=$(bl_parse_table "$1" "$2" "$3" <"$4" | sed "s/\$/,$6/")
     if [ -z "$_rows" ]; then
         bl_log "$1 ($2, N=$3) printed no results (exit $5): see $4"
@@ -322,27 +336,36 @@ one_round() {
                   v["bidir_dir_GBps"], v["single_GBps"],
                   v["ping_rtt_us"], v["limit_GBps"], r }' \
             "$outdir/raw/$4-tcp.txt" >>"$lcsv"
+        awk -v s="$2" -v n="$3" -v r="$5" '
+            { v[$1] = $2 }
+            END { printf "%s,%s,tcp-limit,,%s,%s,%s,%s,%s\n", s, n,
+                  v["limit_busy_pct"], v["limit_user_pct"],
+                  v["limit_steal_pct"], v["limit_steal_max_pct"], r }' \
+            "$outdir/raw/$4-tcp.txt" >>"$ccsv"
     fi
     while read -r b e f; do
         sz="$b-$e"
         if [ -n "$mpibin" ]; then
             bl_log "  Open MPI, $b..$e bytes"
             log="$outdir/raw/$4-mpi-$sz.txt"
+            bl_cpu_start "$tmp/cpu.txt"
             run_mpi "$1" "$3" "$b" "$e" "$f" "$log" </dev/null
-            record openmpi "$2" "$3" "$log" $? "$5"
+            record openmpi "$2" "$3" "$log" $? "$5" "$sz"
         fi
         if [ $gloo -eq 1 ]; then
             bl_log "  Gloo, $b..$e bytes"
             log="$outdir/raw/$4-gloo-$sz.txt"
+            bl_cpu_start "$tmp/cpu.txt"
             run_gloo "$1" "$3" "$b" "$e" "$f" "$log" </dev/null
-            record gloo "$2" "$3" "$log" $? "$5"
+            record gloo "$2" "$3" "$log" $? "$5" "$sz"
         fi
         if [ $mesh -eq 1 ]; then
             for a in $(echo "$algos" | tr , ' '); do
                 bl_log "  meshbench --algo $a, $b..$e bytes"
                 log="$outdir/raw/$4-mesh-$a-$sz.txt"
+                bl_cpu_start "$tmp/cpu.txt"
                 run_mesh "$1" "$3" "$b" "$e" "$f" "$log" "$a" </dev/null
-                record "meshbench-$a" "$2" "$3" "$log" $? "$5"
+                record "meshbench-$a" "$2" "$3" "$log" $? "$5" "$sz"
             done
         fi
     done <"$tmp/runs"
@@ -375,5 +398,5 @@ done
 
 bl_load
 /usr/bin/python3 "$bl_srcdir/bench/report_collectives.py" "$csv" "$lcsv" \
-    "$outdir/collectives.png" || status=1
+    "$outdir/collectives.png" "$ccsv" || status=1
 exit $status

@@ -147,6 +147,79 @@ bl_wait_bg() {
     return $_bl_rc
 }
 
+# The machine's CPU use while something runs, from /proc/stat's "cpu"
+# line (all cores), sampled every half second:
+#   bl_cpu_start FILE   start sampling into FILE
+#   bl_cpu_stop FILE    stop; print "busy user steal steal_max" in percent:
+#                       busy and user are the medians over the samples of
+#                       the share of the time the hypervisor left this
+#                       machine (busy: not idle; user: user space, the
+#                       rest is the kernel: system calls, TCP, softirqs);
+#                       steal is the share of the whole run that the
+#                       hypervisor gave to others, steal_max its worst
+#                       half second. "nan nan nan nan" without /proc/stat.
+# Busy near 100 means the run was bound by the CPU (on one machine, the
+# settings here: all hosts share it); steal above a few percent means the
+# numbers were disturbed from outside and deserve a rerun.
+bl_cpu_start() {
+    _bl_cpu_file=$1
+    : >"$_bl_cpu_file"
+    if [ -r /proc/stat ]; then
+        (while :; do
+             head -n 1 /proc/stat
+             sleep 0.5
+         done) >>"$_bl_cpu_file" 2>/dev/null &
+        _bl_cpu_pid=$!
+    else
+        _bl_cpu_pid=
+    fi
+}
+
+# bl_cpu_abort: stop the sampler, if any, without a report (cleanup traps).
+bl_cpu_abort() {
+    [ -n "${_bl_cpu_pid:-}" ] && kill "$_bl_cpu_pid" 2>/dev/null
+    _bl_cpu_pid=
+}
+
+bl_cpu_stop() {
+    if [ -n "${_bl_cpu_pid:-}" ]; then
+        kill "$_bl_cpu_pid" 2>/dev/null
+        wait "$_bl_cpu_pid" 2>/dev/null
+        _bl_cpu_pid=
+        head -n 1 /proc/stat >>"$1" 2>/dev/null
+    fi
+    awk '
+        function median(a, n,    i, j, t) {
+            for (i = 2; i <= n; i++)
+                for (j = i; j > 1 && a[j - 1] > a[j]; j--) {
+                    t = a[j]; a[j] = a[j - 1]; a[j - 1] = t
+                }
+            return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+        }
+        $1 == "cpu" && NF >= 9 {
+            u = $2 + $3; idle = $5 + $6; st = $9; tot = 0
+            for (k = 2; k <= 9; k++) tot += $k
+            if (n++) {
+                dt = tot - ptot; own = dt - (st - pst)
+                if (dt > 0 && own > 0) {
+                    m++
+                    busy[m] = 100 * (own - (idle - pidle)) / own
+                    user[m] = 100 * (u - pu) / own
+                    s = 100 * (st - pst) / dt
+                    if (s > smax) smax = s
+                }
+            } else {
+                t0 = tot; s0 = st
+            }
+            pu = u; pidle = idle; pst = st; ptot = tot
+        }
+        END {
+            if (!m || ptot <= t0) { print "nan nan nan nan"; exit }
+            printf "%.0f %.0f %.1f %.1f\n", median(busy, m),
+                   median(user, m), 100 * (pst - s0) / (ptot - t0), smax
+        }' "$1"
+}
+
 # Size strings (4K, 64M, 1G, 4096) to bytes.
 bl_bytes() {
     awk -v s="$1" 'BEGIN {

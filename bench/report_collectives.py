@@ -1,12 +1,17 @@
 #!/usr/bin/python3
 """report_collectives: the plot and the ratios of bench/collectives.sh.
 
-usage: report_collectives.py COLLECTIVES.csv TCP_LIMIT.csv OUT.png
+usage: report_collectives.py COLLECTIVES.csv TCP_LIMIT.csv OUT.png [CPU.csv]
 
 Prints, per setting and N, busbw (GB/s) of every system per size, the TCP
 limit, and meshbench's best algorithm against the better of the two anchors
 (Open MPI, Gloo) and against the TCP limit; then the 4 KiB all-reduce time
-of every system. Draws busbw vs size, one panel per setting and N, one line
+of every system; with CPU.csv (collectives.sh's cpu.csv), the machine's CPU
+use while each system ran: busy and user-space percent of the time the
+hypervisor left it (medians), and the steal, with a warning for every run
+the hypervisor took more than STEAL_WARN percent of (a half-second spike
+now and then is common and only touches a size or two; a few percent over
+a whole run disturbs its numbers). Draws busbw vs size, one panel per setting and N, one line
 per system, the TCP limit dashed. Without matplotlib it prints and skips the
 plot.
 """
@@ -15,6 +20,7 @@ import csv
 import sys
 
 ANCHORS = ("openmpi", "gloo")
+STEAL_WARN = 2.0
 
 
 def fnum(s):
@@ -37,10 +43,54 @@ def ratio(a, b):
     return "%.2f" % (a / b)
 
 
+def median(v):
+    v = sorted(x for x in v if x == x)
+    if not v:
+        return float("nan")
+    m = len(v) // 2
+    return v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2
+
+
+def report_cpu(by_system):
+    """One line per setting and N: each system's CPU use (median over its
+    runs and repetitions), then a warning for every run the hypervisor
+    disturbed: steal over the run above STEAL_WARN percent."""
+    if not by_system:
+        return
+    names = sorted(by_system, key=lambda s: (s != "tcp-limit",
+                                             s not in ANCHORS, s))
+    parts = []
+    for n in names:
+        rs = by_system[n]
+        busy = median([fnum(r["busy_pct"]) for r in rs])
+        user = median([fnum(r["user_pct"]) for r in rs])
+        steal = max([fnum(r["steal_pct"]) for r in rs] or [float("nan")])
+        parts.append("%s %s/%s st %s" % (
+            n, "-" if busy != busy else "%.0f" % busy,
+            "-" if user != user else "%.0f" % user,
+            "-" if steal != steal else "%.1f" % steal))
+    print("   CPU % busy/user, % stolen: " + "; ".join(parts))
+    for n in names:
+        for r in by_system[n]:
+            steal = fnum(r["steal_pct"])
+            if steal == steal and steal > STEAL_WARN:
+                print("   ! %s%s (repetition %s): the hypervisor took %.1f %% "
+                      "of the CPU over the run (up to %.0f %% of a half "
+                      "second): that run is disturbed" % (
+                          n, " " + r["sizes"] if r.get("sizes") else "",
+                          r.get("rep") or "1", steal,
+                          fnum(r["steal_max_pct"])))
+
+
 def main():
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5):
         sys.stderr.write(__doc__)
         return 2
+    cpu = {}    # (setting, np) -> system -> [row, ...]
+    if len(sys.argv) == 5:
+        for r in csv.DictReader(open(sys.argv[4])):
+            cpu.setdefault((r["setting"], r["np"]), {}).setdefault(
+                r["system"], []).append(r)
     rows = list(csv.DictReader(open(sys.argv[1])))
     # With --repeat, each measurement appears once per repetition: keep the
     # best (highest bandwidth, lowest time and RTT), which is the one least
@@ -107,6 +157,7 @@ def main():
             print("   4 KiB all-reduce time (us): " + ", ".join(
                 "%s %s" % (n, systems[n][4096]["time_us"])
                 for n in names if 4096 in systems[n]))
+        report_cpu(cpu.get(key, {}))
 
     try:
         import matplotlib

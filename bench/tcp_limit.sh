@@ -15,6 +15,12 @@
 # and prints "key value" lines (GB = 1e9 bytes):
 #   ring_link_GBps  ring_min_GBps  bidir_dir_GBps  single_GBps  ping_rtt_us
 #   limit_GBps      bidir_dir_GBps for N = 2, else ring_link_GBps
+#   ring_busy_pct ring_user_pct ring_steal_pct (and bidir_*): the
+#                   machine's CPU during that measurement (bench/lib.sh's
+#                   bl_cpu_stop: busy and user-space share of the time
+#                   the hypervisor left it, steal the share it took)
+#   limit_busy_pct limit_user_pct limit_steal_pct limit_steal_max_pct:
+#                   the same for the measurement that gave limit_GBps
 # Each iperf3 run lasts S seconds (--time, default 2) after one omitted
 # second of slow start.
 # Settings: a loopback, b N netns hosts, c N netns hosts with tbf egress
@@ -55,6 +61,7 @@ command -v iperf3 >/dev/null ||
 
 tmp=$(mktemp -d /tmp/tcp_limit.XXXXXX) || exit 1
 cleanup() {
+    bl_cpu_abort
     bl_kill_bg
     [ $setup -eq 1 ] && bl_teardown
     rm -rf "$tmp"
@@ -94,6 +101,7 @@ while [ "$i" -le "$np" ]; do
     i=$((i + 1))
 done
 sleep 0.5
+bl_cpu_start "$tmp/cpu-ring.txt"
 pids=
 i=1
 while [ "$i" -le "$np" ]; do
@@ -104,6 +112,7 @@ while [ "$i" -le "$np" ]; do
     i=$((i + 1))
 done
 for p in $pids; do wait "$p"; done
+cpu=$(bl_cpu_stop "$tmp/cpu-ring.txt")
 bl_wait_bg 5 || true
 sum=0
 min=
@@ -117,19 +126,23 @@ done
 ring=$(awk -v s="$sum" -v n="$np" 'BEGIN { printf "%.4f\n", s / n }')
 echo "ring_link_GBps $ring"
 echo "ring_min_GBps $min"
+echo "$cpu" | awk '{ printf "ring_busy_pct %s\nring_user_pct %s\nring_steal_pct %s\n", $1, $2, $3 }'
 limit=$ring
 
 if [ "$np" -eq 2 ]; then
     server 2
     sleep 0.5
+    bl_cpu_start "$tmp/cpu-bidir.txt"
     bl_exec 1 iperf3 -c "$(bl_addr 2)" -p $((port + 2)) -t "$secs" -O 1 \
         --bidir --connect-timeout 3000 -J >"$tmp/bidir.json" 2>&1
+    cpu=$(bl_cpu_stop "$tmp/cpu-bidir.txt")
     bl_wait_bg 5 || true
     up=$(gbps "$tmp/bidir.json" sum_received)
     down=$(gbps "$tmp/bidir.json" sum_received_bidir_reverse)
     limit=$(awk -v a="$up" -v b="$down" \
             'BEGIN { printf "%.4f\n", (a + b) / 2 }')
     echo "bidir_dir_GBps $limit"
+    echo "$cpu" | awk '{ printf "bidir_busy_pct %s\nbidir_user_pct %s\nbidir_steal_pct %s\n", $1, $2, $3 }'
 fi
 
 server 2
@@ -143,3 +156,5 @@ rtt=$(bl_exec 1 ping -q -c 50 -i 0.01 "$(bl_addr 2)" 2>/dev/null |
       awk -F/ '/^rtt|^round-trip/ { printf "%.1f\n", $5 * 1000 }')
 echo "ping_rtt_us ${rtt:-nan}"
 echo "limit_GBps $limit"
+# the machine's CPU while the limit's measurement ran (bl_cpu_stop)
+echo "$cpu" | awk '{ printf "limit_busy_pct %s\nlimit_user_pct %s\nlimit_steal_pct %s\nlimit_steal_max_pct %s\n", $1, $2, $3, $4 }'
