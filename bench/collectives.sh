@@ -329,19 +329,17 @@ one_round() {
             --no-setup --prefix "$BL_PREFIX" --rate "$BL_RATE" \
             --port $((BL_PORT + 40)) \
             >"$outdir/raw/$4-tcp.txt" 2>&1 </dev/null || status=1
-        awk -v s="$2" -v n="$3" -v r="$5" '
+        awk -v s="$2" -v n="$3" -v r="$5" -v cpu="$ccsv" '
             { v[$1] = $2 }
             END { printf "%s,%s,%s,%s,%s,%s,%s,%s,%s\n", s, n,
                   v["ring_link_GBps"], v["ring_min_GBps"],
                   v["bidir_dir_GBps"], v["single_GBps"],
-                  v["ping_rtt_us"], v["limit_GBps"], r }' \
-            "$outdir/raw/$4-tcp.txt" >>"$lcsv"
-        awk -v s="$2" -v n="$3" -v r="$5" '
-            { v[$1] = $2 }
-            END { printf "%s,%s,tcp-limit,,%s,%s,%s,%s,%s\n", s, n,
+                  v["ping_rtt_us"], v["limit_GBps"], r
+                  printf "%s,%s,tcp-limit,,%s,%s,%s,%s,%s\n", s, n,
                   v["limit_busy_pct"], v["limit_user_pct"],
-                  v["limit_steal_pct"], v["limit_steal_max_pct"], r }' \
-            "$outdir/raw/$4-tcp.txt" >>"$ccsv"
+                  v["limit_steal_pct"], v["limit_steal_max_pct"],
+                  r >>cpu }' \
+            "$outdir/raw/$4-tcp.txt" >>"$lcsv"
     fi
     while read -r b e f; do
         sz="$b-$e"

@@ -162,13 +162,12 @@ bl_wait_bg() {
 # settings here: all hosts share it); steal above a few percent means the
 # numbers were disturbed from outside and deserve a rerun.
 bl_cpu_start() {
-    _bl_cpu_file=$1
-    : >"$_bl_cpu_file"
+    : >"$1"
     if [ -r /proc/stat ]; then
         (while :; do
              head -n 1 /proc/stat
              sleep 0.5
-         done) >>"$_bl_cpu_file" 2>/dev/null &
+         done) >>"$1" 2>/dev/null &
         _bl_cpu_pid=$!
     else
         _bl_cpu_pid=
@@ -177,15 +176,15 @@ bl_cpu_start() {
 
 # bl_cpu_abort: stop the sampler, if any, without a report (cleanup traps).
 bl_cpu_abort() {
-    [ -n "${_bl_cpu_pid:-}" ] && kill "$_bl_cpu_pid" 2>/dev/null
+    [ -n "${_bl_cpu_pid:-}" ] || return 0
+    kill "$_bl_cpu_pid" 2>/dev/null
+    wait "$_bl_cpu_pid" 2>/dev/null
     _bl_cpu_pid=
 }
 
 bl_cpu_stop() {
     if [ -n "${_bl_cpu_pid:-}" ]; then
-        kill "$_bl_cpu_pid" 2>/dev/null
-        wait "$_bl_cpu_pid" 2>/dev/null
-        _bl_cpu_pid=
+        bl_cpu_abort
         head -n 1 /proc/stat >>"$1" 2>/dev/null
     fi
     awk '

@@ -6,14 +6,14 @@ usage: report_collectives.py COLLECTIVES.csv TCP_LIMIT.csv OUT.png [CPU.csv]
 Prints, per setting and N, busbw (GB/s) of every system per size, the TCP
 limit, and meshbench's best algorithm against the better of the two anchors
 (Open MPI, Gloo) and against the TCP limit; then the 4 KiB all-reduce time
-of every system; with CPU.csv (collectives.sh's cpu.csv), the machine's CPU
-use while each system ran: busy and user-space percent of the time the
+of every system; with CPU.csv (collectives.sh's cpu.csv), the machine's
+CPU use while each system ran: busy and user-space percent of the time the
 hypervisor left it (medians), and the steal, with a warning for every run
 the hypervisor took more than STEAL_WARN percent of (a half-second spike
 now and then is common and only touches a size or two; a few percent over
-a whole run disturbs its numbers). Draws busbw vs size, one panel per setting and N, one line
-per system, the TCP limit dashed. Without matplotlib it prints and skips the
-plot.
+a whole run disturbs its numbers). Draws busbw vs size, one panel per
+setting and N, one line per system, the TCP limit dashed. Without
+matplotlib it prints and skips the plot.
 """
 
 import csv

@@ -15,12 +15,13 @@
 # and prints "key value" lines (GB = 1e9 bytes):
 #   ring_link_GBps  ring_min_GBps  bidir_dir_GBps  single_GBps  ping_rtt_us
 #   limit_GBps      bidir_dir_GBps for N = 2, else ring_link_GBps
-#   ring_busy_pct ring_user_pct ring_steal_pct (and bidir_*): the
-#                   machine's CPU during that measurement (bench/lib.sh's
-#                   bl_cpu_stop: busy and user-space share of the time
-#                   the hypervisor left it, steal the share it took)
-#   limit_busy_pct limit_user_pct limit_steal_pct limit_steal_max_pct:
-#                   the same for the measurement that gave limit_GBps
+#   ring_busy_pct ring_user_pct ring_steal_pct ring_steal_max_pct (and
+#                   bidir_*): the machine's CPU during that measurement
+#                   (bench/lib.sh's bl_cpu_stop: busy and user-space share
+#                   of the time the hypervisor left it, steal the share
+#                   it took, and its worst half second)
+#   limit_busy_pct ... limit_steal_max_pct: the same for the measurement
+#                   that gave limit_GBps
 # Each iperf3 run lasts S seconds (--time, default 2) after one omitted
 # second of slow start.
 # Settings: a loopback, b N netns hosts, c N netns hosts with tbf egress
@@ -89,6 +90,14 @@ except Exception as e:
 ' "$1" "$2"
 }
 
+# cpu_keys PREFIX "BUSY USER STEAL STEAL_MAX": bl_cpu_stop's numbers as
+# PREFIX_busy_pct ... PREFIX_steal_max_pct lines.
+cpu_keys() {
+    echo "$2" | awk -v p="$1" '{
+        printf "%s_busy_pct %s\n%s_user_pct %s\n", p, $1, p, $2
+        printf "%s_steal_pct %s\n%s_steal_max_pct %s\n", p, $3, p, $4 }'
+}
+
 # server I: a one-off iperf3 server on host I, port base+I.
 server() {
     bl_bg "$1" iperf3 -s -1 -p $((port + $1)) >/dev/null 2>&1
@@ -126,7 +135,7 @@ done
 ring=$(awk -v s="$sum" -v n="$np" 'BEGIN { printf "%.4f\n", s / n }')
 echo "ring_link_GBps $ring"
 echo "ring_min_GBps $min"
-echo "$cpu" | awk '{ printf "ring_busy_pct %s\nring_user_pct %s\nring_steal_pct %s\n", $1, $2, $3 }'
+cpu_keys ring "$cpu"
 limit=$ring
 
 if [ "$np" -eq 2 ]; then
@@ -142,7 +151,7 @@ if [ "$np" -eq 2 ]; then
     limit=$(awk -v a="$up" -v b="$down" \
             'BEGIN { printf "%.4f\n", (a + b) / 2 }')
     echo "bidir_dir_GBps $limit"
-    echo "$cpu" | awk '{ printf "bidir_busy_pct %s\nbidir_user_pct %s\nbidir_steal_pct %s\n", $1, $2, $3 }'
+    cpu_keys bidir "$cpu"
 fi
 
 server 2
@@ -156,5 +165,5 @@ rtt=$(bl_exec 1 ping -q -c 50 -i 0.01 "$(bl_addr 2)" 2>/dev/null |
       awk -F/ '/^rtt|^round-trip/ { printf "%.1f\n", $5 * 1000 }')
 echo "ping_rtt_us ${rtt:-nan}"
 echo "limit_GBps $limit"
-# the machine's CPU while the limit's measurement ran (bl_cpu_stop)
-echo "$cpu" | awk '{ printf "limit_busy_pct %s\nlimit_user_pct %s\nlimit_steal_pct %s\nlimit_steal_max_pct %s\n", $1, $2, $3, $4 }'
+# the machine's CPU while the limit's measurement ran
+cpu_keys limit "$cpu"
