@@ -95,15 +95,36 @@ static int tag_room(size_t steps, size_t k)
 
 /* ---- ring ---------------------------------------------------------------- */
 
-size_t coll_ring_scratch(const struct coll_args *a)
+/*
+ * Whether the receive buffer lies apart from the send buffer. A step whose
+ * reduction is final (the ring's last reduce-scatter step, the first
+ * halving round of rhd) may then receive straight into the receive buffer
+ * and add the input there: the kernel's copy writes the destination once
+ * and the reduction adds into it while it is in cache, where a scratch
+ * slot cost a second cold stream of writes (and, with two ranks, all of
+ * the ring's scratch). In place, the input is still to be read there.
+ */
+static int recv_apart(const struct coll_args *a)
 {
     size_t es = mesh_dtype_size(a->dtype), n = (size_t)a->size;
+    size_t sbytes = a->count * es, rbytes = a->count * es;
+    const char *sb = a->sendbuf, *rb = a->recvbuf;
+
+    if (a->op == MESH_OP_REDUCE_SCATTER)
+        sbytes *= n;
+    return !sb || !rb || rb + rbytes <= sb || sb + sbytes <= rb;
+}
+
+size_t coll_ring_scratch(const struct coll_args *a)
+{
+    size_t es = mesh_dtype_size(a->dtype), n = (size_t)a->size, slots;
 
     if (a->size < 2)
         return 0;
+    slots = n - 1 - (size_t)recv_apart(a);
     if (a->op == MESH_OP_REDUCE_SCATTER)
-        return (n - 1) * a->count * es;
-    return (n - 1) * ((a->count + n - 1) / n) * es;
+        return slots * a->count * es;
+    return slots * ((a->count + n - 1) / n) * es;
 }
 
 /*
@@ -115,7 +136,9 @@ size_t coll_ring_scratch(const struct coll_args *a)
  * slot its chunk was received into, while the kernel's copy has left that
  * slot in cache, and sent on from there: the receive buffer is written once
  * per element (by the last step or by the all-gather), where writing every
- * partial sum into it cost a cold read-for-ownership per step.
+ * partial sum into it cost a cold read-for-ownership per step. Out of
+ * place, the last step receives into the receive buffer itself and adds
+ * the input there (recv_apart).
  */
 int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
                               void *scratch, mesh_mr_t *smr)
@@ -124,7 +147,7 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
     size_t es = mesh_dtype_size(a->dtype);
     size_t maxseg = (a->count + (size_t)n - 1) / (size_t)n;
     size_t ce = chunk_elems(a, maxseg), nk = nchunks(maxseg, ce);
-    int inplace = a->sendbuf == a->recvbuf;
+    int inplace = a->sendbuf == a->recvbuf, direct = recv_apart(a);
     float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
     /* reader[st * nk + k]: the last op that reads this rank's input where
      * all-gather step st lands (segment r - st, chunk k) */
@@ -151,8 +174,9 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
             size_t o, l, roff, rlen;
             uint32_t tag = (uint32_t)((size_t)st * nk + k);
             char *slot;
+            mesh_mr_t *slot_mr;
             const void *in[2];
-            int snd, rcv, red;
+            int snd, rcv, red, last;
 
             clip(ss, sl, k, ce, &o, &l);
             /* step st forwards what step st - 1 added into its slot */
@@ -168,12 +192,19 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
             if (st == 0)
                 reader[k] = snd;
             clip(rs, rl, k, ce, &roff, &rlen);
-            slot = at(scratch, (size_t)st * maxseg + (roff - rs), es);
-            rcv = sched_recv(s, left, tag, roff * es, slot, rlen * es, smr);
+            last = st == n - 2;
+            if (last && direct) {
+                slot = at(a->recvbuf, roff, es);
+                slot_mr = a->recv_mr;
+            } else {
+                slot = at(scratch, (size_t)st * maxseg + (roff - rs), es);
+                slot_mr = smr;
+            }
+            rcv = sched_recv(s, left, tag, roff * es, slot, rlen * es, slot_mr);
             in[0] = slot;
             in[1] = at(a->sendbuf, roff, es);
-            red = sched_reduce(s, st == n - 2 ? at(a->recvbuf, roff, es) : slot,
-                               in, 2, rlen, st == n - 2 ? div : 1.0f);
+            red = sched_reduce(s, last ? at(a->recvbuf, roff, es) : slot, in,
+                               2, rlen, last ? div : 1.0f);
             sched_dep(s, rcv, red);
             if (st < n - 2)
                 reader[(size_t)(st + 1) * nk + k] = red;
@@ -215,7 +246,8 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
 /*
  * Reduce-scatter: as the first half of the ring all-reduce, rotated so that
  * rank r ends with segment r; partial sums are added in place into the
- * scratch slots their chunks arrived in, and forwarded from there.
+ * scratch slots their chunks arrived in, and forwarded from there (the last
+ * step's into the receive buffer, where it does not overlap the input).
  */
 int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
                                    void *scratch, mesh_mr_t *smr)
@@ -224,7 +256,7 @@ int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
     size_t es = mesh_dtype_size(a->dtype), cnt = a->count;
     size_t ce = chunk_elems(a, cnt), nk = nchunks(cnt, ce);
     float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
-    int *prev, rc;
+    int *prev, rc, direct = recv_apart(a);
 
     rc = tag_room((size_t)n, nk);
     if (rc < 0)
@@ -237,12 +269,14 @@ int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
     for (int st = 0; st < n - 1; st++) {
         size_t sseg = (size_t)mod(r - st - 1, n);
         size_t rseg = (size_t)mod(r - st - 2, n);
+        int last = st == n - 2;
 
         for (size_t k = 0; k < nk; k++) {
             size_t o, l;
             uint32_t tag = (uint32_t)((size_t)st * nk + k);
             const void *in[2];
-            void *dst;
+            char *slot;
+            mesh_mr_t *slot_mr = smr;
             int snd, rcv, red;
 
             clip(0, cnt, k, ce, &o, &l);
@@ -255,14 +289,17 @@ int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
                                  at(scratch, (size_t)(st - 1) * cnt + o, es),
                                  l * es, smr);
             sched_dep(s, prev[k], snd);
-            rcv =
-                sched_recv(s, left, tag, (rseg * cnt + o) * es,
-                           at(scratch, (size_t)st * cnt + o, es), l * es, smr);
-            in[0] = at(scratch, (size_t)st * cnt + o, es);
+            slot = at(scratch, (size_t)st * cnt + o, es);
+            if (last && direct) {
+                slot = at(a->recvbuf, o, es);
+                slot_mr = a->recv_mr;
+            }
+            rcv = sched_recv(s, left, tag, (rseg * cnt + o) * es, slot, l * es,
+                             slot_mr);
+            in[0] = slot;
             in[1] = at(a->sendbuf, rseg * cnt + o, es);
-            dst = st == n - 2 ? at(a->recvbuf, o, es)
-                              : at(scratch, (size_t)st * cnt + o, es);
-            red = sched_reduce(s, dst, in, 2, l, st == n - 2 ? div : 1.0f);
+            red = sched_reduce(s, last ? at(a->recvbuf, o, es) : slot, in, 2,
+                               l, last ? div : 1.0f);
             sched_dep(s, rcv, red);
             prev[k] = red;
         }
@@ -886,7 +923,8 @@ static void blocks(size_t o0, size_t l0, int p, int b0, int b1, size_t *o,
  *
  * The message is cut into chunks that run as independent pipelines (block
  * sizes near the ring's chunks); scratch: two slots of count elements used
- * in turn, as recursive doubling does.
+ * in turn, as recursive doubling does, except that the first halving round
+ * of an out-of-place call receives into the receive buffer (recv_apart).
  */
 int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
                              void *scratch, mesh_mr_t *smr)
@@ -895,7 +933,7 @@ int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
     size_t es = mesh_dtype_size(a->dtype), ce, nk;
     float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
     uint32_t ntag = 2 * (uint32_t)rounds + 2;
-    int rc;
+    int rc, apart = recv_apart(a);
 
     p = 1 << rounds;
     /* the first halving round's message (half a chunk) near the ring's
@@ -952,9 +990,16 @@ int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
                              cur_mr);
             sched_dep(s, prod, snd);
             gave[j] = snd;
-            slot = at(scratch, (size_t)(j % 2) * a->count + o, es);
-            rcv = sched_recv(s, peer, tag, o * es, slot, l * es, smr);
-            sched_dep(s, reader[j % 2], rcv);
+            if (cur == at(a->sendbuf, o0, es) && apart) {
+                /* nothing of ours is in the receive buffer yet */
+                slot = at(a->recvbuf, o, es);
+                rcv = sched_recv(s, peer, tag, o * es, slot, l * es,
+                                 a->recv_mr);
+            } else {
+                slot = at(scratch, (size_t)(j % 2) * a->count + o, es);
+                rcv = sched_recv(s, peer, tag, o * es, slot, l * es, smr);
+                sched_dep(s, reader[j % 2], rcv);
+            }
             in[0] = (const char *)cur + (o - o0) * es;
             in[1] = slot;
             red = sched_reduce(s, at(a->recvbuf, o, es), in, 2, l,
