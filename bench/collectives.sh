@@ -47,7 +47,8 @@
 #                        line per system, the TCP limit dashed
 #   DIR/raw/*.txt        every tool's own output
 # and prints meshbench's busbw against the better anchor and the TCP limit
-# per size, and the 4 KiB all-reduce times (bench/report_collectives.py).
+# per size, the 4 KiB all-reduce times, and whether meshbench met each of
+# the collectives issue's goals (bench/report_collectives.py).
 # Exit status: 0, or 1 when a system failed or reported wrong values (the
 # others still run). Needs root for settings b and c.
 

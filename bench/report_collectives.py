@@ -13,14 +13,25 @@ the hypervisor took more than STEAL_WARN percent of (a half-second spike
 now and then is common and only touches a size or two; a few percent over
 a whole run disturbs its numbers). Draws busbw vs size, one panel per
 setting and N, one line per system, the TCP limit dashed. Without
-matplotlib it prints and skips the plot.
+matplotlib it prints and skips the plot. After the tables it says whether
+meshbench met each of the collectives issue's goals (goals_lines).
 """
 
 import csv
+import re
 import sys
 
 ANCHORS = ("openmpi", "gloo")
 STEAL_WARN = 2.0
+MiB = 1 << 20
+# The collectives issue's goals for meshbench's best algorithm per size.
+LIMIT_SHARE, LIMIT_FROM = 0.90, 16 * MiB     # of the setting's TCP limit
+ANCHOR_FROM = 1 * MiB                        # never below the better anchor
+LINE_SHARE, LINE_FROM = 0.97, 16 * MiB       # of a shaped setting's rate
+FALL_MAX, FALL_FROM, FALL_TO = 0.05, 16 * MiB, 1024 * MiB
+LAT_SIZE, LAT_US = 4096, {2: 150.0, 8: 600.0}
+# tc's rate units, in bits per second
+TC_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
 def fnum(s):
@@ -49,6 +60,90 @@ def median(v):
         return float("nan")
     m = len(v) // 2
     return v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2
+
+
+def line_rate(setting):
+    """A shaped setting's rate in GB/s from its name (collectives.sh calls
+    setting c "netns-RATE[-mtuM]", RATE in tc's units, e.g. 1gbit), or
+    None for an unshaped one."""
+    m = re.match(r"netns-([0-9]+(?:\.[0-9]+)?)([kmgt]?)bit(?:-|$)", setting)
+    if not m:
+        return None
+    return float(m.group(1)) * TC_UNITS[m.group(2)] / 8e9
+
+
+def verdict(ok):
+    return "MET" if ok else "MISSED"
+
+
+def worst_share(best, sizes, lo, hi, ref):
+    """(worst best[sz] / ref over sizes lo..hi, its size), or None."""
+    if not ref > 0:  # no reference (nan) or a zero one
+        return None
+    pts = [(best[sz] / ref, sz) for sz in sizes
+           if lo <= sz <= hi and best.get(sz) == best.get(sz)]
+    return min(pts) if pts else None
+
+
+def goals_lines(setting, np, best, anchor, limit, lat_us):
+    """The goals' verdicts for one setting and N, one line each.
+
+    best and anchor map size -> busbw (GB/s) of meshbench's best algorithm
+    and of the better anchor; limit is the TCP limit (GB/s per link);
+    lat_us is meshbench's best 4 KiB time. A goal whose sizes were not
+    measured says so instead of a verdict."""
+    out = []
+    sizes = sorted(best)
+    top = human(sizes[-1]) if sizes else "-"
+
+    w = worst_share(best, sizes, LIMIT_FROM, float("inf"), limit)
+    name = "busbw >= %d %% of the TCP limit from %s" % (
+        round(LIMIT_SHARE * 100), human(LIMIT_FROM))
+    out.append("%s: %s" % (name, "not measured" if w is None else
+                           "%s (worst %.2f at %s)" % (
+                               verdict(w[0] >= LIMIT_SHARE), w[0],
+                               human(w[1]))))
+
+    pts = [(best[sz] / anchor[sz], sz) for sz in sizes
+           if sz >= ANCHOR_FROM and best[sz] == best[sz]
+           and anchor.get(sz, float("nan")) > 0]
+    name = "never below the better anchor from %s" % human(ANCHOR_FROM)
+    out.append("%s: %s" % (name, "not measured" if not pts else
+                           "%s (worst %.2f at %s)" % (
+                               verdict(min(pts)[0] >= 1.0), min(pts)[0],
+                               human(min(pts)[1]))))
+
+    rate = line_rate(setting)
+    if rate is not None:
+        w = worst_share(best, sizes, LINE_FROM, float("inf"), rate)
+        name = "busbw >= %d %% of the shaped line rate (%.4g GB/s) from " \
+            "%s" % (round(LINE_SHARE * 100), rate, human(LINE_FROM))
+        out.append("%s: %s" % (name, "not measured" if w is None else
+                               "%s (worst %.2f at %s)" % (
+                                   verdict(w[0] >= LINE_SHARE), w[0],
+                                   human(w[1]))))
+
+    name = "busbw falls <= %d %% from %s to %s" % (
+        round(FALL_MAX * 100), human(FALL_FROM), human(FALL_TO))
+    base = best.get(FALL_FROM, float("nan"))
+    w = worst_share(best, sizes, FALL_FROM + 1, FALL_TO, base)
+    if w is None:
+        out.append("%s: not measured (needs %s and a larger size)" % (
+            name, human(FALL_FROM)))
+    else:
+        fall = 1.0 - w[0]
+        out.append("%s: %s (%+.0f %% at %s%s)" % (
+            name, verdict(fall <= FALL_MAX), -fall * 100, human(w[1]),
+            "" if sizes[-1] >= FALL_TO else
+            "; measured up to %s only" % top))
+
+    if np in LAT_US:
+        name = "a %s all-reduce takes <= %.0f us" % (human(LAT_SIZE),
+                                                     LAT_US[np])
+        out.append("%s: %s" % (name, "not measured" if lat_us != lat_us else
+                               "%s (%.0f us)" % (
+                                   verdict(lat_us <= LAT_US[np]), lat_us)))
+    return out
 
 
 def report_cpu(by_system):
@@ -122,6 +217,7 @@ def main():
                               list(limits)))
     keys.sort(key=lambda k: (k[0], int(k[1])))
 
+    goals = []  # (key, lines)
     for key in keys:
         systems = data.get(key, {})
         lim = limits.get(key, {})
@@ -138,6 +234,7 @@ def main():
         head += "%12s" % "anchor/lim" if not mesh else \
             "%12s%12s" % ("mesh/anchor", "mesh/limit")
         print(head)
+        best_of, anchor_of = {}, {}
         for sz in sizes:
             bus = {n: fnum(systems[n][sz]["busbw"]) if sz in systems[n]
                    else float("nan") for n in names}
@@ -148,6 +245,7 @@ def main():
             if mesh:
                 best = max([bus[n] for n in mesh if bus[n] == bus[n]] or
                            [float("nan")])
+                best_of[sz], anchor_of[sz] = best, anchor
                 line += "%12s%12s" % (ratio(best, anchor),
                                       ratio(best, limit))
             else:
@@ -158,6 +256,23 @@ def main():
                 "%s %s" % (n, systems[n][4096]["time_us"])
                 for n in names if 4096 in systems[n]))
         report_cpu(cpu.get(key, {}))
+        if mesh:
+            lat = min([fnum(systems[n][LAT_SIZE]["time_us"]) for n in mesh
+                       if LAT_SIZE in systems[n]] or [float("nan")])
+            goals.append((key, goals_lines(key[0], int(key[1]), best_of,
+                                           anchor_of, limit, lat)))
+
+    if goals:
+        print("\n== goals: meshbench's best algorithm per size")
+        counts = {"MET": 0, "MISSED": 0}
+        for key, lines in goals:
+            print("%s, N=%s:" % key)
+            for ln in lines:
+                print("   " + ln)
+                for v in counts:
+                    if ": %s (" % v in ln:
+                        counts[v] += 1
+        print("%d met, %d missed" % (counts["MET"], counts["MISSED"]))
 
     try:
         import matplotlib
