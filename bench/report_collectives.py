@@ -93,7 +93,8 @@ def goals_lines(setting, np, best, anchor, limit, lat_us):
     lat_us is meshbench's best 4 KiB time. A goal whose sizes were not
     measured says so instead of a verdict."""
     out = []
-    sizes = sorted(best)
+    # a size another system ran but meshbench did not (nan) is no point
+    sizes = sorted(sz for sz in best if best[sz] == best[sz])
     top = human(sizes[-1]) if sizes else "-"
 
     w = worst_share(best, sizes, LIMIT_FROM, float("inf"), limit)

@@ -15,7 +15,8 @@ t_plan 16
 # 0.92/1.00 - 1 = -8 % at 1G (missed); 140 <= 150 us (met).
 # netns-1gbit (0.125 GB/s), N=4, limit 0.12: 16M 0.1220, 64M 0.1225,
 # Gloo 0.119: limit 1.02, anchor 1.03, line rate 0.976 -> 0.98, all at
-# 16M, falloff none (64M is higher), only up to 64M; no 4 KiB goal for 4.
+# 16M, falloff none (64M is higher), only up to 64M (Gloo's 1G, which
+# meshbench did not run, is no point); no 4 KiB goal for 4.
 # netns-500mbit-mtu9000 (0.0625 GB/s), N=8: only 4 KiB, 700 > 600 us.
 cat >"$TMP/coll.csv" <<'CSV'
 setting,np,system,size,time_us,algbw,busbw,wrong,rep
@@ -39,6 +40,7 @@ netns-1gbit,4,gloo,16777216,1.0,0.119,0.119,0,1
 netns-1gbit,4,gloo,67108864,1.0,0.119,0.119,0,1
 netns-1gbit,4,meshbench-ring,16777216,1.0,0.1220,0.1220,0,1
 netns-1gbit,4,meshbench-ring,67108864,1.0,0.1225,0.1225,0,1
+netns-1gbit,4,gloo,1073741824,1.0,0.119,0.119,0,1
 netns-500mbit-mtu9000,8,meshbench-ring,4096,700.0,0.001,0.001,0,1
 CSV
 cat >"$TMP/lim.csv" <<'CSV'
