@@ -519,6 +519,119 @@ static int child_desync(struct ctx *cx, char *msg, size_t len)
     return 0;
 }
 
+/*
+ * Send order (mesh_frame.order, TCP). Rank 1 queues, behind a message that
+ * fills the socket, messages of seq 1 with orders 9, 3, 7, 3 and one of
+ * seq 2 with order 0; rank 0 then posts one receive at a time in the order
+ * they must arrive: the lowest order first, posting order among equals,
+ * and nothing overtakes another seq. A receive posted for a message that
+ * is not next on the stream never completes (the stream waits for its own
+ * receive), so a wrong order is a timeout here, not a wrong guess.
+ */
+#define ORDER_N 6
+static const struct {
+    uint64_t seq;
+    uint32_t tag, order;
+    size_t len;
+} order_msgs[ORDER_N] = {
+    {1, 0, 5, 32u << 20}, {1, 1, 9, 65536}, {1, 2, 3, 70001},
+    {1, 3, 7, 4096},      {1, 4, 3, 1},     {2, 0, 0, 65536},
+};
+/* order_msgs' indices in the order they must arrive */
+static const int order_expect[ORDER_N] = {0, 2, 4, 3, 1, 5};
+
+static int child_order(struct ctx *cx, char *msg, size_t len)
+{
+    uint8_t *buf[ORDER_N] = {0};
+    mesh_req_t *r[ORDER_N] = {0};
+    int rc = mesh_up(cx, msg, len), n = 0;
+
+    if (rc < 0)
+        return rc;
+    for (int i = 0; i < ORDER_N; i++) {
+        buf[i] = malloc(order_msgs[i].len);
+        if (!buf[i]) {
+            snprintf(msg, len, "out of memory");
+            rc = -1;
+            goto out;
+        }
+        if (cx->rank == 1)
+            fill(buf[i], order_msgs[i].len,
+                 seed_of(1, 0, order_msgs[i].seq, order_msgs[i].tag));
+    }
+    if (cx->rank == 1) {
+        for (n = 0; n < ORDER_N; n++) {
+            struct mesh_frame f;
+
+            mesh_frame_p2p(&f, order_msgs[n].seq, order_msgs[n].tag,
+                           order_msgs[n].len);
+            f.order = order_msgs[n].order;
+            rc = ops->isend(cx->t, 0, &f, buf[n], NULL, &r[n]);
+            if (rc < 0) {
+                snprintf(msg, len, "isend %d: %s", n, mesh_err_msg(rc));
+                goto out;
+            }
+        }
+        signal_ready(cx); /* all queued; the receiver has read nothing */
+        wait_go(cx);
+        for (int i = 0; i < n && rc >= 0; i++) {
+            rc = mesh_transport_wait(ops, cx->t, r[i]);
+            r[i] = NULL;
+            if (rc < 0)
+                snprintf(msg, len, "send %d: %s", i, mesh_err_msg(rc));
+        }
+        n = 0;
+        goto out;
+    }
+    signal_ready(cx);
+    wait_go(cx);
+    for (int k = 0; k < ORDER_N; k++) {
+        int i = order_expect[k];
+        struct mesh_frame f;
+        long bad;
+
+        mesh_frame_p2p(&f, order_msgs[i].seq, order_msgs[i].tag,
+                       order_msgs[i].len);
+        rc = ops->irecv(cx->t, 1, &f, buf[i], NULL, &r[0]);
+        if (rc >= 0)
+            rc = ops->wait_any(cx->t, &r[0], 1, 10.0 * slow_factor());
+        if (rc == -ETIMEDOUT) {
+            snprintf(msg, len,
+                     "arrival %d: seq %" PRIu64 " tag %u (order %u) is not "
+                     "next on the stream",
+                     k, order_msgs[i].seq, order_msgs[i].tag,
+                     order_msgs[i].order);
+            n = 1; /* r[0] still pending: close() reaps it */
+            r[0] = NULL;
+            goto out;
+        }
+        if (rc >= 0)
+            rc = mesh_transport_wait(ops, cx->t, r[0]);
+        r[0] = NULL;
+        if (rc < 0) {
+            snprintf(msg, len, "receive %d: %s", k, mesh_err_msg(rc));
+            goto out;
+        }
+        bad = check(buf[i], order_msgs[i].len,
+                    seed_of(1, 0, order_msgs[i].seq, order_msgs[i].tag));
+        if (bad >= 0) {
+            snprintf(msg, len, "seq %" PRIu64 " tag %u: byte %ld wrong",
+                     order_msgs[i].seq, order_msgs[i].tag, bad);
+            rc = -1;
+            goto out;
+        }
+    }
+out:
+    /* a send or receive still pending ends with the transport's close */
+    if (n && cx->t) {
+        ops->close(cx->t);
+        cx->t = NULL;
+    }
+    for (int i = 0; i < ORDER_N; i++)
+        free(buf[i]);
+    return rc < 0 || n ? -1 : 0;
+}
+
 /* Join, wait for the parent's bad clients, then prove the mesh works. */
 static int child_live(struct ctx *cx, char *msg, size_t len)
 {
@@ -766,6 +879,27 @@ static void scenario_exchange(int n, int streams, int insecure)
            "insecure mode says so in the log");
         free(log);
     }
+    run_cleanup(&R);
+}
+
+static void scenario_order(void)
+{
+    struct world_cfg c = wcfg(2, 1);
+    uint16_t base = pick_ports(2);
+    struct run R;
+    int ready;
+
+    if (!base || run_start(&R, 2, NULL, &c, base, child_order, "order")) {
+        ok(0, "send order: start");
+        return;
+    }
+    ready = run_wait_ready(&R, 2, 30 * slow_factor()) == 0;
+    run_go(&R, 2);
+    run_finish(&R, 60);
+    report_children(&R, "send order");
+    ok(ready && all_ok(&R),
+       "send order: lowest order first, posting order among equals, no "
+       "overtaking across seqs, behind a started message");
     run_cleanup(&R);
 }
 
@@ -1228,6 +1362,7 @@ int main(int argc, char **argv)
         /* A waiter's two other ways to wait (the children inherit these):
          * asleep on the condition variable while the progress thread does
          * the I/O, and in poll() at once, without the spin. */
+        scenario_order();
         diag("waiters sleep while the progress thread reads "
              "(MESHTRAIN_TCP_POLL=0)");
         setenv("MESHTRAIN_TCP_POLL", "0", 1);

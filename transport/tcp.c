@@ -119,6 +119,8 @@ enum cstate {
 struct piece {
     struct piece *next;
     struct mesh_req *req;
+    uint64_t seq;   /* the frame's, and its send order (mesh_frame.order) */
+    uint32_t order;
     uint8_t hdr[TCP_FRAME_HDR_LEN];
     const uint8_t *buf; /* payload */
     uint64_t len;       /* payload bytes */
@@ -1326,6 +1328,7 @@ static int frame_decode(const uint8_t *h, struct mesh_frame *f)
     f->count = get64(h + 24);
     f->offset = get64(h + 32);
     f->length = get64(h + 40);
+    f->order = 0; /* local to the sender */
     return 0;
 }
 
@@ -2256,6 +2259,34 @@ static int check_peer(struct mesh_transport *t, int peer, const char *what,
     return 0;
 }
 
+/*
+ * Queue p on c in send order (mesh_frame.order): ahead of the first piece of
+ * its seq that has not started and has a higher order, else last. Among
+ * the unstarted pieces of one seq the queue stays sorted by order, in
+ * posting order where equal.
+ */
+static void txq_insert(struct conn *c, struct piece *p)
+{
+    struct piece **at = &c->txq, *q = c->txq_tail;
+
+    if (!q || q->seq != p->seq || q->order <= p->order || q->sent) {
+        if (q)
+            q->next = p;
+        else
+            c->txq = p;
+        c->txq_tail = p;
+        return;
+    }
+    for (; *at; at = &(*at)->next) {
+        q = *at;
+        if (!q->sent && q->seq == p->seq && q->order > p->order)
+            break;
+    }
+    /* the tail's order is higher, so some piece qualified */
+    p->next = *at;
+    *at = p;
+}
+
 static int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
                      const void *buf, mesh_mr_t *mr, mesh_req_t **out)
 {
@@ -2303,6 +2334,8 @@ static int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
         frame_encode(&pf, ps[i]->hdr);
         ps[i]->next = NULL;
         ps[i]->req = r;
+        ps[i]->seq = f->seq;
+        ps[i]->order = f->order;
         ps[i]->buf = (const uint8_t *)buf + off;
         ps[i]->len = plen;
         ps[i]->sent = 0;
@@ -2318,11 +2351,7 @@ static int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
         struct conn *c = l->data[(l->rr + (unsigned)i) % (unsigned)t->S];
 
         idle[i] = c->txq == NULL;
-        if (c->txq_tail)
-            c->txq_tail->next = ps[i];
-        else
-            c->txq = ps[i];
-        c->txq_tail = ps[i];
+        txq_insert(c, ps[i]);
         c->tx_queued += ps[i]->len;
     }
     /* An idle stream sends at once from this thread. */

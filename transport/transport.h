@@ -77,6 +77,15 @@ struct mesh_frame {
     uint64_t count;  /* elements in the whole collective */
     uint64_t offset; /* byte offset of this message in the collective */
     uint64_t length; /* payload bytes of this message */
+    /*
+     * Send order, a local hint that never travels: a send goes out ahead
+     * of the queued sends to the same peer of the same seq that have not
+     * started and have a higher order; equal orders keep posting order, so
+     * all 0 (the default) is first in, first out. A schedule may use it
+     * only where no receive it overtakes waits on one it overtook. The
+     * TCP transport follows it; others may ignore it.
+     */
+    uint32_t order;
 };
 
 /* A point-to-point message's frame: len bytes (op P2P, dtype byte). */
