@@ -139,6 +139,13 @@ size_t coll_ring_scratch(const struct coll_args *a)
  * partial sum into it cost a cold read-for-ownership per step. Out of
  * place, the last step receives into the receive buffer itself and adds
  * the input there (recv_apart).
+ *
+ * Every send's order (mesh_frame.order) is its chunk: a chunk that has
+ * just been reduced is forwarded ahead of later chunks' sends still queued
+ * on the link, while it is in cache, instead of after the whole step. Safe
+ * because chunk k's operations depend on chunk k's alone: a receive posted
+ * late (in place, the all-gather's) waits only for chunk k's messages,
+ * which nothing of a later chunk overtakes.
  */
 int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
                               void *scratch, mesh_mr_t *smr)
@@ -189,6 +196,7 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
                     at(scratch, (size_t)(st - 1) * maxseg + (o - ss), es),
                     l * es, smr);
             sched_dep(s, prev[k], snd);
+            sched_order(s, snd, (uint32_t)k);
             if (st == 0)
                 reader[k] = snd;
             clip(rs, rl, k, ce, &roff, &rlen);
@@ -225,6 +233,7 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
             snd = sched_send(s, right, tag, o * es, at(a->recvbuf, o, es),
                              l * es, a->recv_mr);
             sched_dep(s, prev[k], snd);
+            sched_order(s, snd, (uint32_t)k);
             /*
              * In place, step st lands where the reduce-scatter's first send
              * (st = 0) or its step st - 1's reduce read this rank's input.

@@ -47,6 +47,7 @@ struct sched_op {
     int first_succ;   /* index into edges, -1 = none */
     int peer;         /* SEND/RECV */
     uint32_t tag;     /* SEND/RECV */
+    uint32_t order;   /* SEND: the transport's send order (mesh_frame) */
     uint64_t offset;  /* SEND/RECV: byte offset in the collective
                          (for the debug trace; frames carry 0) */
     size_t len;       /* bytes (SEND/RECV/COPY) */
@@ -90,6 +91,11 @@ int sched_recv(struct sched *s, int peer, uint32_t tag, uint64_t offset,
 int sched_reduce(struct sched *s, void *dst, const void *const *src, int nsrc,
                  size_t n, float div);
 int sched_copy(struct sched *s, void *dst, const void *src, size_t len);
+/*
+ * Send op's order among this schedule's queued sends to its peer (see
+ * mesh_frame.order; default 0, first in, first out). -1 is a no-op.
+ */
+void sched_order(struct sched *s, int op, uint32_t order);
 /* after may start only once before is done; -1 on either side is a no-op
  * (an op that was not needed). */
 void sched_dep(struct sched *s, int before, int after);

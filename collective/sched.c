@@ -163,6 +163,12 @@ void sched_dep(struct sched *s, int before, int after)
     s->ops[after].ndeps++;
 }
 
+void sched_order(struct sched *s, int op, uint32_t order)
+{
+    if (op >= 0 && !s->failed)
+        s->ops[op].order = order;
+}
+
 /* ---- the executor -------------------------------------------------------- */
 
 struct run {
@@ -210,6 +216,7 @@ static int start(struct run *r, int i, const struct mesh_transport_ops *ops,
          */
         .offset = 0,
         .length = o->len,
+        .order = o->order,
     };
     static char empty; /* a valid address for zero-length messages */
     void *buf = o->buf ? o->buf : &empty;
