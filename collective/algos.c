@@ -257,6 +257,8 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
  * rank r ends with segment r; partial sums are added in place into the
  * scratch slots their chunks arrived in, and forwarded from there (the last
  * step's into the receive buffer, where it does not overlap the input).
+ * Sends go chunk by chunk, as the all-reduce's (all receives are posted at
+ * the start, so any order is safe).
  */
 int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
                                    void *scratch, mesh_mr_t *smr)
@@ -298,6 +300,7 @@ int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
                                  at(scratch, (size_t)(st - 1) * cnt + o, es),
                                  l * es, smr);
             sched_dep(s, prev[k], snd);
+            sched_order(s, snd, (uint32_t)k);
             slot = at(scratch, (size_t)st * cnt + o, es);
             if (last && direct) {
                 slot = at(a->recvbuf, o, es);
@@ -317,7 +320,8 @@ int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
     return 0;
 }
 
-/* All-gather: rank r's block travels n - 1 hops around the ring. */
+/* All-gather: rank r's block travels n - 1 hops around the ring, chunk by
+ * chunk as the all-reduce's (all receives are posted at the start). */
 int coll_build_ring_allgather(struct sched *s, const struct coll_args *a)
 {
     int n = a->size, r = a->rank, left = mod(r - 1, n), right = mod(r + 1, n);
@@ -353,6 +357,7 @@ int coll_build_ring_allgather(struct sched *s, const struct coll_args *a)
                                  at(a->recvbuf, sseg * cnt + o, es), l * es,
                                  a->recv_mr);
             sched_dep(s, prev[k], snd);
+            sched_order(s, snd, (uint32_t)k);
             rcv = sched_recv(s, left, tag, (rseg * cnt + o) * es,
                              at(a->recvbuf, rseg * cnt + o, es), l * es,
                              a->recv_mr);
