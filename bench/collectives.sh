@@ -6,13 +6,15 @@
 #                        [--systems mesh,mpi,gloo,tcp] [--algos ring,tree,auto]
 #                        [--time S] [--repeat R] [--quick] [--out DIR]
 #                        [--builddir DIR] [--mesh-args "ARGS"]
-#                        [--prefix P] [--rate R] [--mtu M] [--insecure]
+#                        [--prefix P] [--rate R] [--mtu M] [--cc CC] [--insecure]
 #
 # Settings: a loopback (N processes on 127.0.0.1), b N network-namespace
 # hosts on a bridge (scripts/netns.sh), c the same with each host's egress
 # shaped to R (default 1gbit) by tbf; --mtu M gives b and c links of MTU M
-# (e.g. 9000, jumbo frames; the setting's name gets -mtuM). For every
-# setting and N it runs:
+# (e.g. 9000, jumbo frames; the setting's name gets -mtuM); --cc CC makes
+# every host's namespace default to TCP congestion control CC (e.g.
+# cubic), so that all four systems run under it (b and c only; the name
+# gets -CC). For every setting and N it runs:
 #   tcp   bench/tcp_limit.sh: iperf3 ring of N streams (and --bidir for
 #         N = 2), single stream, ping RTT
 #   mpi   bench/mpi_allreduce (MPI_Allreduce, mpirun --mca btl tcp,self
@@ -81,6 +83,7 @@ while [ $# -gt 0 ]; do
         --prefix) BL_PREFIX=$2; shift 2 ;;
         --rate) BL_RATE=$2; shift 2 ;;
         --mtu) BL_MTU=$2; shift 2 ;;
+        --cc) BL_CC=$2; shift 2 ;;
         --insecure) insecure=1; shift ;;
         --mesh-args) meshargs=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
@@ -94,6 +97,7 @@ for s in $(echo "$settings" | tr , ' '); do
     bl_setting_name "$s" >/dev/null ||
         { echo "collectives.sh: unknown setting '$s' (a, b, c)" >&2; exit 2; }
 done
+bl_cc_check "$settings"
 case $repeat in ''|*[!0-9]*|0) echo "collectives.sh: bad --repeat '$repeat'" >&2
                              exit 2 ;; esac
 for n in $(echo "$nps" | tr , ' '); do

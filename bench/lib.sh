@@ -5,7 +5,9 @@
 #   b  N network namespaces on a bridge (scripts/netns.sh), unshaped
 #   c  the same, each host's egress shaped by tbf to $BL_RATE (1gbit)
 # $BL_MTU, when set, is the MTU of the namespaces' links (b and c; the
-# setting's name then ends in -mtuM).
+# setting's name then ends in -mtuM). $BL_CC, when set, is the TCP
+# congestion control every host's namespace defaults to, so that every
+# system measured there uses it (b and c only; the name then ends in -CC).
 # Host numbers are 1-based. Namespaces use prefix $BL_PREFIX, by default
 # "mb" and the script's pid, so that concurrent runs (and the tests) never
 # touch each other's hosts.
@@ -15,6 +17,7 @@
 BL_PREFIX=${BL_PREFIX:-mb$(($$ % 1000000))}
 BL_RATE=${BL_RATE:-1gbit}
 BL_MTU=${BL_MTU:-}
+BL_CC=${BL_CC:-}
 BL_SETTING=
 BL_NP=0
 bl_srcdir=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,7 +34,9 @@ bl_log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 # The machine's load: what else ran and disturbed the numbers.
 bl_load() {
     bl_log "load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)" \
-           "on $(nproc 2>/dev/null) cores"
+           "on $(nproc 2>/dev/null) cores; TCP congestion control" \
+           "${BL_CC:-$(cat /proc/sys/net/ipv4/tcp_congestion_control \
+           2>/dev/null) (the system default)}"
 }
 
 bl_die() { echo "$(basename "$0"): $*" >&2; exit 1; }
@@ -39,13 +44,40 @@ bl_die() { echo "$(basename "$0"): $*" >&2; exit 1; }
 bl_setting_name() {
     case $1 in
         a) echo "loopback" ;;
-        b) echo "netns${BL_MTU:+-mtu$BL_MTU}" ;;
-        c) echo "netns-$BL_RATE${BL_MTU:+-mtu$BL_MTU}" ;;
+        b) echo "netns${BL_MTU:+-mtu$BL_MTU}${BL_CC:+-$BL_CC}" ;;
+        c) echo "netns-$BL_RATE${BL_MTU:+-mtu$BL_MTU}${BL_CC:+-$BL_CC}" ;;
         *) return 1 ;;
     esac
 }
 
-# bl_setup SETTING N: make the hosts (and remember them for bl_teardown).
+# bl_cc_check SETTINGS (comma-separated): with $BL_CC set, die unless
+# every setting is a namespace one and this kernel lets a new namespace
+# default to $BL_CC. The machine's own settings are left alone: the
+# message says what to change.
+bl_cc_check() {
+    [ -n "$BL_CC" ] || return 0
+    case ",$1," in *,a,*)
+        bl_die "--cc $BL_CC: only settings b and c (namespaces) can use" \
+               "another congestion control; loopback runs in this" \
+               "machine's own namespace, whose default stays as it is" ;;
+    esac
+    _bl_f=/proc/sys/net/ipv4/tcp_available_congestion_control
+    case " $(cat $_bl_f 2>/dev/null) " in *" $BL_CC "*) ;; *)
+        bl_die "--cc $BL_CC: this kernel has no such congestion control" \
+               "($_bl_f: $(cat $_bl_f 2>/dev/null)); try" \
+               "'modprobe tcp_$BL_CC'" ;;
+    esac
+    _bl_f=/proc/sys/net/ipv4/tcp_allowed_congestion_control
+    case " $(cat $_bl_f 2>/dev/null) " in *" $BL_CC "*) ;; *)
+        bl_die "--cc $BL_CC: a namespace may only default to the allowed" \
+               "ones ($_bl_f: $(cat $_bl_f 2>/dev/null)); allow it with" \
+               "sysctl -w net.ipv4.tcp_allowed_congestion_control=\"$(cat \
+               $_bl_f 2>/dev/null) $BL_CC\"" ;;
+    esac
+}
+
+# bl_setup SETTING N: make the hosts (and remember them for bl_teardown);
+# with $BL_CC, each host's namespace defaults to that congestion control.
 bl_setup() {
     BL_SETTING=$1 BL_NP=$2
     case $1 in
@@ -57,7 +89,15 @@ bl_setup() {
            "$BL_NETNS" up "$2" --prefix "$BL_PREFIX" --rate "$BL_RATE" \
                ${BL_MTU:+--mtu "$BL_MTU"} >/dev/null ;;
         *) bl_die "unknown setting '$1' (a, b or c)" ;;
-    esac
+    esac || return 1
+    [ -n "$BL_CC" ] || return 0
+    _bl_i=1
+    while [ $_bl_i -le "$2" ]; do
+        ip netns exec "$BL_PREFIX$_bl_i" sysctl -q -w \
+            net.ipv4.tcp_congestion_control="$BL_CC" ||
+            bl_die "host $_bl_i: cannot default to congestion control $BL_CC"
+        _bl_i=$((_bl_i + 1))
+    done
 }
 
 # Stop what bl_bg started; remove the namespaces if bl_setup made them.

@@ -4,7 +4,7 @@
 # traffic at once.
 #
 #   bench/tcp_limit.sh --setting a|b|c --np N [--time S] [--no-setup]
-#                      [--prefix P] [--rate R] [--mtu M] [--port BASE]
+#                      [--prefix P] [--rate R] [--mtu M] [--cc CC] [--port BASE]
 #
 # Measures, in this order and each alone:
 #   ring    N iperf3 streams at once, host i sending to host i+1 (mod N);
@@ -26,7 +26,8 @@
 # second of slow start.
 # Settings: a loopback, b N netns hosts, c N netns hosts with tbf egress
 # at R (default 1gbit). Without --no-setup it creates the namespaces
-# (scripts/netns.sh, prefix P, default mb<pid>) and removes them on exit;
+# (scripts/netns.sh, prefix P, default mb<pid>; --cc CC: each defaults to
+# TCP congestion control CC) and removes them on exit;
 # with it, they must exist already (bench/collectives.sh does that).
 
 set -u
@@ -46,6 +47,7 @@ while [ $# -gt 0 ]; do
         --prefix) BL_PREFIX=$2; shift 2 ;;
         --rate) BL_RATE=$2; shift 2 ;;
         --mtu) BL_MTU=$2; shift 2 ;;
+        --cc) BL_CC=$2; shift 2 ;;
         --port) port=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) echo "tcp_limit.sh: unknown argument '$1' (see --help)" >&2
@@ -57,6 +59,7 @@ case $setting in a|b|c) ;; *) echo "tcp_limit.sh: --setting a|b|c" >&2
 case $np in ''|*[!0-9]*) echo "tcp_limit.sh: --np N (N >= 2)" >&2
                          exit 2 ;; esac
 [ "$np" -ge 2 ] || { echo "tcp_limit.sh: --np must be >= 2" >&2; exit 2; }
+[ $setup -eq 0 ] || bl_cc_check "$setting"
 command -v iperf3 >/dev/null ||
     bl_die "iperf3 not found (apt-get install iperf3)"
 
