@@ -939,6 +939,9 @@ static void blocks(size_t o0, size_t l0, int p, int b0, int b1, size_t *o,
  * sizes near the ring's chunks); scratch: two slots of count elements used
  * in turn, as recursive doubling does, except that the first halving round
  * of an out-of-place call receives into the receive buffer (recv_apart).
+ * Every send's order is its chunk, as in the ring all-reduce: a chunk's
+ * later rounds go ahead of later chunks' queued sends, and chunk k's
+ * operations depend on chunk k's alone (its scratch is its own range).
  */
 int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
                              void *scratch, mesh_mr_t *smr)
@@ -963,7 +966,7 @@ int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
         uint32_t tag0 = (uint32_t)(k * ntag);
         size_t o0, l0, o, l;
         int lo = 0, hi = p, prod = -1, reader[2] = {-1, -1};
-        int gave[32], got[32];
+        int gave[32], got[32], first;
         const void *cur, *in[2];
         mesh_mr_t *cur_mr = a->send_mr;
         char *out;
@@ -971,8 +974,10 @@ int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
         clip(0, a->count, k, ce, &o0, &l0);
         out = at(a->recvbuf, o0, es);
         cur = at(a->sendbuf, o0, es);
+        first = s->nops;
         if (v < 0) { /* folded in: hand over, take the result back */
             fold_leaf(s, a, o0, l0, tag0, tag0 + ntag - 1);
+            sched_order_from(s, first, (uint32_t)k);
             continue;
         }
         if (r < 2 * m) { /* the partner's data first: x_r-1 + x_r */
@@ -1057,6 +1062,7 @@ int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
             for (int i = 0; i < rounds; i++)
                 sched_dep(s, got[i], snd);
         }
+        sched_order_from(s, first, (uint32_t)k);
     }
     return 0;
 }

@@ -96,6 +96,9 @@ int sched_copy(struct sched *s, void *dst, const void *src, size_t len);
  * mesh_frame.order; default 0, first in, first out). -1 is a no-op.
  */
 void sched_order(struct sched *s, int op, uint32_t order);
+/* The same for every send op from index first on (s->nops when the ops to
+ * order began). */
+void sched_order_from(struct sched *s, int first, uint32_t order);
 /* after may start only once before is done; -1 on either side is a no-op
  * (an op that was not needed). */
 void sched_dep(struct sched *s, int before, int after);

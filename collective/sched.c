@@ -169,6 +169,13 @@ void sched_order(struct sched *s, int op, uint32_t order)
         s->ops[op].order = order;
 }
 
+void sched_order_from(struct sched *s, int first, uint32_t order)
+{
+    for (int i = MESH_MAX(first, 0); i < s->nops && !s->failed; i++)
+        if (s->ops[i].kind == SCHED_SEND)
+            s->ops[i].order = order;
+}
+
 /* ---- the executor -------------------------------------------------------- */
 
 struct run {
