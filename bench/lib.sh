@@ -62,18 +62,22 @@ bl_cc_check() {
                "machine's own namespace, whose default stays as it is" ;;
     esac
     _bl_f=/proc/sys/net/ipv4/tcp_available_congestion_control
-    case " $(cat $_bl_f 2>/dev/null) " in *" $BL_CC "*) ;; *)
+    _bl_cc_listed $_bl_f ||
         bl_die "--cc $BL_CC: this kernel has no such congestion control" \
                "($_bl_f: $(cat $_bl_f 2>/dev/null)); try" \
-               "'modprobe tcp_$BL_CC'" ;;
-    esac
+               "'modprobe tcp_$BL_CC'"
     _bl_f=/proc/sys/net/ipv4/tcp_allowed_congestion_control
-    case " $(cat $_bl_f 2>/dev/null) " in *" $BL_CC "*) ;; *)
+    _bl_cc_listed $_bl_f ||
         bl_die "--cc $BL_CC: a namespace may only default to the allowed" \
                "ones ($_bl_f: $(cat $_bl_f 2>/dev/null)); allow it with" \
                "sysctl -w net.ipv4.tcp_allowed_congestion_control=\"$(cat \
-               $_bl_f 2>/dev/null) $BL_CC\"" ;;
-    esac
+               $_bl_f 2>/dev/null) $BL_CC\""
+}
+
+# _bl_cc_listed FILE: $BL_CC is one of the words in FILE.
+_bl_cc_listed() {
+    case " $(cat "$1" 2>/dev/null) " in *" $BL_CC "*) return 0 ;; esac
+    return 1
 }
 
 # bl_setup SETTING N: make the hosts (and remember them for bl_teardown);
