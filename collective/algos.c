@@ -185,6 +185,7 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
             const void *in[2];
             int snd, rcv, red, last;
 
+            sched_set_order(s, (uint32_t)k);
             clip(ss, sl, k, ce, &o, &l);
             /* step st forwards what step st - 1 added into its slot */
             if (st == 0)
@@ -196,7 +197,6 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
                     at(scratch, (size_t)(st - 1) * maxseg + (o - ss), es),
                     l * es, smr);
             sched_dep(s, prev[k], snd);
-            sched_order(s, snd, (uint32_t)k);
             if (st == 0)
                 reader[k] = snd;
             clip(rs, rl, k, ce, &roff, &rlen);
@@ -229,11 +229,11 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
             uint32_t tag = (uint32_t)((size_t)(n - 1 + st) * nk + k);
             int snd, rcv;
 
+            sched_set_order(s, (uint32_t)k);
             clip(ss, sl, k, ce, &o, &l);
             snd = sched_send(s, right, tag, o * es, at(a->recvbuf, o, es),
                              l * es, a->recv_mr);
             sched_dep(s, prev[k], snd);
-            sched_order(s, snd, (uint32_t)k);
             /*
              * In place, step st lands where the reduce-scatter's first send
              * (st = 0) or its step st - 1's reduce read this rank's input.
@@ -290,6 +290,7 @@ int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
             mesh_mr_t *slot_mr = smr;
             int snd, rcv, red;
 
+            sched_set_order(s, (uint32_t)k);
             clip(0, cnt, k, ce, &o, &l);
             if (st == 0)
                 snd = sched_send(s, right, tag, (sseg * cnt + o) * es,
@@ -300,7 +301,6 @@ int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
                                  at(scratch, (size_t)(st - 1) * cnt + o, es),
                                  l * es, smr);
             sched_dep(s, prev[k], snd);
-            sched_order(s, snd, (uint32_t)k);
             slot = at(scratch, (size_t)st * cnt + o, es);
             if (last && direct) {
                 slot = at(a->recvbuf, o, es);
@@ -348,6 +348,7 @@ int coll_build_ring_allgather(struct sched *s, const struct coll_args *a)
             uint32_t tag = (uint32_t)((size_t)st * nk + k);
             int snd, rcv;
 
+            sched_set_order(s, (uint32_t)k);
             clip(0, cnt, k, ce, &o, &l);
             if (st == 0)
                 snd = sched_send(s, right, tag, (sseg * cnt + o) * es,
@@ -357,7 +358,6 @@ int coll_build_ring_allgather(struct sched *s, const struct coll_args *a)
                                  at(a->recvbuf, sseg * cnt + o, es), l * es,
                                  a->recv_mr);
             sched_dep(s, prev[k], snd);
-            sched_order(s, snd, (uint32_t)k);
             rcv = sched_recv(s, left, tag, (rseg * cnt + o) * es,
                              at(a->recvbuf, rseg * cnt + o, es), l * es,
                              a->recv_mr);
@@ -966,7 +966,7 @@ int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
         uint32_t tag0 = (uint32_t)(k * ntag);
         size_t o0, l0, o, l;
         int lo = 0, hi = p, prod = -1, reader[2] = {-1, -1};
-        int gave[32], got[32], first;
+        int gave[32], got[32];
         const void *cur, *in[2];
         mesh_mr_t *cur_mr = a->send_mr;
         char *out;
@@ -974,10 +974,9 @@ int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
         clip(0, a->count, k, ce, &o0, &l0);
         out = at(a->recvbuf, o0, es);
         cur = at(a->sendbuf, o0, es);
-        first = s->nops;
+        sched_set_order(s, (uint32_t)k);
         if (v < 0) { /* folded in: hand over, take the result back */
             fold_leaf(s, a, o0, l0, tag0, tag0 + ntag - 1);
-            sched_order_from(s, first, (uint32_t)k);
             continue;
         }
         if (r < 2 * m) { /* the partner's data first: x_r-1 + x_r */
@@ -1062,7 +1061,6 @@ int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
             for (int i = 0; i < rounds; i++)
                 sched_dep(s, got[i], snd);
         }
-        sched_order_from(s, first, (uint32_t)k);
     }
     return 0;
 }

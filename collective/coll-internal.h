@@ -78,6 +78,7 @@ struct sched {
     int dtype;
     uint64_t count;
     int failed; /* an allocation failed while building */
+    uint32_t order; /* what sched_send gives new sends (sched_set_order) */
 };
 
 void sched_init(struct sched *s, uint64_t seq, int op, int dtype,
@@ -92,13 +93,10 @@ int sched_reduce(struct sched *s, void *dst, const void *const *src, int nsrc,
                  size_t n, float div);
 int sched_copy(struct sched *s, void *dst, const void *src, size_t len);
 /*
- * Send op's order among this schedule's queued sends to its peer (see
- * mesh_frame.order; default 0, first in, first out). -1 is a no-op.
+ * The sends added from now on go to the transport with this order (see
+ * mesh_frame.order; 0 at sched_init, first in, first out).
  */
-void sched_order(struct sched *s, int op, uint32_t order);
-/* The same for every send op from index first on (s->nops when the ops to
- * order began). */
-void sched_order_from(struct sched *s, int first, uint32_t order);
+void sched_set_order(struct sched *s, uint32_t order);
 /* after may start only once before is done; -1 on either side is a no-op
  * (an op that was not needed). */
 void sched_dep(struct sched *s, int before, int after);

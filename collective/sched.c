@@ -82,6 +82,7 @@ int sched_send(struct sched *s, int peer, uint32_t tag, uint64_t offset,
         return -1;
     s->ops[i].peer = peer;
     s->ops[i].tag = tag;
+    s->ops[i].order = s->order;
     s->ops[i].offset = offset;
     s->ops[i].buf = (void *)buf;
     s->ops[i].len = len;
@@ -163,17 +164,9 @@ void sched_dep(struct sched *s, int before, int after)
     s->ops[after].ndeps++;
 }
 
-void sched_order(struct sched *s, int op, uint32_t order)
+void sched_set_order(struct sched *s, uint32_t order)
 {
-    if (op >= 0 && !s->failed)
-        s->ops[op].order = order;
-}
-
-void sched_order_from(struct sched *s, int first, uint32_t order)
-{
-    for (int i = MESH_MAX(first, 0); i < s->nops && !s->failed; i++)
-        if (s->ops[i].kind == SCHED_SEND)
-            s->ops[i].order = order;
+    s->order = order;
 }
 
 /* ---- the executor -------------------------------------------------------- */
