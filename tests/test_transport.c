@@ -543,8 +543,8 @@ static const int order_expect[ORDER_N] = {0, 2, 4, 3, 1, 5};
 static int child_order(struct ctx *cx, char *msg, size_t len)
 {
     uint8_t *buf[ORDER_N] = {0};
-    mesh_req_t *r[ORDER_N] = {0};
-    int rc = mesh_up(cx, msg, len), n = 0;
+    mesh_req_t *r[ORDER_N] = {0}; /* still pending where not NULL */
+    int rc = mesh_up(cx, msg, len);
 
     if (rc < 0)
         return rc;
@@ -560,27 +560,26 @@ static int child_order(struct ctx *cx, char *msg, size_t len)
                  seed_of(1, 0, order_msgs[i].seq, order_msgs[i].tag));
     }
     if (cx->rank == 1) {
-        for (n = 0; n < ORDER_N; n++) {
+        for (int i = 0; i < ORDER_N; i++) {
             struct mesh_frame f;
 
-            mesh_frame_p2p(&f, order_msgs[n].seq, order_msgs[n].tag,
-                           order_msgs[n].len);
-            f.order = order_msgs[n].order;
-            rc = ops->isend(cx->t, 0, &f, buf[n], NULL, &r[n]);
+            mesh_frame_p2p(&f, order_msgs[i].seq, order_msgs[i].tag,
+                           order_msgs[i].len);
+            f.order = order_msgs[i].order;
+            rc = ops->isend(cx->t, 0, &f, buf[i], NULL, &r[i]);
             if (rc < 0) {
-                snprintf(msg, len, "isend %d: %s", n, mesh_err_msg(rc));
+                snprintf(msg, len, "isend %d: %s", i, mesh_err_msg(rc));
                 goto out;
             }
         }
         signal_ready(cx); /* all queued; the receiver has read nothing */
         wait_go(cx);
-        for (int i = 0; i < n && rc >= 0; i++) {
+        for (int i = 0; i < ORDER_N && rc >= 0; i++) {
             rc = mesh_transport_wait(ops, cx->t, r[i]);
             r[i] = NULL;
             if (rc < 0)
                 snprintf(msg, len, "send %d: %s", i, mesh_err_msg(rc));
         }
-        n = 0;
         goto out;
     }
     signal_ready(cx);
@@ -601,13 +600,12 @@ static int child_order(struct ctx *cx, char *msg, size_t len)
                      "next on the stream",
                      k, order_msgs[i].seq, order_msgs[i].tag,
                      order_msgs[i].order);
-            n = 1; /* r[0] still pending: close() reaps it */
-            r[0] = NULL;
             goto out;
         }
-        if (rc >= 0)
+        if (rc >= 0) {
             rc = mesh_transport_wait(ops, cx->t, r[0]);
-        r[0] = NULL;
+            r[0] = NULL;
+        }
         if (rc < 0) {
             snprintf(msg, len, "receive %d: %s", k, mesh_err_msg(rc));
             goto out;
@@ -622,14 +620,16 @@ static int child_order(struct ctx *cx, char *msg, size_t len)
         }
     }
 out:
-    /* a send or receive still pending ends with the transport's close */
-    if (n && cx->t) {
-        ops->close(cx->t);
-        cx->t = NULL;
-    }
+    /* a send or receive still pending ends with the transport's close,
+     * before its buffer goes */
+    for (int i = 0; i < ORDER_N && cx->t; i++)
+        if (r[i]) {
+            ops->close(cx->t);
+            cx->t = NULL;
+        }
     for (int i = 0; i < ORDER_N; i++)
         free(buf[i]);
-    return rc < 0 || n ? -1 : 0;
+    return rc < 0 ? -1 : 0;
 }
 
 /* Join, wait for the parent's bad clients, then prove the mesh works. */

@@ -119,8 +119,8 @@ enum cstate {
 struct piece {
     struct piece *next;
     struct mesh_req *req;
-    uint64_t seq;   /* the frame's, and its send order (mesh_frame.order) */
-    uint32_t order;
+    uint64_t seq;   /* the frame's seq and send order (mesh_frame), */
+    uint32_t order; /* by which txq_insert places it */
     uint8_t hdr[TCP_FRAME_HDR_LEN];
     const uint8_t *buf; /* payload */
     uint64_t len;       /* payload bytes */
