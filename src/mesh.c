@@ -40,6 +40,7 @@ enum flag_id {
     F_PORT,
     F_PORT_RANGE,
     F_STREAMS,
+    F_TCP_CC,
     F_SECRET_FILE,
     F_INSECURE,
     F_JOIN_TIMEOUT,
@@ -64,6 +65,7 @@ static const struct flag {
     {"--port", NULL, 1, F_PORT},
     {"--port-range", NULL, 1, F_PORT_RANGE},
     {"--streams", NULL, 1, F_STREAMS},
+    {"--tcp-congestion", NULL, 1, F_TCP_CC},
     {"--secret-file", NULL, 1, F_SECRET_FILE},
     {"--insecure", NULL, 0, F_INSECURE},
     {"--join-timeout", NULL, 1, F_JOIN_TIMEOUT},
@@ -150,6 +152,9 @@ static int set_flag(struct mesh_opts *o, enum flag_id id, const char *name,
         return mesh_parse_port_range(v, &o->port_lo, &o->port_hi);
     case F_STREAMS:
         return mesh_parse_int(name, v, 1, MESH_STREAMS_MAX, &o->streams);
+    case F_TCP_CC:
+        o->tcp_cc = v;
+        return 0;
     case F_SECRET_FILE:
         o->secret_file = v;
         return 0;
@@ -509,6 +514,7 @@ int mesh_opts_finish(struct mesh_opts *o)
         {F_PORT, "MESHTRAIN_PORT"},
         {F_PORT_RANGE, "MESHTRAIN_PORT_RANGE"},
         {F_STREAMS, "MESHTRAIN_STREAMS"},
+        {F_TCP_CC, "MESHTRAIN_TCP_CONGESTION"},
         {F_JOIN_TIMEOUT, "MESHTRAIN_JOIN_TIMEOUT"},
         {F_PEER_TIMEOUT, "MESHTRAIN_PEER_TIMEOUT"},
         {F_TRANSPORT, "MESHTRAIN_TRANSPORT"},
@@ -534,6 +540,9 @@ int mesh_opts_finish(struct mesh_opts *o)
             break;
         case F_STREAMS:
             unset = !given.streams;
+            break;
+        case F_TCP_CC:
+            unset = !given.tcp_cc;
             break;
         case F_JOIN_TIMEOUT:
             unset = given.join_timeout_s < 0;
@@ -566,6 +575,13 @@ int mesh_opts_finish(struct mesh_opts *o)
     if (o->peer_timeout_s > 0)
         o->topts.peer_timeout_s = o->peer_timeout_s;
     o->topts.streams = o->streams;
+    if (o->tcp_cc) {
+        /* Checked here, so that a typo is a usage error before joining. */
+        rc = mesh_tcp_cc_check(o->tcp_cc);
+        if (rc < 0)
+            return mesh_err_prefix(rc, "--tcp-congestion");
+        snprintf(o->topts.tcp_cc, sizeof(o->topts.tcp_cc), "%s", o->tcp_cc);
+    }
     o->topts.ib_dev = o->ib_dev;
     o->topts.ib_port = o->ib_port;
     o->topts.gid_index = o->gid_index;
@@ -617,6 +633,10 @@ static const char opts_help[] =
     "                      [MESHTRAIN_PORT_RANGE]\n"
     "  --streams S         TCP connections per link (default 1, 1..16)\n"
     "                      [MESHTRAIN_STREAMS]\n"
+    "  --tcp-congestion CC TCP congestion control of every connection,\n"
+    "                      e.g. cubic or reno (default: the host's; see\n"
+    "                      /proc/sys/net/ipv4/tcp_congestion_control)\n"
+    "                      [MESHTRAIN_TCP_CONGESTION]\n"
     "  --secret-file FILE  the job's shared secret, mode 0600 or\n"
     "                      stricter [MESHTRAIN_SECRET_FILE; meshrun\n"
     "                      passes one per job on a pipe:\n"

@@ -60,6 +60,7 @@ struct mesh_opts {
     int port;                /* --port base, 0 = unset */
     int port_lo, port_hi;    /* --port-range LO-HI, 0 = unset */
     int streams;             /* --streams, 0 = unset */
+    const char *tcp_cc;      /* --tcp-congestion NAME, NULL = unset */
     const char *secret_file; /* --secret-file FILE */
     int insecure;            /* --insecure, -1 = unset */
     double join_timeout_s;   /* --join-timeout, < 0 = unset */

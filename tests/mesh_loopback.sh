@@ -6,7 +6,7 @@
 # error fails the rank and so meshrun.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
-t_plan 13
+t_plan 18
 for n in 2 4 8; do
     take_ports "$n" || { t_ok 1 "no free ports for $n peers"; continue; }
     port=$PORT
@@ -55,4 +55,58 @@ t_ok $([ $rc -eq 4 ]; echo $?) "a spoiled byte: meshrun exits 4 (got $rc)"
 t_ok $(grep -q "^\[1\] .*wrong data from rank 0: 1 of 4096 bytes differ .*first at offset 1000" "$log"; echo $?) \
     "the receiver names the sender, the size and the offset"
 grep "wrong data" "$log" | sed 's/^/# /'
+
+# --tcp-congestion: every rank's streams run the congestion control asked
+# for (read back from a connected stream), one other than the host's
+# default, so that the check can fail; without it, the default is named.
+def=$(cat /proc/sys/net/ipv4/tcp_congestion_control 2>/dev/null)
+cc=reno
+[ "$def" = reno ] && cc=cubic
+take_ports 2
+port=$PORT
+log=$TMP/cc.log
+timeout 120 "$MESHRUN" -np 2 -- "$MESHBENCH" --port "$port" \
+    --tcp-congestion "$cc" --op all -b 8 -e 1M -f 32 -n 2 -w 1 > "$log" 2>&1
+rc=$?
+t_ok $rc "--tcp-congestion $cc (host: ${def:-unknown}): exit 0 (got $rc)"
+[ $rc -eq 0 ] || t_show "$log"
+n=$(grep -c "tcp: congestion control $cc (--tcp-congestion)" "$log")
+t_ok $([ "$n" -eq 2 ]; echo $?) "both ranks' streams run $cc ($n ranks say so)"
+take_ports 2
+port=$PORT
+log=$TMP/ccdef.log
+timeout 120 "$MESHRUN" -np 2 -- "$MESHBENCH" --port "$port" \
+    --op pingpong -b 8 -e 8 -n 2 -w 1 > "$log" 2>&1
+n=$(grep -c "tcp: congestion control $def (this host's default)" "$log")
+t_ok $([ -n "$def" ] && [ "$n" -eq 2 ]; echo $?) \
+    "without it, both ranks name the host's default, ${def:-unknown} ($n do)"
+
+# A congestion control the kernel has but does not allow an unprivileged
+# process: a usage error (exit 1) before joining, naming the allowed ones.
+avail=$(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null)
+allowed=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null)
+banned=
+for c in $avail; do
+    case " $allowed " in *" $c "*) ;; *) banned=$c; break ;; esac
+done
+if [ -z "$banned" ]; then
+    t_skip "every available congestion control is allowed here ($avail)"
+    t_skip "(the same)"
+elif [ "$(id -u)" -ne 0 ] ||
+     ! setpriv --reuid=65534 --regid=65534 --clear-groups \
+         test -x "$MESHBENCH" 2>/dev/null; then
+    t_skip "needs root, and a meshbench that user 65534 can run"
+    t_skip "(the same)"
+else
+    out=$(setpriv --reuid=65534 --regid=65534 --clear-groups "$MESHBENCH" \
+          -H 127.0.0.1:2 --rank 0 --insecure --tcp-congestion "$banned" \
+          --join-timeout 5 2>&1)
+    rc=$?
+    t_ok $([ $rc -eq 1 ]; echo $?) \
+        "$banned (not allowed), unprivileged: exit 1 (got $rc)"
+    echo "$out" | grep -q "congestion control '$banned': not allowed for \
+this process (allowed: $allowed;"
+    t_ok $? "the error names the allowed ones"
+    echo "$out" | sed 's/^/# /'
+fi
 t_done

@@ -33,6 +33,7 @@ static void clear_env(void)
                                    "MESHTRAIN_PORT",
                                    "MESHTRAIN_PORT_RANGE",
                                    "MESHTRAIN_STREAMS",
+                                   "MESHTRAIN_TCP_CONGESTION",
                                    "MESHTRAIN_SECRET_FILE",
                                    "MESHTRAIN_SECRET_FD",
                                    "MESHTRAIN_INSECURE",
@@ -358,6 +359,47 @@ static void test_opts(void)
         ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "--streams '99'"),
            "bad value: %s", mesh_err_msg(rc));
     }
+    /* --tcp-congestion: checked against the kernel before joining. */
+    {
+        char *argv[] = {"-H", "localhost:2", "--rank", "0", "--insecure",
+                        "--tcp-congestion", "reno"};
+
+        rc = opts_run(&o, 7, argv);
+        ok(rc == 0 && !strcmp(o.topts.tcp_cc, "reno"),
+           "--tcp-congestion reno (every kernel has it): %s",
+           rc ? mesh_err_msg(rc) : o.topts.tcp_cc);
+        mesh_opts_free(&o);
+        rc = opts_run(&o, 5, argv);
+        ok(rc == 0 && !o.topts.tcp_cc[0],
+           "no --tcp-congestion: the host's default (%s)",
+           rc ? mesh_err_msg(rc) : "empty name");
+        mesh_opts_free(&o);
+        setenv("MESHTRAIN_TCP_CONGESTION", "no_such_cc", 1);
+        rc = opts_run(&o, 5, argv);
+        ok(rc == -ENOENT &&
+               strstr(mesh_err_msg(rc), "--tcp-congestion: TCP congestion "
+                                        "control 'no_such_cc': this kernel "
+                                        "has none") &&
+               strstr(mesh_err_msg(rc), "available: ") &&
+               strstr(mesh_err_msg(rc), "reno"),
+           "MESHTRAIN_TCP_CONGESTION is checked, the choices listed: %s",
+           mesh_err_msg(rc));
+        rc = opts_run(&o, 7, argv);
+        ok(rc == 0 && !strcmp(o.topts.tcp_cc, "reno"),
+           "the flag wins over MESHTRAIN_TCP_CONGESTION: %s",
+           rc ? mesh_err_msg(rc) : o.topts.tcp_cc);
+        mesh_opts_free(&o);
+        unsetenv("MESHTRAIN_TCP_CONGESTION");
+        argv[6] = "reno;rm";
+        rc = opts_run(&o, 7, argv);
+        ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "'reno;rm': expected "
+                                                     "a name of 1 to 15"),
+           "a malformed name: %s", mesh_err_msg(rc));
+        argv[6] = "a_name_of_16_chr";
+        rc = opts_run(&o, 7, argv);
+        ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "1 to 15"),
+           "a name too long for the kernel: %s", mesh_err_msg(rc));
+    }
     {
         char *argv[] = {"--model", "x"};
 
@@ -606,7 +648,7 @@ static void test_bind(void)
 
 int main(void)
 {
-    plan(80);
+    plan(86);
     test_openmpi();
     test_horovod_and_ipv6();
     test_malformed();

@@ -386,15 +386,85 @@ static void wev_off(struct conn *c)
     }
 }
 
+/* The words of /proc/sys/net/ipv4/NAME, or "unknown". */
+static const char *proc_ipv4(const char *name, char *buf, size_t len)
+{
+    char path[128];
+    FILE *f;
+    size_t n = 0;
+
+    snprintf(path, sizeof(path), "/proc/sys/net/ipv4/%s", name);
+    f = fopen(path, "re");
+    if (f) {
+        n = fread(buf, 1, len - 1, f);
+        fclose(f);
+    }
+    while (n && (buf[n - 1] == '\n' || buf[n - 1] == ' '))
+        n--;
+    buf[n] = 0;
+    return n ? buf : "unknown";
+}
+
+int mesh_tcp_cc_check(const char *name)
+{
+    char list[512];
+    size_t len = name ? strlen(name) : 0;
+    int fd, rc = 0;
+
+    if (!len || len >= MESH_TCP_CC_MAX ||
+        strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                     "0123456789_-") != len)
+        return mesh_err(-EINVAL,
+                        "TCP congestion control '%s': expected a name of 1 "
+                        "to %d letters, digits, '_' or '-', such as cubic",
+                        name ? name : "", MESH_TCP_CC_MAX - 1);
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return mesh_err_errno("TCP congestion control '%s': socket", name);
+    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)len) <
+        0) {
+        if (errno == ENOENT)
+            rc = mesh_err(-ENOENT,
+                          "TCP congestion control '%s': this kernel has "
+                          "none by that name (available: %s; a module may "
+                          "add it: modprobe tcp_%s)",
+                          name,
+                          proc_ipv4("tcp_available_congestion_control", list,
+                                    sizeof(list)),
+                          name);
+        else if (errno == EPERM)
+            rc = mesh_err(-EPERM,
+                          "TCP congestion control '%s': not allowed for "
+                          "this process (allowed: %s; root can add it to "
+                          "net.ipv4.tcp_allowed_congestion_control)",
+                          name,
+                          proc_ipv4("tcp_allowed_congestion_control", list,
+                                    sizeof(list)));
+        else
+            rc = mesh_err_errno("TCP congestion control '%s': setsockopt "
+                                "TCP_CONGESTION",
+                                name);
+    }
+    close(fd);
+    return rc;
+}
+
 static int set_sockopts(struct mesh_transport *t, int fd)
 {
     int one = 1, rc = 0;
     const char *env = getenv("MESHTRAIN_TCP_SOCKBUF");
 
-    (void)t;
     MESH_SYSCALL(rc,
                  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)),
                  out, "setsockopt TCP_NODELAY");
+    if (t->opts.tcp_cc[0])
+        MESH_SYSCALL(rc,
+                     setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION,
+                                t->opts.tcp_cc,
+                                (socklen_t)strlen(t->opts.tcp_cc)),
+                     out, "setsockopt TCP_CONGESTION %s", t->opts.tcp_cc);
     if (env && atoi(env) > 0) {
         int sz = atoi(env);
 
@@ -2011,6 +2081,10 @@ static int tcp_listen(const struct mesh_world *world,
     if (clen >= MESH_CONFIG_MAX)
         return mesh_err(-EINVAL, "tcp: configuration longer than %d bytes",
                         MESH_CONFIG_MAX - 1);
+    if (strnlen(opts->tcp_cc, MESH_TCP_CC_MAX) >= MESH_TCP_CC_MAX)
+        return mesh_err(-EINVAL, "tcp: congestion control name too long");
+    if (opts->tcp_cc[0] && (rc = mesh_tcp_cc_check(opts->tcp_cc)) < 0)
+        return rc;
     pthread_once(&evthread_once, evthread_init);
     if (evthread_rc < 0)
         return mesh_err(-EIO, "evthread_use_pthreads failed");
@@ -2157,6 +2231,36 @@ static int resolve_peers(struct mesh_transport *t)
     return 0;
 }
 
+/*
+ * Log the congestion control a data stream really has (under the lock,
+ * once joined). bbr gets a hint: without the fq qdisc the kernel paces
+ * each of its streams with a timer per burst, which measured as the
+ * largest CPU cost of an all-reduce on this project's machine (loopback
+ * and veth links, where it halved the throughput of every system).
+ */
+static void log_cc(struct mesh_transport *t)
+{
+    char cc[MESH_TCP_CC_MAX + 1] = "";
+    socklen_t len = MESH_TCP_CC_MAX;
+    struct conn *c = NULL;
+
+    for (int p = 0; p < t->world.size && !c; p++)
+        if (p != t->world.rank && t->links[p].data)
+            c = t->links[p].data[0];
+    if (!c || c->fd < 0 ||
+        getsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, cc, &len) < 0)
+        return;
+    cc[MESH_MIN((size_t)len, sizeof(cc) - 1)] = 0;
+    if (t->opts.tcp_cc[0])
+        mesh_info("tcp: congestion control %s (--tcp-congestion)", cc);
+    else if (!strcmp(cc, "bbr"))
+        mesh_info("tcp: congestion control bbr (this host's default), which "
+                  "paces every stream with timers: on a LAN, "
+                  "--tcp-congestion cubic or reno can be much faster");
+    else
+        mesh_info("tcp: congestion control %s (this host's default)", cc);
+}
+
 static int tcp_connect(mesh_transport_t *t)
 {
     uint64_t deadline;
@@ -2211,6 +2315,8 @@ static int tcp_connect(mesh_transport_t *t)
         pthread_cond_timedwait(&t->cond, &t->lock, &ts);
     }
     t->joining = 0;
+    if (!rc)
+        log_cc(t);
     pthread_mutex_unlock(&t->lock);
     if (!rc)
         mesh_debug("tcp: rank %d joined the mesh (%d peers, %d data streams "

@@ -108,6 +108,7 @@ void mesh_failure_msg(char *out, size_t len, const char *reason,
 
 #define MESH_JOB_MAX 64
 #define MESH_CONFIG_MAX 2048
+#define MESH_TCP_CC_MAX 16 /* the kernel's TCP_CA_NAME_MAX, with the NUL */
 
 struct mesh_transport_opts {
     int streams;             /* TCP streams per link (data), >= 1 */
@@ -127,9 +128,23 @@ struct mesh_transport_opts {
     const char *ib_dev;
     int ib_port;
     int gid_index;
+    /*
+     * TCP: the congestion control of every socket (TCP_CONGESTION), as
+     * checked by mesh_tcp_cc_check; "" keeps the host's default.
+     */
+    char tcp_cc[MESH_TCP_CC_MAX];
 };
 
 void mesh_transport_opts_init(struct mesh_transport_opts *o);
+
+/*
+ * Whether this process may give its TCP sockets congestion control name
+ * (a probe socket tries it): 0, or -EINVAL (not a name of 1 to 15 letters,
+ * digits, '_' or '-'), -ENOENT (this kernel has none by that name) or
+ * -EPERM (not allowed here), with a message that lists what is available
+ * or allowed and how to change it.
+ */
+int mesh_tcp_cc_check(const char *name);
 
 /* ---- the interface ------------------------------------------------------------ */
 
