@@ -6,7 +6,8 @@
 #                        [--systems mesh,mpi,gloo,tcp] [--algos ring,tree,auto]
 #                        [--time S] [--repeat R] [--quick] [--out DIR]
 #                        [--builddir DIR] [--mesh-args "ARGS"]
-#                        [--prefix P] [--rate R] [--mtu M] [--cc CC] [--insecure]
+#                        [--prefix P] [--rate R] [--mtu M] [--cc CC]
+#                        [--mesh-cc CC] [--insecure]
 #
 # Settings: a loopback (N processes on 127.0.0.1), b N network-namespace
 # hosts on a bridge (scripts/netns.sh), c the same with each host's egress
@@ -14,7 +15,10 @@
 # (e.g. 9000, jumbo frames; the setting's name gets -mtuM); --cc CC makes
 # every host's namespace default to TCP congestion control CC (e.g.
 # cubic), so that all four systems run under it (b and c only; the name
-# gets -CC). For every setting and N it runs:
+# gets -CC). --mesh-cc CC has meshbench (--tcp-congestion CC) and the TCP
+# limit's iperf3 (-C CC) choose CC for their own sockets, in any setting,
+# while Open MPI and Gloo, which cannot choose, keep the host's default;
+# the name gets -mesh-CC. For every setting and N it runs:
 #   tcp   bench/tcp_limit.sh: iperf3 ring of N streams (and --bidir for
 #         N = 2), single stream, ping RTT
 #   mpi   bench/mpi_allreduce (MPI_Allreduce, mpirun --mca btl tcp,self
@@ -84,6 +88,7 @@ while [ $# -gt 0 ]; do
         --rate) BL_RATE=$2; shift 2 ;;
         --mtu) BL_MTU=$2; shift 2 ;;
         --cc) BL_CC=$2; shift 2 ;;
+        --mesh-cc) BL_MESH_CC=$2; shift 2 ;;
         --insecure) insecure=1; shift ;;
         --mesh-args) meshargs=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
@@ -283,6 +288,7 @@ run_mesh() {   # setting np b e f log algo
         bl_bg $((_r + 1)) timeout $runlimit "$meshbench" --hostfile "$_hf" \
             --rank $_r --port "$BL_PORT" $meshauth --op allreduce \
             --algo "$7" -b "$3" -e "$4" -f "$5" -t "$secs" $meshargs \
+            ${BL_MESH_CC:+--tcp-congestion "$BL_MESH_CC"} \
             >"$tmp/mesh.out.$_r" 2>&1
         _r=$((_r + 1))
     done
@@ -332,6 +338,7 @@ one_round() {
         bl_log "  TCP limit (iperf3, ping)"
         "$bl_srcdir/bench/tcp_limit.sh" --setting "$1" --np "$3" \
             --no-setup --prefix "$BL_PREFIX" --rate "$BL_RATE" \
+            ${BL_MESH_CC:+--mesh-cc "$BL_MESH_CC"} \
             --port $((BL_PORT + 40)) \
             >"$outdir/raw/$4-tcp.txt" 2>&1 </dev/null || status=1
         awk -v s="$2" -v n="$3" -v r="$5" -v cpu="$ccsv" '

@@ -8,6 +8,10 @@
 # setting's name then ends in -mtuM). $BL_CC, when set, is the TCP
 # congestion control every host's namespace defaults to, so that every
 # system measured there uses it (b and c only; the name then ends in -CC).
+# $BL_MESH_CC, when set, is the congestion control that meshbench
+# (--tcp-congestion) and the TCP limit's iperf3 (-C) give their own
+# sockets, in any setting; Open MPI and Gloo, which have no such choice,
+# keep the host's (the name then ends in -mesh-CC).
 # Host numbers are 1-based. Namespaces use prefix $BL_PREFIX, by default
 # "mb" and the script's pid, so that concurrent runs (and the tests) never
 # touch each other's hosts.
@@ -18,6 +22,7 @@ BL_PREFIX=${BL_PREFIX:-mb$(($$ % 1000000))}
 BL_RATE=${BL_RATE:-1gbit}
 BL_MTU=${BL_MTU:-}
 BL_CC=${BL_CC:-}
+BL_MESH_CC=${BL_MESH_CC:-}
 BL_SETTING=
 BL_NP=0
 bl_srcdir=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,25 +41,36 @@ bl_load() {
     bl_log "load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)" \
            "on $(nproc 2>/dev/null) cores; TCP congestion control" \
            "${BL_CC:-$(cat /proc/sys/net/ipv4/tcp_congestion_control \
-           2>/dev/null) (the system default)}"
+           2>/dev/null) (the system default)}" \
+           "${BL_MESH_CC:+(meshbench and iperf3: $BL_MESH_CC)}"
 }
 
 bl_die() { echo "$(basename "$0"): $*" >&2; exit 1; }
 
 bl_setting_name() {
+    _bl_tail=${BL_MTU:+-mtu$BL_MTU}${BL_CC:+-$BL_CC}
+    _bl_mcc=${BL_MESH_CC:+-mesh-$BL_MESH_CC}
     case $1 in
-        a) echo "loopback" ;;
-        b) echo "netns${BL_MTU:+-mtu$BL_MTU}${BL_CC:+-$BL_CC}" ;;
-        c) echo "netns-$BL_RATE${BL_MTU:+-mtu$BL_MTU}${BL_CC:+-$BL_CC}" ;;
+        a) echo "loopback$_bl_mcc" ;;
+        b) echo "netns$_bl_tail$_bl_mcc" ;;
+        c) echo "netns-$BL_RATE$_bl_tail$_bl_mcc" ;;
         *) return 1 ;;
     esac
 }
 
-# bl_cc_check SETTINGS (comma-separated): with $BL_CC set, die unless
+# bl_cc_check SETTINGS (comma-separated): with $BL_MESH_CC set, die unless
+# this kernel has it; with $BL_CC set, die unless
 # every setting is a namespace one and this kernel lets a new namespace
 # default to $BL_CC. The machine's own settings are left alone: the
 # message says what to change.
 bl_cc_check() {
+    if [ -n "$BL_MESH_CC" ]; then
+        _bl_f=/proc/sys/net/ipv4/tcp_available_congestion_control
+        _bl_cc_listed $_bl_f "$BL_MESH_CC" ||
+            bl_die "--mesh-cc $BL_MESH_CC: this kernel has no such" \
+                   "congestion control ($_bl_f: $(cat $_bl_f 2>/dev/null));" \
+                   "try 'modprobe tcp_$BL_MESH_CC'"
+    fi
     [ -n "$BL_CC" ] || return 0
     case ",$1," in *,a,*)
         bl_die "--cc $BL_CC: only settings b and c (namespaces) can use" \
@@ -62,21 +78,21 @@ bl_cc_check() {
                "machine's own namespace, whose default stays as it is" ;;
     esac
     _bl_f=/proc/sys/net/ipv4/tcp_available_congestion_control
-    _bl_cc_listed $_bl_f ||
+    _bl_cc_listed $_bl_f "$BL_CC" ||
         bl_die "--cc $BL_CC: this kernel has no such congestion control" \
                "($_bl_f: $(cat $_bl_f 2>/dev/null)); try" \
                "'modprobe tcp_$BL_CC'"
     _bl_f=/proc/sys/net/ipv4/tcp_allowed_congestion_control
-    _bl_cc_listed $_bl_f ||
+    _bl_cc_listed $_bl_f "$BL_CC" ||
         bl_die "--cc $BL_CC: a namespace may only default to the allowed" \
                "ones ($_bl_f: $(cat $_bl_f 2>/dev/null)); allow it with" \
                "sysctl -w net.ipv4.tcp_allowed_congestion_control=\"$(cat \
                $_bl_f 2>/dev/null) $BL_CC\""
 }
 
-# _bl_cc_listed FILE: $BL_CC is one of the words in FILE.
+# _bl_cc_listed FILE CC: CC is one of the words in FILE.
 _bl_cc_listed() {
-    case " $(cat "$1" 2>/dev/null) " in *" $BL_CC "*) return 0 ;; esac
+    case " $(cat "$1" 2>/dev/null) " in *" $2 "*) return 0 ;; esac
     return 1
 }
 

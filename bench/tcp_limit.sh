@@ -4,7 +4,8 @@
 # traffic at once.
 #
 #   bench/tcp_limit.sh --setting a|b|c --np N [--time S] [--no-setup]
-#                      [--prefix P] [--rate R] [--mtu M] [--cc CC] [--port BASE]
+#                      [--prefix P] [--rate R] [--mtu M] [--cc CC]
+#                      [--mesh-cc CC] [--port BASE]
 #
 # Measures, in this order and each alone:
 #   ring    N iperf3 streams at once, host i sending to host i+1 (mod N);
@@ -14,6 +15,8 @@
 #   ping    ping's mean RTT host 1 -> host 2 (50 pings, 10 ms apart)
 # and prints "key value" lines (GB = 1e9 bytes):
 #   ring_link_GBps  ring_min_GBps  bidir_dir_GBps  single_GBps  ping_rtt_us
+#   stream_cc       SENDER/RECEIVER: the congestion control of the single
+#                   stream's two ends, as iperf3 reports them
 #   limit_GBps      bidir_dir_GBps for N = 2, else ring_link_GBps
 #   ring_busy_pct ring_user_pct ring_steal_pct ring_steal_max_pct (and
 #                   bidir_*): the machine's CPU during that measurement
@@ -29,6 +32,8 @@
 # (scripts/netns.sh, prefix P, default mb<pid>; --cc CC: each defaults to
 # TCP congestion control CC) and removes them on exit;
 # with it, they must exist already (bench/collectives.sh does that).
+# --mesh-cc CC: every iperf3 stream uses congestion control CC (iperf3 -C,
+# both ends), as meshbench --tcp-congestion CC does, in any setting.
 
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -48,6 +53,7 @@ while [ $# -gt 0 ]; do
         --rate) BL_RATE=$2; shift 2 ;;
         --mtu) BL_MTU=$2; shift 2 ;;
         --cc) BL_CC=$2; shift 2 ;;
+        --mesh-cc) BL_MESH_CC=$2; shift 2 ;;
         --port) port=$2; shift 2 ;;
         -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
         *) echo "tcp_limit.sh: unknown argument '$1' (see --help)" >&2
@@ -60,6 +66,7 @@ case $np in ''|*[!0-9]*) echo "tcp_limit.sh: --np N (N >= 2)" >&2
                          exit 2 ;; esac
 [ "$np" -ge 2 ] || { echo "tcp_limit.sh: --np must be >= 2" >&2; exit 2; }
 [ $setup -eq 0 ] || bl_cc_check "$setting"
+ccopt=${BL_MESH_CC:+-C $BL_MESH_CC}
 command -v iperf3 >/dev/null ||
     bl_die "iperf3 not found (apt-get install iperf3)"
 
@@ -119,7 +126,7 @@ i=1
 while [ "$i" -le "$np" ]; do
     j=$((i % np + 1))
     bl_exec "$i" iperf3 -c "$(bl_addr $j)" -p $((port + j)) -t "$secs" -O 1 \
-        --connect-timeout 3000 -J >"$tmp/ring$i.json" 2>&1 &
+        $ccopt --connect-timeout 3000 -J >"$tmp/ring$i.json" 2>&1 &
     pids="$pids $!"
     i=$((i + 1))
 done
@@ -146,7 +153,7 @@ if [ "$np" -eq 2 ]; then
     sleep 0.5
     bl_cpu_start "$tmp/cpu-bidir.txt"
     bl_exec 1 iperf3 -c "$(bl_addr 2)" -p $((port + 2)) -t "$secs" -O 1 \
-        --bidir --connect-timeout 3000 -J >"$tmp/bidir.json" 2>&1
+        $ccopt --bidir --connect-timeout 3000 -J >"$tmp/bidir.json" 2>&1
     cpu=$(bl_cpu_stop "$tmp/cpu-bidir.txt")
     bl_wait_bg 5 || true
     up=$(gbps "$tmp/bidir.json" sum_received)
@@ -160,9 +167,19 @@ fi
 server 2
 sleep 0.5
 bl_exec 1 iperf3 -c "$(bl_addr 2)" -p $((port + 2)) -t "$secs" -O 1 \
-    --connect-timeout 3000 -J >"$tmp/single.json" 2>&1
+    $ccopt --connect-timeout 3000 -J >"$tmp/single.json" 2>&1
 bl_wait_bg 5 || true
 echo "single_GBps $(gbps "$tmp/single.json" sum_received)"
+# the congestion control iperf3 says its streams ran, sender and receiver
+python3 -c '
+import json, sys
+try:
+    e = json.load(open(sys.argv[1]))["end"]
+    print("stream_cc %s/%s" % (e["sender_tcp_congestion"],
+                               e["receiver_tcp_congestion"]))
+except Exception:
+    print("stream_cc unknown")
+' "$tmp/single.json"
 
 rtt=$(bl_exec 1 ping -q -c 50 -i 0.01 "$(bl_addr 2)" 2>/dev/null |
       awk -F/ '/^rtt|^round-trip/ { printf "%.1f\n", $5 * 1000 }')

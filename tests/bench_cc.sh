@@ -5,9 +5,11 @@
 # allow in new namespaces, and the loopback setting (this machine's own
 # namespace, left alone), are refused before anything starts, naming what
 # and why. The namespace part skips, with the reason, without namespaces.
+# --mesh-cc CC (BL_MESH_CC): meshbench and iperf3 choose CC for their own
+# sockets, on loopback too; a CC the kernel lacks is refused the same way.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
-t_plan 5
+t_plan 8
 B=$top_srcdir/bench
 
 out=$(sh "$B/collectives.sh" --settings a,b --cc reno --out "$TMP/out" 2>&1)
@@ -21,6 +23,33 @@ rc=$?
 t_ok $([ $rc -ne 0 ] && echo "$out" | grep -q "no such congestion control" &&
        echo "$out" | grep -q "tcp_available_congestion_control"; echo $?) \
     "an unknown congestion control names the kernel's list: $out"
+
+out=$(sh "$B/collectives.sh" --settings a --mesh-cc nosuchcc \
+      --out "$TMP/out" 2>&1)
+rc=$?
+t_ok $([ $rc -ne 0 ] && [ ! -e "$TMP/out" ] &&
+       echo "$out" | grep -q "mesh-cc nosuchcc: this kernel has no such";
+       echo $?) "--mesh-cc with an unknown one: refused before anything ran"
+
+# --mesh-cc on loopback: iperf3's two ends report the one asked for (not
+# the machine's default), and the setting's name says so.
+def=$(cat /proc/sys/net/ipv4/tcp_congestion_control)
+mcc=reno
+[ "$def" = reno ] && mcc=cubic
+if ! command -v iperf3 >/dev/null; then
+    t_skip "iperf3 not installed (apt-get install iperf3)"
+    t_skip "iperf3 not installed (apt-get install iperf3)"
+else
+    sh "$B/tcp_limit.sh" --setting a --np 2 --time 1 --mesh-cc "$mcc" \
+        >"$TMP/mcc.txt" 2>&1
+    said=$(grep stream_cc "$TMP/mcc.txt" || echo nothing)
+    t_ok $(grep -q "^stream_cc $mcc/$mcc\$" "$TMP/mcc.txt"; echo $?) \
+        "tcp_limit.sh --mesh-cc $mcc (machine default $def): iperf3: $said"
+    [ "$said" != nothing ] || t_show "$TMP/mcc.txt"
+    name=$(BL_MESH_CC=$mcc sh -c ". '$B/lib.sh'; bl_setting_name a")
+    t_ok $([ "$name" = "loopback-mesh-$mcc" ]; echo $?) \
+        "the setting's name says so ($name)"
+fi
 
 # A CC the kernel has but does not allow in namespaces, if there is one.
 avail=$(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null)
