@@ -2043,6 +2043,19 @@ static int listen_socket(struct mesh_transport *t, int *out)
         MESH_SYSCALL(rc, bind(fd, (struct sockaddr *)&s4, sizeof(s4)), close_fd,
                      "rank %d: bind port %u", t->world.rank, (unsigned)port);
     }
+    /*
+     * Accepted connections inherit a congestion control set here. Set on
+     * them after accept() instead, it would replace one that has already
+     * started: bbr leaves its pacing on behind it, and the accepting
+     * side's sends stayed paced (a third of the dialing side's rate on
+     * two namespace hosts, as with iperf3's server under -C).
+     */
+    if (t->opts.tcp_cc[0])
+        MESH_SYSCALL(rc,
+                     setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION,
+                                t->opts.tcp_cc,
+                                (socklen_t)strlen(t->opts.tcp_cc)),
+                     close_fd, "setsockopt TCP_CONGESTION %s", t->opts.tcp_cc);
     MESH_SYSCALL(rc, listen(fd, SOMAXCONN), close_fd, "listen on port %u",
                  (unsigned)port);
     *out = fd;
