@@ -17,7 +17,8 @@
 #   ring_link_GBps  ring_min_GBps  bidir_dir_GBps  single_GBps  ping_rtt_us
 #   stream_cc       SENDER/RECEIVER: the congestion control of the single
 #                   stream's two ends, as iperf3 reports them
-#   limit_GBps      bidir_dir_GBps for N = 2, else ring_link_GBps
+#   limit_GBps      bidir_dir_GBps for N = 2, else ring_link_GBps (and
+#                   always under --mesh-cc: see the bidir step)
 #   ring_busy_pct ring_user_pct ring_steal_pct ring_steal_max_pct (and
 #                   bidir_*): the machine's CPU during that measurement
 #                   (bench/lib.sh's bl_cpu_stop: busy and user-space share
@@ -147,6 +148,7 @@ echo "ring_link_GBps $ring"
 echo "ring_min_GBps $min"
 cpu_keys ring "$cpu"
 limit=$ring
+limcpu=$cpu
 
 if [ "$np" -eq 2 ]; then
     server 2
@@ -158,10 +160,18 @@ if [ "$np" -eq 2 ]; then
     bl_wait_bg 5 || true
     up=$(gbps "$tmp/bidir.json" sum_received)
     down=$(gbps "$tmp/bidir.json" sum_received_bidir_reverse)
-    limit=$(awk -v a="$up" -v b="$down" \
+    bidir=$(awk -v a="$up" -v b="$down" \
             'BEGIN { printf "%.4f\n", (a + b) / 2 }')
-    echo "bidir_dir_GBps $limit"
+    echo "bidir_dir_GBps $bidir"
     cpu_keys bidir "$cpu"
+    # Under --mesh-cc the ring's two streams (both dialed with -C) are the
+    # limit: iperf3's server sets -C on --bidir's reverse stream only
+    # after accept(), when the host's bbr has started and left its pacing
+    # on (measured: a third of the forward stream's rate).
+    if [ -z "$BL_MESH_CC" ]; then
+        limit=$bidir
+        limcpu=$cpu
+    fi
 fi
 
 server 2
@@ -186,4 +196,4 @@ rtt=$(bl_exec 1 ping -q -c 50 -i 0.01 "$(bl_addr 2)" 2>/dev/null |
 echo "ping_rtt_us ${rtt:-nan}"
 echo "limit_GBps $limit"
 # the machine's CPU while the limit's measurement ran
-cpu_keys limit "$cpu"
+cpu_keys limit "$limcpu"
