@@ -52,12 +52,8 @@ else
 fi
 
 # A CC the kernel has but does not allow in namespaces, if there is one.
-avail=$(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null)
-allowed=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null)
-banned=
-for c in $avail; do
-    case " $allowed " in *" $c "*) ;; *) banned=$c; break ;; esac
-done
+cc_lists
+avail=$CC_AVAIL allowed=$CC_ALLOWED banned=$CC_BANNED
 if [ -z "$banned" ]; then
     t_skip "every available congestion control is allowed here ($avail)"
 else

@@ -42,6 +42,20 @@ trap 't_cleanup' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# cc_lists: CC_AVAIL and CC_ALLOWED, the kernel's lists of TCP congestion
+# controls, and CC_BANNED, the first one available but not allowed to
+# unprivileged processes and new namespaces ("" when there is none).
+cc_lists() {
+    CC_AVAIL=$(cat /proc/sys/net/ipv4/tcp_available_congestion_control \
+               2>/dev/null)
+    CC_ALLOWED=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control \
+                 2>/dev/null)
+    CC_BANNED=
+    for _c in $CC_AVAIL; do
+        case " $CC_ALLOWED " in *" $_c "*) ;; *) CC_BANNED=$_c; break ;; esac
+    done
+}
+
 t_plan() { echo "1..$1"; }
 t_ok() { # t_ok COND-STATUS NAME
     T_N=$((T_N + 1))

@@ -83,12 +83,8 @@ t_ok $([ -n "$def" ] && [ "$n" -eq 2 ]; echo $?) \
 
 # A congestion control the kernel has but does not allow an unprivileged
 # process: a usage error (exit 1) before joining, naming the allowed ones.
-avail=$(cat /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null)
-allowed=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control 2>/dev/null)
-banned=
-for c in $avail; do
-    case " $allowed " in *" $c "*) ;; *) banned=$c; break ;; esac
-done
+cc_lists
+avail=$CC_AVAIL allowed=$CC_ALLOWED banned=$CC_BANNED
 if [ -z "$banned" ]; then
     t_skip "every available congestion control is allowed here ($avail)"
     t_skip "(the same)"

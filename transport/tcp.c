@@ -451,6 +451,21 @@ int mesh_tcp_cc_check(const char *name)
     return rc;
 }
 
+/* --tcp-congestion on fd, if one was given. */
+static int set_cc(struct mesh_transport *t, int fd)
+{
+    int rc = 0;
+
+    if (t->opts.tcp_cc[0])
+        MESH_SYSCALL(rc,
+                     setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION,
+                                t->opts.tcp_cc,
+                                (socklen_t)strlen(t->opts.tcp_cc)),
+                     out, "setsockopt TCP_CONGESTION %s", t->opts.tcp_cc);
+out:
+    return rc;
+}
+
 static int set_sockopts(struct mesh_transport *t, int fd)
 {
     int one = 1, rc = 0;
@@ -459,12 +474,8 @@ static int set_sockopts(struct mesh_transport *t, int fd)
     MESH_SYSCALL(rc,
                  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)),
                  out, "setsockopt TCP_NODELAY");
-    if (t->opts.tcp_cc[0])
-        MESH_SYSCALL(rc,
-                     setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION,
-                                t->opts.tcp_cc,
-                                (socklen_t)strlen(t->opts.tcp_cc)),
-                     out, "setsockopt TCP_CONGESTION %s", t->opts.tcp_cc);
+    if ((rc = set_cc(t, fd)) < 0)
+        goto out;
     if (env && atoi(env) > 0) {
         int sz = atoi(env);
 
@@ -2050,12 +2061,8 @@ static int listen_socket(struct mesh_transport *t, int *out)
      * side's sends stayed paced (a third of the dialing side's rate on
      * two namespace hosts, as with iperf3's server under -C).
      */
-    if (t->opts.tcp_cc[0])
-        MESH_SYSCALL(rc,
-                     setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION,
-                                t->opts.tcp_cc,
-                                (socklen_t)strlen(t->opts.tcp_cc)),
-                     close_fd, "setsockopt TCP_CONGESTION %s", t->opts.tcp_cc);
+    if ((rc = set_cc(t, fd)) < 0)
+        goto close_fd;
     MESH_SYSCALL(rc, listen(fd, SOMAXCONN), close_fd, "listen on port %u",
                  (unsigned)port);
     *out = fd;
