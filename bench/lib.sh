@@ -64,30 +64,28 @@ bl_setting_name() {
 # default to $BL_CC. The machine's own settings are left alone: the
 # message says what to change.
 bl_cc_check() {
-    if [ -n "$BL_MESH_CC" ]; then
-        _bl_f=/proc/sys/net/ipv4/tcp_available_congestion_control
-        _bl_cc_listed $_bl_f "$BL_MESH_CC" ||
-            bl_die "--mesh-cc $BL_MESH_CC: this kernel has no such" \
-                   "congestion control ($_bl_f: $(cat $_bl_f 2>/dev/null));" \
-                   "try 'modprobe tcp_$BL_MESH_CC'"
-    fi
+    [ -z "$BL_MESH_CC" ] || _bl_cc_available --mesh-cc "$BL_MESH_CC"
     [ -n "$BL_CC" ] || return 0
     case ",$1," in *,a,*)
         bl_die "--cc $BL_CC: only settings b and c (namespaces) can use" \
                "another congestion control; loopback runs in this" \
                "machine's own namespace, whose default stays as it is" ;;
     esac
-    _bl_f=/proc/sys/net/ipv4/tcp_available_congestion_control
-    _bl_cc_listed $_bl_f "$BL_CC" ||
-        bl_die "--cc $BL_CC: this kernel has no such congestion control" \
-               "($_bl_f: $(cat $_bl_f 2>/dev/null)); try" \
-               "'modprobe tcp_$BL_CC'"
+    _bl_cc_available --cc "$BL_CC"
     _bl_f=/proc/sys/net/ipv4/tcp_allowed_congestion_control
     _bl_cc_listed $_bl_f "$BL_CC" ||
         bl_die "--cc $BL_CC: a namespace may only default to the allowed" \
                "ones ($_bl_f: $(cat $_bl_f 2>/dev/null)); allow it with" \
                "sysctl -w net.ipv4.tcp_allowed_congestion_control=\"$(cat \
                $_bl_f 2>/dev/null) $BL_CC\""
+}
+
+# _bl_cc_available FLAG CC: die, naming FLAG, unless this kernel has CC.
+_bl_cc_available() {
+    _bl_f=/proc/sys/net/ipv4/tcp_available_congestion_control
+    _bl_cc_listed $_bl_f "$2" ||
+        bl_die "$1 $2: this kernel has no such congestion control" \
+               "($_bl_f: $(cat $_bl_f 2>/dev/null)); try 'modprobe tcp_$2'"
 }
 
 # _bl_cc_listed FILE CC: CC is one of the words in FILE.

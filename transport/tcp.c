@@ -408,16 +408,19 @@ static const char *proc_ipv4(const char *name, char *buf, size_t len)
 int mesh_tcp_cc_check(const char *name)
 {
     char list[512];
-    size_t len = name ? strlen(name) : 0;
+    size_t len = name ? strnlen(name, MESH_TCP_CC_MAX) : 0;
     int fd, rc = 0;
 
     if (!len || len >= MESH_TCP_CC_MAX ||
         strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                      "0123456789_-") != len)
         return mesh_err(-EINVAL,
-                        "TCP congestion control '%s': expected a name of 1 "
-                        "to %d letters, digits, '_' or '-', such as cubic",
-                        name ? name : "", MESH_TCP_CC_MAX - 1);
+                        "TCP congestion control '%.*s%s': expected a name "
+                        "of 1 to %d letters, digits, '_' or '-', such as "
+                        "cubic",
+                        (int)len, name ? name : "",
+                        len >= MESH_TCP_CC_MAX ? "..." : "",
+                        MESH_TCP_CC_MAX - 1);
     fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -471,11 +474,10 @@ static int set_sockopts(struct mesh_transport *t, int fd)
     int one = 1, rc = 0;
     const char *env = getenv("MESHTRAIN_TCP_SOCKBUF");
 
+    (void)t;
     MESH_SYSCALL(rc,
                  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)),
                  out, "setsockopt TCP_NODELAY");
-    if ((rc = set_cc(t, fd)) < 0)
-        goto out;
     if (env && atoi(env) > 0) {
         int sz = atoi(env);
 
@@ -1233,7 +1235,8 @@ static void dial_start(struct mesh_transport *t, int peer, int stream)
         dial_failed(t, peer, stream);
         return;
     }
-    if (set_sockopts(t, fd) < 0) {
+    /* (accepted connections take it from the listening socket) */
+    if (set_sockopts(t, fd) < 0 || set_cc(t, fd) < 0) {
         snprintf(l->why, sizeof(l->why), "%s", mesh_err_msg(-EIO));
         close(fd);
         dial_failed(t, peer, stream);
@@ -2101,8 +2104,6 @@ static int tcp_listen(const struct mesh_world *world,
     if (clen >= MESH_CONFIG_MAX)
         return mesh_err(-EINVAL, "tcp: configuration longer than %d bytes",
                         MESH_CONFIG_MAX - 1);
-    if (strnlen(opts->tcp_cc, MESH_TCP_CC_MAX) >= MESH_TCP_CC_MAX)
-        return mesh_err(-EINVAL, "tcp: congestion control name too long");
     if (opts->tcp_cc[0] && (rc = mesh_tcp_cc_check(opts->tcp_cc)) < 0)
         return rc;
     pthread_once(&evthread_once, evthread_init);
