@@ -22,6 +22,7 @@
 #include "config.h"
 
 #include "nn/backend.h"
+#include "nn/cpu-bn.h"
 #include "src/util.h"
 
 #include <errno.h>
@@ -72,6 +73,7 @@ struct mesh_nn_plan {
     /* CONV: fwd, bwd data, bwd weights (the stem's bwd data may be NULL). */
     struct prim fwd, bwd, bwdw, infer;
     struct reo w_fwd, w_bwd, dw;
+    struct mesh_nn_cpu_bn bn; /* BN: ours, not oneDNN's */
 };
 
 struct mesh_nn_dev {
@@ -79,6 +81,7 @@ struct mesh_nn_dev {
     dnnl_stream_t strm;
     int threads;
     int block; /* 16, 8 or 0 (plain only) */
+    long live; /* blocks allocated and not freed (atomic) */
     char desc[160];
 };
 
@@ -180,20 +183,26 @@ static int cpu_alloc(struct mesh_nn_dev *dev, size_t bytes, void **out)
     void *p = NULL;
     int e;
 
-    (void)dev;
     /* 64-byte alignment: one AVX-512 vector, oneDNN's preference. */
     e = posix_memalign(&p, 64, bytes ? bytes : 64);
     if (e)
         return mesh_err(-ENOMEM, "nn cpu: cannot allocate %zu bytes", bytes);
     memset(p, 0, bytes);
     *out = p;
+    __atomic_add_fetch(&dev->live, 1, __ATOMIC_RELAXED);
     return 0;
 }
 
 static void cpu_free(struct mesh_nn_dev *dev, void *p)
 {
-    (void)dev;
+    if (p)
+        __atomic_sub_fetch(&dev->live, 1, __ATOMIC_RELAXED);
     free(p);
+}
+
+static long cpu_live_allocs(struct mesh_nn_dev *dev)
+{
+    return __atomic_load_n(&dev->live, __ATOMIC_RELAXED);
 }
 
 static int cpu_copy(struct mesh_nn_dev *dev, void *dst, const void *src,
@@ -583,88 +592,26 @@ out:
     return rc;
 }
 
+/*
+ * Batch norm is ours (nn/cpu_bn.c), not oneDNN's: oneDNN sums its
+ * statistics in float32, which flips ReLU masks near zero that PyTorch
+ * (summing in double) keeps; see the top of nn/cpu_bn.c. It reads and
+ * writes the same layouts as oneDNN's primitives.
+ */
 static int plan_bn(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
 {
     const struct mesh_nn_plan_desc *d = &pl->d;
-    dnnl_batch_normalization_desc_t bd;
-    dnnl_memory_desc_t x, v;
-    int64_t vd[1] = {pl->d.c};
-    unsigned flags = dnnl_use_scale | dnnl_use_shift;
-    const dnnl_memory_desc_t *wsmd;
-    int rc;
+    struct mesh_nn_cpu_bn *b = &pl->bn;
 
-    if (d->relu)
-        flags |= dnnl_fuse_norm_relu;
-    if ((rc = md_act(dev, &x, d->n, d->c, d->h, d->w)) < 0 ||
-        (rc = md_tag(&v, 1, vd, dnnl_x)) < 0)
-        return rc;
-    DNNL_CHECK(rc,
-               dnnl_batch_normalization_forward_desc_init(
-                   &bd, dnnl_forward_training, &x, d->eps, flags),
-               out, "batch_normalization_forward_desc_init");
-    {
-        struct argq a[8] = {
-            {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
-            {DNNL_ARG_DST, dnnl_query_dst_md, 0, NULL},
-            {DNNL_ARG_SCALE, dnnl_query_weights_md, 0, &v},
-            {DNNL_ARG_SHIFT, dnnl_query_weights_md, 1, &v},
-            {DNNL_ARG_MEAN, dnnl_query_dst_md, 1, &v},
-            {DNNL_ARG_VARIANCE, dnnl_query_dst_md, 2, &v},
-            {DNNL_ARG_WORKSPACE, dnnl_query_workspace_md, 0, NULL},
-        };
-        rc = prim_init(dev, &pl->fwd, &bd, NULL, NULL, a, d->relu ? 7 : 6,
-                       "bn fwd");
-        if (rc < 0)
-            goto out;
-    }
-    wsmd = prim_md(&pl->fwd, dnnl_query_workspace_md, 0);
-    pl->reserve = d->relu && wsmd ? dnnl_memory_desc_get_size(wsmd) : 0;
-
-    DNNL_CHECK(rc,
-               dnnl_batch_normalization_forward_desc_init(
-                   &bd, dnnl_forward_inference, &x, d->eps,
-                   flags | dnnl_use_global_stats),
-               out, "batch_normalization_forward_desc_init (inference)");
-    {
-        struct argq a[6] = {
-            {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
-            {DNNL_ARG_DST, dnnl_query_dst_md, 0, NULL},
-            {DNNL_ARG_SCALE, dnnl_query_weights_md, 0, &v},
-            {DNNL_ARG_SHIFT, dnnl_query_weights_md, 1, &v},
-            {DNNL_ARG_MEAN, dnnl_query_src_md, 1, &v},
-            {DNNL_ARG_VARIANCE, dnnl_query_src_md, 2, &v},
-        };
-        rc = prim_init(dev, &pl->infer, &bd, NULL, NULL, a, 6, "bn infer");
-        if (rc < 0)
-            goto out;
-    }
-
-    DNNL_CHECK(rc,
-               dnnl_batch_normalization_backward_desc_init(
-                   &bd, dnnl_backward, &x, &x, d->eps, flags),
-               out, "batch_normalization_backward_desc_init");
-    {
-        struct argq a[10] = {
-            {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
-            {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
-            {DNNL_ARG_SCALE, dnnl_query_weights_md, 0, &v},
-            {DNNL_ARG_SHIFT, dnnl_query_weights_md, 1, &v},
-            {DNNL_ARG_MEAN, dnnl_query_src_md, 1, &v},
-            {DNNL_ARG_VARIANCE, dnnl_query_src_md, 2, &v},
-            {DNNL_ARG_DIFF_SRC, dnnl_query_diff_src_md, 0, NULL},
-            {DNNL_ARG_DIFF_SCALE, dnnl_query_diff_weights_md, 0, &v},
-            {DNNL_ARG_DIFF_SHIFT, dnnl_query_diff_weights_md, 1, &v},
-            {DNNL_ARG_WORKSPACE, dnnl_query_workspace_md, 0, NULL},
-        };
-        rc = prim_init(dev, &pl->bwd, &bd, NULL, pl->fwd.pd, a,
-                       d->relu ? 10 : 9, "bn bwd");
-        if (rc < 0)
-            goto out;
-    }
-    pl->ws = MESH_MAX(pl->fwd.scratch,
-                      MESH_MAX(pl->infer.scratch, pl->bwd.scratch));
-out:
-    return rc;
+    b->n = d->n;
+    b->c = d->c;
+    b->hw = d->h * d->w;
+    b->block = act_tag(dev, d->c) == dnnl_nchw ? 1 : dev->block;
+    b->relu = d->relu;
+    b->eps = d->eps;
+    pl->ws = mesh_nn_cpu_bn_ws_bytes(b);
+    pl->reserve = mesh_nn_cpu_bn_reserve_bytes(b);
+    return 0;
 }
 
 static int plan_relu(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
@@ -1009,25 +956,9 @@ static int cpu_bn_fwd_train(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                             float *running_var, float momentum, float *save,
                             void *reserve, void *ws)
 {
-    int c = p->d.c, i, rc;
-    double cnt = (double)p->d.n * p->d.h * p->d.w;
-    double unbias = cnt > 1 ? cnt / (cnt - 1) : 1.0;
-    void *h[7] = {(void *)x,     y, (void *)gamma, (void *)beta,
-                  save,          save + c, reserve};
-
-    rc = prim_run(dev, &p->fwd, h, ws, "bn fwd");
-    if (rc < 0)
-        return rc;
-    /*
-     * Running statistics as PyTorch updates them (in double, as its CPU
-     * kernel's accumulation type): the unbiased variance.
-     */
-    for (i = 0; i < c; i++) {
-        running_mean[i] = (float)((1.0 - momentum) * running_mean[i] +
-                                  (double)momentum * save[i]);
-        running_var[i] = (float)((1.0 - momentum) * running_var[i] +
-                                 (double)momentum * save[c + i] * unbias);
-    }
+    set_threads(dev);
+    mesh_nn_cpu_bn_fwd_train(&p->bn, x, y, gamma, beta, running_mean,
+                             running_var, momentum, save, reserve, ws);
     return 0;
 }
 
@@ -1036,11 +967,10 @@ static int cpu_bn_fwd_infer(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                             const float *beta, const float *running_mean,
                             const float *running_var, void *ws)
 {
-    void *h[6] = {(void *)x,           y,
-                  (void *)gamma,       (void *)beta,
-                  (void *)running_mean, (void *)running_var};
-
-    return prim_run(dev, &p->infer, h, ws, "bn infer");
+    set_threads(dev);
+    mesh_nn_cpu_bn_fwd_infer(&p->bn, x, y, gamma, beta, running_mean,
+                             running_var, ws);
+    return 0;
 }
 
 static int cpu_bn_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
@@ -1049,12 +979,11 @@ static int cpu_bn_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                       const void *reserve, void *dx, float *dgamma,
                       float *dbeta, void *ws)
 {
-    void *h[10] = {(void *)x,    (void *)dy,   (void *)gamma,
-                   (void *)beta, (void *)save, (void *)(save + p->d.c),
-                   dx,           dgamma,       dbeta,
-                   (void *)reserve};
-
-    return prim_run(dev, &p->bwd, h, ws, "bn bwd");
+    (void)beta;
+    set_threads(dev);
+    mesh_nn_cpu_bn_bwd(&p->bn, x, dy, gamma, save, reserve, dx, dgamma, dbeta,
+                       ws);
+    return 0;
 }
 
 static int cpu_relu_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
@@ -1264,6 +1193,7 @@ const struct mesh_nn_backend_ops mesh_nn_cpu_ops = {
     .dev_describe = cpu_dev_describe,
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .live_allocs = cpu_live_allocs,
     .upload = cpu_copy,
     .download = cpu_copy,
     .zero = cpu_zero,
