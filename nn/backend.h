@@ -99,6 +99,8 @@ struct mesh_nn_backend_ops {
     /* Memory: zero-filled on allocation. */
     int (*alloc)(struct mesh_nn_dev *dev, size_t bytes, void **out);
     void (*free)(struct mesh_nn_dev *dev, void *p);
+    /* Blocks from alloc not yet freed (the leak check of the tests). */
+    long (*live_allocs)(struct mesh_nn_dev *dev);
     int (*upload)(struct mesh_nn_dev *dev, void *dst, const void *src,
                   size_t bytes);
     int (*download)(struct mesh_nn_dev *dev, void *dst, const void *src,

@@ -67,6 +67,7 @@ struct mesh_nn_dev {
     struct mesh_nn_copy *head, *tail; /* queued, oldest first */
     struct mesh_nn_copy *free_copies, *all_copies;
     uint64_t issued, ndone; /* copies started, copies finished */
+    long live;              /* "device" blocks not freed (atomic) */
     int stop;
     char desc[256];
 };
@@ -355,12 +356,23 @@ static int sim_convert(struct mesh_nn_dev *dev, int dst_dtype, void *dst,
 
 static int sim_alloc(struct mesh_nn_dev *dev, size_t bytes, void **out)
 {
-    return cpu->alloc(dev->cpu, bytes, out);
+    int rc = cpu->alloc(dev->cpu, bytes, out);
+
+    if (rc == 0)
+        __atomic_add_fetch(&dev->live, 1, __ATOMIC_RELAXED);
+    return rc;
 }
 
 static void sim_free(struct mesh_nn_dev *dev, void *p)
 {
+    if (p)
+        __atomic_sub_fetch(&dev->live, 1, __ATOMIC_RELAXED);
     cpu->free(dev->cpu, p);
+}
+
+static long sim_live_allocs(struct mesh_nn_dev *dev)
+{
+    return __atomic_load_n(&dev->live, __ATOMIC_RELAXED);
 }
 
 static int sim_upload(struct mesh_nn_dev *dev, void *dst, const void *src,
@@ -554,6 +566,7 @@ const struct mesh_nn_backend_ops mesh_nn_devsim_ops = {
     .dev_describe = sim_dev_describe,
     .alloc = sim_alloc,
     .free = sim_free,
+    .live_allocs = sim_live_allocs,
     .upload = sim_upload,
     .download = sim_download,
     .zero = sim_zero,

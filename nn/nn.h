@@ -179,6 +179,21 @@ int mesh_nn_model_forward(struct mesh_nn_model *m, int n, const float *images,
 int mesh_nn_model_logits(struct mesh_nn_model *m, float *host);
 
 /*
+ * The ReLUs of the network in forward order (the stem's, then per block
+ * each one on the main path and the one after the join), for tests and
+ * debugging. mesh_nn_model_num_relus() counts them; mesh_nn_model_relu()
+ * writes ReLU k's name to name when it is not NULL ("bn1", "layer2.0.bn1",
+ * "layer2.0" for the join), gives
+ * its output's shape (n, c, h, w) for the last forward, and, when out is
+ * not NULL, copies that output (after the ReLU) to out as float32 NCHW.
+ * Where out > 0 is the mask the backward applies. Valid after a forward
+ * and before the next backward.
+ */
+int mesh_nn_model_num_relus(const struct mesh_nn_model *m);
+int mesh_nn_model_relu(struct mesh_nn_model *m, int k, char name[32],
+                       int shape[4], float *out);
+
+/*
  * Softmax cross-entropy of the last forward against labels (host, n int32
  * in [0, num_classes)), label smoothing in [0, 1). Writes the mean loss and
  * keeps d(loss)/d(logits) for backward.
@@ -297,6 +312,10 @@ int mesh_nn_ctx_open_opts(const char *backend,
  * staging of a bucket for mesh_nn_convert; host memory for "cpu". */
 int mesh_nn_alloc(struct mesh_nn_ctx *ctx, size_t bytes, void **out);
 void mesh_nn_free(struct mesh_nn_ctx *ctx, void *p);
+/* Device blocks allocated on ctx and not yet freed, counted by the backend
+ * (every alloc of the model, the optimizer and the caller); -1 when the
+ * backend does not count. */
+long mesh_nn_live_allocs(struct mesh_nn_ctx *ctx);
 
 /*
  * Asynchronous copies between device memory and host memory, for the

@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,22 +125,23 @@ static int def_bn(struct mesh_nn_model *m, struct nn_bn *b, const char *name,
 /* The BN's running statistics, named after its weight tensor. */
 static int def_bn_buffers(struct mesh_nn_model *m, struct nn_bn *b)
 {
-    const struct mesh_nn_tensor *w = NULL;
     int64_t shape[1] = {b->c};
-    char full[48];
-    int i, rc, len;
+    char full[48], base[48] = "";
+    int i, rc, len = -1;
 
+    /* the weight's name, copied: add_tensor may move m->t */
     for (i = 0; i < m->nt; i++)
-        if (m->t[i].kind == MESH_NN_PARAM && m->t[i].offset == b->g)
-            w = &m->t[i];
-    if (!w)
+        if (m->t[i].kind == MESH_NN_PARAM && m->t[i].offset == b->g) {
+            len = (int)strlen(m->t[i].name) - (int)strlen(".weight");
+            snprintf(base, sizeof(base), "%s", m->t[i].name);
+        }
+    if (len < 0)
         return mesh_err(-EINVAL, "nn: internal error: BN without weight");
-    len = (int)strlen(w->name) - (int)strlen(".weight");
     b->rm = m->nbuffers;
-    snprintf(full, sizeof(full), "%.*s.running_mean", len, w->name);
+    snprintf(full, sizeof(full), "%.*s.running_mean", len, base);
     rc = add_tensor(m, full, MESH_NN_BUFFER, MESH_NN_ROLE_BN_MEAN, 1, shape);
     if (rc == 0) {
-        snprintf(full, sizeof(full), "%.*s.running_var", len, w->name);
+        snprintf(full, sizeof(full), "%.*s.running_var", len, base);
         rc = add_tensor(m, full, MESH_NN_BUFFER, MESH_NN_ROLE_BN_VAR, 1,
                         shape);
     }
@@ -436,10 +438,7 @@ static void free_batch(struct mesh_nn_model *m)
 
         for (j = 0; j < b->nconv; j++) {
             FREE(b->a[j]);
-            if (j < b->nconv - 1)
-                FREE(b->o[j]);
-            else
-                b->o[j] = NULL;
+            FREE(b->o[j]);
             FREE(b->b[j].reserve);
         }
         FREE(b->ad);
@@ -658,10 +657,10 @@ void mesh_nn_model_summary(const struct mesh_nn_model *m, FILE *f)
     snprintf(type, sizeof(type), "conv %dx%d/%d", m->conv1.k, m->conv1.k,
              m->conv1.stride);
     row(f, "conv1", type, m->cfg.width, h, conv_params(&m->conv1));
-    row(f, "bn1 + relu", "batchnorm", 64, h, 2 * 64);
+    row(f, "bn1 + relu", "batchnorm", m->cfg.width, h, 2 * m->cfg.width);
     if (!cfg->cifar_stem) {
         h = mesh_nn_out_dim(h, 3, 2, 1);
-        row(f, "maxpool", "max pool 3x3/2", 64, h, 0);
+        row(f, "maxpool", "max pool 3x3/2", m->cfg.width, h, 0);
     }
     for (i = 0; i < m->nblocks; i++) {
         const struct nn_block *b = &m->blocks[i];
@@ -807,16 +806,16 @@ static int setup_batch(struct mesh_nn_model *m, int n)
     if (rc < 0)
         goto fail;
     h = m->conv1.oh;
-    if ((rc = alloc_act(m, 64, h, &m->a0)) < 0 ||
+    if ((rc = alloc_act(m, m->conv1.cout, h, &m->a0)) < 0 ||
         (rc = setup_bn(m, &m->bn1, h)) < 0 ||
-        (rc = alloc_act(m, 64, h, &m->o0)) < 0)
+        (rc = alloc_act(m, m->conv1.cout, h, &m->o0)) < 0)
         goto fail;
     x = m->o0;
     if (!cfg->cifar_stem) {
         memset(&d, 0, sizeof(d));
         d.kind = MESH_NN_PLAN_MAXPOOL;
         d.n = n;
-        d.c = 64;
+        d.c = m->conv1.cout;
         d.h = d.w = h;
         d.r = d.s = 3;
         d.stride = 2;
@@ -826,7 +825,7 @@ static int setup_batch(struct mesh_nn_model *m, int n)
         if (rc < 0)
             goto fail;
         h = d.oh;
-        if ((rc = alloc_act(m, 64, h, &m->p0)) < 0)
+        if ((rc = alloc_act(m, m->conv1.cout, h, &m->p0)) < 0)
             goto fail;
         if (OPS(m)->plan_reserve(m->maxpool) &&
             (rc = OPS(m)->alloc(DEV(m), OPS(m)->plan_reserve(m->maxpool),
@@ -1018,6 +1017,49 @@ int mesh_nn_model_logits(struct mesh_nn_model *m, float *host)
         return mesh_err(-EINVAL, "nn: no forward has run");
     return OPS(m)->download(DEV(m), host, m->logits,
                             (size_t)m->n * m->cfg.num_classes * sizeof(float));
+}
+
+int mesh_nn_model_num_relus(const struct mesh_nn_model *m)
+{
+    int i, k = 1;
+
+    for (i = 0; i < m->nblocks; i++)
+        k += m->blocks[i].nconv;
+    return k;
+}
+
+int mesh_nn_model_relu(struct mesh_nn_model *m, int k, char name[32],
+                       int shape[4], float *out)
+{
+    const struct nn_conv *c = &m->conv1;
+    const void *act = m->o0;
+    int i;
+
+    if (!m->n)
+        return mesh_err(-EINVAL, "nn: no forward has run");
+    if (k < 0 || k >= mesh_nn_model_num_relus(m))
+        return mesh_err(-EINVAL, "nn: ReLU %d of %d", k,
+                        mesh_nn_model_num_relus(m));
+    if (name)
+        snprintf(name, 32, "bn1");
+    for (i = 0; k > 0; i++) {
+        struct nn_block *b = &m->blocks[i];
+
+        if (k <= b->nconv) {
+            c = &b->c[k - 1];
+            act = b->o[k - 1];
+            if (name && k == b->nconv)
+                snprintf(name, 32, "%s", b->name);
+            else if (name)
+                snprintf(name, 32, "%s.bn%d", b->name, k);
+            break;
+        }
+        k -= b->nconv;
+    }
+    shape[0] = m->n, shape[1] = c->cout, shape[2] = c->oh, shape[3] = c->ow;
+    if (!out)
+        return 0;
+    return OPS(m)->act_export(DEV(m), m->n, c->cout, c->oh, c->ow, act, out);
 }
 
 int mesh_nn_model_loss(struct mesh_nn_model *m, const int32_t *labels,

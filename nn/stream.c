@@ -53,6 +53,11 @@ void mesh_nn_free(struct mesh_nn_ctx *ctx, void *p)
         ctx->ops->free(ctx->dev, p);
 }
 
+long mesh_nn_live_allocs(struct mesh_nn_ctx *ctx)
+{
+    return ctx->ops->live_allocs ? ctx->ops->live_allocs(ctx->dev) : -1;
+}
+
 /*
  * The handle of a synchronous copy: it is complete when start returns, so
  * every later call only releases it. One static object serves them all (no

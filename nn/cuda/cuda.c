@@ -142,6 +142,7 @@ struct mesh_nn_dev {
     int gpu, ndev;
     int cc;        /* compute capability, major * 10 + minor */
     int precision; /* enum mesh_nn_precision, never DEFAULT */
+    long live;     /* blocks from cuda_alloc not freed (atomic) */
     /* copies out (D2H) and back (H2D) on streams of their own, so that a
      * copy back never queues behind copies out (the GPU has an engine for
      * each direction) */
@@ -387,6 +388,7 @@ static int cuda_alloc(struct mesh_nn_dev *dev, size_t bytes, void **out)
     CUDA_CHECK(rc, cudaMemsetAsync(p, 0, bytes, dev->compute), fail_free,
                "cudaMemsetAsync", NULL);
     *out = p;
+    __atomic_add_fetch(&dev->live, 1, __ATOMIC_RELAXED);
     return 0;
 
 fail_free:
@@ -400,8 +402,14 @@ fail:
 static void cuda_free(struct mesh_nn_dev *dev, void *p)
 {
     (void)bind(dev);
-    (void)dev;
+    if (p)
+        __atomic_sub_fetch(&dev->live, 1, __ATOMIC_RELAXED);
     cudaFree(p); /* synchronises with the device before freeing */
+}
+
+static long cuda_live_allocs(struct mesh_nn_dev *dev)
+{
+    return __atomic_load_n(&dev->live, __ATOMIC_RELAXED);
 }
 
 /* A synchronous copy ordered with the compute stream. */
@@ -1419,6 +1427,7 @@ const struct mesh_nn_backend_ops mesh_nn_cuda_ops = {
     .dev_describe = cuda_dev_describe,
     .alloc = cuda_alloc,
     .free = cuda_free,
+    .live_allocs = cuda_live_allocs,
     .upload = cuda_upload,
     .download = cuda_download,
     .zero = cuda_zero,
