@@ -1,32 +1,72 @@
 #!/usr/bin/python3
-"""PyTorch side of tests/test_nn_torch.c: one training step of a torchvision
-ResNet, written as safetensors for the C test to compare against.
+"""PyTorch side of tests/test_nn_torch.c: the exact answer for one training
+step of our ResNet, from torchvision's own modules.
 
-usage: nn_torch_ref.py ARCH OUTDIR BATCH SIZE CLASSES SEED
+usage: nn_torch_ref.py CASEDIR...
 
-Writes, in OUTDIR:
-  weights.safetensors  the initial state_dict (torchvision's names)
-  input.safetensors    "images" F32 (BATCH, 3, SIZE, SIZE), "labels" I32
-  ref.safetensors      (computed in float64, stored as float32) "logits", "loss" (1), "grad.<param>" for every
-                       parameter after one training-mode forward+backward
-                       (CrossEntropyLoss, label_smoothing 0.1), "new.<name>"
-                       for every parameter after one SGD step (lr 0.1,
-                       momentum 0.9, weight decay 1e-4) and "new.<bn>.running_*"
-                       for the running statistics after the forward, and
-                       "grad32.<param>", PyTorch's own float32 gradients.
+Each CASEDIR holds, written by the C test:
+  cfg                  "arch=resnet34 width=16 cifar=0 size=128 batch=4
+                       classes=100" (width 64 without cifar: torchvision's
+                       model itself; otherwise the same network built from
+                       torchvision's BasicBlock/Bottleneck and _make_layer
+                       with stage widths w, 2w, 4w, 8w and, for cifar, a
+                       3x3 stride-1 conv1 and no max pool)
+  weights.safetensors  our model's state (torchvision's names), loaded with
+                       strict=True: every name and shape must match
+  input.safetensors    "images" F32 (batch, 3, size, size), "labels" I32
+  relu.safetensors     "relu.NNN": our output of each ReLU, forward order
+
+and gets, from here:
+  tv.safetensors       the torchvision model's state_dict as loaded
+  ref.safetensors      (float64 results, stored as float32)
+    logits, loss       training-mode forward, CrossEntropyLoss with label
+                       smoothing 0.1, in float64 from the float32 values
+    grad.<param>       its gradients: the exact answer
+    new.<buffer>       the BN running statistics after that forward
+    sgd.<param>        the parameters after one SGD step on grad (lr 0.1,
+                       momentum 0.9, weight decay 1e-4)
+    grad32.<param>     PyTorch's own float32 gradients
+    gradm.<param>      float64 gradients of the network whose every ReLU
+                       (and the max pool) takes our mask: the exact
+                       derivative of the piece of the piecewise-linear
+                       network our float32 forward chose
+    flips              [our masks that differ from float64's, PyTorch
+                       float32's that do, the largest |float64
+                       pre-activation| at one of ours divided by PyTorch
+                       float32's own worst error at that ReLU, the self
+                       check of the site-by-site forward (relative error of
+                       its logits against torchvision's forward)]
+
+Why gradm: in training mode a pre-activation within float32 rounding of
+zero (1e-6 of its scale) goes to either side of the ReLU depending on the
+order of a sum, and in a small late layer one such element moves every
+earlier gradient by up to 1e-2. PyTorch's float32 gradients flip too, at
+other places. The arithmetic of a backward pass is checked against the
+gradient of the piece its forward chose; the flips themselves are checked
+to lie within float32's rounding (flips[2]).
+
 The safetensors format is written directly (8-byte little-endian header
-length, JSON header, raw little-endian data): the python3 safetensors package
-is not installed here.
+length, JSON header, raw little-endian data): the python3 safetensors
+package is not installed here.
 """
 import copy
 import json
 import struct
 import sys
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 import torchvision
+from torchvision.models import resnet as tvr
 
 DTYPES = {torch.float32: "F32", torch.int32: "I32", torch.int64: "I64"}
+NP = {"F32": np.float32, "I32": np.int32, "I64": np.int64, "F64": np.float64}
+ARCHS = {"resnet18": (tvr.BasicBlock, [2, 2, 2, 2]),
+         "resnet34": (tvr.BasicBlock, [3, 4, 6, 3]),
+         "resnet50": (tvr.Bottleneck, [3, 4, 6, 3]),
+         "resnet101": (tvr.Bottleneck, [3, 4, 23, 3]),
+         "resnet152": (tvr.Bottleneck, [3, 8, 36, 3])}
 
 
 def save(path, tensors):
@@ -49,61 +89,162 @@ def save(path, tensors):
             f.write(b)
 
 
-def main():
-    arch, out, batch, size, classes, seed = sys.argv[1:7]
-    batch, size, classes, seed = int(batch), int(size), int(classes), int(seed)
-    torch.manual_seed(seed)
-    torch.set_num_threads(2)
-    model = getattr(torchvision.models, arch)(num_classes=classes)
-    # Non-trivial BN parameters and statistics, so that their gradients and
-    # updates are checked on values that are not all 1 and 0.
-    with torch.no_grad():
-        for mod in model.modules():
-            if isinstance(mod, torch.nn.BatchNorm2d):
-                mod.weight.uniform_(0.5, 1.5)
-                mod.bias.uniform_(-0.2, 0.2)
-                mod.running_mean.uniform_(-0.1, 0.1)
-                mod.running_var.uniform_(0.8, 1.2)
-                mod.num_batches_tracked.fill_(3)
-    save(out + "/weights.safetensors", model.state_dict())
-    images = torch.randn(batch, 3, size, size)
-    labels = torch.randint(0, classes, (batch,), dtype=torch.int64)
-    save(out + "/input.safetensors",
-         {"images": images, "labels": labels.to(torch.int32)})
+def load(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    out = {}
+    for name, v in json.loads(raw[8:8 + n]).items():
+        if name == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        arr = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=NP[v["dtype"]])
+        out[name] = torch.from_numpy(arr.reshape(v["shape"]).copy())
+    return out
 
-    # PyTorch's own float32 gradients ("grad32.<param>"): how far float32
-    # arithmetic itself lands from the exact answer for this input (ReLU
-    # masks flipped by rounding, BN over few samples), the baseline for
-    # ill-conditioned tensors.
-    m32 = copy.deepcopy(model)
-    m32.train()
-    loss32 = torch.nn.CrossEntropyLoss(label_smoothing=0.1)(m32(images), labels)
-    loss32.backward()
+
+class Net(torch.nn.Module):
+    """torchvision's ResNet at another width or with the CIFAR stem."""
+
+    def __init__(self, arch, width, classes, cifar):
+        super().__init__()
+        block, layers = ARCHS[arch]
+        self._norm_layer = torch.nn.BatchNorm2d
+        self.inplanes, self.dilation = width, 1
+        self.groups, self.base_width = 1, 64
+        if cifar:
+            self.conv1 = torch.nn.Conv2d(3, width, 3, 1, 1, bias=False)
+            self.maxpool = torch.nn.Identity()
+        else:
+            self.conv1 = torch.nn.Conv2d(3, width, 7, 2, 3, bias=False)
+            self.maxpool = torch.nn.MaxPool2d(3, 2, 1)
+        self.bn1 = torch.nn.BatchNorm2d(width)
+        self.relu = torch.nn.ReLU(inplace=True)
+        make = tvr.ResNet._make_layer
+        self.layer1 = make(self, block, width, layers[0])
+        self.layer2 = make(self, block, width * 2, layers[1], stride=2)
+        self.layer3 = make(self, block, width * 4, layers[2], stride=2)
+        self.layer4 = make(self, block, width * 8, layers[3], stride=2)
+        self.avgpool = torch.nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = torch.nn.Linear(width * 8 * block.expansion, classes)
+
+    def forward(self, x):
+        return tvr.ResNet._forward_impl(self, x)
+
+
+def build(cfg):
+    arch, width, classes = cfg["arch"], int(cfg["width"]), int(cfg["classes"])
+    cifar = int(cfg["cifar"])
+    if width == 64 and not cifar:
+        return getattr(torchvision.models, arch)(num_classes=classes)
+    return Net(arch, width, classes, cifar)
+
+
+def sites(model, x, masks=None, pool_from=None):
+    """torchvision's forward written out ReLU by ReLU, in our order. With
+    masks, ReLU k multiplies by masks[k]; with pool_from, the max pool takes
+    the argmax of that tensor (our stem output). Returns the logits and
+    every ReLU's input."""
+    pre, it = [], iter(masks or [])
+
+    def relu(v):
+        pre.append(v)
+        return torch.relu(v) if masks is None else v * next(it)
+
+    x = relu(model.bn1(model.conv1(x)))
+    if isinstance(model.maxpool, torch.nn.MaxPool2d):
+        if pool_from is None:
+            x = model.maxpool(x)
+        else:
+            _, idx = F.max_pool2d(pool_from, 3, 2, 1, return_indices=True)
+            x = x.flatten(2).gather(2, idx.flatten(2)).view(idx.shape)
+    for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
+        for blk in layer:
+            o = relu(blk.bn1(blk.conv1(x)))
+            if isinstance(blk, tvr.Bottleneck):
+                o = relu(blk.bn2(blk.conv2(o)))
+                o = blk.bn3(blk.conv3(o))
+            else:
+                o = blk.bn2(blk.conv2(o))
+            idt = blk.downsample(x) if blk.downsample is not None else x
+            x = relu(o + idt)
+    x = torch.flatten(model.avgpool(x), 1)
+    return model.fc(x), pre
+
+
+def one_case(d):
+    cfg = dict(kv.split("=") for kv in open(d + "/cfg").read().split())
+    model = build(cfg)
+    state = load(d + "/weights.safetensors")
+    model.load_state_dict(state, strict=True)
+    save(d + "/tv.safetensors", model.state_dict())
+    inp = load(d + "/input.safetensors")
+    relus = load(d + "/relu.safetensors")
+    ours = [relus[k] for k in sorted(relus)]
+    images, labels = inp["images"], inp["labels"].long()
+    xent = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+
+    # PyTorch float32: its gradients, and its ReLU inputs
+    m32 = copy.deepcopy(model).train()
+    xent(m32(images), labels).backward()
     grad32 = {"grad32." + n: p.grad for n, p in m32.named_parameters()}
+    with torch.no_grad():
+        _, pre32 = sites(copy.deepcopy(model).train(), images)
 
-    # The reference runs in float64 from the same float32 values: it is the
-    # exact answer for the float32 inputs, so the C side's float32 error is
-    # measured against it rather than against PyTorch's own float32 error.
-    model.double()
-    images = images.double()
-    model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9,
+    # float64: the exact answer, through torchvision's own forward
+    m64 = copy.deepcopy(model).double().train()
+    x64 = images.double()
+    opt = torch.optim.SGD(m64.parameters(), lr=0.1, momentum=0.9,
                           weight_decay=1e-4)
     opt.zero_grad()
-    logits = model(images)
-    loss = torch.nn.CrossEntropyLoss(label_smoothing=0.1)(logits, labels)
+    logits = m64(x64)
+    loss = xent(logits, labels)
     loss.backward()
     ref = {"logits": logits, "loss": loss.reshape(1)}
-    for name, p in model.named_parameters():
-        ref["grad." + name] = p.grad
-    opt.step()
-    for name, t in model.state_dict().items():
+    for n, p in m64.named_parameters():
+        ref["grad." + n] = p.grad
+    for n, t in m64.state_dict().items():
         if t.dtype == torch.float64:
-            ref["new." + name] = t
+            ref["new." + n] = t
+    opt.step()
+    for n, p in m64.named_parameters():
+        ref["sgd." + n] = p
+
+    with torch.no_grad():
+        chk, pre64 = sites(copy.deepcopy(model).double().train(), x64)
+    selfcheck = ((chk - logits).abs().max() / logits.abs().max()).item()
+
+    # float64 on our masks
+    mm = copy.deepcopy(model).double().train()
+    masks = [(o > 0).double() for o in ours]
+    lm, _ = sites(mm, x64, masks, ours[0].double())
+    xent(lm, labels).backward()
+    for n, p in mm.named_parameters():
+        ref["gradm." + n] = p.grad
+
+    # where our masks and float64's differ, and how close to zero
+    nflip = nflip32 = 0
+    margin = 0.0
+    for o, p64, p32 in zip(ours, pre64, pre32):
+        band = (p32.double() - p64).abs().max().item()
+        f = (o > 0) != (p64 > 0)
+        nflip += int(f.sum())
+        nflip32 += int(((p32 > 0) != (p64 > 0)).sum())
+        if f.any():
+            worst = p64[f].abs().max().item()
+            margin = max(margin, worst / band if band > 0 else float("inf"))
+    ref["flips"] = torch.tensor([nflip, nflip32, margin, selfcheck],
+                                dtype=torch.float64)
     ref.update(grad32)
-    save(out + "/ref.safetensors", ref)
-    print("# torch %s torchvision %s: %s loss %.6f" %
-          (torch.__version__, torchvision.__version__, arch, loss.item()))
+    save(d + "/ref.safetensors", ref)
+
+
+def main():
+    torch.set_num_threads(2)
+    for d in sys.argv[1:]:
+        one_case(d)
+    print("# torch %s torchvision %s: %d cases" %
+          (torch.__version__, torchvision.__version__, len(sys.argv) - 1))
 
 
 if __name__ == "__main__":
