@@ -177,21 +177,27 @@ struct rd {
 
 static int rd_open(struct rd *r, const char *path)
 {
+    int fd, rc;
+
     r->path = path;
     r->off = 0;
 #ifdef HAVE_ZLIB
-    /* gzopen reads plain files transparently. */
-    r->gz = gzopen(path, "rb");
-    if (!r->gz)
-        return errno ? mesh_err_errno("open %s", path)
-                     : mesh_err(-ENOMEM, "open %s: out of memory", path);
+    /* never blocks, and refuses FIFOs, devices and directories */
+    rc = mesh_open_input("--data", path, 0, &fd, NULL);
+    if (rc < 0)
+        return rc;
+    /* gzdopen reads plain files transparently. */
+    r->gz = gzdopen(fd, "rb");
+    if (!r->gz) {
+        close(fd);
+        return mesh_err(-ENOMEM, "open %s: out of memory", path);
+    }
     gzbuffer(r->gz, 1 << 17);
 #else
-    do {
-        r->fd = open(path, O_RDONLY | O_CLOEXEC);
-    } while (r->fd < 0 && errno == EINTR);
-    if (r->fd < 0)
-        return mesh_err_errno("open %s", path);
+    (void)fd;
+    rc = mesh_open_input("--data", path, 0, &r->fd, NULL);
+    if (rc < 0)
+        return rc;
 #endif
     return 0;
 }

@@ -352,14 +352,14 @@ int mesh_hostfile_parse_file(const char *path, struct mesh_hostfile **out)
     ssize_t n;
     int fd = -1, rc;
 
-    MESH_SYSCALL(rc, fd = open(path, O_RDONLY | O_CLOEXEC), out_none,
-                 "cannot open hostfile %s", path);
-    MESH_SYSCALL(rc, fstat(fd, &st), out_fd, "cannot stat hostfile %s", path);
-    if (!S_ISREG(st.st_mode) || st.st_size > HOSTFILE_MAX_BYTES) {
-        rc = mesh_err(-EINVAL,
-                      "hostfile %s is not a regular file under %d "
-                      "bytes",
-                      path, HOSTFILE_MAX_BYTES);
+    rc = mesh_open_input("hostfile", path, 0, &fd, &st);
+    if (rc < 0)
+        goto out_none;
+    if (st.st_size > HOSTFILE_MAX_BYTES) {
+        rc = mesh_err(-EFBIG,
+                      "hostfile %s has %lld bytes, more than a hostfile's "
+                      "%d",
+                      path, (long long)st.st_size, HOSTFILE_MAX_BYTES);
         goto out_fd;
     }
     text = malloc((size_t)st.st_size + 1);

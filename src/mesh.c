@@ -251,14 +251,9 @@ static int read_secret_file(struct mesh_opts *o, const char *path, size_t *len)
     ssize_t n;
     int fd = -1, rc;
 
-    MESH_SYSCALL(rc, fd = open(path, O_RDONLY | O_CLOEXEC), out,
-                 "cannot open secret file %s", path);
-    MESH_SYSCALL(rc, fstat(fd, &st), out_fd, "cannot stat secret file %s",
-                 path);
-    if (!S_ISREG(st.st_mode)) {
-        rc = mesh_err(-EINVAL, "secret file %s is not a regular file", path);
-        goto out_fd;
-    }
+    rc = mesh_open_input("secret file", path, 0, &fd, &st);
+    if (rc < 0)
+        goto out;
     if (st.st_mode & 077) {
         rc = mesh_err(-EPERM,
                       "secret file %s has mode %04o, more open than 0600; "

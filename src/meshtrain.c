@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 enum {
     OPT_MODEL,
@@ -524,6 +525,39 @@ static int summary(const struct train_cfg *c)
     return rc;
 }
 
+/*
+ * The files rank 0 writes and the checkpoint folder, checked before
+ * anything runs: a FIFO would block the open for writing until a reader
+ * came, and a directory or a device would fail only after training.
+ */
+static int check_outputs(const struct train_cfg *c, int rank)
+{
+    const struct {
+        const char *flag, *path;
+    } outs[] = {
+        {"--metrics", c->metrics},
+        {"--timeline", c->timeline},
+        {"--save", c->save},
+        {"--profile-layers", c->profile_layers},
+    };
+    struct stat st;
+    size_t k;
+    int rc;
+
+    /* every peer writes DIR/rank-R: DIR is made when missing */
+    if (c->checkpoint_dir && stat(c->checkpoint_dir, &st) == 0 &&
+        !S_ISDIR(st.st_mode))
+        return mesh_err(-ENOTDIR, "--checkpoint-dir %s is %s, not a directory",
+                        c->checkpoint_dir, mesh_file_type_name(st.st_mode));
+    if (rank != 0)
+        return 0;
+    for (k = 0; k < MESH_ARRAY_SIZE(outs); k++)
+        if (outs[k].path &&
+            (rc = mesh_check_output(outs[k].flag, outs[k].path)) < 0)
+            return rc;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct train_cfg c;
@@ -588,6 +622,12 @@ int main(int argc, char **argv)
     rc = mesh_opts_finish(&mo);
     if (level >= 0)
         mesh_log_set_level((enum mesh_log_level)level);
+    if (rc < 0) {
+        fprintf(stderr, "meshtrain: %s\n", mesh_err_msg(rc));
+        mesh_opts_free(&mo);
+        return MESH_EXIT_USAGE;
+    }
+    rc = check_outputs(&c, mo.rank);
     if (rc < 0) {
         fprintf(stderr, "meshtrain: %s\n", mesh_err_msg(rc));
         mesh_opts_free(&mo);
