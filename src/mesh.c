@@ -122,6 +122,13 @@ static int parse_bool(const char *what, const char *s, int *out)
 
 static const char *const bind_names[] = {"auto", "none", "cores"};
 
+const char *mesh_bind_name(int mode)
+{
+    return mode >= 0 && mode < (int)MESH_ARRAY_SIZE(bind_names)
+               ? bind_names[mode]
+               : "?";
+}
+
 static int parse_bind(const char *what, const char *s, int *out)
 {
     int k;
