@@ -155,8 +155,11 @@ static int set_flag(struct mesh_opts *o, enum flag_id id, const char *name,
         return mesh_parse_int(name, v, 0, INT_MAX, &o->rank);
     case F_PORT:
         return mesh_parse_int(name, v, 1, 65535, &o->port);
-    case F_PORT_RANGE:
-        return mesh_parse_port_range(v, &o->port_lo, &o->port_hi);
+    case F_PORT_RANGE: {
+        int rc = mesh_parse_port_range(v, &o->port_lo, &o->port_hi);
+
+        return rc < 0 ? mesh_err_prefix(rc, "%s", name) : 0;
+    }
     case F_STREAMS:
         return mesh_parse_int(name, v, 1, MESH_STREAMS_MAX, &o->streams);
     case F_TCP_CC:
@@ -173,6 +176,12 @@ static int set_flag(struct mesh_opts *o, enum flag_id id, const char *name,
     case F_PEER_TIMEOUT:
         return parse_seconds(name, v, &o->peer_timeout_s);
     case F_TRANSPORT:
+        /* a world of one never looks it up: check the name here */
+        if (!mesh_transport_find(v))
+            return mesh_err(-EINVAL,
+                            "%s '%s': unknown or unbuilt transport (tcp, "
+                            "verbs or auto)",
+                            name, v);
         o->transport = v;
         return 0;
     case F_JOB_ID:

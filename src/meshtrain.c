@@ -247,6 +247,21 @@ static int parse_milestones(const char *s, struct mesh_nn_lr_sched *l)
     return 0;
 }
 
+/* --model NAME: one of mesh_nn_arch_list()'s "a, b, c". */
+static int check_model(const char *name)
+{
+    const char *list = mesh_nn_arch_list(), *p = list;
+    size_t n = strlen(name);
+
+    while (n && (p = strstr(p, name)) != NULL) {
+        if ((p == list || p[-1] == ' ') && (p[n] == ',' || p[n] == '\0'))
+            return 0;
+        p += n;
+    }
+    return mesh_err(-EINVAL, "--model \"%s\": unknown model (%s)", name,
+                    list);
+}
+
 static int apply_opt(struct train_cfg *c, int id, const char *name,
                      const char *arg)
 {
@@ -256,6 +271,7 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
 
     switch (id) {
     case OPT_MODEL:
+        rc = check_model(arg);
         c->model.arch = arg;
         break;
     case OPT_WIDTH:
@@ -289,6 +305,10 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         c->threads = (int)v;
         break;
     case OPT_DEVICE:
+        /* unknown, or not built: said now, not after the data is read */
+        rc = mesh_nn_backend_check(arg);
+        if (rc < 0)
+            rc = mesh_err_prefix(rc, "--device");
         c->device = arg;
         break;
     case OPT_GPU:
@@ -297,6 +317,8 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         break;
     case OPT_PRECISION:
         rc = mesh_nn_precision_parse(arg, &c->precision);
+        if (rc < 0)
+            rc = mesh_err_prefix(rc, "--%s", name);
         break;
     case OPT_SUMMARY:
         c->summary = 1;
@@ -350,6 +372,8 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         break;
     case OPT_LR_SCHEDULE:
         rc = mesh_nn_lr_parse(arg, &c->lr.kind);
+        if (rc < 0)
+            rc = mesh_err_prefix(rc, "--%s", name);
         break;
     case OPT_WARMUP:
         rc = parse_double(name, arg, 0, 1e6, &c->lr.warmup_epochs);
@@ -373,6 +397,8 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
     case OPT_ALGO:
         /* ps: checked in main (only with --simulate-compute) */
         rc = mesh_algo_parse(arg, &c->algo);
+        if (rc < 0)
+            rc = mesh_err_prefix(rc, "--%s", name);
         break;
     case OPT_VERIFY_EVERY:
         rc = parse_long(name, arg, 0, LONG_MAX, &v);

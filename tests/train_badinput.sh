@@ -4,7 +4,8 @@
 # /dev/zero, an unreadable file, a huge file and a truncated one; every
 # numeric flag gets 0, a negative number, NaN and a huge number. Each run
 # must end within $LIMIT seconds (a hang fails the test) with exit 1 and a
-# message that names the flag or the file. The flags come from
+# message that names the flag or the file; so must every flag that takes a
+# word (an enumeration, a name) given a value nothing accepts. The flags come from
 # `meshtrain --help`, so that a new flag cannot be forgotten here.
 #
 # A value that is valid (0 for --seed, say) is accepted; the run then
@@ -214,6 +215,34 @@ for spec in fashion-mnist cifar10 imagefolder; do
         check "--data $spec:<$kind>" "$TMP/out" "$TMP/spec"
         rm -rf "$TMP/spec"
     done
+done
+
+# ---- bad numbers and words ---------------------------------------------------
+
+# Every numeric flag: 0, negative, NaN, huge. A refusal names the flag; a
+# valid value (0 for --seed, say) meets the sentinel.
+for flag in $NUM_FLAGS; do
+    for v in 0 -1 nan 99999999999999999999; do
+        # shellcheck disable=SC2086
+        run "$TMP/out" "$MESHTRAIN" -H localhost:1 $BASE "$flag" "$v"
+        check "$flag $v" "$TMP/out" "$flag|$SENTINEL"
+    done
+done
+
+# Every word flag: a value no one accepts, refused naming the flag (-H for
+# --hosts); only names nothing here can check (an RDMA device unused by
+# tcp, a job id) may meet the sentinel.
+for flag in $WORD_FLAGS; do
+    v="no-such-value!"
+    want="$flag"
+    case $flag in
+    --hosts) v="::bad" want="-H" ;;
+    --ib-dev) want="$flag|$SENTINEL" ;;
+    --job-id) v="two words" ;;
+    esac
+    # shellcheck disable=SC2086
+    run "$TMP/out" "$MESHTRAIN" -H localhost:1 $BASE "$flag" "$v"
+    check "$flag '$v'" "$TMP/out" "$want|job id"
 done
 
 t_plan "$T_N"
