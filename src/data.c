@@ -362,8 +362,9 @@ static int rd_some_gz(struct rd *r, uint8_t *buf, size_t len, size_t *done)
              !strcmp(r->z.msg, "incorrect length check")))
             /* inflate checks the trailer's 4 bytes after reading them */
             return mesh_err(-EIO,
-                            "%s: gzip %s mismatch: the trailer at compressed "
-                            "byte offset %" PRIu64 " does not match the %" PRIu64
+                            "%s: gzip %s mismatch: the trailer at "
+                            "compressed byte offset %" PRIu64
+                            " does not match the %" PRIu64
                             " uncompressed bytes before it (a corrupt file)",
                             r->path,
                             !strcmp(r->z.msg, "incorrect data check")

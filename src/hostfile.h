@@ -11,9 +11,9 @@
  *   [fe80::1]:2                   IPv6 literals always in brackets
  *   node4                         no slot count: one slot
  *
- * Keys: slots=N (1 <= N <= 4096), max_slots=N (accepted, must be >= slots; meshtrain
- * never oversubscribes), port=P (this host's base port). The -H form is
- * "h1:2,h2:2,[::1]:1" (no keys).
+ * Keys: slots=N (1 <= N <= 4096), max_slots=N (accepted, must be >=
+ * slots; meshtrain never oversubscribes), port=P (this host's base port).
+ * The -H form is "h1:2,h2:2,[::1]:1" (no keys).
  *
  * Ranks are assigned in file order, slot by slot. The port of a slot is its
  * host entry's base port (port=, else the --port base) plus the slot's index
