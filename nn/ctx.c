@@ -50,6 +50,11 @@ const struct mesh_nn_backend_ops *mesh_nn_backend_find(const char *name)
     return NULL;
 }
 
+int mesh_nn_backend_check(const char *backend)
+{
+    return mesh_nn_backend_find(backend) ? 0 : -EINVAL;
+}
+
 int mesh_nn_ctx_open(const char *backend, int threads,
                      struct mesh_nn_ctx **out)
 {

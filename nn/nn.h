@@ -43,6 +43,10 @@ struct mesh_nn_sgd;
 
 /* ---- device ---------------------------------------------------------------- */
 
+/* 0 when backend (cpu, cuda, devsim) is known and built, else -EINVAL
+ * with a message that says which (unknown, or not built). */
+int mesh_nn_backend_check(const char *backend);
+
 /*
  * Open a device of backend "cpu" (oneDNN) or "cuda" (when built). threads
  * <= 0: every online core. The ctx owns the backend's plans (created once

@@ -165,111 +165,243 @@ static int grow(uint8_t **buf, size_t *cap, size_t need)
 
 /* ---- whole-file readers with offsets in every error --------------------- */
 
+/*
+ * A file read front to back, gzip'ed (by its magic bytes) or plain. gzip is
+ * inflated here rather than through gzread, so that an error names the
+ * compressed offset where inflate found it, the uncompressed offset of the
+ * data it was producing, and so that bytes after the last gzip member are
+ * an error rather than silently ignored.
+ */
 struct rd {
     const char *path;
     uint64_t off; /* uncompressed bytes consumed */
-#ifdef HAVE_ZLIB
-    gzFile gz;
-#else
     int fd;
+    int gz;       /* the file starts with gzip's magic 1f 8b */
+    int gz_end;   /* the last member's trailer was read and checked */
+    uint64_t raw; /* file bytes read into in[] so far */
+#ifdef HAVE_ZLIB
+    z_stream z;
+    int z_init;
+    uint8_t *in; /* (RD_IN) compressed input */
 #endif
 };
 
-static int rd_open(struct rd *r, const char *path)
+#define RD_INIT {.fd = -1}
+#define RD_IN   (1 << 17)
+
+static int rd_open(struct rd *r, const char *path, struct stat *st)
 {
+    uint8_t magic[2];
+    ssize_t n;
+    int rc;
+
     r->path = path;
     r->off = 0;
-#ifdef HAVE_ZLIB
-    /* gzopen reads plain files transparently. */
-    r->gz = gzopen(path, "rb");
-    if (!r->gz)
-        return errno ? mesh_err_errno("open %s", path)
-                     : mesh_err(-ENOMEM, "open %s: out of memory", path);
-    gzbuffer(r->gz, 1 << 17);
-#else
+    r->raw = 0;
+    r->gz = r->gz_end = 0;
+    rc = mesh_open_input("--data", path, 0, &r->fd, st);
+    if (rc < 0)
+        return rc;
     do {
-        r->fd = open(path, O_RDONLY | O_CLOEXEC);
-    } while (r->fd < 0 && errno == EINTR);
-    if (r->fd < 0)
-        return mesh_err_errno("open %s", path);
+        n = pread(r->fd, magic, sizeof(magic), 0);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
+        rc = mesh_err_errno("%s: read at byte offset 0", path);
+        goto fail;
+    }
+    if (n == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+#ifdef HAVE_ZLIB
+        memset(&r->z, 0, sizeof(r->z));
+        r->in = malloc(RD_IN);
+        if (!r->in) {
+            rc = mesh_err(-ENOMEM, "%s: out of memory", path);
+            goto fail;
+        }
+        /* 15 + 16: a gzip header and trailer, nothing else */
+        if (inflateInit2(&r->z, 15 + 16) != Z_OK) {
+            rc = mesh_err(-ENOMEM, "%s: inflateInit2 failed", path);
+            goto fail;
+        }
+        r->z_init = 1;
+        r->gz = 1;
+#else
+        rc = mesh_err(-ENOTSUP, "%s: gzip'ed, and built without zlib; "
+                      "gunzip it", path);
+        goto fail;
 #endif
+    }
     return 0;
+fail:
+    close(r->fd);
+    r->fd = -1;
+    return rc;
 }
 
 static void rd_close(struct rd *r)
 {
 #ifdef HAVE_ZLIB
-    if (r->gz)
-        gzclose(r->gz);
-    r->gz = NULL;
-#else
+    if (r->z_init)
+        inflateEnd(&r->z);
+    r->z_init = 0;
+    free(r->in);
+    r->in = NULL;
+#endif
     if (r->fd >= 0)
         close(r->fd);
     r->fd = -1;
-#endif
 }
+
+/* Up to len plain bytes from the file into buf; *got = 0 at its end. */
+static int rd_raw(struct rd *r, void *buf, size_t len, size_t *got)
+{
+    ssize_t n;
+
+    do {
+        n = read(r->fd, buf, MESH_MIN(len, (size_t)1 << 30));
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return mesh_err_errno("%s: read at byte offset %" PRIu64, r->path,
+                              r->raw);
+    r->raw += (uint64_t)n;
+    *got = (size_t)n;
+    return 0;
+}
+
+#ifdef HAVE_ZLIB
+/* The compressed offset inflate has consumed up to. */
+static uint64_t rd_zoff(const struct rd *r)
+{
+    return r->raw - r->z.avail_in;
+}
+
+/* Refill the input when inflate has used it all; *eof at the file's end. */
+static int rd_fill(struct rd *r, int *eof)
+{
+    size_t got;
+    int rc;
+
+    *eof = 0;
+    if (r->z.avail_in)
+        return 0;
+    rc = rd_raw(r, r->in, RD_IN, &got);
+    if (rc < 0)
+        return rc;
+    r->z.next_in = r->in;
+    r->z.avail_in = (uInt)got;
+    *eof = got == 0;
+    return 0;
+}
+
+/* After a member's trailer (out: uncompressed bytes so far): another
+ * member follows, or the file ends. */
+static int rd_next_member(struct rd *r, uint64_t out)
+{
+    int eof, rc;
+
+    rc = rd_fill(r, &eof);
+    if (rc < 0)
+        return rc;
+    if (eof) {
+        r->gz_end = 1;
+        return 0;
+    }
+    if (r->z.avail_in == 1) {
+        /* one byte left in the buffer: move it and read behind it */
+        size_t got;
+
+        r->in[0] = r->z.next_in[0];
+        rc = rd_raw(r, r->in + 1, RD_IN - 1, &got);
+        if (rc < 0)
+            return rc;
+        r->z.next_in = r->in;
+        r->z.avail_in = (uInt)(1 + got);
+    }
+    if (r->z.avail_in < 2 || r->z.next_in[0] != 0x1f ||
+        r->z.next_in[1] != 0x8b)
+        return mesh_err(-EIO,
+                        "%s: trailing garbage after the gzip stream at "
+                        "compressed byte offset %" PRIu64
+                        " (after %" PRIu64 " uncompressed bytes)",
+                        r->path, rd_zoff(r), out);
+    if (inflateReset(&r->z) != Z_OK)
+        return mesh_err(-EIO, "%s: inflateReset failed", r->path);
+    return 0;
+}
+
+static int rd_some_gz(struct rd *r, uint8_t *buf, size_t len, size_t *done)
+{
+    while (*done < len && !r->gz_end) {
+        uInt want = (uInt)MESH_MIN(len - *done, (size_t)1 << 30);
+        int eof, zrc, rc;
+
+        rc = rd_fill(r, &eof);
+        if (rc < 0)
+            return rc;
+        if (eof)
+            return mesh_err(-EIO,
+                            "%s: truncated gzip stream: the file ends at "
+                            "compressed byte offset %" PRIu64
+                            " (uncompressed byte offset %" PRIu64 ")",
+                            r->path, r->raw, r->off + *done);
+        r->z.next_out = buf + *done;
+        r->z.avail_out = want;
+        zrc = inflate(&r->z, Z_NO_FLUSH);
+        *done += want - r->z.avail_out;
+        if (zrc == Z_STREAM_END) {
+            rc = rd_next_member(r, r->off + *done);
+            if (rc < 0)
+                return rc;
+            continue;
+        }
+        if (zrc == Z_OK || (zrc == Z_BUF_ERROR && r->z.avail_in == 0))
+            continue;
+        if (zrc == Z_MEM_ERROR)
+            return mesh_err(-ENOMEM, "%s: out of memory inflating", r->path);
+        if (zrc == Z_DATA_ERROR && r->z.msg &&
+            (!strcmp(r->z.msg, "incorrect data check") ||
+             !strcmp(r->z.msg, "incorrect length check")))
+            /* inflate checks the trailer's 4 bytes after reading them */
+            return mesh_err(-EIO,
+                            "%s: gzip %s mismatch: the trailer at "
+                            "compressed byte offset %" PRIu64
+                            " does not match the %" PRIu64
+                            " uncompressed bytes before it (a corrupt file)",
+                            r->path,
+                            !strcmp(r->z.msg, "incorrect data check")
+                                ? "CRC-32"
+                                : "length",
+                            rd_zoff(r) - 4, r->off + *done);
+        return mesh_err(-EIO,
+                        "%s: gzip error at compressed byte offset %" PRIu64
+                        " (uncompressed byte offset %" PRIu64 "): %s",
+                        r->path, rd_zoff(r), r->off + *done,
+                        r->z.msg ? r->z.msg : zError(zrc));
+    }
+    return 0;
+}
+#endif
 
 /* Read up to len bytes; *got gets the count. Errors name file + offset. */
-#ifdef HAVE_ZLIB
-/* gzerror's message, without the path zlib puts in front. */
-static const char *gz_msg(struct rd *r, int *zerr)
-{
-    const char *m = gzerror(r->gz, zerr);
-    size_t n = strlen(r->path);
-
-    if (!strncmp(m, r->path, n) && !strncmp(m + n, ": ", 2))
-        m += n + 2;
-    return m;
-}
-#endif
-
 static int rd_some(struct rd *r, void *buf, size_t len, size_t *got)
 {
-    size_t done = 0;
+    size_t done = 0, n;
+    int rc = 0;
 
-    while (done < len) {
 #ifdef HAVE_ZLIB
-        unsigned chunk = (unsigned)MESH_MIN(len - done, (size_t)1 << 30);
-        int n = gzread(r->gz, (uint8_t *)buf + done, chunk);
-
-        if (n < 0) {
-            int zerr;
-            const char *m = gz_msg(r, &zerr);
-
-            if (zerr == Z_ERRNO)
-                return mesh_err_errno("%s: read at byte offset %" PRIu64,
-                                      r->path, r->off + done);
-            return mesh_err(-EIO,
-                            "%s: gzip error at uncompressed byte offset "
-                            "%" PRIu64 " (compressed offset %ld): %s",
-                            r->path, r->off + done, (long)gzoffset(r->gz), m);
-        }
-        if (n == 0) {
-            int zerr;
-            const char *m = gz_msg(r, &zerr);
-
-            /* A truncated gzip stream ends with Z_BUF_ERROR. */
-            if (zerr != Z_OK && zerr != Z_STREAM_END)
-                return mesh_err(-EIO,
-                                "%s: gzip error at uncompressed byte offset "
-                                "%" PRIu64 " (compressed offset %ld): %s",
-                                r->path, r->off + done, (long)gzoffset(r->gz),
-                                m);
-            break;
-        }
-#else
-        ssize_t n = read(r->fd, (uint8_t *)buf + done,
-                         MESH_MIN(len - done, (size_t)1 << 30));
-
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return mesh_err_errno("%s: read at byte offset %" PRIu64, r->path,
-                                  r->off + done);
+    if (r->gz) {
+        rc = rd_some_gz(r, buf, len, &done);
+        if (rc < 0)
+            return rc;
+        len = done;
+    }
+#endif
+    while (done < len) {
+        rc = rd_raw(r, (uint8_t *)buf + done, len - done, &n);
+        if (rc < 0)
+            return rc;
         if (n == 0)
             break;
-#endif
-        done += (size_t)n;
+        done += n;
     }
     r->off += done;
     *got = done;
@@ -324,6 +456,14 @@ static int find_file(const char *dir, const char *name, char *path, size_t cap)
     snprintf(path, cap, "%s/%s.gz", dir, name);
     if (stat(path, &st) == 0) {
 #ifdef HAVE_ZLIB
+        char plain[4200];
+
+        /* say which one is read: they may differ (a stale copy) */
+        snprintf(plain, sizeof(plain), "%s/%s", dir, name);
+        if (stat(plain, &st) == 0)
+            mesh_warn("both %s and %s exist: reading %s (remove one to "
+                      "silence this)",
+                      plain, path, path);
         return 0;
 #else
         return mesh_err(-ENOTSUP, "%s: built without zlib; gunzip it", path);
@@ -345,7 +485,7 @@ static int find_file(const char *dir, const char *name, char *path, size_t cap)
 static int idx_open(struct rd *r, const char *path, int dims, uint8_t *hdr)
 {
     uint32_t magic = 0x800u | (uint32_t)dims;
-    int rc = rd_open(r, path);
+    int rc = rd_open(r, path, NULL);
 
     if (rc < 0)
         return rc;
@@ -365,7 +505,7 @@ static int idx_read(const char *dir, const char *img_name, const char *lbl_name,
 {
     char ipath[4096], lpath[4096];
     uint8_t hdr[16];
-    struct rd ri = {0}, rl = {0};
+    struct rd ri = RD_INIT, rl = RD_INIT;
     uint32_t n, rows, cols, nl;
     size_t bytes;
     int rc;
@@ -476,21 +616,23 @@ static int open_fmnist(struct mesh_dataset *ds, const char *dir)
 static int cifar_file(const char *path, struct split *sp, size_t *cap)
 {
     struct stat st;
-    struct rd r = {0};
+    struct rd r = RD_INIT;
     size_t nrec, got;
     uint8_t *rec;
     int rc;
 
-    if (stat(path, &st) != 0)
-        return mesh_err_errno("%s", path);
+    rc = rd_open(&r, path, &st);
+    if (rc < 0)
+        return rc;
     if (st.st_size <= 0 || st.st_size % CIFAR_REC) {
         size_t whole = (size_t)st.st_size / CIFAR_REC * CIFAR_REC;
 
-        return mesh_err(-EIO,
-                        "%s: size %lld is not a whole number of %d-byte "
-                        "records (1 label + 3072 pixels): a partial record "
-                        "starts at byte offset %zu",
-                        path, (long long)st.st_size, CIFAR_REC, whole);
+        rc = mesh_err(-EIO,
+                      "%s: size %lld is not a whole number of %d-byte "
+                      "records (1 label + 3072 pixels): a partial record "
+                      "starts at byte offset %zu",
+                      path, (long long)st.st_size, CIFAR_REC, whole);
+        goto out;
     }
     nrec = (size_t)st.st_size / CIFAR_REC;
     if (sp->count + nrec > *cap) {
@@ -498,18 +640,19 @@ static int cifar_file(const char *path, struct split *sp, size_t *cap)
         uint8_t *p = realloc(sp->pix, ncap * 3072);
         int32_t *l;
 
-        if (!p)
-            return mesh_err(-ENOMEM, "%s: out of memory", path);
+        if (!p) {
+            rc = mesh_err(-ENOMEM, "%s: out of memory", path);
+            goto out;
+        }
         sp->pix = p;
         l = realloc(sp->labels, ncap * sizeof(int32_t));
-        if (!l)
-            return mesh_err(-ENOMEM, "%s: out of memory", path);
+        if (!l) {
+            rc = mesh_err(-ENOMEM, "%s: out of memory", path);
+            goto out;
+        }
         sp->labels = l;
         *cap = ncap;
     }
-    rc = rd_open(&r, path);
-    if (rc < 0)
-        return rc;
     for (size_t i = 0; i < nrec; i++) {
         uint8_t lab;
 
@@ -793,8 +936,17 @@ static int open_folder(struct mesh_dataset *ds, const char *dir)
         rc = folder_scan(ds, train, &ds->sp[MESH_DATA_TRAIN], 1);
         if (rc == 0 && is_dir(val))
             rc = folder_scan(ds, val, &ds->sp[MESH_DATA_EVAL], 0);
+        else if (rc == 0)
+            mesh_warn("imagefolder: %s has no val/ folder: no evaluation "
+                      "(top-1/top-5 need %s)",
+                      dir, val);
     } else {
         rc = folder_scan(ds, dir, &ds->sp[MESH_DATA_TRAIN], 1);
+        if (rc == 0)
+            mesh_warn("imagefolder: %s has no train/ folder: its class "
+                      "folders are the training split, and there is no "
+                      "evaluation (that needs train/ and val/)",
+                      dir);
     }
     if (rc == 0 && ds->sp[MESH_DATA_TRAIN].count == 0)
         rc = mesh_err(-ENOENT, "imagefolder: no JPEG files under %s", dir);

@@ -11,15 +11,15 @@
  *   [fe80::1]:2                   IPv6 literals always in brackets
  *   node4                         no slot count: one slot
  *
- * Keys: slots=N (N >= 1), max_slots=N (accepted, must be >= slots; meshtrain
- * never oversubscribes), port=P (this host's base port). The -H form is
- * "h1:2,h2:2,[::1]:1" (no keys).
+ * Keys: slots=N (1 <= N <= 4096), max_slots=N (accepted, must be >=
+ * slots; meshtrain never oversubscribes), port=P (this host's base port).
+ * The -H form is "h1:2,h2:2,[::1]:1" (no keys).
  *
  * Ranks are assigned in file order, slot by slot. The port of a slot is its
  * host entry's base port (port=, else the --port base) plus the slot's index
  * within that entry. A host listed on several lines keeps counting its
  * local ranks across them; two slots with the same host and port are an
- * error.
+ * error. All slots together (the world size) are at most MESH_WORLD_MAX.
  */
 #ifndef MESH_HOSTFILE_H
 #define MESH_HOSTFILE_H
@@ -27,6 +27,14 @@
 #include "transport/transport.h"
 
 #define MESH_PORT_DEFAULT 29400
+
+/*
+ * The largest world: a hostfile (or -H list) whose slots add up to more
+ * is refused at the line that crosses it. Every rank holds a connection
+ * to every other, so far fewer is the practical size; the bound keeps a
+ * wrong file (slots=4096 on thousands of lines) from costing minutes.
+ */
+#define MESH_WORLD_MAX 65536
 
 struct mesh_hostfile_entry {
     char host[MESH_HOST_MAX]; /* name or address, IPv6 without brackets */
@@ -59,8 +67,14 @@ int mesh_hostfile_parse_hosts(const char *hosts, struct mesh_hostfile **out);
 
 void mesh_hostfile_free(struct mesh_hostfile *hf);
 
-/* Total slots = world size. */
+/* Total slots = world size (at most MESH_WORLD_MAX). */
 int mesh_hostfile_slots(const struct mesh_hostfile *hf);
+
+/*
+ * first[i] = the local rank of entry i's first slot: the slots of the same
+ * host on earlier lines (first has hf->n elements). O(entries).
+ */
+int mesh_hostfile_local_ranks(const struct mesh_hostfile *hf, int *first);
 
 /*
  * Lay out the ranks: (*out)[r] is rank r's host, port and local rank, with

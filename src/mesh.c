@@ -122,6 +122,13 @@ static int parse_bool(const char *what, const char *s, int *out)
 
 static const char *const bind_names[] = {"auto", "none", "cores"};
 
+const char *mesh_bind_name(int mode)
+{
+    return mode >= 0 && mode < (int)MESH_ARRAY_SIZE(bind_names)
+               ? bind_names[mode]
+               : "?";
+}
+
 static int parse_bind(const char *what, const char *s, int *out)
 {
     int k;
@@ -148,8 +155,11 @@ static int set_flag(struct mesh_opts *o, enum flag_id id, const char *name,
         return mesh_parse_int(name, v, 0, INT_MAX, &o->rank);
     case F_PORT:
         return mesh_parse_int(name, v, 1, 65535, &o->port);
-    case F_PORT_RANGE:
-        return mesh_parse_port_range(v, &o->port_lo, &o->port_hi);
+    case F_PORT_RANGE: {
+        int rc = mesh_parse_port_range(v, &o->port_lo, &o->port_hi);
+
+        return rc < 0 ? mesh_err_prefix(rc, "%s", name) : 0;
+    }
     case F_STREAMS:
         return mesh_parse_int(name, v, 1, MESH_STREAMS_MAX, &o->streams);
     case F_TCP_CC:
@@ -166,6 +176,12 @@ static int set_flag(struct mesh_opts *o, enum flag_id id, const char *name,
     case F_PEER_TIMEOUT:
         return parse_seconds(name, v, &o->peer_timeout_s);
     case F_TRANSPORT:
+        /* a world of one never looks it up: check the name here */
+        if (!mesh_transport_find(v))
+            return mesh_err(-EINVAL,
+                            "%s '%s': unknown or unbuilt transport (tcp, "
+                            "verbs or auto)",
+                            name, v);
         o->transport = v;
         return 0;
     case F_JOB_ID:
@@ -251,14 +267,9 @@ static int read_secret_file(struct mesh_opts *o, const char *path, size_t *len)
     ssize_t n;
     int fd = -1, rc;
 
-    MESH_SYSCALL(rc, fd = open(path, O_RDONLY | O_CLOEXEC), out,
-                 "cannot open secret file %s", path);
-    MESH_SYSCALL(rc, fstat(fd, &st), out_fd, "cannot stat secret file %s",
-                 path);
-    if (!S_ISREG(st.st_mode)) {
-        rc = mesh_err(-EINVAL, "secret file %s is not a regular file", path);
-        goto out_fd;
-    }
+    rc = mesh_open_input("secret file", path, 0, &fd, &st);
+    if (rc < 0)
+        goto out;
     if (st.st_mode & 077) {
         rc = mesh_err(-EPERM,
                       "secret file %s has mode %04o, more open than 0600; "

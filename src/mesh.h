@@ -132,6 +132,9 @@ int mesh_bind_plan(enum mesh_bind mode, const int *allowed, int nallowed,
  * when it bound the thread, 0 when it left it alone; a failed binding is an
  * error under "cores" and a warning (0) under "auto".
  */
+/* "auto", "none" or "cores". */
+const char *mesh_bind_name(int mode);
+
 int mesh_bind(const struct mesh_opts *o, int *ncpus);
 
 /* Wipe the secret and free what finish allocated. */

@@ -760,6 +760,7 @@ int main(int argc, char **argv)
     static char local_hosts[64];
     struct mesh_hostfile *hf = NULL;
     struct run run;
+    int *first = NULL; /* each hostfile entry's first local rank */
     int rc, r, e, code = 1;
 
     memset(&run, 0, sizeof(run));
@@ -820,14 +821,19 @@ int main(int argc, char **argv)
         rc = mesh_err(-ENOMEM, "out of memory for %d ranks", run.np);
         goto usage_error;
     }
+    first = calloc((size_t)hf->n, sizeof(*first));
+    if (!first) {
+        rc = mesh_err(-ENOMEM, "out of memory for %d hosts", hf->n);
+        goto usage_error;
+    }
+    rc = mesh_hostfile_local_ranks(hf, first);
+    if (rc < 0)
+        goto usage_error;
     r = 0;
     for (e = 0; e < hf->n; e++) {
         const struct mesh_hostfile_entry *en = &hf->entries[e];
-        int earlier = 0, remote;
+        int earlier = first[e], remote;
 
-        for (int k = 0; k < e; k++)
-            if (!strcmp(hf->entries[k].host, en->host))
-                earlier += hf->entries[k].slots;
         remote = run.launcher == LAUNCH_SSH ||
                  (run.launcher == LAUNCH_AUTO && !is_local_host(en->host));
         for (int j = 0; j < en->slots; j++, r++) {
@@ -859,12 +865,14 @@ int main(int argc, char **argv)
     code = supervise(&run);
     if (rc < 0 && code == 0)
         code = 1;
+    free(first);
     free(run.procs);
     mesh_hostfile_free(hf);
     return code;
 
 usage_error:
     fprintf(stderr, "meshrun: %s\n", mesh_err_msg(rc));
+    free(first);
     free(run.procs);
     mesh_hostfile_free(hf);
     return 1;

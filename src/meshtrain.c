@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 enum {
     OPT_MODEL,
@@ -99,7 +100,8 @@ static const struct opt_doc opts[] = {
      "initialise each block's last BN gamma to 0"},
     {"seed", OPT_SEED, "N", "weights, data order and augmentation (default 1)"},
     {"threads", OPT_THREADS, "N",
-     "compute threads (default: the CPUs --bind-to gave this peer, else its CPUs / peers on this host)"},
+     "compute threads (default: the CPUs --bind-to gave this peer, else its "
+     "CPUs / peers on this host; more than the bound CPUs: a warning)"},
     {"device", OPT_DEVICE, "cpu|cuda|devsim",
      "compute backend (default cpu; devsim: a GPU test double for tests)"},
     {"gpu", OPT_GPU, "N",
@@ -245,6 +247,21 @@ static int parse_milestones(const char *s, struct mesh_nn_lr_sched *l)
     return 0;
 }
 
+/* --model NAME: one of mesh_nn_arch_list()'s "a, b, c". */
+static int check_model(const char *name)
+{
+    const char *list = mesh_nn_arch_list(), *p = list;
+    size_t n = strlen(name);
+
+    while (n && (p = strstr(p, name)) != NULL) {
+        if ((p == list || p[-1] == ' ') && (p[n] == ',' || p[n] == '\0'))
+            return 0;
+        p += n;
+    }
+    return mesh_err(-EINVAL, "--model \"%s\": unknown model (%s)", name,
+                    list);
+}
+
 static int apply_opt(struct train_cfg *c, int id, const char *name,
                      const char *arg)
 {
@@ -254,6 +271,7 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
 
     switch (id) {
     case OPT_MODEL:
+        rc = check_model(arg);
         c->model.arch = arg;
         break;
     case OPT_WIDTH:
@@ -287,6 +305,10 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         c->threads = (int)v;
         break;
     case OPT_DEVICE:
+        /* unknown, or not built: said now, not after the data is read */
+        rc = mesh_nn_backend_check(arg);
+        if (rc < 0)
+            rc = mesh_err_prefix(rc, "--device");
         c->device = arg;
         break;
     case OPT_GPU:
@@ -295,6 +317,8 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         break;
     case OPT_PRECISION:
         rc = mesh_nn_precision_parse(arg, &c->precision);
+        if (rc < 0)
+            rc = mesh_err_prefix(rc, "--%s", name);
         break;
     case OPT_SUMMARY:
         c->summary = 1;
@@ -348,6 +372,8 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         break;
     case OPT_LR_SCHEDULE:
         rc = mesh_nn_lr_parse(arg, &c->lr.kind);
+        if (rc < 0)
+            rc = mesh_err_prefix(rc, "--%s", name);
         break;
     case OPT_WARMUP:
         rc = parse_double(name, arg, 0, 1e6, &c->lr.warmup_epochs);
@@ -371,6 +397,8 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
     case OPT_ALGO:
         /* ps: checked in main (only with --simulate-compute) */
         rc = mesh_algo_parse(arg, &c->algo);
+        if (rc < 0)
+            rc = mesh_err_prefix(rc, "--%s", name);
         break;
     case OPT_VERIFY_EVERY:
         rc = parse_long(name, arg, 0, LONG_MAX, &v);
@@ -524,6 +552,39 @@ static int summary(const struct train_cfg *c)
     return rc;
 }
 
+/*
+ * The files rank 0 writes and the checkpoint folder, checked before
+ * anything runs: a FIFO would block the open for writing until a reader
+ * came, and a directory or a device would fail only after training.
+ */
+static int check_outputs(const struct train_cfg *c, int rank)
+{
+    const struct {
+        const char *flag, *path;
+    } outs[] = {
+        {"--metrics", c->metrics},
+        {"--timeline", c->timeline},
+        {"--save", c->save},
+        {"--profile-layers", c->profile_layers},
+    };
+    struct stat st;
+    size_t k;
+    int rc;
+
+    /* every peer writes DIR/rank-R: DIR is made when missing */
+    if (c->checkpoint_dir && stat(c->checkpoint_dir, &st) == 0 &&
+        !S_ISDIR(st.st_mode))
+        return mesh_err(-ENOTDIR, "--checkpoint-dir %s is %s, not a directory",
+                        c->checkpoint_dir, mesh_file_type_name(st.st_mode));
+    if (rank != 0)
+        return 0;
+    for (k = 0; k < MESH_ARRAY_SIZE(outs); k++)
+        if (outs[k].path &&
+            (rc = mesh_check_output(outs[k].flag, outs[k].path)) < 0)
+            return rc;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     struct train_cfg c;
@@ -588,6 +649,12 @@ int main(int argc, char **argv)
     rc = mesh_opts_finish(&mo);
     if (level >= 0)
         mesh_log_set_level((enum mesh_log_level)level);
+    if (rc < 0) {
+        fprintf(stderr, "meshtrain: %s\n", mesh_err_msg(rc));
+        mesh_opts_free(&mo);
+        return MESH_EXIT_USAGE;
+    }
+    rc = check_outputs(&c, mo.rank);
     if (rc < 0) {
         fprintf(stderr, "meshtrain: %s\n", mesh_err_msg(rc));
         mesh_opts_free(&mo);

@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* One layer: a conv, a BN or the fc, with its parameter tensors. */
 struct sim_layer {
@@ -227,15 +229,33 @@ static void spread(struct sim_model *m, double step_s)
     }
 }
 
+/* A profile has a line per layer: ResNet-152's is under 20 KB. */
+#define SIM_CSV_MAX (1 << 20)
+
 static int load_csv(struct sim_model *m, const char *path)
 {
-    FILE *f = fopen(path, "r");
+    struct stat st;
+    FILE *f;
     char line[256];
-    int lineno = 0, i, rc = 0;
+    int lineno = 0, i, fd, rc;
     char *seen;
 
-    if (!f)
-        return mesh_err_errno("--simulate-compute %s", path);
+    /* never blocks on a FIFO; refuses anything but a regular file */
+    rc = mesh_open_input("--simulate-compute", path, 0, &fd, &st);
+    if (rc < 0)
+        return rc;
+    if (st.st_size > SIM_CSV_MAX) {
+        close(fd);
+        return mesh_err(-EFBIG, "--simulate-compute %s: %lld bytes, more "
+                        "than a layer profile's %d", path,
+                        (long long)st.st_size, SIM_CSV_MAX);
+    }
+    f = fdopen(fd, "r");
+    if (!f) {
+        rc = mesh_err_errno("--simulate-compute %s", path);
+        close(fd);
+        return rc;
+    }
     seen = calloc((size_t)m->nl, 1);
     if (!seen) {
         fclose(f);

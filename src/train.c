@@ -1795,6 +1795,15 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
         code = fail(&t, MESH_EXIT_USAGE, rc);
         goto out;
     }
+    /* More compute threads than bound CPUs take turns on them: with
+     * oneDNN's spinning barriers, 2 threads on 1 CPU ran 15x slower. */
+    if (rc == 1 && c->threads > t.ncpus)
+        mesh_warn("--threads %d, but --bind-to %s bound this rank to %d "
+                  "CPU%s: the threads will take turns on %s, much slower "
+                  "than %d thread%s (pass --threads %d, or --bind-to none)",
+                  c->threads, mesh_bind_name(mo->bind), t.ncpus,
+                  t.ncpus > 1 ? "s" : "", t.ncpus > 1 ? "them" : "it",
+                  t.ncpus, t.ncpus > 1 ? "s" : "", t.ncpus);
     rc = c->simulate ? open_sim(&t) : open_data(&t, mo);
     if (rc == 0 && !c->simulate)
         rc = mesh_data_fingerprint(t.ds, data_fp);

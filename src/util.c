@@ -187,6 +187,102 @@ void mesh_host_free(void *ptr, size_t len)
     free(ptr);
 }
 
+const char *mesh_file_type_name(unsigned mode)
+{
+    switch (mode & S_IFMT) {
+    case S_IFREG:
+        return "a regular file";
+    case S_IFDIR:
+        return "a directory";
+    case S_IFIFO:
+        return "a FIFO";
+    case S_IFCHR:
+        return "a character device";
+    case S_IFBLK:
+        return "a block device";
+    case S_IFSOCK:
+        return "a socket";
+    case S_IFLNK:
+        return "a symbolic link";
+    }
+    return "of an unknown type";
+}
+
+int mesh_open_input(const char *what, const char *path, int dir_ok, int *fd,
+                    struct stat *st)
+{
+    const char *sep = what && *what ? " " : "";
+    struct stat s;
+    int f, flags, rc;
+
+    if (!what)
+        what = "";
+    /* O_NONBLOCK: open() of a FIFO without a writer returns at once. */
+    do {
+        f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    } while (f < 0 && errno == EINTR);
+    if (f < 0)
+        return mesh_err_errno("%s%s%s", what, sep, path);
+    if (fstat(f, &s) != 0) {
+        rc = mesh_err_errno("%s%s%s: stat", what, sep, path);
+        goto fail;
+    }
+    if (!S_ISREG(s.st_mode) && !(dir_ok && S_ISDIR(s.st_mode))) {
+        rc = mesh_err(-EINVAL, "%s%s%s is %s, not a regular file%s", what, sep,
+                      path, mesh_file_type_name(s.st_mode),
+                      dir_ok ? " or a directory" : "");
+        goto fail;
+    }
+    /* Reads of regular files never block; later reads want EINTR only. */
+    flags = fcntl(f, F_GETFL);
+    if (flags < 0 || fcntl(f, F_SETFL, flags & ~O_NONBLOCK) < 0) {
+        rc = mesh_err_errno("%s%s%s: fcntl", what, sep, path);
+        goto fail;
+    }
+    *fd = f;
+    if (st)
+        *st = s;
+    return 0;
+fail:
+    close(f);
+    return rc;
+}
+
+int mesh_check_output(const char *what, const char *path)
+{
+    char dir[4096];
+    struct stat st;
+    const char *slash;
+
+    if (!*path)
+        return mesh_err(-EINVAL, "%s: empty file name", what);
+    if (stat(path, &st) == 0) {
+        if (!S_ISREG(st.st_mode))
+            return mesh_err(-EINVAL, "%s %s is %s, not a regular file", what,
+                            path, mesh_file_type_name(st.st_mode));
+        if (access(path, W_OK) != 0)
+            return mesh_err_errno("%s %s: cannot write", what, path);
+        return 0;
+    }
+    if (errno != ENOENT)
+        return mesh_err_errno("%s %s", what, path);
+    slash = strrchr(path, '/');
+    if (!slash)
+        return 0;
+    if ((size_t)(slash - path) >= sizeof(dir))
+        return mesh_err(-ENAMETOOLONG, "%s %s: name too long", what, path);
+    memcpy(dir, path, (size_t)(slash - path));
+    dir[slash - path] = '\0';
+    if (!dir[0])
+        return 0; /* "/name" */
+    if (stat(dir, &st) != 0)
+        return mesh_err_errno("%s %s: folder %s", what, path, dir);
+    if (!S_ISDIR(st.st_mode))
+        return mesh_err(-ENOTDIR, "%s %s: %s is %s, not a directory", what,
+                        path, dir, mesh_file_type_name(st.st_mode));
+    return 0;
+}
+
 int mesh_file_read(const char *path, size_t max, const char *what,
                    uint8_t **buf, size_t *cap, size_t *len)
 {
@@ -194,15 +290,9 @@ int mesh_file_read(const char *path, size_t max, const char *what,
     size_t size, done = 0;
     int fd, rc = 0;
 
-    do {
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0)
-        return mesh_err_errno("%s", path);
-    if (fstat(fd, &st) != 0) {
-        rc = mesh_err_errno("%s: stat", path);
-        goto out;
-    }
+    rc = mesh_open_input(NULL, path, 0, &fd, &st);
+    if (rc < 0)
+        return rc;
     if (st.st_size <= 0 || (uint64_t)st.st_size > max) {
         rc = mesh_err(-EIO, "%s: size %lld is not that of %s", path,
                       (long long)st.st_size, what);

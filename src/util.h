@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct stat;
+
 #if defined(__GNUC__)
 #define MESH_PRINTF(f, a) __attribute__((format(printf, f, a)))
 #else
@@ -84,6 +86,29 @@ int mesh_err_errno(const char *fmt, ...) MESH_PRINTF(1, 2);
 int mesh_parse_long(const char *what, const char *s, long lo, long hi,
                     long *out);
 int mesh_parse_int(const char *what, const char *s, int lo, int hi, int *out);
+
+/*
+ * Open path for reading without ever blocking in open(): a FIFO or a
+ * device with no writer would otherwise hang there. The file must be a
+ * regular file, or a directory when dir_ok (then opened O_DIRECTORY-style,
+ * for fstat and fdopendir). Anything else is -EINVAL with
+ * "<what> <path> is a FIFO, not a regular file" (what names the flag, e.g.
+ * "--hostfile"). On success *fd is a blocking descriptor (O_CLOEXEC) and
+ * *st, when not NULL, its fstat.
+ */
+int mesh_open_input(const char *what, const char *path, int dir_ok, int *fd,
+                    struct stat *st);
+
+/*
+ * Check an output path before anything is written: it must not exist yet
+ * or be a regular file, and its folder must exist. A FIFO (which would
+ * block the writer's open), a directory or a device is -EINVAL with a
+ * message that names what (the flag) and the path.
+ */
+int mesh_check_output(const char *what, const char *path);
+
+/* "a FIFO", "a directory", "a character device", ... for messages. */
+const char *mesh_file_type_name(unsigned mode);
 
 /*
  * The whole file at path, of 1 to max bytes (else an error that calls it

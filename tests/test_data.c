@@ -224,6 +224,39 @@ static void test_fmnist(void)
 
 /* ---- small generated IDX set ------------------------------------------ */
 
+static int open_spec(const char *spec, enum mesh_data_bad bad,
+                     struct mesh_dataset **ds)
+{
+    struct mesh_data_opts o = {.spec = spec, .seed = 3, .on_bad = bad};
+
+    return mesh_data_open(&o, ds);
+}
+
+/* open_spec with warnings on and stderr caught into log (cap bytes). */
+static int open_logged(const char *spec, struct mesh_dataset **ds, char *log,
+                       size_t cap)
+{
+    char path[400];
+    int fd, saved, rc;
+    ssize_t n;
+
+    snprintf(path, sizeof(path), "%s/stderr.log", tmp);
+    fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    saved = dup(2);
+    fflush(stderr);
+    dup2(fd, 2);
+    mesh_log_set_level(MESH_LOG_WARN);
+    rc = open_spec(spec, MESH_DATA_BAD_FAIL, ds);
+    mesh_log_set_level(MESH_LOG_ERROR);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    n = pread(fd, log, cap - 1, 0);
+    log[n > 0 ? n : 0] = '\0';
+    close(fd);
+    return rc;
+}
+
 #ifdef HAVE_ZLIB
 static void put_be32(uint8_t *p, uint32_t v)
 {
@@ -274,14 +307,6 @@ static void write_idx(const char *dir, const char *pre, uint32_t n,
     free(lb);
 }
 
-static int open_spec(const char *spec, enum mesh_data_bad bad,
-                     struct mesh_dataset **ds)
-{
-    struct mesh_data_opts o = {.spec = spec, .seed = 3, .on_bad = bad};
-
-    return mesh_data_open(&o, ds);
-}
-
 static void test_idx_bad(void)
 {
     char dir[300], spec[320], path[400];
@@ -307,6 +332,67 @@ static void test_idx_bad(void)
            strstr(mesh_err_msg(rc), "offset"),
        "truncated gzip: error names file and offset: %s", mesh_err_msg(rc));
     write_idx(dir, "train", 100, 0x803, 100, 1);
+
+    /* Garbage after the gzip stream: refused, naming the offset. */
+    {
+        struct stat st;
+        char want[64];
+        FILE *f;
+
+        stat(path, &st);
+        f = fopen(path, "ab");
+        fputs("trailing junk", f);
+        fclose(f);
+        rc = open_spec(spec, MESH_DATA_BAD_SKIP, &ds);
+        snprintf(want, sizeof(want), "compressed byte offset %lld",
+                 (long long)st.st_size);
+        ok(rc < 0 && strstr(mesh_err_msg(rc), path) &&
+               strstr(mesh_err_msg(rc), "trailing garbage") &&
+               strstr(mesh_err_msg(rc), want),
+           "garbage after the gzip stream: %s", mesh_err_msg(rc));
+        write_idx(dir, "train", 100, 0x803, 100, 1);
+
+        /* A CRC that does not match: the trailer's offset, and all the
+         * data before it (not "uncompressed byte offset 16"). */
+        stat(path, &st);
+        {
+            int fd = open(path, O_RDWR);
+            uint8_t b = 0;
+
+            if (pread(fd, &b, 1, st.st_size - 8) != 1)
+                diag("cannot read %s", path);
+            b ^= 0xff;
+            if (pwrite(fd, &b, 1, st.st_size - 8) != 1)
+                diag("cannot write %s", path);
+            close(fd);
+        }
+        rc = open_spec(spec, MESH_DATA_BAD_SKIP, &ds);
+        snprintf(want, sizeof(want), "compressed byte offset %lld",
+                 (long long)st.st_size - 8);
+        ok(rc < 0 && strstr(mesh_err_msg(rc), "CRC") &&
+               strstr(mesh_err_msg(rc), want) &&
+               strstr(mesh_err_msg(rc), "78416 uncompressed bytes"),
+           "gzip CRC mismatch at the trailer: %s", mesh_err_msg(rc));
+        write_idx(dir, "train", 100, 0x803, 100, 1);
+
+        /* Both X and X.gz: a warning says which one is read. */
+        {
+            char log[2048];
+
+            write_idx(dir, "train", 100, 0x803, 100, 0);
+            rc = open_logged(spec, &ds, log, sizeof(log));
+            ok(rc == 0 && strstr(log, "both") &&
+                   strstr(log, "reading") &&
+                   strstr(log, "train-images-idx3-ubyte.gz"),
+               "X and X.gz both present: said once: %s", log);
+            mesh_data_close(ds);
+            ds = NULL;
+            snprintf(want, sizeof(want), "%s/train-images-idx3-ubyte", dir);
+            unlink(want);
+            snprintf(want, sizeof(want), "%s/train-labels-idx1-ubyte", dir);
+            unlink(want);
+        }
+    }
 
     /* Bad magic. */
     write_idx(dir, "t10k", 20, 0x804, 20, 0);
@@ -1013,6 +1099,23 @@ static void test_folder(void)
            strstr(mesh_err_msg(rc), "bad JPEG at byte offset"),
        "garbage JPEG, fail: %s", mesh_err_msg(rc));
     mesh_data_close(ds);
+    ds = NULL;
+    {
+        /* train/ without val/: no evaluation, and a warning says so */
+        char noval[400], target[700], log[2048];
+
+        snprintf(noval, sizeof(noval), "%s/noval", tmp);
+        mkdir(noval, 0755);
+        snprintf(target, sizeof(target), "%s/train", noval);
+        snprintf(path, sizeof(path), "%s/train", root);
+        rc = symlink(path, target);
+        snprintf(spec, sizeof(spec), "imagefolder:%s", noval);
+        if (rc == 0)
+            rc = open_logged(spec, &ds, log, sizeof(log));
+        ok(rc == 0 && strstr(log, "no val/") && strstr(log, "no evaluation"),
+           "imagefolder without val/: said: %s", rc ? mesh_err_msg(rc) : log);
+        mesh_data_close(ds);
+    }
     free(x);
     free(x2);
 }
@@ -1082,10 +1185,10 @@ int main(void)
 
     setenv("MESHTRAIN_LOG", "error", 0);
 #ifdef HAVE_ZLIB
-    n += 5;
+    n += 8;
 #endif
 #ifdef HAVE_JPEG
-    n += 12;
+    n += 13;
 #endif
     snprintf(tmp, sizeof(tmp), "%s/test_data.XXXXXX",
              getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *rank_vars[] = {"MESHTRAIN_RANK", "SLURM_PROCID",
@@ -251,6 +252,76 @@ static void test_layout_errors(void)
         free(p);
         mesh_hostfile_free(hf);
     }
+}
+
+/* text of n lines "PREFIX<i> slots=S" (a malloc'ed string). */
+static char *many_lines(int n, const char *prefix, int slots)
+{
+    size_t cap = (size_t)n * 48 + 1, at = 0;
+    char *t = malloc(cap);
+    int i;
+
+    for (i = 0; t && i < n; i++)
+        at += (size_t)snprintf(t + at, cap - at, "%s%d slots=%d\n", prefix,
+                               i, slots);
+    return t;
+}
+
+/* Large worlds: a cap that names the line, and a layout in linear time. */
+static void test_large(void)
+{
+    struct mesh_hostfile *hf = NULL;
+    struct mesh_peer *p = NULL;
+    char *text;
+    clock_t t0;
+    double cpu;
+    int n = 0, rc;
+
+    /* 4,000 lines of slots=4096: the 17th line crosses 65,536 ranks. */
+    text = many_lines(4000, "h", 4096);
+    t0 = clock();
+    rc = text ? mesh_hostfile_parse_text("hf", text, &hf) : -ENOMEM;
+    if (rc == 0)
+        rc = mesh_hostfile_layout(hf, 29400, 0, 0, &p, &n);
+    cpu = (double)(clock() - t0) / CLOCKS_PER_SEC;
+    ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "hf:17:1:") &&
+           strstr(mesh_err_msg(rc), "65536"),
+       "4000 lines x slots=4096: refused at line 17 in %.2f s: %s", cpu,
+       rc ? mesh_err_msg(rc) : "accepted");
+    free(p);
+    p = NULL;
+    mesh_hostfile_free(hf);
+    hf = NULL;
+    free(text);
+
+    /* The largest world allowed, one slot per host: O(N) to lay out (the
+     * quadratic scans took tens of seconds; the bound is generous). */
+    text = many_lines(MESH_WORLD_MAX, "node-", 1);
+    t0 = clock();
+    rc = text ? mesh_hostfile_parse_text("hf", text, &hf) : -ENOMEM;
+    if (rc == 0)
+        rc = mesh_hostfile_layout(hf, 29400, 0, 0, &p, &n);
+    cpu = (double)(clock() - t0) / CLOCKS_PER_SEC;
+    ok(rc == 0 && n == MESH_WORLD_MAX && cpu < 5.0 &&
+           p[n - 1].local_rank == 0 && !strcmp(p[n - 1].host, "node-65535"),
+       "%d hosts of one slot laid out in %.2f s of CPU (< 5 s): %s",
+       MESH_WORLD_MAX, cpu, rc ? mesh_err_msg(rc) : "ok");
+    free(p);
+    p = NULL;
+    mesh_hostfile_free(hf);
+    hf = NULL;
+    free(text);
+
+    /* One host on many lines keeps counting local ranks; duplicates are
+     * still found, naming the first line. */
+    rc = mesh_hostfile_parse_text("hf", "a:3\nb:1\na:2 port=30000\n", &hf);
+    if (rc == 0)
+        rc = mesh_hostfile_layout(hf, 29400, 0, 0, &p, &n);
+    ok(rc == 0 && n == 6 && p[4].local_rank == 3 && p[5].local_rank == 4 &&
+           p[3].local_rank == 0,
+       "a host's local ranks continue across lines");
+    free(p);
+    mesh_hostfile_free(hf);
 }
 
 static void test_file(void)
@@ -648,11 +719,12 @@ static void test_bind(void)
 
 int main(void)
 {
-    plan(86);
+    plan(89);
     test_openmpi();
     test_horovod_and_ipv6();
     test_malformed();
     test_layout_errors();
+    test_large();
     test_file();
     test_env();
     test_opts();

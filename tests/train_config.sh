@@ -2,11 +2,13 @@
 # tests/train_config.sh: peers whose training configurations disagree are
 # refused when they join (exit code 2), and the error names the field:
 # the model, the per-peer batch, the seed; and two agreeing peers join.
+# Both sides fail at once, naming the field: the accepting rank 0 does not
+# wait out --join-timeout (30 s here) to say "never joined".
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 t_plan 4
 BASE="$SMALL --data synthetic:512 --num-classes 10 --in-channels 1 \
---iters 1 --no-eval --join-timeout 6"
+--iters 1 --no-eval --join-timeout 30"
 
 # pair NAME FIELD ARGS0 -- ARGS1: rank 0 and rank 1 with different flags.
 pair() {
@@ -27,6 +29,7 @@ pair() {
     p1=$BG_PID
     wait_exit "$p0" 60
     c0=$EXIT_CODE
+    after0=$EXIT_AFTER
     wait_exit "$p1" 60
     c1=$EXIT_CODE
     if [ -z "$field" ]; then
@@ -36,11 +39,16 @@ pair() {
     fi
     ok=0
     [ "$c0" -eq 2 ] && [ "$c1" -eq 2 ] || ok=1
-    grep -q "configuration differs.*$field=" "$TMP/$name.0.log" "$TMP/$name.1.log" ||
-        ok=1
-    t_ok $ok "$name: refused at join with exit 2 naming \"$field\" (exit $c0 $c1)"
-    grep -h "configuration differs" "$TMP/$name.0.log" "$TMP/$name.1.log" |
-        head -n 1 | sed 's/^/# /'
+    # each side's own fatal error names the field, rank 0 well before
+    # the join timeout
+    for r in 0 1; do
+        grep -q "cannot join the mesh.*configuration differs.*$field=" \
+            "$TMP/$name.$r.log" || ok=1
+    done
+    [ "$after0" -lt 15 ] || ok=1
+    t_ok $ok "$name: both refuse at join with exit 2 naming \"$field\" (exit $c0 $c1, rank 0 after ${after0} s)"
+    grep -h "cannot join" "$TMP/$name.0.log" "$TMP/$name.1.log" |
+        sed 's/^/# /'
     [ $ok -eq 0 ] || { t_show "$TMP/$name.0.log" 5; t_show "$TMP/$name.1.log" 5; }
 }
 

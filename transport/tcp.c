@@ -1138,10 +1138,21 @@ static void hs_got_config(struct conn *c)
 
     config_diff(t->config, t->config_len, (const char *)c->in + 4,
                 c->in_len - 4, diff, sizeof(diff));
-    if (c->role == ROLE_DIALER && !t->join_err[0]) {
-        snprintf(t->join_err, sizeof(t->join_err),
-                 "refused by rank %d (%s): configuration differs: %s", c->peer,
-                 pname(t, c->peer, nb, sizeof(nb)), diff);
+    /*
+     * Both sides fail the join at once, naming the field: the peer has
+     * proved the secret, so its configuration is the job's and will not
+     * change (the acceptor used to wait out --join-timeout). A link that
+     * is already up is not torn down by a stray connection.
+     */
+    if (!t->links[c->peer].ready && !t->join_err[0]) {
+        if (c->role == ROLE_DIALER)
+            snprintf(t->join_err, sizeof(t->join_err),
+                     "refused by rank %d (%s): configuration differs: %s",
+                     c->peer, pname(t, c->peer, nb, sizeof(nb)), diff);
+        else
+            snprintf(t->join_err, sizeof(t->join_err),
+                     "refused rank %d (%s): configuration differs: %s",
+                     c->peer, pname(t, c->peer, nb, sizeof(nb)), diff);
         pthread_cond_broadcast(&t->cond);
     }
     hs_refuse(c, "configuration differs: %s", diff);
