@@ -147,7 +147,7 @@ static const struct opt_doc opts[] = {
      "(default 1)"},
     {"no-eval", OPT_NO_EVAL, NULL, "no evaluation at all"},
     {"checkpoint-every", OPT_CKPT_EVERY, "N",
-     "checkpoint every N steps (default 0: never)"},
+     "checkpoint every N steps (default 0: never; needs --checkpoint-dir)"},
     {"checkpoint-dir", OPT_CKPT_DIR, "DIR",
      "checkpoints go to DIR/rank-R (one per peer)"},
     {"keep", OPT_KEEP, "N", "checkpoints kept per peer (default 3)"},
@@ -568,6 +568,13 @@ int main(int argc, char **argv)
     }
     if (c.resume && !c.checkpoint_dir) {
         fprintf(stderr, "meshtrain: --resume needs --checkpoint-dir\n");
+        return MESH_EXIT_USAGE;
+    }
+    /* there is no default directory: checkpoints nobody asked to put
+     * anywhere would silently not exist */
+    if (c.checkpoint_every && !c.checkpoint_dir) {
+        fprintf(stderr, "meshtrain: --checkpoint-every needs "
+                "--checkpoint-dir\n");
         return MESH_EXIT_USAGE;
     }
     lone = lone_process(&mo);
