@@ -1036,7 +1036,7 @@ static int checkpoint_write(struct trainer *t, uint64_t step)
     if (rc == 0)
         rc = mesh_ckpt_begin(dir, step, &w);
     if (rc < 0)
-        return rc;
+        return local(t, rc);
     rc = mesh_ckpt_put_file(w, "model.safetensors", MESH_CKPT_SHARED, path,
                             sizeof(path));
     if (rc == 0)
@@ -1098,7 +1098,7 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
     if (rc == 0)
         rc = mesh_ckpt_scan(dir, &mine, &nmine);
     if (rc < 0)
-        return rc;
+        return local(t, rc);
     if (nmine > RESUME_MAX_ENTRIES)
         nmine = RESUME_MAX_ENTRIES; /* newest first */
     rec = 8 + RESUME_MAX_ENTRIES * MESH_CKPT_ENTRY_BYTES;
@@ -1519,10 +1519,19 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
     return 0;
 }
 
-/* An error's exit code: after joining, a collective failure is a peer's. */
+/*
+ * An error's exit code: after joining, a collective failure is a peer's.
+ * A local one (MESH_EXIT_USAGE: this rank's data, files, device or
+ * flags) aborts the job naming this rank, so that its peers stop at once
+ * and blame it, instead of seeing only that it left.
+ */
 static int fail(struct trainer *t, int code, int rc)
 {
-    fprintf(stderr, "meshtrain: rank %d: %s\n", t->rank, mesh_err_msg(rc));
+    const char *msg = mesh_err_msg(rc);
+
+    fprintf(stderr, "meshtrain: rank %d: %s\n", t->rank, msg);
+    if (code == MESH_EXIT_USAGE && t->mesh)
+        mesh_ops(t->mesh)->abort(mesh_transport(t->mesh), t->rank, msg);
     return code;
 }
 
@@ -1869,7 +1878,8 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
         rc = checkpoint_resume(&t, &start);
         if (rc < 0) {
             code = fail(&t,
-                        rc == -ENOENT || rc == -EIO || rc == -EINVAL
+                        t.local_err || rc == -ENOENT || rc == -EIO ||
+                                rc == -EINVAL
                             ? MESH_EXIT_USAGE
                             : MESH_EXIT_PEER,
                         rc);
