@@ -28,7 +28,9 @@
 #include "src/util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1519,6 +1521,115 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
     return 0;
 }
 
+/* ---- output paths, checked before step 1 ------------------------------- */
+
+/*
+ * Can files be created in directory dir? A probe file is created and
+ * removed: this catches a missing directory, a read-only file system and
+ * missing permissions alike, which access(2) does not for root.
+ */
+static int dir_check(const char *flag, const char *path, const char *dir)
+{
+    char probe[PATH_MAX];
+    struct stat st;
+    int fd, n;
+
+    if (stat(dir, &st) < 0)
+        return mesh_err_errno("%s %s: directory %s", flag, path, dir);
+    if (!S_ISDIR(st.st_mode))
+        return mesh_err(-ENOTDIR, "%s %s: %s is not a directory", flag, path,
+                        dir);
+    n = snprintf(probe, sizeof(probe), "%s/.meshtrain-probe.%ld", dir,
+                 (long)getpid());
+    if (n < 0 || (size_t)n >= sizeof(probe))
+        return mesh_err(-ENAMETOOLONG, "%s %s: path too long", flag, path);
+    fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return mesh_err_errno("%s %s: cannot create files in %s", flag, path,
+                              dir);
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
+/*
+ * An output file written at the end (or replaced by a rename from its
+ * directory, as --save is): its directory must take new files, and an
+ * existing file must be a writable file, not a directory. Devices and
+ * pipes (/dev/null, /dev/stdout) are taken as they are.
+ */
+static int output_check(const char *flag, const char *path)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    struct stat st;
+    int fd;
+
+    if (!*path)
+        return mesh_err(-EINVAL, "%s: empty path", flag);
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode))
+            return mesh_err(-EISDIR, "%s %s: is a directory", flag, path);
+        if (!S_ISREG(st.st_mode))
+            return 0;
+        fd = open(path, O_WRONLY | O_CLOEXEC); /* no O_TRUNC: untouched */
+        if (fd < 0)
+            return mesh_err_errno("%s %s", flag, path);
+        close(fd);
+    } else if (errno != ENOENT) {
+        return mesh_err_errno("%s %s", flag, path);
+    }
+    if (!slash)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == path)
+        snprintf(dir, sizeof(dir), "/");
+    else if ((size_t)(slash - path) < sizeof(dir))
+        snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+    else
+        return mesh_err(-ENAMETOOLONG, "%s %s: path too long", flag, path);
+    return dir_check(flag, path, dir);
+}
+
+/*
+ * Before step 1 (after joining, so that a failure here aborts the job
+ * naming this rank): every file this rank will write, so that a bad path
+ * fails now instead of after the whole run. Rank 0 writes --save,
+ * --metrics, --timeline and --profile-layers; every rank makes its
+ * checkpoint directory DIR/rank-R.
+ */
+static int outputs_check(struct trainer *t)
+{
+    const struct train_cfg *c = t->c;
+    char dir[1024];
+    struct stat st;
+    int rc = 0;
+
+    if (t->rank == 0) {
+        if (c->save && !c->simulate)
+            rc = output_check("--save", c->save);
+        if (rc == 0 && c->metrics)
+            rc = output_check("--metrics", c->metrics);
+        if (rc == 0 && c->timeline)
+            rc = output_check("--timeline", c->timeline);
+        if (rc == 0 && c->profile_layers)
+            rc = output_check("--profile-layers", c->profile_layers);
+        if (rc < 0)
+            return rc;
+    }
+    if (!c->checkpoint_every || !c->checkpoint_dir)
+        return 0;
+    rc = ckpt_dir(t, dir, sizeof(dir));
+    if (rc < 0)
+        return rc;
+    if (mkdir(dir, 0777) < 0 && errno != EEXIST)
+        return mesh_err_errno("--checkpoint-dir %s: cannot create %s",
+                              c->checkpoint_dir, dir);
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return mesh_err(-ENOTDIR, "--checkpoint-dir %s: %s is not a directory",
+                        c->checkpoint_dir, dir);
+    return dir_check("--checkpoint-dir", c->checkpoint_dir, dir);
+}
+
 /*
  * An error's exit code: after joining, a collective failure is a peer's.
  * A local one (MESH_EXIT_USAGE: this rank's data, files, device or
@@ -1821,7 +1932,9 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
         code = MESH_EXIT_JOIN;
         goto out;
     }
-    rc = open_model(&t, mo);
+    rc = outputs_check(&t);
+    if (rc == 0)
+        rc = open_model(&t, mo);
     if (rc < 0) {
         code = fail(&t, MESH_EXIT_USAGE, rc);
         goto out;
