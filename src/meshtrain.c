@@ -78,7 +78,8 @@ enum {
 struct opt_doc {
     const char *name;
     int id;
-    const char *arg;  /* argument name for --help, NULL for a switch */
+    const char *arg;  /* argument name for --help, NULL for a switch;
+                         "[=VALUE]": optional, given only as --name=VALUE */
     const char *help; /* one line */
 };
 
@@ -151,8 +152,9 @@ static const struct opt_doc opts[] = {
     {"checkpoint-dir", OPT_CKPT_DIR, "DIR",
      "checkpoints go to DIR/rank-R (one per peer)"},
     {"keep", OPT_KEEP, "N", "checkpoints kept per peer (default 3)"},
-    {"resume", OPT_RESUME, NULL,
-     "continue from the newest checkpoint every peer holds"},
+    {"resume", OPT_RESUME, "[=if-any]",
+     "continue from the newest checkpoint every peer holds; none usable "
+     "is an error, or with =if-any a start from step 0"},
     {"save", OPT_SAVE, "FILE",
      "final weights as safetensors (rank 0, torchvision's names)"},
     {"metrics", OPT_METRICS, "FILE", "one JSON object per step (rank 0)"},
@@ -185,7 +187,8 @@ static void usage(FILE *f)
         char left[48];
 
         snprintf(left, sizeof(left), "--%s%s%s", opts[i].name,
-                 opts[i].arg ? " " : "", opts[i].arg ? opts[i].arg : "");
+                 opts[i].arg && opts[i].arg[0] != '[' ? " " : "",
+                 opts[i].arg ? opts[i].arg : "");
         fprintf(f, "  %-28s %s\n", left, opts[i].help);
     }
     fprintf(f, "\n%s\n%s", mesh_opts_help(), mesh_exit_help());
@@ -394,7 +397,13 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         c->keep = (int)v;
         break;
     case OPT_RESUME:
-        c->resume = 1;
+        if (!arg)
+            c->resume = TRAIN_RESUME_REQUIRED;
+        else if (!strcmp(arg, "if-any"))
+            c->resume = TRAIN_RESUME_IF_ANY;
+        else
+            rc = mesh_err(-EINVAL, "--resume=%s: expected --resume or "
+                          "--resume=if-any", arg);
         break;
     case OPT_SAVE:
         c->save = arg;
@@ -471,6 +480,8 @@ static int parse_args(int argc, char **argv, struct mesh_opts *mo,
         if (opts[k].arg) {
             if (eq) {
                 val = eq + 1;
+            } else if (opts[k].arg[0] == '[') {
+                val = NULL; /* optional: only "--name=value" gives one */
             } else if (i + 1 < argc) {
                 val = argv[++i];
             } else {

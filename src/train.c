@@ -203,6 +203,8 @@ struct trainer {
     float grad_scale; /* 1 / accumulate */
     int local_err;    /* the error is this peer's own (data, files,
                          compute), not the mesh's: exit code 1 */
+    int agreed_err;   /* every peer reached the same error from the same
+                         shared facts: exit 1 without aborting the others */
 
     struct mesh_nn_lr_sched lr; /* --lr-schedule with the run's length */
 
@@ -1077,18 +1079,63 @@ static int checkpoint_write(struct trainer *t, uint64_t step)
 }
 
 /*
+ * --resume found no checkpoint to continue from: why (the agreement's
+ * message, or none at all), which ranks hold damaged ones, and this
+ * rank's own damaged files. --resume=if-any starts from step 0 with a
+ * warning; --resume is an error of the configuration (exit 1): the
+ * checkpoints it asked for are not there.
+ */
+static int resume_none(struct trainer *t, const char *why,
+                       const uint64_t *damaged,
+                       const struct mesh_ckpt_damage *mine)
+{
+    char ranks[256] = "", here[sizeof(mine->list) + 64] = "";
+    int r, n = 0;
+
+    for (r = 0; r < t->size; r++) {
+        size_t len = strlen(ranks);
+
+        if (!damaged[r])
+            continue;
+        n++;
+        if (len < sizeof(ranks) - 16)
+            snprintf(ranks + len, sizeof(ranks) - len, "%s%d", len ? ", " : "",
+                     r);
+    }
+    if (mine->count)
+        snprintf(here, sizeof(here), "; damaged here: %s", mine->list);
+    if (t->c->resume == TRAIN_RESUME_IF_ANY) {
+        mesh_warn("--resume=if-any: %s%s%s%s: starting from step 0", why,
+                  n ? " (damaged checkpoints on rank(s) " : "", ranks,
+                  n ? ")" : "");
+        return 0;
+    }
+    /* every peer decides this from the same gathered scans */
+    t->agreed_err = 1;
+    return local(t, mesh_err(-ENOENT,
+                             "--resume: %s%s%s%s (--resume=if-any would "
+                             "start from step 0)",
+                             why, n ? "; damaged checkpoints on rank(s) " : "",
+                             ranks, here));
+}
+
+/*
  * --resume: every peer scans its directory, the scans are all-gathered
- * (RESUME_MAX_ENTRIES newest of each), and every peer picks the newest step
- * that all hold with the same agreement digest. *step = 0 when no peer has
- * any checkpoint (a fresh start).
+ * (RESUME_MAX_ENTRIES newest of each, and how many were damaged), and
+ * every peer picks the newest step that all hold with the same agreement
+ * digest. When there is none (no checkpoint at all, only damaged ones, or
+ * none in common), resume_none decides: an error, or *step = 0 with
+ * --resume=if-any.
  */
 static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
 {
     struct mesh_ckpt_entry *mine = NULL, *all = NULL;
     const struct mesh_ckpt_entry **lists = NULL;
     struct mesh_ckpt *ck = NULL;
+    struct mesh_ckpt_damage damage;
     size_t nmine = 0, *counts = NULL, total = 0, rec;
     uint8_t *pack = NULL, *gathered = NULL, state[40];
+    uint64_t *damaged = NULL;
     char dir[1024], path[1200];
     uint64_t step = 0;
     void *lstate = NULL;
@@ -1098,24 +1145,27 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
 
     rc = ckpt_dir(t, dir, sizeof(dir));
     if (rc == 0)
-        rc = mesh_ckpt_scan(dir, &mine, &nmine);
+        rc = mesh_ckpt_scan(dir, &mine, &nmine, &damage);
     if (rc < 0)
         return local(t, rc);
     if (nmine > RESUME_MAX_ENTRIES)
         nmine = RESUME_MAX_ENTRIES; /* newest first */
-    rec = 8 + RESUME_MAX_ENTRIES * MESH_CKPT_ENTRY_BYTES;
+    /* each rank: its count, its damaged count, its entries */
+    rec = 16 + RESUME_MAX_ENTRIES * MESH_CKPT_ENTRY_BYTES;
     pack = calloc(1, rec);
     gathered = calloc((size_t)t->size, rec);
     lists = calloc((size_t)t->size, sizeof(*lists));
     counts = calloc((size_t)t->size, sizeof(*counts));
+    damaged = calloc((size_t)t->size, sizeof(*damaged));
     all = calloc((size_t)t->size * RESUME_MAX_ENTRIES + 1, sizeof(*all));
-    if (!pack || !gathered || !lists || !counts || !all) {
+    if (!pack || !gathered || !lists || !counts || !damaged || !all) {
         rc = mesh_err(-ENOMEM, "out of memory");
         goto out;
     }
     put_u64(pack, nmine);
+    put_u64(pack + 8, damage.count);
     for (i = 0; i < nmine; i++)
-        mesh_ckpt_entry_pack(&mine[i], pack + 8 + i * MESH_CKPT_ENTRY_BYTES);
+        mesh_ckpt_entry_pack(&mine[i], pack + 16 + i * MESH_CKPT_ENTRY_BYTES);
     if (t->coll)
         rc = mesh_coll_allgather(t->coll, pack, gathered, rec, MESH_DT_BYTE);
     else
@@ -1134,20 +1184,34 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
         }
         lists[r] = all + (size_t)r * RESUME_MAX_ENTRIES;
         counts[r] = n;
+        damaged[r] = get_u64(g + 8);
         total += n;
         for (i = 0; i < n; i++)
-            mesh_ckpt_entry_unpack(g + 8 + i * MESH_CKPT_ENTRY_BYTES,
+            mesh_ckpt_entry_unpack(g + 16 + i * MESH_CKPT_ENTRY_BYTES,
                                    &all[(size_t)r * RESUME_MAX_ENTRIES + i]);
     }
     if (total == 0) {
-        if (t->rank == 0)
-            mesh_info("--resume: no peer has a checkpoint in %s: starting "
-                      "from step 0",
-                      t->c->checkpoint_dir);
+        char why[1200];
+
+        snprintf(why, sizeof(why), "no peer has a usable checkpoint in %s",
+                 t->c->checkpoint_dir);
+        rc = resume_none(t, why, damaged, &damage);
         *step_out = 0;
         goto out;
     }
     rc = mesh_ckpt_agree(lists, counts, t->size, &step);
+    if (rc == -ENOENT) {
+        char why[1200];
+
+        const char *msg = mesh_err_msg(rc);
+
+        if (!strncmp(msg, "--resume: ", 10))
+            msg += 10;
+        snprintf(why, sizeof(why), "%s", msg);
+        rc = resume_none(t, why, damaged, &damage);
+        *step_out = 0;
+        goto out;
+    }
     if (rc < 0)
         goto out;
     for (i = 0; i < nmine; i++)
@@ -1207,6 +1271,7 @@ out:
     free(lstate);
     mesh_ckpt_close(ck);
     free(all);
+    free(damaged);
     free(counts);
     free(lists);
     free(gathered);
@@ -1634,14 +1699,16 @@ static int outputs_check(struct trainer *t)
  * An error's exit code: after joining, a collective failure is a peer's.
  * A local one (MESH_EXIT_USAGE: this rank's data, files, device or
  * flags) aborts the job naming this rank, so that its peers stop at once
- * and blame it, instead of seeing only that it left.
+ * and blame it, instead of seeing only that it left; unless every peer
+ * reached the same error (agreed_err), when an abort would only race
+ * with the others' last collective.
  */
 static int fail(struct trainer *t, int code, int rc)
 {
     const char *msg = mesh_err_msg(rc);
 
     fprintf(stderr, "meshtrain: rank %d: %s\n", t->rank, msg);
-    if (code == MESH_EXIT_USAGE && t->mesh)
+    if (code == MESH_EXIT_USAGE && t->mesh && !t->agreed_err)
         mesh_ops(t->mesh)->abort(mesh_transport(t->mesh), t->rank, msg);
     return code;
 }
