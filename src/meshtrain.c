@@ -100,7 +100,7 @@ static const struct opt_doc opts[] = {
      "initialise each block's last BN gamma to 0"},
     {"seed", OPT_SEED, "N", "weights, data order and augmentation (default 1)"},
     {"threads", OPT_THREADS, "N",
-     "compute threads (default: the CPUs --bind-to gave this peer, else its CPUs / peers on this host)"},
+     "compute threads, the same on every peer (default: the CPUs --bind-to gave this peer, else its CPUs / peers on this host)"},
     {"device", OPT_DEVICE, "cpu|cuda|devsim",
      "compute backend (default cpu; devsim: a GPU test double for tests)"},
     {"gpu", OPT_GPU, "N",

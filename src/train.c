@@ -1374,18 +1374,34 @@ static void progress(struct trainer *t, uint64_t step, float loss, double lr,
 /* ---- the run ------------------------------------------------------------- */
 
 /*
- * The configuration that peers must share, as "key=value\n" lines. The
+ * The configuration that peers must share, as "key=value\n" lines: every
+ * flag that changes what a peer computes, or when it joins a collective,
+ * with its value as resolved (defaults filled in), so that peers that
+ * would diverge, or compute other bits than a uniform run, are refused at
+ * the join with the field named. tests/train_flags.sh changes every flag
+ * of --help on one peer and expects a refusal or identical weights. The
  * checkpoint digest covers the first part only (what defines the training
- * trajectory), so that a resumed run may change its length or reporting.
+ * trajectory), so that a resumed run may change its length or reporting,
+ * and run on another number of threads.
  */
 static int build_config(struct trainer *t, const uint8_t data_fp[32])
 {
     const struct train_cfg *c = t->c;
     const struct mesh_nn_model_cfg *m = &t->mcfg;
-    char fp[65];
+    char fp[65], miles[256] = "";
     size_t core;
-    int n;
+    int n, i, threads;
 
+    /* the compute threads as open_model resolves them: oneDNN's results
+     * depend on how many split a convolution's reductions (none are
+     * simulated) */
+    threads = t->sim ? 0 : c->threads > 0 ? c->threads : t->ncpus;
+    for (i = 0; i < t->lr.num_milestones; i++) {
+        size_t len = strlen(miles);
+
+        snprintf(miles + len, sizeof(miles) - len, "%s%.9g", i ? "," : "",
+                 t->lr.milestones[i]);
+    }
     hex(data_fp, 32, fp);
     n = snprintf(
         t->config, sizeof(t->config),
@@ -1395,6 +1411,7 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
         "augment=%d\nbatch=%d\naccumulate=%d\nlr=%.9g\n"
         "lr_schedule=%s\nwarmup_epochs=%.9g\nmomentum=%.9g\n"
         "weight_decay=%.9g\nnesterov=%d\nlabel_smoothing=%.9g\n"
+        "milestones=%s\non_bad_sample=%s\n"
         "compress=%s\ndevice=%s\nprecision=%d\n"
         "steps_per_epoch=%" PRIu64 "\npeers=%d\n",
         m->arch, m->width, m->cifar_stem, m->zero_init_residual, m->num_classes,
@@ -1402,21 +1419,25 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
         c->batch, c->accumulate, c->lr.base_lr, lr_kind_name(c->lr.kind),
         c->lr.warmup_epochs, (double)c->sgd.momentum,
         (double)c->sgd.weight_decay, c->sgd.nesterov,
-        (double)c->label_smoothing, compress_name(c->compress), c->device,
-        c->precision, t->steps_per_epoch, t->size);
+        (double)c->label_smoothing, miles[0] ? miles : "none",
+        c->on_bad == MESH_DATA_BAD_SKIP ? "skip" : "fail",
+        compress_name(c->compress), c->device, c->precision,
+        t->steps_per_epoch, t->size);
     if (n < 0 || (size_t)n >= sizeof(t->config))
         return mesh_err(-EINVAL, "configuration too long");
     core = (size_t)n;
     if (mesh_ckpt_sha256(t->config, core, t->config_digest) < 0)
         return -EIO;
     n += snprintf(t->config + n, sizeof(t->config) - (size_t)n,
-                  "total_steps=%" PRIu64 "\nalgo=%s\nbucket_mb=%.9g\n"
-                  "chunk_mb=%.9g\n"
-                  "verify_every=%" PRIu64 "\neval_every=%.9g\n"
+                  "total_steps=%" PRIu64 "\nlr_total_epochs=%.17g\n"
+                  "algo=%s\nbucket_mb=%.9g\nchunk_mb=%.9g\n"
+                  "threads=%d\n"
+                  "verify_every=%" PRIu64 "\neval=%d\neval_every=%.9g\n"
                   "checkpoint_every=%" PRIu64 "\nresume=%d\n",
-                  t->total_steps, mesh_algo_name(c->algo), c->bucket_mb,
-                  c->chunk_mb,
-                  c->verify_every, c->no_eval ? 0.0 : c->eval_every,
+                  t->total_steps, t->lr.total_epochs,
+                  mesh_algo_name(c->algo), c->bucket_mb, c->chunk_mb, threads,
+                  c->verify_every, !c->no_eval,
+                  c->no_eval ? 0.0 : c->eval_every,
                   c->checkpoint_every, c->resume);
     if ((size_t)n >= sizeof(t->config) - 200)
         return mesh_err(-EINVAL, "configuration too long");
