@@ -1201,9 +1201,8 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
     }
     rc = mesh_ckpt_agree(lists, counts, t->size, &step);
     if (rc == -ENOENT) {
-        char why[1200];
-
         const char *msg = mesh_err_msg(rc);
+        char why[1200];
 
         if (!strncmp(msg, "--resume: ", 10))
             msg += 10;
@@ -2014,6 +2013,15 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     }
     /* A world of one joins no mesh: nothing to agree with or average. */
     rc = t.size > 1 ? mesh_open(mo, t.config, &t.mesh) : 0;
+    if (rc == -ECANCELED) {
+        /* A peer that had joined already aborted the job (a local error
+         * of its own, before step 1) while this rank still completed its
+         * last handshakes: a peer failure, as it is a moment later. */
+        fprintf(stderr, "meshtrain: rank %d: the job was aborted while "
+                "joining: %s\n", t.rank, mesh_err_msg(rc));
+        code = MESH_EXIT_PEER;
+        goto out;
+    }
     if (rc < 0) {
         fprintf(stderr, "meshtrain: rank %d: cannot join the mesh: %s\n",
                 t.rank, mesh_err_msg(rc));
