@@ -938,7 +938,22 @@ int mesh_ckpt_blob_path(const struct mesh_ckpt *c, const char *name, char *path,
 
 /* ---- choosing a checkpoint to resume from ------------------------------- */
 
-int mesh_ckpt_scan(const char *dir, struct mesh_ckpt_entry **out, size_t *n)
+/* Add "what" to damage's list (cut with "..." once it is full). */
+static void damage_add(struct mesh_ckpt_damage *damage, const char *what)
+{
+    size_t len, cap = sizeof(damage->list);
+
+    damage->count++;
+    len = strlen(damage->list);
+    if (len + 4 >= cap)
+        return; /* already cut */
+    snprintf(damage->list + len, cap - len, "%s%s", len ? "; " : "", what);
+    if (strlen(damage->list) == cap - 1)
+        memcpy(damage->list + cap - 4, "...", 4);
+}
+
+int mesh_ckpt_scan(const char *dir, struct mesh_ckpt_entry **out, size_t *n,
+                   struct mesh_ckpt_damage *damage)
 {
     struct mesh_ckpt_entry *v = NULL;
     uint64_t *steps = NULL;
@@ -946,6 +961,8 @@ int mesh_ckpt_scan(const char *dir, struct mesh_ckpt_entry **out, size_t *n)
     char path[PATH_CAP];
     int rc;
 
+    if (damage)
+        memset(damage, 0, sizeof(*damage));
     rc = mesh_ckpt_list(dir, &steps, &cnt);
     if (rc < 0)
         return rc;
@@ -969,16 +986,24 @@ int mesh_ckpt_scan(const char *dir, struct mesh_ckpt_entry **out, size_t *n)
         }
         if (rc < 0) {
             mesh_warn("checkpoint %s skipped: %s", path, mesh_err_msg(rc));
+            if (damage)
+                damage_add(damage, mesh_err_msg(rc));
             continue;
         }
         v[got].step = c->meta.step;
         v[got].epoch = c->meta.epoch;
         memcpy(v[got].digest, c->digest, MESH_CKPT_DIGEST_LEN);
         memcpy(v[got].config, c->meta.config, MESH_CKPT_DIGEST_LEN);
-        if (v[got].step != steps[i])
+        if (v[got].step != steps[i]) {
+            char what[PATH_CAP + 64];
+
+            snprintf(what, sizeof(what),
+                     "%s: its manifest says step %" PRIu64, path, v[got].step);
             mesh_warn("checkpoint %s skipped: its manifest says step %" PRIu64,
                       path, v[got].step);
-        else
+            if (damage)
+                damage_add(damage, what);
+        } else
             got++;
         mesh_ckpt_close(c);
     }

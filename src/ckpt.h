@@ -116,12 +116,20 @@ struct mesh_ckpt_entry {
     uint8_t config[MESH_CKPT_DIGEST_LEN]; /* configuration digest */
 };
 
+/* The checkpoints that mesh_ckpt_scan left out because they are damaged. */
+struct mesh_ckpt_damage {
+    size_t count;    /* how many */
+    char list[2048]; /* "PATH: why; PATH: why" (cut with "..." to fit) */
+};
+
 /*
  * The checkpoints in dir that verify completely (mesh_ckpt_open), newest
  * first; a damaged one is reported with mesh_warn (file and fault) and
- * left out. *out is malloc'ed (free it); *n may be 0.
+ * left out, and counted and described in *damage (may be NULL). *out is
+ * malloc'ed (free it); *n may be 0.
  */
-int mesh_ckpt_scan(const char *dir, struct mesh_ckpt_entry **out, size_t *n);
+int mesh_ckpt_scan(const char *dir, struct mesh_ckpt_entry **out, size_t *n,
+                   struct mesh_ckpt_damage *damage);
 
 /*
  * --resume: the newest step that every peer holds with the same digest.

@@ -79,7 +79,8 @@ enum {
 struct opt_doc {
     const char *name;
     int id;
-    const char *arg;  /* argument name for --help, NULL for a switch */
+    const char *arg;  /* argument name for --help, NULL for a switch;
+                         "[=VALUE]": optional, given only as --name=VALUE */
     const char *help; /* one line */
 };
 
@@ -100,8 +101,9 @@ static const struct opt_doc opts[] = {
      "initialise each block's last BN gamma to 0"},
     {"seed", OPT_SEED, "N", "weights, data order and augmentation (default 1)"},
     {"threads", OPT_THREADS, "N",
-     "compute threads (default: the CPUs --bind-to gave this peer, else its "
-     "CPUs / peers on this host; more than the bound CPUs: a warning)"},
+     "compute threads, the same on every peer (default: the CPUs --bind-to "
+     "gave this peer, else its CPUs / peers on this host; more than the "
+     "bound CPUs: a warning)"},
     {"device", OPT_DEVICE, "cpu|cuda|devsim",
      "compute backend (default cpu; devsim: a GPU test double for tests)"},
     {"gpu", OPT_GPU, "N",
@@ -149,12 +151,13 @@ static const struct opt_doc opts[] = {
      "(default 1)"},
     {"no-eval", OPT_NO_EVAL, NULL, "no evaluation at all"},
     {"checkpoint-every", OPT_CKPT_EVERY, "N",
-     "checkpoint every N steps (default 0: never)"},
+     "checkpoint every N steps (default 0: never; needs --checkpoint-dir)"},
     {"checkpoint-dir", OPT_CKPT_DIR, "DIR",
      "checkpoints go to DIR/rank-R (one per peer)"},
     {"keep", OPT_KEEP, "N", "checkpoints kept per peer (default 3)"},
-    {"resume", OPT_RESUME, NULL,
-     "continue from the newest checkpoint every peer holds"},
+    {"resume", OPT_RESUME, "[=if-any]",
+     "continue from the newest checkpoint every peer holds; none usable "
+     "is an error, or with =if-any a start from step 0"},
     {"save", OPT_SAVE, "FILE",
      "final weights as safetensors (rank 0, torchvision's names)"},
     {"metrics", OPT_METRICS, "FILE", "one JSON object per step (rank 0)"},
@@ -187,7 +190,8 @@ static void usage(FILE *f)
         char left[48];
 
         snprintf(left, sizeof(left), "--%s%s%s", opts[i].name,
-                 opts[i].arg ? " " : "", opts[i].arg ? opts[i].arg : "");
+                 opts[i].arg && opts[i].arg[0] != '[' ? " " : "",
+                 opts[i].arg ? opts[i].arg : "");
         fprintf(f, "  %-28s %s\n", left, opts[i].help);
     }
     fprintf(f, "\n%s\n%s", mesh_opts_help(), mesh_exit_help());
@@ -422,7 +426,13 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         c->keep = (int)v;
         break;
     case OPT_RESUME:
-        c->resume = 1;
+        if (!arg)
+            c->resume = TRAIN_RESUME_REQUIRED;
+        else if (!strcmp(arg, "if-any"))
+            c->resume = TRAIN_RESUME_IF_ANY;
+        else
+            rc = mesh_err(-EINVAL, "--resume=%s: expected --resume or "
+                          "--resume=if-any", arg);
         break;
     case OPT_SAVE:
         c->save = arg;
@@ -499,6 +509,8 @@ static int parse_args(int argc, char **argv, struct mesh_opts *mo,
         if (opts[k].arg) {
             if (eq) {
                 val = eq + 1;
+            } else if (opts[k].arg[0] == '[') {
+                val = NULL; /* optional: only "--name=value" gives one */
             } else if (i + 1 < argc) {
                 val = argv[++i];
             } else {
@@ -629,6 +641,13 @@ int main(int argc, char **argv)
     }
     if (c.resume && !c.checkpoint_dir) {
         fprintf(stderr, "meshtrain: --resume needs --checkpoint-dir\n");
+        return MESH_EXIT_USAGE;
+    }
+    /* there is no default directory: checkpoints nobody asked to put
+     * anywhere would silently not exist */
+    if (c.checkpoint_every && !c.checkpoint_dir) {
+        fprintf(stderr, "meshtrain: --checkpoint-every needs "
+                "--checkpoint-dir\n");
         return MESH_EXIT_USAGE;
     }
     lone = lone_process(&mo);

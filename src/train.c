@@ -28,7 +28,9 @@
 #include "src/util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,6 +203,8 @@ struct trainer {
     float grad_scale; /* 1 / accumulate */
     int local_err;    /* the error is this peer's own (data, files,
                          compute), not the mesh's: exit code 1 */
+    int agreed_err;   /* every peer reached the same error from the same
+                         shared facts: exit 1 without aborting the others */
 
     struct mesh_nn_lr_sched lr; /* --lr-schedule with the run's length */
 
@@ -1036,7 +1040,7 @@ static int checkpoint_write(struct trainer *t, uint64_t step)
     if (rc == 0)
         rc = mesh_ckpt_begin(dir, step, &w);
     if (rc < 0)
-        return rc;
+        return local(t, rc);
     rc = mesh_ckpt_put_file(w, "model.safetensors", MESH_CKPT_SHARED, path,
                             sizeof(path));
     if (rc == 0)
@@ -1075,18 +1079,63 @@ static int checkpoint_write(struct trainer *t, uint64_t step)
 }
 
 /*
+ * --resume found no checkpoint to continue from: why (the agreement's
+ * message, or none at all), which ranks hold damaged ones, and this
+ * rank's own damaged files. --resume=if-any starts from step 0 with a
+ * warning; --resume is an error of the configuration (exit 1): the
+ * checkpoints it asked for are not there.
+ */
+static int resume_none(struct trainer *t, const char *why,
+                       const uint64_t *damaged,
+                       const struct mesh_ckpt_damage *mine)
+{
+    char ranks[256] = "", here[sizeof(mine->list) + 64] = "";
+    int r, n = 0;
+
+    for (r = 0; r < t->size; r++) {
+        size_t len = strlen(ranks);
+
+        if (!damaged[r])
+            continue;
+        n++;
+        if (len < sizeof(ranks) - 16)
+            snprintf(ranks + len, sizeof(ranks) - len, "%s%d", len ? ", " : "",
+                     r);
+    }
+    if (mine->count)
+        snprintf(here, sizeof(here), "; damaged here: %s", mine->list);
+    if (t->c->resume == TRAIN_RESUME_IF_ANY) {
+        mesh_warn("--resume=if-any: %s%s%s%s: starting from step 0", why,
+                  n ? " (damaged checkpoints on rank(s) " : "", ranks,
+                  n ? ")" : "");
+        return 0;
+    }
+    /* every peer decides this from the same gathered scans */
+    t->agreed_err = 1;
+    return local(t, mesh_err(-ENOENT,
+                             "--resume: %s%s%s%s (--resume=if-any would "
+                             "start from step 0)",
+                             why, n ? "; damaged checkpoints on rank(s) " : "",
+                             ranks, here));
+}
+
+/*
  * --resume: every peer scans its directory, the scans are all-gathered
- * (RESUME_MAX_ENTRIES newest of each), and every peer picks the newest step
- * that all hold with the same agreement digest. *step = 0 when no peer has
- * any checkpoint (a fresh start).
+ * (RESUME_MAX_ENTRIES newest of each, and how many were damaged), and
+ * every peer picks the newest step that all hold with the same agreement
+ * digest. When there is none (no checkpoint at all, only damaged ones, or
+ * none in common), resume_none decides: an error, or *step = 0 with
+ * --resume=if-any.
  */
 static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
 {
     struct mesh_ckpt_entry *mine = NULL, *all = NULL;
     const struct mesh_ckpt_entry **lists = NULL;
     struct mesh_ckpt *ck = NULL;
+    struct mesh_ckpt_damage damage;
     size_t nmine = 0, *counts = NULL, total = 0, rec;
     uint8_t *pack = NULL, *gathered = NULL, state[40];
+    uint64_t *damaged = NULL;
     char dir[1024], path[1200];
     uint64_t step = 0;
     void *lstate = NULL;
@@ -1096,24 +1145,27 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
 
     rc = ckpt_dir(t, dir, sizeof(dir));
     if (rc == 0)
-        rc = mesh_ckpt_scan(dir, &mine, &nmine);
+        rc = mesh_ckpt_scan(dir, &mine, &nmine, &damage);
     if (rc < 0)
-        return rc;
+        return local(t, rc);
     if (nmine > RESUME_MAX_ENTRIES)
         nmine = RESUME_MAX_ENTRIES; /* newest first */
-    rec = 8 + RESUME_MAX_ENTRIES * MESH_CKPT_ENTRY_BYTES;
+    /* each rank: its count, its damaged count, its entries */
+    rec = 16 + RESUME_MAX_ENTRIES * MESH_CKPT_ENTRY_BYTES;
     pack = calloc(1, rec);
     gathered = calloc((size_t)t->size, rec);
     lists = calloc((size_t)t->size, sizeof(*lists));
     counts = calloc((size_t)t->size, sizeof(*counts));
+    damaged = calloc((size_t)t->size, sizeof(*damaged));
     all = calloc((size_t)t->size * RESUME_MAX_ENTRIES + 1, sizeof(*all));
-    if (!pack || !gathered || !lists || !counts || !all) {
+    if (!pack || !gathered || !lists || !counts || !damaged || !all) {
         rc = mesh_err(-ENOMEM, "out of memory");
         goto out;
     }
     put_u64(pack, nmine);
+    put_u64(pack + 8, damage.count);
     for (i = 0; i < nmine; i++)
-        mesh_ckpt_entry_pack(&mine[i], pack + 8 + i * MESH_CKPT_ENTRY_BYTES);
+        mesh_ckpt_entry_pack(&mine[i], pack + 16 + i * MESH_CKPT_ENTRY_BYTES);
     if (t->coll)
         rc = mesh_coll_allgather(t->coll, pack, gathered, rec, MESH_DT_BYTE);
     else
@@ -1132,20 +1184,33 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
         }
         lists[r] = all + (size_t)r * RESUME_MAX_ENTRIES;
         counts[r] = n;
+        damaged[r] = get_u64(g + 8);
         total += n;
         for (i = 0; i < n; i++)
-            mesh_ckpt_entry_unpack(g + 8 + i * MESH_CKPT_ENTRY_BYTES,
+            mesh_ckpt_entry_unpack(g + 16 + i * MESH_CKPT_ENTRY_BYTES,
                                    &all[(size_t)r * RESUME_MAX_ENTRIES + i]);
     }
     if (total == 0) {
-        if (t->rank == 0)
-            mesh_info("--resume: no peer has a checkpoint in %s: starting "
-                      "from step 0",
-                      t->c->checkpoint_dir);
+        char why[1200];
+
+        snprintf(why, sizeof(why), "no peer has a usable checkpoint in %s",
+                 t->c->checkpoint_dir);
+        rc = resume_none(t, why, damaged, &damage);
         *step_out = 0;
         goto out;
     }
     rc = mesh_ckpt_agree(lists, counts, t->size, &step);
+    if (rc == -ENOENT) {
+        const char *msg = mesh_err_msg(rc);
+        char why[1200];
+
+        if (!strncmp(msg, "--resume: ", 10))
+            msg += 10;
+        snprintf(why, sizeof(why), "%s", msg);
+        rc = resume_none(t, why, damaged, &damage);
+        *step_out = 0;
+        goto out;
+    }
     if (rc < 0)
         goto out;
     for (i = 0; i < nmine; i++)
@@ -1205,6 +1270,7 @@ out:
     free(lstate);
     mesh_ckpt_close(ck);
     free(all);
+    free(damaged);
     free(counts);
     free(lists);
     free(gathered);
@@ -1307,18 +1373,34 @@ static void progress(struct trainer *t, uint64_t step, float loss, double lr,
 /* ---- the run ------------------------------------------------------------- */
 
 /*
- * The configuration that peers must share, as "key=value\n" lines. The
+ * The configuration that peers must share, as "key=value\n" lines: every
+ * flag that changes what a peer computes, or when it joins a collective,
+ * with its value as resolved (defaults filled in), so that peers that
+ * would diverge, or compute other bits than a uniform run, are refused at
+ * the join with the field named. tests/train_flags.sh changes every flag
+ * of --help on one peer and expects a refusal or identical weights. The
  * checkpoint digest covers the first part only (what defines the training
- * trajectory), so that a resumed run may change its length or reporting.
+ * trajectory), so that a resumed run may change its length or reporting,
+ * and run on another number of threads.
  */
 static int build_config(struct trainer *t, const uint8_t data_fp[32])
 {
     const struct train_cfg *c = t->c;
     const struct mesh_nn_model_cfg *m = &t->mcfg;
-    char fp[65];
+    char fp[65], miles[256] = "";
     size_t core;
-    int n;
+    int n, i, threads;
 
+    /* the compute threads as open_model resolves them: oneDNN's results
+     * depend on how many split a convolution's reductions (none are
+     * simulated) */
+    threads = t->sim ? 0 : c->threads > 0 ? c->threads : t->ncpus;
+    for (i = 0; i < t->lr.num_milestones; i++) {
+        size_t len = strlen(miles);
+
+        snprintf(miles + len, sizeof(miles) - len, "%s%.9g", i ? "," : "",
+                 t->lr.milestones[i]);
+    }
     hex(data_fp, 32, fp);
     n = snprintf(
         t->config, sizeof(t->config),
@@ -1328,6 +1410,7 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
         "augment=%d\nbatch=%d\naccumulate=%d\nlr=%.9g\n"
         "lr_schedule=%s\nwarmup_epochs=%.9g\nmomentum=%.9g\n"
         "weight_decay=%.9g\nnesterov=%d\nlabel_smoothing=%.9g\n"
+        "milestones=%s\non_bad_sample=%s\n"
         "compress=%s\ndevice=%s\nprecision=%d\n"
         "steps_per_epoch=%" PRIu64 "\npeers=%d\n",
         m->arch, m->width, m->cifar_stem, m->zero_init_residual, m->num_classes,
@@ -1335,21 +1418,25 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
         c->batch, c->accumulate, c->lr.base_lr, lr_kind_name(c->lr.kind),
         c->lr.warmup_epochs, (double)c->sgd.momentum,
         (double)c->sgd.weight_decay, c->sgd.nesterov,
-        (double)c->label_smoothing, compress_name(c->compress), c->device,
-        c->precision, t->steps_per_epoch, t->size);
+        (double)c->label_smoothing, miles[0] ? miles : "none",
+        c->on_bad == MESH_DATA_BAD_SKIP ? "skip" : "fail",
+        compress_name(c->compress), c->device, c->precision,
+        t->steps_per_epoch, t->size);
     if (n < 0 || (size_t)n >= sizeof(t->config))
         return mesh_err(-EINVAL, "configuration too long");
     core = (size_t)n;
     if (mesh_ckpt_sha256(t->config, core, t->config_digest) < 0)
         return -EIO;
     n += snprintf(t->config + n, sizeof(t->config) - (size_t)n,
-                  "total_steps=%" PRIu64 "\nalgo=%s\nbucket_mb=%.9g\n"
-                  "chunk_mb=%.9g\n"
-                  "verify_every=%" PRIu64 "\neval_every=%.9g\n"
+                  "total_steps=%" PRIu64 "\nlr_total_epochs=%.17g\n"
+                  "algo=%s\nbucket_mb=%.9g\nchunk_mb=%.9g\n"
+                  "threads=%d\n"
+                  "verify_every=%" PRIu64 "\neval=%d\neval_every=%.9g\n"
                   "checkpoint_every=%" PRIu64 "\nresume=%d\n",
-                  t->total_steps, mesh_algo_name(c->algo), c->bucket_mb,
-                  c->chunk_mb,
-                  c->verify_every, c->no_eval ? 0.0 : c->eval_every,
+                  t->total_steps, t->lr.total_epochs,
+                  mesh_algo_name(c->algo), c->bucket_mb, c->chunk_mb, threads,
+                  c->verify_every, !c->no_eval,
+                  c->no_eval ? 0.0 : c->eval_every,
                   c->checkpoint_every, c->resume);
     if ((size_t)n >= sizeof(t->config) - 200)
         return mesh_err(-EINVAL, "configuration too long");
@@ -1519,10 +1606,130 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
     return 0;
 }
 
-/* An error's exit code: after joining, a collective failure is a peer's. */
+/* ---- output paths, checked before step 1 ------------------------------- */
+
+/*
+ * Can files be created in directory dir? A probe file is created and
+ * removed: this catches a missing directory, a read-only file system and
+ * missing permissions alike, which access(2) does not for root.
+ */
+static int dir_check(const char *flag, const char *path, const char *dir)
+{
+    char probe[PATH_MAX];
+    struct stat st;
+    int fd, n;
+
+    if (stat(dir, &st) < 0)
+        return mesh_err_errno("%s %s: directory %s", flag, path, dir);
+    if (!S_ISDIR(st.st_mode))
+        return mesh_err(-ENOTDIR, "%s %s: %s is not a directory", flag, path,
+                        dir);
+    n = snprintf(probe, sizeof(probe), "%s/.meshtrain-probe.%ld", dir,
+                 (long)getpid());
+    if (n < 0 || (size_t)n >= sizeof(probe))
+        return mesh_err(-ENAMETOOLONG, "%s %s: path too long", flag, path);
+    fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return mesh_err_errno("%s %s: cannot create files in %s", flag, path,
+                              dir);
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
+/*
+ * An output file written at the end (or replaced by a rename from its
+ * directory, as --save is): its directory must take new files, and an
+ * existing file must be a writable file, not a directory. Devices and
+ * pipes (/dev/null, /dev/stdout) are taken as they are.
+ */
+static int output_check(const char *flag, const char *path)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    struct stat st;
+    int fd;
+
+    if (!*path)
+        return mesh_err(-EINVAL, "%s: empty path", flag);
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode))
+            return mesh_err(-EISDIR, "%s %s: is a directory", flag, path);
+        if (!S_ISREG(st.st_mode))
+            return 0;
+        fd = open(path, O_WRONLY | O_CLOEXEC); /* no O_TRUNC: untouched */
+        if (fd < 0)
+            return mesh_err_errno("%s %s", flag, path);
+        close(fd);
+    } else if (errno != ENOENT) {
+        return mesh_err_errno("%s %s", flag, path);
+    }
+    if (!slash)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == path)
+        snprintf(dir, sizeof(dir), "/");
+    else if ((size_t)(slash - path) < sizeof(dir))
+        snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+    else
+        return mesh_err(-ENAMETOOLONG, "%s %s: path too long", flag, path);
+    return dir_check(flag, path, dir);
+}
+
+/*
+ * Before step 1 (after joining, so that a failure here aborts the job
+ * naming this rank): every file this rank will write, so that a bad path
+ * fails now instead of after the whole run. Rank 0 writes --save,
+ * --metrics, --timeline and --profile-layers; every rank makes its
+ * checkpoint directory DIR/rank-R.
+ */
+static int outputs_check(struct trainer *t)
+{
+    const struct train_cfg *c = t->c;
+    char dir[1024];
+    struct stat st;
+    int rc = 0;
+
+    if (t->rank == 0) {
+        if (c->save && !c->simulate)
+            rc = output_check("--save", c->save);
+        if (rc == 0 && c->metrics)
+            rc = output_check("--metrics", c->metrics);
+        if (rc == 0 && c->timeline)
+            rc = output_check("--timeline", c->timeline);
+        if (rc == 0 && c->profile_layers)
+            rc = output_check("--profile-layers", c->profile_layers);
+        if (rc < 0)
+            return rc;
+    }
+    if (!c->checkpoint_every || !c->checkpoint_dir)
+        return 0;
+    rc = ckpt_dir(t, dir, sizeof(dir));
+    if (rc < 0)
+        return rc;
+    if (mkdir(dir, 0777) < 0 && errno != EEXIST)
+        return mesh_err_errno("--checkpoint-dir %s: cannot create %s",
+                              c->checkpoint_dir, dir);
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return mesh_err(-ENOTDIR, "--checkpoint-dir %s: %s is not a directory",
+                        c->checkpoint_dir, dir);
+    return dir_check("--checkpoint-dir", c->checkpoint_dir, dir);
+}
+
+/*
+ * An error's exit code: after joining, a collective failure is a peer's.
+ * A local one (MESH_EXIT_USAGE: this rank's data, files, device or
+ * flags) aborts the job naming this rank, so that its peers stop at once
+ * and blame it, instead of seeing only that it left; unless every peer
+ * reached the same error (agreed_err), when an abort would only race
+ * with the others' last collective.
+ */
 static int fail(struct trainer *t, int code, int rc)
 {
-    fprintf(stderr, "meshtrain: rank %d: %s\n", t->rank, mesh_err_msg(rc));
+    const char *msg = mesh_err_msg(rc);
+
+    fprintf(stderr, "meshtrain: rank %d: %s\n", t->rank, msg);
+    if (code == MESH_EXIT_USAGE && t->mesh && !t->agreed_err)
+        mesh_ops(t->mesh)->abort(mesh_transport(t->mesh), t->rank, msg);
     return code;
 }
 
@@ -1815,13 +2022,24 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     }
     /* A world of one joins no mesh: nothing to agree with or average. */
     rc = t.size > 1 ? mesh_open(mo, t.config, &t.mesh) : 0;
+    if (rc == -ECANCELED) {
+        /* A peer that had joined already aborted the job (a local error
+         * of its own, before step 1) while this rank still completed its
+         * last handshakes: a peer failure, as it is a moment later. */
+        fprintf(stderr, "meshtrain: rank %d: the job was aborted while "
+                "joining: %s\n", t.rank, mesh_err_msg(rc));
+        code = MESH_EXIT_PEER;
+        goto out;
+    }
     if (rc < 0) {
         fprintf(stderr, "meshtrain: rank %d: cannot join the mesh: %s\n",
                 t.rank, mesh_err_msg(rc));
         code = MESH_EXIT_JOIN;
         goto out;
     }
-    rc = open_model(&t, mo);
+    rc = outputs_check(&t);
+    if (rc == 0)
+        rc = open_model(&t, mo);
     if (rc < 0) {
         code = fail(&t, MESH_EXIT_USAGE, rc);
         goto out;
@@ -1878,7 +2096,8 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
         rc = checkpoint_resume(&t, &start);
         if (rc < 0) {
             code = fail(&t,
-                        rc == -ENOENT || rc == -EIO || rc == -EINVAL
+                        t.local_err || rc == -ENOENT || rc == -EIO ||
+                                rc == -EINVAL
                             ? MESH_EXIT_USAGE
                             : MESH_EXIT_PEER,
                         rc);

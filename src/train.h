@@ -39,6 +39,14 @@ enum train_compress {
     TRAIN_COMPRESS_BF16 = 2,
 };
 
+/* --resume: whether a run may start from step 0 when no checkpoint is
+ * usable (none, damaged, or none that every peer holds). */
+enum train_resume {
+    TRAIN_RESUME_OFF = 0,
+    TRAIN_RESUME_REQUIRED = 1, /* --resume: then an error (exit 1) */
+    TRAIN_RESUME_IF_ANY = 2,   /* --resume=if-any: then step 0, warned */
+};
+
 struct train_cfg {
     /* model */
     struct mesh_nn_model_cfg model; /* arch, width, stem, seed; classes,
@@ -77,7 +85,7 @@ struct train_cfg {
     uint64_t checkpoint_every;  /* steps, 0: none */
     const char *checkpoint_dir; /* each peer uses DIR/rank-R */
     int keep;
-    int resume;
+    int resume; /* enum train_resume */
     const char *save; /* final weights (safetensors), rank 0 */
 
     /* output */

@@ -117,7 +117,7 @@ int main(void)
         skip_all("cannot create a temporary directory");
         return 0;
     }
-    plan(28);
+    plan(29);
     snprintf(dir, sizeof(dir), "%s/ck", tmp);
 
     /* Round trip. */
@@ -337,11 +337,26 @@ int main(void)
         flip_byte(bp, 7);
         mesh_log_set_level(MESH_LOG_ERROR); /* the skip warning */
         for (int r = 0; r < 3 && rc == 0; r++)
-            rc = mesh_ckpt_scan(pd[r], &l[r], &cnt[r]);
+            rc = mesh_ckpt_scan(pd[r], &l[r], &cnt[r], NULL);
         mesh_log_set_level(MESH_LOG_INFO);
         ok(rc == 0 && cnt[0] == 3 && cnt[2] == 2 && l[0][0].step == 30 &&
                l[0][2].step == 10,
            "scan: verified checkpoints newest first, the damaged one out");
+        {
+            struct mesh_ckpt_entry *l2 = NULL;
+            struct mesh_ckpt_damage dmg;
+            size_t n2 = 0;
+            int rc2;
+
+            mesh_log_set_level(MESH_LOG_ERROR);
+            rc2 = mesh_ckpt_scan(pd[2], &l2, &n2, &dmg);
+            mesh_log_set_level(MESH_LOG_INFO);
+            ok(rc2 == 0 && n2 == 2 && dmg.count == 1 &&
+                   strstr(dmg.list, bp) && strstr(dmg.list, "SHA-256"),
+               "scan: the damaged one is counted and named with why: %s",
+               dmg.list);
+            free(l2);
+        }
         if (rc == 0)
             rc = mesh_ckpt_agree((const struct mesh_ckpt_entry *const *)l, cnt,
                                  3, &step);
