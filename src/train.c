@@ -1036,7 +1036,7 @@ static int checkpoint_write(struct trainer *t, uint64_t step)
     if (rc == 0)
         rc = mesh_ckpt_begin(dir, step, &w);
     if (rc < 0)
-        return rc;
+        return local(t, rc);
     rc = mesh_ckpt_put_file(w, "model.safetensors", MESH_CKPT_SHARED, path,
                             sizeof(path));
     if (rc == 0)
