@@ -524,6 +524,22 @@ out:
     return rc;
 }
 
+/* Say which rank failed the job; returns its exit code (never 0). */
+static int name_culprit(const struct run *run, int cand, int running)
+{
+    const struct proc *p = &run->procs[cand];
+    int code = exit_code_of(p->status);
+
+    if (WIFSIGNALED(p->status))
+        fprintf(stderr, "meshrun: rank %d (%s) was killed by signal %d%s\n",
+                cand, p->host, WTERMSIG(p->status),
+                running ? "; stopping the other ranks" : "");
+    else
+        fprintf(stderr, "meshrun: rank %d (%s) exited with code %d%s\n", cand,
+                p->host, code, running ? "; stopping the other ranks" : "");
+    return code ? code : 1;
+}
+
 /* Watch the ranks until all have exited; returns meshrun's exit code. */
 static int supervise(struct run *run)
 {
@@ -582,20 +598,8 @@ static int supervise(struct run *run)
             }
         }
         if (cand >= 0 && !stopping &&
-            (cand_pri >= 2 || mesh_now_s() >= settle_at)) {
-            struct proc *p = &run->procs[cand];
-
-            code = exit_code_of(p->status);
-            if (WIFSIGNALED(p->status))
-                fprintf(stderr,
-                        "meshrun: rank %d (%s) was killed by signal %d; "
-                        "stopping the other ranks\n",
-                        cand, p->host, WTERMSIG(p->status));
-            else
-                fprintf(stderr,
-                        "meshrun: rank %d (%s) exited with code %d; "
-                        "stopping the other ranks\n",
-                        cand, p->host, code);
+            (cand_pri >= 2 || mesh_now_s() >= settle_at || running == 0)) {
+            code = name_culprit(run, cand, running);
             stopping = 1;
             signal_all(run, SIGTERM);
             kill_at = mesh_now_s() + run->grace_s;
@@ -657,6 +661,10 @@ static int supervise(struct run *run)
             }
         }
     }
+    /* Whatever path led here: 0 only when every rank exited 0. */
+    for (int r = 0; r < run->np && code == 0; r++)
+        if (!run->procs[r].running && run->procs[r].status != 0)
+            code = name_culprit(run, r, 0);
     for (int r = 0; r < run->np; r++)
         for (int k = 0; k < 2; k++)
             if (run->procs[r].s[k].fd >= 0)
