@@ -1892,13 +1892,33 @@ out:
     pthread_mutex_unlock(&t->lock);
 }
 
+/* The tick's period once joined: at most 1/8 of the peer timeout. */
+static double tick_s(const struct mesh_transport *t)
+{
+    return MESH_MAX(MESH_MIN(t->opts.peer_timeout_s / 8, 0.25), 0.002);
+}
+
+/*
+ * How long a link may be silent before its peer is dead. A live peer sends
+ * a heartbeat at its first tick a quarter of the peer timeout T after its
+ * last bytes, so up to T / 4 + one tick passes between its bytes; a peer
+ * that stops right before a heartbeat was due has been silent that long
+ * already. Waiting for T beyond that gap, and noticing at the next tick,
+ * declares a stopped peer dead between T and T + T / 4 + 2 ticks after it
+ * stopped (T = 10 s: 10 to 13 s), never before T.
+ */
+static uint64_t silence_limit_ns(const struct mesh_transport *t)
+{
+    double pt = t->opts.peer_timeout_s;
+
+    return (uint64_t)((pt + pt / 4 + tick_s(t)) * 1e9);
+}
+
 static void tick_arm(struct mesh_transport *t)
 {
-    double s = t->joining ? 0.005 : MESH_MIN(t->opts.peer_timeout_s / 8, 0.25);
+    double s = t->joining ? 0.005 : tick_s(t);
     struct timeval tv;
 
-    if (s < 0.002)
-        s = 0.002;
     tv.tv_sec = (time_t)s;
     tv.tv_usec = (suseconds_t)((s - (double)tv.tv_sec) * 1e6);
     evtimer_add(t->tick_ev, &tv);
@@ -1953,12 +1973,14 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             now - l->lost_ns > (uint64_t)(LOST_GRACE_S * 1e9))
             fail_job(t, p, -ECONNRESET, 1, "rank %d (%s) %s", p,
                      pname(t, p, nb, sizeof(nb)), l->lost_why);
-        if (!t->failed && now - l->last_rx_ns > pt)
+        if (!t->failed && now - l->last_rx_ns > silence_limit_ns(t))
             fail_job(t, p, -EHOSTDOWN, 1,
-                     "rank %d (%s) silent for %.1f s (peer timeout %.1f s)", p,
-                     pname(t, p, nb, sizeof(nb)),
+                     "rank %d (%s) silent for %.1f s (peer timeout %.1f s "
+                     "after its heartbeat period of %.2f s)",
+                     p, pname(t, p, nb, sizeof(nb)),
                      (double)(now - l->last_rx_ns) / 1e9,
-                     t->opts.peer_timeout_s);
+                     t->opts.peer_timeout_s,
+                     t->opts.peer_timeout_s / 4 + tick_s(t));
     }
     tick_arm(t);
 out:
