@@ -8,11 +8,12 @@
 # heartbeats (every T/4). ss(8) gives the time since rank 2's last send to
 # rank 0 (lastsnd); rank 2 is stopped once that reaches 0.75 T/4 - 0.9 T/4,
 # when its last sign of life is as old as it gets without a new heartbeat.
+# Resumed (SIGCONT), rank 2 must blame its own stall, not a healthy peer.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
 T=4
 command -v ss >/dev/null 2>&1 || t_skip_all "ss (iproute2) not installed"
-t_plan 2
+t_plan 3
 
 take_ports 3 || t_skip_all "no free ports"
 port=$PORT
@@ -81,5 +82,17 @@ t_ok $([ -n "$took" ] &&
     "rank 0 declares the stopped rank 2 dead ${took:-never} s after it \
 stopped: not before --peer-timeout $T"
 grep -h "rank 2 .*silent" "$TMP/r0.log" | head -n 1 | sed 's/^/# /'
-kill -KILL "$p2" 2>/dev/null
+
+# Resumed, rank 2 finds its own clock jumped past T: it blames itself, as
+# its peers do, never a healthy peer for the silence it did not hear.
+kill -CONT "$p2" 2>/dev/null
+wait_exit "$p2" 15
+ok=1
+[ "$EXIT_CODE" -eq 3 ] &&
+    grep -q "error: rank 2 (localhost:$((port + 2))) itself stood still" \
+        "$TMP/r2.log" && ! grep -q "rank [01] ([^)]*) silent" "$TMP/r2.log" &&
+    ok=0
+t_ok $ok "resumed after SIGSTOP, rank 2 exits 3 blaming its own stall, \
+not a peer (exit $EXIT_CODE)"
+grep "error:" "$TMP/r2.log" | head -n 2 | sed 's/^/# /'
 t_done

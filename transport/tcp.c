@@ -246,6 +246,7 @@ struct mesh_transport {
     char join_err[MSG_MAX]; /* a permanent join failure */
     int stopping;
     int accept_paused; /* accept failed hard; resume at a tick */
+    uint64_t tick_ns;  /* when the last tick ran, 0 before the first */
     int failed;
     int fail_code;
     int culprit;
@@ -1924,6 +1925,52 @@ static void tick_arm(struct mesh_transport *t)
     evtimer_add(t->tick_ev, &tv);
 }
 
+/*
+ * Whether this process stood still (SIGSTOP, a suspended machine, no CPU)
+ * since the last tick: the monotonic clock jumped by more than the ticks
+ * we scheduled. Its peers' silence during the stall is not theirs: their
+ * bytes wait unread in our sockets. A stall shorter than the peer timeout
+ * is forgiven (their clocks start again now); a longer one made us the
+ * silent peer, whom the others declare dead: blame ourselves, so that
+ * every rank names the same culprit (the first tick after SIGCONT runs
+ * before we read their abort notices: epoll_wait returns EINTR).
+ */
+static void stall_check(struct mesh_transport *t, uint64_t now)
+{
+    uint64_t prev = t->tick_ns, stall;
+    double tick = t->joining ? 0.005 : tick_s(t);
+    char me[300];
+
+    t->tick_ns = now;
+    if (!prev || now - prev <= (uint64_t)((2 * tick + 0.5) * 1e9))
+        return;
+    stall = now - prev - (uint64_t)(tick * 1e9);
+    if (!t->failed && !t->joining &&
+        (double)stall >= t->opts.peer_timeout_s * 1e9) {
+        fail_job(t, t->world.rank, -EHOSTDOWN, 1,
+                 "rank %d (%s) itself stood still for %.1f s (stopped, "
+                 "suspended or not scheduled), past the peer timeout of "
+                 "%.1f s: its peers declare it dead",
+                 t->world.rank, pname(t, t->world.rank, me, sizeof(me)),
+                 (double)stall / 1e9, t->opts.peer_timeout_s);
+        return;
+    }
+    if ((double)stall >= t->opts.peer_timeout_s / 4 * 1e9)
+        mesh_warn("this rank stood still for %.1f s (stopped, suspended or "
+                  "not scheduled); its peers' silence meanwhile is not held "
+                  "against them",
+                  (double)stall / 1e9);
+    for (int p = 0; p < t->world.size; p++) {
+        struct link *l = &t->links[p];
+
+        if (p == t->world.rank)
+            continue;
+        l->last_rx_ns = MESH_MIN(l->last_rx_ns + stall, now);
+        if (l->lost_ns)
+            l->lost_ns = MESH_MIN(l->lost_ns + stall, now);
+    }
+}
+
 /* Periodic: dials, handshake deadlines, heartbeats, silent peers. */
 static void on_tick(evutil_socket_t fd, short what, void *arg)
 {
@@ -1961,6 +2008,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         spin_release(t);
     if (t->accept_paused && event_add(t->listen_ev, NULL) == 0)
         t->accept_paused = 0;
+    stall_check(t, now);
     for (int p = 0; p < t->world.size; p++) {
         struct link *l = &t->links[p];
 
