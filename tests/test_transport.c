@@ -745,6 +745,20 @@ static int child_goodbye(struct ctx *cx, char *msg, size_t len)
             .seq = 7, .op = MESH_OP_P2P, .count = 8, .length = 8};
 
         usleep(200000);
+        /* A send to it fails the job, blaming it (not us, the sender). */
+        f.seq = 6;
+        rc = ops->isend(cx->t, 1, &f, buf[1], NULL, &r[0]);
+        if (rc >= 0) {
+            snprintf(msg, len, "a send to a departed peer was accepted");
+            return -1;
+        }
+        if (!strcmp(ops->name, "tcp") && mesh_tcp_culprit(cx->t) != 1) {
+            snprintf(msg, len, "after a send to departed rank 1 the job "
+                     "blames %d: %s", mesh_tcp_culprit(cx->t),
+                     mesh_err_msg(rc));
+            return -1;
+        }
+        f.seq = 7;
         rc = ops->irecv(cx->t, 1, &f, buf[1], NULL, &r[0]);
         if (rc >= 0)
             rc = mesh_transport_wait(ops, cx->t, r[0]);
@@ -1232,7 +1246,9 @@ static void scenario_goodbye(void)
     ok(all_ok(&R), "data sent before a peer closes still arrives");
     ok(R.status[0] == 0 && strstr(R.msg[0], who) &&
            strstr(R.msg[0], "left the mesh"),
-       "a later receive from it fails naming it: %s", R.msg[0]);
+       "a later send to it fails the job blaming it, a receive fails "
+       "naming it: %s",
+       R.msg[0]);
     run_cleanup(&R);
 }
 

@@ -2450,9 +2450,14 @@ static int check_peer(struct mesh_transport *t, int peer, const char *what,
     if (!t->links[peer].ready)
         return mesh_err(-ENOTCONN, "tcp %s: rank %d (%s) has not joined", what,
                         peer, pname(t, peer, nb, sizeof(nb)));
-    if (t->links[peer].bye && sending)
-        return mesh_err(-ECONNRESET, "tcp %s: rank %d (%s) left the mesh", what,
-                        peer, pname(t, peer, nb, sizeof(nb)));
+    if (t->links[peer].bye && sending) {
+        /* It said goodbye while we still had this to send: its failure,
+         * which every rank must blame on it, not on us. */
+        fail_job(t, peer, -ECONNRESET, 1,
+                 "rank %d (%s) left the mesh with a send to it still due",
+                 peer, pname(t, peer, nb, sizeof(nb)));
+        return fail_err(t);
+    }
     return 0;
 }
 
