@@ -158,8 +158,18 @@ struct mesh; /* opaque */
 int mesh_open(const struct mesh_opts *o, const char *config, struct mesh **out);
 
 /*
+ * The line a rank started by meshrun writes on the file descriptor named
+ * by MESHTRAIN_REPORT_FD when its mesh failed: this prefix, then the rank
+ * the failure blames, then a newline. meshrun names the culprit most ranks
+ * agree on.
+ */
+#define MESH_REPORT_CULPRIT "meshrun-report: culprit "
+
+/*
  * Close every link and free the mesh (NULL is fine). Call mesh_barrier
- * first for a clean end, so that no peer sees this as a failure.
+ * first for a clean end, so that no peer sees this as a failure. A failed
+ * mesh first reports its culprit (MESH_REPORT_CULPRIT) where
+ * MESHTRAIN_REPORT_FD asks.
  */
 void mesh_close(struct mesh *m);
 

@@ -11,7 +11,7 @@
 # directory should be (meshtrain exits 1).
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
-t_plan 6
+t_plan 7
 PT=2
 # Runs for minutes unless something fails.
 LONG="--op pingpong -b 64 -e 64 -n 1000000 -w 0 --peer-timeout $PT \
@@ -111,5 +111,21 @@ victim=$(rank_pid "$MR" 1)
 wait_exit "$MR" $((PT + 20))
 check "rank 1 killed by SIGKILL" 137 "rank 1 \(localhost\) was killed by \
 signal 9"
+
+# one rank stopped: the others exit 3 blaming it; meshrun names it, not
+# one of them, and stops it too
+take_ports 3
+job_start stop -np 3 --grace 2 -- "$MESHBENCH" --port "$PORT" $LONG
+i=0
+while [ "$(grep -c 'joined the mesh' "$LOG")" -lt 3 ] && [ $i -lt 300 ]; do
+    sleep 0.1
+    i=$((i + 1))
+done
+victim=$(rank_pid "$MR" 1)
+[ -n "$victim" ] && kill -STOP "$victim"
+wait_exit "$MR" $((PT + 20))
+check "rank 1 stopped (SIGSTOP)" 3 "rank 1 \(localhost\) failed the job: \
+2 rank\(s\) name it the culprit"
+[ -n "$victim" ] && kill -KILL "$victim" 2>/dev/null
 
 t_done

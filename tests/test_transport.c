@@ -752,10 +752,9 @@ static int child_goodbye(struct ctx *cx, char *msg, size_t len)
             snprintf(msg, len, "a send to a departed peer was accepted");
             return -1;
         }
-        if (!strcmp(ops->name, "tcp") && mesh_tcp_culprit(cx->t) != 1) {
+        if (ops->culprit(cx->t) != 1) {
             snprintf(msg, len, "after a send to departed rank 1 the job "
-                     "blames %d: %s", mesh_tcp_culprit(cx->t),
-                     mesh_err_msg(rc));
+                     "blames %d: %s", ops->culprit(cx->t), mesh_err_msg(rc));
             return -1;
         }
         f.seq = 7;

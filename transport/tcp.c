@@ -3037,5 +3037,6 @@ const struct mesh_transport_ops mesh_tcp_ops = {
     .progress = tcp_progress,
     .hold = tcp_hold,
     .abort = tcp_abort,
+    .culprit = mesh_tcp_culprit,
     .close = tcp_close,
 };

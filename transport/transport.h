@@ -232,6 +232,13 @@ struct mesh_transport_ops {
      */
     void (*abort)(mesh_transport_t *t, int culprit, const char *why);
 
+    /*
+     * Optional (NULL: unknown). The rank the failed job blames (the first
+     * failure's culprit, the same on every rank that heard of it), or -1:
+     * the job has not failed, or blames no one.
+     */
+    int (*culprit)(mesh_transport_t *t);
+
     /* Close every link and free everything; NULL is fine. */
     void (*close)(mesh_transport_t *t);
 };
