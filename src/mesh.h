@@ -30,7 +30,9 @@
 /*
  * Exit codes of every mesh program (meshbench, meshtrain), documented in
  * their man pages and --help. meshrun exits with the code of the first rank
- * that failed.
+ * that failed on its own (not MESH_EXIT_PEER), else MESH_EXIT_PEER naming
+ * the culprit the ranks report (MESH_REPORT_CULPRIT); 0 only when every
+ * rank exited 0 (meshrun(1), EXIT STATUS).
  */
 enum mesh_exit {
     MESH_EXIT_OK = 0,
