@@ -673,6 +673,7 @@ int main(int argc, char **argv)
     struct mesh_opts mo;
     int rc, code = MESH_EXIT_USAGE;
 
+    mesh_log_set_program("meshbench");
     memset(&b, 0, sizeof(b));
     b.corrupt_rank = -1;
     meshbench_coll_args_init(&a.coll);

@@ -11,7 +11,7 @@
 # directory should be (meshtrain exits 1).
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
-t_plan 7
+t_plan 8
 PT=2
 # Runs for minutes unless something fails.
 LONG="--op pingpong -b 64 -e 64 -n 1000000 -w 0 --peer-timeout $PT \
@@ -61,6 +61,11 @@ ok=1
 t_ok $ok "every rank exits 0: meshrun exits 0, names no one \
 (exit $EXIT_CODE)"
 [ $ok -eq 0 ] || t_show "$LOG" 8
+ok=1
+grep -q '^\[0\] \[meshbench rank 0\] info: joined the mesh' "$LOG" &&
+    ! grep -q '\[meshtrain' "$LOG" && ok=0
+t_ok $ok "meshbench's log lines say meshbench, not meshtrain"
+[ $ok -eq 0 ] || grep 'joined the mesh' "$LOG" | head -n 2 | sed 's/^/# /'
 
 # one rank exits 1, the others run
 take_ports 3
