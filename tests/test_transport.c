@@ -1345,6 +1345,24 @@ static void scenario_api(void)
     ok(rc < 0, "zero streams refused: %s", mesh_err_msg(rc));
     if (rc >= 0)
         ops->close(cx.t);
+
+    /* Messages give a collective's number in the job, not its seq. */
+    {
+        struct mesh_frame f = {.seq = MESH_SEQ_COLL_BASE + 20,
+                               .op = MESH_OP_ALLREDUCE,
+                               .dtype = MESH_DT_F32,
+                               .count = 1000,
+                               .length = 4000};
+        char s1[200], s2[200];
+
+        mesh_frame_str(&f, s1, sizeof(s1));
+        mesh_frame_p2p(&f, 5, 1, 64);
+        mesh_frame_str(&f, s2, sizeof(s2));
+        ok(strstr(s1, "allreduce (collective #21)") && !strstr(s1, "4611") &&
+               strstr(s1, "count 1000") && strstr(s2, "p2p (message #5)"),
+           "frames read as the operation's number and count: '%s', '%s'",
+           s1, s2);
+    }
 }
 
 int main(int argc, char **argv)
