@@ -1325,6 +1325,76 @@ static void dial_scan(struct mesh_transport *t)
     }
 }
 
+/* The length of addr's host part ("1.2.3.4:5" -> 7, "[::1]:5" -> 5). */
+static size_t host_len(const char *addr)
+{
+    const char *colon = strrchr(addr, ':');
+
+    return colon ? (size_t)(colon - addr) : strlen(addr);
+}
+
+/*
+ * Make room for one more pre-authentication connection from src (its
+ * "host:port"), MaxStartups-style, so that idle clients cannot keep a peer
+ * out. Over the per-source limit the set is src's connections, over the
+ * budget all of them; one of the set goes:
+ *   - the oldest idle one (nothing received) past TCP_HS_GRACE_S, or of
+ *     any age when the newcomer has sent bytes already (busy);
+ *   - for a busy newcomer, else the oldest busy one past the grace.
+ * A peer sends its HELLO as soon as its connect completes, usually before
+ * we accept it: clients that never send cannot outnumber it, however fast
+ * they reconnect. Returns 0, or -1: no room (refuse the newcomer).
+ */
+static int hs_make_room(struct mesh_transport *t, const char *src, int busy,
+                        uint64_t now)
+{
+    int budget = MESH_MAX(TCP_HS_PENDING_MAX, 2 * t->world.size * (t->S + 1));
+    int per_src =
+        MESH_MAX(TCP_HS_PER_SOURCE_MAX, 2 * t->world.size * (t->S + 1));
+    uint64_t grace = (uint64_t)(TCP_HS_GRACE_S * 1e9),
+             life = (uint64_t)(TCP_HS_DEADLINE_S * 1e9);
+    size_t sl = host_len(src);
+
+    for (;;) {
+        struct conn *c, *v, *idle[2] = {NULL, NULL}, *old[2] = {NULL, NULL};
+        int n_all = 0, n_src = 0, k;
+
+        /* t->hs runs newest first: the last match is the oldest. */
+        for (c = t->hs; c; c = c->hs_next) {
+            int same, aged;
+
+            if (c->role != ROLE_ACCEPTOR)
+                continue;
+            same = host_len(c->addr) == sl && !memcmp(c->addr, src, sl);
+            n_all++;
+            n_src += same;
+            aged = now + life - c->deadline_ns >= grace;
+            for (k = 0; k < 1 + same; k++) {
+                if (c->state == C_HS_HELLO && c->in_len == 0) {
+                    if (aged || busy)
+                        idle[k] = c;
+                } else if (aged && busy) {
+                    old[k] = c;
+                }
+            }
+        }
+        if (n_src >= per_src)
+            k = 1;
+        else if (n_all >= budget)
+            k = 0;
+        else
+            return 0;
+        v = idle[k] ? idle[k] : old[k];
+        if (!v)
+            return -1;
+        mesh_debug("dropped connection from %s for one from %s: too many "
+                   "unauthenticated connections (%d of %d, %d of %d from "
+                   "its host)",
+                   v->addr, src, n_all, budget, n_src, per_src);
+        conn_kill(v);
+    }
+}
+
 static void on_accept(evutil_socket_t lfd, short what, void *arg)
 {
     struct mesh_transport *t = arg;
@@ -1336,7 +1406,8 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
     (void)what;
     pthread_mutex_lock(&t->lock);
     for (;;) {
-        char addr[96];
+        char addr[96], peek;
+        ssize_t n;
 
         sl = sizeof(ss);
         fd = accept4(lfd, (struct sockaddr *)&ss, &sl,
@@ -1357,9 +1428,11 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
             break;
         }
         sockaddr_str((struct sockaddr *)&ss, addr, sizeof(addr));
-        /* Room for every legitimate connection at once, plus some. */
-        if (t->stopping || t->nhs >= MESH_MAX(TCP_HS_PENDING_MAX,
-                                              2 * t->world.size * (t->S + 1))) {
+        /* Whether it has sent something already (a peer's HELLO). */
+        do
+            n = recv(fd, &peek, 1, MSG_PEEK | MSG_DONTWAIT);
+        while (n < 0 && errno == EINTR);
+        if (t->stopping || hs_make_room(t, addr, n > 0, mesh_now_ns()) < 0) {
             mesh_warn("refused connection from %s: %s", addr,
                       t->stopping ? "closing"
                                   : "too many handshakes in progress");
