@@ -103,6 +103,13 @@
 #define OUTBUF_LEN          (TCP_CONFIG_WIRE_MAX + 4 * TCP_CTRL_LEN + 256)
 #define INBUF_LEN           (TCP_CONFIG_WIRE_MAX + 8)
 #define MSG_MAX             1024
+/* Refused connections: lines logged per window for one source address
+ * and kind of refusal, and for all; how many (source, kind) pairs are
+ * tracked (the least recent one makes room). */
+#define REFUSE_WINDOW_S 10.0
+#define REFUSE_BURST    5
+#define REFUSE_ALL      100
+#define REFUSE_SOURCES  64
 
 enum role { ROLE_DIALER = 'D', ROLE_ACCEPTOR = 'A' };
 
@@ -196,6 +203,17 @@ struct link {
     char lost_why[160];
 };
 
+/* One source address's refusals of one kind in the current window. */
+struct refuse_src {
+    char host[96];     /* address without the port; "" = unused */
+    char kind[48];     /* the reason's words before any number or quote */
+    uint64_t since_ns; /* the window's start */
+    uint64_t last_ns;  /* the latest refusal */
+    unsigned logged;   /* lines logged in the window */
+    uint64_t more;     /* refusals not logged in the window */
+    char why[160];     /* the latest unlogged one's reason */
+};
+
 enum req_kind { REQ_SEND, REQ_RECV };
 
 struct mesh_req {
@@ -247,6 +265,10 @@ struct mesh_transport {
     int stopping;
     int accept_paused; /* accept failed hard; resume at a tick */
     uint64_t tick_ns;  /* when the last tick ran, 0 before the first */
+    struct refuse_src refused[REFUSE_SOURCES]; /* log rate limits */
+    uint64_t refused_since_ns;                 /* REFUSE_ALL's window */
+    unsigned refused_logged;                   /* lines in it */
+    uint64_t refused_more;                     /* refusals beyond them */
     int failed;
     int fail_code;
     int culprit;
@@ -314,6 +336,137 @@ static void sockaddr_str(const struct sockaddr *sa, char *buf, size_t len)
         port = ntohs(s4->sin_port);
     }
     snprintf(buf, len, "%s:%u", host, port);
+}
+
+/* The length of addr's host part ("1.2.3.4:5" -> 7, "[::1]:5" -> 5). */
+static size_t host_len(const char *addr)
+{
+    const char *colon = strrchr(addr, ':');
+
+    return colon ? (size_t)(colon - addr) : strlen(addr);
+}
+
+/* n with thousands separators: 12345 -> "12,345". */
+static const char *grouped(uint64_t n, char *buf, size_t len)
+{
+    char digits[32];
+    size_t nd, o = 0;
+
+    nd = (size_t)snprintf(digits, sizeof(digits), "%" PRIu64, n);
+    for (size_t i = 0; i < nd && o + 2 < len; i++) {
+        if (i && (nd - i) % 3 == 0)
+            buf[o++] = ',';
+        buf[o++] = digits[i];
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
+/* Log what a source's window held back, and forget the window. */
+static void refuse_flush(struct refuse_src *r, uint64_t now)
+{
+    char n[40];
+
+    if (r->more)
+        mesh_warn("refused connections: ... and %s more from %s in the last "
+                  "%.0f s (the latest: %s)",
+                  grouped(r->more, n, sizeof(n)), r->host,
+                  (double)(now - r->since_ns) / 1e9, r->why);
+    r->host[0] = '\0';
+    r->more = 0;
+    r->logged = 0;
+}
+
+/* The same for the limit on all lines. */
+static void refuse_flush_all(struct mesh_transport *t, uint64_t now)
+{
+    char n[40];
+
+    if (t->refused_more)
+        mesh_warn("refused connections: ... and %s more in the last %.0f s "
+                  "(too many to log each)",
+                  grouped(t->refused_more, n, sizeof(n)),
+                  (double)(now - t->refused_since_ns) / 1e9);
+    t->refused_more = 0;
+    t->refused_logged = 0;
+    t->refused_since_ns = now;
+}
+
+/*
+ * Log "refused connection from ADDR: why" (claimed >= 0: "refused rank R
+ * (host:port) connecting from ADDR: why"), at most REFUSE_BURST lines per
+ * source address and kind of reason in REFUSE_WINDOW_S, and REFUSE_ALL in
+ * all; the rest are counted and summed up in one line per source when its
+ * window ends (at a tick): a connect flood must not flood the log.
+ */
+static void refuse_warn(struct mesh_transport *t, const char *addr,
+                        int claimed, const char *why)
+{
+    uint64_t now = mesh_now_ns(), win = (uint64_t)(REFUSE_WINDOW_S * 1e9);
+    size_t hl = MESH_MIN(host_len(addr), sizeof(t->refused[0].host) - 1);
+    struct refuse_src *r = NULL, *lru = &t->refused[0];
+    char kind[sizeof(lru->kind)], line[MSG_MAX], nb[300];
+    size_t kl = strcspn(why, "0123456789'\"(");
+
+    if (claimed >= 0)
+        snprintf(line, sizeof(line), "refused rank %d (%s) connecting from "
+                 "%s: %s", claimed, pname(t, claimed, nb, sizeof(nb)), addr,
+                 why);
+    else
+        snprintf(line, sizeof(line), "refused connection from %s: %s", addr,
+                 why);
+    snprintf(kind, sizeof(kind), "%.*s", (int)kl, why);
+    for (int i = 0; i < REFUSE_SOURCES && !r; i++) {
+        struct refuse_src *e = &t->refused[i];
+
+        if (e->host[0] && strlen(e->host) == hl &&
+            !memcmp(e->host, addr, hl) && !strcmp(e->kind, kind))
+            r = e;
+        else if (!e->host[0] || (lru->host[0] && e->last_ns < lru->last_ns))
+            lru = e;
+    }
+    if (r && now - r->since_ns >= win)
+        refuse_flush(r, now);
+    if (!r || !r->host[0]) {
+        if (!r) {
+            r = lru;
+            if (r->host[0])
+                refuse_flush(r, now);
+        }
+        memcpy(r->host, addr, hl);
+        r->host[hl] = '\0';
+        snprintf(r->kind, sizeof(r->kind), "%s", kind);
+        r->since_ns = now;
+    }
+    r->last_ns = now;
+    if (now - t->refused_since_ns >= win)
+        refuse_flush_all(t, now);
+    if (r->logged < REFUSE_BURST && t->refused_logged < REFUSE_ALL) {
+        r->logged++;
+        t->refused_logged++;
+        mesh_warn("%s%s", line,
+                  r->logged == REFUSE_BURST ? " (more like it in the next "
+                                              "10 s are counted, not logged)"
+                                            : "");
+        return;
+    }
+    if (r->logged < REFUSE_BURST)
+        t->refused_more++;
+    else
+        r->more++;
+    snprintf(r->why, sizeof(r->why), "%s", line);
+}
+
+/* At a tick: end the windows that are over. */
+static void refuse_tick(struct mesh_transport *t, uint64_t now)
+{
+    uint64_t win = (uint64_t)(REFUSE_WINDOW_S * 1e9);
+
+    for (int i = 0; i < REFUSE_SOURCES; i++)
+        if (t->refused[i].host[0] && now - t->refused[i].since_ns >= win)
+            refuse_flush(&t->refused[i], now);
+    if (now - t->refused_since_ns >= win)
+        refuse_flush_all(t, now);
 }
 
 static void wake(struct mesh_transport *t)
@@ -924,11 +1077,7 @@ static void hs_refuse(struct conn *c, const char *fmt, ...)
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
     if (c->role == ROLE_ACCEPTOR) {
-        if (c->peer >= 0)
-            mesh_warn("refused rank %d (%s) connecting from %s: %s", c->peer,
-                      pname(t, c->peer, nb, sizeof(nb)), c->addr, why);
-        else
-            mesh_warn("refused connection from %s: %s", c->addr, why);
+        refuse_warn(t, c->addr, c->peer, why);
     } else {
         struct link *l = &t->links[c->peer];
 
@@ -1325,14 +1474,6 @@ static void dial_scan(struct mesh_transport *t)
     }
 }
 
-/* The length of addr's host part ("1.2.3.4:5" -> 7, "[::1]:5" -> 5). */
-static size_t host_len(const char *addr)
-{
-    const char *colon = strrchr(addr, ':');
-
-    return colon ? (size_t)(colon - addr) : strlen(addr);
-}
-
 /*
  * Make room for one more pre-authentication connection from src (its
  * "host:port"), MaxStartups-style, so that idle clients cannot keep a peer
@@ -1433,21 +1574,20 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
             n = recv(fd, &peek, 1, MSG_PEEK | MSG_DONTWAIT);
         while (n < 0 && errno == EINTR);
         if (t->stopping || hs_make_room(t, addr, n > 0, mesh_now_ns()) < 0) {
-            mesh_warn("refused connection from %s: %s", addr,
-                      t->stopping ? "closing"
-                                  : "too many handshakes in progress");
+            refuse_warn(t, addr, -1,
+                        t->stopping ? "closing"
+                                    : "too many handshakes in progress");
             close(fd);
             continue;
         }
         if (set_sockopts(t, fd) < 0 || !(c = conn_new(t, fd, ROLE_ACCEPTOR))) {
-            mesh_warn("refused connection from %s: %s", addr,
-                      mesh_err_msg(-ENOMEM));
+            refuse_warn(t, addr, -1, mesh_err_msg(-ENOMEM));
             close(fd);
             continue;
         }
         snprintf(c->addr, sizeof(c->addr), "%s", addr);
         if (RAND_bytes(c->nonce, TCP_NONCE_LEN) != 1) {
-            mesh_warn("refused connection from %s: RAND_bytes failed", addr);
+            refuse_warn(t, addr, -1, "RAND_bytes failed");
             conn_free(c);
             continue;
         }
@@ -2082,6 +2222,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     if (t->accept_paused && event_add(t->listen_ev, NULL) == 0)
         t->accept_paused = 0;
     stall_check(t, now);
+    refuse_tick(t, now);
     for (int p = 0; p < t->world.size; p++) {
         struct link *l = &t->links[p];
 
@@ -3059,6 +3200,10 @@ static void tcp_close(mesh_transport_t *t)
         pthread_mutex_destroy(&t->lock);
         pthread_cond_destroy(&t->cond);
     }
+    /* What the last windows held back is still said. */
+    for (int i = 0; i < REFUSE_SOURCES; i++)
+        refuse_flush(&t->refused[i], mesh_now_ns());
+    refuse_flush_all(t, mesh_now_ns());
     for (c = t->hs; c; c = cn) {
         cn = c->hs_next;
         conn_free(c);
