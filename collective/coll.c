@@ -597,10 +597,9 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
     if (rc == 0) {
         char sq[48];
 
-        mesh_debug("%s (%s): %zu x %s, %s, %d operations",
-                   mesh_op_name(a->op), mesh_seq_str(q->seq, sq, sizeof(sq)),
-                   a->count, mesh_dtype_name(a->dtype), mesh_algo_name(q->algo),
-                   s.nops);
+        mesh_debug("%s (%s): %zu x %s, %s, %d operations", mesh_op_name(a->op),
+                   mesh_seq_str(q->seq, sq, sizeof(sq)), a->count,
+                   mesh_dtype_name(a->dtype), mesh_algo_name(q->algo), s.nops);
         rc = sched_run(&s, c->ops, c->t);
     }
     sched_free(&s);

@@ -227,8 +227,7 @@ static int start(struct run *r, int i, const struct mesh_transport_ops *ops,
         mesh_debug("%s (%s) tag %u: %s %zu bytes at offset %llu %s "
                    "rank %d",
                    mesh_op_name(s->op), mesh_seq_str(s->seq, sq, sizeof(sq)),
-                   o->tag,
-                   o->kind == SCHED_SEND ? "send" : "receive", o->len,
+                   o->tag, o->kind == SCHED_SEND ? "send" : "receive", o->len,
                    (unsigned long long)o->offset,
                    o->kind == SCHED_SEND ? "to" : "from", o->peer);
     switch (o->kind) {

@@ -717,9 +717,9 @@ static int supervise(struct run *run)
             int agreed = cand_pri == 1 ? agreed_culprit(run) : -1;
 
             if (agreed >= 0 && agreed != cand)
-                code = name_blamed(run, agreed, exit_code_of(
-                                                    run->procs[cand].status),
-                                   running);
+                code =
+                    name_blamed(run, agreed,
+                                exit_code_of(run->procs[cand].status), running);
             else
                 code = name_culprit(run, cand, running);
             stopping = 1;

@@ -134,8 +134,8 @@ void mesh_log(enum mesh_log_level level, const char *fmt, ...)
     if (!mesh_log_enabled(level))
         return;
     if (rank >= 0)
-        n = snprintf(line, sizeof(line), "[%s rank %d] %s: ", log_program,
-                     rank, names[level]);
+        n = snprintf(line, sizeof(line), "[%s rank %d] %s: ", log_program, rank,
+                     names[level]);
     else
         n = snprintf(line, sizeof(line), "[%s] %s: ", log_program,
                      names[level]);

@@ -753,8 +753,9 @@ static int child_goodbye(struct ctx *cx, char *msg, size_t len)
             return -1;
         }
         if (ops->culprit(cx->t) != 1) {
-            snprintf(msg, len, "after a send to departed rank 1 the job "
-                     "blames %d: %s", ops->culprit(cx->t), mesh_err_msg(rc));
+            snprintf(msg, len,
+                     "after a send to departed rank 1 the job blames %d: %s",
+                     ops->culprit(cx->t), mesh_err_msg(rc));
             return -1;
         }
         f.seq = 7;
@@ -1208,11 +1209,10 @@ static void scenario_kill(int sig)
         double when = atof(R.msg[i]) - t0;
         /* The bound: T + T / 4 + 2 ticks (tcp.c, silence_limit_ns),
          * plus scheduling slack. */
-        double bound = sig == SIGKILL ? 2.0
-                                      : c.peer_timeout_s * 1.25 +
-                                            2 * MESH_MIN(c.peer_timeout_s / 8,
-                                                         0.25) +
-                                            2.0;
+        double bound = sig == SIGKILL
+                           ? 2.0
+                           : c.peer_timeout_s * 1.25 +
+                                 2 * MESH_MIN(c.peer_timeout_s / 8, 0.25) + 2.0;
         int good = R.status[i] == 0 && strstr(R.msg[i], culprit) && when >= 0 &&
                    when <= bound;
 
@@ -1360,8 +1360,8 @@ static void scenario_api(void)
         mesh_frame_str(&f, s2, sizeof(s2));
         ok(strstr(s1, "allreduce (collective #21)") && !strstr(s1, "4611") &&
                strstr(s1, "count 1000") && strstr(s2, "p2p (message #5)"),
-           "frames read as the operation's number and count: '%s', '%s'",
-           s1, s2);
+           "frames read as the operation's number and count: '%s', '%s'", s1,
+           s2);
     }
 }
 

@@ -399,8 +399,8 @@ static void refuse_flush_all(struct mesh_transport *t, uint64_t now)
  * all; the rest are counted and summed up in one line per source when its
  * window ends (at a tick): a connect flood must not flood the log.
  */
-static void refuse_warn(struct mesh_transport *t, const char *addr,
-                        int claimed, const char *why)
+static void refuse_warn(struct mesh_transport *t, const char *addr, int claimed,
+                        const char *why)
 {
     uint64_t now = mesh_now_ns(), win = (uint64_t)(REFUSE_WINDOW_S * 1e9);
     size_t hl = MESH_MIN(host_len(addr), sizeof(t->refused[0].host) - 1);
@@ -409,9 +409,9 @@ static void refuse_warn(struct mesh_transport *t, const char *addr,
     size_t kl = strcspn(why, "0123456789'\"(");
 
     if (claimed >= 0)
-        snprintf(line, sizeof(line), "refused rank %d (%s) connecting from "
-                 "%s: %s", claimed, pname(t, claimed, nb, sizeof(nb)), addr,
-                 why);
+        snprintf(line, sizeof(line),
+                 "refused rank %d (%s) connecting from %s: %s", claimed,
+                 pname(t, claimed, nb, sizeof(nb)), addr, why);
     else
         snprintf(line, sizeof(line), "refused connection from %s: %s", addr,
                  why);
@@ -419,8 +419,8 @@ static void refuse_warn(struct mesh_transport *t, const char *addr,
     for (int i = 0; i < REFUSE_SOURCES && !r; i++) {
         struct refuse_src *e = &t->refused[i];
 
-        if (e->host[0] && strlen(e->host) == hl &&
-            !memcmp(e->host, addr, hl) && !strcmp(e->kind, kind))
+        if (e->host[0] && strlen(e->host) == hl && !memcmp(e->host, addr, hl) &&
+            !strcmp(e->kind, kind))
             r = e;
         else if (!e->host[0] || (lru->host[0] && e->last_ns < lru->last_ns))
             lru = e;
@@ -2668,8 +2668,8 @@ static int check_peer(struct mesh_transport *t, int peer, const char *what,
         /* It said goodbye while we still had this to send: its failure,
          * which every rank must blame on it, not on us. */
         fail_job(t, peer, -ECONNRESET, 1,
-                 "rank %d (%s) left the mesh with a send to it still due",
-                 peer, pname(t, peer, nb, sizeof(nb)));
+                 "rank %d (%s) left the mesh with a send to it still due", peer,
+                 pname(t, peer, nb, sizeof(nb)));
         return fail_err(t);
     }
     return 0;
