@@ -130,7 +130,7 @@ victim=$(rank_pid "$MR" 1)
 [ -n "$victim" ] && kill -STOP "$victim"
 wait_exit "$MR" $((PT + 20))
 check "rank 1 stopped (SIGSTOP)" 3 "rank 1 \(localhost\) failed the job: \
-2 rank\(s\) name it the culprit"
+[12] rank\(s\) name it the culprit"
 [ -n "$victim" ] && kill -KILL "$victim" 2>/dev/null
 
 t_done
