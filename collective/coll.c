@@ -455,9 +455,11 @@ static void tree_shape(struct mesh_coll *c)
 static const char *req_what(const struct mesh_coll_req *q, char *buf,
                             size_t len)
 {
-    snprintf(buf, len, "%s seq %" PRIu64 " (%s, %zu x %s)",
-             mesh_op_name(q->a.op), q->seq, mesh_algo_name(q->algo), q->a.count,
-             mesh_dtype_name(q->a.dtype));
+    char sq[48];
+
+    snprintf(buf, len, "%s (%s; %s, %zu x %s)", mesh_op_name(q->a.op),
+             mesh_seq_str(q->seq, sq, sizeof(sq)), mesh_algo_name(q->algo),
+             q->a.count, mesh_dtype_name(q->a.dtype));
     return buf;
 }
 
@@ -593,8 +595,10 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
         }
     }
     if (rc == 0) {
-        mesh_debug("%s seq %llu: %zu x %s, %s, %d operations",
-                   mesh_op_name(a->op), (unsigned long long)q->seq, a->count,
+        char sq[48];
+
+        mesh_debug("%s (%s): %zu x %s, %s, %d operations", mesh_op_name(a->op),
+                   mesh_seq_str(q->seq, sq, sizeof(sq)), a->count,
                    mesh_dtype_name(a->dtype), mesh_algo_name(q->algo), s.nops);
         rc = sched_run(&s, c->ops, c->t);
     }

@@ -92,7 +92,7 @@ struct mesh_coll_opts {
     uint64_t seq_base;
 };
 
-#define MESH_COLL_SEQ_BASE (UINT64_C(1) << 62)
+#define MESH_COLL_SEQ_BASE MESH_SEQ_COLL_BASE
 
 void mesh_coll_opts_init(struct mesh_coll_opts *o);
 

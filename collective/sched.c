@@ -220,13 +220,14 @@ static int start(struct run *r, int i, const struct mesh_transport_ops *ops,
     };
     static char empty; /* a valid address for zero-length messages */
     void *buf = o->buf ? o->buf : &empty;
+    char sq[48];
     int rc;
 
     if (o->kind <= SCHED_RECV && mesh_log_enabled(MESH_LOG_DEBUG))
-        mesh_debug("%s seq %llu tag %u: %s %zu bytes at offset %llu %s "
+        mesh_debug("%s (%s) tag %u: %s %zu bytes at offset %llu %s "
                    "rank %d",
-                   mesh_op_name(s->op), (unsigned long long)s->seq, o->tag,
-                   o->kind == SCHED_SEND ? "send" : "receive", o->len,
+                   mesh_op_name(s->op), mesh_seq_str(s->seq, sq, sizeof(sq)),
+                   o->tag, o->kind == SCHED_SEND ? "send" : "receive", o->len,
                    (unsigned long long)o->offset,
                    o->kind == SCHED_SEND ? "to" : "from", o->peer);
     switch (o->kind) {

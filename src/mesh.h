@@ -30,7 +30,9 @@
 /*
  * Exit codes of every mesh program (meshbench, meshtrain), documented in
  * their man pages and --help. meshrun exits with the code of the first rank
- * that failed.
+ * that failed on its own (not MESH_EXIT_PEER), else MESH_EXIT_PEER naming
+ * the culprit the ranks report (MESH_REPORT_CULPRIT); 0 only when every
+ * rank exited 0 (meshrun(1), EXIT STATUS).
  */
 enum mesh_exit {
     MESH_EXIT_OK = 0,
@@ -161,8 +163,18 @@ struct mesh; /* opaque */
 int mesh_open(const struct mesh_opts *o, const char *config, struct mesh **out);
 
 /*
+ * The line a rank started by meshrun writes on the file descriptor named
+ * by MESHTRAIN_REPORT_FD when its mesh failed: this prefix, then the rank
+ * the failure blames, then a newline. meshrun names the culprit most ranks
+ * agree on.
+ */
+#define MESH_REPORT_CULPRIT "meshrun-report: culprit "
+
+/*
  * Close every link and free the mesh (NULL is fine). Call mesh_barrier
- * first for a clean end, so that no peer sees this as a failure.
+ * first for a clean end, so that no peer sees this as a failure. A failed
+ * mesh first reports its culprit (MESH_REPORT_CULPRIT) where
+ * MESHTRAIN_REPORT_FD asks.
  */
 void mesh_close(struct mesh *m);
 

@@ -144,7 +144,7 @@ static uint64_t verify(struct bench *b, const uint8_t *buf, size_t len,
             first = i;
     if (bad) {
         mesh_error_log("wrong data from rank %d: %" PRIu64 " of %zu bytes "
-                       "differ (seq %" PRIu64 " slot %u), first at offset "
+                       "differ (message #%" PRIu64 " slot %u), first at offset "
                        "%zu: got 0x%02x, expected 0x%02x",
                        from, bad, len, seq, slot, first, buf[first],
                        pattern_byte(seed, first));
@@ -673,6 +673,7 @@ int main(int argc, char **argv)
     struct mesh_opts mo;
     int rc, code = MESH_EXIT_USAGE;
 
+    mesh_log_set_program("meshbench");
     memset(&b, 0, sizeof(b));
     b.corrupt_rank = -1;
     meshbench_coll_args_init(&a.coll);

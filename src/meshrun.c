@@ -9,12 +9,16 @@
  * _LOCAL_RANK, _HOSTFILE or _HOSTS and _JOB_ID set, hands each one the
  * job's fresh secret on a pipe (MESHTRAIN_SECRET_FD; over ssh, on its
  * stdin), prefixes every output line with the rank, and on the first
- * failure stops the others (SIGTERM, then SIGKILL after a grace period) and
- * exits with that rank's code.
+ * failure stops the others (SIGTERM, then SIGKILL after a grace period),
+ * names the culprit and exits with its code (see usage(), "Exit status").
+ * A rank whose mesh failed reports whom it blames on its stderr
+ * (MESH_REPORT_CULPRIT, asked for with MESHTRAIN_REPORT_FD=2); meshrun
+ * takes those lines out of the output.
  */
 #include "config.h"
 
 #include "src/hostfile.h"
+#include "src/mesh.h"
 #include "src/util.h"
 
 #include <arpa/inet.h>
@@ -60,6 +64,8 @@ struct proc {
     pid_t pid;
     int running;
     int status; /* from waitpid, once it has exited */
+    int blames; /* the culprit its failed mesh reported, -1: none */
+    int blamed_at; /* order of that report among all ranks' (1, 2, ...) */
     struct stream s[2];
 };
 
@@ -74,6 +80,7 @@ struct run {
     struct proc *procs;
     char secret[2 * SECRET_BYTES + 2];
     char job_id[64];
+    int reports; /* culprit reports received so far */
 };
 
 static int sig_pipe[2] = {-1, -1};
@@ -120,18 +127,26 @@ static void usage(FILE *f)
             "\n"
             "Every rank gets MESHTRAIN_RANK, MESHTRAIN_SIZE,\n"
             "MESHTRAIN_LOCAL_RANK, MESHTRAIN_HOSTFILE or MESHTRAIN_HOSTS,\n"
-            "MESHTRAIN_JOB_ID (fresh per job), and the job's fresh secret on\n"
-            "a pipe named by MESHTRAIN_SECRET_FD (over ssh: on stdin). Other\n"
-            "MESHTRAIN_* variables are passed on. Output lines are prefixed\n"
-            "with '[RANK] '.\n"
+            "MESHTRAIN_JOB_ID (fresh per job), MESHTRAIN_REPORT_FD=2 (where\n"
+            "a failed mesh reports its culprit to meshrun), and the job's\n"
+            "fresh secret on a pipe named by MESHTRAIN_SECRET_FD (over ssh:\n"
+            "on stdin). Other MESHTRAIN_* variables are passed on. Output\n"
+            "lines are prefixed with '[RANK] '.\n"
             "\n"
-            "Exit status:\n"
+            "Exit status (never 0 unless every rank exited 0); meshrun\n"
+            "names the culprit on stderr:\n"
             "  0        every rank exited with 0\n"
-            "  1        meshrun's own usage or launch error\n"
-            "  C        the exit code C of the first rank that failed\n"
-            "  128+S    the first failing rank was killed by signal S, or\n"
-            "           meshrun itself got SIGINT/SIGTERM (S) and stopped "
-            "the job\n");
+            "  1        meshrun's own usage or launch error, or the code of\n"
+            "           a rank that failed on its own (below)\n"
+            "  C        the code C (not 0 or 3) of the first rank that\n"
+            "           failed on its own, e.g. 1 (its own error), 2 (join),\n"
+            "           4 (wrong data)\n"
+            "  128+S    that rank was killed by signal S, or meshrun itself\n"
+            "           got SIGINT/SIGTERM (S) and stopped the job\n"
+            "  3        ranks exited 3 (a peer failed) and no rank failed on\n"
+            "           its own within 0.5 s: the culprit is the rank most\n"
+            "           of them blame (a stopped or hung rank too, which\n"
+            "           meshrun then stops), else the first to exit 3\n");
 }
 
 static int is_local_host(const char *host)
@@ -306,7 +321,7 @@ static void exec_rank(const struct run *run, struct proc *p, int out_w,
                       int err_w, int secret_r)
 {
     char rank[16], size[16], local[16];
-    char *envs[5][2];
+    char *envs[6][2];
     int nenv = 0, devnull, i;
     sigset_t none;
 
@@ -337,6 +352,9 @@ static void exec_rank(const struct run *run, struct proc *p, int out_w,
     envs[nenv++][1] = (char *)(run->hostfile ? run->hostfile : run->hosts);
     envs[nenv][0] = "MESHTRAIN_JOB_ID";
     envs[nenv++][1] = (char *)run->job_id;
+    /* A failed mesh names its culprit on stderr (MESH_REPORT_CULPRIT). */
+    envs[nenv][0] = "MESHTRAIN_REPORT_FD";
+    envs[nenv++][1] = "2";
 
     /* One host source only (an ssh-like agent may pass our env on). */
     unsetenv(run->hostfile ? "MESHTRAIN_HOSTS" : "MESHTRAIN_HOSTFILE");
@@ -431,13 +449,37 @@ fail:
     return rc;
 }
 
+/* A rank's culprit report (MESH_REPORT_CULPRIT) on its stderr: note it. */
+static int take_report(struct run *run, struct proc *p, const char *line,
+                       size_t n)
+{
+    size_t k = strlen(MESH_REPORT_CULPRIT);
+    char num[16];
+    long r;
+    char *end;
+
+    if (n <= k || n - k >= sizeof(num) || memcmp(line, MESH_REPORT_CULPRIT, k))
+        return 0;
+    memcpy(num, line + k, n - k);
+    num[n - k] = '\0';
+    r = strtol(num, &end, 10);
+    if (*end || r < 0 || r >= run->np)
+        return 0;
+    p->blames = (int)r;
+    p->blamed_at = ++run->reports;
+    return 1;
+}
+
 /* Write "[rank] line\n" with one write call, so lines never mix. */
-static void emit(const struct proc *p, struct stream *s, const char *line,
-                 size_t n)
+static void emit(struct run *run, struct proc *p, struct stream *s,
+                 const char *line, size_t n)
 {
     char buf[LINE_MAX_BYTES + 32];
     int h = snprintf(buf, sizeof(buf), "[%d] ", p->rank);
     size_t total;
+
+    if (s->out == STDERR_FILENO && take_report(run, p, line, n))
+        return;
 
     if (n > LINE_MAX_BYTES)
         n = LINE_MAX_BYTES;
@@ -455,7 +497,7 @@ static void emit(const struct proc *p, struct stream *s, const char *line,
     }
 }
 
-static void drain(struct proc *p, struct stream *s)
+static void drain(struct run *run, struct proc *p, struct stream *s)
 {
     ssize_t n;
     size_t start = 0, i;
@@ -465,7 +507,7 @@ static void drain(struct proc *p, struct stream *s)
         return;
     if (n <= 0) {
         if (s->len)
-            emit(p, s, s->buf, s->len);
+            emit(run, p, s, s->buf, s->len);
         s->len = 0;
         close(s->fd);
         s->fd = -1;
@@ -475,16 +517,33 @@ static void drain(struct proc *p, struct stream *s)
     for (i = 0; i < s->len; i++) {
         if (s->buf[i] != '\n')
             continue;
-        emit(p, s, s->buf + start, i - start);
+        emit(run, p, s, s->buf + start, i - start);
         start = i + 1;
     }
     if (start == 0 && s->len == sizeof(s->buf)) {
         /* A line longer than the buffer: pass it on in pieces. */
-        emit(p, s, s->buf, s->len);
+        emit(run, p, s, s->buf, s->len);
         start = s->len;
     }
     memmove(s->buf, s->buf + start, s->len - start);
     s->len -= start;
+}
+
+/* Everything a rank that has exited left in its pipes, now. */
+static void drain_all(struct run *run, struct proc *p)
+{
+    for (int k = 0; k < 2; k++) {
+        struct stream *s = &p->s[k];
+        struct pollfd pf;
+
+        for (int i = 0; i < 1024 && s->fd >= 0; i++) {
+            pf.fd = s->fd;
+            pf.events = POLLIN;
+            if (poll(&pf, 1, 0) <= 0 || !pf.revents)
+                break;
+            drain(run, p, s);
+        }
+    }
 }
 
 static void signal_all(struct run *run, int sig)
@@ -522,6 +581,76 @@ static int setup_signals(void)
     return 0;
 out:
     return rc;
+}
+
+/* Say which rank failed the job; returns its exit code (never 0). */
+static int name_culprit(const struct run *run, int cand, int running)
+{
+    const struct proc *p = &run->procs[cand];
+    int code = exit_code_of(p->status);
+
+    if (WIFSIGNALED(p->status))
+        fprintf(stderr, "meshrun: rank %d (%s) was killed by signal %d%s\n",
+                cand, p->host, WTERMSIG(p->status),
+                running ? "; stopping the other ranks" : "");
+    else
+        fprintf(stderr, "meshrun: rank %d (%s) exited with code %d%s\n", cand,
+                p->host, code, running ? "; stopping the other ranks" : "");
+    return code ? code : 1;
+}
+
+/*
+ * The culprit the ranks' reports agree on: the rank most of them blame,
+ * the first one blamed among equals; -1 when no rank reported one.
+ */
+static int agreed_culprit(const struct run *run)
+{
+    int best = -1, best_n = 0, best_at = 0;
+
+    for (int c = 0; c < run->np; c++) {
+        int n = 0, at = 0;
+
+        for (int r = 0; r < run->np; r++) {
+            const struct proc *p = &run->procs[r];
+
+            if (p->blames != c)
+                continue;
+            n++;
+            if (!at || p->blamed_at < at)
+                at = p->blamed_at;
+        }
+        if (n > best_n || (n && n == best_n && at < best_at)) {
+            best = c;
+            best_n = n;
+            best_at = at;
+        }
+    }
+    return best;
+}
+
+/* Name the rank the others blame; returns code, their exit code. */
+static int name_blamed(const struct run *run, int culprit, int code,
+                       int running)
+{
+    const struct proc *p = &run->procs[culprit];
+    int n = 0;
+
+    for (int r = 0; r < run->np; r++)
+        n += run->procs[r].blames == culprit;
+    if (p->running)
+        fprintf(stderr,
+                "meshrun: rank %d (%s) failed the job: %d rank(s) name it "
+                "the culprit, and it has not exited (stopped or hung); "
+                "exit code %d%s\n",
+                culprit, p->host, n, code,
+                running ? "; stopping the other ranks" : "");
+    else
+        fprintf(stderr,
+                "meshrun: rank %d (%s) failed the job: %d rank(s) name it "
+                "the culprit; exit code %d%s\n",
+                culprit, p->host, n, code,
+                running ? "; stopping the other ranks" : "");
+    return code ? code : 1;
 }
 
 /* Watch the ranks until all have exited; returns meshrun's exit code. */
@@ -569,6 +698,8 @@ static int supervise(struct run *run)
                 p->running = 0;
                 p->status = status;
                 running--;
+                /* Its last lines (and culprit report) before its exit. */
+                drain_all(run, p);
                 c = exit_code_of(status);
                 if (c == 0 || stopping)
                     continue;
@@ -582,22 +713,19 @@ static int supervise(struct run *run)
             }
         }
         if (cand >= 0 && !stopping &&
-            (cand_pri >= 2 || mesh_now_s() >= settle_at)) {
-            struct proc *p = &run->procs[cand];
+            (cand_pri >= 2 || mesh_now_s() >= settle_at || running == 0)) {
+            int agreed = cand_pri == 1 ? agreed_culprit(run) : -1;
 
-            code = exit_code_of(p->status);
-            if (WIFSIGNALED(p->status))
-                fprintf(stderr,
-                        "meshrun: rank %d (%s) was killed by signal %d; "
-                        "stopping the other ranks\n",
-                        cand, p->host, WTERMSIG(p->status));
+            if (agreed >= 0 && agreed != cand)
+                code =
+                    name_blamed(run, agreed,
+                                exit_code_of(run->procs[cand].status), running);
             else
-                fprintf(stderr,
-                        "meshrun: rank %d (%s) exited with code %d; "
-                        "stopping the other ranks\n",
-                        cand, p->host, code);
+                code = name_culprit(run, cand, running);
             stopping = 1;
             signal_all(run, SIGTERM);
+            /* A stopped rank (SIGSTOP) acts on it only once continued. */
+            signal_all(run, SIGCONT);
             kill_at = mesh_now_s() + run->grace_s;
         }
         if (got_signal && !stopping) {
@@ -649,7 +777,7 @@ static int supervise(struct run *run)
         }
         for (int i = 0; i < n; i++)
             if (pfds[i].revents)
-                drain(procs_of[i], owners[i]);
+                drain(run, procs_of[i], owners[i]);
         if (pfds[n].revents) {
             char junk[64];
 
@@ -657,6 +785,10 @@ static int supervise(struct run *run)
             }
         }
     }
+    /* Whatever path led here: 0 only when every rank exited 0. */
+    for (int r = 0; r < run->np && code == 0; r++)
+        if (!run->procs[r].running && run->procs[r].status != 0)
+            code = name_culprit(run, r, 0);
     for (int r = 0; r < run->np; r++)
         for (int k = 0; k < 2; k++)
             if (run->procs[r].s[k].fd >= 0)
@@ -843,6 +975,7 @@ int main(int argc, char **argv)
             p->local_rank = earlier + j;
             p->host = en->host;
             p->remote = remote;
+            p->blames = -1;
             p->s[0].fd = p->s[1].fd = -1;
         }
     }

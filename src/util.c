@@ -80,6 +80,12 @@ void mesh_err_clear(void)
 }
 
 static atomic_int log_rank = -1;
+static const char *log_program = "meshtrain";
+
+void mesh_log_set_program(const char *name)
+{
+    log_program = name;
+}
 static atomic_int log_level = -1;
 
 void mesh_log_set_rank(int rank)
@@ -128,10 +134,11 @@ void mesh_log(enum mesh_log_level level, const char *fmt, ...)
     if (!mesh_log_enabled(level))
         return;
     if (rank >= 0)
-        n = snprintf(line, sizeof(line), "[meshtrain rank %d] %s: ", rank,
+        n = snprintf(line, sizeof(line), "[%s rank %d] %s: ", log_program, rank,
                      names[level]);
     else
-        n = snprintf(line, sizeof(line), "[meshtrain] %s: ", names[level]);
+        n = snprintf(line, sizeof(line), "[%s] %s: ", log_program,
+                     names[level]);
     va_start(ap, fmt);
     vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
     va_end(ap);

@@ -42,7 +42,12 @@ enum mesh_log_level {
     MESH_LOG_DEBUG = 3,
 };
 
-/* Every log line starts with "[meshtrain rank R] " once the rank is known. */
+/*
+ * Every log line starts with "[PROGRAM rank R] " once the rank is known,
+ * "[PROGRAM] " before. PROGRAM is "meshtrain" unless the program sets its
+ * own name (a static string) before it logs.
+ */
+void mesh_log_set_program(const char *name);
 void mesh_log_set_rank(int rank);
 void mesh_log_set_level(enum mesh_log_level level);
 int mesh_log_enabled(enum mesh_log_level level);

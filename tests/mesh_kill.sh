@@ -2,7 +2,8 @@
 # tests/mesh_kill.sh: one of 4 peers dies (SIGKILL) or freezes (SIGSTOP),
 # with peers started by hand and under meshrun. The survivors must exit
 # with code 3 (peer failure) within the bound, naming the culprit's rank
-# and host:port; meshrun must stop the rest and exit non-zero.
+# and host:port; meshrun must stop the rest, exit non-zero and name the
+# culprit.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
 PEER_TIMEOUT=2
@@ -101,8 +102,11 @@ under_meshrun() {
             "meshrun exits 137, the killed rank's status, and says which"
     else
         t_ok $([ "$EXIT_CODE" -eq 3 ] &&
-               grep -Eq "^\[[013]\] .*rank $VICTIM" "$log"; echo $?) \
-            "meshrun exits 3, a survivor's code; survivors name rank $VICTIM"
+               grep -Eq "^\[[013]\] .*rank $VICTIM" "$log" &&
+               grep -q "^meshrun: rank $VICTIM (localhost) failed the job" \
+                    "$log"; echo $?) \
+            "meshrun exits 3, the survivors' code, and names rank $VICTIM, \
+the culprit they name"
     fi
     [ "$EXIT_CODE" -eq 0 ] || grep -E "^meshrun|error" "$log" |
         head -n 4 | sed 's/^/# /'

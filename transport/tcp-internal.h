@@ -112,8 +112,17 @@ int mesh_tcp_culprit(mesh_transport_t *t);
 
 /* Handshake deadline per connection. */
 #define TCP_HS_DEADLINE_S 5.0
-/* Handshakes in progress at once before new connections are refused (at
- * least; twice the mesh's own connection count where that is more). */
-#define TCP_HS_PENDING_MAX 256
+/*
+ * Connections accepted and not yet authenticated, at most (twice the
+ * mesh's own connection count where that is more): in all, and from one
+ * source address. A newcomer over either limit takes the place of an idle
+ * one (nothing received yet) of the same set past its first
+ * TCP_HS_GRACE_S; one that has sent bytes already (a peer's HELLO) that of
+ * any idle one, else of one past the grace (transport/tcp.c,
+ * hs_make_room). With none such the newcomer is refused.
+ */
+#define TCP_HS_PENDING_MAX    256
+#define TCP_HS_PER_SOURCE_MAX 64
+#define TCP_HS_GRACE_S        0.25
 
 #endif

@@ -103,6 +103,13 @@
 #define OUTBUF_LEN          (TCP_CONFIG_WIRE_MAX + 4 * TCP_CTRL_LEN + 256)
 #define INBUF_LEN           (TCP_CONFIG_WIRE_MAX + 8)
 #define MSG_MAX             1024
+/* Refused connections: lines logged per window for one source address
+ * and kind of refusal, and for all; how many (source, kind) pairs are
+ * tracked (the least recent one makes room). */
+#define REFUSE_WINDOW_S 10.0
+#define REFUSE_BURST    5
+#define REFUSE_ALL      100
+#define REFUSE_SOURCES  64
 
 enum role { ROLE_DIALER = 'D', ROLE_ACCEPTOR = 'A' };
 
@@ -196,6 +203,17 @@ struct link {
     char lost_why[160];
 };
 
+/* One source address's refusals of one kind in the current window. */
+struct refuse_src {
+    char host[96];     /* address without the port; "" = unused */
+    char kind[48];     /* the reason's words before any number or quote */
+    uint64_t since_ns; /* the window's start */
+    uint64_t last_ns;  /* the latest refusal */
+    unsigned logged;   /* lines logged in the window */
+    uint64_t more;     /* refusals not logged in the window */
+    char why[160];     /* the latest unlogged one's reason */
+};
+
 enum req_kind { REQ_SEND, REQ_RECV };
 
 struct mesh_req {
@@ -246,6 +264,11 @@ struct mesh_transport {
     char join_err[MSG_MAX]; /* a permanent join failure */
     int stopping;
     int accept_paused; /* accept failed hard; resume at a tick */
+    uint64_t tick_ns;  /* when the last tick ran, 0 before the first */
+    struct refuse_src refused[REFUSE_SOURCES]; /* log rate limits */
+    uint64_t refused_since_ns;                 /* REFUSE_ALL's window */
+    unsigned refused_logged;                   /* lines in it */
+    uint64_t refused_more;                     /* refusals beyond them */
     int failed;
     int fail_code;
     int culprit;
@@ -313,6 +336,137 @@ static void sockaddr_str(const struct sockaddr *sa, char *buf, size_t len)
         port = ntohs(s4->sin_port);
     }
     snprintf(buf, len, "%s:%u", host, port);
+}
+
+/* The length of addr's host part ("1.2.3.4:5" -> 7, "[::1]:5" -> 5). */
+static size_t host_len(const char *addr)
+{
+    const char *colon = strrchr(addr, ':');
+
+    return colon ? (size_t)(colon - addr) : strlen(addr);
+}
+
+/* n with thousands separators: 12345 -> "12,345". */
+static const char *grouped(uint64_t n, char *buf, size_t len)
+{
+    char digits[32];
+    size_t nd, o = 0;
+
+    nd = (size_t)snprintf(digits, sizeof(digits), "%" PRIu64, n);
+    for (size_t i = 0; i < nd && o + 2 < len; i++) {
+        if (i && (nd - i) % 3 == 0)
+            buf[o++] = ',';
+        buf[o++] = digits[i];
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
+/* Log what a source's window held back, and forget the window. */
+static void refuse_flush(struct refuse_src *r, uint64_t now)
+{
+    char n[40];
+
+    if (r->more)
+        mesh_warn("refused connections: ... and %s more from %s in the last "
+                  "%.0f s (the latest: %s)",
+                  grouped(r->more, n, sizeof(n)), r->host,
+                  (double)(now - r->since_ns) / 1e9, r->why);
+    r->host[0] = '\0';
+    r->more = 0;
+    r->logged = 0;
+}
+
+/* The same for the limit on all lines. */
+static void refuse_flush_all(struct mesh_transport *t, uint64_t now)
+{
+    char n[40];
+
+    if (t->refused_more)
+        mesh_warn("refused connections: ... and %s more in the last %.0f s "
+                  "(too many to log each)",
+                  grouped(t->refused_more, n, sizeof(n)),
+                  (double)(now - t->refused_since_ns) / 1e9);
+    t->refused_more = 0;
+    t->refused_logged = 0;
+    t->refused_since_ns = now;
+}
+
+/*
+ * Log "refused connection from ADDR: why" (claimed >= 0: "refused rank R
+ * (host:port) connecting from ADDR: why"), at most REFUSE_BURST lines per
+ * source address and kind of reason in REFUSE_WINDOW_S, and REFUSE_ALL in
+ * all; the rest are counted and summed up in one line per source when its
+ * window ends (at a tick): a connect flood must not flood the log.
+ */
+static void refuse_warn(struct mesh_transport *t, const char *addr, int claimed,
+                        const char *why)
+{
+    uint64_t now = mesh_now_ns(), win = (uint64_t)(REFUSE_WINDOW_S * 1e9);
+    size_t hl = MESH_MIN(host_len(addr), sizeof(t->refused[0].host) - 1);
+    struct refuse_src *r = NULL, *lru = &t->refused[0];
+    char kind[sizeof(lru->kind)], line[MSG_MAX], nb[300];
+    size_t kl = strcspn(why, "0123456789'\"(");
+
+    if (claimed >= 0)
+        snprintf(line, sizeof(line),
+                 "refused rank %d (%s) connecting from %s: %s", claimed,
+                 pname(t, claimed, nb, sizeof(nb)), addr, why);
+    else
+        snprintf(line, sizeof(line), "refused connection from %s: %s", addr,
+                 why);
+    snprintf(kind, sizeof(kind), "%.*s", (int)kl, why);
+    for (int i = 0; i < REFUSE_SOURCES && !r; i++) {
+        struct refuse_src *e = &t->refused[i];
+
+        if (e->host[0] && strlen(e->host) == hl && !memcmp(e->host, addr, hl) &&
+            !strcmp(e->kind, kind))
+            r = e;
+        else if (!e->host[0] || (lru->host[0] && e->last_ns < lru->last_ns))
+            lru = e;
+    }
+    if (r && now - r->since_ns >= win)
+        refuse_flush(r, now);
+    if (!r || !r->host[0]) {
+        if (!r) {
+            r = lru;
+            if (r->host[0])
+                refuse_flush(r, now);
+        }
+        memcpy(r->host, addr, hl);
+        r->host[hl] = '\0';
+        snprintf(r->kind, sizeof(r->kind), "%s", kind);
+        r->since_ns = now;
+    }
+    r->last_ns = now;
+    if (now - t->refused_since_ns >= win)
+        refuse_flush_all(t, now);
+    if (r->logged < REFUSE_BURST && t->refused_logged < REFUSE_ALL) {
+        r->logged++;
+        t->refused_logged++;
+        mesh_warn("%s%s", line,
+                  r->logged == REFUSE_BURST ? " (more like it in the next "
+                                              "10 s are counted, not logged)"
+                                            : "");
+        return;
+    }
+    if (r->logged < REFUSE_BURST)
+        t->refused_more++;
+    else
+        r->more++;
+    snprintf(r->why, sizeof(r->why), "%s", line);
+}
+
+/* At a tick: end the windows that are over. */
+static void refuse_tick(struct mesh_transport *t, uint64_t now)
+{
+    uint64_t win = (uint64_t)(REFUSE_WINDOW_S * 1e9);
+
+    for (int i = 0; i < REFUSE_SOURCES; i++)
+        if (t->refused[i].host[0] && now - t->refused[i].since_ns >= win)
+            refuse_flush(&t->refused[i], now);
+    if (now - t->refused_since_ns >= win)
+        refuse_flush_all(t, now);
 }
 
 static void wake(struct mesh_transport *t)
@@ -923,11 +1077,7 @@ static void hs_refuse(struct conn *c, const char *fmt, ...)
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
     if (c->role == ROLE_ACCEPTOR) {
-        if (c->peer >= 0)
-            mesh_warn("refused rank %d (%s) connecting from %s: %s", c->peer,
-                      pname(t, c->peer, nb, sizeof(nb)), c->addr, why);
-        else
-            mesh_warn("refused connection from %s: %s", c->addr, why);
+        refuse_warn(t, c->addr, c->peer, why);
     } else {
         struct link *l = &t->links[c->peer];
 
@@ -1335,6 +1485,68 @@ static void dial_scan(struct mesh_transport *t)
     }
 }
 
+/*
+ * Make room for one more pre-authentication connection from src (its
+ * "host:port"), MaxStartups-style, so that idle clients cannot keep a peer
+ * out. Over the per-source limit the set is src's connections, over the
+ * budget all of them; one of the set goes:
+ *   - the oldest idle one (nothing received) past TCP_HS_GRACE_S, or of
+ *     any age when the newcomer has sent bytes already (busy);
+ *   - for a busy newcomer, else the oldest busy one past the grace.
+ * A peer sends its HELLO as soon as its connect completes, usually before
+ * we accept it: clients that never send cannot outnumber it, however fast
+ * they reconnect. Returns 0, or -1: no room (refuse the newcomer).
+ */
+static int hs_make_room(struct mesh_transport *t, const char *src, int busy,
+                        uint64_t now)
+{
+    int budget = MESH_MAX(TCP_HS_PENDING_MAX, 2 * t->world.size * (t->S + 1));
+    int per_src =
+        MESH_MAX(TCP_HS_PER_SOURCE_MAX, 2 * t->world.size * (t->S + 1));
+    uint64_t grace = (uint64_t)(TCP_HS_GRACE_S * 1e9),
+             life = (uint64_t)(TCP_HS_DEADLINE_S * 1e9);
+    size_t sl = host_len(src);
+
+    for (;;) {
+        struct conn *c, *v, *idle[2] = {NULL, NULL}, *old[2] = {NULL, NULL};
+        int n_all = 0, n_src = 0, k;
+
+        /* t->hs runs newest first: the last match is the oldest. */
+        for (c = t->hs; c; c = c->hs_next) {
+            int same, aged;
+
+            if (c->role != ROLE_ACCEPTOR)
+                continue;
+            same = host_len(c->addr) == sl && !memcmp(c->addr, src, sl);
+            n_all++;
+            n_src += same;
+            aged = now + life - c->deadline_ns >= grace;
+            for (k = 0; k < 1 + same; k++) {
+                if (c->state == C_HS_HELLO && c->in_len == 0) {
+                    if (aged || busy)
+                        idle[k] = c;
+                } else if (aged && busy) {
+                    old[k] = c;
+                }
+            }
+        }
+        if (n_src >= per_src)
+            k = 1;
+        else if (n_all >= budget)
+            k = 0;
+        else
+            return 0;
+        v = idle[k] ? idle[k] : old[k];
+        if (!v)
+            return -1;
+        mesh_debug("dropped connection from %s for one from %s: too many "
+                   "unauthenticated connections (%d of %d, %d of %d from "
+                   "its host)",
+                   v->addr, src, n_all, budget, n_src, per_src);
+        conn_kill(v);
+    }
+}
+
 static void on_accept(evutil_socket_t lfd, short what, void *arg)
 {
     struct mesh_transport *t = arg;
@@ -1346,7 +1558,8 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
     (void)what;
     pthread_mutex_lock(&t->lock);
     for (;;) {
-        char addr[96];
+        char addr[96], peek;
+        ssize_t n;
 
         sl = sizeof(ss);
         fd = accept4(lfd, (struct sockaddr *)&ss, &sl,
@@ -1367,24 +1580,25 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
             break;
         }
         sockaddr_str((struct sockaddr *)&ss, addr, sizeof(addr));
-        /* Room for every legitimate connection at once, plus some. */
-        if (t->stopping || t->nhs >= MESH_MAX(TCP_HS_PENDING_MAX,
-                                              2 * t->world.size * (t->S + 1))) {
-            mesh_warn("refused connection from %s: %s", addr,
-                      t->stopping ? "closing"
-                                  : "too many handshakes in progress");
+        /* Whether it has sent something already (a peer's HELLO). */
+        do
+            n = recv(fd, &peek, 1, MSG_PEEK | MSG_DONTWAIT);
+        while (n < 0 && errno == EINTR);
+        if (t->stopping || hs_make_room(t, addr, n > 0, mesh_now_ns()) < 0) {
+            refuse_warn(t, addr, -1,
+                        t->stopping ? "closing"
+                                    : "too many handshakes in progress");
             close(fd);
             continue;
         }
         if (set_sockopts(t, fd) < 0 || !(c = conn_new(t, fd, ROLE_ACCEPTOR))) {
-            mesh_warn("refused connection from %s: %s", addr,
-                      mesh_err_msg(-ENOMEM));
+            refuse_warn(t, addr, -1, mesh_err_msg(-ENOMEM));
             close(fd);
             continue;
         }
         snprintf(c->addr, sizeof(c->addr), "%s", addr);
         if (RAND_bytes(c->nonce, TCP_NONCE_LEN) != 1) {
-            mesh_warn("refused connection from %s: RAND_bytes failed", addr);
+            refuse_warn(t, addr, -1, "RAND_bytes failed");
             conn_free(c);
             continue;
         }
@@ -1903,16 +2117,82 @@ out:
     pthread_mutex_unlock(&t->lock);
 }
 
+/* The tick's period once joined: at most 1/8 of the peer timeout. */
+static double tick_s(const struct mesh_transport *t)
+{
+    return MESH_MAX(MESH_MIN(t->opts.peer_timeout_s / 8, 0.25), 0.002);
+}
+
+/*
+ * How long a link may be silent before its peer is dead. A live peer sends
+ * a heartbeat at its first tick a quarter of the peer timeout T after its
+ * last bytes, so up to T / 4 + one tick passes between its bytes; a peer
+ * that stops right before a heartbeat was due has been silent that long
+ * already. Waiting for T beyond that gap, and noticing at the next tick,
+ * declares a stopped peer dead between T and T + T / 4 + 2 ticks after it
+ * stopped (T = 10 s: 10 to 13 s), never before T.
+ */
+static uint64_t silence_limit_ns(const struct mesh_transport *t)
+{
+    double pt = t->opts.peer_timeout_s;
+
+    return (uint64_t)((pt + pt / 4 + tick_s(t)) * 1e9);
+}
+
 static void tick_arm(struct mesh_transport *t)
 {
-    double s = t->joining ? 0.005 : MESH_MIN(t->opts.peer_timeout_s / 8, 0.25);
+    double s = t->joining ? 0.005 : tick_s(t);
     struct timeval tv;
 
-    if (s < 0.002)
-        s = 0.002;
     tv.tv_sec = (time_t)s;
     tv.tv_usec = (suseconds_t)((s - (double)tv.tv_sec) * 1e6);
     evtimer_add(t->tick_ev, &tv);
+}
+
+/*
+ * Whether this process stood still (SIGSTOP, a suspended machine, no CPU)
+ * since the last tick: the monotonic clock jumped by more than the ticks
+ * we scheduled. Its peers' silence during the stall is not theirs: their
+ * bytes wait unread in our sockets. A stall shorter than the peer timeout
+ * is forgiven (their clocks start again now); a longer one made us the
+ * silent peer, whom the others declare dead: blame ourselves, so that
+ * every rank names the same culprit (the first tick after SIGCONT runs
+ * before we read their abort notices: epoll_wait returns EINTR).
+ */
+static void stall_check(struct mesh_transport *t, uint64_t now)
+{
+    uint64_t prev = t->tick_ns, stall;
+    double tick = t->joining ? 0.005 : tick_s(t);
+    char me[300];
+
+    t->tick_ns = now;
+    if (!prev || now - prev <= (uint64_t)((2 * tick + 0.5) * 1e9))
+        return;
+    stall = now - prev - (uint64_t)(tick * 1e9);
+    if (!t->failed && !t->joining &&
+        (double)stall >= t->opts.peer_timeout_s * 1e9) {
+        fail_job(t, t->world.rank, -EHOSTDOWN, 1,
+                 "rank %d (%s) itself stood still for %.1f s (stopped, "
+                 "suspended or not scheduled), past the peer timeout of "
+                 "%.1f s: its peers declare it dead",
+                 t->world.rank, pname(t, t->world.rank, me, sizeof(me)),
+                 (double)stall / 1e9, t->opts.peer_timeout_s);
+        return;
+    }
+    if ((double)stall >= t->opts.peer_timeout_s / 4 * 1e9)
+        mesh_warn("this rank stood still for %.1f s (stopped, suspended or "
+                  "not scheduled); its peers' silence meanwhile is not held "
+                  "against them",
+                  (double)stall / 1e9);
+    for (int p = 0; p < t->world.size; p++) {
+        struct link *l = &t->links[p];
+
+        if (p == t->world.rank)
+            continue;
+        l->last_rx_ns = MESH_MIN(l->last_rx_ns + stall, now);
+        if (l->lost_ns)
+            l->lost_ns = MESH_MIN(l->lost_ns + stall, now);
+    }
 }
 
 /* Periodic: dials, handshake deadlines, heartbeats, silent peers. */
@@ -1952,6 +2232,8 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         spin_release(t);
     if (t->accept_paused && event_add(t->listen_ev, NULL) == 0)
         t->accept_paused = 0;
+    stall_check(t, now);
+    refuse_tick(t, now);
     for (int p = 0; p < t->world.size; p++) {
         struct link *l = &t->links[p];
 
@@ -1964,12 +2246,14 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
             now - l->lost_ns > (uint64_t)(LOST_GRACE_S * 1e9))
             fail_job(t, p, -ECONNRESET, 1, "rank %d (%s) %s", p,
                      pname(t, p, nb, sizeof(nb)), l->lost_why);
-        if (!t->failed && now - l->last_rx_ns > pt)
+        if (!t->failed && now - l->last_rx_ns > silence_limit_ns(t))
             fail_job(t, p, -EHOSTDOWN, 1,
-                     "rank %d (%s) silent for %.1f s (peer timeout %.1f s)", p,
-                     pname(t, p, nb, sizeof(nb)),
+                     "rank %d (%s) silent for %.1f s (peer timeout %.1f s "
+                     "after its heartbeat period of %.2f s)",
+                     p, pname(t, p, nb, sizeof(nb)),
                      (double)(now - l->last_rx_ns) / 1e9,
-                     t->opts.peer_timeout_s);
+                     t->opts.peer_timeout_s,
+                     t->opts.peer_timeout_s / 4 + tick_s(t));
     }
     tick_arm(t);
 out:
@@ -2391,9 +2675,14 @@ static int check_peer(struct mesh_transport *t, int peer, const char *what,
     if (!t->links[peer].ready)
         return mesh_err(-ENOTCONN, "tcp %s: rank %d (%s) has not joined", what,
                         peer, pname(t, peer, nb, sizeof(nb)));
-    if (t->links[peer].bye && sending)
-        return mesh_err(-ECONNRESET, "tcp %s: rank %d (%s) left the mesh", what,
-                        peer, pname(t, peer, nb, sizeof(nb)));
+    if (t->links[peer].bye && sending) {
+        /* It said goodbye while we still had this to send: its failure,
+         * which every rank must blame on it, not on us. */
+        fail_job(t, peer, -ECONNRESET, 1,
+                 "rank %d (%s) left the mesh with a send to it still due", peer,
+                 pname(t, peer, nb, sizeof(nb)));
+        return fail_err(t);
+    }
     return 0;
 }
 
@@ -2922,6 +3211,10 @@ static void tcp_close(mesh_transport_t *t)
         pthread_mutex_destroy(&t->lock);
         pthread_cond_destroy(&t->cond);
     }
+    /* What the last windows held back is still said. */
+    for (int i = 0; i < REFUSE_SOURCES; i++)
+        refuse_flush(&t->refused[i], mesh_now_ns());
+    refuse_flush_all(t, mesh_now_ns());
     for (c = t->hs; c; c = cn) {
         cn = c->hs_next;
         conn_free(c);
@@ -2973,5 +3266,6 @@ const struct mesh_transport_ops mesh_tcp_ops = {
     .progress = tcp_progress,
     .hold = tcp_hold,
     .abort = tcp_abort,
+    .culprit = mesh_tcp_culprit,
     .close = tcp_close,
 };

@@ -84,13 +84,25 @@ void mesh_frame_p2p(struct mesh_frame *f, uint64_t seq, uint32_t tag,
     f->length = len;
 }
 
+const char *mesh_seq_str(uint64_t seq, char *buf, size_t len)
+{
+    if (seq >= MESH_SEQ_COLL_BASE)
+        snprintf(buf, len, "collective #%" PRIu64,
+                 seq - MESH_SEQ_COLL_BASE + 1);
+    else
+        snprintf(buf, len, "message #%" PRIu64, seq);
+    return buf;
+}
+
 const char *mesh_frame_str(const struct mesh_frame *f, char *buf, size_t len)
 {
+    char sq[48];
+
     snprintf(buf, len,
-             "%s seq %" PRIu64 " tag %" PRIu32 " %s count %" PRIu64
-             " offset %" PRIu64 " length %" PRIu64,
-             mesh_op_name(f->op), f->seq, f->tag, mesh_dtype_name(f->dtype),
-             f->count, f->offset, f->length);
+             "%s (%s) tag %" PRIu32 " %s count %" PRIu64 " offset %" PRIu64
+             " length %" PRIu64,
+             mesh_op_name(f->op), mesh_seq_str(f->seq, sq, sizeof(sq)), f->tag,
+             mesh_dtype_name(f->dtype), f->count, f->offset, f->length);
     return buf;
 }
 

@@ -92,7 +92,18 @@ struct mesh_frame {
 void mesh_frame_p2p(struct mesh_frame *f, uint64_t seq, uint32_t tag,
                     size_t len);
 
-/* "allreduce seq 12 tag 3 float32 count 1000 offset 0 length 4000" */
+/*
+ * Sequence numbers from MESH_SEQ_COLL_BASE on are collectives' (the
+ * default seq_base of collective/collective.h); below it, point-to-point
+ * messages' (src/mesh.h's counter, from 1). Messages print neither raw:
+ * mesh_seq_str gives "collective #N" (N = seq - base + 1, the job's N-th
+ * collective) or "message #seq".
+ */
+#define MESH_SEQ_COLL_BASE (UINT64_C(1) << 62)
+const char *mesh_seq_str(uint64_t seq, char *buf, size_t len);
+
+/* "allreduce (collective #12) tag 3 float32 count 1000 offset 0 length
+ * 4000" */
 const char *mesh_frame_str(const struct mesh_frame *f, char *buf, size_t len);
 
 /*
@@ -231,6 +242,13 @@ struct mesh_transport_ops {
      * naming culprit (-1: none) and why; peers are told.
      */
     void (*abort)(mesh_transport_t *t, int culprit, const char *why);
+
+    /*
+     * Optional (NULL: unknown). The rank the failed job blames (the first
+     * failure's culprit, the same on every rank that heard of it), or -1:
+     * the job has not failed, or blames no one.
+     */
+    int (*culprit)(mesh_transport_t *t);
 
     /* Close every link and free everything; NULL is fine. */
     void (*close)(mesh_transport_t *t);

@@ -1944,6 +1944,12 @@ static int verbs_progress(mesh_transport_t *t)
     return rc;
 }
 
+/* The TCP mesh carries every failure's notice, the culprit with it. */
+static int verbs_culprit(mesh_transport_t *t)
+{
+    return t && t->inner ? mesh_tcp_culprit(t->inner) : -1;
+}
+
 static void verbs_abort(mesh_transport_t *t, int culprit, const char *why)
 {
     int rc;
@@ -2069,6 +2075,7 @@ const struct mesh_transport_ops mesh_verbs_ops = {
     .wait_any = verbs_wait_any,
     .progress = verbs_progress,
     .abort = verbs_abort,
+    .culprit = verbs_culprit,
     .close = verbs_close,
 };
 
@@ -2084,5 +2091,6 @@ const struct mesh_transport_ops mesh_auto_ops = {
     .wait_any = verbs_wait_any,
     .progress = verbs_progress,
     .abort = verbs_abort,
+    .culprit = verbs_culprit,
     .close = verbs_close,
 };
