@@ -8,7 +8,7 @@
 # 1 naming the flag and the path; its peer exits 3 blaming it.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
-t_plan 7
+t_plan 6
 BASE="$SMALL --data synthetic:256 --num-classes 10 --in-channels 1 \
 --batch 8 --iters 100000 --no-eval --join-timeout 20"
 NX=$TMP/nonexistent
@@ -22,7 +22,7 @@ one() {
     wait_exit "$BG_PID" 30
     ok=0
     [ "$EXIT_CODE" -eq 1 ] || ok=1
-    grep -q -- "^meshtrain: rank 0: $2 $3" "$TMP/$1.log" || ok=1
+    grep -qE -- "^meshtrain: (rank 0: )?$2 $3" "$TMP/$1.log" || ok=1
     t_ok $ok "$2 $3: exit 1 before step 1, naming it (exit $EXIT_CODE)"
     grep "^meshtrain:" "$TMP/$1.log" | head -n 1 | sed 's/^/# /'
     [ $ok -eq 0 ] || t_show "$TMP/$1.log" 5
@@ -72,7 +72,8 @@ peer blames rank $5 (exit codes $CODES)"
     grep -h "^meshtrain:" "$TMP/$1.0.log" "$TMP/$1.1.log" | sed 's/^/# /'
     [ $ok -eq 0 ] || { t_show "$TMP/$1.0.log" 5; t_show "$TMP/$1.1.log" 5; }
 }
-two save "--save $NX/x.st" "" "1 3" 0 "--save $NX/x.st"
+# (--save bad on rank 0 of 2 is now refused while parsing, before the join;
+# its peer then fails the join: train_badinput.sh covers the refusal)
 two ckdir "--checkpoint-every 50000 --checkpoint-dir $TMP/ck" \
     "--checkpoint-every 50000 --checkpoint-dir $NX/ck" "3 1" 1 \
     "--checkpoint-dir $NX/ck"
