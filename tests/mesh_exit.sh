@@ -29,18 +29,6 @@ job_start() {
     MR=$BG_PID
 }
 
-# The pid of rank R among meshrun's children (from their environment).
-rank_pid() {
-    for c in $(ps -o pid= --ppid "$1"); do
-        if tr '\0' '\n' < "/proc/$c/environ" 2>/dev/null |
-           grep -qx "MESHTRAIN_RANK=$2"; then
-            echo "$c"
-            return 0
-        fi
-    done
-    return 1
-}
-
 # check NAME WANT-CODE PATTERN: meshrun exited WANT-CODE and its own
 # summary line matches PATTERN.
 check() {
@@ -103,32 +91,30 @@ else
     t_skip "meshtrain not built in $top_builddir"
 fi
 
+# signal_rank NAME SIG: a 3-rank job that, once every rank has joined,
+# gets SIG on rank 1 ($victim); waits for meshrun.
+signal_rank() {
+    take_ports 3
+    job_start "$1" -np 3 --grace 2 -- "$MESHBENCH" --port "$PORT" $LONG
+    i=0
+    while [ "$(grep -c 'joined the mesh' "$LOG")" -lt 3 ] && [ $i -lt 300 ]
+    do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    victim=$(rank_pid "$MR" 1)
+    [ -n "$victim" ] && kill -"$2" "$victim"
+    wait_exit "$MR" $((PT + 20))
+}
+
 # one rank killed by a signal
-take_ports 3
-job_start kill -np 3 --grace 2 -- "$MESHBENCH" --port "$PORT" $LONG
-i=0
-while [ "$(grep -c 'joined the mesh' "$LOG")" -lt 3 ] && [ $i -lt 300 ]; do
-    sleep 0.1
-    i=$((i + 1))
-done
-victim=$(rank_pid "$MR" 1)
-[ -n "$victim" ] && kill -KILL "$victim"
-wait_exit "$MR" $((PT + 20))
+signal_rank kill KILL
 check "rank 1 killed by SIGKILL" 137 "rank 1 \(localhost\) was killed by \
 signal 9"
 
 # one rank stopped: the others exit 3 blaming it; meshrun names it, not
 # one of them, and stops it too
-take_ports 3
-job_start stop -np 3 --grace 2 -- "$MESHBENCH" --port "$PORT" $LONG
-i=0
-while [ "$(grep -c 'joined the mesh' "$LOG")" -lt 3 ] && [ $i -lt 300 ]; do
-    sleep 0.1
-    i=$((i + 1))
-done
-victim=$(rank_pid "$MR" 1)
-[ -n "$victim" ] && kill -STOP "$victim"
-wait_exit "$MR" $((PT + 20))
+signal_rank stop STOP
 check "rank 1 stopped (SIGSTOP)" 3 "rank 1 \(localhost\) failed the job: \
 [12] rank\(s\) name it the culprit"
 [ -n "$victim" ] && kill -KILL "$victim" 2>/dev/null

@@ -61,18 +61,6 @@ within ${PEER_TIMEOUT}+${SLACK}s naming rank $VICTIM and port $((port + VICTIM))
     wait "$victim" 2>/dev/null
 }
 
-# The pid of rank R among meshrun's children (from their environment).
-rank_pid() {
-    for c in $(ps -o pid= --ppid "$1"); do
-        if tr '\0' '\n' < "/proc/$c/environ" 2>/dev/null |
-           grep -qx "MESHTRAIN_RANK=$2"; then
-            echo "$c"
-            return 0
-        fi
-    done
-    return 1
-}
-
 under_meshrun() {
     sig=$1
     take_ports 4 || { t_ok 1 "free ports"; return; }

@@ -125,5 +125,17 @@ make_secret() {
     chmod 600 "$1"
 }
 
+# The pid of rank R among meshrun's children (from their environment).
+rank_pid() {
+    for c in $(ps -o pid= --ppid "$1"); do
+        if tr '\0' '\n' < "/proc/$c/environ" 2>/dev/null |
+           grep -qx "MESHTRAIN_RANK=$2"; then
+            echo "$c"
+            return 0
+        fi
+    done
+    return 1
+}
+
 [ -x "$MESHRUN" ] && [ -x "$MESHBENCH" ] ||
     t_skip_all "meshrun or meshbench not built in $top_builddir"
