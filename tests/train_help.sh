@@ -1,10 +1,12 @@
 #!/bin/sh
 # tests/train_help.sh: every flag of meshtrain --help (its own and the
 # mesh flags) is documented in man/meshtrain.1; bad flags exit 1 with a
-# message naming them; --summary works without a mesh.
+# message naming them; --summary works without a mesh, and walks every
+# model of the family to torchvision's parameter counts (under
+# scripts/check-sanitize.sh this is the model walk that ASan checks).
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
-t_plan 4
+t_plan 9
 "$MESHTRAIN" --help > "$TMP/help" 2>&1
 t_ok $? "--help exits 0"
 missing=""
@@ -22,4 +24,15 @@ t_ok $? "a bad value exits 1 naming the flag (exit $rc)"
     --num-classes 10 --cifar-stem --summary > "$TMP/sum" 2>&1 &&
     grep -q "^parameters: " "$TMP/sum"
 t_ok $? "--summary prints the layer table"
+# torchvision's parameter counts (sum of numel over model.parameters()).
+for mp in resnet18:11689512 resnet34:21797672 resnet50:25557032 \
+          resnet101:44549160 resnet152:60192808; do
+    m=${mp%%:*}
+    want=${mp#*:}
+    "$MESHTRAIN" --model "$m" --num-classes 1000 --summary > "$TMP/sum.$m" 2>&1
+    rc=$?
+    got=$(sed -n 's/^parameters: //p' "$TMP/sum.$m")
+    [ $rc -eq 0 ] && [ "$got" = "$want" ]
+    t_ok $? "--summary --model $m: $got parameters, torchvision's $want (exit $rc)"
+done
 t_done
