@@ -16,6 +16,8 @@ PKGS="build-essential autoconf automake libtool pkg-config
 PKGS="$PKGS qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest"
 # Reference checks (PyTorch parity tests) run when torch is importable.
 PKGS="$PKGS python3-torch python3-torchvision python3-numpy"
+# tests/nn_valgrind.sh: memcheck of the model walk.
+PKGS="$PKGS valgrind"
 if [ "$1" = "--bench" ]; then
     PKGS="$PKGS openmpi-bin libopenmpi-dev iperf3 python3-matplotlib iputils-ping"
 fi
