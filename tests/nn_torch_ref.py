@@ -6,11 +6,12 @@ usage: nn_torch_ref.py CASEDIR...
 
 Each CASEDIR holds, written by the C test:
   cfg                  "arch=resnet34 width=16 cifar=0 size=128 batch=4
-                       classes=100" (width 64 without cifar: torchvision's
-                       model itself; otherwise the same network built from
-                       torchvision's BasicBlock/Bottleneck and _make_layer
-                       with stage widths w, 2w, 4w, 8w and, for cifar, a
-                       3x3 stride-1 conv1 and no max pool)
+                       classes=100 own32=0" (width 64 without cifar:
+                       torchvision's model itself; otherwise the same
+                       network built from torchvision's BasicBlock/
+                       Bottleneck and _make_layer with stage widths w, 2w,
+                       4w, 8w and, for cifar, a 3x3 stride-1 conv1 and no
+                       max pool; own32=1 asks for grad32m)
   weights.safetensors  our model's state (torchvision's names), loaded with
                        strict=True: every name and shape must match
   input.safetensors    "images" F32 (batch, 3, size, size), "labels" I32
@@ -26,16 +27,25 @@ and gets, from here:
     sgd.<param>        the parameters after one SGD step on grad (lr 0.1,
                        momentum 0.9, weight decay 1e-4)
     grad32.<param>     PyTorch's own float32 gradients
+    logits32, loss32   PyTorch's own float32 forward
+    new32.<buffer>     and the BN running statistics after it
     gradm.<param>      float64 gradients of the network whose every ReLU
                        (and the max pool) takes our mask: the exact
                        derivative of the piece of the piecewise-linear
                        network our float32 forward chose
+    grad32m.<param>    (own32=1 only) the same on PyTorch float32's masks
+                       and max-pool argmax: grad32 against grad32m is
+                       PyTorch float32's arithmetic error on its own piece,
+                       the yardstick for ours (gradm) where float32 itself
+                       is ill-conditioned (resnet101/152, batch 2)
     flips              [our masks that differ from float64's, PyTorch
                        float32's that do, the largest |float64
                        pre-activation| at one of ours divided by PyTorch
                        float32's own worst error at that ReLU, the self
                        check of the site-by-site forward (relative error of
-                       its logits against torchvision's forward)]
+                       its logits against torchvision's forward) in float64,
+                       and in float32 (0: pre32, hence grad32m's masks, are
+                       those of PyTorch's float32 step)]
 
 Why gradm: in training mode a pre-activation within float32 rounding of
 zero (1e-6 of its scale) goes to either side of the ReLU depending on the
@@ -184,15 +194,30 @@ def one_case(d):
     images, labels = inp["images"], inp["labels"].long()
     xent = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
 
-    # PyTorch float32: its gradients, and its ReLU inputs
-    m32 = copy.deepcopy(model).train()
-    xent(m32(images), labels).backward()
+    # In training mode a forward's outputs do not depend on the running
+    # statistics it updates, so one model serves several forwards (a copy
+    # of a resnet152 costs 0.1 s): whatever is kept from it is kept first.
+    # The float64 copies are taken before the float32 step touches model.
+    m64 = copy.deepcopy(model).double().train()
+    mm = copy.deepcopy(model).double().train()
+
+    # PyTorch float32: its forward, its gradients, and its ReLU inputs
+    m32 = model.train()
+    logits32 = m32(images)
+    loss32 = xent(logits32, labels)
+    loss32.backward()
     grad32 = {"grad32." + n: p.grad for n, p in m32.named_parameters()}
+    grad32["logits32"] = logits32
+    grad32["loss32"] = loss32.reshape(1)
+    for n, t in m32.state_dict().items():
+        if t.dtype == torch.float32:
+            grad32["new32." + n] = t.clone()
     with torch.no_grad():
-        _, pre32 = sites(copy.deepcopy(model).train(), images)
+        chk32, pre32 = sites(m32, images)
+    selfcheck32 = ((chk32 - logits32).abs().max() /
+                   logits32.abs().max()).item()
 
     # float64: the exact answer, through torchvision's own forward
-    m64 = copy.deepcopy(model).double().train()
     x64 = images.double()
     opt = torch.optim.SGD(m64.parameters(), lr=0.1, momentum=0.9,
                           weight_decay=1e-4)
@@ -211,16 +236,25 @@ def one_case(d):
         ref["sgd." + n] = p
 
     with torch.no_grad():
-        chk, pre64 = sites(copy.deepcopy(model).double().train(), x64)
+        chk, pre64 = sites(mm, x64)
     selfcheck = ((chk - logits).abs().max() / logits.abs().max()).item()
 
     # float64 on our masks
-    mm = copy.deepcopy(model).double().train()
     masks = [(o > 0).double() for o in ours]
     lm, _ = sites(mm, x64, masks, ours[0].double())
     xent(lm, labels).backward()
     for n, p in mm.named_parameters():
         ref["gradm." + n] = p.grad
+
+    # float64 on PyTorch float32's masks (and its max pool's argmax), for
+    # the cases judged against PyTorch float32's own error
+    if int(cfg.get("own32", 0)):
+        mm.zero_grad(set_to_none=True)
+        masks = [(p > 0).double() for p in pre32]
+        lm, _ = sites(mm, x64, masks, torch.relu(pre32[0]))
+        xent(lm, labels).backward()
+        for n, p in mm.named_parameters():
+            ref["grad32m." + n] = p.grad
 
     # where our masks and float64's differ, and how close to zero
     nflip = nflip32 = 0
@@ -233,8 +267,8 @@ def one_case(d):
         if f.any():
             worst = p64[f].abs().max().item()
             margin = max(margin, worst / band if band > 0 else float("inf"))
-    ref["flips"] = torch.tensor([nflip, nflip32, margin, selfcheck],
-                                dtype=torch.float64)
+    ref["flips"] = torch.tensor([nflip, nflip32, margin, selfcheck,
+                                 selfcheck32], dtype=torch.float64)
     ref.update(grad32)
     save(d + "/ref.safetensors", ref)
 

@@ -15,6 +15,14 @@
  * - every gradient within 1e-4 of the float64 gradient of the network with
  *   our ReLU masks (the exact derivative of the piece our forward chose):
  *   the arithmetic of the backward pass;
+ * - in the ill-conditioned cases (rel32 in the table: resnet101, resnet152,
+ *   resnet50 at batch 2), where float32 itself misses 1e-4, the three checks
+ *   above are instead: each quantity within max(1e-4, K32 x PyTorch
+ *   float32's error on that same quantity), against plain float64 for
+ *   logits, loss and each BN buffer, and for each gradient against
+ *   PyTorch float32's error on its own piece (grad32 against grad32m, the
+ *   float64 gradient of the network with PyTorch float32's ReLU masks and
+ *   max-pool argmax);
  * - every gradient within the issue's criterion, max(1e-4, 4 x PyTorch
  *   float32's error), of the plain float64 gradient. This is required
  *   unless one of our ReLU masks differs from float64's, and then every
@@ -28,8 +36,9 @@
  *   gradients within 1e-4, and our file's save/load round trip.
  *
  * MESHTRAIN_TORCH_SWEEP=N adds N pseudo-random cases (for measuring by
- * hand; make check runs the table). Skips (with the reason) when
- * /usr/bin/python3 cannot import torch and torchvision.
+ * hand; make check runs the table), every Bottleneck network among them
+ * rel32. Skips (with the reason) when /usr/bin/python3 cannot import torch
+ * and torchvision.
  */
 #include "config.h"
 
@@ -49,32 +58,71 @@
 
 #define TOL 1e-4
 #define FLIP_BAND 2.0 /* a flip's |pre-activation| / PyTorch fp32's error */
+/*
+ * How far our error may exceed PyTorch float32's on the same quantity in
+ * the rel32 cases. Measured over 28 such cases (the table's five, nine
+ * more of resnet50/101/152 at widths 8 and 16, and those of
+ * MESHTRAIN_TORCH_SWEEP=6, 9 and 10; 8792 gradient tensors): where our
+ * gradient error on our masks exceeds 1e-4 (6273 tensors), ours over
+ * PyTorch's on its own masks has median 1.0, 99th percentile 1.66 and
+ * maximum 2.93, which is 0.73 of this limit (3 would leave 0.98); logits
+ * reach 1.5 x PyTorch's error, BN buffers 1.7 x. The same arithmetic
+ * summed in another order lands within a small factor of PyTorch's; a bug
+ * does not: scaling the sum(dy x^) term of BN backward's dx by 1 + 1e-3
+ * fails four of the five rel32 rows (at 2.1 to 6.6 x their limit), by
+ * 1 + 1e-2 all five; scaling the weight gradient of layer1.0.conv1 or of
+ * layer4.0.conv2 alone by 1.001 fails three of the five, by 1.01 all five.
+ * A smaller bug is within float32's own rounding for that network: the
+ * limit is 4 x what PyTorch float32 itself gets wrong there (up to 8.5e-3
+ * in the first layers of resnet152).
+ */
+#define K32 4.0
 
 struct tcase {
     const char *arch;
     int width, cifar, size, batch, classes;
     uint64_t seed;
+    int rel32; /* judged against PyTorch float32's own error (K32) */
+};
+
+/* worst errors per architecture and rule, ours and PyTorch float32's */
+struct worst {
+    int n;           /* cases */
+    double g, g32;   /* gradients vs plain float64 */
+    double gm, g32m; /* gradients vs float64 on each one's own masks */
+    double f, f32;   /* logits, loss, BN running statistics */
 };
 
 /*
  * BasicBlock and Bottleneck networks at full width (torchvision's own
  * model) and at small widths, both stems, batches 2 to 16, 32 to 128 px,
- * 10 to 1000 classes. Not yet here (issue #23 stays open): resnet101 and
- * resnet152, and resnet50 at batch 2, whose float32 forward misses float64
- * by 1e-4 to 5e-4 in the logits and BN statistics (PyTorch's float32 too);
- * they need a criterion measured against PyTorch float32's own error on
- * its own masks.
+ * 10 to 1000 classes, within 1e-4 (rel32 0). Then (rel32 1) resnet101 and
+ * resnet152 at width 8, CIFAR and ImageNet stems, batch 4, and resnet50 at
+ * batch 2: there float32 itself is ill-conditioned. Our logits and BN
+ * statistics miss float64 by up to 7.9e-4 (PyTorch float32: 5.7e-4), our
+ * gradients on our masks by up to 4.9e-3 (PyTorch float32 on its own
+ * masks: 3.7e-3; against plain float64 both miss by up to 0.3, the ReLU
+ * flips), so they are judged against PyTorch float32's own error (K32).
+ * The sweep judges every Bottleneck network so: resnet50 at batch 4 to 16
+ * and 80 to 96 px reaches 1.03e-4 on its own masks (PyTorch float32:
+ * 1.25e-4), while the two resnet50 rows above, at 8.2e-5 and 2.8e-5, keep
+ * within 1e-4.
  */
 static const struct tcase table[] = {
-    {"resnet18", 64, 0, 64, 2, 10, 1},
-    {"resnet18", 16, 0, 128, 4, 100, 2},
-    {"resnet18", 8, 1, 32, 16, 10, 3},
-    {"resnet18", 16, 1, 14, 8, 10, 10}, /* 2x2 last stage: plain bwd weights */
-    {"resnet34", 16, 0, 128, 8, 100, 5},
-    {"resnet34", 8, 1, 32, 8, 1000, 6},
-    {"resnet34", 8, 0, 96, 4, 10, 4},
-    {"resnet50", 16, 0, 112, 8, 100, 8},
-    {"resnet50", 8, 1, 32, 16, 10, 9},
+    {"resnet18", 64, 0, 64, 2, 10, 1, 0},
+    {"resnet18", 16, 0, 128, 4, 100, 2, 0},
+    {"resnet18", 8, 1, 32, 16, 10, 3, 0},
+    {"resnet18", 16, 1, 14, 8, 10, 11, 0}, /* 2x2 last stage: plain bwd weights */
+    {"resnet34", 16, 0, 128, 8, 100, 5, 0},
+    {"resnet34", 8, 1, 32, 8, 1000, 6, 0},
+    {"resnet34", 8, 0, 96, 4, 10, 4, 0},
+    {"resnet50", 16, 0, 112, 8, 100, 8, 0},
+    {"resnet50", 8, 1, 32, 16, 10, 9, 0},
+    {"resnet101", 8, 1, 32, 4, 10, 10, 1},
+    {"resnet101", 8, 0, 64, 4, 100, 12, 1},
+    {"resnet152", 8, 1, 32, 4, 10, 13, 1},
+    {"resnet152", 8, 0, 64, 4, 100, 14, 1},
+    {"resnet50", 8, 0, 64, 2, 10, 15, 1},
 };
 
 static struct mesh_nn_ctx *ctx;
@@ -207,8 +255,9 @@ static int prepare(const struct tcase *c, const char *dir)
     for (k = 0; k < c->batch; k++)
         labels[k] = (int32_t)(unif() * c->classes);
     snprintf(text, sizeof(text),
-             "arch=%s width=%d cifar=%d size=%d batch=%d classes=%d\n",
-             c->arch, c->width, c->cifar, c->size, c->batch, c->classes);
+             "arch=%s width=%d cifar=%d size=%d batch=%d classes=%d "
+             "own32=%d\n", c->arch, c->width, c->cifar, c->size, c->batch,
+             c->classes, c->rel32);
     snprintf(path, sizeof(path), "%s/cfg", dir);
     rc = write_text(path, text);
     if (rc == 0)
@@ -312,19 +361,29 @@ static float *readf(const struct mesh_st_file *f, const char *name,
     return v;
 }
 
+/*
+ * The limit on one of our errors, given PyTorch float32's error on the same
+ * quantity: 1e-4, or for an ill-conditioned case K32 times PyTorch's.
+ */
+static double limit(const struct tcase *c, double e32)
+{
+    return c->rel32 ? fmax(TOL, K32 * e32) : TOL;
+}
+
 /* Phase 3: compare. */
-static void judge(const struct tcase *c, const char *dir, double *worst_g,
-                  double *worst_g32)
+static void judge(const struct tcase *c, const char *dir, struct worst *w)
 {
     struct mesh_st_file *ref = NULL, *ours = NULL, *tv = NULL;
     struct mesh_nn_model *m = NULL;
     struct mesh_nn_sgd *sgd = NULL;
     struct mesh_nn_sgd_cfg scfg = {.momentum = 0.9f, .weight_decay = 1e-4f};
-    int64_t one[1] = {1}, four[1] = {4}, zs[2] = {c->batch, c->classes};
-    float *g = NULL, *bufs = NULL, *p0 = NULL, *p = NULL, flips[4];
-    float *z = NULL, *zr = NULL, loss, loss_r;
-    double e, em, wm = 0, wr = 0, wb = 0, ws = 0;
-    const char *wm_at = "", *wr_at = "";
+    int64_t one[1] = {1}, zs[2] = {c->batch, c->classes};
+    int64_t five[1] = {5};
+    float *g = NULL, *bufs = NULL, *p0 = NULL, *p = NULL, flips[5];
+    float *z = NULL, *zr = NULL, *z32 = NULL, loss, loss_r, loss32;
+    double e, e32, em, wm = 0, wm32 = 0, wmf = 0, wr = 0, wb = 0, wbf = 0;
+    double ws = 0, wf = 0, wf32 = 0, ge = 0, ge32 = 0;
+    const char *wm_at = "", *wm32_at = "", *wmf_at = "", *wr_at = "";
     char name[96], path[512], tag[96];
     int i, rc, nt, plain_ok = 1;
     size_t np, nb;
@@ -372,32 +431,47 @@ static void judge(const struct tcase *c, const char *dir, double *worst_g,
     }
     z = readf(ours, "logits", zs, 2, (size_t)c->batch * c->classes);
     zr = readf(ref, "logits", zs, 2, (size_t)c->batch * c->classes);
-    if (!g || !bufs || !z || !zr ||
+    z32 = readf(ref, "logits32", zs, 2, (size_t)c->batch * c->classes);
+    if (!g || !bufs || !z || !zr || !z32 ||
         mesh_st_read(ours, "loss", MESH_DT_F32, one, 1, &loss) < 0 ||
         mesh_st_read(ref, "loss", MESH_DT_F32, one, 1, &loss_r) < 0 ||
-        mesh_st_read(ref, "flips", MESH_DT_F32, four, 1, flips) < 0) {
+        mesh_st_read(ref, "loss32", MESH_DT_F32, one, 1, &loss32) < 0 ||
+        mesh_st_read(ref, "flips", MESH_DT_F32, five, 1, flips) < 0) {
         ok(0, "%s: results read", tag);
         goto out;
     }
     e = relerr(z, zr, (size_t)c->batch * c->classes);
-    ok(e <= TOL, "%s: logits rel err %.3g", tag, e);
+    e32 = relerr(z32, zr, (size_t)c->batch * c->classes);
+    wf = fmax(wf, e), wf32 = fmax(wf32, e32);
+    ok(e <= limit(c, e32), "%s: logits rel err %.3g (PyTorch float32 %.3g)",
+       tag, e, e32);
     e = fabs((double)loss - loss_r) / fabs(loss_r);
-    ok(e <= TOL, "%s: loss %.7f vs %.7f, rel err %.3g", tag, (double)loss,
-       (double)loss_r, e);
-    ok(flips[3] <= 1e-9, "%s: the ReLU-by-ReLU forward of the reference is "
-                         "torchvision's (%.3g)", tag, (double)flips[3]);
+    e32 = fabs((double)loss32 - loss_r) / fabs(loss_r);
+    wf = fmax(wf, e), wf32 = fmax(wf32, e32);
+    ok(e <= limit(c, e32), "%s: loss %.7f vs %.7f, rel err %.3g (PyTorch "
+       "float32 %.3g)", tag, (double)loss, (double)loss_r, e, e32);
+    ok(flips[3] <= 1e-9 && flips[4] == 0,
+       "%s: the ReLU-by-ReLU forward of the reference is torchvision's "
+       "(%.3g in float64, %.3g in float32)", tag, (double)flips[3],
+       (double)flips[4]);
 
     for (i = 0; i < nt; i++) {
         const struct mesh_nn_tensor *t = mesh_nn_model_tensor(m, i);
-        float *r, *rm, *r32;
-        double e32, lim;
+        float *r, *rm, *r32, *r32m;
+        double e32m, lim;
 
         if (t->kind != MESH_NN_PARAM) {
             snprintf(name, sizeof(name), "new.%s", t->name);
             r = readf(ref, name, t->shape, t->ndim, t->count);
-            e = r ? relerr(bufs + t->offset, r, t->count) : INFINITY;
+            snprintf(name, sizeof(name), "new32.%s", t->name);
+            r32 = readf(ref, name, t->shape, t->ndim, t->count);
+            e = r && r32 ? relerr(bufs + t->offset, r, t->count) : INFINITY;
+            e32 = r && r32 ? relerr(r32, r, t->count) : INFINITY;
+            wf = fmax(wf, e), wf32 = fmax(wf32, e32);
             wb = fmax(wb, e);
-            free(r);
+            if (e / limit(c, e32) > wbf || e != e)
+                wbf = e / limit(c, e32);
+            free(r), free(r32);
             continue;
         }
         snprintf(name, sizeof(name), "grad.%s", t->name);
@@ -406,29 +480,44 @@ static void judge(const struct tcase *c, const char *dir, double *worst_g,
         rm = readf(ref, name, t->shape, t->ndim, t->count);
         snprintf(name, sizeof(name), "grad32.%s", t->name);
         r32 = readf(ref, name, t->shape, t->ndim, t->count);
-        if (!r || !rm || !r32) {
-            e = em = e32 = INFINITY;
+        snprintf(name, sizeof(name), "grad32m.%s", t->name);
+        r32m = c->rel32 ? readf(ref, name, t->shape, t->ndim, t->count) : NULL;
+        if (!r || !rm || !r32 || (c->rel32 && !r32m)) {
+            e = em = e32 = e32m = INFINITY;
         } else {
             e = relerr(g + t->offset, r, t->count);
             em = relerr(g + t->offset, rm, t->count);
             e32 = relerr(r32, r, t->count);
+            e32m = r32m ? relerr(r32, r32m, t->count) : 0;
         }
-        lim = fmax(TOL, 4 * e32);
         if (em > wm || em != em)
             wm = em, wm_at = t->name;
+        if (e32m > wm32 || e32m != e32m)
+            wm32 = e32m, wm32_at = t->name;
+        if (em / limit(c, e32m) > wmf || em != em)
+            wmf = em / limit(c, e32m), wmf_at = t->name;
+        ge = fmax(ge, e), ge32 = fmax(ge32, e32);
+        lim = fmax(TOL, 4 * e32);
         if (e / lim > wr || e != e)
             wr = e / lim, wr_at = t->name;
-        worst_g[0] = fmax(worst_g[0], e);
-        worst_g32[0] = fmax(worst_g32[0], e32);
         if (!(e <= lim)) {
             plain_ok = 0;
             diag("%s: grad.%s rel err %.3g (pytorch fp32 %.3g), "
                  "on our masks %.3g", tag, t->name, e, e32, em);
         }
-        free(r), free(rm), free(r32);
+        if (!(em <= limit(c, e32m)))
+            diag("%s: grad.%s on our masks rel err %.3g, PyTorch float32 "
+                 "on its own %.3g", tag, t->name, em, e32m);
+        free(r), free(rm), free(r32), free(r32m);
     }
-    ok(wm <= TOL, "%s: every gradient within 1e-4 of float64 on our ReLU "
-                  "masks (worst %.3g, %s)", tag, wm, wm_at);
+    if (!c->rel32)
+        ok(wm <= TOL, "%s: every gradient within 1e-4 of float64 on our "
+                      "ReLU masks (worst %.3g, %s)", tag, wm, wm_at);
+    else
+        ok(wmf <= 1, "%s: every gradient within max(1e-4, %g x PyTorch "
+                     "float32's error on its own masks) of float64 on our "
+                     "ReLU masks (worst %.3g of the limit, %s)", tag, K32,
+           wmf, wmf_at);
     diag("%s: ReLU masks differing from float64: ours %.0f, PyTorch "
          "float32's %.0f", tag, (double)flips[0], (double)flips[1]);
     if (flips[0] == 0)
@@ -441,7 +530,21 @@ static void judge(const struct tcase *c, const char *dir, double *worst_g,
            "PyTorch float32's rounding there (%.3g x its worst error); "
            "gradients on the plain float64 reach %.3g of the limit (%s)",
            tag, (double)flips[0], (double)flips[2], wr, wr_at);
-    ok(wb <= TOL, "%s: BN running statistics, worst rel err %.3g", tag, wb);
+    ok(wbf <= 1, "%s: BN running statistics, worst rel err %.3g (%.3g of "
+                 "the limit)", tag, wb, wbf);
+    if (c->rel32)
+        diag("%s: worst rel err, ours and PyTorch float32's (ratio): "
+             "gradients, each on its own ReLU masks, %.3g (%s) and %.3g "
+             "(%s) (%.3g); logits, loss, BN statistics %.3g and %.3g (%.3g)",
+             tag, wm, wm_at, wm32, wm32_at, wm / wm32, wf, wf32, wf / wf32);
+    else
+        diag("%s: worst rel err, ours and PyTorch float32's (ratio): "
+             "logits, loss, BN statistics %.3g and %.3g (%.3g)", tag, wf,
+             wf32, wf / wf32);
+    w->n++;
+    w->g = fmax(w->g, ge), w->g32 = fmax(w->g32, ge32);
+    w->gm = fmax(w->gm, wm), w->g32m = fmax(w->g32m, wm32);
+    w->f = fmax(w->f, wf), w->f32 = fmax(w->f32, wf32);
 
     /*
      * One SGD step on the float64 gradients, so that it checks the
@@ -501,7 +604,7 @@ static void judge(const struct tcase *c, const char *dir, double *worst_g,
         mesh_nn_model_destroy(m2);
     }
 out:
-    free(g), free(bufs), free(p0), free(p), free(z), free(zr);
+    free(g), free(bufs), free(p0), free(p), free(z), free(zr), free(z32);
     mesh_nn_sgd_destroy(sgd);
     mesh_st_close(ref), mesh_st_close(ours), mesh_st_close(tv);
     mesh_nn_model_destroy(m);
@@ -554,6 +657,7 @@ static struct tcase *sweep(int n, int *count)
         t->batch = batches[(int)(unif() * 4)];
         t->classes = 10 + (int)(unif() * 200);
         t->seed = 100 + (uint64_t)i;
+        t->rel32 = arch_index(t->arch) >= 2;
     }
     *count = n + (int)MESH_ARRAY_SIZE(table);
     return c;
@@ -563,7 +667,7 @@ int main(void)
 {
     char dir[] = "/tmp/meshtrain-nn-torch-XXXXXX", cmd[8192], sub[600];
     const char *src = getenv("top_srcdir"), *env;
-    double worst[5][2] = {{0}};
+    struct worst worst[5][2];
     int i, ncase, rc, ready[512];
     struct tcase *cases;
     size_t len;
@@ -586,6 +690,7 @@ int main(void)
         skip_all(why);
         return 0;
     }
+    memset(worst, 0, sizeof(worst));
     if (!mkdtemp(dir)) {
         ok(0, "mkdtemp: %s", strerror(errno));
         return done();
@@ -615,12 +720,26 @@ int main(void)
 
         snprintf(sub, sizeof(sub), "%s/%d", dir, i);
         if (ready[i] && rc == 0)
-            judge(&cases[i], sub, &worst[a][0], &worst[a][1]);
+            judge(&cases[i], sub, &worst[a][cases[i].rel32 != 0]);
         rm_case(sub);
     }
-    for (i = 0; i < 5; i++)
-        diag("%s: worst gradient rel err vs float64 %.3g, PyTorch "
-             "float32's %.3g", archs[i], worst[i][0], worst[i][1]);
+    for (i = 0; i < 10; i++) {
+        const struct worst *w = &worst[i / 2][i % 2];
+
+        if (w->n && i % 2)
+            diag("%s, %d case%s judged against PyTorch float32: worst "
+                 "rel err, ours (PyTorch float32's): gradients vs float64 "
+                 "%.3g (%.3g), on each one's own masks %.3g (%.3g); "
+                 "logits, loss, BN statistics %.3g (%.3g)", archs[i / 2],
+                 w->n, w->n > 1 ? "s" : "", w->g, w->g32, w->gm, w->g32m,
+                 w->f, w->f32);
+        else if (w->n)
+            diag("%s, %d case%s within 1e-4: worst rel err, ours (PyTorch "
+                 "float32's): gradients vs float64 %.3g (%.3g), on our "
+                 "masks %.3g; logits, loss, BN statistics %.3g (%.3g)",
+                 archs[i / 2], w->n, w->n > 1 ? "s" : "", w->g, w->g32,
+                 w->gm, w->f, w->f32);
+    }
     rmdir(dir);
     free(cases);
     mesh_nn_ctx_close(ctx);
