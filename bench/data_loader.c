@@ -12,8 +12,8 @@
  */
 #include "config.h"
 
-#include "src/data.h"
-#include "src/util.h"
+#include "data/data.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <getopt.h>

@@ -9,7 +9,7 @@
 #include "config.h"
 
 #include "nn/nn.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

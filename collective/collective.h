@@ -32,7 +32,7 @@
  * between *_start() and the end of mesh_coll_wait().
  *
  * All functions return 0 or a negative errno-style code with a message
- * recorded by mesh_err() (src/util.h). After a failure (a peer died, ranks
+ * recorded by mesh_err() (common/util.h). After a failure (a peer died, ranks
  * diverged) the communicator is broken: every later collective fails with
  * the first error, and the job is aborted on every rank.
  */
@@ -86,7 +86,7 @@ struct mesh_coll_opts {
     /*
      * The first sequence number; the communicator's collectives take
      * seq_base, seq_base + 1, ... Default MESH_COLL_SEQ_BASE, a range
-     * apart from src/mesh.h's point-to-point counter (1, 2, ...), so that
+     * apart from mesh/mesh.h's point-to-point counter (1, 2, ...), so that
      * both can share one transport. Every rank must pass the same value.
      */
     uint64_t seq_base;

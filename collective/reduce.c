@@ -10,7 +10,7 @@
 #include "config.h"
 
 #include "collective/coll-internal.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -13,7 +13,7 @@
 #include "config.h"
 
 #include "collective/coll-internal.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <stdio.h>

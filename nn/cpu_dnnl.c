@@ -23,7 +23,7 @@
 
 #include "nn/backend.h"
 #include "nn/cpu-bn.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <math.h>

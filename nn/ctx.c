@@ -5,7 +5,7 @@
 
 #include "nn/backend.h"
 #include "nn/nn.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -33,7 +33,7 @@
 #include "collective/collective.h"
 #include "nn/backend.h"
 #include "nn/nn.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -14,7 +14,7 @@
 #include "config.h"
 
 #include "nn/model-internal.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <math.h>

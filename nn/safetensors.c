@@ -14,7 +14,7 @@
 
 #include "nn/safetensors.h"
 
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

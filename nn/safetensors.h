@@ -24,7 +24,7 @@
  * Nothing is read out of bounds, and the parser does not recurse on input.
  *
  * All functions return 0 or a negative errno-style code unless noted, with
- * the message recorded by mesh_err() (src/util.h). Requires a little-endian
+ * the message recorded by mesh_err() (common/util.h). Requires a little-endian
  * host.
  */
 #ifndef MESH_NN_SAFETENSORS_H

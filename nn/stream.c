@@ -8,7 +8,7 @@
 
 #include "nn/backend.h"
 #include "nn/nn.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <stdint.h>

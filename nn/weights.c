@@ -9,7 +9,7 @@
 
 #include "nn/model-internal.h"
 #include "nn/safetensors.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <stdlib.h>

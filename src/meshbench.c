@@ -8,7 +8,7 @@
  *             [--dtype float|half|bfloat16] [-o sum|avg] [--root R]
  *             [--chunk BYTES] [-t S] [-b -e -f -n -w -c]
  *
- * Every rank joins the mesh with the common flags (src/mesh.h). Ranks pair
+ * Every rank joins the mesh with the common flags (mesh/mesh.h). Ranks pair
  * up (0-1, 2-3, ...; with --all-pairs every pair in turn, round-robin) and
  * run each operation over a sweep of message sizes. Every received byte is
  * checked against the pattern its sender wrote (outside the timed region);
@@ -20,9 +20,9 @@
  */
 #include "config.h"
 
-#include "src/mesh.h"
+#include "mesh/mesh.h"
 #include "src/meshbench_coll.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -17,7 +17,7 @@
 
 #include "src/meshbench_coll.h"
 #include "collective/collective.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <inttypes.h>

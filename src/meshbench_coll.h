@@ -6,7 +6,7 @@
 #ifndef MESH_MESHBENCH_COLL_H
 #define MESH_MESHBENCH_COLL_H
 
-#include "src/mesh.h"
+#include "mesh/mesh.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -17,9 +17,9 @@
  */
 #include "config.h"
 
-#include "src/hostfile.h"
-#include "src/mesh.h"
-#include "src/util.h"
+#include "mesh/hostfile.h"
+#include "mesh/mesh.h"
+#include "common/util.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

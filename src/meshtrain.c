@@ -1,7 +1,7 @@
 /*
  * src/meshtrain.c: the trainer program. Parses the flags (the mesh flags
- * of src/mesh.h and the trainer's own, one table that also drives --help)
- * and hands over to train_run() (src/train.c); --summary only builds the
+ * of mesh/mesh.h and the trainer's own, one table that also drives --help)
+ * and hands over to train_run() (train/train.c); --summary only builds the
  * model and prints its layer table.
  *
  *   meshrun -np 4 -H localhost:4 -- meshtrain --model resnet50 \
@@ -11,9 +11,9 @@
 
 #include "collective/collective.h"
 #include "nn/nn.h"
-#include "src/mesh.h"
-#include "src/train.h"
-#include "src/util.h"
+#include "mesh/mesh.h"
+#include "train/train.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -471,7 +471,7 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
 }
 
 /*
- * Mesh flags first (src/mesh.h), then the table above; "--flag value" and
+ * Mesh flags first (mesh/mesh.h), then the table above; "--flag value" and
  * "--flag=value" both work. Returns 1 for --help.
  */
 static int parse_args(int argc, char **argv, struct mesh_opts *mo,

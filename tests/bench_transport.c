@@ -12,7 +12,7 @@
  */
 #include "config.h"
 
-#include "src/util.h"
+#include "common/util.h"
 #include "transport/transport.h"
 
 #include <errno.h>

@@ -12,7 +12,7 @@
 #include "config.h"
 
 #include "nn/safetensors.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <stdlib.h>

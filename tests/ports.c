@@ -5,7 +5,7 @@
 #include "config.h"
 
 #include "tests/ports.h"
-#include "src/hostfile.h"
+#include "mesh/hostfile.h"
 
 #include <errno.h>
 #include <fcntl.h>

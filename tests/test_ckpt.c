@@ -6,8 +6,8 @@
 #include "config.h"
 
 #include "nn/safetensors.h"
-#include "src/ckpt.h"
-#include "src/util.h"
+#include "train/ckpt.h"
+#include "common/util.h"
 #include "tests/tap.h"
 
 #include <errno.h>

@@ -6,8 +6,8 @@
  */
 #include "config.h"
 
-#include "src/data.h"
-#include "src/util.h"
+#include "data/data.h"
+#include "common/util.h"
 #include "tests/tap.h"
 
 #include <errno.h>

@@ -6,9 +6,9 @@
  */
 #include "config.h"
 
-#include "src/hostfile.h"
-#include "src/mesh.h"
-#include "src/util.h"
+#include "mesh/hostfile.h"
+#include "mesh/mesh.h"
+#include "common/util.h"
 #include "tests/tap.h"
 
 #include <errno.h>

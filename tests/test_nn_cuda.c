@@ -30,7 +30,7 @@
 #include "collective/collective.h"
 #include "nn/backend.h"
 #include "nn/nn.h"
-#include "src/util.h"
+#include "common/util.h"
 #include "tests/tap.h"
 
 #include <errno.h>

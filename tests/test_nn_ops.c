@@ -15,7 +15,7 @@
 
 #include "nn/backend.h"
 #include "nn/nn.h"
-#include "src/util.h"
+#include "common/util.h"
 #include "tests/nn_ref.h"
 #include "tests/tap.h"
 

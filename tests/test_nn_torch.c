@@ -44,7 +44,7 @@
 
 #include "nn/nn.h"
 #include "nn/safetensors.h"
-#include "src/util.h"
+#include "common/util.h"
 #include "tests/tap.h"
 
 #include <errno.h>

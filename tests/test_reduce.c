@@ -7,7 +7,7 @@
 #include "config.h"
 
 #include "collective/coll-internal.h"
-#include "src/util.h"
+#include "common/util.h"
 #include "tests/tap.h"
 
 #include <math.h>

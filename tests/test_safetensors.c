@@ -20,7 +20,7 @@
 #include "config.h"
 
 #include "nn/safetensors.h"
-#include "src/util.h"
+#include "common/util.h"
 #include "tests/tap.h"
 
 #include <dirent.h>

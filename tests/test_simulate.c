@@ -1,12 +1,12 @@
 /*
- * tests/test_simulate.c: the simulated layer list of src/simulate.c
+ * tests/test_simulate.c: the simulated layer list of train/simulate.c
  * against nn's real model (names, order, offsets, counts), the profiles'
  * totals, the scale rule, the CSV profile parser and the backward order.
  */
 #include "config.h"
 
-#include "src/simulate.h"
-#include "src/util.h"
+#include "train/simulate.h"
+#include "common/util.h"
 #include "tests/tap.h"
 
 #include <math.h>

@@ -12,7 +12,7 @@
  */
 #include "config.h"
 
-#include "src/util.h"
+#include "common/util.h"
 #include "tests/ports.h"
 #include "tests/tap.h"
 #include "transport/tcp-internal.h"

@@ -1,7 +1,7 @@
 /* tests/test_util.c: the error, logging and host-memory helpers. */
 #include "config.h"
 
-#include "src/util.h"
+#include "common/util.h"
 #include "tests/tap.h"
 
 #include <errno.h>

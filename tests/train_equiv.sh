@@ -1,7 +1,7 @@
 #!/bin/sh
 # tests/train_equiv.sh: N = 4 peers with local batch b = 8 for K = 3 steps
 # against one process with --accumulate 4 over the same 4 micro-batches of
-# 8 (src/data.h: one process with world 1 reads, in micro-step 4 s + r,
+# 8 (data/data.h: one process with world 1 reads, in micro-step 4 s + r,
 # exactly what peer r reads in step s), on Fashion-MNIST.
 #
 # Tolerance. Both compute the same float32 gradients per micro-batch (each

@@ -10,7 +10,7 @@
 #   UNTESTED  it cannot be changed on one peer here, with the reason.
 # A flag in no list (a new one) fails the test: decide where it goes, and
 # if it changes the math, put it in the configuration fingerprint
-# (build_config in src/train.c).
+# (build_config in train/train.c).
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 # No --quiet and no switches here: every switch is changed by adding it.

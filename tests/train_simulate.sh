@@ -1,6 +1,6 @@
 #!/bin/sh
 # tests/train_simulate.sh: --simulate-compute, --simulate-scale and
-# --profile-layers (src/simulate.h). Two peers with the h200 profile (12.8
+# --profile-layers (train/simulate.h). Two peers with the h200 profile (12.8
 # ms of simulated compute per step) run real buckets and all-reduces of
 # the scaled gradients, with ring and with the parameter-server baseline;
 # the flags that need weights are refused; --profile-layers measures a

@@ -61,7 +61,7 @@
 
 #include "transport/tcp-internal.h"
 #include "transport/transport.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

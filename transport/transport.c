@@ -7,7 +7,7 @@
 #ifdef HAVE_VERBS
 #include "transport/verbs-internal.h"
 #endif
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -10,7 +10,7 @@
  * Messages are tagged with a struct mesh_frame. The receiver posts what it
  * expects; the transport matches incoming frames on (seq, tag) and checks the
  * rest (see "Matching" below). All functions return 0 or a negative
- * errno-style code with a message recorded by mesh_err() (src/util.h).
+ * errno-style code with a message recorded by mesh_err() (common/util.h).
  */
 #ifndef MESH_TRANSPORT_H
 #define MESH_TRANSPORT_H
@@ -95,7 +95,7 @@ void mesh_frame_p2p(struct mesh_frame *f, uint64_t seq, uint32_t tag,
 /*
  * Sequence numbers from MESH_SEQ_COLL_BASE on are collectives' (the
  * default seq_base of collective/collective.h); below it, point-to-point
- * messages' (src/mesh.h's counter, from 1). Messages print neither raw:
+ * messages' (mesh/mesh.h's counter, from 1). Messages print neither raw:
  * mesh_seq_str gives "collective #N" (N = seq - base + 1, the job's N-th
  * collective) or "message #seq".
  */

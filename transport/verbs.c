@@ -22,7 +22,7 @@
  */
 #include "config.h"
 
-#include "src/util.h"
+#include "common/util.h"
 #include "transport/tcp-internal.h"
 #include "transport/transport.h"
 #include "transport/verbs-internal.h"

@@ -38,7 +38,7 @@
 #include "nn/backend.h"
 #include "nn/cuda/kernels.h"
 #include "nn/nn.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <limits.h>

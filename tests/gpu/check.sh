@@ -153,7 +153,7 @@ SHIM
     CFL="-std=gnu11 -O2 -pthread -I$BUILD -I$SRC -I$CUDA_HOME/include $XCPP"
     mkdir -p "$BUILD/obj" "$BUILD/tests/gpu"
     # shellcheck disable=SC2086
-    for f in src/util.c collective/reduce.c nn/ctx.c nn/resnet.c nn/optim.c \
+    for f in common/util.c collective/reduce.c nn/ctx.c nn/resnet.c nn/optim.c \
         nn/weights.c nn/safetensors.c nn/stream.c nn/cuda/cuda.c $DNNL; do
         gcc $CFL -c "$SRC/$f" -o "$BUILD/obj/$(echo "$f" | tr / _).o" ||
             return 1

@@ -11,7 +11,7 @@
 #include "config.h"
 
 #include "nn/nn.h"
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 #!/bin/sh
 # tests/gpu/two_peers.sh: two meshtrain peers on one GPU over loopback TCP
 # (--device cuda), the gradient buckets going device -> pinned host ->
-# all-reduce -> device in chunks (the pipeline of src/train.c, which
+# all-reduce -> device in chunks (the pipeline of train/train.c, which
 # tests/train_devsim.sh checks bitwise on the GPU test double), against one
 # process on the same GPU with --accumulate 2 over the same micro-batches
 # (tests/train_equiv.sh's construction); then the same two peers with

@@ -18,7 +18,7 @@
 #include "config.h"
 
 #include "collective/collective.h"
-#include "src/util.h"
+#include "common/util.h"
 #include "tests/ports.h"
 #include "tests/tap.h"
 #include "transport/transport.h"

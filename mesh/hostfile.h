@@ -1,5 +1,5 @@
 /*
- * src/hostfile.h: hostfiles, the -H host list, and where ranks come from.
+ * mesh/hostfile.h: hostfiles, the -H host list, and where ranks come from.
  *
  * Accepted syntax, one host per line (Open MPI and Horovod), or one host per
  * comma-separated item in the -H string form:

@@ -1,12 +1,12 @@
 /*
- * src/simulate.c: the layer list of a ResNet from its description, the
+ * train/simulate.c: the layer list of a ResNet from its description, the
  * compute profiles, the simulated waits and the per-layer profiler (see
- * src/simulate.h).
+ * train/simulate.h).
  */
 #include "config.h"
 
-#include "src/simulate.h"
-#include "src/util.h"
+#include "train/simulate.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <math.h>

@@ -1,5 +1,5 @@
 /*
- * src/simulate.h: simulated compute for meshtrain's scaling benchmark
+ * train/simulate.h: simulated compute for meshtrain's scaling benchmark
  * (--simulate-compute, --simulate-scale) and per-layer timing of real
  * compute (--profile-layers).
  *

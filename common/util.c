@@ -1,7 +1,7 @@
-/* src/util.c: errors, logging, time and memory helpers. */
+/* common/util.c: errors, logging, time and memory helpers. */
 #include "config.h"
 
-#include "src/util.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /*
- * src/ckpt.h: checkpoint files. The trainer decides what goes in (named
+ * train/ckpt.h: checkpoint files. The trainer decides what goes in (named
  * opaque blobs: the weights as a safetensors file, momentum buffers, BN
  * running statistics, the data loader's state, ...); this module writes
  * them atomically with checksums, verifies them on reading, lists and

@@ -1,9 +1,9 @@
-/* src/mesh.c: the mesh flags, the job secret, and joining the mesh. */
+/* mesh/mesh.c: the mesh flags, the job secret, and joining the mesh. */
 #include "config.h"
 
-#include "src/mesh.h"
-#include "src/hostfile.h"
-#include "src/util.h"
+#include "mesh/mesh.h"
+#include "mesh/hostfile.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,12 +1,12 @@
 /*
- * src/data.c: data sets (synthetic, fashion-mnist, cifar10, imagefolder),
+ * data/data.c: data sets (synthetic, fashion-mnist, cifar10, imagefolder),
  * transforms and the prefetching loader. The formats, transforms, random
- * streams and sharding rules are documented in src/data.h.
+ * streams and sharding rules are documented in data/data.h.
  */
 #include "config.h"
 
-#include "src/data.h"
-#include "src/util.h"
+#include "data/data.h"
+#include "common/util.h"
 
 #include <ctype.h>
 #include <dirent.h>

@@ -1,11 +1,11 @@
 /*
- * src/ckpt.c: atomic, checksummed checkpoint directories (layout in
- * src/ckpt.h).
+ * train/ckpt.c: atomic, checksummed checkpoint directories (layout in
+ * train/ckpt.h).
  */
 #include "config.h"
 
-#include "src/ckpt.h"
-#include "src/util.h"
+#include "train/ckpt.h"
+#include "common/util.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -1,5 +1,5 @@
 /*
- * src/mesh.h: joining the mesh, the same way in every program.
+ * mesh/mesh.h: joining the mesh, the same way in every program.
  *
  * Every program that joins the mesh (meshbench, meshtrain) takes the same
  * flags and environment variables, parsed here in one place:
@@ -17,7 +17,7 @@
  *   ... mesh_ops(m)->isend(mesh_transport(m), ...) ...  -> MESH_EXIT_PEER
  *   mesh_close(m); mesh_opts_free(&o);
  *
- * Errors follow src/util.h: 0 or a negative errno-style code, with the
+ * Errors follow common/util.h: 0 or a negative errno-style code, with the
  * message in mesh_err_msg().
  */
 #ifndef MESH_MESH_H

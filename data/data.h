@@ -1,5 +1,5 @@
 /*
- * src/data.h: data sets and the prefetching batch loader.
+ * data/data.h: data sets and the prefetching batch loader.
  *
  * A data set is opened from a --data spec string:
  *   synthetic[:N]        N random samples (default 50000 train, N/5 eval)

@@ -1,14 +1,14 @@
 /*
- * src/train.h: the synchronous data-parallel training loop of meshtrain.
+ * train/train.h: the synchronous data-parallel training loop of meshtrain.
  *
  * meshtrain.c parses the flags into a struct train_cfg and the mesh flags
  * into a struct mesh_opts, then calls train_run(), which joins the mesh,
  * trains, evaluates, checkpoints and returns a process exit code
- * (enum mesh_exit of src/mesh.h).
+ * (enum mesh_exit of mesh/mesh.h).
  *
  * One optimizer step, per peer:
  *   1. K = --accumulate micro-batches of --batch samples from the loader
- *      (this peer's shard of the epoch's permutation, src/data.h);
+ *      (this peer's shard of the epoch's permutation, data/data.h);
  *   2. forward, loss, backward of each; the gradients of the last
  *      micro-batch are reported by nn range by range (from the end of the
  *      slab down), and every gradient bucket (about --bucket-mb, the first
@@ -30,8 +30,8 @@
 #include <stdint.h>
 
 #include "nn/nn.h"
-#include "src/data.h"
-#include "src/mesh.h"
+#include "data/data.h"
+#include "mesh/mesh.h"
 
 enum train_compress {
     TRAIN_COMPRESS_NONE = 0,
@@ -58,7 +58,7 @@ struct train_cfg {
     int summary; /* print the layer table and exit */
 
     /* data */
-    const char *data; /* --data spec (src/data.h) */
+    const char *data; /* --data spec (data/data.h) */
     int data_threads; /* loader workers (0: 2) */
     int augment;      /* -1 data set default, 0 off, 1 on */
     enum mesh_data_bad on_bad;
@@ -95,7 +95,7 @@ struct train_cfg {
     uint64_t log_every;      /* progress lines when not a TTY */
     int quiet;
 
-    /* simulated compute (src/simulate.h): the scaling benchmark */
+    /* simulated compute (train/simulate.h): the scaling benchmark */
     const char *simulate;           /* --simulate-compute PROFILE, or NULL */
     double simulate_scale;          /* k: gradient bytes divided by k */
     const char *profile_layers;     /* --profile-layers FILE (rank 0) */

@@ -1,5 +1,5 @@
 /*
- * src/util.h: errors, logging, time and memory helpers shared by every layer.
+ * common/util.h: errors, logging, time and memory helpers shared by every layer.
  *
  * Error convention (DESIGN.md): functions return 0 or a negative errno-style
  * code. The first place that detects an error records a message with

@@ -1,5 +1,5 @@
 /*
- * src/train.c: the training loop of meshtrain (see src/train.h).
+ * train/train.c: the training loop of meshtrain (see train/train.h).
  *
  * Shape of a run (train_run):
  *   open the data set -> configuration string -> join the mesh (peers that
@@ -20,12 +20,12 @@
  */
 #include "config.h"
 
-#include "src/train.h"
+#include "train/train.h"
 
 #include "collective/collective.h"
-#include "src/ckpt.h"
-#include "src/simulate.h"
-#include "src/util.h"
+#include "train/ckpt.h"
+#include "train/simulate.h"
+#include "common/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1445,7 +1445,7 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
 
 /*
  * --simulate-compute: no data set and no model, only the layer list with
- * the gradient slab divided by --simulate-scale (src/simulate.h).
+ * the gradient slab divided by --simulate-scale (train/simulate.h).
  */
 static int open_sim(struct trainer *t)
 {

@@ -1,8 +1,8 @@
-/* src/hostfile.c: hostfile and -H parsing, rank layout, rank from env. */
+/* mesh/hostfile.c: hostfile and -H parsing, rank layout, rank from env. */
 #include "config.h"
 
-#include "src/hostfile.h"
-#include "src/util.h"
+#include "mesh/hostfile.h"
+#include "common/util.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
