@@ -231,11 +231,8 @@ void mesh_reduce_sum(int dtype, void *dst, const void *const *src, int nsrc,
  * e.g. to put float32 gradients on the wire as 16-bit. */
 void mesh_convert(int dst_dtype, void *dst, int src_dtype, const void *src,
                   size_t n);
-
-uint16_t mesh_f16_from_f32(float f);
-float mesh_f32_from_f16(uint16_t h);
-uint16_t mesh_bf16_from_f32(float f);
-float mesh_f32_from_bf16(uint16_t h);
+/* The scalar conversions (mesh_f16_from_f32 and the others) are
+ * common/dtype.h's. */
 
 /* The instruction set the kernels picked: "avx512f", "avx2" or "scalar". */
 const char *mesh_reduce_isa(void);

@@ -6,6 +6,7 @@
 #include "config.h"
 
 #include "data/data.h"
+#include "common/bytes.h"
 #include "common/util.h"
 
 #include <ctype.h>
@@ -442,12 +443,6 @@ static int rd_end(struct rd *r)
     return 0;
 }
 
-static uint32_t be32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 |
-           p[3];
-}
-
 /* path = dir/name.gz if it exists (and zlib is built), else dir/name. */
 static int find_file(const char *dir, const char *name, char *path, size_t cap)
 {
@@ -490,11 +485,11 @@ static int idx_open(struct rd *r, const char *path, int dims, uint8_t *hdr)
     if (rc < 0)
         return rc;
     rc = rd_exact(r, hdr, 4 + 4 * (size_t)dims, "the IDX header");
-    if (rc == 0 && be32(hdr) != magic)
+    if (rc == 0 && mesh_get_be32(hdr) != magic)
         rc = mesh_err(-EIO,
                       "%s: bad IDX magic 0x%08x at byte offset 0 (expected "
                       "0x%08x: unsigned bytes, %d dimension%s)",
-                      path, be32(hdr), magic, dims, dims == 1 ? "" : "s");
+                      path, mesh_get_be32(hdr), magic, dims, dims == 1 ? "" : "s");
     if (rc < 0)
         rd_close(r);
     return rc;
@@ -519,9 +514,9 @@ static int idx_read(const char *dir, const char *img_name, const char *lbl_name,
     rc = idx_open(&ri, ipath, 3, hdr);
     if (rc < 0)
         return rc;
-    n = be32(hdr + 4);
-    rows = be32(hdr + 8);
-    cols = be32(hdr + 12);
+    n = mesh_get_be32(hdr + 4);
+    rows = mesh_get_be32(hdr + 8);
+    cols = mesh_get_be32(hdr + 12);
     if (n == 0 || n > (1u << 24) || rows == 0 || rows > MAX_SIZE || cols == 0 ||
         cols > MAX_SIZE || (uint64_t)n * rows * cols > ((uint64_t)1 << 34)) {
         rc = mesh_err(-EIO,
@@ -554,7 +549,7 @@ static int idx_read(const char *dir, const char *img_name, const char *lbl_name,
     rc = idx_open(&rl, lpath, 1, hdr);
     if (rc < 0)
         goto out_img;
-    nl = be32(hdr + 4);
+    nl = mesh_get_be32(hdr + 4);
     if (nl != n) {
         rc = mesh_err(-EIO,
                       "%s: wrong dimensions: %u labels at byte offset 4, "
@@ -1542,8 +1537,7 @@ static int fp_u64(EVP_MD_CTX *ctx, uint64_t v)
 {
     uint8_t le[8];
 
-    for (int i = 0; i < 8; i++)
-        le[i] = (uint8_t)(v >> (8 * i));
+    mesh_put_le64(le, v);
     return EVP_DigestUpdate(ctx, le, 8);
 }
 
@@ -1993,21 +1987,6 @@ int mesh_data_seek(struct mesh_loader *ld, uint64_t epoch, uint64_t step)
 #define STATE_MAGIC   0x6174616468736d6dull /* "mmshdata" little-endian */
 #define STATE_VERSION 1
 
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 /* Layout: magic, version, seed, epoch, step, batch, world, rank | count
  * (rank in the low 32 bits of the last word, count of samples above). */
 void mesh_data_get_state(const struct mesh_loader *ld,
@@ -2017,14 +1996,14 @@ void mesh_data_get_state(const struct mesh_loader *ld,
 
     mesh_data_tell(ld, &epoch, &step);
     memset(state, 0, MESH_DATA_STATE_BYTES);
-    put64(state + 0, STATE_MAGIC);
-    put64(state + 8, STATE_VERSION);
-    put64(state + 16, ld->ds->seed);
-    put64(state + 24, epoch);
-    put64(state + 32, step);
-    put64(state + 40, (uint64_t)ld->batch);
-    put64(state + 48, (uint64_t)ld->world);
-    put64(state + 56, (uint64_t)(uint32_t)ld->rank |
+    mesh_put_le64(state + 0, STATE_MAGIC);
+    mesh_put_le64(state + 8, STATE_VERSION);
+    mesh_put_le64(state + 16, ld->ds->seed);
+    mesh_put_le64(state + 24, epoch);
+    mesh_put_le64(state + 32, step);
+    mesh_put_le64(state + 40, (uint64_t)ld->batch);
+    mesh_put_le64(state + 48, (uint64_t)ld->world);
+    mesh_put_le64(state + 56, (uint64_t)(uint32_t)ld->rank |
                           (uint64_t)ld->ds->sp[ld->split].count << 32);
 }
 
@@ -2035,27 +2014,27 @@ int mesh_data_set_state(struct mesh_loader *ld, const uint8_t *st, size_t len)
     if (len != MESH_DATA_STATE_BYTES)
         return mesh_err(-EINVAL, "data state: %zu bytes, expected %d", len,
                         MESH_DATA_STATE_BYTES);
-    if (get64(st) != STATE_MAGIC || get64(st + 8) != STATE_VERSION)
+    if (mesh_get_le64(st) != STATE_MAGIC || mesh_get_le64(st + 8) != STATE_VERSION)
         return mesh_err(-EINVAL, "data state: bad magic or version");
-    if (get64(st + 16) != ld->ds->seed)
+    if (mesh_get_le64(st + 16) != ld->ds->seed)
         return mesh_err(-EINVAL,
                         "data state: seed %" PRIu64 " differs from this "
                         "run's %" PRIu64,
-                        get64(st + 16), ld->ds->seed);
-    if (get64(st + 40) != (uint64_t)ld->batch)
+                        mesh_get_le64(st + 16), ld->ds->seed);
+    if (mesh_get_le64(st + 40) != (uint64_t)ld->batch)
         return mesh_err(-EINVAL,
                         "data state: batch %" PRIu64 " differs from this "
                         "run's %d",
-                        get64(st + 40), ld->batch);
-    if (get64(st + 48) != (uint64_t)ld->world)
+                        mesh_get_le64(st + 40), ld->batch);
+    if (mesh_get_le64(st + 48) != (uint64_t)ld->world)
         return mesh_err(-EINVAL,
                         "data state: world %" PRIu64 " differs from this "
                         "run's %d",
-                        get64(st + 48), ld->world);
-    if (get64(st + 56) >> 32 != count)
+                        mesh_get_le64(st + 48), ld->world);
+    if (mesh_get_le64(st + 56) >> 32 != count)
         return mesh_err(-EINVAL,
                         "data state: %" PRIu64 " samples differ from this "
                         "data set's %" PRIu64,
-                        get64(st + 56) >> 32, count);
-    return mesh_data_seek(ld, get64(st + 24), get64(st + 32));
+                        mesh_get_le64(st + 56) >> 32, count);
+    return mesh_data_seek(ld, mesh_get_le64(st + 24), mesh_get_le64(st + 32));
 }

@@ -30,7 +30,7 @@
  */
 #include "config.h"
 
-#include "collective/collective.h"
+#include "common/dtype.h"
 #include "nn/backend.h"
 #include "nn/nn.h"
 #include "common/util.h"
@@ -334,17 +334,17 @@ static int sim_convert(struct mesh_nn_dev *dev, int dst_dtype, void *dst,
     (void)dev;
     for (i = 0; i < n; i++) {
         float v =
-            src_dtype == MESH_NN_F16
+            src_dtype == MESH_DT_F16
                 ? mesh_f32_from_f16(((const uint16_t *)src)[i])
-            : src_dtype == MESH_NN_BF16
+            : src_dtype == MESH_DT_BF16
                 ? mesh_f32_from_bf16(((const uint16_t *)src)[i])
                 : ((const float *)src)[i];
 
         if (scale != 1.f)
             v *= scale;
-        if (dst_dtype == MESH_NN_F16)
+        if (dst_dtype == MESH_DT_F16)
             ((uint16_t *)dst)[i] = mesh_f16_from_f32(v);
-        else if (dst_dtype == MESH_NN_BF16)
+        else if (dst_dtype == MESH_DT_BF16)
             ((uint16_t *)dst)[i] = mesh_bf16_from_f32(v);
         else
             ((float *)dst)[i] = v;

@@ -33,6 +33,8 @@
 #ifndef MESH_NN_H
 #define MESH_NN_H
 
+#include "common/dtype.h"
+
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -353,17 +355,9 @@ int mesh_nn_copy_wait(struct mesh_nn_ctx *ctx, struct mesh_nn_copy *c);
 /* Device ops issued after this call wait for c; releases c. */
 int mesh_nn_copy_order(struct mesh_nn_ctx *ctx, struct mesh_nn_copy *c);
 
-/* Element types of mesh_nn_convert (the same values as the collective's
- * MESH_DT_F32/F16/BF16 is not assumed: map explicitly). */
-enum mesh_nn_dtype {
-    MESH_NN_F32 = 0,
-    MESH_NN_F16 = 1,
-    MESH_NN_BF16 = 2,
-};
-
 /*
  * dst = scale * src, n elements in device memory, converted between
- * float32 and float16 / bfloat16 (round to nearest even), on the compute
+ * float32 and float16 / bfloat16 (MESH_DT_F32, MESH_DT_F16, MESH_DT_BF16) (round to nearest even), on the compute
  * stream (for --compress and gradient scaling on the device). One side
  * must be float32; dst may equal src only when both are float32.
  * -ENOTSUP when the backend has no device conversion ("cpu": use the

@@ -14,6 +14,7 @@
 
 #include "nn/safetensors.h"
 
+#include "common/bytes.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -952,8 +953,7 @@ static int parse_buf(const uint8_t *base, size_t len, int owned,
                         "file is %zu bytes, too short for the 8-byte header "
                         "length",
                         len);
-    for (int i = 7; i >= 0; i--)
-        hlen = (hlen << 8) | base[i];
+    hlen = mesh_get_le64(base);
     if (hlen > MESH_ST_MAX_HEADER)
         return mesh_err(-EINVAL,
                         "header length %" PRIu64 " exceeds the limit of %u "
@@ -1660,8 +1660,7 @@ int mesh_st_write(const char *path, const struct mesh_st_entry *e, int n,
 
     MESH_SYSCALL(rc, fd = mkstemp(tmp), free_bufs, "create %s", tmp);
     MESH_SYSCALL(rc, fchmod(fd, 0644), unlink_tmp, "chmod %s", tmp);
-    for (int i = 0; i < 8; i++)
-        len8[i] = (uint8_t)((uint64_t)h.len >> (8 * i));
+    mesh_put_le64(len8, (uint64_t)h.len);
     if ((rc = write_all(fd, len8, 8, tmp)) < 0 ||
         (rc = write_all(fd, h.p, h.len, tmp)) < 0)
         goto unlink_tmp;

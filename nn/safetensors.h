@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "transport/transport.h" /* enum mesh_dtype: F32, F16, BF16 */
+#include "common/dtype.h"
 
 /*
  * The dtypes beyond enum mesh_dtype (MESH_DT_F32, MESH_DT_F16, MESH_DT_BF16)

@@ -124,11 +124,11 @@ int mesh_nn_copy_order(struct mesh_nn_ctx *ctx, struct mesh_nn_copy *c)
 int mesh_nn_convert(struct mesh_nn_ctx *ctx, int dst_dtype, void *dst,
                     int src_dtype, const void *src, size_t n, float scale)
 {
-    if ((unsigned)dst_dtype > MESH_NN_BF16 ||
-        (unsigned)src_dtype > MESH_NN_BF16)
+    if (dst_dtype < MESH_DT_F32 || dst_dtype > MESH_DT_BF16 ||
+        src_dtype < MESH_DT_F32 || src_dtype > MESH_DT_BF16)
         return mesh_err(-EINVAL, "nn: convert: bad dtype %d -> %d", src_dtype,
                         dst_dtype);
-    if (dst_dtype != MESH_NN_F32 && src_dtype != MESH_NN_F32)
+    if (dst_dtype != MESH_DT_F32 && src_dtype != MESH_DT_F32)
         return mesh_err(-EINVAL, "nn: convert: one side must be float32");
     if (dst == src && dst_dtype != src_dtype)
         return mesh_err(-EINVAL, "nn: convert: in place needs equal types");

@@ -504,14 +504,14 @@ static void test_convert_copies(void)
     uint16_t *h16 = malloc(n * 2), *d16 = malloc(n * 2);
     void *X = up(gpu, x, n), *H = dalloc(gpu, n * 2), *Y = dalloc(gpu, n * 4);
     struct mesh_nn_copy *c1, *c2;
-    int dts[2] = {MESH_NN_F16, MESH_NN_BF16}, k, rc, done = 0, spins = 0;
+    int dts[2] = {MESH_DT_F16, MESH_DT_BF16}, k, rc, done = 0, spins = 0;
 
     for (k = 0; k < 2; k++) {
-        int cdt = dts[k] == MESH_NN_F16 ? MESH_DT_F16 : MESH_DT_BF16;
+        int cdt = dts[k];
 
         x[0] = 1e9f, x[1] = -0.f, x[2] = 1e-8f; /* overflow, signs, tiny */
         if ((rc = gpu->ops->upload(gpu->dev, X, x, n * 4)) < 0 ||
-            (rc = mesh_nn_convert(gpu, dts[k], H, MESH_NN_F32, X, n, 1.f)) <
+            (rc = mesh_nn_convert(gpu, dts[k], H, MESH_DT_F32, X, n, 1.f)) <
                 0 ||
             (rc = gpu->ops->download(gpu->dev, d16, H, n * 2)) < 0)
             die("convert", rc);
@@ -520,7 +520,7 @@ static void test_convert_copies(void)
            "convert f32 -> %s: bitwise as the "
            "host's",
            k ? "bf16" : "f16");
-        if ((rc = mesh_nn_convert(gpu, MESH_NN_F32, Y, dts[k], H, n, 0.5f)) <
+        if ((rc = mesh_nn_convert(gpu, MESH_DT_F32, Y, dts[k], H, n, 0.5f)) <
                 0 ||
             (rc = gpu->ops->download(gpu->dev, back, Y, n * 4)) < 0)
             die("convert", rc);

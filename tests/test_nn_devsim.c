@@ -63,12 +63,12 @@ static void narrow_sweep(struct mesh_nn_ctx *ctx)
     for (base = 0; base < (UINT64_C(1) << 32); base += BLOCK * STRIDE) {
         for (i = 0; i < BLOCK; i++)
             x[i] = (uint32_t)(base + i * STRIDE);
-        mesh_nn_convert(ctx, MESH_NN_F16, a, MESH_NN_F32, x, BLOCK, 1.f);
+        mesh_nn_convert(ctx, MESH_DT_F16, a, MESH_DT_F32, x, BLOCK, 1.f);
         mesh_convert(MESH_DT_F16, b, MESH_DT_F32, x, BLOCK);
         for (i = 0; i < BLOCK; i++)
             if (a[i] != b[i] && bad16++ == 0)
                 first16 = x[i];
-        mesh_nn_convert(ctx, MESH_NN_BF16, a, MESH_NN_F32, x, BLOCK, 1.f);
+        mesh_nn_convert(ctx, MESH_DT_BF16, a, MESH_DT_F32, x, BLOCK, 1.f);
         mesh_convert(MESH_DT_BF16, b, MESH_DT_F32, x, BLOCK);
         for (i = 0; i < BLOCK; i++)
             if (a[i] != b[i] && badbf++ == 0)
@@ -99,20 +99,20 @@ static void widen_and_scale(struct mesh_nn_ctx *ctx)
 
     for (i = 0; i < 65536; i++)
         h[i] = (uint16_t)i;
-    for (dt = MESH_NN_F16; dt <= MESH_NN_BF16; dt++) {
-        mesh_nn_convert(ctx, MESH_NN_F32, fa, dt, h, 65536, 1.f);
+    for (dt = MESH_DT_F16; dt <= MESH_DT_BF16; dt++) {
+        mesh_nn_convert(ctx, MESH_DT_F32, fa, dt, h, 65536, 1.f);
         mesh_convert(MESH_DT_F32, fb,
-                     dt == MESH_NN_F16 ? MESH_DT_F16 : MESH_DT_BF16, h, 65536);
+                     dt, h, 65536);
         bad += memcmp(fa, fb, sizeof(fa)) != 0;
     }
     ok(bad == 0, "float16 and bfloat16 -> float32 equal mesh_convert on "
                  "all 2^16 inputs");
     /* the scale multiplies in float32, then rounds once */
-    mesh_nn_convert(ctx, MESH_NN_F16, ha, MESH_NN_F32, x, 4, 0.5f);
+    mesh_nn_convert(ctx, MESH_DT_F16, ha, MESH_DT_F32, x, 4, 0.5f);
     for (i = 0; i < 4; i++)
         y[i] = x[i] * 0.5f;
     mesh_convert(MESH_DT_F16, hb, MESH_DT_F32, y, 4);
-    mesh_nn_convert(ctx, MESH_NN_F32, y, MESH_NN_F32, x, 4, 0.25f);
+    mesh_nn_convert(ctx, MESH_DT_F32, y, MESH_DT_F32, x, 4, 0.25f);
     ok(memcmp(ha, hb, sizeof(ha)) == 0 && y[0] == 0.75f && y[2] == 16376.0f,
        "convert scales before rounding, also float32 to float32");
 }

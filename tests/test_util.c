@@ -1,12 +1,16 @@
-/* tests/test_util.c: the error, logging and host-memory helpers. */
+/* tests/test_util.c: the base layer (common/): errors, host memory, clocks,
+ * wire byte helpers, dtype names, sizes and scalar conversions. */
 #include "config.h"
 
+#include "common/bytes.h"
+#include "common/dtype.h"
 #include "common/util.h"
 #include "tests/tap.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -18,6 +22,64 @@ static void *other_thread(void *arg)
                                      strerror(EINVAL)) == 0);
 }
 
+/* Byte helpers against the definition, over random values (3 seeds). */
+static void check_bytes(void)
+{
+    static const uint8_t be[4] = {0x12, 0x34, 0x56, 0x78};
+    int bad = 0;
+
+    for (unsigned seed = 1; seed <= 3; seed++) {
+        srand(seed);
+        for (int t = 0; t < 1000; t++) {
+            uint64_t v = 0;
+            uint8_t b[8];
+
+            for (int i = 0; i < 8; i++)
+                v = v << 8 | (uint64_t)(rand() & 0xff);
+            mesh_put_le64(b, v);
+            for (int i = 0; i < 8; i++)
+                bad += b[i] != (uint8_t)(v >> (8 * i));
+            bad += mesh_get_le64(b) != v;
+            bad += mesh_get_le32(b) != (uint32_t)v;
+            bad += mesh_get_le16(b) != (uint16_t)v;
+            mesh_put_le32(b, (uint32_t)(v >> 32));
+            bad += mesh_get_le32(b) != (uint32_t)(v >> 32);
+            mesh_put_le16(b, (uint16_t)(v >> 48));
+            bad += b[0] != (uint8_t)(v >> 48) || b[1] != (uint8_t)(v >> 56);
+        }
+    }
+    ok(bad == 0, "little-endian put/get match their definition (%d wrong)",
+       bad);
+    ok(mesh_get_be32(be) == 0x12345678u, "big-endian 32-bit read");
+}
+
+static void check_dtype(void)
+{
+    ok(mesh_dtype_size(MESH_DT_BYTE) == 1 && mesh_dtype_size(MESH_DT_F32) == 4 &&
+           mesh_dtype_size(MESH_DT_F16) == 2 &&
+           mesh_dtype_size(MESH_DT_BF16) == 2 && mesh_dtype_size(9) == 0,
+       "dtype sizes");
+    ok(!strcmp(mesh_dtype_name(MESH_DT_F16), "float16") &&
+           !strcmp(mesh_dtype_name(MESH_DT_BF16), "bfloat16") &&
+           !strcmp(mesh_dtype_name(-1), "unknown-dtype"),
+       "dtype names");
+    /* IEEE values, and round to nearest even at the halfway points. */
+    ok(mesh_f16_from_f32(1.0f) == 0x3c00 && mesh_f16_from_f32(65504.f) == 0x7bff &&
+           mesh_f16_from_f32(65520.f) == 0x7c00 &&
+           mesh_f16_from_f32(0x1p-24f) == 0x0001 &&
+           mesh_f16_from_f32(0x1p-25f) == 0x0000 &&
+           mesh_f16_from_f32(1.0f + 0x1p-11f) == 0x3c00 &&
+           mesh_f16_from_f32(1.0f + 3 * 0x1p-11f) == 0x3c02 &&
+           mesh_f32_from_f16(0xc000) == -2.0f &&
+           mesh_f32_from_f16(0x0001) == 0x1p-24f,
+       "float16 conversions");
+    ok(mesh_bf16_from_f32(1.0f) == 0x3f80 &&
+           mesh_bf16_from_f32(1.0f + 0x1p-8f) == 0x3f80 &&
+           mesh_bf16_from_f32(1.0f + 3 * 0x1p-8f) == 0x3f82 &&
+           mesh_f32_from_bf16(0xc040) == -3.0f,
+       "bfloat16 conversions");
+}
+
 int main(void)
 {
     pthread_t th;
@@ -25,7 +87,9 @@ int main(void)
     void *p = NULL;
     int rc;
 
-    plan(7);
+    plan(13);
+    check_bytes();
+    check_dtype();
     rc = mesh_err(-EINVAL, "bad value %d", 42);
     ok(rc == -EINVAL, "mesh_err returns its code");
     ok(strcmp(mesh_err_msg(rc), "bad value 42") == 0, "message recorded");

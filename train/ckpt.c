@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include "train/ckpt.h"
+#include "common/bytes.h"
 #include "common/util.h"
 
 #include <dirent.h>
@@ -379,8 +380,7 @@ static int agreement_digest(const struct blob *b, size_t n,
 
         if (!(b[i].flags & MESH_CKPT_SHARED))
             continue;
-        for (int k = 0; k < 8; k++)
-            le[k] = (uint8_t)(b[i].len >> (8 * k));
+        mesh_put_le64(le, b[i].len);
         ok = EVP_DigestUpdate(ctx, b[i].name, strlen(b[i].name) + 1) &&
              EVP_DigestUpdate(ctx, le, 8) &&
              EVP_DigestUpdate(ctx, b[i].sha, MESH_CKPT_DIGEST_LEN);
@@ -1051,10 +1051,8 @@ int mesh_ckpt_agree(const struct mesh_ckpt_entry *const *lists,
 void mesh_ckpt_entry_pack(const struct mesh_ckpt_entry *e,
                           uint8_t out[MESH_CKPT_ENTRY_BYTES])
 {
-    for (int k = 0; k < 8; k++) {
-        out[k] = (uint8_t)(e->step >> (8 * k));
-        out[8 + k] = (uint8_t)(e->epoch >> (8 * k));
-    }
+    mesh_put_le64(out, e->step);
+    mesh_put_le64(out + 8, e->epoch);
     memcpy(out + 16, e->digest, MESH_CKPT_DIGEST_LEN);
     memcpy(out + 48, e->config, MESH_CKPT_DIGEST_LEN);
 }
@@ -1062,12 +1060,8 @@ void mesh_ckpt_entry_pack(const struct mesh_ckpt_entry *e,
 void mesh_ckpt_entry_unpack(const uint8_t in[MESH_CKPT_ENTRY_BYTES],
                             struct mesh_ckpt_entry *e)
 {
-    e->step = 0;
-    e->epoch = 0;
-    for (int k = 0; k < 8; k++) {
-        e->step |= (uint64_t)in[k] << (8 * k);
-        e->epoch |= (uint64_t)in[8 + k] << (8 * k);
-    }
+    e->step = mesh_get_le64(in);
+    e->epoch = mesh_get_le64(in + 8);
     memcpy(e->digest, in + 16, MESH_CKPT_DIGEST_LEN);
     memcpy(e->config, in + 48, MESH_CKPT_DIGEST_LEN);
 }

@@ -25,6 +25,7 @@
 #include "collective/collective.h"
 #include "train/ckpt.h"
 #include "train/simulate.h"
+#include "common/bytes.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -503,13 +504,6 @@ static int wire_dtype(const struct trainer *t)
                                                    : MESH_DT_F32;
 }
 
-static int nn_dtype(const struct trainer *t)
-{
-    return t->c->compress == TRAIN_COMPRESS_FP16   ? MESH_NN_F16
-           : t->c->compress == TRAIN_COMPRESS_BF16 ? MESH_NN_BF16
-                                                   : MESH_NN_F32;
-}
-
 /*
  * The pinned-host pipeline (device slabs with peers). A bucket whose range
  * is final is scaled (and narrowed to 16 bits under --compress) on the
@@ -557,10 +551,10 @@ static int bucket_copy_out(struct trainer *t, int i)
     b->done = 0;
     b->t_start = now_s(t);
     if (t->c->compress)
-        rc = mesh_nn_convert(t->ctx, nn_dtype(t), b->dwire, MESH_NN_F32, dg, n,
+        rc = mesh_nn_convert(t->ctx, wire_dtype(t), b->dwire, MESH_DT_F32, dg, n,
                              t->grad_scale);
     else if (t->grad_scale != 1.0f)
-        rc = mesh_nn_convert(t->ctx, MESH_NN_F32, dg, MESH_NN_F32, dg, n,
+        rc = mesh_nn_convert(t->ctx, MESH_DT_F32, dg, MESH_DT_F32, dg, n,
                              t->grad_scale);
     for (j = b->c0; rc == 0 && j < b->c1; j++) {
         struct chunk *ch = &t->ch[j];
@@ -633,8 +627,8 @@ static int chunk_order(struct trainer *t)
     tl_chunk(t, "copy to device", 3, ch, ch->t_in, now_s(t) - ch->t_in);
     if (rc == 0 && t->c->compress)
         rc = mesh_nn_convert(
-            t->ctx, MESH_NN_F32, mesh_nn_model_grads(t->model) + ch->lo,
-            nn_dtype(t), chunk_dev(t, ch), ch->hi - ch->lo, 1.f);
+            t->ctx, MESH_DT_F32, mesh_nn_model_grads(t->model) + ch->lo,
+            wire_dtype(t), chunk_dev(t, ch), ch->hi - ch->lo, 1.f);
     if (rc == 0)
         t->ch_ordered++;
     return rc;
@@ -987,24 +981,6 @@ out:
 
 /* ---- checkpoints --------------------------------------------------------- */
 
-static void put_u64(uint8_t *p, uint64_t v)
-{
-    int i;
-
-    for (i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_u64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    int i;
-
-    for (i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 static int ckpt_dir(const struct trainer *t, char *buf, size_t cap)
 {
     int n = snprintf(buf, cap, "%s/rank-%d", t->c->checkpoint_dir, t->rank);
@@ -1051,11 +1027,11 @@ static int checkpoint_write(struct trainer *t, uint64_t step)
         rc =
             mesh_ckpt_put(w, "momentum", mom, t->nparams * 4, MESH_CKPT_SHARED);
     mesh_data_tell(t->train_ld, &epoch, &lstep);
-    put_u64(state, TRAINER_STATE_MAGIC);
-    put_u64(state + 8, step);
-    put_u64(state + 16, epoch);
-    put_u64(state + 24, (uint64_t)mesh_nn_sgd_steps(t->sgd));
-    put_u64(state + 32, (uint64_t)mesh_nn_model_batches_tracked(t->model));
+    mesh_put_le64(state, TRAINER_STATE_MAGIC);
+    mesh_put_le64(state + 8, step);
+    mesh_put_le64(state + 16, epoch);
+    mesh_put_le64(state + 24, (uint64_t)mesh_nn_sgd_steps(t->sgd));
+    mesh_put_le64(state + 32, (uint64_t)mesh_nn_model_batches_tracked(t->model));
     if (rc == 0)
         rc =
             mesh_ckpt_put(w, "trainer", state, sizeof(state), MESH_CKPT_SHARED);
@@ -1162,8 +1138,8 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
         rc = mesh_err(-ENOMEM, "out of memory");
         goto out;
     }
-    put_u64(pack, nmine);
-    put_u64(pack + 8, damage.count);
+    mesh_put_le64(pack, nmine);
+    mesh_put_le64(pack + 8, damage.count);
     for (i = 0; i < nmine; i++)
         mesh_ckpt_entry_pack(&mine[i], pack + 16 + i * MESH_CKPT_ENTRY_BYTES);
     if (t->coll)
@@ -1174,7 +1150,7 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
         goto out;
     for (r = 0; r < t->size; r++) {
         const uint8_t *g = gathered + (size_t)r * rec;
-        uint64_t n = get_u64(g);
+        uint64_t n = mesh_get_le64(g);
 
         if (n > RESUME_MAX_ENTRIES) {
             rc = mesh_err(
@@ -1184,7 +1160,7 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
         }
         lists[r] = all + (size_t)r * RESUME_MAX_ENTRIES;
         counts[r] = n;
-        damaged[r] = get_u64(g + 8);
+        damaged[r] = mesh_get_le64(g + 8);
         total += n;
         for (i = 0; i < n; i++)
             mesh_ckpt_entry_unpack(g + 16 + i * MESH_CKPT_ENTRY_BYTES,
@@ -1246,15 +1222,15 @@ static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
     if (rc == 0)
         rc = mesh_ckpt_read_into(ck, "trainer", state, sizeof(state));
     if (rc == 0 &&
-        (get_u64(state) != TRAINER_STATE_MAGIC || get_u64(state + 8) != step))
+        (mesh_get_le64(state) != TRAINER_STATE_MAGIC || mesh_get_le64(state + 8) != step))
         rc = mesh_err(-EIO,
                       "%s/trainer: not a meshtrain trainer record for "
                       "step %" PRIu64,
                       path, step);
     if (rc == 0) {
-        mesh_nn_sgd_set_steps(t->sgd, (int64_t)get_u64(state + 24));
+        mesh_nn_sgd_set_steps(t->sgd, (int64_t)mesh_get_le64(state + 24));
         mesh_nn_model_set_batches_tracked(t->model,
-                                          (int64_t)get_u64(state + 32));
+                                          (int64_t)mesh_get_le64(state + 32));
         rc = mesh_ckpt_read(ck, "loader", &lstate, &llen);
     }
     if (rc == 0)

@@ -19,6 +19,7 @@
 #ifndef MESH_TCP_INTERNAL_H
 #define MESH_TCP_INTERNAL_H
 
+#include "common/bytes.h"
 #include "transport/transport.h"
 
 #include <stdint.h>
@@ -57,51 +58,6 @@ enum tcp_ctrl_type {
     TCP_CTRL_ABORT = 2, /* the job failed: culprit + reason */
     TCP_CTRL_BYE = 3,   /* the sender closes the mesh normally */
 };
-
-/*
- * Little-endian integers in wire buffers, for the TCP transport's messages
- * and the verbs transport's (which travel on the TCP mesh or in CTS).
- */
-static inline void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static inline void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static inline void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static inline uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static inline uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-
-static inline uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
 
 /* The TCP transport's operations (transport/tcp.c). */
 extern const struct mesh_transport_ops mesh_tcp_ops;

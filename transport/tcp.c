@@ -708,10 +708,10 @@ static void ctrl_send(struct conn *c, uint32_t type, int culprit, int code,
     memset(m, 0, TCP_CTRL_LEN);
     if (n > TCP_CTRL_REASON_MAX)
         n = TCP_CTRL_REASON_MAX;
-    put32(m, type);
-    put32(m + 4, (uint32_t)culprit);
-    put32(m + 8, (uint32_t)-code);
-    put32(m + 12, (uint32_t)n);
+    mesh_put_le32(m, type);
+    mesh_put_le32(m + 4, (uint32_t)culprit);
+    mesh_put_le32(m + 8, (uint32_t)-code);
+    mesh_put_le32(m + 12, (uint32_t)n);
     if (n)
         memcpy(m + 16, reason, n);
     c->out_len += TCP_CTRL_LEN;
@@ -931,12 +931,12 @@ static void out_append(struct conn *c, const void *p, size_t n)
 static void hello_encode(struct mesh_transport *t, struct conn *c, uint8_t *m)
 {
     memset(m, 0, TCP_HELLO_LEN);
-    put32(m, TCP_HS_MAGIC);
-    put32(m + 4, TCP_PROTO_VERSION);
-    put32(m + 8, (uint32_t)t->world.size);
-    put32(m + 12, (uint32_t)t->world.rank);
-    put32(m + 16, (uint32_t)c->stream);
-    put32(m + 20, t->secret ? 0 : TCP_HELLO_INSECURE);
+    mesh_put_le32(m, TCP_HS_MAGIC);
+    mesh_put_le32(m + 4, TCP_PROTO_VERSION);
+    mesh_put_le32(m + 8, (uint32_t)t->world.size);
+    mesh_put_le32(m + 12, (uint32_t)t->world.rank);
+    mesh_put_le32(m + 16, (uint32_t)c->stream);
+    mesh_put_le32(m + 20, t->secret ? 0 : TCP_HELLO_INSECURE);
     memcpy(m + 24, t->opts.job_id, strnlen(t->opts.job_id, MESH_JOB_MAX));
     memcpy(m + 24 + MESH_JOB_MAX, t->fp, TCP_FP_LEN);
     memcpy(m + 24 + MESH_JOB_MAX + TCP_FP_LEN, c->nonce, TCP_NONCE_LEN);
@@ -978,9 +978,9 @@ static int auth_mac(struct mesh_transport *t, struct conn *c, enum role who,
     n += TCP_NONCE_LEN;
     memcpy(msg + n, na, TCP_NONCE_LEN);
     n += TCP_NONCE_LEN;
-    put32(msg + n, rd);
-    put32(msg + n + 4, ra);
-    put32(msg + n + 8, (uint32_t)c->stream);
+    mesh_put_le32(msg + n, rd);
+    mesh_put_le32(msg + n + 4, ra);
+    mesh_put_le32(msg + n + 8, (uint32_t)c->stream);
     n += 12;
     memcpy(msg + n, fd, TCP_FP_LEN);
     n += TCP_FP_LEN;
@@ -1143,9 +1143,9 @@ static int hs_got_hello(struct conn *c)
 {
     struct mesh_transport *t = c->t;
     const uint8_t *m = c->in;
-    uint32_t magic = get32(m), ver = get32(m + 4), size = get32(m + 8);
-    uint32_t rank = get32(m + 12), stream = get32(m + 16);
-    uint32_t flags = get32(m + 20);
+    uint32_t magic = mesh_get_le32(m), ver = mesh_get_le32(m + 4), size = mesh_get_le32(m + 8);
+    uint32_t rank = mesh_get_le32(m + 12), stream = mesh_get_le32(m + 16);
+    uint32_t flags = mesh_get_le32(m + 20);
     char job[MESH_JOB_MAX + 1];
     uint8_t hello[TCP_HELLO_LEN];
     int insecure = (flags & TCP_HELLO_INSECURE) != 0;
@@ -1230,7 +1230,7 @@ static void hs_send_config(struct conn *c)
     struct mesh_transport *t = c->t;
     uint8_t len[4];
 
-    put32(len, (uint32_t)t->config_len);
+    mesh_put_le32(len, (uint32_t)t->config_len);
     out_append(c, len, 4);
     out_append(c, t->config, t->config_len);
     conn_flush_out(c);
@@ -1344,7 +1344,7 @@ static void hs_read(struct conn *c)
                 return;
             break;
         case C_HS_CFGLEN:
-            len = get32(c->in);
+            len = mesh_get_le32(c->in);
             if (len > TCP_CONFIG_WIRE_MAX) {
                 hs_refuse(c,
                           "configuration of %" PRIu32 " bytes (at most "
@@ -1616,27 +1616,27 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg)
 static void frame_encode(const struct mesh_frame *f, uint8_t *h)
 {
     memset(h, 0, TCP_FRAME_HDR_LEN);
-    put32(h, TCP_FRAME_MAGIC);
+    mesh_put_le32(h, TCP_FRAME_MAGIC);
     h[4] = f->op;
     h[5] = f->dtype;
-    put32(h + 8, f->tag);
-    put64(h + 16, f->seq);
-    put64(h + 24, f->count);
-    put64(h + 32, f->offset);
-    put64(h + 40, f->length);
+    mesh_put_le32(h + 8, f->tag);
+    mesh_put_le64(h + 16, f->seq);
+    mesh_put_le64(h + 24, f->count);
+    mesh_put_le64(h + 32, f->offset);
+    mesh_put_le64(h + 40, f->length);
 }
 
 static int frame_decode(const uint8_t *h, struct mesh_frame *f)
 {
-    if (get32(h) != TCP_FRAME_MAGIC || h[6] || h[7] || get32(h + 12))
+    if (mesh_get_le32(h) != TCP_FRAME_MAGIC || h[6] || h[7] || mesh_get_le32(h + 12))
         return -1;
     f->op = h[4];
     f->dtype = h[5];
-    f->tag = get32(h + 8);
-    f->seq = get64(h + 16);
-    f->count = get64(h + 24);
-    f->offset = get64(h + 32);
-    f->length = get64(h + 40);
+    f->tag = mesh_get_le32(h + 8);
+    f->seq = mesh_get_le64(h + 16);
+    f->count = mesh_get_le64(h + 24);
+    f->offset = mesh_get_le64(h + 32);
+    f->length = mesh_get_le64(h + 40);
     f->order = 0; /* local to the sender */
     return 0;
 }
@@ -1970,10 +1970,10 @@ static void ctrl_got(struct conn *c)
 {
     struct mesh_transport *t = c->t;
     struct link *l = &t->links[c->peer];
-    uint32_t type = get32(c->in);
-    int culprit = (int)get32(c->in + 4);
-    int code = -(int)get32(c->in + 8);
-    uint32_t len = get32(c->in + 12);
+    uint32_t type = mesh_get_le32(c->in);
+    int culprit = (int)mesh_get_le32(c->in + 4);
+    int code = -(int)mesh_get_le32(c->in + 8);
+    uint32_t len = mesh_get_le32(c->in + 12);
     char reason[TCP_CTRL_REASON_MAX + 1], nb[300];
 
     switch (type) {

@@ -43,35 +43,6 @@ const char *mesh_op_name(int op)
     return names[op];
 }
 
-const char *mesh_dtype_name(int dtype)
-{
-    switch (dtype) {
-    case MESH_DT_BYTE:
-        return "byte";
-    case MESH_DT_F32:
-        return "float32";
-    case MESH_DT_F16:
-        return "float16";
-    case MESH_DT_BF16:
-        return "bfloat16";
-    }
-    return "unknown-dtype";
-}
-
-size_t mesh_dtype_size(int dtype)
-{
-    switch (dtype) {
-    case MESH_DT_BYTE:
-        return 1;
-    case MESH_DT_F32:
-        return 4;
-    case MESH_DT_F16:
-    case MESH_DT_BF16:
-        return 2;
-    }
-    return 0;
-}
-
 void mesh_frame_p2p(struct mesh_frame *f, uint64_t seq, uint32_t tag,
                     size_t len)
 {

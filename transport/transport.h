@@ -15,6 +15,8 @@
 #ifndef MESH_TRANSPORT_H
 #define MESH_TRANSPORT_H
 
+#include "common/dtype.h"
+
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -52,16 +54,7 @@ enum mesh_op {
     MESH_OP_PS = 7, /* parameter-server baseline */
 };
 
-enum mesh_dtype {
-    MESH_DT_BYTE = 0,
-    MESH_DT_F32 = 1,
-    MESH_DT_F16 = 2,
-    MESH_DT_BF16 = 3,
-};
-
 const char *mesh_op_name(int op);
-const char *mesh_dtype_name(int dtype);
-size_t mesh_dtype_size(int dtype);
 
 /*
  * The header every data frame carries on the wire (encoded little-endian,

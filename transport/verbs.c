@@ -623,20 +623,20 @@ struct remote {
 static void info_encode(struct mesh_transport *t, int peer, uint8_t *m)
 {
     memset(m, 0, VERBS_INFO_LEN);
-    put32(m, VERBS_INFO_MAGIC);
-    put32(m + 4, VERBS_INFO_VERSION);
-    put32(m + 8, t->ctx ? 1 : 0);
-    put32(m + 12, (uint32_t)t->nqp);
+    mesh_put_le32(m, VERBS_INFO_MAGIC);
+    mesh_put_le32(m + 4, VERBS_INFO_VERSION);
+    mesh_put_le32(m + 8, t->ctx ? 1 : 0);
+    mesh_put_le32(m + 12, (uint32_t)t->nqp);
     if (!t->ctx)
         return;
-    put16(m + 16, t->pattr.lid);
+    mesh_put_le16(m + 16, t->pattr.lid);
     m[18] = (uint8_t)t->pattr.active_mtu;
     m[19] = t->pattr.link_layer;
     memcpy(m + 20, t->gid.raw, 16);
     m[36] = t->gid_index >= 0;
     for (int q = 0; q < t->nqp; q++) {
-        put32(m + 40 + 4 * q, t->vp[peer].qp[q].qp->qp_num);
-        put32(m + 72 + 4 * q, t->vp[peer].qp[q].psn);
+        mesh_put_le32(m + 40 + 4 * q, t->vp[peer].qp[q].qp->qp_num);
+        mesh_put_le32(m + 72 + 4 * q, t->vp[peer].qp[q].psn);
     }
 }
 
@@ -645,15 +645,15 @@ static int info_decode(struct mesh_transport *t, int peer, const uint8_t *m,
 {
     char nb[300];
 
-    if (get32(m) != VERBS_INFO_MAGIC || get32(m + 4) != VERBS_INFO_VERSION)
+    if (mesh_get_le32(m) != VERBS_INFO_MAGIC || mesh_get_le32(m + 4) != VERBS_INFO_VERSION)
         return mesh_err(-EPROTO,
                         "verbs: rank %d (%s) sent QP details of an unknown "
                         "format (magic 0x%08" PRIx32 " version %" PRIu32 ")",
-                        peer, pname(t, peer, nb, sizeof(nb)), get32(m),
-                        get32(m + 4));
+                        peer, pname(t, peer, nb, sizeof(nb)), mesh_get_le32(m),
+                        mesh_get_le32(m + 4));
     memset(r, 0, sizeof(*r));
-    r->active = get32(m + 8) == 1;
-    r->nqp = get32(m + 12);
+    r->active = mesh_get_le32(m + 8) == 1;
+    r->nqp = mesh_get_le32(m + 12);
     if (!r->active)
         return 0;
     if (r->nqp != (uint32_t)t->nqp)
@@ -661,7 +661,7 @@ static int info_decode(struct mesh_transport *t, int peer, const uint8_t *m,
                         "verbs: rank %d (%s) has %" PRIu32
                         " QPs per peer, this rank %d",
                         peer, pname(t, peer, nb, sizeof(nb)), r->nqp, t->nqp);
-    r->lid = get16(m + 16);
+    r->lid = mesh_get_le16(m + 16);
     r->mtu = m[18];
     r->link_layer = m[19];
     memcpy(r->gid.raw, m + 20, 16);
@@ -678,8 +678,8 @@ static int info_decode(struct mesh_transport *t, int peer, const uint8_t *m,
                         r->use_gid ? "uses" : "does not use",
                         t->gid_index >= 0 ? "does" : "does not");
     for (int q = 0; q < t->nqp; q++) {
-        r->qpn[q] = get32(m + 40 + 4 * q);
-        r->psn[q] = get32(m + 72 + 4 * q);
+        r->qpn[q] = mesh_get_le32(m + 40 + 4 * q);
+        r->psn[q] = mesh_get_le32(m + 72 + 4 * q);
         if (!r->qpn[q] || r->qpn[q] > 0xffffff || r->psn[q] > 0xffffff)
             return mesh_err(-EPROTO,
                             "verbs: rank %d (%s) sent a bad QP number "
@@ -812,18 +812,18 @@ static int post_cts(struct mesh_transport *t, struct mesh_req *r, int slot)
 
     vp->gen[slot] = (uint16_t)((vp->gen[slot] + 1) & 0x7fff);
     memset(m, 0, VERBS_CTS_LEN);
-    put32(m, VERBS_CTS_MAGIC);
-    put16(m + 4, (uint16_t)slot);
-    put16(m + 6, vp->gen[slot]);
+    mesh_put_le32(m, VERBS_CTS_MAGIC);
+    mesh_put_le16(m + 4, (uint16_t)slot);
+    mesh_put_le16(m + 6, vp->gen[slot]);
     m[8] = r->f.op;
     m[9] = r->f.dtype;
-    put32(m + 12, r->f.tag);
-    put64(m + 16, r->f.seq);
-    put64(m + 24, r->f.count);
-    put64(m + 32, r->f.offset);
-    put64(m + 40, r->f.length);
-    put64(m + 48, (uintptr_t)r->buf);
-    put32(m + 56, r->rkey);
+    mesh_put_le32(m + 12, r->f.tag);
+    mesh_put_le64(m + 16, r->f.seq);
+    mesh_put_le64(m + 24, r->f.count);
+    mesh_put_le64(m + 32, r->f.offset);
+    mesh_put_le64(m + 40, r->f.length);
+    mesh_put_le64(m + 48, (uintptr_t)r->buf);
+    mesh_put_le32(m + 56, r->rkey);
     VERBS_CHECK_RC(rc, ibv_post_send(v->qp, &wr, &bad), out,
                    "verbs: posting a clear-to-send to rank %d", r->peer);
     v->ring[(v->ring_head + v->ring_n) % VERBS_SQ_DEPTH] =
@@ -1007,8 +1007,8 @@ static void got_cts(struct mesh_transport *t, int peer, int qpi,
     char nb[300];
     int rc;
 
-    if (len != VERBS_CTS_LEN || get32(m) != VERBS_CTS_MAGIC || m[10] || m[11] ||
-        get32(m + 60)) {
+    if (len != VERBS_CTS_LEN || mesh_get_le32(m) != VERBS_CTS_MAGIC || m[10] || m[11] ||
+        mesh_get_le32(m + 60)) {
         fail_job(t, peer, -EPROTO, 1,
                  "rank %d (%s) sent a malformed clear-to-send (%" PRIu32
                  " bytes)",
@@ -1020,17 +1020,17 @@ static void got_cts(struct mesh_transport *t, int peer, int qpi,
         fail_job(t, -1, -ENOMEM, 1, "out of memory for a clear-to-send");
         return;
     }
-    c->slot = get16(m + 4);
-    c->gen = get16(m + 6);
+    c->slot = mesh_get_le16(m + 4);
+    c->gen = mesh_get_le16(m + 6);
     c->f.op = m[8];
     c->f.dtype = m[9];
-    c->f.tag = get32(m + 12);
-    c->f.seq = get64(m + 16);
-    c->f.count = get64(m + 24);
-    c->f.offset = get64(m + 32);
-    c->f.length = get64(m + 40);
-    c->addr = get64(m + 48);
-    c->rkey = get32(m + 56);
+    c->f.tag = mesh_get_le32(m + 12);
+    c->f.seq = mesh_get_le64(m + 16);
+    c->f.count = mesh_get_le64(m + 24);
+    c->f.offset = mesh_get_le64(m + 32);
+    c->f.length = mesh_get_le64(m + 40);
+    c->addr = mesh_get_le64(m + 48);
+    c->rkey = mesh_get_le32(m + 56);
     if (c->slot >= VERBS_CREDITS || c->slot % t->nqp != qpi ||
         c->gen > 0x7fff || c->f.offset + c->f.length < c->f.offset ||
         c->addr + c->f.length < c->addr) {

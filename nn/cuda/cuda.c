@@ -829,7 +829,7 @@ static int to_bf16(struct mesh_nn_dev *dev, struct mesh_nn_plan *p, void *dst,
     int rc = 0;
 
     KERN_CHECK(rc,
-               mesh_cuk_convert(dev->compute, n, MESH_NN_BF16, dst, MESH_NN_F32,
+               mesh_cuk_convert(dev->compute, n, MESH_DT_BF16, dst, MESH_DT_F32,
                                 src, 1.f),
                out, "convert f32->bf16", p);
 out:
@@ -842,7 +842,7 @@ static int from_bf16(struct mesh_nn_dev *dev, struct mesh_nn_plan *p, void *dst,
     int rc = 0;
 
     KERN_CHECK(rc,
-               mesh_cuk_convert(dev->compute, n, MESH_NN_F32, dst, MESH_NN_BF16,
+               mesh_cuk_convert(dev->compute, n, MESH_DT_F32, dst, MESH_DT_BF16,
                                 src, 1.f),
                out, "convert bf16->f32", p);
 out:

@@ -5,6 +5,7 @@
  * block per row with a shared-memory tree. Kept small: this file is
  * compiled for every architecture in NVCC_ARCH_FLAGS in CI on 2 cores.
  */
+#include "common/dtype.h"
 #include "nn/cuda/kernels.h"
 
 #include <cuda_bf16.h>
@@ -283,18 +284,18 @@ __global__ void k_sgd(size_t n, float *p, const float *g, float *buf, float lr,
 
 __device__ float load_as_f32(int dt, const void *p, size_t i)
 {
-    if (dt == 1)
+    if (dt == MESH_DT_F16)
         return __half2float(((const __half *)p)[i]);
-    if (dt == 2)
+    if (dt == MESH_DT_BF16)
         return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
     return ((const float *)p)[i];
 }
 
 __device__ void store_from_f32(int dt, void *p, size_t i, float v)
 {
-    if (dt == 1)
+    if (dt == MESH_DT_F16)
         ((__half *)p)[i] = __float2half_rn(v);
-    else if (dt == 2)
+    else if (dt == MESH_DT_BF16)
         ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
     else
         ((float *)p)[i] = v;

@@ -66,8 +66,8 @@ int mesh_cuk_sgd(void *stream, size_t n, float *p, const float *g, float *buf,
                  float lr, float momentum, float dampening, float wd,
                  int nesterov, int first);
 
-/* Conversions with a scale: dtype 0 float32, 1 float16, 2 bfloat16 (the
- * values of enum mesh_nn_dtype); one side float32; round to nearest even. */
+/* Conversions with a scale between MESH_DT_F32, MESH_DT_F16 and
+ * MESH_DT_BF16 (common/dtype.h); one side float32; round to nearest even. */
 int mesh_cuk_convert(void *stream, size_t n, int dst_dtype, void *dst,
                      int src_dtype, const void *src, float scale);
 

@@ -123,8 +123,8 @@ mkdir -p "$BUILD"
 
 # The nn part alone, built by hand when configure cannot run (a GPU machine
 # without libevent-dev, libssl-dev or pkg-config): the nn sources, the
-# collective's conversions (with mesh_dtype_size from a shim instead of
-# the transport), oneDNN's cpu backend when its header is there; then
+# collective's conversions, the base layer (common/), oneDNN's cpu backend
+# when its header is there; then
 # test_nn_cuda, test_nn_ops and nn_time. two_peers.sh needs the full build.
 fallback_build() {
     NVARCH=$(echo "$ARCH" | tr ',' ' ')
@@ -139,28 +139,19 @@ fallback_build() {
         echo "#define HAVE_CUDA 1"
         if [ -f /usr/include/oneapi/dnnl/dnnl.h ]; then
             echo "#define HAVE_DNNL 1"
-            DNNL="nn/cpu_dnnl.c nn/devsim.c" # ctx.c lists both
+            DNNL="nn/cpu_dnnl.c nn/cpu_bn.c nn/devsim.c" # ctx.c lists them
         fi
     } > "$BUILD/config.h"
-    cat > "$BUILD/shim.c" << 'SHIM'
-#include "transport/transport.h"
-size_t mesh_dtype_size(int dt);
-size_t mesh_dtype_size(int dt)
-{
-    return dt == MESH_DT_F32 ? 4 : dt == MESH_DT_F16 || dt == MESH_DT_BF16 ? 2 : 1;
-}
-SHIM
     CFL="-std=gnu11 -O2 -pthread -I$BUILD -I$SRC -I$CUDA_HOME/include $XCPP"
     mkdir -p "$BUILD/obj" "$BUILD/tests/gpu"
     # shellcheck disable=SC2086
-    for f in common/util.c collective/reduce.c nn/ctx.c nn/resnet.c nn/optim.c \
+    for f in common/util.c common/dtype.c collective/reduce.c nn/ctx.c nn/resnet.c nn/optim.c \
         nn/weights.c nn/safetensors.c nn/stream.c nn/cuda/cuda.c $DNNL; do
         gcc $CFL -c "$SRC/$f" -o "$BUILD/obj/$(echo "$f" | tr / _).o" ||
             return 1
     done
     # shellcheck disable=SC2086
-    gcc $CFL -c "$BUILD/shim.c" -o "$BUILD/obj/shim.o" &&
-        nvcc -O3 -std=c++17 $GENCODE -I"$BUILD" -I"$SRC" \
+    nvcc -O3 -std=c++17 $GENCODE -I"$BUILD" -I"$SRC" \
             -c "$SRC/nn/cuda/kernels.cu" -o "$BUILD/obj/kernels.o" &&
         ar cr "$BUILD/libnn.a" "$BUILD"/obj/*.o || return 1
     LIBS="-L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 $XLD"
