@@ -23,10 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
-
 enum req_kind {
     REQ_COLL = 0,    /* a collective */
     REQ_DEREG = 1,   /* deregister a buffer (from mesh_coll_buf_free) */
@@ -51,7 +47,6 @@ struct bufent {
     void *ptr;
     size_t len;
     mesh_mr_t *mr; /* registered by the engine at first use */
-    int cuda;      /* from cudaHostAlloc */
     int owned;     /* from mesh_coll_buf_alloc (else the caller's memory) */
 };
 
@@ -83,7 +78,6 @@ struct mesh_coll {
     char failed_msg[1024];
     void *scratch;
     size_t scratch_len;
-    int scratch_cuda;
     mesh_mr_t *scratch_mr;
     double meas_alpha, meas_beta; /* this rank's own measurement */
 };
@@ -136,64 +130,25 @@ void mesh_coll_opts_init(struct mesh_coll_opts *o)
 
 /* ---- pinned host memory -------------------------------------------------- */
 
-#ifdef HAVE_CUDA
-/* cudaHostAlloc where a device exists; remembers when none does, so that
- * CPU-only runs pay for the probe once. */
-static int cuda_host_alloc(size_t len, void **out)
+/* Pinned memory from the options' allocator, else mesh_host_alloc's
+ * page-aligned mlock'ed memory (which logs a fallback). */
+static int pinned_alloc(const mesh_coll_t *c, size_t len, void **out)
 {
-    static atomic_int usable = 1;
-    cudaError_t err;
-    void *p = NULL;
+    const struct mesh_host_allocator *a = c->opts.host_alloc;
 
-    if (!atomic_load(&usable))
-        return -ENODEV;
-    err = cudaHostAlloc(&p, len ? len : 1, cudaHostAllocPortable);
-    if (err != cudaSuccess) {
-        if (atomic_exchange(&usable, 0))
-            mesh_debug("cudaHostAlloc: %s; using mlock'ed host memory",
-                       cudaGetErrorString(err));
-        cudaGetLastError();
-        return -ENODEV;
-    }
-    *out = p;
-    return 0;
+    return a ? a->alloc(a->arg, len, out) : mesh_host_alloc(len, out);
 }
 
-static void cuda_host_free(void *p)
+static void pinned_free(const mesh_coll_t *c, void *p, size_t len)
 {
-    cudaError_t err = cudaFreeHost(p);
+    const struct mesh_host_allocator *a = c->opts.host_alloc;
 
-    if (err != cudaSuccess)
-        mesh_warn("cudaFreeHost: %s", cudaGetErrorString(err));
-}
-#endif
-
-/* Pinned memory: cudaHostAlloc when built with CUDA and a device answers,
- * else page-aligned mlock'ed memory (mesh_host_alloc logs a fallback). */
-static int pinned_alloc(size_t len, void **out, int *cuda)
-{
-#ifdef HAVE_CUDA
-    if (cuda_host_alloc(len, out) == 0) {
-        *cuda = 1;
-        return 0;
-    }
-#endif
-    *cuda = 0;
-    return mesh_host_alloc(len, out);
-}
-
-static void pinned_free(void *p, size_t len, int cuda)
-{
     if (!p)
         return;
-#ifdef HAVE_CUDA
-    if (cuda) {
-        cuda_host_free(p);
-        return;
-    }
-#endif
-    (void)cuda;
-    mesh_host_free(p, len);
+    if (a)
+        a->free(a->arg, p, len);
+    else
+        mesh_host_free(p, len);
 }
 
 /* ---- engine-side helpers ------------------------------------------------- */
@@ -242,27 +197,26 @@ static int scratch_reserve(struct mesh_coll *c, size_t need)
 {
     size_t len;
     void *p;
-    int cuda, rc;
+    int rc;
     mesh_mr_t *mr;
 
     if (need <= c->scratch_len)
         return 0;
     len = MESH_MAX(need, (size_t)1 << 20);
     len = (len + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
-    rc = pinned_alloc(len, &p, &cuda);
+    rc = pinned_alloc(c, len, &p);
     if (rc < 0)
         return mesh_err_prefix(rc, "scratch of %zu bytes", len);
     rc = c->ops->reg_mr(c->t, p, len, &mr);
     if (rc < 0) {
-        pinned_free(p, len, cuda);
+        pinned_free(c, p, len);
         return mesh_err_prefix(rc, "registering scratch");
     }
     if (c->scratch_mr)
         c->ops->dereg_mr(c->t, c->scratch_mr);
-    pinned_free(c->scratch, c->scratch_len, c->scratch_cuda);
+    pinned_free(c, c->scratch, c->scratch_len);
     c->scratch = p;
     c->scratch_len = len;
-    c->scratch_cuda = cuda;
     c->scratch_mr = mr;
     return 0;
 }
@@ -988,13 +942,13 @@ static int table_add(mesh_coll_t *c, const struct bufent *e)
 int mesh_coll_buf_alloc(mesh_coll_t *c, size_t len, void **out)
 {
     struct bufent e = {.len = len, .owned = 1};
-    int rc = pinned_alloc(len, &e.ptr, &e.cuda);
+    int rc = pinned_alloc(c, len, &e.ptr);
 
     if (rc < 0)
         return rc;
     rc = table_add(c, &e);
     if (rc < 0) {
-        pinned_free(e.ptr, len, e.cuda);
+        pinned_free(c, e.ptr, len);
         return rc;
     }
     *out = e.ptr;
@@ -1048,7 +1002,7 @@ void mesh_coll_buf_free(mesh_coll_t *c, void *buf)
         mesh_warn("mesh_coll_buf_free: %p is not a communicator buffer", buf);
         return;
     }
-    pinned_free(e.ptr, e.len, e.cuda);
+    pinned_free(c, e.ptr, e.len);
 }
 
 void mesh_coll_buf_unregister(mesh_coll_t *c, void *buf)
@@ -1258,12 +1212,12 @@ void mesh_coll_destroy(mesh_coll_t *c)
         if (c->bufs[i].mr)
             c->ops->dereg_mr(c->t, c->bufs[i].mr);
         if (c->bufs[i].owned)
-            pinned_free(c->bufs[i].ptr, c->bufs[i].len, c->bufs[i].cuda);
+            pinned_free(c, c->bufs[i].ptr, c->bufs[i].len);
     }
     free(c->bufs);
     if (c->scratch_mr)
         c->ops->dereg_mr(c->t, c->scratch_mr);
-    pinned_free(c->scratch, c->scratch_len, c->scratch_cuda);
+    pinned_free(c, c->scratch, c->scratch_len);
     pthread_cond_destroy(&c->dcv);
     pthread_cond_destroy(&c->qcv);
     pthread_mutex_destroy(&c->mu);

@@ -27,8 +27,8 @@
  * an average divides by the rank count in float32 before the last rounding.
  *
  * Buffers: any host memory works; memory from mesh_coll_buf_alloc() is
- * pinned (page-aligned and mlock'ed, or cudaHostAlloc'ed when built with
- * CUDA) and registered with the transport once. A buffer must stay untouched
+ * pinned (page-aligned and mlock'ed, or from the allocator in the options)
+ * and registered with the transport once. A buffer must stay untouched
  * between *_start() and the end of mesh_coll_wait().
  *
  * All functions return 0 or a negative errno-style code with a message
@@ -90,6 +90,15 @@ struct mesh_coll_opts {
      * both can share one transport. Every rank must pass the same value.
      */
     uint64_t seq_base;
+    /*
+     * Where mesh_coll_buf_alloc and the scratch take their host memory
+     * (struct mesh_host_allocator, common/util.h).
+     * NULL: page-aligned, mlock'ed memory (mesh_host_alloc). The trainer
+     * passes nn's pinned allocator (cudaHostAlloc where a GPU answers), so
+     * that device copies from these buffers run at full speed. Must outlive
+     * the communicator.
+     */
+    const struct mesh_host_allocator *host_alloc;
 };
 
 #define MESH_COLL_SEQ_BASE MESH_SEQ_COLL_BASE

@@ -133,6 +133,16 @@ int mesh_file_read(const char *path, size_t max, const char *what,
 int mesh_host_alloc(size_t len, void **out);
 void mesh_host_free(void *ptr, size_t len);
 
+/*
+ * A host memory allocator, for a layer that takes its buffers' memory from
+ * another (the communicator's options take nn's pinned allocator, say).
+ */
+struct mesh_host_allocator {
+    int (*alloc)(void *arg, size_t len, void **out); /* 0 or -errno */
+    void (*free)(void *arg, void *p, size_t len);
+    void *arg;
+};
+
 #define MESH_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define MESH_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MESH_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -229,6 +229,11 @@ struct mesh_nn_backend_ops {
 const struct mesh_nn_backend_ops *mesh_nn_backend_find(const char *name);
 extern const struct mesh_nn_backend_ops mesh_nn_cpu_ops;
 extern const struct mesh_nn_backend_ops mesh_nn_cuda_ops;
+/* cudaHostAlloc'ed memory, -ENODEV where no device answers (remembered,
+ * so CPU-only runs probe once); free only what it returned. */
+int mesh_nn_cuda_host_alloc(size_t len, void **out);
+int mesh_nn_cuda_host_owns(const void *p);
+void mesh_nn_cuda_host_free(void *p);
 /* "devsim": a test double of a GPU over the cpu backend (nn/devsim.c). */
 extern const struct mesh_nn_backend_ops mesh_nn_devsim_ops;
 

@@ -34,6 +34,7 @@
 #define MESH_NN_H
 
 #include "common/dtype.h"
+#include "common/util.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -324,10 +325,21 @@ void mesh_nn_free(struct mesh_nn_ctx *ctx, void *p);
 long mesh_nn_live_allocs(struct mesh_nn_ctx *ctx);
 
 /*
+ * Pinned host memory for the buffers device copies read and write:
+ * cudaHostAlloc'ed where built with CUDA and a device answers, else
+ * page-aligned mlock'ed memory (mesh_host_alloc). Free with
+ * mesh_nn_host_free(p, len). mesh_nn_host_allocator wraps both for a
+ * communicator's options (struct mesh_host_allocator, common/util.h).
+ */
+int mesh_nn_host_alloc(size_t len, void **out);
+void mesh_nn_host_free(void *p, size_t len);
+extern const struct mesh_host_allocator mesh_nn_host_allocator;
+
+/*
  * Asynchronous copies between device memory and host memory, for the
- * gradient buckets. Host memory should be pinned (mesh_coll_buf_alloc
- * returns cudaHostAlloc'ed memory when built with CUDA), else the copy is
- * staged by the driver and the call may block.
+ * gradient buckets. Host memory should be pinned (mesh_nn_host_alloc, or a
+ * communicator's buffers made with mesh_nn_host_allocator), else the copy
+ * is staged by the driver and the call may block.
  *
  * A D2H copy is ordered after every op issued on the device so far (an
  * event recorded on the compute stream, waited on by a copy stream), so it

@@ -140,3 +140,44 @@ int mesh_nn_convert(struct mesh_nn_ctx *ctx, int dst_dtype, void *dst,
     return ctx->ops->convert(ctx->dev, dst_dtype, dst, src_dtype, src, n,
                              scale);
 }
+
+/* ---- pinned host memory -------------------------------------------------- */
+
+int mesh_nn_host_alloc(size_t len, void **out)
+{
+#ifdef HAVE_CUDA
+    if (mesh_nn_cuda_host_alloc(len, out) == 0)
+        return 0;
+#endif
+    return mesh_host_alloc(len, out);
+}
+
+void mesh_nn_host_free(void *p, size_t len)
+{
+    if (!p)
+        return;
+#ifdef HAVE_CUDA
+    if (mesh_nn_cuda_host_owns(p)) {
+        mesh_nn_cuda_host_free(p);
+        return;
+    }
+#endif
+    mesh_host_free(p, len);
+}
+
+static int allocator_alloc(void *arg, size_t len, void **out)
+{
+    (void)arg;
+    return mesh_nn_host_alloc(len, out);
+}
+
+static void allocator_free(void *arg, void *p, size_t len)
+{
+    (void)arg;
+    mesh_nn_host_free(p, len);
+}
+
+const struct mesh_host_allocator mesh_nn_host_allocator = {
+    .alloc = allocator_alloc,
+    .free = allocator_free,
+};

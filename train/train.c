@@ -2031,6 +2031,8 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
          * (and resume) bitwise, whatever the network felt like at start.
          */
         co.measure = 0;
+        /* Bucket buffers that device copies use: nn's pinned memory. */
+        co.host_alloc = &mesh_nn_host_allocator;
         rc = mesh_coll_create(mesh_ops(t.mesh), mesh_transport(t.mesh),
                               mesh_world(t.mesh), &co, &t.coll);
         if (rc < 0) {
