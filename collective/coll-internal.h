@@ -67,11 +67,14 @@ struct sched_edge {
 
 struct sched {
     struct sched_op *ops;
-    int nops, cap;
+    int nops;
+    size_t cap;
     struct sched_edge *edges;
-    int nedges, ecap;
+    int nedges;
+    size_t ecap;
     const void **srcs; /* storage for every op's src pointers */
-    int nsrcs, scap;
+    int nsrcs;
+    size_t scap;
     /* the frame fields every message of this collective shares */
     uint64_t seq;
     int op;

@@ -13,6 +13,7 @@
 #include "config.h"
 
 #include "collective/coll-internal.h"
+#include "common/array.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -71,7 +72,8 @@ struct mesh_coll {
     int busy; /* a request is running (on the engine or inline) */
     uint64_t next_seq;
     struct bufent *bufs;
-    int nbufs, capbufs;
+    int nbufs;
+    size_t capbufs;
 
     /* engine only */
     int failed_rc;
@@ -922,17 +924,14 @@ int mesh_coll_barrier(mesh_coll_t *c)
 
 static int table_add(mesh_coll_t *c, const struct bufent *e)
 {
-    pthread_mutex_lock(&c->mu);
-    if (c->nbufs == c->capbufs) {
-        int ncap = c->capbufs ? 2 * c->capbufs : 16;
-        struct bufent *nb = realloc(c->bufs, (size_t)ncap * sizeof(*nb));
+    int rc;
 
-        if (!nb) {
-            pthread_mutex_unlock(&c->mu);
-            return mesh_err(-ENOMEM, "out of memory for the buffer table");
-        }
-        c->bufs = nb;
-        c->capbufs = ncap;
+    pthread_mutex_lock(&c->mu);
+    rc = mesh_array_reserve(&c->bufs, &c->capbufs, (size_t)c->nbufs + 1,
+                            sizeof(*c->bufs), "the buffer table's entries");
+    if (rc < 0) {
+        pthread_mutex_unlock(&c->mu);
+        return rc;
     }
     c->bufs[c->nbufs++] = *e;
     pthread_mutex_unlock(&c->mu);

@@ -13,6 +13,7 @@
 #include "config.h"
 
 #include "collective/coll-internal.h"
+#include "common/array.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -38,30 +39,12 @@ void sched_free(struct sched *s)
     memset(s, 0, sizeof(*s));
 }
 
-static int grow(void **p, int *cap, int need, size_t elem)
-{
-    int ncap;
-    void *np;
-
-    if (need <= *cap)
-        return 0;
-    ncap = *cap ? *cap * 2 : 64;
-    while (ncap < need)
-        ncap *= 2;
-    np = realloc(*p, (size_t)ncap * elem);
-    if (!np)
-        return -1;
-    *p = np;
-    *cap = ncap;
-    return 0;
-}
-
 static int add_op(struct sched *s, int kind)
 {
     struct sched_op *o;
 
     if (s->failed ||
-        grow((void **)&s->ops, &s->cap, s->nops + 1, sizeof(*s->ops))) {
+        mesh_array_reserve(&s->ops, &s->cap, (size_t)s->nops + 1, sizeof(*s->ops), "schedule ops") < 0) {
         s->failed = 1;
         return -1;
     }
@@ -110,7 +93,7 @@ int sched_recv(struct sched *s, int peer, uint32_t tag, uint64_t offset,
  * schedule runs, since the array may move while building). */
 static int add_srcs(struct sched *s, int i, const void *const *src, int n)
 {
-    if (grow((void **)&s->srcs, &s->scap, s->nsrcs + n, sizeof(*s->srcs))) {
+    if (mesh_array_reserve(&s->srcs, &s->scap, (size_t)s->nsrcs + n, sizeof(*s->srcs), "schedule sources") < 0) {
         s->failed = 1;
         return -1;
     }
@@ -153,7 +136,7 @@ void sched_dep(struct sched *s, int before, int after)
 
     if (before < 0 || after < 0 || s->failed)
         return;
-    if (grow((void **)&s->edges, &s->ecap, s->nedges + 1, sizeof(*s->edges))) {
+    if (mesh_array_reserve(&s->edges, &s->ecap, (size_t)s->nedges + 1, sizeof(*s->edges), "schedule edges") < 0) {
         s->failed = 1;
         return;
     }

@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include "mesh/hostfile.h"
+#include "common/array.h"
 #include "common/util.h"
 
 #include <arpa/inet.h>
@@ -260,7 +261,7 @@ static int parse_entry(struct cursor *c, struct mesh_hostfile_entry *e)
 }
 
 /* Append e; *slots counts the world so far, which must stay in bounds. */
-static int push(struct mesh_hostfile *hf, int *cap,
+static int push(struct mesh_hostfile *hf, size_t *cap,
                 const struct mesh_hostfile_entry *e, long *slots)
 {
     *slots += e->slots;
@@ -270,15 +271,9 @@ static int push(struct mesh_hostfile *hf, int *cap,
                         "more than the limit of %d",
                         hf->source, e->line, e->column, e->host, e->slots,
                         *slots, MESH_WORLD_MAX);
-    if (hf->n == *cap) {
-        int ncap = *cap ? *cap * 2 : 16;
-        void *p = realloc(hf->entries, (size_t)ncap * sizeof(*e));
-
-        if (!p)
-            return mesh_err(-ENOMEM, "out of memory reading %s", hf->source);
-        hf->entries = p;
-        *cap = ncap;
-    }
+    if (mesh_array_reserve(&hf->entries, cap, (size_t)hf->n + 1, sizeof(*e),
+                           "hostfile entries") < 0)
+        return mesh_err_prefix(-ENOMEM, "reading %s", hf->source);
     hf->entries[hf->n++] = *e;
     return 0;
 }
@@ -294,7 +289,8 @@ static int parse(const char *source, const char *text, int hosts_form,
     struct mesh_hostfile_entry e;
     struct mesh_hostfile *hf;
     long slots = 0;
-    int cap = 0, rc;
+    size_t cap = 0;
+    int rc;
 
     hf = calloc(1, sizeof(*hf));
     if (!hf)

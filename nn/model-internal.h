@@ -64,7 +64,8 @@ struct mesh_nn_model {
 
     /* tensors: params then buffers */
     struct mesh_nn_tensor *t;
-    int nt, nt_alloc;
+    int nt;
+    size_t nt_alloc;
     size_t nparams, nbuffers;
     float *params, *grads, *buffers; /* device slabs */
     int64_t batches_tracked;

@@ -14,6 +14,7 @@
 #include "config.h"
 
 #include "nn/model-internal.h"
+#include "common/array.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -51,15 +52,9 @@ static int add_tensor(struct mesh_nn_model *m, const char *name, int kind,
     size_t count = 1;
     int i;
 
-    if (m->nt == m->nt_alloc) {
-        int na = m->nt_alloc ? 2 * m->nt_alloc : 64;
-        void *nt = realloc(m->t, (size_t)na * sizeof(*m->t));
-
-        if (!nt)
-            return mesh_err(-ENOMEM, "nn: out of memory");
-        m->t = nt;
-        m->nt_alloc = na;
-    }
+    if (mesh_array_reserve(&m->t, &m->nt_alloc, (size_t)m->nt + 1,
+                           sizeof(*m->t), "nn: tensors") < 0)
+        return -ENOMEM;
     t = &m->t[m->nt++];
     memset(t, 0, sizeof(*t));
     snprintf(t->name, sizeof(t->name), "%s", name);

@@ -2,6 +2,7 @@
  * wire byte helpers, dtype names, sizes and scalar conversions. */
 #include "config.h"
 
+#include "common/array.h"
 #include "common/bytes.h"
 #include "common/dtype.h"
 #include "common/util.h"
@@ -80,6 +81,30 @@ static void check_dtype(void)
        "bfloat16 conversions");
 }
 
+/* Growth keeps the contents, doubles, and fails cleanly on overflow. */
+static void check_array(void)
+{
+    int *v = NULL, *before;
+    size_t cap = 0, n;
+    int bad = 0, rc;
+
+    for (n = 0; n < 5000; n++) {
+        if (mesh_array_reserve(&v, &cap, n + 1, sizeof(*v), "ints") < 0)
+            break;
+        v[n] = (int)(n * 7 + 1);
+    }
+    for (size_t i = 0; i < n; i++)
+        bad += v[i] != (int)(i * 7 + 1);
+    ok(n == 5000 && bad == 0 && cap >= 5000 && cap < 10000 && cap % 16 == 0,
+       "5000 appends: contents kept, capacity %zu", cap);
+    before = v;
+    rc = mesh_array_reserve(&v, &cap, SIZE_MAX / 2, sizeof(*v), "huge ints");
+    ok(rc == -ENOMEM && v == before && cap >= 5000 &&
+           strstr(mesh_err_msg(rc), "huge ints"),
+       "an impossible size: -ENOMEM, array unchanged (%s)", mesh_err_msg(rc));
+    free(v);
+}
+
 int main(void)
 {
     pthread_t th;
@@ -87,7 +112,8 @@ int main(void)
     void *p = NULL;
     int rc;
 
-    plan(13);
+    plan(15);
+    check_array();
     check_bytes();
     check_dtype();
     rc = mesh_err(-EINVAL, "bad value %d", 42);

@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include "train/ckpt.h"
+#include "common/array.h"
 #include "common/bytes.h"
 #include "common/util.h"
 
@@ -579,17 +580,11 @@ int mesh_ckpt_list(const char *dir, uint64_t **steps, size_t *n)
         if (strncmp(e->d_name, PREFIX, strlen(PREFIX)) ||
             parse_u64(e->d_name + strlen(PREFIX), &s))
             continue;
-        if (cnt == cap) {
-            uint64_t *nv;
-
-            cap = cap ? 2 * cap : 16;
-            nv = realloc(v, cap * sizeof(*v));
-            if (!nv) {
-                free(v);
-                closedir(d);
-                return mesh_err(-ENOMEM, "out of memory");
-            }
-            v = nv;
+        if (mesh_array_reserve(&v, &cap, cnt + 1, sizeof(*v),
+                               "checkpoint steps") < 0) {
+            free(v);
+            closedir(d);
+            return -ENOMEM;
         }
         v[cnt++] = s;
     }

@@ -6,6 +6,7 @@
 #include "config.h"
 
 #include "train/simulate.h"
+#include "common/array.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -29,9 +30,11 @@ struct sim_model {
     struct mesh_nn_model_cfg cfg;
     char arch[16];
     struct sim_layer *l;
-    int nl, lcap;
+    int nl;
+    size_t lcap;
     struct mesh_nn_tensor *t;
-    int nt, tcap;
+    int nt;
+    size_t tcap;
     size_t nparams;
 };
 
@@ -70,15 +73,9 @@ static double now(void)
 
 static int add_layer(struct sim_model *m, const char *name, double flops)
 {
-    if (m->nl == m->lcap) {
-        int cap = m->lcap ? 2 * m->lcap : 64;
-        struct sim_layer *l = realloc(m->l, (size_t)cap * sizeof(*l));
-
-        if (!l)
-            return mesh_err(-ENOMEM, "simulate: out of memory");
-        m->l = l;
-        m->lcap = cap;
-    }
+    if (mesh_array_reserve(&m->l, &m->lcap, (size_t)m->nl + 1, sizeof(*m->l),
+                           "simulate: layers") < 0)
+        return -ENOMEM;
     memset(&m->l[m->nl], 0, sizeof(m->l[m->nl]));
     snprintf(m->l[m->nl].name, sizeof(m->l[m->nl].name), "%s", name);
     m->l[m->nl].flops = flops;
@@ -96,15 +93,9 @@ static int add_tensor(struct sim_model *m, const char *suffix, int role,
     size_t count = 1;
     int i;
 
-    if (m->nt == m->tcap) {
-        int cap = m->tcap ? 2 * m->tcap : 128;
-        struct mesh_nn_tensor *t = realloc(m->t, (size_t)cap * sizeof(*t));
-
-        if (!t)
-            return mesh_err(-ENOMEM, "simulate: out of memory");
-        m->t = t;
-        m->tcap = cap;
-    }
+    if (mesh_array_reserve(&m->t, &m->tcap, (size_t)m->nt + 1, sizeof(*m->t),
+                           "simulate: tensors") < 0)
+        return -ENOMEM;
     x = &m->t[m->nt];
     memset(x, 0, sizeof(*x));
     snprintf(x->name, sizeof(x->name), "%s.%s", l->name, suffix);

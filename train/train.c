@@ -26,6 +26,7 @@
 #include "train/ckpt.h"
 #include "train/simulate.h"
 #include "common/bytes.h"
+#include "common/array.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -233,15 +234,10 @@ static void tl_push(struct trainer *t, const char *name, int tid, int bucket,
 
     if (!t->c->timeline || t->rank != 0 || t->step >= t->c->timeline_steps)
         return;
-    if (t->ntl == t->tl_cap) {
-        size_t cap = t->tl_cap ? 2 * t->tl_cap : 1024;
-        struct tl_event *n = realloc(t->tl, cap * sizeof(*n));
-
-        if (!n)
-            return; /* the trace is a diagnostic: drop events, keep going */
-        t->tl = n;
-        t->tl_cap = cap;
-    }
+    /* The trace is a diagnostic: without memory, drop events, keep going. */
+    if (mesh_array_reserve(&t->tl, &t->tl_cap, t->ntl + 1, sizeof(*t->tl),
+                           "timeline events") < 0)
+        return;
     e = &t->tl[t->ntl++];
     e->name = name;
     e->tid = tid;
