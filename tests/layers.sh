@@ -33,7 +33,7 @@ allowed() {
 }
 
 FOLDERS="common transport collective nn mesh data train src"
-echo "1..$(($(echo $FOLDERS | wc -w) * 2))"
+echo "1..$(($(echo "$FOLDERS" | wc -w) * 2))"
 n=0
 for d in $FOLDERS; do
     ok=$(allowed "$d")
