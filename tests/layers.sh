@@ -56,7 +56,8 @@ for d in $FOLDERS; do
     srcs=$(find "$d" -name '*.c' | sort)
     missing=""
     for f in $srcs; do
-        grep -rqs "$f" "$d/include.am" $(find "$d" -name include.am) ||
+        # shellcheck disable=SC2046
+        grep -qs "$f" $(find "$d" -name include.am) ||
             missing="$missing $f"
     done
     if [ -f "$d/include.am" ] && [ -z "$missing" ]; then
