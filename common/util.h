@@ -1,6 +1,14 @@
 /*
  * common/util.h: errors, logging, time and memory helpers shared by every layer.
  *
+ * common/ is the base layer: every folder may include it, and it includes
+ * none of them (tests/layers.sh checks). Its headers:
+ *   common/util.h    errors, logging, clocks, flag and file parsing, host
+ *                    memory, struct mesh_host_allocator
+ *   common/dtype.h   enum mesh_dtype: names, sizes, float16/bfloat16
+ *   common/bytes.h   little-endian (and IDX's big-endian) integers in buffers
+ *   common/array.h   growable arrays (mesh_array_reserve)
+ *
  * Error convention (DESIGN.md): functions return 0 or a negative errno-style
  * code. The first place that detects an error records a message with
  * mesh_err(); callers that only propagate the code leave it alone, or add
