@@ -4,17 +4,22 @@
 #include "config.h"
 
 #include "data/data-internal.h"
+#include "common/array.h"
 #include "common/util.h"
 
 #include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define CIFAR_REC 3073
 
-/* Append the records of one batch file to sp (arrays grown by caller). */
-static int cifar_file(const char *path, struct split *sp, size_t *cap)
+/* Capacities of a split's arrays, in records. */
+struct caps {
+    size_t pix, labels;
+};
+
+/* Append the records of one batch file to sp, growing its arrays. */
+static int cifar_file(const char *path, struct split *sp, struct caps *cap)
 {
     struct stat st;
     struct rd r = RD_INIT;
@@ -36,23 +41,14 @@ static int cifar_file(const char *path, struct split *sp, size_t *cap)
         goto out;
     }
     nrec = (size_t)st.st_size / CIFAR_REC;
-    if (sp->count + nrec > *cap) {
-        size_t ncap = sp->count + nrec;
-        uint8_t *p = realloc(sp->pix, ncap * 3072);
-        int32_t *l;
-
-        if (!p) {
-            rc = mesh_err(-ENOMEM, "%s: out of memory", path);
-            goto out;
-        }
-        sp->pix = p;
-        l = realloc(sp->labels, ncap * sizeof(int32_t));
-        if (!l) {
-            rc = mesh_err(-ENOMEM, "%s: out of memory", path);
-            goto out;
-        }
-        sp->labels = l;
-        *cap = ncap;
+    rc = mesh_array_reserve(&sp->pix, &cap->pix, sp->count + nrec, 3072,
+                            "CIFAR records");
+    if (rc == 0)
+        rc = mesh_array_reserve(&sp->labels, &cap->labels, sp->count + nrec,
+                                sizeof(int32_t), "CIFAR labels");
+    if (rc < 0) {
+        mesh_err_prefix(rc, "%s", path);
+        goto out;
     }
     for (size_t i = 0; i < nrec; i++) {
         uint8_t lab;
@@ -87,7 +83,7 @@ int data_open_cifar(struct mesh_dataset *ds, const char *dir)
     static const float std[3] = {0.2470f, 0.2435f, 0.2616f};
     char base[4096], path[4200];
     struct stat st;
-    size_t cap[2] = {0, 0};
+    struct caps cap[2] = {{0, 0}, {0, 0}};
     int rc;
 
     ds->name = "cifar10";

@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include "data/data-internal.h"
+#include "common/array.h"
 #include "common/util.h"
 
 #include <dirent.h>
@@ -57,15 +58,8 @@ static int list_dir(const char *dir, int want_dirs, char ***out, size_t *nout)
         if (want_dirs ? !is_dir(path)
                       : (!has_jpeg_ext(e->d_name) || is_dir(path)))
             continue;
-        if (n == cap) {
-            char **nv;
-
-            cap = cap ? 2 * cap : 64;
-            nv = realloc(v, cap * sizeof(*v));
-            if (!nv)
-                goto oom;
-            v = nv;
-        }
+        if (mesh_array_reserve(&v, &cap, n + 1, sizeof(*v), "names") < 0)
+            goto oom;
         v[n] = strdup(e->d_name);
         if (!v[n])
             goto oom;
@@ -88,7 +82,7 @@ static int folder_scan(struct mesh_dataset *ds, const char *root,
                        struct split *sp, int set_classes)
 {
     char **cls = NULL, **files = NULL, path[8400];
-    size_t ncls = 0, nfiles = 0, cap = 0;
+    size_t ncls = 0, nfiles = 0, cap_paths = 0, cap_labels = 0;
     int rc;
 
     rc = list_dir(root, 1, &cls, &ncls);
@@ -126,23 +120,15 @@ static int folder_scan(struct mesh_dataset *ds, const char *root,
         rc = list_dir(path, 0, &files, &nfiles);
         if (rc < 0)
             goto out;
-        if (sp->count + nfiles > cap) {
-            size_t ncap = MESH_MAX(2 * cap, sp->count + nfiles);
-            char **np = realloc(sp->paths, ncap * sizeof(char *));
-            int32_t *nl;
-
-            if (!np) {
-                rc = mesh_err(-ENOMEM, "imagefolder: out of memory");
-                goto out_files;
-            }
-            sp->paths = np;
-            nl = realloc(sp->labels, ncap * sizeof(int32_t));
-            if (!nl) {
-                rc = mesh_err(-ENOMEM, "imagefolder: out of memory");
-                goto out_files;
-            }
-            sp->labels = nl;
-            cap = ncap;
+        rc = mesh_array_reserve(&sp->paths, &cap_paths, sp->count + nfiles,
+                                sizeof(char *), "file paths");
+        if (rc == 0)
+            rc = mesh_array_reserve(&sp->labels, &cap_labels,
+                                    sp->count + nfiles, sizeof(int32_t),
+                                    "labels");
+        if (rc < 0) {
+            mesh_err_prefix(rc, "imagefolder");
+            goto out_files;
         }
         for (size_t f = 0; f < nfiles; f++) {
             size_t len = strlen(root) + strlen(cname) + strlen(files[f]) + 3;

@@ -5,32 +5,18 @@
 #include "config.h"
 
 #include "data/data-internal.h"
+#include "common/array.h"
 #include "common/util.h"
 
 #include <errno.h>
 #include <setjmp.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #ifdef HAVE_JPEG
 #include <jpeglib.h>
 
 #define MAX_PIXELS (1u << 27) /* largest decoded JPEG, pixels */
-
-static int grow(uint8_t **buf, size_t *cap, size_t need)
-{
-    uint8_t *p;
-
-    if (*cap >= need)
-        return 0;
-    p = realloc(*buf, need);
-    if (!p)
-        return mesh_err(-ENOMEM, "cannot allocate %zu bytes", need);
-    *buf = p;
-    *cap = need;
-    return 0;
-}
 
 struct jerr {
     struct jpeg_error_mgr pub;
@@ -110,7 +96,8 @@ int data_jpeg_decode(const char *path, struct scratch *sc, int *w_out,
     }
     jpeg_start_decompress(&c);
     row = (size_t)c.output_width * (size_t)c.output_components;
-    if (grow(&sc->img, &sc->img_cap, row * c.output_height) < 0) {
+    if (mesh_array_reserve(&sc->img, &sc->img_cap, row * c.output_height, 1,
+                           "decoded bytes") < 0) {
         snprintf(e.msg, sizeof(e.msg), "out of memory");
         longjmp(e.jb, 1);
     }
