@@ -157,7 +157,9 @@ int data_rd_open(struct rd *r, const char *path, struct stat *st);
 void data_rd_close(struct rd *r);
 int data_rd_some(struct rd *r, void *buf, size_t len, size_t *got);
 int data_rd_exact(struct rd *r, void *buf, size_t len, const char *what);
-int data_rd_end(struct rd *r);
+/* Exactly len bytes, the last of the data (a gzip trailer's CRC included):
+ * more is an error naming the offset where it starts. */
+int data_rd_last(struct rd *r, void *buf, size_t len, const char *what);
 
 /* ---- the formats: fill ds's splits, source shape and statistics --------- */
 

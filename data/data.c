@@ -33,32 +33,24 @@ static int parse_count(const char *s, size_t *out)
     return 0;
 }
 
-int mesh_data_open(const struct mesh_data_opts *o, struct mesh_dataset **out)
+/* KIND:DIR, where DIR is required. */
+static int open_dir(struct mesh_dataset *ds, const char *kind, const char *arg,
+                    int (*open)(struct mesh_dataset *ds, const char *dir))
 {
-    struct mesh_dataset *ds;
-    const char *spec = o->spec, *colon, *arg;
-    size_t klen;
+    if (!arg || !*arg)
+        return mesh_err(-EINVAL, "--data %s:DIR: DIR is missing", kind);
+    return open(ds, arg);
+}
+
+/* The format of --data KIND[:ARG]: its source shape, statistics and
+ * splits into ds. */
+static int open_kind(struct mesh_dataset *ds, const struct mesh_data_opts *o)
+{
+    const char *spec = o->spec, *colon = strchr(spec, ':');
+    const char *arg = colon ? colon + 1 : NULL;
+    size_t klen = colon ? (size_t)(colon - spec) : strlen(spec);
     int rc;
 
-    if (!spec || !*spec)
-        return mesh_err(-EINVAL, "--data: empty data set spec");
-    if (o->channels < 0 || o->channels > 3 || o->channels == 2)
-        return mesh_err(-EINVAL, "data: %d input channels (1 or 3 expected)",
-                        o->channels);
-    if (o->size < 0 || o->size > MAX_SIZE)
-        return mesh_err(-EINVAL, "data: input size %d out of 1..%d", o->size,
-                        MAX_SIZE);
-    if (o->classes < 0)
-        return mesh_err(-EINVAL, "data: %d classes", o->classes);
-    ds = calloc(1, sizeof(*ds));
-    if (!ds)
-        return mesh_err(-ENOMEM, "out of memory");
-    ds->seed = o->seed;
-    ds->on_bad = o->on_bad;
-    ds->fit = o->fit;
-    colon = strchr(spec, ':');
-    klen = colon ? (size_t)(colon - spec) : strlen(spec);
-    arg = colon ? colon + 1 : NULL;
     if (klen == 9 && !strncmp(spec, "synthetic", klen)) {
         size_t count = SYN_DEFAULT_COUNT;
 
@@ -74,24 +66,45 @@ int mesh_data_open(const struct mesh_data_opts *o, struct mesh_dataset **out)
         rc = data_open_fmnist(ds, arg && *arg ? arg : DEFAULT_FMNIST_DIR);
     } else if (klen == 7 && !strncmp(spec, "cifar10", klen)) {
         ds->kind = K_CIFAR;
-        if (!arg || !*arg)
-            rc = mesh_err(-EINVAL, "--data cifar10:DIR: DIR is missing");
-        else
-            rc = data_open_cifar(ds, arg);
+        rc = open_dir(ds, "cifar10", arg, data_open_cifar);
     } else if (klen == 11 && !strncmp(spec, "imagefolder", klen)) {
         ds->kind = K_FOLDER;
-        if (!arg || !*arg)
-            rc = mesh_err(-EINVAL, "--data imagefolder:DIR: DIR is missing");
-        else
-            rc = data_open_folder(ds, arg);
+        rc = open_dir(ds, "imagefolder", arg, data_open_folder);
     } else {
         rc = mesh_err(-EINVAL,
                       "--data %s: unknown data set (synthetic[:N], "
                       "fashion-mnist[:DIR], cifar10:DIR, imagefolder:DIR)",
                       spec);
     }
-    if (rc < 0)
-        goto fail;
+    return rc;
+}
+
+int mesh_data_open(const struct mesh_data_opts *o, struct mesh_dataset **out)
+{
+    struct mesh_dataset *ds;
+    int rc;
+
+    if (!o->spec || !*o->spec)
+        return mesh_err(-EINVAL, "--data: empty data set spec");
+    if (o->channels < 0 || o->channels > 3 || o->channels == 2)
+        return mesh_err(-EINVAL, "data: %d input channels (1 or 3 expected)",
+                        o->channels);
+    if (o->size < 0 || o->size > MAX_SIZE)
+        return mesh_err(-EINVAL, "data: input size %d out of 1..%d", o->size,
+                        MAX_SIZE);
+    if (o->classes < 0)
+        return mesh_err(-EINVAL, "data: %d classes", o->classes);
+    ds = calloc(1, sizeof(*ds));
+    if (!ds)
+        return mesh_err(-ENOMEM, "out of memory");
+    ds->seed = o->seed;
+    ds->on_bad = o->on_bad;
+    ds->fit = o->fit;
+    rc = open_kind(ds, o);
+    if (rc < 0) {
+        mesh_data_close(ds);
+        return rc;
+    }
     ds->co = o->channels ? o->channels : ds->sc;
     ds->size = o->size ? o->size : ds->kind == K_FOLDER ? 224 : ds->sh;
     if (ds->sc == 1) {
@@ -104,9 +117,6 @@ int mesh_data_open(const struct mesh_data_opts *o, struct mesh_dataset **out)
                   ds->sh, ds->sw);
     *out = ds;
     return 0;
-fail:
-    mesh_data_close(ds);
-    return rc;
 }
 
 void mesh_data_close(struct mesh_dataset *ds)

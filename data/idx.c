@@ -61,13 +61,51 @@ static int idx_open(struct rd *r, const char *path, int dims, uint8_t *hdr)
     return rc;
 }
 
+/* The n labels of ipath's images from the IDX file lpath into labels, each
+ * below classes. */
+static int idx_labels(const char *lpath, const char *ipath, uint32_t n,
+                      int classes, int32_t *labels)
+{
+    struct rd r = RD_INIT;
+    uint8_t hdr[8];
+    uint32_t nl;
+    int rc = idx_open(&r, lpath, 1, hdr);
+
+    if (rc < 0)
+        return rc;
+    nl = mesh_get_be32(hdr + 4);
+    if (nl != n) {
+        rc = mesh_err(-EIO,
+                      "%s: wrong dimensions: %u labels at byte offset 4, "
+                      "but %s has %u images",
+                      lpath, nl, ipath, n);
+        goto out;
+    }
+    /* Labels land in the first n bytes of the int32 array, then widen
+     * from the back so that nothing is overwritten before it is read. */
+    rc = data_rd_last(&r, labels, n, "the labels");
+    for (uint32_t i = n; rc == 0 && i-- > 0;) {
+        uint8_t v = ((uint8_t *)labels)[i];
+
+        if (v >= classes)
+            rc =
+                mesh_err(-EIO, "%s: label %u at byte offset %u is not below %d",
+                         lpath, v, 8 + i, classes);
+        else
+            labels[i] = v;
+    }
+out:
+    data_rd_close(&r);
+    return rc;
+}
+
 static int idx_read(const char *dir, const char *img_name, const char *lbl_name,
                     int classes, struct split *sp, int *h, int *w)
 {
     char ipath[4096], lpath[4096];
     uint8_t hdr[16];
-    struct rd ri = RD_INIT, rl = RD_INIT;
-    uint32_t n, rows, cols, nl;
+    struct rd ri = RD_INIT;
+    uint32_t n, rows, cols;
     size_t bytes;
     int rc;
 
@@ -89,65 +127,31 @@ static int idx_read(const char *dir, const char *img_name, const char *lbl_name,
                       "%s: implausible IDX dimensions %u x %u x %u at byte "
                       "offset 4",
                       ipath, n, rows, cols);
-        goto out_img;
+        goto out;
     }
     if (*h && ((int)rows != *h || (int)cols != *w)) {
         rc = mesh_err(-EIO,
                       "%s: wrong dimensions %u x %u at byte offset 8 "
                       "(the other split has %d x %d)",
                       ipath, rows, cols, *h, *w);
-        goto out_img;
+        goto out;
     }
     bytes = (size_t)n * rows * cols;
     sp->pix = malloc(bytes);
     sp->labels = malloc(sizeof(int32_t) * n);
     if (!sp->pix || !sp->labels) {
         rc = mesh_err(-ENOMEM, "%s: cannot allocate %zu bytes", ipath, bytes);
-        goto out_img;
+        goto out;
     }
-    rc = data_rd_exact(&ri, sp->pix, bytes, "the images");
-    if (rc < 0)
-        goto out_img;
-    rc = data_rd_end(&ri);
-    if (rc < 0)
-        goto out_img;
-
-    rc = idx_open(&rl, lpath, 1, hdr);
-    if (rc < 0)
-        goto out_img;
-    nl = mesh_get_be32(hdr + 4);
-    if (nl != n) {
-        rc = mesh_err(-EIO,
-                      "%s: wrong dimensions: %u labels at byte offset 4, "
-                      "but %s has %u images",
-                      lpath, nl, ipath, n);
-        goto out_lbl;
+    rc = data_rd_last(&ri, sp->pix, bytes, "the images");
+    if (rc == 0)
+        rc = idx_labels(lpath, ipath, n, classes, sp->labels);
+    if (rc == 0) {
+        sp->count = n;
+        *h = (int)rows;
+        *w = (int)cols;
     }
-    /* Labels land in the first n bytes of the int32 array, then widen
-     * from the back so that nothing is overwritten before it is read. */
-    rc = data_rd_exact(&rl, sp->labels, n, "the labels");
-    if (rc < 0)
-        goto out_lbl;
-    rc = data_rd_end(&rl);
-    if (rc < 0)
-        goto out_lbl;
-    for (uint32_t i = n; i-- > 0;) {
-        uint8_t v = ((uint8_t *)sp->labels)[i];
-
-        if (v >= classes) {
-            rc =
-                mesh_err(-EIO, "%s: label %u at byte offset %u is not below %d",
-                         lpath, v, 8 + i, classes);
-            goto out_lbl;
-        }
-        sp->labels[i] = v;
-    }
-    sp->count = n;
-    *h = (int)rows;
-    *w = (int)cols;
-out_lbl:
-    data_rd_close(&rl);
-out_img:
+out:
     data_rd_close(&ri);
     return rc;
 }

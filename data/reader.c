@@ -252,7 +252,7 @@ int data_rd_exact(struct rd *r, void *buf, size_t len, const char *what)
 }
 
 /* The data must end here (this also checks a gzip trailer's CRC). */
-int data_rd_end(struct rd *r)
+static int rd_end(struct rd *r)
 {
     uint8_t b;
     size_t got;
@@ -266,4 +266,11 @@ int data_rd_end(struct rd *r)
                         " (the header says the file ends there)",
                         r->path, r->off - 1);
     return 0;
+}
+
+int data_rd_last(struct rd *r, void *buf, size_t len, const char *what)
+{
+    int rc = data_rd_exact(r, buf, len, what);
+
+    return rc < 0 ? rc : rd_end(r);
 }
