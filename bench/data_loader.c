@@ -14,6 +14,7 @@
 
 #include "data/data.h"
 #include "common/util.h"
+#include "tests/jpeg_util.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -24,47 +25,17 @@
 #include <sys/stat.h>
 
 #ifdef HAVE_JPEG
-#include <jpeglib.h>
-
-static int write_jpeg(const char *path, int w, int h, unsigned seed)
+/* Smooth gradients plus noise from the image's seed. */
+static void bench_row(uint8_t *row, int y, int w, int h, void *arg)
 {
-    struct jpeg_compress_struct c;
-    struct jpeg_error_mgr e;
-    uint8_t *row = malloc((size_t)w * 3);
-    FILE *f = fopen(path, "wb");
+    unsigned *seed = arg;
 
-    if (!f || !row) {
-        free(row);
-        if (f)
-            fclose(f);
-        return mesh_err_errno("create %s", path);
+    for (int x = 0; x < w; x++) {
+        *seed = *seed * 1664525u + 1013904223u;
+        row[3 * x] = (uint8_t)((x * 255 / w + (*seed >> 28)) & 255);
+        row[3 * x + 1] = (uint8_t)((y * 255 / h + (*seed >> 24 & 15)));
+        row[3 * x + 2] = (uint8_t)(((x ^ y) & 127) + (*seed >> 26));
     }
-    c.err = jpeg_std_error(&e);
-    jpeg_create_compress(&c);
-    jpeg_stdio_dest(&c, f);
-    c.image_width = (JDIMENSION)w;
-    c.image_height = (JDIMENSION)h;
-    c.input_components = 3;
-    c.in_color_space = JCS_RGB;
-    jpeg_set_defaults(&c);
-    jpeg_set_quality(&c, 90, TRUE);
-    jpeg_start_compress(&c, TRUE);
-    while (c.next_scanline < c.image_height) {
-        int y = (int)c.next_scanline;
-
-        for (int x = 0; x < w; x++) {
-            seed = seed * 1664525u + 1013904223u;
-            row[3 * x] = (uint8_t)((x * 255 / w + (seed >> 28)) & 255);
-            row[3 * x + 1] = (uint8_t)((y * 255 / h + (seed >> 24 & 15)));
-            row[3 * x + 2] = (uint8_t)(((x ^ y) & 127) + (seed >> 26));
-        }
-        jpeg_write_scanlines(&c, &row, 1);
-    }
-    jpeg_finish_compress(&c);
-    jpeg_destroy_compress(&c);
-    fclose(f);
-    free(row);
-    return 0;
 }
 
 static int generate(const char *dir, int count, int w, int h)
@@ -80,8 +51,10 @@ static int generate(const char *dir, int count, int w, int h)
             return mesh_err_errno("mkdir %s", p);
     }
     for (int i = 0; i < count; i++) {
+        unsigned seed = (unsigned)i;
+
         snprintf(p, sizeof(p), "%s/class%d/img%05d.jpg", dir, i % 10, i);
-        rc = write_jpeg(p, w, h, (unsigned)i);
+        rc = jpeg_util_write(p, w, h, 90, bench_row, &seed);
         if (rc < 0)
             return rc;
     }

@@ -1,6 +1,15 @@
 /*
  * data/data.h: data sets and the prefetching batch loader.
  *
+ * The folder's files: data.c opens a data set from its spec (info,
+ * fingerprint, close); idx.c (fashion-mnist), cifar.c, synthetic.c and
+ * folder.c (imagefolder) read one format each, idx.c and cifar.c through
+ * reader.c (whole files, gzip or plain, errors with byte offsets); jpeg.c
+ * decodes imagefolder's files; transform.c makes one sample (resampling,
+ * augmentation, normalisation) and the epoch permutation; loader.c is the
+ * threaded loader and its state record. data-internal.h holds what they
+ * share: the data set's layout and the random streams below.
+ *
  * A data set is opened from a --data spec string:
  *   synthetic[:N]        N random samples (default 50000 train, N/5 eval)
  *                        in the model's input shape (default 3x224x224,

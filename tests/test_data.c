@@ -8,11 +8,12 @@
 
 #include "data/data.h"
 #include "common/util.h"
+#include "tests/jpeg_util.h"
 #include "tests/tap.h"
+#include "tests/tmpdir.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -24,21 +25,10 @@
 #ifdef HAVE_ZLIB
 #include <zlib.h>
 #endif
-#ifdef HAVE_JPEG
-#include <jpeglib.h>
-#endif
 
 #define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
 
 static char tmp[256];
-
-static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)st;
-    (void)flag;
-    (void)f;
-    return remove(p);
-}
 
 static void write_bytes(const char *path, const void *d, size_t n)
 {
@@ -232,6 +222,19 @@ static int open_spec(const char *spec, enum mesh_data_bad bad,
     return mesh_data_open(&o, ds);
 }
 
+/* Open KIND:DIR with o (o->spec points to spec, cap bytes), one test point. */
+static int open_dir(struct mesh_data_opts *o, char *spec, size_t cap,
+                    const char *kind, const char *dir, struct mesh_dataset **ds)
+{
+    int rc;
+
+    snprintf(spec, cap, "%s:%s", kind, dir);
+    o->spec = spec;
+    rc = mesh_data_open(o, ds);
+    ok(rc == 0, "generated %s opens: %s", kind, rc ? mesh_err_msg(rc) : "ok");
+    return rc;
+}
+
 /* open_spec with warnings on and stderr caught into log (cap bytes). */
 static int open_logged(const char *spec, struct mesh_dataset **ds, char *log,
                        size_t cap)
@@ -310,17 +313,15 @@ static void write_idx(const char *dir, const char *pre, uint32_t n,
 static void test_idx_bad(void)
 {
     char dir[300], spec[320], path[400];
+    struct mesh_data_opts o = {.seed = 3};
     struct mesh_dataset *ds = NULL;
     int rc;
 
     snprintf(dir, sizeof(dir), "%s/idx", tmp);
     mkdir(dir, 0755);
-    snprintf(spec, sizeof(spec), "fashion-mnist:%s", dir);
-    write_idx(dir, "train", 100, 0x803, 100, 1);
-    write_idx(dir, "t10k", 20, 0x803, 20, 0);
-    rc = open_spec(spec, MESH_DATA_BAD_FAIL, &ds);
-    ok(rc == 0, "generated IDX (gzip train, plain test) opens: %s",
-       rc ? mesh_err_msg(rc) : "ok");
+    write_idx(dir, "train", 100, 0x803, 100, 1); /* gzip'ed */
+    write_idx(dir, "t10k", 20, 0x803, 20, 0);    /* plain */
+    open_dir(&o, spec, sizeof(spec), "fashion-mnist", dir, &ds);
     mesh_data_close(ds);
     ds = NULL;
 
@@ -502,6 +503,17 @@ static int grab(struct mesh_loader *ld, int n, float *buf, size_t floats,
     return 0;
 }
 
+/* Create *ld over ds with lo and grab its first n batches. */
+static int create_grab(struct mesh_dataset *ds,
+                       const struct mesh_loader_opts *lo,
+                       struct mesh_loader **ld, int n, float *buf,
+                       size_t floats, int32_t *lab)
+{
+    int rc = mesh_loader_create(ds, lo, ld);
+
+    return rc ? rc : grab(*ld, n, buf, floats, lab, lo->batch);
+}
+
 static void test_cifar(void)
 {
     char dir[300], spec[320];
@@ -515,21 +527,13 @@ static void test_cifar(void)
                                   .augment = 0};
     struct mesh_loader *ld[3] = {NULL, NULL, NULL};
     int n = 5 * CIFAR_TRAIN_PER, idx[3][16 * 4], seen[5 * CIFAR_TRAIN_PER];
-    uint32_t *perm = malloc(sizeof(uint32_t) * (size_t)n);
-    uint32_t *perm2 = malloc(sizeof(uint32_t) * (size_t)n);
+    uint32_t perm[5 * CIFAR_TRAIN_PER], perm2[5 * CIFAR_TRAIN_PER];
     int rc, good, dup = 0, total = 0, match = 1;
 
     snprintf(dir, sizeof(dir), "%s/cifar", tmp);
     write_cifar(dir, 0);
-    snprintf(spec, sizeof(spec), "cifar10:%s", dir);
-    o.spec = spec;
-    rc = mesh_data_open(&o, &ds);
-    ok(rc == 0, "generated cifar10 opens: %s", rc ? mesh_err_msg(rc) : "");
-    if (rc) {
-        free(perm);
-        free(perm2);
+    if (open_dir(&o, spec, sizeof(spec), "cifar10", dir, &ds) != 0)
         return;
-    }
     mesh_data_get_info(ds, &info);
     ok(info.train_count == 200 && info.eval_count == 50 && info.channels == 3 &&
            info.size == 32,
@@ -693,15 +697,11 @@ static void test_cifar(void)
         lo.augment = -1; /* cifar default: pad-crop + flip */
         lo.threads = 1;
         lo.depth = 2;
-        rc = mesh_loader_create(ds, &lo, &x);
-        if (rc == 0)
-            rc = grab(x, 24, a, fl, la, 4);
+        rc = create_grab(ds, &lo, &x, 24, a, fl, la);
         lo.threads = 3;
         lo.depth = 0;
         if (rc == 0)
-            rc = mesh_loader_create(ds, &lo, &y);
-        if (rc == 0)
-            rc = grab(y, 24, c, fl, lc, 4);
+            rc = create_grab(ds, &lo, &y, 24, c, fl, lc);
         ok(rc == 0 && !memcmp(a, c, sizeof(float) * fl * 24) &&
                !memcmp(la, lc, sizeof(la)),
            "1 thread (depth 2) and 3 threads give identical augmented "
@@ -844,53 +844,64 @@ static void test_cifar(void)
            strstr(mesh_err_msg(rc), "3073") &&
            strstr(mesh_err_msg(rc), "offset 122920"),
        "wrong cifar size: %s", mesh_err_msg(rc));
-    free(perm);
-    free(perm2);
 }
 
 /* ---- imagefolder ------------------------------------------------------ */
 
 #ifdef HAVE_JPEG
+/* The pixels of write_jpeg's images. */
+struct test_image {
+    int solid, r, g, b;
+    uint64_t s; /* noise state */
+};
+
+static void test_image_row(uint8_t *row, int y, int w, int h, void *arg)
+{
+    struct test_image *t = arg;
+
+    for (int x = 0; x < w; x++) {
+        if (t->solid) {
+            row[3 * x] = (uint8_t)t->r;
+            row[3 * x + 1] = (uint8_t)t->g;
+            row[3 * x + 2] = (uint8_t)t->b;
+        } else {
+            row[3 * x] = (uint8_t)(x * 255 / w);
+            row[3 * x + 1] = (uint8_t)(y * 255 / h);
+            row[3 * x + 2] = (uint8_t)lcg(&t->s);
+        }
+    }
+}
+
 /* A w x h JPEG: solid (r, g, b) when solid, else a gradient + noise. */
 static void write_jpeg(const char *path, int w, int h, int solid, int r, int g,
                        int b)
 {
-    struct jpeg_compress_struct c;
-    struct jpeg_error_mgr e;
-    uint8_t *row = malloc((size_t)w * 3);
-    FILE *f = fopen(path, "wb");
-    uint64_t s = (uint64_t)w * 31 + (uint64_t)h;
+    struct test_image t = {solid, r, g, b, (uint64_t)w * 31 + (uint64_t)h};
+    int rc = jpeg_util_write(path, w, h, 95, test_image_row, &t);
 
-    c.err = jpeg_std_error(&e);
-    jpeg_create_compress(&c);
-    jpeg_stdio_dest(&c, f);
-    c.image_width = (JDIMENSION)w;
-    c.image_height = (JDIMENSION)h;
-    c.input_components = 3;
-    c.in_color_space = JCS_RGB;
-    jpeg_set_defaults(&c);
-    jpeg_set_quality(&c, 95, TRUE);
-    jpeg_start_compress(&c, TRUE);
-    while (c.next_scanline < c.image_height) {
-        int y = (int)c.next_scanline;
-
-        for (int x = 0; x < w; x++) {
-            if (solid) {
-                row[3 * x] = (uint8_t)r;
-                row[3 * x + 1] = (uint8_t)g;
-                row[3 * x + 2] = (uint8_t)b;
-            } else {
-                row[3 * x] = (uint8_t)(x * 255 / w);
-                row[3 * x + 1] = (uint8_t)(y * 255 / h);
-                row[3 * x + 2] = (uint8_t)lcg(&s);
-            }
-        }
-        jpeg_write_scanlines(&c, &row, 1);
+    if (rc < 0) {
+        diag("%s", mesh_err_msg(rc));
+        abort();
     }
-    jpeg_finish_compress(&c);
-    jpeg_destroy_compress(&c);
-    fclose(f);
-    free(row);
+}
+
+/* n batches from a training loader over ds (default augmentation, two
+ * threads): 0, or the first error. */
+static int run_loader(struct mesh_dataset *ds, int batch, int n)
+{
+    struct mesh_loader_opts lo = {.split = MESH_DATA_TRAIN,
+                                  .batch = batch,
+                                  .world = 1,
+                                  .threads = 2,
+                                  .augment = -1};
+    struct mesh_loader *ld = NULL;
+    struct mesh_batch b;
+    int rc = mesh_loader_create(ds, &lo, &ld);
+
+    for (int s = 0; rc == 0 && s < n; s++)
+        rc = mesh_data_next(ld, &b);
+    mesh_loader_destroy(ld);
+    return rc;
 }
 
 static const char *classes[] = {"dog", "ant", "cat"}; /* sorted: ant cat dog */
@@ -929,22 +940,14 @@ static void test_folder(void)
     struct mesh_data_opts o = {.size = 24, .seed = 5};
     struct mesh_dataset *ds = NULL;
     struct mesh_data_info info;
-    float *x = malloc(sizeof(float) * 3 * 24 * 24);
-    float *x2 = malloc(sizeof(float) * 3 * 24 * 24);
+    float x[3 * 24 * 24], x2[3 * 24 * 24];
     int32_t lab = -1, lab2 = -1;
     int rc, good = 1;
 
     snprintf(root, sizeof(root), "%s/folder", tmp);
     make_folder(root);
-    snprintf(spec, sizeof(spec), "imagefolder:%s", root);
-    o.spec = spec;
-    rc = mesh_data_open(&o, &ds);
-    ok(rc == 0, "imagefolder opens: %s", rc ? mesh_err_msg(rc) : "");
-    if (rc) {
-        free(x);
-        free(x2);
+    if (open_dir(&o, spec, sizeof(spec), "imagefolder", root, &ds) != 0)
         return;
-    }
     mesh_data_get_info(ds, &info);
     {
         char link[320];
@@ -1007,14 +1010,10 @@ static void test_folder(void)
         float *bb = malloc(sizeof(float) * fl * 8);
         int32_t la[24], lb[24];
 
-        rc = mesh_loader_create(ds, &lo, &a);
-        if (rc == 0)
-            rc = grab(a, 8, ba, fl, la, 3);
+        rc = create_grab(ds, &lo, &a, 8, ba, fl, la);
         lo.threads = 3;
         if (rc == 0)
-            rc = mesh_loader_create(ds, &lo, &b);
-        if (rc == 0)
-            rc = grab(b, 8, bb, fl, lb, 3);
+            rc = create_grab(ds, &lo, &b, 8, bb, fl, lb);
         ok(rc == 0 && !memcmp(ba, bb, sizeof(float) * fl * 8) &&
                !memcmp(la, lb, sizeof(la)),
            "imagefolder: 1 and 3 decoding threads give identical batches");
@@ -1046,23 +1045,10 @@ static void test_folder(void)
     ok(rc < 0 && strstr(mesh_err_msg(rc), path) &&
            strstr(mesh_err_msg(rc), trunc_off),
        "truncated JPEG, fail: %s", mesh_err_msg(rc));
-    {
-        struct mesh_loader_opts eo = {.split = MESH_DATA_TRAIN,
-                                      .batch = 18,
-                                      .world = 1,
-                                      .threads = 2,
-                                      .augment = -1};
-        struct mesh_loader *e = NULL;
-        struct mesh_batch b;
-
-        rc = ds ? mesh_loader_create(ds, &eo, &e) : -1;
-        if (rc == 0)
-            rc = mesh_data_next(e, &b);
-        ok(rc < 0 && strstr(mesh_err_msg(rc), path),
-           "the loader returns that error from mesh_data_next: %s",
-           mesh_err_msg(rc));
-        mesh_loader_destroy(e);
-    }
+    rc = ds ? run_loader(ds, 18, 1) : -1;
+    ok(rc < 0 && strstr(mesh_err_msg(rc), path),
+       "the loader returns that error from mesh_data_next: %s",
+       mesh_err_msg(rc));
     mesh_data_close(ds);
     ds = NULL;
     o.on_bad = MESH_DATA_BAD_SKIP;
@@ -1075,21 +1061,8 @@ static void test_folder(void)
        "truncated JPEG, skip: replaced by the next good sample");
     snprintf(path, sizeof(path), "%s/train/dog/img05.jpg", root);
     write_bytes(path, "\xff\xd8\xff\xe0garbage, not a JPEG at all", 30);
-    {
-        struct mesh_loader_opts lo = {.split = MESH_DATA_TRAIN,
-                                      .batch = 6,
-                                      .world = 1,
-                                      .threads = 2,
-                                      .augment = -1};
-        struct mesh_loader *l = NULL;
-        struct mesh_batch b;
-
-        rc = mesh_loader_create(ds, &lo, &l);
-        for (int s = 0; rc == 0 && s < 6; s++)
-            rc = mesh_data_next(l, &b);
-        ok(rc == 0, "skip: two epochs with a garbage JPEG run through");
-        mesh_loader_destroy(l);
-    }
+    rc = run_loader(ds, 6, 6);
+    ok(rc == 0, "skip: two epochs with a garbage JPEG run through");
     mesh_data_close(ds);
     o.on_bad = MESH_DATA_BAD_FAIL;
     rc = mesh_data_open(&o, &ds);
@@ -1116,8 +1089,6 @@ static void test_folder(void)
            "imagefolder without val/: said: %s", rc ? mesh_err_msg(rc) : log);
         mesh_data_close(ds);
     }
-    free(x);
-    free(x2);
 }
 #endif
 
@@ -1190,9 +1161,7 @@ int main(void)
 #ifdef HAVE_JPEG
     n += 13;
 #endif
-    snprintf(tmp, sizeof(tmp), "%s/test_data.XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(tmp)) {
+    if (tmpdir_make(tmp, sizeof(tmp), "test_data") != 0) {
         skip_all("cannot create a temporary directory");
         return 0;
     }
@@ -1206,6 +1175,6 @@ int main(void)
 #ifdef HAVE_JPEG
     test_folder();
 #endif
-    nftw(tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    tmpdir_remove(tmp);
     return done();
 }

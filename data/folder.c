@@ -1,0 +1,207 @@
+/*
+ * data/folder.c: imagefolder: the tree of class folders of JPEG files,
+ * scanned and sorted at open (decoded later, by data/jpeg.c).
+ */
+#include "config.h"
+
+#include "data/data-internal.h"
+#include "common/array.h"
+#include "common/util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int is_dir(const char *path)
+{
+    struct stat st;
+
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int has_jpeg_ext(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+
+    return dot && (!strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg"));
+}
+
+void data_free_names(char **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+/* Sorted names in dir (not starting with '.'), subdirectories or JPEGs. */
+static int list_dir(const char *dir, int want_dirs, char ***out, size_t *nout)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char **v = NULL, path[4200];
+    size_t n = 0, cap = 0;
+
+    if (!d)
+        return mesh_err_errno("imagefolder: open directory %s", dir);
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (want_dirs ? !is_dir(path)
+                      : (!has_jpeg_ext(e->d_name) || is_dir(path)))
+            continue;
+        if (mesh_array_reserve(&v, &cap, n + 1, sizeof(*v), "names") < 0)
+            goto oom;
+        v[n] = strdup(e->d_name);
+        if (!v[n])
+            goto oom;
+        n++;
+    }
+    closedir(d);
+    qsort(v, n, sizeof(*v), cmp_str);
+    *out = v;
+    *nout = n;
+    return 0;
+oom:
+    closedir(d);
+    data_free_names(v, n);
+    return mesh_err(-ENOMEM, "imagefolder: out of memory listing %s", dir);
+}
+
+/* Fill sp from root/<class>/NAME.jpg; classes come from ds (train) or, for
+ * the training split, are set from root. */
+static int folder_scan(struct mesh_dataset *ds, const char *root,
+                       struct split *sp, int set_classes)
+{
+    char **cls = NULL, **files = NULL, path[8400];
+    size_t ncls = 0, nfiles = 0, cap_paths = 0, cap_labels = 0;
+    int rc;
+
+    rc = list_dir(root, 1, &cls, &ncls);
+    if (rc < 0)
+        return rc;
+    if (set_classes) {
+        if (ncls == 0) {
+            rc = mesh_err(-ENOENT, "imagefolder: no class folders in %s", root);
+            goto out;
+        }
+        if (ncls > INT32_MAX) {
+            rc = mesh_err(-EINVAL, "imagefolder: too many classes");
+            goto out;
+        }
+        ds->classes = (int)ncls;
+        ds->class_names = cls;
+        cls = NULL;
+        ncls = 0;
+    }
+    for (size_t c = 0; c < (set_classes ? (size_t)ds->classes : ncls); c++) {
+        const char *cname = set_classes ? ds->class_names[c] : cls[c];
+        int label = -1;
+
+        for (int k = 0; k < ds->classes; k++)
+            if (!strcmp(ds->class_names[k], cname))
+                label = k;
+        if (label < 0) {
+            rc = mesh_err(-EINVAL,
+                          "imagefolder: class folder %s/%s has no "
+                          "counterpart in the training split",
+                          root, cname);
+            goto out;
+        }
+        snprintf(path, sizeof(path), "%s/%s", root, cname);
+        rc = list_dir(path, 0, &files, &nfiles);
+        if (rc < 0)
+            goto out;
+        rc = mesh_array_reserve(&sp->paths, &cap_paths, sp->count + nfiles,
+                                sizeof(char *), "file paths");
+        if (rc == 0)
+            rc = mesh_array_reserve(&sp->labels, &cap_labels,
+                                    sp->count + nfiles, sizeof(int32_t),
+                                    "labels");
+        if (rc < 0) {
+            mesh_err_prefix(rc, "imagefolder");
+            goto out_files;
+        }
+        for (size_t f = 0; f < nfiles; f++) {
+            size_t len = strlen(root) + strlen(cname) + strlen(files[f]) + 3;
+            char *p = malloc(len);
+
+            if (!p) {
+                rc = mesh_err(-ENOMEM, "imagefolder: out of memory");
+                goto out_files;
+            }
+            snprintf(p, len, "%s/%s/%s", root, cname, files[f]);
+            sp->paths[sp->count] = p;
+            sp->labels[sp->count] = label;
+            sp->count++;
+        }
+        data_free_names(files, nfiles);
+        files = NULL;
+        nfiles = 0;
+    }
+    if (sp->count) {
+        sp->bad = calloc(sp->count, sizeof(atomic_uchar));
+        if (!sp->bad) {
+            rc = mesh_err(-ENOMEM, "imagefolder: out of memory");
+            goto out;
+        }
+    }
+    rc = 0;
+out_files:
+    data_free_names(files, nfiles);
+out:
+    data_free_names(cls, ncls);
+    return rc;
+}
+
+int data_open_folder(struct mesh_dataset *ds, const char *dir)
+{
+    static const float mean[3] = {0.485f, 0.456f, 0.406f};
+    static const float std[3] = {0.229f, 0.224f, 0.225f};
+    char train[4200], val[4200];
+    int rc;
+
+#ifndef HAVE_JPEG
+    (void)train;
+    (void)val;
+    (void)rc;
+    return mesh_err(-ENOTSUP, "imagefolder:%s: built without libjpeg", dir);
+#else
+    ds->name = "imagefolder";
+    ds->sc = 3;
+    memcpy(ds->mean, mean, sizeof(mean));
+    memcpy(ds->std, std, sizeof(std));
+    if (!is_dir(dir))
+        return mesh_err(-ENOENT, "imagefolder: %s is not a directory", dir);
+    ds->root_len = strlen(dir) + 1;
+    snprintf(train, sizeof(train), "%s/train", dir);
+    snprintf(val, sizeof(val), "%s/val", dir);
+    if (is_dir(train)) {
+        rc = folder_scan(ds, train, &ds->sp[MESH_DATA_TRAIN], 1);
+        if (rc == 0 && is_dir(val))
+            rc = folder_scan(ds, val, &ds->sp[MESH_DATA_EVAL], 0);
+        else if (rc == 0)
+            mesh_warn("imagefolder: %s has no val/ folder: no evaluation "
+                      "(top-1/top-5 need %s)",
+                      dir, val);
+    } else {
+        rc = folder_scan(ds, dir, &ds->sp[MESH_DATA_TRAIN], 1);
+        if (rc == 0)
+            mesh_warn("imagefolder: %s has no train/ folder: its class "
+                      "folders are the training split, and there is no "
+                      "evaluation (that needs train/ and val/)",
+                      dir);
+    }
+    if (rc == 0 && ds->sp[MESH_DATA_TRAIN].count == 0)
+        rc = mesh_err(-ENOENT, "imagefolder: no JPEG files under %s", dir);
+    return rc;
+#endif
+}
