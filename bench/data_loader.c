@@ -60,7 +60,6 @@ static int generate(const char *dir, int count, int w, int h)
     }
     return 0;
 }
-#endif
 
 static double cpu_s(void)
 {
@@ -110,6 +109,15 @@ static int run(struct mesh_dataset *ds, int augment, int threads, int size,
     return 0;
 }
 
+#endif
+
+#ifndef HAVE_JPEG
+int main(void)
+{
+    fprintf(stderr, "data_loader: built without libjpeg\n");
+    return 77;
+}
+#else
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -172,12 +180,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "data_loader: bad arguments\n");
         return 2;
     }
-#ifndef HAVE_JPEG
-    (void)st;
-    (void)probe;
-    fprintf(stderr, "data_loader: built without libjpeg\n");
-    return 77;
-#else
     snprintf(probe, sizeof(probe), "%s/class0", dir);
     if (stat(probe, &st) != 0) {
         double t0 = mesh_now_s();
@@ -215,5 +217,5 @@ int main(int argc, char **argv)
         return 1;
     }
     return 0;
-#endif
 }
+#endif

@@ -15,6 +15,14 @@
 #include <string.h>
 #include <strings.h>
 
+void data_free_names(char **v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+}
+
+#ifdef HAVE_JPEG
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -32,13 +40,6 @@ static int has_jpeg_ext(const char *name)
     const char *dot = strrchr(name, '.');
 
     return dot && (!strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg"));
-}
-
-void data_free_names(char **v, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        free(v[i]);
-    free(v);
 }
 
 /* Sorted names in dir (not starting with '.'), subdirectories or JPEGs. */
@@ -161,20 +162,19 @@ out:
     data_free_names(cls, ncls);
     return rc;
 }
+#endif
 
 int data_open_folder(struct mesh_dataset *ds, const char *dir)
 {
+#ifndef HAVE_JPEG
+    (void)ds;
+    return mesh_err(-ENOTSUP, "imagefolder:%s: built without libjpeg", dir);
+#else
     static const float mean[3] = {0.485f, 0.456f, 0.406f};
     static const float std[3] = {0.229f, 0.224f, 0.225f};
     char train[4200], val[4200];
     int rc;
 
-#ifndef HAVE_JPEG
-    (void)train;
-    (void)val;
-    (void)rc;
-    return mesh_err(-ENOTSUP, "imagefolder:%s: built without libjpeg", dir);
-#else
     ds->name = "imagefolder";
     ds->sc = 3;
     memcpy(ds->mean, mean, sizeof(mean));

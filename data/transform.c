@@ -162,6 +162,7 @@ static int resample(const struct mesh_dataset *ds, const struct img *src,
     return 0;
 }
 
+#ifdef HAVE_JPEG
 /* torchvision's RandomResizedCrop box (scale 0.08-1, ratio 3/4-4/3). */
 static struct box random_resized_crop(struct rng *r, int w, int h)
 {
@@ -198,6 +199,7 @@ static struct box random_resized_crop(struct rng *r, int w, int h)
     b.y = (int)((h - b.h) / 2);
     return b;
 }
+#endif
 
 /* Make sample idx (no bad-sample handling). */
 static int make_one(struct mesh_dataset *ds, int split, size_t idx,
