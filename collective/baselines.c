@@ -150,6 +150,16 @@ int coll_build_direct_allreduce(struct sched *s, const struct coll_args *a,
     return 0;
 }
 
+double coll_direct_cost(const struct coll_shape *c, double bytes)
+{
+    const struct mesh_coll_model *m = c->model;
+    double n = c->size;
+
+    return coll_lat(c, MESH_ALGO_DIRECT, 1) +
+           (n - 1) * bytes * m->beta_s_per_byte +
+           (n - 1) * bytes * m->gamma_s_per_byte;
+}
+
 /* ---- barrier ------------------------------------------------------------- */
 
 /* Dissemination: in round j, send to r + 2^j and hear from r - 2^j. */

@@ -150,7 +150,7 @@ struct coll_args {
     int rank, size;
 };
 
-/* ---- what the builders share ---- */
+/* ---- what the builders share --------------------------------------------- */
 
 #define CHUNK_MIN  (512u << 10)
 #define CHUNK_MAX  (4u << 20)
@@ -193,8 +193,8 @@ static inline size_t nchunks(size_t n, size_t ce)
 }
 
 /* Clip chunk k of a slice [start, start + len) to [*o, *o + *l). */
-static inline void clip(size_t start, size_t len, size_t k, size_t ce, size_t *o,
-                 size_t *l)
+static inline void clip(size_t start, size_t len, size_t k, size_t ce,
+                        size_t *o, size_t *l)
 {
     size_t off = MESH_MIN(k * ce, len);
 
@@ -203,7 +203,8 @@ static inline void clip(size_t start, size_t len, size_t k, size_t ce, size_t *o
 }
 
 /* Balanced ring segment j of count over n ranks. */
-static inline void segment(size_t count, int n, int j, size_t *start, size_t *len)
+static inline void segment(size_t count, int n, int j, size_t *start,
+                           size_t *len)
 {
     size_t base = count / (size_t)n, rem = count % (size_t)n;
 
@@ -241,6 +242,68 @@ static inline int recv_apart(const struct coll_args *a)
     return !sb || !rb || rb + rbytes <= sb || sb + sbytes <= rb;
 }
 
+/* ---- the algorithm table ------------------------------------------------- */
+
+/*
+ * What the cost model knows of a communicator, the same on every rank: the
+ * numbers (measured or default) and the shapes of the tree and of
+ * recursive doubling.
+ */
+struct coll_shape {
+    const struct mesh_coll_model *model;
+    int size;                /* ranks */
+    int tree_depth;          /* the double binary tree's deepest leaf */
+    double tree_load;        /* most bytes a rank sends, per byte reduced */
+    int rd_rounds, rd_extra; /* coll_rd_rounds */
+};
+
+/*
+ * One all-reduce algorithm. Adding one: a builder (and its scratch and
+ * cost) in a family file, an enum mesh_algo value, an entry in coll_algos.
+ */
+struct coll_algo {
+    int id;           /* enum mesh_algo */
+    const char *name; /* mesh_algo_name, mesh_algo_parse */
+    /* Scratch the all-reduce's schedule needs, in bytes (computed before
+     * building). NULL for AUTO, which has no schedule of its own. */
+    size_t (*scratch)(const struct coll_args *a);
+    int (*allreduce)(struct sched *s, const struct coll_args *a,
+                     void *scratch, mesh_mr_t *smr);
+    /* The broadcast this algorithm asks for; NULL: the chain's. */
+    int (*broadcast)(struct sched *s, const struct coll_args *a);
+    /*
+     * The alpha-beta(-gamma) model, in seconds for an all-reduce of bytes:
+     * hops on the critical path x alpha (coll_lat), bytes through the
+     * busiest rank's link x beta, bytes that rank adds x gamma, plus the
+     * tree's pipeline fill (a chunk per level up and down). The ring keeps
+     * every link busy from the start, and direct sends everything at once:
+     * neither has a fill worth a term. NULL: AUTO never chooses it.
+     */
+    double (*cost)(const struct coll_shape *c, double bytes);
+};
+
+/*
+ * Every algorithm, AUTO included, in the order mesh_algo_parse lists them.
+ * AUTO chooses among the entries with a cost, and times them at create, in
+ * this order, which is also its preference on a tie.
+ */
+extern const struct coll_algo coll_algos[];
+extern const size_t coll_nalgos;
+/* The entry of algorithm id; NULL when there is none. */
+const struct coll_algo *coll_algo_get(int id);
+/* The latency term of algo: its measured time, else hops x alpha. */
+double coll_lat(const struct coll_shape *c, int algo, double hops);
+/* The pipeline chunk, in bytes, the builders pick for a slice of bytes. */
+double coll_chunk_of(double slice);
+
+double coll_ring_cost(const struct coll_shape *c, double bytes);
+double coll_tree_cost(const struct coll_shape *c, double bytes);
+double coll_direct_cost(const struct coll_shape *c, double bytes);
+double coll_rd_cost(const struct coll_shape *c, double bytes);
+double coll_rhd_cost(const struct coll_shape *c, double bytes);
+
+/* ---- the builders, by family --------------------------------------------- */
+
 /* Scratch space the schedule needs, in bytes (computed before building). */
 size_t coll_ring_scratch(const struct coll_args *a);
 size_t coll_tree_scratch(const struct coll_args *a);
@@ -276,5 +339,8 @@ int coll_build_barrier(struct sched *s, int rank, int size);
  */
 void coll_dtree(int size, int rank, int tree, int *parent, int *child0,
                 int *child1);
+/* The deepest leaf of either tree, and the most bytes a rank sends per
+ * byte reduced, for the cost model. */
+void coll_tree_shape(int size, int *depth, double *load);
 
 #endif

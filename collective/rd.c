@@ -313,3 +313,32 @@ int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
     }
     return 0;
 }
+
+/* ---- costs --------------------------------------------------------------- */
+
+/* log2 P swaps of the whole message, + 2 hops where N is not P. */
+double coll_rd_cost(const struct coll_shape *c, double bytes)
+{
+    const struct mesh_coll_model *m = c->model;
+    int fold = c->rd_extra > 0;
+    double hops = c->rd_rounds + 2 * fold;
+
+    return coll_lat(c, MESH_ALGO_RD, hops) + hops * bytes * m->beta_s_per_byte +
+           (c->rd_rounds + fold) * bytes * m->gamma_s_per_byte;
+}
+
+/*
+ * Rabenseifner's: the ring's bytes through each link, in 2 log2 P hops
+ * (+ 2 where N is not P), and with extras the fold's whole message in and
+ * out of the folding ranks, which also add it.
+ */
+double coll_rhd_cost(const struct coll_shape *c, double bytes)
+{
+    const struct mesh_coll_model *m = c->model;
+    int fold = c->rd_extra > 0;
+    double p = (double)(1 << c->rd_rounds);
+
+    return coll_lat(c, MESH_ALGO_RHD, 2 * c->rd_rounds + 2 * fold) +
+           (2 * (p - 1) / p + 2 * fold) * bytes * m->beta_s_per_byte +
+           ((p - 1) / p + fold) * bytes * m->gamma_s_per_byte;
+}

@@ -298,3 +298,15 @@ int coll_build_chain_broadcast(struct sched *s, const struct coll_args *a)
     }
     return 0;
 }
+
+/* ---- cost ---------------------------------------------------------------- */
+
+double coll_ring_cost(const struct coll_shape *c, double bytes)
+{
+    const struct mesh_coll_model *m = c->model;
+    double n = c->size, seg = bytes / n;
+
+    return coll_lat(c, MESH_ALGO_RING, 2 * (n - 1)) +
+           2 * (n - 1) * seg * m->beta_s_per_byte +
+           (n - 1) * seg * m->gamma_s_per_byte;
+}

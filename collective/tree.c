@@ -236,3 +236,48 @@ int coll_build_tree_broadcast(struct sched *s, const struct coll_args *a)
     }
     return 0;
 }
+
+/* ---- cost ---------------------------------------------------------------- */
+
+void coll_tree_shape(int n, int *depth_out, double *load_out)
+{
+    int depth = 0;
+    double load = 0;
+
+    for (int t = 0; t < 2; t++)
+        for (int r = 0; r < n; r++) {
+            int d = 0, x = r, p, c0, c1;
+
+            for (coll_dtree(n, x, t, &p, &c0, &c1); p >= 0 && d <= n;
+                 coll_dtree(n, x, t, &p, &c0, &c1)) {
+                x = p;
+                d++;
+            }
+            depth = MESH_MAX(depth, d);
+        }
+    for (int r = 0; r < n; r++) {
+        double sent = 0;
+
+        for (int t = 0; t < 2; t++) {
+            int p, c0, c1;
+
+            coll_dtree(n, r, t, &p, &c0, &c1);
+            sent += 0.5 * ((p >= 0) + (c0 >= 0) + (c1 >= 0));
+        }
+        load = MESH_MAX(load, sent);
+    }
+    *depth_out = depth;
+    *load_out = load;
+}
+
+double coll_tree_cost(const struct coll_shape *c, double bytes)
+{
+    const struct mesh_coll_model *m = c->model;
+    double half = bytes / 2;
+
+    return coll_lat(c, MESH_ALGO_TREE, 2 * c->tree_depth) +
+           c->tree_load * bytes * m->beta_s_per_byte +
+           bytes * m->gamma_s_per_byte +
+           2 * c->tree_depth * MESH_MIN(coll_chunk_of(half), half) *
+               m->beta_s_per_byte;
+}
