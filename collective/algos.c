@@ -1,7 +1,7 @@
 /*
  * collective/algos.c: the table of all-reduce algorithms (name, scratch,
  * schedule builders, cost) that name lookup, parsing, AUTO's choice and the
- * communicator's runs all go through, and the cost model's shared terms.
+ * communicator's runs all go through, and the cost model's latency term.
  * The builders and their costs live in one file per family (ring.c,
  * tree.c, rd.c, baselines.c).
  */
@@ -71,9 +71,4 @@ double coll_lat(const struct coll_shape *c, int algo, double hops)
     double l = c->model->lat_s[algo];
 
     return l > 0 ? l : hops * c->model->alpha_s;
-}
-
-double coll_chunk_of(double slice)
-{
-    return MESH_MIN(MESH_MAX(slice / 8, 524288.0), 4194304.0);
 }

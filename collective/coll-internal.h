@@ -152,10 +152,6 @@ struct coll_args {
 
 /* ---- what the builders share --------------------------------------------- */
 
-#define CHUNK_MIN  (512u << 10)
-#define CHUNK_MAX  (4u << 20)
-#define CHUNKS_MAX 4096 /* per slice, whatever chunk size was asked for */
-
 static inline int mod(int a, int n)
 {
     return ((a % n) + n) % n;
@@ -165,6 +161,16 @@ static inline char *at(const void *base, size_t elems, size_t es)
 {
     return base ? (char *)base + elems * es : NULL;
 }
+
+/*
+ * The pipeline chunk: an eighth of the slice, bounded by COLL_CHUNK_MIN and
+ * COLL_CHUNK_MAX bytes, unless the options ask for a size. The builders cut
+ * with chunk_elems, the cost model estimates with coll_chunk_of: one pair
+ * of bounds for both.
+ */
+#define COLL_CHUNK_MIN  (512u << 10)
+#define COLL_CHUNK_MAX  (4u << 20)
+#define COLL_CHUNKS_MAX 4096 /* per slice, whatever chunk size was asked */
 
 /* Elements per chunk for a slice of n elements. */
 static inline size_t chunk_elems(const struct coll_args *a, size_t n)
@@ -176,14 +182,22 @@ static inline size_t chunk_elems(const struct coll_args *a, size_t n)
 
     if (!bytes) {
         bytes = n * es / 8;
-        bytes = MESH_MAX(bytes, CHUNK_MIN);
-        bytes = MESH_MIN(bytes, CHUNK_MAX);
+        bytes = MESH_MAX(bytes, COLL_CHUNK_MIN);
+        bytes = MESH_MIN(bytes, COLL_CHUNK_MAX);
     }
     ce = MESH_MAX(bytes / es, 1);
     /* a tiny --chunk on a big message: bound the schedule's size */
-    if (n / ce >= CHUNKS_MAX)
-        ce = (n + CHUNKS_MAX - 1) / CHUNKS_MAX;
+    if (n / ce >= COLL_CHUNKS_MAX)
+        ce = (n + COLL_CHUNKS_MAX - 1) / COLL_CHUNKS_MAX;
     return ce;
+}
+
+/* The chunk, in bytes, chunk_elems picks for a slice of bytes (without
+ * --chunk), for the cost model. */
+static inline double coll_chunk_of(double slice)
+{
+    return MESH_MIN(MESH_MAX(slice / 8, (double)COLL_CHUNK_MIN),
+                    (double)COLL_CHUNK_MAX);
 }
 
 /* Chunks covering n elements (at least one: empty messages still flow). */
@@ -293,8 +307,6 @@ extern const size_t coll_nalgos;
 const struct coll_algo *coll_algo_get(int id);
 /* The latency term of algo: its measured time, else hops x alpha. */
 double coll_lat(const struct coll_shape *c, int algo, double hops);
-/* The pipeline chunk, in bytes, the builders pick for a slice of bytes. */
-double coll_chunk_of(double slice);
 
 double coll_ring_cost(const struct coll_shape *c, double bytes);
 double coll_tree_cost(const struct coll_shape *c, double bytes);
