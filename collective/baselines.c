@@ -12,13 +12,43 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A slot of count elements for each other rank's data. */
+static size_t slot_per_peer(const struct coll_args *a)
+{
+    if (a->size < 2)
+        return 0;
+    return (size_t)(a->size - 1) * a->count * mesh_dtype_size(a->dtype);
+}
+
+/*
+ * Room for steps x nk tags, and the arrays of a chunk that gathers: in, the
+ * reduction's inputs (one per rank), and nops operation ids; what names
+ * the schedule in the error.
+ */
+static int gather_arrays(const struct coll_args *a, size_t steps, size_t nk,
+                       size_t nops, const void ***in, int **ops,
+                       const char *what)
+{
+    int rc = tag_room(steps, nk);
+
+    if (rc < 0)
+        return rc;
+    *in = malloc((size_t)a->size * sizeof(**in));
+    *ops = malloc(nops * sizeof(**ops));
+    if (!*in || !*ops) {
+        free(*in);
+        free(*ops);
+        return mesh_err(-ENOMEM, "out of memory building a %s schedule",
+                        what);
+    }
+    return 0;
+}
+
 /* ---- parameter server (the seed's baseline) ------------------------------ */
 
 size_t coll_ps_scratch(const struct coll_args *a)
 {
-    if (a->rank != 0 || a->size < 2)
-        return 0;
-    return (size_t)(a->size - 1) * a->count * mesh_dtype_size(a->dtype);
+    return a->rank == 0 ? slot_per_peer(a) : 0;
 }
 
 /* Rank 0 receives everyone's data, adds it in rank order, sends it back. */
@@ -32,16 +62,9 @@ int coll_build_ps_allreduce(struct sched *s, const struct coll_args *a,
     const void **in;
     int *rcv, rc;
 
-    rc = tag_room(2, nk);
+    rc = gather_arrays(a, 2, nk, (size_t)n, &in, &rcv, "ps");
     if (rc < 0)
         return rc;
-    in = malloc((size_t)n * sizeof(*in));
-    rcv = malloc((size_t)n * sizeof(*rcv));
-    if (!in || !rcv) {
-        free(in);
-        free(rcv);
-        return mesh_err(-ENOMEM, "out of memory building a ps schedule");
-    }
     for (size_t k = 0; k < nk; k++) {
         size_t o, l;
 
@@ -84,9 +107,7 @@ int coll_build_ps_allreduce(struct sched *s, const struct coll_args *a,
 
 size_t coll_direct_scratch(const struct coll_args *a)
 {
-    if (a->size < 2)
-        return 0;
-    return (size_t)(a->size - 1) * a->count * mesh_dtype_size(a->dtype);
+    return slot_per_peer(a);
 }
 
 /*
@@ -105,16 +126,9 @@ int coll_build_direct_allreduce(struct sched *s, const struct coll_args *a,
     const void **in;
     int *ops, rc;
 
-    rc = tag_room(1, nk);
+    rc = gather_arrays(a, 1, nk, 2 * (size_t)n, &in, &ops, "direct");
     if (rc < 0)
         return rc;
-    in = malloc((size_t)n * sizeof(*in));
-    ops = malloc(2 * (size_t)n * sizeof(*ops));
-    if (!in || !ops) {
-        free(in);
-        free(ops);
-        return mesh_err(-ENOMEM, "out of memory building a direct schedule");
-    }
     for (size_t k = 0; k < nk; k++) {
         size_t o, l;
         int nops = 0, red;

@@ -14,6 +14,25 @@
 
 /* ---- ring ---------------------------------------------------------------- */
 
+/*
+ * Room for steps x nk tags, and prev[k]: the last operation of chunk k so
+ * far (-1 at the start), which the next step's operation on chunk k
+ * follows.
+ */
+static int chunk_chain(size_t steps, size_t nk, int **prev)
+{
+    int rc = tag_room(steps, nk);
+
+    if (rc < 0)
+        return rc;
+    *prev = malloc(nk * sizeof(**prev));
+    if (!*prev)
+        return mesh_err(-ENOMEM, "out of memory building a ring");
+    for (size_t k = 0; k < nk; k++)
+        (*prev)[k] = -1;
+    return 0;
+}
+
 size_t coll_ring_scratch(const struct coll_args *a)
 {
     size_t es = mesh_dtype_size(a->dtype), n = (size_t)a->size, slots;
@@ -59,18 +78,14 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
      * all-gather step st lands (segment r - st, chunk k) */
     int *prev, *reader, rc;
 
-    rc = tag_room(2 * (size_t)n, nk);
+    rc = chunk_chain(2 * (size_t)n, nk, &prev);
     if (rc < 0)
         return rc;
-    prev = malloc(nk * sizeof(*prev));
     reader = malloc((size_t)(n - 1) * nk * sizeof(*reader));
-    if (!prev || !reader) {
+    if (!reader) {
         free(prev);
-        free(reader);
         return mesh_err(-ENOMEM, "out of memory building a ring");
     }
-    for (size_t k = 0; k < nk; k++)
-        prev[k] = -1;
     for (int st = 0; st < n - 1; st++) {
         size_t ss, sl, rs, rl;
 
@@ -168,14 +183,9 @@ int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
     float div = a->redop == MESH_REDOP_AVG ? (float)n : 1.0f;
     int *prev, rc, direct = recv_apart(a);
 
-    rc = tag_room((size_t)n, nk);
+    rc = chunk_chain((size_t)n, nk, &prev);
     if (rc < 0)
         return rc;
-    prev = malloc(nk * sizeof(*prev));
-    if (!prev)
-        return mesh_err(-ENOMEM, "out of memory building a ring");
-    for (size_t k = 0; k < nk; k++)
-        prev[k] = -1;
     for (int st = 0; st < n - 1; st++) {
         size_t sseg = (size_t)mod(r - st - 1, n);
         size_t rseg = (size_t)mod(r - st - 2, n);
@@ -229,14 +239,9 @@ int coll_build_ring_allgather(struct sched *s, const struct coll_args *a)
     char *mine = at(a->recvbuf, (size_t)r * cnt, es);
     int *prev, rc;
 
-    rc = tag_room((size_t)n, nk);
+    rc = chunk_chain((size_t)n, nk, &prev);
     if (rc < 0)
         return rc;
-    prev = malloc(nk * sizeof(*prev));
-    if (!prev)
-        return mesh_err(-ENOMEM, "out of memory building a ring");
-    for (size_t k = 0; k < nk; k++)
-        prev[k] = -1;
     if (a->sendbuf != mine)
         sched_copy(s, mine, a->sendbuf, cnt * es);
     for (int st = 0; st < n - 1; st++) {
