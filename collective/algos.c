@@ -10,51 +10,22 @@
 #include "collective/coll-internal.h"
 #include "common/util.h"
 
+/* id, name, scratch, all-reduce, broadcast (NULL: the chain), cost (NULL:
+ * not AUTO's); see struct coll_algo. */
 const struct coll_algo coll_algos[] = {
-    {
-        .id = MESH_ALGO_RING,
-        .name = "ring",
-        .scratch = coll_ring_scratch,
-        .allreduce = coll_build_ring_allreduce,
-        .broadcast = coll_build_chain_broadcast,
-        .cost = coll_ring_cost,
-    },
-    {
-        .id = MESH_ALGO_TREE,
-        .name = "tree",
-        .scratch = coll_tree_scratch,
-        .allreduce = coll_build_tree_allreduce,
-        .broadcast = coll_build_tree_broadcast,
-        .cost = coll_tree_cost,
-    },
-    {.id = MESH_ALGO_AUTO, .name = "auto"},
-    {
-        .id = MESH_ALGO_PS,
-        .name = "ps",
-        .scratch = coll_ps_scratch,
-        .allreduce = coll_build_ps_allreduce,
-    },
-    {
-        .id = MESH_ALGO_DIRECT,
-        .name = "direct",
-        .scratch = coll_direct_scratch,
-        .allreduce = coll_build_direct_allreduce,
-        .cost = coll_direct_cost,
-    },
-    {
-        .id = MESH_ALGO_RD,
-        .name = "rd",
-        .scratch = coll_rd_scratch,
-        .allreduce = coll_build_rd_allreduce,
-        .cost = coll_rd_cost,
-    },
-    {
-        .id = MESH_ALGO_RHD,
-        .name = "rhd",
-        .scratch = coll_rd_scratch, /* two slots of count, as rd's */
-        .allreduce = coll_build_rhd_allreduce,
-        .cost = coll_rhd_cost,
-    },
+    {MESH_ALGO_RING, "ring", coll_ring_scratch, coll_build_ring_allreduce,
+     coll_build_chain_broadcast, coll_ring_cost},
+    {MESH_ALGO_TREE, "tree", coll_tree_scratch, coll_build_tree_allreduce,
+     coll_build_tree_broadcast, coll_tree_cost},
+    {MESH_ALGO_AUTO, "auto", NULL, NULL, NULL, NULL},
+    {MESH_ALGO_PS, "ps", coll_ps_scratch, coll_build_ps_allreduce, NULL, NULL},
+    {MESH_ALGO_DIRECT, "direct", coll_direct_scratch,
+     coll_build_direct_allreduce, NULL, coll_direct_cost},
+    {MESH_ALGO_RD, "rd", coll_rd_scratch, coll_build_rd_allreduce, NULL,
+     coll_rd_cost},
+    /* rd's scratch: two slots of count */
+    {MESH_ALGO_RHD, "rhd", coll_rd_scratch, coll_build_rhd_allreduce, NULL,
+     coll_rhd_cost},
 };
 const size_t coll_nalgos = MESH_ARRAY_SIZE(coll_algos);
 
