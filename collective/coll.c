@@ -433,6 +433,20 @@ static void run_req(struct mesh_coll *c, struct mesh_coll_req *q)
     q->rc = rc;
 }
 
+/*
+ * Called with mu held: run q with mu released, the communicator marked
+ * busy meanwhile, then mark q done. Returns with mu held.
+ */
+static void run_marked(struct mesh_coll *c, struct mesh_coll_req *q)
+{
+    c->busy = 1;
+    pthread_mutex_unlock(&c->mu);
+    run_req(c, q);
+    pthread_mutex_lock(&c->mu);
+    c->busy = 0;
+    q->done = 1;
+}
+
 static void *engine(void *arg)
 {
     struct mesh_coll *c = arg;
@@ -449,12 +463,7 @@ static void *engine(void *arg)
         c->head = q->next;
         if (!c->head)
             c->tail = NULL;
-        c->busy = 1;
-        pthread_mutex_unlock(&c->mu);
-        run_req(c, q);
-        pthread_mutex_lock(&c->mu);
-        c->busy = 0;
-        q->done = 1;
+        run_marked(c, q);
         pthread_cond_broadcast(&c->dcv);
     }
     pthread_mutex_unlock(&c->mu);
@@ -510,12 +519,7 @@ static int submit_wait(mesh_coll_t *c, mesh_coll_req_t *q, int nseq)
     }
     q->seq = c->next_seq;
     c->next_seq += (uint64_t)nseq;
-    c->busy = 1;
-    pthread_mutex_unlock(&c->mu);
-    run_req(c, q);
-    pthread_mutex_lock(&c->mu);
-    c->busy = 0;
-    q->done = 1;
+    run_marked(c, q);
     if (c->head || c->stop)
         pthread_cond_signal(&c->qcv);
     pthread_mutex_unlock(&c->mu);
@@ -680,47 +684,50 @@ static int barrier_go(mesh_coll_t *c, mesh_coll_req_t **out)
 
 /* Non-blocking forms: queue, return the request. */
 
+/* The error of a non-blocking form fn called without a request pointer. */
+static int no_out(const char *fn)
+{
+    return mesh_err(-EINVAL, "%s: NULL out", fn);
+}
+
 int mesh_coll_allreduce_start(mesh_coll_t *c, const void *sendbuf,
                               void *recvbuf, size_t count, int dtype, int redop,
                               int algo, mesh_coll_req_t **out)
 {
-    if (!out)
-        return mesh_err(-EINVAL, "mesh_coll_allreduce_start: NULL out");
-    return allreduce_go(c, sendbuf, recvbuf, count, dtype, redop, algo, out);
+    return out ? allreduce_go(c, sendbuf, recvbuf, count, dtype, redop, algo,
+                              out)
+               : no_out(__func__);
 }
 
 int mesh_coll_reduce_scatter_start(mesh_coll_t *c, const void *sendbuf,
                                    void *recvbuf, size_t recvcount, int dtype,
                                    int redop, mesh_coll_req_t **out)
 {
-    if (!out)
-        return mesh_err(-EINVAL, "mesh_coll_reduce_scatter_start: NULL out");
-    return reduce_scatter_go(c, sendbuf, recvbuf, recvcount, dtype, redop, out);
+    return out ? reduce_scatter_go(c, sendbuf, recvbuf, recvcount, dtype,
+                                   redop, out)
+               : no_out(__func__);
 }
 
 int mesh_coll_allgather_start(mesh_coll_t *c, const void *sendbuf,
                               void *recvbuf, size_t sendcount, int dtype,
                               mesh_coll_req_t **out)
 {
-    if (!out)
-        return mesh_err(-EINVAL, "mesh_coll_allgather_start: NULL out");
-    return allgather_go(c, sendbuf, recvbuf, sendcount, dtype, out);
+    return out ? allgather_go(c, sendbuf, recvbuf, sendcount, dtype, out)
+               : no_out(__func__);
 }
 
 int mesh_coll_broadcast_start(mesh_coll_t *c, const void *sendbuf,
                               void *recvbuf, size_t count, int dtype, int root,
                               int algo, mesh_coll_req_t **out)
 {
-    if (!out)
-        return mesh_err(-EINVAL, "mesh_coll_broadcast_start: NULL out");
-    return broadcast_go(c, sendbuf, recvbuf, count, dtype, root, algo, out);
+    return out ? broadcast_go(c, sendbuf, recvbuf, count, dtype, root, algo,
+                              out)
+               : no_out(__func__);
 }
 
 int mesh_coll_barrier_start(mesh_coll_t *c, mesh_coll_req_t **out)
 {
-    if (!out)
-        return mesh_err(-EINVAL, "mesh_coll_barrier_start: NULL out");
-    return barrier_go(c, out);
+    return out ? barrier_go(c, out) : no_out(__func__);
 }
 
 /* Blocking forms: run on the caller's thread when the engine is idle. */
