@@ -2,9 +2,10 @@
  * collective/coll-internal.h: what the collective's own files and tests
  * share and nobody else needs: kernel instruction-set paths (reduce.c), the
  * schedule (a small dependency graph of sends, receives and reductions that
- * every algorithm compiles to) and its executor (sched.c), and the
- * algorithms' schedule builders (ring.c, tree.c, rd.c, baselines.c) with
- * the helpers they share.
+ * every algorithm compiles to) and its executor (sched.c), the algorithms'
+ * schedule builders and costs (ring.c, tree.c, rd.c, baselines.c) with the
+ * helpers they share, and the table of algorithms (algos.c) that the
+ * communicator (coll.c) goes through.
  */
 #ifndef MESH_COLL_INTERNAL_H
 #define MESH_COLL_INTERNAL_H
@@ -118,9 +119,9 @@ int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
 /* ---- algorithms: each compiles one collective into a schedule ------------ */
 
 /*
- * The builders: collective/ring.c (ring, chain broadcast), tree.c (double
- * binary tree), rd.c (recursive doubling, Rabenseifner), baselines.c
- * (parameter server, direct, barrier).
+ * The builders, with their costs: collective/ring.c (ring, chain
+ * broadcast), tree.c (double binary tree), rd.c (recursive doubling,
+ * Rabenseifner), baselines.c (parameter server, direct, barrier).
  *
  * Each builder turns one collective into sends, receives and reductions
  * (collective/sched.c runs them). Data is cut into chunks so that the steps
