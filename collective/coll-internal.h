@@ -1,14 +1,19 @@
 /*
  * collective/coll-internal.h: what the collective's own files and tests
- * share and nobody else needs: kernel instruction-set paths, the schedule
- * (a small dependency graph of sends, receives and reductions that every
- * algorithm compiles to) and its executor.
+ * share and nobody else needs: kernel instruction-set paths (reduce.c), the
+ * schedule (a small dependency graph of sends, receives and reductions that
+ * every algorithm compiles to) and its executor (sched.c), the algorithms'
+ * schedule builders and costs (ring.c, tree.c, rd.c, baselines.c) with the
+ * helpers they share, and the table of algorithms (algos.c) that the
+ * communicator (coll.c) goes through.
  */
 #ifndef MESH_COLL_INTERNAL_H
 #define MESH_COLL_INTERNAL_H
 
 #include "collective/collective.h"
+#include "common/util.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -113,6 +118,25 @@ int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
 
 /* ---- algorithms: each compiles one collective into a schedule ------------ */
 
+/*
+ * The builders, with their costs: collective/ring.c (ring, chain
+ * broadcast), tree.c (double binary tree), rd.c (recursive doubling,
+ * Rabenseifner), baselines.c (parameter server, direct, barrier).
+ *
+ * Each builder turns one collective into sends, receives and reductions
+ * (collective/sched.c runs them). Data is cut into chunks so that the steps
+ * pipeline; every (step, chunk) message gets its own tag, so a link never
+ * carries two messages with the same (seq, tag). Every step sends a message
+ * even when its slice is empty (count 0, or fewer elements than ranks): the
+ * receivers then always see one frame per step, and a rank that disagrees
+ * about the size gets a desync error from the transport instead of waiting.
+ *
+ * Buffer hazards: where a receive lands in memory that an earlier send of
+ * the same collective reads, the receive is posted only after that send
+ * completed (the data dependency alone would make it safe in practice, the
+ * transport's contract asks for the buffer to stay untouched).
+ */
+
 /* What an algorithm needs to know about one collective. */
 struct coll_args {
     int op; /* enum mesh_op */
@@ -126,6 +150,172 @@ struct coll_args {
     size_t chunk_bytes; /* 0: pick */
     int rank, size;
 };
+
+/* ---- what the builders share --------------------------------------------- */
+
+static inline int mod(int a, int n)
+{
+    return ((a % n) + n) % n;
+}
+
+static inline char *at(const void *base, size_t elems, size_t es)
+{
+    return base ? (char *)base + elems * es : NULL;
+}
+
+/*
+ * The pipeline chunk: an eighth of the slice, bounded by COLL_CHUNK_MIN and
+ * COLL_CHUNK_MAX bytes, unless the options ask for a size. The builders cut
+ * with chunk_elems, the cost model estimates with coll_chunk_of: one pair
+ * of bounds for both.
+ */
+#define COLL_CHUNK_MIN  (512u << 10)
+#define COLL_CHUNK_MAX  (4u << 20)
+#define COLL_CHUNKS_MAX 4096 /* per slice, whatever chunk size was asked */
+
+/* Elements per chunk for a slice of n elements. */
+static inline size_t chunk_elems(const struct coll_args *a, size_t n)
+{
+    size_t es = mesh_dtype_size(a->dtype);
+    size_t bytes = a->chunk_bytes;
+
+    size_t ce;
+
+    if (!bytes) {
+        bytes = n * es / 8;
+        bytes = MESH_MAX(bytes, COLL_CHUNK_MIN);
+        bytes = MESH_MIN(bytes, COLL_CHUNK_MAX);
+    }
+    ce = MESH_MAX(bytes / es, 1);
+    /* a tiny --chunk on a big message: bound the schedule's size */
+    if (n / ce >= COLL_CHUNKS_MAX)
+        ce = (n + COLL_CHUNKS_MAX - 1) / COLL_CHUNKS_MAX;
+    return ce;
+}
+
+/* The chunk, in bytes, chunk_elems picks for a slice of bytes (without
+ * --chunk), for the cost model. */
+static inline double coll_chunk_of(double slice)
+{
+    return MESH_MIN(MESH_MAX(slice / 8, (double)COLL_CHUNK_MIN),
+                    (double)COLL_CHUNK_MAX);
+}
+
+/* Chunks covering n elements (at least one: empty messages still flow). */
+static inline size_t nchunks(size_t n, size_t ce)
+{
+    return n ? (n + ce - 1) / ce : 1;
+}
+
+/* Clip chunk k of a slice [start, start + len) to [*o, *o + *l). */
+static inline void clip(size_t start, size_t len, size_t k, size_t ce,
+                        size_t *o, size_t *l)
+{
+    size_t off = MESH_MIN(k * ce, len);
+
+    *o = start + off;
+    *l = MESH_MIN(ce, len - off);
+}
+
+/* Balanced ring segment j of count over n ranks. */
+static inline void segment(size_t count, int n, int j, size_t *start,
+                           size_t *len)
+{
+    size_t base = count / (size_t)n, rem = count % (size_t)n;
+
+    *start = (size_t)j * base + MESH_MIN((size_t)j, rem);
+    *len = base + ((size_t)j < rem);
+}
+
+static inline int tag_room(size_t steps, size_t k)
+{
+    if (k && steps > (size_t)UINT32_MAX / k)
+        return mesh_err(-E2BIG,
+                        "too many chunks (%zu x %zu): raise the "
+                        "chunk size",
+                        steps, k);
+    return 0;
+}
+
+/*
+ * Whether the receive buffer lies apart from the send buffer. A step whose
+ * reduction is final (the ring's last reduce-scatter step, the first
+ * halving round of rhd) may then receive straight into the receive buffer
+ * and add the input there: the kernel's copy writes the destination once
+ * and the reduction adds into it while it is in cache, where a scratch
+ * slot cost a second cold stream of writes (and, with two ranks, all of
+ * the ring's scratch). In place, the input is still to be read there.
+ */
+static inline int recv_apart(const struct coll_args *a)
+{
+    size_t es = mesh_dtype_size(a->dtype), n = (size_t)a->size;
+    size_t sbytes = a->count * es, rbytes = a->count * es;
+    const char *sb = a->sendbuf, *rb = a->recvbuf;
+
+    if (a->op == MESH_OP_REDUCE_SCATTER)
+        sbytes *= n;
+    return !sb || !rb || rb + rbytes <= sb || sb + sbytes <= rb;
+}
+
+/* ---- the algorithm table ------------------------------------------------- */
+
+/*
+ * What the cost model knows of a communicator, the same on every rank: the
+ * numbers (measured or default) and the shapes of the tree and of
+ * recursive doubling.
+ */
+struct coll_shape {
+    const struct mesh_coll_model *model;
+    int size;                /* ranks */
+    int tree_depth;          /* the double binary tree's deepest leaf */
+    double tree_load;        /* most bytes a rank sends, per byte reduced */
+    int rd_rounds, rd_extra; /* coll_rd_rounds */
+};
+
+/*
+ * One all-reduce algorithm. Adding one: a builder (and its scratch and
+ * cost) in a family file, an enum mesh_algo value, an entry in coll_algos.
+ */
+struct coll_algo {
+    int id;           /* enum mesh_algo */
+    const char *name; /* mesh_algo_name, mesh_algo_parse */
+    /* Scratch the all-reduce's schedule needs, in bytes (computed before
+     * building). NULL for AUTO, which has no schedule of its own. */
+    size_t (*scratch)(const struct coll_args *a);
+    int (*allreduce)(struct sched *s, const struct coll_args *a,
+                     void *scratch, mesh_mr_t *smr);
+    /* The broadcast this algorithm asks for; NULL: the chain's. */
+    int (*broadcast)(struct sched *s, const struct coll_args *a);
+    /*
+     * The alpha-beta(-gamma) model, in seconds for an all-reduce of bytes:
+     * hops on the critical path x alpha (coll_lat), bytes through the
+     * busiest rank's link x beta, bytes that rank adds x gamma, plus the
+     * tree's pipeline fill (a chunk per level up and down). The ring keeps
+     * every link busy from the start, and direct sends everything at once:
+     * neither has a fill worth a term. NULL: AUTO never chooses it.
+     */
+    double (*cost)(const struct coll_shape *c, double bytes);
+};
+
+/*
+ * Every algorithm, AUTO included, in the order mesh_algo_parse lists them.
+ * AUTO chooses among the entries with a cost, and times them at create, in
+ * this order, which is also its preference on a tie.
+ */
+extern const struct coll_algo coll_algos[];
+extern const size_t coll_nalgos;
+/* The entry of algorithm id; NULL when there is none. */
+const struct coll_algo *coll_algo_get(int id);
+/* The latency term of algo: its measured time, else hops x alpha. */
+double coll_lat(const struct coll_shape *c, int algo, double hops);
+
+double coll_ring_cost(const struct coll_shape *c, double bytes);
+double coll_tree_cost(const struct coll_shape *c, double bytes);
+double coll_direct_cost(const struct coll_shape *c, double bytes);
+double coll_rd_cost(const struct coll_shape *c, double bytes);
+double coll_rhd_cost(const struct coll_shape *c, double bytes);
+
+/* ---- the builders, by family --------------------------------------------- */
 
 /* Scratch space the schedule needs, in bytes (computed before building). */
 size_t coll_ring_scratch(const struct coll_args *a);
@@ -162,5 +352,8 @@ int coll_build_barrier(struct sched *s, int rank, int size);
  */
 void coll_dtree(int size, int rank, int tree, int *parent, int *child0,
                 int *child1);
+/* The deepest leaf of either tree, and the most bytes a rank sends per
+ * byte reduced, for the cost model. */
+void coll_tree_shape(int size, int *depth, double *load);
 
 #endif

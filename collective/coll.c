@@ -1,6 +1,7 @@
 /*
  * collective/coll.c: the communicator: its engine thread, requests, pinned
- * registered buffers, scratch, and the alpha-beta choice of algorithm.
+ * registered buffers, scratch, and the alpha-beta choice of algorithm (the
+ * costs of collective/algos.c's table).
  *
  * Shape: callers queue requests (under mu); one engine thread takes them in
  * order, registers the buffers it meets (once, cached), grows the scratch
@@ -57,10 +58,7 @@ struct mesh_coll {
     const struct mesh_world *w;
     struct mesh_coll_opts opts;
     struct mesh_coll_model model;
-    /* the tree's shape, for the cost model */
-    int tree_depth;
-    double tree_load;        /* most bytes a rank sends, per byte reduced */
-    int rd_rounds, rd_extra; /* recursive doubling's shape */
+    struct coll_shape shape; /* what the cost model knows (model, shapes) */
 
     pthread_t thread;
     int thread_started;
@@ -86,40 +84,26 @@ struct mesh_coll {
 
 const char *mesh_algo_name(int algo)
 {
-    switch (algo) {
-    case MESH_ALGO_AUTO:
-        return "auto";
-    case MESH_ALGO_RING:
-        return "ring";
-    case MESH_ALGO_TREE:
-        return "tree";
-    case MESH_ALGO_PS:
-        return "ps";
-    case MESH_ALGO_DIRECT:
-        return "direct";
-    case MESH_ALGO_RD:
-        return "rd";
-    case MESH_ALGO_RHD:
-        return "rhd";
-    }
-    return "unknown-algo";
+    const struct coll_algo *e = coll_algo_get(algo);
+
+    return e ? e->name : "unknown-algo";
 }
 
 int mesh_algo_parse(const char *s, int *out)
 {
-    static const int all[] = {MESH_ALGO_AUTO,   MESH_ALGO_RING, MESH_ALGO_TREE,
-                              MESH_ALGO_PS,     MESH_ALGO_DIRECT,
-                              MESH_ALGO_RD,     MESH_ALGO_RHD};
+    char names[256] = "";
+    size_t used = 0;
 
-    for (size_t i = 0; s && i < MESH_ARRAY_SIZE(all); i++)
-        if (!strcmp(s, mesh_algo_name(all[i]))) {
-            *out = all[i];
+    for (size_t i = 0; s && i < coll_nalgos; i++)
+        if (!strcmp(s, coll_algos[i].name)) {
+            *out = coll_algos[i].id;
             return 0;
         }
-    return mesh_err(-EINVAL,
-                    "unknown algorithm '%s' (ring, tree, auto, ps, "
-                    "direct, rd, rhd)",
-                    s ? s : "");
+    for (size_t i = 0; i < coll_nalgos && used < sizeof(names); i++)
+        used += (size_t)snprintf(names + used, sizeof(names) - used, "%s%s",
+                                 i ? ", " : "", coll_algos[i].name);
+    return mesh_err(-EINVAL, "unknown algorithm '%s' (%s)", s ? s : "",
+                    names);
 }
 
 void mesh_coll_opts_init(struct mesh_coll_opts *o)
@@ -223,110 +207,7 @@ static int scratch_reserve(struct mesh_coll *c, size_t need)
     return 0;
 }
 
-/* ---- the cost model ------------------------------------------------------ */
-
-/*
- * The alpha-beta(-gamma) model, in seconds for an all-reduce of bytes:
- * hops on the critical path x alpha, bytes through the busiest rank's link
- * x beta, bytes that rank adds x gamma, plus the tree's pipeline fill (a
- * chunk per level up and down). The ring keeps every link busy from the
- * start, and direct sends everything at once: neither has a fill worth a
- * term.
- */
-static double chunk_of(double slice)
-{
-    return MESH_MIN(MESH_MAX(slice / 8, 524288.0), 4194304.0);
-}
-
-/* The latency term of algo: measured, else hops x alpha. */
-static double lat_of(const struct mesh_coll *c, int algo, double hops)
-{
-    double l = c->model.lat_s[algo];
-
-    return l > 0 ? l : hops * c->model.alpha_s;
-}
-
-static double ring_cost(const struct mesh_coll *c, double bytes)
-{
-    const struct mesh_coll_model *m = &c->model;
-    double n = c->w->size, seg = bytes / n;
-
-    return lat_of(c, MESH_ALGO_RING, 2 * (n - 1)) +
-           2 * (n - 1) * seg * m->beta_s_per_byte +
-           (n - 1) * seg * m->gamma_s_per_byte;
-}
-
-static double tree_cost(const struct mesh_coll *c, double bytes)
-{
-    const struct mesh_coll_model *m = &c->model;
-    double half = bytes / 2;
-
-    return lat_of(c, MESH_ALGO_TREE, 2 * c->tree_depth) +
-           c->tree_load * bytes * m->beta_s_per_byte +
-           bytes * m->gamma_s_per_byte +
-           2 * c->tree_depth * MESH_MIN(chunk_of(half), half) *
-               m->beta_s_per_byte;
-}
-
-static double direct_cost(const struct mesh_coll *c, double bytes)
-{
-    const struct mesh_coll_model *m = &c->model;
-    double n = c->w->size;
-
-    return lat_of(c, MESH_ALGO_DIRECT, 1) +
-           (n - 1) * bytes * m->beta_s_per_byte +
-           (n - 1) * bytes * m->gamma_s_per_byte;
-}
-
-/* log2 P swaps of the whole message, + 2 hops where N is not P. */
-static double rd_cost(const struct mesh_coll *c, double bytes)
-{
-    const struct mesh_coll_model *m = &c->model;
-    int fold = c->rd_extra > 0;
-    double hops = c->rd_rounds + 2 * fold;
-
-    return lat_of(c, MESH_ALGO_RD, hops) + hops * bytes * m->beta_s_per_byte +
-           (c->rd_rounds + fold) * bytes * m->gamma_s_per_byte;
-}
-
-/*
- * Rabenseifner's: the ring's bytes through each link, in 2 log2 P hops
- * (+ 2 where N is not P), and with extras the fold's whole message in and
- * out of the folding ranks, which also add it.
- */
-static double rhd_cost(const struct mesh_coll *c, double bytes)
-{
-    const struct mesh_coll_model *m = &c->model;
-    int fold = c->rd_extra > 0;
-    double p = (double)(1 << c->rd_rounds);
-
-    return lat_of(c, MESH_ALGO_RHD, 2 * c->rd_rounds + 2 * fold) +
-           (2 * (p - 1) / p + 2 * fold) * bytes * m->beta_s_per_byte +
-           ((p - 1) / p + fold) * bytes * m->gamma_s_per_byte;
-}
-
-/* What auto chooses from (and times at create), in this order of
- * preference on a tie. */
-static const int auto_algos[] = {MESH_ALGO_RING, MESH_ALGO_TREE,
-                                 MESH_ALGO_DIRECT, MESH_ALGO_RD,
-                                 MESH_ALGO_RHD};
-#define NAUTO ((int)MESH_ARRAY_SIZE(auto_algos))
-
-static double cost_of(const struct mesh_coll *c, int algo, double bytes)
-{
-    switch (algo) {
-    case MESH_ALGO_TREE:
-        return tree_cost(c, bytes);
-    case MESH_ALGO_DIRECT:
-        return direct_cost(c, bytes);
-    case MESH_ALGO_RD:
-        return rd_cost(c, bytes);
-    case MESH_ALGO_RHD:
-        return rhd_cost(c, bytes);
-    default:
-        return ring_cost(c, bytes);
-    }
-}
+/* ---- the choice of algorithm --------------------------------------------- */
 
 int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
 {
@@ -337,11 +218,15 @@ int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
         algo = c->opts.algo;
     if (algo != MESH_ALGO_AUTO)
         return algo;
-    for (int i = 0; i < NAUTO; i++) {
-        double cost = cost_of(c, auto_algos[i], (double)bytes);
+    for (size_t i = 0; i < coll_nalgos; i++) {
+        const struct coll_algo *e = &coll_algos[i];
+        double cost;
 
+        if (!e->cost)
+            continue;
+        cost = e->cost(&c->shape, (double)bytes);
         if (best < 0 || cost < best_cost) {
-            best = auto_algos[i];
+            best = e->id;
             best_cost = cost;
         }
     }
@@ -361,49 +246,16 @@ int mesh_coll_bcast_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
     if (algo != MESH_ALGO_AUTO)
         return MESH_ALGO_RING;
     chain = (n - 1) * m->alpha_s + b * m->beta_s_per_byte +
-            (n - 2) * MESH_MIN(chunk_of(b), b) * m->beta_s_per_byte;
-    tree = c->tree_depth * m->alpha_s + 2 * b * m->beta_s_per_byte +
-           c->tree_depth * MESH_MIN(chunk_of(b), b) * m->beta_s_per_byte;
+            (n - 2) * MESH_MIN(coll_chunk_of(b), b) * m->beta_s_per_byte;
+    tree = c->shape.tree_depth * m->alpha_s + 2 * b * m->beta_s_per_byte +
+           c->shape.tree_depth * MESH_MIN(coll_chunk_of(b), b) *
+               m->beta_s_per_byte;
     return tree < chain ? MESH_ALGO_TREE : MESH_ALGO_RING;
 }
 
 void mesh_coll_model_get(const mesh_coll_t *c, struct mesh_coll_model *out)
 {
     *out = c->model;
-}
-
-/* Depth and per-rank load of the double binary tree, and recursive
- * doubling's rounds (the same everywhere). */
-static void tree_shape(struct mesh_coll *c)
-{
-    int n = c->w->size, depth = 0;
-    double load = 0;
-
-    for (int t = 0; t < 2; t++)
-        for (int r = 0; r < n; r++) {
-            int d = 0, x = r, p, c0, c1;
-
-            for (coll_dtree(n, x, t, &p, &c0, &c1); p >= 0 && d <= n;
-                 coll_dtree(n, x, t, &p, &c0, &c1)) {
-                x = p;
-                d++;
-            }
-            depth = MESH_MAX(depth, d);
-        }
-    for (int r = 0; r < n; r++) {
-        double sent = 0;
-
-        for (int t = 0; t < 2; t++) {
-            int p, c0, c1;
-
-            coll_dtree(n, r, t, &p, &c0, &c1);
-            sent += 0.5 * ((p >= 0) + (c0 >= 0) + (c1 >= 0));
-        }
-        load = MESH_MAX(load, sent);
-    }
-    c->tree_depth = depth;
-    c->tree_load = load;
-    c->rd_rounds = coll_rd_rounds(n, &c->rd_extra);
 }
 
 /* ---- running one request ------------------------------------------------- */
@@ -466,6 +318,7 @@ static int run_measure(struct mesh_coll *c, struct mesh_coll_req *q)
 static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
 {
     struct coll_args *a = &q->a;
+    const struct coll_algo *algo;
     size_t es = mesh_dtype_size(a->dtype), sbytes, rbytes, need = 0;
     int stmp = 0, rtmp = 0, rc;
     struct sched s;
@@ -487,13 +340,9 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
         q->algo = mesh_coll_algo_for(c, q->algo, a->count * es);
     else if (a->op == MESH_OP_BROADCAST)
         q->algo = mesh_coll_bcast_algo_for(c, q->algo, a->count * es);
+    algo = coll_algo_get(q->algo);
     if (a->op == MESH_OP_ALLREDUCE)
-        need = q->algo == MESH_ALGO_TREE     ? coll_tree_scratch(a)
-               : q->algo == MESH_ALGO_PS     ? coll_ps_scratch(a)
-               : q->algo == MESH_ALGO_DIRECT ? coll_direct_scratch(a)
-               : q->algo == MESH_ALGO_RD || q->algo == MESH_ALGO_RHD
-                   ? coll_rd_scratch(a) /* two slots of count, both */
-                                             : coll_ring_scratch(a);
+        need = algo->scratch(a);
     else if (a->op == MESH_OP_REDUCE_SCATTER)
         need = coll_ring_scratch(a);
     rc = scratch_reserve(c, need);
@@ -518,21 +367,7 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
     } else {
         switch (a->op) {
         case MESH_OP_ALLREDUCE:
-            rc = q->algo == MESH_ALGO_TREE
-                     ? coll_build_tree_allreduce(&s, a, c->scratch,
-                                                 c->scratch_mr)
-                 : q->algo == MESH_ALGO_PS
-                     ? coll_build_ps_allreduce(&s, a, c->scratch, c->scratch_mr)
-                 : q->algo == MESH_ALGO_DIRECT
-                     ? coll_build_direct_allreduce(&s, a, c->scratch,
-                                                   c->scratch_mr)
-                 : q->algo == MESH_ALGO_RD
-                     ? coll_build_rd_allreduce(&s, a, c->scratch, c->scratch_mr)
-                 : q->algo == MESH_ALGO_RHD
-                     ? coll_build_rhd_allreduce(&s, a, c->scratch,
-                                                c->scratch_mr)
-                     : coll_build_ring_allreduce(&s, a, c->scratch,
-                                                 c->scratch_mr);
+            rc = algo->allreduce(&s, a, c->scratch, c->scratch_mr);
             break;
         case MESH_OP_REDUCE_SCATTER:
             rc = coll_build_ring_reduce_scatter(&s, a, c->scratch,
@@ -542,8 +377,7 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
             rc = coll_build_ring_allgather(&s, a);
             break;
         case MESH_OP_BROADCAST:
-            rc = q->algo == MESH_ALGO_TREE ? coll_build_tree_broadcast(&s, a)
-                                           : coll_build_chain_broadcast(&s, a);
+            rc = algo->broadcast(&s, a);
             break;
         default:
             rc = coll_build_barrier(&s, a->rank, a->size);
@@ -599,6 +433,20 @@ static void run_req(struct mesh_coll *c, struct mesh_coll_req *q)
     q->rc = rc;
 }
 
+/*
+ * Called with mu held: run q with mu released, the communicator marked
+ * busy meanwhile, then mark q done. Returns with mu held.
+ */
+static void run_marked(struct mesh_coll *c, struct mesh_coll_req *q)
+{
+    c->busy = 1;
+    pthread_mutex_unlock(&c->mu);
+    run_req(c, q);
+    pthread_mutex_lock(&c->mu);
+    c->busy = 0;
+    q->done = 1;
+}
+
 static void *engine(void *arg)
 {
     struct mesh_coll *c = arg;
@@ -615,12 +463,7 @@ static void *engine(void *arg)
         c->head = q->next;
         if (!c->head)
             c->tail = NULL;
-        c->busy = 1;
-        pthread_mutex_unlock(&c->mu);
-        run_req(c, q);
-        pthread_mutex_lock(&c->mu);
-        c->busy = 0;
-        q->done = 1;
+        run_marked(c, q);
         pthread_cond_broadcast(&c->dcv);
     }
     pthread_mutex_unlock(&c->mu);
@@ -676,12 +519,7 @@ static int submit_wait(mesh_coll_t *c, mesh_coll_req_t *q, int nseq)
     }
     q->seq = c->next_seq;
     c->next_seq += (uint64_t)nseq;
-    c->busy = 1;
-    pthread_mutex_unlock(&c->mu);
-    run_req(c, q);
-    pthread_mutex_lock(&c->mu);
-    c->busy = 0;
-    q->done = 1;
+    run_marked(c, q);
     if (c->head || c->stop)
         pthread_cond_signal(&c->qcv);
     pthread_mutex_unlock(&c->mu);
@@ -785,7 +623,7 @@ static int allreduce_go(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
 {
     int rc = check_args(c, sendbuf, recvbuf, count, 1, dtype, 1, redop);
 
-    if (rc == 0 && (algo < MESH_ALGO_AUTO || algo > MESH_ALGO_LAST))
+    if (rc == 0 && !coll_algo_get(algo))
         rc = mesh_err(-EINVAL, "unknown algorithm %d", algo);
     if (rc < 0)
         return rc;
@@ -824,12 +662,13 @@ static int broadcast_go(mesh_coll_t *c, const void *sendbuf, void *recvbuf,
 {
     int rc = check_args(c, c->w->rank == root ? sendbuf : recvbuf, recvbuf,
                         count, 1, dtype, 0, 0);
+    const struct coll_algo *e;
 
     if (rc == 0 && (root < 0 || root >= c->w->size))
         rc = mesh_err(-EINVAL, "broadcast root %d is not a rank (0..%d)", root,
                       c->w->size - 1);
-    if (rc == 0 && (algo == MESH_ALGO_PS || algo == MESH_ALGO_DIRECT ||
-                    algo == MESH_ALGO_RD || algo == MESH_ALGO_RHD))
+    e = coll_algo_get(algo);
+    if (rc == 0 && e && e->allreduce && !e->broadcast)
         algo = MESH_ALGO_RING; /* none of their own: the chain */
     if (rc < 0)
         return rc;
@@ -845,47 +684,50 @@ static int barrier_go(mesh_coll_t *c, mesh_coll_req_t **out)
 
 /* Non-blocking forms: queue, return the request. */
 
+/* The error of a non-blocking form fn called without a request pointer. */
+static int no_out(const char *fn)
+{
+    return mesh_err(-EINVAL, "%s: NULL out", fn);
+}
+
 int mesh_coll_allreduce_start(mesh_coll_t *c, const void *sendbuf,
                               void *recvbuf, size_t count, int dtype, int redop,
                               int algo, mesh_coll_req_t **out)
 {
-    if (!out)
-        return mesh_err(-EINVAL, "mesh_coll_allreduce_start: NULL out");
-    return allreduce_go(c, sendbuf, recvbuf, count, dtype, redop, algo, out);
+    return out ? allreduce_go(c, sendbuf, recvbuf, count, dtype, redop, algo,
+                              out)
+               : no_out(__func__);
 }
 
 int mesh_coll_reduce_scatter_start(mesh_coll_t *c, const void *sendbuf,
                                    void *recvbuf, size_t recvcount, int dtype,
                                    int redop, mesh_coll_req_t **out)
 {
-    if (!out)
-        return mesh_err(-EINVAL, "mesh_coll_reduce_scatter_start: NULL out");
-    return reduce_scatter_go(c, sendbuf, recvbuf, recvcount, dtype, redop, out);
+    return out ? reduce_scatter_go(c, sendbuf, recvbuf, recvcount, dtype,
+                                   redop, out)
+               : no_out(__func__);
 }
 
 int mesh_coll_allgather_start(mesh_coll_t *c, const void *sendbuf,
                               void *recvbuf, size_t sendcount, int dtype,
                               mesh_coll_req_t **out)
 {
-    if (!out)
-        return mesh_err(-EINVAL, "mesh_coll_allgather_start: NULL out");
-    return allgather_go(c, sendbuf, recvbuf, sendcount, dtype, out);
+    return out ? allgather_go(c, sendbuf, recvbuf, sendcount, dtype, out)
+               : no_out(__func__);
 }
 
 int mesh_coll_broadcast_start(mesh_coll_t *c, const void *sendbuf,
                               void *recvbuf, size_t count, int dtype, int root,
                               int algo, mesh_coll_req_t **out)
 {
-    if (!out)
-        return mesh_err(-EINVAL, "mesh_coll_broadcast_start: NULL out");
-    return broadcast_go(c, sendbuf, recvbuf, count, dtype, root, algo, out);
+    return out ? broadcast_go(c, sendbuf, recvbuf, count, dtype, root, algo,
+                              out)
+               : no_out(__func__);
 }
 
 int mesh_coll_barrier_start(mesh_coll_t *c, mesh_coll_req_t **out)
 {
-    if (!out)
-        return mesh_err(-EINVAL, "mesh_coll_barrier_start: NULL out");
-    return barrier_go(c, out);
+    return out ? barrier_go(c, out) : no_out(__func__);
 }
 
 /* Blocking forms: run on the caller's thread when the engine is idle. */
@@ -1021,30 +863,43 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* AUTO's candidates (the table's entries with a cost, in its order) into
+ * ids[0..MESH_ALGO_LAST); returns how many. */
+static int auto_algos(int *ids)
+{
+    int n = 0;
+
+    for (size_t i = 0; i < coll_nalgos; i++)
+        if (coll_algos[i].cost)
+            ids[n++] = coll_algos[i].id;
+    return n;
+}
+
 /*
- * Time a 32-byte all-reduce with each of auto_algos: the median of
- * LAT_RUNS after one warmup round, per algorithm, into v[0..NAUTO) (us).
- * The algorithms take turns, round by round, so that a burst of noise on a
- * shared machine spoils one run of each rather than all runs of one. Every
- * rank runs the same calls in the same order.
+ * Time a 32-byte all-reduce with each of the nauto algorithms ids: the
+ * median of LAT_RUNS after one warmup round, per algorithm, into
+ * v[0..nauto) (us). The algorithms take turns, round by round, so that a
+ * burst of noise on a shared machine spoils one run of each rather than
+ * all runs of one. Every rank runs the same calls in the same order.
  */
-static int time_small(mesh_coll_t *c, float *buf, float *v)
+static int time_small(mesh_coll_t *c, const int *ids, int nauto, float *buf,
+                      float *v)
 {
     enum { LAT_RUNS = 7 };
-    double t[NAUTO][LAT_RUNS];
+    double t[MESH_ALGO_LAST][LAT_RUNS];
 
     for (int i = -1; i < LAT_RUNS; i++)
-        for (int a = 0; a < NAUTO; a++) {
+        for (int a = 0; a < nauto; a++) {
             double t0 = mesh_now_s();
             int rc = mesh_coll_allreduce(c, buf, buf, 8, MESH_DT_F32,
-                                         MESH_REDOP_SUM, auto_algos[a]);
+                                         MESH_REDOP_SUM, ids[a]);
 
             if (rc < 0)
                 return rc;
             if (i >= 0)
                 t[a][i] = mesh_now_s() - t0;
         }
-    for (int a = 0; a < NAUTO; a++) {
+    for (int a = 0; a < nauto; a++) {
         qsort(t[a], LAT_RUNS, sizeof(t[a][0]), cmp_double);
         v[a] = (float)(t[a][LAT_RUNS / 2] * 1e6);
     }
@@ -1056,7 +911,10 @@ static int time_small(mesh_coll_t *c, float *buf, float *v)
  * the same bytes. */
 static int agree(mesh_coll_t *c)
 {
+    /* v: alpha, beta, the nauto times, then the timings' 8 floats */
+    enum { TIMING = 2 + MESH_ALGO_LAST, NV = TIMING + 8 };
     mesh_coll_req_t *q = NULL;
+    int ids[MESH_ALGO_LAST], nauto = auto_algos(ids);
     float *v;
     int rc;
 
@@ -1067,21 +925,21 @@ static int agree(mesh_coll_t *c)
     rc = mesh_coll_wait(q);
     if (rc < 0)
         return rc;
-    rc = mesh_coll_buf_alloc(c, 16 * sizeof(float), (void **)&v);
+    rc = mesh_coll_buf_alloc(c, NV * sizeof(float), (void **)&v);
     if (rc < 0)
         return rc;
-    memset(v, 0, 16 * sizeof(float));
+    memset(v, 0, NV * sizeof(float));
     v[0] = (float)(c->meas_alpha * 1e6); /* us */
     v[1] = (float)(c->meas_beta * 1e9);  /* ns per byte */
-    rc = time_small(c, v + 8, v + 2);
+    rc = time_small(c, ids, nauto, v + TIMING, v + 2);
     if (rc == 0)
-        rc = mesh_coll_allreduce(c, v, v, 2 + NAUTO, MESH_DT_F32,
+        rc = mesh_coll_allreduce(c, v, v, 2 + (size_t)nauto, MESH_DT_F32,
                                  MESH_REDOP_AVG, MESH_ALGO_RING);
     if (rc == 0) {
         c->model.alpha_s = v[0] * 1e-6;
         c->model.beta_s_per_byte = v[1] * 1e-9;
-        for (int a = 0; a < NAUTO; a++)
-            c->model.lat_s[auto_algos[a]] = v[2 + a] * 1e-6;
+        for (int a = 0; a < nauto; a++)
+            c->model.lat_s[ids[a]] = v[2 + a] * 1e-6;
         c->model.measured = 1;
     }
     mesh_coll_buf_free(c, v);
@@ -1090,9 +948,9 @@ static int agree(mesh_coll_t *c)
 
 static void log_model(const mesh_coll_t *c)
 {
-    char ranges[512] = "";
-    size_t used = 0, from = 8;
-    int prev = -1;
+    char ranges[512] = "", times[256] = "";
+    size_t used = 0, tused = 0, from = 8;
+    int ids[MESH_ALGO_LAST], nauto = auto_algos(ids), prev = -1;
 
     mesh_info("collectives: %d ranks, kernels %s, alpha %.1f us, beta %.3f "
               "ns/B (%.2f GB/s), gamma %.3f ns/B%s",
@@ -1102,14 +960,13 @@ static void log_model(const mesh_coll_t *c)
               c->model.measured ? " (alpha, beta measured to the ring "
                                   "neighbours, averaged over the ranks)"
                                 : " (not measured: defaults)");
+    for (int a = 0; a < nauto && tused < sizeof(times); a++)
+        tused += (size_t)snprintf(times + tused, sizeof(times) - tused,
+                                  "%s%s %.1f us", a ? ", " : "",
+                                  mesh_algo_name(ids[a]),
+                                  c->model.lat_s[ids[a]] * 1e6);
     if (c->model.measured)
-        mesh_info("collectives: 32-byte all-reduce measured: ring %.1f us, "
-                  "tree %.1f us, direct %.1f us, rd %.1f us, rhd %.1f us",
-                  c->model.lat_s[MESH_ALGO_RING] * 1e6,
-                  c->model.lat_s[MESH_ALGO_TREE] * 1e6,
-                  c->model.lat_s[MESH_ALGO_DIRECT] * 1e6,
-                  c->model.lat_s[MESH_ALGO_RD] * 1e6,
-                  c->model.lat_s[MESH_ALGO_RHD] * 1e6);
+        mesh_info("collectives: 32-byte all-reduce measured: %s", times);
     if (c->opts.algo != MESH_ALGO_AUTO) {
         mesh_info("collectives: all-reduce algorithm %s (fixed)",
                   mesh_algo_name(c->opts.algo));
@@ -1132,7 +989,7 @@ static void log_model(const mesh_coll_t *c)
         prev = a;
     }
     mesh_info("collectives: auto all-reduce: %s (tree depth %d)", ranges,
-              c->tree_depth);
+              c->shape.tree_depth);
 }
 
 int mesh_coll_create(const struct mesh_transport_ops *ops, mesh_transport_t *t,
@@ -1155,7 +1012,7 @@ int mesh_coll_create(const struct mesh_transport_ops *ops, mesh_transport_t *t,
         c->opts = *opts;
     else
         mesh_coll_opts_init(&c->opts);
-    if (c->opts.algo < MESH_ALGO_AUTO || c->opts.algo > MESH_ALGO_LAST) {
+    if (!coll_algo_get(c->opts.algo)) {
         rc = mesh_err(-EINVAL, "unknown algorithm %d", c->opts.algo);
         goto free_c;
     }
@@ -1165,7 +1022,10 @@ int mesh_coll_create(const struct mesh_transport_ops *ops, mesh_transport_t *t,
     /* y += x streams about 6 GB/s of x from memory on the development
      * machine; a timing here would run in cache and flatter it. */
     c->model.gamma_s_per_byte = 0.16e-9;
-    tree_shape(c);
+    c->shape.model = &c->model;
+    c->shape.size = world->size;
+    coll_tree_shape(world->size, &c->shape.tree_depth, &c->shape.tree_load);
+    c->shape.rd_rounds = coll_rd_rounds(world->size, &c->shape.rd_extra);
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->qcv, NULL);
     pthread_cond_init(&c->dcv, NULL);

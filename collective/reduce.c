@@ -254,16 +254,18 @@ AVX512 static void convert_avx512(int dd, void *dst, int sd, const void *src,
 
 /* ---- dispatch ------------------------------------------------------------ */
 
+/* enum mesh_isa's names, which MESHTRAIN_ISA takes too */
+static const char *const isa_names[] = {
+    [MESH_ISA_SCALAR] = "scalar",
+    [MESH_ISA_AVX2] = "avx2",
+    [MESH_ISA_AVX512] = "avx512f",
+};
+
 const char *mesh_isa_name(int isa)
 {
-    switch (isa) {
-    case MESH_ISA_AVX512:
-        return "avx512f";
-    case MESH_ISA_AVX2:
-        return "avx2";
-    default:
-        return "scalar";
-    }
+    if (isa < 0 || isa >= (int)MESH_ARRAY_SIZE(isa_names))
+        return isa_names[MESH_ISA_SCALAR];
+    return isa_names[isa];
 }
 
 int mesh_isa_available(int isa)
@@ -289,10 +291,9 @@ static int isa_pick(void)
     const char *cap = getenv("MESHTRAIN_ISA");
     int max = MESH_ISA_AVX512;
 
-    if (cap && !strcmp(cap, "scalar"))
-        max = MESH_ISA_SCALAR;
-    else if (cap && !strcmp(cap, "avx2"))
-        max = MESH_ISA_AVX2;
+    for (int isa = 0; cap && isa < (int)MESH_ARRAY_SIZE(isa_names); isa++)
+        if (!strcmp(cap, isa_names[isa]))
+            max = isa;
     for (int isa = max; isa > MESH_ISA_SCALAR; isa--)
         if (mesh_isa_available(isa))
             return isa;
