@@ -13,6 +13,7 @@
 #include "config.h"
 
 #include "nn/safetensors.h"
+#include "nn/safetensors-internal.h"
 
 #include "common/bytes.h"
 #include "common/util.h"
@@ -65,7 +66,7 @@ size_t mesh_st_dtype_size(int dtype)
     return 0;
 }
 
-static int dtype_from_name(const char *s)
+int mesh_st_dtype_from_name(const char *s)
 {
     for (size_t i = 0; i < MESH_ARRAY_SIZE(dtypes); i++)
         if (strcmp(dtypes[i].name, s) == 0)
@@ -74,7 +75,7 @@ static int dtype_from_name(const char *s)
 }
 
 /* For messages: a name from a file, control bytes escaped, cut at 96. */
-static const char *show(const char *s, char *buf, size_t len)
+const char *mesh_st_show(const char *s, char *buf, size_t len)
 {
     size_t o = 0;
 
@@ -95,8 +96,8 @@ static const char *show(const char *s, char *buf, size_t len)
 }
 
 /* "[64,64,3,3]" */
-static const char *show_shape(const int64_t *shape, int ndim, char *buf,
-                              size_t len)
+const char *mesh_st_show_shape(const int64_t *shape, int ndim, char *buf,
+                               size_t len)
 {
     size_t o = 0;
 
@@ -109,27 +110,7 @@ static const char *show_shape(const int64_t *shape, int ndim, char *buf,
     return buf;
 }
 
-/* ---- the parsed file ----------------------------------------------------- */
-
-struct meta {
-    const char *key, *value;
-    size_t pos; /* header byte of the key */
-};
-
-struct mesh_st_file {
-    const uint8_t *base; /* whole file */
-    size_t len;
-    int owned;           /* 0 borrowed, 1 mmap'ed, 2 malloc'ed */
-    const uint8_t *data; /* the data buffer, after the header */
-    uint64_t data_len;
-    int n;                                 /* tensors */
-    struct mesh_st_tensor *t;              /* (n) in header order */
-    size_t *hpos;                          /* (n) header byte of each name */
-    const struct mesh_st_tensor **by_name; /* (n) sorted by name */
-    int nmeta;
-    struct meta *meta; /* (nmeta) sorted by key */
-    char *arena;       /* every decoded string */
-};
+/* ---- the header parser ------------------------------------------------- */
 
 struct parser {
     const uint8_t *h; /* header text */
@@ -157,7 +138,7 @@ static int verr(size_t at, const char *name, const char *fmt, va_list ap)
     vsnprintf(msg, sizeof(msg), fmt, ap);
     if (name)
         return mesh_err(-EINVAL, "header byte %zu: tensor \"%s\": %s", at,
-                        show(name, b, sizeof(b)), msg);
+                        mesh_st_show(name, b, sizeof(b)), msg);
     return mesh_err(-EINVAL, "header byte %zu: %s", at, msg);
 }
 
@@ -269,7 +250,7 @@ static long hex4(const struct parser *p, size_t at)
 }
 
 /* Length of the valid UTF-8 sequence at s (avail bytes), 0 if invalid. */
-static size_t utf8_len(const uint8_t *s, size_t avail)
+size_t mesh_st_utf8_len(const uint8_t *s, size_t avail)
 {
     uint8_t c = s[0];
     size_t need;
@@ -431,7 +412,7 @@ static int parse_string(struct parser *p, const char *ctx, const char **out)
             continue;
         }
         {
-            size_t k = utf8_len(p->h + p->pos, p->n - p->pos);
+            size_t k = mesh_st_utf8_len(p->h + p->pos, p->n - p->pos);
             if (k == 0)
                 return PERR(p, p->pos, "invalid UTF-8 in a string");
             memcpy(o, p->h + p->pos, k);
@@ -563,7 +544,7 @@ static int parse_metadata(struct parser *p, size_t keypos)
 
         if (f->nmeta == p->meta_cap) {
             int cap = p->meta_cap ? 2 * p->meta_cap : 8;
-            struct meta *m = realloc(f->meta, (size_t)cap * sizeof(*m));
+            struct mesh_st_meta *m = realloc(f->meta, (size_t)cap * sizeof(*m));
             if (!m)
                 return mesh_err(-ENOMEM, "out of memory for metadata");
             f->meta = m;
@@ -580,7 +561,7 @@ static int parse_metadata(struct parser *p, size_t keypos)
             return PERR(p, p->pos,
                         "metadata \"%s\": the value must be a string, "
                         "found %s",
-                        show(k, b, sizeof(b)), what_is(p));
+                        mesh_st_show(k, b, sizeof(b)), what_is(p));
         }
         if ((rc = parse_string(p, "as a metadata value", &v)) < 0)
             return rc;
@@ -649,7 +630,7 @@ static int parse_tensor(struct parser *p, const char *name, size_t keypos)
                 bit = 4;
             else
                 return PERR(p, at, "unknown field \"%s\"",
-                            show(k, s, sizeof(s)));
+                            mesh_st_show(k, s, sizeof(s)));
             p->arena_used = mark; /* field names are not kept */
             if (seen & bit)
                 return PERR(p, at, "duplicate field \"%s\"", k);
@@ -661,10 +642,10 @@ static int parse_tensor(struct parser *p, const char *name, size_t keypos)
                 at = p->pos;
                 if ((rc = parse_string(p, "as the dtype", &d)) < 0)
                     return rc;
-                dtype = dtype_from_name(d);
+                dtype = mesh_st_dtype_from_name(d);
                 if (dtype < 0)
                     return PERR(p, at, "unknown dtype \"%s\"",
-                                show(d, s, sizeof(s)));
+                                mesh_st_show(d, s, sizeof(s)));
                 p->arena_used = mark;
             } else if (bit == 2) {
                 if ((rc = parse_uint_array(p, "in \"shape\"", MESH_ST_MAX_DIMS,
@@ -725,12 +706,12 @@ static int check_sizes(struct parser *p)
             uint64_t d = (uint64_t)t->shape[i];
             if (d && elems > UINT64_MAX / d)
                 return PERR(p, at, "element count of shape %s overflows",
-                            show_shape(t->shape, t->ndim, s, sizeof(s)));
+                            mesh_st_show_shape(t->shape, t->ndim, s, sizeof(s)));
             elems *= d;
         }
         if (elems > UINT64_MAX / size)
             return PERR(p, at, "byte size of shape %s overflows",
-                        show_shape(t->shape, t->ndim, s, sizeof(s)));
+                        mesh_st_show_shape(t->shape, t->ndim, s, sizeof(s)));
         need = elems * size;
         if (begin > end)
             return PERR(p, at,
@@ -742,7 +723,7 @@ static int check_sizes(struct parser *p)
                         "data_offsets [%" PRIu64 ",%" PRIu64 "] hold %" PRIu64
                         " bytes but dtype %s shape %s needs %" PRIu64,
                         begin, end, end - begin, mesh_st_dtype_name(t->dtype),
-                        show_shape(t->shape, t->ndim, s, sizeof(s)), need);
+                        mesh_st_show_shape(t->shape, t->ndim, s, sizeof(s)), need);
         if (end > p->data_len)
             return PERR(p, at,
                         "data_offsets [%" PRIu64 ",%" PRIu64
@@ -763,7 +744,7 @@ static int cmp_by_name(const void *a, const void *b)
 
 static int cmp_meta(const void *a, const void *b)
 {
-    const struct meta *x = a, *y = b;
+    const struct mesh_st_meta *x = a, *y = b;
     int c = strcmp(x->key, y->key);
 
     if (c)
@@ -821,7 +802,7 @@ static int check_coverage(const struct parser *p)
                       "data_offsets [%" PRIu64 ",%" PRIu64
                       "] overlap tensor \"%s\" [%" PRIu64 ",%" PRIu64 "]",
                       sp[i].begin, sp[i].end,
-                      show(f->t[sp[last].idx].name, s, sizeof(s)),
+                      mesh_st_show(f->t[sp[last].idx].name, s, sizeof(s)),
                       sp[last].begin, sp[last].end);
             goto out;
         }
@@ -877,7 +858,7 @@ static int check_unique(const struct parser *p)
             return PERR(p, f->meta[i].pos,
                         "duplicate metadata key \"%s\" (first at header "
                         "byte %zu)",
-                        show(f->meta[i].key, b, sizeof(b)), f->meta[i - 1].pos);
+                        mesh_st_show(f->meta[i].key, b, sizeof(b)), f->meta[i - 1].pos);
     return 0;
 }
 
@@ -923,6 +904,27 @@ static int parse_header(struct parser *p)
     return 0;
 }
 
+int mesh_st_parse_header(struct mesh_st_file *f, const uint8_t *h, size_t n,
+                         uint64_t data_len)
+{
+    struct parser p;
+    int rc;
+
+    memset(&p, 0, sizeof(p));
+    p.h = h;
+    p.n = n;
+    p.data_len = data_len;
+    p.arena_cap = p.n + 1;
+    p.arena = malloc(p.arena_cap);
+    p.f = f;
+    if (!p.arena)
+        return mesh_err(-ENOMEM, "out of memory for a %zu-byte header", p.n);
+    f->arena = p.arena;
+    rc = parse_header(&p);
+    free(p.ends);
+    return rc;
+}
+
 void mesh_st_close(struct mesh_st_file *f)
 {
     if (!f)
@@ -944,7 +946,6 @@ static int parse_buf(const uint8_t *base, size_t len, int owned,
                      struct mesh_st_file **out)
 {
     struct mesh_st_file *f;
-    struct parser p;
     uint64_t hlen = 0;
     int rc;
 
@@ -972,20 +973,7 @@ static int parse_buf(const uint8_t *base, size_t len, int owned,
     f = calloc(1, sizeof(*f));
     if (!f)
         return mesh_err(-ENOMEM, "out of memory");
-    memset(&p, 0, sizeof(p));
-    p.h = base + 8;
-    p.n = (size_t)hlen;
-    p.data_len = len - 8 - hlen;
-    p.arena_cap = p.n + 1;
-    p.arena = malloc(p.arena_cap);
-    p.f = f;
-    if (!p.arena) {
-        free(f);
-        return mesh_err(-ENOMEM, "out of memory for a %zu-byte header", p.n);
-    }
-    f->arena = p.arena;
-    rc = parse_header(&p);
-    free(p.ends);
+    rc = mesh_st_parse_header(f, base + 8, (size_t)hlen, len - 8 - hlen);
     if (rc < 0) {
         mesh_st_close(f); /* owned is still 0: the buffer stays */
         return rc;
@@ -994,7 +982,7 @@ static int parse_buf(const uint8_t *base, size_t len, int owned,
     f->len = len;
     f->owned = owned;
     f->data = base + 8 + hlen;
-    f->data_len = p.data_len;
+    f->data_len = len - 8 - hlen;
     *out = f;
     return 0;
 }
@@ -1351,8 +1339,8 @@ int mesh_st_read(const struct mesh_st_file *f, const char *name, int dtype,
         same = shape[i] == t->shape[i];
     if (!same)
         return mesh_err(-EINVAL, "%s: shape %s in file, %s expected", name,
-                        show_shape(t->shape, t->ndim, a, sizeof(a)),
-                        show_shape(shape, ndim, b, sizeof(b)));
+                        mesh_st_show_shape(t->shape, t->ndim, a, sizeof(a)),
+                        mesh_st_show_shape(shape, ndim, b, sizeof(b)));
     src = f->data + t->offset;
     n = t->nbytes / mesh_st_dtype_size(t->dtype);
     if (t->dtype == dtype) {
@@ -1463,7 +1451,7 @@ static int valid_utf8(const char *s)
     size_t n = strlen(s);
 
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_len((const uint8_t *)s + i, n - i);
+        size_t k = mesh_st_utf8_len((const uint8_t *)s + i, n - i);
         if (!k)
             return 0;
         i += k;
@@ -1529,17 +1517,17 @@ static int build_header(const struct mesh_st_entry *e, int n,
     for (; kv && kv[2 * nkv]; nkv++) {
         if (!kv[2 * nkv + 1])
             return mesh_err(-EINVAL, "metadata key \"%s\" has no value",
-                            show(kv[2 * nkv], b, sizeof(b)));
+                            mesh_st_show(kv[2 * nkv], b, sizeof(b)));
         if (!valid_utf8(kv[2 * nkv]) || !valid_utf8(kv[2 * nkv + 1]))
             return mesh_err(-EINVAL, "metadata \"%s\": invalid UTF-8",
-                            show(kv[2 * nkv], b, sizeof(b)));
+                            mesh_st_show(kv[2 * nkv], b, sizeof(b)));
     }
     dup = find_dup(kv, nkv, 2, &rc);
     if (rc < 0)
         return rc;
     if (dup)
         return mesh_err(-EINVAL, "duplicate metadata key \"%s\"",
-                        show(dup, b, sizeof(b)));
+                        mesh_st_show(dup, b, sizeof(b)));
     for (int i = 0; i < n; i++) {
         uint64_t elems = 1;
         size_t size = mesh_st_dtype_size(e[i].dtype);
@@ -1553,26 +1541,26 @@ static int build_header(const struct mesh_st_entry *e, int n,
                                 : "is not valid UTF-8");
         if (!size)
             return mesh_err(-EINVAL, "%s: dtype %d is not a safetensors dtype",
-                            show(e[i].name, b, sizeof(b)), e[i].dtype);
+                            mesh_st_show(e[i].name, b, sizeof(b)), e[i].dtype);
         if (e[i].ndim < 0 || e[i].ndim > MESH_ST_MAX_DIMS)
             return mesh_err(-EINVAL, "%s: %d dimensions (0..%d allowed)",
-                            show(e[i].name, b, sizeof(b)), e[i].ndim,
+                            mesh_st_show(e[i].name, b, sizeof(b)), e[i].ndim,
                             MESH_ST_MAX_DIMS);
         for (int d = 0; d < e[i].ndim; d++) {
             uint64_t v = (uint64_t)e[i].shape[d];
             if (e[i].shape[d] < 0 || (v && elems > UINT64_MAX / v))
                 return mesh_err(
-                    -EINVAL, "%s: bad shape %s", show(e[i].name, b, sizeof(b)),
-                    show_shape(e[i].shape, e[i].ndim, sh, sizeof(sh)));
+                    -EINVAL, "%s: bad shape %s", mesh_st_show(e[i].name, b, sizeof(b)),
+                    mesh_st_show_shape(e[i].shape, e[i].ndim, sh, sizeof(sh)));
             elems *= v;
         }
         if (elems > UINT64_MAX / size || off > UINT64_MAX - elems * size)
             return mesh_err(-EINVAL, "%s: too large",
-                            show(e[i].name, b, sizeof(b)));
+                            mesh_st_show(e[i].name, b, sizeof(b)));
         nbytes[i] = elems * size;
         if (nbytes[i] && !e[i].data)
             return mesh_err(-EINVAL, "%s: NULL data",
-                            show(e[i].name, b, sizeof(b)));
+                            mesh_st_show(e[i].name, b, sizeof(b)));
         off += nbytes[i];
     }
     names = malloc(((size_t)n + 1) * sizeof(*names));
@@ -1586,7 +1574,7 @@ static int build_header(const struct mesh_st_entry *e, int n,
         return rc;
     if (dup)
         return mesh_err(-EINVAL, "duplicate tensor name \"%s\"",
-                        show(dup, b, sizeof(b)));
+                        mesh_st_show(dup, b, sizeof(b)));
 
     sb_add(h, "{", 1);
     if (nkv) {
