@@ -8,6 +8,7 @@
 #include "nn/safetensors.h"
 #include "nn/safetensors-internal.h"
 
+#include "common/array.h"
 #include "common/bytes.h"
 #include "common/util.h"
 
@@ -180,23 +181,18 @@ int mesh_st_parse(const void *buf, size_t len, struct mesh_st_file **out)
 /* A pipe or other non-seekable file: read it all. */
 static int slurp(int fd, const char *path, uint8_t **out, size_t *outlen)
 {
-    size_t cap = 1 << 16, len = 0;
-    uint8_t *buf = malloc(cap);
+    size_t cap = 0, len = 0;
+    uint8_t *buf = NULL;
     int rc;
 
-    if (!buf)
-        return mesh_err(-ENOMEM, "out of memory");
     for (;;) {
         ssize_t r;
 
-        if (len == cap) {
-            uint8_t *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                return mesh_err(-ENOMEM, "out of memory reading %s", path);
-            }
-            buf = nb;
-            cap *= 2;
+        /* at least 64 KiB free per read; the capacity doubles */
+        if ((rc = mesh_array_reserve(&buf, &cap, len + ((size_t)1 << 16), 1,
+                                     "bytes")) < 0) {
+            mesh_err_prefix(rc, "reading %s", path);
+            goto fail;
         }
         MESH_SYSCALL(rc, r = read(fd, buf + len, cap - len), fail, "read %s",
                      path);
@@ -573,19 +569,10 @@ static void sb_add(struct sbuf *s, const char *d, size_t n)
 {
     if (s->oom)
         return;
-    if (s->cap - s->len < n + 1) {
-        size_t cap = s->cap ? s->cap : 1024;
-        char *np;
-
-        while (cap - s->len < n + 1)
-            cap *= 2;
-        np = realloc(s->p, cap);
-        if (!np) {
-            s->oom = 1;
-            return;
-        }
-        s->p = np;
-        s->cap = cap;
+    if (mesh_array_reserve(&s->p, &s->cap, s->len + n + 1, 1,
+                           "header bytes") < 0) {
+        s->oom = 1;
+        return;
     }
     memcpy(s->p + s->len, d, n);
     s->len += n;

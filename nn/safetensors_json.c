@@ -14,6 +14,7 @@
 
 #include "nn/safetensors-internal.h"
 
+#include "common/array.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -31,8 +32,8 @@ struct parser {
     char *arena;
     size_t arena_used, arena_cap;
     struct mesh_st_file *f;
-    int cap; /* tensors allocated in f */
-    int meta_cap;
+    size_t t_cap, hpos_cap, ends_cap; /* elements allocated in f->t ... */
+    size_t meta_cap;
     int seen_meta;
     const char *cur; /* the tensor being parsed, for messages */
     uint64_t *ends;  /* (f->n) data_offsets[1] of each tensor, until checked */
@@ -453,14 +454,10 @@ static int parse_metadata(struct parser *p, size_t keypos)
         const char *k, *v;
         size_t at;
 
-        if (f->nmeta == p->meta_cap) {
-            int cap = p->meta_cap ? 2 * p->meta_cap : 8;
-            struct mesh_st_meta *m = realloc(f->meta, (size_t)cap * sizeof(*m));
-            if (!m)
-                return mesh_err(-ENOMEM, "out of memory for metadata");
-            f->meta = m;
-            p->meta_cap = cap;
-        }
+        if ((rc = mesh_array_reserve(&f->meta, &p->meta_cap,
+                                     (size_t)f->nmeta + 1, sizeof(*f->meta),
+                                     "metadata entries")) < 0)
+            return rc;
         skip_ws(p);
         at = p->pos;
         if ((rc = parse_string(p, "as a metadata key", &k)) < 0 ||
@@ -494,25 +491,13 @@ static int parse_tensor(struct parser *p, const char *name, size_t keypos)
     char s[160];
     int rc;
 
-    if (f->n == p->cap) {
-        int cap = p->cap ? 2 * p->cap : 64;
-        struct mesh_st_tensor *nt = realloc(f->t, (size_t)cap * sizeof(*nt));
-        size_t *np;
-        uint64_t *ne;
-
-        if (!nt)
-            return mesh_err(-ENOMEM, "out of memory for tensors");
-        f->t = nt;
-        np = realloc(f->hpos, (size_t)cap * sizeof(*np));
-        if (!np)
-            return mesh_err(-ENOMEM, "out of memory for tensors");
-        f->hpos = np;
-        ne = realloc(p->ends, (size_t)cap * sizeof(*ne));
-        if (!ne)
-            return mesh_err(-ENOMEM, "out of memory for tensors");
-        p->ends = ne;
-        p->cap = cap;
-    }
+    if ((rc = mesh_array_reserve(&f->t, &p->t_cap, (size_t)f->n + 1,
+                                 sizeof(*f->t), "tensors")) < 0 ||
+        (rc = mesh_array_reserve(&f->hpos, &p->hpos_cap, (size_t)f->n + 1,
+                                 sizeof(*f->hpos), "tensors")) < 0 ||
+        (rc = mesh_array_reserve(&p->ends, &p->ends_cap, (size_t)f->n + 1,
+                                 sizeof(*p->ends), "tensors")) < 0)
+        return rc;
     p->cur = name;
     skip_ws(p);
     if (p->pos >= p->n || p->h[p->pos] != '{')
