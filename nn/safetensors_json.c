@@ -254,6 +254,10 @@ static int parse_string(struct parser *p, const char *ctx, const char **out)
                         "in a string",
                         c);
         if (c == '\\') {
+            /* the one-character escapes and what they stand for */
+            static const char esc[] = "\"\\/bfnrt";
+            static const char val[] = "\"\\/\b\f\n\r\t";
+            const char *k;
             uint8_t e;
             long cp;
 
@@ -261,39 +265,14 @@ static int parse_string(struct parser *p, const char *ctx, const char **out)
                 return PERR(p, start, "invalid JSON: unterminated string %s",
                             ctx);
             e = p->h[p->pos + 1];
-            switch (e) {
-            case '"':
-            case '\\':
-            case '/':
-                *o++ = (char)e;
+            if (e && (k = strchr(esc, e)) != NULL) {
+                *o++ = val[k - esc];
                 p->pos += 2;
                 continue;
-            case 'b':
-                *o++ = '\b';
-                p->pos += 2;
-                continue;
-            case 'f':
-                *o++ = '\f';
-                p->pos += 2;
-                continue;
-            case 'n':
-                *o++ = '\n';
-                p->pos += 2;
-                continue;
-            case 'r':
-                *o++ = '\r';
-                p->pos += 2;
-                continue;
-            case 't':
-                *o++ = '\t';
-                p->pos += 2;
-                continue;
-            case 'u':
-                break;
-            default:
+            }
+            if (e != 'u')
                 return PERR(p, p->pos, "invalid JSON: bad escape '\\%c'",
                             e >= 0x20 && e < 0x7f ? e : '?');
-            }
             cp = hex4(p, p->pos);
             if (cp < 0)
                 return PERR(p, p->pos,
