@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -312,84 +313,41 @@ const char *mesh_st_metadata(const struct mesh_st_file *f, const char *key)
 
 /* ---- conversions --------------------------------------------------------- */
 
+/*
+ * common/dtype.h's conversions, but for NaNs, which keep PyTorch's bits:
+ * float16 NaNs widen with their payload, signalling ones included, and
+ * float32 NaNs narrow to the canonical 0x7e00 (with its sign) and 0x7fc0.
+ */
 static float f16_to_f32(uint16_t h)
 {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    uint32_t bits;
+    uint32_t bits = (uint32_t)(h & 0x8000u) << 16 | 0x7f800000u |
+                    (uint32_t)(h & 0x3ffu) << 13;
     float f;
 
-    if (exp == 0 && man == 0) {
-        bits = sign;
-    } else if (exp == 0) {
-        /* Subnormal: normalise man * 2^-24. */
-        int e = -1;
-        do {
-            man <<= 1;
-            e++;
-        } while (!(man & 0x400u));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    }
+    if ((h & 0x7c00u) != 0x7c00u || !(h & 0x3ffu))
+        return mesh_f32_from_f16(h);
     memcpy(&f, &bits, 4);
     return f;
 }
 
-/* Round to nearest even; NaN becomes 0x7e00 with its sign, as in PyTorch. */
-static uint16_t f32_to_f16(float f)
-{
-    uint32_t x, ax, sign, r, rem;
-
-    memcpy(&x, &f, 4);
-    sign = (x >> 16) & 0x8000u;
-    ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u)
-        return (uint16_t)(sign | 0x7e00u);
-    if (ax >= 0x477ff000u) /* >= 65520 rounds to infinity */
-        return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) { /* below 2^-14: subnormal or zero */
-        uint32_t e = ax >> 23, m, shift, half;
-
-        if (ax <= 0x33000000u) /* <= 2^-25 rounds to zero */
-            return (uint16_t)sign;
-        m = (ax & 0x7fffffu) | 0x800000u;
-        shift = 126 - e; /* 14 .. 24 */
-        r = m >> shift;
-        rem = m & ((1u << shift) - 1);
-        half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (r & 1)))
-            r++;
-        return (uint16_t)(sign | r);
-    }
-    r = (ax - 0x38000000u) >> 13; /* rebias 127 -> 15 */
-    rem = ax & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (r & 1)))
-        r++;
-    return (uint16_t)(sign | r);
-}
-
-static float bf16_to_f32(uint16_t h)
-{
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-/* Round to nearest even; NaN becomes 0x7fc0, as in PyTorch. */
-static uint16_t f32_to_bf16(float f)
+static int is_nan32(float f)
 {
     uint32_t x;
 
     memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return 0x7fc0u;
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+    return (x & 0x7fffffffu) > 0x7f800000u;
+}
+
+static uint16_t f32_to_f16(float f)
+{
+    if (is_nan32(f))
+        return signbit(f) ? 0xfe00u : 0x7e00u;
+    return mesh_f16_from_f32(f);
+}
+
+static uint16_t f32_to_bf16(float f)
+{
+    return is_nan32(f) ? 0x7fc0u : mesh_bf16_from_f32(f);
 }
 
 /*
@@ -409,7 +367,7 @@ static float load_f32(const uint8_t *src, int dtype, uint64_t i)
         return f16_to_f32(h);
     case MESH_DT_BF16:
         memcpy(&h, src + 2 * i, 2);
-        return bf16_to_f32(h);
+        return mesh_f32_from_bf16(h);
     case MESH_DT_F32:
         memcpy(&f, src + 4 * i, 4);
         return f;
