@@ -395,6 +395,36 @@ static int parse_uint_array(struct parser *p, const char *ctx, int maxn,
     return 0;
 }
 
+/* Just after an object's '{': an immediate '}' is consumed (returns 1). */
+static int empty_object(struct parser *p)
+{
+    skip_ws(p);
+    if (p->pos < p->n && p->h[p->pos] == '}') {
+        p->pos++;
+        return 1;
+    }
+    return 0;
+}
+
+/*
+ * A member's key and the ':' after it; *at is the key's header byte. noun
+ * names the key in messages ("a field name").
+ */
+static int parse_key(struct parser *p, const char *noun, size_t *at,
+                     const char **key)
+{
+    char as[64], after[64];
+    int rc;
+
+    snprintf(as, sizeof(as), "as %s", noun);
+    snprintf(after, sizeof(after), "after %s", noun);
+    skip_ws(p);
+    *at = p->pos;
+    if ((rc = parse_string(p, as, key)) < 0 || (rc = expect(p, ':', after)) < 0)
+        return rc;
+    return 0;
+}
+
 /* After a member: ',' (returns 1) or the closing '}' (returns 0). */
 static int next_member(struct parser *p, const char *ctx)
 {
@@ -424,11 +454,8 @@ static int parse_metadata(struct parser *p, size_t keypos)
     p->seen_meta = 1;
     if ((rc = expect(p, '{', "as the value of \"__metadata__\"")) < 0)
         return rc;
-    skip_ws(p);
-    if (p->pos < p->n && p->h[p->pos] == '}') {
-        p->pos++;
+    if (empty_object(p))
         return 0;
-    }
     do {
         const char *k, *v;
         size_t at;
@@ -437,10 +464,7 @@ static int parse_metadata(struct parser *p, size_t keypos)
                                      (size_t)f->nmeta + 1, sizeof(*f->meta),
                                      "metadata entries")) < 0)
             return rc;
-        skip_ws(p);
-        at = p->pos;
-        if ((rc = parse_string(p, "as a metadata key", &k)) < 0 ||
-            (rc = expect(p, ':', "after a metadata key")) < 0)
+        if ((rc = parse_key(p, "a metadata key", &at, &k)) < 0)
             return rc;
         skip_ws(p);
         if (p->pos < p->n && p->h[p->pos] != '"') {
@@ -482,20 +506,14 @@ static int parse_tensor(struct parser *p, const char *name, size_t keypos)
     if (p->pos >= p->n || p->h[p->pos] != '{')
         return PERR(p, p->pos, "expected an object, found %s", what_is(p));
     p->pos++;
-    skip_ws(p);
-    if (p->pos < p->n && p->h[p->pos] == '}') {
-        p->pos++;
-    } else {
+    if (!empty_object(p)) {
         do {
             size_t mark = p->arena_used;
             size_t at;
             const char *k;
             int bit;
 
-            skip_ws(p);
-            at = p->pos;
-            if ((rc = parse_string(p, "as a field name", &k)) < 0 ||
-                (rc = expect(p, ':', "after a field name")) < 0)
+            if ((rc = parse_key(p, "a field name", &at, &k)) < 0)
                 return rc;
             if (strcmp(k, "dtype") == 0)
                 bit = 1;
@@ -580,8 +598,9 @@ static int check_sizes(struct parser *p)
         for (int i = 0; i < t->ndim; i++) {
             uint64_t d = (uint64_t)t->shape[i];
             if (d && elems > UINT64_MAX / d)
-                return PERR(p, at, "element count of shape %s overflows",
-                            mesh_st_show_shape(t->shape, t->ndim, s, sizeof(s)));
+                return PERR(
+                    p, at, "element count of shape %s overflows",
+                    mesh_st_show_shape(t->shape, t->ndim, s, sizeof(s)));
             elems *= d;
         }
         if (elems > UINT64_MAX / size)
@@ -598,7 +617,8 @@ static int check_sizes(struct parser *p)
                         "data_offsets [%" PRIu64 ",%" PRIu64 "] hold %" PRIu64
                         " bytes but dtype %s shape %s needs %" PRIu64,
                         begin, end, end - begin, mesh_st_dtype_name(t->dtype),
-                        mesh_st_show_shape(t->shape, t->ndim, s, sizeof(s)), need);
+                        mesh_st_show_shape(t->shape, t->ndim, s, sizeof(s)),
+                        need);
         if (end > p->data_len)
             return PERR(p, at,
                         "data_offsets [%" PRIu64 ",%" PRIu64
@@ -733,7 +753,8 @@ static int check_unique(const struct parser *p)
             return PERR(p, f->meta[i].pos,
                         "duplicate metadata key \"%s\" (first at header "
                         "byte %zu)",
-                        mesh_st_show(f->meta[i].key, b, sizeof(b)), f->meta[i - 1].pos);
+                        mesh_st_show(f->meta[i].key, b, sizeof(b)),
+                        f->meta[i - 1].pos);
     return 0;
 }
 
@@ -745,18 +766,12 @@ static int parse_header(struct parser *p)
         return PERR(p, 0, "the header must start with '{', found %s",
                     what_is(p));
     p->pos = 1;
-    skip_ws(p);
-    if (p->pos < p->n && p->h[p->pos] == '}') {
-        p->pos++;
-    } else {
+    if (!empty_object(p)) {
         do {
             const char *key;
             size_t keypos;
 
-            skip_ws(p);
-            keypos = p->pos;
-            if ((rc = parse_string(p, "as a tensor name", &key)) < 0 ||
-                (rc = expect(p, ':', "after a tensor name")) < 0)
+            if ((rc = parse_key(p, "a tensor name", &keypos, &key)) < 0)
                 return rc;
             if (strcmp(key, "__metadata__") == 0)
                 rc = parse_metadata(p, keypos);
