@@ -389,26 +389,17 @@ static double load_f64(const uint8_t *src, int dtype, uint64_t i)
 
 static int64_t load_int(const uint8_t *src, int dtype, uint64_t i)
 {
-    int32_t i32;
-    int16_t i16;
-    uint32_t u32;
-    uint16_t u16;
-
     switch (dtype) {
     case MESH_ST_I32:
-        memcpy(&i32, src + 4 * i, 4);
-        return i32;
+        return (int32_t)mesh_get_le32(src + 4 * i);
     case MESH_ST_I16:
-        memcpy(&i16, src + 2 * i, 2);
-        return i16;
+        return (int16_t)mesh_get_le16(src + 2 * i);
     case MESH_ST_I8:
         return (int8_t)src[i];
     case MESH_ST_U32:
-        memcpy(&u32, src + 4 * i, 4);
-        return u32;
+        return mesh_get_le32(src + 4 * i);
     case MESH_ST_U16:
-        memcpy(&u16, src + 2 * i, 2);
-        return u16;
+        return mesh_get_le16(src + 2 * i);
     default: /* U8, BOOL */
         return src[i];
     }
@@ -527,8 +518,7 @@ static void sb_add(struct sbuf *s, const char *d, size_t n)
 {
     if (s->oom)
         return;
-    if (mesh_array_reserve(&s->p, &s->cap, s->len + n + 1, 1,
-                           "header bytes") < 0) {
+    if (mesh_array_reserve(&s->p, &s->cap, s->len + n + 1, 1, "bytes") < 0) {
         s->oom = 1;
         return;
     }
@@ -673,7 +663,8 @@ static int build_header(const struct mesh_st_entry *e, int n,
             uint64_t v = (uint64_t)e[i].shape[d];
             if (e[i].shape[d] < 0 || (v && elems > UINT64_MAX / v))
                 return mesh_err(
-                    -EINVAL, "%s: bad shape %s", mesh_st_show(e[i].name, b, sizeof(b)),
+                    -EINVAL, "%s: bad shape %s",
+                    mesh_st_show(e[i].name, b, sizeof(b)),
                     mesh_st_show_shape(e[i].shape, e[i].ndim, sh, sizeof(sh)));
             elems *= v;
         }
