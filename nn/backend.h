@@ -2,13 +2,14 @@
  * nn/backend.h: the compute backend interface of nn (internal to nn/ and its
  * tests). Layers and models call only these ops; a backend is a const table
  * of function pointers chosen by name ("cpu": oneDNN; "cuda": cuDNN and
- * cuBLAS; "devsim": a GPU test double over "cpu" for the trainer's tests). Nothing above this header tests which backend runs.
+ * cuBLAS; "devsim": a GPU test double over "cpu" for the trainer's tests).
+ * Nothing above this header tests which backend runs.
  *
  * The interface follows cuDNN as much as oneDNN:
  * - Buffers are opaque device pointers (void *) from the backend's alloc;
  *   the host reaches them only through upload/download.
  * - Every op with a shape has a plan, created once per shape (and shared
- *   through nn's plan cache, nn/plan.c) and destroyed with the device. A plan
+ *   through nn's plan cache, nn/ctx.c) and destroyed with the device. A plan
  *   knows its workspace size (scratch for one call, passed explicitly; NULL
  *   when the size is 0) and its reserve size (bytes that the forward call
  *   writes and the matching backward call reads, held by the layer).

@@ -235,6 +235,26 @@ int mesh_nn_resnet_walk(const struct mesh_nn_model_cfg *cfg,
     return rc;
 }
 
+/*
+ * fn on every BN of the model in its order: bn1, then each block's, its
+ * downsample's last. Stops at the first error.
+ */
+static int each_bn(struct mesh_nn_model *m,
+                   int (*fn)(struct mesh_nn_model *m, struct nn_bn *b))
+{
+    int rc = fn(m, &m->bn1);
+
+    for (int i = 0; i < m->nblocks && rc == 0; i++) {
+        struct nn_block *b = &m->blocks[i];
+
+        for (int j = 0; j < b->nconv && rc == 0; j++)
+            rc = fn(m, &b->b[j]);
+        if (rc == 0 && b->has_ds)
+            rc = fn(m, &b->bd);
+    }
+    return rc;
+}
+
 /* define()'s visitor: a conv and its BN into their places in the model. */
 static int define_conv(void *arg, const struct mesh_nn_resnet_conv *c)
 {
@@ -263,7 +283,7 @@ static int define_conv(void *arg, const struct mesh_nn_resnet_conv *c)
 
 static int define(struct mesh_nn_model *m, const struct arch *a)
 {
-    int stage, i, j, nb = 0, rc;
+    int stage, nb = 0, rc;
 
     for (stage = 0; stage < 4; stage++)
         nb += a->layers[stage];
@@ -287,15 +307,7 @@ static int define(struct mesh_nn_model *m, const struct arch *a)
     }
     /* buffers in the same order as their BNs */
     if (rc == 0)
-        rc = def_bn_buffers(m, &m->bn1);
-    for (i = 0; i < m->nblocks && rc == 0; i++) {
-        struct nn_block *b = &m->blocks[i];
-
-        for (j = 0; j < b->nconv && rc == 0; j++)
-            rc = def_bn_buffers(m, &b->b[j]);
-        if (rc == 0 && b->has_ds)
-            rc = def_bn_buffers(m, &b->bd);
-    }
+        rc = each_bn(m, def_bn_buffers);
     return rc;
 }
 
@@ -445,24 +457,25 @@ static void free_batch(struct mesh_nn_model *m)
     m->have_loss = 0;
 }
 
+static int alloc_save(struct mesh_nn_model *m, struct nn_bn *b)
+{
+    return OPS(m)->alloc(DEV(m), 2 * (size_t)b->c * sizeof(float),
+                         (void **)&b->save);
+}
+
+static int free_save(struct mesh_nn_model *m, struct nn_bn *b)
+{
+    if (b->save)
+        OPS(m)->free(DEV(m), b->save);
+    return 0;
+}
+
 void mesh_nn_model_destroy(struct mesh_nn_model *m)
 {
-    int i, j;
-
     if (!m)
         return;
     free_batch(m);
-    if (m->bn1.save)
-        OPS(m)->free(DEV(m), m->bn1.save);
-    for (i = 0; i < m->nblocks; i++) {
-        struct nn_block *b = &m->blocks[i];
-
-        for (j = 0; j < b->nconv; j++)
-            if (b->b[j].save)
-                OPS(m)->free(DEV(m), b->b[j].save);
-        if (b->bd.save)
-            OPS(m)->free(DEV(m), b->bd.save);
-    }
+    each_bn(m, free_save);
     if (m->gscratch)
         OPS(m)->free(DEV(m), m->gscratch);
     if (m->params)
@@ -476,10 +489,16 @@ void mesh_nn_model_destroy(struct mesh_nn_model *m)
     free(m);
 }
 
-static int alloc_save(struct mesh_nn_model *m, struct nn_bn *b)
+/* 0, or -EINVAL naming what (and the range, if say_range) outside it. */
+static int check_range(const char *what, int v, int lo, int hi, int say_range)
 {
-    return OPS(m)->alloc(DEV(m), 2 * (size_t)b->c * sizeof(float),
-                         (void **)&b->save);
+    char range[40] = "";
+
+    if (v >= lo && v <= hi)
+        return 0;
+    if (say_range)
+        snprintf(range, sizeof(range), " [%d, %d]", lo, hi);
+    return mesh_err(-EINVAL, "nn: %s %d is out of range%s", what, v, range);
 }
 
 void mesh_nn_model_cfg_defaults(struct mesh_nn_model_cfg *cfg)
@@ -500,7 +519,7 @@ int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
 {
     const struct arch *a = arch_find(cfg->arch);
     struct mesh_nn_model *m;
-    int rc, j, k;
+    int rc;
 
     if (!a)
         return mesh_err(-EINVAL, "nn: unknown model \"%s\" (%s)",
@@ -514,26 +533,12 @@ int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
     snprintf(m->arch, sizeof(m->arch), "%s", a->name);
     m->cfg.arch = m->arch;
     mesh_nn_model_cfg_defaults(&m->cfg);
-    if (m->cfg.num_classes < 1 || m->cfg.num_classes > 1000000) {
-        rc = mesh_err(-EINVAL, "nn: num_classes %d is out of range",
-                      m->cfg.num_classes);
+    if ((rc = check_range("num_classes", m->cfg.num_classes, 1, 1000000,
+                          0)) < 0 ||
+        (rc = check_range("in_channels", m->cfg.in_channels, 1, 64, 1)) < 0 ||
+        (rc = check_range("image size", m->cfg.image_size, 8, 4096, 1)) < 0 ||
+        (rc = check_range("width", m->cfg.width, 1, 1024, 1)) < 0)
         goto fail;
-    }
-    if (m->cfg.in_channels < 1 || m->cfg.in_channels > 64) {
-        rc = mesh_err(-EINVAL, "nn: in_channels %d is out of range [1, 64]",
-                      m->cfg.in_channels);
-        goto fail;
-    }
-    if (m->cfg.image_size < 8 || m->cfg.image_size > 4096) {
-        rc = mesh_err(-EINVAL, "nn: image size %d is out of range [8, 4096]",
-                      m->cfg.image_size);
-        goto fail;
-    }
-    if (m->cfg.width < 1 || m->cfg.width > 1024) {
-        rc = mesh_err(-EINVAL, "nn: width %d is out of range [1, 1024]",
-                      m->cfg.width);
-        goto fail;
-    }
     rc = define(m, a);
     if (rc < 0)
         goto fail;
@@ -546,15 +551,7 @@ int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
         rc = OPS(m)->alloc(DEV(m), m->nbuffers * sizeof(float),
                            (void **)&m->buffers);
     if (rc == 0)
-        rc = alloc_save(m, &m->bn1);
-    for (j = 0; j < m->nblocks && rc == 0; j++) {
-        struct nn_block *b = &m->blocks[j];
-
-        for (k = 0; k < b->nconv && rc == 0; k++)
-            rc = alloc_save(m, &b->b[k]);
-        if (rc == 0 && b->has_ds)
-            rc = alloc_save(m, &b->bd);
-    }
+        rc = each_bn(m, alloc_save);
     if (rc == 0)
         rc = init_weights(m);
     if (rc < 0)
@@ -723,6 +720,17 @@ static int alloc_act(struct mesh_nn_model *m, int c, int h, void **out)
     return OPS(m)->alloc(DEV(m), bytes, out);
 }
 
+/* A plan of kind over (n, c, h, h), every other field 0 (the cache key). */
+static void plan_desc(struct mesh_nn_plan_desc *d, int kind, int n, int c,
+                      int h)
+{
+    memset(d, 0, sizeof(*d));
+    d->kind = kind;
+    d->n = n;
+    d->c = c;
+    d->h = d->w = h;
+}
+
 static int setup_conv(struct mesh_nn_model *m, struct nn_conv *c, int h)
 {
     struct mesh_nn_plan_desc d;
@@ -734,11 +742,7 @@ static int setup_conv(struct mesh_nn_model *m, struct nn_conv *c, int h)
                         "nn: input %d x %d is too small for %s (%dx%d/%d)",
                         m->cfg.image_size, m->cfg.image_size, m->arch, c->k,
                         c->k, c->stride);
-    memset(&d, 0, sizeof(d));
-    d.kind = MESH_NN_PLAN_CONV;
-    d.n = m->n;
-    d.c = c->cin;
-    d.h = d.w = h;
+    plan_desc(&d, MESH_NN_PLAN_CONV, m->n, c->cin, h);
     d.k = c->cout;
     d.r = d.s = c->k;
     d.stride = c->stride;
@@ -754,11 +758,7 @@ static int setup_bn(struct mesh_nn_model *m, struct nn_bn *b, int h)
     int rc;
 
     b->h = b->wd = h;
-    memset(&d, 0, sizeof(d));
-    d.kind = MESH_NN_PLAN_BN;
-    d.n = m->n;
-    d.c = b->c;
-    d.h = d.w = h;
+    plan_desc(&d, MESH_NN_PLAN_BN, m->n, b->c, h);
     d.relu = b->relu;
     d.eps = 1e-5f;
     rc = plan(m, &d, &b->p);
@@ -773,11 +773,7 @@ static int simple_plan(struct mesh_nn_model *m, int kind, int c, int h,
 {
     struct mesh_nn_plan_desc d;
 
-    memset(&d, 0, sizeof(d));
-    d.kind = kind;
-    d.n = m->n;
-    d.c = c;
-    d.h = d.w = h;
+    plan_desc(&d, kind, m->n, c, h);
     d.relu = relu;
     if (kind == MESH_NN_PLAN_AVGPOOL)
         d.oh = d.ow = 1;
@@ -807,11 +803,7 @@ static int setup_batch(struct mesh_nn_model *m, int n)
         goto fail;
     x = m->o0;
     if (!cfg->cifar_stem) {
-        memset(&d, 0, sizeof(d));
-        d.kind = MESH_NN_PLAN_MAXPOOL;
-        d.n = n;
-        d.c = m->conv1.cout;
-        d.h = d.w = h;
+        plan_desc(&d, MESH_NN_PLAN_MAXPOOL, n, m->conv1.cout, h);
         d.r = d.s = 3;
         d.stride = 2;
         d.pad = 1;
@@ -863,11 +855,7 @@ static int setup_batch(struct mesh_nn_model *m, int n)
                           &m->avgpool)) < 0 ||
         (rc = alloc_act(m, m->feat, 1, &m->pooled)) < 0)
         goto fail;
-    memset(&d, 0, sizeof(d));
-    d.kind = MESH_NN_PLAN_FC;
-    d.n = n;
-    d.c = m->feat;
-    d.h = d.w = 1;
+    plan_desc(&d, MESH_NN_PLAN_FC, n, m->feat, 1);
     d.k = cfg->num_classes;
     if ((rc = plan(m, &d, &m->fc)) < 0)
         goto fail;

@@ -32,6 +32,19 @@ static void host_free(struct host_state *h)
     free(h->names);
 }
 
+/* The next entry: float32 tensor t, its data at slab + t->offset. */
+static void add_entry(struct host_state *h, const struct mesh_nn_tensor *t,
+                      const float *slab)
+{
+    struct mesh_st_entry *e = &h->e[h->ne++];
+
+    e->name = t->name;
+    e->dtype = MESH_DT_F32;
+    e->ndim = t->ndim;
+    memcpy(e->shape, t->shape, sizeof(t->shape));
+    e->data = slab + t->offset;
+}
+
 /* A BN's buffers follow its bias: running_mean, running_var, then nbt. */
 static int build_entries(struct mesh_nn_model *m, struct host_state *h)
 {
@@ -47,12 +60,7 @@ static int build_entries(struct mesh_nn_model *m, struct host_state *h)
 
         if (t->kind != MESH_NN_PARAM)
             continue;
-        e = &h->e[h->ne++];
-        e->name = t->name;
-        e->dtype = MESH_DT_F32;
-        e->ndim = t->ndim;
-        memcpy(e->shape, t->shape, sizeof(t->shape));
-        e->data = h->p + t->offset;
+        add_entry(h, t, h->p);
         if (t->role != MESH_NN_ROLE_BN_BIAS)
             continue;
         {
@@ -65,12 +73,7 @@ static int build_entries(struct mesh_nn_model *m, struct host_state *h)
                     strncmp(u->name, t->name, (size_t)len) != 0 ||
                     u->name[len] != '.')
                     continue;
-                e = &h->e[h->ne++];
-                e->name = u->name;
-                e->dtype = MESH_DT_F32;
-                e->ndim = u->ndim;
-                memcpy(e->shape, u->shape, sizeof(u->shape));
-                e->data = h->b + u->offset;
+                add_entry(h, u, h->b);
             }
             snprintf(h->names[i], sizeof(h->names[i]),
                      "%.*s.num_batches_tracked", len, t->name);
