@@ -146,7 +146,8 @@ fallback_build() {
     mkdir -p "$BUILD/obj" "$BUILD/tests/gpu"
     # shellcheck disable=SC2086
     for f in common/util.c common/dtype.c collective/reduce.c nn/ctx.c nn/resnet.c nn/optim.c \
-        nn/weights.c nn/safetensors.c nn/stream.c nn/cuda/cuda.c $DNNL; do
+        nn/weights.c nn/safetensors.c nn/safetensors_json.c nn/stream.c \
+        nn/cuda/cuda.c nn/cuda/host.c common/array.c $DNNL; do
         gcc $CFL -c "$SRC/$f" -o "$BUILD/obj/$(echo "$f" | tr / _).o" ||
             return 1
     done
