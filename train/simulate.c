@@ -502,6 +502,57 @@ void mesh_sim_stats_take(struct mesh_sim *s, struct mesh_sim_stats *out)
     s->cpu_s = 0;
 }
 
+/* ---- the trainer's model ops ------------------------------------------- */
+
+static int sim_forward(void *m, int n, const float *images, int train)
+{
+    (void)n;
+    (void)images;
+    (void)train;
+    return mesh_sim_forward(m);
+}
+
+static int sim_loss(void *m, const int32_t *labels, float smoothing,
+                    float *loss)
+{
+    (void)m;
+    (void)labels;
+    (void)smoothing;
+    *loss = 0;
+    return 0;
+}
+
+static int sim_backward(void *m, int accumulate, mesh_nn_grad_ready_fn cb,
+                        void *arg)
+{
+    (void)accumulate;
+    return mesh_sim_backward(m, cb, arg);
+}
+
+static int sim_num_tensors(const void *m)
+{
+    return mesh_sim_num_tensors(m);
+}
+
+static const struct mesh_nn_tensor *sim_tensor(const void *m, int i)
+{
+    return mesh_sim_tensor(m, i);
+}
+
+static float *sim_grads(void *m)
+{
+    return mesh_sim_grads(m);
+}
+
+const struct mesh_train_model_ops mesh_sim_model_ops = {
+    .forward = sim_forward,
+    .loss = sim_loss,
+    .backward = sim_backward,
+    .num_tensors = sim_num_tensors,
+    .tensor = sim_tensor,
+    .grads = sim_grads,
+};
+
 /* ---- --profile-layers --------------------------------------------------- */
 
 int mesh_sim_prof_create(const struct mesh_nn_model_cfg *cfg, int batch,

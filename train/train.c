@@ -24,6 +24,7 @@
 
 #include "collective/collective.h"
 #include "train/ckpt.h"
+#include "train/model.h"
 #include "train/simulate.h"
 #include "common/bytes.h"
 #include "common/array.h"
@@ -176,6 +177,7 @@ struct trainer {
     struct mesh_nn_model *model;
     struct mesh_nn_sgd *sgd;
     struct mesh_nn_model_cfg mcfg;
+    struct mesh_train_model tm; /* the model or the simulation, as ops */
     size_t nparams, nbuffers;
     int host_slabs; /* the backend's slabs are host memory */
     float *hgrads;  /* host copy of the gradients when not host_slabs */
@@ -402,8 +404,7 @@ static int chunks_plan(struct trainer *t)
  */
 static int buckets_plan(struct trainer *t)
 {
-    int n = t->sim ? mesh_sim_num_tensors(t->sim)
-                   : mesh_nn_model_num_tensors(t->model), i, nb = 0;
+    int n = t->tm.ops->num_tensors(t->tm.m), i, nb = 0;
     /* simulated: the bucket sizes shrink with the gradients (same cuts) */
     double k = t->sim ? t->c->simulate_scale : 1;
     size_t cap = (size_t)(t->c->bucket_mb * 1024 * 1024 / 4 / k);
@@ -422,9 +423,7 @@ static int buckets_plan(struct trainer *t)
         return mesh_err(-ENOMEM, "out of memory planning gradient buckets");
     /* Params come first in the tensor list, in slab order. */
     for (i = n - 1; i >= 0; i--) {
-        const struct mesh_nn_tensor *x =
-            t->sim ? mesh_sim_tensor(t->sim, i)
-                   : mesh_nn_model_tensor(t->model, i);
+        const struct mesh_nn_tensor *x = t->tm.ops->tensor(t->tm.m, i);
 
         if (x->kind != MESH_NN_PARAM)
             continue;
@@ -488,9 +487,7 @@ static void buckets_free(struct trainer *t)
 
 static float *grads_host(struct trainer *t)
 {
-    if (t->sim)
-        return mesh_sim_grads(t->sim);
-    return t->host_slabs ? mesh_nn_model_grads(t->model) : t->hgrads;
+    return t->host_slabs ? t->tm.ops->grads(t->tm.m) : t->hgrads;
 }
 
 static int wire_dtype(const struct trainer *t)
@@ -1430,6 +1427,8 @@ static int open_sim(struct trainer *t)
     if (rc < 0)
         return rc;
     t->mcfg = *mesh_sim_config(t->sim);
+    t->tm.ops = &mesh_sim_model_ops;
+    t->tm.m = t->sim;
     snprintf(t->sim_name, sizeof(t->sim_name), "simulate:%s:k=%.9g",
              c->simulate, c->simulate_scale);
     t->info.name = t->sim_name;
@@ -1551,6 +1550,8 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
     if (rc < 0)
         return rc;
     t->mcfg = *mesh_nn_model_config(t->model);
+    t->tm.ops = &mesh_train_model_nn;
+    t->tm.m = t->model;
     t->nparams = mesh_nn_model_num_params(t->model);
     t->nbuffers = mesh_nn_model_num_buffers(t->model);
     t->host_slabs = strcmp(c->device, "cpu") == 0;
@@ -1732,12 +1733,78 @@ static int loss_wait(struct trainer *t, int rc)
     return rc < 0 ? rc : rc2;
 }
 
+/*
+ * The next micro-batch from the loader, its wait added to *data; the
+ * simulation has no loader (and no data): an empty batch.
+ */
+static int batch_next(struct trainer *t, struct mesh_batch *batch,
+                      double *data)
+{
+    double ts = now_s(t);
+    int rc;
+
+    if (!t->train_ld) {
+        memset(batch, 0, sizeof(*batch));
+        return 0;
+    }
+    rc = mesh_data_next(t->train_ld, batch);
+    if (rc > 0)
+        rc = mesh_err(-EIO, "training loader ended");
+    if (rc < 0)
+        return local(t, mesh_err_prefix(rc, "data"));
+    *data += now_s(t) - ts;
+    tl_add(t, "data wait", 2, -1, ts, now_s(t) - ts);
+    return 0;
+}
+
+/*
+ * Micro-batch k of the step: data, forward, loss, backward. The last one
+ * starts the loss average (*loss_sum / K) after its forward and reports
+ * its gradients to the buckets during its backward.
+ */
+static int micro_batch(struct trainer *t, int k, float *loss_sum,
+                       double *data, double *t_bwd_end)
+{
+    const struct mesh_train_model *m = &t->tm;
+    const struct train_cfg *c = t->c;
+    int last = k == c->accumulate - 1, rc;
+    struct mesh_batch batch;
+    float loss;
+    double ts;
+
+    rc = batch_next(t, &batch, data);
+    if (rc < 0)
+        return rc;
+    ts = now_s(t);
+    rc = m->ops->forward(m->m, batch.n, batch.x, 1);
+    if (rc == 0)
+        rc = m->ops->loss(m->m, batch.y, c->label_smoothing, &loss);
+    if (rc < 0)
+        return local(t, rc);
+    tl_add(t, "forward", 0, -1, ts, now_s(t) - ts);
+    if (t->prof && last)
+        mesh_sim_prof_forward(t->prof, now_s(t) - ts);
+    *loss_sum += loss;
+    if (last && (rc = loss_start(t, *loss_sum / (float)c->accumulate)) < 0)
+        return loss_wait(t, rc);
+    ts = now_s(t);
+    if (t->prof && last)
+        mesh_sim_prof_backward_begin(t->prof);
+    rc = m->ops->backward(m->m, k > 0, last ? on_grad_ready : NULL, t);
+    if (rc < 0)
+        return loss_wait(t, buckets_abort(t, rc));
+    if (t->prof && last)
+        mesh_sim_prof_backward_end(t->prof);
+    *t_bwd_end = now_s(t);
+    tl_add(t, "backward", 0, -1, ts, *t_bwd_end - ts);
+    return 0;
+}
+
 /* One optimizer step; *loss is the mean over the peers' micro-batches. */
 static int train_step(struct trainer *t, struct window *w, float *loss_out)
 {
     const struct train_cfg *c = t->c;
     double t_begin = now_s(t), t_bwd_end = 0, data = 0, ts;
-    struct mesh_batch batch;
     float loss_sum = 0, loss;
     int k, rc;
 
@@ -1747,58 +1814,10 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
     t->ch_issued = t->ch_reduced = t->ch_returned = t->ch_ordered = 0;
     if (t->sim)
         mesh_sim_step_begin(t->sim);
-    for (k = 0; t->sim && k < c->accumulate; k++) {
-        int last = k == c->accumulate - 1;
-
-        ts = now_s(t);
-        rc = mesh_sim_forward(t->sim);
+    for (k = 0; k < c->accumulate; k++) {
+        rc = micro_batch(t, k, &loss_sum, &data, &t_bwd_end);
         if (rc < 0)
-            return local(t, rc);
-        tl_add(t, "forward", 0, -1, ts, now_s(t) - ts);
-        if (last && (rc = loss_start(t, 0)) < 0)
-            return loss_wait(t, rc);
-        ts = now_s(t);
-        rc = mesh_sim_backward(t->sim, last ? on_grad_ready : NULL, t);
-        if (rc < 0)
-            return loss_wait(t, buckets_abort(t, rc));
-        t_bwd_end = now_s(t);
-        tl_add(t, "backward", 0, -1, ts, t_bwd_end - ts);
-    }
-    for (k = 0; !t->sim && k < c->accumulate; k++) {
-        int last = k == c->accumulate - 1;
-
-        ts = now_s(t);
-        rc = mesh_data_next(t->train_ld, &batch);
-        if (rc > 0)
-            rc = mesh_err(-EIO, "training loader ended");
-        if (rc < 0)
-            return local(t, mesh_err_prefix(rc, "data"));
-        data += now_s(t) - ts;
-        tl_add(t, "data wait", 2, -1, ts, now_s(t) - ts);
-        ts = now_s(t);
-        rc = mesh_nn_model_forward(t->model, batch.n, batch.x, 1);
-        if (rc == 0)
-            rc = mesh_nn_model_loss(t->model, batch.y, c->label_smoothing,
-                                    &loss);
-        if (rc < 0)
-            return local(t, rc);
-        tl_add(t, "forward", 0, -1, ts, now_s(t) - ts);
-        if (t->prof && last)
-            mesh_sim_prof_forward(t->prof, now_s(t) - ts);
-        loss_sum += loss;
-        if (last && (rc = loss_start(t, loss_sum / (float)c->accumulate)) < 0)
-            return loss_wait(t, rc);
-        ts = now_s(t);
-        if (t->prof && last)
-            mesh_sim_prof_backward_begin(t->prof);
-        rc = mesh_nn_model_backward(t->model, k > 0,
-                                    last ? on_grad_ready : NULL, t);
-        if (rc < 0)
-            return loss_wait(t, buckets_abort(t, rc));
-        if (t->prof && last)
-            mesh_sim_prof_backward_end(t->prof);
-        t_bwd_end = now_s(t);
-        tl_add(t, "backward", 0, -1, ts, t_bwd_end - ts);
+            return rc;
     }
     rc = loss_wait(t, buckets_wait(t));
     if (rc < 0)
