@@ -7,16 +7,9 @@
  *   loaders -> resume (optional) -> digest check -> steps -> final
  *   evaluation, save, barrier.
  *
- * Gradient buckets are contiguous ranges of the gradient slab cut at tensor
- * boundaries, from the end of the slab (the first gradients backward
- * finishes) down to 0: bucket 0 is at most 1 MiB (or --bucket-mb if
- * smaller) so that communication starts early, the others about
- * --bucket-mb. The grad-ready callback starts every bucket whose lower end
- * is final; after backward the trainer waits for each in order, and the
- * timeline shows when the engine really ran each one. On a device backend
- * with peers, each bucket goes through pinned host memory in chunks of
- * --chunk-mb, copies and all-reduces overlapping chunk by chunk (see
- * "The pinned-host pipeline" below).
+ * The gradients of a step's last backward are averaged over the peers
+ * bucket by bucket by train/gradsync.c, which nn's grad-ready callback
+ * feeds; the timeline shows when the engine really ran each bucket.
  */
 #include "config.h"
 
@@ -24,6 +17,7 @@
 
 #include "collective/collective.h"
 #include "train/ckpt.h"
+#include "train/gradsync.h"
 #include "train/model.h"
 #include "train/simulate.h"
 #include "common/bytes.h"
@@ -41,22 +35,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define FIRST_BUCKET_MAX_BYTES (1u << 20)
 #define RESUME_MAX_ENTRIES     32
 #define TRAINER_STATE_MAGIC    UINT64_C(0x31726e6961727474) /* "ttrainr1" */
-
-/*
- * Device slabs with peers: each bucket goes through the pinned-host
- * pipeline in chunks of about --chunk-mb (see pipeline_poll). 4 MiB by
- * default: its copy over PCIe (12 to 50 GB/s) takes 80 to 330 us, far
- * above the few microseconds that starting a copy and its event cost, so
- * the copy engine runs near its peak; on the network (1 to 3 GB/s over
- * TCP) it stays in flight for milliseconds, so each chunk's own collective
- * latency (2 (N - 1) hops of tens of microseconds for the ring) stays a
- * few percent up to 8 peers; and ResNet-50's 97.5 MiB make about 25
- * chunks, so the pipeline fills and drains within a fraction of a bucket.
- */
-#define CHUNK_MB_DEFAULT 4
 
 /* ---- configuration ------------------------------------------------------- */
 
@@ -80,7 +60,7 @@ void train_cfg_init(struct train_cfg *c)
     c->sgd.momentum = 0.9f;
     c->sgd.weight_decay = 1e-4f;
     c->bucket_mb = 25;
-    c->chunk_mb = CHUNK_MB_DEFAULT;
+    c->chunk_mb = MESH_GRADSYNC_CHUNK_MB_DEFAULT;
     c->compress = TRAIN_COMPRESS_NONE;
     c->algo = MESH_ALGO_AUTO;
     c->verify_every = 100;
@@ -123,32 +103,6 @@ static const char *lr_kind_name(int k)
 
 /* ---- the trainer's state ------------------------------------------------- */
 
-struct bucket {
-    size_t lo, hi;        /* floats [lo, hi) of the gradient slab */
-    void *wire;           /* (hi - lo) 16-bit values with --compress */
-    mesh_coll_req_t *req; /* in flight (host slabs, or one peer) */
-    int started, done;
-    /* device backends with peers (the pinned-host pipeline) */
-    float *pinned; /* (hi - lo) floats, mesh_coll_buf_alloc'ed */
-    void *dwire;   /* --compress: 16-bit staging on the device */
-    int c0, c1;    /* its chunks: [c0, c1) of the trainer's */
-    double t_start, t_end; /* seconds since the run started */
-};
-
-/*
- * One chunk of a bucket in the pinned-host pipeline: copied to the
- * bucket's host buffer (pinned, or the 16-bit wire buffer under
- * --compress), all-reduced there, copied back, on its own.
- */
-struct chunk {
-    size_t lo, hi;             /* floats [lo, hi) of the gradient slab */
-    int bucket, index;         /* its bucket, its place in it */
-    struct mesh_nn_copy *d2h;  /* in flight: device -> pinned host */
-    mesh_coll_req_t *req;      /* in flight: its all-reduce */
-    struct mesh_nn_copy *h2d;  /* in flight: pinned host -> device */
-    double t_out, t_red, t_in; /* when each stage started */
-};
-
 struct tl_event {
     const char *name; /* static string; with a bucket: its stage */
     int tid;          /* 0 compute, 1 communication, 2 data, 3 copies */
@@ -180,7 +134,6 @@ struct trainer {
     struct mesh_train_model tm; /* the model or the simulation, as ops */
     size_t nparams, nbuffers;
     int host_slabs; /* the backend's slabs are host memory */
-    float *hgrads;  /* host copy of the gradients when not host_slabs */
     float *hparams; /* host copies for digests, checkpoints (nparams) */
     float *hmom;
     float *hbuf;   /* nbuffers */
@@ -189,22 +142,9 @@ struct trainer {
     struct mesh_sim_prof *prof; /* --profile-layers */
     char sim_name[320];
 
-    struct bucket *b;
-    int nbuckets, next_bucket;
-    /*
-     * Device slabs with peers: every bucket's chunks in (bucket, chunk)
-     * order, and how far each stage got this step, each a prefix:
-     * ordered <= returned <= reduced <= issued <= nchunks.
-     */
-    struct chunk *ch;
-    int nchunks;
-    int ch_issued;   /* copy to the host started */
-    int ch_reduced;  /* all-reduce started (this order on every rank) */
-    int ch_returned; /* all-reduce done, copy back started */
-    int ch_ordered;  /* the device's later ops wait for the copy back */
+    struct mesh_gradsync *gs; /* the gradient buckets */
     float loss_avg;            /* the step's loss, averaged in flight */
     mesh_coll_req_t *loss_req; /* its all-reduce, started after forward */
-    float grad_scale; /* 1 / accumulate */
     int local_err;    /* the error is this peer's own (data, files,
                          compute), not the mesh's: exit code 1 */
     int agreed_err;   /* every peer reached the same error from the same
@@ -229,9 +169,11 @@ static double now_s(const struct trainer *t)
     return mesh_now_s() - t->t0;
 }
 
-static void tl_push(struct trainer *t, const char *name, int tid, int bucket,
+/* Also the gradient buckets' event callback (mesh_gradsync_event_fn). */
+static void tl_push(void *arg, const char *name, int tid, int bucket,
                     int chunk, size_t bytes, double ts, double dur)
 {
+    struct trainer *t = arg;
     struct tl_event *e;
 
     if (!t->c->timeline || t->rank != 0 || t->step >= t->c->timeline_steps)
@@ -251,21 +193,11 @@ static void tl_push(struct trainer *t, const char *name, int tid, int bucket,
     e->dur = dur;
 }
 
-static void tl_add(struct trainer *t, const char *name, int tid, int bucket,
-                   double ts, double dur)
+/* An event of the trainer's own (not of a bucket). */
+static void tl_add(struct trainer *t, const char *name, int tid, double ts,
+                   double dur)
 {
-    size_t bytes = bucket < 0 ? 0
-                              : (t->b[bucket].hi - t->b[bucket].lo) *
-                                    (t->c->compress ? 2 : 4);
-
-    tl_push(t, name, tid, bucket, -1, bytes, ts, dur);
-}
-
-static void tl_chunk(struct trainer *t, const char *name, int tid,
-                     const struct chunk *ch, double ts, double dur)
-{
-    tl_push(t, name, tid, ch->bucket, ch->index,
-            (ch->hi - ch->lo) * (t->c->compress ? 2 : 4), ts, dur);
+    tl_push(t, name, tid, -1, -1, 0, ts, dur);
 }
 
 static int tl_write(const struct trainer *t)
@@ -350,520 +282,7 @@ static float *momentum_host(struct trainer *t, int *rc)
     return t->hmom;
 }
 
-/* ---- gradient buckets ---------------------------------------------------- */
-
-/* Device slabs with peers: buckets go through the pinned-host pipeline. */
-static int pipelined(const struct trainer *t)
-{
-    return !t->host_slabs && t->coll;
-}
-
-/*
- * Cut every bucket into chunks of at most --chunk-mb, of equal sizes
- * within a bucket (no small tail chunk paying a whole collective's
- * latency for a few bytes).
- */
-static int chunks_plan(struct trainer *t)
-{
-    size_t cap = (size_t)(t->c->chunk_mb * 1024 * 1024 / 4), total = 0;
-    int i, n = 0;
-
-    if (cap < 1)
-        cap = 1;
-    for (i = 0; i < t->nbuckets; i++)
-        total += (t->b[i].hi - t->b[i].lo + cap - 1) / cap;
-    if (total > (1u << 20))
-        return mesh_err(-EINVAL, "--chunk-mb %g: %zu chunks (at most %u)",
-                        t->c->chunk_mb, total, 1u << 20);
-    t->ch = calloc(total, sizeof(*t->ch));
-    if (!t->ch)
-        return mesh_err(-ENOMEM, "out of memory planning gradient chunks");
-    for (i = 0; i < t->nbuckets; i++) {
-        struct bucket *b = &t->b[i];
-        size_t len = b->hi - b->lo, k = (len + cap - 1) / cap, j;
-
-        b->c0 = n;
-        for (j = 0; j < k; j++, n++) {
-            t->ch[n].lo = b->lo + len * j / k;
-            t->ch[n].hi = b->lo + len * (j + 1) / k;
-            t->ch[n].bucket = i;
-            t->ch[n].index = (int)j;
-        }
-        b->c1 = n;
-    }
-    t->nchunks = n;
-    return 0;
-}
-
-/*
- * Cut the slab at tensor boundaries, from the end down, as DDP does: a
- * bucket closes after the tensor that takes it to its cap or more, so no
- * tiny bucket is left between two large tensors. Bucket 0's cap is
- * FIRST_BUCKET_MAX_BYTES (or --bucket-mb if smaller), the others'
- * --bucket-mb.
- */
-static int buckets_plan(struct trainer *t)
-{
-    int n = t->tm.ops->num_tensors(t->tm.m), i, nb = 0;
-    /* simulated: the bucket sizes shrink with the gradients (same cuts) */
-    double k = t->sim ? t->c->simulate_scale : 1;
-    size_t cap = (size_t)(t->c->bucket_mb * 1024 * 1024 / 4 / k);
-    size_t first = (size_t)(FIRST_BUCKET_MAX_BYTES / 4 / k);
-    size_t hi = t->nparams;
-    struct bucket *b;
-
-    if (cap < 1)
-        cap = 1;
-    if (first < 1)
-        first = 1;
-    if (first > cap)
-        first = cap;
-    b = calloc((size_t)n + 1, sizeof(*b));
-    if (!b)
-        return mesh_err(-ENOMEM, "out of memory planning gradient buckets");
-    /* Params come first in the tensor list, in slab order. */
-    for (i = n - 1; i >= 0; i--) {
-        const struct mesh_nn_tensor *x = t->tm.ops->tensor(t->tm.m, i);
-
-        if (x->kind != MESH_NN_PARAM)
-            continue;
-        if (hi - x->offset >= (nb == 0 ? first : cap) && x->offset > 0) {
-            b[nb].lo = x->offset;
-            b[nb].hi = hi;
-            hi = x->offset;
-            nb++;
-        }
-    }
-    if (hi > 0) {
-        b[nb].lo = 0;
-        b[nb].hi = hi;
-        nb++;
-    }
-    t->b = b;
-    t->nbuckets = nb;
-    if (t->c->compress && t->coll) {
-        for (i = 0; i < nb; i++) {
-            int rc = mesh_coll_buf_alloc(t->coll, (b[i].hi - b[i].lo) * 2,
-                                         &b[i].wire);
-
-            if (rc < 0)
-                return rc;
-        }
-    }
-    /* device slabs: a pinned host buffer per bucket (16-bit under
-     * --compress: the wire buffer above), and the 16-bit device staging */
-    for (i = 0; !t->host_slabs && t->coll && i < nb; i++) {
-        size_t cnt = b[i].hi - b[i].lo;
-        int rc = t->c->compress
-                     ? mesh_nn_alloc(t->ctx, cnt * 2, &b[i].dwire)
-                     : mesh_coll_buf_alloc(t->coll, cnt * 4,
-                                           (void **)&b[i].pinned);
-
-        if (rc < 0)
-            return rc;
-    }
-    return pipelined(t) ? chunks_plan(t) : 0;
-}
-
-static void buckets_free(struct trainer *t)
-{
-    int i;
-
-    free(t->ch);
-    t->ch = NULL;
-    t->nchunks = 0;
-
-    for (i = 0; t->b && t->coll && i < t->nbuckets; i++) {
-        if (t->b[i].pinned)
-            mesh_coll_buf_free(t->coll, t->b[i].pinned);
-        mesh_nn_free(t->ctx, t->b[i].dwire);
-    }
-    for (i = 0; t->b && t->coll && i < t->nbuckets; i++)
-        if (t->b[i].wire)
-            mesh_coll_buf_free(t->coll, t->b[i].wire);
-    free(t->b);
-    t->b = NULL;
-}
-
-static float *grads_host(struct trainer *t)
-{
-    return t->host_slabs ? t->tm.ops->grads(t->tm.m) : t->hgrads;
-}
-
-static int wire_dtype(const struct trainer *t)
-{
-    return t->c->compress == TRAIN_COMPRESS_FP16   ? MESH_DT_F16
-           : t->c->compress == TRAIN_COMPRESS_BF16 ? MESH_DT_BF16
-                                                   : MESH_DT_F32;
-}
-
-/*
- * The pinned-host pipeline (device slabs with peers). A bucket whose range
- * is final is scaled (and narrowed to 16 bits under --compress) on the
- * device, then each of its chunks is copied to the bucket's host buffer on
- * nn's copy stream, ordered after the backward kernels issued so far, with
- * no host wait. Then, per chunk: its all-reduce starts once its copy is
- * done, its copy back once the all-reduce is (and, under --compress, the
- * widening to float32 on the device after that), so that the copy out of
- * chunk k + 1 overlaps the network of chunk k and the copy back of chunk k
- * the network of chunk k + 1. The grad-ready callback moves this on
- * during backward (pipeline_poll), buckets_wait after it (pipeline_drain).
- */
-static void *chunk_host(const struct trainer *t, const struct chunk *ch)
-{
-    const struct bucket *b = &t->b[ch->bucket];
-    size_t off = ch->lo - b->lo;
-
-    return t->c->compress ? (void *)((uint16_t *)b->wire + off)
-                          : (void *)(b->pinned + off);
-}
-
-/* The device side of the chunk's copies: the gradients, or the 16-bit
- * staging under --compress. */
-static void *chunk_dev(const struct trainer *t, const struct chunk *ch)
-{
-    const struct bucket *b = &t->b[ch->bucket];
-
-    return t->c->compress ? (void *)((uint16_t *)b->dwire + (ch->lo - b->lo))
-                          : (void *)(mesh_nn_model_grads(t->model) + ch->lo);
-}
-
-static size_t chunk_bytes(const struct trainer *t, const struct chunk *ch)
-{
-    return (ch->hi - ch->lo) * (t->c->compress ? 2 : 4);
-}
-
-static int bucket_copy_out(struct trainer *t, int i)
-{
-    struct bucket *b = &t->b[i];
-    float *dg = mesh_nn_model_grads(t->model) + b->lo;
-    size_t n = b->hi - b->lo;
-    int rc = 0, j;
-
-    b->started = 1;
-    b->done = 0;
-    b->t_start = now_s(t);
-    if (t->c->compress)
-        rc = mesh_nn_convert(t->ctx, wire_dtype(t), b->dwire, MESH_DT_F32, dg, n,
-                             t->grad_scale);
-    else if (t->grad_scale != 1.0f)
-        rc = mesh_nn_convert(t->ctx, MESH_DT_F32, dg, MESH_DT_F32, dg, n,
-                             t->grad_scale);
-    for (j = b->c0; rc == 0 && j < b->c1; j++) {
-        struct chunk *ch = &t->ch[j];
-
-        ch->t_out = now_s(t);
-        rc = mesh_nn_copy_d2h_start(t->ctx, chunk_host(t, ch), chunk_dev(t, ch),
-                                    chunk_bytes(t, ch), &ch->d2h);
-        if (rc == 0)
-            t->ch_issued = j + 1;
-    }
-    return rc;
-}
-
-/* The next chunk in (bucket, chunk) order: wait for its copy to the host
- * (already done when pipeline_poll calls) and start its all-reduce. */
-static int chunk_reduce(struct trainer *t)
-{
-    struct chunk *ch = &t->ch[t->ch_reduced];
-    int rc = mesh_nn_copy_wait(t->ctx, ch->d2h); /* releases it */
-
-    ch->d2h = NULL;
-    if (rc < 0)
-        return rc;
-    ch->t_red = now_s(t);
-    tl_chunk(t, "copy to host", 3, ch, ch->t_out, ch->t_red - ch->t_out);
-    rc = mesh_coll_allreduce_start(
-        t->coll, chunk_host(t, ch), chunk_host(t, ch), ch->hi - ch->lo,
-        wire_dtype(t), MESH_REDOP_AVG, t->c->algo, &ch->req);
-    if (rc == 0)
-        t->ch_reduced++;
-    return rc;
-}
-
-/*
- * The next chunk's all-reduce ended with rc (its request is freed): copy
- * the result back. b0, b1: when the engine ran it, 0 when not known.
- */
-static int chunk_return(struct trainer *t, int rc, double b0, double b1)
-{
-    struct chunk *ch = &t->ch[t->ch_returned];
-    double now = now_s(t);
-
-    ch->req = NULL;
-    if (rc < 0)
-        return rc;
-    if (b0 > 0 && b1 >= b0)
-        tl_chunk(t, "allreduce", 1, ch, b0 - t->t0, b1 - b0);
-    else
-        tl_chunk(t, "allreduce", 1, ch, ch->t_red, now - ch->t_red);
-    ch->t_in = now;
-    rc = mesh_nn_copy_h2d_start(t->ctx, chunk_dev(t, ch), chunk_host(t, ch),
-                                chunk_bytes(t, ch), &ch->h2d);
-    if (rc == 0)
-        t->ch_returned++;
-    return rc;
-}
-
-/*
- * Order the device's later ops (the optimizer step) after the next
- * chunk's copy back, without a host wait, and under --compress widen it
- * to float32 on the device. The timeline shows the copy until it was seen
- * done, or until the device was ordered after it.
- */
-static int chunk_order(struct trainer *t)
-{
-    struct chunk *ch = &t->ch[t->ch_ordered];
-    int rc = mesh_nn_copy_order(t->ctx, ch->h2d); /* releases it */
-
-    ch->h2d = NULL;
-    tl_chunk(t, "copy to device", 3, ch, ch->t_in, now_s(t) - ch->t_in);
-    if (rc == 0 && t->c->compress)
-        rc = mesh_nn_convert(
-            t->ctx, MESH_DT_F32, mesh_nn_model_grads(t->model) + ch->lo,
-            wire_dtype(t), chunk_dev(t, ch), ch->hi - ch->lo, 1.f);
-    if (rc == 0)
-        t->ch_ordered++;
-    return rc;
-}
-
-/*
- * Move the pipeline on as far as it goes without blocking. All-reduces
- * start strictly in (bucket, chunk) order, the same on every rank: chunk
- * j + 1 never before chunk j, whatever order the copies are seen to finish
- * in. A copy back is ordered here only once it is done (then the device
- * waits for nothing).
- */
-static int pipeline_poll(struct trainer *t)
-{
-    int done, rc;
-
-    while (t->ch_reduced < t->ch_issued) {
-        done = 0;
-        rc = mesh_nn_copy_test(t->ctx, t->ch[t->ch_reduced].d2h, &done);
-        if (rc == 0 && done)
-            rc = chunk_reduce(t);
-        if (rc < 0)
-            return rc;
-        if (!done)
-            break;
-    }
-    while (t->ch_returned < t->ch_reduced) {
-        done = 0;
-        rc = mesh_coll_test(t->ch[t->ch_returned].req, &done);
-        if (rc == 0 && !done)
-            break;
-        rc = chunk_return(t, rc, 0, 0); /* done: the request is freed */
-        if (rc < 0)
-            return rc;
-    }
-    while (t->ch_ordered < t->ch_returned) {
-        done = 0;
-        rc = mesh_nn_copy_test(t->ctx, t->ch[t->ch_ordered].h2d, &done);
-        if (rc == 0 && done)
-            rc = chunk_order(t);
-        if (rc < 0)
-            return rc;
-        if (!done)
-            break;
-    }
-    return 0;
-}
-
-/* After backward, every bucket's copies out issued: finish every chunk,
- * blocking on the oldest stage that holds the others up. */
-static int pipeline_drain(struct trainer *t)
-{
-    int rc = 0, rc2;
-
-    if (t->ch_issued != t->nchunks)
-        return mesh_err(-EPROTO,
-                        "gradient pipeline: %d of %d chunks "
-                        "issued after backward",
-                        t->ch_issued, t->nchunks);
-    while (rc == 0 && t->ch_ordered < t->nchunks) {
-        rc = pipeline_poll(t);
-        if (rc < 0)
-            break;
-        if (t->ch_reduced < t->ch_issued) {
-            rc = chunk_reduce(t); /* waits for its copy out */
-        } else if (t->ch_returned < t->ch_reduced) {
-            double b0 = 0, b1 = 0;
-
-            rc2 = mesh_coll_wait_times(t->ch[t->ch_returned].req, &b0, &b1);
-            rc = chunk_return(t, rc2, b0, b1);
-        } else if (t->ch_ordered < t->ch_returned) {
-            rc = chunk_order(t); /* the device waits, the host does not */
-        }
-    }
-    return rc;
-}
-
-/* Bring bucket i to the host, scale it, and start its average. */
-static int bucket_start(struct trainer *t, int i)
-{
-    struct bucket *b = &t->b[i];
-    float *g = grads_host(t) + b->lo;
-    size_t n = b->hi - b->lo, k;
-    int rc, dt = wire_dtype(t), algo = t->c->algo;
-
-    if (pipelined(t))
-        return bucket_copy_out(t, i);
-    if (!t->host_slabs) {
-        rc = mesh_nn_download(t->ctx, g, mesh_nn_model_grads(t->model) + b->lo,
-                              n * 4);
-        if (rc < 0)
-            return rc;
-    }
-    if (t->grad_scale != 1.0f)
-        for (k = 0; k < n; k++)
-            g[k] *= t->grad_scale;
-    b->started = 1;
-    b->done = 0;
-    b->t_start = now_s(t);
-    if (!t->coll) {
-        /* One peer: nothing to average; the wire rounding still applies,
-         * so that one process computes what N peers would. */
-        if (dt != MESH_DT_F32) {
-            uint16_t *tmp = malloc(n * 2);
-
-            if (!tmp)
-                return mesh_err(-ENOMEM, "out of memory");
-            mesh_convert(dt, tmp, MESH_DT_F32, g, n);
-            mesh_convert(MESH_DT_F32, g, dt, tmp, n);
-            free(tmp);
-        }
-        b->done = 1;
-        b->t_end = now_s(t);
-        /* device slabs: the scaled (and rounded) bucket goes back */
-        if (!t->host_slabs)
-            return mesh_nn_upload(t->ctx,
-                                  mesh_nn_model_grads(t->model) + b->lo, g,
-                                  n * 4);
-        return 0;
-    }
-    if (dt != MESH_DT_F32) {
-        mesh_convert(dt, b->wire, MESH_DT_F32, g, n);
-        return mesh_coll_allreduce_start(t->coll, b->wire, b->wire, n, dt,
-                                         MESH_REDOP_AVG, t->c->algo, &b->req);
-    }
-    /* simulated: AUTO chooses for the bucket's real size, not k times
-     * smaller (the choice the real run would make) */
-    if (t->sim && algo == MESH_ALGO_AUTO)
-        algo = mesh_coll_algo_for(t->coll, algo,
-                                  (size_t)((double)n * 4 *
-                                           t->c->simulate_scale));
-    return mesh_coll_allreduce_start(t->coll, g, g, n, MESH_DT_F32,
-                                     MESH_REDOP_AVG, algo, &b->req);
-}
-
-static int bucket_finish(struct trainer *t, int i, int rc)
-{
-    struct bucket *b = &t->b[i];
-
-    b->req = NULL;
-    b->done = 1;
-    b->t_end = now_s(t);
-    if (rc < 0)
-        return rc;
-    if (t->c->compress)
-        mesh_convert(MESH_DT_F32, grads_host(t) + b->lo, wire_dtype(t), b->wire,
-                     b->hi - b->lo);
-    if (!t->host_slabs)
-        return mesh_nn_upload(t->ctx, mesh_nn_model_grads(t->model) + b->lo,
-                              grads_host(t) + b->lo, (b->hi - b->lo) * 4);
-    return 0;
-}
-
-/* nn's grad-ready callback: everything from offset to the end is final. */
-static int on_grad_ready(void *arg, size_t offset, size_t count)
-{
-    struct trainer *t = arg;
-    int rc;
-
-    (void)count;
-    if (t->prof)
-        mesh_sim_prof_grad(t->prof, offset);
-    while (t->next_bucket < t->nbuckets && t->b[t->next_bucket].lo >= offset) {
-        rc = bucket_start(t, t->next_bucket);
-        if (rc < 0)
-            return rc;
-        t->next_bucket++;
-    }
-    return pipelined(t) ? pipeline_poll(t) : 0;
-}
-
-/*
- * After an error: wait for every all-reduce still in flight (its host
- * buffers are freed next) and every copy. Returns rc.
- */
-static int buckets_abort(struct trainer *t, int rc)
-{
-    int i;
-
-    for (i = 0; i < t->nbuckets; i++)
-        if (t->b[i].req) {
-            mesh_coll_wait(t->b[i].req);
-            t->b[i].req = NULL;
-        }
-    for (i = 0; i < t->nchunks; i++) {
-        struct chunk *ch = &t->ch[i];
-
-        if (ch->d2h)
-            mesh_nn_copy_wait(t->ctx, ch->d2h);
-        if (ch->req)
-            mesh_coll_wait(ch->req);
-        if (ch->h2d)
-            mesh_nn_copy_wait(t->ctx, ch->h2d);
-        ch->d2h = ch->h2d = NULL;
-        ch->req = NULL;
-    }
-    return rc;
-}
-
-/* Start what is left, wait for every bucket in order. */
-static int buckets_wait(struct trainer *t)
-{
-    int i, rc = 0, rc2;
-
-    while (rc == 0 && t->next_bucket < t->nbuckets)
-        rc = bucket_start(t, t->next_bucket++);
-    if (pipelined(t)) {
-        if (rc == 0)
-            rc = pipeline_drain(t);
-        return rc < 0 ? buckets_abort(t, rc) : 0;
-    }
-    for (i = 0; i < t->nbuckets; i++) {
-        double b0 = 0, b1 = 0;
-
-        if (!t->b[i].req)
-            continue;
-        rc2 = mesh_coll_wait_times(t->b[i].req, &b0, &b1);
-        rc2 = bucket_finish(t, i, rc2);
-        /* when the engine really ran it (it may queue behind others) */
-        if (b0 > 0 && b1 >= b0) {
-            t->b[i].t_start = b0 - t->t0;
-            t->b[i].t_end = b1 - t->t0;
-        }
-        if (rc == 0)
-            rc = rc2;
-    }
-    for (i = 0; t->coll && i < t->nbuckets; i++)
-        if (t->b[i].started)
-            tl_add(t, "allreduce", 1, i, t->b[i].t_start,
-                   t->b[i].t_end - t->b[i].t_start);
-    return rc;
-}
-
 /* ---- collectives on small things ----------------------------------------- */
-
-static int avg_floats(struct trainer *t, float *x, size_t n)
-{
-    if (!t->coll)
-        return 0;
-    return mesh_coll_allreduce(t->coll, x, x, n, MESH_DT_F32, MESH_REDOP_AVG,
-                               t->c->algo);
-}
 
 static int sum_floats(struct trainer *t, float *x, size_t n)
 {
@@ -876,22 +295,10 @@ static int sum_floats(struct trainer *t, float *x, size_t n)
 /* Average the BN running statistics over the peers (identical after). */
 static int bn_average(struct trainer *t)
 {
-    float *buf;
-    int rc;
-
     if (t->sim)
         return 0; /* no statistics to average */
-    buf = mesh_nn_model_buffers(t->model);
-    if (!t->coll || t->nbuffers == 0)
-        return 0;
-    if (t->host_slabs)
-        return avg_floats(t, buf, t->nbuffers);
-    rc = mesh_nn_download(t->ctx, t->hbuf, buf, t->nbuffers * 4);
-    if (rc == 0)
-        rc = avg_floats(t, t->hbuf, t->nbuffers);
-    if (rc == 0)
-        rc = mesh_nn_upload(t->ctx, buf, t->hbuf, t->nbuffers * 4);
-    return rc;
+    return mesh_gradsync_average(t->gs, mesh_nn_model_buffers(t->model),
+                                 t->hbuf, t->nbuffers);
 }
 
 static void hex(const uint8_t *d, size_t n, char *out)
@@ -1294,7 +701,7 @@ static int evaluate(struct trainer *t, double *top1, double *top5)
     rc = sum_floats(t, counts, 3);
     if (rc < 0)
         return rc;
-    tl_add(t, "evaluate", 0, -1, ts, now_s(t) - ts);
+    tl_add(t, "evaluate", 0, ts, now_s(t) - ts);
     *top1 = counts[2] > 0 ? 100.0 * counts[0] / counts[2] : 0;
     *top5 = counts[2] > 0 ? 100.0 * counts[1] / counts[2] : 0;
     return 0;
@@ -1561,11 +968,10 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
             return rc;
     }
     if (!t->host_slabs) {
-        t->hgrads = malloc(t->nparams * 4);
         t->hparams = malloc(t->nparams * 4);
         t->hmom = malloc(t->nparams * 4);
         t->hbuf = malloc(t->nbuffers * 4 + 4);
-        if (!t->hgrads || !t->hparams || !t->hmom || !t->hbuf)
+        if (!t->hparams || !t->hmom || !t->hbuf)
             return mesh_err(-ENOMEM, "out of memory for host slabs");
     }
     if (mo->world.rank == 0 && !c->quiet)
@@ -1706,6 +1112,42 @@ static int fail(struct trainer *t, int code, int rc)
     return code;
 }
 
+/* nn's grad-ready callback: everything from offset to the end is final. */
+static int on_grad_ready(void *arg, size_t offset, size_t count)
+{
+    struct trainer *t = arg;
+
+    (void)count;
+    if (t->prof)
+        mesh_sim_prof_grad(t->prof, offset);
+    return mesh_gradsync_ready(t->gs, offset);
+}
+
+/* The gradient buckets of the model, or of the simulation. */
+static int gradsync_open(struct trainer *t)
+{
+    const struct train_cfg *c = t->c;
+    struct mesh_gradsync_opts o = {
+        .coll = t->coll,
+        .ctx = t->ctx,
+        .host_slabs = t->host_slabs,
+        .nparams = t->nparams,
+        .bucket_mb = c->bucket_mb,
+        .chunk_mb = c->chunk_mb,
+        .wire = c->compress == TRAIN_COMPRESS_FP16   ? MESH_DT_F16
+                : c->compress == TRAIN_COMPRESS_BF16 ? MESH_DT_BF16
+                                                     : MESH_DT_F32,
+        .algo = c->algo,
+        .grad_scale = 1.0f / (float)c->accumulate,
+        .scale = t->sim ? c->simulate_scale : 1,
+        .t0 = t->t0,
+        .event = tl_push,
+        .event_arg = t,
+    };
+
+    return mesh_gradsync_create(&o, &t->tm, &t->gs);
+}
+
 /*
  * The step's mean loss is known after the last forward: its average over
  * the peers starts then, so that the engine runs it while backward computes
@@ -1753,7 +1195,7 @@ static int batch_next(struct trainer *t, struct mesh_batch *batch,
     if (rc < 0)
         return local(t, mesh_err_prefix(rc, "data"));
     *data += now_s(t) - ts;
-    tl_add(t, "data wait", 2, -1, ts, now_s(t) - ts);
+    tl_add(t, "data wait", 2, ts, now_s(t) - ts);
     return 0;
 }
 
@@ -1781,7 +1223,7 @@ static int micro_batch(struct trainer *t, int k, float *loss_sum,
         rc = m->ops->loss(m->m, batch.y, c->label_smoothing, &loss);
     if (rc < 0)
         return local(t, rc);
-    tl_add(t, "forward", 0, -1, ts, now_s(t) - ts);
+    tl_add(t, "forward", 0, ts, now_s(t) - ts);
     if (t->prof && last)
         mesh_sim_prof_forward(t->prof, now_s(t) - ts);
     *loss_sum += loss;
@@ -1792,11 +1234,11 @@ static int micro_batch(struct trainer *t, int k, float *loss_sum,
         mesh_sim_prof_backward_begin(t->prof);
     rc = m->ops->backward(m->m, k > 0, last ? on_grad_ready : NULL, t);
     if (rc < 0)
-        return loss_wait(t, buckets_abort(t, rc));
+        return loss_wait(t, mesh_gradsync_abort(t->gs, rc));
     if (t->prof && last)
         mesh_sim_prof_backward_end(t->prof);
     *t_bwd_end = now_s(t);
-    tl_add(t, "backward", 0, -1, ts, *t_bwd_end - ts);
+    tl_add(t, "backward", 0, ts, *t_bwd_end - ts);
     return 0;
 }
 
@@ -1808,10 +1250,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
     float loss_sum = 0, loss;
     int k, rc;
 
-    t->next_bucket = 0;
-    for (k = 0; k < t->nbuckets; k++)
-        t->b[k].started = t->b[k].done = 0;
-    t->ch_issued = t->ch_reduced = t->ch_returned = t->ch_ordered = 0;
+    mesh_gradsync_begin(t->gs);
     if (t->sim)
         mesh_sim_step_begin(t->sim);
     for (k = 0; k < c->accumulate; k++) {
@@ -1819,7 +1258,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         if (rc < 0)
             return rc;
     }
-    rc = loss_wait(t, buckets_wait(t));
+    rc = loss_wait(t, mesh_gradsync_finish(t->gs));
     if (rc < 0)
         return rc;
     {
@@ -1831,7 +1270,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         rc = t->sim ? 0 : mesh_nn_sgd_step(t->sgd, (float)lr);
         if (rc < 0)
             return local(t, rc);
-        tl_add(t, "optimizer", 0, -1, ts, now_s(t) - ts);
+        tl_add(t, "optimizer", 0, ts, now_s(t) - ts);
         loss = t->loss_avg;
         w->t_comm += t_comm_end - t_bwd_end;
         w->t_data += data;
@@ -1950,7 +1389,7 @@ static void trainer_close(struct trainer *t)
     /* no copy may still read or write the host buffers freed below */
     if (t->ctx && mesh_nn_sync(t->ctx) < 0)
         mesh_warn("closing the device: %s", mesh_err_msg(-EIO));
-    buckets_free(t);
+    mesh_gradsync_destroy(t->gs);
     mesh_coll_destroy(t->coll);
     mesh_sim_prof_destroy(t->prof);
     mesh_sim_destroy(t->sim);
@@ -1964,7 +1403,6 @@ static void trainer_close(struct trainer *t)
     if (t->metrics)
         fclose(t->metrics);
     free(t->tl);
-    free(t->hgrads);
     free(t->hparams);
     free(t->hmom);
     free(t->hbuf);
@@ -1983,7 +1421,6 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     t.rank = mo->world.rank;
     t.size = mo->world.size;
     t.t0 = mesh_now_s();
-    t.grad_scale = 1.0f / (float)c->accumulate;
     t.tty = isatty(STDOUT_FILENO);
 
     memset(data_fp, 0, sizeof(data_fp));
@@ -2055,7 +1492,7 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
             goto out;
         }
     }
-    rc = buckets_plan(&t);
+    rc = gradsync_open(&t);
     if (rc < 0) {
         code = fail(&t, MESH_EXIT_USAGE, rc);
         goto out;
@@ -2072,13 +1509,13 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
         printf("meshtrain: %d gradient bucket(s) of up to %.3g MiB (first "
                "%.3g MiB), %s on the wire, all-reduce %s; %" PRIu64
                " steps of %" PRIu64 " per epoch\n",
-               t.nbuckets, c->bucket_mb,
-               (double)(t.b[0].hi - t.b[0].lo) * 4 / 1048576,
+               mesh_gradsync_num_buckets(t.gs), c->bucket_mb,
+               (double)mesh_gradsync_bucket_floats(t.gs, 0) * 4 / 1048576,
                c->compress ? compress_name(c->compress) : "fp32",
                mesh_algo_name(c->algo), t.total_steps, t.steps_per_epoch);
-    if (t.rank == 0 && !c->quiet && t.nchunks)
+    if (t.rank == 0 && !c->quiet && mesh_gradsync_num_chunks(t.gs))
         printf("meshtrain: pinned-host pipeline: %d chunk(s) of up to %.3g "
-               "MiB\n", t.nchunks, c->chunk_mb);
+               "MiB\n", mesh_gradsync_num_chunks(t.gs), c->chunk_mb);
     code = MESH_EXIT_PEER;
     if (c->resume) {
         if (!c->checkpoint_dir) {
@@ -2163,7 +1600,8 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     if (rc == 0) {
         /* the communicator's engine stops first: mesh_barrier then owns
          * the transport, and no peer hangs up while another needs it */
-        buckets_free(&t);
+        mesh_gradsync_destroy(t.gs);
+        t.gs = NULL;
         mesh_coll_destroy(t.coll);
         t.coll = NULL;
         if (t.size > 1)
