@@ -11,8 +11,7 @@ static int nn_forward(void *m, int n, const float *images, int train)
     return mesh_nn_model_forward(m, n, images, train);
 }
 
-static int nn_loss(void *m, const int32_t *labels, float smoothing,
-                   float *loss)
+static int nn_loss(void *m, const int32_t *labels, float smoothing, float *loss)
 {
     return mesh_nn_model_loss(m, labels, smoothing, loss);
 }

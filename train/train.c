@@ -20,8 +20,8 @@
 #include "train/gradsync.h"
 #include "train/model.h"
 #include "train/simulate.h"
+#include "train/timeline.h"
 #include "common/bytes.h"
-#include "common/array.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -103,16 +103,6 @@ static const char *lr_kind_name(int k)
 
 /* ---- the trainer's state ------------------------------------------------- */
 
-struct tl_event {
-    const char *name; /* static string; with a bucket: its stage */
-    int tid;          /* 0 compute, 1 communication, 2 data, 3 copies */
-    int bucket;       /* -1 or the bucket's index */
-    int chunk;        /* -1 or the chunk's index in its bucket */
-    size_t bytes;     /* with a bucket: the bytes it moved */
-    uint64_t step;
-    double ts, dur; /* seconds since the run started */
-};
-
 struct trainer {
     const struct train_cfg *c;
     struct mesh *mesh;
@@ -158,8 +148,7 @@ struct trainer {
     /* output */
     double t0;
     FILE *metrics;
-    struct tl_event *tl;
-    size_t ntl, tl_cap;
+    struct mesh_timeline tl; /* rank 0's --timeline events */
     uint64_t step; /* the step being run */
     int tty;
 };
@@ -174,23 +163,14 @@ static void tl_push(void *arg, const char *name, int tid, int bucket,
                     int chunk, size_t bytes, double ts, double dur)
 {
     struct trainer *t = arg;
-    struct tl_event *e;
+    struct mesh_tl_event e = {
+        .name = name, .tid = tid, .bucket = bucket, .chunk = chunk,
+        .bytes = bytes, .step = t->step, .ts = ts, .dur = dur,
+    };
 
     if (!t->c->timeline || t->rank != 0 || t->step >= t->c->timeline_steps)
         return;
-    /* The trace is a diagnostic: without memory, drop events, keep going. */
-    if (mesh_array_reserve(&t->tl, &t->tl_cap, t->ntl + 1, sizeof(*t->tl),
-                           "timeline events") < 0)
-        return;
-    e = &t->tl[t->ntl++];
-    e->name = name;
-    e->tid = tid;
-    e->bucket = bucket;
-    e->chunk = chunk;
-    e->bytes = bytes;
-    e->step = t->step;
-    e->ts = ts;
-    e->dur = dur;
+    mesh_timeline_add(&t->tl, &e);
 }
 
 /* An event of the trainer's own (not of a bucket). */
@@ -198,56 +178,6 @@ static void tl_add(struct trainer *t, const char *name, int tid, double ts,
                    double dur)
 {
     tl_push(t, name, tid, -1, -1, 0, ts, dur);
-}
-
-static int tl_write(const struct trainer *t)
-{
-    static const char *const threads[] = {"compute", "communication", "data",
-                                          "copies"};
-    FILE *f;
-    size_t i;
-    int k;
-
-    f = fopen(t->c->timeline, "w");
-    if (!f)
-        return mesh_err_errno("--timeline %s", t->c->timeline);
-    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-    fprintf(f,
-            "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, "
-            "\"args\": {\"name\": \"meshtrain rank %d\"}}",
-            t->rank, t->rank);
-    for (k = 0; k < 4; k++)
-        fprintf(f,
-                ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": "
-                "%d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
-                t->rank, k, threads[k]);
-    for (i = 0; i < t->ntl; i++) {
-        const struct tl_event *e = &t->tl[i];
-        char name[80];
-
-        if (e->chunk >= 0)
-            snprintf(name, sizeof(name), "%s bucket %d chunk %d", e->name,
-                     e->bucket, e->chunk);
-        else if (e->bucket >= 0)
-            snprintf(name, sizeof(name), "%s bucket %d", e->name, e->bucket);
-        else
-            snprintf(name, sizeof(name), "%s", e->name);
-        fprintf(f,
-                ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", "
-                "\"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, "
-                "\"args\": {\"step\": %" PRIu64,
-                name, threads[e->tid], t->rank, e->tid, e->ts * 1e6,
-                e->dur * 1e6, e->step);
-        if (e->bucket >= 0)
-            fprintf(f, ", \"bucket\": %d, \"bytes\": %zu", e->bucket, e->bytes);
-        if (e->chunk >= 0)
-            fprintf(f, ", \"chunk\": %d", e->chunk);
-        fprintf(f, "}}");
-    }
-    fprintf(f, "\n]}\n");
-    if (fclose(f) != 0)
-        return mesh_err_errno("--timeline %s", t->c->timeline);
-    return 0;
 }
 
 /* Mark an error as this peer's own (MESH_EXIT_USAGE rather than PEER). */
@@ -1402,7 +1332,7 @@ static void trainer_close(struct trainer *t)
     mesh_close(t->mesh);
     if (t->metrics)
         fclose(t->metrics);
-    free(t->tl);
+    mesh_timeline_free(&t->tl);
     free(t->hparams);
     free(t->hmom);
     free(t->hbuf);
@@ -1593,7 +1523,7 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
         fflush(stdout);
     }
     if (rc == 0 && t.c->timeline && t.rank == 0)
-        rc = local(&t, tl_write(&t));
+        rc = local(&t, mesh_timeline_write(&t.tl, c->timeline, t.rank));
     /* no copy may still touch the pinned buffers freed next */
     if (rc == 0 && t.ctx)
         rc = local(&t, mesh_nn_sync(t.ctx));
