@@ -13,16 +13,10 @@
  */
 #include "config.h"
 
-#include "train/train.h"
+#include "train/train-internal.h"
 
-#include "collective/collective.h"
-#include "train/ckpt.h"
-#include "train/gradsync.h"
-#include "train/model.h"
-#include "train/simulate.h"
-#include "train/timeline.h"
-#include "common/bytes.h"
 #include "common/util.h"
+#include "train/ckpt.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -35,8 +29,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define RESUME_MAX_ENTRIES     32
-#define TRAINER_STATE_MAGIC    UINT64_C(0x31726e6961727474) /* "ttrainr1" */
 
 /* ---- configuration ------------------------------------------------------- */
 
@@ -101,58 +93,6 @@ static const char *lr_kind_name(int k)
                                     : "const";
 }
 
-/* ---- the trainer's state ------------------------------------------------- */
-
-struct trainer {
-    const struct train_cfg *c;
-    struct mesh *mesh;
-    mesh_coll_t *coll; /* NULL with one peer */
-    int rank, size;
-    int ncpus; /* mesh_bind: the CPUs this rank should keep busy */
-
-    struct mesh_dataset *ds;
-    struct mesh_data_info info;
-    struct mesh_loader *train_ld, *eval_ld;
-    uint64_t micro_per_epoch; /* loader steps (micro-batches) per epoch */
-    uint64_t steps_per_epoch; /* optimizer steps per epoch */
-    uint64_t total_steps;
-
-    struct mesh_nn_ctx *ctx;
-    struct mesh_nn_model *model;
-    struct mesh_nn_sgd *sgd;
-    struct mesh_nn_model_cfg mcfg;
-    struct mesh_train_model tm; /* the model or the simulation, as ops */
-    size_t nparams, nbuffers;
-    int host_slabs; /* the backend's slabs are host memory */
-    float *hparams; /* host copies for digests, checkpoints (nparams) */
-    float *hmom;
-    float *hbuf;   /* nbuffers */
-    float *images; /* staging for a device backend: unused on cpu */
-    struct mesh_sim *sim;       /* --simulate-compute: no model, no data */
-    struct mesh_sim_prof *prof; /* --profile-layers */
-    char sim_name[320];
-
-    struct mesh_gradsync *gs; /* the gradient buckets */
-    float loss_avg;            /* the step's loss, averaged in flight */
-    mesh_coll_req_t *loss_req; /* its all-reduce, started after forward */
-    int local_err;    /* the error is this peer's own (data, files,
-                         compute), not the mesh's: exit code 1 */
-    int agreed_err;   /* every peer reached the same error from the same
-                         shared facts: exit 1 without aborting the others */
-
-    struct mesh_nn_lr_sched lr; /* --lr-schedule with the run's length */
-
-    uint8_t config_digest[32];
-    char config[MESH_CONFIG_MAX];
-
-    /* output */
-    double t0;
-    FILE *metrics;
-    struct mesh_timeline tl; /* rank 0's --timeline events */
-    uint64_t step; /* the step being run */
-    int tty;
-};
-
 static double now_s(const struct trainer *t)
 {
     return mesh_now_s() - t->t0;
@@ -180,14 +120,6 @@ static void tl_add(struct trainer *t, const char *name, int tid, double ts,
     tl_push(t, name, tid, -1, -1, 0, ts, dur);
 }
 
-/* Mark an error as this peer's own (MESH_EXIT_USAGE rather than PEER). */
-static int local(struct trainer *t, int rc)
-{
-    if (rc < 0)
-        t->local_err = 1;
-    return rc;
-}
-
 /* ---- host copies of device slabs ----------------------------------------- */
 
 static float *params_host(struct trainer *t, int *rc)
@@ -201,7 +133,7 @@ static float *params_host(struct trainer *t, int *rc)
     return t->hparams;
 }
 
-static float *momentum_host(struct trainer *t, int *rc)
+float *train_momentum_host(struct trainer *t, int *rc)
 {
     float *p = mesh_nn_sgd_momentum(t->sgd);
 
@@ -223,7 +155,7 @@ static int sum_floats(struct trainer *t, float *x, size_t n)
 }
 
 /* Average the BN running statistics over the peers (identical after). */
-static int bn_average(struct trainer *t)
+int train_bn_average(struct trainer *t)
 {
     if (t->sim)
         return 0; /* no statistics to average */
@@ -250,7 +182,7 @@ static int weights_digest(struct trainer *t, uint8_t out[32])
     if (rc == 0)
         rc = mesh_ckpt_sha256(p, t->nparams * 4, two);
     if (rc == 0)
-        mom = momentum_host(t, &rc);
+        mom = train_momentum_host(t, &rc);
     if (rc == 0)
         rc = mesh_ckpt_sha256(mom, t->nparams * 4, two + 32);
     if (rc == 0)
@@ -309,282 +241,6 @@ out:
     return rc;
 }
 
-/* ---- checkpoints --------------------------------------------------------- */
-
-static int ckpt_dir(const struct trainer *t, char *buf, size_t cap)
-{
-    int n = snprintf(buf, cap, "%s/rank-%d", t->c->checkpoint_dir, t->rank);
-
-    if (n < 0 || (size_t)n >= cap)
-        return mesh_err(-ENAMETOOLONG, "--checkpoint-dir %s: path too long",
-                        t->c->checkpoint_dir);
-    /* DIR itself; mesh_ckpt_begin makes DIR/rank-R */
-    if (mkdir(t->c->checkpoint_dir, 0777) < 0 && errno != EEXIST)
-        return mesh_err_errno("--checkpoint-dir %s", t->c->checkpoint_dir);
-    return 0;
-}
-
-/*
- * Checkpoint after `step` optimizer steps: the weights and averaged BN
- * statistics (safetensors), the momentum, the trainer's counters (shared,
- * identical on every peer) and the loader's position (this peer's).
- */
-static int checkpoint_write(struct trainer *t, uint64_t step)
-{
-    struct mesh_ckpt_writer *w = NULL;
-    struct mesh_ckpt_meta meta;
-    uint8_t state[40], lstate[MESH_DATA_STATE_BYTES];
-    char dir[1024], path[1200];
-    uint64_t epoch, lstep;
-    float *mom;
-    int rc;
-
-    rc = bn_average(t);
-    if (rc < 0)
-        return rc;
-    rc = ckpt_dir(t, dir, sizeof(dir));
-    if (rc == 0)
-        rc = mesh_ckpt_begin(dir, step, &w);
-    if (rc < 0)
-        return local(t, rc);
-    rc = mesh_ckpt_put_file(w, "model.safetensors", MESH_CKPT_SHARED, path,
-                            sizeof(path));
-    if (rc == 0)
-        rc = mesh_nn_model_save(t->model, path);
-    if (rc == 0)
-        mom = momentum_host(t, &rc);
-    if (rc == 0)
-        rc =
-            mesh_ckpt_put(w, "momentum", mom, t->nparams * 4, MESH_CKPT_SHARED);
-    mesh_data_tell(t->train_ld, &epoch, &lstep);
-    mesh_put_le64(state, TRAINER_STATE_MAGIC);
-    mesh_put_le64(state + 8, step);
-    mesh_put_le64(state + 16, epoch);
-    mesh_put_le64(state + 24, (uint64_t)mesh_nn_sgd_steps(t->sgd));
-    mesh_put_le64(state + 32, (uint64_t)mesh_nn_model_batches_tracked(t->model));
-    if (rc == 0)
-        rc =
-            mesh_ckpt_put(w, "trainer", state, sizeof(state), MESH_CKPT_SHARED);
-    mesh_data_get_state(t->train_ld, lstate);
-    if (rc == 0)
-        rc = mesh_ckpt_put(w, "loader", lstate, sizeof(lstate), 0);
-    if (rc < 0) {
-        mesh_ckpt_abort(w);
-        return local(t, rc);
-    }
-    memset(&meta, 0, sizeof(meta));
-    meta.step = step;
-    meta.epoch = epoch;
-    memcpy(meta.config, t->config_digest, 32);
-    rc = local(t, mesh_ckpt_commit(w, &meta, NULL));
-    if (rc == 0)
-        rc = local(t, mesh_ckpt_prune(dir, t->c->keep));
-    if (rc == 0)
-        mesh_info("checkpoint %s/ckpt-%09" PRIu64 " written", dir, step);
-    return rc;
-}
-
-/*
- * --resume found no checkpoint to continue from: why (the agreement's
- * message, or none at all), which ranks hold damaged ones, and this
- * rank's own damaged files. --resume=if-any starts from step 0 with a
- * warning; --resume is an error of the configuration (exit 1): the
- * checkpoints it asked for are not there.
- */
-static int resume_none(struct trainer *t, const char *why,
-                       const uint64_t *damaged,
-                       const struct mesh_ckpt_damage *mine)
-{
-    char ranks[256] = "", here[sizeof(mine->list) + 64] = "";
-    int r, n = 0;
-
-    for (r = 0; r < t->size; r++) {
-        size_t len = strlen(ranks);
-
-        if (!damaged[r])
-            continue;
-        n++;
-        if (len < sizeof(ranks) - 16)
-            snprintf(ranks + len, sizeof(ranks) - len, "%s%d", len ? ", " : "",
-                     r);
-    }
-    if (mine->count)
-        snprintf(here, sizeof(here), "; damaged here: %s", mine->list);
-    if (t->c->resume == TRAIN_RESUME_IF_ANY) {
-        mesh_warn("--resume=if-any: %s%s%s%s: starting from step 0", why,
-                  n ? " (damaged checkpoints on rank(s) " : "", ranks,
-                  n ? ")" : "");
-        return 0;
-    }
-    /* every peer decides this from the same gathered scans */
-    t->agreed_err = 1;
-    return local(t, mesh_err(-ENOENT,
-                             "--resume: %s%s%s%s (--resume=if-any would "
-                             "start from step 0)",
-                             why, n ? "; damaged checkpoints on rank(s) " : "",
-                             ranks, here));
-}
-
-/*
- * --resume: every peer scans its directory, the scans are all-gathered
- * (RESUME_MAX_ENTRIES newest of each, and how many were damaged), and
- * every peer picks the newest step that all hold with the same agreement
- * digest. When there is none (no checkpoint at all, only damaged ones, or
- * none in common), resume_none decides: an error, or *step = 0 with
- * --resume=if-any.
- */
-static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
-{
-    struct mesh_ckpt_entry *mine = NULL, *all = NULL;
-    const struct mesh_ckpt_entry **lists = NULL;
-    struct mesh_ckpt *ck = NULL;
-    struct mesh_ckpt_damage damage;
-    size_t nmine = 0, *counts = NULL, total = 0, rec;
-    uint8_t *pack = NULL, *gathered = NULL, state[40];
-    uint64_t *damaged = NULL;
-    char dir[1024], path[1200];
-    uint64_t step = 0;
-    void *lstate = NULL;
-    size_t llen = 0;
-    int r, rc;
-    size_t i;
-
-    rc = ckpt_dir(t, dir, sizeof(dir));
-    if (rc == 0)
-        rc = mesh_ckpt_scan(dir, &mine, &nmine, &damage);
-    if (rc < 0)
-        return local(t, rc);
-    if (nmine > RESUME_MAX_ENTRIES)
-        nmine = RESUME_MAX_ENTRIES; /* newest first */
-    /* each rank: its count, its damaged count, its entries */
-    rec = 16 + RESUME_MAX_ENTRIES * MESH_CKPT_ENTRY_BYTES;
-    pack = calloc(1, rec);
-    gathered = calloc((size_t)t->size, rec);
-    lists = calloc((size_t)t->size, sizeof(*lists));
-    counts = calloc((size_t)t->size, sizeof(*counts));
-    damaged = calloc((size_t)t->size, sizeof(*damaged));
-    all = calloc((size_t)t->size * RESUME_MAX_ENTRIES + 1, sizeof(*all));
-    if (!pack || !gathered || !lists || !counts || !damaged || !all) {
-        rc = mesh_err(-ENOMEM, "out of memory");
-        goto out;
-    }
-    mesh_put_le64(pack, nmine);
-    mesh_put_le64(pack + 8, damage.count);
-    for (i = 0; i < nmine; i++)
-        mesh_ckpt_entry_pack(&mine[i], pack + 16 + i * MESH_CKPT_ENTRY_BYTES);
-    if (t->coll)
-        rc = mesh_coll_allgather(t->coll, pack, gathered, rec, MESH_DT_BYTE);
-    else
-        memcpy(gathered, pack, rec);
-    if (rc < 0)
-        goto out;
-    for (r = 0; r < t->size; r++) {
-        const uint8_t *g = gathered + (size_t)r * rec;
-        uint64_t n = mesh_get_le64(g);
-
-        if (n > RESUME_MAX_ENTRIES) {
-            rc = mesh_err(
-                -EPROTO,
-                "--resume: rank %d sent %" PRIu64 " checkpoint entries", r, n);
-            goto out;
-        }
-        lists[r] = all + (size_t)r * RESUME_MAX_ENTRIES;
-        counts[r] = n;
-        damaged[r] = mesh_get_le64(g + 8);
-        total += n;
-        for (i = 0; i < n; i++)
-            mesh_ckpt_entry_unpack(g + 16 + i * MESH_CKPT_ENTRY_BYTES,
-                                   &all[(size_t)r * RESUME_MAX_ENTRIES + i]);
-    }
-    if (total == 0) {
-        char why[1200];
-
-        snprintf(why, sizeof(why), "no peer has a usable checkpoint in %s",
-                 t->c->checkpoint_dir);
-        rc = resume_none(t, why, damaged, &damage);
-        *step_out = 0;
-        goto out;
-    }
-    rc = mesh_ckpt_agree(lists, counts, t->size, &step);
-    if (rc == -ENOENT) {
-        const char *msg = mesh_err_msg(rc);
-        char why[1200];
-
-        if (!strncmp(msg, "--resume: ", 10))
-            msg += 10;
-        snprintf(why, sizeof(why), "%s", msg);
-        rc = resume_none(t, why, damaged, &damage);
-        *step_out = 0;
-        goto out;
-    }
-    if (rc < 0)
-        goto out;
-    for (i = 0; i < nmine; i++)
-        if (mine[i].step == step &&
-            memcmp(mine[i].config, t->config_digest, 32) != 0) {
-            rc = mesh_err(-EINVAL,
-                          "--resume: checkpoint %s/ckpt-%09" PRIu64
-                          " was written with another configuration (model, "
-                          "data, batch, seed, optimizer or peer count)",
-                          dir, step);
-            goto out;
-        }
-    rc = mesh_ckpt_path(dir, step, path, sizeof(path));
-    if (rc == 0)
-        rc = mesh_ckpt_open(path, &ck);
-    if (rc < 0)
-        goto out;
-    {
-        char st[1300];
-
-        rc = mesh_ckpt_blob_path(ck, "model.safetensors", st, sizeof(st));
-        if (rc == 0)
-            rc = mesh_nn_model_load(t->model, st);
-    }
-    if (rc == 0) {
-        float *mom = t->host_slabs ? mesh_nn_sgd_momentum(t->sgd) : t->hmom;
-
-        rc = mesh_ckpt_read_into(ck, "momentum", mom, t->nparams * 4);
-        if (rc == 0 && !t->host_slabs)
-            rc = mesh_nn_upload(t->ctx, mesh_nn_sgd_momentum(t->sgd), mom,
-                                t->nparams * 4);
-    }
-    if (rc == 0)
-        rc = mesh_ckpt_read_into(ck, "trainer", state, sizeof(state));
-    if (rc == 0 &&
-        (mesh_get_le64(state) != TRAINER_STATE_MAGIC || mesh_get_le64(state + 8) != step))
-        rc = mesh_err(-EIO,
-                      "%s/trainer: not a meshtrain trainer record for "
-                      "step %" PRIu64,
-                      path, step);
-    if (rc == 0) {
-        mesh_nn_sgd_set_steps(t->sgd, (int64_t)mesh_get_le64(state + 24));
-        mesh_nn_model_set_batches_tracked(t->model,
-                                          (int64_t)mesh_get_le64(state + 32));
-        rc = mesh_ckpt_read(ck, "loader", &lstate, &llen);
-    }
-    if (rc == 0)
-        rc = mesh_data_set_state(t->train_ld, lstate, llen);
-    if (rc < 0)
-        rc = mesh_err_prefix(rc, "--resume from %s", path);
-    if (rc == 0) {
-        if (t->rank == 0)
-            mesh_info("resumed from step %" PRIu64 " (%s)", step, path);
-        *step_out = step;
-    }
-out:
-    free(lstate);
-    mesh_ckpt_close(ck);
-    free(all);
-    free(damaged);
-    free(counts);
-    free(lists);
-    free(gathered);
-    free(pack);
-    free(mine);
-    return rc;
-}
-
 /* ---- evaluation ---------------------------------------------------------- */
 
 /* Top-1 and top-5 over the whole evaluation split (each peer its shard). */
@@ -595,7 +251,7 @@ static int evaluate(struct trainer *t, double *top1, double *top5)
     struct mesh_batch batch;
     double ts = now_s(t);
 
-    rc = bn_average(t);
+    rc = train_bn_average(t);
     if (rc == 0)
         rc = mesh_data_seek(t->eval_ld, 0, 0);
     if (rc < 0)
@@ -627,7 +283,7 @@ static int evaluate(struct trainer *t, double *top1, double *top5)
     }
     free(logits);
     if (rc < 0)
-        return local(t, mesh_err_prefix(rc, "evaluation data"));
+        return train_local(t, mesh_err_prefix(rc, "evaluation data"));
     rc = sum_floats(t, counts, 3);
     if (rc < 0)
         return rc;
@@ -1012,7 +668,7 @@ static int outputs_check(struct trainer *t)
     }
     if (!c->checkpoint_every || !c->checkpoint_dir)
         return 0;
-    rc = ckpt_dir(t, dir, sizeof(dir));
+    rc = train_ckpt_dir(t, dir, sizeof(dir));
     if (rc < 0)
         return rc;
     if (mkdir(dir, 0777) < 0 && errno != EEXIST)
@@ -1123,7 +779,7 @@ static int batch_next(struct trainer *t, struct mesh_batch *batch,
     if (rc > 0)
         rc = mesh_err(-EIO, "training loader ended");
     if (rc < 0)
-        return local(t, mesh_err_prefix(rc, "data"));
+        return train_local(t, mesh_err_prefix(rc, "data"));
     *data += now_s(t) - ts;
     tl_add(t, "data wait", 2, ts, now_s(t) - ts);
     return 0;
@@ -1152,7 +808,7 @@ static int micro_batch(struct trainer *t, int k, float *loss_sum,
     if (rc == 0)
         rc = m->ops->loss(m->m, batch.y, c->label_smoothing, &loss);
     if (rc < 0)
-        return local(t, rc);
+        return train_local(t, rc);
     tl_add(t, "forward", 0, ts, now_s(t) - ts);
     if (t->prof && last)
         mesh_sim_prof_forward(t->prof, now_s(t) - ts);
@@ -1199,7 +855,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
         ts = now_s(t);
         rc = t->sim ? 0 : mesh_nn_sgd_step(t->sgd, (float)lr);
         if (rc < 0)
-            return local(t, rc);
+            return train_local(t, rc);
         tl_add(t, "optimizer", 0, ts, now_s(t) - ts);
         loss = t->loss_avg;
         w->t_comm += t_comm_end - t_bwd_end;
@@ -1263,7 +919,7 @@ static int train_loop(struct trainer *t, uint64_t start)
         if (rc < 0)
             return rc;
         if (!isfinite(loss)) {
-            return local(t, mesh_err(-ERANGE,
+            return train_local(t, mesh_err(-ERANGE,
                                      "loss is %f at step %" PRIu64
                                      " (lower --lr?)",
                                      (double)loss, done));
@@ -1305,7 +961,7 @@ static int train_loop(struct trainer *t, uint64_t start)
         }
         if (c->checkpoint_every && c->checkpoint_dir &&
             done % c->checkpoint_every == 0) {
-            rc = checkpoint_write(t, done);
+            rc = train_ckpt_write(t, done);
             if (rc < 0)
                 return rc;
         }
@@ -1453,7 +1109,7 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
                         mesh_err(-EINVAL, "--resume needs --checkpoint-dir"));
             goto out;
         }
-        rc = checkpoint_resume(&t, &start);
+        rc = train_ckpt_resume(&t, &start);
         if (rc < 0) {
             code = fail(&t,
                         t.local_err || rc == -ENOENT || rc == -EIO ||
@@ -1499,7 +1155,7 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
         goto out;
     }
     have_eval = t.eval_ld != NULL;
-    rc = have_eval ? evaluate(&t, &top1, &top5) : bn_average(&t);
+    rc = have_eval ? evaluate(&t, &top1, &top5) : train_bn_average(&t);
     if (rc == 0 && have_eval && t.rank == 0)
         printf("%stest accuracy after %" PRIu64 " steps: top-1 %.2f %% "
                "top-5 %.2f %%\n",
@@ -1507,9 +1163,9 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     if (rc == 0 && c->verify_every)
         rc = verify_weights(&t, "at the end");
     if (rc == 0 && c->save && t.rank == 0 && !t.sim)
-        rc = local(&t, mesh_nn_model_save(t.model, c->save));
+        rc = train_local(&t, mesh_nn_model_save(t.model, c->save));
     if (rc == 0 && t.prof)
-        rc = local(&t, mesh_sim_prof_write(t.prof, c->profile_layers));
+        rc = train_local(&t, mesh_sim_prof_write(t.prof, c->profile_layers));
     if (rc == 0 && t.sim) {
         struct mesh_sim_stats st;
 
@@ -1523,10 +1179,10 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
         fflush(stdout);
     }
     if (rc == 0 && t.c->timeline && t.rank == 0)
-        rc = local(&t, mesh_timeline_write(&t.tl, c->timeline, t.rank));
+        rc = train_local(&t, mesh_timeline_write(&t.tl, c->timeline, t.rank));
     /* no copy may still touch the pinned buffers freed next */
     if (rc == 0 && t.ctx)
-        rc = local(&t, mesh_nn_sync(t.ctx));
+        rc = train_local(&t, mesh_nn_sync(t.ctx));
     if (rc == 0) {
         /* the communicator's engine stops first: mesh_barrier then owns
          * the transport, and no peer hangs up while another needs it */
