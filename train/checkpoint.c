@@ -134,122 +134,141 @@ static int resume_none(struct trainer *t, const char *why,
                              ranks, here));
 }
 
-/*
- * --resume: every peer scans its directory, the scans are all-gathered
- * (RESUME_MAX_ENTRIES newest of each, and how many were damaged), and
- * every peer picks the newest step that all hold with the same agreement
- * digest. When there is none (no checkpoint at all, only damaged ones, or
- * none in common), resume_none decides: an error, or *step = 0 with
- * --resume=if-any.
- */
-int train_ckpt_resume(struct trainer *t, uint64_t *step_out)
+/* Every peer's scan, all-gathered: its newest entries, how many were
+ * damaged. */
+struct scans {
+    struct mesh_ckpt_entry *all; /* size x RESUME_MAX_ENTRIES */
+    const struct mesh_ckpt_entry **lists; /* rank r's: all + r x MAX */
+    size_t *counts, total;
+    uint64_t *damaged;
+};
+
+static void scans_free(struct scans *sc)
 {
-    struct mesh_ckpt_entry *mine = NULL, *all = NULL;
-    const struct mesh_ckpt_entry **lists = NULL;
-    struct mesh_ckpt *ck = NULL;
-    struct mesh_ckpt_damage damage;
-    size_t nmine = 0, *counts = NULL, total = 0, rec;
-    uint8_t *pack = NULL, *gathered = NULL, state[40];
-    uint64_t *damaged = NULL;
-    char dir[1024], path[1200];
-    uint64_t step = 0;
-    void *lstate = NULL;
-    size_t llen = 0;
-    int r, rc;
+    free(sc->all);
+    free(sc->damaged);
+    free(sc->counts);
+    free(sc->lists);
+}
+
+/* Unpack rank r's record of the all-gather into sc. */
+static int scans_unpack(struct scans *sc, int r, const uint8_t *g)
+{
+    uint64_t n = mesh_get_le64(g);
     size_t i;
 
-    rc = train_ckpt_dir(t, dir, sizeof(dir));
-    if (rc == 0)
-        rc = mesh_ckpt_scan(dir, &mine, &nmine, &damage);
-    if (rc < 0)
-        return train_local(t, rc);
-    if (nmine > RESUME_MAX_ENTRIES)
-        nmine = RESUME_MAX_ENTRIES; /* newest first */
-    /* each rank: its count, its damaged count, its entries */
-    rec = 16 + RESUME_MAX_ENTRIES * MESH_CKPT_ENTRY_BYTES;
-    pack = calloc(1, rec);
+    if (n > RESUME_MAX_ENTRIES)
+        return mesh_err(-EPROTO,
+                        "--resume: rank %d sent %" PRIu64
+                        " checkpoint entries",
+                        r, n);
+    sc->lists[r] = sc->all + (size_t)r * RESUME_MAX_ENTRIES;
+    sc->counts[r] = n;
+    sc->damaged[r] = mesh_get_le64(g + 8);
+    sc->total += n;
+    for (i = 0; i < n; i++)
+        mesh_ckpt_entry_unpack(g + 16 + i * MESH_CKPT_ENTRY_BYTES,
+                               &sc->all[(size_t)r * RESUME_MAX_ENTRIES + i]);
+    return 0;
+}
+
+/*
+ * All-gather every rank's count, damaged count and entries (its nmine
+ * newest, at most RESUME_MAX_ENTRIES) into sc (scans_free frees it).
+ */
+static int scans_gather(struct trainer *t, const struct mesh_ckpt_entry *mine,
+                        size_t nmine, uint64_t ndamaged, struct scans *sc)
+{
+    size_t rec = 16 + RESUME_MAX_ENTRIES * MESH_CKPT_ENTRY_BYTES, i;
+    uint8_t *pack = calloc(1, rec), *gathered;
+    int r, rc = 0;
+
     gathered = calloc((size_t)t->size, rec);
-    lists = calloc((size_t)t->size, sizeof(*lists));
-    counts = calloc((size_t)t->size, sizeof(*counts));
-    damaged = calloc((size_t)t->size, sizeof(*damaged));
-    all = calloc((size_t)t->size * RESUME_MAX_ENTRIES + 1, sizeof(*all));
-    if (!pack || !gathered || !lists || !counts || !damaged || !all) {
+    sc->lists = calloc((size_t)t->size, sizeof(*sc->lists));
+    sc->counts = calloc((size_t)t->size, sizeof(*sc->counts));
+    sc->damaged = calloc((size_t)t->size, sizeof(*sc->damaged));
+    sc->all = calloc((size_t)t->size * RESUME_MAX_ENTRIES + 1,
+                     sizeof(*sc->all));
+    if (!pack || !gathered || !sc->lists || !sc->counts || !sc->damaged ||
+        !sc->all) {
         rc = mesh_err(-ENOMEM, "out of memory");
         goto out;
     }
     mesh_put_le64(pack, nmine);
-    mesh_put_le64(pack + 8, damage.count);
+    mesh_put_le64(pack + 8, ndamaged);
     for (i = 0; i < nmine; i++)
         mesh_ckpt_entry_pack(&mine[i], pack + 16 + i * MESH_CKPT_ENTRY_BYTES);
     if (t->coll)
         rc = mesh_coll_allgather(t->coll, pack, gathered, rec, MESH_DT_BYTE);
     else
         memcpy(gathered, pack, rec);
-    if (rc < 0)
-        goto out;
-    for (r = 0; r < t->size; r++) {
-        const uint8_t *g = gathered + (size_t)r * rec;
-        uint64_t n = mesh_get_le64(g);
+    for (r = 0; rc == 0 && r < t->size; r++)
+        rc = scans_unpack(sc, r, gathered + (size_t)r * rec);
+out:
+    free(gathered);
+    free(pack);
+    return rc;
+}
 
-        if (n > RESUME_MAX_ENTRIES) {
-            rc = mesh_err(
-                -EPROTO,
-                "--resume: rank %d sent %" PRIu64 " checkpoint entries", r, n);
-            goto out;
-        }
-        lists[r] = all + (size_t)r * RESUME_MAX_ENTRIES;
-        counts[r] = n;
-        damaged[r] = mesh_get_le64(g + 8);
-        total += n;
-        for (i = 0; i < n; i++)
-            mesh_ckpt_entry_unpack(g + 16 + i * MESH_CKPT_ENTRY_BYTES,
-                                   &all[(size_t)r * RESUME_MAX_ENTRIES + i]);
-    }
-    if (total == 0) {
-        char why[1200];
+/*
+ * The newest step that every peer holds with the same agreement digest:
+ * 1 and *step, or 0 when there is none, after resume_none (then an error,
+ * or 0 with --resume=if-any). Errors when this rank's checkpoint of that
+ * step was written with another configuration.
+ */
+static int resume_pick(struct trainer *t, const char *dir,
+                       const struct scans *sc,
+                       const struct mesh_ckpt_entry *mine, size_t nmine,
+                       const struct mesh_ckpt_damage *damage, uint64_t *step)
+{
+    char why[1200];
+    size_t i;
+    int rc;
 
+    *step = 0;
+    if (sc->total == 0) {
         snprintf(why, sizeof(why), "no peer has a usable checkpoint in %s",
                  t->c->checkpoint_dir);
-        rc = resume_none(t, why, damaged, &damage);
-        *step_out = 0;
-        goto out;
+        return resume_none(t, why, sc->damaged, damage);
     }
-    rc = mesh_ckpt_agree(lists, counts, t->size, &step);
+    rc = mesh_ckpt_agree(sc->lists, sc->counts, t->size, step);
     if (rc == -ENOENT) {
         const char *msg = mesh_err_msg(rc);
-        char why[1200];
 
         if (!strncmp(msg, "--resume: ", 10))
             msg += 10;
         snprintf(why, sizeof(why), "%s", msg);
-        rc = resume_none(t, why, damaged, &damage);
-        *step_out = 0;
-        goto out;
+        *step = 0;
+        return resume_none(t, why, sc->damaged, damage);
     }
     if (rc < 0)
-        goto out;
+        return rc;
     for (i = 0; i < nmine; i++)
-        if (mine[i].step == step &&
-            memcmp(mine[i].config, t->config_digest, 32) != 0) {
-            rc = mesh_err(-EINVAL,
-                          "--resume: checkpoint %s/ckpt-%09" PRIu64
-                          " was written with another configuration (model, "
-                          "data, batch, seed, optimizer or peer count)",
-                          dir, step);
-            goto out;
-        }
-    rc = mesh_ckpt_path(dir, step, path, sizeof(path));
-    if (rc == 0)
-        rc = mesh_ckpt_open(path, &ck);
-    if (rc < 0)
-        goto out;
-    {
-        char st[1300];
+        if (mine[i].step == *step &&
+            memcmp(mine[i].config, t->config_digest, 32) != 0)
+            return mesh_err(-EINVAL,
+                            "--resume: checkpoint %s/ckpt-%09" PRIu64
+                            " was written with another configuration "
+                            "(model, data, batch, seed, optimizer or peer "
+                            "count)",
+                            dir, *step);
+    return 1;
+}
 
-        rc = mesh_ckpt_blob_path(ck, "model.safetensors", st, sizeof(st));
-        if (rc == 0)
-            rc = mesh_nn_model_load(t->model, st);
-    }
+/* Load the weights, the momentum, the trainer's counters and the loader's
+ * position from the checkpoint ck of step. */
+static int resume_load(struct trainer *t, struct mesh_ckpt *ck,
+                       const char *path, uint64_t step)
+{
+    uint8_t state[40];
+    void *lstate = NULL;
+    size_t llen = 0;
+    char st[1300];
+    int rc;
+
+    rc = mesh_ckpt_blob_path(ck, "model.safetensors", st, sizeof(st));
+    if (rc == 0)
+        rc = mesh_nn_model_load(t->model, st);
     if (rc == 0) {
         float *mom = t->host_slabs ? mesh_nn_sgd_momentum(t->sgd) : t->hmom;
 
@@ -260,8 +279,8 @@ int train_ckpt_resume(struct trainer *t, uint64_t *step_out)
     }
     if (rc == 0)
         rc = mesh_ckpt_read_into(ck, "trainer", state, sizeof(state));
-    if (rc == 0 &&
-        (mesh_get_le64(state) != TRAINER_STATE_MAGIC || mesh_get_le64(state + 8) != step))
+    if (rc == 0 && (mesh_get_le64(state) != TRAINER_STATE_MAGIC ||
+                    mesh_get_le64(state + 8) != step))
         rc = mesh_err(-EIO,
                       "%s/trainer: not a meshtrain trainer record for "
                       "step %" PRIu64,
@@ -274,6 +293,49 @@ int train_ckpt_resume(struct trainer *t, uint64_t *step_out)
     }
     if (rc == 0)
         rc = mesh_data_set_state(t->train_ld, lstate, llen);
+    free(lstate);
+    return rc;
+}
+
+/*
+ * --resume: every peer scans its directory, the scans are all-gathered
+ * (RESUME_MAX_ENTRIES newest of each, and how many were damaged), and
+ * every peer picks the newest step that all hold with the same agreement
+ * digest. When there is none (no checkpoint at all, only damaged ones, or
+ * none in common), resume_none decides: an error, or *step = 0 with
+ * --resume=if-any.
+ */
+int train_ckpt_resume(struct trainer *t, uint64_t *step_out)
+{
+    struct mesh_ckpt_entry *mine = NULL;
+    struct mesh_ckpt_damage damage;
+    struct scans sc = {0};
+    struct mesh_ckpt *ck = NULL;
+    char dir[1024], path[1200];
+    uint64_t step = 0;
+    size_t nmine = 0;
+    int rc;
+
+    rc = train_ckpt_dir(t, dir, sizeof(dir));
+    if (rc == 0)
+        rc = mesh_ckpt_scan(dir, &mine, &nmine, &damage);
+    if (rc < 0)
+        return train_local(t, rc);
+    if (nmine > RESUME_MAX_ENTRIES)
+        nmine = RESUME_MAX_ENTRIES; /* newest first */
+    rc = scans_gather(t, mine, nmine, damage.count, &sc);
+    if (rc == 0)
+        rc = resume_pick(t, dir, &sc, mine, nmine, &damage, &step);
+    if (rc == 0)
+        *step_out = 0;
+    if (rc <= 0)
+        goto out;
+    rc = mesh_ckpt_path(dir, step, path, sizeof(path));
+    if (rc == 0)
+        rc = mesh_ckpt_open(path, &ck);
+    if (rc < 0)
+        goto out;
+    rc = resume_load(t, ck, path, step);
     if (rc < 0)
         rc = mesh_err_prefix(rc, "--resume from %s", path);
     if (rc == 0) {
@@ -282,15 +344,8 @@ int train_ckpt_resume(struct trainer *t, uint64_t *step_out)
         *step_out = step;
     }
 out:
-    free(lstate);
     mesh_ckpt_close(ck);
-    free(all);
-    free(damaged);
-    free(counts);
-    free(lists);
-    free(gathered);
-    free(pack);
+    scans_free(&sc);
     free(mine);
     return rc;
 }
-

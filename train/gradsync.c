@@ -140,6 +140,40 @@ static int chunks_plan(struct mesh_gradsync *gs)
 }
 
 /*
+ * With peers, each bucket's host buffers: the 16-bit wire buffer under
+ * --compress; device slabs: a pinned host buffer per bucket (16-bit under
+ * --compress: the wire buffer), the 16-bit device staging, the chunks.
+ */
+static int buckets_alloc(struct mesh_gradsync *gs)
+{
+    struct bucket *b = gs->b;
+    int i, nb = gs->nbuckets;
+
+    if (gs->compress && gs->coll) {
+        for (i = 0; i < nb; i++) {
+            int rc = mesh_coll_buf_alloc(gs->coll, (b[i].hi - b[i].lo) * 2,
+                                         &b[i].wire);
+
+            if (rc < 0)
+                return rc;
+        }
+    }
+    /* device slabs: a pinned host buffer per bucket (16-bit under
+     * --compress: the wire buffer above), and the 16-bit device staging */
+    for (i = 0; !gs->host_slabs && gs->coll && i < nb; i++) {
+        size_t cnt = b[i].hi - b[i].lo;
+        int rc = gs->compress
+                     ? mesh_nn_alloc(gs->ctx, cnt * 2, &b[i].dwire)
+                     : mesh_coll_buf_alloc(gs->coll, cnt * 4,
+                                           (void **)&b[i].pinned);
+
+        if (rc < 0)
+            return rc;
+    }
+    return pipelined(gs) ? chunks_plan(gs) : 0;
+}
+
+/*
  * Cut the slab at tensor boundaries, from the end down, as DDP does: a
  * bucket closes after the tensor that takes it to its cap or more, so no
  * tiny bucket is left between two large tensors. Bucket 0's cap is
@@ -186,28 +220,7 @@ static int buckets_plan(struct mesh_gradsync *gs,
     }
     gs->b = b;
     gs->nbuckets = nb;
-    if (gs->compress && gs->coll) {
-        for (i = 0; i < nb; i++) {
-            int rc = mesh_coll_buf_alloc(gs->coll, (b[i].hi - b[i].lo) * 2,
-                                         &b[i].wire);
-
-            if (rc < 0)
-                return rc;
-        }
-    }
-    /* device slabs: a pinned host buffer per bucket (16-bit under
-     * --compress: the wire buffer above), and the 16-bit device staging */
-    for (i = 0; !gs->host_slabs && gs->coll && i < nb; i++) {
-        size_t cnt = b[i].hi - b[i].lo;
-        int rc = gs->compress
-                     ? mesh_nn_alloc(gs->ctx, cnt * 2, &b[i].dwire)
-                     : mesh_coll_buf_alloc(gs->coll, cnt * 4,
-                                           (void **)&b[i].pinned);
-
-        if (rc < 0)
-            return rc;
-    }
-    return pipelined(gs) ? chunks_plan(gs) : 0;
+    return buckets_alloc(gs);
 }
 
 static void buckets_free(struct mesh_gradsync *gs)

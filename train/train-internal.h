@@ -41,7 +41,6 @@ struct trainer {
     float *hparams; /* host copies for digests, checkpoints (nparams) */
     float *hmom;
     float *hbuf;   /* nbuffers */
-    float *images; /* staging for a device backend: unused on cpu */
     struct mesh_sim *sim;       /* --simulate-compute: no model, no data */
     struct mesh_sim_prof *prof; /* --profile-layers */
     char sim_name[320];

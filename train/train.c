@@ -444,6 +444,30 @@ static int open_sim(struct trainer *t)
     return 0;
 }
 
+/* The run's length in steps (--iters, or --epochs) and the learning rate
+ * schedule over it (step's default milestones: epochs 30, 60, 80). */
+static void plan_length(struct trainer *t)
+{
+    const struct train_cfg *c = t->c;
+
+    t->total_steps =
+        c->iters ? c->iters
+                 : (uint64_t)ceil(c->epochs * (double)t->steps_per_epoch);
+    if (t->total_steps == 0)
+        t->total_steps = 1;
+    t->lr = c->lr;
+    t->lr.total_epochs =
+        c->iters ? (double)t->total_steps / (double)t->steps_per_epoch
+                 : c->epochs;
+    if (t->lr.kind == MESH_NN_LR_STEP && t->lr.num_milestones == 0) {
+        t->lr.milestones[0] = 30;
+        t->lr.milestones[1] = 60;
+        t->lr.milestones[2] = 80;
+        t->lr.num_milestones = 3;
+    }
+}
+
+/* The data set, the model's input shape from it, and the loaders. */
 static int open_data(struct trainer *t, const struct mesh_opts *mo)
 {
     const struct train_cfg *c = t->c;
@@ -493,21 +517,7 @@ static int open_data(struct trainer *t, const struct mesh_opts *mo)
                         "peers)",
                         c->data, t->info.train_count, c->batch, c->accumulate,
                         mo->world.size);
-    t->total_steps =
-        c->iters ? c->iters
-                 : (uint64_t)ceil(c->epochs * (double)t->steps_per_epoch);
-    if (t->total_steps == 0)
-        t->total_steps = 1;
-    t->lr = c->lr;
-    t->lr.total_epochs =
-        c->iters ? (double)t->total_steps / (double)t->steps_per_epoch
-                 : c->epochs;
-    if (t->lr.kind == MESH_NN_LR_STEP && t->lr.num_milestones == 0) {
-        t->lr.milestones[0] = 30;
-        t->lr.milestones[1] = 60;
-        t->lr.milestones[2] = 80;
-        t->lr.num_milestones = 3;
-    }
+    plan_length(t);
     if (t->info.eval_count > 0 && !c->no_eval) {
         lo.split = MESH_DATA_EVAL;
         lo.augment = 0;
@@ -832,8 +842,8 @@ static int micro_batch(struct trainer *t, int k, float *loss_sum,
 static int train_step(struct trainer *t, struct window *w, float *loss_out)
 {
     const struct train_cfg *c = t->c;
-    double t_begin = now_s(t), t_bwd_end = 0, data = 0, ts;
-    float loss_sum = 0, loss;
+    double t_begin = now_s(t), t_bwd_end = 0, data = 0, t_comm_end, lr, ts;
+    float loss_sum = 0;
     int k, rc;
 
     mesh_gradsync_begin(t->gs);
@@ -847,26 +857,21 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
     rc = loss_wait(t, mesh_gradsync_finish(t->gs));
     if (rc < 0)
         return rc;
-    {
-        double t_comm_end = now_s(t);
-        double lr =
-            mesh_nn_lr_at(&t->lr, (double)t->step / (double)t->steps_per_epoch);
-
-        ts = now_s(t);
-        rc = t->sim ? 0 : mesh_nn_sgd_step(t->sgd, (float)lr);
-        if (rc < 0)
-            return train_local(t, rc);
-        tl_add(t, "optimizer", 0, ts, now_s(t) - ts);
-        loss = t->loss_avg;
-        w->t_comm += t_comm_end - t_bwd_end;
-        w->t_data += data;
-        w->t_step += now_s(t) - t_begin;
-        w->t_compute += (now_s(t) - t_begin) - data - (t_comm_end - t_bwd_end);
-        w->steps++;
-        w->images +=
-            (uint64_t)c->batch * (uint64_t)c->accumulate * (uint64_t)t->size;
-        *loss_out = loss;
-    }
+    t_comm_end = now_s(t);
+    lr = mesh_nn_lr_at(&t->lr, (double)t->step / (double)t->steps_per_epoch);
+    ts = now_s(t);
+    rc = t->sim ? 0 : mesh_nn_sgd_step(t->sgd, (float)lr);
+    if (rc < 0)
+        return train_local(t, rc);
+    tl_add(t, "optimizer", 0, ts, now_s(t) - ts);
+    w->t_comm += t_comm_end - t_bwd_end;
+    w->t_data += data;
+    w->t_step += now_s(t) - t_begin;
+    w->t_compute += (now_s(t) - t_begin) - data - (t_comm_end - t_bwd_end);
+    w->steps++;
+    w->images +=
+        (uint64_t)c->batch * (uint64_t)c->accumulate * (uint64_t)t->size;
+    *loss_out = t->loss_avg;
     if (t->sim)
         mesh_sim_step_end(t->sim);
     return 0;
@@ -890,23 +895,69 @@ static void metrics_line(struct trainer *t, uint64_t step, float loss,
     fflush(t->metrics);
 }
 
+static void window_add(struct window *w, const struct window *one)
+{
+    w->t_step += one->t_step;
+    w->t_compute += one->t_compute;
+    w->t_comm += one->t_comm;
+    w->t_data += one->t_data;
+    w->steps += one->steps;
+    w->images += one->images;
+}
+
+/* Steps between evaluations (--eval-every epochs), 0: at the end only. */
+static uint64_t eval_interval(const struct trainer *t)
+{
+    uint64_t n;
+
+    if (!t->eval_ld || t->c->eval_every <= 0)
+        return 0;
+    n = (uint64_t)llround(t->c->eval_every * (double)t->steps_per_epoch);
+    return n == 0 ? 1 : n;
+}
+
+/* After `done` steps: the digest check, evaluation and checkpoint due. */
+static int after_step(struct trainer *t, uint64_t done, uint64_t eval_every)
+{
+    const struct train_cfg *c = t->c;
+    double top1, top5;
+    int rc;
+
+    if (c->verify_every && done % c->verify_every == 0) {
+        char when[64];
+
+        snprintf(when, sizeof(when), "after step %" PRIu64, done);
+        rc = verify_weights(t, when);
+        if (rc < 0)
+            return rc;
+    }
+    if (eval_every && done % eval_every == 0 && done != t->total_steps) {
+        rc = evaluate(t, &top1, &top5);
+        if (rc < 0)
+            return rc;
+        if (t->rank == 0 && !c->quiet)
+            printf("%seval after step %" PRIu64 " (epoch %.2f): top-1 "
+                   "%.2f %% top-5 %.2f %%\n",
+                   t->tty ? "\r\033[K" : "", done,
+                   (double)done / (double)t->steps_per_epoch, top1, top5);
+    }
+    if (c->checkpoint_every && c->checkpoint_dir &&
+        done % c->checkpoint_every == 0)
+        return train_ckpt_write(t, done);
+    return 0;
+}
+
+/* Steps start .. total_steps, with progress, metrics and what is due. */
 static int train_loop(struct trainer *t, uint64_t start)
 {
     const struct train_cfg *c = t->c;
-    struct window win, total;
-    uint64_t eval_interval = 0, step;
-    double ema = 0, top1, top5;
+    uint64_t every = eval_interval(t), step;
+    struct window win;
+    double ema = 0;
     float loss = 0;
     int rc;
 
     memset(&win, 0, sizeof(win));
-    memset(&total, 0, sizeof(total));
-    if (t->eval_ld && c->eval_every > 0) {
-        eval_interval =
-            (uint64_t)llround(c->eval_every * (double)t->steps_per_epoch);
-        if (eval_interval == 0)
-            eval_interval = 1;
-    }
     for (step = start; step < t->total_steps; step++) {
         struct window one;
         double lr =
@@ -918,19 +969,13 @@ static int train_loop(struct trainer *t, uint64_t start)
         rc = train_step(t, &one, &loss);
         if (rc < 0)
             return rc;
-        if (!isfinite(loss)) {
+        if (!isfinite(loss))
             return train_local(t, mesh_err(-ERANGE,
-                                     "loss is %f at step %" PRIu64
-                                     " (lower --lr?)",
-                                     (double)loss, done));
-        }
+                                           "loss is %f at step %" PRIu64
+                                           " (lower --lr?)",
+                                           (double)loss, done));
         ema = ema == 0 ? one.t_step : 0.9 * ema + 0.1 * one.t_step;
-        win.t_step += one.t_step;
-        win.t_compute += one.t_compute;
-        win.t_comm += one.t_comm;
-        win.t_data += one.t_data;
-        win.steps += one.steps;
-        win.images += one.images;
+        window_add(&win, &one);
         metrics_line(t, done, loss, lr, &one);
         if ((t->tty && win.t_step > 0.5) ||
             (!t->tty && c->log_every && done % c->log_every == 0) ||
@@ -940,33 +985,287 @@ static int train_loop(struct trainer *t, uint64_t start)
                      done == t->total_steps);
             memset(&win, 0, sizeof(win));
         }
-        if (c->verify_every && done % c->verify_every == 0) {
-            char when[64];
-
-            snprintf(when, sizeof(when), "after step %" PRIu64, done);
-            rc = verify_weights(t, when);
-            if (rc < 0)
-                return rc;
-        }
-        if (eval_interval && done % eval_interval == 0 &&
-            done != t->total_steps) {
-            rc = evaluate(t, &top1, &top5);
-            if (rc < 0)
-                return rc;
-            if (t->rank == 0 && !c->quiet)
-                printf("%seval after step %" PRIu64 " (epoch %.2f): top-1 "
-                       "%.2f %% top-5 %.2f %%\n",
-                       t->tty ? "\r\033[K" : "", done,
-                       (double)done / (double)t->steps_per_epoch, top1, top5);
-        }
-        if (c->checkpoint_every && c->checkpoint_dir &&
-            done % c->checkpoint_every == 0) {
-            rc = train_ckpt_write(t, done);
-            if (rc < 0)
-                return rc;
-        }
+        rc = after_step(t, done, every);
+        if (rc < 0)
+            return rc;
     }
     return 0;
+}
+
+/* ---- setup --------------------------------------------------------------- */
+
+/*
+ * Bind this rank to its CPUs (mesh_bind) before any thread starts (data
+ * loader, oneDNN), so that they inherit it.
+ */
+static int bind_cpus(struct trainer *t, const struct mesh_opts *mo)
+{
+    const struct train_cfg *c = t->c;
+    int rc = mesh_bind(mo, &t->ncpus);
+
+    /* More compute threads than bound CPUs take turns on them: with
+     * oneDNN's spinning barriers, 2 threads on 1 CPU ran 15x slower. */
+    if (rc == 1 && c->threads > t->ncpus)
+        mesh_warn("--threads %d, but --bind-to %s bound this rank to %d "
+                  "CPU%s: the threads will take turns on %s, much slower "
+                  "than %d thread%s (pass --threads %d, or --bind-to none)",
+                  c->threads, mesh_bind_name(mo->bind), t->ncpus,
+                  t->ncpus > 1 ? "s" : "", t->ncpus > 1 ? "them" : "it",
+                  t->ncpus, t->ncpus > 1 ? "s" : "", t->ncpus);
+    return rc < 0 ? rc : 0;
+}
+
+/* The data set (or the simulation) and the configuration peers share. */
+static int open_input(struct trainer *t, const struct mesh_opts *mo)
+{
+    uint8_t data_fp[32];
+    int rc;
+
+    memset(data_fp, 0, sizeof(data_fp));
+    rc = t->c->simulate ? open_sim(t) : open_data(t, mo);
+    if (rc == 0 && !t->c->simulate)
+        rc = mesh_data_fingerprint(t->ds, data_fp);
+    if (rc == 0)
+        rc = build_config(t, data_fp);
+    return rc;
+}
+
+/* Join the mesh; the exit code. A world of one joins no mesh: nothing to
+ * agree with or average. */
+static int join(struct trainer *t, const struct mesh_opts *mo)
+{
+    int rc = t->size > 1 ? mesh_open(mo, t->config, &t->mesh) : 0;
+
+    if (rc == -ECANCELED) {
+        /* A peer that had joined already aborted the job (a local error
+         * of its own, before step 1) while this rank still completed its
+         * last handshakes: a peer failure, as it is a moment later. */
+        fprintf(stderr, "meshtrain: rank %d: the job was aborted while "
+                "joining: %s\n", t->rank, mesh_err_msg(rc));
+        return MESH_EXIT_PEER;
+    }
+    if (rc < 0) {
+        fprintf(stderr, "meshtrain: rank %d: cannot join the mesh: %s\n",
+                t->rank, mesh_err_msg(rc));
+        return MESH_EXIT_JOIN;
+    }
+    return MESH_EXIT_OK;
+}
+
+/* The communicator over the mesh's transport (peers only). */
+static int open_comm(struct trainer *t)
+{
+    struct mesh_coll_opts co;
+
+    if (t->size <= 1)
+        return 0;
+    mesh_coll_opts_init(&co);
+    co.algo = t->c->algo;
+    /*
+     * AUTO decides from the built-in cost numbers, not measured ones:
+     * the algorithm fixes the summation order, and a run must repeat
+     * (and resume) bitwise, whatever the network felt like at start.
+     */
+    co.measure = 0;
+    /* Bucket buffers that device copies use: nn's pinned memory. */
+    co.host_alloc = &mesh_nn_host_allocator;
+    return mesh_coll_create(mesh_ops(t->mesh), mesh_transport(t->mesh),
+                            mesh_world(t->mesh), &co, &t->coll);
+}
+
+static int open_metrics(struct trainer *t)
+{
+    if (t->rank != 0 || !t->c->metrics)
+        return 0;
+    t->metrics = fopen(t->c->metrics, "w");
+    if (!t->metrics)
+        return mesh_err_errno("--metrics %s", t->c->metrics);
+    return 0;
+}
+
+static void print_plan(const struct trainer *t)
+{
+    const struct train_cfg *c = t->c;
+    int nchunks = mesh_gradsync_num_chunks(t->gs);
+
+    if (t->rank != 0 || c->quiet)
+        return;
+    printf("meshtrain: %d gradient bucket(s) of up to %.3g MiB (first "
+           "%.3g MiB), %s on the wire, all-reduce %s; %" PRIu64
+           " steps of %" PRIu64 " per epoch\n",
+           mesh_gradsync_num_buckets(t->gs), c->bucket_mb,
+           (double)mesh_gradsync_bucket_floats(t->gs, 0) * 4 / 1048576,
+           c->compress ? compress_name(c->compress) : "fp32",
+           mesh_algo_name(c->algo), t->total_steps, t->steps_per_epoch);
+    if (nchunks)
+        printf("meshtrain: pinned-host pipeline: %d chunk(s) of up to %.3g "
+               "MiB\n", nchunks, c->chunk_mb);
+}
+
+/*
+ * Everything up to the first step: CPUs, data, configuration, the mesh,
+ * output paths, model, communicator, gradient buckets, metrics file.
+ * Returns the exit code, MESH_EXIT_OK to go on.
+ */
+static int setup(struct trainer *t, const struct mesh_opts *mo)
+{
+    int rc, code;
+
+    rc = bind_cpus(t, mo);
+    if (rc == 0)
+        rc = open_input(t, mo);
+    if (rc < 0)
+        return fail(t, MESH_EXIT_USAGE, rc);
+    code = join(t, mo);
+    if (code != MESH_EXIT_OK)
+        return code;
+    rc = outputs_check(t);
+    if (rc == 0)
+        rc = open_model(t, mo);
+    if (rc < 0)
+        return fail(t, MESH_EXIT_USAGE, rc);
+    rc = open_comm(t);
+    if (rc < 0)
+        return fail(t, MESH_EXIT_PEER, rc);
+    rc = gradsync_open(t);
+    if (rc == 0)
+        rc = open_metrics(t);
+    if (rc < 0)
+        return fail(t, MESH_EXIT_USAGE, rc);
+    print_plan(t);
+    return MESH_EXIT_OK;
+}
+
+/*
+ * Test aid (tests/train_verify.sh): MESHTRAIN_TEST_PERTURB=R makes rank R
+ * change one weight by one ulp, which the digest check must catch.
+ */
+static void test_perturb(struct trainer *t)
+{
+    const char *v = getenv("MESHTRAIN_TEST_PERTURB");
+    float *p, one;
+    int rc;
+
+    if (!v || !*v || atoi(v) != t->rank || t->sim)
+        return;
+    p = params_host(t, &rc);
+    if (rc == 0) {
+        one = nextafterf(p[0], INFINITY);
+        if (t->host_slabs)
+            p[0] = one;
+        else
+            mesh_nn_upload(t->ctx, mesh_nn_model_params(t->model), &one,
+                           sizeof(one));
+    }
+    mesh_warn("MESHTRAIN_TEST_PERTURB: weight 0 changed by one ulp");
+}
+
+/*
+ * Where the steps start: --resume's step, or 0; then every peer's weights
+ * must be the same. Returns the exit code, MESH_EXIT_OK to go on.
+ */
+static int start_point(struct trainer *t, uint64_t *start)
+{
+    const struct train_cfg *c = t->c;
+    int rc;
+
+    if (c->resume && !c->checkpoint_dir)
+        return fail(t, MESH_EXIT_USAGE,
+                    mesh_err(-EINVAL, "--resume needs --checkpoint-dir"));
+    if (c->resume) {
+        rc = train_ckpt_resume(t, start);
+        if (rc < 0)
+            return fail(t,
+                        t->local_err || rc == -ENOENT || rc == -EIO ||
+                                rc == -EINVAL
+                            ? MESH_EXIT_USAGE
+                            : MESH_EXIT_PEER,
+                        rc);
+    }
+    test_perturb(t);
+    rc = verify_weights(t, *start ? "after resuming" : "before step 1");
+    if (rc < 0)
+        return fail(t, rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER,
+                    rc);
+    return MESH_EXIT_OK;
+}
+
+/* ---- the end of a run ---------------------------------------------------- */
+
+/* --simulate-compute: every rank's saturation figures (the bench takes
+ * the worst). */
+static void sim_report(struct trainer *t)
+{
+    struct mesh_sim_stats st;
+
+    mesh_sim_stats_take(t->sim, &st);
+    printf("meshtrain: rank %d: simulate: %" PRIu64 " steps, compute "
+           "stretch median %.3f ms, wait lateness median %.3f ms max "
+           "%.3f ms, cpu %.1f ms/step\n", t->rank, st.steps,
+           st.stretch_median_s * 1000, st.late_median_s * 1000,
+           st.late_max_s * 1000, st.cpu_per_step_s * 1000);
+    fflush(stdout);
+}
+
+/* The final evaluation (or the BN statistics' average without one). */
+static int final_eval(struct trainer *t)
+{
+    double top1 = 0, top5 = 0;
+    int rc;
+
+    if (!t->eval_ld)
+        return train_bn_average(t);
+    rc = evaluate(t, &top1, &top5);
+    if (rc == 0 && t->rank == 0)
+        printf("%stest accuracy after %" PRIu64 " steps: top-1 %.2f %% "
+               "top-5 %.2f %%\n",
+               t->tty ? "\r\033[K" : "", t->total_steps, top1, top5);
+    return rc;
+}
+
+/* What a run leaves: --save, --profile-layers, the simulation's figures,
+ * --timeline. */
+static int write_outputs(struct trainer *t)
+{
+    const struct train_cfg *c = t->c;
+    int rc = 0;
+
+    if (c->save && t->rank == 0 && !t->sim)
+        rc = train_local(t, mesh_nn_model_save(t->model, c->save));
+    if (rc == 0 && t->prof)
+        rc = train_local(t, mesh_sim_prof_write(t->prof, c->profile_layers));
+    if (rc == 0 && t->sim)
+        sim_report(t);
+    if (rc == 0 && c->timeline && t->rank == 0)
+        rc = train_local(t, mesh_timeline_write(&t->tl, c->timeline,
+                                                t->rank));
+    return rc;
+}
+
+/*
+ * After the last step: evaluation, the last digest check, the outputs,
+ * then leave the mesh together (a barrier).
+ */
+static int finish(struct trainer *t)
+{
+    int rc = final_eval(t);
+
+    if (rc == 0 && t->c->verify_every)
+        rc = verify_weights(t, "at the end");
+    if (rc == 0)
+        rc = write_outputs(t);
+    /* no copy may still touch the pinned buffers freed next */
+    if (rc == 0 && t->ctx)
+        rc = train_local(t, mesh_nn_sync(t->ctx));
+    if (rc < 0)
+        return rc;
+    /* the communicator's engine stops first: mesh_barrier then owns the
+     * transport, and no peer hangs up while another needs it */
+    mesh_gradsync_destroy(t->gs);
+    t->gs = NULL;
+    mesh_coll_destroy(t->coll);
+    t->coll = NULL;
+    return t->size > 1 ? mesh_barrier(t->mesh) : 0;
 }
 
 /* Close every resource in reverse order of opening. */
@@ -994,13 +1293,21 @@ static void trainer_close(struct trainer *t)
     free(t->hbuf);
 }
 
+/* The exit code of an error of the steps or the end of the run. */
+static int run_fail(struct trainer *t, int rc)
+{
+    return fail(t,
+                t->local_err      ? MESH_EXIT_USAGE
+                : rc == -EBADMSG ? MESH_EXIT_VERIFY
+                                 : MESH_EXIT_PEER,
+                rc);
+}
+
 int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
 {
     struct trainer t;
-    uint8_t data_fp[32];
     uint64_t start = 0;
-    double top1 = 0, top5 = 0;
-    int rc, code = MESH_EXIT_USAGE, have_eval;
+    int code, rc;
 
     memset(&t, 0, sizeof(t));
     t.c = c;
@@ -1009,200 +1316,16 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     t.t0 = mesh_now_s();
     t.tty = isatty(STDOUT_FILENO);
 
-    memset(data_fp, 0, sizeof(data_fp));
-    /* before any thread starts (data loader, oneDNN), so they inherit it */
-    rc = mesh_bind(mo, &t.ncpus);
-    if (rc < 0) {
-        code = fail(&t, MESH_EXIT_USAGE, rc);
-        goto out;
+    code = setup(&t, mo);
+    if (code == MESH_EXIT_OK)
+        code = start_point(&t, &start);
+    if (code == MESH_EXIT_OK) {
+        rc = train_loop(&t, start);
+        if (rc == 0)
+            rc = finish(&t);
+        if (rc < 0)
+            code = run_fail(&t, rc);
     }
-    /* More compute threads than bound CPUs take turns on them: with
-     * oneDNN's spinning barriers, 2 threads on 1 CPU ran 15x slower. */
-    if (rc == 1 && c->threads > t.ncpus)
-        mesh_warn("--threads %d, but --bind-to %s bound this rank to %d "
-                  "CPU%s: the threads will take turns on %s, much slower "
-                  "than %d thread%s (pass --threads %d, or --bind-to none)",
-                  c->threads, mesh_bind_name(mo->bind), t.ncpus,
-                  t.ncpus > 1 ? "s" : "", t.ncpus > 1 ? "them" : "it",
-                  t.ncpus, t.ncpus > 1 ? "s" : "", t.ncpus);
-    rc = c->simulate ? open_sim(&t) : open_data(&t, mo);
-    if (rc == 0 && !c->simulate)
-        rc = mesh_data_fingerprint(t.ds, data_fp);
-    if (rc == 0)
-        rc = build_config(&t, data_fp);
-    if (rc < 0) {
-        code = fail(&t, MESH_EXIT_USAGE, rc);
-        goto out;
-    }
-    /* A world of one joins no mesh: nothing to agree with or average. */
-    rc = t.size > 1 ? mesh_open(mo, t.config, &t.mesh) : 0;
-    if (rc == -ECANCELED) {
-        /* A peer that had joined already aborted the job (a local error
-         * of its own, before step 1) while this rank still completed its
-         * last handshakes: a peer failure, as it is a moment later. */
-        fprintf(stderr, "meshtrain: rank %d: the job was aborted while "
-                "joining: %s\n", t.rank, mesh_err_msg(rc));
-        code = MESH_EXIT_PEER;
-        goto out;
-    }
-    if (rc < 0) {
-        fprintf(stderr, "meshtrain: rank %d: cannot join the mesh: %s\n",
-                t.rank, mesh_err_msg(rc));
-        code = MESH_EXIT_JOIN;
-        goto out;
-    }
-    rc = outputs_check(&t);
-    if (rc == 0)
-        rc = open_model(&t, mo);
-    if (rc < 0) {
-        code = fail(&t, MESH_EXIT_USAGE, rc);
-        goto out;
-    }
-    if (t.size > 1) {
-        struct mesh_coll_opts co;
-
-        mesh_coll_opts_init(&co);
-        co.algo = c->algo;
-        /*
-         * AUTO decides from the built-in cost numbers, not measured ones:
-         * the algorithm fixes the summation order, and a run must repeat
-         * (and resume) bitwise, whatever the network felt like at start.
-         */
-        co.measure = 0;
-        /* Bucket buffers that device copies use: nn's pinned memory. */
-        co.host_alloc = &mesh_nn_host_allocator;
-        rc = mesh_coll_create(mesh_ops(t.mesh), mesh_transport(t.mesh),
-                              mesh_world(t.mesh), &co, &t.coll);
-        if (rc < 0) {
-            code = fail(&t, MESH_EXIT_PEER, rc);
-            goto out;
-        }
-    }
-    rc = gradsync_open(&t);
-    if (rc < 0) {
-        code = fail(&t, MESH_EXIT_USAGE, rc);
-        goto out;
-    }
-    if (t.rank == 0 && c->metrics) {
-        t.metrics = fopen(c->metrics, "w");
-        if (!t.metrics) {
-            code = fail(&t, MESH_EXIT_USAGE,
-                        mesh_err_errno("--metrics %s", c->metrics));
-            goto out;
-        }
-    }
-    if (t.rank == 0 && !c->quiet)
-        printf("meshtrain: %d gradient bucket(s) of up to %.3g MiB (first "
-               "%.3g MiB), %s on the wire, all-reduce %s; %" PRIu64
-               " steps of %" PRIu64 " per epoch\n",
-               mesh_gradsync_num_buckets(t.gs), c->bucket_mb,
-               (double)mesh_gradsync_bucket_floats(t.gs, 0) * 4 / 1048576,
-               c->compress ? compress_name(c->compress) : "fp32",
-               mesh_algo_name(c->algo), t.total_steps, t.steps_per_epoch);
-    if (t.rank == 0 && !c->quiet && mesh_gradsync_num_chunks(t.gs))
-        printf("meshtrain: pinned-host pipeline: %d chunk(s) of up to %.3g "
-               "MiB\n", mesh_gradsync_num_chunks(t.gs), c->chunk_mb);
-    code = MESH_EXIT_PEER;
-    if (c->resume) {
-        if (!c->checkpoint_dir) {
-            code = fail(&t, MESH_EXIT_USAGE,
-                        mesh_err(-EINVAL, "--resume needs --checkpoint-dir"));
-            goto out;
-        }
-        rc = train_ckpt_resume(&t, &start);
-        if (rc < 0) {
-            code = fail(&t,
-                        t.local_err || rc == -ENOENT || rc == -EIO ||
-                                rc == -EINVAL
-                            ? MESH_EXIT_USAGE
-                            : MESH_EXIT_PEER,
-                        rc);
-            goto out;
-        }
-    }
-    /*
-     * Test aid (tests/train_verify.sh): MESHTRAIN_TEST_PERTURB=R makes rank
-     * R change one weight by one ulp, which the digest check must catch.
-     */
-    {
-        const char *v = getenv("MESHTRAIN_TEST_PERTURB");
-
-        if (v && *v && atoi(v) == t.rank && !t.sim) {
-            float *p = params_host(&t, &rc), one;
-
-            if (rc == 0) {
-                one = nextafterf(p[0], INFINITY);
-                rc = t.host_slabs
-                         ? (p[0] = one, 0)
-                         : mesh_nn_upload(t.ctx, mesh_nn_model_params(t.model),
-                                          &one, sizeof(one));
-            }
-            mesh_warn("MESHTRAIN_TEST_PERTURB: weight 0 changed by one ulp");
-        }
-    }
-    rc = verify_weights(&t, start ? "after resuming" : "before step 1");
-    if (rc < 0) {
-        code = fail(&t, rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER, rc);
-        goto out;
-    }
-    rc = train_loop(&t, start);
-    if (rc < 0) {
-        code = fail(&t,
-                    t.local_err      ? MESH_EXIT_USAGE
-                    : rc == -EBADMSG ? MESH_EXIT_VERIFY
-                                     : MESH_EXIT_PEER,
-                    rc);
-        goto out;
-    }
-    have_eval = t.eval_ld != NULL;
-    rc = have_eval ? evaluate(&t, &top1, &top5) : train_bn_average(&t);
-    if (rc == 0 && have_eval && t.rank == 0)
-        printf("%stest accuracy after %" PRIu64 " steps: top-1 %.2f %% "
-               "top-5 %.2f %%\n",
-               t.tty ? "\r\033[K" : "", t.total_steps, top1, top5);
-    if (rc == 0 && c->verify_every)
-        rc = verify_weights(&t, "at the end");
-    if (rc == 0 && c->save && t.rank == 0 && !t.sim)
-        rc = train_local(&t, mesh_nn_model_save(t.model, c->save));
-    if (rc == 0 && t.prof)
-        rc = train_local(&t, mesh_sim_prof_write(t.prof, c->profile_layers));
-    if (rc == 0 && t.sim) {
-        struct mesh_sim_stats st;
-
-        /* every rank: the bench takes the worst (CPU saturation) */
-        mesh_sim_stats_take(t.sim, &st);
-        printf("meshtrain: rank %d: simulate: %" PRIu64 " steps, compute "
-               "stretch median %.3f ms, wait lateness median %.3f ms max "
-               "%.3f ms, cpu %.1f ms/step\n", t.rank, st.steps,
-               st.stretch_median_s * 1000, st.late_median_s * 1000,
-               st.late_max_s * 1000, st.cpu_per_step_s * 1000);
-        fflush(stdout);
-    }
-    if (rc == 0 && t.c->timeline && t.rank == 0)
-        rc = train_local(&t, mesh_timeline_write(&t.tl, c->timeline, t.rank));
-    /* no copy may still touch the pinned buffers freed next */
-    if (rc == 0 && t.ctx)
-        rc = train_local(&t, mesh_nn_sync(t.ctx));
-    if (rc == 0) {
-        /* the communicator's engine stops first: mesh_barrier then owns
-         * the transport, and no peer hangs up while another needs it */
-        mesh_gradsync_destroy(t.gs);
-        t.gs = NULL;
-        mesh_coll_destroy(t.coll);
-        t.coll = NULL;
-        if (t.size > 1)
-            rc = mesh_barrier(t.mesh);
-    }
-    if (rc < 0) {
-        code = fail(&t,
-                    t.local_err      ? MESH_EXIT_USAGE
-                    : rc == -EBADMSG ? MESH_EXIT_VERIFY
-                                     : MESH_EXIT_PEER,
-                    rc);
-        goto out;
-    }
-    code = MESH_EXIT_OK;
-out:
     trainer_close(&t);
     return code;
 }
