@@ -42,21 +42,10 @@ struct chunk {
 };
 
 struct mesh_gradsync {
-    mesh_coll_t *coll; /* NULL with one peer */
-    struct mesh_nn_ctx *ctx;
-    int host_slabs;
-    size_t nparams;
+    struct mesh_gradsync_opts o;
     float *grads;  /* the model's gradient slab */
     float *hgrads; /* host copy of the gradients when not host_slabs */
-    double bucket_mb, chunk_mb;
-    int wire;     /* the dtype on the wire */
-    int compress; /* wire is 16-bit */
-    int algo;
-    float grad_scale;
-    double scale;
-    double t0;
-    mesh_gradsync_event_fn event;
-    void *event_arg;
+    int compress;  /* the wire dtype is 16-bit */
 
     struct bucket *b;
     int nbuckets, next_bucket;
@@ -75,15 +64,15 @@ struct mesh_gradsync {
 
 static double now_s(const struct mesh_gradsync *gs)
 {
-    return mesh_now_s() - gs->t0;
+    return mesh_now_s() - gs->o.t0;
 }
 
 /* A timeline event of bucket i, or of one of its chunks. */
 static void tl_add(struct mesh_gradsync *gs, const char *name, int tid, int i,
                    double ts, double dur)
 {
-    if (gs->event)
-        gs->event(gs->event_arg, name, tid, i, -1,
+    if (gs->o.event)
+        gs->o.event(gs->o.event_arg, name, tid, i, -1,
                   (gs->b[i].hi - gs->b[i].lo) * (gs->compress ? 2 : 4), ts,
                   dur);
 }
@@ -91,15 +80,15 @@ static void tl_add(struct mesh_gradsync *gs, const char *name, int tid, int i,
 static void tl_chunk(struct mesh_gradsync *gs, const char *name, int tid,
                      const struct chunk *ch, double ts, double dur)
 {
-    if (gs->event)
-        gs->event(gs->event_arg, name, tid, ch->bucket, ch->index,
+    if (gs->o.event)
+        gs->o.event(gs->o.event_arg, name, tid, ch->bucket, ch->index,
                   (ch->hi - ch->lo) * (gs->compress ? 2 : 4), ts, dur);
 }
 
 /* Device slabs with peers: buckets go through the pinned-host pipeline. */
 static int pipelined(const struct mesh_gradsync *gs)
 {
-    return !gs->host_slabs && gs->coll;
+    return !gs->o.host_slabs && gs->o.coll;
 }
 
 /*
@@ -109,7 +98,7 @@ static int pipelined(const struct mesh_gradsync *gs)
  */
 static int chunks_plan(struct mesh_gradsync *gs)
 {
-    size_t cap = (size_t)(gs->chunk_mb * 1024 * 1024 / 4), total = 0;
+    size_t cap = (size_t)(gs->o.chunk_mb * 1024 * 1024 / 4), total = 0;
     int i, n = 0;
 
     if (cap < 1)
@@ -118,7 +107,7 @@ static int chunks_plan(struct mesh_gradsync *gs)
         total += (gs->b[i].hi - gs->b[i].lo + cap - 1) / cap;
     if (total > (1u << 20))
         return mesh_err(-EINVAL, "--chunk-mb %g: %zu chunks (at most %u)",
-                        gs->chunk_mb, total, 1u << 20);
+                        gs->o.chunk_mb, total, 1u << 20);
     gs->ch = calloc(total, sizeof(*gs->ch));
     if (!gs->ch)
         return mesh_err(-ENOMEM, "out of memory planning gradient chunks");
@@ -149,9 +138,9 @@ static int buckets_alloc(struct mesh_gradsync *gs)
     struct bucket *b = gs->b;
     int i, nb = gs->nbuckets;
 
-    if (gs->compress && gs->coll) {
+    if (gs->compress && gs->o.coll) {
         for (i = 0; i < nb; i++) {
-            int rc = mesh_coll_buf_alloc(gs->coll, (b[i].hi - b[i].lo) * 2,
+            int rc = mesh_coll_buf_alloc(gs->o.coll, (b[i].hi - b[i].lo) * 2,
                                          &b[i].wire);
 
             if (rc < 0)
@@ -160,11 +149,11 @@ static int buckets_alloc(struct mesh_gradsync *gs)
     }
     /* device slabs: a pinned host buffer per bucket (16-bit under
      * --compress: the wire buffer above), and the 16-bit device staging */
-    for (i = 0; !gs->host_slabs && gs->coll && i < nb; i++) {
+    for (i = 0; !gs->o.host_slabs && gs->o.coll && i < nb; i++) {
         size_t cnt = b[i].hi - b[i].lo;
         int rc = gs->compress
-                     ? mesh_nn_alloc(gs->ctx, cnt * 2, &b[i].dwire)
-                     : mesh_coll_buf_alloc(gs->coll, cnt * 4,
+                     ? mesh_nn_alloc(gs->o.ctx, cnt * 2, &b[i].dwire)
+                     : mesh_coll_buf_alloc(gs->o.coll, cnt * 4,
                                            (void **)&b[i].pinned);
 
         if (rc < 0)
@@ -183,12 +172,12 @@ static int buckets_alloc(struct mesh_gradsync *gs)
 static int buckets_plan(struct mesh_gradsync *gs,
                         const struct mesh_train_model *m)
 {
-    int n = m->ops->num_tensors(m->m), i, nb = 0;
+    int n = m->ntensors, i, nb = 0;
     /* simulated: the bucket sizes shrink with the gradients (same cuts) */
-    double k = gs->scale;
-    size_t cap = (size_t)(gs->bucket_mb * 1024 * 1024 / 4 / k);
+    double k = gs->o.scale;
+    size_t cap = (size_t)(gs->o.bucket_mb * 1024 * 1024 / 4 / k);
     size_t first = (size_t)(FIRST_BUCKET_MAX_BYTES / 4 / k);
-    size_t hi = gs->nparams;
+    size_t hi = gs->o.nparams;
     struct bucket *b;
 
     if (cap < 1)
@@ -231,21 +220,21 @@ static void buckets_free(struct mesh_gradsync *gs)
     gs->ch = NULL;
     gs->nchunks = 0;
 
-    for (i = 0; gs->b && gs->coll && i < gs->nbuckets; i++) {
+    for (i = 0; gs->b && gs->o.coll && i < gs->nbuckets; i++) {
         if (gs->b[i].pinned)
-            mesh_coll_buf_free(gs->coll, gs->b[i].pinned);
-        mesh_nn_free(gs->ctx, gs->b[i].dwire);
+            mesh_coll_buf_free(gs->o.coll, gs->b[i].pinned);
+        mesh_nn_free(gs->o.ctx, gs->b[i].dwire);
     }
-    for (i = 0; gs->b && gs->coll && i < gs->nbuckets; i++)
+    for (i = 0; gs->b && gs->o.coll && i < gs->nbuckets; i++)
         if (gs->b[i].wire)
-            mesh_coll_buf_free(gs->coll, gs->b[i].wire);
+            mesh_coll_buf_free(gs->o.coll, gs->b[i].wire);
     free(gs->b);
     gs->b = NULL;
 }
 
 static float *grads_host(struct mesh_gradsync *gs)
 {
-    return gs->host_slabs ? gs->grads : gs->hgrads;
+    return gs->o.host_slabs ? gs->grads : gs->hgrads;
 }
 
 /*
@@ -295,16 +284,16 @@ static int bucket_copy_out(struct mesh_gradsync *gs, int i)
     b->done = 0;
     b->t_start = now_s(gs);
     if (gs->compress)
-        rc = mesh_nn_convert(gs->ctx, gs->wire, b->dwire, MESH_DT_F32, dg, n,
-                             gs->grad_scale);
-    else if (gs->grad_scale != 1.0f)
-        rc = mesh_nn_convert(gs->ctx, MESH_DT_F32, dg, MESH_DT_F32, dg, n,
-                             gs->grad_scale);
+        rc = mesh_nn_convert(gs->o.ctx, gs->o.wire, b->dwire, MESH_DT_F32, dg, n,
+                             gs->o.grad_scale);
+    else if (gs->o.grad_scale != 1.0f)
+        rc = mesh_nn_convert(gs->o.ctx, MESH_DT_F32, dg, MESH_DT_F32, dg, n,
+                             gs->o.grad_scale);
     for (j = b->c0; rc == 0 && j < b->c1; j++) {
         struct chunk *ch = &gs->ch[j];
 
         ch->t_out = now_s(gs);
-        rc = mesh_nn_copy_d2h_start(gs->ctx, chunk_host(gs, ch), chunk_dev(gs, ch),
+        rc = mesh_nn_copy_d2h_start(gs->o.ctx, chunk_host(gs, ch), chunk_dev(gs, ch),
                                     chunk_bytes(gs, ch), &ch->d2h);
         if (rc == 0)
             gs->ch_issued = j + 1;
@@ -317,7 +306,7 @@ static int bucket_copy_out(struct mesh_gradsync *gs, int i)
 static int chunk_reduce(struct mesh_gradsync *gs)
 {
     struct chunk *ch = &gs->ch[gs->ch_reduced];
-    int rc = mesh_nn_copy_wait(gs->ctx, ch->d2h); /* releases it */
+    int rc = mesh_nn_copy_wait(gs->o.ctx, ch->d2h); /* releases it */
 
     ch->d2h = NULL;
     if (rc < 0)
@@ -325,8 +314,8 @@ static int chunk_reduce(struct mesh_gradsync *gs)
     ch->t_red = now_s(gs);
     tl_chunk(gs, "copy to host", 3, ch, ch->t_out, ch->t_red - ch->t_out);
     rc = mesh_coll_allreduce_start(
-        gs->coll, chunk_host(gs, ch), chunk_host(gs, ch), ch->hi - ch->lo,
-        gs->wire, MESH_REDOP_AVG, gs->algo, &ch->req);
+        gs->o.coll, chunk_host(gs, ch), chunk_host(gs, ch), ch->hi - ch->lo,
+        gs->o.wire, MESH_REDOP_AVG, gs->o.algo, &ch->req);
     if (rc == 0)
         gs->ch_reduced++;
     return rc;
@@ -345,11 +334,11 @@ static int chunk_return(struct mesh_gradsync *gs, int rc, double b0, double b1)
     if (rc < 0)
         return rc;
     if (b0 > 0 && b1 >= b0)
-        tl_chunk(gs, "allreduce", 1, ch, b0 - gs->t0, b1 - b0);
+        tl_chunk(gs, "allreduce", 1, ch, b0 - gs->o.t0, b1 - b0);
     else
         tl_chunk(gs, "allreduce", 1, ch, ch->t_red, now - ch->t_red);
     ch->t_in = now;
-    rc = mesh_nn_copy_h2d_start(gs->ctx, chunk_dev(gs, ch), chunk_host(gs, ch),
+    rc = mesh_nn_copy_h2d_start(gs->o.ctx, chunk_dev(gs, ch), chunk_host(gs, ch),
                                 chunk_bytes(gs, ch), &ch->h2d);
     if (rc == 0)
         gs->ch_returned++;
@@ -365,17 +354,41 @@ static int chunk_return(struct mesh_gradsync *gs, int rc, double b0, double b1)
 static int chunk_order(struct mesh_gradsync *gs)
 {
     struct chunk *ch = &gs->ch[gs->ch_ordered];
-    int rc = mesh_nn_copy_order(gs->ctx, ch->h2d); /* releases it */
+    int rc = mesh_nn_copy_order(gs->o.ctx, ch->h2d); /* releases it */
 
     ch->h2d = NULL;
     tl_chunk(gs, "copy to device", 3, ch, ch->t_in, now_s(gs) - ch->t_in);
     if (rc == 0 && gs->compress)
         rc = mesh_nn_convert(
-            gs->ctx, MESH_DT_F32, gs->grads + ch->lo,
-            gs->wire, chunk_dev(gs, ch), ch->hi - ch->lo, 1.f);
+            gs->o.ctx, MESH_DT_F32, gs->grads + ch->lo,
+            gs->o.wire, chunk_dev(gs, ch), ch->hi - ch->lo, 1.f);
     if (rc == 0)
         gs->ch_ordered++;
     return rc;
+}
+
+/*
+ * A copy stage: while chunk *next (up to end) has its copy done (h2d: the
+ * copy back, else the copy out), pass it on with step, which moves *next.
+ */
+static int copies_poll(struct mesh_gradsync *gs, const int *next, int end,
+                       int h2d, int (*step)(struct mesh_gradsync *))
+{
+    int done, rc;
+
+    while (*next < end) {
+        const struct chunk *ch = &gs->ch[*next];
+
+        done = 0;
+        rc = mesh_nn_copy_test(gs->o.ctx, h2d ? ch->h2d : ch->d2h, &done);
+        if (rc == 0 && done)
+            rc = step(gs);
+        if (rc < 0)
+            return rc;
+        if (!done)
+            break;
+    }
+    return 0;
 }
 
 /*
@@ -389,16 +402,9 @@ static int pipeline_poll(struct mesh_gradsync *gs)
 {
     int done, rc;
 
-    while (gs->ch_reduced < gs->ch_issued) {
-        done = 0;
-        rc = mesh_nn_copy_test(gs->ctx, gs->ch[gs->ch_reduced].d2h, &done);
-        if (rc == 0 && done)
-            rc = chunk_reduce(gs);
-        if (rc < 0)
-            return rc;
-        if (!done)
-            break;
-    }
+    rc = copies_poll(gs, &gs->ch_reduced, gs->ch_issued, 0, chunk_reduce);
+    if (rc < 0)
+        return rc;
     while (gs->ch_returned < gs->ch_reduced) {
         done = 0;
         rc = mesh_coll_test(gs->ch[gs->ch_returned].req, &done);
@@ -408,17 +414,7 @@ static int pipeline_poll(struct mesh_gradsync *gs)
         if (rc < 0)
             return rc;
     }
-    while (gs->ch_ordered < gs->ch_returned) {
-        done = 0;
-        rc = mesh_nn_copy_test(gs->ctx, gs->ch[gs->ch_ordered].h2d, &done);
-        if (rc == 0 && done)
-            rc = chunk_order(gs);
-        if (rc < 0)
-            return rc;
-        if (!done)
-            break;
-    }
-    return 0;
+    return copies_poll(gs, &gs->ch_ordered, gs->ch_returned, 1, chunk_order);
 }
 
 /* After backward, every bucket's copies out issued: finish every chunk,
@@ -456,23 +452,23 @@ static int bucket_start(struct mesh_gradsync *gs, int i)
     struct bucket *b = &gs->b[i];
     float *g = grads_host(gs) + b->lo;
     size_t n = b->hi - b->lo, k;
-    int rc, dt = gs->wire, algo = gs->algo;
+    int rc, dt = gs->o.wire, algo = gs->o.algo;
 
     if (pipelined(gs))
         return bucket_copy_out(gs, i);
-    if (!gs->host_slabs) {
-        rc = mesh_nn_download(gs->ctx, g, gs->grads + b->lo,
+    if (!gs->o.host_slabs) {
+        rc = mesh_nn_download(gs->o.ctx, g, gs->grads + b->lo,
                               n * 4);
         if (rc < 0)
             return rc;
     }
-    if (gs->grad_scale != 1.0f)
+    if (gs->o.grad_scale != 1.0f)
         for (k = 0; k < n; k++)
-            g[k] *= gs->grad_scale;
+            g[k] *= gs->o.grad_scale;
     b->started = 1;
     b->done = 0;
     b->t_start = now_s(gs);
-    if (!gs->coll) {
+    if (!gs->o.coll) {
         /* One peer: nothing to average; the wire rounding still applies,
          * so that one process computes what N peers would. */
         if (dt != MESH_DT_F32) {
@@ -487,23 +483,23 @@ static int bucket_start(struct mesh_gradsync *gs, int i)
         b->done = 1;
         b->t_end = now_s(gs);
         /* device slabs: the scaled (and rounded) bucket goes back */
-        if (!gs->host_slabs)
-            return mesh_nn_upload(gs->ctx,
+        if (!gs->o.host_slabs)
+            return mesh_nn_upload(gs->o.ctx,
                                   gs->grads + b->lo, g,
                                   n * 4);
         return 0;
     }
     if (dt != MESH_DT_F32) {
         mesh_convert(dt, b->wire, MESH_DT_F32, g, n);
-        return mesh_coll_allreduce_start(gs->coll, b->wire, b->wire, n, dt,
-                                         MESH_REDOP_AVG, gs->algo, &b->req);
+        return mesh_coll_allreduce_start(gs->o.coll, b->wire, b->wire, n, dt,
+                                         MESH_REDOP_AVG, gs->o.algo, &b->req);
     }
     /* simulated: AUTO chooses for the bucket's real size, not k times
      * smaller (the choice the real run would make) */
-    if (gs->scale != 1 && algo == MESH_ALGO_AUTO)
-        algo = mesh_coll_algo_for(gs->coll, algo,
-                                  (size_t)((double)n * 4 * gs->scale));
-    return mesh_coll_allreduce_start(gs->coll, g, g, n, MESH_DT_F32,
+    if (gs->o.scale != 1 && algo == MESH_ALGO_AUTO)
+        algo = mesh_coll_algo_for(gs->o.coll, algo,
+                                  (size_t)((double)n * 4 * gs->o.scale));
+    return mesh_coll_allreduce_start(gs->o.coll, g, g, n, MESH_DT_F32,
                                      MESH_REDOP_AVG, algo, &b->req);
 }
 
@@ -517,10 +513,10 @@ static int bucket_finish(struct mesh_gradsync *gs, int i, int rc)
     if (rc < 0)
         return rc;
     if (gs->compress)
-        mesh_convert(MESH_DT_F32, grads_host(gs) + b->lo, gs->wire, b->wire,
+        mesh_convert(MESH_DT_F32, grads_host(gs) + b->lo, gs->o.wire, b->wire,
                      b->hi - b->lo);
-    if (!gs->host_slabs)
-        return mesh_nn_upload(gs->ctx, gs->grads + b->lo,
+    if (!gs->o.host_slabs)
+        return mesh_nn_upload(gs->o.ctx, gs->grads + b->lo,
                               grads_host(gs) + b->lo, (b->hi - b->lo) * 4);
     return 0;
 }
@@ -542,11 +538,11 @@ int mesh_gradsync_abort(struct mesh_gradsync *gs, int rc)
         struct chunk *ch = &gs->ch[i];
 
         if (ch->d2h)
-            mesh_nn_copy_wait(gs->ctx, ch->d2h);
+            mesh_nn_copy_wait(gs->o.ctx, ch->d2h);
         if (ch->req)
             mesh_coll_wait(ch->req);
         if (ch->h2d)
-            mesh_nn_copy_wait(gs->ctx, ch->h2d);
+            mesh_nn_copy_wait(gs->o.ctx, ch->h2d);
         ch->d2h = ch->h2d = NULL;
         ch->req = NULL;
     }
@@ -574,13 +570,13 @@ int mesh_gradsync_finish(struct mesh_gradsync *gs)
         rc2 = bucket_finish(gs, i, rc2);
         /* when the engine really ran it (it may queue behind others) */
         if (b0 > 0 && b1 >= b0) {
-            gs->b[i].t_start = b0 - gs->t0;
-            gs->b[i].t_end = b1 - gs->t0;
+            gs->b[i].t_start = b0 - gs->o.t0;
+            gs->b[i].t_end = b1 - gs->o.t0;
         }
         if (rc == 0)
             rc = rc2;
     }
-    for (i = 0; gs->coll && i < gs->nbuckets; i++)
+    for (i = 0; gs->o.coll && i < gs->nbuckets; i++)
         if (gs->b[i].started)
             tl_add(gs, "allreduce", 1, i, gs->b[i].t_start,
                    gs->b[i].t_end - gs->b[i].t_start);
@@ -617,33 +613,17 @@ int mesh_gradsync_create(const struct mesh_gradsync_opts *o,
                          struct mesh_gradsync **out)
 {
     struct mesh_gradsync *gs = calloc(1, sizeof(*gs));
-    int rc;
+    int rc = 0;
 
     if (!gs)
         return mesh_err(-ENOMEM, "out of memory planning gradient buckets");
-    gs->coll = o->coll;
-    gs->ctx = o->ctx;
-    gs->host_slabs = o->host_slabs;
-    gs->nparams = o->nparams;
-    gs->grads = model->ops->grads(model->m);
-    gs->bucket_mb = o->bucket_mb;
-    gs->chunk_mb = o->chunk_mb;
-    gs->wire = o->wire;
+    gs->o = *o;
+    gs->grads = model->grads;
     gs->compress = o->wire != MESH_DT_F32;
-    gs->algo = o->algo;
-    gs->grad_scale = o->grad_scale;
-    gs->scale = o->scale;
-    gs->t0 = o->t0;
-    gs->event = o->event;
-    gs->event_arg = o->event_arg;
-    if (!gs->host_slabs) {
-        gs->hgrads = malloc(gs->nparams * 4);
-        if (!gs->hgrads) {
-            free(gs);
-            return mesh_err(-ENOMEM, "out of memory for host slabs");
-        }
-    }
-    rc = buckets_plan(gs, model);
+    if (!o->host_slabs && !(gs->hgrads = malloc(o->nparams * 4)))
+        rc = mesh_err(-ENOMEM, "out of memory for host slabs");
+    if (rc == 0)
+        rc = buckets_plan(gs, model);
     if (rc < 0) {
         mesh_gradsync_destroy(gs);
         return rc;
@@ -681,16 +661,16 @@ int mesh_gradsync_average(struct mesh_gradsync *gs, float *slab, float *host,
 {
     int rc;
 
-    if (!gs->coll || n == 0)
+    if (!gs->o.coll || n == 0)
         return 0;
-    if (gs->host_slabs)
-        return mesh_coll_allreduce(gs->coll, slab, slab, n, MESH_DT_F32,
-                                   MESH_REDOP_AVG, gs->algo);
-    rc = mesh_nn_download(gs->ctx, host, slab, n * 4);
+    if (gs->o.host_slabs)
+        return mesh_coll_allreduce(gs->o.coll, slab, slab, n, MESH_DT_F32,
+                                   MESH_REDOP_AVG, gs->o.algo);
+    rc = mesh_nn_download(gs->o.ctx, host, slab, n * 4);
     if (rc == 0)
-        rc = mesh_coll_allreduce(gs->coll, host, host, n, MESH_DT_F32,
-                                 MESH_REDOP_AVG, gs->algo);
+        rc = mesh_coll_allreduce(gs->o.coll, host, host, n, MESH_DT_F32,
+                                 MESH_REDOP_AVG, gs->o.algo);
     if (rc == 0)
-        rc = mesh_nn_upload(gs->ctx, slab, host, n * 4);
+        rc = mesh_nn_upload(gs->o.ctx, slab, host, n * 4);
     return rc;
 }

@@ -22,26 +22,22 @@ static int nn_backward(void *m, int accumulate, mesh_nn_grad_ready_fn cb,
     return mesh_nn_model_backward(m, accumulate, cb, arg);
 }
 
-static int nn_num_tensors(const void *m)
-{
-    return mesh_nn_model_num_tensors(m);
-}
-
 static const struct mesh_nn_tensor *nn_tensor(const void *m, int i)
 {
     return mesh_nn_model_tensor(m, i);
 }
 
-static float *nn_grads(void *m)
-{
-    return mesh_nn_model_grads(m);
-}
-
-const struct mesh_train_model_ops mesh_train_model_nn = {
+static const struct mesh_train_model_ops nn_ops = {
     .forward = nn_forward,
     .loss = nn_loss,
     .backward = nn_backward,
-    .num_tensors = nn_num_tensors,
     .tensor = nn_tensor,
-    .grads = nn_grads,
 };
+
+void mesh_train_model_nn(struct mesh_nn_model *m, struct mesh_train_model *out)
+{
+    out->ops = &nn_ops;
+    out->m = m;
+    out->grads = mesh_nn_model_grads(m);
+    out->ntensors = mesh_nn_model_num_tensors(m);
+}

@@ -5,8 +5,9 @@
  *
  * A struct mesh_train_model is an ops table and the object it acts on.
  * The ops mirror nn's calls (nn/nn.h): forward, loss, backward with a
- * gradient-ready callback, the tensor list (params first, in slab order)
- * and the gradient slab (device memory for a device backend).
+ * gradient-ready callback and the tensor list (params first, in slab
+ * order); the gradient slab (device memory for a device backend) and the
+ * tensor count do not change and come as fields.
  */
 #ifndef MESH_TRAIN_MODEL_H
 #define MESH_TRAIN_MODEL_H
@@ -24,17 +25,18 @@ struct mesh_train_model_ops {
     /* Backward; accumulate: add to the slab; cb may be NULL. */
     int (*backward)(void *m, int accumulate, mesh_nn_grad_ready_fn cb,
                     void *arg);
-    int (*num_tensors)(const void *m);
+    /* Tensor i of ntensors (params first, in slab order). */
     const struct mesh_nn_tensor *(*tensor)(const void *m, int i);
-    float *(*grads)(void *m);
 };
 
 struct mesh_train_model {
     const struct mesh_train_model_ops *ops;
-    void *m; /* the struct mesh_nn_model or struct mesh_sim */
+    void *m;      /* the struct mesh_nn_model or struct mesh_sim */
+    float *grads; /* the gradient slab (the backend's memory) */
+    int ntensors;
 };
 
-/* nn's models (struct mesh_nn_model). */
-extern const struct mesh_train_model_ops mesh_train_model_nn;
+/* nn's model m as the trainer's model. */
+void mesh_train_model_nn(struct mesh_nn_model *m, struct mesh_train_model *out);
 
 #endif

@@ -70,12 +70,12 @@ int mesh_sim_backward(struct mesh_sim *s, mesh_nn_grad_ready_fn cb,
                       void *arg);
 
 /*
- * The simulation as the trainer's model (train/model.h), on a struct
- * mesh_sim: forward waits mesh_sim_forward (no images), the loss is 0,
- * backward is mesh_sim_backward (the slab is never written), the tensors
- * and slab are the scaled ones above.
+ * The simulation s as the trainer's model (train/model.h): forward waits
+ * mesh_sim_forward (no images), the loss is 0, backward is
+ * mesh_sim_backward (the slab is never written), the tensors and slab are
+ * the scaled ones above.
  */
-extern const struct mesh_train_model_ops mesh_sim_model_ops;
+void mesh_sim_model(struct mesh_sim *s, struct mesh_train_model *out);
 
 /*
  * Saturation figures since the last call (then reset): the median over

@@ -34,33 +34,34 @@
 
 void train_cfg_init(struct train_cfg *c)
 {
-    memset(c, 0, sizeof(*c));
-    c->model.arch = "resnet50";
-    c->model.seed = 1;
-    c->device = "cpu";
-    c->gpu = -1;
-    c->data = "synthetic";
-    c->augment = -1;
-    c->on_bad = MESH_DATA_BAD_FAIL;
-    c->batch = 32;
-    c->accumulate = 1;
-    c->epochs = 1;
-    c->lr.kind = MESH_NN_LR_CONST;
-    c->lr.base_lr = 0.1;
-    c->lr.warmup_start = 0.1;
-    c->lr.gamma = 0.1;
-    c->sgd.momentum = 0.9f;
-    c->sgd.weight_decay = 1e-4f;
-    c->bucket_mb = 25;
-    c->chunk_mb = MESH_GRADSYNC_CHUNK_MB_DEFAULT;
-    c->compress = TRAIN_COMPRESS_NONE;
-    c->algo = MESH_ALGO_AUTO;
-    c->verify_every = 100;
-    c->eval_every = 1;
-    c->keep = 3;
-    c->timeline_steps = 20;
-    c->log_every = 10;
-    c->simulate_scale = 1;
+    static const struct train_cfg defaults = {
+        .model = {.arch = "resnet50", .seed = 1},
+        .device = "cpu",
+        .gpu = -1,
+        .data = "synthetic",
+        .augment = -1,
+        .on_bad = MESH_DATA_BAD_FAIL,
+        .batch = 32,
+        .accumulate = 1,
+        .epochs = 1,
+        .lr = {.kind = MESH_NN_LR_CONST,
+               .base_lr = 0.1,
+               .warmup_start = 0.1,
+               .gamma = 0.1},
+        .sgd = {.momentum = 0.9f, .weight_decay = 1e-4f},
+        .bucket_mb = 25,
+        .chunk_mb = MESH_GRADSYNC_CHUNK_MB_DEFAULT,
+        .compress = TRAIN_COMPRESS_NONE,
+        .algo = MESH_ALGO_AUTO,
+        .verify_every = 100,
+        .eval_every = 1,
+        .keep = 3,
+        .timeline_steps = 20,
+        .log_every = 10,
+        .simulate_scale = 1,
+    };
+
+    *c = defaults;
 }
 
 int train_compress_parse(const char *s, int *out)
@@ -420,8 +421,7 @@ static int open_sim(struct trainer *t)
     if (rc < 0)
         return rc;
     t->mcfg = *mesh_sim_config(t->sim);
-    t->tm.ops = &mesh_sim_model_ops;
-    t->tm.m = t->sim;
+    mesh_sim_model(t->sim, &t->tm);
     snprintf(t->sim_name, sizeof(t->sim_name), "simulate:%s:k=%.9g",
              c->simulate, c->simulate_scale);
     t->info.name = t->sim_name;
@@ -553,8 +553,7 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
     if (rc < 0)
         return rc;
     t->mcfg = *mesh_nn_model_config(t->model);
-    t->tm.ops = &mesh_train_model_nn;
-    t->tm.m = t->model;
+    mesh_train_model_nn(t->model, &t->tm);
     t->nparams = mesh_nn_model_num_params(t->model);
     t->nbuffers = mesh_nn_model_num_buffers(t->model);
     t->host_slabs = strcmp(c->device, "cpu") == 0;
