@@ -298,6 +298,35 @@ int mesh_ckpt_begin(const char *dir, uint64_t step,
     return 0;
 }
 
+/* The blob named name among blobs[0, n), or NULL. */
+static const struct blob *blob_lookup(const struct blob *blobs, size_t n,
+                                      const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(blobs[i].name, name))
+            return &blobs[i];
+    return NULL;
+}
+
+/* A new blob after the n of *blobs, zeroed but for name and flags (the
+ * caller counts it); NULL without memory. */
+static struct blob *blob_append(struct blob **blobs, size_t n,
+                                const char *name, unsigned flags)
+{
+    struct blob *nb = realloc(*blobs, (n + 1) * sizeof(*nb));
+
+    if (!nb) {
+        mesh_err(-ENOMEM, "out of memory");
+        return NULL;
+    }
+    *blobs = nb;
+    nb += n;
+    memset(nb, 0, sizeof(*nb));
+    snprintf(nb->name, sizeof(nb->name), "%s", name);
+    nb->flags = flags;
+    return nb;
+}
+
 static int add_blob(struct mesh_ckpt_writer *w, const char *name,
                     unsigned flags, struct blob **out)
 {
@@ -312,20 +341,14 @@ static int add_blob(struct mesh_ckpt_writer *w, const char *name,
     if (flags & ~MESH_CKPT_SHARED)
         return mesh_err(-EINVAL, "checkpoint blob %s: bad flags 0x%x", name,
                         flags);
-    for (size_t i = 0; i < w->n; i++)
-        if (!strcmp(w->blobs[i].name, name))
-            return mesh_err(-EINVAL, "checkpoint blob %s given twice", name);
+    if (blob_lookup(w->blobs, w->n, name))
+        return mesh_err(-EINVAL, "checkpoint blob %s given twice", name);
     if (w->n >= MESH_CKPT_BLOBS_MAX)
         return mesh_err(-EINVAL, "more than %d checkpoint blobs",
                         MESH_CKPT_BLOBS_MAX);
-    nb = realloc(w->blobs, (w->n + 1) * sizeof(*nb));
+    nb = blob_append(&w->blobs, w->n, name, flags);
     if (!nb)
-        return mesh_err(-ENOMEM, "out of memory");
-    w->blobs = nb;
-    nb = &w->blobs[w->n];
-    memset(nb, 0, sizeof(*nb));
-    snprintf(nb->name, sizeof(nb->name), "%s", name);
-    nb->flags = flags;
+        return -ENOMEM;
     *out = nb;
     return 0;
 }
@@ -672,22 +695,17 @@ static int parse_manifest(struct mesh_ckpt *c, char *text, const char *mpath)
         } else if (sscanf(line, "blob %65s %70s %70s %u%n", name, b, x, &shared,
                           &used) == 4 &&
                    !line[used] && valid_name(name) && shared <= 1) {
-            struct blob *nb, *bl;
+            struct blob *bl;
 
             if (c->n >= MESH_CKPT_BLOBS_MAX)
                 return mesh_err(-EIO, "%s: too many blobs", mpath);
-            for (size_t i = 0; i < c->n; i++)
-                if (!strcmp(c->blobs[i].name, name))
-                    return mesh_err(-EIO, "%s: line %d: blob %s twice", mpath,
-                                    lineno, name);
-            nb = realloc(c->blobs, (c->n + 1) * sizeof(*nb));
-            if (!nb)
-                return mesh_err(-ENOMEM, "out of memory");
-            c->blobs = nb;
-            bl = &c->blobs[c->n];
-            memset(bl, 0, sizeof(*bl));
-            snprintf(bl->name, sizeof(bl->name), "%s", name);
-            bl->flags = shared ? MESH_CKPT_SHARED : 0;
+            if (blob_lookup(c->blobs, c->n, name))
+                return mesh_err(-EIO, "%s: line %d: blob %s twice", mpath,
+                                lineno, name);
+            bl = blob_append(&c->blobs, c->n, name,
+                             shared ? MESH_CKPT_SHARED : 0);
+            if (!bl)
+                return -ENOMEM;
             if (parse_u64(b, &bl->len) || unhex(x, bl->sha))
                 return mesh_err(-EIO, "%s: line %d: bad blob size or hash",
                                 mpath, lineno);
@@ -848,11 +866,11 @@ const char *mesh_ckpt_blob_name(const struct mesh_ckpt *c, size_t i)
 
 static const struct blob *find_blob(const struct mesh_ckpt *c, const char *name)
 {
-    for (size_t i = 0; i < c->n; i++)
-        if (!strcmp(c->blobs[i].name, name))
-            return &c->blobs[i];
-    mesh_err(-ENOENT, "%s: no blob named %s", c->path, name);
-    return NULL;
+    const struct blob *b = blob_lookup(c->blobs, c->n, name);
+
+    if (!b)
+        mesh_err(-ENOENT, "%s: no blob named %s", c->path, name);
+    return b;
 }
 
 int mesh_ckpt_blob_size(const struct mesh_ckpt *c, const char *name,

@@ -96,18 +96,16 @@ static int add_tensor(struct sim_model *m, const char *suffix, int role,
     if (mesh_array_reserve(&m->t, &m->tcap, (size_t)m->nt + 1, sizeof(*m->t),
                            "simulate: tensors") < 0)
         return -ENOMEM;
-    x = &m->t[m->nt];
-    memset(x, 0, sizeof(*x));
-    snprintf(x->name, sizeof(x->name), "%s.%s", l->name, suffix);
-    x->kind = MESH_NN_PARAM;
-    x->role = role;
-    x->ndim = ndim;
-    for (i = 0; i < ndim; i++) {
-        x->shape[i] = shape[i];
+    for (i = 0; i < ndim; i++)
         count *= (size_t)shape[i];
-    }
-    x->offset = m->nparams;
-    x->count = count;
+    x = &m->t[m->nt];
+    *x = (struct mesh_nn_tensor){.kind = MESH_NN_PARAM,
+                                 .role = role,
+                                 .offset = m->nparams,
+                                 .count = count,
+                                 .ndim = ndim};
+    snprintf(x->name, sizeof(x->name), "%s.%s", l->name, suffix);
+    memcpy(x->shape, shape, (size_t)ndim * sizeof(*shape));
     m->nparams += count;
     m->nt++;
     l->nt++;
@@ -500,6 +498,53 @@ void mesh_sim_stats_take(struct mesh_sim *s, struct mesh_sim_stats *out)
     s->nlates = 0;
     s->late_max = 0;
     s->cpu_s = 0;
+}
+
+/* ---- the trainer's model ops ------------------------------------------- */
+
+static int sim_forward(void *m, int n, const float *images, int train)
+{
+    (void)n;
+    (void)images;
+    (void)train;
+    return mesh_sim_forward(m);
+}
+
+static int sim_loss(void *m, const int32_t *labels, float smoothing,
+                    float *loss)
+{
+    (void)m;
+    (void)labels;
+    (void)smoothing;
+    *loss = 0;
+    return 0;
+}
+
+static int sim_backward(void *m, int accumulate, mesh_nn_grad_ready_fn cb,
+                        void *arg)
+{
+    (void)accumulate;
+    return mesh_sim_backward(m, cb, arg);
+}
+
+static const struct mesh_nn_tensor *sim_tensor(const void *m, int i)
+{
+    return mesh_sim_tensor(m, i);
+}
+
+static const struct mesh_train_model_ops sim_ops = {
+    .forward = sim_forward,
+    .loss = sim_loss,
+    .backward = sim_backward,
+    .tensor = sim_tensor,
+};
+
+void mesh_sim_model(struct mesh_sim *s, struct mesh_train_model *out)
+{
+    out->ops = &sim_ops;
+    out->m = s;
+    out->grads = s->grads;
+    out->ntensors = s->m.nt;
 }
 
 /* ---- --profile-layers --------------------------------------------------- */

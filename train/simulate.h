@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "nn/nn.h"
+#include "train/model.h"
 
 struct mesh_sim;
 struct mesh_sim_prof;
@@ -67,6 +68,14 @@ int mesh_sim_forward(struct mesh_sim *s);
 /* Wait layer by layer in reverse, reporting ranges to cb (may be NULL). */
 int mesh_sim_backward(struct mesh_sim *s, mesh_nn_grad_ready_fn cb,
                       void *arg);
+
+/*
+ * The simulation s as the trainer's model (train/model.h): forward waits
+ * mesh_sim_forward (no images), the loss is 0, backward is
+ * mesh_sim_backward (the slab is never written), the tensors and slab are
+ * the scaled ones above.
+ */
+void mesh_sim_model(struct mesh_sim *s, struct mesh_train_model *out);
 
 /*
  * Saturation figures since the last call (then reset): the median over

@@ -7,27 +7,16 @@
  *   loaders -> resume (optional) -> digest check -> steps -> final
  *   evaluation, save, barrier.
  *
- * Gradient buckets are contiguous ranges of the gradient slab cut at tensor
- * boundaries, from the end of the slab (the first gradients backward
- * finishes) down to 0: bucket 0 is at most 1 MiB (or --bucket-mb if
- * smaller) so that communication starts early, the others about
- * --bucket-mb. The grad-ready callback starts every bucket whose lower end
- * is final; after backward the trainer waits for each in order, and the
- * timeline shows when the engine really ran each one. On a device backend
- * with peers, each bucket goes through pinned host memory in chunks of
- * --chunk-mb, copies and all-reduces overlapping chunk by chunk (see
- * "The pinned-host pipeline" below).
+ * The gradients of a step's last backward are averaged over the peers
+ * bucket by bucket by train/gradsync.c, which nn's grad-ready callback
+ * feeds; the timeline shows when the engine really ran each bucket.
  */
 #include "config.h"
 
-#include "train/train.h"
+#include "train/train-internal.h"
 
-#include "collective/collective.h"
-#include "train/ckpt.h"
-#include "train/simulate.h"
-#include "common/bytes.h"
-#include "common/array.h"
 #include "common/util.h"
+#include "train/ckpt.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -40,54 +29,39 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define FIRST_BUCKET_MAX_BYTES (1u << 20)
-#define RESUME_MAX_ENTRIES     32
-#define TRAINER_STATE_MAGIC    UINT64_C(0x31726e6961727474) /* "ttrainr1" */
-
-/*
- * Device slabs with peers: each bucket goes through the pinned-host
- * pipeline in chunks of about --chunk-mb (see pipeline_poll). 4 MiB by
- * default: its copy over PCIe (12 to 50 GB/s) takes 80 to 330 us, far
- * above the few microseconds that starting a copy and its event cost, so
- * the copy engine runs near its peak; on the network (1 to 3 GB/s over
- * TCP) it stays in flight for milliseconds, so each chunk's own collective
- * latency (2 (N - 1) hops of tens of microseconds for the ring) stays a
- * few percent up to 8 peers; and ResNet-50's 97.5 MiB make about 25
- * chunks, so the pipeline fills and drains within a fraction of a bucket.
- */
-#define CHUNK_MB_DEFAULT 4
 
 /* ---- configuration ------------------------------------------------------- */
 
 void train_cfg_init(struct train_cfg *c)
 {
-    memset(c, 0, sizeof(*c));
-    c->model.arch = "resnet50";
-    c->model.seed = 1;
-    c->device = "cpu";
-    c->gpu = -1;
-    c->data = "synthetic";
-    c->augment = -1;
-    c->on_bad = MESH_DATA_BAD_FAIL;
-    c->batch = 32;
-    c->accumulate = 1;
-    c->epochs = 1;
-    c->lr.kind = MESH_NN_LR_CONST;
-    c->lr.base_lr = 0.1;
-    c->lr.warmup_start = 0.1;
-    c->lr.gamma = 0.1;
-    c->sgd.momentum = 0.9f;
-    c->sgd.weight_decay = 1e-4f;
-    c->bucket_mb = 25;
-    c->chunk_mb = CHUNK_MB_DEFAULT;
-    c->compress = TRAIN_COMPRESS_NONE;
-    c->algo = MESH_ALGO_AUTO;
-    c->verify_every = 100;
-    c->eval_every = 1;
-    c->keep = 3;
-    c->timeline_steps = 20;
-    c->log_every = 10;
-    c->simulate_scale = 1;
+    static const struct train_cfg defaults = {
+        .model = {.arch = "resnet50", .seed = 1},
+        .device = "cpu",
+        .gpu = -1,
+        .data = "synthetic",
+        .augment = -1,
+        .on_bad = MESH_DATA_BAD_FAIL,
+        .batch = 32,
+        .accumulate = 1,
+        .epochs = 1,
+        .lr = {.kind = MESH_NN_LR_CONST,
+               .base_lr = 0.1,
+               .warmup_start = 0.1,
+               .gamma = 0.1},
+        .sgd = {.momentum = 0.9f, .weight_decay = 1e-4f},
+        .bucket_mb = 25,
+        .chunk_mb = MESH_GRADSYNC_CHUNK_MB_DEFAULT,
+        .compress = TRAIN_COMPRESS_NONE,
+        .algo = MESH_ALGO_AUTO,
+        .verify_every = 100,
+        .eval_every = 1,
+        .keep = 3,
+        .timeline_steps = 20,
+        .log_every = 10,
+        .simulate_scale = 1,
+    };
+
+    *c = defaults;
 }
 
 int train_compress_parse(const char *s, int *out)
@@ -120,208 +94,31 @@ static const char *lr_kind_name(int k)
                                     : "const";
 }
 
-/* ---- the trainer's state ------------------------------------------------- */
-
-struct bucket {
-    size_t lo, hi;        /* floats [lo, hi) of the gradient slab */
-    void *wire;           /* (hi - lo) 16-bit values with --compress */
-    mesh_coll_req_t *req; /* in flight (host slabs, or one peer) */
-    int started, done;
-    /* device backends with peers (the pinned-host pipeline) */
-    float *pinned; /* (hi - lo) floats, mesh_coll_buf_alloc'ed */
-    void *dwire;   /* --compress: 16-bit staging on the device */
-    int c0, c1;    /* its chunks: [c0, c1) of the trainer's */
-    double t_start, t_end; /* seconds since the run started */
-};
-
-/*
- * One chunk of a bucket in the pinned-host pipeline: copied to the
- * bucket's host buffer (pinned, or the 16-bit wire buffer under
- * --compress), all-reduced there, copied back, on its own.
- */
-struct chunk {
-    size_t lo, hi;             /* floats [lo, hi) of the gradient slab */
-    int bucket, index;         /* its bucket, its place in it */
-    struct mesh_nn_copy *d2h;  /* in flight: device -> pinned host */
-    mesh_coll_req_t *req;      /* in flight: its all-reduce */
-    struct mesh_nn_copy *h2d;  /* in flight: pinned host -> device */
-    double t_out, t_red, t_in; /* when each stage started */
-};
-
-struct tl_event {
-    const char *name; /* static string; with a bucket: its stage */
-    int tid;          /* 0 compute, 1 communication, 2 data, 3 copies */
-    int bucket;       /* -1 or the bucket's index */
-    int chunk;        /* -1 or the chunk's index in its bucket */
-    size_t bytes;     /* with a bucket: the bytes it moved */
-    uint64_t step;
-    double ts, dur; /* seconds since the run started */
-};
-
-struct trainer {
-    const struct train_cfg *c;
-    struct mesh *mesh;
-    mesh_coll_t *coll; /* NULL with one peer */
-    int rank, size;
-    int ncpus; /* mesh_bind: the CPUs this rank should keep busy */
-
-    struct mesh_dataset *ds;
-    struct mesh_data_info info;
-    struct mesh_loader *train_ld, *eval_ld;
-    uint64_t micro_per_epoch; /* loader steps (micro-batches) per epoch */
-    uint64_t steps_per_epoch; /* optimizer steps per epoch */
-    uint64_t total_steps;
-
-    struct mesh_nn_ctx *ctx;
-    struct mesh_nn_model *model;
-    struct mesh_nn_sgd *sgd;
-    struct mesh_nn_model_cfg mcfg;
-    size_t nparams, nbuffers;
-    int host_slabs; /* the backend's slabs are host memory */
-    float *hgrads;  /* host copy of the gradients when not host_slabs */
-    float *hparams; /* host copies for digests, checkpoints (nparams) */
-    float *hmom;
-    float *hbuf;   /* nbuffers */
-    float *images; /* staging for a device backend: unused on cpu */
-    struct mesh_sim *sim;       /* --simulate-compute: no model, no data */
-    struct mesh_sim_prof *prof; /* --profile-layers */
-    char sim_name[320];
-
-    struct bucket *b;
-    int nbuckets, next_bucket;
-    /*
-     * Device slabs with peers: every bucket's chunks in (bucket, chunk)
-     * order, and how far each stage got this step, each a prefix:
-     * ordered <= returned <= reduced <= issued <= nchunks.
-     */
-    struct chunk *ch;
-    int nchunks;
-    int ch_issued;   /* copy to the host started */
-    int ch_reduced;  /* all-reduce started (this order on every rank) */
-    int ch_returned; /* all-reduce done, copy back started */
-    int ch_ordered;  /* the device's later ops wait for the copy back */
-    float loss_avg;            /* the step's loss, averaged in flight */
-    mesh_coll_req_t *loss_req; /* its all-reduce, started after forward */
-    float grad_scale; /* 1 / accumulate */
-    int local_err;    /* the error is this peer's own (data, files,
-                         compute), not the mesh's: exit code 1 */
-    int agreed_err;   /* every peer reached the same error from the same
-                         shared facts: exit 1 without aborting the others */
-
-    struct mesh_nn_lr_sched lr; /* --lr-schedule with the run's length */
-
-    uint8_t config_digest[32];
-    char config[MESH_CONFIG_MAX];
-
-    /* output */
-    double t0;
-    FILE *metrics;
-    struct tl_event *tl;
-    size_t ntl, tl_cap;
-    uint64_t step; /* the step being run */
-    int tty;
-};
-
 static double now_s(const struct trainer *t)
 {
     return mesh_now_s() - t->t0;
 }
 
-static void tl_push(struct trainer *t, const char *name, int tid, int bucket,
+/* Also the gradient buckets' event callback (mesh_gradsync_event_fn). */
+static void tl_push(void *arg, const char *name, int tid, int bucket,
                     int chunk, size_t bytes, double ts, double dur)
 {
-    struct tl_event *e;
+    struct trainer *t = arg;
+    struct mesh_tl_event e = {
+        .name = name, .tid = tid, .bucket = bucket, .chunk = chunk,
+        .bytes = bytes, .step = t->step, .ts = ts, .dur = dur,
+    };
 
     if (!t->c->timeline || t->rank != 0 || t->step >= t->c->timeline_steps)
         return;
-    /* The trace is a diagnostic: without memory, drop events, keep going. */
-    if (mesh_array_reserve(&t->tl, &t->tl_cap, t->ntl + 1, sizeof(*t->tl),
-                           "timeline events") < 0)
-        return;
-    e = &t->tl[t->ntl++];
-    e->name = name;
-    e->tid = tid;
-    e->bucket = bucket;
-    e->chunk = chunk;
-    e->bytes = bytes;
-    e->step = t->step;
-    e->ts = ts;
-    e->dur = dur;
+    mesh_timeline_add(&t->tl, &e);
 }
 
-static void tl_add(struct trainer *t, const char *name, int tid, int bucket,
-                   double ts, double dur)
+/* An event of the trainer's own (not of a bucket). */
+static void tl_add(struct trainer *t, const char *name, int tid, double ts,
+                   double dur)
 {
-    size_t bytes = bucket < 0 ? 0
-                              : (t->b[bucket].hi - t->b[bucket].lo) *
-                                    (t->c->compress ? 2 : 4);
-
-    tl_push(t, name, tid, bucket, -1, bytes, ts, dur);
-}
-
-static void tl_chunk(struct trainer *t, const char *name, int tid,
-                     const struct chunk *ch, double ts, double dur)
-{
-    tl_push(t, name, tid, ch->bucket, ch->index,
-            (ch->hi - ch->lo) * (t->c->compress ? 2 : 4), ts, dur);
-}
-
-static int tl_write(const struct trainer *t)
-{
-    static const char *const threads[] = {"compute", "communication", "data",
-                                          "copies"};
-    FILE *f;
-    size_t i;
-    int k;
-
-    f = fopen(t->c->timeline, "w");
-    if (!f)
-        return mesh_err_errno("--timeline %s", t->c->timeline);
-    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-    fprintf(f,
-            "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, "
-            "\"args\": {\"name\": \"meshtrain rank %d\"}}",
-            t->rank, t->rank);
-    for (k = 0; k < 4; k++)
-        fprintf(f,
-                ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": "
-                "%d, \"tid\": %d, \"args\": {\"name\": \"%s\"}}",
-                t->rank, k, threads[k]);
-    for (i = 0; i < t->ntl; i++) {
-        const struct tl_event *e = &t->tl[i];
-        char name[80];
-
-        if (e->chunk >= 0)
-            snprintf(name, sizeof(name), "%s bucket %d chunk %d", e->name,
-                     e->bucket, e->chunk);
-        else if (e->bucket >= 0)
-            snprintf(name, sizeof(name), "%s bucket %d", e->name, e->bucket);
-        else
-            snprintf(name, sizeof(name), "%s", e->name);
-        fprintf(f,
-                ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", "
-                "\"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, "
-                "\"args\": {\"step\": %" PRIu64,
-                name, threads[e->tid], t->rank, e->tid, e->ts * 1e6,
-                e->dur * 1e6, e->step);
-        if (e->bucket >= 0)
-            fprintf(f, ", \"bucket\": %d, \"bytes\": %zu", e->bucket, e->bytes);
-        if (e->chunk >= 0)
-            fprintf(f, ", \"chunk\": %d", e->chunk);
-        fprintf(f, "}}");
-    }
-    fprintf(f, "\n]}\n");
-    if (fclose(f) != 0)
-        return mesh_err_errno("--timeline %s", t->c->timeline);
-    return 0;
-}
-
-/* Mark an error as this peer's own (MESH_EXIT_USAGE rather than PEER). */
-static int local(struct trainer *t, int rc)
-{
-    if (rc < 0)
-        t->local_err = 1;
-    return rc;
+    tl_push(t, name, tid, -1, -1, 0, ts, dur);
 }
 
 /* ---- host copies of device slabs ----------------------------------------- */
@@ -337,7 +134,7 @@ static float *params_host(struct trainer *t, int *rc)
     return t->hparams;
 }
 
-static float *momentum_host(struct trainer *t, int *rc)
+float *train_momentum_host(struct trainer *t, int *rc)
 {
     float *p = mesh_nn_sgd_momentum(t->sgd);
 
@@ -348,525 +145,7 @@ static float *momentum_host(struct trainer *t, int *rc)
     return t->hmom;
 }
 
-/* ---- gradient buckets ---------------------------------------------------- */
-
-/* Device slabs with peers: buckets go through the pinned-host pipeline. */
-static int pipelined(const struct trainer *t)
-{
-    return !t->host_slabs && t->coll;
-}
-
-/*
- * Cut every bucket into chunks of at most --chunk-mb, of equal sizes
- * within a bucket (no small tail chunk paying a whole collective's
- * latency for a few bytes).
- */
-static int chunks_plan(struct trainer *t)
-{
-    size_t cap = (size_t)(t->c->chunk_mb * 1024 * 1024 / 4), total = 0;
-    int i, n = 0;
-
-    if (cap < 1)
-        cap = 1;
-    for (i = 0; i < t->nbuckets; i++)
-        total += (t->b[i].hi - t->b[i].lo + cap - 1) / cap;
-    if (total > (1u << 20))
-        return mesh_err(-EINVAL, "--chunk-mb %g: %zu chunks (at most %u)",
-                        t->c->chunk_mb, total, 1u << 20);
-    t->ch = calloc(total, sizeof(*t->ch));
-    if (!t->ch)
-        return mesh_err(-ENOMEM, "out of memory planning gradient chunks");
-    for (i = 0; i < t->nbuckets; i++) {
-        struct bucket *b = &t->b[i];
-        size_t len = b->hi - b->lo, k = (len + cap - 1) / cap, j;
-
-        b->c0 = n;
-        for (j = 0; j < k; j++, n++) {
-            t->ch[n].lo = b->lo + len * j / k;
-            t->ch[n].hi = b->lo + len * (j + 1) / k;
-            t->ch[n].bucket = i;
-            t->ch[n].index = (int)j;
-        }
-        b->c1 = n;
-    }
-    t->nchunks = n;
-    return 0;
-}
-
-/*
- * Cut the slab at tensor boundaries, from the end down, as DDP does: a
- * bucket closes after the tensor that takes it to its cap or more, so no
- * tiny bucket is left between two large tensors. Bucket 0's cap is
- * FIRST_BUCKET_MAX_BYTES (or --bucket-mb if smaller), the others'
- * --bucket-mb.
- */
-static int buckets_plan(struct trainer *t)
-{
-    int n = t->sim ? mesh_sim_num_tensors(t->sim)
-                   : mesh_nn_model_num_tensors(t->model), i, nb = 0;
-    /* simulated: the bucket sizes shrink with the gradients (same cuts) */
-    double k = t->sim ? t->c->simulate_scale : 1;
-    size_t cap = (size_t)(t->c->bucket_mb * 1024 * 1024 / 4 / k);
-    size_t first = (size_t)(FIRST_BUCKET_MAX_BYTES / 4 / k);
-    size_t hi = t->nparams;
-    struct bucket *b;
-
-    if (cap < 1)
-        cap = 1;
-    if (first < 1)
-        first = 1;
-    if (first > cap)
-        first = cap;
-    b = calloc((size_t)n + 1, sizeof(*b));
-    if (!b)
-        return mesh_err(-ENOMEM, "out of memory planning gradient buckets");
-    /* Params come first in the tensor list, in slab order. */
-    for (i = n - 1; i >= 0; i--) {
-        const struct mesh_nn_tensor *x =
-            t->sim ? mesh_sim_tensor(t->sim, i)
-                   : mesh_nn_model_tensor(t->model, i);
-
-        if (x->kind != MESH_NN_PARAM)
-            continue;
-        if (hi - x->offset >= (nb == 0 ? first : cap) && x->offset > 0) {
-            b[nb].lo = x->offset;
-            b[nb].hi = hi;
-            hi = x->offset;
-            nb++;
-        }
-    }
-    if (hi > 0) {
-        b[nb].lo = 0;
-        b[nb].hi = hi;
-        nb++;
-    }
-    t->b = b;
-    t->nbuckets = nb;
-    if (t->c->compress && t->coll) {
-        for (i = 0; i < nb; i++) {
-            int rc = mesh_coll_buf_alloc(t->coll, (b[i].hi - b[i].lo) * 2,
-                                         &b[i].wire);
-
-            if (rc < 0)
-                return rc;
-        }
-    }
-    /* device slabs: a pinned host buffer per bucket (16-bit under
-     * --compress: the wire buffer above), and the 16-bit device staging */
-    for (i = 0; !t->host_slabs && t->coll && i < nb; i++) {
-        size_t cnt = b[i].hi - b[i].lo;
-        int rc = t->c->compress
-                     ? mesh_nn_alloc(t->ctx, cnt * 2, &b[i].dwire)
-                     : mesh_coll_buf_alloc(t->coll, cnt * 4,
-                                           (void **)&b[i].pinned);
-
-        if (rc < 0)
-            return rc;
-    }
-    return pipelined(t) ? chunks_plan(t) : 0;
-}
-
-static void buckets_free(struct trainer *t)
-{
-    int i;
-
-    free(t->ch);
-    t->ch = NULL;
-    t->nchunks = 0;
-
-    for (i = 0; t->b && t->coll && i < t->nbuckets; i++) {
-        if (t->b[i].pinned)
-            mesh_coll_buf_free(t->coll, t->b[i].pinned);
-        mesh_nn_free(t->ctx, t->b[i].dwire);
-    }
-    for (i = 0; t->b && t->coll && i < t->nbuckets; i++)
-        if (t->b[i].wire)
-            mesh_coll_buf_free(t->coll, t->b[i].wire);
-    free(t->b);
-    t->b = NULL;
-}
-
-static float *grads_host(struct trainer *t)
-{
-    if (t->sim)
-        return mesh_sim_grads(t->sim);
-    return t->host_slabs ? mesh_nn_model_grads(t->model) : t->hgrads;
-}
-
-static int wire_dtype(const struct trainer *t)
-{
-    return t->c->compress == TRAIN_COMPRESS_FP16   ? MESH_DT_F16
-           : t->c->compress == TRAIN_COMPRESS_BF16 ? MESH_DT_BF16
-                                                   : MESH_DT_F32;
-}
-
-/*
- * The pinned-host pipeline (device slabs with peers). A bucket whose range
- * is final is scaled (and narrowed to 16 bits under --compress) on the
- * device, then each of its chunks is copied to the bucket's host buffer on
- * nn's copy stream, ordered after the backward kernels issued so far, with
- * no host wait. Then, per chunk: its all-reduce starts once its copy is
- * done, its copy back once the all-reduce is (and, under --compress, the
- * widening to float32 on the device after that), so that the copy out of
- * chunk k + 1 overlaps the network of chunk k and the copy back of chunk k
- * the network of chunk k + 1. The grad-ready callback moves this on
- * during backward (pipeline_poll), buckets_wait after it (pipeline_drain).
- */
-static void *chunk_host(const struct trainer *t, const struct chunk *ch)
-{
-    const struct bucket *b = &t->b[ch->bucket];
-    size_t off = ch->lo - b->lo;
-
-    return t->c->compress ? (void *)((uint16_t *)b->wire + off)
-                          : (void *)(b->pinned + off);
-}
-
-/* The device side of the chunk's copies: the gradients, or the 16-bit
- * staging under --compress. */
-static void *chunk_dev(const struct trainer *t, const struct chunk *ch)
-{
-    const struct bucket *b = &t->b[ch->bucket];
-
-    return t->c->compress ? (void *)((uint16_t *)b->dwire + (ch->lo - b->lo))
-                          : (void *)(mesh_nn_model_grads(t->model) + ch->lo);
-}
-
-static size_t chunk_bytes(const struct trainer *t, const struct chunk *ch)
-{
-    return (ch->hi - ch->lo) * (t->c->compress ? 2 : 4);
-}
-
-static int bucket_copy_out(struct trainer *t, int i)
-{
-    struct bucket *b = &t->b[i];
-    float *dg = mesh_nn_model_grads(t->model) + b->lo;
-    size_t n = b->hi - b->lo;
-    int rc = 0, j;
-
-    b->started = 1;
-    b->done = 0;
-    b->t_start = now_s(t);
-    if (t->c->compress)
-        rc = mesh_nn_convert(t->ctx, wire_dtype(t), b->dwire, MESH_DT_F32, dg, n,
-                             t->grad_scale);
-    else if (t->grad_scale != 1.0f)
-        rc = mesh_nn_convert(t->ctx, MESH_DT_F32, dg, MESH_DT_F32, dg, n,
-                             t->grad_scale);
-    for (j = b->c0; rc == 0 && j < b->c1; j++) {
-        struct chunk *ch = &t->ch[j];
-
-        ch->t_out = now_s(t);
-        rc = mesh_nn_copy_d2h_start(t->ctx, chunk_host(t, ch), chunk_dev(t, ch),
-                                    chunk_bytes(t, ch), &ch->d2h);
-        if (rc == 0)
-            t->ch_issued = j + 1;
-    }
-    return rc;
-}
-
-/* The next chunk in (bucket, chunk) order: wait for its copy to the host
- * (already done when pipeline_poll calls) and start its all-reduce. */
-static int chunk_reduce(struct trainer *t)
-{
-    struct chunk *ch = &t->ch[t->ch_reduced];
-    int rc = mesh_nn_copy_wait(t->ctx, ch->d2h); /* releases it */
-
-    ch->d2h = NULL;
-    if (rc < 0)
-        return rc;
-    ch->t_red = now_s(t);
-    tl_chunk(t, "copy to host", 3, ch, ch->t_out, ch->t_red - ch->t_out);
-    rc = mesh_coll_allreduce_start(
-        t->coll, chunk_host(t, ch), chunk_host(t, ch), ch->hi - ch->lo,
-        wire_dtype(t), MESH_REDOP_AVG, t->c->algo, &ch->req);
-    if (rc == 0)
-        t->ch_reduced++;
-    return rc;
-}
-
-/*
- * The next chunk's all-reduce ended with rc (its request is freed): copy
- * the result back. b0, b1: when the engine ran it, 0 when not known.
- */
-static int chunk_return(struct trainer *t, int rc, double b0, double b1)
-{
-    struct chunk *ch = &t->ch[t->ch_returned];
-    double now = now_s(t);
-
-    ch->req = NULL;
-    if (rc < 0)
-        return rc;
-    if (b0 > 0 && b1 >= b0)
-        tl_chunk(t, "allreduce", 1, ch, b0 - t->t0, b1 - b0);
-    else
-        tl_chunk(t, "allreduce", 1, ch, ch->t_red, now - ch->t_red);
-    ch->t_in = now;
-    rc = mesh_nn_copy_h2d_start(t->ctx, chunk_dev(t, ch), chunk_host(t, ch),
-                                chunk_bytes(t, ch), &ch->h2d);
-    if (rc == 0)
-        t->ch_returned++;
-    return rc;
-}
-
-/*
- * Order the device's later ops (the optimizer step) after the next
- * chunk's copy back, without a host wait, and under --compress widen it
- * to float32 on the device. The timeline shows the copy until it was seen
- * done, or until the device was ordered after it.
- */
-static int chunk_order(struct trainer *t)
-{
-    struct chunk *ch = &t->ch[t->ch_ordered];
-    int rc = mesh_nn_copy_order(t->ctx, ch->h2d); /* releases it */
-
-    ch->h2d = NULL;
-    tl_chunk(t, "copy to device", 3, ch, ch->t_in, now_s(t) - ch->t_in);
-    if (rc == 0 && t->c->compress)
-        rc = mesh_nn_convert(
-            t->ctx, MESH_DT_F32, mesh_nn_model_grads(t->model) + ch->lo,
-            wire_dtype(t), chunk_dev(t, ch), ch->hi - ch->lo, 1.f);
-    if (rc == 0)
-        t->ch_ordered++;
-    return rc;
-}
-
-/*
- * Move the pipeline on as far as it goes without blocking. All-reduces
- * start strictly in (bucket, chunk) order, the same on every rank: chunk
- * j + 1 never before chunk j, whatever order the copies are seen to finish
- * in. A copy back is ordered here only once it is done (then the device
- * waits for nothing).
- */
-static int pipeline_poll(struct trainer *t)
-{
-    int done, rc;
-
-    while (t->ch_reduced < t->ch_issued) {
-        done = 0;
-        rc = mesh_nn_copy_test(t->ctx, t->ch[t->ch_reduced].d2h, &done);
-        if (rc == 0 && done)
-            rc = chunk_reduce(t);
-        if (rc < 0)
-            return rc;
-        if (!done)
-            break;
-    }
-    while (t->ch_returned < t->ch_reduced) {
-        done = 0;
-        rc = mesh_coll_test(t->ch[t->ch_returned].req, &done);
-        if (rc == 0 && !done)
-            break;
-        rc = chunk_return(t, rc, 0, 0); /* done: the request is freed */
-        if (rc < 0)
-            return rc;
-    }
-    while (t->ch_ordered < t->ch_returned) {
-        done = 0;
-        rc = mesh_nn_copy_test(t->ctx, t->ch[t->ch_ordered].h2d, &done);
-        if (rc == 0 && done)
-            rc = chunk_order(t);
-        if (rc < 0)
-            return rc;
-        if (!done)
-            break;
-    }
-    return 0;
-}
-
-/* After backward, every bucket's copies out issued: finish every chunk,
- * blocking on the oldest stage that holds the others up. */
-static int pipeline_drain(struct trainer *t)
-{
-    int rc = 0, rc2;
-
-    if (t->ch_issued != t->nchunks)
-        return mesh_err(-EPROTO,
-                        "gradient pipeline: %d of %d chunks "
-                        "issued after backward",
-                        t->ch_issued, t->nchunks);
-    while (rc == 0 && t->ch_ordered < t->nchunks) {
-        rc = pipeline_poll(t);
-        if (rc < 0)
-            break;
-        if (t->ch_reduced < t->ch_issued) {
-            rc = chunk_reduce(t); /* waits for its copy out */
-        } else if (t->ch_returned < t->ch_reduced) {
-            double b0 = 0, b1 = 0;
-
-            rc2 = mesh_coll_wait_times(t->ch[t->ch_returned].req, &b0, &b1);
-            rc = chunk_return(t, rc2, b0, b1);
-        } else if (t->ch_ordered < t->ch_returned) {
-            rc = chunk_order(t); /* the device waits, the host does not */
-        }
-    }
-    return rc;
-}
-
-/* Bring bucket i to the host, scale it, and start its average. */
-static int bucket_start(struct trainer *t, int i)
-{
-    struct bucket *b = &t->b[i];
-    float *g = grads_host(t) + b->lo;
-    size_t n = b->hi - b->lo, k;
-    int rc, dt = wire_dtype(t), algo = t->c->algo;
-
-    if (pipelined(t))
-        return bucket_copy_out(t, i);
-    if (!t->host_slabs) {
-        rc = mesh_nn_download(t->ctx, g, mesh_nn_model_grads(t->model) + b->lo,
-                              n * 4);
-        if (rc < 0)
-            return rc;
-    }
-    if (t->grad_scale != 1.0f)
-        for (k = 0; k < n; k++)
-            g[k] *= t->grad_scale;
-    b->started = 1;
-    b->done = 0;
-    b->t_start = now_s(t);
-    if (!t->coll) {
-        /* One peer: nothing to average; the wire rounding still applies,
-         * so that one process computes what N peers would. */
-        if (dt != MESH_DT_F32) {
-            uint16_t *tmp = malloc(n * 2);
-
-            if (!tmp)
-                return mesh_err(-ENOMEM, "out of memory");
-            mesh_convert(dt, tmp, MESH_DT_F32, g, n);
-            mesh_convert(MESH_DT_F32, g, dt, tmp, n);
-            free(tmp);
-        }
-        b->done = 1;
-        b->t_end = now_s(t);
-        /* device slabs: the scaled (and rounded) bucket goes back */
-        if (!t->host_slabs)
-            return mesh_nn_upload(t->ctx,
-                                  mesh_nn_model_grads(t->model) + b->lo, g,
-                                  n * 4);
-        return 0;
-    }
-    if (dt != MESH_DT_F32) {
-        mesh_convert(dt, b->wire, MESH_DT_F32, g, n);
-        return mesh_coll_allreduce_start(t->coll, b->wire, b->wire, n, dt,
-                                         MESH_REDOP_AVG, t->c->algo, &b->req);
-    }
-    /* simulated: AUTO chooses for the bucket's real size, not k times
-     * smaller (the choice the real run would make) */
-    if (t->sim && algo == MESH_ALGO_AUTO)
-        algo = mesh_coll_algo_for(t->coll, algo,
-                                  (size_t)((double)n * 4 *
-                                           t->c->simulate_scale));
-    return mesh_coll_allreduce_start(t->coll, g, g, n, MESH_DT_F32,
-                                     MESH_REDOP_AVG, algo, &b->req);
-}
-
-static int bucket_finish(struct trainer *t, int i, int rc)
-{
-    struct bucket *b = &t->b[i];
-
-    b->req = NULL;
-    b->done = 1;
-    b->t_end = now_s(t);
-    if (rc < 0)
-        return rc;
-    if (t->c->compress)
-        mesh_convert(MESH_DT_F32, grads_host(t) + b->lo, wire_dtype(t), b->wire,
-                     b->hi - b->lo);
-    if (!t->host_slabs)
-        return mesh_nn_upload(t->ctx, mesh_nn_model_grads(t->model) + b->lo,
-                              grads_host(t) + b->lo, (b->hi - b->lo) * 4);
-    return 0;
-}
-
-/* nn's grad-ready callback: everything from offset to the end is final. */
-static int on_grad_ready(void *arg, size_t offset, size_t count)
-{
-    struct trainer *t = arg;
-    int rc;
-
-    (void)count;
-    if (t->prof)
-        mesh_sim_prof_grad(t->prof, offset);
-    while (t->next_bucket < t->nbuckets && t->b[t->next_bucket].lo >= offset) {
-        rc = bucket_start(t, t->next_bucket);
-        if (rc < 0)
-            return rc;
-        t->next_bucket++;
-    }
-    return pipelined(t) ? pipeline_poll(t) : 0;
-}
-
-/*
- * After an error: wait for every all-reduce still in flight (its host
- * buffers are freed next) and every copy. Returns rc.
- */
-static int buckets_abort(struct trainer *t, int rc)
-{
-    int i;
-
-    for (i = 0; i < t->nbuckets; i++)
-        if (t->b[i].req) {
-            mesh_coll_wait(t->b[i].req);
-            t->b[i].req = NULL;
-        }
-    for (i = 0; i < t->nchunks; i++) {
-        struct chunk *ch = &t->ch[i];
-
-        if (ch->d2h)
-            mesh_nn_copy_wait(t->ctx, ch->d2h);
-        if (ch->req)
-            mesh_coll_wait(ch->req);
-        if (ch->h2d)
-            mesh_nn_copy_wait(t->ctx, ch->h2d);
-        ch->d2h = ch->h2d = NULL;
-        ch->req = NULL;
-    }
-    return rc;
-}
-
-/* Start what is left, wait for every bucket in order. */
-static int buckets_wait(struct trainer *t)
-{
-    int i, rc = 0, rc2;
-
-    while (rc == 0 && t->next_bucket < t->nbuckets)
-        rc = bucket_start(t, t->next_bucket++);
-    if (pipelined(t)) {
-        if (rc == 0)
-            rc = pipeline_drain(t);
-        return rc < 0 ? buckets_abort(t, rc) : 0;
-    }
-    for (i = 0; i < t->nbuckets; i++) {
-        double b0 = 0, b1 = 0;
-
-        if (!t->b[i].req)
-            continue;
-        rc2 = mesh_coll_wait_times(t->b[i].req, &b0, &b1);
-        rc2 = bucket_finish(t, i, rc2);
-        /* when the engine really ran it (it may queue behind others) */
-        if (b0 > 0 && b1 >= b0) {
-            t->b[i].t_start = b0 - t->t0;
-            t->b[i].t_end = b1 - t->t0;
-        }
-        if (rc == 0)
-            rc = rc2;
-    }
-    for (i = 0; t->coll && i < t->nbuckets; i++)
-        if (t->b[i].started)
-            tl_add(t, "allreduce", 1, i, t->b[i].t_start,
-                   t->b[i].t_end - t->b[i].t_start);
-    return rc;
-}
-
 /* ---- collectives on small things ----------------------------------------- */
-
-static int avg_floats(struct trainer *t, float *x, size_t n)
-{
-    if (!t->coll)
-        return 0;
-    return mesh_coll_allreduce(t->coll, x, x, n, MESH_DT_F32, MESH_REDOP_AVG,
-                               t->c->algo);
-}
 
 static int sum_floats(struct trainer *t, float *x, size_t n)
 {
@@ -877,24 +156,12 @@ static int sum_floats(struct trainer *t, float *x, size_t n)
 }
 
 /* Average the BN running statistics over the peers (identical after). */
-static int bn_average(struct trainer *t)
+int train_bn_average(struct trainer *t)
 {
-    float *buf;
-    int rc;
-
     if (t->sim)
         return 0; /* no statistics to average */
-    buf = mesh_nn_model_buffers(t->model);
-    if (!t->coll || t->nbuffers == 0)
-        return 0;
-    if (t->host_slabs)
-        return avg_floats(t, buf, t->nbuffers);
-    rc = mesh_nn_download(t->ctx, t->hbuf, buf, t->nbuffers * 4);
-    if (rc == 0)
-        rc = avg_floats(t, t->hbuf, t->nbuffers);
-    if (rc == 0)
-        rc = mesh_nn_upload(t->ctx, buf, t->hbuf, t->nbuffers * 4);
-    return rc;
+    return mesh_gradsync_average(t->gs, mesh_nn_model_buffers(t->model),
+                                 t->hbuf, t->nbuffers);
 }
 
 static void hex(const uint8_t *d, size_t n, char *out)
@@ -916,7 +183,7 @@ static int weights_digest(struct trainer *t, uint8_t out[32])
     if (rc == 0)
         rc = mesh_ckpt_sha256(p, t->nparams * 4, two);
     if (rc == 0)
-        mom = momentum_host(t, &rc);
+        mom = train_momentum_host(t, &rc);
     if (rc == 0)
         rc = mesh_ckpt_sha256(mom, t->nparams * 4, two + 32);
     if (rc == 0)
@@ -975,282 +242,6 @@ out:
     return rc;
 }
 
-/* ---- checkpoints --------------------------------------------------------- */
-
-static int ckpt_dir(const struct trainer *t, char *buf, size_t cap)
-{
-    int n = snprintf(buf, cap, "%s/rank-%d", t->c->checkpoint_dir, t->rank);
-
-    if (n < 0 || (size_t)n >= cap)
-        return mesh_err(-ENAMETOOLONG, "--checkpoint-dir %s: path too long",
-                        t->c->checkpoint_dir);
-    /* DIR itself; mesh_ckpt_begin makes DIR/rank-R */
-    if (mkdir(t->c->checkpoint_dir, 0777) < 0 && errno != EEXIST)
-        return mesh_err_errno("--checkpoint-dir %s", t->c->checkpoint_dir);
-    return 0;
-}
-
-/*
- * Checkpoint after `step` optimizer steps: the weights and averaged BN
- * statistics (safetensors), the momentum, the trainer's counters (shared,
- * identical on every peer) and the loader's position (this peer's).
- */
-static int checkpoint_write(struct trainer *t, uint64_t step)
-{
-    struct mesh_ckpt_writer *w = NULL;
-    struct mesh_ckpt_meta meta;
-    uint8_t state[40], lstate[MESH_DATA_STATE_BYTES];
-    char dir[1024], path[1200];
-    uint64_t epoch, lstep;
-    float *mom;
-    int rc;
-
-    rc = bn_average(t);
-    if (rc < 0)
-        return rc;
-    rc = ckpt_dir(t, dir, sizeof(dir));
-    if (rc == 0)
-        rc = mesh_ckpt_begin(dir, step, &w);
-    if (rc < 0)
-        return local(t, rc);
-    rc = mesh_ckpt_put_file(w, "model.safetensors", MESH_CKPT_SHARED, path,
-                            sizeof(path));
-    if (rc == 0)
-        rc = mesh_nn_model_save(t->model, path);
-    if (rc == 0)
-        mom = momentum_host(t, &rc);
-    if (rc == 0)
-        rc =
-            mesh_ckpt_put(w, "momentum", mom, t->nparams * 4, MESH_CKPT_SHARED);
-    mesh_data_tell(t->train_ld, &epoch, &lstep);
-    mesh_put_le64(state, TRAINER_STATE_MAGIC);
-    mesh_put_le64(state + 8, step);
-    mesh_put_le64(state + 16, epoch);
-    mesh_put_le64(state + 24, (uint64_t)mesh_nn_sgd_steps(t->sgd));
-    mesh_put_le64(state + 32, (uint64_t)mesh_nn_model_batches_tracked(t->model));
-    if (rc == 0)
-        rc =
-            mesh_ckpt_put(w, "trainer", state, sizeof(state), MESH_CKPT_SHARED);
-    mesh_data_get_state(t->train_ld, lstate);
-    if (rc == 0)
-        rc = mesh_ckpt_put(w, "loader", lstate, sizeof(lstate), 0);
-    if (rc < 0) {
-        mesh_ckpt_abort(w);
-        return local(t, rc);
-    }
-    memset(&meta, 0, sizeof(meta));
-    meta.step = step;
-    meta.epoch = epoch;
-    memcpy(meta.config, t->config_digest, 32);
-    rc = local(t, mesh_ckpt_commit(w, &meta, NULL));
-    if (rc == 0)
-        rc = local(t, mesh_ckpt_prune(dir, t->c->keep));
-    if (rc == 0)
-        mesh_info("checkpoint %s/ckpt-%09" PRIu64 " written", dir, step);
-    return rc;
-}
-
-/*
- * --resume found no checkpoint to continue from: why (the agreement's
- * message, or none at all), which ranks hold damaged ones, and this
- * rank's own damaged files. --resume=if-any starts from step 0 with a
- * warning; --resume is an error of the configuration (exit 1): the
- * checkpoints it asked for are not there.
- */
-static int resume_none(struct trainer *t, const char *why,
-                       const uint64_t *damaged,
-                       const struct mesh_ckpt_damage *mine)
-{
-    char ranks[256] = "", here[sizeof(mine->list) + 64] = "";
-    int r, n = 0;
-
-    for (r = 0; r < t->size; r++) {
-        size_t len = strlen(ranks);
-
-        if (!damaged[r])
-            continue;
-        n++;
-        if (len < sizeof(ranks) - 16)
-            snprintf(ranks + len, sizeof(ranks) - len, "%s%d", len ? ", " : "",
-                     r);
-    }
-    if (mine->count)
-        snprintf(here, sizeof(here), "; damaged here: %s", mine->list);
-    if (t->c->resume == TRAIN_RESUME_IF_ANY) {
-        mesh_warn("--resume=if-any: %s%s%s%s: starting from step 0", why,
-                  n ? " (damaged checkpoints on rank(s) " : "", ranks,
-                  n ? ")" : "");
-        return 0;
-    }
-    /* every peer decides this from the same gathered scans */
-    t->agreed_err = 1;
-    return local(t, mesh_err(-ENOENT,
-                             "--resume: %s%s%s%s (--resume=if-any would "
-                             "start from step 0)",
-                             why, n ? "; damaged checkpoints on rank(s) " : "",
-                             ranks, here));
-}
-
-/*
- * --resume: every peer scans its directory, the scans are all-gathered
- * (RESUME_MAX_ENTRIES newest of each, and how many were damaged), and
- * every peer picks the newest step that all hold with the same agreement
- * digest. When there is none (no checkpoint at all, only damaged ones, or
- * none in common), resume_none decides: an error, or *step = 0 with
- * --resume=if-any.
- */
-static int checkpoint_resume(struct trainer *t, uint64_t *step_out)
-{
-    struct mesh_ckpt_entry *mine = NULL, *all = NULL;
-    const struct mesh_ckpt_entry **lists = NULL;
-    struct mesh_ckpt *ck = NULL;
-    struct mesh_ckpt_damage damage;
-    size_t nmine = 0, *counts = NULL, total = 0, rec;
-    uint8_t *pack = NULL, *gathered = NULL, state[40];
-    uint64_t *damaged = NULL;
-    char dir[1024], path[1200];
-    uint64_t step = 0;
-    void *lstate = NULL;
-    size_t llen = 0;
-    int r, rc;
-    size_t i;
-
-    rc = ckpt_dir(t, dir, sizeof(dir));
-    if (rc == 0)
-        rc = mesh_ckpt_scan(dir, &mine, &nmine, &damage);
-    if (rc < 0)
-        return local(t, rc);
-    if (nmine > RESUME_MAX_ENTRIES)
-        nmine = RESUME_MAX_ENTRIES; /* newest first */
-    /* each rank: its count, its damaged count, its entries */
-    rec = 16 + RESUME_MAX_ENTRIES * MESH_CKPT_ENTRY_BYTES;
-    pack = calloc(1, rec);
-    gathered = calloc((size_t)t->size, rec);
-    lists = calloc((size_t)t->size, sizeof(*lists));
-    counts = calloc((size_t)t->size, sizeof(*counts));
-    damaged = calloc((size_t)t->size, sizeof(*damaged));
-    all = calloc((size_t)t->size * RESUME_MAX_ENTRIES + 1, sizeof(*all));
-    if (!pack || !gathered || !lists || !counts || !damaged || !all) {
-        rc = mesh_err(-ENOMEM, "out of memory");
-        goto out;
-    }
-    mesh_put_le64(pack, nmine);
-    mesh_put_le64(pack + 8, damage.count);
-    for (i = 0; i < nmine; i++)
-        mesh_ckpt_entry_pack(&mine[i], pack + 16 + i * MESH_CKPT_ENTRY_BYTES);
-    if (t->coll)
-        rc = mesh_coll_allgather(t->coll, pack, gathered, rec, MESH_DT_BYTE);
-    else
-        memcpy(gathered, pack, rec);
-    if (rc < 0)
-        goto out;
-    for (r = 0; r < t->size; r++) {
-        const uint8_t *g = gathered + (size_t)r * rec;
-        uint64_t n = mesh_get_le64(g);
-
-        if (n > RESUME_MAX_ENTRIES) {
-            rc = mesh_err(
-                -EPROTO,
-                "--resume: rank %d sent %" PRIu64 " checkpoint entries", r, n);
-            goto out;
-        }
-        lists[r] = all + (size_t)r * RESUME_MAX_ENTRIES;
-        counts[r] = n;
-        damaged[r] = mesh_get_le64(g + 8);
-        total += n;
-        for (i = 0; i < n; i++)
-            mesh_ckpt_entry_unpack(g + 16 + i * MESH_CKPT_ENTRY_BYTES,
-                                   &all[(size_t)r * RESUME_MAX_ENTRIES + i]);
-    }
-    if (total == 0) {
-        char why[1200];
-
-        snprintf(why, sizeof(why), "no peer has a usable checkpoint in %s",
-                 t->c->checkpoint_dir);
-        rc = resume_none(t, why, damaged, &damage);
-        *step_out = 0;
-        goto out;
-    }
-    rc = mesh_ckpt_agree(lists, counts, t->size, &step);
-    if (rc == -ENOENT) {
-        const char *msg = mesh_err_msg(rc);
-        char why[1200];
-
-        if (!strncmp(msg, "--resume: ", 10))
-            msg += 10;
-        snprintf(why, sizeof(why), "%s", msg);
-        rc = resume_none(t, why, damaged, &damage);
-        *step_out = 0;
-        goto out;
-    }
-    if (rc < 0)
-        goto out;
-    for (i = 0; i < nmine; i++)
-        if (mine[i].step == step &&
-            memcmp(mine[i].config, t->config_digest, 32) != 0) {
-            rc = mesh_err(-EINVAL,
-                          "--resume: checkpoint %s/ckpt-%09" PRIu64
-                          " was written with another configuration (model, "
-                          "data, batch, seed, optimizer or peer count)",
-                          dir, step);
-            goto out;
-        }
-    rc = mesh_ckpt_path(dir, step, path, sizeof(path));
-    if (rc == 0)
-        rc = mesh_ckpt_open(path, &ck);
-    if (rc < 0)
-        goto out;
-    {
-        char st[1300];
-
-        rc = mesh_ckpt_blob_path(ck, "model.safetensors", st, sizeof(st));
-        if (rc == 0)
-            rc = mesh_nn_model_load(t->model, st);
-    }
-    if (rc == 0) {
-        float *mom = t->host_slabs ? mesh_nn_sgd_momentum(t->sgd) : t->hmom;
-
-        rc = mesh_ckpt_read_into(ck, "momentum", mom, t->nparams * 4);
-        if (rc == 0 && !t->host_slabs)
-            rc = mesh_nn_upload(t->ctx, mesh_nn_sgd_momentum(t->sgd), mom,
-                                t->nparams * 4);
-    }
-    if (rc == 0)
-        rc = mesh_ckpt_read_into(ck, "trainer", state, sizeof(state));
-    if (rc == 0 &&
-        (mesh_get_le64(state) != TRAINER_STATE_MAGIC || mesh_get_le64(state + 8) != step))
-        rc = mesh_err(-EIO,
-                      "%s/trainer: not a meshtrain trainer record for "
-                      "step %" PRIu64,
-                      path, step);
-    if (rc == 0) {
-        mesh_nn_sgd_set_steps(t->sgd, (int64_t)mesh_get_le64(state + 24));
-        mesh_nn_model_set_batches_tracked(t->model,
-                                          (int64_t)mesh_get_le64(state + 32));
-        rc = mesh_ckpt_read(ck, "loader", &lstate, &llen);
-    }
-    if (rc == 0)
-        rc = mesh_data_set_state(t->train_ld, lstate, llen);
-    if (rc < 0)
-        rc = mesh_err_prefix(rc, "--resume from %s", path);
-    if (rc == 0) {
-        if (t->rank == 0)
-            mesh_info("resumed from step %" PRIu64 " (%s)", step, path);
-        *step_out = step;
-    }
-out:
-    free(lstate);
-    mesh_ckpt_close(ck);
-    free(all);
-    free(damaged);
-    free(counts);
-    free(lists);
-    free(gathered);
-    free(pack);
-    free(mine);
-    return rc;
-}
-
 /* ---- evaluation ---------------------------------------------------------- */
 
 /* Top-1 and top-5 over the whole evaluation split (each peer its shard). */
@@ -1261,7 +252,7 @@ static int evaluate(struct trainer *t, double *top1, double *top5)
     struct mesh_batch batch;
     double ts = now_s(t);
 
-    rc = bn_average(t);
+    rc = train_bn_average(t);
     if (rc == 0)
         rc = mesh_data_seek(t->eval_ld, 0, 0);
     if (rc < 0)
@@ -1293,11 +284,11 @@ static int evaluate(struct trainer *t, double *top1, double *top5)
     }
     free(logits);
     if (rc < 0)
-        return local(t, mesh_err_prefix(rc, "evaluation data"));
+        return train_local(t, mesh_err_prefix(rc, "evaluation data"));
     rc = sum_floats(t, counts, 3);
     if (rc < 0)
         return rc;
-    tl_add(t, "evaluate", 0, -1, ts, now_s(t) - ts);
+    tl_add(t, "evaluate", 0, ts, now_s(t) - ts);
     *top1 = counts[2] > 0 ? 100.0 * counts[0] / counts[2] : 0;
     *top5 = counts[2] > 0 ? 100.0 * counts[1] / counts[2] : 0;
     return 0;
@@ -1430,6 +421,7 @@ static int open_sim(struct trainer *t)
     if (rc < 0)
         return rc;
     t->mcfg = *mesh_sim_config(t->sim);
+    mesh_sim_model(t->sim, &t->tm);
     snprintf(t->sim_name, sizeof(t->sim_name), "simulate:%s:k=%.9g",
              c->simulate, c->simulate_scale);
     t->info.name = t->sim_name;
@@ -1452,6 +444,30 @@ static int open_sim(struct trainer *t)
     return 0;
 }
 
+/* The run's length in steps (--iters, or --epochs) and the learning rate
+ * schedule over it (step's default milestones: epochs 30, 60, 80). */
+static void plan_length(struct trainer *t)
+{
+    const struct train_cfg *c = t->c;
+
+    t->total_steps =
+        c->iters ? c->iters
+                 : (uint64_t)ceil(c->epochs * (double)t->steps_per_epoch);
+    if (t->total_steps == 0)
+        t->total_steps = 1;
+    t->lr = c->lr;
+    t->lr.total_epochs =
+        c->iters ? (double)t->total_steps / (double)t->steps_per_epoch
+                 : c->epochs;
+    if (t->lr.kind == MESH_NN_LR_STEP && t->lr.num_milestones == 0) {
+        t->lr.milestones[0] = 30;
+        t->lr.milestones[1] = 60;
+        t->lr.milestones[2] = 80;
+        t->lr.num_milestones = 3;
+    }
+}
+
+/* The data set, the model's input shape from it, and the loaders. */
 static int open_data(struct trainer *t, const struct mesh_opts *mo)
 {
     const struct train_cfg *c = t->c;
@@ -1501,21 +517,7 @@ static int open_data(struct trainer *t, const struct mesh_opts *mo)
                         "peers)",
                         c->data, t->info.train_count, c->batch, c->accumulate,
                         mo->world.size);
-    t->total_steps =
-        c->iters ? c->iters
-                 : (uint64_t)ceil(c->epochs * (double)t->steps_per_epoch);
-    if (t->total_steps == 0)
-        t->total_steps = 1;
-    t->lr = c->lr;
-    t->lr.total_epochs =
-        c->iters ? (double)t->total_steps / (double)t->steps_per_epoch
-                 : c->epochs;
-    if (t->lr.kind == MESH_NN_LR_STEP && t->lr.num_milestones == 0) {
-        t->lr.milestones[0] = 30;
-        t->lr.milestones[1] = 60;
-        t->lr.milestones[2] = 80;
-        t->lr.num_milestones = 3;
-    }
+    plan_length(t);
     if (t->info.eval_count > 0 && !c->no_eval) {
         lo.split = MESH_DATA_EVAL;
         lo.augment = 0;
@@ -1551,6 +553,7 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
     if (rc < 0)
         return rc;
     t->mcfg = *mesh_nn_model_config(t->model);
+    mesh_train_model_nn(t->model, &t->tm);
     t->nparams = mesh_nn_model_num_params(t->model);
     t->nbuffers = mesh_nn_model_num_buffers(t->model);
     t->host_slabs = strcmp(c->device, "cpu") == 0;
@@ -1560,11 +563,10 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
             return rc;
     }
     if (!t->host_slabs) {
-        t->hgrads = malloc(t->nparams * 4);
         t->hparams = malloc(t->nparams * 4);
         t->hmom = malloc(t->nparams * 4);
         t->hbuf = malloc(t->nbuffers * 4 + 4);
-        if (!t->hgrads || !t->hparams || !t->hmom || !t->hbuf)
+        if (!t->hparams || !t->hmom || !t->hbuf)
             return mesh_err(-ENOMEM, "out of memory for host slabs");
     }
     if (mo->world.rank == 0 && !c->quiet)
@@ -1675,7 +677,7 @@ static int outputs_check(struct trainer *t)
     }
     if (!c->checkpoint_every || !c->checkpoint_dir)
         return 0;
-    rc = ckpt_dir(t, dir, sizeof(dir));
+    rc = train_ckpt_dir(t, dir, sizeof(dir));
     if (rc < 0)
         return rc;
     if (mkdir(dir, 0777) < 0 && errno != EEXIST)
@@ -1705,6 +707,42 @@ static int fail(struct trainer *t, int code, int rc)
     return code;
 }
 
+/* nn's grad-ready callback: everything from offset to the end is final. */
+static int on_grad_ready(void *arg, size_t offset, size_t count)
+{
+    struct trainer *t = arg;
+
+    (void)count;
+    if (t->prof)
+        mesh_sim_prof_grad(t->prof, offset);
+    return mesh_gradsync_ready(t->gs, offset);
+}
+
+/* The gradient buckets of the model, or of the simulation. */
+static int gradsync_open(struct trainer *t)
+{
+    const struct train_cfg *c = t->c;
+    struct mesh_gradsync_opts o = {
+        .coll = t->coll,
+        .ctx = t->ctx,
+        .host_slabs = t->host_slabs,
+        .nparams = t->nparams,
+        .bucket_mb = c->bucket_mb,
+        .chunk_mb = c->chunk_mb,
+        .wire = c->compress == TRAIN_COMPRESS_FP16   ? MESH_DT_F16
+                : c->compress == TRAIN_COMPRESS_BF16 ? MESH_DT_BF16
+                                                     : MESH_DT_F32,
+        .algo = c->algo,
+        .grad_scale = 1.0f / (float)c->accumulate,
+        .scale = t->sim ? c->simulate_scale : 1,
+        .t0 = t->t0,
+        .event = tl_push,
+        .event_arg = t,
+    };
+
+    return mesh_gradsync_create(&o, &t->tm, &t->gs);
+}
+
 /*
  * The step's mean loss is known after the last forward: its average over
  * the peers starts then, so that the engine runs it while backward computes
@@ -1732,97 +770,107 @@ static int loss_wait(struct trainer *t, int rc)
     return rc < 0 ? rc : rc2;
 }
 
+/*
+ * The next micro-batch from the loader, its wait added to *data; the
+ * simulation has no loader (and no data): an empty batch.
+ */
+static int batch_next(struct trainer *t, struct mesh_batch *batch,
+                      double *data)
+{
+    double ts = now_s(t);
+    int rc;
+
+    if (!t->train_ld) {
+        memset(batch, 0, sizeof(*batch));
+        return 0;
+    }
+    rc = mesh_data_next(t->train_ld, batch);
+    if (rc > 0)
+        rc = mesh_err(-EIO, "training loader ended");
+    if (rc < 0)
+        return train_local(t, mesh_err_prefix(rc, "data"));
+    *data += now_s(t) - ts;
+    tl_add(t, "data wait", 2, ts, now_s(t) - ts);
+    return 0;
+}
+
+/*
+ * Micro-batch k of the step: data, forward, loss, backward. The last one
+ * starts the loss average (*loss_sum / K) after its forward and reports
+ * its gradients to the buckets during its backward.
+ */
+static int micro_batch(struct trainer *t, int k, float *loss_sum,
+                       double *data, double *t_bwd_end)
+{
+    const struct mesh_train_model *m = &t->tm;
+    const struct train_cfg *c = t->c;
+    int last = k == c->accumulate - 1, rc;
+    struct mesh_batch batch;
+    float loss;
+    double ts;
+
+    rc = batch_next(t, &batch, data);
+    if (rc < 0)
+        return rc;
+    ts = now_s(t);
+    rc = m->ops->forward(m->m, batch.n, batch.x, 1);
+    if (rc == 0)
+        rc = m->ops->loss(m->m, batch.y, c->label_smoothing, &loss);
+    if (rc < 0)
+        return train_local(t, rc);
+    tl_add(t, "forward", 0, ts, now_s(t) - ts);
+    if (t->prof && last)
+        mesh_sim_prof_forward(t->prof, now_s(t) - ts);
+    *loss_sum += loss;
+    if (last && (rc = loss_start(t, *loss_sum / (float)c->accumulate)) < 0)
+        return loss_wait(t, rc);
+    ts = now_s(t);
+    if (t->prof && last)
+        mesh_sim_prof_backward_begin(t->prof);
+    rc = m->ops->backward(m->m, k > 0, last ? on_grad_ready : NULL, t);
+    if (rc < 0)
+        return loss_wait(t, mesh_gradsync_abort(t->gs, rc));
+    if (t->prof && last)
+        mesh_sim_prof_backward_end(t->prof);
+    *t_bwd_end = now_s(t);
+    tl_add(t, "backward", 0, ts, *t_bwd_end - ts);
+    return 0;
+}
+
 /* One optimizer step; *loss is the mean over the peers' micro-batches. */
 static int train_step(struct trainer *t, struct window *w, float *loss_out)
 {
     const struct train_cfg *c = t->c;
-    double t_begin = now_s(t), t_bwd_end = 0, data = 0, ts;
-    struct mesh_batch batch;
-    float loss_sum = 0, loss;
+    double t_begin = now_s(t), t_bwd_end = 0, data = 0, t_comm_end, lr, ts;
+    float loss_sum = 0;
     int k, rc;
 
-    t->next_bucket = 0;
-    for (k = 0; k < t->nbuckets; k++)
-        t->b[k].started = t->b[k].done = 0;
-    t->ch_issued = t->ch_reduced = t->ch_returned = t->ch_ordered = 0;
+    mesh_gradsync_begin(t->gs);
     if (t->sim)
         mesh_sim_step_begin(t->sim);
-    for (k = 0; t->sim && k < c->accumulate; k++) {
-        int last = k == c->accumulate - 1;
-
-        ts = now_s(t);
-        rc = mesh_sim_forward(t->sim);
+    for (k = 0; k < c->accumulate; k++) {
+        rc = micro_batch(t, k, &loss_sum, &data, &t_bwd_end);
         if (rc < 0)
-            return local(t, rc);
-        tl_add(t, "forward", 0, -1, ts, now_s(t) - ts);
-        if (last && (rc = loss_start(t, 0)) < 0)
-            return loss_wait(t, rc);
-        ts = now_s(t);
-        rc = mesh_sim_backward(t->sim, last ? on_grad_ready : NULL, t);
-        if (rc < 0)
-            return loss_wait(t, buckets_abort(t, rc));
-        t_bwd_end = now_s(t);
-        tl_add(t, "backward", 0, -1, ts, t_bwd_end - ts);
+            return rc;
     }
-    for (k = 0; !t->sim && k < c->accumulate; k++) {
-        int last = k == c->accumulate - 1;
-
-        ts = now_s(t);
-        rc = mesh_data_next(t->train_ld, &batch);
-        if (rc > 0)
-            rc = mesh_err(-EIO, "training loader ended");
-        if (rc < 0)
-            return local(t, mesh_err_prefix(rc, "data"));
-        data += now_s(t) - ts;
-        tl_add(t, "data wait", 2, -1, ts, now_s(t) - ts);
-        ts = now_s(t);
-        rc = mesh_nn_model_forward(t->model, batch.n, batch.x, 1);
-        if (rc == 0)
-            rc = mesh_nn_model_loss(t->model, batch.y, c->label_smoothing,
-                                    &loss);
-        if (rc < 0)
-            return local(t, rc);
-        tl_add(t, "forward", 0, -1, ts, now_s(t) - ts);
-        if (t->prof && last)
-            mesh_sim_prof_forward(t->prof, now_s(t) - ts);
-        loss_sum += loss;
-        if (last && (rc = loss_start(t, loss_sum / (float)c->accumulate)) < 0)
-            return loss_wait(t, rc);
-        ts = now_s(t);
-        if (t->prof && last)
-            mesh_sim_prof_backward_begin(t->prof);
-        rc = mesh_nn_model_backward(t->model, k > 0,
-                                    last ? on_grad_ready : NULL, t);
-        if (rc < 0)
-            return loss_wait(t, buckets_abort(t, rc));
-        if (t->prof && last)
-            mesh_sim_prof_backward_end(t->prof);
-        t_bwd_end = now_s(t);
-        tl_add(t, "backward", 0, -1, ts, t_bwd_end - ts);
-    }
-    rc = loss_wait(t, buckets_wait(t));
+    rc = loss_wait(t, mesh_gradsync_finish(t->gs));
     if (rc < 0)
         return rc;
-    {
-        double t_comm_end = now_s(t);
-        double lr =
-            mesh_nn_lr_at(&t->lr, (double)t->step / (double)t->steps_per_epoch);
-
-        ts = now_s(t);
-        rc = t->sim ? 0 : mesh_nn_sgd_step(t->sgd, (float)lr);
-        if (rc < 0)
-            return local(t, rc);
-        tl_add(t, "optimizer", 0, -1, ts, now_s(t) - ts);
-        loss = t->loss_avg;
-        w->t_comm += t_comm_end - t_bwd_end;
-        w->t_data += data;
-        w->t_step += now_s(t) - t_begin;
-        w->t_compute += (now_s(t) - t_begin) - data - (t_comm_end - t_bwd_end);
-        w->steps++;
-        w->images +=
-            (uint64_t)c->batch * (uint64_t)c->accumulate * (uint64_t)t->size;
-        *loss_out = loss;
-    }
+    t_comm_end = now_s(t);
+    lr = mesh_nn_lr_at(&t->lr, (double)t->step / (double)t->steps_per_epoch);
+    ts = now_s(t);
+    rc = t->sim ? 0 : mesh_nn_sgd_step(t->sgd, (float)lr);
+    if (rc < 0)
+        return train_local(t, rc);
+    tl_add(t, "optimizer", 0, ts, now_s(t) - ts);
+    w->t_comm += t_comm_end - t_bwd_end;
+    w->t_data += data;
+    w->t_step += now_s(t) - t_begin;
+    w->t_compute += (now_s(t) - t_begin) - data - (t_comm_end - t_bwd_end);
+    w->steps++;
+    w->images +=
+        (uint64_t)c->batch * (uint64_t)c->accumulate * (uint64_t)t->size;
+    *loss_out = t->loss_avg;
     if (t->sim)
         mesh_sim_step_end(t->sim);
     return 0;
@@ -1846,23 +894,69 @@ static void metrics_line(struct trainer *t, uint64_t step, float loss,
     fflush(t->metrics);
 }
 
+static void window_add(struct window *w, const struct window *one)
+{
+    w->t_step += one->t_step;
+    w->t_compute += one->t_compute;
+    w->t_comm += one->t_comm;
+    w->t_data += one->t_data;
+    w->steps += one->steps;
+    w->images += one->images;
+}
+
+/* Steps between evaluations (--eval-every epochs), 0: at the end only. */
+static uint64_t eval_interval(const struct trainer *t)
+{
+    uint64_t n;
+
+    if (!t->eval_ld || t->c->eval_every <= 0)
+        return 0;
+    n = (uint64_t)llround(t->c->eval_every * (double)t->steps_per_epoch);
+    return n == 0 ? 1 : n;
+}
+
+/* After `done` steps: the digest check, evaluation and checkpoint due. */
+static int after_step(struct trainer *t, uint64_t done, uint64_t eval_every)
+{
+    const struct train_cfg *c = t->c;
+    double top1, top5;
+    int rc;
+
+    if (c->verify_every && done % c->verify_every == 0) {
+        char when[64];
+
+        snprintf(when, sizeof(when), "after step %" PRIu64, done);
+        rc = verify_weights(t, when);
+        if (rc < 0)
+            return rc;
+    }
+    if (eval_every && done % eval_every == 0 && done != t->total_steps) {
+        rc = evaluate(t, &top1, &top5);
+        if (rc < 0)
+            return rc;
+        if (t->rank == 0 && !c->quiet)
+            printf("%seval after step %" PRIu64 " (epoch %.2f): top-1 "
+                   "%.2f %% top-5 %.2f %%\n",
+                   t->tty ? "\r\033[K" : "", done,
+                   (double)done / (double)t->steps_per_epoch, top1, top5);
+    }
+    if (c->checkpoint_every && c->checkpoint_dir &&
+        done % c->checkpoint_every == 0)
+        return train_ckpt_write(t, done);
+    return 0;
+}
+
+/* Steps start .. total_steps, with progress, metrics and what is due. */
 static int train_loop(struct trainer *t, uint64_t start)
 {
     const struct train_cfg *c = t->c;
-    struct window win, total;
-    uint64_t eval_interval = 0, step;
-    double ema = 0, top1, top5;
+    uint64_t every = eval_interval(t), step;
+    struct window win;
+    double ema = 0;
     float loss = 0;
     int rc;
 
     memset(&win, 0, sizeof(win));
-    memset(&total, 0, sizeof(total));
-    if (t->eval_ld && c->eval_every > 0) {
-        eval_interval =
-            (uint64_t)llround(c->eval_every * (double)t->steps_per_epoch);
-        if (eval_interval == 0)
-            eval_interval = 1;
-    }
     for (step = start; step < t->total_steps; step++) {
         struct window one;
         double lr =
@@ -1874,19 +968,13 @@ static int train_loop(struct trainer *t, uint64_t start)
         rc = train_step(t, &one, &loss);
         if (rc < 0)
             return rc;
-        if (!isfinite(loss)) {
-            return local(t, mesh_err(-ERANGE,
-                                     "loss is %f at step %" PRIu64
-                                     " (lower --lr?)",
-                                     (double)loss, done));
-        }
+        if (!isfinite(loss))
+            return train_local(t, mesh_err(-ERANGE,
+                                           "loss is %f at step %" PRIu64
+                                           " (lower --lr?)",
+                                           (double)loss, done));
         ema = ema == 0 ? one.t_step : 0.9 * ema + 0.1 * one.t_step;
-        win.t_step += one.t_step;
-        win.t_compute += one.t_compute;
-        win.t_comm += one.t_comm;
-        win.t_data += one.t_data;
-        win.steps += one.steps;
-        win.images += one.images;
+        window_add(&win, &one);
         metrics_line(t, done, loss, lr, &one);
         if ((t->tty && win.t_step > 0.5) ||
             (!t->tty && c->log_every && done % c->log_every == 0) ||
@@ -1896,33 +984,287 @@ static int train_loop(struct trainer *t, uint64_t start)
                      done == t->total_steps);
             memset(&win, 0, sizeof(win));
         }
-        if (c->verify_every && done % c->verify_every == 0) {
-            char when[64];
-
-            snprintf(when, sizeof(when), "after step %" PRIu64, done);
-            rc = verify_weights(t, when);
-            if (rc < 0)
-                return rc;
-        }
-        if (eval_interval && done % eval_interval == 0 &&
-            done != t->total_steps) {
-            rc = evaluate(t, &top1, &top5);
-            if (rc < 0)
-                return rc;
-            if (t->rank == 0 && !c->quiet)
-                printf("%seval after step %" PRIu64 " (epoch %.2f): top-1 "
-                       "%.2f %% top-5 %.2f %%\n",
-                       t->tty ? "\r\033[K" : "", done,
-                       (double)done / (double)t->steps_per_epoch, top1, top5);
-        }
-        if (c->checkpoint_every && c->checkpoint_dir &&
-            done % c->checkpoint_every == 0) {
-            rc = checkpoint_write(t, done);
-            if (rc < 0)
-                return rc;
-        }
+        rc = after_step(t, done, every);
+        if (rc < 0)
+            return rc;
     }
     return 0;
+}
+
+/* ---- setup --------------------------------------------------------------- */
+
+/*
+ * Bind this rank to its CPUs (mesh_bind) before any thread starts (data
+ * loader, oneDNN), so that they inherit it.
+ */
+static int bind_cpus(struct trainer *t, const struct mesh_opts *mo)
+{
+    const struct train_cfg *c = t->c;
+    int rc = mesh_bind(mo, &t->ncpus);
+
+    /* More compute threads than bound CPUs take turns on them: with
+     * oneDNN's spinning barriers, 2 threads on 1 CPU ran 15x slower. */
+    if (rc == 1 && c->threads > t->ncpus)
+        mesh_warn("--threads %d, but --bind-to %s bound this rank to %d "
+                  "CPU%s: the threads will take turns on %s, much slower "
+                  "than %d thread%s (pass --threads %d, or --bind-to none)",
+                  c->threads, mesh_bind_name(mo->bind), t->ncpus,
+                  t->ncpus > 1 ? "s" : "", t->ncpus > 1 ? "them" : "it",
+                  t->ncpus, t->ncpus > 1 ? "s" : "", t->ncpus);
+    return rc < 0 ? rc : 0;
+}
+
+/* The data set (or the simulation) and the configuration peers share. */
+static int open_input(struct trainer *t, const struct mesh_opts *mo)
+{
+    uint8_t data_fp[32];
+    int rc;
+
+    memset(data_fp, 0, sizeof(data_fp));
+    rc = t->c->simulate ? open_sim(t) : open_data(t, mo);
+    if (rc == 0 && !t->c->simulate)
+        rc = mesh_data_fingerprint(t->ds, data_fp);
+    if (rc == 0)
+        rc = build_config(t, data_fp);
+    return rc;
+}
+
+/* Join the mesh; the exit code. A world of one joins no mesh: nothing to
+ * agree with or average. */
+static int join(struct trainer *t, const struct mesh_opts *mo)
+{
+    int rc = t->size > 1 ? mesh_open(mo, t->config, &t->mesh) : 0;
+
+    if (rc == -ECANCELED) {
+        /* A peer that had joined already aborted the job (a local error
+         * of its own, before step 1) while this rank still completed its
+         * last handshakes: a peer failure, as it is a moment later. */
+        fprintf(stderr, "meshtrain: rank %d: the job was aborted while "
+                "joining: %s\n", t->rank, mesh_err_msg(rc));
+        return MESH_EXIT_PEER;
+    }
+    if (rc < 0) {
+        fprintf(stderr, "meshtrain: rank %d: cannot join the mesh: %s\n",
+                t->rank, mesh_err_msg(rc));
+        return MESH_EXIT_JOIN;
+    }
+    return MESH_EXIT_OK;
+}
+
+/* The communicator over the mesh's transport (peers only). */
+static int open_comm(struct trainer *t)
+{
+    struct mesh_coll_opts co;
+
+    if (t->size <= 1)
+        return 0;
+    mesh_coll_opts_init(&co);
+    co.algo = t->c->algo;
+    /*
+     * AUTO decides from the built-in cost numbers, not measured ones:
+     * the algorithm fixes the summation order, and a run must repeat
+     * (and resume) bitwise, whatever the network felt like at start.
+     */
+    co.measure = 0;
+    /* Bucket buffers that device copies use: nn's pinned memory. */
+    co.host_alloc = &mesh_nn_host_allocator;
+    return mesh_coll_create(mesh_ops(t->mesh), mesh_transport(t->mesh),
+                            mesh_world(t->mesh), &co, &t->coll);
+}
+
+static int open_metrics(struct trainer *t)
+{
+    if (t->rank != 0 || !t->c->metrics)
+        return 0;
+    t->metrics = fopen(t->c->metrics, "w");
+    if (!t->metrics)
+        return mesh_err_errno("--metrics %s", t->c->metrics);
+    return 0;
+}
+
+static void print_plan(const struct trainer *t)
+{
+    const struct train_cfg *c = t->c;
+    int nchunks = mesh_gradsync_num_chunks(t->gs);
+
+    if (t->rank != 0 || c->quiet)
+        return;
+    printf("meshtrain: %d gradient bucket(s) of up to %.3g MiB (first "
+           "%.3g MiB), %s on the wire, all-reduce %s; %" PRIu64
+           " steps of %" PRIu64 " per epoch\n",
+           mesh_gradsync_num_buckets(t->gs), c->bucket_mb,
+           (double)mesh_gradsync_bucket_floats(t->gs, 0) * 4 / 1048576,
+           c->compress ? compress_name(c->compress) : "fp32",
+           mesh_algo_name(c->algo), t->total_steps, t->steps_per_epoch);
+    if (nchunks)
+        printf("meshtrain: pinned-host pipeline: %d chunk(s) of up to %.3g "
+               "MiB\n", nchunks, c->chunk_mb);
+}
+
+/*
+ * Everything up to the first step: CPUs, data, configuration, the mesh,
+ * output paths, model, communicator, gradient buckets, metrics file.
+ * Returns the exit code, MESH_EXIT_OK to go on.
+ */
+static int setup(struct trainer *t, const struct mesh_opts *mo)
+{
+    int rc, code;
+
+    rc = bind_cpus(t, mo);
+    if (rc == 0)
+        rc = open_input(t, mo);
+    if (rc < 0)
+        return fail(t, MESH_EXIT_USAGE, rc);
+    code = join(t, mo);
+    if (code != MESH_EXIT_OK)
+        return code;
+    rc = outputs_check(t);
+    if (rc == 0)
+        rc = open_model(t, mo);
+    if (rc < 0)
+        return fail(t, MESH_EXIT_USAGE, rc);
+    rc = open_comm(t);
+    if (rc < 0)
+        return fail(t, MESH_EXIT_PEER, rc);
+    rc = gradsync_open(t);
+    if (rc == 0)
+        rc = open_metrics(t);
+    if (rc < 0)
+        return fail(t, MESH_EXIT_USAGE, rc);
+    print_plan(t);
+    return MESH_EXIT_OK;
+}
+
+/*
+ * Test aid (tests/train_verify.sh): MESHTRAIN_TEST_PERTURB=R makes rank R
+ * change one weight by one ulp, which the digest check must catch.
+ */
+static void test_perturb(struct trainer *t)
+{
+    const char *v = getenv("MESHTRAIN_TEST_PERTURB");
+    float *p, one;
+    int rc;
+
+    if (!v || !*v || atoi(v) != t->rank || t->sim)
+        return;
+    p = params_host(t, &rc);
+    if (rc == 0) {
+        one = nextafterf(p[0], INFINITY);
+        if (t->host_slabs)
+            p[0] = one;
+        else
+            mesh_nn_upload(t->ctx, mesh_nn_model_params(t->model), &one,
+                           sizeof(one));
+    }
+    mesh_warn("MESHTRAIN_TEST_PERTURB: weight 0 changed by one ulp");
+}
+
+/*
+ * Where the steps start: --resume's step, or 0; then every peer's weights
+ * must be the same. Returns the exit code, MESH_EXIT_OK to go on.
+ */
+static int start_point(struct trainer *t, uint64_t *start)
+{
+    const struct train_cfg *c = t->c;
+    int rc;
+
+    if (c->resume && !c->checkpoint_dir)
+        return fail(t, MESH_EXIT_USAGE,
+                    mesh_err(-EINVAL, "--resume needs --checkpoint-dir"));
+    if (c->resume) {
+        rc = train_ckpt_resume(t, start);
+        if (rc < 0)
+            return fail(t,
+                        t->local_err || rc == -ENOENT || rc == -EIO ||
+                                rc == -EINVAL
+                            ? MESH_EXIT_USAGE
+                            : MESH_EXIT_PEER,
+                        rc);
+    }
+    test_perturb(t);
+    rc = verify_weights(t, *start ? "after resuming" : "before step 1");
+    if (rc < 0)
+        return fail(t, rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER,
+                    rc);
+    return MESH_EXIT_OK;
+}
+
+/* ---- the end of a run ---------------------------------------------------- */
+
+/* --simulate-compute: every rank's saturation figures (the bench takes
+ * the worst). */
+static void sim_report(struct trainer *t)
+{
+    struct mesh_sim_stats st;
+
+    mesh_sim_stats_take(t->sim, &st);
+    printf("meshtrain: rank %d: simulate: %" PRIu64 " steps, compute "
+           "stretch median %.3f ms, wait lateness median %.3f ms max "
+           "%.3f ms, cpu %.1f ms/step\n", t->rank, st.steps,
+           st.stretch_median_s * 1000, st.late_median_s * 1000,
+           st.late_max_s * 1000, st.cpu_per_step_s * 1000);
+    fflush(stdout);
+}
+
+/* The final evaluation (or the BN statistics' average without one). */
+static int final_eval(struct trainer *t)
+{
+    double top1 = 0, top5 = 0;
+    int rc;
+
+    if (!t->eval_ld)
+        return train_bn_average(t);
+    rc = evaluate(t, &top1, &top5);
+    if (rc == 0 && t->rank == 0)
+        printf("%stest accuracy after %" PRIu64 " steps: top-1 %.2f %% "
+               "top-5 %.2f %%\n",
+               t->tty ? "\r\033[K" : "", t->total_steps, top1, top5);
+    return rc;
+}
+
+/* What a run leaves: --save, --profile-layers, the simulation's figures,
+ * --timeline. */
+static int write_outputs(struct trainer *t)
+{
+    const struct train_cfg *c = t->c;
+    int rc = 0;
+
+    if (c->save && t->rank == 0 && !t->sim)
+        rc = train_local(t, mesh_nn_model_save(t->model, c->save));
+    if (rc == 0 && t->prof)
+        rc = train_local(t, mesh_sim_prof_write(t->prof, c->profile_layers));
+    if (rc == 0 && t->sim)
+        sim_report(t);
+    if (rc == 0 && c->timeline && t->rank == 0)
+        rc = train_local(t, mesh_timeline_write(&t->tl, c->timeline,
+                                                t->rank));
+    return rc;
+}
+
+/*
+ * After the last step: evaluation, the last digest check, the outputs,
+ * then leave the mesh together (a barrier).
+ */
+static int finish(struct trainer *t)
+{
+    int rc = final_eval(t);
+
+    if (rc == 0 && t->c->verify_every)
+        rc = verify_weights(t, "at the end");
+    if (rc == 0)
+        rc = write_outputs(t);
+    /* no copy may still touch the pinned buffers freed next */
+    if (rc == 0 && t->ctx)
+        rc = train_local(t, mesh_nn_sync(t->ctx));
+    if (rc < 0)
+        return rc;
+    /* the communicator's engine stops first: mesh_barrier then owns the
+     * transport, and no peer hangs up while another needs it */
+    mesh_gradsync_destroy(t->gs);
+    t->gs = NULL;
+    mesh_coll_destroy(t->coll);
+    t->coll = NULL;
+    return t->size > 1 ? mesh_barrier(t->mesh) : 0;
 }
 
 /* Close every resource in reverse order of opening. */
@@ -1931,7 +1273,7 @@ static void trainer_close(struct trainer *t)
     /* no copy may still read or write the host buffers freed below */
     if (t->ctx && mesh_nn_sync(t->ctx) < 0)
         mesh_warn("closing the device: %s", mesh_err_msg(-EIO));
-    buckets_free(t);
+    mesh_gradsync_destroy(t->gs);
     mesh_coll_destroy(t->coll);
     mesh_sim_prof_destroy(t->prof);
     mesh_sim_destroy(t->sim);
@@ -1944,222 +1286,45 @@ static void trainer_close(struct trainer *t)
     mesh_close(t->mesh);
     if (t->metrics)
         fclose(t->metrics);
-    free(t->tl);
-    free(t->hgrads);
+    mesh_timeline_free(&t->tl);
     free(t->hparams);
     free(t->hmom);
     free(t->hbuf);
 }
 
+/* The exit code of an error of the steps or the end of the run. */
+static int run_fail(struct trainer *t, int rc)
+{
+    return fail(t,
+                t->local_err      ? MESH_EXIT_USAGE
+                : rc == -EBADMSG ? MESH_EXIT_VERIFY
+                                 : MESH_EXIT_PEER,
+                rc);
+}
+
 int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
 {
     struct trainer t;
-    uint8_t data_fp[32];
     uint64_t start = 0;
-    double top1 = 0, top5 = 0;
-    int rc, code = MESH_EXIT_USAGE, have_eval;
+    int code, rc;
 
     memset(&t, 0, sizeof(t));
     t.c = c;
     t.rank = mo->world.rank;
     t.size = mo->world.size;
     t.t0 = mesh_now_s();
-    t.grad_scale = 1.0f / (float)c->accumulate;
     t.tty = isatty(STDOUT_FILENO);
 
-    memset(data_fp, 0, sizeof(data_fp));
-    /* before any thread starts (data loader, oneDNN), so they inherit it */
-    rc = mesh_bind(mo, &t.ncpus);
-    if (rc < 0) {
-        code = fail(&t, MESH_EXIT_USAGE, rc);
-        goto out;
+    code = setup(&t, mo);
+    if (code == MESH_EXIT_OK)
+        code = start_point(&t, &start);
+    if (code == MESH_EXIT_OK) {
+        rc = train_loop(&t, start);
+        if (rc == 0)
+            rc = finish(&t);
+        if (rc < 0)
+            code = run_fail(&t, rc);
     }
-    /* More compute threads than bound CPUs take turns on them: with
-     * oneDNN's spinning barriers, 2 threads on 1 CPU ran 15x slower. */
-    if (rc == 1 && c->threads > t.ncpus)
-        mesh_warn("--threads %d, but --bind-to %s bound this rank to %d "
-                  "CPU%s: the threads will take turns on %s, much slower "
-                  "than %d thread%s (pass --threads %d, or --bind-to none)",
-                  c->threads, mesh_bind_name(mo->bind), t.ncpus,
-                  t.ncpus > 1 ? "s" : "", t.ncpus > 1 ? "them" : "it",
-                  t.ncpus, t.ncpus > 1 ? "s" : "", t.ncpus);
-    rc = c->simulate ? open_sim(&t) : open_data(&t, mo);
-    if (rc == 0 && !c->simulate)
-        rc = mesh_data_fingerprint(t.ds, data_fp);
-    if (rc == 0)
-        rc = build_config(&t, data_fp);
-    if (rc < 0) {
-        code = fail(&t, MESH_EXIT_USAGE, rc);
-        goto out;
-    }
-    /* A world of one joins no mesh: nothing to agree with or average. */
-    rc = t.size > 1 ? mesh_open(mo, t.config, &t.mesh) : 0;
-    if (rc == -ECANCELED) {
-        /* A peer that had joined already aborted the job (a local error
-         * of its own, before step 1) while this rank still completed its
-         * last handshakes: a peer failure, as it is a moment later. */
-        fprintf(stderr, "meshtrain: rank %d: the job was aborted while "
-                "joining: %s\n", t.rank, mesh_err_msg(rc));
-        code = MESH_EXIT_PEER;
-        goto out;
-    }
-    if (rc < 0) {
-        fprintf(stderr, "meshtrain: rank %d: cannot join the mesh: %s\n",
-                t.rank, mesh_err_msg(rc));
-        code = MESH_EXIT_JOIN;
-        goto out;
-    }
-    rc = outputs_check(&t);
-    if (rc == 0)
-        rc = open_model(&t, mo);
-    if (rc < 0) {
-        code = fail(&t, MESH_EXIT_USAGE, rc);
-        goto out;
-    }
-    if (t.size > 1) {
-        struct mesh_coll_opts co;
-
-        mesh_coll_opts_init(&co);
-        co.algo = c->algo;
-        /*
-         * AUTO decides from the built-in cost numbers, not measured ones:
-         * the algorithm fixes the summation order, and a run must repeat
-         * (and resume) bitwise, whatever the network felt like at start.
-         */
-        co.measure = 0;
-        /* Bucket buffers that device copies use: nn's pinned memory. */
-        co.host_alloc = &mesh_nn_host_allocator;
-        rc = mesh_coll_create(mesh_ops(t.mesh), mesh_transport(t.mesh),
-                              mesh_world(t.mesh), &co, &t.coll);
-        if (rc < 0) {
-            code = fail(&t, MESH_EXIT_PEER, rc);
-            goto out;
-        }
-    }
-    rc = buckets_plan(&t);
-    if (rc < 0) {
-        code = fail(&t, MESH_EXIT_USAGE, rc);
-        goto out;
-    }
-    if (t.rank == 0 && c->metrics) {
-        t.metrics = fopen(c->metrics, "w");
-        if (!t.metrics) {
-            code = fail(&t, MESH_EXIT_USAGE,
-                        mesh_err_errno("--metrics %s", c->metrics));
-            goto out;
-        }
-    }
-    if (t.rank == 0 && !c->quiet)
-        printf("meshtrain: %d gradient bucket(s) of up to %.3g MiB (first "
-               "%.3g MiB), %s on the wire, all-reduce %s; %" PRIu64
-               " steps of %" PRIu64 " per epoch\n",
-               t.nbuckets, c->bucket_mb,
-               (double)(t.b[0].hi - t.b[0].lo) * 4 / 1048576,
-               c->compress ? compress_name(c->compress) : "fp32",
-               mesh_algo_name(c->algo), t.total_steps, t.steps_per_epoch);
-    if (t.rank == 0 && !c->quiet && t.nchunks)
-        printf("meshtrain: pinned-host pipeline: %d chunk(s) of up to %.3g "
-               "MiB\n", t.nchunks, c->chunk_mb);
-    code = MESH_EXIT_PEER;
-    if (c->resume) {
-        if (!c->checkpoint_dir) {
-            code = fail(&t, MESH_EXIT_USAGE,
-                        mesh_err(-EINVAL, "--resume needs --checkpoint-dir"));
-            goto out;
-        }
-        rc = checkpoint_resume(&t, &start);
-        if (rc < 0) {
-            code = fail(&t,
-                        t.local_err || rc == -ENOENT || rc == -EIO ||
-                                rc == -EINVAL
-                            ? MESH_EXIT_USAGE
-                            : MESH_EXIT_PEER,
-                        rc);
-            goto out;
-        }
-    }
-    /*
-     * Test aid (tests/train_verify.sh): MESHTRAIN_TEST_PERTURB=R makes rank
-     * R change one weight by one ulp, which the digest check must catch.
-     */
-    {
-        const char *v = getenv("MESHTRAIN_TEST_PERTURB");
-
-        if (v && *v && atoi(v) == t.rank && !t.sim) {
-            float *p = params_host(&t, &rc), one;
-
-            if (rc == 0) {
-                one = nextafterf(p[0], INFINITY);
-                rc = t.host_slabs
-                         ? (p[0] = one, 0)
-                         : mesh_nn_upload(t.ctx, mesh_nn_model_params(t.model),
-                                          &one, sizeof(one));
-            }
-            mesh_warn("MESHTRAIN_TEST_PERTURB: weight 0 changed by one ulp");
-        }
-    }
-    rc = verify_weights(&t, start ? "after resuming" : "before step 1");
-    if (rc < 0) {
-        code = fail(&t, rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER, rc);
-        goto out;
-    }
-    rc = train_loop(&t, start);
-    if (rc < 0) {
-        code = fail(&t,
-                    t.local_err      ? MESH_EXIT_USAGE
-                    : rc == -EBADMSG ? MESH_EXIT_VERIFY
-                                     : MESH_EXIT_PEER,
-                    rc);
-        goto out;
-    }
-    have_eval = t.eval_ld != NULL;
-    rc = have_eval ? evaluate(&t, &top1, &top5) : bn_average(&t);
-    if (rc == 0 && have_eval && t.rank == 0)
-        printf("%stest accuracy after %" PRIu64 " steps: top-1 %.2f %% "
-               "top-5 %.2f %%\n",
-               t.tty ? "\r\033[K" : "", t.total_steps, top1, top5);
-    if (rc == 0 && c->verify_every)
-        rc = verify_weights(&t, "at the end");
-    if (rc == 0 && c->save && t.rank == 0 && !t.sim)
-        rc = local(&t, mesh_nn_model_save(t.model, c->save));
-    if (rc == 0 && t.prof)
-        rc = local(&t, mesh_sim_prof_write(t.prof, c->profile_layers));
-    if (rc == 0 && t.sim) {
-        struct mesh_sim_stats st;
-
-        /* every rank: the bench takes the worst (CPU saturation) */
-        mesh_sim_stats_take(t.sim, &st);
-        printf("meshtrain: rank %d: simulate: %" PRIu64 " steps, compute "
-               "stretch median %.3f ms, wait lateness median %.3f ms max "
-               "%.3f ms, cpu %.1f ms/step\n", t.rank, st.steps,
-               st.stretch_median_s * 1000, st.late_median_s * 1000,
-               st.late_max_s * 1000, st.cpu_per_step_s * 1000);
-        fflush(stdout);
-    }
-    if (rc == 0 && t.c->timeline && t.rank == 0)
-        rc = local(&t, tl_write(&t));
-    /* no copy may still touch the pinned buffers freed next */
-    if (rc == 0 && t.ctx)
-        rc = local(&t, mesh_nn_sync(t.ctx));
-    if (rc == 0) {
-        /* the communicator's engine stops first: mesh_barrier then owns
-         * the transport, and no peer hangs up while another needs it */
-        buckets_free(&t);
-        mesh_coll_destroy(t.coll);
-        t.coll = NULL;
-        if (t.size > 1)
-            rc = mesh_barrier(t.mesh);
-    }
-    if (rc < 0) {
-        code = fail(&t,
-                    t.local_err      ? MESH_EXIT_USAGE
-                    : rc == -EBADMSG ? MESH_EXIT_VERIFY
-                                     : MESH_EXIT_PEER,
-                    rc);
-        goto out;
-    }
-    code = MESH_EXIT_OK;
-out:
     trainer_close(&t);
     return code;
 }

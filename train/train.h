@@ -23,6 +23,21 @@
  * Batch norm uses each peer's local batch statistics; the running
  * statistics are averaged over the peers before every evaluation, every
  * checkpoint and the final save.
+ *
+ * The files of train/:
+ *   train.c       the run: setup, the step loop, evaluation, the end
+ *                 (train-internal.h: the trainer's state, shared with
+ *                 checkpoint.c);
+ *   model.[ch]    what a step needs of a model: nn's ResNet or the
+ *                 simulation behind one ops table;
+ *   gradsync.[ch] the gradient buckets, their all-reduces and the
+ *                 pinned-host pipeline (the only file that knows both
+ *                 nn's device copies and the communicator);
+ *   checkpoint.c  what the trainer's checkpoints hold, and --resume;
+ *   ckpt.[ch]     the checkpoint directory format (MANIFEST, blobs);
+ *   timeline.[ch] the --timeline Chrome trace;
+ *   simulate.[ch] simulated compute (--simulate-compute) and per-layer
+ *                 timing (--profile-layers).
  */
 #ifndef MESH_TRAIN_H
 #define MESH_TRAIN_H
