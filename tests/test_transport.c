@@ -15,7 +15,7 @@
 #include "common/util.h"
 #include "tests/ports.h"
 #include "tests/tap.h"
-#include "transport/tcp-internal.h"
+#include "transport/tcp/tcp.h"
 #include "transport/transport.h"
 
 #include <arpa/inet.h>

@@ -3,7 +3,7 @@
 #include "config.h"
 
 #include "transport/transport.h"
-#include "transport/tcp-internal.h"
+#include "transport/tcp/tcp.h"
 #ifdef HAVE_VERBS
 #include "transport/verbs-internal.h"
 #endif

@@ -23,7 +23,7 @@
 #include "config.h"
 
 #include "common/util.h"
-#include "transport/tcp-internal.h"
+#include "transport/tcp/tcp.h"
 #include "transport/transport.h"
 #include "transport/verbs-internal.h"
 

@@ -1,6 +1,8 @@
 /*
- * transport/tcp-internal.h: wire formats and private layouts of the TCP
- * transport (transport/tcp.c). Nothing outside transport/ includes this.
+ * transport/tcp/tcp.h: the TCP transport's wire formats and what the rest
+ * of transport/ uses of it (the layouts and the design are in
+ * transport/tcp/tcp-internal.h). Nothing outside transport/ and its tests
+ * includes this.
  *
  * Every link between two ranks is one control connection (stream 0:
  * handshake, heartbeats, abort notices, goodbye) plus S data connections
@@ -16,8 +18,8 @@
  *
  * All integers are little-endian.
  */
-#ifndef MESH_TCP_INTERNAL_H
-#define MESH_TCP_INTERNAL_H
+#ifndef MESH_TRANSPORT_TCP_TCP_H
+#define MESH_TRANSPORT_TCP_TCP_H
 
 #include "common/bytes.h"
 #include "transport/transport.h"
@@ -59,7 +61,7 @@ enum tcp_ctrl_type {
     TCP_CTRL_BYE = 3,   /* the sender closes the mesh normally */
 };
 
-/* The TCP transport's operations (transport/tcp.c). */
+/* The TCP transport's operations (transport/tcp/ops.c). */
 extern const struct mesh_transport_ops mesh_tcp_ops;
 
 /* The rank a failed TCP mesh blames (an abort notice's culprit), or -1:
@@ -74,7 +76,7 @@ int mesh_tcp_culprit(mesh_transport_t *t);
  * source address. A newcomer over either limit takes the place of an idle
  * one (nothing received yet) of the same set past its first
  * TCP_HS_GRACE_S; one that has sent bytes already (a peer's HELLO) that of
- * any idle one, else of one past the grace (transport/tcp.c,
+ * any idle one, else of one past the grace (transport/tcp/join.c,
  * hs_make_room). With none such the newcomer is refused.
  */
 #define TCP_HS_PENDING_MAX    256
