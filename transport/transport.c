@@ -5,7 +5,7 @@
 #include "transport/transport.h"
 #include "transport/tcp/tcp.h"
 #ifdef HAVE_VERBS
-#include "transport/verbs-internal.h"
+#include "transport/verbs/verbs.h"
 #endif
 #include "common/util.h"
 

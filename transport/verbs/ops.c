@@ -1,0 +1,435 @@
+/*
+ * transport/verbs/ops.c: the transport object: requests' list, failure, listen,
+ * connect, abort, close, and the ops tables (verbs, auto).
+ */
+#include "config.h"
+
+#include "transport/verbs/verbs-internal.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- small helpers ------------------------------------------------------- */
+
+void verbs_req_link(struct mesh_transport *t, struct mesh_req *r)
+{
+    r->prev = NULL;
+    r->next = t->reqs;
+    if (t->reqs)
+        t->reqs->prev = r;
+    t->reqs = r;
+}
+
+void verbs_req_free(struct mesh_transport *t, struct mesh_req *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        t->reqs = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    if (r->tmp && !ibv_dereg_mr(r->tmp))
+        t->mr_live--;
+    free(r);
+}
+
+void verbs_req_complete(struct mesh_transport *t, struct mesh_req *r)
+{
+    atomic_store_explicit(&r->done, 1, memory_order_release);
+    pthread_cond_broadcast(&t->cond);
+}
+
+/* ---- failure ------------------------------------------------------------- */
+
+void verbs_fail_job(struct mesh_transport *t, int culprit, int code, int notify,
+                    const char *fmt, ...)
+{
+    char reason[MSG_MAX / 2], nb[300];
+    struct mesh_req *r, *inflight = NULL;
+    va_list ap;
+
+    if (t->failed)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof(reason), fmt, ap);
+    va_end(ap);
+    for (r = t->reqs; r; r = r->next) {
+        if (atomic_load(&r->done))
+            continue;
+        if (!inflight || r->peer == culprit || inflight->peer != culprit)
+            inflight = r;
+    }
+    if (inflight)
+        mesh_failure_msg(t->fail_msg, sizeof(t->fail_msg), reason, &inflight->f,
+                         inflight->kind == REQ_SEND, inflight->peer,
+                         verbs_pname(t, inflight->peer, nb, sizeof(nb)));
+    else
+        mesh_failure_msg(t->fail_msg, sizeof(t->fail_msg), reason, NULL, 0,
+                         -1, NULL);
+    t->failed = 1;
+    t->fail_code = code;
+    mesh_error_log("%s", t->fail_msg);
+    pthread_cond_broadcast(&t->cond);
+    if (notify && t->inner)
+        t->inner_ops->abort(t->inner, culprit, reason);
+}
+
+int verbs_fail_err(struct mesh_transport *t)
+{
+    return mesh_err(t->fail_code, "%s", t->fail_msg);
+}
+
+void verbs_adopt_inner_failure(struct mesh_transport *t, int rc)
+{
+    char why[MSG_MAX / 2];
+    char *cut;
+
+    snprintf(why, sizeof(why), "%s", mesh_err_msg(rc));
+    cut = strstr(why, "; operation in flight");
+    if (!cut)
+        cut = strstr(why, "; no operation in flight");
+    if (cut)
+        *cut = '\0';
+    verbs_fail_job(t, -1, rc, 0, "%s", why);
+}
+
+static void verbs_close(mesh_transport_t *t);
+
+/* ---- the interface ------------------------------------------------------- */
+
+static int vlisten(const struct mesh_world *world,
+                   const struct mesh_transport_opts *opts, int is_auto,
+                   mesh_transport_t **out)
+{
+    struct mesh_transport *t;
+    pthread_condattr_t ca;
+    int rc;
+
+    t = calloc(1, sizeof(*t));
+    if (!t)
+        return mesh_err(-ENOMEM, "out of memory");
+    t->inner_ops = &mesh_tcp_ops;
+    t->is_auto = is_auto;
+    t->opts = *opts;
+    t->world = *world;
+    t->gid_index = -1;
+    t->peers = calloc((size_t)world->size, sizeof(*t->peers));
+    if (!t->peers) {
+        free(t);
+        return mesh_err(-ENOMEM, "out of memory");
+    }
+    memcpy(t->peers, world->peers, (size_t)world->size * sizeof(*t->peers));
+    t->world.peers = t->peers;
+    t->nqp = MESH_MAX(1, MESH_MIN(opts->streams, VERBS_QP_MAX));
+    /* wait_any's deadlines are on mesh_now_ns()'s clock (monotonic) */
+    if (pthread_mutex_init(&t->lock, NULL) || pthread_condattr_init(&ca) ||
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) ||
+        pthread_cond_init(&t->cond, &ca)) {
+        free(t->peers);
+        free(t);
+        return mesh_err(-ENOMEM, "pthread init failed");
+    }
+    pthread_condattr_destroy(&ca);
+
+    rc = t->inner_ops->listen(world, opts, &t->inner);
+    if (rc < 0)
+        goto fail;
+    rc = verbs_dev_open(t);
+    if (rc < 0 && !is_auto)
+        goto fail;
+    if (rc < 0) {
+        mesh_info("auto transport: no usable RDMA port here (%s)",
+                  mesh_err_msg(rc));
+        mesh_err_clear();
+    }
+    *out = t;
+    return 0;
+
+fail:
+    verbs_close(t);
+    return rc;
+}
+
+static int verbs_listen(const struct mesh_world *world,
+                        const struct mesh_transport_opts *opts,
+                        mesh_transport_t **out)
+{
+    return vlisten(world, opts, 0, out);
+}
+
+static int auto_listen(const struct mesh_world *world,
+                       const struct mesh_transport_opts *opts,
+                       mesh_transport_t **out)
+{
+    return vlisten(world, opts, 1, out);
+}
+
+static int verbs_connect(mesh_transport_t *t)
+{
+    int n = t->world.size, rc, all = 1;
+    uint8_t *out = NULL, *in = NULL, ready[VERBS_INFO_LEN] = {0};
+    struct remote *rem = NULL;
+
+    rc = t->inner_ops->connect(t->inner);
+    if (rc < 0)
+        return rc;
+    /* Authenticated from here on: build the QPs and trade their details. */
+    if (t->ctx) {
+        t->vp = calloc((size_t)n, sizeof(*t->vp));
+        t->ctrl_len = ((size_t)n * VERBS_QP_MAX * VERBS_RQ_DEPTH +
+                       (size_t)n * VERBS_CREDITS) *
+                      VERBS_CTS_LEN;
+        rc = mesh_host_alloc(t->ctrl_len, (void **)&t->ctrl);
+        if (!t->vp || rc < 0) {
+            rc = mesh_err(-ENOMEM, "verbs: out of memory for %d peers", n);
+            goto out;
+        }
+        VERBS_CHECK_PTR(
+            rc, t->ctrl_mr,
+            ibv_reg_mr(t->pd, t->ctrl, t->ctrl_len, IBV_ACCESS_LOCAL_WRITE),
+            out, "verbs: ibv_reg_mr of %zu control bytes", t->ctrl_len);
+        rc = verbs_qps_create(t);
+        if (rc < 0)
+            goto out;
+    }
+    out = calloc((size_t)n, VERBS_INFO_LEN);
+    in = calloc((size_t)n, VERBS_INFO_LEN);
+    rem = calloc((size_t)n, sizeof(*rem));
+    if (!out || !in || !rem) {
+        rc = mesh_err(-ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int p = 0; p < n; p++)
+        if (p != t->world.rank)
+            verbs_info_encode(t, p, out + (size_t)p * VERBS_INFO_LEN);
+    rc = verbs_ctrl_exchange(t, VERBS_TAG_INFO, out, VERBS_INFO_LEN, in,
+                             VERBS_INFO_LEN);
+    if (rc < 0)
+        goto out;
+    all = t->ctx != NULL;
+    for (int p = 0; p < n; p++) {
+        if (p == t->world.rank)
+            continue;
+        rc = verbs_info_decode(t, p, in + (size_t)p * VERBS_INFO_LEN, &rem[p]);
+        if (rc < 0)
+            goto out;
+        all = all && rem[p].active;
+    }
+    if (!all) {
+        char nb[300];
+        int who = -1;
+
+        for (int p = 0; p < n && who < 0; p++)
+            if (p != t->world.rank && !rem[p].active)
+                who = p;
+        if (!t->is_auto) {
+            rc = mesh_err(-ENODEV,
+                          "verbs: rank %d (%s) has no usable RDMA port; "
+                          "use --transport tcp or auto",
+                          who, verbs_pname(t, who, nb, sizeof(nb)));
+            goto out;
+        }
+        mesh_info("auto transport: TCP (%s has no usable RDMA port)",
+                  who < 0 ? "this rank" : verbs_pname(t, who, nb, sizeof(nb)));
+        verbs_dev_close(t);
+        t->connected = 1;
+        rc = 0;
+        goto out;
+    }
+    for (int p = 0; p < n && rc == 0; p++)
+        if (p != t->world.rank)
+            rc = verbs_qps_connect(t, p, &rem[p]);
+    if (rc < 0)
+        goto out;
+    /* Nobody sends until every QP that could receive it is ready. */
+    rc = verbs_ctrl_exchange(t, VERBS_TAG_READY, ready, 0, in, VERBS_INFO_LEN);
+    if (rc < 0)
+        goto out;
+    for (int p = 0; p < n && rc == 0; p++) {
+        struct mesh_frame f = {.seq = VERBS_CTRL_SEQ,
+                               .tag = VERBS_TAG_BYE,
+                               .op = MESH_OP_P2P,
+                               .dtype = MESH_DT_BYTE};
+
+        if (p != t->world.rank)
+            rc = t->inner_ops->irecv(t->inner, p, &f, NULL, NULL,
+                                     &t->vp[p].bye_req);
+    }
+    if (rc < 0)
+        goto out;
+    if (pthread_create(&t->thread, NULL, verbs_progress_main, t)) {
+        rc = mesh_err(-EAGAIN, "verbs: cannot start the progress thread");
+        goto out;
+    }
+    t->thread_started = 1;
+    t->active = 1;
+    t->connected = 1;
+    mesh_info("verbs: %s port %u, %d QP(s) per peer, MTU %d, GID index %d",
+              t->devname, t->port, t->nqp, verbs_mtu_bytes(t->pattr.active_mtu),
+              t->gid_index);
+out:
+    free(out);
+    free(in);
+    free(rem);
+    return rc;
+}
+
+/* The TCP mesh carries every failure's notice, the culprit with it. */
+static int verbs_culprit(mesh_transport_t *t)
+{
+    return t && t->inner ? mesh_tcp_culprit(t->inner) : -1;
+}
+
+static void verbs_abort(mesh_transport_t *t, int culprit, const char *why)
+{
+    int rc;
+
+    if (!t)
+        return;
+    t->inner_ops->abort(t->inner, culprit, why);
+    pthread_mutex_lock(&t->lock);
+    rc = t->inner_ops->progress(t->inner);
+    if (rc < 0)
+        verbs_adopt_inner_failure(t, rc);
+    pthread_mutex_unlock(&t->lock);
+}
+
+/* Every other peer's goodbye has arrived (under t->lock). */
+static int all_said_bye(const struct mesh_transport *t)
+{
+    for (int p = 0; p < t->world.size; p++)
+        if (p != t->world.rank && !t->vp[p].bye)
+            return 0;
+    return 1;
+}
+
+static void verbs_close(mesh_transport_t *t)
+{
+    struct mesh_req *r, *rn;
+    struct mesh_mr *m, *mn;
+
+    if (!t)
+        return;
+    /* Tell the peers we leave normally, unless the job failed. */
+    if (t->active && !t->failed) {
+        for (int p = 0; p < t->world.size; p++) {
+            struct mesh_frame f = {.seq = VERBS_CTRL_SEQ,
+                                   .tag = VERBS_TAG_BYE,
+                                   .op = MESH_OP_P2P,
+                                   .dtype = MESH_DT_BYTE};
+            mesh_req_t *s;
+
+            if (p != t->world.rank && !t->vp[p].bye &&
+                t->inner_ops->isend(t->inner, p, &f, NULL, NULL, &s) == 0)
+                mesh_transport_wait(t->inner_ops, t->inner, s);
+        }
+    }
+    /*
+     * Linger until every peer has said goodbye too, within the peer
+     * timeout: a peer's last RDMA writes into us, and the acknowledgements
+     * of ours, need our QPs alive until that peer is done.
+     */
+    if (t->active && t->thread_started) {
+        uint64_t end = mesh_now_ns() + (uint64_t)(t->opts.peer_timeout_s * 1e9);
+
+        pthread_mutex_lock(&t->lock);
+        while (!t->failed && mesh_now_ns() < end && !all_said_bye(t)) {
+            pthread_mutex_unlock(&t->lock);
+            usleep(2000);
+            pthread_mutex_lock(&t->lock);
+        }
+        pthread_mutex_unlock(&t->lock);
+    }
+    if (t->thread_started) {
+        pthread_mutex_lock(&t->lock);
+        t->stopping = 1;
+        pthread_mutex_unlock(&t->lock);
+        pthread_join(t->thread, NULL);
+    }
+    for (r = t->reqs; r; r = rn) {
+        rn = r->next;
+        if (r->tmp && !ibv_dereg_mr(r->tmp))
+            t->mr_live--;
+        free(r);
+    }
+    for (int p = 0; t->vp && p < t->world.size; p++) {
+        struct cts *c, *cn;
+
+        for (c = t->vp[p].cts_head; c; c = cn) {
+            cn = c->next;
+            free(c);
+        }
+    }
+    verbs_dev_close(t);
+    for (m = t->mrs; m; m = mn) {
+        mn = m->next;
+        free(m);
+    }
+    if (t->ctrl)
+        mesh_host_free(t->ctrl, t->ctrl_len);
+    /* The TCP mesh last: its goodbye follows ours. */
+    t->inner_ops->close(t->inner);
+    pthread_mutex_destroy(&t->lock);
+    pthread_cond_destroy(&t->cond);
+    free(t->vp);
+    free(t->peers);
+    free(t);
+}
+
+int mesh_verbs_mr_live(mesh_transport_t *t)
+{
+    int n;
+
+    if (!t)
+        return -1;
+    pthread_mutex_lock(&t->lock);
+    n = t->mr_live;
+    pthread_mutex_unlock(&t->lock);
+    return n;
+}
+
+int mesh_verbs_active(mesh_transport_t *t)
+{
+    return t && t->active;
+}
+
+const struct mesh_transport_ops mesh_verbs_ops = {
+    .name = "verbs",
+    .listen = verbs_listen,
+    .connect = verbs_connect,
+    .reg_mr = verbs_reg_mr,
+    .dereg_mr = verbs_dereg_mr,
+    .isend = verbs_isend,
+    .irecv = verbs_irecv,
+    .test = verbs_test,
+    .wait_any = verbs_wait_any,
+    .progress = verbs_progress,
+    .abort = verbs_abort,
+    .culprit = verbs_culprit,
+    .close = verbs_close,
+};
+
+const struct mesh_transport_ops mesh_auto_ops = {
+    .name = "auto",
+    .listen = auto_listen,
+    .connect = verbs_connect,
+    .reg_mr = verbs_reg_mr,
+    .dereg_mr = verbs_dereg_mr,
+    .isend = verbs_isend,
+    .irecv = verbs_irecv,
+    .test = verbs_test,
+    .wait_any = verbs_wait_any,
+    .progress = verbs_progress,
+    .abort = verbs_abort,
+    .culprit = verbs_culprit,
+    .close = verbs_close,
+};
