@@ -119,6 +119,7 @@ static int vlisten(const struct mesh_world *world,
         return mesh_err(-ENOMEM, "out of memory");
     t->inner_ops = &mesh_tcp_ops;
     t->is_auto = is_auto;
+    t->use = &mesh_verbs_ops;
     t->opts = *opts;
     t->world = *world;
     t->gid_index = -1;
@@ -164,13 +165,6 @@ static int verbs_listen(const struct mesh_world *world,
                         mesh_transport_t **out)
 {
     return vlisten(world, opts, 0, out);
-}
-
-static int auto_listen(const struct mesh_world *world,
-                       const struct mesh_transport_opts *opts,
-                       mesh_transport_t **out)
-{
-    return vlisten(world, opts, 1, out);
 }
 
 static int verbs_connect(mesh_transport_t *t)
@@ -418,17 +412,113 @@ const struct mesh_transport_ops mesh_verbs_ops = {
     .close = verbs_close,
 };
 
+/* ---- auto ---------------------------------------------------------------- */
+
+/*
+ * "auto" is the verbs transport that, where some rank has no active port,
+ * moves everything over its TCP mesh instead. Connect decides once, after
+ * the INFO exchange, and sets t->use; every later operation goes through
+ * it. On TCP the registrations stay in the verbs cache (plain entries
+ * without an ibv_mr), and TCP needs none: no mr goes down.
+ */
+static int auto_tcp_isend(mesh_transport_t *t, int peer,
+                          const struct mesh_frame *f, const void *buf,
+                          mesh_mr_t *mr, mesh_req_t **out)
+{
+    (void)mr;
+    return t->inner_ops->isend(t->inner, peer, f, buf, NULL, out);
+}
+
+static int auto_tcp_irecv(mesh_transport_t *t, int peer,
+                          const struct mesh_frame *expect, void *buf,
+                          mesh_mr_t *mr, mesh_req_t **out)
+{
+    (void)mr;
+    return t->inner_ops->irecv(t->inner, peer, expect, buf, NULL, out);
+}
+
+static int auto_tcp_test(mesh_transport_t *t, mesh_req_t *req, int *done)
+{
+    return t->inner_ops->test(t->inner, req, done);
+}
+
+static int auto_tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs,
+                             int n, double timeout_s)
+{
+    return t->inner_ops->wait_any(t->inner, reqs, n, timeout_s);
+}
+
+static int auto_tcp_progress(mesh_transport_t *t)
+{
+    return t->inner_ops->progress(t->inner);
+}
+
+/* What auto does on TCP: the data operations of its TCP mesh. */
+static const struct mesh_transport_ops auto_on_tcp = {
+    .name = "auto",
+    .isend = auto_tcp_isend,
+    .irecv = auto_tcp_irecv,
+    .test = auto_tcp_test,
+    .wait_any = auto_tcp_wait_any,
+    .progress = auto_tcp_progress,
+};
+
+static int auto_listen(const struct mesh_world *world,
+                       const struct mesh_transport_opts *opts,
+                       mesh_transport_t **out)
+{
+    return vlisten(world, opts, 1, out);
+}
+
+static int auto_connect(mesh_transport_t *t)
+{
+    int rc = verbs_connect(t);
+
+    if (rc == 0 && !t->active)
+        t->use = &auto_on_tcp;
+    return rc;
+}
+
+static int auto_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
+                      const void *buf, mesh_mr_t *mr, mesh_req_t **out)
+{
+    return t->use->isend(t, peer, f, buf, mr, out);
+}
+
+static int auto_irecv(mesh_transport_t *t, int peer,
+                      const struct mesh_frame *expect, void *buf,
+                      mesh_mr_t *mr, mesh_req_t **out)
+{
+    return t->use->irecv(t, peer, expect, buf, mr, out);
+}
+
+static int auto_test(mesh_transport_t *t, mesh_req_t *req, int *done)
+{
+    return t->use->test(t, req, done);
+}
+
+static int auto_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
+                         double timeout_s)
+{
+    return t->use->wait_any(t, reqs, n, timeout_s);
+}
+
+static int auto_progress(mesh_transport_t *t)
+{
+    return t->use->progress(t);
+}
+
 const struct mesh_transport_ops mesh_auto_ops = {
     .name = "auto",
     .listen = auto_listen,
-    .connect = verbs_connect,
+    .connect = auto_connect,
     .reg_mr = verbs_reg_mr,
     .dereg_mr = verbs_dereg_mr,
-    .isend = verbs_isend,
-    .irecv = verbs_irecv,
-    .test = verbs_test,
-    .wait_any = verbs_wait_any,
-    .progress = verbs_progress,
+    .isend = auto_isend,
+    .irecv = auto_irecv,
+    .test = auto_test,
+    .wait_any = auto_wait_any,
+    .progress = auto_progress,
     .abort = verbs_abort,
     .culprit = verbs_culprit,
     .close = verbs_close,

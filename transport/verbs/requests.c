@@ -52,11 +52,6 @@ int verbs_reg_mr(mesh_transport_t *t, void *buf, size_t len, mesh_mr_t **out)
             ibv_reg_mr(t->pd, buf, len,
                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE),
             free_m, "verbs: ibv_reg_mr of %zu bytes at %p", len, buf);
-    else if (t->connected) {
-        rc = t->inner_ops->reg_mr(t->inner, buf, len, &m->inner);
-        if (rc < 0)
-            goto free_m;
-    }
     m->base = buf;
     m->len = len;
     m->refs = 1;
@@ -96,8 +91,6 @@ int verbs_dereg_mr(mesh_transport_t *t, mesh_mr_t *mr)
                        "verbs: ibv_dereg_mr of %zu bytes", mr->len);
         t->mr_live--;
     }
-    if (mr->inner)
-        rc = t->inner_ops->dereg_mr(t->inner, mr->inner);
 free_mr:
     free(mr);
 out:
@@ -188,19 +181,6 @@ int verbs_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
         return mesh_err(-EINVAL, "verbs isend: NULL buffer");
     if (f->offset + f->length < f->offset)
         return mesh_err(-EINVAL, "verbs isend: range overflows");
-    if (t->connected && !t->active) {
-        r = calloc(1, sizeof(*r));
-        if (!r)
-            return mesh_err(-ENOMEM, "out of memory");
-        rc = t->inner_ops->isend(t->inner, peer, f, buf, mr ? mr->inner : NULL,
-                                 &r->inner);
-        if (rc < 0) {
-            free(r);
-            return rc;
-        }
-        *out = r;
-        return 0;
-    }
     pthread_mutex_lock(&t->lock);
     rc = check_peer(t, peer, "isend");
     if (rc < 0)
@@ -238,19 +218,6 @@ int verbs_irecv(mesh_transport_t *t, int peer, const struct mesh_frame *expect,
         return mesh_err(-EINVAL, "verbs irecv: NULL buffer");
     if (expect->offset + expect->length < expect->offset)
         return mesh_err(-EINVAL, "verbs irecv: range overflows");
-    if (t->connected && !t->active) {
-        r = calloc(1, sizeof(*r));
-        if (!r)
-            return mesh_err(-ENOMEM, "out of memory");
-        rc = t->inner_ops->irecv(t->inner, peer, expect, buf,
-                                 mr ? mr->inner : NULL, &r->inner);
-        if (rc < 0) {
-            free(r);
-            return rc;
-        }
-        *out = r;
-        return 0;
-    }
     pthread_mutex_lock(&t->lock);
     rc = check_peer(t, peer, "irecv");
     if (rc < 0)
@@ -301,12 +268,6 @@ int verbs_test(mesh_transport_t *t, mesh_req_t *req, int *done)
 
     if (!req)
         return mesh_err(-EINVAL, "verbs test: NULL request");
-    if (req->inner) {
-        rc = t->inner_ops->test(t->inner, req->inner, done);
-        if (*done)
-            free(req);
-        return rc;
-    }
     pthread_mutex_lock(&t->lock);
     if (atomic_load(&req->done)) {
         verbs_req_free(t, req);
@@ -326,7 +287,7 @@ int verbs_test(mesh_transport_t *t, mesh_req_t *req, int *done)
 static int any_done(mesh_req_t *const *reqs, int n)
 {
     for (int i = 0; i < n; i++)
-        if (reqs[i] && !reqs[i]->inner &&
+        if (reqs[i] &&
             atomic_load_explicit(&reqs[i]->done, memory_order_acquire))
             return 1;
     return 0;
@@ -340,17 +301,6 @@ int verbs_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
 
     if (n <= 0 || !reqs)
         return mesh_err(-EINVAL, "verbs wait_any: no requests");
-    if (t->connected && !t->active) {
-        mesh_req_t **in = calloc((size_t)n, sizeof(*in));
-
-        if (!in)
-            return mesh_err(-ENOMEM, "out of memory");
-        for (int i = 0; i < n; i++)
-            in[i] = reqs[i] ? reqs[i]->inner : NULL;
-        rc = t->inner_ops->wait_any(t->inner, in, n, timeout_s);
-        free(in);
-        return rc;
-    }
     /* A short spin saves the sleep/wake round trip on small messages. */
     {
         uint64_t spin_end = mesh_now_ns() + VERBS_WAIT_SPIN_NS;
@@ -385,8 +335,6 @@ int verbs_progress(mesh_transport_t *t)
 {
     int rc = 0;
 
-    if (t->connected && !t->active)
-        return t->inner_ops->progress(t->inner);
     pthread_mutex_lock(&t->lock);
     if (t->failed)
         rc = verbs_fail_err(t);

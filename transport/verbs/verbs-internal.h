@@ -79,7 +79,6 @@ struct mesh_mr {
     char *base;
     size_t len;
     int refs;
-    mesh_mr_t *inner; /* the TCP transport's handle (auto on TCP) */
     struct mesh_mr *next;
 };
 
@@ -93,7 +92,6 @@ struct mesh_req {
     uint32_t lkey, rkey; /* of the memory under buf */
     struct ibv_mr *tmp;  /* a registration for this request only */
     atomic_int done;
-    mesh_req_t *inner; /* auto on TCP: the TCP request */
     /* receive: CTS slot while one is held, else -1 */
     int slot;
     /* send: the matched window, and what is posted and acknowledged */
@@ -158,6 +156,8 @@ struct mesh_transport {
     int is_auto;
     int active; /* RDMA chosen (after connect) */
     int connected;
+    /* auto: the operations connect chose (verbs, or TCP on inner) */
+    const struct mesh_transport_ops *use;
 
     /* the verbs context, in the order it is built */
     struct ibv_context *ctx;
