@@ -20,25 +20,6 @@
 
 /* ---- requests ------------------------------------------------------------ */
 
-static void req_link(struct mesh_transport *t, struct mesh_req *r)
-{
-    r->prev = NULL;
-    r->next = t->reqs;
-    if (t->reqs)
-        t->reqs->prev = r;
-    t->reqs = r;
-}
-
-static void req_unlink(struct mesh_transport *t, struct mesh_req *r)
-{
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        t->reqs = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
-}
-
 static void posted_remove(struct link *l, struct mesh_req *r)
 {
     if (!r->posted)
@@ -54,10 +35,9 @@ static void posted_remove(struct link *l, struct mesh_req *r)
 
 static void req_complete(struct mesh_transport *t, struct mesh_req *r)
 {
-    if (r->kind == REQ_RECV)
-        posted_remove(&t->links[r->peer], r);
-    atomic_store_explicit(&r->done, 1, memory_order_release);
-    pthread_cond_broadcast(&t->cond);
+    if (r->super.kind == TP_RECV)
+        posted_remove(&t->links[r->super.peer], r);
+    tp_req_done(&t->super, &r->super);
     tcp_kick(t, 0);
 }
 
@@ -100,23 +80,16 @@ static int frame_decode(const uint8_t *h, struct mesh_frame *f)
 static void bye_check(struct mesh_transport *t, int peer, int cut)
 {
     struct link *l = &t->links[peer];
-    struct mesh_req *r;
-    char nb[300];
     int s;
 
-    if (t->failed)
+    if (t->super.fail.failed)
         return;
     /* A parked stream waits for a receive none of the pending ones is. */
     for (s = 0; s < t->S; s++)
         if (l->data[s] && l->data[s]->state == C_READY && !l->data[s]->parked)
             break;
-    for (r = t->reqs; r; r = r->next)
-        if (r->peer == peer && !atomic_load(&r->done))
-            break;
-    if (cut || (s == t->S && r))
-        tcp_fail_job(t, peer, -ECONNRESET, 1,
-                     "rank %d (%s) left the mesh with operations pending", peer,
-                     tcp_pname(t, peer, nb, sizeof(nb)));
+    if (cut || (s == t->S && tp_req_pending(&t->super, peer)))
+        tp_fail_left(&t->super, peer);
 }
 
 /* A peer's connection failed: blame it unless it said goodbye or an
@@ -139,7 +112,7 @@ static void peer_lost(struct conn *c, const char *fmt, ...)
         tcp_ctrl_read(l->ctrl);
     if (c->state == C_READY)
         tcp_conn_kill(c);
-    if (t->failed || t->stopping)
+    if (t->super.fail.failed || t->stopping)
         return;
     if (l->bye) {
         if (c != l->ctrl)
@@ -155,8 +128,8 @@ static void peer_lost(struct conn *c, const char *fmt, ...)
         }
         return;
     }
-    tcp_fail_job(t, c->peer, -ECONNRESET, 1, "rank %d (%s) %s", c->peer,
-                 tcp_pname(t, c->peer, nb, sizeof(nb)), why);
+    tp_fail_job(&t->super, c->peer, -ECONNRESET, 1, "rank %d (%s) %s", c->peer,
+                tcp_pname(t, c->peer, nb, sizeof(nb)), why);
 }
 
 enum match_rc { MATCH_OK, MATCH_WAIT, MATCH_FAILED };
@@ -175,7 +148,7 @@ static enum match_rc data_match(struct conn *c)
     struct mesh_req *r;
 
     for (r = l->posted; r; r = r->pnext) {
-        const struct mesh_frame *e = &r->f;
+        const struct mesh_frame *e = &r->super.f;
         uint64_t end = e->offset + e->length;
         int starts_inside = e->length
                                 ? (f->offset >= e->offset && f->offset < end)
@@ -184,28 +157,28 @@ static enum match_rc data_match(struct conn *c)
         if (e->seq != f->seq || e->tag != f->tag || !starts_inside)
             continue;
         if (e->op != f->op || e->dtype != f->dtype || e->count != f->count) {
-            tcp_fail_job(t, c->peer, -EPROTO, 1,
-                         "desync between rank %d (%s), which expected %s, and "
-                         "rank %d (%s), which sent %s",
-                         t->world.rank,
-                         tcp_pname(t, t->world.rank, me, sizeof(me)),
-                         mesh_frame_str(e, fa, sizeof(fa)), c->peer,
-                         tcp_pname(t, c->peer, them, sizeof(them)),
-                         mesh_frame_str(f, fb, sizeof(fb)));
+            tp_fail_job(&t->super, c->peer, -EPROTO, 1,
+                        "desync between rank %d (%s), which expected %s, and "
+                        "rank %d (%s), which sent %s",
+                        t->super.world.rank,
+                        tcp_pname(t, t->super.world.rank, me, sizeof(me)),
+                        mesh_frame_str(e, fa, sizeof(fa)), c->peer,
+                        tcp_pname(t, c->peer, them, sizeof(them)),
+                        mesh_frame_str(f, fb, sizeof(fb)));
             return MATCH_FAILED;
         }
         if (f->length > end - f->offset ||
             f->length > e->length - r->reserved) {
-            tcp_fail_job(t, c->peer, -EPROTO, 1,
-                         "rank %d (%s) sent a frame beyond the posted receive "
-                         "of rank %d (%s): got %s, expected %s (%" PRIu64
-                         " bytes already claimed); link closed before its "
-                         "payload",
-                         c->peer, tcp_pname(t, c->peer, them, sizeof(them)),
-                         t->world.rank,
-                         tcp_pname(t, t->world.rank, me, sizeof(me)),
-                         mesh_frame_str(f, fb, sizeof(fb)),
-                         mesh_frame_str(e, fa, sizeof(fa)), r->reserved);
+            tp_fail_job(&t->super, c->peer, -EPROTO, 1,
+                        "rank %d (%s) sent a frame beyond the posted receive "
+                        "of rank %d (%s): got %s, expected %s (%" PRIu64
+                        " bytes already claimed); link closed before its "
+                        "payload",
+                        c->peer, tcp_pname(t, c->peer, them, sizeof(them)),
+                        t->super.world.rank,
+                        tcp_pname(t, t->super.world.rank, me, sizeof(me)),
+                        mesh_frame_str(f, fb, sizeof(fb)),
+                        mesh_frame_str(e, fa, sizeof(fa)), r->reserved);
             tcp_conn_kill(c);
             return MATCH_FAILED;
         }
@@ -227,7 +200,7 @@ static void data_piece_done(struct conn *c)
     r->got += c->rx_f.length;
     c->rx_req = NULL;
     c->hdr_got = 0;
-    if (r->got == r->f.length)
+    if (r->got == r->super.f.length)
         req_complete(c->t, r);
 }
 
@@ -239,7 +212,7 @@ void tcp_data_read(struct conn *c)
     char nb[300];
     ssize_t n;
 
-    while (c->state == C_READY && !t->failed) {
+    while (c->state == C_READY && !t->super.fail.failed) {
         if (!c->rx_req) {
             if (c->parked) {
                 tcp_rev_off(c);
@@ -291,11 +264,11 @@ void tcp_data_read(struct conn *c)
         if (c->hdr_got < TCP_FRAME_HDR_LEN)
             continue;
         if (frame_decode(c->hdr, &c->rx_f) < 0) {
-            tcp_fail_job(t, c->peer, -EPROTO, 1,
-                         "rank %d (%s) sent garbage on data stream %d (bad "
-                         "frame header)",
-                         c->peer, tcp_pname(t, c->peer, nb, sizeof(nb)),
-                         c->stream);
+            tp_fail_job(&t->super, c->peer, -EPROTO, 1,
+                        "rank %d (%s) sent garbage on data stream %d (bad "
+                        "frame header)",
+                        c->peer, tcp_pname(t, c->peer, nb, sizeof(nb)),
+                        c->stream);
             tcp_conn_kill(c);
             return;
         }
@@ -312,7 +285,7 @@ void tcp_data_read(struct conn *c)
             return;
         }
     }
-    if (t->failed)
+    if (t->super.fail.failed)
         tcp_rev_off(c);
 }
 
@@ -409,7 +382,7 @@ int tcp_conn_write(struct conn *c)
                 req_complete(t, p->req);
             free(p);
         }
-        if (t->failed)
+        if (t->super.fail.failed)
             return -1;
     }
     if (c->txq)
@@ -435,7 +408,7 @@ static void ctrl_got(struct conn *c)
     case TCP_CTRL_ABORT:
         tcp_clean_text(reason, sizeof(reason), c->in + 16,
                        MESH_MIN(len, (uint32_t)TCP_CTRL_REASON_MAX));
-        if (culprit < -1 || culprit >= t->world.size)
+        if (culprit < -1 || culprit >= t->super.world.size)
             culprit = -1;
         /* Every survivor reports the same kind of failure. */
         if (code != -ECONNRESET && code != -EHOSTDOWN && code != -EPROTO &&
@@ -444,8 +417,9 @@ static void ctrl_got(struct conn *c)
         /* Passed on to every peer before this rank can leave: a peer that
          * heard nothing yet would otherwise read our goodbye first and
          * blame us. */
-        tcp_fail_job(t, culprit, code, 1, "%s (reported by rank %d (%s))",
-                     reason, c->peer, tcp_pname(t, c->peer, nb, sizeof(nb)));
+        tp_fail_job(&t->super, culprit, code, 1,
+                    "%s (reported by rank %d (%s))", reason, c->peer,
+                    tcp_pname(t, c->peer, nb, sizeof(nb)));
         return;
     case TCP_CTRL_BYE:
         l->bye = 1;
@@ -453,10 +427,10 @@ static void ctrl_got(struct conn *c)
         bye_check(t, c->peer, 0);
         return;
     default:
-        tcp_fail_job(t, c->peer, -EPROTO, 1,
-                     "rank %d (%s) sent garbage on its control connection "
-                     "(type %" PRIu32 ")",
-                     c->peer, tcp_pname(t, c->peer, nb, sizeof(nb)), type);
+        tp_fail_job(&t->super, c->peer, -EPROTO, 1,
+                    "rank %d (%s) sent garbage on its control connection "
+                    "(type %" PRIu32 ")",
+                    c->peer, tcp_pname(t, c->peer, nb, sizeof(nb)), type);
         tcp_conn_kill(c);
     }
 }
@@ -496,22 +470,20 @@ static int check_peer(struct mesh_transport *t, int peer, const char *what,
                       int sending)
 {
     char nb[300];
+    int rc = tp_check_peer(&t->super, peer, what);
 
-    if (peer < 0 || peer >= t->world.size || peer == t->world.rank)
-        return mesh_err(-EINVAL, "tcp %s: invalid peer %d (rank %d of %d)",
-                        what, peer, t->world.rank, t->world.size);
-    if (t->failed)
-        return tcp_fail_err(t);
+    if (rc < 0)
+        return rc;
     if (!t->links[peer].ready)
         return mesh_err(-ENOTCONN, "tcp %s: rank %d (%s) has not joined", what,
                         peer, tcp_pname(t, peer, nb, sizeof(nb)));
     if (t->links[peer].bye && sending) {
         /* It said goodbye while we still had this to send: its failure,
          * which every rank must blame on it, not on us. */
-        tcp_fail_job(t, peer, -ECONNRESET, 1,
-                     "rank %d (%s) left the mesh with a send to it still due",
-                     peer, tcp_pname(t, peer, nb, sizeof(nb)));
-        return tcp_fail_err(t);
+        tp_fail_job(&t->super, peer, -ECONNRESET, 1,
+                    "rank %d (%s) left the mesh with a send to it still due",
+                    peer, tcp_pname(t, peer, nb, sizeof(nb)));
+        return tp_fail_err(&t->super);
     }
     return 0;
 }
@@ -544,6 +516,23 @@ static void txq_insert(struct conn *c, struct piece *p)
     *at = p;
 }
 
+/* The end of isend and irecv: hand r out, unless the job failed meanwhile
+ * (failed): then the job's error, and r goes. */
+static int req_out(struct mesh_transport *t, struct mesh_req *r, int failed,
+                   mesh_req_t **out)
+{
+    int rc;
+
+    if (failed) {
+        rc = tp_fail_err(&t->super);
+        tp_req_unlink(&t->super, &r->super);
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
 int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
               const void *buf, mesh_mr_t *mr, mesh_req_t **out)
 {
@@ -555,12 +544,11 @@ int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
     int np, rc;
 
     (void)mr;
-    if (len && !buf)
-        return mesh_err(-EINVAL, "tcp isend: NULL buffer");
-    if (f->offset + len < f->offset)
-        return mesh_err(-EINVAL, "tcp isend: range overflows");
+    rc = tp_check_buf(&t->super, "isend", f, buf);
+    if (rc < 0)
+        return rc;
     np = 1;
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&t->super.lock);
     rc = check_peer(t, peer, "isend", 1);
     if (rc < 0)
         goto out;
@@ -598,12 +586,12 @@ int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
         ps[i]->sent = 0;
         off += plen;
     }
-    r->kind = REQ_SEND;
-    r->peer = peer;
-    r->f = *f;
+    r->super.kind = TP_SEND;
+    r->super.peer = peer;
+    r->super.f = *f;
     r->buf = (uint8_t *)buf;
     r->pieces_left = np;
-    req_link(t, r);
+    tp_req_link(&t->super, &r->super);
     for (int i = 0; i < np; i++) {
         struct conn *c = l->data[(l->rr + (unsigned)i) % (unsigned)t->S];
 
@@ -612,19 +600,13 @@ int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
         c->tx_queued += ps[i]->len;
     }
     /* An idle stream sends at once from this thread. */
-    for (int i = 0; i < np && !t->failed; i++)
+    for (int i = 0; i < np && !t->super.fail.failed; i++)
         if (idle[i])
             tcp_conn_write(l->data[(l->rr + (unsigned)i) % (unsigned)t->S]);
     l->rr += (unsigned)np;
-    if (t->failed) {
-        rc = tcp_fail_err(t);
-        req_unlink(t, r);
-        free(r);
-        goto out;
-    }
-    *out = r;
+    rc = req_out(t, r, t->super.fail.failed, out);
 out:
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
     return rc;
 }
 
@@ -636,11 +618,10 @@ int tcp_irecv(mesh_transport_t *t, int peer, const struct mesh_frame *expect,
     int rc;
 
     (void)mr;
-    if (expect->length && !buf)
-        return mesh_err(-EINVAL, "tcp irecv: NULL buffer");
-    if (expect->offset + expect->length < expect->offset)
-        return mesh_err(-EINVAL, "tcp irecv: range overflows");
-    pthread_mutex_lock(&t->lock);
+    rc = tp_check_buf(&t->super, "irecv", expect, buf);
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&t->super.lock);
     rc = check_peer(t, peer, "irecv", 0);
     if (rc < 0)
         goto out;
@@ -650,11 +631,11 @@ int tcp_irecv(mesh_transport_t *t, int peer, const struct mesh_frame *expect,
         rc = mesh_err(-ENOMEM, "out of memory");
         goto out;
     }
-    r->kind = REQ_RECV;
-    r->peer = peer;
-    r->f = *expect;
+    r->super.kind = TP_RECV;
+    r->super.peer = peer;
+    r->super.f = *expect;
     r->buf = buf;
-    req_link(t, r);
+    tp_req_link(&t->super, &r->super);
     /* Append: earlier receives match first. */
     r->posted = 1;
     r->pnext = NULL;
@@ -670,7 +651,7 @@ int tcp_irecv(mesh_transport_t *t, int peer, const struct mesh_frame *expect,
         r->pprev = q;
     }
     /* Streams parked on a header may now go on. */
-    for (int s = 0; s < t->S && !t->failed; s++) {
+    for (int s = 0; s < t->S && !t->super.fail.failed; s++) {
         struct conn *c = l->data[s];
 
         if (!c || !c->parked || c->state != C_READY)
@@ -694,37 +675,21 @@ int tcp_irecv(mesh_transport_t *t, int peer, const struct mesh_frame *expect,
     /* A peer that left may still have delivered this; else it never will. */
     if (l->bye)
         bye_check(t, peer, 0);
-    if (t->failed && !atomic_load(&r->done)) {
-        rc = tcp_fail_err(t);
-        req_unlink(t, r);
-        free(r);
-        goto out;
-    }
-    *out = r;
+    rc = req_out(t, r, t->super.fail.failed && !atomic_load(&r->super.done),
+                 out);
 out:
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
     return rc;
 }
 
 int tcp_test(mesh_transport_t *t, mesh_req_t *req, int *done)
 {
-    int rc = 0;
+    return tp_test(&t->super, req, done);
+}
 
-    if (!req)
-        return mesh_err(-EINVAL, "tcp test: NULL request");
-    pthread_mutex_lock(&t->lock);
-    if (atomic_load(&req->done)) {
-        req_unlink(t, req);
-        free(req);
-        *done = 1;
-    } else if (t->failed) {
-        rc = tcp_fail_err(t);
-        req_unlink(t, req);
-        free(req);
-        *done = 1;
-    } else {
-        *done = 0;
-    }
-    pthread_mutex_unlock(&t->lock);
-    return rc;
+void tcp_req_free(struct tp_base *b, struct tp_req *r, int failed)
+{
+    (void)failed;
+    tp_req_unlink(b, r);
+    free(r);
 }

@@ -37,11 +37,12 @@ void tcp_hello_encode(struct mesh_transport *t, struct conn *c, uint8_t *m)
     memset(m, 0, TCP_HELLO_LEN);
     mesh_put_le32(m, TCP_HS_MAGIC);
     mesh_put_le32(m + 4, TCP_PROTO_VERSION);
-    mesh_put_le32(m + 8, (uint32_t)t->world.size);
-    mesh_put_le32(m + 12, (uint32_t)t->world.rank);
+    mesh_put_le32(m + 8, (uint32_t)t->super.world.size);
+    mesh_put_le32(m + 12, (uint32_t)t->super.world.rank);
     mesh_put_le32(m + 16, (uint32_t)c->stream);
     mesh_put_le32(m + 20, t->secret ? 0 : TCP_HELLO_INSECURE);
-    memcpy(m + 24, t->opts.job_id, strnlen(t->opts.job_id, MESH_JOB_MAX));
+    memcpy(m + 24, t->super.opts.job_id,
+           strnlen(t->super.opts.job_id, MESH_JOB_MAX));
     memcpy(m + 24 + MESH_JOB_MAX, t->fp, TCP_FP_LEN);
     memcpy(m + 24 + MESH_JOB_MAX + TCP_FP_LEN, c->nonce, TCP_NONCE_LEN);
 }
@@ -65,7 +66,7 @@ static int auth_mac(struct mesh_transport *t, struct conn *c, enum role who,
         na = c->peer_nonce;
         fd = t->fp;
         fa = c->peer_fp;
-        rd = (uint32_t)t->world.rank;
+        rd = (uint32_t)t->super.world.rank;
         ra = (uint32_t)c->peer;
     } else {
         nd = c->peer_nonce;
@@ -73,7 +74,7 @@ static int auth_mac(struct mesh_transport *t, struct conn *c, enum role who,
         fd = c->peer_fp;
         fa = t->fp;
         rd = (uint32_t)c->peer;
-        ra = (uint32_t)t->world.rank;
+        ra = (uint32_t)t->super.world.rank;
     }
     memcpy(msg, "meshtrain-auth1", 16);
     n = 16;
@@ -194,7 +195,7 @@ static void link_check_ready(struct mesh_transport *t, struct link *l)
     if (!l->ready && l->nready == t->S + 1) {
         l->ready = 1;
         t->nlinks_ready++;
-        pthread_cond_broadcast(&t->cond);
+        pthread_cond_broadcast(&t->super.cond);
     }
 }
 
@@ -216,7 +217,8 @@ static void hs_attach(struct conn *c)
          * late, 1 s timeout). The control connection is always read; its
          * heartbeats carry silence detection for the whole link.
          */
-        unsigned int uto = (unsigned int)(t->opts.peer_timeout_s * 1000.0);
+        unsigned int uto =
+            (unsigned int)(t->super.opts.peer_timeout_s * 1000.0);
 
         if (setsockopt(c->fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto,
                        sizeof(uto)) < 0)
@@ -263,25 +265,26 @@ static int hs_got_hello(struct conn *c)
     }
     tcp_clean_text(job, sizeof(job), m + 24, MESH_JOB_MAX);
     if (strnlen((const char *)m + 24, MESH_JOB_MAX) !=
-            strnlen(t->opts.job_id, MESH_JOB_MAX) ||
-        memcmp(m + 24, t->opts.job_id, strnlen(t->opts.job_id, MESH_JOB_MAX))) {
+            strnlen(t->super.opts.job_id, MESH_JOB_MAX) ||
+        memcmp(m + 24, t->super.opts.job_id,
+               strnlen(t->super.opts.job_id, MESH_JOB_MAX))) {
         tcp_hs_refuse(c, "wrong job id '%s', expected '%s'", job,
-                      t->opts.job_id);
+                      t->super.opts.job_id);
         return -1;
     }
-    if (size != (uint32_t)t->world.size) {
+    if (size != (uint32_t)t->super.world.size) {
         tcp_hs_refuse(c, "world size %" PRIu32 ", expected %d", size,
-                      t->world.size);
+                      t->super.world.size);
         return -1;
     }
     if (c->role == ROLE_ACCEPTOR) {
         /* The higher rank dials the lower: only higher ranks call us. */
-        if (rank >= (uint32_t)t->world.size ||
-            rank <= (uint32_t)t->world.rank) {
+        if (rank >= (uint32_t)t->super.world.size ||
+            rank <= (uint32_t)t->super.world.rank) {
             tcp_hs_refuse(c,
                           "unknown rank %" PRIu32 " (world of %d; only ranks "
                           "above %d dial this one)",
-                          rank, t->world.size, t->world.rank);
+                          rank, t->super.world.size, t->super.world.rank);
             return -1;
         }
         if (stream > (uint32_t)t->S) {
@@ -405,7 +408,7 @@ static void hs_got_config(struct conn *c)
             snprintf(t->join_err, sizeof(t->join_err),
                      "refused rank %d (%s): configuration differs: %s", c->peer,
                      tcp_pname(t, c->peer, nb, sizeof(nb)), diff);
-        pthread_cond_broadcast(&t->cond);
+        pthread_cond_broadcast(&t->super.cond);
     }
     tcp_hs_refuse(c, "configuration differs: %s", diff);
 }

@@ -407,9 +407,9 @@ void tcp_dial_scan(struct mesh_transport *t)
 {
     uint64_t now = mesh_now_ns();
 
-    if (!t->joining || t->failed)
+    if (!t->joining || t->super.fail.failed)
         return;
-    for (int p = 0; p < t->world.rank; p++) {
+    for (int p = 0; p < t->super.world.rank; p++) {
         struct link *l = &t->links[p];
 
         for (int s = 0; s <= t->S; s++) {
@@ -438,9 +438,10 @@ void tcp_dial_scan(struct mesh_transport *t)
 static int hs_make_room(struct mesh_transport *t, const char *src, int busy,
                         uint64_t now)
 {
-    int budget = MESH_MAX(TCP_HS_PENDING_MAX, 2 * t->world.size * (t->S + 1));
+    int budget =
+        MESH_MAX(TCP_HS_PENDING_MAX, 2 * t->super.world.size * (t->S + 1));
     int per_src =
-        MESH_MAX(TCP_HS_PER_SOURCE_MAX, 2 * t->world.size * (t->S + 1));
+        MESH_MAX(TCP_HS_PER_SOURCE_MAX, 2 * t->super.world.size * (t->S + 1));
     uint64_t grace = (uint64_t)(TCP_HS_GRACE_S * 1e9),
              life = (uint64_t)(TCP_HS_DEADLINE_S * 1e9);
     size_t sl = host_len(src);
@@ -494,7 +495,7 @@ void tcp_on_accept(evutil_socket_t lfd, short what, void *arg)
     int fd;
 
     (void)what;
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&t->super.lock);
     for (;;) {
         char addr[96], peek;
         ssize_t n;
@@ -510,7 +511,7 @@ void tcp_on_accept(evutil_socket_t lfd, short what, void *arg)
                  * stays readable, so rest until the next tick rather
                  * than spin. */
                 mesh_warn("accept on port %u: %s; pausing accepts",
-                          (unsigned)t->peers[t->world.rank].port,
+                          (unsigned)t->super.peers[t->super.world.rank].port,
                           strerror(errno));
                 event_del(t->listen_ev);
                 t->accept_paused = 1;
@@ -547,14 +548,14 @@ void tcp_on_accept(evutil_socket_t lfd, short what, void *arg)
         hs_add(t, c);
         tcp_rev_on(c);
     }
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
 }
 
 /* ---- operations ---------------------------------------------------------- */
 
 static int resolve_peers(struct mesh_transport *t)
 {
-    for (int p = 0; p < t->world.rank; p++) {
+    for (int p = 0; p < t->super.world.rank; p++) {
         struct link *l = &t->links[p];
         struct addrinfo hints, *res = NULL, *ai;
         char port[16], nb[300];
@@ -565,8 +566,8 @@ static int resolve_peers(struct mesh_transport *t)
         memset(&hints, 0, sizeof(hints));
         hints.ai_family = AF_UNSPEC;
         hints.ai_socktype = SOCK_STREAM;
-        snprintf(port, sizeof(port), "%u", (unsigned)t->peers[p].port);
-        rc = getaddrinfo(t->peers[p].host, port, &hints, &res);
+        snprintf(port, sizeof(port), "%u", (unsigned)t->super.peers[p].port);
+        rc = getaddrinfo(t->super.peers[p].host, port, &hints, &res);
         if (rc)
             return mesh_err(-EHOSTUNREACH,
                             "rank %d (%s): cannot resolve "
@@ -595,23 +596,23 @@ int tcp_connect(mesh_transport_t *t)
     rc = resolve_peers(t);
     if (rc < 0)
         return rc;
-    deadline = mesh_now_ns() + (uint64_t)(t->opts.join_timeout_s * 1e9);
-    pthread_mutex_lock(&t->lock);
+    deadline = mesh_now_ns() + (uint64_t)(t->super.opts.join_timeout_s * 1e9);
+    pthread_mutex_lock(&t->super.lock);
     t->joining = 1;
     tcp_wake(t);
     for (;;) {
         struct timespec ts;
         uint64_t now;
 
-        if (t->failed) {
-            rc = tcp_fail_err(t);
+        if (t->super.fail.failed) {
+            rc = tp_fail_err(&t->super);
             break;
         }
         if (t->join_err[0]) {
             rc = mesh_err(-ECONNREFUSED, "%s", t->join_err);
             break;
         }
-        if (t->nlinks_ready == t->world.size - 1)
+        if (t->nlinks_ready == t->super.world.size - 1)
             break;
         now = mesh_now_ns();
         if (now >= deadline) {
@@ -620,16 +621,16 @@ int tcp_connect(mesh_transport_t *t)
 
             n = (size_t)snprintf(msg, sizeof(msg),
                                  "join timed out after %.1f s; never joined:",
-                                 t->opts.join_timeout_s);
-            for (int p = 0; p < t->world.size && n < sizeof(msg); p++) {
+                                 t->super.opts.join_timeout_s);
+            for (int p = 0; p < t->super.world.size && n < sizeof(msg); p++) {
                 struct link *l = &t->links[p];
 
-                if (p == t->world.rank || l->ready)
+                if (p == t->super.world.rank || l->ready)
                     continue;
                 n += (size_t)snprintf(
                     msg + n, sizeof(msg) - n, " rank %d (%s%s%s)", p,
                     tcp_pname(t, p, nb, sizeof(nb)), l->why[0] ? ": " : "",
-                    p < t->world.rank ? l->why : "");
+                    p < t->super.world.rank ? l->why : "");
             }
             rc = mesh_err(-ETIMEDOUT, "%s", msg);
             break;
@@ -638,15 +639,15 @@ int tcp_connect(mesh_transport_t *t)
             (time_t)(MESH_MIN(deadline, now + 100000000ull) / 1000000000ull);
         ts.tv_nsec =
             (long)(MESH_MIN(deadline, now + 100000000ull) % 1000000000ull);
-        pthread_cond_timedwait(&t->cond, &t->lock, &ts);
+        pthread_cond_timedwait(&t->super.cond, &t->super.lock, &ts);
     }
     t->joining = 0;
     if (!rc)
         tcp_log_cc(t);
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
     if (!rc)
         mesh_debug("tcp: rank %d joined the mesh (%d peers, %d data streams "
                    "per link)",
-                   t->world.rank, t->world.size - 1, t->S);
+                   t->super.world.rank, t->super.world.size - 1, t->S);
     return rc;
 }

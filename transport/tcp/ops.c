@@ -64,43 +64,20 @@ void tcp_free_pieces(struct conn *c)
     c->tx_queued = 0;
 }
 
-void tcp_fail_job(struct mesh_transport *t, int culprit, int code, int notify,
-                  const char *fmt, ...)
+/*
+ * The job failed (tp_fail_job has recorded it and woken the sleepers):
+ * drop every queued piece and posted receive, tell the other peers
+ * (notify), wake the waiters blocked in poll() and the progress thread.
+ */
+static void tcp_failed(struct tp_base *b, int culprit, int code, int notify,
+                       const char *reason)
 {
-    char reason[MSG_MAX / 2], nb[300];
-    struct mesh_req *r, *inflight = NULL;
-    va_list ap;
-    int p;
+    struct mesh_transport *t = (struct mesh_transport *)b; /* super first */
 
-    if (t->failed)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(reason, sizeof(reason), fmt, ap);
-    va_end(ap);
-    /* The oldest pending operation involving the culprit, else the
-     * oldest of all (the list runs newest first). */
-    for (r = t->reqs; r; r = r->next) {
-        if (atomic_load(&r->done))
-            continue;
-        if (!inflight || r->peer == culprit || inflight->peer != culprit)
-            inflight = r;
-    }
-    if (inflight)
-        mesh_failure_msg(t->fail_msg, sizeof(t->fail_msg), reason, &inflight->f,
-                         inflight->kind == REQ_SEND, inflight->peer,
-                         tcp_pname(t, inflight->peer, nb, sizeof(nb)));
-    else
-        mesh_failure_msg(t->fail_msg, sizeof(t->fail_msg), reason, NULL, 0,
-                         -1, NULL);
-    t->failed = 1;
-    t->fail_code = code;
-    t->culprit = culprit;
-    mesh_error_log("%s", t->fail_msg);
-
-    for (p = 0; p < t->world.size; p++) {
+    for (int p = 0; p < b->world.size; p++) {
         struct link *l = &t->links[p];
 
-        if (p == t->world.rank)
+        if (p == b->world.rank)
             continue;
         for (int s = 0; s < t->S; s++) {
             struct conn *c = l->data[s];
@@ -115,17 +92,16 @@ void tcp_fail_job(struct mesh_transport *t, int culprit, int code, int notify,
         if (notify && !l->bye)
             tcp_ctrl_send(l->ctrl, TCP_CTRL_ABORT, culprit, code, reason);
     }
-    for (r = t->reqs; r; r = r->next)
-        r->posted = 0;
-    pthread_cond_broadcast(&t->cond);
+    for (struct tp_req *r = b->reqs; r; r = r->next)
+        ((struct mesh_req *)r)->posted = 0;
     tcp_kick(t, 1);
     tcp_wake(t);
 }
 
-int tcp_fail_err(struct mesh_transport *t)
-{
-    return mesh_err(t->fail_code, "%s", t->fail_msg);
-}
+static const struct tp_base_ops tcp_base_ops = {
+    .failed = tcp_failed,
+    .req_free = tcp_req_free,
+};
 
 static void tcp_close(mesh_transport_t *t);
 
@@ -144,7 +120,6 @@ static int tcp_listen(const struct mesh_world *world,
                       mesh_transport_t **out)
 {
     struct mesh_transport *t;
-    pthread_condattr_t ca;
     size_t clen;
     int rc, n;
 
@@ -176,18 +151,15 @@ static int tcp_listen(const struct mesh_world *world,
         return mesh_err(-ENOMEM, "out of memory");
     t->listen_fd = -1;
     t->kick_fd = -1;
-    t->opts = *opts;
-    t->opts.secret = NULL;
     t->S = opts->streams;
-    t->world = *world;
-    t->peers = calloc((size_t)world->size, sizeof(*t->peers));
+    rc = tp_base_init(&t->super, "tcp", &tcp_base_ops, world, opts);
+    if (rc < 0)
+        goto fail;
     t->links = calloc((size_t)world->size, sizeof(*t->links));
-    if (!t->peers || !t->links) {
+    if (!t->links) {
         rc = mesh_err(-ENOMEM, "out of memory");
         goto fail;
     }
-    memcpy(t->peers, world->peers, (size_t)world->size * sizeof(*t->peers));
-    t->world.peers = t->peers;
     for (int p = 0; p < world->size; p++) {
         t->links[p].data = calloc((size_t)t->S, sizeof(struct conn *));
         t->links[p].dial = calloc((size_t)t->S + 1, sizeof(struct dial));
@@ -239,13 +211,6 @@ static int tcp_listen(const struct mesh_world *world,
     rc = tcp_listen_socket(t, &t->listen_fd);
     if (rc < 0)
         goto fail;
-    if (pthread_mutex_init(&t->lock, NULL) || pthread_condattr_init(&ca) ||
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) ||
-        pthread_cond_init(&t->cond, &ca)) {
-        rc = mesh_err(-ENOMEM, "pthread init failed");
-        goto fail;
-    }
-    pthread_condattr_destroy(&ca);
     t->base = event_base_new();
     if (!t->base) {
         rc = mesh_err(-ENOMEM, "event_base_new failed");
@@ -269,9 +234,9 @@ static int tcp_listen(const struct mesh_world *world,
     if (!t->secret)
         mesh_warn("insecure: this mesh is unauthenticated (no secret); "
                   "anyone who can reach port %u can join it",
-                  (unsigned)t->peers[t->world.rank].port);
+                  (unsigned)t->super.peers[t->super.world.rank].port);
     mesh_debug("tcp: rank %d listening on port %u, %d data streams",
-               world->rank, (unsigned)t->peers[world->rank].port, t->S);
+               world->rank, (unsigned)t->super.peers[world->rank].port, t->S);
     *out = t;
     return 0;
 fail:
@@ -302,22 +267,16 @@ static int tcp_dereg_mr(mesh_transport_t *t, mesh_mr_t *mr)
 
 static int tcp_progress(mesh_transport_t *t)
 {
-    int rc = 0;
-
-    pthread_mutex_lock(&t->lock);
-    if (t->failed)
-        rc = tcp_fail_err(t);
-    pthread_mutex_unlock(&t->lock);
-    return rc;
+    return tp_progress(&t->super);
 }
 
 int mesh_tcp_culprit(mesh_transport_t *t)
 {
     int culprit;
 
-    pthread_mutex_lock(&t->lock);
-    culprit = t->failed ? t->culprit : -1;
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_lock(&t->super.lock);
+    culprit = t->super.fail.failed ? t->super.fail.culprit : -1;
+    pthread_mutex_unlock(&t->super.lock);
     return culprit;
 }
 
@@ -327,42 +286,41 @@ static void tcp_abort(mesh_transport_t *t, int culprit, const char *why)
 
     if (!t)
         return;
-    pthread_mutex_lock(&t->lock);
-    if (culprit >= 0 && culprit < t->world.size)
-        tcp_fail_job(t, culprit, -ECANCELED, 1,
-                     "rank %d (%s) aborted the job, blaming rank %d (%s): %s",
-                     t->world.rank, tcp_pname(t, t->world.rank, me, sizeof(me)),
-                     culprit, tcp_pname(t, culprit, nb, sizeof(nb)),
-                     why ? why : "no reason given");
+    pthread_mutex_lock(&t->super.lock);
+    if (culprit >= 0 && culprit < t->super.world.size)
+        tp_fail_job(&t->super, culprit, -ECANCELED, 1,
+                    "rank %d (%s) aborted the job, blaming rank %d (%s): %s",
+                    t->super.world.rank,
+                    tcp_pname(t, t->super.world.rank, me, sizeof(me)), culprit,
+                    tcp_pname(t, culprit, nb, sizeof(nb)),
+                    why ? why : "no reason given");
     else
-        tcp_fail_job(t, t->world.rank, -ECANCELED, 1,
-                     "rank %d (%s) aborted the job: %s", t->world.rank,
-                     tcp_pname(t, t->world.rank, me, sizeof(me)),
-                     why ? why : "no reason given");
-    pthread_mutex_unlock(&t->lock);
+        tp_fail_job(&t->super, t->super.world.rank, -ECANCELED, 1,
+                    "rank %d (%s) aborted the job: %s", t->super.world.rank,
+                    tcp_pname(t, t->super.world.rank, me, sizeof(me)),
+                    why ? why : "no reason given");
+    pthread_mutex_unlock(&t->super.lock);
 }
 
 static void tcp_close(mesh_transport_t *t)
 {
-    struct mesh_req *r, *rn;
+    struct tp_req *r, *rn;
     struct conn *c, *cn;
 
     if (!t)
         return;
     if (t->thread_started) {
-        pthread_mutex_lock(&t->lock);
+        pthread_mutex_lock(&t->super.lock);
         t->stopping = 1;
-        for (int p = 0; p < t->world.size; p++) {
+        for (int p = 0; p < t->super.world.size; p++) {
             struct link *l = &t->links[p];
 
-            if (p != t->world.rank && l->ctrl && !l->bye)
+            if (p != t->super.world.rank && l->ctrl && !l->bye)
                 tcp_ctrl_send(l->ctrl, TCP_CTRL_BYE, -1, 0, NULL);
         }
         tcp_wake(t);
-        pthread_mutex_unlock(&t->lock);
+        pthread_mutex_unlock(&t->super.lock);
         pthread_join(t->thread, NULL);
-        pthread_mutex_destroy(&t->lock);
-        pthread_cond_destroy(&t->cond);
     }
     /* What the last windows held back is still said. */
     for (int i = 0; i < REFUSE_SOURCES; i++)
@@ -372,7 +330,7 @@ static void tcp_close(mesh_transport_t *t)
         cn = c->hs_next;
         tcp_conn_free(c);
     }
-    for (int p = 0; t->links && p < t->world.size; p++) {
+    for (int p = 0; t->links && p < t->super.world.size; p++) {
         struct link *l = &t->links[p];
 
         tcp_conn_free(l->ctrl);
@@ -381,7 +339,7 @@ static void tcp_close(mesh_transport_t *t)
         free(l->data);
         free(l->dial);
     }
-    for (r = t->reqs; r; r = rn) {
+    for (r = t->super.reqs; r; r = rn) {
         rn = r->next;
         free(r);
     }
@@ -402,7 +360,7 @@ static void tcp_close(mesh_transport_t *t)
         free(t->secret);
     }
     free(t->links);
-    free(t->peers);
+    tp_base_fini(&t->super);
     free(t);
 }
 

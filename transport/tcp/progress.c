@@ -68,7 +68,8 @@ struct conn *tcp_data_conn(const struct mesh_transport *t, int i)
 {
     const struct link *l = &t->links[i / t->S];
 
-    return i / t->S == t->world.rank || !l->data ? NULL : l->data[i % t->S];
+    return i / t->S == t->super.world.rank || !l->data ? NULL
+                                                       : l->data[i % t->S];
 }
 
 /* The progress thread deletes events (see the top of the file); from any
@@ -109,9 +110,9 @@ void tcp_on_read(evutil_socket_t fd, short what, void *arg)
 
     (void)fd;
     (void)what;
-    pthread_mutex_lock(&t->lock);
-    if (c->state == C_READY && c->stream > 0 && !t->failed && !c->spin_lost &&
-        waiter_does_io(t)) {
+    pthread_mutex_lock(&t->super.lock);
+    if (c->state == C_READY && c->stream > 0 && !t->super.fail.failed &&
+        !c->spin_lost && waiter_does_io(t)) {
         /* A waiting thread reads the data streams (caller_io), or a
          * holder will: leave it this one rather than wake for it again
          * and again. */
@@ -119,7 +120,7 @@ void tcp_on_read(evutil_socket_t fd, short what, void *arg)
     } else if (c->state == C_READY) {
         if (c->stream == 0)
             tcp_ctrl_read(c);
-        else if (t->failed)
+        else if (t->super.fail.failed)
             tcp_rev_off(c);
         else
             tcp_data_read(c);
@@ -128,7 +129,7 @@ void tcp_on_read(evutil_socket_t fd, short what, void *arg)
     } else if (c->state != C_CONNECTING) {
         tcp_hs_read(c);
     }
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
 }
 
 void tcp_on_write(evutil_socket_t fd, short what, void *arg)
@@ -138,7 +139,7 @@ void tcp_on_write(evutil_socket_t fd, short what, void *arg)
 
     (void)fd;
     (void)what;
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&t->super.lock);
     if (c->state == C_CONNECTING) {
         tcp_dial_connected(c);
         goto out;
@@ -153,7 +154,8 @@ void tcp_on_write(evutil_socket_t fd, short what, void *arg)
         if (c->out_off < c->out_len)
             goto out;
     }
-    if (c->state == C_READY && c->stream > 0 && c->txq && !t->failed) {
+    if (c->state == C_READY && c->stream > 0 && c->txq &&
+        !t->super.fail.failed) {
         if (waiter_does_io(t)) {
             /* as on_read: a waiter writes the data streams */
             atomic_store(&t->deferred, 1);
@@ -167,13 +169,13 @@ void tcp_on_write(evutil_socket_t fd, short what, void *arg)
     }
     tcp_wev_off(c);
 out:
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
 }
 
 /* The tick's period once joined: at most 1/8 of the peer timeout. */
 static double tick_s(const struct mesh_transport *t)
 {
-    return MESH_MAX(MESH_MIN(t->opts.peer_timeout_s / 8, 0.25), 0.002);
+    return MESH_MAX(MESH_MIN(t->super.opts.peer_timeout_s / 8, 0.25), 0.002);
 }
 
 /*
@@ -187,7 +189,7 @@ static double tick_s(const struct mesh_transport *t)
  */
 static uint64_t silence_limit_ns(const struct mesh_transport *t)
 {
-    double pt = t->opts.peer_timeout_s;
+    double pt = t->super.opts.peer_timeout_s;
 
     return (uint64_t)((pt + pt / 4 + tick_s(t)) * 1e9);
 }
@@ -222,25 +224,26 @@ static void stall_check(struct mesh_transport *t, uint64_t now)
     if (!prev || now - prev <= (uint64_t)((2 * tick + 0.5) * 1e9))
         return;
     stall = now - prev - (uint64_t)(tick * 1e9);
-    if (!t->failed && !t->joining &&
-        (double)stall >= t->opts.peer_timeout_s * 1e9) {
-        tcp_fail_job(t, t->world.rank, -EHOSTDOWN, 1,
-                     "rank %d (%s) itself stood still for %.1f s (stopped, "
-                     "suspended or not scheduled), past the peer timeout of "
-                     "%.1f s: its peers declare it dead",
-                     t->world.rank, tcp_pname(t, t->world.rank, me, sizeof(me)),
-                     (double)stall / 1e9, t->opts.peer_timeout_s);
+    if (!t->super.fail.failed && !t->joining &&
+        (double)stall >= t->super.opts.peer_timeout_s * 1e9) {
+        tp_fail_job(&t->super, t->super.world.rank, -EHOSTDOWN, 1,
+                    "rank %d (%s) itself stood still for %.1f s (stopped, "
+                    "suspended or not scheduled), past the peer timeout of "
+                    "%.1f s: its peers declare it dead",
+                    t->super.world.rank,
+                    tcp_pname(t, t->super.world.rank, me, sizeof(me)),
+                    (double)stall / 1e9, t->super.opts.peer_timeout_s);
         return;
     }
-    if ((double)stall >= t->opts.peer_timeout_s / 4 * 1e9)
+    if ((double)stall >= t->super.opts.peer_timeout_s / 4 * 1e9)
         mesh_warn("this rank stood still for %.1f s (stopped, suspended or "
                   "not scheduled); its peers' silence meanwhile is not held "
                   "against them",
                   (double)stall / 1e9);
-    for (int p = 0; p < t->world.size; p++) {
+    for (int p = 0; p < t->super.world.size; p++) {
         struct link *l = &t->links[p];
 
-        if (p == t->world.rank)
+        if (p == t->super.world.rank)
             continue;
         l->last_rx_ns = MESH_MIN(l->last_rx_ns + stall, now);
         if (l->lost_ns)
@@ -252,13 +255,13 @@ static void stall_check(struct mesh_transport *t, uint64_t now)
 void tcp_on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct mesh_transport *t = arg;
-    uint64_t now, pt = (uint64_t)(t->opts.peer_timeout_s * 1e9);
+    uint64_t now, pt = (uint64_t)(t->super.opts.peer_timeout_s * 1e9);
     struct conn *c, *next;
     char nb[300];
 
     (void)fd;
     (void)what;
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&t->super.lock);
     /* after the lock: a waiting thread may have just stamped last_rx_ns */
     now = mesh_now_ns();
     if (t->stopping) {
@@ -287,30 +290,30 @@ void tcp_on_tick(evutil_socket_t fd, short what, void *arg)
         t->accept_paused = 0;
     stall_check(t, now);
     tcp_refuse_tick(t, now);
-    for (int p = 0; p < t->world.size; p++) {
+    for (int p = 0; p < t->super.world.size; p++) {
         struct link *l = &t->links[p];
 
-        if (p == t->world.rank || !l->ctrl || l->bye)
+        if (p == t->super.world.rank || !l->ctrl || l->bye)
             continue;
         /* Heartbeat when nothing else went to this peer lately. */
         if (l->ctrl->state == C_READY && now - l->tx_ns >= pt / 4)
             tcp_ctrl_send(l->ctrl, TCP_CTRL_HEARTBEAT, -1, 0, NULL);
-        if (!t->failed && l->lost_ns &&
+        if (!t->super.fail.failed && l->lost_ns &&
             now - l->lost_ns > (uint64_t)(LOST_GRACE_S * 1e9))
-            tcp_fail_job(t, p, -ECONNRESET, 1, "rank %d (%s) %s", p,
-                         tcp_pname(t, p, nb, sizeof(nb)), l->lost_why);
-        if (!t->failed && now - l->last_rx_ns > silence_limit_ns(t))
-            tcp_fail_job(t, p, -EHOSTDOWN, 1,
-                         "rank %d (%s) silent for %.1f s (peer timeout %.1f s "
-                         "after its heartbeat period of %.2f s)",
-                         p, tcp_pname(t, p, nb, sizeof(nb)),
-                         (double)(now - l->last_rx_ns) / 1e9,
-                         t->opts.peer_timeout_s,
-                         t->opts.peer_timeout_s / 4 + tick_s(t));
+            tp_fail_job(&t->super, p, -ECONNRESET, 1, "rank %d (%s) %s", p,
+                        tcp_pname(t, p, nb, sizeof(nb)), l->lost_why);
+        if (!t->super.fail.failed && now - l->last_rx_ns > silence_limit_ns(t))
+            tp_fail_job(&t->super, p, -EHOSTDOWN, 1,
+                        "rank %d (%s) silent for %.1f s (peer timeout %.1f s "
+                        "after its heartbeat period of %.2f s)",
+                        p, tcp_pname(t, p, nb, sizeof(nb)),
+                        (double)(now - l->last_rx_ns) / 1e9,
+                        t->super.opts.peer_timeout_s,
+                        t->super.opts.peer_timeout_s / 4 + tick_s(t));
     }
     tcp_tick_arm(t);
 out:
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
 }
 
 /* Work handed over by another thread. */
@@ -320,12 +323,12 @@ void tcp_on_wake(evutil_socket_t fd, short what, void *arg)
 
     (void)fd;
     (void)what;
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&t->super.lock);
     if (t->stopping) {
         event_base_loopbreak(t->base);
     } else {
-        if (t->failed) {
-            for (int i = 0; i < t->world.size * t->S; i++) {
+        if (t->super.fail.failed) {
+            for (int i = 0; i < t->super.world.size * t->S; i++) {
                 struct conn *c = tcp_data_conn(t, i);
 
                 if (c) {
@@ -339,7 +342,7 @@ void tcp_on_wake(evutil_socket_t fd, short what, void *arg)
         evtimer_del(t->tick_ev);
         tcp_tick_arm(t);
     }
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
 }
 
 void *tcp_progress_main(void *arg)

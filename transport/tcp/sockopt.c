@@ -93,12 +93,12 @@ int tcp_set_cc(struct mesh_transport *t, int fd)
 {
     int rc = 0;
 
-    if (t->opts.tcp_cc[0])
+    if (t->super.opts.tcp_cc[0])
         MESH_SYSCALL(rc,
                      setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION,
-                                t->opts.tcp_cc,
-                                (socklen_t)strlen(t->opts.tcp_cc)),
-                     out, "setsockopt TCP_CONGESTION %s", t->opts.tcp_cc);
+                                t->super.opts.tcp_cc,
+                                (socklen_t)strlen(t->super.opts.tcp_cc)),
+                     out, "setsockopt TCP_CONGESTION %s", t->super.opts.tcp_cc);
 out:
     return rc;
 }
@@ -126,7 +126,7 @@ out:
 
 int tcp_listen_socket(struct mesh_transport *t, int *out)
 {
-    uint16_t port = t->peers[t->world.rank].port;
+    uint16_t port = t->super.peers[t->super.world.rank].port;
     struct sockaddr_in6 s6;
     struct sockaddr_in s4;
     int fd, one = 1, zero = 0, rc = 0;
@@ -143,8 +143,8 @@ int tcp_listen_socket(struct mesh_transport *t, int *out)
             setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
             bind(fd, (struct sockaddr *)&s6, sizeof(s6)) < 0) {
             if (errno == EADDRINUSE) {
-                rc = mesh_err_errno("rank %d: bind port %u", t->world.rank,
-                                    (unsigned)port);
+                rc = mesh_err_errno("rank %d: bind port %u",
+                                    t->super.world.rank, (unsigned)port);
                 close(fd);
                 return rc;
             }
@@ -166,7 +166,8 @@ int tcp_listen_socket(struct mesh_transport *t, int *out)
             rc, setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)),
             close_fd, "setsockopt SO_REUSEADDR");
         MESH_SYSCALL(rc, bind(fd, (struct sockaddr *)&s4, sizeof(s4)), close_fd,
-                     "rank %d: bind port %u", t->world.rank, (unsigned)port);
+                     "rank %d: bind port %u", t->super.world.rank,
+                     (unsigned)port);
     }
     /*
      * Accepted connections inherit a congestion control set here. Set on
@@ -200,14 +201,14 @@ void tcp_log_cc(struct mesh_transport *t)
     socklen_t len = MESH_TCP_CC_MAX;
     struct conn *c = NULL;
 
-    for (int p = 0; p < t->world.size && !c; p++)
-        if (p != t->world.rank && t->links[p].data)
+    for (int p = 0; p < t->super.world.size && !c; p++)
+        if (p != t->super.world.rank && t->links[p].data)
             c = t->links[p].data[0];
     if (!c || c->fd < 0 ||
         getsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, cc, &len) < 0)
         return;
     cc[MESH_MIN((size_t)len, sizeof(cc) - 1)] = 0;
-    if (t->opts.tcp_cc[0])
+    if (t->super.opts.tcp_cc[0])
         mesh_info("tcp: congestion control %s (--tcp-congestion)", cc);
     else if (!strcmp(cc, "bbr"))
         mesh_info("tcp: congestion control bbr (this host's default), which "

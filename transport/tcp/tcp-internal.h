@@ -6,7 +6,7 @@
  *
  * One progress thread per transport runs a libevent loop over raw
  * non-blocking sockets. Every piece of state below the transport lives under
- * one mutex (t->lock): the progress thread takes it in each callback, the
+ * one mutex (t->super.lock): the progress thread takes it in each callback, the
  * caller's thread in each operation. The caller's thread may write to a
  * socket directly (isend on an idle stream: no thread hand-off on the
  * latency path), and while it waits it reads and writes the data streams
@@ -72,6 +72,7 @@
 #define MESH_TRANSPORT_TCP_TCP_INTERNAL_H
 
 #include "common/util.h"
+#include "transport/base.h"
 #include "transport/tcp/tcp.h"
 #include "transport/transport.h"
 
@@ -209,21 +210,15 @@ struct refuse_src {
     char why[160];     /* the latest unlogged one's reason */
 };
 
-enum req_kind { REQ_SEND, REQ_RECV };
-
 struct mesh_req {
-    enum req_kind kind;
-    int peer;
-    struct mesh_frame f;
+    struct tp_req super; /* kind, peer, frame, done, the request list */
     uint8_t *buf;
-    atomic_int done;
     int pieces_left;                /* send: pieces not fully written */
     uint64_t got;                   /* recv: payload bytes arrived */
     uint64_t reserved;              /* recv: bytes claimed by matched headers */
     int frames;                     /* recv: headers matched */
     int posted;                     /* recv: on its link's posted list */
     struct mesh_req *pnext, *pprev; /* link's posted list */
-    struct mesh_req *next, *prev;   /* the transport's request list */
 };
 
 struct mesh_mr {
@@ -232,9 +227,7 @@ struct mesh_mr {
 };
 
 struct mesh_transport {
-    struct mesh_world world;
-    struct mesh_peer *peers;
-    struct mesh_transport_opts opts;
+    struct tp_base super; /* world, opts, lock, cond, requests, failure */
     uint8_t *secret;
     size_t secret_len;
     int S;                            /* data streams per link */
@@ -248,12 +241,9 @@ struct mesh_transport {
     pthread_t thread;
     int thread_started;
 
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
     struct link *links; /* (size) */
     struct conn *hs;    /* handshakes in progress */
     int nhs;
-    struct mesh_req *reqs; /* every request not yet freed */
     int joining;
     int nlinks_ready;
     char join_err[MSG_MAX]; /* a permanent join failure */
@@ -264,10 +254,6 @@ struct mesh_transport {
     uint64_t refused_since_ns;                 /* REFUSE_ALL's window */
     unsigned refused_logged;                   /* lines in it */
     uint64_t refused_more;                     /* refusals beyond them */
-    int failed;
-    int fail_code;
-    int culprit;
-    char fail_msg[MSG_MAX];
     double spin_s; /* wait_any spins this long first */
     atomic_int spinning; /* waiters reading the data streams themselves */
     atomic_int sleepers; /* waiters asleep on cond */
@@ -285,7 +271,7 @@ extern _Thread_local int tcp_in_waiter_io;
 static inline const char *tcp_pname(struct mesh_transport *t, int r, char *buf,
                                     size_t len)
 {
-    return mesh_peer_name(&t->world, r, buf, len);
+    return tp_pname(&t->super, r, buf, len);
 }
 
 /* sockopt.c */
@@ -326,6 +312,8 @@ int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
 int tcp_irecv(mesh_transport_t *t, int peer, const struct mesh_frame *expect,
               void *buf, mesh_mr_t *mr, mesh_req_t **out);
 int tcp_test(mesh_transport_t *t, mesh_req_t *req, int *done);
+/* base's req_free: test() hands a request back */
+void tcp_req_free(struct tp_base *b, struct tp_req *r, int failed);
 
 /* progress.c */
 void tcp_wake(struct mesh_transport *t);
@@ -353,13 +341,5 @@ void tcp_hold(mesh_transport_t *t, int on);
 void tcp_ctrl_send(struct conn *c, uint32_t type, int culprit, int code,
                    const char *reason);
 void tcp_free_pieces(struct conn *c);
-/*
- * Fail the job: record the message (reason + the operation in flight),
- * drop every queued piece and posted receive, tell the other peers
- * (notify), wake every waiter. The first failure wins.
- */
-void tcp_fail_job(struct mesh_transport *t, int culprit, int code, int notify,
-                  const char *fmt, ...) MESH_PRINTF(5, 6);
-int tcp_fail_err(struct mesh_transport *t);
 
 #endif

@@ -61,9 +61,6 @@ enum tcp_ctrl_type {
     TCP_CTRL_BYE = 3,   /* the sender closes the mesh normally */
 };
 
-/* The TCP transport's operations (transport/tcp/ops.c). */
-extern const struct mesh_transport_ops mesh_tcp_ops;
-
 /* The rank a failed TCP mesh blames (an abort notice's culprit), or -1:
  * not failed, or no one. For the verbs transport, which runs over it. */
 int mesh_tcp_culprit(mesh_transport_t *t);

@@ -22,22 +22,14 @@ _Thread_local int tcp_in_waiter_io;
 
 /* ---- the waiter ---------------------------------------------------------- */
 
-static int any_done(mesh_req_t *const *reqs, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (reqs[i] &&
-            atomic_load_explicit(&reqs[i]->done, memory_order_acquire))
-            return 1;
-    return 0;
-}
-
 /* One pass of a waiter's I/O over the data streams, under the lock: write
  * what the send queues hold, read what arrived. With fds, also list what
  * each stream still waits for (*nf entries) for poll(). */
 static void waiter_io(struct mesh_transport *t, struct pollfd *fds, int *nf)
 {
     tcp_in_waiter_io = 1;
-    for (int i = 0; i < t->world.size * t->S && !t->failed; i++) {
+    for (int i = 0; i < t->super.world.size * t->S && !t->super.fail.failed;
+         i++) {
         struct conn *c = tcp_data_conn(t, i);
 
         if (!c || c->state != C_READY || c->spin_lost)
@@ -68,13 +60,13 @@ static int caller_io(struct mesh_transport *t, mesh_req_t *const *reqs, int n)
 {
     int done;
 
-    if (any_done(reqs, n))
+    if (tp_any_done(reqs, n))
         return 1;
-    if (pthread_mutex_trylock(&t->lock))
+    if (pthread_mutex_trylock(&t->super.lock))
         return 0;
     waiter_io(t, NULL, NULL);
-    done = any_done(reqs, n) || t->failed;
-    pthread_mutex_unlock(&t->lock);
+    done = tp_any_done(reqs, n) || t->super.fail.failed;
+    pthread_mutex_unlock(&t->super.lock);
     return done;
 }
 
@@ -90,7 +82,7 @@ static int caller_io(struct mesh_transport *t, mesh_req_t *const *reqs, int n)
 static int waiter_poll(struct mesh_transport *t, mesh_req_t *const *reqs,
                        int n, uint64_t deadline)
 {
-    int cap = t->world.size * t->S + 1, rc = 0;
+    int cap = t->super.world.size * t->S + 1, rc = 0;
     struct pollfd stack[65], *fds = stack;
 
     if (cap > (int)MESH_ARRAY_SIZE(stack)) {
@@ -103,14 +95,14 @@ static int waiter_poll(struct mesh_transport *t, mesh_req_t *const *reqs,
         uint64_t now, ms;
         int nf = 0;
 
-        pthread_mutex_lock(&t->lock);
+        pthread_mutex_lock(&t->super.lock);
         waiter_io(t, fds, &nf);
-        if (any_done(reqs, n) || t->failed) {
-            pthread_mutex_unlock(&t->lock);
+        if (tp_any_done(reqs, n) || t->super.fail.failed) {
+            pthread_mutex_unlock(&t->super.lock);
             rc = 1;
             break;
         }
-        pthread_mutex_unlock(&t->lock);
+        pthread_mutex_unlock(&t->super.lock);
         fds[nf].fd = t->kick_fd;
         fds[nf].events = POLLIN;
         fds[nf].revents = 0;
@@ -146,10 +138,10 @@ static int waiter_poll(struct mesh_transport *t, mesh_req_t *const *reqs,
  */
 static void spin_release_io(struct mesh_transport *t, int reads)
 {
-    if (t->failed)
+    if (t->super.fail.failed)
         return;
     atomic_store(&t->deferred, 0);
-    for (int i = 0; i < t->world.size * t->S; i++) {
+    for (int i = 0; i < t->super.world.size * t->S; i++) {
         struct conn *c = tcp_data_conn(t, i);
 
         if (!c || c->state != C_READY)
@@ -176,9 +168,9 @@ static void last_out(struct mesh_transport *t)
     int sleepers = atomic_load(&t->sleepers);
 
     if (sleepers || (atomic_load(&t->deferred) && !atomic_load(&t->holders))) {
-        pthread_mutex_lock(&t->lock);
+        pthread_mutex_lock(&t->super.lock);
         spin_release_io(t, sleepers);
-        pthread_mutex_unlock(&t->lock);
+        pthread_mutex_unlock(&t->super.lock);
     }
 }
 
@@ -211,7 +203,7 @@ int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
             last_out(t);
         if (done < 0)
             return done;
-        if (done && !any_done(reqs, n))
+        if (done && !tp_any_done(reqs, n))
             done = 0; /* the job failed: its error, below */
         if (done)
             return 0;
@@ -220,28 +212,15 @@ int tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
                             "tcp wait: no request completed within %.3f s",
                             timeout_s);
     }
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&t->super.lock);
     /* About to sleep: the progress thread must read for us again. (A
      * spinner leaving at this moment sees sleepers, or we see it gone.) */
     atomic_fetch_add(&t->sleepers, 1);
     if (!atomic_load(&t->spinning))
         tcp_spin_release(t);
-    for (;;) {
-        if (any_done(reqs, n))
-            break;
-        if (t->failed) {
-            rc = tcp_fail_err(t);
-            break;
-        }
-        if (mesh_cond_sleep(&t->cond, &t->lock, deadline) < 0) {
-            rc = mesh_err(-ETIMEDOUT,
-                          "tcp wait: no request completed within %.3f s",
-                          timeout_s);
-            break;
-        }
-    }
+    rc = tp_wait_sleep(&t->super, reqs, n, deadline, timeout_s);
     atomic_fetch_sub(&t->sleepers, 1);
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
     return rc;
 }
 

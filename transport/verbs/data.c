@@ -83,16 +83,17 @@ void verbs_q_push(struct mesh_req **head, struct mesh_req **tail,
 
 static int post_cts(struct mesh_transport *t, struct mesh_req *r, int slot)
 {
-    struct vpeer *vp = &t->vp[r->peer];
+    struct vpeer *vp = &t->vp[r->super.peer];
     int qpi = slot % t->nqp;
     struct vqp *v = &vp->qp[qpi];
-    uint8_t *m = verbs_sbuf(t, r->peer, slot);
+    uint8_t *m = verbs_sbuf(t, r->super.peer, slot);
     struct ibv_sge sge = {.addr = (uintptr_t)m,
                           .length = VERBS_CTS_LEN,
                           .lkey = t->ctrl_mr->lkey};
     struct ibv_send_wr wr =
                            {
-                               .wr_id = verbs_wr_id(WR_CTS, r->peer, qpi, slot),
+                               .wr_id = verbs_wr_id(WR_CTS, r->super.peer, qpi,
+                                                    slot),
                                .sg_list = &sge,
                                .num_sge = 1,
                                .opcode = IBV_WR_SEND,
@@ -106,17 +107,17 @@ static int post_cts(struct mesh_transport *t, struct mesh_req *r, int slot)
     mesh_put_le32(m, VERBS_CTS_MAGIC);
     mesh_put_le16(m + 4, (uint16_t)slot);
     mesh_put_le16(m + 6, vp->gen[slot]);
-    m[8] = r->f.op;
-    m[9] = r->f.dtype;
-    mesh_put_le32(m + 12, r->f.tag);
-    mesh_put_le64(m + 16, r->f.seq);
-    mesh_put_le64(m + 24, r->f.count);
-    mesh_put_le64(m + 32, r->f.offset);
-    mesh_put_le64(m + 40, r->f.length);
+    m[8] = r->super.f.op;
+    m[9] = r->super.f.dtype;
+    mesh_put_le32(m + 12, r->super.f.tag);
+    mesh_put_le64(m + 16, r->super.f.seq);
+    mesh_put_le64(m + 24, r->super.f.count);
+    mesh_put_le64(m + 32, r->super.f.offset);
+    mesh_put_le64(m + 40, r->super.f.length);
     mesh_put_le64(m + 48, (uintptr_t)r->buf);
     mesh_put_le32(m + 56, r->rkey);
     VERBS_CHECK_RC(rc, ibv_post_send(v->qp, &wr, &bad), out,
-                   "verbs: posting a clear-to-send to rank %d", r->peer);
+                   "verbs: posting a clear-to-send to rank %d", r->super.peer);
     v->ring[(v->ring_head + v->ring_n) % VERBS_SQ_DEPTH] =
         (struct sent){.kind = WR_CTS, .r = NULL};
     v->ring_n++;
@@ -154,9 +155,9 @@ static int pump(struct mesh_transport *t, int peer, int qpi)
 
     while (v->sq_head && v->writes < VERBS_WRITE_WINDOW) {
         struct mesh_req *r = v->sq_head;
-        uint64_t left = r->f.length - r->posted;
+        uint64_t left = r->super.f.length - r->posted;
         uint32_t len = (uint32_t)MESH_MIN(left, (uint64_t)VERBS_PIECE);
-        int last = r->posted + len == r->f.length;
+        int last = r->posted + len == r->super.f.length;
         int dbg = atomic_fetch_and(&debug_flags, ~VERBS_DEBUG_BAD_RKEY);
         struct ibv_sge sge = {.addr = (uintptr_t)(r->buf + r->posted),
                               .length = len,
@@ -203,7 +204,7 @@ out:
 static int cts_match(struct mesh_transport *t, struct mesh_req *r,
                      struct cts *c)
 {
-    const struct mesh_frame *e = &c->f, *f = &r->f;
+    const struct mesh_frame *e = &c->f, *f = &r->super.f;
     uint64_t end = e->offset + e->length;
     char fa[200], fb[200], me[300], them[300];
     int starts_inside = e->length ? (f->offset >= e->offset && f->offset < end)
@@ -213,26 +214,28 @@ static int cts_match(struct mesh_transport *t, struct mesh_req *r,
     if (e->seq != f->seq || e->tag != f->tag || !starts_inside)
         return 0;
     if (e->op != f->op || e->dtype != f->dtype || e->count != f->count) {
-        verbs_fail_job(t, r->peer, -EPROTO, 1,
-                       "desync between rank %d (%s), which expected %s, and "
-                       "rank %d (%s), which sent %s",
-                       r->peer, verbs_pname(t, r->peer, them, sizeof(them)),
-                       mesh_frame_str(e, fa, sizeof(fa)), t->world.rank,
-                       verbs_pname(t, t->world.rank, me, sizeof(me)),
-                       mesh_frame_str(f, fb, sizeof(fb)));
+        tp_fail_job(&t->super, r->super.peer, -EPROTO, 1,
+                    "desync between rank %d (%s), which expected %s, and "
+                    "rank %d (%s), which sent %s",
+                    r->super.peer,
+                    verbs_pname(t, r->super.peer, them, sizeof(them)),
+                    mesh_frame_str(e, fa, sizeof(fa)), t->super.world.rank,
+                    verbs_pname(t, t->super.world.rank, me, sizeof(me)),
+                    mesh_frame_str(f, fb, sizeof(fb)));
         return -1;
     }
     if (!overrun &&
         (f->length > end - f->offset || f->length > e->length - c->reserved)) {
-        verbs_fail_job(t, r->peer, -EPROTO, 1,
-                       "rank %d (%s) sent a frame beyond the posted receive "
-                       "of rank %d (%s): got %s, expected %s (%" PRIu64
-                       " bytes already claimed); nothing was written",
-                       t->world.rank,
-                       verbs_pname(t, t->world.rank, me, sizeof(me)), r->peer,
-                       verbs_pname(t, r->peer, them, sizeof(them)),
-                       mesh_frame_str(f, fb, sizeof(fb)),
-                       mesh_frame_str(e, fa, sizeof(fa)), c->reserved);
+        tp_fail_job(&t->super, r->super.peer, -EPROTO, 1,
+                    "rank %d (%s) sent a frame beyond the posted receive "
+                    "of rank %d (%s): got %s, expected %s (%" PRIu64
+                    " bytes already claimed); nothing was written",
+                    t->super.world.rank,
+                    verbs_pname(t, t->super.world.rank, me, sizeof(me)),
+                    r->super.peer,
+                    verbs_pname(t, r->super.peer, them, sizeof(them)),
+                    mesh_frame_str(f, fb, sizeof(fb)),
+                    mesh_frame_str(e, fa, sizeof(fa)), c->reserved);
         return -1;
     }
     if (overrun) {
@@ -301,15 +304,16 @@ static void got_cts(struct mesh_transport *t, int peer, int qpi,
 
     if (len != VERBS_CTS_LEN || mesh_get_le32(m) != VERBS_CTS_MAGIC || m[10] || m[11] ||
         mesh_get_le32(m + 60)) {
-        verbs_fail_job(t, peer, -EPROTO, 1,
-                       "rank %d (%s) sent a malformed clear-to-send (%" PRIu32
-                       " bytes)",
-                       peer, verbs_pname(t, peer, nb, sizeof(nb)), len);
+        tp_fail_job(&t->super, peer, -EPROTO, 1,
+                    "rank %d (%s) sent a malformed clear-to-send (%" PRIu32
+                    " bytes)",
+                    peer, verbs_pname(t, peer, nb, sizeof(nb)), len);
         return;
     }
     c = calloc(1, sizeof(*c));
     if (!c) {
-        verbs_fail_job(t, -1, -ENOMEM, 1, "out of memory for a clear-to-send");
+        tp_fail_job(&t->super, -1, -ENOMEM, 1,
+                    "out of memory for a clear-to-send");
         return;
     }
     c->slot = mesh_get_le16(m + 4);
@@ -326,11 +330,10 @@ static void got_cts(struct mesh_transport *t, int peer, int qpi,
     if (c->slot >= VERBS_CREDITS || c->slot % t->nqp != qpi ||
         c->gen > 0x7fff || c->f.offset + c->f.length < c->f.offset ||
         c->addr + c->f.length < c->addr) {
-        verbs_fail_job(
-            t, peer, -EPROTO, 1,
-            "rank %d (%s) sent an invalid clear-to-send (slot %u on QP "
-            "%d, range overflow?)",
-            peer, verbs_pname(t, peer, nb, sizeof(nb)), c->slot, qpi);
+        tp_fail_job(&t->super, peer, -EPROTO, 1,
+                    "rank %d (%s) sent an invalid clear-to-send (slot %u on QP "
+                    "%d, range overflow?)",
+                    peer, verbs_pname(t, peer, nb, sizeof(nb)), c->slot, qpi);
         free(c);
         return;
     }
@@ -341,7 +344,7 @@ static void got_cts(struct mesh_transport *t, int peer, int qpi,
     vp->cts_tail = c;
     rc = verbs_match_sends(t, peer);
     if (rc < 0 && rc != -EPROTO)
-        verbs_fail_job(t, -1, rc, 1, "%s", mesh_err_msg(rc));
+        tp_fail_job(&t->super, -1, rc, 1, "%s", mesh_err_msg(rc));
 }
 
 static void got_imm(struct mesh_transport *t, int peer, uint32_t imm)
@@ -354,21 +357,20 @@ static void got_imm(struct mesh_transport *t, int peer, uint32_t imm)
 
     if (slot >= VERBS_CREDITS || !vp->slot[slot] ||
         VERBS_IMM_GEN(imm) != vp->gen[slot] || !(imm & VERBS_IMM_FINAL)) {
-        verbs_fail_job(
-            t, peer, -EPROTO, 1,
-            "rank %d (%s) completed a write for slot %u generation %u, "
-            "which this rank never granted",
-            peer, verbs_pname(t, peer, nb, sizeof(nb)), slot,
-            VERBS_IMM_GEN(imm));
+        tp_fail_job(&t->super, peer, -EPROTO, 1,
+                    "rank %d (%s) completed a write for slot %u generation %u, "
+                    "which this rank never granted",
+                    peer, verbs_pname(t, peer, nb, sizeof(nb)), slot,
+                    VERBS_IMM_GEN(imm));
         return;
     }
     r = vp->slot[slot];
     vp->slot[slot] = NULL;
     r->slot = -1;
-    verbs_req_complete(t, r);
+    tp_req_done(&t->super, &r->super);
     rc = verbs_grant_slots(t, peer);
     if (rc < 0)
-        verbs_fail_job(t, peer, rc, 1, "%s", mesh_err_msg(rc));
+        tp_fail_job(&t->super, peer, rc, 1, "%s", mesh_err_msg(rc));
 }
 
 static int wc_culprit_code(enum ibv_wc_status s)
@@ -392,8 +394,8 @@ static void handle_wc(struct mesh_transport *t, const struct ibv_wc *wc)
     char nb[300];
     struct vqp *v;
 
-    if (peer < 0 || peer >= t->world.size || peer == t->world.rank ||
-        qpi >= t->nqp)
+    if (peer < 0 || peer >= t->super.world.size ||
+        peer == t->super.world.rank || qpi >= t->nqp)
         return;
     v = &t->vp[peer].qp[qpi];
     if (kind != WR_RECV && v->ring_n > 0) {
@@ -403,23 +405,23 @@ static void handle_wc(struct mesh_transport *t, const struct ibv_wc *wc)
         v->ring_n--;
         if (s.kind == WR_WRITE) {
             v->writes--;
-            if (!t->failed && s.r) {
+            if (!t->super.fail.failed && s.r) {
                 s.r->inflight--;
                 if (wc->status == IBV_WC_SUCCESS && s.r->all_posted &&
                     !s.r->inflight)
-                    verbs_req_complete(t, s.r);
+                    tp_req_done(&t->super, &s.r->super);
             }
         }
     }
-    if (t->failed || t->stopping)
+    if (t->super.fail.failed || t->stopping)
         return;
     if (wc->status != IBV_WC_SUCCESS) {
         if (t->vp[peer].bye)
-            verbs_fail_job(t, peer, -ECONNRESET, 1,
-                           "rank %d (%s) left the mesh with operations pending "
-                           "(%s: %s)",
-                           peer, verbs_pname(t, peer, nb, sizeof(nb)),
-                           wr_kind_name(kind), ibv_wc_status_str(wc->status));
+            tp_fail_job(&t->super, peer, -ECONNRESET, 1,
+                        "rank %d (%s) left the mesh with operations pending "
+                        "(%s: %s)",
+                        peer, verbs_pname(t, peer, nb, sizeof(nb)),
+                        wr_kind_name(kind), ibv_wc_status_str(wc->status));
         else if (!t->wc_fail_ns) {
             t->wc_fail_ns = mesh_now_ns();
             t->wc_fail_peer = peer;
@@ -441,22 +443,22 @@ static void handle_wc(struct mesh_transport *t, const struct ibv_wc *wc)
         } else if (wc->opcode == IBV_WC_RECV) {
             got_cts(t, peer, qpi, verbs_rbuf(t, peer, qpi, idx), wc->byte_len);
         } else {
-            verbs_fail_job(
-                t, peer, -EPROTO, 1,
-                "rank %d (%s): unexpected receive completion opcode %d", peer,
-                verbs_pname(t, peer, nb, sizeof(nb)), (int)wc->opcode);
+            tp_fail_job(&t->super, peer, -EPROTO, 1,
+                        "rank %d (%s): unexpected receive completion opcode %d",
+                        peer, verbs_pname(t, peer, nb, sizeof(nb)),
+                        (int)wc->opcode);
             return;
         }
-        if (t->failed)
+        if (t->super.fail.failed)
             return;
         rc = verbs_post_recv(t, peer, qpi, idx);
         if (rc < 0)
-            verbs_fail_job(t, -1, rc, 1, "%s", mesh_err_msg(rc));
+            tp_fail_job(&t->super, -1, rc, 1, "%s", mesh_err_msg(rc));
     } else if (kind == WR_WRITE) {
         int rc = pump(t, peer, qpi);
 
         if (rc < 0)
-            verbs_fail_job(t, -1, rc, 1, "%s", mesh_err_msg(rc));
+            tp_fail_job(&t->super, -1, rc, 1, "%s", mesh_err_msg(rc));
     }
 }
 
@@ -475,22 +477,18 @@ static void handle_wc(struct mesh_transport *t, const struct ibv_wc *wc)
 static void bye_check(struct mesh_transport *t, int peer)
 {
     struct vpeer *vp = &t->vp[peer];
-    char nb[300];
 
     if (!vp->bye_ns)
         return;
-    if (drain_cq(t) < 0 || t->failed)
+    if (drain_cq(t) < 0 || t->super.fail.failed)
         return;
-    for (struct mesh_req *r = t->reqs; r; r = r->next)
-        if (r->peer == peer && !atomic_load(&r->done)) {
-            if (mesh_now_ns() - vp->bye_ns < VERBS_BYE_GRACE_NS)
-                return; /* look again at the next tick */
-            vp->bye_ns = 0;
-            verbs_fail_job(t, peer, -ECONNRESET, 1,
-                           "rank %d (%s) left the mesh with operations pending",
-                           peer, verbs_pname(t, peer, nb, sizeof(nb)));
-            return;
-        }
+    if (tp_req_pending(&t->super, peer)) {
+        if (mesh_now_ns() - vp->bye_ns < VERBS_BYE_GRACE_NS)
+            return; /* look again at the next tick */
+        vp->bye_ns = 0;
+        tp_fail_left(&t->super, peer);
+        return;
+    }
     vp->bye_ns = 0; /* nothing pending: nothing to fail */
 }
 
@@ -513,29 +511,29 @@ static void tick(struct mesh_transport *t)
     if (rc < 0) {
         /* A peer that blames us while our own completion failed: ours is
          * the first-hand account (a wrong key, a write past a window). */
-        if (t->wc_fail_ns && !t->failed &&
-            mesh_tcp_culprit(t->inner) == t->world.rank)
-            verbs_fail_job(t, t->wc_fail_peer, t->wc_fail_code, 0, "%s",
-                           t->wc_fail_msg);
+        if (t->wc_fail_ns && !t->super.fail.failed &&
+            t->inner_ops->culprit(t->inner) == t->super.world.rank)
+            tp_fail_job(&t->super, t->wc_fail_peer, t->wc_fail_code, 0, "%s",
+                        t->wc_fail_msg);
         else
             verbs_adopt_inner_failure(t, rc);
         return;
     }
-    if (t->wc_fail_ns && !t->failed &&
+    if (t->wc_fail_ns && !t->super.fail.failed &&
         mesh_now_ns() - t->wc_fail_ns >= VERBS_WC_GRACE_NS) {
-        verbs_fail_job(t, t->wc_fail_peer, t->wc_fail_code, 1, "%s",
-                       t->wc_fail_msg);
+        tp_fail_job(&t->super, t->wc_fail_peer, t->wc_fail_code, 1, "%s",
+                    t->wc_fail_msg);
         return;
     }
-    for (int p = 0; p < t->world.size; p++) {
+    for (int p = 0; p < t->super.world.size; p++) {
         struct vpeer *vp = &t->vp[p];
         int done = 0;
 
-        if (p == t->world.rank)
+        if (p == t->super.world.rank)
             continue;
         if (vp->bye_ns) {
             bye_check(t, p);
-            if (t->failed)
+            if (t->super.fail.failed)
                 return;
         }
         if (!vp->bye_req)
@@ -551,7 +549,7 @@ static void tick(struct mesh_transport *t)
             vp->bye = 1;
             vp->bye_ns = mesh_now_ns();
             bye_check(t, p);
-            if (t->failed)
+            if (t->super.fail.failed)
                 return;
         }
     }
@@ -565,7 +563,8 @@ static int drain_cq(struct mesh_transport *t)
     for (;;) {
         n = ibv_poll_cq(t->cq, (int)MESH_ARRAY_SIZE(wc), wc);
         if (n < 0) {
-            verbs_fail_job(t, -1, -EIO, 1, "verbs: ibv_poll_cq failed (%d)", n);
+            tp_fail_job(&t->super, -1, -EIO, 1,
+                        "verbs: ibv_poll_cq failed (%d)", n);
             return n;
         }
         if (!n)
@@ -581,7 +580,7 @@ void *verbs_progress_main(void *arg)
     struct mesh_transport *t = arg;
     uint64_t idle_since = mesh_now_ns(), last_tick = 0;
 
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&t->super.lock);
     while (!t->stopping) {
         uint64_t now;
         int n = drain_cq(t);
@@ -596,26 +595,27 @@ void *verbs_progress_main(void *arg)
             continue;
         }
         if (now - idle_since < VERBS_SPIN_NS) {
-            pthread_mutex_unlock(&t->lock);
+            pthread_mutex_unlock(&t->super.lock);
             sched_yield();
-            pthread_mutex_lock(&t->lock);
+            pthread_mutex_lock(&t->super.lock);
             continue;
         }
         /* Idle: arm the CQ, look once more, then sleep on the channel. */
         if (ibv_req_notify_cq(t->cq, 0)) {
-            verbs_fail_job(t, -1, -EIO, 1, "verbs: ibv_req_notify_cq failed");
+            tp_fail_job(&t->super, -1, -EIO, 1,
+                        "verbs: ibv_req_notify_cq failed");
             break;
         }
         if (drain_cq(t) > 0) {
             idle_since = mesh_now_ns();
             continue;
         }
-        pthread_mutex_unlock(&t->lock);
+        pthread_mutex_unlock(&t->super.lock);
         {
             struct pollfd pfd = {.fd = t->chan->fd, .events = POLLIN};
             int pr = poll(&pfd, 1, VERBS_TICK_MS);
 
-            pthread_mutex_lock(&t->lock);
+            pthread_mutex_lock(&t->super.lock);
             if (pr > 0) {
                 struct ibv_cq *cq;
                 void *cq_ctx;
@@ -629,6 +629,6 @@ void *verbs_progress_main(void *arg)
             }
         }
     }
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
     return NULL;
 }

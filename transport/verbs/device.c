@@ -74,7 +74,7 @@ int verbs_dev_open(struct mesh_transport *t)
         const char *name = ibv_get_device_name(list[i]);
         struct ibv_context *ctx;
 
-        if (t->opts.ib_dev && strcmp(name, t->opts.ib_dev))
+        if (t->super.opts.ib_dev && strcmp(name, t->super.opts.ib_dev))
             continue;
         ctx = ibv_open_device(list[i]);
         if (!ctx)
@@ -84,7 +84,7 @@ int verbs_dev_open(struct mesh_transport *t)
             continue;
         }
         for (int p = 1; p <= da.phys_port_cnt && !found; p++) {
-            if (t->opts.ib_port > 0 && p != t->opts.ib_port)
+            if (t->super.opts.ib_port > 0 && p != t->super.opts.ib_port)
                 continue;
             if (port_usable(ctx, p, &t->pattr)) {
                 t->ctx = ctx;
@@ -100,12 +100,13 @@ int verbs_dev_open(struct mesh_transport *t)
     if (!found) {
         if (!n)
             return mesh_err(-ENODEV, "verbs: no RDMA device found");
-        if (t->opts.ib_dev || t->opts.ib_port > 0)
+        if (t->super.opts.ib_dev || t->super.opts.ib_port > 0)
             return mesh_err(-ENODEV,
                             "verbs: no active port on %s, port %d, among %d "
                             "RDMA device(s) (--ib-dev, --ib-port)",
-                            t->opts.ib_dev ? t->opts.ib_dev : "any device",
-                            t->opts.ib_port, n);
+                            t->super.opts.ib_dev ? t->super.opts.ib_dev
+                                                 : "any device",
+                            t->super.opts.ib_port, n);
         return mesh_err(-ENODEV,
                         "verbs: none of %d RDMA device(s) has an "
                         "active port",
@@ -113,16 +114,16 @@ int verbs_dev_open(struct mesh_transport *t)
     }
 
     t->gid_index = -1;
-    if (t->opts.gid_index >= 0) {
-        if (t->opts.gid_index >= t->pattr.gid_tbl_len) {
+    if (t->super.opts.gid_index >= 0) {
+        if (t->super.opts.gid_index >= t->pattr.gid_tbl_len) {
             rc = mesh_err(-EINVAL,
                           "verbs: --gid-index %d out of range (%s port %u "
                           "has %d GIDs)",
-                          t->opts.gid_index, t->devname, t->port,
+                          t->super.opts.gid_index, t->devname, t->port,
                           t->pattr.gid_tbl_len);
             goto close_dev;
         }
-        t->gid_index = t->opts.gid_index;
+        t->gid_index = t->super.opts.gid_index;
     } else if (t->pattr.link_layer == IBV_LINK_LAYER_ETHERNET) {
         t->gid_index = find_rocev2_gid(t);
         if (t->gid_index < 0) {
@@ -143,7 +144,7 @@ int verbs_dev_open(struct mesh_transport *t)
                     "verbs: ibv_alloc_pd on %s", t->devname);
     VERBS_CHECK_PTR(rc, t->chan, ibv_create_comp_channel(t->ctx), free_pd,
                     "verbs: ibv_create_comp_channel on %s", t->devname);
-    cqe = MESH_MAX(t->world.size - 1, 1) * VERBS_QP_MAX *
+    cqe = MESH_MAX(t->super.world.size - 1, 1) * VERBS_QP_MAX *
           (VERBS_RQ_DEPTH + VERBS_SQ_DEPTH);
     cqe = MESH_MIN(cqe, da.max_cqe);
     VERBS_CHECK_PTR(rc, t->cq, ibv_create_cq(t->ctx, cqe, NULL, t->chan, 0),
@@ -180,7 +181,7 @@ uint8_t *verbs_rbuf(struct mesh_transport *t, int peer, int qpi, int idx)
 
 uint8_t *verbs_sbuf(struct mesh_transport *t, int peer, int slot)
 {
-    size_t base = (size_t)t->world.size * VERBS_QP_MAX * VERBS_RQ_DEPTH;
+    size_t base = (size_t)t->super.world.size * VERBS_QP_MAX * VERBS_RQ_DEPTH;
 
     return (uint8_t *)t->ctrl +
            (base + (size_t)peer * VERBS_CREDITS + (size_t)slot) * VERBS_CTS_LEN;
@@ -235,8 +236,8 @@ int verbs_qps_create(struct mesh_transport *t)
 {
     int rc = 0;
 
-    for (int p = 0; p < t->world.size; p++) {
-        if (p == t->world.rank)
+    for (int p = 0; p < t->super.world.size; p++) {
+        if (p == t->super.world.rank)
             continue;
         for (int q = 0; q < t->nqp; q++) {
             struct vqp *v = &t->vp[p].qp[q];
@@ -354,7 +355,7 @@ int verbs_qps_connect(struct mesh_transport *t, int peer,
     uint8_t timeout, retry;
     int rc = 0;
 
-    qp_retry(t->opts.peer_timeout_s, &timeout, &retry);
+    qp_retry(t->super.opts.peer_timeout_s, &timeout, &retry);
 
     for (int q = 0; q < t->nqp; q++) {
         struct vqp *v = &t->vp[peer].qp[q];
@@ -412,7 +413,7 @@ int verbs_ctrl_exchange(struct mesh_transport *t, uint32_t tag,
                         const uint8_t *out, size_t out_stride, uint8_t *in,
                         size_t len)
 {
-    int n = t->world.size, rc = 0, rc2;
+    int n = t->super.world.size, rc = 0, rc2;
     mesh_req_t **rq = calloc((size_t)n * 2, sizeof(*rq));
 
     if (!rq)
@@ -425,7 +426,7 @@ int verbs_ctrl_exchange(struct mesh_transport *t, uint32_t tag,
                                .count = len,
                                .length = len};
 
-        if (p == t->world.rank)
+        if (p == t->super.world.rank)
             continue;
         rc = t->inner_ops->irecv(t->inner, p, &f, in + (size_t)p * len, NULL,
                                  &rq[2 * p]);
@@ -450,7 +451,7 @@ int verbs_ctrl_exchange(struct mesh_transport *t, uint32_t tag,
 /* Close what dev_open and the connect built, in reverse order. */
 void verbs_dev_close(struct mesh_transport *t)
 {
-    for (int p = 0; t->vp && p < t->world.size; p++)
+    for (int p = 0; t->vp && p < t->super.world.size; p++)
         for (int q = 0; q < VERBS_QP_MAX; q++) {
             if (t->vp[p].qp[q].qp && ibv_destroy_qp(t->vp[p].qp[q].qp))
                 mesh_warn("verbs: ibv_destroy_qp for rank %d failed", p);

@@ -20,73 +20,32 @@
 
 /* ---- small helpers ------------------------------------------------------- */
 
-void verbs_req_link(struct mesh_transport *t, struct mesh_req *r)
-{
-    r->prev = NULL;
-    r->next = t->reqs;
-    if (t->reqs)
-        t->reqs->prev = r;
-    t->reqs = r;
-}
-
 void verbs_req_free(struct mesh_transport *t, struct mesh_req *r)
 {
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        t->reqs = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
+    tp_req_unlink(&t->super, &r->super);
     if (r->tmp && !ibv_dereg_mr(r->tmp))
         t->mr_live--;
     free(r);
 }
 
-void verbs_req_complete(struct mesh_transport *t, struct mesh_req *r)
-{
-    atomic_store_explicit(&r->done, 1, memory_order_release);
-    pthread_cond_broadcast(&t->cond);
-}
-
 /* ---- failure ------------------------------------------------------------- */
 
-void verbs_fail_job(struct mesh_transport *t, int culprit, int code, int notify,
-                    const char *fmt, ...)
+/* The job failed (tp_fail_job has recorded it and woken the waiters): with
+ * notify, the TCP mesh tells the peers. */
+static void verbs_failed(struct tp_base *b, int culprit, int code, int notify,
+                         const char *reason)
 {
-    char reason[MSG_MAX / 2], nb[300];
-    struct mesh_req *r, *inflight = NULL;
-    va_list ap;
+    struct mesh_transport *t = (struct mesh_transport *)b; /* super first */
 
-    if (t->failed)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(reason, sizeof(reason), fmt, ap);
-    va_end(ap);
-    for (r = t->reqs; r; r = r->next) {
-        if (atomic_load(&r->done))
-            continue;
-        if (!inflight || r->peer == culprit || inflight->peer != culprit)
-            inflight = r;
-    }
-    if (inflight)
-        mesh_failure_msg(t->fail_msg, sizeof(t->fail_msg), reason, &inflight->f,
-                         inflight->kind == REQ_SEND, inflight->peer,
-                         verbs_pname(t, inflight->peer, nb, sizeof(nb)));
-    else
-        mesh_failure_msg(t->fail_msg, sizeof(t->fail_msg), reason, NULL, 0,
-                         -1, NULL);
-    t->failed = 1;
-    t->fail_code = code;
-    mesh_error_log("%s", t->fail_msg);
-    pthread_cond_broadcast(&t->cond);
+    (void)code;
     if (notify && t->inner)
         t->inner_ops->abort(t->inner, culprit, reason);
 }
 
-int verbs_fail_err(struct mesh_transport *t)
-{
-    return mesh_err(t->fail_code, "%s", t->fail_msg);
-}
+static const struct tp_base_ops verbs_base_ops = {
+    .failed = verbs_failed,
+    .req_free = verbs_req_release,
+};
 
 void verbs_adopt_inner_failure(struct mesh_transport *t, int rc)
 {
@@ -99,7 +58,7 @@ void verbs_adopt_inner_failure(struct mesh_transport *t, int rc)
         cut = strstr(why, "; no operation in flight");
     if (cut)
         *cut = '\0';
-    verbs_fail_job(t, -1, rc, 0, "%s", why);
+    tp_fail_job(&t->super, -1, rc, 0, "%s", why);
 }
 
 static void verbs_close(mesh_transport_t *t);
@@ -111,7 +70,6 @@ static int vlisten(const struct mesh_world *world,
                    mesh_transport_t **out)
 {
     struct mesh_transport *t;
-    pthread_condattr_t ca;
     int rc;
 
     t = calloc(1, sizeof(*t));
@@ -120,26 +78,14 @@ static int vlisten(const struct mesh_world *world,
     t->inner_ops = &mesh_tcp_ops;
     t->is_auto = is_auto;
     t->use = &mesh_verbs_ops;
-    t->opts = *opts;
-    t->world = *world;
     t->gid_index = -1;
-    t->peers = calloc((size_t)world->size, sizeof(*t->peers));
-    if (!t->peers) {
-        free(t);
-        return mesh_err(-ENOMEM, "out of memory");
-    }
-    memcpy(t->peers, world->peers, (size_t)world->size * sizeof(*t->peers));
-    t->world.peers = t->peers;
     t->nqp = MESH_MAX(1, MESH_MIN(opts->streams, VERBS_QP_MAX));
-    /* wait_any's deadlines are on mesh_now_ns()'s clock (monotonic) */
-    if (pthread_mutex_init(&t->lock, NULL) || pthread_condattr_init(&ca) ||
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) ||
-        pthread_cond_init(&t->cond, &ca)) {
-        free(t->peers);
+    rc = tp_base_init(&t->super, "verbs", &verbs_base_ops, world, opts);
+    if (rc < 0) {
+        tp_base_fini(&t->super);
         free(t);
-        return mesh_err(-ENOMEM, "pthread init failed");
+        return rc;
     }
-    pthread_condattr_destroy(&ca);
 
     rc = t->inner_ops->listen(world, opts, &t->inner);
     if (rc < 0)
@@ -169,7 +115,7 @@ static int verbs_listen(const struct mesh_world *world,
 
 static int verbs_connect(mesh_transport_t *t)
 {
-    int n = t->world.size, rc, all = 1;
+    int n = t->super.world.size, rc, all = 1;
     uint8_t *out = NULL, *in = NULL, ready[VERBS_INFO_LEN] = {0};
     struct remote *rem = NULL;
 
@@ -203,7 +149,7 @@ static int verbs_connect(mesh_transport_t *t)
         goto out;
     }
     for (int p = 0; p < n; p++)
-        if (p != t->world.rank)
+        if (p != t->super.world.rank)
             verbs_info_encode(t, p, out + (size_t)p * VERBS_INFO_LEN);
     rc = verbs_ctrl_exchange(t, VERBS_TAG_INFO, out, VERBS_INFO_LEN, in,
                              VERBS_INFO_LEN);
@@ -211,7 +157,7 @@ static int verbs_connect(mesh_transport_t *t)
         goto out;
     all = t->ctx != NULL;
     for (int p = 0; p < n; p++) {
-        if (p == t->world.rank)
+        if (p == t->super.world.rank)
             continue;
         rc = verbs_info_decode(t, p, in + (size_t)p * VERBS_INFO_LEN, &rem[p]);
         if (rc < 0)
@@ -223,7 +169,7 @@ static int verbs_connect(mesh_transport_t *t)
         int who = -1;
 
         for (int p = 0; p < n && who < 0; p++)
-            if (p != t->world.rank && !rem[p].active)
+            if (p != t->super.world.rank && !rem[p].active)
                 who = p;
         if (!t->is_auto) {
             rc = mesh_err(-ENODEV,
@@ -240,7 +186,7 @@ static int verbs_connect(mesh_transport_t *t)
         goto out;
     }
     for (int p = 0; p < n && rc == 0; p++)
-        if (p != t->world.rank)
+        if (p != t->super.world.rank)
             rc = verbs_qps_connect(t, p, &rem[p]);
     if (rc < 0)
         goto out;
@@ -254,7 +200,7 @@ static int verbs_connect(mesh_transport_t *t)
                                .op = MESH_OP_P2P,
                                .dtype = MESH_DT_BYTE};
 
-        if (p != t->world.rank)
+        if (p != t->super.world.rank)
             rc = t->inner_ops->irecv(t->inner, p, &f, NULL, NULL,
                                      &t->vp[p].bye_req);
     }
@@ -280,7 +226,7 @@ out:
 /* The TCP mesh carries every failure's notice, the culprit with it. */
 static int verbs_culprit(mesh_transport_t *t)
 {
-    return t && t->inner ? mesh_tcp_culprit(t->inner) : -1;
+    return t && t->inner ? t->inner_ops->culprit(t->inner) : -1;
 }
 
 static void verbs_abort(mesh_transport_t *t, int culprit, const char *why)
@@ -290,39 +236,39 @@ static void verbs_abort(mesh_transport_t *t, int culprit, const char *why)
     if (!t)
         return;
     t->inner_ops->abort(t->inner, culprit, why);
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&t->super.lock);
     rc = t->inner_ops->progress(t->inner);
     if (rc < 0)
         verbs_adopt_inner_failure(t, rc);
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
 }
 
-/* Every other peer's goodbye has arrived (under t->lock). */
+/* Every other peer's goodbye has arrived (under t->super.lock). */
 static int all_said_bye(const struct mesh_transport *t)
 {
-    for (int p = 0; p < t->world.size; p++)
-        if (p != t->world.rank && !t->vp[p].bye)
+    for (int p = 0; p < t->super.world.size; p++)
+        if (p != t->super.world.rank && !t->vp[p].bye)
             return 0;
     return 1;
 }
 
 static void verbs_close(mesh_transport_t *t)
 {
-    struct mesh_req *r, *rn;
+    struct tp_req *r, *rn;
     struct mesh_mr *m, *mn;
 
     if (!t)
         return;
     /* Tell the peers we leave normally, unless the job failed. */
-    if (t->active && !t->failed) {
-        for (int p = 0; p < t->world.size; p++) {
+    if (t->active && !t->super.fail.failed) {
+        for (int p = 0; p < t->super.world.size; p++) {
             struct mesh_frame f = {.seq = VERBS_CTRL_SEQ,
                                    .tag = VERBS_TAG_BYE,
                                    .op = MESH_OP_P2P,
                                    .dtype = MESH_DT_BYTE};
             mesh_req_t *s;
 
-            if (p != t->world.rank && !t->vp[p].bye &&
+            if (p != t->super.world.rank && !t->vp[p].bye &&
                 t->inner_ops->isend(t->inner, p, &f, NULL, NULL, &s) == 0)
                 mesh_transport_wait(t->inner_ops, t->inner, s);
         }
@@ -333,29 +279,33 @@ static void verbs_close(mesh_transport_t *t)
      * of ours, need our QPs alive until that peer is done.
      */
     if (t->active && t->thread_started) {
-        uint64_t end = mesh_now_ns() + (uint64_t)(t->opts.peer_timeout_s * 1e9);
+        uint64_t end =
+            mesh_now_ns() + (uint64_t)(t->super.opts.peer_timeout_s * 1e9);
 
-        pthread_mutex_lock(&t->lock);
-        while (!t->failed && mesh_now_ns() < end && !all_said_bye(t)) {
-            pthread_mutex_unlock(&t->lock);
+        pthread_mutex_lock(&t->super.lock);
+        while (!t->super.fail.failed && mesh_now_ns() < end &&
+               !all_said_bye(t)) {
+            pthread_mutex_unlock(&t->super.lock);
             usleep(2000);
-            pthread_mutex_lock(&t->lock);
+            pthread_mutex_lock(&t->super.lock);
         }
-        pthread_mutex_unlock(&t->lock);
+        pthread_mutex_unlock(&t->super.lock);
     }
     if (t->thread_started) {
-        pthread_mutex_lock(&t->lock);
+        pthread_mutex_lock(&t->super.lock);
         t->stopping = 1;
-        pthread_mutex_unlock(&t->lock);
+        pthread_mutex_unlock(&t->super.lock);
         pthread_join(t->thread, NULL);
     }
-    for (r = t->reqs; r; r = rn) {
+    for (r = t->super.reqs; r; r = rn) {
+        struct mesh_req *q = (struct mesh_req *)r; /* super first */
+
         rn = r->next;
-        if (r->tmp && !ibv_dereg_mr(r->tmp))
+        if (q->tmp && !ibv_dereg_mr(q->tmp))
             t->mr_live--;
-        free(r);
+        free(q);
     }
-    for (int p = 0; t->vp && p < t->world.size; p++) {
+    for (int p = 0; t->vp && p < t->super.world.size; p++) {
         struct cts *c, *cn;
 
         for (c = t->vp[p].cts_head; c; c = cn) {
@@ -372,10 +322,8 @@ static void verbs_close(mesh_transport_t *t)
         mesh_host_free(t->ctrl, t->ctrl_len);
     /* The TCP mesh last: its goodbye follows ours. */
     t->inner_ops->close(t->inner);
-    pthread_mutex_destroy(&t->lock);
-    pthread_cond_destroy(&t->cond);
     free(t->vp);
-    free(t->peers);
+    tp_base_fini(&t->super);
     free(t);
 }
 
@@ -385,9 +333,9 @@ int mesh_verbs_mr_live(mesh_transport_t *t)
 
     if (!t)
         return -1;
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&t->super.lock);
     n = t->mr_live;
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
     return n;
 }
 

@@ -34,7 +34,7 @@ int verbs_reg_mr(mesh_transport_t *t, void *buf, size_t len, mesh_mr_t **out)
 
     if (!buf || !len)
         return mesh_err(-EINVAL, "verbs reg_mr: empty range");
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&t->super.lock);
     m = mr_find(t, buf, len);
     if (m) {
         m->refs++;
@@ -65,7 +65,7 @@ int verbs_reg_mr(mesh_transport_t *t, void *buf, size_t len, mesh_mr_t **out)
 free_m:
     free(m);
 out:
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
     return rc;
 }
 
@@ -76,7 +76,7 @@ int verbs_dereg_mr(mesh_transport_t *t, mesh_mr_t *mr)
 
     if (!mr)
         return 0;
-    pthread_mutex_lock(&t->lock);
+    pthread_mutex_lock(&t->super.lock);
     for (pp = &t->mrs; *pp && *pp != mr; pp = &(*pp)->next)
         ;
     if (!*pp) {
@@ -94,7 +94,7 @@ int verbs_dereg_mr(mesh_transport_t *t, mesh_mr_t *mr)
 free_mr:
     free(mr);
 out:
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
     return rc;
 }
 
@@ -102,20 +102,15 @@ out:
 
 static int check_peer(struct mesh_transport *t, int peer, const char *what)
 {
-    char nb[300];
+    int rc = tp_check_peer(&t->super, peer, what);
 
-    if (peer < 0 || peer >= t->world.size || peer == t->world.rank)
-        return mesh_err(-EINVAL, "verbs %s: invalid peer %d (rank %d of %d)",
-                        what, peer, t->world.rank, t->world.size);
-    if (t->failed)
-        return verbs_fail_err(t);
+    if (rc < 0)
+        return rc;
     if (!t->connected)
         return mesh_err(-ENOTCONN, "verbs %s: the mesh is not joined", what);
     if (t->vp[peer].bye) {
-        verbs_fail_job(t, peer, -ECONNRESET, 1,
-                       "rank %d (%s) left the mesh with operations pending",
-                       peer, verbs_pname(t, peer, nb, sizeof(nb)));
-        return verbs_fail_err(t);
+        tp_fail_left(&t->super, peer);
+        return tp_fail_err(&t->super);
     }
     return 0;
 }
@@ -154,7 +149,7 @@ out:
     return rc;
 }
 
-static struct mesh_req *req_new(struct mesh_transport *t, enum req_kind kind,
+static struct mesh_req *req_new(struct mesh_transport *t, enum tp_req_kind kind,
                                 int peer, const struct mesh_frame *f,
                                 const void *buf)
 {
@@ -162,30 +157,36 @@ static struct mesh_req *req_new(struct mesh_transport *t, enum req_kind kind,
 
     if (!r)
         return NULL;
-    r->kind = kind;
-    r->peer = peer;
-    r->f = *f;
+    r->super.kind = kind;
+    r->super.peer = peer;
+    r->super.f = *f;
     r->buf = (char *)buf;
     r->slot = -1;
-    verbs_req_link(t, r);
+    tp_req_link(&t->super, &r->super);
     return r;
 }
 
-int verbs_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
-                const void *buf, mesh_mr_t *mr, mesh_req_t **out)
+/*
+ * isend and irecv (kind): a request for peer with the keys of its memory,
+ * queued for a clear-to-send (send: matched against those already here) or
+ * for a slot (receive: a CTS goes out when one is free).
+ */
+static int post(struct mesh_transport *t, enum tp_req_kind kind, int peer,
+                const struct mesh_frame *f, const void *buf, mesh_mr_t *mr,
+                mesh_req_t **out)
 {
+    const char *what = kind == TP_SEND ? "isend" : "irecv";
+    struct vpeer *vp;
     struct mesh_req *r;
-    int rc;
+    int rc = tp_check_buf(&t->super, what, f, buf);
 
-    if (f->length && !buf)
-        return mesh_err(-EINVAL, "verbs isend: NULL buffer");
-    if (f->offset + f->length < f->offset)
-        return mesh_err(-EINVAL, "verbs isend: range overflows");
-    pthread_mutex_lock(&t->lock);
-    rc = check_peer(t, peer, "isend");
+    if (rc < 0)
+        return rc;
+    pthread_mutex_lock(&t->super.lock);
+    rc = check_peer(t, peer, what);
     if (rc < 0)
         goto out;
-    r = req_new(t, REQ_SEND, peer, f, buf);
+    r = req_new(t, kind, peer, f, buf);
     if (!r) {
         rc = mesh_err(-ENOMEM, "out of memory");
         goto out;
@@ -195,58 +196,43 @@ int verbs_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
         verbs_req_free(t, r);
         goto out;
     }
-    verbs_q_push(&t->vp[peer].wq_head, &t->vp[peer].wq_tail, r);
-    /* A desync fails the job here; the request stays linked and test()
-     * reports the failure. */
-    rc = verbs_match_sends(t, peer);
-    if (rc < 0 && !t->failed)
-        verbs_fail_job(t, -1, rc, 1, "%s", mesh_err_msg(rc));
+    vp = &t->vp[peer];
+    if (kind == TP_SEND) {
+        verbs_q_push(&vp->wq_head, &vp->wq_tail, r);
+        /* A desync fails the job here; the request stays linked and
+         * test() reports the failure. */
+        rc = verbs_match_sends(t, peer);
+        if (rc < 0 && !t->super.fail.failed)
+            tp_fail_job(&t->super, -1, rc, 1, "%s", mesh_err_msg(rc));
+    } else {
+        verbs_q_push(&vp->rq_head, &vp->rq_tail, r);
+        rc = verbs_grant_slots(t, peer);
+        if (rc < 0)
+            tp_fail_job(&t->super, peer, rc, 1, "%s", mesh_err_msg(rc));
+    }
     *out = r;
     rc = 0;
 out:
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_unlock(&t->super.lock);
     return rc;
+}
+
+int verbs_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
+                const void *buf, mesh_mr_t *mr, mesh_req_t **out)
+{
+    return post(t, TP_SEND, peer, f, buf, mr, out);
 }
 
 int verbs_irecv(mesh_transport_t *t, int peer, const struct mesh_frame *expect,
                 void *buf, mesh_mr_t *mr, mesh_req_t **out)
 {
-    struct mesh_req *r;
-    int rc;
-
-    if (expect->length && !buf)
-        return mesh_err(-EINVAL, "verbs irecv: NULL buffer");
-    if (expect->offset + expect->length < expect->offset)
-        return mesh_err(-EINVAL, "verbs irecv: range overflows");
-    pthread_mutex_lock(&t->lock);
-    rc = check_peer(t, peer, "irecv");
-    if (rc < 0)
-        goto out;
-    r = req_new(t, REQ_RECV, peer, expect, buf);
-    if (!r) {
-        rc = mesh_err(-ENOMEM, "out of memory");
-        goto out;
-    }
-    rc = req_keys(t, r, mr, expect->length);
-    if (rc < 0) {
-        verbs_req_free(t, r);
-        goto out;
-    }
-    verbs_q_push(&t->vp[peer].rq_head, &t->vp[peer].rq_tail, r);
-    rc = verbs_grant_slots(t, peer);
-    if (rc < 0)
-        verbs_fail_job(t, peer, rc, 1, "%s", mesh_err_msg(rc));
-    *out = r;
-    rc = 0;
-out:
-    pthread_mutex_unlock(&t->lock);
-    return rc;
+    return post(t, TP_RECV, peer, expect, buf, mr, out);
 }
 
 /* Unhook a failed request from every queue (the job failed). */
 static void req_detach(struct mesh_transport *t, struct mesh_req *r)
 {
-    struct vpeer *vp = &t->vp[r->peer];
+    struct vpeer *vp = &t->vp[r->super.peer];
 
     verbs_q_remove(&vp->rq_head, &vp->rq_tail, r);
     verbs_q_remove(&vp->wq_head, &vp->wq_tail, r);
@@ -262,42 +248,25 @@ static void req_detach(struct mesh_transport *t, struct mesh_req *r)
         vp->slot[r->slot] = NULL;
 }
 
-int verbs_test(mesh_transport_t *t, mesh_req_t *req, int *done)
+void verbs_req_release(struct tp_base *b, struct tp_req *r, int failed)
 {
-    int rc = 0;
+    struct mesh_transport *t = (struct mesh_transport *)b; /* super first */
 
-    if (!req)
-        return mesh_err(-EINVAL, "verbs test: NULL request");
-    pthread_mutex_lock(&t->lock);
-    if (atomic_load(&req->done)) {
-        verbs_req_free(t, req);
-        *done = 1;
-    } else if (t->failed) {
-        rc = verbs_fail_err(t);
-        req_detach(t, req);
-        verbs_req_free(t, req);
-        *done = 1;
-    } else {
-        *done = 0;
-    }
-    pthread_mutex_unlock(&t->lock);
-    return rc;
+    if (failed)
+        req_detach(t, (struct mesh_req *)r);
+    verbs_req_free(t, (struct mesh_req *)r);
 }
 
-static int any_done(mesh_req_t *const *reqs, int n)
+int verbs_test(mesh_transport_t *t, mesh_req_t *req, int *done)
 {
-    for (int i = 0; i < n; i++)
-        if (reqs[i] &&
-            atomic_load_explicit(&reqs[i]->done, memory_order_acquire))
-            return 1;
-    return 0;
+    return tp_test(&t->super, req, done);
 }
 
 int verbs_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
                    double timeout_s)
 {
     uint64_t deadline = MESH_NO_DEADLINE;
-    int rc = 0;
+    int rc;
 
     if (n <= 0 || !reqs)
         return mesh_err(-EINVAL, "verbs wait_any: no requests");
@@ -306,38 +275,19 @@ int verbs_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
         uint64_t spin_end = mesh_now_ns() + VERBS_WAIT_SPIN_NS;
 
         do {
-            if (any_done(reqs, n))
+            if (tp_any_done(reqs, n))
                 return 0;
         } while (mesh_now_ns() < spin_end);
     }
     if (timeout_s >= 0)
         deadline = mesh_now_ns() + (uint64_t)(timeout_s * 1e9);
-    pthread_mutex_lock(&t->lock);
-    for (;;) {
-        if (any_done(reqs, n))
-            break;
-        if (t->failed) {
-            rc = verbs_fail_err(t);
-            break;
-        }
-        if (mesh_cond_sleep(&t->cond, &t->lock, deadline) < 0) {
-            rc = mesh_err(-ETIMEDOUT,
-                          "verbs wait: no request completed within %.3f s",
-                          timeout_s);
-            break;
-        }
-    }
-    pthread_mutex_unlock(&t->lock);
+    pthread_mutex_lock(&t->super.lock);
+    rc = tp_wait_sleep(&t->super, reqs, n, deadline, timeout_s);
+    pthread_mutex_unlock(&t->super.lock);
     return rc;
 }
 
 int verbs_progress(mesh_transport_t *t)
 {
-    int rc = 0;
-
-    pthread_mutex_lock(&t->lock);
-    if (t->failed)
-        rc = verbs_fail_err(t);
-    pthread_mutex_unlock(&t->lock);
-    return rc;
+    return tp_progress(&t->super);
 }

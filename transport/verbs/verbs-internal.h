@@ -34,8 +34,9 @@
 #ifndef MESH_TRANSPORT_VERBS_VERBS_INTERNAL_H
 #define MESH_TRANSPORT_VERBS_VERBS_INTERNAL_H
 
+#include "common/bytes.h"
 #include "common/util.h"
-#include "transport/tcp/tcp.h"
+#include "transport/base.h"
 #include "transport/transport.h"
 #include "transport/verbs/verbs.h"
 
@@ -82,16 +83,11 @@ struct mesh_mr {
     struct mesh_mr *next;
 };
 
-enum req_kind { REQ_SEND, REQ_RECV };
-
 struct mesh_req {
-    enum req_kind kind;
-    int peer;
-    struct mesh_frame f;
+    struct tp_req super; /* kind, peer, frame, done, the request list */
     char *buf;
     uint32_t lkey, rkey; /* of the memory under buf */
     struct ibv_mr *tmp;  /* a registration for this request only */
-    atomic_int done;
     /* receive: CTS slot while one is held, else -1 */
     int slot;
     /* send: the matched window, and what is posted and acknowledged */
@@ -102,8 +98,7 @@ struct mesh_req {
     uint64_t posted;
     int inflight; /* write WQEs not yet completed */
     int all_posted;
-    struct mesh_req *next, *prev; /* every request of the transport */
-    struct mesh_req *qnext;       /* a waiting or sending queue */
+    struct mesh_req *qnext; /* a waiting or sending queue */
 };
 
 /* A CTS received from a peer, not yet consumed by our sends. */
@@ -148,11 +143,9 @@ struct vpeer {
 };
 
 struct mesh_transport {
+    struct tp_base super; /* world, opts, lock, cond, requests, failure */
     const struct mesh_transport_ops *inner_ops;
     mesh_transport_t *inner;
-    struct mesh_world world;
-    struct mesh_peer *peers;
-    struct mesh_transport_opts opts;
     int is_auto;
     int active; /* RDMA chosen (after connect) */
     int connected;
@@ -178,16 +171,10 @@ struct mesh_transport {
     struct mesh_mr *mrs; /* the registration cache */
     int mr_live;
 
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
     pthread_t thread;
     int thread_started;
     int stopping;
 
-    struct mesh_req *reqs;
-    int failed;
-    int fail_code;
-    char fail_msg[MSG_MAX];
     /* a failed work completion, held for VERBS_WC_GRACE_NS (see tick) */
     uint64_t wc_fail_ns;
     int wc_fail_peer, wc_fail_code;
@@ -206,7 +193,7 @@ struct remote {
 static inline const char *verbs_pname(struct mesh_transport *t, int r,
                                       char *buf, size_t len)
 {
-    return mesh_peer_name(&t->world, r, buf, len);
+    return tp_pname(&t->super, r, buf, len);
 }
 
 /* device.c */
@@ -247,19 +234,11 @@ int verbs_test(mesh_transport_t *t, mesh_req_t *req, int *done);
 int verbs_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
                    double timeout_s);
 int verbs_progress(mesh_transport_t *t);
+/* base's req_free: test() hands a request back */
+void verbs_req_release(struct tp_base *b, struct tp_req *r, int failed);
 
 /* ops.c */
-void verbs_req_link(struct mesh_transport *t, struct mesh_req *r);
 void verbs_req_free(struct mesh_transport *t, struct mesh_req *r);
-void verbs_req_complete(struct mesh_transport *t, struct mesh_req *r);
-/*
- * Fail the job (first failure wins): record the message with the oldest
- * operation in flight involving the culprit, wake every waiter, and with
- * notify tell the peers through the TCP mesh.
- */
-void verbs_fail_job(struct mesh_transport *t, int culprit, int code,
-                    int notify, const char *fmt, ...) MESH_PRINTF(5, 6);
-int verbs_fail_err(struct mesh_transport *t);
 /* The TCP mesh failed (a dead or aborting peer): adopt its message, less
  * its own operation in flight (one of ours, meaningless to the user). */
 void verbs_adopt_inner_failure(struct mesh_transport *t, int rc);

@@ -67,11 +67,6 @@ enum verbs_ctrl_tag {
 #define VERBS_IMM_GEN(imm)  (((imm) >> 16) & 0x7fffu)
 #define VERBS_IMM_SLOT(imm) ((imm)&0xffffu)
 
-/* The verbs transport (transport/verbs/ops.c) and "auto": verbs when every
- * rank has an active port, else TCP underneath. */
-extern const struct mesh_transport_ops mesh_verbs_ops;
-extern const struct mesh_transport_ops mesh_auto_ops;
-
 /*
  * Test hooks (tests/verbs only). The next RDMA write of this process uses
  * a wrong rkey (BAD_RKEY) or lands past the end of the receiver's window
