@@ -89,6 +89,7 @@ void tp_fail_job(struct tp_base *b, int culprit, int code, int notify,
     b->fail.failed = 1;
     b->fail.code = code;
     b->fail.culprit = culprit;
+    memcpy(b->fail.reason, reason, sizeof(b->fail.reason));
     mesh_error_log("%s", b->fail.msg);
     pthread_cond_broadcast(&b->cond);
     b->ops->failed(b, culprit, code, notify, reason);
@@ -97,6 +98,15 @@ void tp_fail_job(struct tp_base *b, int culprit, int code, int notify,
 int tp_fail_err(struct tp_base *b)
 {
     return mesh_err(b->fail.code, "%s", b->fail.msg);
+}
+
+void tp_failure_of(mesh_transport_t *t, struct tp_failure *out)
+{
+    struct tp_base *b = (struct tp_base *)t; /* super first */
+
+    pthread_mutex_lock(&b->lock);
+    *out = b->fail;
+    pthread_mutex_unlock(&b->lock);
 }
 
 void tp_fail_left(struct tp_base *b, int peer)

@@ -42,11 +42,16 @@ struct tp_req {
     struct tp_req *next, *prev; /* the transport's request list */
 };
 
-/* A failed job: the first failure, the one every later operation reports. */
+/*
+ * A failed job: the first failure, the one every later operation reports.
+ * A transport over another (verbs over TCP) adopts the inner one's
+ * culprit, code and reason, and adds its own operation in flight.
+ */
 struct tp_failure {
     int failed;
-    int code;             /* negative errno */
-    int culprit;          /* the rank blamed, -1: no one */
+    int code;                    /* negative errno */
+    int culprit;                 /* the rank blamed, -1: no one */
+    char reason[TP_MSG_MAX / 2]; /* why, without the operation in flight */
     char msg[TP_MSG_MAX]; /* the reason, then "; operation in flight: ..." */
 };
 
@@ -107,6 +112,9 @@ void tp_fail_job(struct tp_base *b, int culprit, int code, int notify,
                  const char *fmt, ...) MESH_PRINTF(5, 6);
 /* The job's failure as this call's error: its code, its message. */
 int tp_fail_err(struct tp_base *b);
+/* A copy of t's failure record (out->failed = 0: none yet), for any
+ * transport built on the base (without the lock held). */
+void tp_failure_of(mesh_transport_t *t, struct tp_failure *out);
 /* Peer left (said goodbye) with operations pending: its failure. */
 void tp_fail_left(struct tp_base *b, int peer);
 

@@ -270,7 +270,9 @@ static int tcp_progress(mesh_transport_t *t)
     return tp_progress(&t->super);
 }
 
-int mesh_tcp_culprit(mesh_transport_t *t)
+/* The rank a failed TCP mesh blames (an abort notice's culprit), or -1:
+ * not failed, or no one. */
+static int tcp_culprit(mesh_transport_t *t)
 {
     int culprit;
 
@@ -377,6 +379,6 @@ const struct mesh_transport_ops mesh_tcp_ops = {
     .progress = tcp_progress,
     .hold = tcp_hold,
     .abort = tcp_abort,
-    .culprit = mesh_tcp_culprit,
+    .culprit = tcp_culprit,
     .close = tcp_close,
 };

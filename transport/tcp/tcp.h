@@ -61,10 +61,6 @@ enum tcp_ctrl_type {
     TCP_CTRL_BYE = 3,   /* the sender closes the mesh normally */
 };
 
-/* The rank a failed TCP mesh blames (an abort notice's culprit), or -1:
- * not failed, or no one. For the verbs transport, which runs over it. */
-int mesh_tcp_culprit(mesh_transport_t *t);
-
 /* Handshake deadline per connection. */
 #define TCP_HS_DEADLINE_S 5.0
 /*

@@ -506,17 +506,19 @@ static void bye_check(struct mesh_transport *t, int peer)
  * for a work completion that failed more than the grace ago. */
 static void tick(struct mesh_transport *t)
 {
+    struct tp_failure f;
     int rc = t->inner_ops->progress(t->inner);
 
     if (rc < 0) {
+        tp_failure_of(t->inner, &f);
         /* A peer that blames us while our own completion failed: ours is
          * the first-hand account (a wrong key, a write past a window). */
         if (t->wc_fail_ns && !t->super.fail.failed &&
-            t->inner_ops->culprit(t->inner) == t->super.world.rank)
+            f.culprit == t->super.world.rank)
             tp_fail_job(&t->super, t->wc_fail_peer, t->wc_fail_code, 0, "%s",
                         t->wc_fail_msg);
         else
-            verbs_adopt_inner_failure(t, rc);
+            verbs_adopt_inner_failure(t, &f);
         return;
     }
     if (t->wc_fail_ns && !t->super.fail.failed &&
@@ -541,7 +543,8 @@ static void tick(struct mesh_transport *t)
         rc = t->inner_ops->test(t->inner, vp->bye_req, &done);
         if (rc < 0) {
             vp->bye_req = NULL;
-            verbs_adopt_inner_failure(t, rc);
+            tp_failure_of(t->inner, &f);
+            verbs_adopt_inner_failure(t, &f);
             return;
         }
         if (done) {

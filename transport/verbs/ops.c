@@ -47,18 +47,10 @@ static const struct tp_base_ops verbs_base_ops = {
     .req_free = verbs_req_release,
 };
 
-void verbs_adopt_inner_failure(struct mesh_transport *t, int rc)
+void verbs_adopt_inner_failure(struct mesh_transport *t,
+                               const struct tp_failure *f)
 {
-    char why[MSG_MAX / 2];
-    char *cut;
-
-    snprintf(why, sizeof(why), "%s", mesh_err_msg(rc));
-    cut = strstr(why, "; operation in flight");
-    if (!cut)
-        cut = strstr(why, "; no operation in flight");
-    if (cut)
-        *cut = '\0';
-    tp_fail_job(&t->super, -1, rc, 0, "%s", why);
+    tp_fail_job(&t->super, -1, f->code, 0, "%s", f->reason);
 }
 
 static void verbs_close(mesh_transport_t *t);
@@ -238,8 +230,12 @@ static void verbs_abort(mesh_transport_t *t, int culprit, const char *why)
     t->inner_ops->abort(t->inner, culprit, why);
     pthread_mutex_lock(&t->super.lock);
     rc = t->inner_ops->progress(t->inner);
-    if (rc < 0)
-        verbs_adopt_inner_failure(t, rc);
+    if (rc < 0) {
+        struct tp_failure f;
+
+        tp_failure_of(t->inner, &f);
+        verbs_adopt_inner_failure(t, &f);
+    }
     pthread_mutex_unlock(&t->super.lock);
 }
 

@@ -239,8 +239,10 @@ void verbs_req_release(struct tp_base *b, struct tp_req *r, int failed);
 
 /* ops.c */
 void verbs_req_free(struct mesh_transport *t, struct mesh_req *r);
-/* The TCP mesh failed (a dead or aborting peer): adopt its message, less
- * its own operation in flight (one of ours, meaningless to the user). */
-void verbs_adopt_inner_failure(struct mesh_transport *t, int rc);
+/* The TCP mesh failed (a dead or aborting peer): adopt its failure f (its
+ * code and reason, not its operation in flight: one of ours, meaningless
+ * to the user). */
+void verbs_adopt_inner_failure(struct mesh_transport *t,
+                               const struct tp_failure *f);
 
 #endif
