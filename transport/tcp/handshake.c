@@ -12,161 +12,53 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 
-/* Copy at most len bytes of untrusted text, replacing non-printables. */
-void tcp_clean_text(char *dst, size_t dstlen, const uint8_t *src, size_t len)
-{
-    size_t i, n = 0;
-
-    for (i = 0; i < len && src[i] && n + 1 < dstlen; i++)
-        dst[n++] = (src[i] >= 0x20 && src[i] < 0x7f) ? (char)src[i] : '?';
-    dst[n] = '\0';
-}
-
 /* ---- handshake ----------------------------------------------------------- */
 
-void tcp_hello_encode(struct mesh_transport *t, struct conn *c, uint8_t *m)
+void tcp_hs_hello(struct mesh_transport *t, struct conn *c, uint8_t *m)
 {
-    memset(m, 0, TCP_HELLO_LEN);
-    mesh_put_le32(m, TCP_HS_MAGIC);
-    mesh_put_le32(m + 4, TCP_PROTO_VERSION);
-    mesh_put_le32(m + 8, (uint32_t)t->super.world.size);
-    mesh_put_le32(m + 12, (uint32_t)t->super.world.rank);
-    mesh_put_le32(m + 16, (uint32_t)c->stream);
-    mesh_put_le32(m + 20, t->secret ? 0 : TCP_HELLO_INSECURE);
-    memcpy(m + 24, t->super.opts.job_id,
+    struct tcp_hello h = {
+        .version = TCP_PROTO_VERSION,
+        .size = (uint32_t)t->super.world.size,
+        .rank = (uint32_t)t->super.world.rank,
+        .stream = (uint32_t)c->stream,
+        .insecure = !t->secret,
+    };
+
+    memcpy(h.job, t->super.opts.job_id,
            strnlen(t->super.opts.job_id, MESH_JOB_MAX));
-    memcpy(m + 24 + MESH_JOB_MAX, t->fp, TCP_FP_LEN);
-    memcpy(m + 24 + MESH_JOB_MAX + TCP_FP_LEN, c->nonce, TCP_NONCE_LEN);
+    memcpy(h.fp, t->fp, TCP_FP_LEN);
+    memcpy(h.nonce, c->nonce, TCP_NONCE_LEN);
+    tcp_hello_encode(&h, m);
 }
 
-/*
- * The proof for one role: HMAC-SHA256 over a transcript that binds both
- * nonces, both ranks, the stream, the role and both fingerprints, so that
- * no answer can be replayed or reflected.
- */
+/* c's transcript, from either side. */
+static void transcript(struct mesh_transport *t, struct conn *c,
+                       struct tcp_transcript *tr)
+{
+    int dialer = c->role == ROLE_DIALER;
+
+    memcpy(tr->nonce_d, dialer ? c->nonce : c->peer_nonce, TCP_NONCE_LEN);
+    memcpy(tr->nonce_a, dialer ? c->peer_nonce : c->nonce, TCP_NONCE_LEN);
+    memcpy(tr->fp_d, dialer ? t->fp : c->peer_fp, TCP_FP_LEN);
+    memcpy(tr->fp_a, dialer ? c->peer_fp : t->fp, TCP_FP_LEN);
+    tr->rank_d = (uint32_t)(dialer ? t->super.world.rank : c->peer);
+    tr->rank_a = (uint32_t)(dialer ? c->peer : t->super.world.rank);
+    tr->stream = (uint32_t)c->stream;
+}
+
+/* The proof for one role on c (tcp_auth_mac). */
 static int auth_mac(struct mesh_transport *t, struct conn *c, enum role who,
                     uint8_t *mac)
 {
-    uint8_t msg[16 + 1 + 2 * TCP_NONCE_LEN + 12 + 2 * TCP_FP_LEN];
-    const uint8_t *nd, *na, *fd, *fa;
-    uint32_t rd, ra;
-    unsigned int maclen = 0;
-    size_t n = 0;
+    struct tcp_transcript tr;
 
-    if (c->role == ROLE_DIALER) {
-        nd = c->nonce;
-        na = c->peer_nonce;
-        fd = t->fp;
-        fa = c->peer_fp;
-        rd = (uint32_t)t->super.world.rank;
-        ra = (uint32_t)c->peer;
-    } else {
-        nd = c->peer_nonce;
-        na = c->nonce;
-        fd = c->peer_fp;
-        fa = t->fp;
-        rd = (uint32_t)c->peer;
-        ra = (uint32_t)t->super.world.rank;
-    }
-    memcpy(msg, "meshtrain-auth1", 16);
-    n = 16;
-    msg[n++] = (uint8_t)who;
-    memcpy(msg + n, nd, TCP_NONCE_LEN);
-    n += TCP_NONCE_LEN;
-    memcpy(msg + n, na, TCP_NONCE_LEN);
-    n += TCP_NONCE_LEN;
-    mesh_put_le32(msg + n, rd);
-    mesh_put_le32(msg + n + 4, ra);
-    mesh_put_le32(msg + n + 8, (uint32_t)c->stream);
-    n += 12;
-    memcpy(msg + n, fd, TCP_FP_LEN);
-    n += TCP_FP_LEN;
-    memcpy(msg + n, fa, TCP_FP_LEN);
-    n += TCP_FP_LEN;
-    if (!t->secret) {
-        memset(mac, 0, TCP_MAC_LEN);
-        return 0;
-    }
-    if (!HMAC(EVP_sha256(), t->secret, (int)t->secret_len, msg, n, mac,
-              &maclen) ||
-        maclen != TCP_MAC_LEN)
-        return mesh_err(-EIO, "HMAC-SHA256 failed");
-    return 0;
-}
-
-/* Find "key=" line by line; the value goes to val, vlen (NULL: absent). */
-static void config_get(const char *cfg, size_t len, const char *key,
-                       size_t klen, const char **val, size_t *vlen)
-{
-    const char *p = cfg, *end = cfg + len;
-
-    *val = NULL;
-    *vlen = 0;
-    while (p < end) {
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        const char *le = nl ? nl : end;
-        const char *eq = memchr(p, '=', (size_t)(le - p));
-
-        if (eq && (size_t)(eq - p) == klen && !memcmp(p, key, klen)) {
-            *val = eq + 1;
-            *vlen = (size_t)(le - eq - 1);
-            return;
-        }
-        p = le + 1;
-    }
-}
-
-/* Name the first key whose value differs between the two configs. */
-static void config_diff(const char *a, size_t alen, const char *b, size_t blen,
-                        char *out, size_t outlen)
-{
-    const char *cfgs[2] = {a, b};
-    size_t lens[2] = {alen, blen};
-
-    for (int side = 0; side < 2; side++) {
-        const char *p = cfgs[side], *end = p + lens[side];
-
-        while (p < end) {
-            const char *nl = memchr(p, '\n', (size_t)(end - p));
-            const char *le = nl ? nl : end;
-            const char *eq = memchr(p, '=', (size_t)(le - p));
-            const char *va, *vb;
-            size_t la, lb, klen;
-            char key[128], sa[200], sb[200];
-
-            if (!eq) {
-                p = le + 1;
-                continue;
-            }
-            klen = (size_t)(eq - p);
-            config_get(a, alen, p, klen, &va, &la);
-            config_get(b, blen, p, klen, &vb, &lb);
-            if (!va || !vb || la != lb || memcmp(va, vb, la)) {
-                tcp_clean_text(key, sizeof(key), (const uint8_t *)p,
-                               MESH_MIN(klen, sizeof(key) - 1));
-                if (va)
-                    tcp_clean_text(sa, sizeof(sa), (const uint8_t *)va,
-                                   MESH_MIN(la, sizeof(sa) - 1));
-                if (vb)
-                    tcp_clean_text(sb, sizeof(sb), (const uint8_t *)vb,
-                                   MESH_MIN(lb, sizeof(sb) - 1));
-                snprintf(out, outlen, "%s%s%s here, %s%s%s there", key,
-                         va ? "=" : " ", va ? sa : "unset", key, vb ? "=" : " ",
-                         vb ? sb : "unset");
-                return;
-            }
-            p = le + 1;
-        }
-    }
-    snprintf(out, outlen, "the fingerprints differ but no key does");
+    transcript(t, c, &tr);
+    return tcp_auth_mac(t->secret, t->secret_len, &tr, who, mac);
 }
 
 void tcp_hs_refuse(struct conn *c, const char *fmt, ...)
@@ -245,74 +137,35 @@ static void hs_attach(struct conn *c)
 static int hs_got_hello(struct conn *c)
 {
     struct mesh_transport *t = c->t;
-    const uint8_t *m = c->in;
-    uint32_t magic = mesh_get_le32(m), ver = mesh_get_le32(m + 4), size = mesh_get_le32(m + 8);
-    uint32_t rank = mesh_get_le32(m + 12), stream = mesh_get_le32(m + 16);
-    uint32_t flags = mesh_get_le32(m + 20);
-    char job[MESH_JOB_MAX + 1];
+    struct tcp_hs_self self = {
+        .job_id = t->super.opts.job_id,
+        .size = t->super.world.size,
+        .rank = t->super.world.rank,
+        .streams = t->S,
+        .secure = t->secret != NULL,
+        .dialer = c->role == ROLE_DIALER,
+        .peer = c->peer,
+        .stream = c->stream,
+    };
+    struct tcp_hello h;
+    char why[MSG_MAX / 2];
     uint8_t hello[TCP_HELLO_LEN];
-    int insecure = (flags & TCP_HELLO_INSECURE) != 0;
+    int identified, rc;
 
-    if (magic != TCP_HS_MAGIC) {
-        tcp_hs_refuse(
-            c, "not a meshtrain handshake (bad magic 0x%08" PRIx32 ")", magic);
+    tcp_hello_decode(c->in, &h);
+    rc = tcp_hello_check(&h, &self, &identified, why, sizeof(why));
+    if (identified && c->role == ROLE_ACCEPTOR) {
+        c->peer = (int)h.rank;
+        c->stream = (int)h.stream;
+    }
+    if (rc < 0) {
+        tcp_hs_refuse(c, "%s", why);
         return -1;
     }
-    if (ver != TCP_PROTO_VERSION) {
-        tcp_hs_refuse(c, "protocol version %" PRIu32 ", expected %u", ver,
-                      TCP_PROTO_VERSION);
-        return -1;
-    }
-    tcp_clean_text(job, sizeof(job), m + 24, MESH_JOB_MAX);
-    if (strnlen((const char *)m + 24, MESH_JOB_MAX) !=
-            strnlen(t->super.opts.job_id, MESH_JOB_MAX) ||
-        memcmp(m + 24, t->super.opts.job_id,
-               strnlen(t->super.opts.job_id, MESH_JOB_MAX))) {
-        tcp_hs_refuse(c, "wrong job id '%s', expected '%s'", job,
-                      t->super.opts.job_id);
-        return -1;
-    }
-    if (size != (uint32_t)t->super.world.size) {
-        tcp_hs_refuse(c, "world size %" PRIu32 ", expected %d", size,
-                      t->super.world.size);
-        return -1;
-    }
+    memcpy(c->peer_fp, h.fp, TCP_FP_LEN);
+    memcpy(c->peer_nonce, h.nonce, TCP_NONCE_LEN);
     if (c->role == ROLE_ACCEPTOR) {
-        /* The higher rank dials the lower: only higher ranks call us. */
-        if (rank >= (uint32_t)t->super.world.size ||
-            rank <= (uint32_t)t->super.world.rank) {
-            tcp_hs_refuse(c,
-                          "unknown rank %" PRIu32 " (world of %d; only ranks "
-                          "above %d dial this one)",
-                          rank, t->super.world.size, t->super.world.rank);
-            return -1;
-        }
-        if (stream > (uint32_t)t->S) {
-            tcp_hs_refuse(c,
-                          "unknown stream %" PRIu32 " (rank %" PRIu32
-                          ", %d data streams)",
-                          stream, rank, t->S);
-            return -1;
-        }
-        c->peer = (int)rank;
-        c->stream = (int)stream;
-    } else if (rank != (uint32_t)c->peer || stream != (uint32_t)c->stream) {
-        tcp_hs_refuse(c,
-                      "the peer answered as rank %" PRIu32 " stream %" PRIu32
-                      ", expected rank %d stream %d",
-                      rank, stream, c->peer, c->stream);
-        return -1;
-    }
-    if (insecure != !t->secret) {
-        tcp_hs_refuse(c, "authentication differs: %s here, %s there",
-                      t->secret ? "a secret" : "insecure",
-                      insecure ? "insecure" : "a secret");
-        return -1;
-    }
-    memcpy(c->peer_fp, m + 24 + MESH_JOB_MAX, TCP_FP_LEN);
-    memcpy(c->peer_nonce, m + 24 + MESH_JOB_MAX + TCP_FP_LEN, TCP_NONCE_LEN);
-    if (c->role == ROLE_ACCEPTOR) {
-        tcp_hello_encode(t, c, hello);
+        tcp_hs_hello(t, c, hello);
         tcp_out_append(c, hello, sizeof(hello));
     } else {
         uint8_t mac[TCP_MAC_LEN];
@@ -349,17 +202,20 @@ static int hs_got_auth(struct conn *c)
 {
     struct mesh_transport *t = c->t;
     enum role other = c->role == ROLE_DIALER ? ROLE_ACCEPTOR : ROLE_DIALER;
-    uint8_t want[TCP_MAC_LEN], mac[TCP_MAC_LEN];
+    uint8_t mac[TCP_MAC_LEN];
     struct link *l = &t->links[c->peer];
+    struct tcp_transcript tr;
     struct conn *cur;
-    int same_fp = !memcmp(c->peer_fp, t->fp, TCP_FP_LEN);
+    int same_fp = !memcmp(c->peer_fp, t->fp, TCP_FP_LEN), rc;
 
-    if (auth_mac(t, c, other, want) < 0) {
-        tcp_hs_refuse(c, "%s", mesh_err_msg(-EIO));
+    transcript(t, c, &tr);
+    rc = tcp_auth_verify(t->secret, t->secret_len, &tr, other, c->in);
+    if (rc == -EACCES) {
+        tcp_hs_refuse(c, "wrong secret (authentication failed)");
         return -1;
     }
-    if (t->secret && CRYPTO_memcmp(want, c->in, TCP_MAC_LEN)) {
-        tcp_hs_refuse(c, "wrong secret (authentication failed)");
+    if (rc < 0) {
+        tcp_hs_refuse(c, "%s", mesh_err_msg(-EIO));
         return -1;
     }
     if (c->role == ROLE_ACCEPTOR) {
@@ -371,7 +227,8 @@ static int hs_got_auth(struct conn *c)
                           c->peer, c->stream);
             return -1;
         }
-        if (auth_mac(t, c, ROLE_ACCEPTOR, mac) < 0) {
+        if (tcp_auth_mac(t->secret, t->secret_len, &tr, ROLE_ACCEPTOR, mac) <
+            0) {
             tcp_hs_refuse(c, "%s", mesh_err_msg(-EIO));
             return -1;
         }
@@ -391,8 +248,8 @@ static void hs_got_config(struct conn *c)
     struct mesh_transport *t = c->t;
     char diff[600], nb[300];
 
-    config_diff(t->config, t->config_len, (const char *)c->in + 4,
-                c->in_len - 4, diff, sizeof(diff));
+    tcp_config_diff(t->config, t->config_len, (const char *)c->in + 4,
+                    c->in_len - 4, diff, sizeof(diff));
     /*
      * Both sides fail the join at once, naming the field: the peer has
      * proved the secret, so its configuration is the job's and will not
@@ -418,6 +275,7 @@ void tcp_hs_read(struct conn *c)
 {
     for (;;) {
         ssize_t n = recv(c->fd, c->in + c->in_len, c->in_need - c->in_len, 0);
+        char why[MSG_MAX / 2];
         uint32_t len;
 
         if (n < 0 && errno == EINTR)
@@ -450,11 +308,8 @@ void tcp_hs_read(struct conn *c)
             break;
         case C_HS_CFGLEN:
             len = mesh_get_le32(c->in);
-            if (len > TCP_CONFIG_WIRE_MAX) {
-                tcp_hs_refuse(c,
-                              "configuration of %" PRIu32 " bytes (at most "
-                              "%d)",
-                              len, TCP_CONFIG_WIRE_MAX);
+            if (tcp_config_len_check(len, why, sizeof(why)) < 0) {
+                tcp_hs_refuse(c, "%s", why);
                 return;
             }
             c->state = C_HS_CFG;

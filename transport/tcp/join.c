@@ -397,7 +397,7 @@ void tcp_dial_connected(struct conn *c)
     c->state = C_HS_HELLO;
     c->in_len = 0;
     c->in_need = TCP_HELLO_LEN;
-    tcp_hello_encode(t, c, hello);
+    tcp_hs_hello(t, c, hello);
     tcp_out_append(c, hello, sizeof(hello));
     tcp_conn_flush_out(c);
     tcp_rev_on(c);

@@ -60,7 +60,10 @@
  *
  * The files, one layer each:
  *   sockopt.c    socket options, congestion control, the listening socket
- *   handshake.c  the handshake on a new connection (HELLO, AUTH, CONFIG)
+ *   wire.c       the handshake's messages, pure: HELLO encoded, decoded
+ *                and checked, the AUTH proof, the CONFIG checks
+ *   handshake.c  the handshake on a new connection (HELLO, AUTH, CONFIG),
+ *                driven by its socket
  *   join.c       connections, dialing and accepting, refusals; connect()
  *   data.c       requests, frames, the data and control streams; isend,
  *                irecv, test
@@ -281,8 +284,8 @@ int tcp_listen_socket(struct mesh_transport *t, int *out);
 void tcp_log_cc(struct mesh_transport *t);
 
 /* handshake.c */
-void tcp_clean_text(char *dst, size_t dstlen, const uint8_t *src, size_t len);
-void tcp_hello_encode(struct mesh_transport *t, struct conn *c, uint8_t *m);
+/* This side's HELLO on c. */
+void tcp_hs_hello(struct mesh_transport *t, struct conn *c, uint8_t *m);
 /* Drop a handshake that failed: the acceptor logs one line. */
 void tcp_hs_refuse(struct conn *c, const char *fmt, ...) MESH_PRINTF(2, 3);
 void tcp_hs_read(struct conn *c);

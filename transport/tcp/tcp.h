@@ -1,8 +1,8 @@
 /*
- * transport/tcp/tcp.h: the TCP transport's wire formats and what the rest
- * of transport/ uses of it (the layouts and the design are in
- * transport/tcp/tcp-internal.h). Nothing outside transport/ and its tests
- * includes this.
+ * transport/tcp/tcp.h: the TCP transport's wire formats, and its handshake
+ * messages as pure functions (transport/tcp/wire.c). The layouts and the
+ * design are in transport/tcp/tcp-internal.h. Nothing outside transport/
+ * and its tests includes this.
  *
  * Every link between two ranks is one control connection (stream 0:
  * handshake, heartbeats, abort notices, goodbye) plus S data connections
@@ -24,6 +24,7 @@
 #include "common/bytes.h"
 #include "transport/transport.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define TCP_HS_MAGIC      0x3148534du /* "MSH1" */
@@ -60,6 +61,75 @@ enum tcp_ctrl_type {
     TCP_CTRL_ABORT = 2, /* the job failed: culprit + reason */
     TCP_CTRL_BYE = 3,   /* the sender closes the mesh normally */
 };
+
+/*
+ * The handshake's messages as pure functions (transport/tcp/wire.c): no
+ * sockets, no transport object. Checks return 0, or a negative errno with
+ * the refusal's words in why (as the acceptor logs them).
+ */
+
+/* A HELLO, field by field. */
+struct tcp_hello {
+    uint32_t magic; /* TCP_HS_MAGIC (encode writes it) */
+    uint32_t version;
+    uint32_t size;             /* world size */
+    uint32_t rank;             /* the sender's */
+    uint32_t stream;           /* 0 control, 1..S data */
+    int insecure;              /* the sender runs without a secret */
+    uint8_t job[MESH_JOB_MAX]; /* the job id, zero-padded */
+    uint8_t fp[TCP_FP_LEN];    /* the configuration's SHA-256 */
+    uint8_t nonce[TCP_NONCE_LEN];
+};
+
+/* What the receiver of a HELLO expects. */
+struct tcp_hs_self {
+    const char *job_id;
+    int size, rank;   /* the world, this rank */
+    int streams;      /* data streams per link */
+    int secure;       /* this rank has a secret */
+    int dialer;       /* this side dialed... */
+    int peer, stream; /* ...this rank's stream (dialer only) */
+};
+
+void tcp_hello_encode(const struct tcp_hello *h, uint8_t *m);
+void tcp_hello_decode(const uint8_t *m, struct tcp_hello *h);
+/*
+ * Check a decoded HELLO against self, in the order the acceptor refuses
+ * it. *identified = 1 when the acceptor has taken the sender's rank and
+ * stream as valid (later refusals name that rank).
+ */
+int tcp_hello_check(const struct tcp_hello *h, const struct tcp_hs_self *self,
+                    int *identified, char *why, size_t whylen);
+
+/* Both sides' view of one connection's handshake, dialer (d) and acceptor
+ * (a) alike. */
+struct tcp_transcript {
+    uint8_t nonce_d[TCP_NONCE_LEN], nonce_a[TCP_NONCE_LEN];
+    uint32_t rank_d, rank_a, stream;
+    uint8_t fp_d[TCP_FP_LEN], fp_a[TCP_FP_LEN];
+};
+
+/*
+ * The proof of one role ('D' dialer, 'A' acceptor): HMAC-SHA256 under the
+ * secret over "meshtrain-auth1\0", the role, both nonces, both ranks, the
+ * stream and both fingerprints, so that no answer can be replayed or
+ * reflected; all zero without a secret (insecure). 0 or -EIO.
+ */
+int tcp_auth_mac(const uint8_t *secret, size_t secret_len,
+                 const struct tcp_transcript *tr, int role, uint8_t *mac);
+/* Whether got is role's proof: 0, -EACCES (it is not), or -EIO. */
+int tcp_auth_verify(const uint8_t *secret, size_t secret_len,
+                    const struct tcp_transcript *tr, int role,
+                    const uint8_t *got);
+
+/* A CONFIG's announced length: 0, or -EMSGSIZE past TCP_CONFIG_WIRE_MAX. */
+int tcp_config_len_check(uint32_t len, char *why, size_t whylen);
+/* Name the first key whose value differs between two "key=value\n"
+ * configurations: "k=v here, k=w there" (or "k unset"). */
+void tcp_config_diff(const char *a, size_t alen, const char *b, size_t blen,
+                     char *out, size_t outlen);
+/* Copy at most len bytes of untrusted text, replacing non-printables. */
+void tcp_clean_text(char *dst, size_t dstlen, const uint8_t *src, size_t len);
 
 /* Handshake deadline per connection. */
 #define TCP_HS_DEADLINE_S 5.0
