@@ -15,7 +15,7 @@
 #include "common/util.h"
 #include "tests/ports.h"
 #include "tests/tap.h"
-#include "transport/tcp-internal.h"
+#include "transport/tcp/tcp.h"
 #include "transport/transport.h"
 
 #include <arpa/inet.h>
@@ -1207,8 +1207,8 @@ static void scenario_kill(int sig)
              (unsigned)base + 3);
     for (int i = 0; i < 3; i++) {
         double when = atof(R.msg[i]) - t0;
-        /* The bound: T + T / 4 + 2 ticks (tcp.c, silence_limit_ns),
-         * plus scheduling slack. */
+        /* The bound: T + T / 4 + 2 ticks (transport/tcp/progress.c,
+         * silence_limit_ns), plus scheduling slack. */
         double bound = sig == SIGKILL
                            ? 2.0
                            : c.peer_timeout_s * 1.25 +

@@ -3,10 +3,7 @@
 #include "config.h"
 
 #include "transport/transport.h"
-#include "transport/tcp-internal.h"
-#ifdef HAVE_VERBS
-#include "transport/verbs-internal.h"
-#endif
+#include "transport/base.h"
 #include "common/util.h"
 
 #include <errno.h>

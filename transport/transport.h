@@ -5,12 +5,30 @@
  * collectives or tensors. Its shape follows NCCL's network plugin API:
  * listen, connect, register memory, non-blocking send and receive, test,
  * progress and close, as a const table of function pointers (one table per
- * transport: tcp now, verbs later, and any test double).
+ * transport, and any test double).
  *
  * Messages are tagged with a struct mesh_frame. The receiver posts what it
  * expects; the transport matches incoming frames on (seq, tag) and checks the
  * rest (see "Matching" below). All functions return 0 or a negative
  * errno-style code with a message recorded by mesh_err() (common/util.h).
+ *
+ * The folder, one transport per subfolder (UCX style):
+ *   transport.h, transport.c  this interface: names, frames, options,
+ *                             waits, and mesh_transport_find
+ *   base.h, base.c            what the transports share below it: the
+ *                             object each starts with (world, lock,
+ *                             requests, the failure record) and the one
+ *                             implementation of failing the job, checking
+ *                             a peer, testing and waiting
+ *   tcp/                      "tcp": sockets and a libevent progress
+ *                             thread; its handshake's messages as pure
+ *                             functions (tcp/wire.c); tcp/tcp-internal.h
+ *                             describes it
+ *   verbs/                    "verbs" (RDMA, rdma-core) over a TCP mesh
+ *                             that joins and carries failures, and "auto",
+ *                             verbs where every rank has an active port,
+ *                             else that TCP mesh; verbs/verbs-internal.h
+ *                             describes it
  */
 #ifndef MESH_TRANSPORT_H
 #define MESH_TRANSPORT_H

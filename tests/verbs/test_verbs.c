@@ -22,7 +22,7 @@
 #include "tests/ports.h"
 #include "tests/tap.h"
 #include "transport/transport.h"
-#include "transport/verbs-internal.h"
+#include "transport/verbs/verbs.h"
 
 #include <infiniband/verbs.h>
 #include <signal.h>

@@ -1,9 +1,10 @@
 /*
- * transport/verbs-internal.h: wire formats and test hooks of the RDMA verbs
- * transport (transport/verbs.c). Nothing outside transport/ and its tests
- * includes this.
+ * transport/verbs/verbs.h: wire formats and test hooks of the RDMA verbs
+ * transport (transport/verbs/; its layouts and design are in
+ * transport/verbs/verbs-internal.h). Nothing outside transport/ and its
+ * tests includes this.
  *
- * The verbs transport opens a TCP mesh (transport/tcp.c) first and uses it
+ * The verbs transport opens a TCP mesh (transport/tcp/) first and uses it
  * for everything that is not payload: the authenticated join, the exchange
  * of QP details (only after the TCP handshake has authenticated the peer),
  * failure and abort propagation, and the goodbye. Its own control messages
@@ -23,8 +24,8 @@
  * matches a frame header (same desync and bounds checks, same messages);
  * every field of a CTS and every immediate is checked before use.
  */
-#ifndef MESH_VERBS_INTERNAL_H
-#define MESH_VERBS_INTERNAL_H
+#ifndef MESH_TRANSPORT_VERBS_VERBS_H
+#define MESH_TRANSPORT_VERBS_VERBS_H
 
 #include "transport/transport.h"
 
@@ -65,11 +66,6 @@ enum verbs_ctrl_tag {
 #define VERBS_IMM_FINAL     0x80000000u
 #define VERBS_IMM_GEN(imm)  (((imm) >> 16) & 0x7fffu)
 #define VERBS_IMM_SLOT(imm) ((imm)&0xffffu)
-
-/* The verbs transport (transport/verbs.c) and "auto": verbs when every
- * rank has an active port, else TCP underneath. */
-extern const struct mesh_transport_ops mesh_verbs_ops;
-extern const struct mesh_transport_ops mesh_auto_ops;
 
 /*
  * Test hooks (tests/verbs only). The next RDMA write of this process uses

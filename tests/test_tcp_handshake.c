@@ -1,0 +1,312 @@
+/*
+ * tests/test_tcp_handshake.c: the TCP handshake's messages alone, without
+ * a socket (transport/tcp/wire.c).
+ *
+ *   tests/test_tcp_handshake
+ *
+ * HELLO encode/decode round trips and every malformed field refused with
+ * its message, the AUTH proof against known answers and against a wrong
+ * role, secret or transcript, the CONFIG length bound and the
+ * configuration diff; the random cases under several seeds.
+ */
+#include "config.h"
+
+#include "tests/tap.h"
+#include "transport/tcp/tcp.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+
+static uint64_t rng;
+
+static uint32_t next(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 32);
+}
+
+static void fill(uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)next();
+}
+
+/* A valid HELLO from rank `rank` of 8 on stream 2 of job "job-x". */
+static void hello_base(struct tcp_hello *h, uint32_t rank)
+{
+    memset(h, 0, sizeof(*h));
+    h->magic = TCP_HS_MAGIC;
+    h->version = TCP_PROTO_VERSION;
+    h->size = 8;
+    h->rank = rank;
+    h->stream = 2;
+    memcpy(h->job, "job-x", 5);
+    fill(h->fp, TCP_FP_LEN);
+    fill(h->nonce, TCP_NONCE_LEN);
+}
+
+/* Rank 3 of 8 accepting, 4 data streams, with a secret. */
+static const struct tcp_hs_self acceptor = {
+    .job_id = "job-x",
+    .size = 8,
+    .rank = 3,
+    .streams = 4,
+    .secure = 1,
+};
+
+/* h checked by self: refused with exactly want (NULL: accepted). */
+static void check(const char *name, const struct tcp_hello *h,
+                  const struct tcp_hs_self *self, const char *want,
+                  int want_identified)
+{
+    char why[512] = "";
+    int identified = -1;
+    int rc = tcp_hello_check(h, self, &identified, why, sizeof(why));
+
+    if (!want)
+        ok(rc == 0 && identified == want_identified, "%s: accepted", name);
+    else if (!ok(rc < 0 && !strcmp(why, want) && identified == want_identified,
+                 "%s: refused, \"%s\"", name, want))
+        diag("rc %d, identified %d, why \"%s\"", rc, identified, why);
+}
+
+static void test_hello_fields(void)
+{
+    struct tcp_hs_self dialer = acceptor, insecure = acceptor;
+    struct tcp_hello h;
+
+    dialer.dialer = 1;
+    dialer.peer = 5;
+    dialer.stream = 2;
+    insecure.secure = 0;
+
+    hello_base(&h, 5);
+    check("a valid HELLO (acceptor)", &h, &acceptor, NULL, 1);
+    check("a valid HELLO (dialer)", &h, &dialer, NULL, 0);
+
+    hello_base(&h, 5);
+    h.magic = 0x47455420; /* "GET " */
+    check("bad magic", &h, &acceptor,
+          "not a meshtrain handshake (bad magic 0x47455420)", 0);
+    hello_base(&h, 5);
+    h.version = TCP_PROTO_VERSION + 1;
+    check("protocol version", &h, &acceptor, "protocol version 2, expected 1",
+          0);
+    hello_base(&h, 5);
+    memcpy(h.job, "job-y", 5);
+    check("wrong job id", &h, &acceptor,
+          "wrong job id 'job-y', expected 'job-x'", 0);
+    hello_base(&h, 5);
+    memcpy(h.job, "job-x2", 6);
+    check("longer job id", &h, &acceptor,
+          "wrong job id 'job-x2', expected 'job-x'", 0);
+    hello_base(&h, 5);
+    h.job[3] = 0;
+    check("shorter job id", &h, &acceptor,
+          "wrong job id 'job', expected "
+          "'job-x'",
+          0);
+    hello_base(&h, 5);
+    memcpy(h.job, "j\x01\xff", 3);
+    h.job[3] = 0;
+    check("job id with non-printables", &h, &acceptor,
+          "wrong job id 'j?"
+          "?', expected 'job-x'",
+          0);
+    hello_base(&h, 5);
+    h.size = 9;
+    check("world size", &h, &acceptor, "world size 9, expected 8", 0);
+    hello_base(&h, 8);
+    check("rank past the world", &h, &acceptor,
+          "unknown rank 8 (world of 8; only ranks above 3 dial this one)", 0);
+    hello_base(&h, 3);
+    check("own rank", &h, &acceptor,
+          "unknown rank 3 (world of 8; only ranks above 3 dial this one)", 0);
+    hello_base(&h, 1);
+    check("lower rank dialing", &h, &acceptor,
+          "unknown rank 1 (world of 8; only ranks above 3 dial this one)", 0);
+    hello_base(&h, 5);
+    h.stream = 5;
+    check("stream past S", &h, &acceptor,
+          "unknown stream 5 (rank 5, 4 data streams)", 0);
+    hello_base(&h, 5);
+    h.stream = 4;
+    check("last data stream", &h, &acceptor, NULL, 1);
+    hello_base(&h, 6);
+    check("dialer: another rank answered", &h, &dialer,
+          "the peer answered as rank 6 stream 2, expected rank 5 stream 2", 0);
+    hello_base(&h, 5);
+    h.stream = 0;
+    check("dialer: another stream answered", &h, &dialer,
+          "the peer answered as rank 5 stream 0, expected rank 5 stream 2", 0);
+    hello_base(&h, 5);
+    h.insecure = 1;
+    check("insecure there (the rank is named)", &h, &acceptor,
+          "authentication differs: a secret here, insecure there", 1);
+    hello_base(&h, 5);
+    check("insecure here", &h, &insecure,
+          "authentication differs: insecure here, a secret there", 1);
+    h.insecure = 1;
+    check("insecure on both sides", &h, &insecure, NULL, 1);
+}
+
+static void test_hello_roundtrip(int seed)
+{
+    uint8_t m[TCP_HELLO_LEN], m2[TCP_HELLO_LEN];
+    struct tcp_hello h, d;
+    int same = 1, bytes = 1;
+
+    for (int i = 0; i < 200; i++) {
+        hello_base(&h, next() % 8);
+        h.version = next();
+        h.size = next();
+        h.stream = next();
+        h.insecure = next() & 1;
+        fill(h.job, MESH_JOB_MAX);
+        tcp_hello_encode(&h, m);
+        tcp_hello_decode(m, &d);
+        same &= !memcmp(&h, &d, sizeof(h));
+        /* and any HELLO whose flags hold only the insecure bit */
+        fill(m, sizeof(m));
+        m[20] &= TCP_HELLO_INSECURE;
+        m[21] = m[22] = m[23] = 0;
+        tcp_hello_decode(m, &d);
+        tcp_hello_encode(&d, m2);
+        /* (encode always writes the magic) */
+        bytes &= !memcmp(m + 4, m2 + 4, sizeof(m) - 4);
+    }
+    ok(same, "seed %d: 200 HELLOs decode to what was encoded", seed);
+    ok(bytes, "seed %d: 200 random HELLOs encode back to their bytes", seed);
+}
+
+static int hex_eq(const uint8_t *mac, const char *hex)
+{
+    char s[2 * TCP_MAC_LEN + 1];
+
+    for (int i = 0; i < TCP_MAC_LEN; i++)
+        snprintf(s + 2 * i, 3, "%02x", mac[i]);
+    return !strcmp(s, hex);
+}
+
+static void test_auth_known(void)
+{
+    static const uint8_t key[] = "known-answer secret, 32 bytes..!";
+    struct tcp_transcript tr;
+    uint8_t mac[TCP_MAC_LEN], zero[TCP_MAC_LEN] = {0};
+
+    for (int i = 0; i < TCP_NONCE_LEN; i++) {
+        tr.nonce_d[i] = (uint8_t)i;
+        tr.nonce_a[i] = (uint8_t)(0x80 + i);
+    }
+    for (int i = 0; i < TCP_FP_LEN; i++) {
+        tr.fp_d[i] = (uint8_t)(0x40 + i);
+        tr.fp_a[i] = (uint8_t)(0xc0 + i);
+    }
+    tr.rank_d = 3;
+    tr.rank_a = 1;
+    tr.stream = 2;
+    /* Python: hmac.new(key, b"meshtrain-auth1\0" + role + nd + na +
+     * struct.pack('<III', 3, 1, 2) + fd + fa, hashlib.sha256) */
+    ok(tcp_auth_mac(key, 32, &tr, 'D', mac) == 0 &&
+           hex_eq(mac, "5b221940ffc6bcdc427558ae1a2a8bd0"
+                       "056a91e6245c9618047999004ab66a73"),
+       "AUTH: the dialer's proof of a known transcript");
+    ok(tcp_auth_mac(key, 32, &tr, 'A', mac) == 0 &&
+           hex_eq(mac, "32c833cdf446dfbb95f3ed0aad9090ed"
+                       "f4212e0f7775abc03e5293b79fe03daf"),
+       "AUTH: the acceptor's proof of a known transcript");
+    ok(tcp_auth_mac(NULL, 0, &tr, 'D', mac) == 0 &&
+           !memcmp(mac, zero, sizeof(mac)) &&
+           tcp_auth_verify(NULL, 0, &tr, 'A', key) == 0,
+       "AUTH: insecure proofs are zero and not checked");
+}
+
+static void test_auth_random(int seed)
+{
+    uint8_t key[32], other[32], d[TCP_MAC_LEN], a[TCP_MAC_LEN];
+    int good = 1, role = 1, secret = 1, field = 1;
+
+    for (int i = 0; i < 100; i++) {
+        struct tcp_transcript tr, bad;
+        size_t at;
+
+        fill(key, sizeof(key));
+        /* (HMAC pads a short key with zeros: a key ending in 0 and the
+         * same key without it are one key) */
+        key[sizeof(key) - 1] |= 1;
+        memcpy(other, key, sizeof(other));
+        other[next() % sizeof(other)] ^= (uint8_t)(1u << (next() % 8));
+        fill((uint8_t *)&tr, sizeof(tr));
+        tcp_auth_mac(key, sizeof(key), &tr, 'D', d);
+        tcp_auth_mac(key, sizeof(key), &tr, 'A', a);
+        good &= tcp_auth_verify(key, sizeof(key), &tr, 'D', d) == 0 &&
+                tcp_auth_verify(key, sizeof(key), &tr, 'A', a) == 0;
+        /* a reflected proof: the peer's own sent back */
+        role &= tcp_auth_verify(key, sizeof(key), &tr, 'A', d) == -EACCES &&
+                tcp_auth_verify(key, sizeof(key), &tr, 'D', a) == -EACCES;
+        secret &=
+            tcp_auth_verify(other, sizeof(other), &tr, 'D', d) == -EACCES &&
+            tcp_auth_verify(key, sizeof(key) - 1, &tr, 'D', d) == -EACCES;
+        /* any one bit of the transcript: a replay from another handshake */
+        bad = tr;
+        at = next() % sizeof(bad);
+        ((uint8_t *)&bad)[at] ^= (uint8_t)(1u << (next() % 8));
+        field &= tcp_auth_verify(key, sizeof(key), &bad, 'D', d) == -EACCES;
+    }
+    ok(good, "seed %d: 100 transcripts: each side's proof verifies", seed);
+    ok(role, "seed %d: a proof for the other role is refused", seed);
+    ok(secret, "seed %d: a proof under another secret is refused", seed);
+    ok(field, "seed %d: a proof of another transcript (one bit) is refused",
+       seed);
+}
+
+static void test_config(void)
+{
+    const char *a = "model=resnet18\nlr=0.1\nbatch=32\n";
+    const char *b = "model=resnet18\nlr=0.2\nbatch=32\n";
+    const char *c = "model=resnet18\nbatch=32\nseed=7\n";
+    char out[600], why[200];
+
+    tcp_config_diff(a, strlen(a), b, strlen(b), out, sizeof(out));
+    ok(!strcmp(out, "lr=0.1 here, lr=0.2 there"),
+       "CONFIG: a value differs "
+       "(%s)",
+       out);
+    tcp_config_diff(a, strlen(a), c, strlen(c), out, sizeof(out));
+    ok(!strcmp(out, "lr=0.1 here, lr unset there"),
+       "CONFIG: a key missing there (%s)", out);
+    tcp_config_diff(c, strlen(c), a, strlen(a), out, sizeof(out));
+    ok(!strcmp(out, "seed=7 here, seed unset there"),
+       "CONFIG: a key missing here, found from our side (%s)", out);
+    tcp_config_diff(a, strlen(a), a, strlen(a), out, sizeof(out));
+    ok(!strcmp(out, "the fingerprints differ but no key does"),
+       "CONFIG: no key differs (%s)", out);
+    tcp_config_diff("k=a\x01\n", 5, "k=b\n", 4, out, sizeof(out));
+    ok(!strcmp(out, "k=a? here, k=b there"),
+       "CONFIG: non-printables in a peer's text are replaced (%s)", out);
+    ok(tcp_config_len_check(TCP_CONFIG_WIRE_MAX, why, sizeof(why)) == 0,
+       "CONFIG: %d bytes are allowed", TCP_CONFIG_WIRE_MAX);
+    ok(tcp_config_len_check(TCP_CONFIG_WIRE_MAX + 1, why, sizeof(why)) ==
+               -EMSGSIZE &&
+           !strcmp(why, "configuration of 2113 bytes (at most 2112)"),
+       "CONFIG: one byte more is refused (%s)", why);
+}
+
+int main(void)
+{
+    static const int seeds[] = {1, 2, 7, 42, 20240601};
+
+    rng = 1;
+    test_hello_fields();
+    test_auth_known();
+    for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++) {
+        rng = 0x9e3779b97f4a7c15ull * (uint64_t)(seeds[i] + 1);
+        test_hello_roundtrip(seeds[i]);
+        test_auth_random(seeds[i]);
+    }
+    test_config();
+    return done();
+}

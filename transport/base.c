@@ -1,0 +1,231 @@
+/*
+ * transport/base.c: the one implementation of what the transports share
+ * (see transport/base.h).
+ */
+#include "config.h"
+
+#include "transport/base.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int tp_base_init(struct tp_base *b, const char *name,
+                 const struct tp_base_ops *ops, const struct mesh_world *world,
+                 const struct mesh_transport_opts *opts)
+{
+    pthread_condattr_t ca;
+
+    b->name = name;
+    b->ops = ops;
+    b->opts = *opts;
+    b->opts.secret = NULL;
+    b->world = *world;
+    b->peers = calloc((size_t)world->size, sizeof(*b->peers));
+    if (!b->peers)
+        return mesh_err(-ENOMEM, "out of memory");
+    memcpy(b->peers, world->peers, (size_t)world->size * sizeof(*b->peers));
+    b->world.peers = b->peers;
+    /* wait_any's deadlines are on mesh_now_ns()'s clock (monotonic) */
+    if (pthread_mutex_init(&b->lock, NULL))
+        return mesh_err(-ENOMEM, "pthread init failed");
+    if (pthread_condattr_init(&ca)) {
+        pthread_mutex_destroy(&b->lock);
+        return mesh_err(-ENOMEM, "pthread init failed");
+    }
+    if (pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) ||
+        pthread_cond_init(&b->cond, &ca)) {
+        pthread_condattr_destroy(&ca);
+        pthread_mutex_destroy(&b->lock);
+        return mesh_err(-ENOMEM, "pthread init failed");
+    }
+    pthread_condattr_destroy(&ca);
+    b->sync_ready = 1;
+    return 0;
+}
+
+void tp_base_fini(struct tp_base *b)
+{
+    if (b->sync_ready) {
+        pthread_mutex_destroy(&b->lock);
+        pthread_cond_destroy(&b->cond);
+        b->sync_ready = 0;
+    }
+    free(b->peers);
+    b->peers = NULL;
+}
+
+void tp_fail_job(struct tp_base *b, int culprit, int code, int notify,
+                 const char *fmt, ...)
+{
+    char reason[TP_MSG_MAX / 2], nb[300];
+    struct tp_req *r, *inflight = NULL;
+    va_list ap;
+
+    if (b->fail.failed)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(reason, sizeof(reason), fmt, ap);
+    va_end(ap);
+    /* The oldest pending operation involving the culprit, else the
+     * oldest of all (the list runs newest first). */
+    for (r = b->reqs; r; r = r->next) {
+        if (atomic_load(&r->done))
+            continue;
+        if (!inflight || r->peer == culprit || inflight->peer != culprit)
+            inflight = r;
+    }
+    if (inflight)
+        mesh_failure_msg(b->fail.msg, sizeof(b->fail.msg), reason, &inflight->f,
+                         inflight->kind == TP_SEND, inflight->peer,
+                         tp_pname(b, inflight->peer, nb, sizeof(nb)));
+    else
+        mesh_failure_msg(b->fail.msg, sizeof(b->fail.msg), reason, NULL, 0, -1,
+                         NULL);
+    b->fail.failed = 1;
+    b->fail.code = code;
+    b->fail.culprit = culprit;
+    memcpy(b->fail.reason, reason, sizeof(b->fail.reason));
+    mesh_error_log("%s", b->fail.msg);
+    pthread_cond_broadcast(&b->cond);
+    b->ops->failed(b, culprit, code, notify, reason);
+}
+
+int tp_fail_err(struct tp_base *b)
+{
+    return mesh_err(b->fail.code, "%s", b->fail.msg);
+}
+
+void tp_failure_of(mesh_transport_t *t, struct tp_failure *out)
+{
+    struct tp_base *b = (struct tp_base *)t; /* super first */
+
+    pthread_mutex_lock(&b->lock);
+    *out = b->fail;
+    pthread_mutex_unlock(&b->lock);
+}
+
+void tp_fail_left(struct tp_base *b, int peer)
+{
+    char nb[300];
+
+    tp_fail_job(b, peer, -ECONNRESET, 1,
+                "rank %d (%s) left the mesh with operations pending", peer,
+                tp_pname(b, peer, nb, sizeof(nb)));
+}
+
+void tp_req_link(struct tp_base *b, struct tp_req *r)
+{
+    r->prev = NULL;
+    r->next = b->reqs;
+    if (b->reqs)
+        b->reqs->prev = r;
+    b->reqs = r;
+}
+
+void tp_req_unlink(struct tp_base *b, struct tp_req *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        b->reqs = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+}
+
+void tp_req_done(struct tp_base *b, struct tp_req *r)
+{
+    atomic_store_explicit(&r->done, 1, memory_order_release);
+    pthread_cond_broadcast(&b->cond);
+}
+
+struct tp_req *tp_req_pending(const struct tp_base *b, int peer)
+{
+    for (struct tp_req *r = b->reqs; r; r = r->next)
+        if (r->peer == peer && !atomic_load(&r->done))
+            return r;
+    return NULL;
+}
+
+int tp_any_done(mesh_req_t *const *reqs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        struct tp_req *r = (struct tp_req *)reqs[i];
+
+        if (r && atomic_load_explicit(&r->done, memory_order_acquire))
+            return 1;
+    }
+    return 0;
+}
+
+int tp_check_buf(const struct tp_base *b, const char *what,
+                 const struct mesh_frame *f, const void *buf)
+{
+    if (f->length && !buf)
+        return mesh_err(-EINVAL, "%s %s: NULL buffer", b->name, what);
+    if (f->offset + f->length < f->offset)
+        return mesh_err(-EINVAL, "%s %s: range overflows", b->name, what);
+    return 0;
+}
+
+int tp_check_peer(struct tp_base *b, int peer, const char *what)
+{
+    if (peer < 0 || peer >= b->world.size || peer == b->world.rank)
+        return mesh_err(-EINVAL, "%s %s: invalid peer %d (rank %d of %d)",
+                        b->name, what, peer, b->world.rank, b->world.size);
+    if (b->fail.failed)
+        return tp_fail_err(b);
+    return 0;
+}
+
+int tp_test(struct tp_base *b, mesh_req_t *req, int *done)
+{
+    struct tp_req *r = (struct tp_req *)req;
+    int rc = 0;
+
+    if (!r)
+        return mesh_err(-EINVAL, "%s test: NULL request", b->name);
+    pthread_mutex_lock(&b->lock);
+    if (atomic_load(&r->done)) {
+        b->ops->req_free(b, r, 0);
+        *done = 1;
+    } else if (b->fail.failed) {
+        rc = tp_fail_err(b);
+        b->ops->req_free(b, r, 1);
+        *done = 1;
+    } else {
+        *done = 0;
+    }
+    pthread_mutex_unlock(&b->lock);
+    return rc;
+}
+
+int tp_wait_sleep(struct tp_base *b, mesh_req_t *const *reqs, int n,
+                  uint64_t deadline_ns, double timeout_s)
+{
+    for (;;) {
+        if (tp_any_done(reqs, n))
+            return 0;
+        if (b->fail.failed)
+            return tp_fail_err(b);
+        if (mesh_cond_sleep(&b->cond, &b->lock, deadline_ns) < 0)
+            return mesh_err(-ETIMEDOUT,
+                            "%s wait: no request completed within %.3f s",
+                            b->name, timeout_s);
+    }
+}
+
+int tp_progress(struct tp_base *b)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&b->lock);
+    if (b->fail.failed)
+        rc = tp_fail_err(b);
+    pthread_mutex_unlock(&b->lock);
+    return rc;
+}

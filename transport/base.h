@@ -1,0 +1,154 @@
+/*
+ * transport/base.h: what the transports share below the interface, in the
+ * style of UCX's "super": every transport's struct mesh_transport begins
+ * with a struct tp_base named super (the world, the lock, the requests and
+ * the job's failure), and every request with a struct tp_req. The
+ * functions here are the one implementation of what works the same in
+ * each: failing the job, the request list, checking a peer, waiting.
+ * Nothing outside transport/ includes this.
+ *
+ * Every function here expects b->lock held, unless it says otherwise.
+ */
+#ifndef MESH_TRANSPORT_BASE_H
+#define MESH_TRANSPORT_BASE_H
+
+#include "common/util.h"
+#include "transport/transport.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define TP_MSG_MAX 1024
+
+/*
+ * The built-in transports' tables (mesh_transport_find): tcp
+ * (transport/tcp/ops.c); with HAVE_VERBS, verbs and "auto", verbs where
+ * every rank has an active port, else TCP underneath
+ * (transport/verbs/ops.c).
+ */
+extern const struct mesh_transport_ops mesh_tcp_ops;
+extern const struct mesh_transport_ops mesh_verbs_ops;
+extern const struct mesh_transport_ops mesh_auto_ops;
+
+enum tp_req_kind { TP_SEND, TP_RECV };
+
+/* The start of every transport's struct mesh_req. */
+struct tp_req {
+    enum tp_req_kind kind;
+    int peer;
+    struct mesh_frame f; /* the message (send) or what is expected (recv) */
+    atomic_int done;
+    struct tp_req *next, *prev; /* the transport's request list */
+};
+
+/*
+ * A failed job: the first failure, the one every later operation reports.
+ * A transport over another (verbs over TCP) adopts the inner one's
+ * culprit, code and reason, and adds its own operation in flight.
+ */
+struct tp_failure {
+    int failed;
+    int code;                    /* negative errno */
+    int culprit;                 /* the rank blamed, -1: no one */
+    char reason[TP_MSG_MAX / 2]; /* why, without the operation in flight */
+    char msg[TP_MSG_MAX]; /* the reason, then "; operation in flight: ..." */
+};
+
+struct tp_base;
+
+/* What differs between the transports where the base does the rest. */
+struct tp_base_ops {
+    /*
+     * A failure was just recorded: drop the transport's queues, with
+     * notify tell the peers (culprit, code, reason), wake its waiters.
+     */
+    void (*failed)(struct tp_base *b, int culprit, int code, int notify,
+                   const char *reason);
+    /* Unlink and free a request that test() hands back; failed: the job
+     * failed before it completed (unhook it from the transport's queues). */
+    void (*req_free)(struct tp_base *b, struct tp_req *r, int failed);
+};
+
+struct tp_base {
+    const char *name; /* "tcp", "verbs": the start of some messages */
+    const struct tp_base_ops *ops;
+    struct mesh_world world; /* world.peers is peers */
+    struct mesh_peer *peers; /* (size) */
+    struct mesh_transport_opts opts;
+    pthread_mutex_t lock; /* guards the transport's state */
+    pthread_cond_t cond;  /* on CLOCK_MONOTONIC: waiters, the join */
+    int sync_ready;       /* lock and cond initialised */
+    struct tp_req *reqs;  /* every request not yet freed, newest first */
+    struct tp_failure fail;
+};
+
+/*
+ * Copy world (and its peers) and opts (without the secret), and create the
+ * lock and the condition variable. 0, or -ENOMEM with a message; on
+ * failure tp_base_fini undoes what was done.
+ */
+int tp_base_init(struct tp_base *b, const char *name,
+                 const struct tp_base_ops *ops, const struct mesh_world *world,
+                 const struct mesh_transport_opts *opts);
+/* Undo tp_base_init (without the lock held); a zeroed base is fine. */
+void tp_base_fini(struct tp_base *b);
+
+/* "host:port" of rank r, for messages. */
+static inline const char *tp_pname(const struct tp_base *b, int r, char *buf,
+                                   size_t len)
+{
+    return mesh_peer_name(&b->world, r, buf, len);
+}
+
+/*
+ * Fail the job, unless it has failed already (the first failure wins):
+ * record the message (the reason, then the oldest pending operation
+ * involving the culprit, else the oldest of all), log it, wake every
+ * waiter, then let the transport drop its queues and tell the peers
+ * (ops->failed).
+ */
+void tp_fail_job(struct tp_base *b, int culprit, int code, int notify,
+                 const char *fmt, ...) MESH_PRINTF(5, 6);
+/* The job's failure as this call's error: its code, its message. */
+int tp_fail_err(struct tp_base *b);
+/* A copy of t's failure record (out->failed = 0: none yet), for any
+ * transport built on the base (without the lock held). */
+void tp_failure_of(mesh_transport_t *t, struct tp_failure *out);
+/* Peer left (said goodbye) with operations pending: its failure. */
+void tp_fail_left(struct tp_base *b, int peer);
+
+void tp_req_link(struct tp_base *b, struct tp_req *r);
+void tp_req_unlink(struct tp_base *b, struct tp_req *r);
+/* Mark r done and wake the waiters. */
+void tp_req_done(struct tp_base *b, struct tp_req *r);
+/* The newest request of peer not done yet, or NULL. */
+struct tp_req *tp_req_pending(const struct tp_base *b, int peer);
+/* Whether one of reqs[0..n) (NULL entries allowed) is done; any thread,
+ * without the lock. */
+int tp_any_done(mesh_req_t *const *reqs, int n);
+
+/*
+ * The checks every isend and irecv (what) starts with: a buffer for a
+ * non-empty message, a range that does not overflow (without the lock);
+ * then, under the lock, a valid peer and a job that has not failed.
+ */
+int tp_check_buf(const struct tp_base *b, const char *what,
+                 const struct mesh_frame *f, const void *buf);
+int tp_check_peer(struct tp_base *b, int peer, const char *what);
+
+/* test() (without the lock held): done, or the job's failure, frees req
+ * (ops->req_free). */
+int tp_test(struct tp_base *b, mesh_req_t *req, int *done);
+/*
+ * wait_any's sleep on b->cond until one of reqs is done (0), the job
+ * fails (its error) or deadline_ns passes (-ETIMEDOUT, which names
+ * timeout_s).
+ */
+int tp_wait_sleep(struct tp_base *b, mesh_req_t *const *reqs, int n,
+                  uint64_t deadline_ns, double timeout_s);
+/* progress() where a thread does the work: the job's failure, or 0
+ * (without the lock held). */
+int tp_progress(struct tp_base *b);
+
+#endif

@@ -1,0 +1,486 @@
+/*
+ * transport/verbs/device.c: the RDMA device, port and GID (dev_open,
+ * dev_close), the queue pairs (create, INFO encode/decode, connect) and the
+ * control exchange over the TCP mesh.
+ */
+#include "config.h"
+
+#include "transport/verbs/verbs-internal.h"
+#include "common/util.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- device, port, GID --------------------------------------------------- */
+
+int verbs_mtu_bytes(enum ibv_mtu m)
+{
+    return m >= IBV_MTU_256 && m <= IBV_MTU_4096 ? 128 << m : 0;
+}
+
+/* The first RoCE v2 GID of the port (IPv4-mapped preferred), else -1. */
+static int find_rocev2_gid(struct mesh_transport *t)
+{
+    int best = -1;
+
+    for (int i = 0; i < t->pattr.gid_tbl_len; i++) {
+        struct ibv_gid_entry e;
+        static const uint8_t v4[12] = {0, 0, 0, 0, 0,    0,
+                                       0, 0, 0, 0, 0xff, 0xff};
+
+        if (ibv_query_gid_ex(t->ctx, t->port, (uint32_t)i, &e, 0))
+            continue;
+        if (e.gid_type != IBV_GID_TYPE_ROCE_V2)
+            continue;
+        if (!memcmp(e.gid.raw, v4, sizeof(v4)))
+            return i;
+        if (best < 0)
+            best = i;
+    }
+    return best;
+}
+
+/* Does this port work for us: active, and (with ib_port) the one asked. */
+static int port_usable(struct ibv_context *ctx, int port,
+                       struct ibv_port_attr *pa)
+{
+    if (ibv_query_port(ctx, (uint8_t)port, pa))
+        return 0;
+    return pa->state == IBV_PORT_ACTIVE;
+}
+
+/*
+ * Open the device and port the options name (defaults: the first device
+ * with an active port, its first active port), pick the GID, and build the
+ * PD, completion channel and CQ. On failure nothing stays open.
+ */
+int verbs_dev_open(struct mesh_transport *t)
+{
+    struct ibv_device **list;
+    struct ibv_device_attr da;
+    int n = 0, rc = 0, found = 0;
+    int cqe;
+
+    errno = 0;
+    list = ibv_get_device_list(&n);
+    if (!list)
+        return mesh_err_errno("verbs: ibv_get_device_list");
+    for (int i = 0; i < n && !found; i++) {
+        const char *name = ibv_get_device_name(list[i]);
+        struct ibv_context *ctx;
+
+        if (t->super.opts.ib_dev && strcmp(name, t->super.opts.ib_dev))
+            continue;
+        ctx = ibv_open_device(list[i]);
+        if (!ctx)
+            continue;
+        if (ibv_query_device(ctx, &da)) {
+            ibv_close_device(ctx);
+            continue;
+        }
+        for (int p = 1; p <= da.phys_port_cnt && !found; p++) {
+            if (t->super.opts.ib_port > 0 && p != t->super.opts.ib_port)
+                continue;
+            if (port_usable(ctx, p, &t->pattr)) {
+                t->ctx = ctx;
+                t->port = (uint8_t)p;
+                snprintf(t->devname, sizeof(t->devname), "%s", name);
+                found = 1;
+            }
+        }
+        if (!found)
+            ibv_close_device(ctx);
+    }
+    ibv_free_device_list(list);
+    if (!found) {
+        if (!n)
+            return mesh_err(-ENODEV, "verbs: no RDMA device found");
+        if (t->super.opts.ib_dev || t->super.opts.ib_port > 0)
+            return mesh_err(-ENODEV,
+                            "verbs: no active port on %s, port %d, among %d "
+                            "RDMA device(s) (--ib-dev, --ib-port)",
+                            t->super.opts.ib_dev ? t->super.opts.ib_dev
+                                                 : "any device",
+                            t->super.opts.ib_port, n);
+        return mesh_err(-ENODEV,
+                        "verbs: none of %d RDMA device(s) has an "
+                        "active port",
+                        n);
+    }
+
+    t->gid_index = -1;
+    if (t->super.opts.gid_index >= 0) {
+        if (t->super.opts.gid_index >= t->pattr.gid_tbl_len) {
+            rc = mesh_err(-EINVAL,
+                          "verbs: --gid-index %d out of range (%s port %u "
+                          "has %d GIDs)",
+                          t->super.opts.gid_index, t->devname, t->port,
+                          t->pattr.gid_tbl_len);
+            goto close_dev;
+        }
+        t->gid_index = t->super.opts.gid_index;
+    } else if (t->pattr.link_layer == IBV_LINK_LAYER_ETHERNET) {
+        t->gid_index = find_rocev2_gid(t);
+        if (t->gid_index < 0) {
+            rc = mesh_err(-ENODEV,
+                          "verbs: %s port %u (Ethernet) has no RoCE v2 GID; "
+                          "give one with --gid-index",
+                          t->devname, t->port);
+            goto close_dev;
+        }
+    }
+    if (t->gid_index >= 0)
+        VERBS_CHECK_RC(rc,
+                       ibv_query_gid(t->ctx, t->port, t->gid_index, &t->gid),
+                       close_dev, "verbs: ibv_query_gid %s port %u index %d",
+                       t->devname, t->port, t->gid_index);
+
+    VERBS_CHECK_PTR(rc, t->pd, ibv_alloc_pd(t->ctx), close_dev,
+                    "verbs: ibv_alloc_pd on %s", t->devname);
+    VERBS_CHECK_PTR(rc, t->chan, ibv_create_comp_channel(t->ctx), free_pd,
+                    "verbs: ibv_create_comp_channel on %s", t->devname);
+    cqe = MESH_MAX(t->super.world.size - 1, 1) * VERBS_QP_MAX *
+          (VERBS_RQ_DEPTH + VERBS_SQ_DEPTH);
+    cqe = MESH_MIN(cqe, da.max_cqe);
+    VERBS_CHECK_PTR(rc, t->cq, ibv_create_cq(t->ctx, cqe, NULL, t->chan, 0),
+                    destroy_chan, "verbs: ibv_create_cq(%d) on %s", cqe,
+                    t->devname);
+    mesh_debug("verbs: %s port %u, %s, GID index %d, active MTU %d", t->devname,
+               t->port,
+               t->pattr.link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet"
+                                                              : "InfiniBand",
+               t->gid_index, verbs_mtu_bytes(t->pattr.active_mtu));
+    return 0;
+
+destroy_chan:
+    ibv_destroy_comp_channel(t->chan);
+    t->chan = NULL;
+free_pd:
+    ibv_dealloc_pd(t->pd);
+    t->pd = NULL;
+close_dev:
+    ibv_close_device(t->ctx);
+    t->ctx = NULL;
+    return rc;
+}
+
+/* ---- QPs ----------------------------------------------------------------- */
+
+uint8_t *verbs_rbuf(struct mesh_transport *t, int peer, int qpi, int idx)
+{
+    size_t i = ((size_t)peer * VERBS_QP_MAX + (size_t)qpi) * VERBS_RQ_DEPTH +
+               (size_t)idx;
+
+    return (uint8_t *)t->ctrl + i * VERBS_CTS_LEN;
+}
+
+uint8_t *verbs_sbuf(struct mesh_transport *t, int peer, int slot)
+{
+    size_t base = (size_t)t->super.world.size * VERBS_QP_MAX * VERBS_RQ_DEPTH;
+
+    return (uint8_t *)t->ctrl +
+           (base + (size_t)peer * VERBS_CREDITS + (size_t)slot) * VERBS_CTS_LEN;
+}
+
+int verbs_post_recv(struct mesh_transport *t, int peer, int qpi, int idx)
+{
+    struct ibv_sge sge = {
+        .addr = (uintptr_t)verbs_rbuf(t, peer, qpi, idx),
+        .length = VERBS_CTS_LEN,
+        .lkey = t->ctrl_mr->lkey,
+    };
+    struct ibv_recv_wr wr =
+                           {
+                               .wr_id = verbs_wr_id(WR_RECV, peer, qpi, idx),
+                               .sg_list = &sge,
+                               .num_sge = 1,
+                           },
+                       *bad;
+    int rc = 0;
+
+    VERBS_CHECK_RC(rc, ibv_post_recv(t->vp[peer].qp[qpi].qp, &wr, &bad), out,
+                   "verbs: ibv_post_recv to rank %d QP %d", peer, qpi);
+out:
+    return rc;
+}
+
+/*
+ * Retransmission: each try waits 4.096 us * 2^timeout for an ack, and a
+ * send fails after retry_cnt + 1 tries. A dead peer must surface as a
+ * retry-exceeded completion within the peer timeout even when the TCP mesh
+ * has not noticed yet, so tries * wait <= peer timeout. The wait itself
+ * stays at 268 ms (2^16) where the bound allows: shorter ones fire
+ * spuriously on a loaded host (Soft-RoCE under emulation), and a spurious
+ * retransmission costs a whole message.
+ */
+static void qp_retry(double peer_timeout_s, uint8_t *timeout, uint8_t *retry)
+{
+    uint8_t e = 16;
+    double wait;
+    int tries;
+
+    while (e > 8 && 2.0 * 4.096e-6 * (double)(1u << e) > peer_timeout_s)
+        e--;
+    wait = 4.096e-6 * (double)(1u << e);
+    tries = (int)(peer_timeout_s / wait);
+    *timeout = e;
+    *retry = (uint8_t)MESH_MAX(1, MESH_MIN(tries - 1, 7));
+}
+
+int verbs_qps_create(struct mesh_transport *t)
+{
+    int rc = 0;
+
+    for (int p = 0; p < t->super.world.size; p++) {
+        if (p == t->super.world.rank)
+            continue;
+        for (int q = 0; q < t->nqp; q++) {
+            struct vqp *v = &t->vp[p].qp[q];
+            struct ibv_qp_init_attr ia = {
+                .send_cq = t->cq,
+                .recv_cq = t->cq,
+                .cap = {.max_send_wr = VERBS_SQ_DEPTH,
+                        .max_recv_wr = VERBS_RQ_DEPTH,
+                        .max_send_sge = 1,
+                        .max_recv_sge = 1},
+                .qp_type = IBV_QPT_RC,
+            };
+            struct ibv_qp_attr a = {
+                .qp_state = IBV_QPS_INIT,
+                .pkey_index = 0,
+                .port_num = t->port,
+                .qp_access_flags = IBV_ACCESS_REMOTE_WRITE,
+            };
+
+            VERBS_CHECK_PTR(rc, v->qp, ibv_create_qp(t->pd, &ia), out,
+                            "verbs: ibv_create_qp for rank %d", p);
+            VERBS_CHECK_RC(rc,
+                           ibv_modify_qp(v->qp, &a,
+                                         IBV_QP_STATE | IBV_QP_PKEY_INDEX |
+                                             IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+                           out, "verbs: QP for rank %d to INIT", p);
+            v->psn =
+                (uint32_t)(mesh_now_ns() ^ ((uint64_t)p << 8) ^ (uint64_t)q) &
+                0xffffff;
+            for (int i = 0; i < VERBS_RQ_DEPTH; i++) {
+                rc = verbs_post_recv(t, p, q, i);
+                if (rc < 0)
+                    goto out;
+            }
+        }
+    }
+out:
+    return rc;
+}
+
+void verbs_info_encode(struct mesh_transport *t, int peer, uint8_t *m)
+{
+    memset(m, 0, VERBS_INFO_LEN);
+    mesh_put_le32(m, VERBS_INFO_MAGIC);
+    mesh_put_le32(m + 4, VERBS_INFO_VERSION);
+    mesh_put_le32(m + 8, t->ctx ? 1 : 0);
+    mesh_put_le32(m + 12, (uint32_t)t->nqp);
+    if (!t->ctx)
+        return;
+    mesh_put_le16(m + 16, t->pattr.lid);
+    m[18] = (uint8_t)t->pattr.active_mtu;
+    m[19] = t->pattr.link_layer;
+    memcpy(m + 20, t->gid.raw, 16);
+    m[36] = t->gid_index >= 0;
+    for (int q = 0; q < t->nqp; q++) {
+        mesh_put_le32(m + 40 + 4 * q, t->vp[peer].qp[q].qp->qp_num);
+        mesh_put_le32(m + 72 + 4 * q, t->vp[peer].qp[q].psn);
+    }
+}
+
+int verbs_info_decode(struct mesh_transport *t, int peer, const uint8_t *m,
+                      struct remote *r)
+{
+    char nb[300];
+
+    if (mesh_get_le32(m) != VERBS_INFO_MAGIC || mesh_get_le32(m + 4) != VERBS_INFO_VERSION)
+        return mesh_err(-EPROTO,
+                        "verbs: rank %d (%s) sent QP details of an unknown "
+                        "format (magic 0x%08" PRIx32 " version %" PRIu32 ")",
+                        peer, verbs_pname(t, peer, nb, sizeof(nb)),
+                        mesh_get_le32(m), mesh_get_le32(m + 4));
+    memset(r, 0, sizeof(*r));
+    r->active = mesh_get_le32(m + 8) == 1;
+    r->nqp = mesh_get_le32(m + 12);
+    if (!r->active)
+        return 0;
+    if (r->nqp != (uint32_t)t->nqp)
+        return mesh_err(
+            -EPROTO,
+            "verbs: rank %d (%s) has %" PRIu32 " QPs per peer, this rank %d",
+            peer, verbs_pname(t, peer, nb, sizeof(nb)), r->nqp, t->nqp);
+    r->lid = mesh_get_le16(m + 16);
+    r->mtu = m[18];
+    r->link_layer = m[19];
+    memcpy(r->gid.raw, m + 20, 16);
+    r->use_gid = m[36];
+    if (!verbs_mtu_bytes((enum ibv_mtu)r->mtu) || r->use_gid > 1)
+        return mesh_err(-EPROTO,
+                        "verbs: rank %d (%s) sent a bad MTU (%u) or GID flag",
+                        peer, verbs_pname(t, peer, nb, sizeof(nb)), r->mtu);
+    if ((r->use_gid != 0) != (t->gid_index >= 0))
+        return mesh_err(-EPROTO,
+                        "verbs: rank %d (%s) %s a GID, this rank %s (mixed "
+                        "InfiniBand and RoCE? see --gid-index)",
+                        peer, verbs_pname(t, peer, nb, sizeof(nb)),
+                        r->use_gid ? "uses" : "does not use",
+                        t->gid_index >= 0 ? "does" : "does not");
+    for (int q = 0; q < t->nqp; q++) {
+        r->qpn[q] = mesh_get_le32(m + 40 + 4 * q);
+        r->psn[q] = mesh_get_le32(m + 72 + 4 * q);
+        if (!r->qpn[q] || r->qpn[q] > 0xffffff || r->psn[q] > 0xffffff)
+            return mesh_err(-EPROTO,
+                            "verbs: rank %d (%s) sent a bad QP number "
+                            "0x%" PRIx32 " or PSN",
+                            peer, verbs_pname(t, peer, nb, sizeof(nb)),
+                            r->qpn[q]);
+    }
+    return 0;
+}
+
+int verbs_qps_connect(struct mesh_transport *t, int peer,
+                      const struct remote *r)
+{
+    enum ibv_mtu mtu = MESH_MIN((enum ibv_mtu)r->mtu, t->pattr.active_mtu);
+    uint8_t timeout, retry;
+    int rc = 0;
+
+    qp_retry(t->super.opts.peer_timeout_s, &timeout, &retry);
+
+    for (int q = 0; q < t->nqp; q++) {
+        struct vqp *v = &t->vp[peer].qp[q];
+        struct ibv_qp_attr rtr = {
+            .qp_state = IBV_QPS_RTR,
+            .path_mtu = mtu,
+            .dest_qp_num = r->qpn[q],
+            .rq_psn = r->psn[q],
+            .max_dest_rd_atomic = 1,
+            .min_rnr_timer = 12,
+            .ah_attr = {.is_global = 0,
+                        .dlid = r->lid,
+                        .sl = 0,
+                        .src_path_bits = 0,
+                        .port_num = t->port},
+        };
+        struct ibv_qp_attr rts = {
+            .qp_state = IBV_QPS_RTS,
+            .timeout = timeout,
+            .retry_cnt = retry,
+            .rnr_retry = 7,
+            .sq_psn = v->psn,
+            .max_rd_atomic = 1,
+        };
+
+        if (r->use_gid) {
+            rtr.ah_attr.is_global = 1;
+            rtr.ah_attr.grh.dgid = r->gid;
+            rtr.ah_attr.grh.sgid_index = (uint8_t)t->gid_index;
+            rtr.ah_attr.grh.hop_limit = 1;
+        }
+        VERBS_CHECK_RC(
+            rc,
+            ibv_modify_qp(v->qp, &rtr,
+                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+                              IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+            out, "verbs: QP %d for rank %d to RTR", q, peer);
+        VERBS_CHECK_RC(rc,
+                       ibv_modify_qp(v->qp, &rts,
+                                     IBV_QP_STATE | IBV_QP_TIMEOUT |
+                                         IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                         IBV_QP_SQ_PSN |
+                                         IBV_QP_MAX_QP_RD_ATOMIC),
+                       out, "verbs: QP %d for rank %d to RTS", q, peer);
+    }
+out:
+    return rc;
+}
+
+/* ---- the control exchange over the TCP mesh ------------------------------ */
+
+/* Send msg (len bytes, tag) to every peer and receive theirs into in. */
+int verbs_ctrl_exchange(struct mesh_transport *t, uint32_t tag,
+                        const uint8_t *out, size_t out_stride, uint8_t *in,
+                        size_t len)
+{
+    int n = t->super.world.size, rc = 0, rc2;
+    mesh_req_t **rq = calloc((size_t)n * 2, sizeof(*rq));
+
+    if (!rq)
+        return mesh_err(-ENOMEM, "out of memory");
+    for (int p = 0; p < n && rc == 0; p++) {
+        struct mesh_frame f = {.seq = VERBS_CTRL_SEQ,
+                               .tag = tag,
+                               .op = MESH_OP_P2P,
+                               .dtype = MESH_DT_BYTE,
+                               .count = len,
+                               .length = len};
+
+        if (p == t->super.world.rank)
+            continue;
+        rc = t->inner_ops->irecv(t->inner, p, &f, in + (size_t)p * len, NULL,
+                                 &rq[2 * p]);
+        if (rc == 0)
+            rc = t->inner_ops->isend(t->inner, p, &f,
+                                     out + (size_t)p * out_stride, NULL,
+                                     &rq[2 * p + 1]);
+    }
+    for (int i = 0; i < 2 * n; i++) {
+        if (!rq[i])
+            continue;
+        rc2 = mesh_transport_wait(t->inner_ops, t->inner, rq[i]);
+        if (rc == 0)
+            rc = rc2;
+    }
+    free(rq);
+    return rc;
+}
+
+/* ---- closing ------------------------------------------------------------- */
+
+/* Close what dev_open and the connect built, in reverse order. */
+void verbs_dev_close(struct mesh_transport *t)
+{
+    for (int p = 0; t->vp && p < t->super.world.size; p++)
+        for (int q = 0; q < VERBS_QP_MAX; q++) {
+            if (t->vp[p].qp[q].qp && ibv_destroy_qp(t->vp[p].qp[q].qp))
+                mesh_warn("verbs: ibv_destroy_qp for rank %d failed", p);
+            t->vp[p].qp[q].qp = NULL;
+        }
+    if (t->ctrl_mr && ibv_dereg_mr(t->ctrl_mr))
+        mesh_warn("verbs: ibv_dereg_mr (control buffers) failed");
+    t->ctrl_mr = NULL;
+    if (t->cq) {
+        if (t->cq_events)
+            ibv_ack_cq_events(t->cq, (unsigned)t->cq_events);
+        if (ibv_destroy_cq(t->cq))
+            mesh_warn("verbs: ibv_destroy_cq failed");
+    }
+    if (t->chan && ibv_destroy_comp_channel(t->chan))
+        mesh_warn("verbs: ibv_destroy_comp_channel failed");
+    for (struct mesh_mr *m = t->mrs; m; m = m->next) {
+        if (m->mr && ibv_dereg_mr(m->mr))
+            mesh_warn("verbs: ibv_dereg_mr failed");
+        else if (m->mr)
+            t->mr_live--;
+        m->mr = NULL;
+    }
+    if (t->pd && ibv_dealloc_pd(t->pd))
+        mesh_warn("verbs: ibv_dealloc_pd failed (registrations left?)");
+    if (t->ctx && ibv_close_device(t->ctx))
+        mesh_warn("verbs: ibv_close_device failed");
+    t->cq = NULL;
+    t->chan = NULL;
+    t->pd = NULL;
+    t->ctx = NULL;
+}
