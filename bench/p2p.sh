@@ -29,19 +29,16 @@ builddir=${top_builddir:-$bl_srcdir}
 secs=3
 repeat=1
 insecure=0
-rate=
+BL_RATE= # unshaped unless --rate
 while [ $# -gt 0 ]; do
     case $1 in
-        --builddir) builddir=$2; shift 2 ;;
-        --out) outdir=$2; shift 2 ;;
-        --time) secs=$2; shift 2 ;;
-        --repeat) repeat=$2; shift 2 ;;
-        --prefix) BL_PREFIX=$2; shift 2 ;;
-        --rate) rate=$2; shift 2 ;;
-        --insecure) insecure=1; shift ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
-        *) echo "p2p.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+        -h|--help) bl_help; exit 0 ;;
+        *) bl_opt "--builddir --out --time --repeat --prefix --rate \
+--insecure" "$@" ||
+               { echo "p2p.sh: unknown argument '$1' (see --help)" >&2
+                 exit 2; }
+           shift "$BL_SHIFT" ;;
     esac
 done
 case $repeat in ''|*[!0-9]*|0) echo "p2p.sh: bad --repeat '$repeat'" >&2
@@ -73,8 +70,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 status=0
 
-if [ -n "$rate" ]; then
-    BL_RATE=$rate
+if [ -n "$BL_RATE" ]; then
     bl_setup c 2 || exit 1
 else
     bl_setup b 2 || exit 1
@@ -84,7 +80,7 @@ fi
 run_mesh() {
     _op=$1 _b=$2 _e=$3 _f=$4 _log=$5
     shift 5
-    printf '10.77.0.1 slots=1\n10.77.0.2 slots=1\n' >"$tmp/hostfile"
+    bl_hostfile "$tmp/hostfile" 2
     if [ $insecure -eq 1 ]; then
         set -- --insecure "$@"
     else
