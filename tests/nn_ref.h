@@ -66,41 +66,38 @@ static inline void ref_tod(const float *f, double *d, size_t n)
 }
 
 /*
- * Relative error max|a - b| / max|b|: normalising by the largest reference
- * magnitude (not element-wise) keeps entries that are near zero by
- * cancellation from dominating, while still measuring the error on the
- * scale of the tensor; 0/0 is 0.
+ * Relative error max|a - b| / max|b|, b given as doubles (bd) or as floats
+ * (bf, when bd is NULL): normalising by the largest reference magnitude
+ * (not element-wise) keeps entries that are near zero by cancellation from
+ * dominating, while still measuring the error on the scale of the tensor;
+ * 0/0 is 0, a NaN difference infinity.
  */
-static inline double ref_relerr_fd(const float *a, const double *b, size_t n)
+static inline double ref_relerr(const float *a, const double *bd,
+                                const float *bf, size_t n)
 {
     double md = 0, mb = 0;
     size_t i;
 
     for (i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
+        double b = bd ? bd[i] : bf[i];
+        double d = fabs((double)a[i] - b);
 
         if (d > md || d != d)
             md = d != d ? INFINITY : d;
-        if (fabs(b[i]) > mb)
-            mb = fabs(b[i]);
+        if (fabs(b) > mb)
+            mb = fabs(b);
     }
     return mb > 0 ? md / mb : md;
 }
 
+static inline double ref_relerr_fd(const float *a, const double *b, size_t n)
+{
+    return ref_relerr(a, b, NULL, n);
+}
+
 static inline double ref_relerr_ff(const float *a, const float *b, size_t n)
 {
-    double md = 0, mb = 0;
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-
-        if (d > md || d != d)
-            md = d != d ? INFINITY : d;
-        if (fabs(b[i]) > mb)
-            mb = fabs(b[i]);
-    }
-    return mb > 0 ? md / mb : md;
+    return ref_relerr(a, NULL, b, n);
 }
 
 /* ---- convolution: x (n, c, h, w), w (k, c, r, r), y (n, k, oh, ow) ------- */
