@@ -168,27 +168,37 @@ static inline void ref_conv_bwd(const struct ref_conv *s, const double *x,
 
 /* ---- batch norm (training): x, y (n, c, hw) -------------------------------- */
 
+/* Channel ch's mean and biased variance over the batch and the plane. */
+static inline void ref_bn_stats(int n, int c, int hw, const double *x, int ch,
+                                double *mean, double *var)
+{
+    double cnt = (double)n * hw, m = 0, v = 0;
+    int i, p;
+
+    for (i = 0; i < n; i++)
+        for (p = 0; p < hw; p++)
+            m += x[((size_t)i * c + ch) * hw + p];
+    m /= cnt;
+    for (i = 0; i < n; i++)
+        for (p = 0; p < hw; p++) {
+            double d = x[((size_t)i * c + ch) * hw + p] - m;
+
+            v += d * d;
+        }
+    *mean = m;
+    *var = v / cnt;
+}
+
 static inline void ref_bn_fwd(int n, int c, int hw, const double *x, const double *g,
                        const double *b, double eps, int relu, double *y,
                        double *mean, double *var)
 {
     int i, ch, p;
-    double cnt = (double)n * hw;
 
     for (ch = 0; ch < c; ch++) {
-        double m = 0, v = 0;
+        double m, v;
 
-        for (i = 0; i < n; i++)
-            for (p = 0; p < hw; p++)
-                m += x[((size_t)i * c + ch) * hw + p];
-        m /= cnt;
-        for (i = 0; i < n; i++)
-            for (p = 0; p < hw; p++) {
-                double d = x[((size_t)i * c + ch) * hw + p] - m;
-
-                v += d * d;
-            }
-        v /= cnt;
+        ref_bn_stats(n, c, hw, x, ch, &m, &v);
         mean[ch] = m;
         var[ch] = v;
         for (i = 0; i < n; i++)
@@ -210,19 +220,9 @@ static inline void ref_bn_bwd(int n, int c, int hw, const double *x, const doubl
     double cnt = (double)n * hw;
 
     for (ch = 0; ch < c; ch++) {
-        double m = 0, v = 0, sdy = 0, sdyx = 0, rs;
+        double m, v, sdy = 0, sdyx = 0, rs;
 
-        for (i = 0; i < n; i++)
-            for (p = 0; p < hw; p++)
-                m += x[((size_t)i * c + ch) * hw + p];
-        m /= cnt;
-        for (i = 0; i < n; i++)
-            for (p = 0; p < hw; p++) {
-                double d = x[((size_t)i * c + ch) * hw + p] - m;
-
-                v += d * d;
-            }
-        v /= cnt;
+        ref_bn_stats(n, c, hw, x, ch, &m, &v);
         rs = 1 / sqrt(v + eps);
         for (i = 0; i < n; i++)
             for (p = 0; p < hw; p++) {

@@ -18,9 +18,17 @@ static inline void plan(int n)
     fflush(stdout);
 }
 
-static inline void skip_all(const char *why)
+/* The whole program skipped, the reason formatted as printf does. */
+__attribute__((format(printf, 1, 2))) static inline void
+skip_all(const char *fmt, ...)
 {
-    printf("1..0 # SKIP %s\n", why);
+    va_list ap;
+
+    printf("1..0 # SKIP ");
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
     fflush(stdout);
 }
 

@@ -836,10 +836,7 @@ int main(int argc, char **argv)
 
     ops = mesh_transport_find(name);
     if (!ops) {
-        char why[128];
-
-        snprintf(why, sizeof(why), "transport '%s' is not built", name);
-        skip_all(why);
+        skip_all("transport '%s' is not built", name);
         return 0;
     }
     diag("transport %s", name);

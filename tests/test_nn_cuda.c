@@ -624,21 +624,18 @@ int main(void)
 {
     static const char *const names[] = {"fp32", "tf32", "bf16-amp"};
     struct mesh_nn_dev_opts o;
-    char why[300];
     int rc, k;
 
     rc = mesh_nn_ctx_open("cuda", 0, &gpu);
     if (rc < 0) {
-        snprintf(why, sizeof(why), "%s", mesh_err_msg(rc));
-        skip_all(why);
+        skip_all("%s", mesh_err_msg(rc));
         return 0;
     }
     mesh_nn_ctx_close(gpu);
     gpu = NULL;
     rc = mesh_nn_ctx_open("cpu", 0, &cpu);
     if (rc < 0) {
-        snprintf(why, sizeof(why), "the reference: %s", mesh_err_msg(rc));
-        skip_all(why);
+        skip_all("the reference: %s", mesh_err_msg(rc));
         return 0;
     }
     diag("%s", mesh_nn_ctx_describe(cpu));

@@ -104,6 +104,20 @@ static int check(const char *what, const float *got, const double *want,
     return ok(e <= tol, "%s: rel err %.3g (tol %.0e)", what, e, tol);
 }
 
+/* The output got (freed here) of an op that returned rc against want; the
+ * test is named "TAG WHAT". */
+static void check_out(int rc, const char *tag, const char *what, float *got,
+                      const double *want, size_t n)
+{
+    char name[128];
+
+    if (rc < 0)
+        diag("%s", mesh_err_msg(rc));
+    snprintf(name, sizeof(name), "%s %s", tag, what);
+    check(name, got, want, n, TOL);
+    free(got);
+}
+
 static double dot(const double *a, const double *b, size_t n)
 {
     double s = 0;
@@ -156,7 +170,7 @@ static void test_conv(int n, int c, int h, int k, int r, int stride, int pad)
     size_t nx, nw, ny;
     double *x, *w, *y, *dy, *dx, *dw, maxe = 0;
     void *dxd, *ddy, *dyd, *ddx, *ws;
-    float *wd, *dwd, *got;
+    float *wd, *dwd;
     char tag[96];
     int i, rc;
 
@@ -190,31 +204,11 @@ static void test_conv(int n, int c, int h, int k, int r, int stride, int pad)
     dwd = dalloc(nw * sizeof(float));
 
     rc = O->conv_fwd(D, p, dxd, wd, dyd, ws);
-    got = host_act(dyd, n, k, s.oh, s.ow);
-    if (rc < 0)
-        diag("%s", mesh_err_msg(rc));
-    snprintf(tag + strlen(tag), 16, " fwd");
-    check(tag, got, y, ny, TOL);
-    free(got);
-    tag[strlen(tag) - 4] = 0;
-
+    check_out(rc, tag, "fwd", host_act(dyd, n, k, s.oh, s.ow), y, ny);
     rc = O->conv_bwd_data(D, p, ddy, wd, ddx, ws);
-    got = host_act(ddx, n, c, h, h);
-    if (rc < 0)
-        diag("%s", mesh_err_msg(rc));
-    snprintf(tag + strlen(tag), 16, " bwd data");
-    check(tag, got, dx, nx, TOL);
-    free(got);
-    tag[strlen(tag) - 9] = 0;
-
+    check_out(rc, tag, "bwd data", host_act(ddx, n, c, h, h), dx, nx);
     rc = O->conv_bwd_filter(D, p, dxd, ddy, dwd, ws);
-    got = host_vec(dwd, nw);
-    if (rc < 0)
-        diag("%s", mesh_err_msg(rc));
-    snprintf(tag + strlen(tag), 16, " bwd filter");
-    check(tag, got, dw, nw, TOL);
-    free(got);
-    tag[strlen(tag) - 11] = 0;
+    check_out(rc, tag, "bwd filter", host_vec(dwd, nw), dw, nw);
     O->free(D, ws), O->free(D, dxd), O->free(D, ddy), O->free(D, wd);
     O->free(D, dyd), O->free(D, ddx), O->free(D, dwd);
 
@@ -755,10 +749,7 @@ int main(void)
 
     rc = mesh_nn_ctx_open(be ? be : "cpu", 2, &ctx);
     if (rc < 0) {
-        char why[256];
-
-        snprintf(why, sizeof(why), "%s", mesh_err_msg(rc));
-        skip_all(why);
+        skip_all("%s", mesh_err_msg(rc));
         return 0;
     }
     diag("%s", mesh_nn_ctx_describe(ctx));
