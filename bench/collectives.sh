@@ -191,15 +191,9 @@ assert d.is_gloo_available()' 2>/dev/null; then
 fi
 mesh=0
 meshbench="$builddir/meshbench"
-if has "$systems" mesh; then
-    if [ ! -x "$meshbench" ]; then
-        bl_log "meshbench not built at $meshbench (make, or --builddir):" \
-               "skipping meshbench"
-    elif ! "$meshbench" --help 2>&1 | grep -q allreduce; then
-        bl_log "$meshbench has no --op allreduce yet: skipping meshbench"
-    else
-        mesh=1
-    fi
+if has "$systems" mesh &&
+    bl_meshbench_has "$meshbench" allreduce "skipping meshbench"; then
+    mesh=1
 fi
 secret="$tmp/secret"
 ( umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$secret" ) ||

@@ -124,6 +124,18 @@ bl_opt() {
 # bl_help: print the script's header comment (its --help).
 bl_help() { sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; }
 
+# bl_meshbench_has BIN OP INSTEAD: whether BIN is a built meshbench that
+# has --op OP; when not, logs why and INSTEAD, what the script does then.
+bl_meshbench_has() {
+    if [ ! -x "$1" ]; then
+        bl_log "meshbench not built at $1 (make, or --builddir):" "$3"
+        return 1
+    fi
+    "$1" --help 2>&1 | grep -q "$2" && return 0
+    bl_log "$1 has no --op $2: $3"
+    return 1
+}
+
 # bl_hostfile FILE N: a hostfile of hosts 1 to N of a namespace setting (b,
 # c), one slot each.
 bl_hostfile() {

@@ -51,14 +51,8 @@ why=$("$BL_NETNS" check --prefix "$BL_PREFIX") || bl_die "$why"
 
 meshbench="$builddir/meshbench"
 mesh=0
-if [ ! -x "$meshbench" ]; then
-    bl_log "meshbench not built at $meshbench (make, or --builddir):" \
-           "measuring iperf3 and ping only"
-elif ! "$meshbench" --help 2>&1 | grep -q stream; then
-    bl_log "$meshbench has no --op stream: measuring iperf3 and ping only"
-else
+bl_meshbench_has "$meshbench" stream "measuring iperf3 and ping only" &&
     mesh=1
-fi
 
 mkdir -p "$outdir/raw" || exit 1
 tmp=$(mktemp -d /tmp/p2p.XXXXXX) || exit 1
