@@ -79,21 +79,14 @@ while [ $# -gt 0 ]; do
         --sizes) sizes=$2; shift 2 ;;
         --systems) systems=$2; shift 2 ;;
         --algos) algos=$2; shift 2 ;;
-        --time) secs=$2; shift 2 ;;
-        --repeat) repeat=$2; shift 2 ;;
         --quick) settings=a,b nps=2,4 sizes=4K,64M secs=0.5; shift ;;
-        --out) outdir=$2; shift 2 ;;
-        --builddir) builddir=$2; shift 2 ;;
-        --prefix) BL_PREFIX=$2; shift 2 ;;
-        --rate) BL_RATE=$2; shift 2 ;;
-        --mtu) BL_MTU=$2; shift 2 ;;
-        --cc) BL_CC=$2; shift 2 ;;
-        --mesh-cc) BL_MESH_CC=$2; shift 2 ;;
-        --insecure) insecure=1; shift ;;
         --mesh-args) meshargs=$2; shift 2 ;;
-        -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
-        *) echo "collectives.sh: unknown argument '$1' (see --help)" >&2
-           exit 2 ;;
+        -h|--help) bl_help; exit 0 ;;
+        *) bl_opt "--time --repeat --out --builddir --prefix --rate --mtu \
+--cc --mesh-cc --insecure" "$@" ||
+               { echo "collectives.sh: unknown argument '$1' (see --help)" >&2
+                 exit 2; }
+           shift "$BL_SHIFT" ;;
     esac
 done
 
@@ -198,15 +191,9 @@ assert d.is_gloo_available()' 2>/dev/null; then
 fi
 mesh=0
 meshbench="$builddir/meshbench"
-if has "$systems" mesh; then
-    if [ ! -x "$meshbench" ]; then
-        bl_log "meshbench not built at $meshbench (make, or --builddir):" \
-               "skipping meshbench"
-    elif ! "$meshbench" --help 2>&1 | grep -q allreduce; then
-        bl_log "$meshbench has no --op allreduce yet: skipping meshbench"
-    else
-        mesh=1
-    fi
+if has "$systems" mesh &&
+    bl_meshbench_has "$meshbench" allreduce "skipping meshbench"; then
+    mesh=1
 fi
 secret="$tmp/secret"
 ( umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$secret" ) ||
@@ -229,12 +216,7 @@ run_mpi() {   # setting np b e f log
             "$mpibin" -b "$3" -e "$4" -f "$5" -t "$secs" >"$6" 2>&1
     else
         _hf="$tmp/hostfile.mpi"
-        : >"$_hf"
-        _k=1
-        while [ $_k -le "$_n" ]; do
-            echo "10.77.0.$_k slots=1" >>"$_hf"
-            _k=$((_k + 1))
-        done
+        bl_hostfile "$_hf" "$_n"
         # mpirun itself runs on host 1, so the orteds it starts in the
         # other namespaces can reach it at 10.77.0.1.
         timeout $runlimit ip netns exec "${BL_PREFIX}1" env \
@@ -276,12 +258,7 @@ run_mesh() {   # setting np b e f log algo
     if [ "$1" = a ]; then
         echo "127.0.0.1 slots=$_n" >"$_hf"
     else
-        : >"$_hf"
-        _k=1
-        while [ $_k -le "$_n" ]; do
-            echo "10.77.0.$_k slots=1" >>"$_hf"
-            _k=$((_k + 1))
-        done
+        bl_hostfile "$_hf" "$_n"
     fi
     _r=0
     while [ $_r -lt "$_n" ]; do
@@ -332,8 +309,25 @@ record() {
     fi
 }
 
+# measure WHAT FILE SYSTEM [ALGO]: one system's run over the sizes $b..$e
+# of one_round's setting $rset with $rnp hosts, its CPU use measured
+# meanwhile; the output goes to raw/TAG-FILE-SIZES.txt, the results to the
+# CSV as SYSTEM's (meshbench-ALGO: meshbench --algo ALGO).
+measure() {
+    bl_log "  $1, $b..$e bytes"
+    log="$outdir/raw/$rtag-$2-$b-$e.txt"
+    bl_cpu_start "$tmp/cpu.txt"
+    case $3 in
+        openmpi) run_mpi "$rset" "$rnp" "$b" "$e" "$f" "$log" ;;
+        gloo) run_gloo "$rset" "$rnp" "$b" "$e" "$f" "$log" ;;
+        *) run_mesh "$rset" "$rnp" "$b" "$e" "$f" "$log" "$4" ;;
+    esac </dev/null
+    record "$3" "$rname" "$rnp" "$log" $? "$rrep" "$b-$e"
+}
+
 # one_round SETTING NAME NP TAG REP: every system once, sizes as asked.
 one_round() {
+    rset=$1 rname=$2 rnp=$3 rtag=$4 rrep=$5
     if has "$systems" tcp; then
         bl_log "  TCP limit (iperf3, ping)"
         "$bl_srcdir/bench/tcp_limit.sh" --setting "$1" --np "$3" \
@@ -354,28 +348,11 @@ one_round() {
             "$outdir/raw/$4-tcp.txt" >>"$lcsv"
     fi
     while read -r b e f; do
-        sz="$b-$e"
-        if [ -n "$mpibin" ]; then
-            bl_log "  Open MPI, $b..$e bytes"
-            log="$outdir/raw/$4-mpi-$sz.txt"
-            bl_cpu_start "$tmp/cpu.txt"
-            run_mpi "$1" "$3" "$b" "$e" "$f" "$log" </dev/null
-            record openmpi "$2" "$3" "$log" $? "$5" "$sz"
-        fi
-        if [ $gloo -eq 1 ]; then
-            bl_log "  Gloo, $b..$e bytes"
-            log="$outdir/raw/$4-gloo-$sz.txt"
-            bl_cpu_start "$tmp/cpu.txt"
-            run_gloo "$1" "$3" "$b" "$e" "$f" "$log" </dev/null
-            record gloo "$2" "$3" "$log" $? "$5" "$sz"
-        fi
+        [ -n "$mpibin" ] && measure "Open MPI" mpi openmpi
+        [ $gloo -eq 1 ] && measure Gloo gloo gloo
         if [ $mesh -eq 1 ]; then
             for a in $(echo "$algos" | tr , ' '); do
-                bl_log "  meshbench --algo $a, $b..$e bytes"
-                log="$outdir/raw/$4-mesh-$a-$sz.txt"
-                bl_cpu_start "$tmp/cpu.txt"
-                run_mesh "$1" "$3" "$b" "$e" "$f" "$log" "$a" </dev/null
-                record "meshbench-$a" "$2" "$3" "$log" $? "$5" "$sz"
+                measure "meshbench --algo $a" "mesh-$a" "meshbench-$a" "$a"
             done
         fi
     done <"$tmp/runs"

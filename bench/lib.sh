@@ -94,6 +94,59 @@ _bl_cc_listed() {
     return 1
 }
 
+# bl_opt LIST ARGS...: ARGS' first argument, when it is one of the options
+# the bench scripts share and LIST (e.g. "--time --prefix") names it:
+# --prefix, --rate, --mtu, --cc and --mesh-cc set $BL_PREFIX, $BL_RATE,
+# $BL_MTU, $BL_CC and $BL_MESH_CC; --time, --repeat, --out and --builddir
+# set the caller's secs, repeat, outdir and builddir; --insecure sets its
+# insecure to 1. Sets BL_SHIFT to the number of arguments used; returns 1
+# (BL_SHIFT 0) for any other argument.
+# shellcheck disable=SC2034 # secs, repeat, ...: the caller's variables
+bl_opt() {
+    BL_SHIFT=0
+    case " $1 " in *" $2 "*) ;; *) return 1 ;; esac
+    BL_SHIFT=2
+    case $2 in
+        --prefix) BL_PREFIX=$3 ;;
+        --rate) BL_RATE=$3 ;;
+        --mtu) BL_MTU=$3 ;;
+        --cc) BL_CC=$3 ;;
+        --mesh-cc) BL_MESH_CC=$3 ;;
+        --time) secs=$3 ;;
+        --repeat) repeat=$3 ;;
+        --out) outdir=$3 ;;
+        --builddir) builddir=$3 ;;
+        --insecure) insecure=1; BL_SHIFT=1 ;;
+        *) BL_SHIFT=0; return 1 ;;
+    esac
+}
+
+# bl_help: print the script's header comment (its --help).
+bl_help() { sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; }
+
+# bl_meshbench_has BIN OP INSTEAD: whether BIN is a built meshbench that
+# has --op OP; when not, logs why and INSTEAD, what the script does then.
+bl_meshbench_has() {
+    if [ ! -x "$1" ]; then
+        bl_log "meshbench not built at $1 (make, or --builddir):" "$3"
+        return 1
+    fi
+    "$1" --help 2>&1 | grep -q "$2" && return 0
+    bl_log "$1 has no --op $2: $3"
+    return 1
+}
+
+# bl_hostfile FILE N: a hostfile of hosts 1 to N of a namespace setting (b,
+# c), one slot each.
+bl_hostfile() {
+    : >"$1"
+    _bl_i=1
+    while [ $_bl_i -le "$2" ]; do
+        echo "10.77.0.$_bl_i slots=1" >>"$1"
+        _bl_i=$((_bl_i + 1))
+    done
+}
+
 # bl_setup SETTING N: make the hosts (and remember them for bl_teardown);
 # with $BL_CC, each host's namespace defaults to that congestion control.
 bl_setup() {

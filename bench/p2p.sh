@@ -29,19 +29,16 @@ builddir=${top_builddir:-$bl_srcdir}
 secs=3
 repeat=1
 insecure=0
-rate=
+BL_RATE= # unshaped unless --rate
 while [ $# -gt 0 ]; do
     case $1 in
-        --builddir) builddir=$2; shift 2 ;;
-        --out) outdir=$2; shift 2 ;;
-        --time) secs=$2; shift 2 ;;
-        --repeat) repeat=$2; shift 2 ;;
-        --prefix) BL_PREFIX=$2; shift 2 ;;
-        --rate) rate=$2; shift 2 ;;
-        --insecure) insecure=1; shift ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
-        *) echo "p2p.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+        -h|--help) bl_help; exit 0 ;;
+        *) bl_opt "--builddir --out --time --repeat --prefix --rate \
+--insecure" "$@" ||
+               { echo "p2p.sh: unknown argument '$1' (see --help)" >&2
+                 exit 2; }
+           shift "$BL_SHIFT" ;;
     esac
 done
 case $repeat in ''|*[!0-9]*|0) echo "p2p.sh: bad --repeat '$repeat'" >&2
@@ -54,14 +51,8 @@ why=$("$BL_NETNS" check --prefix "$BL_PREFIX") || bl_die "$why"
 
 meshbench="$builddir/meshbench"
 mesh=0
-if [ ! -x "$meshbench" ]; then
-    bl_log "meshbench not built at $meshbench (make, or --builddir):" \
-           "measuring iperf3 and ping only"
-elif ! "$meshbench" --help 2>&1 | grep -q stream; then
-    bl_log "$meshbench has no --op stream: measuring iperf3 and ping only"
-else
+bl_meshbench_has "$meshbench" stream "measuring iperf3 and ping only" &&
     mesh=1
-fi
 
 mkdir -p "$outdir/raw" || exit 1
 tmp=$(mktemp -d /tmp/p2p.XXXXXX) || exit 1
@@ -73,8 +64,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 status=0
 
-if [ -n "$rate" ]; then
-    BL_RATE=$rate
+if [ -n "$BL_RATE" ]; then
     bl_setup c 2 || exit 1
 else
     bl_setup b 2 || exit 1
@@ -84,7 +74,7 @@ fi
 run_mesh() {
     _op=$1 _b=$2 _e=$3 _f=$4 _log=$5
     shift 5
-    printf '10.77.0.1 slots=1\n10.77.0.2 slots=1\n' >"$tmp/hostfile"
+    bl_hostfile "$tmp/hostfile" 2
     if [ $insecure -eq 1 ]; then
         set -- --insecure "$@"
     else

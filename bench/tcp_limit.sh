@@ -48,17 +48,13 @@ while [ $# -gt 0 ]; do
     case $1 in
         --setting) setting=$2; shift 2 ;;
         --np) np=$2; shift 2 ;;
-        --time) secs=$2; shift 2 ;;
         --no-setup) setup=0; shift ;;
-        --prefix) BL_PREFIX=$2; shift 2 ;;
-        --rate) BL_RATE=$2; shift 2 ;;
-        --mtu) BL_MTU=$2; shift 2 ;;
-        --cc) BL_CC=$2; shift 2 ;;
-        --mesh-cc) BL_MESH_CC=$2; shift 2 ;;
         --port) port=$2; shift 2 ;;
-        -h|--help) sed -n '2,/^$/s/^# \{0,1\}//p' "$0"; exit 0 ;;
-        *) echo "tcp_limit.sh: unknown argument '$1' (see --help)" >&2
-           exit 2 ;;
+        -h|--help) bl_help; exit 0 ;;
+        *) bl_opt "--time --prefix --rate --mtu --cc --mesh-cc" "$@" ||
+               { echo "tcp_limit.sh: unknown argument '$1' (see --help)" >&2
+                 exit 2; }
+           shift "$BL_SHIFT" ;;
     esac
 done
 case $setting in a|b|c) ;; *) echo "tcp_limit.sh: --setting a|b|c" >&2

@@ -17,7 +17,8 @@
 # t_step(4) - t_step(1) includes compute slowed by sharing; the exposed
 # communication column measures only the wait after backward.
 set -u
-here=$(cd "$(dirname "$0")/.." && pwd)
+. "$(dirname "$0")/lib.sh"
+here=$bl_srcdir
 builddir=${MESHTRAIN_BUILDDIR:-.}
 [ -x "$builddir/meshtrain" ] || builddir=$here
 peers="1 2 4"
@@ -54,12 +55,7 @@ for n in $peers; do
     if [ $netns -eq 1 ] && [ "$n" -gt 1 ]; then
         sh "$here/scripts/netns.sh" up "$n" --prefix "$prefix" > /dev/null ||
             { echo "# netns up failed"; exit 1; }
-        : > "$tmp/hosts"
-        i=1
-        while [ $i -le "$n" ]; do
-            echo "10.77.0.$i slots=1" >> "$tmp/hosts"
-            i=$((i + 1))
-        done
+        bl_hostfile "$tmp/hosts" "$n"
         head -c 32 /dev/urandom | base64 > "$tmp/secret"
         chmod 600 "$tmp/secret"
         pids=""

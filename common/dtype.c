@@ -122,3 +122,13 @@ float mesh_f32_from_bf16(uint16_t h)
 {
     return f32_from_bits((uint32_t)h << 16);
 }
+
+void mesh_dtype_put_f32(int dtype, void *p, size_t i, float v)
+{
+    if (dtype == MESH_DT_F16)
+        ((uint16_t *)p)[i] = mesh_f16_from_f32(v);
+    else if (dtype == MESH_DT_BF16)
+        ((uint16_t *)p)[i] = mesh_bf16_from_f32(v);
+    else
+        ((float *)p)[i] = v;
+}

@@ -40,6 +40,9 @@ float mesh_f32_from_f16(uint16_t h);
 uint16_t mesh_bf16_from_f32(float f);
 float mesh_f32_from_bf16(uint16_t h);
 
+/* p[i] = v, p an array of dtype F32, F16 or BF16 (v rounded as above). */
+void mesh_dtype_put_f32(int dtype, void *p, size_t i, float v);
+
 #ifdef __cplusplus
 }
 #endif

@@ -278,6 +278,16 @@ static int push(struct mesh_hostfile *hf, size_t *cap,
     return 0;
 }
 
+/* The entry at c, parsed and appended as push() does. */
+static int add_entry(struct cursor *c, struct mesh_hostfile *hf, size_t *cap,
+                     long *slots)
+{
+    struct mesh_hostfile_entry e;
+    int rc = parse_entry(c, &e);
+
+    return rc < 0 ? rc : push(hf, cap, &e, slots);
+}
+
 static int parse(const char *source, const char *text, int hosts_form,
                  struct mesh_hostfile **out)
 {
@@ -286,7 +296,6 @@ static int parse(const char *source, const char *text, int hosts_form,
                        .line = 1,
                        .line_start = text,
                        .hosts_form = hosts_form};
-    struct mesh_hostfile_entry e;
     struct mesh_hostfile *hf;
     long slots = 0;
     size_t cap = 0;
@@ -299,10 +308,7 @@ static int parse(const char *source, const char *text, int hosts_form,
     for (;;) {
         skip_blanks(&c);
         if (hosts_form) {
-            rc = parse_entry(&c, &e);
-            if (rc < 0)
-                goto fail;
-            rc = push(hf, &cap, &e, &slots);
+            rc = add_entry(&c, hf, &cap, &slots);
             if (rc < 0)
                 goto fail;
             if (*c.p == '\0')
@@ -311,10 +317,7 @@ static int parse(const char *source, const char *text, int hosts_form,
             continue;
         }
         if (*c.p != '\0' && *c.p != '\n' && *c.p != '#') {
-            rc = parse_entry(&c, &e);
-            if (rc < 0)
-                goto fail;
-            rc = push(hf, &cap, &e, &slots);
+            rc = add_entry(&c, hf, &cap, &slots);
             if (rc < 0)
                 goto fail;
         }

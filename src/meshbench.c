@@ -251,6 +251,30 @@ static int run_pingpong(struct bench *b, const struct round *rd, size_t size,
 }
 
 /*
+ * A window of messages j = 0..window-1 of size bytes with peer, sent from
+ * (send) or received into the slot j of the send or receive buffer, then
+ * waited for with the n requests already in reqs.
+ */
+static int window_wait(struct bench *b, int send, int peer, uint64_t seq,
+                       size_t window, size_t size, mesh_req_t **reqs, int n)
+{
+    int j, rc = 0, rc2;
+
+    for (j = 0; j < (int)window && rc == 0; j++) {
+        if (send)
+            rc = post_send(b, peer, seq, (uint32_t)j,
+                           b->sendbuf + (size_t)j * size, size, &reqs[n]);
+        else
+            rc = post_recv(b, peer, seq, (uint32_t)j,
+                           b->recvbuf + (size_t)j * size, size, &reqs[n]);
+        if (rc == 0)
+            n++;
+    }
+    rc2 = wait_all(b, reqs, n);
+    return rc < 0 ? rc : rc2;
+}
+
+/*
  * Streaming: the sender keeps a window of messages (about 4 MiB, 1 to 64
  * messages) in flight, the receiver acknowledges the whole window; time
  * runs on the sender from the first send to the acknowledgement.
@@ -258,7 +282,7 @@ static int run_pingpong(struct bench *b, const struct round *rd, size_t size,
 static int stream_dir(struct bench *b, int sender, int receiver, size_t size,
                       struct result *res)
 {
-    int me = b->rank, total = b->warmup + b->iters, it, j, rc, rc2;
+    int me = b->rank, total = b->warmup + b->iters, it, j, rc;
     size_t window = STREAM_WINDOW_BYTES / (size ? size : 1);
     mesh_req_t *reqs[STREAM_WINDOW_MAX + 1];
     uint64_t ack = 0, bad = 0;
@@ -287,14 +311,7 @@ static int stream_dir(struct bench *b, int sender, int receiver, size_t size,
                 return rc;
             n++;
             t0 = mesh_now_ns();
-            for (j = 0; j < (int)window && rc == 0; j++) {
-                rc = post_send(b, receiver, seq, (uint32_t)j,
-                               b->sendbuf + (size_t)j * size, size, &reqs[n]);
-                if (rc == 0)
-                    n++;
-            }
-            rc2 = wait_all(b, reqs, n);
-            rc = rc < 0 ? rc : rc2;
+            rc = window_wait(b, 1, receiver, seq, window, size, reqs, n);
             t1 = mesh_now_ns();
             if (rc < 0)
                 return rc;
@@ -305,15 +322,7 @@ static int stream_dir(struct bench *b, int sender, int receiver, size_t size,
             if (it >= b->warmup)
                 sum_ns += (double)(t1 - t0);
         } else if (me == receiver) {
-            rc = 0;
-            for (j = 0; j < (int)window && rc == 0; j++) {
-                rc = post_recv(b, sender, seq, (uint32_t)j,
-                               b->recvbuf + (size_t)j * size, size, &reqs[n]);
-                if (rc == 0)
-                    n++;
-            }
-            rc2 = wait_all(b, reqs, n);
-            rc = rc < 0 ? rc : rc2;
+            rc = window_wait(b, 0, sender, seq, window, size, reqs, n);
             if (rc < 0)
                 return rc;
             ack = seq;

@@ -188,16 +188,6 @@ static int val(int rank, size_t i)
     return (int)(((size_t)rank * 131 + i * 31) % PERIOD) - 7;
 }
 
-static void put(int dtype, void *p, size_t i, float v)
-{
-    if (dtype == MESH_DT_F16)
-        ((uint16_t *)p)[i] = mesh_f16_from_f32(v);
-    else if (dtype == MESH_DT_BF16)
-        ((uint16_t *)p)[i] = mesh_bf16_from_f32(v);
-    else
-        ((float *)p)[i] = v;
-}
-
 /* Encoded element values: period[k] for element index i with i % PERIOD
  * == k, for rank r (r >= 0) or for the reduction (r = -1). */
 static void pattern(int dtype, int n, int redop, int r, void *out)
@@ -206,13 +196,14 @@ static void pattern(int dtype, int n, int redop, int r, void *out)
         int sum = 0;
 
         if (r >= 0) {
-            put(dtype, out, k, (float)val(r, k));
+            mesh_dtype_put_f32(dtype, out, k, (float)val(r, k));
             continue;
         }
         for (int q = 0; q < n; q++)
             sum += val(q, k);
-        put(dtype, out, k,
-            redop == MESH_REDOP_AVG ? (float)sum / (float)n : (float)sum);
+        mesh_dtype_put_f32(dtype, out, k,
+                           redop == MESH_REDOP_AVG ? (float)sum / (float)n
+                                                   : (float)sum);
     }
 }
 

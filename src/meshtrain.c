@@ -18,163 +18,164 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+/* The flags that need more than a number or a string: apply_custom(). */
 enum {
     OPT_MODEL,
-    OPT_WIDTH,
-    OPT_NUM_CLASSES,
-    OPT_IMAGE_SIZE,
-    OPT_IN_CHANNELS,
-    OPT_CIFAR_STEM,
-    OPT_ZERO_INIT_RESIDUAL,
-    OPT_SEED,
-    OPT_THREADS,
     OPT_DEVICE,
-    OPT_GPU,
     OPT_PRECISION,
-    OPT_SUMMARY,
-    OPT_DATA,
-    OPT_DATA_THREADS,
     OPT_AUGMENT,
     OPT_ON_BAD,
-    OPT_BATCH,
-    OPT_ACCUMULATE,
-    OPT_EPOCHS,
-    OPT_ITERS,
-    OPT_LR,
-    OPT_MOMENTUM,
-    OPT_WEIGHT_DECAY,
-    OPT_NESTEROV,
     OPT_LR_SCHEDULE,
-    OPT_WARMUP,
     OPT_MILESTONES,
-    OPT_LABEL_SMOOTHING,
-    OPT_BUCKET_MB,
-    OPT_CHUNK_MB,
     OPT_COMPRESS,
     OPT_ALGO,
-    OPT_VERIFY_EVERY,
-    OPT_EVAL_EVERY,
-    OPT_NO_EVAL,
-    OPT_CKPT_EVERY,
-    OPT_CKPT_DIR,
-    OPT_KEEP,
     OPT_RESUME,
-    OPT_SAVE,
-    OPT_METRICS,
-    OPT_TIMELINE,
-    OPT_TIMELINE_STEPS,
-    OPT_LOG_EVERY,
-    OPT_QUIET,
-    OPT_SIMULATE,
-    OPT_SIMULATE_SCALE,
-    OPT_PROFILE_LAYERS,
     OPT_HELP,
+};
+
+/* How a flag's value lands in its struct train_cfg field. */
+enum opt_kind {
+    OPT_SWITCH, /* int, set to 1; the flag takes no value */
+    OPT_STRING, /* const char *, the value as given */
+    OPT_INT,    /* int, a whole number from lo to hi */
+    OPT_U64,    /* uint64_t, a whole number from lo to hi */
+    OPT_DOUBLE, /* double, a number from dlo to dhi */
+    OPT_FLOAT,  /* float, a number from dlo to dhi */
+    OPT_CUSTOM, /* apply_custom(), by id */
 };
 
 struct opt_doc {
     const char *name;
-    int id;
+    enum opt_kind kind;
+    int id;           /* OPT_CUSTOM: which one */
+    size_t offset;    /* of the field in struct train_cfg */
+    long lo, hi;      /* OPT_INT, OPT_U64 */
+    double dlo, dhi;  /* OPT_DOUBLE, OPT_FLOAT */
     const char *arg;  /* argument name for --help, NULL for a switch;
                          "[=VALUE]": optional, given only as --name=VALUE */
     const char *help; /* one line */
 };
 
+/* The offset of train_cfg field f, which must have type t (else no match
+ * in the _Generic, a compile error). */
+#define FIELD(f, t)                                                          \
+    _Generic(((struct train_cfg *)0)->f, t: offsetof(struct train_cfg, f))
+#define SWITCH_FIELD(f) OPT_SWITCH, 0, FIELD(f, int), 0, 0, 0, 0
+#define STRING_FIELD(f) OPT_STRING, 0, FIELD(f, const char *), 0, 0, 0, 0
+#define INT_FIELD(f, lo, hi) OPT_INT, 0, FIELD(f, int), lo, hi, 0, 0
+#define U64_FIELD(f, lo, hi) OPT_U64, 0, FIELD(f, uint64_t), lo, hi, 0, 0
+#define DOUBLE_FIELD(f, lo, hi) OPT_DOUBLE, 0, FIELD(f, double), 0, 0, lo, hi
+#define FLOAT_FIELD(f, lo, hi) OPT_FLOAT, 0, FIELD(f, float), 0, 0, lo, hi
+#define CUSTOM(id) OPT_CUSTOM, id, 0, 0, 0, 0, 0
+
 static const struct opt_doc opts[] = {
-    {"model", OPT_MODEL, "NAME",
+    {"model", CUSTOM(OPT_MODEL), "NAME",
      "resnet18|resnet34|resnet50|resnet101|resnet152 (default resnet50)"},
-    {"width", OPT_WIDTH, "W",
+    {"width", INT_FIELD(model.width, 1, 1024), "W",
      "conv1 channels; stage k has W << k (default 64, torchvision's)"},
-    {"num-classes", OPT_NUM_CLASSES, "N",
+    {"num-classes", INT_FIELD(model.num_classes, 1, 1000000), "N",
      "classes of the final layer (default: the data set's)"},
-    {"image-size", OPT_IMAGE_SIZE, "S",
+    {"image-size", INT_FIELD(model.image_size, 8, 4096), "S",
      "input side in pixels (default: the data set's; 224 synthetic)"},
-    {"in-channels", OPT_IN_CHANNELS, "C",
+    {"in-channels", INT_FIELD(model.in_channels, 1, 3), "C",
      "input channels (default: the data set's)"},
-    {"cifar-stem", OPT_CIFAR_STEM, NULL,
+    {"cifar-stem", SWITCH_FIELD(model.cifar_stem), NULL,
      "3x3 stride-1 first conv and no max pool, for small images"},
-    {"zero-init-residual", OPT_ZERO_INIT_RESIDUAL, NULL,
+    {"zero-init-residual", SWITCH_FIELD(model.zero_init_residual), NULL,
      "initialise each block's last BN gamma to 0"},
-    {"seed", OPT_SEED, "N", "weights, data order and augmentation (default 1)"},
-    {"threads", OPT_THREADS, "N",
+    {"seed", U64_FIELD(model.seed, 0, LONG_MAX), "N",
+     "weights, data order and augmentation (default 1)"},
+    {"threads", INT_FIELD(threads, 1, 4096), "N",
      "compute threads, the same on every peer (default: the CPUs --bind-to "
      "gave this peer, else its CPUs / peers on this host; more than the "
      "bound CPUs: a warning)"},
-    {"device", OPT_DEVICE, "cpu|cuda|devsim",
+    {"device", CUSTOM(OPT_DEVICE), "cpu|cuda|devsim",
      "compute backend (default cpu; devsim: a GPU test double for tests)"},
-    {"gpu", OPT_GPU, "N",
+    {"gpu", INT_FIELD(gpu, 0, 1023), "N",
      "cuda: device index among the visible ones (default: local rank)"},
-    {"precision", OPT_PRECISION, "fp32|tf32|bf16-amp",
+    {"precision", CUSTOM(OPT_PRECISION), "fp32|tf32|bf16-amp",
      "cuda math mode (default tf32 where the GPU has it)"},
-    {"summary", OPT_SUMMARY, NULL, "print the model's layer table and exit"},
-    {"data", OPT_DATA, "SPEC",
+    {"summary", SWITCH_FIELD(summary), NULL,
+     "print the model's layer table and exit"},
+    {"data", STRING_FIELD(data), "SPEC",
      "synthetic[:N], fashion-mnist[:DIR], cifar10:DIR, imagefolder:DIR "
      "(default synthetic)"},
-    {"data-threads", OPT_DATA_THREADS, "N",
+    {"data-threads", INT_FIELD(data_threads, 1, 256), "N",
      "data loader threads per peer (default 2)"},
-    {"augment", OPT_AUGMENT, "on|off",
+    {"augment", CUSTOM(OPT_AUGMENT), "on|off",
      "training augmentation (default: the data set's)"},
-    {"on-bad-sample", OPT_ON_BAD, "fail|skip",
+    {"on-bad-sample", CUSTOM(OPT_ON_BAD), "fail|skip",
      "a corrupt sample stops training, or is replaced (default fail)"},
-    {"batch", OPT_BATCH, "B", "samples per peer and micro-batch (default 32)"},
-    {"accumulate", OPT_ACCUMULATE, "K", "micro-batches per step (default 1)"},
-    {"epochs", OPT_EPOCHS, "E", "training length in epochs (default 1)"},
-    {"iters", OPT_ITERS, "N", "training length in steps (overrides --epochs)"},
-    {"lr", OPT_LR, "LR", "learning rate after warmup (default 0.1)"},
-    {"momentum", OPT_MOMENTUM, "M", "SGD momentum (default 0.9)"},
-    {"weight-decay", OPT_WEIGHT_DECAY, "WD", "L2 weight decay (default 1e-4)"},
-    {"nesterov", OPT_NESTEROV, NULL, "Nesterov momentum"},
-    {"lr-schedule", OPT_LR_SCHEDULE, "const|step|cosine",
+    {"batch", INT_FIELD(batch, 1, 1 << 20), "B",
+     "samples per peer and micro-batch (default 32)"},
+    {"accumulate", INT_FIELD(accumulate, 1, 1 << 16), "K",
+     "micro-batches per step (default 1)"},
+    {"epochs", DOUBLE_FIELD(epochs, 1e-9, 1e6), "E",
+     "training length in epochs (default 1)"},
+    {"iters", U64_FIELD(iters, 1, LONG_MAX), "N",
+     "training length in steps (overrides --epochs)"},
+    {"lr", DOUBLE_FIELD(lr.base_lr, 0, 1e6), "LR",
+     "learning rate after warmup (default 0.1)"},
+    {"momentum", FLOAT_FIELD(sgd.momentum, 0, 1), "M",
+     "SGD momentum (default 0.9)"},
+    {"weight-decay", FLOAT_FIELD(sgd.weight_decay, 0, 1), "WD",
+     "L2 weight decay (default 1e-4)"},
+    {"nesterov", SWITCH_FIELD(sgd.nesterov), NULL, "Nesterov momentum"},
+    {"lr-schedule", CUSTOM(OPT_LR_SCHEDULE), "const|step|cosine",
      "learning-rate schedule over the run (default const)"},
-    {"warmup-epochs", OPT_WARMUP, "E",
+    {"warmup-epochs", DOUBLE_FIELD(lr.warmup_epochs, 0, 1e6), "E",
      "linear warmup from 0.1 x lr (default 0)"},
-    {"milestones", OPT_MILESTONES, "E1,E2,..",
+    {"milestones", CUSTOM(OPT_MILESTONES), "E1,E2,..",
      "epochs where step multiplies lr by 0.1 (default 30,60,80)"},
-    {"label-smoothing", OPT_LABEL_SMOOTHING, "S",
+    {"label-smoothing", FLOAT_FIELD(label_smoothing, 0, 0.999), "S",
      "label smoothing of the loss (default 0)"},
-    {"bucket-mb", OPT_BUCKET_MB, "MB",
+    {"bucket-mb", DOUBLE_FIELD(bucket_mb, 1e-6, 1 << 20), "MB",
      "gradient bucket size in MiB (default 25; the first is <= 1)"},
-    {"chunk-mb", OPT_CHUNK_MB, "MB",
+    {"chunk-mb", DOUBLE_FIELD(chunk_mb, 1e-6, 1 << 20), "MB",
      "device backends: pipeline chunks of a bucket in MiB (default 4)"},
-    {"compress", OPT_COMPRESS, "none|fp16|bf16",
+    {"compress", CUSTOM(OPT_COMPRESS), "none|fp16|bf16",
      "gradients on the wire as 16-bit (default none)"},
-    {"algo", OPT_ALGO, "ring|tree|direct|rd|rhd|auto",
+    {"algo", CUSTOM(OPT_ALGO), "ring|tree|direct|rd|rhd|auto",
      "all-reduce algorithm (default auto)"},
-    {"verify-every", OPT_VERIFY_EVERY, "N",
+    {"verify-every", U64_FIELD(verify_every, 0, LONG_MAX), "N",
      "compare weight digests every N steps, 0: only at start (default 100)"},
-    {"eval-every", OPT_EVAL_EVERY, "E",
+    {"eval-every", DOUBLE_FIELD(eval_every, 0, 1e6), "E",
      "top-1/top-5 on the test split every E epochs, and at the end "
      "(default 1)"},
-    {"no-eval", OPT_NO_EVAL, NULL, "no evaluation at all"},
-    {"checkpoint-every", OPT_CKPT_EVERY, "N",
+    {"no-eval", SWITCH_FIELD(no_eval), NULL, "no evaluation at all"},
+    {"checkpoint-every", U64_FIELD(checkpoint_every, 0, LONG_MAX), "N",
      "checkpoint every N steps (default 0: never; needs --checkpoint-dir)"},
-    {"checkpoint-dir", OPT_CKPT_DIR, "DIR",
+    {"checkpoint-dir", STRING_FIELD(checkpoint_dir), "DIR",
      "checkpoints go to DIR/rank-R (one per peer)"},
-    {"keep", OPT_KEEP, "N", "checkpoints kept per peer (default 3)"},
-    {"resume", OPT_RESUME, "[=if-any]",
+    {"keep", INT_FIELD(keep, 1, 1000000), "N",
+     "checkpoints kept per peer (default 3)"},
+    {"resume", CUSTOM(OPT_RESUME), "[=if-any]",
      "continue from the newest checkpoint every peer holds; none usable "
      "is an error, or with =if-any a start from step 0"},
-    {"save", OPT_SAVE, "FILE",
+    {"save", STRING_FIELD(save), "FILE",
      "final weights as safetensors (rank 0, torchvision's names)"},
-    {"metrics", OPT_METRICS, "FILE", "one JSON object per step (rank 0)"},
-    {"timeline", OPT_TIMELINE, "FILE",
+    {"metrics", STRING_FIELD(metrics), "FILE",
+     "one JSON object per step (rank 0)"},
+    {"timeline", STRING_FIELD(timeline), "FILE",
      "Chrome trace of the first steps (rank 0; Perfetto)"},
-    {"timeline-steps", OPT_TIMELINE_STEPS, "N",
+    {"timeline-steps", U64_FIELD(timeline_steps, 1, 1000000), "N",
      "steps recorded by --timeline (default 20)"},
-    {"log-every", OPT_LOG_EVERY, "N",
+    {"log-every", U64_FIELD(log_every, 0, LONG_MAX), "N",
      "progress line every N steps when not on a TTY (default 10)"},
-    {"quiet", OPT_QUIET, NULL, "no progress lines"},
-    {"simulate-compute", OPT_SIMULATE, "k80|h200|CSV",
+    {"quiet", SWITCH_FIELD(quiet), NULL, "no progress lines"},
+    {"simulate-compute", STRING_FIELD(simulate), "k80|h200|CSV",
      "wait each layer's profiled time instead of computing (no data)"},
-    {"simulate-scale", OPT_SIMULATE_SCALE, "K",
+    {"simulate-scale", DOUBLE_FIELD(simulate_scale, 1, 1e6), "K",
      "simulated: gradient bytes / K on the wire (default 1)"},
-    {"profile-layers", OPT_PROFILE_LAYERS, "FILE",
+    {"profile-layers", STRING_FIELD(profile_layers), "FILE",
      "per-layer forward/backward ms as CSV (rank 0; --simulate-compute)"},
-    {"help", OPT_HELP, NULL, "print this help and exit"},
+    {"help", CUSTOM(OPT_HELP), NULL, "print this help and exit"},
 };
 
 static void usage(FILE *f)
@@ -266,47 +267,15 @@ static int check_model(const char *name)
                     list);
 }
 
-static int apply_opt(struct train_cfg *c, int id, const char *name,
-                     const char *arg)
+static int apply_custom(struct train_cfg *c, int id, const char *name,
+                        const char *arg)
 {
-    long v = 0;
-    double d = 0;
     int rc = 0;
 
     switch (id) {
     case OPT_MODEL:
         rc = check_model(arg);
         c->model.arch = arg;
-        break;
-    case OPT_WIDTH:
-        rc = parse_long(name, arg, 1, 1024, &v);
-        c->model.width = (int)v;
-        break;
-    case OPT_NUM_CLASSES:
-        rc = parse_long(name, arg, 1, 1000000, &v);
-        c->model.num_classes = (int)v;
-        break;
-    case OPT_IMAGE_SIZE:
-        rc = parse_long(name, arg, 8, 4096, &v);
-        c->model.image_size = (int)v;
-        break;
-    case OPT_IN_CHANNELS:
-        rc = parse_long(name, arg, 1, 3, &v);
-        c->model.in_channels = (int)v;
-        break;
-    case OPT_CIFAR_STEM:
-        c->model.cifar_stem = 1;
-        break;
-    case OPT_ZERO_INIT_RESIDUAL:
-        c->model.zero_init_residual = 1;
-        break;
-    case OPT_SEED:
-        rc = parse_long(name, arg, 0, LONG_MAX, &v);
-        c->model.seed = (uint64_t)v;
-        break;
-    case OPT_THREADS:
-        rc = parse_long(name, arg, 1, 4096, &v);
-        c->threads = (int)v;
         break;
     case OPT_DEVICE:
         /* unknown, or not built: said now, not after the data is read */
@@ -315,24 +284,10 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
             rc = mesh_err_prefix(rc, "--device");
         c->device = arg;
         break;
-    case OPT_GPU:
-        rc = parse_long(name, arg, 0, 1023, &v);
-        c->gpu = (int)v;
-        break;
     case OPT_PRECISION:
         rc = mesh_nn_precision_parse(arg, &c->precision);
         if (rc < 0)
             rc = mesh_err_prefix(rc, "--%s", name);
-        break;
-    case OPT_SUMMARY:
-        c->summary = 1;
-        break;
-    case OPT_DATA:
-        c->data = arg;
-        break;
-    case OPT_DATA_THREADS:
-        rc = parse_long(name, arg, 1, 256, &v);
-        c->data_threads = (int)v;
         break;
     case OPT_AUGMENT:
         if (!strcmp(arg, "on"))
@@ -345,55 +300,13 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
     case OPT_ON_BAD:
         rc = mesh_data_parse_bad(arg, &c->on_bad);
         break;
-    case OPT_BATCH:
-        rc = parse_long(name, arg, 1, 1 << 20, &v);
-        c->batch = (int)v;
-        break;
-    case OPT_ACCUMULATE:
-        rc = parse_long(name, arg, 1, 1 << 16, &v);
-        c->accumulate = (int)v;
-        break;
-    case OPT_EPOCHS:
-        rc = parse_double(name, arg, 1e-9, 1e6, &c->epochs);
-        break;
-    case OPT_ITERS:
-        rc = parse_long(name, arg, 1, LONG_MAX, &v);
-        c->iters = (uint64_t)v;
-        break;
-    case OPT_LR:
-        rc = parse_double(name, arg, 0, 1e6, &c->lr.base_lr);
-        break;
-    case OPT_MOMENTUM:
-        rc = parse_double(name, arg, 0, 1, &d);
-        c->sgd.momentum = (float)d;
-        break;
-    case OPT_WEIGHT_DECAY:
-        rc = parse_double(name, arg, 0, 1, &d);
-        c->sgd.weight_decay = (float)d;
-        break;
-    case OPT_NESTEROV:
-        c->sgd.nesterov = 1;
-        break;
     case OPT_LR_SCHEDULE:
         rc = mesh_nn_lr_parse(arg, &c->lr.kind);
         if (rc < 0)
             rc = mesh_err_prefix(rc, "--%s", name);
         break;
-    case OPT_WARMUP:
-        rc = parse_double(name, arg, 0, 1e6, &c->lr.warmup_epochs);
-        break;
     case OPT_MILESTONES:
         rc = parse_milestones(arg, &c->lr);
-        break;
-    case OPT_LABEL_SMOOTHING:
-        rc = parse_double(name, arg, 0, 0.999, &d);
-        c->label_smoothing = (float)d;
-        break;
-    case OPT_BUCKET_MB:
-        rc = parse_double(name, arg, 1e-6, 1 << 20, &c->bucket_mb);
-        break;
-    case OPT_CHUNK_MB:
-        rc = parse_double(name, arg, 1e-6, 1 << 20, &c->chunk_mb);
         break;
     case OPT_COMPRESS:
         rc = train_compress_parse(arg, &c->compress);
@@ -404,27 +317,6 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
         if (rc < 0)
             rc = mesh_err_prefix(rc, "--%s", name);
         break;
-    case OPT_VERIFY_EVERY:
-        rc = parse_long(name, arg, 0, LONG_MAX, &v);
-        c->verify_every = (uint64_t)v;
-        break;
-    case OPT_EVAL_EVERY:
-        rc = parse_double(name, arg, 0, 1e6, &c->eval_every);
-        break;
-    case OPT_NO_EVAL:
-        c->no_eval = 1;
-        break;
-    case OPT_CKPT_EVERY:
-        rc = parse_long(name, arg, 0, LONG_MAX, &v);
-        c->checkpoint_every = (uint64_t)v;
-        break;
-    case OPT_CKPT_DIR:
-        c->checkpoint_dir = arg;
-        break;
-    case OPT_KEEP:
-        rc = parse_long(name, arg, 1, 1000000, &v);
-        c->keep = (int)v;
-        break;
     case OPT_RESUME:
         if (!arg)
             c->resume = TRAIN_RESUME_REQUIRED;
@@ -434,40 +326,52 @@ static int apply_opt(struct train_cfg *c, int id, const char *name,
             rc = mesh_err(-EINVAL, "--resume=%s: expected --resume or "
                           "--resume=if-any", arg);
         break;
-    case OPT_SAVE:
-        c->save = arg;
-        break;
-    case OPT_METRICS:
-        c->metrics = arg;
-        break;
-    case OPT_TIMELINE:
-        c->timeline = arg;
-        break;
-    case OPT_TIMELINE_STEPS:
-        rc = parse_long(name, arg, 1, 1000000, &v);
-        c->timeline_steps = (uint64_t)v;
-        break;
-    case OPT_LOG_EVERY:
-        rc = parse_long(name, arg, 0, LONG_MAX, &v);
-        c->log_every = (uint64_t)v;
-        break;
-    case OPT_QUIET:
-        c->quiet = 1;
-        break;
-    case OPT_SIMULATE:
-        c->simulate = arg;
-        break;
-    case OPT_SIMULATE_SCALE:
-        rc = parse_double(name, arg, 1, 1e6, &d);
-        c->simulate_scale = d;
-        break;
-    case OPT_PROFILE_LAYERS:
-        c->profile_layers = arg;
-        break;
     default:
         rc = mesh_err(-EINVAL, "internal error: option %d", id);
     }
     return rc;
+}
+
+/* Flag o with value arg (NULL for a switch) into its field of c. */
+static int apply_opt(struct train_cfg *c, const struct opt_doc *o,
+                     const char *arg)
+{
+    char *field = (char *)c + o->offset;
+    long v = 0;
+    double d = 0;
+    int rc = 0;
+
+    if (o->kind == OPT_CUSTOM)
+        return apply_custom(c, o->id, o->name, arg);
+    if (o->kind == OPT_INT || o->kind == OPT_U64)
+        rc = parse_long(o->name, arg, o->lo, o->hi, &v);
+    else if (o->kind == OPT_DOUBLE || o->kind == OPT_FLOAT)
+        rc = parse_double(o->name, arg, o->dlo, o->dhi, &d);
+    if (rc < 0)
+        return rc;
+    switch (o->kind) {
+    case OPT_SWITCH:
+        *(int *)field = 1;
+        break;
+    case OPT_STRING:
+        *(const char **)field = arg;
+        break;
+    case OPT_INT:
+        *(int *)field = (int)v;
+        break;
+    case OPT_U64:
+        *(uint64_t *)field = (uint64_t)v;
+        break;
+    case OPT_DOUBLE:
+        *(double *)field = d;
+        break;
+    case OPT_FLOAT:
+        *(float *)field = (float)d;
+        break;
+    case OPT_CUSTOM:
+        break;
+    }
+    return 0;
 }
 
 /*
@@ -504,7 +408,7 @@ static int parse_args(int argc, char **argv, struct mesh_opts *mo,
         if (k == MESH_ARRAY_SIZE(opts))
             return mesh_err(-EINVAL, "unknown option \"%s\" (see --help)",
                             argv[i]);
-        if (opts[k].id == OPT_HELP)
+        if (opts[k].kind == OPT_CUSTOM && opts[k].id == OPT_HELP)
             return 1;
         if (opts[k].arg) {
             if (eq) {
@@ -520,7 +424,7 @@ static int parse_args(int argc, char **argv, struct mesh_opts *mo,
         } else if (eq) {
             return mesh_err(-EINVAL, "--%s takes no value", opts[k].name);
         }
-        rc = apply_opt(c, opts[k].id, opts[k].name, val);
+        rc = apply_opt(c, &opts[k], val);
         if (rc < 0)
             return rc;
         i++;

@@ -62,38 +62,36 @@ has() {
         END { exit !found }' "$TMP/goals"
     echo $?
 }
-s="netns, N=2:"
-t_ok $(has "$s" "busbw >= 90 % of the TCP limit from 16M: MET (worst 0.92 at 1G)") \
-    "2 hosts: 90 % of the TCP limit met, worst at 1G"
-t_ok $(has "$s" "never below the better anchor from 1M: MISSED (worst 0.99 at 256M)") \
-    "2 hosts: below Gloo at 256M, not at 1M where auto is the best"
-t_ok $(has "$s" "busbw falls <= 5 % from 16M to 1G: MISSED (-8 % at 1G)") \
-    "2 hosts: an 8 % falloff to 1G is missed"
-t_ok $(has "$s" "a 4K all-reduce takes <= 150 us: MET (140 us)") \
-    "2 hosts: the faster algorithm's 4 KiB time counts"
-s="netns-1gbit, N=4:"
-t_ok $(has "$s" "busbw >= 97 % of the shaped line rate (0.125 GB/s) from 16M: MET (worst 0.98 at 16M)") \
-    "1gbit in the setting's name is 0.125 GB/s; 0.976 of it met"
-t_ok $(has "$s" "busbw >= 90 % of the TCP limit from 16M: MET (worst 1.02 at 16M)") \
-    "shaped: the TCP limit's goal too"
-t_ok $(has "$s" "never below the better anchor from 1M: MET (worst 1.03 at 16M)") \
-    "shaped: above Gloo"
-t_ok $(has "$s" "busbw falls <= 5 % from 16M to 1G: MET (+0 % at 64M; measured up to 64M only)") \
-    "a falloff measured short of 1G says how far it got"
+# goals SECTION: a test for each "LINE|NAME" on stdin, that LINE is under
+# SECTION's heading
+goals() {
+    while IFS='|' read -r _line _name; do
+        t_ok "$(has "$1" "$_line")" "$_name"
+    done
+}
+goals "netns, N=2:" <<'EOF'
+busbw >= 90 % of the TCP limit from 16M: MET (worst 0.92 at 1G)|2 hosts: 90 % of the TCP limit met, worst at 1G
+never below the better anchor from 1M: MISSED (worst 0.99 at 256M)|2 hosts: below Gloo at 256M, not at 1M where auto is the best
+busbw falls <= 5 % from 16M to 1G: MISSED (-8 % at 1G)|2 hosts: an 8 % falloff to 1G is missed
+a 4K all-reduce takes <= 150 us: MET (140 us)|2 hosts: the faster algorithm's 4 KiB time counts
+EOF
+goals "netns-1gbit, N=4:" <<'EOF'
+busbw >= 97 % of the shaped line rate (0.125 GB/s) from 16M: MET (worst 0.98 at 16M)|1gbit in the setting's name is 0.125 GB/s; 0.976 of it met
+busbw >= 90 % of the TCP limit from 16M: MET (worst 1.02 at 16M)|shaped: the TCP limit's goal too
+never below the better anchor from 1M: MET (worst 1.03 at 16M)|shaped: above Gloo
+busbw falls <= 5 % from 16M to 1G: MET (+0 % at 64M; measured up to 64M only)|a falloff measured short of 1G says how far it got
+EOF
 t_ok $(grep -q "^   a 4K all-reduce" "$TMP/goals" &&
        awk '/^netns-1gbit, N=4:/ { s = 1; next } /^[^ ]/ { s = 0 }
             s && /4K all-reduce/ { bad = 1 } END { exit bad }' \
            "$TMP/goals"; echo $?) \
     "no 4 KiB goal for 4 hosts (the issue sets 2 and 8)"
-s="netns-500mbit-mtu9000, N=8:"
-t_ok $(has "$s" "busbw >= 97 % of the shaped line rate (0.0625 GB/s) from 16M: not measured") \
-    "500mbit with an MTU suffix is 0.0625 GB/s; no size to judge"
-t_ok $(has "$s" "busbw >= 90 % of the TCP limit from 16M: not measured") \
-    "no TCP limit and no large size: not measured, not missed"
-t_ok $(has "$s" "busbw falls <= 5 % from 16M to 1G: not measured (needs 16M and a larger size)") \
-    "no falloff without 16M"
-t_ok $(has "$s" "a 4K all-reduce takes <= 600 us: MISSED (700 us)") \
-    "8 hosts: 700 us misses 600"
+goals "netns-500mbit-mtu9000, N=8:" <<'EOF'
+busbw >= 97 % of the shaped line rate (0.0625 GB/s) from 16M: not measured|500mbit with an MTU suffix is 0.0625 GB/s; no size to judge
+busbw >= 90 % of the TCP limit from 16M: not measured|no TCP limit and no large size: not measured, not missed
+busbw falls <= 5 % from 16M to 1G: not measured (needs 16M and a larger size)|no falloff without 16M
+a 4K all-reduce takes <= 600 us: MISSED (700 us)|8 hosts: 700 us misses 600
+EOF
 t_ok $(grep -qx "6 met, 3 missed" "$TMP/goals"; echo $?) \
     "the count: 6 met, 3 missed"
 # an unshaped setting gets no line-rate goal

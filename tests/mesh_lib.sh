@@ -119,6 +119,22 @@ wait_for() {
     return 1
 }
 
+# all_pairs_ok LOG N SIZES WHO: the tests of a meshbench --all-pairs --op
+# all run of N ranks over SIZES sizes, whose table rank 0 printed in LOG:
+# a row per op (ping-pong, stream), round and size, none with errors (the
+# last column) and no "wrong data" on any rank. WHO starts the names.
+all_pairs_ok() {
+    _rounds=$(( $2 % 2 ? $2 : $2 - 1 ))
+    _want=$(( 2 * _rounds * $3 ))
+    _rows=$(grep -Ec '^\[0\] +(pingpong|stream) ' "$1")
+    t_ok "$([ "$_rows" -eq "$_want" ]; echo $?)" \
+        "$4: $_rows table rows (want $_want)"
+    _bad=$(grep -E '^\[0\] +(pingpong|stream) ' "$1" |
+           awk '$NF != 0 { n++ } END { print n + 0 }')
+    t_ok "$([ "$_bad" -eq 0 ] && ! grep -q 'wrong data' "$1"; echo $?)" \
+        "$4: no wrong byte on any rank ($_bad rows with errors)"
+}
+
 # A 0600 secret file shared by peers started by hand.
 make_secret() {
     head -c 32 /dev/urandom | base64 > "$1"

@@ -17,16 +17,8 @@ for n in 2 4 8; do
     rc=$?
     t_ok $rc "$n peers: meshrun + meshbench exit 0 (got $rc)"
     [ $rc -eq 0 ] || t_show "$log"
-    # Rows: 2 ops x rounds x 8 sizes (3, 21, ..., 2470629), printed by rank 0.
-    rounds=$(( n % 2 ? n : n - 1 ))
-    rows=$(grep -Ec '^\[0\] +(pingpong|stream) ' "$log")
-    t_ok $([ "$rows" -eq $((2 * rounds * 8)) ]; echo $?) \
-        "$n peers: $rows table rows (want $((2 * rounds * 8)))"
-    # The errors column (last) is 0 on every row.
-    bad=$(grep -E '^\[0\] +(pingpong|stream) ' "$log" |
-          awk '$NF != 0 { n++ } END { print n + 0 }')
-    t_ok $([ "$bad" -eq 0 ] && ! grep -q 'wrong data' "$log"; echo $?) \
-        "$n peers: no wrong byte on any rank ($bad rows with errors)"
+    # 8 sizes: 3, 21, ..., 2470629
+    all_pairs_ok "$log" "$n" 8 "$n peers"
 done
 
 # IPv6 loopback, several TCP streams per link (messages striped over them).

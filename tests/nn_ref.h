@@ -66,41 +66,38 @@ static inline void ref_tod(const float *f, double *d, size_t n)
 }
 
 /*
- * Relative error max|a - b| / max|b|: normalising by the largest reference
- * magnitude (not element-wise) keeps entries that are near zero by
- * cancellation from dominating, while still measuring the error on the
- * scale of the tensor; 0/0 is 0.
+ * Relative error max|a - b| / max|b|, b given as doubles (bd) or as floats
+ * (bf, when bd is NULL): normalising by the largest reference magnitude
+ * (not element-wise) keeps entries that are near zero by cancellation from
+ * dominating, while still measuring the error on the scale of the tensor;
+ * 0/0 is 0, a NaN difference infinity.
  */
-static inline double ref_relerr_fd(const float *a, const double *b, size_t n)
+static inline double ref_relerr(const float *a, const double *bd,
+                                const float *bf, size_t n)
 {
     double md = 0, mb = 0;
     size_t i;
 
     for (i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
+        double b = bd ? bd[i] : bf[i];
+        double d = fabs((double)a[i] - b);
 
         if (d > md || d != d)
             md = d != d ? INFINITY : d;
-        if (fabs(b[i]) > mb)
-            mb = fabs(b[i]);
+        if (fabs(b) > mb)
+            mb = fabs(b);
     }
     return mb > 0 ? md / mb : md;
 }
 
+static inline double ref_relerr_fd(const float *a, const double *b, size_t n)
+{
+    return ref_relerr(a, b, NULL, n);
+}
+
 static inline double ref_relerr_ff(const float *a, const float *b, size_t n)
 {
-    double md = 0, mb = 0;
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-
-        if (d > md || d != d)
-            md = d != d ? INFINITY : d;
-        if (fabs(b[i]) > mb)
-            mb = fabs(b[i]);
-    }
-    return mb > 0 ? md / mb : md;
+    return ref_relerr(a, NULL, b, n);
 }
 
 /* ---- convolution: x (n, c, h, w), w (k, c, r, r), y (n, k, oh, ow) ------- */
@@ -171,27 +168,37 @@ static inline void ref_conv_bwd(const struct ref_conv *s, const double *x,
 
 /* ---- batch norm (training): x, y (n, c, hw) -------------------------------- */
 
+/* Channel ch's mean and biased variance over the batch and the plane. */
+static inline void ref_bn_stats(int n, int c, int hw, const double *x, int ch,
+                                double *mean, double *var)
+{
+    double cnt = (double)n * hw, m = 0, v = 0;
+    int i, p;
+
+    for (i = 0; i < n; i++)
+        for (p = 0; p < hw; p++)
+            m += x[((size_t)i * c + ch) * hw + p];
+    m /= cnt;
+    for (i = 0; i < n; i++)
+        for (p = 0; p < hw; p++) {
+            double d = x[((size_t)i * c + ch) * hw + p] - m;
+
+            v += d * d;
+        }
+    *mean = m;
+    *var = v / cnt;
+}
+
 static inline void ref_bn_fwd(int n, int c, int hw, const double *x, const double *g,
                        const double *b, double eps, int relu, double *y,
                        double *mean, double *var)
 {
     int i, ch, p;
-    double cnt = (double)n * hw;
 
     for (ch = 0; ch < c; ch++) {
-        double m = 0, v = 0;
+        double m, v;
 
-        for (i = 0; i < n; i++)
-            for (p = 0; p < hw; p++)
-                m += x[((size_t)i * c + ch) * hw + p];
-        m /= cnt;
-        for (i = 0; i < n; i++)
-            for (p = 0; p < hw; p++) {
-                double d = x[((size_t)i * c + ch) * hw + p] - m;
-
-                v += d * d;
-            }
-        v /= cnt;
+        ref_bn_stats(n, c, hw, x, ch, &m, &v);
         mean[ch] = m;
         var[ch] = v;
         for (i = 0; i < n; i++)
@@ -213,19 +220,9 @@ static inline void ref_bn_bwd(int n, int c, int hw, const double *x, const doubl
     double cnt = (double)n * hw;
 
     for (ch = 0; ch < c; ch++) {
-        double m = 0, v = 0, sdy = 0, sdyx = 0, rs;
+        double m, v, sdy = 0, sdyx = 0, rs;
 
-        for (i = 0; i < n; i++)
-            for (p = 0; p < hw; p++)
-                m += x[((size_t)i * c + ch) * hw + p];
-        m /= cnt;
-        for (i = 0; i < n; i++)
-            for (p = 0; p < hw; p++) {
-                double d = x[((size_t)i * c + ch) * hw + p] - m;
-
-                v += d * d;
-            }
-        v /= cnt;
+        ref_bn_stats(n, c, hw, x, ch, &m, &v);
         rs = 1 / sqrt(v + eps);
         for (i = 0; i < n; i++)
             for (p = 0; p < hw; p++) {

@@ -18,11 +18,25 @@ static inline void plan(int n)
     fflush(stdout);
 }
 
-static inline void skip_all(const char *why)
+/* The rest of a TAP line: fmt formatted as printf does, and its end. */
+__attribute__((format(printf, 1, 2))) static inline void
+tap_line(const char *fmt, ...)
 {
-    printf("1..0 # SKIP %s\n", why);
+    va_list ap;
+
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
     fflush(stdout);
 }
+
+/* The whole program skipped, the reason formatted as printf does. */
+#define skip_all(...) (printf("1..0 # SKIP "), tap_line(__VA_ARGS__))
+/* One test skipped, and why. */
+#define skip(...) (printf("ok %d # SKIP ", ++tap_n), tap_line(__VA_ARGS__))
+/* A comment. */
+#define diag(...) (printf("# "), tap_line(__VA_ARGS__))
 
 __attribute__((format(printf, 2, 3))) static inline int
 ok(int cond, const char *fmt, ...)
@@ -38,32 +52,6 @@ ok(int cond, const char *fmt, ...)
     if (!cond)
         tap_failed++;
     return cond;
-}
-
-__attribute__((format(printf, 1, 2))) static inline void
-skip(const char *fmt, ...)
-{
-    va_list ap;
-
-    printf("ok %d # SKIP ", ++tap_n);
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-    fflush(stdout);
-}
-
-__attribute__((format(printf, 1, 2))) static inline void
-diag(const char *fmt, ...)
-{
-    va_list ap;
-
-    printf("# ");
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-    fflush(stdout);
 }
 
 /* Exit status: 0 when every planned test ran and passed. */

@@ -103,20 +103,11 @@ static int val(int rank, size_t i, int salt)
     return (int)(((size_t)rank * 131 + i * 31 + (size_t)salt * 17) % 15) - 7;
 }
 
-static void put(int dtype, void *p, size_t i, float v)
-{
-    if (dtype == MESH_DT_F16)
-        ((uint16_t *)p)[i] = mesh_f16_from_f32(v);
-    else if (dtype == MESH_DT_BF16)
-        ((uint16_t *)p)[i] = mesh_bf16_from_f32(v);
-    else
-        ((float *)p)[i] = v;
-}
-
 static void fill(int dtype, void *p, size_t n, int rank, int salt, size_t first)
 {
     for (size_t i = 0; i < n; i++)
-        put(dtype, p, i, (float)val(rank, first + i, salt));
+        mesh_dtype_put_f32(dtype, p, i,
+                           (float)val(rank, first + i, salt));
 }
 
 /* Expected reduction of element i over n ranks. */
@@ -127,8 +118,9 @@ static void expect_red(int dtype, void *p, size_t i, int n, int redop,
 
     for (int r = 0; r < n; r++)
         sum += val(r, elem, salt);
-    put(dtype, p, i,
-        redop == MESH_REDOP_AVG ? (float)sum / (float)n : (float)sum);
+    mesh_dtype_put_f32(dtype, p, i,
+                       redop == MESH_REDOP_AVG ? (float)sum / (float)n
+                                               : (float)sum);
 }
 
 static uint64_t fnv(uint64_t h, const void *p, size_t len)
@@ -372,7 +364,8 @@ static void t_random(struct rank_ctx *x, int algo)
 
         for (size_t i = 0; i < cnt; i++) {
             s = s * 6364136223846793005ull + 1442695040888963407ull;
-            put(dtypes[d], in, i,
+            mesh_dtype_put_f32(
+                dtypes[d], in, i,
                 (float)((double)(s >> 11) / 9007199254740992.0 - 0.5) *
                     (float)(1 + i % 100));
         }
@@ -843,10 +836,7 @@ int main(int argc, char **argv)
 
     ops = mesh_transport_find(name);
     if (!ops) {
-        char why[128];
-
-        snprintf(why, sizeof(why), "transport '%s' is not built", name);
-        skip_all(why);
+        skip_all("transport '%s' is not built", name);
         return 0;
     }
     diag("transport %s", name);

@@ -31,6 +31,7 @@
 #include "nn/backend.h"
 #include "nn/nn.h"
 #include "common/util.h"
+#include "tests/nn_ref.h"
 #include "tests/tap.h"
 
 #include <errno.h>
@@ -134,26 +135,10 @@ static float *downact(struct mesh_nn_ctx *c, const void *d, int n, int ch,
     return h;
 }
 
-static double relerr(const float *got, const float *want, size_t n)
-{
-    double m = 0, e = 0;
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-
-        if (!(d <= e))
-            e = isnan(d) ? INFINITY : d;
-        if (fabs(want[i]) > m)
-            m = fabs(want[i]);
-    }
-    return m > 0 ? e / m : e;
-}
-
 static void cmp(const char *what, const float *got, const float *want, size_t n,
                 double tol)
 {
-    double e = relerr(got, want, n);
+    double e = ref_relerr_ff(got, want, n);
 
     ok(e <= tol, "%s %s: rel err %.3g (tol %.0e)", prec_name, what, e, tol);
 }
@@ -639,21 +624,18 @@ int main(void)
 {
     static const char *const names[] = {"fp32", "tf32", "bf16-amp"};
     struct mesh_nn_dev_opts o;
-    char why[300];
     int rc, k;
 
     rc = mesh_nn_ctx_open("cuda", 0, &gpu);
     if (rc < 0) {
-        snprintf(why, sizeof(why), "%s", mesh_err_msg(rc));
-        skip_all(why);
+        skip_all("%s", mesh_err_msg(rc));
         return 0;
     }
     mesh_nn_ctx_close(gpu);
     gpu = NULL;
     rc = mesh_nn_ctx_open("cpu", 0, &cpu);
     if (rc < 0) {
-        snprintf(why, sizeof(why), "the reference: %s", mesh_err_msg(rc));
-        skip_all(why);
+        skip_all("the reference: %s", mesh_err_msg(rc));
         return 0;
     }
     diag("%s", mesh_nn_ctx_describe(cpu));

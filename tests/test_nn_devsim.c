@@ -194,7 +194,7 @@ int main(void)
 
     rc = open_dev(NULL, NULL, &ctx);
     if (rc == -ENOTSUP) {
-        skip_all(mesh_err_msg(rc));
+        skip_all("%s", mesh_err_msg(rc));
         return 0;
     }
     plan(18);

@@ -492,10 +492,7 @@ int main(void)
 
     rc = mesh_nn_ctx_open("cpu", 2, &ctx);
     if (rc < 0) {
-        char why[256];
-
-        snprintf(why, sizeof(why), "%s", mesh_err_msg(rc));
-        skip_all(why);
+        skip_all("%s", mesh_err_msg(rc));
         return 0;
     }
     test_counts();

@@ -104,6 +104,20 @@ static int check(const char *what, const float *got, const double *want,
     return ok(e <= tol, "%s: rel err %.3g (tol %.0e)", what, e, tol);
 }
 
+/* The output got (freed here) of an op that returned rc against want; the
+ * test is named "TAG WHAT". */
+static void check_out(int rc, const char *tag, const char *what, float *got,
+                      const double *want, size_t n)
+{
+    char name[128];
+
+    if (rc < 0)
+        diag("%s", mesh_err_msg(rc));
+    snprintf(name, sizeof(name), "%s %s", tag, what);
+    check(name, got, want, n, TOL);
+    free(got);
+}
+
 static double dot(const double *a, const double *b, size_t n)
 {
     double s = 0;
@@ -114,14 +128,38 @@ static double dot(const double *a, const double *b, size_t n)
     return s;
 }
 
+/*
+ * The reference's gradients against central differences: L(arg) is a
+ * loss of the tensors behind arg, d the reference's derivative of it with
+ * respect to *p, one of their elements (moved by +-FD_H, then restored).
+ * Returns the error relative to |d| + 1.
+ */
+static double fd_err(double (*L)(const void *arg), const void *arg, double *p,
+                     double d)
+{
+    double sv = *p, lp, lm;
+
+    *p = sv + FD_H, lp = L(arg);
+    *p = sv - FD_H, lm = L(arg);
+    *p = sv;
+    return fabs((lp - lm) / (2 * FD_H) - d) / (fabs(d) + 1);
+}
+
 /* ---- convolution ----------------------------------------------------------- */
 
 /* L(x, w) = <conv(x, w), r>, for finite differences. */
-static double conv_L(const struct ref_conv *s, const double *x,
-                     const double *w, const double *r, double *y)
+struct conv_loss {
+    const struct ref_conv *s;
+    const double *x, *w, *r;
+    double *y;
+};
+
+static double conv_L(const void *arg)
 {
-    ref_conv_fwd(s, x, w, y);
-    return dot(y, r, (size_t)s->n * s->k * s->oh * s->ow);
+    const struct conv_loss *a = arg;
+
+    ref_conv_fwd(a->s, a->x, a->w, a->y);
+    return dot(a->y, a->r, (size_t)a->s->n * a->s->k * a->s->oh * a->s->ow);
 }
 
 static void test_conv(int n, int c, int h, int k, int r, int stride, int pad)
@@ -132,7 +170,7 @@ static void test_conv(int n, int c, int h, int k, int r, int stride, int pad)
     size_t nx, nw, ny;
     double *x, *w, *y, *dy, *dx, *dw, maxe = 0;
     void *dxd, *ddy, *dyd, *ddx, *ws;
-    float *wd, *dwd, *got;
+    float *wd, *dwd;
     char tag[96];
     int i, rc;
 
@@ -166,31 +204,11 @@ static void test_conv(int n, int c, int h, int k, int r, int stride, int pad)
     dwd = dalloc(nw * sizeof(float));
 
     rc = O->conv_fwd(D, p, dxd, wd, dyd, ws);
-    got = host_act(dyd, n, k, s.oh, s.ow);
-    if (rc < 0)
-        diag("%s", mesh_err_msg(rc));
-    snprintf(tag + strlen(tag), 16, " fwd");
-    check(tag, got, y, ny, TOL);
-    free(got);
-    tag[strlen(tag) - 4] = 0;
-
+    check_out(rc, tag, "fwd", host_act(dyd, n, k, s.oh, s.ow), y, ny);
     rc = O->conv_bwd_data(D, p, ddy, wd, ddx, ws);
-    got = host_act(ddx, n, c, h, h);
-    if (rc < 0)
-        diag("%s", mesh_err_msg(rc));
-    snprintf(tag + strlen(tag), 16, " bwd data");
-    check(tag, got, dx, nx, TOL);
-    free(got);
-    tag[strlen(tag) - 9] = 0;
-
+    check_out(rc, tag, "bwd data", host_act(ddx, n, c, h, h), dx, nx);
     rc = O->conv_bwd_filter(D, p, dxd, ddy, dwd, ws);
-    got = host_vec(dwd, nw);
-    if (rc < 0)
-        diag("%s", mesh_err_msg(rc));
-    snprintf(tag + strlen(tag), 16, " bwd filter");
-    check(tag, got, dw, nw, TOL);
-    free(got);
-    tag[strlen(tag) - 11] = 0;
+    check_out(rc, tag, "bwd filter", host_vec(dwd, nw), dw, nw);
     O->free(D, ws), O->free(D, dxd), O->free(D, ddy), O->free(D, wd);
     O->free(D, dyd), O->free(D, ddx), O->free(D, dwd);
 
@@ -198,18 +216,10 @@ fd:
     /* the reference's gradients against central differences */
     for (i = 0; i < 6; i++) {
         size_t xi = (size_t)(i * 7919) % nx, wi = (size_t)(i * 104729) % nw;
-        double sx = x[xi], sw = w[wi], lp, lm, e;
+        struct conv_loss L = {&s, x, w, dy, y};
 
-        x[xi] = sx + FD_H, lp = conv_L(&s, x, w, dy, y);
-        x[xi] = sx - FD_H, lm = conv_L(&s, x, w, dy, y);
-        x[xi] = sx;
-        e = fabs((lp - lm) / (2 * FD_H) - dx[xi]) / (fabs(dx[xi]) + 1);
-        maxe = e > maxe ? e : maxe;
-        w[wi] = sw + FD_H, lp = conv_L(&s, x, w, dy, y);
-        w[wi] = sw - FD_H, lm = conv_L(&s, x, w, dy, y);
-        w[wi] = sw;
-        e = fabs((lp - lm) / (2 * FD_H) - dw[wi]) / (fabs(dw[wi]) + 1);
-        maxe = e > maxe ? e : maxe;
+        maxe = fmax(maxe, fd_err(conv_L, &L, &x[xi], dx[xi]));
+        maxe = fmax(maxe, fd_err(conv_L, &L, &w[wi], dw[wi]));
     }
     ok(maxe <= FD_TOL, "%s: reference vs finite differences %.3g", tag,
        maxe);
@@ -218,13 +228,21 @@ fd:
 
 /* ---- batch norm -------------------------------------------------------------- */
 
-static double bn_L(int n, int c, int hw, const double *x, const double *g,
-                   const double *b, int relu, const double *r, double *y)
-{
-    double *mean = ref_new(c), *var = ref_new(c), l;
+/* L(x, g, b) = <bn(x, g, b), r>, for finite differences. */
+struct bn_loss {
+    int n, c, hw, relu;
+    const double *x, *g, *b, *r;
+    double *y;
+};
 
-    ref_bn_fwd(n, c, hw, x, g, b, 1e-5, relu, y, mean, var);
-    l = dot(y, r, (size_t)n * c * hw);
+static double bn_L(const void *arg)
+{
+    const struct bn_loss *a = arg;
+    double *mean = ref_new(a->c), *var = ref_new(a->c), l;
+
+    ref_bn_fwd(a->n, a->c, a->hw, a->x, a->g, a->b, 1e-5, a->relu, a->y, mean,
+               var);
+    l = dot(a->y, a->r, (size_t)a->n * a->c * a->hw);
     free(mean), free(var);
     return l;
 }
@@ -365,26 +383,11 @@ static void test_bn(int n, int c, int h, int relu, uint64_t seed)
     for (i = 0; i < 5; i++) {
         size_t xi = (size_t)(i * 7919 + 3) % nx;
         int ci = i % c;
-        double sv, lp, lm, e;
+        struct bn_loss L = {n, c, hw, relu, x, g, b, dy, want};
 
-        sv = x[xi];
-        x[xi] = sv + FD_H, lp = bn_L(n, c, hw, x, g, b, relu, dy, want);
-        x[xi] = sv - FD_H, lm = bn_L(n, c, hw, x, g, b, relu, dy, want);
-        x[xi] = sv;
-        e = fabs((lp - lm) / (2 * FD_H) - dx[xi]) / (fabs(dx[xi]) + 1);
-        maxe = e > maxe ? e : maxe;
-        sv = g[ci];
-        g[ci] = sv + FD_H, lp = bn_L(n, c, hw, x, g, b, relu, dy, want);
-        g[ci] = sv - FD_H, lm = bn_L(n, c, hw, x, g, b, relu, dy, want);
-        g[ci] = sv;
-        e = fabs((lp - lm) / (2 * FD_H) - dg[ci]) / (fabs(dg[ci]) + 1);
-        maxe = e > maxe ? e : maxe;
-        sv = b[ci];
-        b[ci] = sv + FD_H, lp = bn_L(n, c, hw, x, g, b, relu, dy, want);
-        b[ci] = sv - FD_H, lm = bn_L(n, c, hw, x, g, b, relu, dy, want);
-        b[ci] = sv;
-        e = fabs((lp - lm) / (2 * FD_H) - db[ci]) / (fabs(db[ci]) + 1);
-        maxe = e > maxe ? e : maxe;
+        maxe = fmax(maxe, fd_err(bn_L, &L, &x[xi], dx[xi]));
+        maxe = fmax(maxe, fd_err(bn_L, &L, &g[ci], dg[ci]));
+        maxe = fmax(maxe, fd_err(bn_L, &L, &b[ci], db[ci]));
     }
     ok(maxe <= FD_TOL, "%s: reference vs finite differences %.3g", tag, maxe);
     free(x), free(y), free(dy), free(dx), free(g), free(b), free(dg);
@@ -536,6 +539,21 @@ static void test_pool(int n, int c, int h)
 
 /* ---- fully connected ---------------------------------------------------------- */
 
+/* L(w) = <fc(x, w, b), r>, for finite differences. */
+struct fc_loss {
+    int n, c, k;
+    const double *x, *w, *b, *r;
+    double *y;
+};
+
+static double fc_L(const void *arg)
+{
+    const struct fc_loss *a = arg;
+
+    ref_fc_fwd(a->n, a->c, a->k, a->x, a->w, a->b, a->y);
+    return dot(a->y, a->r, (size_t)a->n * a->k);
+}
+
 static void test_fc(int n, int c, int k)
 {
     size_t nx = (size_t)n * c, nw = (size_t)k * c, ny = (size_t)n * k;
@@ -600,19 +618,30 @@ static void test_fc(int n, int c, int k)
     /* the reference's dw by finite differences of <fc(x), dy> */
     for (i = 0; i < 5; i++) {
         size_t wi = (size_t)(i * 7919) % nw;
-        double sv = w[wi], lp, lm, e;
+        struct fc_loss L = {n, c, k, x, w, b, dy, y};
 
-        w[wi] = sv + FD_H, ref_fc_fwd(n, c, k, x, w, b, y), lp = dot(y, dy, ny);
-        w[wi] = sv - FD_H, ref_fc_fwd(n, c, k, x, w, b, y), lm = dot(y, dy, ny);
-        w[wi] = sv;
-        e = fabs((lp - lm) / (2 * FD_H) - dw[wi]) / (fabs(dw[wi]) + 1);
-        maxe = e > maxe ? e : maxe;
+        maxe = fmax(maxe, fd_err(fc_L, &L, &w[wi], dw[wi]));
     }
     ok(maxe <= FD_TOL, "fc: reference vs finite differences %.3g", maxe);
     free(x), free(w), free(b), free(y), free(dy), free(dx), free(dw), free(db);
 }
 
 /* ---- loss ----------------------------------------------------------------------- */
+
+/* The reference's loss of logits z, for finite differences. */
+struct xent_loss {
+    int n, k;
+    const double *z;
+    const int32_t *lab;
+    double eps;
+};
+
+static double xent_L(const void *arg)
+{
+    const struct xent_loss *a = arg;
+
+    return ref_xent(a->n, a->k, a->z, a->lab, a->eps, NULL);
+}
 
 static void test_xent(int n, int k, double eps)
 {
@@ -639,13 +668,9 @@ static void test_xent(int n, int k, double eps)
     free(got);
     for (i = 0; i < 6; i++) {
         size_t zi = (size_t)(i * 31 + 1) % nz;
-        double sv = z[zi], lp, lm, e;
+        struct xent_loss L = {n, k, z, lab, eps};
 
-        z[zi] = sv + FD_H, lp = ref_xent(n, k, z, lab, eps, NULL);
-        z[zi] = sv - FD_H, lm = ref_xent(n, k, z, lab, eps, NULL);
-        z[zi] = sv;
-        e = fabs((lp - lm) / (2 * FD_H) - dz[zi]) / (fabs(dz[zi]) + 1);
-        maxe = e > maxe ? e : maxe;
+        maxe = fmax(maxe, fd_err(xent_L, &L, &z[zi], dz[zi]));
     }
     ok(maxe <= FD_TOL, "xent: reference vs finite differences %.3g", maxe);
     lab[0] = k;
@@ -706,30 +731,34 @@ static void test_sgd(float mom, float wd, int nesterov, float damp)
 
 int main(void)
 {
+    /* n, c, h, k, r, stride, pad: blocked-layout channel counts (multiples
+     * of 16) and plain ones */
+    static const int convs[][7] = {
+        {2, 16, 9, 32, 3, 2, 1}, {2, 32, 6, 16, 1, 1, 0},
+        {2, 16, 8, 16, 1, 2, 0}, {3, 3, 11, 16, 7, 2, 3}, /* the stem */
+        {2, 5, 7, 6, 3, 1, 1},
+    };
+    /* n, c, h, relu, seed */
+    static const int bns[][5] = {
+        {2, 16, 5, 0, 0},   {3, 32, 4, 1, 0},   {2, 5, 6, 1, 0},
+        {4, 32, 48, 1, 11}, {8, 16, 40, 0, 12}, {3, 5, 64, 1, 13},
+    };
     const char *be = getenv("MESHTRAIN_NN_BACKEND");
+    size_t i;
     int rc;
 
     rc = mesh_nn_ctx_open(be ? be : "cpu", 2, &ctx);
     if (rc < 0) {
-        char why[256];
-
-        snprintf(why, sizeof(why), "%s", mesh_err_msg(rc));
-        skip_all(why);
+        skip_all("%s", mesh_err_msg(rc));
         return 0;
     }
     diag("%s", mesh_nn_ctx_describe(ctx));
-    /* blocked-layout channel counts (multiples of 16) and plain ones */
-    test_conv(2, 16, 9, 32, 3, 2, 1);
-    test_conv(2, 32, 6, 16, 1, 1, 0);
-    test_conv(2, 16, 8, 16, 1, 2, 0);
-    test_conv(3, 3, 11, 16, 7, 2, 3); /* the stem */
-    test_conv(2, 5, 7, 6, 3, 1, 1);
-    test_bn(2, 16, 5, 0, 0);
-    test_bn(3, 32, 4, 1, 0);
-    test_bn(2, 5, 6, 1, 0);
-    test_bn(4, 32, 48, 1, 11);
-    test_bn(8, 16, 40, 0, 12);
-    test_bn(3, 5, 64, 1, 13);
+    for (i = 0; i < MESH_ARRAY_SIZE(convs); i++)
+        test_conv(convs[i][0], convs[i][1], convs[i][2], convs[i][3],
+                  convs[i][4], convs[i][5], convs[i][6]);
+    for (i = 0; i < MESH_ARRAY_SIZE(bns); i++)
+        test_bn(bns[i][0], bns[i][1], bns[i][2], bns[i][3],
+                (uint64_t)bns[i][4]);
     test_eltwise(2, 16, 5);
     test_eltwise(2, 3, 4);
     test_pool(2, 16, 9);

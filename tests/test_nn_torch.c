@@ -45,6 +45,7 @@
 #include "nn/nn.h"
 #include "nn/safetensors.h"
 #include "common/util.h"
+#include "tests/nn_ref.h"
 #include "tests/tap.h"
 
 #include <errno.h>
@@ -141,22 +142,6 @@ static double gauss(void)
     double u = unif(), v = unif();
 
     return sqrt(-2 * log(1 - u)) * cos(2 * M_PI * v);
-}
-
-static double relerr(const float *a, const float *b, size_t n)
-{
-    double md = 0, mb = 0;
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - b[i]);
-
-        if (d > md || d != d)
-            md = d != d ? INFINITY : d;
-        if (fabs(b[i]) > mb)
-            mb = fabs(b[i]);
-    }
-    return mb > 0 ? md / mb : md;
 }
 
 static void case_name(const struct tcase *c, char *buf, size_t len)
@@ -440,8 +425,8 @@ static void judge(const struct tcase *c, const char *dir, struct worst *w)
         ok(0, "%s: results read", tag);
         goto out;
     }
-    e = relerr(z, zr, (size_t)c->batch * c->classes);
-    e32 = relerr(z32, zr, (size_t)c->batch * c->classes);
+    e = ref_relerr_ff(z, zr, (size_t)c->batch * c->classes);
+    e32 = ref_relerr_ff(z32, zr, (size_t)c->batch * c->classes);
     wf = fmax(wf, e), wf32 = fmax(wf32, e32);
     ok(e <= limit(c, e32), "%s: logits rel err %.3g (PyTorch float32 %.3g)",
        tag, e, e32);
@@ -465,8 +450,9 @@ static void judge(const struct tcase *c, const char *dir, struct worst *w)
             r = readf(ref, name, t->shape, t->ndim, t->count);
             snprintf(name, sizeof(name), "new32.%s", t->name);
             r32 = readf(ref, name, t->shape, t->ndim, t->count);
-            e = r && r32 ? relerr(bufs + t->offset, r, t->count) : INFINITY;
-            e32 = r && r32 ? relerr(r32, r, t->count) : INFINITY;
+            e = r && r32 ? ref_relerr_ff(bufs + t->offset, r, t->count)
+                         : INFINITY;
+            e32 = r && r32 ? ref_relerr_ff(r32, r, t->count) : INFINITY;
             wf = fmax(wf, e), wf32 = fmax(wf32, e32);
             wb = fmax(wb, e);
             if (e / limit(c, e32) > wbf || e != e)
@@ -485,10 +471,10 @@ static void judge(const struct tcase *c, const char *dir, struct worst *w)
         if (!r || !rm || !r32 || (c->rel32 && !r32m)) {
             e = em = e32 = e32m = INFINITY;
         } else {
-            e = relerr(g + t->offset, r, t->count);
-            em = relerr(g + t->offset, rm, t->count);
-            e32 = relerr(r32, r, t->count);
-            e32m = r32m ? relerr(r32, r32m, t->count) : 0;
+            e = ref_relerr_ff(g + t->offset, r, t->count);
+            em = ref_relerr_ff(g + t->offset, rm, t->count);
+            e32 = ref_relerr_ff(r32, r, t->count);
+            e32m = r32m ? ref_relerr_ff(r32, r32m, t->count) : 0;
         }
         if (em > wm || em != em)
             wm = em, wm_at = t->name;
@@ -577,7 +563,7 @@ static void judge(const struct tcase *c, const char *dir, struct worst *w)
             continue;
         snprintf(name, sizeof(name), "sgd.%s", t->name);
         r = readf(ref, name, t->shape, t->ndim, t->count);
-        e = r ? relerr(p + t->offset, r, t->count) : INFINITY;
+        e = r ? ref_relerr_ff(p + t->offset, r, t->count) : INFINITY;
         ws = fmax(ws, e);
         free(r);
     }
@@ -684,10 +670,7 @@ int main(void)
     }
     rc = mesh_nn_ctx_open("cpu", 2, &ctx);
     if (rc < 0) {
-        char why[256];
-
-        snprintf(why, sizeof(why), "%s", mesh_err_msg(rc));
-        skip_all(why);
+        skip_all("%s", mesh_err_msg(rc));
         return 0;
     }
     memset(worst, 0, sizeof(worst));

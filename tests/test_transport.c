@@ -25,6 +25,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +109,28 @@ static int mesh_up(struct ctx *cx, char *msg, size_t len)
         snprintf(msg, len, "%s", mesh_err_msg(rc));
         return rc;
     }
+    return 0;
+}
+
+/*
+ * The end of a child whose last operation must fail: rc < 0 gives its
+ * error as the message and 0; rc >= 0 is the test's failure (-1), worded
+ * as fmt says.
+ */
+static int must_fail(int rc, char *msg, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int must_fail(int rc, char *msg, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (rc >= 0) {
+        va_start(ap, fmt);
+        vsnprintf(msg, len, fmt, ap);
+        va_end(ap);
+        return -1;
+    }
+    snprintf(msg, len, "%s", mesh_err_msg(rc));
     return 0;
 }
 
@@ -511,12 +534,7 @@ static int child_desync(struct ctx *cx, char *msg, size_t len)
     }
     if (rc >= 0)
         rc = mesh_transport_wait(ops, cx->t, r);
-    if (rc >= 0) {
-        snprintf(msg, len, "rank %d: no error", cx->rank);
-        return -1;
-    }
-    snprintf(msg, len, "%s", mesh_err_msg(rc));
-    return 0;
+    return must_fail(rc, msg, len, "rank %d: no error", cx->rank);
 }
 
 /*
@@ -762,13 +780,9 @@ static int child_goodbye(struct ctx *cx, char *msg, size_t len)
         rc = ops->irecv(cx->t, 1, &f, buf[1], NULL, &r[0]);
         if (rc >= 0)
             rc = mesh_transport_wait(ops, cx->t, r[0]);
-        if (rc >= 0) {
-            snprintf(msg, len, "a receive from a departed peer completed");
-            return -1;
-        }
-        snprintf(msg, len, "%s", mesh_err_msg(rc));
+        return must_fail(rc, msg, len,
+                         "a receive from a departed peer completed");
     }
-    return 0;
 }
 
 /*
@@ -827,12 +841,7 @@ static int child_idle(struct ctx *cx, char *msg, size_t len)
         rc = ops->isend(cx->t, 0, &f, buf, NULL, &r);
     }
     free(buf);
-    if (rc >= 0) {
-        snprintf(msg, len, "no failure after the abort");
-        return -1;
-    }
-    snprintf(msg, len, "%s", mesh_err_msg(rc));
-    return 0;
+    return must_fail(rc, msg, len, "no failure after the abort");
 }
 
 static int child_join_fail(struct ctx *cx, char *msg, size_t len)
@@ -1367,29 +1376,25 @@ static void scenario_api(void)
 
 int main(int argc, char **argv)
 {
+    /* scenario_exchange: peers, streams, insecure */
+    static const int exchanges[][3] = {
+        {2, 1, 0}, {2, 4, 0}, {2, 1, 1}, {4, 1, 0}, {4, 4, 0}, {8, 2, 0},
+    };
     const char *name = argc > 1 ? argv[1] : "tcp";
 
     signal(SIGPIPE, SIG_IGN);
     ops = mesh_transport_find(name);
     if (!ops) {
-        char why[128];
-
-        snprintf(why, sizeof(why), "transport '%s' is not built", name);
-        skip_all(why);
+        skip_all("transport '%s' is not built", name);
         return 0;
     }
     diag("transport %s", name);
     scenario_api();
-    scenario_exchange(2, 1, 0);
-    scenario_exchange(2, 4, 0);
-    scenario_exchange(2, 1, 1);
-    scenario_exchange(4, 1, 0);
-    scenario_exchange(4, 4, 0);
-    scenario_exchange(8, 2, 0);
+    for (size_t i = 0; i < MESH_ARRAY_SIZE(exchanges); i++)
+        scenario_exchange(exchanges[i][0], exchanges[i][1], exchanges[i][2]);
     scenario_ipv6();
-    scenario_desync(0);
-    scenario_desync(1);
-    scenario_desync(2);
+    for (int mode = 0; mode < 3; mode++)
+        scenario_desync(mode);
     scenario_live();
     scenario_goodbye();
     scenario_idle();

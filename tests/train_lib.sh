@@ -45,3 +45,17 @@ wait_all() {
     done
     CODES=${CODES# }
 }
+
+# chunks_ok TIMELINE: the test that the pipeline ran in chunks: bucket 1's
+# second chunk went out to the host, through the all-reduce and back, each
+# on its track of rank 0's --timeline file TIMELINE (every event must be
+# there, not only the last one looked for).
+chunks_ok() {
+    _missing=0
+    for _ev in '"copy to host bucket 1 chunk 1", "cat": "copies"' \
+        '"allreduce bucket 1 chunk 1", "cat": "communication"' \
+        '"copy to device bucket 1 chunk 1", "cat": "copies"'; do
+        grep -q "$_ev" "$1" || { t_diag "no event $_ev"; _missing=1; }
+    done
+    t_ok $_missing "the timeline shows each chunk's copies and all-reduce"
+}

@@ -295,7 +295,7 @@ int main(void)
 
     signal(SIGPIPE, SIG_IGN);
     if (!have_rdma(why, sizeof(why))) {
-        skip_all(why);
+        skip_all("%s", why);
         return 0;
     }
 
