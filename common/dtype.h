@@ -42,6 +42,8 @@ float mesh_f32_from_bf16(uint16_t h);
 
 /* p[i] = v, p an array of dtype F32, F16 or BF16 (v rounded as above). */
 void mesh_dtype_put_f32(int dtype, void *p, size_t i, float v);
+/* p[i] as float32, p an array of dtype F32, F16 or BF16. */
+float mesh_dtype_get_f32(int dtype, const void *p, size_t i);
 
 #ifdef __cplusplus
 }

@@ -260,50 +260,74 @@ static void trim_newline(struct mesh_opts *o, size_t *len)
         (*len)--;
 }
 
-static int read_secret_file(struct mesh_opts *o, const char *path, size_t *len)
+/*
+ * Read the secret from fd until end of file (polling first, timeout_ms >= 0,
+ * for a launcher's pipe); where names the source in messages ("secret file
+ * PATH", "the secret from X" and "the secret on X" in rd and big).
+ */
+static int read_secret_bytes(struct mesh_opts *o, int fd, int timeout_ms,
+                             const char *where, const char *rd,
+                             const char *big, size_t *len)
 {
-    struct stat st;
     size_t got = 0;
     ssize_t n;
+    int rc;
+
+    for (;;) {
+        if (timeout_ms >= 0) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+
+            MESH_SYSCALL(rc, n = poll(&p, 1, timeout_ms), out, "poll %s",
+                         where);
+            if (n == 0)
+                return mesh_err(-ETIMEDOUT,
+                                "no job secret arrived on %s within %d s (the "
+                                "launcher must write it and close the pipe)",
+                                where, timeout_ms / 1000);
+        }
+        MESH_SYSCALL(rc, n = read(fd, o->secret + got, sizeof(o->secret) - got),
+                     out, "cannot read %s", rd);
+        if (n == 0)
+            break;
+        got += (size_t)n;
+        if (got == sizeof(o->secret))
+            return mesh_err(-EINVAL, "%s is larger than %d bytes", big,
+                            MESH_SECRET_MAX - 1);
+    }
+    trim_newline(o, &got);
+    rc = check_secret_len(got, where);
+    if (rc == 0)
+        *len = got;
+out:
+    return rc;
+}
+
+static int read_secret_file(struct mesh_opts *o, const char *path, size_t *len)
+{
+    char what[PATH_MAX + 16];
+    struct stat st;
     int fd = -1, rc;
 
     rc = mesh_open_input("secret file", path, 0, &fd, &st);
     if (rc < 0)
-        goto out;
+        return rc;
     if (st.st_mode & 077) {
         rc = mesh_err(-EPERM,
                       "secret file %s has mode %04o, more open than 0600; "
                       "refusing it (run: chmod 600 %s)",
                       path, (unsigned)(st.st_mode & 07777), path);
-        goto out_fd;
+    } else {
+        snprintf(what, sizeof(what), "secret file %s", path);
+        rc = read_secret_bytes(o, fd, -1, path, what, what, len);
     }
-    for (;;) {
-        MESH_SYSCALL(rc, n = read(fd, o->secret + got, sizeof(o->secret) - got),
-                     out_fd, "cannot read secret file %s", path);
-        if (n == 0)
-            break;
-        got += (size_t)n;
-        if (got == sizeof(o->secret)) {
-            rc = mesh_err(-EINVAL, "secret file %s is larger than %d bytes",
-                          path, MESH_SECRET_MAX - 1);
-            goto out_fd;
-        }
-    }
-    trim_newline(o, &got);
-    rc = check_secret_len(got, path);
-    if (rc == 0)
-        *len = got;
-out_fd:
     close(fd);
-out:
     return rc;
 }
 
 /* The secret a launcher (meshrun) writes on a pipe and then closes. */
 static int read_secret_fd(struct mesh_opts *o, const char *val, size_t *len)
 {
-    char where[64];
-    size_t got = 0;
+    char where[64], rd[80], big[80];
     int fd, rc;
 
     rc = mesh_parse_int("MESHTRAIN_SECRET_FD", val, 0, INT_MAX, &fd);
@@ -312,35 +336,9 @@ static int read_secret_fd(struct mesh_opts *o, const char *val, size_t *len)
     snprintf(where, sizeof(where), "MESHTRAIN_SECRET_FD=%d", fd);
     if (fcntl(fd, F_GETFD) < 0)
         return mesh_err_errno("%s is not an open file descriptor", where);
-    for (;;) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        ssize_t n;
-
-        MESH_SYSCALL(rc, n = poll(&p, 1, SECRET_FD_TIMEOUT_MS), out, "poll %s",
-                     where);
-        if (n == 0) {
-            rc = mesh_err(-ETIMEDOUT,
-                          "no job secret arrived on %s within %d s (the "
-                          "launcher must write it and close the pipe)",
-                          where, SECRET_FD_TIMEOUT_MS / 1000);
-            goto out;
-        }
-        MESH_SYSCALL(rc, n = read(fd, o->secret + got, sizeof(o->secret) - got),
-                     out, "cannot read the secret from %s", where);
-        if (n == 0)
-            break;
-        got += (size_t)n;
-        if (got == sizeof(o->secret)) {
-            rc = mesh_err(-EINVAL, "the secret on %s is larger than %d bytes",
-                          where, MESH_SECRET_MAX - 1);
-            goto out;
-        }
-    }
-    trim_newline(o, &got);
-    rc = check_secret_len(got, where);
-    if (rc == 0)
-        *len = got;
-out:
+    snprintf(rd, sizeof(rd), "the secret from %s", where);
+    snprintf(big, sizeof(big), "the secret on %s", where);
+    rc = read_secret_bytes(o, fd, SECRET_FD_TIMEOUT_MS, where, rd, big, len);
     close(fd);
     return rc;
 }

@@ -323,7 +323,7 @@ static int sim_copy_order(struct mesh_nn_dev *dev, struct mesh_nn_copy *c)
     return sim_copy_wait(dev, c);
 }
 
-/* ---- conversions: the collective's scalar ones (round to nearest even,
+/* ---- conversions: the base layer's scalar ones (round to nearest even,
  * as CUDA's __float2*_rn; NaN quieted, as F16C) ------------------------- */
 
 static int sim_convert(struct mesh_nn_dev *dev, int dst_dtype, void *dst,
@@ -333,21 +333,11 @@ static int sim_convert(struct mesh_nn_dev *dev, int dst_dtype, void *dst,
 
     (void)dev;
     for (i = 0; i < n; i++) {
-        float v =
-            src_dtype == MESH_DT_F16
-                ? mesh_f32_from_f16(((const uint16_t *)src)[i])
-            : src_dtype == MESH_DT_BF16
-                ? mesh_f32_from_bf16(((const uint16_t *)src)[i])
-                : ((const float *)src)[i];
+        float v = mesh_dtype_get_f32(src_dtype, src, i);
 
         if (scale != 1.f)
             v *= scale;
-        if (dst_dtype == MESH_DT_F16)
-            ((uint16_t *)dst)[i] = mesh_f16_from_f32(v);
-        else if (dst_dtype == MESH_DT_BF16)
-            ((uint16_t *)dst)[i] = mesh_bf16_from_f32(v);
-        else
-            ((float *)dst)[i] = v;
+        mesh_dtype_put_f32(dst_dtype, dst, i, v);
     }
     return 0;
 }
