@@ -1,6 +1,11 @@
 /*
  * mesh/mesh.h: joining the mesh, the same way in every program.
  *
+ * mesh/ is the bootstrap between the programs and the transport: it turns
+ * flags, environment and a hostfile (mesh/hostfile.h) into a world (size,
+ * rank, peers' addresses), opens and connects the transport, and binds the
+ * rank to its CPUs (--bind-to). It includes common/ and transport/ only.
+ *
  * Every program that joins the mesh (meshbench, meshtrain) takes the same
  * flags and environment variables, parsed here in one place:
  *
