@@ -258,6 +258,74 @@ static int convert(int from, int to, const void *src, int64_t n, void *dst)
     return rc;
 }
 
+/* Whether F16 `h`, read as F32 `fl` and written back as `back`, went wrong:
+ * the round trip is the identity except NaN, which comes back canonical. */
+static int f16_wrong(uint16_t h, float fl, uint16_t back)
+{
+    int nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+    uint16_t want = nan ? (uint16_t)((h & 0x8000) | 0x7e00) : h;
+
+    return back != want || (!nan && fl != half_ref(h)) || (nan && !isnan(fl));
+}
+
+/* The same for BF16, whose F32 value is its bits shifted up. */
+static int bf16_wrong(uint16_t h, float fl, uint16_t back)
+{
+    int nan = (h & 0x7f80) == 0x7f80 && (h & 0x7f);
+    uint16_t want = nan ? 0x7fc0 : h;
+
+    return back != want || fbits(fl) != (uint32_t)h << 16;
+}
+
+/* Convert all 65536 values `all` of 16-bit dtype `dt` (named `name`) to F32
+ * in `fl` and back into `back`, and count those `wrong` says went wrong; one
+ * test point. Returns the conversions' error code. */
+static int check_roundtrip(int dt, const char *name,
+                           int (*wrong)(uint16_t, float, uint16_t),
+                           const uint16_t *all, float *fl, uint16_t *back)
+{
+    int bad = 0, rc;
+
+    rc = convert(dt, MESH_DT_F32, all, 65536, fl);
+    if (rc == 0)
+        rc = convert(MESH_DT_F32, dt, fl, 65536, back);
+    for (int i = 0; rc == 0 && i < 65536; i++)
+        if (wrong(all[i], fl[i], back[i]))
+            bad++;
+    ok(rc == 0 && bad == 0, "%s -> F32 -> %s over all 65536 values (%d bad)",
+       name, name, bad);
+    return rc;
+}
+
+/* An F32 bit pattern and the 16-bit value it must round to. */
+struct rounding_case {
+    uint32_t f;
+    uint16_t h;
+};
+
+/* Convert each case's F32 to `to` (F16 or BF16, named `name`) and check it
+ * rounds as expected; one test point for the whole table. */
+static void check_rounding(int to, const char *name,
+                           const struct rounding_case *v, size_t n)
+{
+    float *src = malloc(n * sizeof *src);
+    uint16_t *got = malloc(n * sizeof *got);
+    int bad = 0, rc;
+
+    for (size_t i = 0; i < n; i++)
+        src[i] = bitsf(v[i].f);
+    rc = convert(MESH_DT_F32, to, src, (int64_t)n, got);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (got[i] != v[i].h) {
+            diag("F32 0x%08" PRIx32 " -> %s 0x%04x, expected 0x%04x", v[i].f,
+                 name, got[i], v[i].h);
+            bad++;
+        }
+    ok(rc == 0 && bad == 0, "F32 -> %s rounding cases", name);
+    free(src);
+    free(got);
+}
+
 static void test_conversions(void)
 {
     uint16_t *all = malloc(65536 * 2), *back = malloc(65536 * 2);
@@ -268,19 +336,7 @@ static void test_conversions(void)
         all[i] = (uint16_t)i;
 
     /* F16 -> F32 -> F16 is the identity except NaN, which is canonical. */
-    rc = convert(MESH_DT_F16, MESH_DT_F32, all, 65536, fl);
-    if (rc == 0)
-        rc = convert(MESH_DT_F32, MESH_DT_F16, fl, 65536, back);
-    bad = 0;
-    for (int i = 0; rc == 0 && i < 65536; i++) {
-        int nan = (i & 0x7c00) == 0x7c00 && (i & 0x3ff);
-        uint16_t want = nan ? (uint16_t)((i & 0x8000) | 0x7e00) : (uint16_t)i;
-        if (back[i] != want || (!nan && fl[i] != half_ref((uint16_t)i)) ||
-            (nan && !isnan(fl[i])))
-            bad++;
-    }
-    ok(rc == 0 && bad == 0, "F16 -> F32 -> F16 over all 65536 values (%d bad)",
-       bad);
+    rc = check_roundtrip(MESH_DT_F16, "F16", f16_wrong, all, fl, back);
     ok(rc == 0 && fl[0x3c00] == 1.0f && fl[0xc000] == -2.0f &&
            fl[0x7bff] == 65504.0f && fl[0x0001] == ldexpf(1, -24) &&
            fl[0x0400] == ldexpf(1, -14) &&
@@ -289,25 +345,11 @@ static void test_conversions(void)
        "F16 -> F32 known values (normal, subnormal, inf, -0)");
 
     /* BF16 likewise. */
-    rc = convert(MESH_DT_BF16, MESH_DT_F32, all, 65536, fl);
-    if (rc == 0)
-        rc = convert(MESH_DT_F32, MESH_DT_BF16, fl, 65536, back);
-    bad = 0;
-    for (int i = 0; rc == 0 && i < 65536; i++) {
-        int nan = (i & 0x7f80) == 0x7f80 && (i & 0x7f);
-        uint16_t want = nan ? 0x7fc0 : (uint16_t)i;
-        if (back[i] != want || fbits(fl[i]) != (uint32_t)i << 16)
-            bad++;
-    }
-    ok(rc == 0 && bad == 0,
-       "BF16 -> F32 -> BF16 over all 65536 values (%d bad)", bad);
+    check_roundtrip(MESH_DT_BF16, "BF16", bf16_wrong, all, fl, back);
 
     /* F32 -> F16 rounding: ties to even, overflow, subnormals. */
     {
-        static const struct {
-            uint32_t f;
-            uint16_t h;
-        } v[] = {
+        static const struct rounding_case v[] = {
             {0x3f800000, 0x3c00}, /* 1 */
             {0x3f801000, 0x3c00}, /* 1 + 2^-11: tie, down to even */
             {0x3f803000, 0x3c02}, /* 1 + 3 * 2^-11: tie, up to even */
@@ -329,26 +371,10 @@ static void test_conversions(void)
             {0x7fc00001, 0x7e00}, /* NaN */
             {0xffc00000, 0xfe00}, /* -NaN */
         };
-        float src[MESH_ARRAY_SIZE(v)];
-        uint16_t got[MESH_ARRAY_SIZE(v)];
-
-        for (size_t i = 0; i < MESH_ARRAY_SIZE(v); i++)
-            src[i] = bitsf(v[i].f);
-        rc = convert(MESH_DT_F32, MESH_DT_F16, src, MESH_ARRAY_SIZE(v), got);
-        bad = 0;
-        for (size_t i = 0; rc == 0 && i < MESH_ARRAY_SIZE(v); i++)
-            if (got[i] != v[i].h) {
-                diag("F32 0x%08" PRIx32 " -> F16 0x%04x, expected 0x%04x",
-                     v[i].f, got[i], v[i].h);
-                bad++;
-            }
-        ok(rc == 0 && bad == 0, "F32 -> F16 rounding cases");
+        check_rounding(MESH_DT_F16, "F16", v, MESH_ARRAY_SIZE(v));
     }
     {
-        static const struct {
-            uint32_t f;
-            uint16_t h;
-        } v[] = {
+        static const struct rounding_case v[] = {
             {0x3f808000, 0x3f80},                       /* tie, down to even */
             {0x3f818000, 0x3f82},                       /* tie, up to even */
             {0x3f808001, 0x3f81}, {0x7f7fffff, 0x7f80}, /* FLT_MAX rounds to inf
@@ -356,20 +382,7 @@ static void test_conversions(void)
             {0x7f7f7fff, 0x7f7f}, {0x00000001, 0x0000}, {0x80000000, 0x8000},
             {0xffc00001, 0x7fc0}, /* NaN is canonical */
         };
-        float src[MESH_ARRAY_SIZE(v)];
-        uint16_t got[MESH_ARRAY_SIZE(v)];
-
-        for (size_t i = 0; i < MESH_ARRAY_SIZE(v); i++)
-            src[i] = bitsf(v[i].f);
-        rc = convert(MESH_DT_F32, MESH_DT_BF16, src, MESH_ARRAY_SIZE(v), got);
-        bad = 0;
-        for (size_t i = 0; rc == 0 && i < MESH_ARRAY_SIZE(v); i++)
-            if (got[i] != v[i].h) {
-                diag("F32 0x%08" PRIx32 " -> BF16 0x%04x, expected 0x%04x",
-                     v[i].f, got[i], v[i].h);
-                bad++;
-            }
-        ok(rc == 0 && bad == 0, "F32 -> BF16 rounding cases");
+        check_rounding(MESH_DT_BF16, "BF16", v, MESH_ARRAY_SIZE(v));
     }
     /* F32 -> F16 over random floats agrees with F16 -> F32 ordering. */
     {
@@ -530,57 +543,50 @@ static void test_write_errors(void)
     float x[4] = {1, 2, 3, 4};
     struct mesh_st_entry good = {"x", MESH_DT_F32, 1, {4}, x};
     struct mesh_st_entry dup[2] = {good, good};
-    struct mesh_st_entry bad = good;
+    struct mesh_st_entry reserved = good, utf8 = good, dtype = good;
+    struct mesh_st_entry shape = good, dims = good, nodata = good;
     const char *kvdup[] = {"a", "1", "a", "2", NULL};
     const char *kvodd[] = {"a", NULL};
+    /* Writes that must fail with -EINVAL and a message containing `want`. */
+    const struct {
+        const struct mesh_st_entry *e;
+        int n;
+        const char *const *kv;
+        const char *want, *what;
+    } cases[] = {
+        {dup, 2, NULL, "duplicate tensor name \"x\"", "duplicate names"},
+        {&reserved, 1, NULL, "reserved", "reserved name"},
+        {&utf8, 1, NULL, "UTF-8", "invalid UTF-8 name"},
+        {&dtype, 1, NULL, "x: dtype 42", "unknown dtype"},
+        {&shape, 1, NULL, "bad shape [-4]", "negative shape"},
+        {&dims, 1, NULL, "", "9 dimensions"},
+        {&nodata, 1, NULL, "NULL data", "NULL data"},
+        {&good, 1, kvdup, "duplicate metadata key", "duplicate metadata key"},
+        {&good, 1, kvodd, "has no value", "metadata key without value"},
+    };
     uint8_t *orig;
     size_t olen;
     DIR *d;
     struct dirent *de;
     int rc, leftovers = 0;
 
+    reserved.name = "__metadata__";
+    utf8.name = "bad\xff";
+    dtype.dtype = 42;
+    shape.shape[0] = -4;
+    dims.ndim = 9;
+    nodata.data = NULL;
     rc = mesh_st_write(tpath("w.st"), &good, 1, NULL);
     ok(rc == 0 && read_file(tpath("w.st"), &orig, &olen) == 0,
        "write a file to overwrite");
     if (rc)
         return;
-    rc = mesh_st_write(tpath("w.st"), dup, 2, NULL);
-    ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "duplicate tensor name "
-                                                 "\"x\""),
-       "duplicate names: %s", mesh_err_msg(rc));
-    bad.name = "__metadata__";
-    rc = mesh_st_write(tpath("w.st"), &bad, 1, NULL);
-    ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "reserved"),
-       "reserved name: %s", mesh_err_msg(rc));
-    bad.name = "bad\xff";
-    rc = mesh_st_write(tpath("w.st"), &bad, 1, NULL);
-    ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "UTF-8"),
-       "invalid UTF-8 name: %s", mesh_err_msg(rc));
-    bad = good;
-    bad.dtype = 42;
-    rc = mesh_st_write(tpath("w.st"), &bad, 1, NULL);
-    ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "x: dtype 42"),
-       "unknown dtype: %s", mesh_err_msg(rc));
-    bad = good;
-    bad.shape[0] = -4;
-    rc = mesh_st_write(tpath("w.st"), &bad, 1, NULL);
-    ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "bad shape [-4]"),
-       "negative shape: %s", mesh_err_msg(rc));
-    bad = good;
-    bad.ndim = 9;
-    rc = mesh_st_write(tpath("w.st"), &bad, 1, NULL);
-    ok(rc == -EINVAL, "9 dimensions: %s", mesh_err_msg(rc));
-    bad = good;
-    bad.data = NULL;
-    rc = mesh_st_write(tpath("w.st"), &bad, 1, NULL);
-    ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "NULL data"), "NULL data: %s",
-       mesh_err_msg(rc));
-    rc = mesh_st_write(tpath("w.st"), &good, 1, kvdup);
-    ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "duplicate metadata key"),
-       "duplicate metadata key: %s", mesh_err_msg(rc));
-    rc = mesh_st_write(tpath("w.st"), &good, 1, kvodd);
-    ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "has no value"),
-       "metadata key without value: %s", mesh_err_msg(rc));
+    for (size_t i = 0; i < MESH_ARRAY_SIZE(cases); i++) {
+        rc = mesh_st_write(tpath("w.st"), cases[i].e, cases[i].n,
+                           cases[i].kv);
+        ok(rc == -EINVAL && strstr(mesh_err_msg(rc), cases[i].want), "%s: %s",
+           cases[i].what, mesh_err_msg(rc));
+    }
     ok(file_equals(tpath("w.st"), orig, olen),
        "failed writes leave the old file untouched");
     rc = mesh_st_write(tpath("no/such/dir/w.st"), &good, 1, NULL);

@@ -384,6 +384,20 @@ static long check(const uint8_t *p, size_t n, uint64_t seed)
     return -1;
 }
 
+/* A frame for a message that carries all `count` elements of its
+ * collective in `length` bytes from offset 0. */
+static struct mesh_frame frame(uint64_t seq, uint32_t tag, enum mesh_op op,
+                               enum mesh_dtype dtype, uint64_t count,
+                               uint64_t length)
+{
+    return (struct mesh_frame){.seq = seq,
+                               .tag = tag,
+                               .op = (uint8_t)op,
+                               .dtype = (uint8_t)dtype,
+                               .count = count,
+                               .length = length};
+}
+
 static uint64_t seed_of(int src, int dst, uint64_t seq, uint32_t tag)
 {
     return mix(((uint64_t)src << 48) ^ ((uint64_t)dst << 40) ^ (seq << 8) ^
@@ -422,13 +436,8 @@ static int exchange(struct ctx *cx, int rounds_from, char *msg, size_t len)
             int p = partners[i];
 
             for (int k = 0; k < K; k++) {
-                struct mesh_frame f = {.seq = seq,
-                                       .tag = (uint32_t)k,
-                                       .op = MESH_OP_P2P,
-                                       .dtype = MESH_DT_BYTE,
-                                       .count = sz,
-                                       .offset = 0,
-                                       .length = sz};
+                struct mesh_frame f =
+                    frame(seq, (uint32_t)k, MESH_OP_P2P, MESH_DT_BYTE, sz, sz);
                 int rc;
 
                 sb[i][k] = malloc(sz + 1);
@@ -501,13 +510,8 @@ static int desync_mode;
 
 static int child_desync(struct ctx *cx, char *msg, size_t len)
 {
-    struct mesh_frame f = {.seq = 5,
-                           .tag = 1,
-                           .op = MESH_OP_ALLREDUCE,
-                           .dtype = MESH_DT_F32,
-                           .count = 1024,
-                           .offset = 0,
-                           .length = 4096};
+    struct mesh_frame f =
+        frame(5, 1, MESH_OP_ALLREDUCE, MESH_DT_F32, 1024, 4096);
     static uint8_t buf[16384];
     mesh_req_t *r;
     int rc = mesh_up(cx, msg, len);
@@ -669,13 +673,7 @@ static int child_live(struct ctx *cx, char *msg, size_t len)
  */
 static int child_victim(struct ctx *cx, char *msg, size_t len)
 {
-    struct mesh_frame f = {.seq = 1,
-                           .tag = 0,
-                           .op = MESH_OP_P2P,
-                           .dtype = MESH_DT_BYTE,
-                           .count = 64,
-                           .offset = 0,
-                           .length = 64};
+    struct mesh_frame f = frame(1, 0, MESH_OP_P2P, MESH_DT_BYTE, 64, 64);
     uint8_t buf[64];
     mesh_req_t *r;
     int rc = mesh_up(cx, msg, len);
@@ -1357,11 +1355,8 @@ static void scenario_api(void)
 
     /* Messages give a collective's number in the job, not its seq. */
     {
-        struct mesh_frame f = {.seq = MESH_SEQ_COLL_BASE + 20,
-                               .op = MESH_OP_ALLREDUCE,
-                               .dtype = MESH_DT_F32,
-                               .count = 1000,
-                               .length = 4000};
+        struct mesh_frame f = frame(MESH_SEQ_COLL_BASE + 20, 0,
+                                    MESH_OP_ALLREDUCE, MESH_DT_F32, 1000, 4000);
         char s1[200], s2[200];
 
         mesh_frame_str(&f, s1, sizeof(s1));
