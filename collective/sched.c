@@ -24,11 +24,7 @@
 void sched_init(struct sched *s, uint64_t seq, int op, int dtype,
                 uint64_t count)
 {
-    memset(s, 0, sizeof(*s));
-    s->seq = seq;
-    s->op = op;
-    s->dtype = dtype;
-    s->count = count;
+    *s = (struct sched){.seq = seq, .op = op, .dtype = dtype, .count = count};
 }
 
 void sched_free(struct sched *s)

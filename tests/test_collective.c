@@ -200,6 +200,15 @@ static void check(struct group *g, const void *got, const void *want, size_t n,
 
 /* ---- the battery --------------------------------------------------------- */
 
+/* A collective's return code: a failure is the group's (and false). */
+static int coll_ok(struct group *g, int rc, size_t count)
+{
+    if (rc >= 0)
+        return 1;
+    group_fail(g, "count %zu: %s", count, mesh_err_msg(rc));
+    return 0;
+}
+
 static void t_allreduce(struct rank_ctx *x, int algo, int dtype, int redop,
                         const size_t *counts, int ncounts)
 {
@@ -211,7 +220,7 @@ static void t_allreduce(struct rank_ctx *x, int algo, int dtype, int redop,
     for (int ci = 0; ci < ncounts; ci++) {
         size_t cnt = counts[ci], es = mesh_dtype_size(dtype);
         void *in = NULL, *outb = NULL, *want = malloc(cnt * es + 1);
-        int salt = 1 + ci, rc;
+        int salt = 1 + ci;
 
         if (mesh_coll_buf_alloc(x->c, cnt * es, &in) < 0 ||
             mesh_coll_buf_alloc(x->c, cnt * es, &outb) < 0 || !want) {
@@ -224,11 +233,8 @@ static void t_allreduce(struct rank_ctx *x, int algo, int dtype, int redop,
             void *dst = inplace ? in : outb;
 
             fill(dtype, in, cnt, x->rank, salt, 0);
-            rc = mesh_coll_allreduce(x->c, in, dst, cnt, dtype, redop, algo);
-            if (rc < 0) {
-                group_fail(&g, "count %zu: %s", cnt, mesh_err_msg(rc));
+            if (!coll_ok(&g, mesh_coll_allreduce(x->c, in, dst, cnt, dtype, redop, algo), cnt))
                 continue;
-            }
             check(&g, dst, want, cnt, dtype,
                   inplace ? "in place" : "out of place", cnt);
             g.hash = fnv(g.hash, dst, cnt * es);
@@ -252,7 +258,6 @@ static void t_reduce_scatter(struct rank_ctx *x, int dtype, int redop,
         size_t rc_ = counts[ci], es = mesh_dtype_size(dtype);
         char *in = malloc((size_t)n * rc_ * es + 1);
         char *outb = malloc(rc_ * es + 1), *want = malloc(rc_ * es + 1);
-        int rc;
 
         for (size_t j = 0; j < rc_; j++)
             expect_red(dtype, want, j, n, redop, (size_t)x->rank * rc_ + j, 3);
@@ -260,11 +265,8 @@ static void t_reduce_scatter(struct rank_ctx *x, int dtype, int redop,
             char *dst = inplace ? in + (size_t)x->rank * rc_ * es : outb;
 
             fill(dtype, in, (size_t)n * rc_, x->rank, 3, 0);
-            rc = mesh_coll_reduce_scatter(x->c, in, dst, rc_, dtype, redop);
-            if (rc < 0) {
-                group_fail(&g, "count %zu: %s", rc_, mesh_err_msg(rc));
+            if (!coll_ok(&g, mesh_coll_reduce_scatter(x->c, in, dst, rc_, dtype, redop), rc_))
                 continue;
-            }
             check(&g, dst, want, rc_, dtype,
                   inplace ? "in place" : "out of place", rc_);
         }
@@ -286,7 +288,6 @@ static void t_allgather(struct rank_ctx *x, int dtype, const size_t *counts,
         size_t sc = counts[ci], es = mesh_dtype_size(dtype);
         char *in = malloc(sc * es + 1), *outb = malloc((size_t)n * sc * es + 1);
         char *want = malloc((size_t)n * sc * es + 1);
-        int rc;
 
         for (int r = 0; r < n; r++)
             fill(dtype, want + (size_t)r * sc * es, sc, r, 4, 0);
@@ -295,11 +296,8 @@ static void t_allgather(struct rank_ctx *x, int dtype, const size_t *counts,
 
             memset(outb, 0xee, (size_t)n * sc * es);
             fill(dtype, src, sc, x->rank, 4, 0);
-            rc = mesh_coll_allgather(x->c, src, outb, sc, dtype);
-            if (rc < 0) {
-                group_fail(&g, "count %zu: %s", sc, mesh_err_msg(rc));
+            if (!coll_ok(&g, mesh_coll_allgather(x->c, src, outb, sc, dtype), sc))
                 continue;
-            }
             check(&g, outb, want, (size_t)n * sc, dtype,
                   inplace ? "in place" : "out of place", sc);
             g.hash = fnv(g.hash, outb, (size_t)n * sc * es);
@@ -324,7 +322,6 @@ static void t_broadcast(struct rank_ctx *x, int algo, int dtype,
         int root = (int)(cnt % (size_t)n);
         char *in = malloc(cnt * es + 1), *outb = malloc(cnt * es + 1);
         char *want = malloc(cnt * es + 1);
-        int rc;
 
         fill(dtype, want, cnt, root, 5, 0);
         for (int inplace = 0; inplace < 2; inplace++) {
@@ -332,11 +329,8 @@ static void t_broadcast(struct rank_ctx *x, int algo, int dtype,
 
             memset(outb, 0xee, cnt * es);
             fill(dtype, in, cnt, x->rank, 5, 0);
-            rc = mesh_coll_broadcast(x->c, in, dst, cnt, dtype, root, algo);
-            if (rc < 0) {
-                group_fail(&g, "count %zu: %s", cnt, mesh_err_msg(rc));
+            if (!coll_ok(&g, mesh_coll_broadcast(x->c, in, dst, cnt, dtype, root, algo), cnt))
                 continue;
-            }
             check(&g, dst, want, cnt, dtype,
                   inplace ? "in place" : "out of place", cnt);
             g.hash = fnv(g.hash, dst, cnt * es);

@@ -167,6 +167,22 @@ struct run {
 /* Fork the ranks listed in ranks (all when NULL). */
 static int run_start(struct run *R, int nstart, const int *ranks,
                      const struct world_cfg *cfg, uint16_t base, child_fn fn,
+                     const char *tag);
+
+/* Start a scenario's ranks on ports from base (0: none were found); a failure to
+ * start is one failed test point, "LABEL: start". */
+static int scenario_start(struct run *R, const char *label, int nstart,
+                          const int *ranks, const struct world_cfg *cfg,
+                          uint16_t base, child_fn fn, const char *tag)
+{
+    if (base && run_start(R, nstart, ranks, cfg, base, fn, tag) == 0)
+        return 1;
+    ok(0, "%s: start", label);
+    return 0;
+}
+
+static int run_start(struct run *R, int nstart, const int *ranks,
+                     const struct world_cfg *cfg, uint16_t base, child_fn fn,
                      const char *tag)
 {
     int rp[2], gp[2];
@@ -910,10 +926,8 @@ static void scenario_order(void)
     struct run R;
     int ready;
 
-    if (!base || run_start(&R, 2, NULL, &c, base, child_order, "order")) {
-        ok(0, "send order: start");
+    if (!scenario_start(&R, "send order", 2, NULL, &c, base, child_order, "order"))
         return;
-    }
     ready = run_wait_ready(&R, 2, 30 * slow_factor()) == 0;
     run_go(&R, 2);
     run_finish(&R, 60);
@@ -953,10 +967,8 @@ static void scenario_desync(int mode)
     struct run R;
 
     desync_mode = mode;
-    if (!base || run_start(&R, 2, NULL, &c, base, child_desync, "desync")) {
-        ok(0, "desync: start");
+    if (!scenario_start(&R, "desync", 2, NULL, &c, base, child_desync, "desync"))
         return;
-    }
     run_finish(&R, 20);
     report_children(&R, what[mode]);
     snprintf(a0, sizeof(a0), "rank 0 (127.0.0.1:%u)", (unsigned)base);
@@ -1078,10 +1090,8 @@ static void scenario_live(void)
     double t_loris;
     int loris, garbage, rc;
 
-    if (!base || run_start(&R, 4, NULL, &c, base, child_live, "live")) {
-        ok(0, "live mesh: start");
+    if (!scenario_start(&R, "live mesh", 4, NULL, &c, base, child_live, "live"))
         return;
-    }
     ok(run_wait_ready(&R, 4, 20) == 0, "live mesh of 4 joined");
 
     /* Slow-loris: a valid-looking start, then nothing. */
@@ -1179,11 +1189,9 @@ static void scenario_kill(int sig)
     double t0;
 
     c.peer_timeout_s = 2.0;
-    if (!base || run_start(&R, 4, NULL, &c, base, child_victim,
-                           sig == SIGKILL ? "kill" : "stop")) {
-        ok(0, "%s: start", name);
+    if (!scenario_start(&R, name, 4, NULL, &c, base, child_victim,
+                        sig == SIGKILL ? "kill" : "stop"))
         return;
-    }
     if (run_wait_ready(&R, 4, 20) < 0) {
         ok(0, "%s: mesh of 4 did not come up", name);
         for (int i = 0; i < 4; i++)
@@ -1242,10 +1250,8 @@ static void scenario_goodbye(void)
     char who[64];
     struct run R;
 
-    if (!base || run_start(&R, 2, NULL, &c, base, child_goodbye, "bye")) {
-        ok(0, "goodbye: start");
+    if (!scenario_start(&R, "goodbye", 2, NULL, &c, base, child_goodbye, "bye"))
         return;
-    }
     run_finish(&R, 20);
     report_children(&R, "goodbye");
     snprintf(who, sizeof(who), "rank 1 (127.0.0.1:%u)", (unsigned)base + 1);
@@ -1266,10 +1272,8 @@ static void scenario_idle(void)
     struct run R;
 
     c.peer_timeout_s = 1.0;
-    if (!base || run_start(&R, 3, NULL, &c, base, child_idle, "idle")) {
-        ok(0, "idle: start");
+    if (!scenario_start(&R, "idle", 3, NULL, &c, base, child_idle, "idle"))
         return;
-    }
     run_finish(&R, 30);
     report_children(&R, "idle");
     ok(R.status[0] == 0 && R.status[1] == 0 &&
@@ -1294,10 +1298,8 @@ static void scenario_join_timeout(void)
     struct run R;
 
     c.join_timeout_s = 1.5;
-    if (!base || run_start(&R, 2, ranks, &c, base, child_join_fail, "join")) {
-        ok(0, "join timeout: start");
+    if (!scenario_start(&R, "join timeout", 2, ranks, &c, base, child_join_fail, "join"))
         return;
-    }
     run_finish(&R, 20);
     for (int i = 0; i < 2; i++) {
         char r2[64], r3[64], other[32];
