@@ -151,7 +151,7 @@ struct rd {
 #endif
 };
 
-#define RD_INIT {.fd = -1}
+#define RD_INIT ((struct rd){.fd = -1})
 
 int data_rd_open(struct rd *r, const char *path, struct stat *st);
 void data_rd_close(struct rd *r);

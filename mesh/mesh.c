@@ -690,8 +690,7 @@ const char *mesh_exit_help(void)
            "  4  received data was wrong (verification failed)\n";
 }
 
-/* ---- binding to CPUs -------------------------------------------------------
- */
+/* ---- binding to CPUs ----------------------------------------------------- */
 
 int mesh_bind_plan(enum mesh_bind mode, const int *allowed, int nallowed,
                    int online, int lr, int n, int *out, const char **why)
@@ -821,8 +820,7 @@ int mesh_bind(const struct mesh_opts *o, int *ncpus)
     return 1;
 }
 
-/* ---- the joined mesh ------------------------------------------------------
- */
+/* ---- the joined mesh ----------------------------------------------------- */
 
 /* SHA-256 of the rank layout, so peers with different hostfiles refuse. */
 static int layout_digest(const struct mesh_world *w, char *hex, size_t len)

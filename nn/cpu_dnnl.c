@@ -487,7 +487,7 @@ static size_t align64(size_t n)
     return (n + 63) & ~(size_t)63;
 }
 
-/* ---- plans ---------------------------------------------------------------- */
+/* ---- plans --------------------------------------------------------------- */
 
 /* Whether oneDNN picked its reference (scalar, unblocked) implementation. */
 static int prim_is_ref(const struct prim *p)

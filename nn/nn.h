@@ -44,7 +44,7 @@ struct mesh_nn_ctx;
 struct mesh_nn_model;
 struct mesh_nn_sgd;
 
-/* ---- device ---------------------------------------------------------------- */
+/* ---- device -------------------------------------------------------------- */
 
 /* 0 when backend (cpu, cuda, devsim) is known and built, else -EINVAL
  * with a message that says which (unknown, or not built). */
@@ -68,7 +68,7 @@ int mesh_nn_download(struct mesh_nn_ctx *ctx, void *host_dst,
 /* Wait for every op issued on the device. */
 int mesh_nn_sync(struct mesh_nn_ctx *ctx);
 
-/* ---- models ---------------------------------------------------------------- */
+/* ---- models -------------------------------------------------------------- */
 
 struct mesh_nn_model_cfg {
     const char *arch;      /* resnet18|resnet34|resnet50|resnet101|resnet152 */

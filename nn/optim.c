@@ -140,7 +140,7 @@ void mesh_nn_sgd_set_steps(struct mesh_nn_sgd *s, int64_t steps)
     s->steps = steps;
 }
 
-/* ---- schedules ------------------------------------------------------------ */
+/* ---- schedules ----------------------------------------------------------- */
 
 int mesh_nn_lr_parse(const char *s, int *kind)
 {

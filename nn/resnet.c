@@ -311,7 +311,7 @@ static int define(struct mesh_nn_model *m, const struct arch *a)
     return rc;
 }
 
-/* ---- initialisation ------------------------------------------------------- */
+/* ---- initialisation ------------------------------------------------------ */
 
 /*
  * A splitmix64 stream per tensor (seeded from the seed and the tensor's
@@ -563,7 +563,7 @@ fail:
     return rc;
 }
 
-/* ---- accessors -------------------------------------------------------------- */
+/* ---- accessors ----------------------------------------------------------- */
 
 int mesh_nn_model_num_tensors(const struct mesh_nn_model *m)
 {
@@ -690,7 +690,7 @@ void mesh_nn_model_summary(const struct mesh_nn_model *m, FILE *f)
     fprintf(f, "parameters: %zu\n", m->nparams);
 }
 
-/* ---- per-batch setup ------------------------------------------------------ */
+/* ---- per-batch setup ----------------------------------------------------- */
 
 static int plan(struct mesh_nn_model *m, struct mesh_nn_plan_desc *d,
                 struct mesh_nn_plan **out)
@@ -880,7 +880,7 @@ fail:
     return rc;
 }
 
-/* ---- forward --------------------------------------------------------------- */
+/* ---- forward ------------------------------------------------------------- */
 
 /* Time one op into m->prof[k] when profiling (the CPU backend is
  * synchronous; a device backend's time here is issue time unless synced). */
@@ -1068,7 +1068,7 @@ int mesh_nn_model_loss(struct mesh_nn_model *m, const int32_t *labels,
     return 0;
 }
 
-/* ---- backward ------------------------------------------------------------- */
+/* ---- backward ------------------------------------------------------------ */
 
 struct bwd {
     struct mesh_nn_model *m;
@@ -1248,7 +1248,7 @@ int mesh_nn_model_backward(struct mesh_nn_model *m, int accumulate,
     return rc;
 }
 
-/* ---- profiling -------------------------------------------------------------- */
+/* ---- profiling ----------------------------------------------------------- */
 
 void mesh_nn_model_profile(struct mesh_nn_model *m, int on)
 {

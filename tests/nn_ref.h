@@ -166,7 +166,7 @@ static inline void ref_conv_bwd(const struct ref_conv *s, const double *x,
                 }
 }
 
-/* ---- batch norm (training): x, y (n, c, hw) -------------------------------- */
+/* ---- batch norm (training): x, y (n, c, hw) ------------------------------ */
 
 /* Channel ch's mean and biased variance over the batch and the plane. */
 static inline void ref_bn_stats(int n, int c, int hw, const double *x, int ch,
@@ -245,7 +245,7 @@ static inline void ref_bn_bwd(int n, int c, int hw, const double *x, const doubl
     }
 }
 
-/* ---- max pool (r x r, stride, pad) and global average pool ---------------- */
+/* ---- max pool (r x r, stride, pad) and global average pool --------------- */
 
 static inline void ref_maxpool_fwd(int n, int c, int h, int w, int r, int stride,
                             int pad, int oh, int ow, const double *x,
@@ -279,7 +279,7 @@ static inline void ref_maxpool_fwd(int n, int c, int h, int w, int r, int stride
                 }
 }
 
-/* ---- fully connected: x (n, c), w (k, c), b (k), y (n, k) ------------------ */
+/* ---- fully connected: x (n, c), w (k, c), b (k), y (n, k) ---------------- */
 
 static inline void ref_fc_fwd(int n, int c, int k, const double *x, const double *w,
                        const double *b, double *y)

@@ -145,7 +145,7 @@ static double fd_err(double (*L)(const void *arg), const void *arg, double *p,
     return fabs((lp - lm) / (2 * FD_H) - d) / (fabs(d) + 1);
 }
 
-/* ---- convolution ----------------------------------------------------------- */
+/* ---- convolution --------------------------------------------------------- */
 
 /* L(x, w) = <conv(x, w), r>, for finite differences. */
 struct conv_loss {
@@ -226,7 +226,7 @@ fd:
     free(x), free(w), free(y), free(dy), free(dx), free(dw);
 }
 
-/* ---- batch norm -------------------------------------------------------------- */
+/* ---- batch norm ---------------------------------------------------------- */
 
 /* L(x, g, b) = <bn(x, g, b), r>, for finite differences. */
 struct bn_loss {
@@ -394,7 +394,7 @@ static void test_bn(int n, int c, int h, int relu, uint64_t seed)
     free(db), free(mean), free(var), free(rm), free(rv), free(want);
 }
 
-/* ---- relu and add ----------------------------------------------------------- */
+/* ---- relu and add -------------------------------------------------------- */
 
 static void test_eltwise(int n, int c, int h)
 {
@@ -457,7 +457,7 @@ out:
     free(a), free(b), free(dy), free(want);
 }
 
-/* ---- pooling ------------------------------------------------------------------ */
+/* ---- pooling ------------------------------------------------------------- */
 
 static void test_pool(int n, int c, int h)
 {
@@ -537,7 +537,7 @@ static void test_pool(int n, int c, int h)
     free(x), free(y), free(dy), free(dx), free(pa), free(arg);
 }
 
-/* ---- fully connected ---------------------------------------------------------- */
+/* ---- fully connected ----------------------------------------------------- */
 
 /* L(w) = <fc(x, w, b), r>, for finite differences. */
 struct fc_loss {
@@ -626,7 +626,7 @@ static void test_fc(int n, int c, int k)
     free(x), free(w), free(b), free(y), free(dy), free(dx), free(dw), free(db);
 }
 
-/* ---- loss ----------------------------------------------------------------------- */
+/* ---- loss ---------------------------------------------------------------- */
 
 /* The reference's loss of logits z, for finite differences. */
 struct xent_loss {
@@ -681,7 +681,7 @@ static void test_xent(int n, int k, double eps)
     free(z), free(dz), free(lab);
 }
 
-/* ---- SGD ---------------------------------------------------------------------- */
+/* ---- SGD ----------------------------------------------------------------- */
 
 static void test_sgd(float mom, float wd, int nesterov, float damp)
 {

@@ -126,7 +126,7 @@ void mesh_failure_msg(char *out, size_t len, const char *reason,
                       const struct mesh_frame *f, int is_send, int peer,
                       const char *peer_name);
 
-/* ---- options shared by every transport ------------------------------------ */
+/* ---- options shared by every transport ----------------------------------- */
 
 #define MESH_JOB_MAX 64
 #define MESH_CONFIG_MAX 2048
@@ -168,7 +168,7 @@ void mesh_transport_opts_init(struct mesh_transport_opts *o);
  */
 int mesh_tcp_cc_check(const char *name);
 
-/* ---- the interface ------------------------------------------------------------ */
+/* ---- the interface ------------------------------------------------------- */
 
 typedef struct mesh_transport mesh_transport_t; /* opaque, per transport */
 typedef struct mesh_mr mesh_mr_t;               /* registered memory */
