@@ -300,18 +300,21 @@ SPECIALISE(16)
 SPECIALISE(8)
 SPECIALISE(1)
 
-/* Run fn over every (channel block, tile), in parallel. */
+/* Run fn over every (channel block, tile), in parallel. (clang-format
+ * would put the pragma and the loop on one line.) */
+// clang-format off
 #define PARALLEL_TILES(s, fn_call)                                             \
     do {                                                                       \
-        long ncb_ = (long)((s)->c / (s)->block);                              \
+        long ncb_ = (long)((s)->c / (s)->block);                               \
         long nt_ = (long)tiles_per_block(s);                                   \
         long it_;                                                              \
         _Pragma("omp parallel for schedule(static)")                           \
         for (it_ = 0; it_ < ncb_ * nt_; it_++) {                               \
-            size_t cb = (size_t)(it_ / nt_), t = (size_t)(it_ % nt_);         \
+            size_t cb = (size_t)(it_ / nt_), t = (size_t)(it_ % nt_);          \
             fn_call;                                                           \
         }                                                                      \
     } while (0)
+// clang-format on
 
 static void sums(const struct mesh_nn_cpu_bn *s, const float *x,
                  const double *shift, int sq, double *part)
