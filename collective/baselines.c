@@ -26,8 +26,8 @@ static size_t slot_per_peer(const struct coll_args *a)
  * the schedule in the error.
  */
 static int gather_arrays(const struct coll_args *a, size_t steps, size_t nk,
-                       size_t nops, const void ***in, int **ops,
-                       const char *what)
+                         size_t nops, const void ***in, int **ops,
+                         const char *what)
 {
     int rc = tag_room(steps, nk);
 
@@ -38,8 +38,7 @@ static int gather_arrays(const struct coll_args *a, size_t steps, size_t nk,
     if (!*in || !*ops) {
         free(*in);
         free(*ops);
-        return mesh_err(-ENOMEM, "out of memory building a %s schedule",
-                        what);
+        return mesh_err(-ENOMEM, "out of memory building a %s schedule", what);
     }
     return 0;
 }

@@ -85,7 +85,7 @@ struct sched {
     int op;
     int dtype;
     uint64_t count;
-    int failed; /* an allocation failed while building */
+    int failed;     /* an allocation failed while building */
     uint32_t order; /* what sched_send gives new sends (sched_set_order) */
 };
 
@@ -282,8 +282,8 @@ struct coll_algo {
     /* Scratch the all-reduce's schedule needs, in bytes (computed before
      * building). NULL for AUTO, which has no schedule of its own. */
     size_t (*scratch)(const struct coll_args *a);
-    int (*allreduce)(struct sched *s, const struct coll_args *a,
-                     void *scratch, mesh_mr_t *smr);
+    int (*allreduce)(struct sched *s, const struct coll_args *a, void *scratch,
+                     mesh_mr_t *smr);
     /* The broadcast this algorithm asks for; NULL: the chain's. */
     int (*broadcast)(struct sched *s, const struct coll_args *a);
     /*

@@ -102,8 +102,7 @@ int mesh_algo_parse(const char *s, int *out)
     for (size_t i = 0; i < coll_nalgos && used < sizeof(names); i++)
         used += (size_t)snprintf(names + used, sizeof(names) - used, "%s%s",
                                  i ? ", " : "", coll_algos[i].name);
-    return mesh_err(-EINVAL, "unknown algorithm '%s' (%s)", s ? s : "",
-                    names);
+    return mesh_err(-EINVAL, "unknown algorithm '%s' (%s)", s ? s : "", names);
 }
 
 void mesh_coll_opts_init(struct mesh_coll_opts *o)
@@ -703,8 +702,8 @@ int mesh_coll_reduce_scatter_start(mesh_coll_t *c, const void *sendbuf,
                                    void *recvbuf, size_t recvcount, int dtype,
                                    int redop, mesh_coll_req_t **out)
 {
-    return out ? reduce_scatter_go(c, sendbuf, recvbuf, recvcount, dtype,
-                                   redop, out)
+    return out ? reduce_scatter_go(c, sendbuf, recvbuf, recvcount, dtype, redop,
+                                   out)
                : no_out(__func__);
 }
 
@@ -961,10 +960,9 @@ static void log_model(const mesh_coll_t *c)
                                   "neighbours, averaged over the ranks)"
                                 : " (not measured: defaults)");
     for (int a = 0; a < nauto && tused < sizeof(times); a++)
-        tused += (size_t)snprintf(times + tused, sizeof(times) - tused,
-                                  "%s%s %.1f us", a ? ", " : "",
-                                  mesh_algo_name(ids[a]),
-                                  c->model.lat_s[ids[a]] * 1e6);
+        tused += (size_t)snprintf(
+            times + tused, sizeof(times) - tused, "%s%s %.1f us", a ? ", " : "",
+            mesh_algo_name(ids[a]), c->model.lat_s[ids[a]] * 1e6);
     if (c->model.measured)
         mesh_info("collectives: 32-byte all-reduce measured: %s", times);
     if (c->opts.algo != MESH_ALGO_AUTO) {

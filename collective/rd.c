@@ -57,8 +57,8 @@ static void fold_leaf(struct sched *s, const struct coll_args *a, size_t o,
     size_t es = mesh_dtype_size(a->dtype);
     int snd = sched_send(s, a->rank + 1, tag_in, o * es, at(a->sendbuf, o, es),
                          l * es, a->send_mr);
-    int rcv = sched_recv(s, a->rank + 1, tag_out, o * es,
-                         at(a->recvbuf, o, es), l * es, a->recv_mr);
+    int rcv = sched_recv(s, a->rank + 1, tag_out, o * es, at(a->recvbuf, o, es),
+                         l * es, a->recv_mr);
 
     if (a->sendbuf == a->recvbuf)
         sched_dep(s, snd, rcv);
@@ -252,16 +252,16 @@ int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
                 keep_hi = mid;
             }
             blocks(o0, l0, p, keep_lo, keep_hi, &o, &l);
-            snd = sched_send(s, peer, tag, so * es,
-                             (const char *)cur + (so - o0) * es, sl * es,
-                             cur_mr);
+            snd =
+                sched_send(s, peer, tag, so * es,
+                           (const char *)cur + (so - o0) * es, sl * es, cur_mr);
             sched_dep(s, prod, snd);
             gave[j] = snd;
             if (cur == at(a->sendbuf, o0, es) && apart) {
                 /* nothing of ours is in the receive buffer yet */
                 slot = at(a->recvbuf, o, es);
-                rcv = sched_recv(s, peer, tag, o * es, slot, l * es,
-                                 a->recv_mr);
+                rcv =
+                    sched_recv(s, peer, tag, o * es, slot, l * es, a->recv_mr);
             } else {
                 slot = at(scratch, (size_t)(j % 2) * a->count + o, es);
                 rcv = sched_recv(s, peer, tag, o * es, slot, l * es, smr);

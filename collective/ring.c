@@ -125,8 +125,8 @@ int coll_build_ring_allreduce(struct sched *s, const struct coll_args *a,
             rcv = sched_recv(s, left, tag, roff * es, slot, rlen * es, slot_mr);
             in[0] = slot;
             in[1] = at(a->sendbuf, roff, es);
-            red = sched_reduce(s, last ? at(a->recvbuf, roff, es) : slot, in,
-                               2, rlen, last ? div : 1.0f);
+            red = sched_reduce(s, last ? at(a->recvbuf, roff, es) : slot, in, 2,
+                               rlen, last ? div : 1.0f);
             sched_dep(s, rcv, red);
             if (st < n - 2)
                 reader[(size_t)(st + 1) * nk + k] = red;
@@ -219,8 +219,8 @@ int coll_build_ring_reduce_scatter(struct sched *s, const struct coll_args *a,
                              slot_mr);
             in[0] = slot;
             in[1] = at(a->sendbuf, rseg * cnt + o, es);
-            red = sched_reduce(s, last ? at(a->recvbuf, o, es) : slot, in, 2,
-                               l, last ? div : 1.0f);
+            red = sched_reduce(s, last ? at(a->recvbuf, o, es) : slot, in, 2, l,
+                               last ? div : 1.0f);
             sched_dep(s, rcv, red);
             prev[k] = red;
         }

@@ -39,8 +39,8 @@ static int add_op(struct sched *s, int kind)
 {
     struct sched_op *o;
 
-    if (s->failed ||
-        mesh_array_reserve(&s->ops, &s->cap, (size_t)s->nops + 1, sizeof(*s->ops), "schedule ops") < 0) {
+    if (s->failed || mesh_array_reserve(&s->ops, &s->cap, (size_t)s->nops + 1,
+                                        sizeof(*s->ops), "schedule ops") < 0) {
         s->failed = 1;
         return -1;
     }
@@ -89,7 +89,8 @@ int sched_recv(struct sched *s, int peer, uint32_t tag, uint64_t offset,
  * schedule runs, since the array may move while building). */
 static int add_srcs(struct sched *s, int i, const void *const *src, int n)
 {
-    if (mesh_array_reserve(&s->srcs, &s->scap, (size_t)s->nsrcs + n, sizeof(*s->srcs), "schedule sources") < 0) {
+    if (mesh_array_reserve(&s->srcs, &s->scap, (size_t)s->nsrcs + n,
+                           sizeof(*s->srcs), "schedule sources") < 0) {
         s->failed = 1;
         return -1;
     }
@@ -132,7 +133,8 @@ void sched_dep(struct sched *s, int before, int after)
 
     if (before < 0 || after < 0 || s->failed)
         return;
-    if (mesh_array_reserve(&s->edges, &s->ecap, (size_t)s->nedges + 1, sizeof(*s->edges), "schedule edges") < 0) {
+    if (mesh_array_reserve(&s->edges, &s->ecap, (size_t)s->nedges + 1,
+                           sizeof(*s->edges), "schedule edges") < 0) {
         s->failed = 1;
         return;
     }

@@ -1,5 +1,6 @@
 /*
- * common/util.h: errors, logging, time and memory helpers shared by every layer.
+ * common/util.h: errors, logging, time and memory helpers shared by every
+ * layer.
  *
  * common/ is the base layer: every folder may include it, and it includes
  * none of them (tests/layers.sh checks). Its headers:
@@ -63,9 +64,9 @@ void mesh_log(enum mesh_log_level level, const char *fmt, ...)
     MESH_PRINTF(2, 3);
 
 #define mesh_error_log(...) mesh_log(MESH_LOG_ERROR, __VA_ARGS__)
-#define mesh_warn(...) mesh_log(MESH_LOG_WARN, __VA_ARGS__)
-#define mesh_info(...) mesh_log(MESH_LOG_INFO, __VA_ARGS__)
-#define mesh_debug(...) mesh_log(MESH_LOG_DEBUG, __VA_ARGS__)
+#define mesh_warn(...)      mesh_log(MESH_LOG_WARN, __VA_ARGS__)
+#define mesh_info(...)      mesh_log(MESH_LOG_INFO, __VA_ARGS__)
+#define mesh_debug(...)     mesh_log(MESH_LOG_DEBUG, __VA_ARGS__)
 
 /* Monotonic clock. */
 uint64_t mesh_now_ns(void);
@@ -152,7 +153,7 @@ struct mesh_host_allocator {
 };
 
 #define MESH_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
-#define MESH_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define MESH_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define MESH_MIN(a, b)     ((a) < (b) ? (a) : (b))
+#define MESH_MAX(a, b)     ((a) > (b) ? (a) : (b))
 
 #endif

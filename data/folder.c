@@ -124,9 +124,9 @@ static int folder_scan(struct mesh_dataset *ds, const char *root,
         rc = mesh_array_reserve(&sp->paths, &cap_paths, sp->count + nfiles,
                                 sizeof(char *), "file paths");
         if (rc == 0)
-            rc = mesh_array_reserve(&sp->labels, &cap_labels,
-                                    sp->count + nfiles, sizeof(int32_t),
-                                    "labels");
+            rc =
+                mesh_array_reserve(&sp->labels, &cap_labels, sp->count + nfiles,
+                                   sizeof(int32_t), "labels");
         if (rc < 0) {
             mesh_err_prefix(rc, "imagefolder");
             goto out_files;

@@ -55,7 +55,8 @@ static int idx_open(struct rd *r, const char *path, int dims, uint8_t *hdr)
         rc = mesh_err(-EIO,
                       "%s: bad IDX magic 0x%08x at byte offset 0 (expected "
                       "0x%08x: unsigned bytes, %d dimension%s)",
-                      path, mesh_get_be32(hdr), magic, dims, dims == 1 ? "" : "s");
+                      path, mesh_get_be32(hdr), magic, dims,
+                      dims == 1 ? "" : "s");
     if (rc < 0)
         data_rd_close(r);
     return rc;

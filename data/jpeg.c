@@ -60,7 +60,7 @@ static size_t jpeg_offset(j_decompress_ptr c, const uint8_t *buf, size_t len)
 
 /* Decode path into sc->img as interleaved RGB (h, w, 3). */
 int data_jpeg_decode(const char *path, struct scratch *sc, int *w_out,
-                       int *h_out)
+                     int *h_out)
 {
     struct jpeg_decompress_struct c;
     struct jerr e;

@@ -162,9 +162,9 @@ static void *worker(void *arg)
         assign(ld, &t);
         pthread_mutex_unlock(&ld->mu);
 
-        rc = data_make_sample(ld->ds, ld->split, t.idx, t.epoch, ld->augment, &scr,
-                         t.slot->x + (size_t)t.i * ld->sample_floats,
-                         &t.slot->y[t.i]);
+        rc = data_make_sample(ld->ds, ld->split, t.idx, t.epoch, ld->augment,
+                              &scr, t.slot->x + (size_t)t.i * ld->sample_floats,
+                              &t.slot->y[t.i]);
 
         pthread_mutex_lock(&ld->mu);
         if (rc < 0 && !t.slot->err) {
@@ -431,7 +431,7 @@ void mesh_data_get_state(const struct mesh_loader *ld,
     mesh_put_le64(state + 40, (uint64_t)ld->batch);
     mesh_put_le64(state + 48, (uint64_t)ld->world);
     mesh_put_le64(state + 56, (uint64_t)(uint32_t)ld->rank |
-                          (uint64_t)ld->ds->sp[ld->split].count << 32);
+                                  (uint64_t)ld->ds->sp[ld->split].count << 32);
 }
 
 int mesh_data_set_state(struct mesh_loader *ld, const uint8_t *st, size_t len)
@@ -441,7 +441,8 @@ int mesh_data_set_state(struct mesh_loader *ld, const uint8_t *st, size_t len)
     if (len != MESH_DATA_STATE_BYTES)
         return mesh_err(-EINVAL, "data state: %zu bytes, expected %d", len,
                         MESH_DATA_STATE_BYTES);
-    if (mesh_get_le64(st) != STATE_MAGIC || mesh_get_le64(st + 8) != STATE_VERSION)
+    if (mesh_get_le64(st) != STATE_MAGIC ||
+        mesh_get_le64(st + 8) != STATE_VERSION)
         return mesh_err(-EINVAL, "data state: bad magic or version");
     if (mesh_get_le64(st + 16) != ld->ds->seed)
         return mesh_err(-EINVAL,

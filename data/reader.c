@@ -51,8 +51,10 @@ int data_rd_open(struct rd *r, const char *path, struct stat *st)
         r->z_init = 1;
         r->gz = 1;
 #else
-        rc = mesh_err(-ENOTSUP, "%s: gzip'ed, and built without zlib; "
-                      "gunzip it", path);
+        rc = mesh_err(-ENOTSUP,
+                      "%s: gzip'ed, and built without zlib; "
+                      "gunzip it",
+                      path);
         goto fail;
 #endif
     }
@@ -142,12 +144,11 @@ static int rd_next_member(struct rd *r, uint64_t out)
         r->z.next_in = r->in;
         r->z.avail_in = (uInt)(1 + got);
     }
-    if (r->z.avail_in < 2 || r->z.next_in[0] != 0x1f ||
-        r->z.next_in[1] != 0x8b)
+    if (r->z.avail_in < 2 || r->z.next_in[0] != 0x1f || r->z.next_in[1] != 0x8b)
         return mesh_err(-EIO,
                         "%s: trailing garbage after the gzip stream at "
-                        "compressed byte offset %" PRIu64
-                        " (after %" PRIu64 " uncompressed bytes)",
+                        "compressed byte offset %" PRIu64 " (after %" PRIu64
+                        " uncompressed bytes)",
                         r->path, rd_zoff(r), out);
     if (inflateReset(&r->z) != Z_OK)
         return mesh_err(-EIO, "%s: inflateReset failed", r->path);
@@ -187,16 +188,14 @@ static int rd_some_gz(struct rd *r, uint8_t *buf, size_t len, size_t *done)
             (!strcmp(r->z.msg, "incorrect data check") ||
              !strcmp(r->z.msg, "incorrect length check")))
             /* inflate checks the trailer's 4 bytes after reading them */
-            return mesh_err(-EIO,
-                            "%s: gzip %s mismatch: the trailer at "
-                            "compressed byte offset %" PRIu64
-                            " does not match the %" PRIu64
-                            " uncompressed bytes before it (a corrupt file)",
-                            r->path,
-                            !strcmp(r->z.msg, "incorrect data check")
-                                ? "CRC-32"
-                                : "length",
-                            rd_zoff(r) - 4, r->off + *done);
+            return mesh_err(
+                -EIO,
+                "%s: gzip %s mismatch: the trailer at "
+                "compressed byte offset %" PRIu64 " does not match the %" PRIu64
+                " uncompressed bytes before it (a corrupt file)",
+                r->path,
+                !strcmp(r->z.msg, "incorrect data check") ? "CRC-32" : "length",
+                rd_zoff(r) - 4, r->off + *done);
         return mesh_err(-EIO,
                         "%s: gzip error at compressed byte offset %" PRIu64
                         " (uncompressed byte offset %" PRIu64 "): %s",

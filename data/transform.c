@@ -279,8 +279,8 @@ static int make_one(struct mesh_dataset *ds, int split, size_t idx,
 
 /* Sample idx, or with skip the next good one after it (wrapping). */
 int data_make_sample(struct mesh_dataset *ds, int split, size_t idx,
-                       uint64_t epoch, int augment, struct scratch *scr,
-                       float *out, int32_t *label)
+                     uint64_t epoch, int augment, struct scratch *scr,
+                     float *out, int32_t *label)
 {
     struct split *sp = &ds->sp[split];
     int rc = 0;

@@ -424,7 +424,7 @@ struct slot_map {
         const char *host; /* NULL: empty */
         int port;         /* -1 for a key of a host alone */
         int value;
-    } *e;
+    } * e;
 };
 
 static int map_init(struct slot_map *m, size_t n)
@@ -453,8 +453,7 @@ static struct slot_map_entry *map_find(struct slot_map *m, const char *host,
 {
     size_t i = (size_t)map_hash(host, port) & m->mask;
 
-    while (m->e[i].host &&
-           (m->e[i].port != port || strcmp(m->e[i].host, host)))
+    while (m->e[i].host && (m->e[i].port != port || strcmp(m->e[i].host, host)))
         i = (i + 1) & m->mask;
     return &m->e[i];
 }

@@ -266,8 +266,8 @@ static void trim_newline(struct mesh_opts *o, size_t *len)
  * PATH", "the secret from X" and "the secret on X" in rd and big).
  */
 static int read_secret_bytes(struct mesh_opts *o, int fd, int timeout_ms,
-                             const char *where, const char *rd,
-                             const char *big, size_t *len)
+                             const char *where, const char *rd, const char *big,
+                             size_t *len)
 {
     size_t got = 0;
     ssize_t n;

@@ -131,8 +131,7 @@ struct mesh_nn_backend_ops {
     int (*conv_bwd_data)(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                          const void *dy, const float *w, void *dx, void *ws);
     int (*conv_bwd_filter)(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
-                           const void *x, const void *dy, float *dw,
-                           void *ws);
+                           const void *x, const void *dy, float *dw, void *ws);
 
     /*
      * Batch norm over (n, h, w) per channel, PyTorch's semantics:
@@ -153,8 +152,8 @@ struct mesh_nn_backend_ops {
                         const float *running_var, void *ws);
     int (*bn_bwd)(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                   const void *x, const void *dy, const float *gamma,
-                  const float *beta, const float *save, const void *reserve, void *dx,
-                  float *dgamma, float *dbeta, void *ws);
+                  const float *beta, const float *save, const void *reserve,
+                  void *dx, float *dgamma, float *dbeta, void *ws);
 
     /* ReLU; the backward reads the forward's output y. May run in place. */
     int (*relu_fwd)(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
@@ -170,8 +169,7 @@ struct mesh_nn_backend_ops {
     int (*maxpool_fwd)(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                        const void *x, void *y, void *reserve, void *ws);
     int (*maxpool_bwd)(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
-                       const void *dy, const void *reserve, void *dx,
-                       void *ws);
+                       const void *dy, const void *reserve, void *dx, void *ws);
 
     /* Global average pool. */
     int (*avgpool_fwd)(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
@@ -186,8 +184,8 @@ struct mesh_nn_backend_ops {
     int (*fc_bwd_data)(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                        const void *dy, const float *w, void *dx, void *ws);
     int (*fc_bwd_weights)(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
-                          const void *x, const void *dy, float *dw,
-                          float *db, void *ws);
+                          const void *x, const void *dy, float *dw, float *db,
+                          void *ws);
 
     /*
      * Softmax cross-entropy over logits (n, k) plain, labels (n) int32 on
@@ -216,8 +214,7 @@ struct mesh_nn_backend_ops {
     int (*dev_open_opts)(const struct mesh_nn_dev_opts *o,
                          struct mesh_nn_dev **out);
     int (*copy_start)(struct mesh_nn_dev *dev, int to_host, void *dst,
-                      const void *src, size_t bytes,
-                      struct mesh_nn_copy **out);
+                      const void *src, size_t bytes, struct mesh_nn_copy **out);
     int (*copy_test)(struct mesh_nn_dev *dev, struct mesh_nn_copy *c,
                      int *done);
     int (*copy_wait)(struct mesh_nn_dev *dev, struct mesh_nn_copy *c);
@@ -251,8 +248,7 @@ struct mesh_nn_ctx {
 };
 
 /* Look the plan up in the cache, creating it on a miss. Owned by ctx. */
-int mesh_nn_ctx_plan(struct mesh_nn_ctx *ctx,
-                     const struct mesh_nn_plan_desc *d,
+int mesh_nn_ctx_plan(struct mesh_nn_ctx *ctx, const struct mesh_nn_plan_desc *d,
                      struct mesh_nn_plan **out);
 
 #endif

@@ -64,19 +64,19 @@ size_t mesh_nn_cpu_bn_reserve_bytes(const struct mesh_nn_cpu_bn *s)
  * (off, len) such that elements off + k * B + l, k < len, l < B, are the
  * run's.
  */
-#define FOR_RUNS(s, cb, p0, p1, off, len, ...)                                \
+#define FOR_RUNS(s, cb, p0, p1, off, len, ...)                                 \
     do {                                                                       \
         size_t p_ = (p0);                                                      \
-        size_t cbs_ = (size_t)(s)->c / (size_t)(s)->block;                    \
+        size_t cbs_ = (size_t)(s)->c / (size_t)(s)->block;                     \
         while (p_ < (p1)) {                                                    \
-            size_t n_ = p_ / (size_t)(s)->hw, sp_ = p_ % (size_t)(s)->hw;     \
+            size_t n_ = p_ / (size_t)(s)->hw, sp_ = p_ % (size_t)(s)->hw;      \
             size_t len = (size_t)(s)->hw - sp_;                                \
             size_t off;                                                        \
-            if (len > (p1) - p_)                                               \
-                len = (p1) - p_;                                               \
-            off = ((n_ * cbs_ + (cb)) * (size_t)(s)->hw + sp_) *              \
+            if (len > (p1)-p_)                                                 \
+                len = (p1)-p_;                                                 \
+            off = ((n_ * cbs_ + (cb)) * (size_t)(s)->hw + sp_) *               \
                   (size_t)(s)->block;                                          \
-            __VA_ARGS__;                                                          \
+            __VA_ARGS__;                                                       \
             p_ += len;                                                         \
         }                                                                      \
     } while (0)
@@ -192,8 +192,8 @@ static void combine(const struct mesh_nn_cpu_bn *s, const double *part,
  * y = (x - mu) * alpha + beta per channel, in double, then the ReLU when
  * relu, recording where it passes in mask when mask is not NULL.
  */
-static inline void tile_affine(const struct mesh_nn_cpu_bn *s, int B,
-                               size_t cb, size_t t, const float *x, float *y,
+static inline void tile_affine(const struct mesh_nn_cpu_bn *s, int B, size_t cb,
+                               size_t t, const float *x, float *y,
                                const double *mu, const double *alpha,
                                const double *beta, int relu, uint8_t *mask)
 {
@@ -267,17 +267,15 @@ static inline void tile_dx(const struct mesh_nn_cpu_bn *s, int B, size_t cb,
 #endif
 
 #define SPECIALISE(B)                                                          \
-    CLONES static void tile_sums_##B(const struct mesh_nn_cpu_bn *s,           \
-                                     size_t cb, size_t t, const float *x,      \
-                                     const double *shift, int sq,              \
-                                     double *part)                             \
+    CLONES static void tile_sums_##B(                                          \
+        const struct mesh_nn_cpu_bn *s, size_t cb, size_t t, const float *x,   \
+        const double *shift, int sq, double *part)                             \
     {                                                                          \
         tile_sums(s, B, cb, t, x, shift, sq, part);                            \
     }                                                                          \
     CLONES static void tile_bwd_sums_##B(                                      \
         const struct mesh_nn_cpu_bn *s, size_t cb, size_t t, const float *x,   \
-        const float *dy, const uint8_t *mask, const float *mean,               \
-        double *part)                                                          \
+        const float *dy, const uint8_t *mask, const float *mean, double *part) \
     {                                                                          \
         tile_bwd_sums(s, B, cb, t, x, dy, mask, mean, part);                   \
     }                                                                          \
@@ -320,11 +318,14 @@ static void sums(const struct mesh_nn_cpu_bn *s, const float *x,
                  const double *shift, int sq, double *part)
 {
     switch (s->block) {
-    case 16: PARALLEL_TILES(s, tile_sums_16(s, cb, t, x, shift, sq, part));
+    case 16:
+        PARALLEL_TILES(s, tile_sums_16(s, cb, t, x, shift, sq, part));
         break;
-    case 8: PARALLEL_TILES(s, tile_sums_8(s, cb, t, x, shift, sq, part));
+    case 8:
+        PARALLEL_TILES(s, tile_sums_8(s, cb, t, x, shift, sq, part));
         break;
-    default: PARALLEL_TILES(s, tile_sums_1(s, cb, t, x, shift, sq, part));
+    default:
+        PARALLEL_TILES(s, tile_sums_1(s, cb, t, x, shift, sq, part));
         break;
     }
 }
@@ -352,16 +353,16 @@ static void affine(const struct mesh_nn_cpu_bn *s, const float *x, float *y,
 {
     switch (s->block) {
     case 16:
-        PARALLEL_TILES(s, tile_affine_16(s, cb, t, x, y, mu, alpha, beta,
-                                        relu, mask));
+        PARALLEL_TILES(
+            s, tile_affine_16(s, cb, t, x, y, mu, alpha, beta, relu, mask));
         break;
     case 8:
-        PARALLEL_TILES(s, tile_affine_8(s, cb, t, x, y, mu, alpha, beta,
-                                        relu, mask));
+        PARALLEL_TILES(
+            s, tile_affine_8(s, cb, t, x, y, mu, alpha, beta, relu, mask));
         break;
     default:
-        PARALLEL_TILES(s, tile_affine_1(s, cb, t, x, y, mu, alpha, beta,
-                                        relu, mask));
+        PARALLEL_TILES(
+            s, tile_affine_1(s, cb, t, x, y, mu, alpha, beta, relu, mask));
         break;
     }
 }

@@ -90,14 +90,22 @@ struct mesh_nn_dev {
 static const char *status_str(dnnl_status_t s)
 {
     switch (s) {
-    case dnnl_success: return "success";
-    case dnnl_out_of_memory: return "out of memory";
-    case dnnl_invalid_arguments: return "invalid arguments";
-    case dnnl_unimplemented: return "unimplemented";
-    case dnnl_iterator_ends: return "iterator ends";
-    case dnnl_runtime_error: return "runtime error";
-    case dnnl_not_required: return "not required";
-    default: return "unknown status";
+    case dnnl_success:
+        return "success";
+    case dnnl_out_of_memory:
+        return "out of memory";
+    case dnnl_invalid_arguments:
+        return "invalid arguments";
+    case dnnl_unimplemented:
+        return "unimplemented";
+    case dnnl_iterator_ends:
+        return "iterator ends";
+    case dnnl_runtime_error:
+        return "runtime error";
+    case dnnl_not_required:
+        return "not required";
+    default:
+        return "unknown status";
     }
 }
 
@@ -129,10 +137,9 @@ static int cpu_dev_open(int threads, struct mesh_nn_dev **out)
     set_threads(dev);
     DNNL_CHECK(rc, dnnl_engine_create(&dev->eng, dnnl_cpu, 0), fail_free,
                "engine_create");
-    DNNL_CHECK(rc,
-               dnnl_stream_create(&dev->strm, dev->eng,
-                                  dnnl_stream_default_flags),
-               fail_engine, "stream_create");
+    DNNL_CHECK(
+        rc, dnnl_stream_create(&dev->strm, dev->eng, dnnl_stream_default_flags),
+        fail_engine, "stream_create");
     isa = dnnl_get_effective_cpu_isa();
     if (isa == dnnl_cpu_isa_avx512_core || isa == dnnl_cpu_isa_all ||
         (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core)
@@ -244,16 +251,16 @@ static dnnl_format_tag_t act_tag(const struct mesh_nn_dev *dev, int c)
     return dnnl_nchw;
 }
 
-static int md_act(const struct mesh_nn_dev *dev, dnnl_memory_desc_t *md,
-                  int n, int c, int h, int w)
+static int md_act(const struct mesh_nn_dev *dev, dnnl_memory_desc_t *md, int n,
+                  int c, int h, int w)
 {
     dnnl_dims_t dims = {n, c, h, w, 0, 0, 0, 0, 0, 0, 0, 0};
     int rc = 0;
 
-    DNNL_CHECK(rc,
-               dnnl_memory_desc_init_by_tag(md, 4, dims, dnnl_f32,
-                                            act_tag(dev, c)),
-               out, "memory_desc_init (activation)");
+    DNNL_CHECK(
+        rc,
+        dnnl_memory_desc_init_by_tag(md, 4, dims, dnnl_f32, act_tag(dev, c)),
+        out, "memory_desc_init (activation)");
 out:
     return rc;
 }
@@ -272,8 +279,7 @@ out:
     return rc;
 }
 
-static size_t cpu_act_bytes(struct mesh_nn_dev *dev, int n, int c, int h,
-                            int w)
+static size_t cpu_act_bytes(struct mesh_nn_dev *dev, int n, int c, int h, int w)
 {
     dnnl_memory_desc_t md;
 
@@ -343,8 +349,8 @@ struct argq {
 
 static int prim_init(struct mesh_nn_dev *dev, struct prim *p,
                      const_dnnl_op_desc_t od, dnnl_post_ops_t post,
-                     const_dnnl_primitive_desc_t hint,
-                     const struct argq *a, int na, const char *what)
+                     const_dnnl_primitive_desc_t hint, const struct argq *a,
+                     int na, const char *what)
 {
     dnnl_primitive_attr_t attr = NULL;
     const dnnl_memory_desc_t *sp;
@@ -357,8 +363,8 @@ static int prim_init(struct mesh_nn_dev *dev, struct prim *p,
                    attr, dnnl_scratchpad_mode_user),
                fail_attr, what);
     if (post)
-        DNNL_CHECK(rc, dnnl_primitive_attr_set_post_ops(attr, post),
-                   fail_attr, what);
+        DNNL_CHECK(rc, dnnl_primitive_attr_set_post_ops(attr, post), fail_attr,
+                   what);
     DNNL_CHECK(rc, dnnl_primitive_desc_create(&p->pd, od, attr, dev->eng, hint),
                fail_attr, what);
     DNNL_CHECK(rc, dnnl_primitive_create(&p->p, p->pd), fail_pd, what);
@@ -370,8 +376,7 @@ static int prim_init(struct mesh_nn_dev *dev, struct prim *p,
     sp = dnnl_primitive_desc_query_md(p->pd, dnnl_query_scratchpad_md, 0);
     p->scratch = sp ? dnnl_memory_desc_get_size(sp) : 0;
     if (p->scratch) {
-        rc = prim_arg(dev, p, DNNL_ARG_SCRATCHPAD, dnnl_query_scratchpad_md,
-                      0);
+        rc = prim_arg(dev, p, DNNL_ARG_SCRATCHPAD, dnnl_query_scratchpad_md, 0);
         if (rc < 0)
             goto fail_pd;
     }
@@ -379,7 +384,8 @@ static int prim_init(struct mesh_nn_dev *dev, struct prim *p,
         const char *impl = NULL;
 
         if (dnnl_primitive_desc_query(p->pd, dnnl_query_impl_info_str, 0,
-                                      &impl) == dnnl_success && impl)
+                                      &impl) == dnnl_success &&
+            impl)
             mesh_debug("nn cpu: %s uses %s", what, impl);
     }
     dnnl_primitive_attr_destroy(attr);
@@ -414,12 +420,12 @@ static int prim_run(struct mesh_nn_dev *dev, struct prim *p, void *const *h,
     for (i = 0; i < p->nargs; i++) {
         void *ptr = p->args[i].arg == DNNL_ARG_SCRATCHPAD ? ws : h[i];
 
-        DNNL_CHECK(rc, dnnl_memory_set_data_handle_v2(p->args[i].memory, ptr,
-                                                      dev->strm),
-                   out, "set_data_handle");
+        DNNL_CHECK(
+            rc,
+            dnnl_memory_set_data_handle_v2(p->args[i].memory, ptr, dev->strm),
+            out, "set_data_handle");
     }
-    DNNL_CHECK(rc,
-               dnnl_primitive_execute(p->p, dev->strm, p->nargs, p->args),
+    DNNL_CHECK(rc, dnnl_primitive_execute(p->p, dev->strm, p->nargs, p->args),
                out, what);
 out:
     return rc;
@@ -443,8 +449,8 @@ static int reo_init(struct mesh_nn_dev *dev, struct reo *r,
                    attr, dnnl_scratchpad_mode_user),
                fail_attr, "reorder");
     DNNL_CHECK(rc,
-               dnnl_reorder_primitive_desc_create(&r->r.pd, src, dev->eng,
-                                                  dst, dev->eng, attr),
+               dnnl_reorder_primitive_desc_create(&r->r.pd, src, dev->eng, dst,
+                                                  dev->eng, attr),
                fail_attr, "reorder_primitive_desc_create");
     DNNL_CHECK(rc, dnnl_primitive_create(&r->r.p, r->r.pd), fail_pd,
                "reorder primitive_create");
@@ -510,13 +516,11 @@ static int prim_is_ref(const struct prim *p)
  * dy to plain copies in the workspace and uses that kernel instead. Returns
  * 0 with the plan unchanged when the plain form is no better.
  */
-static int plan_conv_bwdw_plain(struct mesh_nn_dev *dev,
-                                struct mesh_nn_plan *pl,
-                                const dnnl_memory_desc_t *x,
-                                const dnnl_memory_desc_t *y,
-                                const dnnl_memory_desc_t *w_any,
-                                const dnnl_dims_t st, const dnnl_dims_t pad,
-                                const dnnl_dims_t padr)
+static int
+plan_conv_bwdw_plain(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl,
+                     const dnnl_memory_desc_t *x, const dnnl_memory_desc_t *y,
+                     const dnnl_memory_desc_t *w_any, const dnnl_dims_t st,
+                     const dnnl_dims_t pad, const dnnl_dims_t padr)
 {
     const struct mesh_nn_plan_desc *d = &pl->d;
     const int64_t xd[4] = {d->n, d->c, d->h, d->w};
@@ -539,11 +543,11 @@ static int plan_conv_bwdw_plain(struct mesh_nn_dev *dev,
                out, "convolution_forward_desc_init (plain)");
     DNNL_CHECK(rc, dnnl_primitive_desc_create(&hint, &cd, NULL, dev->eng, NULL),
                out, "conv fwd (plain hint)");
-    DNNL_CHECK(rc,
-               dnnl_convolution_backward_weights_desc_init(
-                   &cd, dnnl_convolution_direct, &xp, w_any, NULL, &yp, st,
-                   pad, padr),
-               out, "convolution_backward_weights_desc_init (plain)");
+    DNNL_CHECK(
+        rc,
+        dnnl_convolution_backward_weights_desc_init(
+            &cd, dnnl_convolution_direct, &xp, w_any, NULL, &yp, st, pad, padr),
+        out, "convolution_backward_weights_desc_init (plain)");
     {
         const struct argq a[] = {
             {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
@@ -621,11 +625,11 @@ static int plan_conv(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
     if (rc < 0)
         goto out;
 
-    DNNL_CHECK(rc,
-               dnnl_convolution_backward_weights_desc_init(
-                   &cd, dnnl_convolution_direct, &x, &w_any, NULL, &y, st,
-                   pad, padr),
-               out, "convolution_backward_weights_desc_init");
+    DNNL_CHECK(
+        rc,
+        dnnl_convolution_backward_weights_desc_init(
+            &cd, dnnl_convolution_direct, &x, &w_any, NULL, &y, st, pad, padr),
+        out, "convolution_backward_weights_desc_init");
     {
         const struct argq a[] = {
             {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
@@ -642,9 +646,9 @@ static int plan_conv(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
         if (rc < 0)
             goto out;
     }
-    rc = reo_init(dev, &pl->dw,
-                  prim_md(&pl->bwdw, dnnl_query_diff_weights_md, 0), &w_user,
-                  0);
+    rc =
+        reo_init(dev, &pl->dw,
+                 prim_md(&pl->bwdw, dnnl_query_diff_weights_md, 0), &w_user, 0);
     if (rc < 0)
         goto out;
 
@@ -655,8 +659,7 @@ static int plan_conv(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
      */
     DNNL_CHECK(rc,
                dnnl_convolution_backward_data_desc_init(
-                   &cd, dnnl_convolution_direct, &x, &w_any, &y, st, pad,
-                   padr),
+                   &cd, dnnl_convolution_direct, &x, &w_any, &y, st, pad, padr),
                out, "convolution_backward_data_desc_init");
     {
         const struct argq a[] = {
@@ -748,8 +751,7 @@ static int plan_relu(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
             {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
             {DNNL_ARG_DIFF_SRC, dnnl_query_diff_src_md, 0, NULL},
         };
-        rc = prim_init(dev, &pl->bwd, &ed, NULL, pl->fwd.pd, a, 3,
-                       "relu bwd");
+        rc = prim_init(dev, &pl->bwd, &ed, NULL, pl->fwd.pd, a, 3, "relu bwd");
         if (rc < 0)
             goto out;
     }
@@ -768,8 +770,8 @@ static int plan_add(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
 
     if ((rc = md_act(dev, &x, d->n, d->c, d->h, d->w)) < 0)
         return rc;
-    DNNL_CHECK(rc, dnnl_binary_desc_init(&bd, dnnl_binary_add, &x, &x, &x),
-               out, "binary_desc_init");
+    DNNL_CHECK(rc, dnnl_binary_desc_init(&bd, dnnl_binary_add, &x, &x, &x), out,
+               "binary_desc_init");
     if (d->relu) {
         DNNL_CHECK(rc, dnnl_post_ops_create(&post), out, "post_ops_create");
         DNNL_CHECK(rc,
@@ -836,10 +838,10 @@ static int plan_pool(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
     }
     wsmd = prim_md(&pl->fwd, dnnl_query_workspace_md, 0);
     pl->reserve = max && wsmd ? dnnl_memory_desc_get_size(wsmd) : 0;
-    DNNL_CHECK(rc,
-               dnnl_pooling_backward_desc_init(&pd, alg, &x, &y, st, ker, pad,
-                                               padr),
-               out, "pooling_backward_desc_init");
+    DNNL_CHECK(
+        rc,
+        dnnl_pooling_backward_desc_init(&pd, alg, &x, &y, st, ker, pad, padr),
+        out, "pooling_backward_desc_init");
     {
         const struct argq a[] = {
             {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
@@ -871,8 +873,8 @@ static int plan_fc(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
         (rc = md_tag(&b, 1, bd, dnnl_x)) < 0)
         return rc;
     DNNL_CHECK(rc,
-               dnnl_inner_product_forward_desc_init(
-                   &id, dnnl_forward_training, &x, &w, &b, &y),
+               dnnl_inner_product_forward_desc_init(&id, dnnl_forward_training,
+                                                    &x, &w, &b, &y),
                out, "inner_product_forward_desc_init");
     {
         const struct argq a[] = {
@@ -898,10 +900,9 @@ static int plan_fc(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
         if (rc < 0)
             goto out;
     }
-    DNNL_CHECK(rc,
-               dnnl_inner_product_backward_weights_desc_init(&id, &x, &w, &b,
-                                                             &y),
-               out, "inner_product_backward_weights_desc_init");
+    DNNL_CHECK(
+        rc, dnnl_inner_product_backward_weights_desc_init(&id, &x, &w, &b, &y),
+        out, "inner_product_backward_weights_desc_init");
     {
         const struct argq a[] = {
             {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
@@ -914,8 +915,8 @@ static int plan_fc(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
         if (rc < 0)
             goto out;
     }
-    pl->ws = MESH_MAX(pl->fwd.scratch,
-                      MESH_MAX(pl->bwd.scratch, pl->bwdw.scratch));
+    pl->ws =
+        MESH_MAX(pl->fwd.scratch, MESH_MAX(pl->bwd.scratch, pl->bwdw.scratch));
 out:
     return rc;
 }
@@ -952,14 +953,27 @@ static int cpu_plan_create(struct mesh_nn_dev *dev,
         return mesh_err(-ENOMEM, "nn cpu: out of memory");
     pl->d = *d;
     switch (d->kind) {
-    case MESH_NN_PLAN_CONV: rc = plan_conv(dev, pl); break;
-    case MESH_NN_PLAN_BN: rc = plan_bn(dev, pl); break;
-    case MESH_NN_PLAN_RELU: rc = plan_relu(dev, pl); break;
-    case MESH_NN_PLAN_ADD: rc = plan_add(dev, pl); break;
+    case MESH_NN_PLAN_CONV:
+        rc = plan_conv(dev, pl);
+        break;
+    case MESH_NN_PLAN_BN:
+        rc = plan_bn(dev, pl);
+        break;
+    case MESH_NN_PLAN_RELU:
+        rc = plan_relu(dev, pl);
+        break;
+    case MESH_NN_PLAN_ADD:
+        rc = plan_add(dev, pl);
+        break;
     case MESH_NN_PLAN_MAXPOOL:
-    case MESH_NN_PLAN_AVGPOOL: rc = plan_pool(dev, pl); break;
-    case MESH_NN_PLAN_FC: rc = plan_fc(dev, pl); break;
-    default: rc = mesh_err(-EINVAL, "nn cpu: unknown plan kind %d", d->kind);
+    case MESH_NN_PLAN_AVGPOOL:
+        rc = plan_pool(dev, pl);
+        break;
+    case MESH_NN_PLAN_FC:
+        rc = plan_fc(dev, pl);
+        break;
+    default:
+        rc = mesh_err(-EINVAL, "nn cpu: unknown plan kind %d", d->kind);
     }
     if (rc < 0) {
         cpu_plan_destroy(dev, pl);
@@ -1003,8 +1017,7 @@ static int cpu_conv_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 }
 
 static int cpu_conv_bwd_data(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
-                             const void *dy, const float *w, void *dx,
-                             void *ws)
+                             const void *dy, const float *w, void *dx, void *ws)
 {
     void *wp = (void *)w;
     char *scratch = ws;
@@ -1088,9 +1101,8 @@ static int cpu_bn_fwd_infer(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 
 static int cpu_bn_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                       const void *x, const void *dy, const float *gamma,
-                      const float *beta, const float *save,
-                      const void *reserve, void *dx, float *dgamma,
-                      float *dbeta, void *ws)
+                      const float *beta, const float *save, const void *reserve,
+                      void *dx, float *dgamma, float *dbeta, void *ws)
 {
     (void)beta;
     set_threads(dev);

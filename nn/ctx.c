@@ -55,8 +55,7 @@ int mesh_nn_backend_check(const char *backend)
     return mesh_nn_backend_find(backend) ? 0 : -EINVAL;
 }
 
-int mesh_nn_ctx_open(const char *backend, int threads,
-                     struct mesh_nn_ctx **out)
+int mesh_nn_ctx_open(const char *backend, int threads, struct mesh_nn_ctx **out)
 {
     struct mesh_nn_dev_opts o;
 
@@ -65,8 +64,7 @@ int mesh_nn_ctx_open(const char *backend, int threads,
     return mesh_nn_ctx_open_opts(backend, &o, out);
 }
 
-int mesh_nn_ctx_open_opts(const char *backend,
-                          const struct mesh_nn_dev_opts *o,
+int mesh_nn_ctx_open_opts(const char *backend, const struct mesh_nn_dev_opts *o,
                           struct mesh_nn_ctx **out)
 {
     const struct mesh_nn_backend_ops *ops = mesh_nn_backend_find(backend);
@@ -77,8 +75,10 @@ int mesh_nn_ctx_open_opts(const char *backend,
         return backends[0] ? -EINVAL : -ENOTSUP;
     if (!ops->dev_open_opts && o->precision != MESH_NN_PREC_DEFAULT &&
         o->precision != MESH_NN_PREC_FP32)
-        return mesh_err(-ENOTSUP, "nn: backend \"%s\" computes in fp32 "
-                                  "only (no tf32 or bf16-amp)", backend);
+        return mesh_err(-ENOTSUP,
+                        "nn: backend \"%s\" computes in fp32 "
+                        "only (no tf32 or bf16-amp)",
+                        backend);
     ctx = calloc(1, sizeof(*ctx));
     if (!ctx)
         return mesh_err(-ENOMEM, "nn: out of memory");
@@ -114,8 +114,8 @@ const char *mesh_nn_ctx_describe(struct mesh_nn_ctx *ctx)
     return ctx->ops->dev_describe(ctx->dev);
 }
 
-int mesh_nn_upload(struct mesh_nn_ctx *ctx, void *dev_dst,
-                   const void *host_src, size_t bytes)
+int mesh_nn_upload(struct mesh_nn_ctx *ctx, void *dev_dst, const void *host_src,
+                   size_t bytes)
 {
     return ctx->ops->upload(ctx->dev, dev_dst, host_src, bytes);
 }
@@ -131,8 +131,7 @@ int mesh_nn_sync(struct mesh_nn_ctx *ctx)
     return ctx->ops->sync(ctx->dev);
 }
 
-int mesh_nn_ctx_plan(struct mesh_nn_ctx *ctx,
-                     const struct mesh_nn_plan_desc *d,
+int mesh_nn_ctx_plan(struct mesh_nn_ctx *ctx, const struct mesh_nn_plan_desc *d,
                      struct mesh_nn_plan **out)
 {
     struct mesh_nn_plan_entry *e;

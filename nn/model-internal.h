@@ -11,9 +11,9 @@
 /* A convolution without bias; its weight (cout, cin, k, k) in params. */
 struct nn_conv {
     int cin, cout, k, stride, pad;
-    size_t w;                 /* offset of the weight in params */
-    int h, wd, oh, ow;        /* input and output sides for this batch */
-    struct mesh_nn_plan *p;   /* owned by the ctx's cache */
+    size_t w;               /* offset of the weight in params */
+    int h, wd, oh, ow;      /* input and output sides for this batch */
+    struct mesh_nn_plan *p; /* owned by the ctx's cache */
 };
 
 /* A batch norm over c channels: gamma at g, beta at g + c (params);
@@ -30,7 +30,7 @@ struct nn_bn {
 /* One residual block: basic (two 3x3) or bottleneck (1x1, 3x3, 1x1). */
 struct nn_block {
     int bottleneck, has_ds;
-    int nconv;                /* 2 or 3 */
+    int nconv; /* 2 or 3 */
     struct nn_conv c[3], cd;
     struct nn_bn b[3], bd;
     struct mesh_nn_plan *join; /* out = relu(main + shortcut) */
@@ -76,13 +76,13 @@ struct mesh_nn_model {
     struct mesh_nn_plan *maxpool, *avgpool, *fc;
     struct nn_block *blocks;
     int nblocks;
-    int feat;      /* channels into fc */
-    size_t fc_w;   /* fc weight offset; bias follows */
+    int feat;    /* channels into fc */
+    size_t fc_w; /* fc weight offset; bias follows */
 
     /* per batch size */
     int n;
-    int train;     /* last forward was training */
-    int have_loss; /* dlogits are valid */
+    int train;               /* last forward was training */
+    int have_loss;           /* dlogits are valid */
     void *in, *a0, *o0, *p0; /* input, stem conv, stem bn, max pool out */
     void *pool_res;          /* max pool reserve */
     void *pooled;            /* (n, feat) */
@@ -91,7 +91,7 @@ struct mesh_nn_model {
     void *g[3];              /* backward scratch, each max_act bytes */
     void *ws;                /* workspace, max over plans */
     size_t ws_bytes, max_act;
-    float *gscratch;         /* accumulate: max tensor size */
+    float *gscratch; /* accumulate: max tensor size */
     size_t max_tensor;
 
     int profile;

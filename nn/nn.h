@@ -61,8 +61,8 @@ void mesh_nn_ctx_close(struct mesh_nn_ctx *ctx);
 /* "cpu: oneDNN 2.6.3, OpenMP threads 2, activations nChw16c" and such. */
 const char *mesh_nn_ctx_describe(struct mesh_nn_ctx *ctx);
 /* Copy between host and device memory (slabs), bytes. */
-int mesh_nn_upload(struct mesh_nn_ctx *ctx, void *dev_dst,
-                   const void *host_src, size_t bytes);
+int mesh_nn_upload(struct mesh_nn_ctx *ctx, void *dev_dst, const void *host_src,
+                   size_t bytes);
 int mesh_nn_download(struct mesh_nn_ctx *ctx, void *host_dst,
                      const void *dev_src, size_t bytes);
 /* Wait for every op issued on the device. */
@@ -71,16 +71,16 @@ int mesh_nn_sync(struct mesh_nn_ctx *ctx);
 /* ---- models -------------------------------------------------------------- */
 
 struct mesh_nn_model_cfg {
-    const char *arch;      /* resnet18|resnet34|resnet50|resnet101|resnet152 */
-    int num_classes;       /* default 1000 when 0 */
-    int in_channels;       /* default 3 when 0 */
-    int image_size;        /* square input side, default 224 when 0 */
-    int cifar_stem;        /* 3x3 stride-1 conv1, no max pool */
+    const char *arch;       /* resnet18|resnet34|resnet50|resnet101|resnet152 */
+    int num_classes;        /* default 1000 when 0 */
+    int in_channels;        /* default 3 when 0 */
+    int image_size;         /* square input side, default 224 when 0 */
+    int cifar_stem;         /* 3x3 stride-1 conv1, no max pool */
     int zero_init_residual; /* last BN gamma of each block = 0 */
-    uint64_t seed;         /* same seed: bitwise same weights everywhere */
-    int width;             /* conv1 channels, stage k has width << k (and
-                              x4 in bottlenecks); default (0) 64 as
-                              torchvision; smaller for fast small models */
+    uint64_t seed;          /* same seed: bitwise same weights everywhere */
+    int width;              /* conv1 channels, stage k has width << k (and
+                               x4 in bottlenecks); default (0) 64 as
+                               torchvision; smaller for fast small models */
 };
 
 /* Fill in cfg's defaults where a field is 0 (see above). */
@@ -104,7 +104,7 @@ struct mesh_nn_resnet_conv {
     int nconv;             /* convs on the main path: 2 basic, 3 bottleneck */
     int has_ds;            /* the block has a projection shortcut */
     int cin, cout, k, stride, pad;
-    int relu;              /* a ReLU follows the batch norm */
+    int relu; /* a ReLU follows the batch norm */
 };
 
 typedef int (*mesh_nn_resnet_visit_fn)(void *arg,
@@ -143,11 +143,11 @@ enum mesh_nn_tensor_role {
     MESH_NN_ROLE_BN_VAR,
 };
 struct mesh_nn_tensor {
-    char name[48];   /* torchvision's name, e.g. "layer1.0.bn2.weight" */
-    int kind;        /* enum mesh_nn_tensor_kind */
-    int role;        /* enum mesh_nn_tensor_role */
-    size_t offset;   /* in floats, into its slab */
-    size_t count;    /* floats */
+    char name[48]; /* torchvision's name, e.g. "layer1.0.bn2.weight" */
+    int kind;      /* enum mesh_nn_tensor_kind */
+    int role;      /* enum mesh_nn_tensor_role */
+    size_t offset; /* in floats, into its slab */
+    size_t count;  /* floats */
     int ndim;
     int64_t shape[4];
 };
@@ -279,7 +279,7 @@ struct mesh_nn_lr_sched {
     double gamma;         /* STEP: factor per milestone (0.1) */
     double milestones[8]; /* STEP: epochs, ascending */
     int num_milestones;
-    double total_epochs;  /* COSINE: T (warmup included) */
+    double total_epochs; /* COSINE: T (warmup included) */
 };
 
 /* Parse "const", "step", "cosine"; -EINVAL naming the string otherwise. */
@@ -311,8 +311,7 @@ void mesh_nn_dev_opts_init(struct mesh_nn_dev_opts *o);
 /* Parse "fp32", "tf32", "bf16-amp"; -EINVAL naming the string otherwise. */
 int mesh_nn_precision_parse(const char *s, int *out);
 /* mesh_nn_ctx_open with every device option. */
-int mesh_nn_ctx_open_opts(const char *backend,
-                          const struct mesh_nn_dev_opts *o,
+int mesh_nn_ctx_open_opts(const char *backend, const struct mesh_nn_dev_opts *o,
                           struct mesh_nn_ctx **out);
 
 /* Device memory of the ctx's backend (zero-filled), e.g. the 16-bit
@@ -369,11 +368,11 @@ int mesh_nn_copy_order(struct mesh_nn_ctx *ctx, struct mesh_nn_copy *c);
 
 /*
  * dst = scale * src, n elements in device memory, converted between
- * float32 and float16 / bfloat16 (MESH_DT_F32, MESH_DT_F16, MESH_DT_BF16) (round to nearest even), on the compute
- * stream (for --compress and gradient scaling on the device). One side
- * must be float32; dst may equal src only when both are float32.
- * -ENOTSUP when the backend has no device conversion ("cpu": use the
- * collective's mesh_convert on the host slab).
+ * float32 and float16 / bfloat16 (MESH_DT_F32, MESH_DT_F16, MESH_DT_BF16)
+ * (round to nearest even), on the compute stream (for --compress and gradient
+ * scaling on the device). One side must be float32; dst may equal src only when
+ * both are float32. -ENOTSUP when the backend has no device conversion ("cpu":
+ * use the collective's mesh_convert on the host slab).
  */
 int mesh_nn_convert(struct mesh_nn_ctx *ctx, int dst_dtype, void *dst,
                     int src_dtype, const void *src, size_t n, float scale);

@@ -54,10 +54,9 @@ int mesh_nn_sgd_create(struct mesh_nn_model *m,
     }
     for (i = 0; i < m->nt; i++) {
         const struct mesh_nn_tensor *t = &m->t[i];
-        int skip = cfg->wd_skip_bn_bias &&
-                   (t->role == MESH_NN_ROLE_BN_WEIGHT ||
-                    t->role == MESH_NN_ROLE_BN_BIAS ||
-                    t->role == MESH_NN_ROLE_FC_BIAS);
+        int skip = cfg->wd_skip_bn_bias && (t->role == MESH_NN_ROLE_BN_WEIGHT ||
+                                            t->role == MESH_NN_ROLE_BN_BIAS ||
+                                            t->role == MESH_NN_ROLE_FC_BIAS);
         float wd = skip ? 0.f : cfg->weight_decay;
 
         if (t->kind != MESH_NN_PARAM)
@@ -103,8 +102,7 @@ int mesh_nn_sgd_step(struct mesh_nn_sgd *s, float lr)
     int i, rc;
 
     if (!isfinite(lr) || lr < 0.f)
-        return mesh_err(-EINVAL, "nn: learning rate %g is invalid",
-                        (double)lr);
+        return mesh_err(-EINVAL, "nn: learning rate %g is invalid", (double)lr);
     memset(&a, 0, sizeof(a));
     a.lr = lr;
     a.momentum = s->cfg.momentum;
@@ -116,8 +114,8 @@ int mesh_nn_sgd_step(struct mesh_nn_sgd *s, float lr)
 
         a.weight_decay = r->wd;
         rc = m->ctx->ops->sgd(m->ctx->dev, r->count, m->params + r->off,
-                              m->grads + r->off, s->mom ? s->mom + r->off : NULL,
-                              &a);
+                              m->grads + r->off,
+                              s->mom ? s->mom + r->off : NULL, &a);
         if (rc < 0)
             return rc;
     }
@@ -163,9 +161,8 @@ double mesh_nn_lr_at(const struct mesh_nn_lr_sched *s, double epoch)
 
     if (epoch < s->warmup_epochs && s->warmup_epochs > 0)
         /* Goyal et al.: linear from warmup_start * lr to lr */
-        return s->base_lr *
-               (s->warmup_start +
-                (1.0 - s->warmup_start) * epoch / s->warmup_epochs);
+        return s->base_lr * (s->warmup_start + (1.0 - s->warmup_start) * epoch /
+                                                   s->warmup_epochs);
     switch (s->kind) {
     case MESH_NN_LR_STEP:
         for (i = 0; i < s->num_milestones && i < 8; i++)

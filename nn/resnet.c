@@ -111,8 +111,7 @@ static int def_bn(struct mesh_nn_model *m, struct nn_bn *b, const char *name,
     rc = add_tensor(m, full, MESH_NN_PARAM, MESH_NN_ROLE_BN_WEIGHT, 1, shape);
     if (rc == 0) {
         snprintf(full, sizeof(full), "%s.bias", name);
-        rc = add_tensor(m, full, MESH_NN_PARAM, MESH_NN_ROLE_BN_BIAS, 1,
-                        shape);
+        rc = add_tensor(m, full, MESH_NN_PARAM, MESH_NN_ROLE_BN_BIAS, 1, shape);
     }
     return rc;
 }
@@ -137,8 +136,7 @@ static int def_bn_buffers(struct mesh_nn_model *m, struct nn_bn *b)
     rc = add_tensor(m, full, MESH_NN_BUFFER, MESH_NN_ROLE_BN_MEAN, 1, shape);
     if (rc == 0) {
         snprintf(full, sizeof(full), "%.*s.running_var", len, base);
-        rc = add_tensor(m, full, MESH_NN_BUFFER, MESH_NN_ROLE_BN_VAR, 1,
-                        shape);
+        rc = add_tensor(m, full, MESH_NN_BUFFER, MESH_NN_ROLE_BN_VAR, 1, shape);
     }
     return rc;
 }
@@ -523,8 +521,7 @@ int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
 
     if (!a)
         return mesh_err(-EINVAL, "nn: unknown model \"%s\" (%s)",
-                        cfg->arch ? cfg->arch : "(none)",
-                        mesh_nn_arch_list());
+                        cfg->arch ? cfg->arch : "(none)", mesh_nn_arch_list());
     m = calloc(1, sizeof(*m));
     if (!m)
         return mesh_err(-ENOMEM, "nn: out of memory");
@@ -533,8 +530,8 @@ int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
     snprintf(m->arch, sizeof(m->arch), "%s", a->name);
     m->cfg.arch = m->arch;
     mesh_nn_model_cfg_defaults(&m->cfg);
-    if ((rc = check_range("num_classes", m->cfg.num_classes, 1, 1000000,
-                          0)) < 0 ||
+    if ((rc = check_range("num_classes", m->cfg.num_classes, 1, 1000000, 0)) <
+            0 ||
         (rc = check_range("in_channels", m->cfg.in_channels, 1, 64, 1)) < 0 ||
         (rc = check_range("image size", m->cfg.image_size, 8, 4096, 1)) < 0 ||
         (rc = check_range("width", m->cfg.width, 1, 1024, 1)) < 0)
@@ -542,8 +539,7 @@ int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
     rc = define(m, a);
     if (rc < 0)
         goto fail;
-    rc = OPS(m)->alloc(DEV(m), m->nparams * sizeof(float),
-                       (void **)&m->params);
+    rc = OPS(m)->alloc(DEV(m), m->nparams * sizeof(float), (void **)&m->params);
     if (rc == 0)
         rc = OPS(m)->alloc(DEV(m), m->nparams * sizeof(float),
                            (void **)&m->grads);
@@ -587,9 +583,18 @@ mesh_nn_model_find_tensor(const struct mesh_nn_model *m, const char *name)
     return NULL;
 }
 
-float *mesh_nn_model_params(struct mesh_nn_model *m) { return m->params; }
-float *mesh_nn_model_grads(struct mesh_nn_model *m) { return m->grads; }
-float *mesh_nn_model_buffers(struct mesh_nn_model *m) { return m->buffers; }
+float *mesh_nn_model_params(struct mesh_nn_model *m)
+{
+    return m->params;
+}
+float *mesh_nn_model_grads(struct mesh_nn_model *m)
+{
+    return m->grads;
+}
+float *mesh_nn_model_buffers(struct mesh_nn_model *m)
+{
+    return m->buffers;
+}
 
 size_t mesh_nn_model_num_params(const struct mesh_nn_model *m)
 {
@@ -643,8 +648,8 @@ void mesh_nn_model_summary(const struct mesh_nn_model *m, FILE *f)
             cfg->num_classes, cfg->in_channels, h, h,
             cfg->cifar_stem ? ", CIFAR stem" : "",
             cfg->zero_init_residual ? ", zero-init residual BN" : "");
-    fprintf(f, "%-24s %-22s %-18s %12s\n", "layer", "type", "output (C x H x W)",
-            "parameters");
+    fprintf(f, "%-24s %-22s %-18s %12s\n", "layer", "type",
+            "output (C x H x W)", "parameters");
     h = mesh_nn_out_dim(h, m->conv1.k, m->conv1.stride, m->conv1.pad);
     snprintf(type, sizeof(type), "conv %dx%d/%d", m->conv1.k, m->conv1.k,
              m->conv1.stride);
@@ -842,8 +847,7 @@ static int setup_batch(struct mesh_nn_model *m, int n)
                 (rc = alloc_act(m, cout, b->cd.oh, &b->od)) < 0)
                 goto fail;
         }
-        if ((rc = simple_plan(m, MESH_NN_PLAN_ADD, cout, h, 1, &b->join)) <
-                0 ||
+        if ((rc = simple_plan(m, MESH_NN_PLAN_ADD, cout, h, 1, &b->join)) < 0 ||
             (rc = simple_plan(m, MESH_NN_PLAN_RELU, cout, h, 0, &b->relu)) <
                 0 ||
             (rc = simple_plan(m, MESH_NN_PLAN_ADD, b->c[0].cin, hin, 0,
@@ -871,8 +875,7 @@ static int setup_batch(struct mesh_nn_model *m, int n)
     for (i = 0; i < 3; i++)
         if ((rc = OPS(m)->alloc(DEV(m), m->max_act, &m->g[i])) < 0)
             goto fail;
-    if (m->ws_bytes &&
-        (rc = OPS(m)->alloc(DEV(m), m->ws_bytes, &m->ws)) < 0)
+    if (m->ws_bytes && (rc = OPS(m)->alloc(DEV(m), m->ws_bytes, &m->ws)) < 0)
         goto fail;
     return 0;
 fail:
@@ -889,7 +892,7 @@ fail:
         uint64_t t0_ = (m)->profile ? mesh_now_ns() : 0;                       \
         rc = (expr);                                                           \
         if ((m)->profile)                                                      \
-            (m)->prof[k] += (double)(mesh_now_ns() - t0_) * 1e-9;             \
+            (m)->prof[k] += (double)(mesh_now_ns() - t0_) * 1e-9;              \
         if (rc < 0)                                                            \
             return rc;                                                         \
     } while (0)
@@ -914,8 +917,7 @@ static int bn_fwd(struct mesh_nn_model *m, struct nn_bn *b, const void *x,
     if (m->train)
         PROF(m, NN_PROF_BN_FWD,
              OPS(m)->bn_fwd_train(DEV(m), b->p, x, y, g, g + b->c, rm,
-                                  rm + b->c, 0.1f, b->save, b->reserve,
-                                  m->ws));
+                                  rm + b->c, 0.1f, b->save, b->reserve, m->ws));
     else
         PROF(m, NN_PROF_BN_FWD,
              OPS(m)->bn_fwd_infer(DEV(m), b->p, x, y, g, g + b->c, rm,
@@ -970,8 +972,8 @@ int mesh_nn_model_forward(struct mesh_nn_model *m, int n, const float *images,
         return rc;
     if (!cfg->cifar_stem)
         PROF(m, NN_PROF_POOL,
-             OPS(m)->maxpool_fwd(DEV(m), m->maxpool, m->o0, m->p0,
-                                 m->pool_res, m->ws));
+             OPS(m)->maxpool_fwd(DEV(m), m->maxpool, m->o0, m->p0, m->pool_res,
+                                 m->ws));
     for (i = 0; i < m->nblocks; i++) {
         rc = block_fwd(m, &m->blocks[i]);
         if (rc < 0)
@@ -984,11 +986,11 @@ int mesh_nn_model_forward(struct mesh_nn_model *m, int n, const float *images,
              OPS(m)->avgpool_fwd(DEV(m), m->avgpool, last->o[last->nconv - 1],
                                  m->pooled, m->ws));
     }
-    PROF(m, NN_PROF_FC,
-         OPS(m)->fc_fwd(DEV(m), m->fc, m->pooled, m->params + m->fc_w,
-                        m->params + m->fc_w +
-                            (size_t)cfg->num_classes * m->feat,
-                        m->logits, m->ws));
+    PROF(
+        m, NN_PROF_FC,
+        OPS(m)->fc_fwd(DEV(m), m->fc, m->pooled, m->params + m->fc_w,
+                       m->params + m->fc_w + (size_t)cfg->num_classes * m->feat,
+                       m->logits, m->ws));
     if (train)
         m->batches_tracked++;
     return 0;
@@ -1101,8 +1103,8 @@ static int gdone(struct bwd *b, size_t off, size_t count)
 }
 
 /* BN backward from dy to dx (may alias), then its two gradients. */
-static int bn_bwd(struct bwd *w, struct nn_bn *b, const void *x,
-                  const void *dy, void *dx)
+static int bn_bwd(struct bwd *w, struct nn_bn *b, const void *x, const void *dy,
+                  void *dx)
 {
     struct mesh_nn_model *m = w->m;
     float *dg = gdst(w, b->g);
@@ -1110,8 +1112,8 @@ static int bn_bwd(struct bwd *w, struct nn_bn *b, const void *x,
 
     PROF(m, NN_PROF_BN_BWD,
          OPS(m)->bn_bwd(DEV(m), b->p, x, dy, m->params + b->g,
-                        m->params + b->g + b->c, b->save,
-                        b->reserve, dx, dg, dg + b->c, m->ws));
+                        m->params + b->g + b->c, b->save, b->reserve, dx, dg,
+                        dg + b->c, m->ws));
     return gdone(w, b->g, 2 * (size_t)b->c);
 }
 
@@ -1129,8 +1131,7 @@ static int conv_bwd(struct bwd *w, struct nn_conv *c, const void *x,
     if (rc < 0 || !dx)
         return rc;
     PROF(m, NN_PROF_CONV_BWD_DATA,
-         OPS(m)->conv_bwd_data(DEV(m), c->p, dy, m->params + c->w, dx,
-                               m->ws));
+         OPS(m)->conv_bwd_data(DEV(m), c->p, dy, m->params + c->w, dx, m->ws));
     return 0;
 }
 
@@ -1224,8 +1225,8 @@ int mesh_nn_model_backward(struct mesh_nn_model *m, int accumulate,
         if (rc < 0)
             return rc;
         PROF(m, NN_PROF_FC,
-             OPS(m)->fc_bwd_data(DEV(m), m->fc, m->dlogits,
-                                 m->params + m->fc_w, m->g[1], m->ws));
+             OPS(m)->fc_bwd_data(DEV(m), m->fc, m->dlogits, m->params + m->fc_w,
+                                 m->g[1], m->ws));
     }
     PROF(m, NN_PROF_POOL,
          OPS(m)->avgpool_bwd(DEV(m), m->avgpool, m->g[1], m->g[gi], m->ws));
@@ -1259,9 +1260,9 @@ void mesh_nn_model_profile(struct mesh_nn_model *m, int on)
 void mesh_nn_model_profile_report(const struct mesh_nn_model *m, FILE *f)
 {
     static const char *const names[NN_PROF_COUNT] = {
-        "conv forward",  "conv backward data", "conv backward filter",
-        "bn forward",    "bn backward",        "add/relu",
-        "pooling",       "fully connected",    "loss",
+        "conv forward", "conv backward data", "conv backward filter",
+        "bn forward",   "bn backward",        "add/relu",
+        "pooling",      "fully connected",    "loss",
         "other",
     };
     double total = 0;

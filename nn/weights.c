@@ -148,8 +148,7 @@ int mesh_nn_model_load(struct mesh_nn_model *m, const char *path)
                           (void *)e->data);
     }
     if (rc == 0)
-        rc = o->upload(m->ctx->dev, m->params, h.p,
-                       m->nparams * sizeof(float));
+        rc = o->upload(m->ctx->dev, m->params, h.p, m->nparams * sizeof(float));
     if (rc == 0)
         rc = o->upload(m->ctx->dev, m->buffers, h.b,
                        m->nbuffers * sizeof(float));

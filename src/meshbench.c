@@ -33,8 +33,8 @@
 
 /* The stream op keeps about this many bytes in flight per iteration. */
 #define STREAM_WINDOW_BYTES (4u << 20)
-#define STREAM_WINDOW_MAX 64
-#define SIZE_MAX_BYTES (1ull << 32)
+#define STREAM_WINDOW_MAX   64
+#define SIZE_MAX_BYTES      (1ull << 32)
 
 struct bench {
     struct mesh *m;
@@ -119,7 +119,8 @@ static void maybe_corrupt(struct bench *b, uint8_t *buf, size_t len)
     buf[b->corrupt_offset] ^= 0x5a;
     b->corrupt_rank = -1;
     mesh_warn("MESHBENCH_TEST_CORRUPT: flipped byte %zu of a %zu-byte "
-              "message on purpose", b->corrupt_offset, len);
+              "message on purpose",
+              b->corrupt_offset, len);
 }
 
 /* Count wrong bytes; report the first one. */
@@ -316,8 +317,9 @@ static int stream_dir(struct bench *b, int sender, int receiver, size_t size,
             if (rc < 0)
                 return rc;
             if (ack != seq)
-                return mesh_err(-EPROTO, "stream: acknowledgement %" PRIu64
-                                         " from rank %d, expected %" PRIu64,
+                return mesh_err(-EPROTO,
+                                "stream: acknowledgement %" PRIu64
+                                " from rank %d, expected %" PRIu64,
                                 ack, receiver, seq);
             if (it >= b->warmup)
                 sum_ns += (double)(t1 - t0);
@@ -326,8 +328,8 @@ static int stream_dir(struct bench *b, int sender, int receiver, size_t size,
             if (rc < 0)
                 return rc;
             ack = seq;
-            rc = post_send(b, sender, seq, (uint32_t)window, &ack,
-                           sizeof(ack), &reqs[0]);
+            rc = post_send(b, sender, seq, (uint32_t)window, &ack, sizeof(ack),
+                           &reqs[0]);
             if (rc == 0)
                 rc = wait_all(b, reqs, 1);
             if (rc < 0)
@@ -335,16 +337,15 @@ static int stream_dir(struct bench *b, int sender, int receiver, size_t size,
             if (b->check)
                 for (j = 0; j < (int)window; j++)
                     bad += verify(b, b->recvbuf + (size_t)j * size, size,
-                                  seed_of(sender, me, seq, (uint32_t)j),
-                                  sender, seq, (uint32_t)j);
+                                  seed_of(sender, me, seq, (uint32_t)j), sender,
+                                  seq, (uint32_t)j);
         }
     }
     if (me == sender) {
         res->time_us = sum_ns / b->iters / 1e3;
         res->lat_us = res->time_us / (double)window;
-        res->gbps = sum_ns > 0 ? (double)size * (double)window * b->iters /
-                                     sum_ns
-                               : 0;
+        res->gbps =
+            sum_ns > 0 ? (double)size * (double)window * b->iters / sum_ns : 0;
     }
     res->errors += bad;
     return 0;
@@ -451,8 +452,10 @@ static int parse_size(const char *s, size_t *out)
     *out = (size_t)(v * mul);
     return 0;
 bad:
-    return mesh_err(-EINVAL, "size '%s': expected bytes from 1 to 4G, "
-                             "with an optional K, M or G suffix", s);
+    return mesh_err(-EINVAL,
+                    "size '%s': expected bytes from 1 to 4G, "
+                    "with an optional K, M or G suffix",
+                    s);
 }
 
 static void usage(FILE *f)
@@ -514,9 +517,11 @@ static int select_op(const char *list, int *mask, int *coll_mask)
             if (!strcmp(tok, bench_ops[k].name))
                 break;
         if (k == MESH_ARRAY_SIZE(bench_ops))
-            return mesh_err(-EINVAL, "--op '%s': expected pingpong, stream, "
-                                     "all, allreduce, reduce_scatter, "
-                                     "allgather or broadcast", tok);
+            return mesh_err(-EINVAL,
+                            "--op '%s': expected pingpong, stream, "
+                            "all, allreduce, reduce_scatter, "
+                            "allgather or broadcast",
+                            tok);
         *mask |= 1 << k;
     }
     return 0;
@@ -533,8 +538,9 @@ struct args {
 static int is_value_option(const char *arg)
 {
     static const char *const names[] = {
-        "--op", "-b", "--minbytes", "-e", "--maxbytes", "-f", "--stepfactor",
-        "-n", "--iters", "-w", "--warmup", "-c", "--check"};
+        "--op",     "-b",           "--minbytes", "-e",      "--maxbytes",
+        "-f",       "--stepfactor", "-n",         "--iters", "-w",
+        "--warmup", "-c",           "--check"};
 
     for (size_t k = 0; k < MESH_ARRAY_SIZE(names); k++)
         if (!strcmp(arg, names[k]))
@@ -570,10 +576,11 @@ static int parse_args(struct mesh_opts *mo, struct args *a, int argc,
             continue;
         }
         if (!is_value_option(arg))
-            return mesh_err(-EINVAL, arg[0] == '-' ? "unknown option %s (see "
-                                                     "--help)"
-                                                   : "unexpected argument "
-                                                     "'%s' (see --help)",
+            return mesh_err(-EINVAL,
+                            arg[0] == '-' ? "unknown option %s (see "
+                                            "--help)"
+                                          : "unexpected argument "
+                                            "'%s' (see --help)",
                             arg);
         if (!v)
             return mesh_err(-EINVAL, "%s needs a value (see --help)", arg);
@@ -621,8 +628,7 @@ static void print_header(const struct bench *b, const struct args *a,
     printf("# meshbench: %d ranks, transport %s, %d stream(s) per link, "
            "iters %d, warmup %d, check %s%s\n",
            b->size, mo->transport, mo->streams, b->iters, b->warmup,
-           b->check ? "on" : "off",
-           mo->topts.insecure ? ", insecure" : "");
+           b->check ? "on" : "off", mo->topts.insecure ? ", insecure" : "");
     printf("# pairs: %s; rank 0 reports its own pair\n",
            a->all_pairs ? "every pair in turn" : "0-1, 2-3, ...");
     printf("# %-9s %7s %12s %12s %12s %10s %8s\n", "op", "pair", "size",
@@ -676,8 +682,12 @@ static int run_all(struct bench *b, const struct args *a)
 
 int main(int argc, char **argv)
 {
-    struct args a = {.minbytes = 8, .maxbytes = 64u << 20, .factor = 2,
-                     .iters = 20, .warmup = 5, .check = 1};
+    struct args a = {.minbytes = 8,
+                     .maxbytes = 64u << 20,
+                     .factor = 2,
+                     .iters = 20,
+                     .warmup = 5,
+                     .check = 1};
     struct bench b;
     struct mesh_opts mo;
     int rc, code = MESH_EXIT_USAGE;
@@ -702,8 +712,10 @@ int main(int argc, char **argv)
         return MESH_EXIT_USAGE;
     }
     if (mo.world.size < 2) {
-        fprintf(stderr, "meshbench: needs at least 2 ranks, the hosts "
-                        "have %d slot\n", mo.world.size);
+        fprintf(stderr,
+                "meshbench: needs at least 2 ranks, the hosts "
+                "have %d slot\n",
+                mo.world.size);
         goto out_opts;
     }
     rc = mesh_bind(&mo, NULL);
@@ -717,8 +729,10 @@ int main(int argc, char **argv)
         int r, n = 0;
 
         if (c && (sscanf(c, "%d:%llu%n", &r, &off, &n) != 2 || c[n])) {
-            fprintf(stderr, "meshbench: MESHBENCH_TEST_CORRUPT='%s': "
-                            "expected RANK:OFFSET\n", c);
+            fprintf(stderr,
+                    "meshbench: MESHBENCH_TEST_CORRUPT='%s': "
+                    "expected RANK:OFFSET\n",
+                    c);
             goto out_opts;
         }
         if (c) {
@@ -732,8 +746,8 @@ int main(int argc, char **argv)
     b.warmup = a.warmup;
     b.check = a.check;
     /* The collectives bring their own (registered) buffers. */
-    b.region = a.op_mask ? MESH_MAX(a.maxbytes, (size_t)STREAM_WINDOW_BYTES)
-                         : 4096;
+    b.region =
+        a.op_mask ? MESH_MAX(a.maxbytes, (size_t)STREAM_WINDOW_BYTES) : 4096;
     rc = mesh_host_alloc(b.region, (void **)&b.sendbuf);
     if (rc == 0)
         rc = mesh_host_alloc(b.region, (void **)&b.recvbuf);
@@ -749,8 +763,8 @@ int main(int argc, char **argv)
         snprintf(config, sizeof(config),
                  "program=meshbench\nops=%d\nminbytes=%zu\nmaxbytes=%zu\n"
                  "factor=%d\niters=%d\nwarmup=%d\ncheck=%d\nall_pairs=%d\n",
-                 a.op_mask, a.minbytes, a.maxbytes, a.factor, a.iters,
-                 a.warmup, a.check, a.all_pairs);
+                 a.op_mask, a.minbytes, a.maxbytes, a.factor, a.iters, a.warmup,
+                 a.check, a.all_pairs);
         used = strlen(config);
         meshbench_coll_config(&a.coll, config + used, sizeof(config) - used);
         rc = mesh_open(&mo, config, &b.m);
@@ -789,8 +803,10 @@ int main(int argc, char **argv)
         goto out_mr;
     }
     if (b.errors) {
-        fprintf(stderr, "meshbench: rank %d: %" PRIu64 " wrong bytes "
-                        "received\n", b.rank, b.errors);
+        fprintf(stderr,
+                "meshbench: rank %d: %" PRIu64 " wrong bytes "
+                "received\n",
+                b.rank, b.errors);
         code = MESH_EXIT_VERIFY;
     } else {
         code = MESH_EXIT_OK;

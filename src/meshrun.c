@@ -63,8 +63,8 @@ struct proc {
     int remote;
     pid_t pid;
     int running;
-    int status; /* from waitpid, once it has exited */
-    int blames; /* the culprit its failed mesh reported, -1: none */
+    int status;    /* from waitpid, once it has exited */
+    int blames;    /* the culprit its failed mesh reported, -1: none */
     int blamed_at; /* order of that report among all ranks' (1, 2, ...) */
     struct stream s[2];
 };

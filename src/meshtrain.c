@@ -64,15 +64,15 @@ struct opt_doc {
 
 /* The offset of train_cfg field f, which must have type t (else no match
  * in the _Generic, a compile error). */
-#define FIELD(f, t)                                                          \
-    _Generic(((struct train_cfg *)0)->f, t: offsetof(struct train_cfg, f))
-#define SWITCH_FIELD(f) OPT_SWITCH, 0, FIELD(f, int), 0, 0, 0, 0
-#define STRING_FIELD(f) OPT_STRING, 0, FIELD(f, const char *), 0, 0, 0, 0
-#define INT_FIELD(f, lo, hi) OPT_INT, 0, FIELD(f, int), lo, hi, 0, 0
-#define U64_FIELD(f, lo, hi) OPT_U64, 0, FIELD(f, uint64_t), lo, hi, 0, 0
+#define FIELD(f, t)                                                            \
+    _Generic(((struct train_cfg *)0)->f, t : offsetof(struct train_cfg, f))
+#define SWITCH_FIELD(f)         OPT_SWITCH, 0, FIELD(f, int), 0, 0, 0, 0
+#define STRING_FIELD(f)         OPT_STRING, 0, FIELD(f, const char *), 0, 0, 0, 0
+#define INT_FIELD(f, lo, hi)    OPT_INT, 0, FIELD(f, int), lo, hi, 0, 0
+#define U64_FIELD(f, lo, hi)    OPT_U64, 0, FIELD(f, uint64_t), lo, hi, 0, 0
 #define DOUBLE_FIELD(f, lo, hi) OPT_DOUBLE, 0, FIELD(f, double), 0, 0, lo, hi
-#define FLOAT_FIELD(f, lo, hi) OPT_FLOAT, 0, FIELD(f, float), 0, 0, lo, hi
-#define CUSTOM(id) OPT_CUSTOM, id, 0, 0, 0, 0, 0
+#define FLOAT_FIELD(f, lo, hi)  OPT_FLOAT, 0, FIELD(f, float), 0, 0, lo, hi
+#define CUSTOM(id)              OPT_CUSTOM, id, 0, 0, 0, 0, 0
 
 static const struct opt_doc opts[] = {
     {"model", CUSTOM(OPT_MODEL), "NAME",
@@ -263,8 +263,7 @@ static int check_model(const char *name)
             return 0;
         p += n;
     }
-    return mesh_err(-EINVAL, "--model \"%s\": unknown model (%s)", name,
-                    list);
+    return mesh_err(-EINVAL, "--model \"%s\": unknown model (%s)", name, list);
 }
 
 static int apply_custom(struct train_cfg *c, int id, const char *name,
@@ -323,8 +322,10 @@ static int apply_custom(struct train_cfg *c, int id, const char *name,
         else if (!strcmp(arg, "if-any"))
             c->resume = TRAIN_RESUME_IF_ANY;
         else
-            rc = mesh_err(-EINVAL, "--resume=%s: expected --resume or "
-                          "--resume=if-any", arg);
+            rc = mesh_err(-EINVAL,
+                          "--resume=%s: expected --resume or "
+                          "--resume=if-any",
+                          arg);
         break;
     default:
         rc = mesh_err(-EINVAL, "internal error: option %d", id);
@@ -525,22 +526,24 @@ int main(int argc, char **argv)
             fprintf(stderr, "meshtrain: %s\n", mesh_err_msg(rc));
         return rc < 0 ? MESH_EXIT_USAGE : MESH_EXIT_OK;
     }
-    if (c.simulate && (c.resume || c.save || c.checkpoint_every ||
-                       c.profile_layers)) {
-        fprintf(stderr, "meshtrain: --simulate-compute has no weights: "
+    if (c.simulate &&
+        (c.resume || c.save || c.checkpoint_every || c.profile_layers)) {
+        fprintf(stderr,
+                "meshtrain: --simulate-compute has no weights: "
                 "--resume, --save, --checkpoint-every and --profile-layers "
                 "need real compute\n");
         return MESH_EXIT_USAGE;
     }
     if (c.algo == MESH_ALGO_PS && !c.simulate) {
-        fprintf(stderr, "meshtrain: --algo: ps is a benchmark baseline "
+        fprintf(stderr,
+                "meshtrain: --algo: ps is a benchmark baseline "
                 "(meshbench, and meshtrain with --simulate-compute), use "
                 "ring, tree, direct, rd, rhd or auto\n");
         return MESH_EXIT_USAGE;
     }
     if (c.simulate_scale != 1 && !c.simulate) {
         fprintf(stderr, "meshtrain: --simulate-scale needs "
-                "--simulate-compute\n");
+                        "--simulate-compute\n");
         return MESH_EXIT_USAGE;
     }
     if (c.resume && !c.checkpoint_dir) {
@@ -551,7 +554,7 @@ int main(int argc, char **argv)
      * anywhere would silently not exist */
     if (c.checkpoint_every && !c.checkpoint_dir) {
         fprintf(stderr, "meshtrain: --checkpoint-every needs "
-                "--checkpoint-dir\n");
+                        "--checkpoint-dir\n");
         return MESH_EXIT_USAGE;
     }
     lone = lone_process(&mo);

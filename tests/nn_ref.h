@@ -11,7 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define IDX4(a, b, c, d, B, C, D) ((((size_t)(a) * (B) + (b)) * (C) + (c)) * (D) + (d))
+#define IDX4(a, b, c, d, B, C, D)                                              \
+    ((((size_t)(a) * (B) + (b)) * (C) + (c)) * (D) + (d))
 
 static uint64_t ref_rng_state = 88172645463325252ULL;
 
@@ -107,7 +108,7 @@ struct ref_conv {
 };
 
 static inline void ref_conv_fwd(const struct ref_conv *s, const double *x,
-                         const double *w, double *y)
+                                const double *w, double *y)
 {
     int n, k, oy, ox, c, i, j;
 
@@ -135,8 +136,8 @@ static inline void ref_conv_fwd(const struct ref_conv *s, const double *x,
 
 /* dx and dw from dy (both zeroed here). */
 static inline void ref_conv_bwd(const struct ref_conv *s, const double *x,
-                         const double *w, const double *dy, double *dx,
-                         double *dw)
+                                const double *w, const double *dy, double *dx,
+                                double *dw)
 {
     int n, k, oy, ox, c, i, j;
 
@@ -189,9 +190,9 @@ static inline void ref_bn_stats(int n, int c, int hw, const double *x, int ch,
     *var = v / cnt;
 }
 
-static inline void ref_bn_fwd(int n, int c, int hw, const double *x, const double *g,
-                       const double *b, double eps, int relu, double *y,
-                       double *mean, double *var)
+static inline void ref_bn_fwd(int n, int c, int hw, const double *x,
+                              const double *g, const double *b, double eps,
+                              int relu, double *y, double *mean, double *var)
 {
     int i, ch, p;
 
@@ -212,9 +213,10 @@ static inline void ref_bn_fwd(int n, int c, int hw, const double *x, const doubl
 }
 
 /* dy is the gradient of the (post-ReLU when relu) output y. */
-static inline void ref_bn_bwd(int n, int c, int hw, const double *x, const double *g,
-                       const double *y, const double *dy_in, double eps,
-                       int relu, double *dx, double *dg, double *db)
+static inline void ref_bn_bwd(int n, int c, int hw, const double *x,
+                              const double *g, const double *y,
+                              const double *dy_in, double eps, int relu,
+                              double *dx, double *dg, double *db)
 {
     int i, ch, p;
     double cnt = (double)n * hw;
@@ -247,9 +249,9 @@ static inline void ref_bn_bwd(int n, int c, int hw, const double *x, const doubl
 
 /* ---- max pool (r x r, stride, pad) and global average pool --------------- */
 
-static inline void ref_maxpool_fwd(int n, int c, int h, int w, int r, int stride,
-                            int pad, int oh, int ow, const double *x,
-                            double *y, int *arg)
+static inline void ref_maxpool_fwd(int n, int c, int h, int w, int r,
+                                   int stride, int pad, int oh, int ow,
+                                   const double *x, double *y, int *arg)
 {
     int i, ch, oy, ox, a, b;
 
@@ -281,8 +283,8 @@ static inline void ref_maxpool_fwd(int n, int c, int h, int w, int r, int stride
 
 /* ---- fully connected: x (n, c), w (k, c), b (k), y (n, k) ---------------- */
 
-static inline void ref_fc_fwd(int n, int c, int k, const double *x, const double *w,
-                       const double *b, double *y)
+static inline void ref_fc_fwd(int n, int c, int k, const double *x,
+                              const double *w, const double *b, double *y)
 {
     int i, j, l;
 
@@ -299,7 +301,7 @@ static inline void ref_fc_fwd(int n, int c, int k, const double *x, const double
 /* ---- softmax cross-entropy with label smoothing (mean over n) ------------ */
 
 static inline double ref_xent(int n, int k, const double *z, const int32_t *lab,
-                       double eps, double *dz)
+                              double eps, double *dz)
 {
     double total = 0;
     int i, j;

@@ -38,8 +38,8 @@ tap_line(const char *fmt, ...)
 /* A comment. */
 #define diag(...) (printf("# "), tap_line(__VA_ARGS__))
 
-__attribute__((format(printf, 2, 3))) static inline int
-ok(int cond, const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static inline int ok(int cond,
+                                                           const char *fmt, ...)
 {
     va_list ap;
 

@@ -351,8 +351,8 @@ int main(void)
             mesh_log_set_level(MESH_LOG_ERROR);
             rc2 = mesh_ckpt_scan(pd[2], &l2, &n2, &dmg);
             mesh_log_set_level(MESH_LOG_INFO);
-            ok(rc2 == 0 && n2 == 2 && dmg.count == 1 &&
-                   strstr(dmg.list, bp) && strstr(dmg.list, "SHA-256"),
+            ok(rc2 == 0 && n2 == 2 && dmg.count == 1 && strstr(dmg.list, bp) &&
+                   strstr(dmg.list, "SHA-256"),
                "scan: the damaged one is counted and named with why: %s",
                dmg.list);
             free(l2);

@@ -106,8 +106,7 @@ static int val(int rank, size_t i, int salt)
 static void fill(int dtype, void *p, size_t n, int rank, int salt, size_t first)
 {
     for (size_t i = 0; i < n; i++)
-        mesh_dtype_put_f32(dtype, p, i,
-                           (float)val(rank, first + i, salt));
+        mesh_dtype_put_f32(dtype, p, i, (float)val(rank, first + i, salt));
 }
 
 /* Expected reduction of element i over n ranks. */
@@ -233,7 +232,10 @@ static void t_allreduce(struct rank_ctx *x, int algo, int dtype, int redop,
             void *dst = inplace ? in : outb;
 
             fill(dtype, in, cnt, x->rank, salt, 0);
-            if (!coll_ok(&g, mesh_coll_allreduce(x->c, in, dst, cnt, dtype, redop, algo), cnt))
+            if (!coll_ok(
+                    &g,
+                    mesh_coll_allreduce(x->c, in, dst, cnt, dtype, redop, algo),
+                    cnt))
                 continue;
             check(&g, dst, want, cnt, dtype,
                   inplace ? "in place" : "out of place", cnt);
@@ -265,7 +267,10 @@ static void t_reduce_scatter(struct rank_ctx *x, int dtype, int redop,
             char *dst = inplace ? in + (size_t)x->rank * rc_ * es : outb;
 
             fill(dtype, in, (size_t)n * rc_, x->rank, 3, 0);
-            if (!coll_ok(&g, mesh_coll_reduce_scatter(x->c, in, dst, rc_, dtype, redop), rc_))
+            if (!coll_ok(
+                    &g,
+                    mesh_coll_reduce_scatter(x->c, in, dst, rc_, dtype, redop),
+                    rc_))
                 continue;
             check(&g, dst, want, rc_, dtype,
                   inplace ? "in place" : "out of place", rc_);
@@ -296,7 +301,8 @@ static void t_allgather(struct rank_ctx *x, int dtype, const size_t *counts,
 
             memset(outb, 0xee, (size_t)n * sc * es);
             fill(dtype, src, sc, x->rank, 4, 0);
-            if (!coll_ok(&g, mesh_coll_allgather(x->c, src, outb, sc, dtype), sc))
+            if (!coll_ok(&g, mesh_coll_allgather(x->c, src, outb, sc, dtype),
+                         sc))
                 continue;
             check(&g, outb, want, (size_t)n * sc, dtype,
                   inplace ? "in place" : "out of place", sc);
@@ -329,7 +335,10 @@ static void t_broadcast(struct rank_ctx *x, int algo, int dtype,
 
             memset(outb, 0xee, cnt * es);
             fill(dtype, in, cnt, x->rank, 5, 0);
-            if (!coll_ok(&g, mesh_coll_broadcast(x->c, in, dst, cnt, dtype, root, algo), cnt))
+            if (!coll_ok(
+                    &g,
+                    mesh_coll_broadcast(x->c, in, dst, cnt, dtype, root, algo),
+                    cnt))
                 continue;
             check(&g, dst, want, cnt, dtype,
                   inplace ? "in place" : "out of place", cnt);
@@ -379,8 +388,8 @@ static void t_random(struct rank_ctx *x, int algo)
 static void t_back_to_back(struct rank_ctx *x)
 {
     enum { K = 8 };
-    static const int algos[] = {MESH_ALGO_RING, MESH_ALGO_TREE, MESH_ALGO_PS,
-                                MESH_ALGO_DIRECT, MESH_ALGO_RD, MESH_ALGO_RHD,
+    static const int algos[] = {MESH_ALGO_RING,   MESH_ALGO_TREE, MESH_ALGO_PS,
+                                MESH_ALGO_DIRECT, MESH_ALGO_RD,   MESH_ALGO_RHD,
                                 MESH_ALGO_AUTO};
     struct group g;
     mesh_coll_req_t *q[K];
@@ -406,10 +415,9 @@ static void t_back_to_back(struct rank_ctx *x)
             expect_red(dt[k], want[k], i, x->n, MESH_REDOP_SUM, i, 10 + k);
     }
     for (int k = 0; k < K; k++) {
-        int rc = mesh_coll_allreduce_start(x->c, buf[k], buf[k], cnt[k], dt[k],
-                                           MESH_REDOP_SUM,
-                                           algos[k % MESH_ARRAY_SIZE(algos)],
-                                           &q[k]);
+        int rc = mesh_coll_allreduce_start(
+            x->c, buf[k], buf[k], cnt[k], dt[k], MESH_REDOP_SUM,
+            algos[k % MESH_ARRAY_SIZE(algos)], &q[k]);
 
         if (rc < 0) {
             group_fail(&g, "start %d: %s", k, mesh_err_msg(rc));
@@ -459,8 +467,8 @@ static void t_barrier(struct rank_ctx *x)
 
 static void battery(struct rank_ctx *x)
 {
-    static const int algos[] = {MESH_ALGO_RING, MESH_ALGO_TREE, MESH_ALGO_PS,
-                                MESH_ALGO_DIRECT, MESH_ALGO_RD, MESH_ALGO_RHD,
+    static const int algos[] = {MESH_ALGO_RING,   MESH_ALGO_TREE, MESH_ALGO_PS,
+                                MESH_ALGO_DIRECT, MESH_ALGO_RD,   MESH_ALGO_RHD,
                                 MESH_ALGO_AUTO};
     int n = x->n;
     size_t counts[] = {0, 1, (size_t)n - 1, 7, 1009, 65537};
@@ -691,7 +699,8 @@ static int run_ports(int n, int sc, struct result *res)
         if (!clash || attempt == 4)
             return rc;
         diag("N=%d: a port was taken by another process; again on fresh "
-             "ports", n);
+             "ports",
+             n);
         for (int r = 0; r < n; r++) {
             free(res[r].text);
             res[r].text = NULL;

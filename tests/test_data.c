@@ -382,8 +382,7 @@ static void test_idx_bad(void)
 
             write_idx(dir, "train", 100, 0x803, 100, 0);
             rc = open_logged(spec, &ds, log, sizeof(log));
-            ok(rc == 0 && strstr(log, "both") &&
-                   strstr(log, "reading") &&
+            ok(rc == 0 && strstr(log, "both") && strstr(log, "reading") &&
                    strstr(log, "train-images-idx3-ubyte.gz"),
                "X and X.gz both present: said once: %s", log);
             mesh_data_close(ds);

@@ -262,8 +262,8 @@ static char *many_lines(int n, const char *prefix, int slots)
     int i;
 
     for (i = 0; t && i < n; i++)
-        at += (size_t)snprintf(t + at, cap - at, "%s%d slots=%d\n", prefix,
-                               i, slots);
+        at += (size_t)snprintf(t + at, cap - at, "%s%d slots=%d\n", prefix, i,
+                               slots);
     return t;
 }
 
@@ -432,8 +432,8 @@ static void test_opts(void)
     }
     /* --tcp-congestion: checked against the kernel before joining. */
     {
-        char *argv[] = {"-H", "localhost:2", "--rank", "0", "--insecure",
-                        "--tcp-congestion", "reno"};
+        char *argv[] = {"-H",         "localhost:2",      "--rank", "0",
+                        "--insecure", "--tcp-congestion", "reno"};
 
         rc = opts_run(&o, 7, argv);
         ok(rc == 0 && !strcmp(o.topts.tcp_cc, "reno"),
@@ -585,8 +585,8 @@ static const char *plan_str(enum mesh_bind mode, const int *allowed,
     got = mesh_bind_plan(mode, allowed, nallowed, online, lr, n, out, why);
     buf[0] = 0;
     for (k = 0; k < got; k++)
-        at += snprintf(buf + at, sizeof(buf) - (size_t)at, "%s%d",
-                       k ? "," : "", out[k]);
+        at += snprintf(buf + at, sizeof(buf) - (size_t)at, "%s%d", k ? "," : "",
+                       out[k]);
     return buf;
 }
 
@@ -605,24 +605,23 @@ static void test_bind(void)
     ok(!strcmp(plan_str(MESH_BIND_AUTO, eight, 8, 8, 1, 2, &why), "4,5,6,7"),
        "auto: rank 1 of 2 on 8 CPUs gets 4-7");
     ok_all = 1;
-    ok_all &= !strcmp(plan_str(MESH_BIND_AUTO, eight, 8, 8, 0, 3, &why),
-                      "0,1");
-    ok_all &= !strcmp(plan_str(MESH_BIND_AUTO, eight, 8, 8, 1, 3, &why),
-                      "2,3,4");
-    ok_all &= !strcmp(plan_str(MESH_BIND_AUTO, eight, 8, 8, 2, 3, &why),
-                      "5,6,7");
+    ok_all &= !strcmp(plan_str(MESH_BIND_AUTO, eight, 8, 8, 0, 3, &why), "0,1");
+    ok_all &=
+        !strcmp(plan_str(MESH_BIND_AUTO, eight, 8, 8, 1, 3, &why), "2,3,4");
+    ok_all &=
+        !strcmp(plan_str(MESH_BIND_AUTO, eight, 8, 8, 2, 3, &why), "5,6,7");
     ok(ok_all, "auto: 3 ranks on 8 CPUs: 0-1, 2-4, 5-7 (every CPU once)");
     got = plan_str(MESH_BIND_AUTO, eight, 8, 8, 0, 1, &why);
-    ok(!*got && strstr(why, "only rank"), "auto: a lone rank is left alone "
-                                          "(%s)",
+    ok(!*got && strstr(why, "only rank"),
+       "auto: a lone rank is left alone "
+       "(%s)",
        why);
     got = plan_str(MESH_BIND_AUTO, eight, 2, 2, 3, 4, &why);
     ok(!*got && strstr(why, "more ranks"),
        "auto: 4 ranks on 2 CPUs are left alone (%s)", why);
     got = plan_str(MESH_BIND_AUTO, some, 4, 8, 0, 2, &why);
     ok(!*got && strstr(why, "already bound"),
-       "auto: a process already bound to 4 of 8 CPUs is left alone (%s)",
-       why);
+       "auto: a process already bound to 4 of 8 CPUs is left alone (%s)", why);
     got = plan_str(MESH_BIND_NONE, eight, 8, 8, 0, 2, &why);
     ok(!*got && strstr(why, "none"), "none: left alone");
     /* cores: always, within what the process may use */
@@ -633,8 +632,8 @@ static void test_bind(void)
         char want[4];
 
         snprintf(want, sizeof(want), "%d", lr % 2);
-        ok_all &= !strcmp(plan_str(MESH_BIND_CORES, eight, 2, 2, lr, 4, &why),
-                          want);
+        ok_all &=
+            !strcmp(plan_str(MESH_BIND_CORES, eight, 2, 2, lr, 4, &why), want);
     }
     ok(ok_all, "cores: 4 ranks on 2 CPUs alternate 0,1,0,1");
     got = plan_str(MESH_BIND_CORES, eight, 8, 8, 0, 1, &why);
@@ -643,8 +642,8 @@ static void test_bind(void)
     /* the flag and its variable */
     clear_env();
     {
-        char *argv[] = {"-H", "localhost:2", "--rank", "1", "--insecure",
-                        "--bind-to=cores"};
+        char *argv[] = {"-H", "localhost:2", "--rank",
+                        "1",  "--insecure",  "--bind-to=cores"};
 
         rc = opts_run(&o, 6, argv);
         ok(rc == 0 && o.bind == MESH_BIND_CORES, "--bind-to=cores parsed");
@@ -663,8 +662,8 @@ static void test_bind(void)
         mesh_opts_free(&o);
     }
     {
-        char *argv[] = {"-H", "localhost:2", "--rank", "1", "--insecure",
-                        "--bind-to", "socket"};
+        char *argv[] = {"-H",         "localhost:2", "--rank", "1",
+                        "--insecure", "--bind-to",   "socket"};
 
         rc = opts_run(&o, 7, argv);
         ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "--bind-to 'socket'") &&
@@ -680,8 +679,8 @@ static void test_bind(void)
     /* A real binding, in a child so that this process stays unbound: rank 1
      * of localhost:2 under cores gets the plan for its allowed CPUs. */
     {
-        char *argv[] = {"-H", "localhost:2", "--rank", "1", "--insecure",
-                        "--bind-to", "cores"};
+        char *argv[] = {"-H",         "localhost:2", "--rank", "1",
+                        "--insecure", "--bind-to",   "cores"};
         int allowed[CPU_SETSIZE], want[CPU_SETSIZE], nallowed = 0, nwant, k;
         int status = -1, ncpus = 0;
         cpu_set_t set;
@@ -692,8 +691,8 @@ static void test_bind(void)
         for (k = 0; k < CPU_SETSIZE; k++)
             if (CPU_ISSET(k, &set))
                 allowed[nallowed++] = k;
-        nwant = mesh_bind_plan(MESH_BIND_CORES, allowed, nallowed, nallowed,
-                               1, 2, want, &why);
+        nwant = mesh_bind_plan(MESH_BIND_CORES, allowed, nallowed, nallowed, 1,
+                               2, want, &why);
         rc = opts_run(&o, 7, argv);
         pid = rc == 0 ? fork() : -1;
         if (pid == 0) {

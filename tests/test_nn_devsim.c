@@ -101,8 +101,7 @@ static void widen_and_scale(struct mesh_nn_ctx *ctx)
         h[i] = (uint16_t)i;
     for (dt = MESH_DT_F16; dt <= MESH_DT_BF16; dt++) {
         mesh_nn_convert(ctx, MESH_DT_F32, fa, dt, h, 65536, 1.f);
-        mesh_convert(MESH_DT_F32, fb,
-                     dt, h, 65536);
+        mesh_convert(MESH_DT_F32, fb, dt, h, 65536);
         bad += memcmp(fa, fb, sizeof(fa)) != 0;
     }
     ok(bad == 0, "float16 and bfloat16 -> float32 equal mesh_convert on "

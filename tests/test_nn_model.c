@@ -36,7 +36,7 @@ static struct mesh_nn_ctx *ctx;
 #define FD_STEP 1e-3
 #endif
 #ifndef C50_SIZE
-#define C50_SIZE 16
+#define C50_SIZE  16
 #define C50_CIFAR 1
 #endif
 
@@ -101,8 +101,8 @@ static void test_counts(void)
 
 static void test_init(void)
 {
-    struct mesh_nn_model_cfg cfg = {.arch = "resnet18", .num_classes = 10,
-                                    .seed = 42};
+    struct mesh_nn_model_cfg cfg = {
+        .arch = "resnet18", .num_classes = 10, .seed = 42};
     struct mesh_nn_model *a = NULL, *b = NULL, *c = NULL;
     size_t n, i, cnt;
     const struct mesh_nn_tensor *t;
@@ -202,8 +202,8 @@ static void test_fd(const struct mesh_nn_model_cfg *cfg, int n,
         return;
     }
     np = mesh_nn_model_num_params(m);
-    x = rand_images(n, mesh_nn_model_config(m)->in_channels,
-                    cfg->image_size, 7);
+    x = rand_images(n, mesh_nn_model_config(m)->in_channels, cfg->image_size,
+                    7);
     for (i = 0; i < n; i++)
         lab[i] = (i * 3 + 1) % cfg->num_classes;
     loss = loss_at(m, n, x, lab);
@@ -211,8 +211,7 @@ static void test_fd(const struct mesh_nn_model_cfg *cfg, int n,
     rc = mesh_nn_model_backward(m, 0, on_ready, &r);
     ok(rc == 0 && isfinite(loss), "forward + backward: loss %.5f", loss);
     ok(r.bad == 0 && r.next == 0 && r.calls > 0,
-       "gradient-ready: %d ranges, contiguous, decreasing, down to 0",
-       r.calls);
+       "gradient-ready: %d ranges, contiguous, decreasing, down to 0", r.calls);
     grads = malloc(np * 4), p = mesh_nn_model_params(m);
     mesh_nn_download(ctx, grads, mesh_nn_model_grads(m), np * 4);
 
@@ -284,8 +283,10 @@ static void test_fd(const struct mesh_nn_model_cfg *cfg, int n,
 
 static void test_errors(void)
 {
-    struct mesh_nn_model_cfg cfg = {.arch = "resnet18", .num_classes = 4,
-                                    .image_size = 16, .cifar_stem = 1};
+    struct mesh_nn_model_cfg cfg = {.arch = "resnet18",
+                                    .num_classes = 4,
+                                    .image_size = 16,
+                                    .cifar_stem = 1};
     struct mesh_nn_model *m = NULL;
     int32_t lab[2] = {0, 9};
     float *x, l;
@@ -345,8 +346,8 @@ static void test_sched(void)
 /* Weight decay skipping BN and bias: only conv/fc weights decay. */
 static void test_wd_skip(void)
 {
-    struct mesh_nn_model_cfg cfg = {.arch = "resnet18", .num_classes = 3,
-                                    .image_size = 8, .cifar_stem = 1};
+    struct mesh_nn_model_cfg cfg = {
+        .arch = "resnet18", .num_classes = 3, .image_size = 8, .cifar_stem = 1};
     struct mesh_nn_sgd_cfg sc = {.weight_decay = 0.5f, .wd_skip_bn_bias = 1};
     struct mesh_nn_model *m = NULL;
     struct mesh_nn_sgd *s = NULL;
@@ -396,9 +397,12 @@ static void test_wd_skip(void)
  */
 static void test_live(const char *backend)
 {
-    struct mesh_nn_model_cfg cfg = {.arch = "resnet18", .num_classes = 4,
-                                    .image_size = 16, .cifar_stem = 1,
-                                    .width = 8, .seed = 2};
+    struct mesh_nn_model_cfg cfg = {.arch = "resnet18",
+                                    .num_classes = 4,
+                                    .image_size = 16,
+                                    .cifar_stem = 1,
+                                    .width = 8,
+                                    .seed = 2};
     struct mesh_nn_ctx *c = NULL;
     struct mesh_nn_model *m = NULL;
     int32_t lab[5] = {0, 1, 2, 3, 0};
@@ -434,7 +438,8 @@ static void test_live(const char *backend)
         diag("%s", mesh_err_msg(rc));
     ok(rc == 0 && base > 0 && worst == 0,
        "%s: 100 rounds of alternating batch sizes: live allocations stay at "
-       "%ld (worst drift %ld)", backend, base, worst);
+       "%ld (worst drift %ld)",
+       backend, base, worst);
     mesh_nn_model_destroy(m);
     ok(mesh_nn_live_allocs(c) == 0, "%s: none live after destroy (%ld)",
        backend, mesh_nn_live_allocs(c));
@@ -453,9 +458,12 @@ int main(void)
      * are covered against PyTorch in float64 by tests/test_nn_torch.c.
      */
     static const char *const basic[] = {
-        "layer3.0.downsample.0.weight", "layer3.1.conv2.weight",
-        "layer4.0.bn1.weight",          "layer4.1.conv2.weight",
-        "layer4.1.bn2.bias",            "fc.weight",
+        "layer3.0.downsample.0.weight",
+        "layer3.1.conv2.weight",
+        "layer4.0.bn1.weight",
+        "layer4.1.conv2.weight",
+        "layer4.1.bn2.bias",
+        "fc.weight",
         "fc.bias",
     };
     /*
@@ -467,27 +475,39 @@ int main(void)
      * the rest against PyTorch.
      */
     static const char *const bottle[] = {
-        "layer3.5.bn3.weight",          "layer4.0.downsample.0.weight",
-        "layer4.0.downsample.1.bias",   "layer4.1.conv2.weight",
-        "layer4.2.bn1.bias",            "layer4.2.conv3.weight",
+        "layer3.5.bn3.weight",
+        "layer4.0.downsample.0.weight",
+        "layer4.0.downsample.1.bias",
+        "layer4.1.conv2.weight",
+        "layer4.2.bn1.bias",
+        "layer4.2.conv3.weight",
         "fc.weight",
     };
-    struct mesh_nn_model_cfg c18 = {.arch = "resnet18", .num_classes = 5,
-                                    .image_size = 64, .seed = 3};
-    struct mesh_nn_model_cfg c50 = {.arch = "resnet50", .num_classes = 7,
-                                    .in_channels = 1, .image_size = C50_SIZE,
-                                    .cifar_stem = C50_CIFAR, .seed = 5};
+    struct mesh_nn_model_cfg c18 = {
+        .arch = "resnet18", .num_classes = 5, .image_size = 64, .seed = 3};
+    struct mesh_nn_model_cfg c50 = {.arch = "resnet50",
+                                    .num_classes = 7,
+                                    .in_channels = 1,
+                                    .image_size = C50_SIZE,
+                                    .cifar_stem = C50_CIFAR,
+                                    .seed = 5};
     /* ResNet-34's shape (BasicBlock, 3/4/6/3) at width 8, every stage;
      * not conv1, whose central difference averages over kinks (above) */
     static const char *const basic34[] = {
         "layer1.2.conv2.weight",
-        "layer2.0.bn1.bias",     "layer2.3.conv1.weight",
-        "layer3.0.downsample.0.weight", "layer3.5.bn2.weight",
-        "layer4.2.conv2.weight", "fc.weight",
+        "layer2.0.bn1.bias",
+        "layer2.3.conv1.weight",
+        "layer3.0.downsample.0.weight",
+        "layer3.5.bn2.weight",
+        "layer4.2.conv2.weight",
+        "fc.weight",
     };
-    struct mesh_nn_model_cfg c34 = {.arch = "resnet34", .num_classes = 6,
-                                    .image_size = 16, .cifar_stem = 1,
-                                    .width = 8, .seed = 9};
+    struct mesh_nn_model_cfg c34 = {.arch = "resnet34",
+                                    .num_classes = 6,
+                                    .image_size = 16,
+                                    .cifar_stem = 1,
+                                    .width = 8,
+                                    .seed = 9};
     int rc;
 
     rc = mesh_nn_ctx_open("cpu", 2, &ctx);

@@ -24,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TOL 1e-4
+#define TOL    1e-4
 #define FD_TOL 1e-6
-#define FD_H 1e-5
+#define FD_H   1e-5
 
 static struct mesh_nn_ctx *ctx;
 #define O (ctx->ops)
@@ -221,8 +221,7 @@ fd:
         maxe = fmax(maxe, fd_err(conv_L, &L, &x[xi], dx[xi]));
         maxe = fmax(maxe, fd_err(conv_L, &L, &w[wi], dw[wi]));
     }
-    ok(maxe <= FD_TOL, "%s: reference vs finite differences %.3g", tag,
-       maxe);
+    ok(maxe <= FD_TOL, "%s: reference vs finite differences %.3g", tag, maxe);
     free(x), free(w), free(y), free(dy), free(dx), free(dw);
 }
 
@@ -317,7 +316,8 @@ static void test_bn(int n, int c, int h, int relu, uint64_t seed)
         void *dxd = dalloc(O->act_bytes(D, n, c, h, h));
         float *gd = dev_vec(g, c), *bd = dev_vec(b, c), *rmd = dev_vec(rm, c);
         float *rvd = dev_vec(rv, c), *save = dalloc(2 * c * sizeof(float));
-        float *dgd = dalloc(c * sizeof(float)), *dbd = dalloc(c * sizeof(float));
+        float *dgd = dalloc(c * sizeof(float)),
+              *dbd = dalloc(c * sizeof(float));
         float *got;
 
         rc = O->bn_fwd_train(D, p, xd, yd, gd, bd, rmd, rvd, 0.1f, save, res,
@@ -428,8 +428,8 @@ static void test_eltwise(int n, int c, int h)
     for (i = 0; i < nx; i++)
         want[i] = a[i] > 0 ? a[i] : 0;
     got = host_act(yd, n, c, h, h);
-    ok(rc == 0 && ref_relerr_fd(got, want, nx) <= 1e-7, "relu fwd c%d: %.3g",
-       c, ref_relerr_fd(got, want, nx));
+    ok(rc == 0 && ref_relerr_fd(got, want, nx) <= 1e-7, "relu fwd c%d: %.3g", c,
+       ref_relerr_fd(got, want, nx));
     free(got);
     rc = O->relu_bwd(D, pr, yd, dyd, yd);
     for (i = 0; i < nx; i++)
@@ -601,8 +601,8 @@ static void test_fc(int n, int c, int k)
         free(got);
         rc = O->fc_bwd_weights(D, p, xd, dyd, dwd, dbd, ws);
         got = host_vec(dwd, nw);
-        ok(rc == 0 && ref_relerr_fd(got, dw, nw) <= TOL,
-           "fc bwd weights %.3g", ref_relerr_fd(got, dw, nw));
+        ok(rc == 0 && ref_relerr_fd(got, dw, nw) <= TOL, "fc bwd weights %.3g",
+           ref_relerr_fd(got, dw, nw));
         free(got);
         got = host_vec(dbd, k);
         ok(rc == 0 && ref_relerr_fd(got, db, k) <= TOL, "fc bwd bias %.3g",

@@ -57,7 +57,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define TOL 1e-4
+#define TOL       1e-4
 #define FLIP_BAND 2.0 /* a flip's |pre-activation| / PyTorch fp32's error */
 /*
  * How far our error may exceed PyTorch float32's on the same quantity in
@@ -113,7 +113,8 @@ static const struct tcase table[] = {
     {"resnet18", 64, 0, 64, 2, 10, 1, 0},
     {"resnet18", 16, 0, 128, 4, 100, 2, 0},
     {"resnet18", 8, 1, 32, 16, 10, 3, 0},
-    {"resnet18", 16, 1, 14, 8, 10, 11, 0}, /* 2x2 last stage: plain bwd weights */
+    {"resnet18", 16, 1, 14, 8, 10, 11,
+     0}, /* 2x2 last stage: plain bwd weights */
     {"resnet34", 16, 0, 128, 8, 100, 5, 0},
     {"resnet34", 8, 1, 32, 8, 1000, 6, 0},
     {"resnet34", 8, 0, 96, 4, 10, 4, 0},
@@ -193,11 +194,20 @@ static int randomise_bn(struct mesh_nn_model *m)
 
         for (k = 0; k < t->count; k++)
             switch (t->role) {
-            case MESH_NN_ROLE_BN_WEIGHT: v[k] = (float)(0.5 + unif()); break;
-            case MESH_NN_ROLE_BN_BIAS: v[k] = (float)(0.4 * unif() - 0.2); break;
-            case MESH_NN_ROLE_BN_MEAN: v[k] = (float)(0.2 * unif() - 0.1); break;
-            case MESH_NN_ROLE_BN_VAR: v[k] = (float)(0.8 + 0.4 * unif()); break;
-            default: break;
+            case MESH_NN_ROLE_BN_WEIGHT:
+                v[k] = (float)(0.5 + unif());
+                break;
+            case MESH_NN_ROLE_BN_BIAS:
+                v[k] = (float)(0.4 * unif() - 0.2);
+                break;
+            case MESH_NN_ROLE_BN_MEAN:
+                v[k] = (float)(0.2 * unif() - 0.1);
+                break;
+            case MESH_NN_ROLE_BN_VAR:
+                v[k] = (float)(0.8 + 0.4 * unif());
+                break;
+            default:
+                break;
             }
     }
     rc = mesh_nn_upload(ctx, mesh_nn_model_params(m), p, np * sizeof(float));
@@ -241,8 +251,9 @@ static int prepare(const struct tcase *c, const char *dir)
         labels[k] = (int32_t)(unif() * c->classes);
     snprintf(text, sizeof(text),
              "arch=%s width=%d cifar=%d size=%d batch=%d classes=%d "
-             "own32=%d\n", c->arch, c->width, c->cifar, c->size, c->batch,
-             c->classes, c->rel32);
+             "own32=%d\n",
+             c->arch, c->width, c->cifar, c->size, c->batch, c->classes,
+             c->rel32);
     snprintf(path, sizeof(path), "%s/cfg", dir);
     rc = write_text(path, text);
     if (rc == 0)
@@ -405,8 +416,8 @@ static void judge(const struct tcase *c, const char *dir, struct worst *w)
             rc = mesh_nn_model_load(m, path);
         p = rc == 0 ? slab(mesh_nn_model_params(m), np) : NULL;
         bufs = rc == 0 ? slab(mesh_nn_model_buffers(m), nb) : NULL;
-        ok(rc == 0 && p0 && p && b0 && bufs &&
-               memcmp(p0, p, np * 4) == 0 && memcmp(b0, bufs, nb * 4) == 0 &&
+        ok(rc == 0 && p0 && p && b0 && bufs && memcmp(p0, p, np * 4) == 0 &&
+               memcmp(b0, bufs, nb * 4) == 0 &&
                mesh_nn_model_batches_tracked(m) == 3,
            "%s: weights round trip through torchvision's state_dict", tag);
         free(b0), free(bufs);
@@ -433,12 +444,14 @@ static void judge(const struct tcase *c, const char *dir, struct worst *w)
     e = fabs((double)loss - loss_r) / fabs(loss_r);
     e32 = fabs((double)loss32 - loss_r) / fabs(loss_r);
     wf = fmax(wf, e), wf32 = fmax(wf32, e32);
-    ok(e <= limit(c, e32), "%s: loss %.7f vs %.7f, rel err %.3g (PyTorch "
-       "float32 %.3g)", tag, (double)loss, (double)loss_r, e, e32);
+    ok(e <= limit(c, e32),
+       "%s: loss %.7f vs %.7f, rel err %.3g (PyTorch "
+       "float32 %.3g)",
+       tag, (double)loss, (double)loss_r, e, e32);
     ok(flips[3] <= 1e-9 && flips[4] == 0,
        "%s: the ReLU-by-ReLU forward of the reference is torchvision's "
-       "(%.3g in float64, %.3g in float32)", tag, (double)flips[3],
-       (double)flips[4]);
+       "(%.3g in float64, %.3g in float32)",
+       tag, (double)flips[3], (double)flips[4]);
 
     for (i = 0; i < nt; i++) {
         const struct mesh_nn_tensor *t = mesh_nn_model_tensor(m, i);
@@ -489,35 +502,45 @@ static void judge(const struct tcase *c, const char *dir, struct worst *w)
         if (!(e <= lim)) {
             plain_ok = 0;
             diag("%s: grad.%s rel err %.3g (pytorch fp32 %.3g), "
-                 "on our masks %.3g", tag, t->name, e, e32, em);
+                 "on our masks %.3g",
+                 tag, t->name, e, e32, em);
         }
         if (!(em <= limit(c, e32m)))
             diag("%s: grad.%s on our masks rel err %.3g, PyTorch float32 "
-                 "on its own %.3g", tag, t->name, em, e32m);
+                 "on its own %.3g",
+                 tag, t->name, em, e32m);
         free(r), free(rm), free(r32), free(r32m);
     }
     if (!c->rel32)
-        ok(wm <= TOL, "%s: every gradient within 1e-4 of float64 on our "
-                      "ReLU masks (worst %.3g, %s)", tag, wm, wm_at);
+        ok(wm <= TOL,
+           "%s: every gradient within 1e-4 of float64 on our "
+           "ReLU masks (worst %.3g, %s)",
+           tag, wm, wm_at);
     else
-        ok(wmf <= 1, "%s: every gradient within max(1e-4, %g x PyTorch "
-                     "float32's error on its own masks) of float64 on our "
-                     "ReLU masks (worst %.3g of the limit, %s)", tag, K32,
-           wmf, wmf_at);
+        ok(wmf <= 1,
+           "%s: every gradient within max(1e-4, %g x PyTorch "
+           "float32's error on its own masks) of float64 on our "
+           "ReLU masks (worst %.3g of the limit, %s)",
+           tag, K32, wmf, wmf_at);
     diag("%s: ReLU masks differing from float64: ours %.0f, PyTorch "
-         "float32's %.0f", tag, (double)flips[0], (double)flips[1]);
+         "float32's %.0f",
+         tag, (double)flips[0], (double)flips[1]);
     if (flips[0] == 0)
-        ok(plain_ok, "%s: every gradient within max(1e-4, 4 x PyTorch "
-                     "float32's error) of float64 (worst %.3g of the limit, "
-                     "%s)", tag, wr, wr_at);
+        ok(plain_ok,
+           "%s: every gradient within max(1e-4, 4 x PyTorch "
+           "float32's error) of float64 (worst %.3g of the limit, "
+           "%s)",
+           tag, wr, wr_at);
     else
         ok(flips[2] <= FLIP_BAND,
            "%s: %.0f of our ReLU masks differ from float64's, each within "
            "PyTorch float32's rounding there (%.3g x its worst error); "
            "gradients on the plain float64 reach %.3g of the limit (%s)",
            tag, (double)flips[0], (double)flips[2], wr, wr_at);
-    ok(wbf <= 1, "%s: BN running statistics, worst rel err %.3g (%.3g of "
-                 "the limit)", tag, wb, wbf);
+    ok(wbf <= 1,
+       "%s: BN running statistics, worst rel err %.3g (%.3g of "
+       "the limit)",
+       tag, wb, wbf);
     if (c->rel32)
         diag("%s: worst rel err, ours and PyTorch float32's (ratio): "
              "gradients, each on its own ReLU masks, %.3g (%s) and %.3g "
@@ -525,8 +548,8 @@ static void judge(const struct tcase *c, const char *dir, struct worst *w)
              tag, wm, wm_at, wm32, wm32_at, wm / wm32, wf, wf32, wf / wf32);
     else
         diag("%s: worst rel err, ours and PyTorch float32's (ratio): "
-             "logits, loss, BN statistics %.3g and %.3g (%.3g)", tag, wf,
-             wf32, wf / wf32);
+             "logits, loss, BN statistics %.3g and %.3g (%.3g)",
+             tag, wf, wf32, wf / wf32);
     w->n++;
     w->g = fmax(w->g, ge), w->g32 = fmax(w->g32, ge32);
     w->gm = fmax(w->gm, wm), w->g32m = fmax(w->g32m, wm32);
@@ -598,10 +621,14 @@ out:
 
 static void rm_case(const char *dir)
 {
-    static const char *const files[] = {
-        "cfg", "weights.safetensors", "input.safetensors", "relu.safetensors",
-        "ours.safetensors", "ref.safetensors", "tv.safetensors",
-        "ours-saved.safetensors"};
+    static const char *const files[] = {"cfg",
+                                        "weights.safetensors",
+                                        "input.safetensors",
+                                        "relu.safetensors",
+                                        "ours.safetensors",
+                                        "ref.safetensors",
+                                        "tv.safetensors",
+                                        "ours-saved.safetensors"};
     char path[512];
     size_t i;
 
@@ -713,15 +740,15 @@ int main(void)
             diag("%s, %d case%s judged against PyTorch float32: worst "
                  "rel err, ours (PyTorch float32's): gradients vs float64 "
                  "%.3g (%.3g), on each one's own masks %.3g (%.3g); "
-                 "logits, loss, BN statistics %.3g (%.3g)", archs[i / 2],
-                 w->n, w->n > 1 ? "s" : "", w->g, w->g32, w->gm, w->g32m,
-                 w->f, w->f32);
+                 "logits, loss, BN statistics %.3g (%.3g)",
+                 archs[i / 2], w->n, w->n > 1 ? "s" : "", w->g, w->g32, w->gm,
+                 w->g32m, w->f, w->f32);
         else if (w->n)
             diag("%s, %d case%s within 1e-4: worst rel err, ours (PyTorch "
                  "float32's): gradients vs float64 %.3g (%.3g), on our "
                  "masks %.3g; logits, loss, BN statistics %.3g (%.3g)",
-                 archs[i / 2], w->n, w->n > 1 ? "s" : "", w->g, w->g32,
-                 w->gm, w->f, w->f32);
+                 archs[i / 2], w->n, w->n > 1 ? "s" : "", w->g, w->g32, w->gm,
+                 w->f, w->f32);
     }
     rmdir(dir);
     free(cases);

@@ -582,8 +582,7 @@ static void test_write_errors(void)
     if (rc)
         return;
     for (size_t i = 0; i < MESH_ARRAY_SIZE(cases); i++) {
-        rc = mesh_st_write(tpath("w.st"), cases[i].e, cases[i].n,
-                           cases[i].kv);
+        rc = mesh_st_write(tpath("w.st"), cases[i].e, cases[i].n, cases[i].kv);
         ok(rc == -EINVAL && strstr(mesh_err_msg(rc), cases[i].want), "%s: %s",
            cases[i].what, mesh_err_msg(rc));
     }

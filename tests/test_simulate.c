@@ -100,11 +100,11 @@ int main(void)
 
     plan(14);
     ok(same_as_nn("resnet50", 8, 32, 1), "resnet50 (width 8, cifar stem): "
-       "the same tensors as nn");
+                                         "the same tensors as nn");
     ok(same_as_nn("resnet18", 8, 64, 0), "resnet18 (width 8, 64 px): the "
-       "same tensors as nn");
+                                         "same tensors as nn");
     ok(same_as_nn("resnet101", 4, 32, 0), "resnet101 (width 4): the same "
-       "tensors as nn");
+                                          "tensors as nn");
 
     memset(&cfg, 0, sizeof(cfg));
     cfg.arch = "resnet50";
@@ -113,8 +113,7 @@ int main(void)
        "resnet50 at 224 px: 25,557,032 parameters without building it");
     mesh_sim_step_time(s, &fwd, &bwd);
     ok(fabs(fwd + bwd - 0.705) < 1e-9 && fabs(bwd - 2 * fwd) < 1e-9,
-       "k80: 0.705 s per step, backward 2 x forward (%.4f + %.4f)", fwd,
-       bwd);
+       "k80: 0.705 s per step, backward 2 x forward (%.4f + %.4f)", fwd, bwd);
     mesh_sim_destroy(s);
     s = NULL;
 
@@ -128,8 +127,8 @@ int main(void)
         for (i = 0; i < mesh_sim_num_tensors(s); i++)
             sum += mesh_sim_tensor(s, i)->count;
         ok(sum == mesh_sim_num_params(s) &&
-           mesh_sim_num_params(s) >= 25557032 / 16 &&
-           mesh_sim_num_params(s) < 25557032 / 16 + 200,
+               mesh_sim_num_params(s) >= 25557032 / 16 &&
+               mesh_sim_num_params(s) < 25557032 / 16 + 200,
            "k = 16: %zu floats on the wire, ceil per tensor",
            mesh_sim_num_params(s));
     }
@@ -143,10 +142,10 @@ int main(void)
     ok(rc == 0 && !o.bad && o.last == 0 && o.calls == 161,
        "backward reports 161 ranges, contiguous from the end down to 0");
     ok(mesh_now_s() - t0 >= fwd + bwd, "a step waits at least its "
-       "profiled time");
+                                       "profiled time");
     mesh_sim_stats_take(s, &st);
     ok(st.steps == 1 && st.late_max_s >= 0, "saturation figures over one "
-       "step");
+                                            "step");
     mesh_sim_destroy(s);
     s = NULL;
 
@@ -171,11 +170,15 @@ int main(void)
 
             for (b = 0; b < 2; b++) {
                 for (c = 1; c <= 2; c++)
-                    fprintf(f, "layer%d.%d.conv%d,0.5,1\nlayer%d.%d.bn%d,"
-                            "0.1,0.2\n", i, b, c, i, b, c);
+                    fprintf(f,
+                            "layer%d.%d.conv%d,0.5,1\nlayer%d.%d.bn%d,"
+                            "0.1,0.2\n",
+                            i, b, c, i, b, c);
                 if (b == 0 && i > 1)
-                    fprintf(f, "layer%d.0.downsample.0,0.5,1\n"
-                            "layer%d.0.downsample.1,0.1,0.2\n", i, i);
+                    fprintf(f,
+                            "layer%d.0.downsample.0,0.5,1\n"
+                            "layer%d.0.downsample.1,0.1,0.2\n",
+                            i, i);
             }
         }
         fprintf(f, "fc,3,4\n");
@@ -184,8 +187,8 @@ int main(void)
     rc = mesh_sim_create(&cfg, path, 32, 1, &s);
     if (rc == 0)
         mesh_sim_step_time(s, &fwd, &bwd);
-    ok(rc == 0 && fabs(fwd - (1 + 1 + 19 * 0.5 + 19 * 0.1 + 3) / 1000) <
-       1e-12, "a CSV profile with every resnet18 layer (%s)",
+    ok(rc == 0 && fabs(fwd - (1 + 1 + 19 * 0.5 + 19 * 0.1 + 3) / 1000) < 1e-12,
+       "a CSV profile with every resnet18 layer (%s)",
        rc ? mesh_err_msg(rc) : "ok");
     mesh_sim_destroy(s);
     s = NULL;
@@ -195,8 +198,10 @@ int main(void)
        "a missing layer is named: %s", mesh_err_msg(rc));
     write_file(path, "conv1,1,x\n");
     rc = mesh_sim_create(&cfg, path, 32, 1, &s);
-    ok(rc < 0 && strstr(mesh_err_msg(rc), ":1:"), "a bad row is named by "
-       "line: %s", mesh_err_msg(rc));
+    ok(rc < 0 && strstr(mesh_err_msg(rc), ":1:"),
+       "a bad row is named by "
+       "line: %s",
+       mesh_err_msg(rc));
     write_file(path, "conv9,1,2\n");
     rc = mesh_sim_create(&cfg, path, 32, 1, &s);
     ok(rc < 0 && strstr(mesh_err_msg(rc), "no layer \"conv9\""),

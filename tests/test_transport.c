@@ -169,8 +169,8 @@ static int run_start(struct run *R, int nstart, const int *ranks,
                      const struct world_cfg *cfg, uint16_t base, child_fn fn,
                      const char *tag);
 
-/* Start a scenario's ranks on ports from base (0: none were found); a failure to
- * start is one failed test point, "LABEL: start". */
+/* Start a scenario's ranks on ports from base (0: none were found); a failure
+ * to start is one failed test point, "LABEL: start". */
 static int scenario_start(struct run *R, const char *label, int nstart,
                           const int *ranks, const struct world_cfg *cfg,
                           uint16_t base, child_fn fn, const char *tag)
@@ -926,7 +926,8 @@ static void scenario_order(void)
     struct run R;
     int ready;
 
-    if (!scenario_start(&R, "send order", 2, NULL, &c, base, child_order, "order"))
+    if (!scenario_start(&R, "send order", 2, NULL, &c, base, child_order,
+                        "order"))
         return;
     ready = run_wait_ready(&R, 2, 30 * slow_factor()) == 0;
     run_go(&R, 2);
@@ -967,7 +968,8 @@ static void scenario_desync(int mode)
     struct run R;
 
     desync_mode = mode;
-    if (!scenario_start(&R, "desync", 2, NULL, &c, base, child_desync, "desync"))
+    if (!scenario_start(&R, "desync", 2, NULL, &c, base, child_desync,
+                        "desync"))
         return;
     run_finish(&R, 20);
     report_children(&R, what[mode]);
@@ -1298,7 +1300,8 @@ static void scenario_join_timeout(void)
     struct run R;
 
     c.join_timeout_s = 1.5;
-    if (!scenario_start(&R, "join timeout", 2, ranks, &c, base, child_join_fail, "join"))
+    if (!scenario_start(&R, "join timeout", 2, ranks, &c, base, child_join_fail,
+                        "join"))
         return;
     run_finish(&R, 20);
     for (int i = 0; i < 2; i++) {

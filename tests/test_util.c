@@ -19,8 +19,8 @@ static void *other_thread(void *arg)
 {
     (void)arg;
     /* A fresh thread sees no message from another thread. */
-    return (void *)(intptr_t)(strcmp(mesh_err_msg(-EINVAL),
-                                     strerror(EINVAL)) == 0);
+    return (void *)(intptr_t)(strcmp(mesh_err_msg(-EINVAL), strerror(EINVAL)) ==
+                              0);
 }
 
 /* Byte helpers against the definition, over random values (3 seeds). */
@@ -56,7 +56,8 @@ static void check_bytes(void)
 
 static void check_dtype(void)
 {
-    ok(mesh_dtype_size(MESH_DT_BYTE) == 1 && mesh_dtype_size(MESH_DT_F32) == 4 &&
+    ok(mesh_dtype_size(MESH_DT_BYTE) == 1 &&
+           mesh_dtype_size(MESH_DT_F32) == 4 &&
            mesh_dtype_size(MESH_DT_F16) == 2 &&
            mesh_dtype_size(MESH_DT_BF16) == 2 && mesh_dtype_size(9) == 0,
        "dtype sizes");
@@ -65,7 +66,8 @@ static void check_dtype(void)
            !strcmp(mesh_dtype_name(-1), "unknown-dtype"),
        "dtype names");
     /* IEEE values, and round to nearest even at the halfway points. */
-    ok(mesh_f16_from_f32(1.0f) == 0x3c00 && mesh_f16_from_f32(65504.f) == 0x7bff &&
+    ok(mesh_f16_from_f32(1.0f) == 0x3c00 &&
+           mesh_f16_from_f32(65504.f) == 0x7bff &&
            mesh_f16_from_f32(65520.f) == 0x7c00 &&
            mesh_f16_from_f32(0x1p-24f) == 0x0001 &&
            mesh_f16_from_f32(0x1p-25f) == 0x0000 &&

@@ -17,8 +17,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define RESUME_MAX_ENTRIES     32
-#define TRAINER_STATE_MAGIC    UINT64_C(0x31726e6961727474) /* "ttrainr1" */
+#define RESUME_MAX_ENTRIES  32
+#define TRAINER_STATE_MAGIC UINT64_C(0x31726e6961727474) /* "ttrainr1" */
 
 int train_ckpt_dir(const struct trainer *t, char *buf, size_t cap)
 {
@@ -70,7 +70,8 @@ int train_ckpt_write(struct trainer *t, uint64_t step)
     mesh_put_le64(state + 8, step);
     mesh_put_le64(state + 16, epoch);
     mesh_put_le64(state + 24, (uint64_t)mesh_nn_sgd_steps(t->sgd));
-    mesh_put_le64(state + 32, (uint64_t)mesh_nn_model_batches_tracked(t->model));
+    mesh_put_le64(state + 32,
+                  (uint64_t)mesh_nn_model_batches_tracked(t->model));
     if (rc == 0)
         rc =
             mesh_ckpt_put(w, "trainer", state, sizeof(state), MESH_CKPT_SHARED);
@@ -128,16 +129,17 @@ static int resume_none(struct trainer *t, const char *why,
     /* every peer decides this from the same gathered scans */
     t->agreed_err = 1;
     return train_local(t, mesh_err(-ENOENT,
-                             "--resume: %s%s%s%s (--resume=if-any would "
-                             "start from step 0)",
-                             why, n ? "; damaged checkpoints on rank(s) " : "",
-                             ranks, here));
+                                   "--resume: %s%s%s%s (--resume=if-any would "
+                                   "start from step 0)",
+                                   why,
+                                   n ? "; damaged checkpoints on rank(s) " : "",
+                                   ranks, here));
 }
 
 /* Every peer's scan, all-gathered: its newest entries, how many were
  * damaged. */
 struct scans {
-    struct mesh_ckpt_entry *all; /* size x RESUME_MAX_ENTRIES */
+    struct mesh_ckpt_entry *all;          /* size x RESUME_MAX_ENTRIES */
     const struct mesh_ckpt_entry **lists; /* rank r's: all + r x MAX */
     size_t *counts, total;
     uint64_t *damaged;
@@ -159,8 +161,7 @@ static int scans_unpack(struct scans *sc, int r, const uint8_t *g)
 
     if (n > RESUME_MAX_ENTRIES)
         return mesh_err(-EPROTO,
-                        "--resume: rank %d sent %" PRIu64
-                        " checkpoint entries",
+                        "--resume: rank %d sent %" PRIu64 " checkpoint entries",
                         r, n);
     sc->lists[r] = sc->all + (size_t)r * RESUME_MAX_ENTRIES;
     sc->counts[r] = n;
@@ -187,8 +188,8 @@ static int scans_gather(struct trainer *t, const struct mesh_ckpt_entry *mine,
     sc->lists = calloc((size_t)t->size, sizeof(*sc->lists));
     sc->counts = calloc((size_t)t->size, sizeof(*sc->counts));
     sc->damaged = calloc((size_t)t->size, sizeof(*sc->damaged));
-    sc->all = calloc((size_t)t->size * RESUME_MAX_ENTRIES + 1,
-                     sizeof(*sc->all));
+    sc->all =
+        calloc((size_t)t->size * RESUME_MAX_ENTRIES + 1, sizeof(*sc->all));
     if (!pack || !gathered || !sc->lists || !sc->counts || !sc->damaged ||
         !sc->all) {
         rc = mesh_err(-ENOMEM, "out of memory");

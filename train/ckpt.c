@@ -310,8 +310,8 @@ static const struct blob *blob_lookup(const struct blob *blobs, size_t n,
 
 /* A new blob after the n of *blobs, zeroed but for name and flags (the
  * caller counts it); NULL without memory. */
-static struct blob *blob_append(struct blob **blobs, size_t n,
-                                const char *name, unsigned flags)
+static struct blob *blob_append(struct blob **blobs, size_t n, const char *name,
+                                unsigned flags)
 {
     struct blob *nb = realloc(*blobs, (n + 1) * sizeof(*nb));
 
@@ -1010,8 +1010,8 @@ int mesh_ckpt_scan(const char *dir, struct mesh_ckpt_entry **out, size_t *n,
         if (v[got].step != steps[i]) {
             char what[PATH_CAP + 64];
 
-            snprintf(what, sizeof(what),
-                     "%s: its manifest says step %" PRIu64, path, v[got].step);
+            snprintf(what, sizeof(what), "%s: its manifest says step %" PRIu64,
+                     path, v[got].step);
             mesh_warn("checkpoint %s skipped: its manifest says step %" PRIu64,
                       path, v[got].step);
             if (damage)

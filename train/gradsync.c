@@ -21,9 +21,9 @@ struct bucket {
     mesh_coll_req_t *req; /* in flight (host slabs, or one peer) */
     int started, done;
     /* device backends with peers (the pinned-host pipeline) */
-    float *pinned; /* (hi - lo) floats, mesh_coll_buf_alloc'ed */
-    void *dwire;   /* --compress: 16-bit staging on the device */
-    int c0, c1;    /* its chunks: [c0, c1) of the trainer's */
+    float *pinned;         /* (hi - lo) floats, mesh_coll_buf_alloc'ed */
+    void *dwire;           /* --compress: 16-bit staging on the device */
+    int c0, c1;            /* its chunks: [c0, c1) of the trainer's */
     double t_start, t_end; /* seconds since the run started */
 };
 
@@ -73,8 +73,8 @@ static void tl_add(struct mesh_gradsync *gs, const char *name, int tid, int i,
 {
     if (gs->o.event)
         gs->o.event(gs->o.event_arg, name, tid, i, -1,
-                  (gs->b[i].hi - gs->b[i].lo) * (gs->compress ? 2 : 4), ts,
-                  dur);
+                    (gs->b[i].hi - gs->b[i].lo) * (gs->compress ? 2 : 4), ts,
+                    dur);
 }
 
 static void tl_chunk(struct mesh_gradsync *gs, const char *name, int tid,
@@ -82,7 +82,7 @@ static void tl_chunk(struct mesh_gradsync *gs, const char *name, int tid,
 {
     if (gs->o.event)
         gs->o.event(gs->o.event_arg, name, tid, ch->bucket, ch->index,
-                  (ch->hi - ch->lo) * (gs->compress ? 2 : 4), ts, dur);
+                    (ch->hi - ch->lo) * (gs->compress ? 2 : 4), ts, dur);
 }
 
 /* Device slabs with peers: buckets go through the pinned-host pipeline. */
@@ -151,10 +151,9 @@ static int buckets_alloc(struct mesh_gradsync *gs)
      * --compress: the wire buffer above), and the 16-bit device staging */
     for (i = 0; !gs->o.host_slabs && gs->o.coll && i < nb; i++) {
         size_t cnt = b[i].hi - b[i].lo;
-        int rc = gs->compress
-                     ? mesh_nn_alloc(gs->o.ctx, cnt * 2, &b[i].dwire)
-                     : mesh_coll_buf_alloc(gs->o.coll, cnt * 4,
-                                           (void **)&b[i].pinned);
+        int rc = gs->compress ? mesh_nn_alloc(gs->o.ctx, cnt * 2, &b[i].dwire)
+                              : mesh_coll_buf_alloc(gs->o.coll, cnt * 4,
+                                                    (void **)&b[i].pinned);
 
         if (rc < 0)
             return rc;
@@ -255,7 +254,7 @@ static void *chunk_host(const struct mesh_gradsync *gs, const struct chunk *ch)
     size_t off = ch->lo - b->lo;
 
     return gs->compress ? (void *)((uint16_t *)b->wire + off)
-                          : (void *)(b->pinned + off);
+                        : (void *)(b->pinned + off);
 }
 
 /* The device side of the chunk's copies: the gradients, or the 16-bit
@@ -265,10 +264,11 @@ static void *chunk_dev(const struct mesh_gradsync *gs, const struct chunk *ch)
     const struct bucket *b = &gs->b[ch->bucket];
 
     return gs->compress ? (void *)((uint16_t *)b->dwire + (ch->lo - b->lo))
-                          : (void *)(gs->grads + ch->lo);
+                        : (void *)(gs->grads + ch->lo);
 }
 
-static size_t chunk_bytes(const struct mesh_gradsync *gs, const struct chunk *ch)
+static size_t chunk_bytes(const struct mesh_gradsync *gs,
+                          const struct chunk *ch)
 {
     return (ch->hi - ch->lo) * (gs->compress ? 2 : 4);
 }
@@ -284,8 +284,8 @@ static int bucket_copy_out(struct mesh_gradsync *gs, int i)
     b->done = 0;
     b->t_start = now_s(gs);
     if (gs->compress)
-        rc = mesh_nn_convert(gs->o.ctx, gs->o.wire, b->dwire, MESH_DT_F32, dg, n,
-                             gs->o.grad_scale);
+        rc = mesh_nn_convert(gs->o.ctx, gs->o.wire, b->dwire, MESH_DT_F32, dg,
+                             n, gs->o.grad_scale);
     else if (gs->o.grad_scale != 1.0f)
         rc = mesh_nn_convert(gs->o.ctx, MESH_DT_F32, dg, MESH_DT_F32, dg, n,
                              gs->o.grad_scale);
@@ -293,8 +293,9 @@ static int bucket_copy_out(struct mesh_gradsync *gs, int i)
         struct chunk *ch = &gs->ch[j];
 
         ch->t_out = now_s(gs);
-        rc = mesh_nn_copy_d2h_start(gs->o.ctx, chunk_host(gs, ch), chunk_dev(gs, ch),
-                                    chunk_bytes(gs, ch), &ch->d2h);
+        rc = mesh_nn_copy_d2h_start(gs->o.ctx, chunk_host(gs, ch),
+                                    chunk_dev(gs, ch), chunk_bytes(gs, ch),
+                                    &ch->d2h);
         if (rc == 0)
             gs->ch_issued = j + 1;
     }
@@ -338,8 +339,9 @@ static int chunk_return(struct mesh_gradsync *gs, int rc, double b0, double b1)
     else
         tl_chunk(gs, "allreduce", 1, ch, ch->t_red, now - ch->t_red);
     ch->t_in = now;
-    rc = mesh_nn_copy_h2d_start(gs->o.ctx, chunk_dev(gs, ch), chunk_host(gs, ch),
-                                chunk_bytes(gs, ch), &ch->h2d);
+    rc =
+        mesh_nn_copy_h2d_start(gs->o.ctx, chunk_dev(gs, ch), chunk_host(gs, ch),
+                               chunk_bytes(gs, ch), &ch->h2d);
     if (rc == 0)
         gs->ch_returned++;
     return rc;
@@ -359,9 +361,9 @@ static int chunk_order(struct mesh_gradsync *gs)
     ch->h2d = NULL;
     tl_chunk(gs, "copy to device", 3, ch, ch->t_in, now_s(gs) - ch->t_in);
     if (rc == 0 && gs->compress)
-        rc = mesh_nn_convert(
-            gs->o.ctx, MESH_DT_F32, gs->grads + ch->lo,
-            gs->o.wire, chunk_dev(gs, ch), ch->hi - ch->lo, 1.f);
+        rc = mesh_nn_convert(gs->o.ctx, MESH_DT_F32, gs->grads + ch->lo,
+                             gs->o.wire, chunk_dev(gs, ch), ch->hi - ch->lo,
+                             1.f);
     if (rc == 0)
         gs->ch_ordered++;
     return rc;
@@ -457,8 +459,7 @@ static int bucket_start(struct mesh_gradsync *gs, int i)
     if (pipelined(gs))
         return bucket_copy_out(gs, i);
     if (!gs->o.host_slabs) {
-        rc = mesh_nn_download(gs->o.ctx, g, gs->grads + b->lo,
-                              n * 4);
+        rc = mesh_nn_download(gs->o.ctx, g, gs->grads + b->lo, n * 4);
         if (rc < 0)
             return rc;
     }
@@ -484,9 +485,7 @@ static int bucket_start(struct mesh_gradsync *gs, int i)
         b->t_end = now_s(gs);
         /* device slabs: the scaled (and rounded) bucket goes back */
         if (!gs->o.host_slabs)
-            return mesh_nn_upload(gs->o.ctx,
-                                  gs->grads + b->lo, g,
-                                  n * 4);
+            return mesh_nn_upload(gs->o.ctx, gs->grads + b->lo, g, n * 4);
         return 0;
     }
     if (dt != MESH_DT_F32) {
@@ -582,7 +581,6 @@ int mesh_gradsync_finish(struct mesh_gradsync *gs)
                    gs->b[i].t_end - gs->b[i].t_start);
     return rc;
 }
-
 
 int mesh_gradsync_ready(struct mesh_gradsync *gs, size_t offset)
 {

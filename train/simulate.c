@@ -45,10 +45,10 @@ struct mesh_sim {
     float *grads;
     double fwd_s, bwd_s;
     /* saturation figures */
-    double step_late;  /* worst lateness in the current step */
+    double step_late;    /* worst lateness in the current step */
     double step_stretch; /* this step's compute wall time - profiled */
-    double *stretches; /* one per finished step since the last take */
-    double *lates;     /* one per finished step since the last take */
+    double *stretches;   /* one per finished step since the last take */
+    double *lates;       /* one per finished step since the last take */
     size_t nlates, lates_cap;
     double late_max, cpu_s, cpu0;
 };
@@ -56,11 +56,11 @@ struct mesh_sim {
 struct mesh_sim_prof {
     struct sim_model m;
     int batch;
-    int *layer_of;    /* tensor -> layer */
-    double *bwd;      /* per layer, summed over steps after the first */
-    double *cur;      /* per layer, this step */
+    int *layer_of; /* tensor -> layer */
+    double *bwd;   /* per layer, summed over steps after the first */
+    double *cur;   /* per layer, this step */
     double fwd, t_last;
-    uint64_t steps;   /* backward passes recorded (the first one dropped) */
+    uint64_t steps; /* backward passes recorded (the first one dropped) */
     uint64_t seen;
 };
 
@@ -169,8 +169,10 @@ static int build(struct sim_model *m, const struct mesh_nn_model_cfg *cfg)
     mesh_nn_model_cfg_defaults(&m->cfg);
     if (m->cfg.width < 1 || m->cfg.width > 4096 || m->cfg.image_size < 8 ||
         m->cfg.image_size > 4096)
-        return mesh_err(-EINVAL, "simulate: width %d or image size %d out "
-                        "of range", m->cfg.width, m->cfg.image_size);
+        return mesh_err(-EINVAL,
+                        "simulate: width %d or image size %d out "
+                        "of range",
+                        m->cfg.width, m->cfg.image_size);
     bw.h = m->cfg.image_size;
     rc = mesh_nn_resnet_walk(&m->cfg, build_conv, &bw, &feat);
     if (rc < 0)
@@ -235,9 +237,10 @@ static int load_csv(struct sim_model *m, const char *path)
         return rc;
     if (st.st_size > SIM_CSV_MAX) {
         close(fd);
-        return mesh_err(-EFBIG, "--simulate-compute %s: %lld bytes, more "
-                        "than a layer profile's %d", path,
-                        (long long)st.st_size, SIM_CSV_MAX);
+        return mesh_err(-EFBIG,
+                        "--simulate-compute %s: %lld bytes, more "
+                        "than a layer profile's %d",
+                        path, (long long)st.st_size, SIM_CSV_MAX);
     }
     f = fdopen(fd, "r");
     if (!f) {
@@ -261,23 +264,23 @@ static int load_csv(struct sim_model *m, const char *path)
             break;
         }
         line[strcspn(line, "\r\n")] = 0;
-        if (line[0] == '#' || line[0] == 0 ||
-            strncmp(line, "layer,", 6) == 0)
+        if (line[0] == '#' || line[0] == 0 || strncmp(line, "layer,", 6) == 0)
             continue;
         if (sscanf(line, "%63[^,],%lf,%lf%n", name, &fw, &bw, &used) != 3 ||
             line[used] != 0 || !isfinite(fw) || !isfinite(bw) || fw < 0 ||
             bw < 0 || fw > 1e6 || bw > 1e6) {
-            rc = mesh_err(-EINVAL, "%s:%d: expected \"layer,forward_ms,"
-                          "backward_ms\" with times in [0, 1e6]", path,
-                          lineno);
+            rc = mesh_err(-EINVAL,
+                          "%s:%d: expected \"layer,forward_ms,"
+                          "backward_ms\" with times in [0, 1e6]",
+                          path, lineno);
             break;
         }
         for (i = 0; i < m->nl; i++)
             if (strcmp(m->l[i].name, name) == 0)
                 break;
         if (i == m->nl) {
-            rc = mesh_err(-EINVAL, "%s:%d: no layer \"%s\" in %s", path,
-                          lineno, name, m->cfg.arch);
+            rc = mesh_err(-EINVAL, "%s:%d: no layer \"%s\" in %s", path, lineno,
+                          name, m->cfg.arch);
             break;
         }
         if (seen[i]) {
@@ -345,8 +348,7 @@ int mesh_sim_create(const struct mesh_nn_model_cfg *cfg, const char *profile,
     s->grads = calloc(off, sizeof(float));
     if (!s->grads) {
         mesh_sim_destroy(s);
-        return mesh_err(-ENOMEM, "simulate: out of memory for %zu floats",
-                        off);
+        return mesh_err(-ENOMEM, "simulate: out of memory for %zu floats", off);
     }
     *out = s;
     return 0;
@@ -363,19 +365,28 @@ void mesh_sim_destroy(struct mesh_sim *s)
     free(s);
 }
 
-int mesh_sim_num_tensors(const struct mesh_sim *s) { return s->m.nt; }
+int mesh_sim_num_tensors(const struct mesh_sim *s)
+{
+    return s->m.nt;
+}
 
 const struct mesh_nn_tensor *mesh_sim_tensor(const struct mesh_sim *s, int i)
 {
     return i >= 0 && i < s->m.nt ? &s->m.t[i] : NULL;
 }
 
-size_t mesh_sim_num_params(const struct mesh_sim *s) { return s->m.nparams; }
+size_t mesh_sim_num_params(const struct mesh_sim *s)
+{
+    return s->m.nparams;
+}
 size_t mesh_sim_real_params(const struct mesh_sim *s)
 {
     return s->real_params;
 }
-float *mesh_sim_grads(struct mesh_sim *s) { return s->grads; }
+float *mesh_sim_grads(struct mesh_sim *s)
+{
+    return s->grads;
+}
 
 const struct mesh_nn_model_cfg *mesh_sim_config(const struct mesh_sim *s)
 {
@@ -402,8 +413,7 @@ static void wait_until(struct mesh_sim *s, double deadline)
         ts.tv_sec++;
         ts.tv_nsec -= 1000000000L;
     }
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) ==
-           EINTR)
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
         ;
     late = now() - deadline;
     if (late > s->step_late)
@@ -637,18 +647,21 @@ int mesh_sim_prof_write(const struct mesh_sim_prof *p, const char *path)
     int i;
 
     if (p->steps == 0)
-        return mesh_err(-EINVAL, "--profile-layers %s: needs at least 2 "
-                        "steps (the first one is not recorded)", path);
+        return mesh_err(-EINVAL,
+                        "--profile-layers %s: needs at least 2 "
+                        "steps (the first one is not recorded)",
+                        path);
     for (i = 0; i < p->m.nl; i++)
         btot += p->bwd[i];
     f = fopen(path, "w");
     if (!f)
         return mesh_err_errno("--profile-layers %s", path);
-    fprintf(f, "# meshtrain --profile-layers: %s width %d image %d, batch %d,"
+    fprintf(f,
+            "# meshtrain --profile-layers: %s width %d image %d, batch %d,"
             " %llu steps averaged\n# backward: between nn's gradient-ready "
             "callbacks; forward: the measured total split as backward\n"
-            "# batch %d\nlayer,forward_ms,backward_ms\n", p->m.cfg.arch,
-            p->m.cfg.width, p->m.cfg.image_size, p->batch,
+            "# batch %d\nlayer,forward_ms,backward_ms\n",
+            p->m.cfg.arch, p->m.cfg.width, p->m.cfg.image_size, p->batch,
             (unsigned long long)p->steps, p->batch);
     for (i = 0; i < p->m.nl; i++) {
         double b = p->bwd[i] / n;

@@ -39,7 +39,7 @@ struct mesh_sim;
 struct mesh_sim_prof;
 
 /* Seconds per step of the built-in profiles at batch 32. */
-#define MESH_SIM_K80_STEP_S 0.705
+#define MESH_SIM_K80_STEP_S  0.705
 #define MESH_SIM_H200_STEP_S 0.0128
 
 /*
@@ -66,8 +66,7 @@ void mesh_sim_step_time(const struct mesh_sim *s, double *fwd, double *bwd);
 /* Wait the forward time. */
 int mesh_sim_forward(struct mesh_sim *s);
 /* Wait layer by layer in reverse, reporting ranges to cb (may be NULL). */
-int mesh_sim_backward(struct mesh_sim *s, mesh_nn_grad_ready_fn cb,
-                      void *arg);
+int mesh_sim_backward(struct mesh_sim *s, mesh_nn_grad_ready_fn cb, void *arg);
 
 /*
  * The simulation s as the trainer's model (train/model.h): forward waits

@@ -40,18 +40,18 @@ struct trainer {
     int host_slabs; /* the backend's slabs are host memory */
     float *hparams; /* host copies for digests, checkpoints (nparams) */
     float *hmom;
-    float *hbuf;   /* nbuffers */
+    float *hbuf;                /* nbuffers */
     struct mesh_sim *sim;       /* --simulate-compute: no model, no data */
     struct mesh_sim_prof *prof; /* --profile-layers */
     char sim_name[320];
 
-    struct mesh_gradsync *gs; /* the gradient buckets */
+    struct mesh_gradsync *gs;  /* the gradient buckets */
     float loss_avg;            /* the step's loss, averaged in flight */
     mesh_coll_req_t *loss_req; /* its all-reduce, started after forward */
-    int local_err;    /* the error is this peer's own (data, files,
-                         compute), not the mesh's: exit code 1 */
-    int agreed_err;   /* every peer reached the same error from the same
-                         shared facts: exit 1 without aborting the others */
+    int local_err;             /* the error is this peer's own (data, files,
+                                  compute), not the mesh's: exit code 1 */
+    int agreed_err; /* every peer reached the same error from the same
+                       shared facts: exit 1 without aborting the others */
 
     struct mesh_nn_lr_sched lr; /* --lr-schedule with the run's length */
 
@@ -62,7 +62,7 @@ struct trainer {
     double t0;
     FILE *metrics;
     struct mesh_timeline tl; /* rank 0's --timeline events */
-    uint64_t step; /* the step being run */
+    uint64_t step;           /* the step being run */
     int tty;
 };
 

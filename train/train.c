@@ -29,7 +29,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-
 /* ---- configuration ------------------------------------------------------- */
 
 void train_cfg_init(struct train_cfg *c)
@@ -100,13 +99,19 @@ static double now_s(const struct trainer *t)
 }
 
 /* Also the gradient buckets' event callback (mesh_gradsync_event_fn). */
-static void tl_push(void *arg, const char *name, int tid, int bucket,
-                    int chunk, size_t bytes, double ts, double dur)
+static void tl_push(void *arg, const char *name, int tid, int bucket, int chunk,
+                    size_t bytes, double ts, double dur)
 {
     struct trainer *t = arg;
     struct mesh_tl_event e = {
-        .name = name, .tid = tid, .bucket = bucket, .chunk = chunk,
-        .bytes = bytes, .step = t->step, .ts = ts, .dur = dur,
+        .name = name,
+        .tid = tid,
+        .bucket = bucket,
+        .chunk = chunk,
+        .bytes = bytes,
+        .step = t->step,
+        .ts = ts,
+        .dur = dur,
     };
 
     if (!t->c->timeline || t->rank != 0 || t->step >= t->c->timeline_steps)
@@ -365,26 +370,26 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
                  t->lr.milestones[i]);
     }
     hex(data_fp, 32, fp);
-    n = snprintf(
-        t->config, sizeof(t->config),
-        "program=meshtrain\nmodel=%s\nwidth=%d\ncifar_stem=%d\n"
-        "zero_init_residual=%d\nclasses=%d\nchannels=%d\n"
-        "image_size=%d\nseed=%" PRIu64 "\ndata=%s\ndata_digest=%s\n"
-        "augment=%d\nbatch=%d\naccumulate=%d\nlr=%.9g\n"
-        "lr_schedule=%s\nwarmup_epochs=%.9g\nmomentum=%.9g\n"
-        "weight_decay=%.9g\nnesterov=%d\nlabel_smoothing=%.9g\n"
-        "milestones=%s\non_bad_sample=%s\n"
-        "compress=%s\ndevice=%s\nprecision=%d\n"
-        "steps_per_epoch=%" PRIu64 "\npeers=%d\n",
-        m->arch, m->width, m->cifar_stem, m->zero_init_residual, m->num_classes,
-        m->in_channels, m->image_size, m->seed, t->info.name, fp, c->augment,
-        c->batch, c->accumulate, c->lr.base_lr, lr_kind_name(c->lr.kind),
-        c->lr.warmup_epochs, (double)c->sgd.momentum,
-        (double)c->sgd.weight_decay, c->sgd.nesterov,
-        (double)c->label_smoothing, miles[0] ? miles : "none",
-        c->on_bad == MESH_DATA_BAD_SKIP ? "skip" : "fail",
-        compress_name(c->compress), c->device, c->precision,
-        t->steps_per_epoch, t->size);
+    n = snprintf(t->config, sizeof(t->config),
+                 "program=meshtrain\nmodel=%s\nwidth=%d\ncifar_stem=%d\n"
+                 "zero_init_residual=%d\nclasses=%d\nchannels=%d\n"
+                 "image_size=%d\nseed=%" PRIu64 "\ndata=%s\ndata_digest=%s\n"
+                 "augment=%d\nbatch=%d\naccumulate=%d\nlr=%.9g\n"
+                 "lr_schedule=%s\nwarmup_epochs=%.9g\nmomentum=%.9g\n"
+                 "weight_decay=%.9g\nnesterov=%d\nlabel_smoothing=%.9g\n"
+                 "milestones=%s\non_bad_sample=%s\n"
+                 "compress=%s\ndevice=%s\nprecision=%d\n"
+                 "steps_per_epoch=%" PRIu64 "\npeers=%d\n",
+                 m->arch, m->width, m->cifar_stem, m->zero_init_residual,
+                 m->num_classes, m->in_channels, m->image_size, m->seed,
+                 t->info.name, fp, c->augment, c->batch, c->accumulate,
+                 c->lr.base_lr, lr_kind_name(c->lr.kind), c->lr.warmup_epochs,
+                 (double)c->sgd.momentum, (double)c->sgd.weight_decay,
+                 c->sgd.nesterov, (double)c->label_smoothing,
+                 miles[0] ? miles : "none",
+                 c->on_bad == MESH_DATA_BAD_SKIP ? "skip" : "fail",
+                 compress_name(c->compress), c->device, c->precision,
+                 t->steps_per_epoch, t->size);
     if (n < 0 || (size_t)n >= sizeof(t->config))
         return mesh_err(-EINVAL, "configuration too long");
     core = (size_t)n;
@@ -396,10 +401,9 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
                   "threads=%d\n"
                   "verify_every=%" PRIu64 "\neval=%d\neval_every=%.9g\n"
                   "checkpoint_every=%" PRIu64 "\nresume=%d\n",
-                  t->total_steps, t->lr.total_epochs,
-                  mesh_algo_name(c->algo), c->bucket_mb, c->chunk_mb, threads,
-                  c->verify_every, !c->no_eval,
-                  c->no_eval ? 0.0 : c->eval_every,
+                  t->total_steps, t->lr.total_epochs, mesh_algo_name(c->algo),
+                  c->bucket_mb, c->chunk_mb, threads, c->verify_every,
+                  !c->no_eval, c->no_eval ? 0.0 : c->eval_every,
                   c->checkpoint_every, c->resume);
     if ((size_t)n >= sizeof(t->config) - 200)
         return mesh_err(-EINVAL, "configuration too long");
@@ -416,8 +420,8 @@ static int open_sim(struct trainer *t)
     double fwd, bwd;
     int rc;
 
-    rc = mesh_sim_create(&c->model, c->simulate, c->batch,
-                         c->simulate_scale, &t->sim);
+    rc = mesh_sim_create(&c->model, c->simulate, c->batch, c->simulate_scale,
+                         &t->sim);
     if (rc < 0)
         return rc;
     t->mcfg = *mesh_sim_config(t->sim);
@@ -437,8 +441,8 @@ static int open_sim(struct trainer *t)
     if (t->rank == 0 && !c->quiet)
         printf("meshtrain: simulated %s compute (%s): forward %.2f ms, "
                "backward %.2f ms per step; %zu parameters, %zu on the wire "
-               "(k = %g); %d peer(s) x batch %d\n", t->mcfg.arch,
-               c->simulate, fwd * 1000, bwd * 1000,
+               "(k = %g); %d peer(s) x batch %d\n",
+               t->mcfg.arch, c->simulate, fwd * 1000, bwd * 1000,
                mesh_sim_real_params(t->sim), t->nparams, c->simulate_scale,
                t->size, c->batch);
     return 0;
@@ -774,8 +778,7 @@ static int loss_wait(struct trainer *t, int rc)
  * The next micro-batch from the loader, its wait added to *data; the
  * simulation has no loader (and no data): an empty batch.
  */
-static int batch_next(struct trainer *t, struct mesh_batch *batch,
-                      double *data)
+static int batch_next(struct trainer *t, struct mesh_batch *batch, double *data)
 {
     double ts = now_s(t);
     int rc;
@@ -799,8 +802,8 @@ static int batch_next(struct trainer *t, struct mesh_batch *batch,
  * starts the loss average (*loss_sum / K) after its forward and reports
  * its gradients to the buckets during its backward.
  */
-static int micro_batch(struct trainer *t, int k, float *loss_sum,
-                       double *data, double *t_bwd_end)
+static int micro_batch(struct trainer *t, int k, float *loss_sum, double *data,
+                       double *t_bwd_end)
 {
     const struct mesh_train_model *m = &t->tm;
     const struct train_cfg *c = t->c;
@@ -1039,8 +1042,10 @@ static int join(struct trainer *t, const struct mesh_opts *mo)
         /* A peer that had joined already aborted the job (a local error
          * of its own, before step 1) while this rank still completed its
          * last handshakes: a peer failure, as it is a moment later. */
-        fprintf(stderr, "meshtrain: rank %d: the job was aborted while "
-                "joining: %s\n", t->rank, mesh_err_msg(rc));
+        fprintf(stderr,
+                "meshtrain: rank %d: the job was aborted while "
+                "joining: %s\n",
+                t->rank, mesh_err_msg(rc));
         return MESH_EXIT_PEER;
     }
     if (rc < 0) {
@@ -1098,7 +1103,8 @@ static void print_plan(const struct trainer *t)
            mesh_algo_name(c->algo), t->total_steps, t->steps_per_epoch);
     if (nchunks)
         printf("meshtrain: pinned-host pipeline: %d chunk(s) of up to %.3g "
-               "MiB\n", nchunks, c->chunk_mb);
+               "MiB\n",
+               nchunks, c->chunk_mb);
 }
 
 /*
@@ -1184,8 +1190,7 @@ static int start_point(struct trainer *t, uint64_t *start)
     test_perturb(t);
     rc = verify_weights(t, *start ? "after resuming" : "before step 1");
     if (rc < 0)
-        return fail(t, rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER,
-                    rc);
+        return fail(t, rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER, rc);
     return MESH_EXIT_OK;
 }
 
@@ -1200,9 +1205,10 @@ static void sim_report(struct trainer *t)
     mesh_sim_stats_take(t->sim, &st);
     printf("meshtrain: rank %d: simulate: %" PRIu64 " steps, compute "
            "stretch median %.3f ms, wait lateness median %.3f ms max "
-           "%.3f ms, cpu %.1f ms/step\n", t->rank, st.steps,
-           st.stretch_median_s * 1000, st.late_median_s * 1000,
-           st.late_max_s * 1000, st.cpu_per_step_s * 1000);
+           "%.3f ms, cpu %.1f ms/step\n",
+           t->rank, st.steps, st.stretch_median_s * 1000,
+           st.late_median_s * 1000, st.late_max_s * 1000,
+           st.cpu_per_step_s * 1000);
     fflush(stdout);
 }
 
@@ -1236,8 +1242,7 @@ static int write_outputs(struct trainer *t)
     if (rc == 0 && t->sim)
         sim_report(t);
     if (rc == 0 && c->timeline && t->rank == 0)
-        rc = train_local(t, mesh_timeline_write(&t->tl, c->timeline,
-                                                t->rank));
+        rc = train_local(t, mesh_timeline_write(&t->tl, c->timeline, t->rank));
     return rc;
 }
 
@@ -1296,7 +1301,7 @@ static void trainer_close(struct trainer *t)
 static int run_fail(struct trainer *t, int rc)
 {
     return fail(t,
-                t->local_err      ? MESH_EXIT_USAGE
+                t->local_err     ? MESH_EXIT_USAGE
                 : rc == -EBADMSG ? MESH_EXIT_VERIFY
                                  : MESH_EXIT_PEER,
                 rc);

@@ -69,8 +69,8 @@ struct train_cfg {
     const char *device;             /* "cpu" or "cuda" */
     int gpu;       /* cuda: device index, -1: from MESHTRAIN_LOCAL_RANK */
     int precision; /* enum mesh_nn_precision (fp32, tf32, bf16-amp) */
-    int threads; /* compute threads, 0: cores / local peers */
-    int summary; /* print the layer table and exit */
+    int threads;   /* compute threads, 0: cores / local peers */
+    int summary;   /* print the layer table and exit */
 
     /* data */
     const char *data; /* --data spec (data/data.h) */
@@ -90,8 +90,8 @@ struct train_cfg {
     /* communication */
     double bucket_mb;
     double chunk_mb; /* device backends: a bucket's pipeline chunks */
-    int compress; /* enum train_compress */
-    int algo;     /* MESH_ALGO_* */
+    int compress;    /* enum train_compress */
+    int algo;        /* MESH_ALGO_* */
 
     /* checks, evaluation, checkpoints */
     uint64_t verify_every; /* steps between digest checks, 0: off */
@@ -100,7 +100,7 @@ struct train_cfg {
     uint64_t checkpoint_every;  /* steps, 0: none */
     const char *checkpoint_dir; /* each peer uses DIR/rank-R */
     int keep;
-    int resume; /* enum train_resume */
+    int resume;       /* enum train_resume */
     const char *save; /* final weights (safetensors), rank 0 */
 
     /* output */
@@ -111,9 +111,9 @@ struct train_cfg {
     int quiet;
 
     /* simulated compute (train/simulate.h): the scaling benchmark */
-    const char *simulate;           /* --simulate-compute PROFILE, or NULL */
-    double simulate_scale;          /* k: gradient bytes divided by k */
-    const char *profile_layers;     /* --profile-layers FILE (rank 0) */
+    const char *simulate;       /* --simulate-compute PROFILE, or NULL */
+    double simulate_scale;      /* k: gradient bytes divided by k */
+    const char *profile_layers; /* --profile-layers FILE (rank 0) */
 };
 
 void train_cfg_init(struct train_cfg *c);

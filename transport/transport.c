@@ -84,10 +84,9 @@ void mesh_failure_msg(char *out, size_t len, const char *reason,
         snprintf(out, len, "%s; no operation in flight", reason);
         return;
     }
-    snprintf(out, len, "%s; operation in flight: %s %s %s rank %d (%s)",
-             reason, is_send ? "send" : "receive",
-             mesh_frame_str(f, fs, sizeof(fs)), is_send ? "to" : "from", peer,
-             peer_name);
+    snprintf(out, len, "%s; operation in flight: %s %s %s rank %d (%s)", reason,
+             is_send ? "send" : "receive", mesh_frame_str(f, fs, sizeof(fs)),
+             is_send ? "to" : "from", peer, peer_name);
 }
 
 void mesh_transport_opts_init(struct mesh_transport_opts *o)

@@ -128,17 +128,17 @@ void mesh_failure_msg(char *out, size_t len, const char *reason,
 
 /* ---- options shared by every transport ----------------------------------- */
 
-#define MESH_JOB_MAX 64
+#define MESH_JOB_MAX    64
 #define MESH_CONFIG_MAX 2048
 #define MESH_TCP_CC_MAX 16 /* the kernel's TCP_CA_NAME_MAX, with the NUL */
 
 struct mesh_transport_opts {
-    int streams;             /* TCP streams per link (data), >= 1 */
-    double join_timeout_s;   /* give up joining after this (default 60) */
-    double peer_timeout_s;   /* a silent peer is dead after this (10) */
-    const uint8_t *secret;   /* shared job secret; NULL with insecure */
+    int streams;           /* TCP streams per link (data), >= 1 */
+    double join_timeout_s; /* give up joining after this (default 60) */
+    double peer_timeout_s; /* a silent peer is dead after this (10) */
+    const uint8_t *secret; /* shared job secret; NULL with insecure */
     size_t secret_len;
-    int insecure;            /* run without authentication (logged) */
+    int insecure; /* run without authentication (logged) */
     char job_id[MESH_JOB_MAX];
     /*
      * The configuration that must agree between peers, as "key=value\n"
@@ -193,8 +193,7 @@ struct mesh_transport_ops {
     int (*connect)(mesh_transport_t *t);
 
     /* Register [buf, buf+len) once; data buffers must lie in one. */
-    int (*reg_mr)(mesh_transport_t *t, void *buf, size_t len,
-                  mesh_mr_t **out);
+    int (*reg_mr)(mesh_transport_t *t, void *buf, size_t len, mesh_mr_t **out);
     int (*dereg_mr)(mesh_transport_t *t, mesh_mr_t *mr);
 
     /*
@@ -216,9 +215,8 @@ struct mesh_transport_ops {
      * past the posted range closes the link before any payload is read. A
      * frame with no posted receive yet waits (its stream is not read).
      */
-    int (*irecv)(mesh_transport_t *t, int peer,
-                 const struct mesh_frame *expect, void *buf, mesh_mr_t *mr,
-                 mesh_req_t **out);
+    int (*irecv)(mesh_transport_t *t, int peer, const struct mesh_frame *expect,
+                 void *buf, mesh_mr_t *mr, mesh_req_t **out);
 
     /*
      * *done = 1 when req has completed, and then req is freed. Returns the
@@ -276,10 +274,10 @@ int mesh_transport_wait(const struct mesh_transport_ops *ops,
  * One sleep of a transport's wait loop on cond, with lock held: until a
  * broadcast or, unless deadline_ns is MESH_NO_DEADLINE, until deadline_ns
  * on mesh_now_ns()'s clock (CLOCK_MONOTONIC, which cond's attributes must
- * name for the sleep to last until the deadline). Returns -ETIMEDOUT, without sleeping and
- * without recording a message (the caller words it), once the deadline has
- * passed; else 0, also after a spurious wake-up: the caller checks its
- * condition again.
+ * name for the sleep to last until the deadline). Returns -ETIMEDOUT, without
+ * sleeping and without recording a message (the caller words it), once the
+ * deadline has passed; else 0, also after a spurious wake-up: the caller checks
+ * its condition again.
  */
 #define MESH_NO_DEADLINE UINT64_MAX
 int mesh_cond_sleep(pthread_cond_t *cond, pthread_mutex_t *lock,

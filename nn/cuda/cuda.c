@@ -1341,8 +1341,8 @@ static void copy_put(struct mesh_nn_dev *dev, struct mesh_nn_copy *c)
 
 /*
  * Record "compute reached here", make the copy's stream (out or in) wait
- * for it, copy, record the copy's end. The same event serves both: cudaStreamWaitEvent
- * captures the recording current at the time of the call.
+ * for it, copy, record the copy's end. The same event serves both:
+ * cudaStreamWaitEvent captures the recording current at the time of the call.
  */
 static int cuda_copy_start(struct mesh_nn_dev *dev, int to_host, void *dst,
                            const void *src, size_t bytes,
@@ -1368,8 +1368,8 @@ static int cuda_copy_start(struct mesh_nn_dev *dev, int to_host, void *dst,
                to_host ? "cudaMemcpyAsync (gradients to host)"
                        : "cudaMemcpyAsync (gradients to device)",
                NULL);
-    CUDA_CHECK(rc, cudaEventRecord(c->ev, st), fail,
-               "cudaEventRecord (copy)", NULL);
+    CUDA_CHECK(rc, cudaEventRecord(c->ev, st), fail, "cudaEventRecord (copy)",
+               NULL);
     *out = c;
     return 0;
 

@@ -58,7 +58,8 @@ static void frame_encode(const struct mesh_frame *f, uint8_t *h)
 
 static int frame_decode(const uint8_t *h, struct mesh_frame *f)
 {
-    if (mesh_get_le32(h) != TCP_FRAME_MAGIC || h[6] || h[7] || mesh_get_le32(h + 12))
+    if (mesh_get_le32(h) != TCP_FRAME_MAGIC || h[6] || h[7] ||
+        mesh_get_le32(h + 12))
         return -1;
     f->op = h[4];
     f->dtype = h[5];

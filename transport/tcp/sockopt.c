@@ -60,8 +60,7 @@ int mesh_tcp_cc_check(const char *name)
         fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return mesh_err_errno("TCP congestion control '%s': socket", name);
-    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)len) <
-        0) {
+    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)len) < 0) {
         if (errno == ENOENT)
             rc = mesh_err(-ENOENT,
                           "TCP congestion control '%s': this kernel has "

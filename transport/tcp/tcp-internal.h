@@ -257,7 +257,7 @@ struct mesh_transport {
     uint64_t refused_since_ns;                 /* REFUSE_ALL's window */
     unsigned refused_logged;                   /* lines in it */
     uint64_t refused_more;                     /* refusals beyond them */
-    double spin_s; /* wait_any spins this long first */
+    double spin_s;       /* wait_any spins this long first */
     atomic_int spinning; /* waiters reading the data streams themselves */
     atomic_int sleepers; /* waiters asleep on cond */
     int poll_wait;       /* after the spin, waiters poll() the streams */

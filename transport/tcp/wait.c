@@ -79,8 +79,8 @@ static int caller_io(struct mesh_transport *t, mesh_req_t *const *reqs, int n)
  * and four context switches per message otherwise). Returns 1 when a
  * request is done or the job failed, 0 at the deadline, or an error.
  */
-static int waiter_poll(struct mesh_transport *t, mesh_req_t *const *reqs,
-                       int n, uint64_t deadline)
+static int waiter_poll(struct mesh_transport *t, mesh_req_t *const *reqs, int n,
+                       uint64_t deadline)
 {
     int cap = t->super.world.size * t->S + 1, rc = 0;
     struct pollfd stack[65], *fds = stack;

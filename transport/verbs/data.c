@@ -302,8 +302,8 @@ static void got_cts(struct mesh_transport *t, int peer, int qpi,
     char nb[300];
     int rc;
 
-    if (len != VERBS_CTS_LEN || mesh_get_le32(m) != VERBS_CTS_MAGIC || m[10] || m[11] ||
-        mesh_get_le32(m + 60)) {
+    if (len != VERBS_CTS_LEN || mesh_get_le32(m) != VERBS_CTS_MAGIC || m[10] ||
+        m[11] || mesh_get_le32(m + 60)) {
         tp_fail_job(&t->super, peer, -EPROTO, 1,
                     "rank %d (%s) sent a malformed clear-to-send (%" PRIu32
                     " bytes)",

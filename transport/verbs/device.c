@@ -303,7 +303,8 @@ int verbs_info_decode(struct mesh_transport *t, int peer, const uint8_t *m,
 {
     char nb[300];
 
-    if (mesh_get_le32(m) != VERBS_INFO_MAGIC || mesh_get_le32(m + 4) != VERBS_INFO_VERSION)
+    if (mesh_get_le32(m) != VERBS_INFO_MAGIC ||
+        mesh_get_le32(m + 4) != VERBS_INFO_VERSION)
         return mesh_err(-EPROTO,
                         "verbs: rank %d (%s) sent QP details of an unknown "
                         "format (magic 0x%08" PRIx32 " version %" PRIu32 ")",

@@ -430,8 +430,8 @@ static int auto_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
 }
 
 static int auto_irecv(mesh_transport_t *t, int peer,
-                      const struct mesh_frame *expect, void *buf,
-                      mesh_mr_t *mr, mesh_req_t **out)
+                      const struct mesh_frame *expect, void *buf, mesh_mr_t *mr,
+                      mesh_req_t **out)
 {
     return t->use->irecv(t, peer, expect, buf, mr, out);
 }
