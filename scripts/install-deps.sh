@@ -18,6 +18,8 @@ PKGS="$PKGS qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest"
 PKGS="$PKGS python3-torch python3-torchvision python3-numpy"
 # tests/nn_valgrind.sh: memcheck of the model walk.
 PKGS="$PKGS valgrind"
+# scripts/check-format.sh (CI) and make format.
+PKGS="$PKGS clang-format"
 if [ "$1" = "--bench" ]; then
     PKGS="$PKGS openmpi-bin libopenmpi-dev iperf3 python3-matplotlib iputils-ping"
 fi
