@@ -225,6 +225,40 @@ struct mesh_nn_backend_ops {
 
 /* The backends built in; NULL (with mesh_err) for an unknown name. */
 const struct mesh_nn_backend_ops *mesh_nn_backend_find(const char *name);
+/*
+ * A backend's table from its functions, named PREFIX_op: every backend
+ * implements the ops of MESH_NN_BACKEND_CORE (a missing one is a compile
+ * error, not a NULL at run time), and one with streams those of
+ * MESH_NN_BACKEND_STREAMS. upload and download, and the optional
+ * dev_open_opts, are listed by each backend itself:
+ *
+ *   const struct mesh_nn_backend_ops mesh_nn_cpu_ops = {
+ *       .name = "cpu", MESH_NN_BACKEND_CORE(cpu),
+ *       .upload = cpu_copy, .download = cpu_copy,
+ *   };
+ */
+#define MESH_NN_BACKEND_CORE(p)                                                \
+    .dev_open = p##_dev_open, .dev_close = p##_dev_close,                      \
+    .dev_describe = p##_dev_describe, .alloc = p##_alloc, .free = p##_free,    \
+    .live_allocs = p##_live_allocs, .zero = p##_zero, .sync = p##_sync,        \
+    .act_bytes = p##_act_bytes, .act_import = p##_act_import,                  \
+    .act_export = p##_act_export, .plan_create = p##_plan_create,              \
+    .plan_destroy = p##_plan_destroy, .plan_workspace = p##_plan_workspace,    \
+    .plan_reserve = p##_plan_reserve, .conv_fwd = p##_conv_fwd,                \
+    .conv_bwd_data = p##_conv_bwd_data,                                        \
+    .conv_bwd_filter = p##_conv_bwd_filter, .bn_fwd_train = p##_bn_fwd_train,  \
+    .bn_fwd_infer = p##_bn_fwd_infer, .bn_bwd = p##_bn_bwd,                    \
+    .relu_fwd = p##_relu_fwd, .relu_bwd = p##_relu_bwd, .add = p##_add,        \
+    .maxpool_fwd = p##_maxpool_fwd, .maxpool_bwd = p##_maxpool_bwd,            \
+    .avgpool_fwd = p##_avgpool_fwd, .avgpool_bwd = p##_avgpool_bwd,            \
+    .fc_fwd = p##_fc_fwd, .fc_bwd_data = p##_fc_bwd_data,                      \
+    .fc_bwd_weights = p##_fc_bwd_weights, .xent = p##_xent, .sgd = p##_sgd,    \
+    .axpy1 = p##_axpy1
+#define MESH_NN_BACKEND_STREAMS(p)                                             \
+    .copy_start = p##_copy_start, .copy_test = p##_copy_test,                  \
+    .copy_wait = p##_copy_wait, .copy_order = p##_copy_order,                  \
+    .convert = p##_convert
+
 extern const struct mesh_nn_backend_ops mesh_nn_cpu_ops;
 extern const struct mesh_nn_backend_ops mesh_nn_cuda_ops;
 /* cudaHostAlloc'ed memory, -ENODEV where no device answers (remembered,
