@@ -308,10 +308,16 @@ struct rounding_case {
 static void check_rounding(int to, const char *name,
                            const struct rounding_case *v, size_t n)
 {
-    float *src = malloc(n * sizeof *src);
-    uint16_t *got = malloc(n * sizeof *got);
+    float *src = calloc(n, sizeof *src);
+    uint16_t *got = calloc(n, sizeof *got);
     int bad = 0, rc;
 
+    if (!src || !got) {
+        ok(0, "F32 -> %s rounding cases: out of memory", name);
+        free(src);
+        free(got);
+        return;
+    }
     for (size_t i = 0; i < n; i++)
         src[i] = bitsf(v[i].f);
     rc = convert(MESH_DT_F32, to, src, (int64_t)n, got);
