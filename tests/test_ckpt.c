@@ -9,9 +9,9 @@
 #include "train/ckpt.h"
 #include "common/util.h"
 #include "tests/tap.h"
+#include "tests/tmpdir.h"
 
 #include <errno.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,14 +21,6 @@
 #define WLEN (1u << 20)
 
 static char tmp[256];
-
-static int rm_cb(const char *p, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)st;
-    (void)flag;
-    (void)f;
-    return remove(p);
-}
 
 static void fill(uint8_t *p, size_t n, uint32_t seed)
 {
@@ -111,9 +103,7 @@ int main(void)
     void *data = NULL;
     int rc;
 
-    snprintf(tmp, sizeof(tmp), "%s/test_ckpt.XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(tmp)) {
+    if (tmpdir_make(tmp, sizeof(tmp), "test_ckpt") < 0) {
         skip_all("cannot create a temporary directory");
         return 0;
     }
@@ -383,6 +373,6 @@ int main(void)
 
     free(w);
     free(ref);
-    nftw(tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    tmpdir_remove(tmp);
     return done();
 }

@@ -22,6 +22,7 @@
 #include "nn/safetensors.h"
 #include "common/util.h"
 #include "tests/tap.h"
+#include "tests/tmpdir.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -1403,11 +1404,7 @@ static int test_torchvision(void)
 
 int main(void)
 {
-    const char *t = getenv("TMPDIR");
-
-    snprintf(tmpdir, sizeof(tmpdir), "%s/test_safetensors.XXXXXX",
-             t && *t ? t : "/tmp");
-    if (!mkdtemp(tmpdir)) {
+    if (tmpdir_make(tmpdir, sizeof(tmpdir), "test_safetensors") < 0) {
         printf("Bail out! mkdtemp %s: %s\n", tmpdir, strerror(errno));
         return 1;
     }
@@ -1418,11 +1415,6 @@ int main(void)
     test_corpus();
     test_fuzz();
     test_torch();
-    {
-        char cmd[600];
-        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
-        if (system(cmd) != 0)
-            diag("could not remove %s", tmpdir);
-    }
+    tmpdir_remove(tmpdir);
     return done();
 }
