@@ -10,6 +10,7 @@
 #include "config.h"
 
 #include "collective/coll-internal.h"
+#include "common/dtype.h"
 #include "common/util.h"
 
 #include <stdatomic.h>
@@ -21,45 +22,18 @@
 #include <immintrin.h>
 #endif
 
-static float load1(int dtype, const void *p, size_t i)
-{
-    switch (dtype) {
-    case MESH_DT_F16:
-        return mesh_f32_from_f16(((const uint16_t *)p)[i]);
-    case MESH_DT_BF16:
-        return mesh_f32_from_bf16(((const uint16_t *)p)[i]);
-    default:
-        return ((const float *)p)[i];
-    }
-}
-
-static void store1(int dtype, void *p, size_t i, float v)
-{
-    switch (dtype) {
-    case MESH_DT_F16:
-        ((uint16_t *)p)[i] = mesh_f16_from_f32(v);
-        break;
-    case MESH_DT_BF16:
-        ((uint16_t *)p)[i] = mesh_bf16_from_f32(v);
-        break;
-    default:
-        ((float *)p)[i] = v;
-        break;
-    }
-}
-
 /* The scalar loop, also the tail of the vector paths (from element i). */
 static void sum_scalar(int dtype, void *dst, const void *const *src, int nsrc,
                        size_t i, size_t n, float div)
 {
     for (; i < n; i++) {
-        float acc = load1(dtype, src[0], i);
+        float acc = mesh_dtype_get_f32(dtype, src[0], i);
 
         for (int j = 1; j < nsrc; j++)
-            acc += load1(dtype, src[j], i);
+            acc += mesh_dtype_get_f32(dtype, src[j], i);
         if (div != 1.0f)
             acc /= div;
-        store1(dtype, dst, i, acc);
+        mesh_dtype_put_f32(dtype, dst, i, acc);
     }
 }
 
@@ -67,7 +41,7 @@ static void convert_scalar(int dd, void *dst, int sd, const void *src, size_t i,
                            size_t n)
 {
     for (; i < n; i++)
-        store1(dd, dst, i, load1(sd, src, i));
+        mesh_dtype_put_f32(dd, dst, i, mesh_dtype_get_f32(sd, src, i));
 }
 
 /* ---- AVX2 + F16C --------------------------------------------------------- */

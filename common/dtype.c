@@ -122,22 +122,3 @@ float mesh_f32_from_bf16(uint16_t h)
 {
     return f32_from_bits((uint32_t)h << 16);
 }
-
-void mesh_dtype_put_f32(int dtype, void *p, size_t i, float v)
-{
-    if (dtype == MESH_DT_F16)
-        ((uint16_t *)p)[i] = mesh_f16_from_f32(v);
-    else if (dtype == MESH_DT_BF16)
-        ((uint16_t *)p)[i] = mesh_bf16_from_f32(v);
-    else
-        ((float *)p)[i] = v;
-}
-
-float mesh_dtype_get_f32(int dtype, const void *p, size_t i)
-{
-    if (dtype == MESH_DT_F16)
-        return mesh_f32_from_f16(((const uint16_t *)p)[i]);
-    if (dtype == MESH_DT_BF16)
-        return mesh_f32_from_bf16(((const uint16_t *)p)[i]);
-    return ((const float *)p)[i];
-}

@@ -40,10 +40,28 @@ float mesh_f32_from_f16(uint16_t h);
 uint16_t mesh_bf16_from_f32(float f);
 float mesh_f32_from_bf16(uint16_t h);
 
-/* p[i] = v, p an array of dtype F32, F16 or BF16 (v rounded as above). */
-void mesh_dtype_put_f32(int dtype, void *p, size_t i, float v);
+/* p[i] = v, p an array of dtype F32, F16 or BF16 (v rounded as above).
+ * Inline: the scalar reduction loops (collective/reduce.c) call them per
+ * element. */
+static inline void mesh_dtype_put_f32(int dtype, void *p, size_t i, float v)
+{
+    if (dtype == MESH_DT_F16)
+        ((uint16_t *)p)[i] = mesh_f16_from_f32(v);
+    else if (dtype == MESH_DT_BF16)
+        ((uint16_t *)p)[i] = mesh_bf16_from_f32(v);
+    else
+        ((float *)p)[i] = v;
+}
+
 /* p[i] as float32, p an array of dtype F32, F16 or BF16. */
-float mesh_dtype_get_f32(int dtype, const void *p, size_t i);
+static inline float mesh_dtype_get_f32(int dtype, const void *p, size_t i)
+{
+    if (dtype == MESH_DT_F16)
+        return mesh_f32_from_f16(((const uint16_t *)p)[i]);
+    if (dtype == MESH_DT_BF16)
+        return mesh_f32_from_bf16(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
 
 #ifdef __cplusplus
 }
