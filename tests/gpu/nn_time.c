@@ -1,7 +1,7 @@
 /*
  * tests/gpu/nn_time.c: ResNet training throughput of one nn device, the
  * way meshtrain runs a step on one peer (forward, loss, backward, SGD with
- * momentum), on random images; not part of make check (tests/gpu/check.sh
+ * momentum), on random images; not part of make check (tests/gpu/run.sh
  * runs it). Prints one line:
  *   nn_time device=cuda precision=tf32 arch=resnet50 batch=32 img_s=...
  *

@@ -6,7 +6,7 @@
 # process on the same GPU with --accumulate 2 over the same micro-batches
 # (tests/train_equiv.sh's construction); then the same two peers with
 # --compress fp16 (narrowing and widening on the GPU, per chunk). Run by
-# tests/gpu/check.sh on a machine with a GPU; a TAP skip without
+# tests/gpu/run.sh on a machine with a GPU; a TAP skip without
 # meshtrain's cuda device or without a GPU.
 #
 # Chunks: --bucket-mb 2 and --chunk-mb 0.25 cut the 2.8 M gradients of this
