@@ -1054,15 +1054,24 @@ static int cpu_conv_bwd_filter(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
         dwp = scratch;
         scratch += align64(p->dw.bytes);
     }
-    if (p->x_bw.r.p) {
+    /* the plain copies (plan_conv_bwdw_plain): of x, of dy, or of both,
+     * whichever is blocked; the other goes in as it is */
+    if (p->x_bw.r.p || p->dy_bw.r.p) {
         void *xp = scratch, *dyp = scratch + align64(p->x_bw.bytes);
 
         scratch = (char *)dyp + align64(p->dy_bw.bytes);
-        if ((rc = reo_run(dev, &p->x_bw, x, xp, scratch)) < 0 ||
-            (rc = reo_run(dev, &p->dy_bw, dy, dyp, scratch)) < 0)
-            return rc;
-        x = xp;
-        dy = dyp;
+        if (p->x_bw.r.p) {
+            rc = reo_run(dev, &p->x_bw, x, xp, scratch);
+            if (rc < 0)
+                return rc;
+            x = xp;
+        }
+        if (p->dy_bw.r.p) {
+            rc = reo_run(dev, &p->dy_bw, dy, dyp, scratch);
+            if (rc < 0)
+                return rc;
+            dy = dyp;
+        }
     }
     {
         void *h[3] = {(void *)x, (void *)dy, dwp};

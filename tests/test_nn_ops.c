@@ -734,9 +734,19 @@ int main(void)
     /* n, c, h, k, r, stride, pad: blocked-layout channel counts (multiples
      * of 16) and plain ones */
     static const int convs[][7] = {
-        {2, 16, 9, 32, 3, 2, 1}, {2, 32, 6, 16, 1, 1, 0},
-        {2, 16, 8, 16, 1, 2, 0}, {3, 3, 11, 16, 7, 2, 3}, /* the stem */
+        {2, 16, 9, 32, 3, 2, 1},
+        {2, 32, 6, 16, 1, 1, 0},
+        {2, 16, 8, 16, 1, 2, 0},
+        {3, 3, 11, 16, 7, 2, 3}, /* the stem */
         {2, 5, 7, 6, 3, 1, 1},
+        /* one side plain, the other blocked, where oneDNN's blocked weight
+         * gradient is its reference kernel and the plan switches to plain
+         * copies (a ResNet-50 of width 4 or 8): only one of x and dy
+         * needs the reorder */
+        {4, 8, 7, 32, 1, 1, 0},
+        {4, 32, 7, 8, 1, 1, 0},
+        {2, 8, 2, 32, 3, 1, 1},
+        {2, 32, 2, 8, 3, 1, 1},
     };
     /* n, c, h, relu, seed */
     static const int bns[][5] = {
