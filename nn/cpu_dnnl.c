@@ -13,6 +13,19 @@
  *   created with no data and pointed at the caller's buffers per call.
  *   Scratchpads are user-provided (the workspace), so nothing allocates per
  *   call.
+ * - bf16-amp (mesh_nn_dev_opts.precision): convolutions and the fully
+ *   connected layer run oneDNN primitives with bfloat16 src, weights and
+ *   diff_dst and float32 accumulation and outputs (dst, diff_src,
+ *   diff_weights); activations, weights, batch norm, the loss and every
+ *   gradient stay float32. Each plan reorders its float32 operands into
+ *   bfloat16 staging in its workspace. Where oneDNN has no bfloat16
+ *   kernel (creation says unimplemented, or only its scalar "ref" one),
+ *   that direction runs the float32 primitive on operands rounded to
+ *   bfloat16 (round to nearest even) in the workspace: the same products
+ *   (a bf16 x bf16 product is exact in float32), summed in float32. A CPU
+ *   whose oneDNN has no bfloat16 convolution at all (AVX2 only) is refused
+ *   at open, unless MESHTRAIN_CPU_BF16=emulate asks for that rounding
+ *   everywhere (which also forces it where bfloat16 kernels exist).
  * - Threads: Debian's libdnnl runs on OpenMP (DNNL_CPU_THREADING_RUNTIME ==
  *   DNNL_RUNTIME_OMP); omp_set_num_threads() sets the count for the calling
  *   thread, so every op sets it again (cheap) in case the trainer calls from
@@ -23,6 +36,7 @@
 
 #include "nn/backend.h"
 #include "nn/cpu-bn.h"
+#include "nn/nn.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -59,6 +73,8 @@ struct prim {
     int nargs;
     dnnl_exec_arg_t args[MAX_ARGS];
     size_t scratch; /* bytes of user scratchpad, 0 if none */
+    int emu;        /* bf16-amp on a float32 primitive: its float32 inputs
+                       are rounded to bfloat16 first (see the top) */
 };
 
 /* A reorder between a user layout and a primitive's layout (or none). */
@@ -67,14 +83,22 @@ struct reo {
     size_t bytes;  /* size of the primitive-side buffer */
 };
 
+/*
+ * CONV and FC: fwd, bwd (data) and bwdw (weights) primitives, and for each
+ * the reorders of its operands from the user's float32 forms (activations
+ * in act_tag's layout, plain weights) into the primitive's: another layout
+ * (conv weights; x and dy of plan_conv_bwdw_plain), bfloat16 (bf16-amp),
+ * or nothing (r.p == NULL). A staged operand lives in the workspace.
+ */
 struct mesh_nn_plan {
     struct mesh_nn_plan_desc d;
     size_t ws, reserve;
-    /* CONV: fwd, bwd data, bwd weights (the stem's bwd data may be NULL). */
+    /* CONV: the stem's bwd data may be NULL */
     struct prim fwd, bwd, bwdw, infer;
-    struct reo w_fwd, w_bwd, dw;
-    /* bwd weights on plain copies of x and dy (see plan_conv_bwdw_plain) */
-    struct reo x_bw, dy_bw;
+    struct reo x_fwd, w_fwd;  /* fwd's src, weights */
+    struct reo dy_bwd, w_bwd; /* bwd data's diff_dst, weights */
+    struct reo x_bw, dy_bw;   /* bwd weights' src, diff_dst */
+    struct reo dw;            /* bwd weights' diff_weights -> plain */
     struct mesh_nn_cpu_bn bn; /* BN: ours, not oneDNN's */
 };
 
@@ -82,9 +106,11 @@ struct mesh_nn_dev {
     dnnl_engine_t eng;
     dnnl_stream_t strm;
     int threads;
-    int block; /* 16, 8 or 0 (plain only) */
-    long live; /* blocks allocated and not freed (atomic) */
-    char desc[160];
+    int block;    /* 16, 8 or 0 (plain only) */
+    int bf16;     /* bf16-amp */
+    int bf16_emu; /* bf16-amp by rounding only (MESHTRAIN_CPU_BF16) */
+    long live;    /* blocks allocated and not freed (atomic) */
+    char desc[224];
 };
 
 static const char *status_str(dnnl_status_t s)
@@ -265,18 +291,24 @@ out:
     return rc;
 }
 
-static int md_tag(dnnl_memory_desc_t *md, int nd, const int64_t *dims,
-                  dnnl_format_tag_t tag)
+static int md_tag_dt(dnnl_memory_desc_t *md, int nd, const int64_t *dims,
+                     dnnl_data_type_t dt, dnnl_format_tag_t tag)
 {
     dnnl_dims_t full = {0};
     int rc = 0, i;
 
     for (i = 0; i < nd; i++)
         full[i] = dims[i];
-    DNNL_CHECK(rc, dnnl_memory_desc_init_by_tag(md, nd, full, dnnl_f32, tag),
-               out, "memory_desc_init");
+    DNNL_CHECK(rc, dnnl_memory_desc_init_by_tag(md, nd, full, dt, tag), out,
+               "memory_desc_init");
 out:
     return rc;
+}
+
+static int md_tag(dnnl_memory_desc_t *md, int nd, const int64_t *dims,
+                  dnnl_format_tag_t tag)
+{
+    return md_tag_dt(md, nd, dims, dnnl_f32, tag);
 }
 
 static size_t cpu_act_bytes(struct mesh_nn_dev *dev, int n, int c, int h, int w)
@@ -496,13 +528,158 @@ static size_t align64(size_t n)
 /* ---- plans --------------------------------------------------------------- */
 
 /* Whether oneDNN picked its reference (scalar, unblocked) implementation. */
-static int prim_is_ref(const struct prim *p)
+static int pd_is_ref(const_dnnl_primitive_desc_t pd)
 {
     const char *impl = NULL;
 
-    return dnnl_primitive_desc_query(p->pd, dnnl_query_impl_info_str, 0,
-                                     &impl) == dnnl_success &&
+    return dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) ==
+               dnnl_success &&
            impl && strncmp(impl, "ref", 3) == 0;
+}
+
+static int prim_is_ref(const struct prim *p)
+{
+    return pd_is_ref(p->pd);
+}
+
+/*
+ * Whether oneDNN has a kernel other than its scalar reference for the op
+ * descriptor od (with prim_init's attributes): what picks the bfloat16
+ * primitives under bf16-amp, asked of oneDNN rather than guessed from the
+ * CPU's flags.
+ */
+static int has_fast_impl(struct mesh_nn_dev *dev, const_dnnl_op_desc_t od,
+                         const_dnnl_primitive_desc_t hint)
+{
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    int fast = 0;
+
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success)
+        return 0;
+    if (dnnl_primitive_attr_set_scratchpad_mode(
+            attr, dnnl_scratchpad_mode_user) == dnnl_success &&
+        dnnl_primitive_desc_create(&pd, od, attr, dev->eng, hint) ==
+            dnnl_success) {
+        fast = !pd_is_ref(pd);
+        dnnl_primitive_desc_destroy(pd);
+    }
+    dnnl_primitive_attr_destroy(attr);
+    return fast;
+}
+
+/* Whether a conv or fc plan tries bfloat16 primitives first. */
+#define TRY_BF16(dev) ((dev)->bf16 && !(dev)->bf16_emu)
+
+/* The three directions of a conv or fc plan. */
+enum { DIR_FWD, DIR_BWD_DATA, DIR_BWD_W };
+
+/*
+ * The operands of a conv or fc plan as oneDNN sees them: float32 x and y
+ * in the user's layout, weights (conv: any layout), and the bfloat16
+ * forms of x, y (dy) and w that bf16-amp's primitives read. Outputs (dst,
+ * diff_src, diff_weights, bias) are always float32.
+ */
+struct op_mds {
+    dnnl_memory_desc_t x, y, w, b;
+    dnnl_memory_desc_t xb, yb, wb;
+    dnnl_dims_t st, pad, padr; /* conv only */
+};
+
+union op_desc {
+    dnnl_convolution_desc_t conv;
+    dnnl_inner_product_desc_t ip;
+};
+
+typedef dnnl_status_t (*op_desc_fn)(const struct op_mds *m, int dir, int bf16,
+                                    union op_desc *od);
+
+static dnnl_status_t conv_desc(const struct op_mds *m, int dir, int bf16,
+                               union op_desc *od)
+{
+    const dnnl_memory_desc_t *x = bf16 ? &m->xb : &m->x;
+    const dnnl_memory_desc_t *y = bf16 ? &m->yb : &m->y;
+    const dnnl_memory_desc_t *w = bf16 ? &m->wb : &m->w;
+
+    switch (dir) {
+    case DIR_FWD:
+        return dnnl_convolution_forward_desc_init(
+            &od->conv, dnnl_forward_training, dnnl_convolution_direct, x, w,
+            NULL, &m->y, m->st, m->pad, m->padr);
+    case DIR_BWD_DATA:
+        return dnnl_convolution_backward_data_desc_init(
+            &od->conv, dnnl_convolution_direct, &m->x, w, y, m->st, m->pad,
+            m->padr);
+    default:
+        return dnnl_convolution_backward_weights_desc_init(
+            &od->conv, dnnl_convolution_direct, x, &m->w, NULL, y, m->st,
+            m->pad, m->padr);
+    }
+}
+
+static dnnl_status_t fc_desc(const struct op_mds *m, int dir, int bf16,
+                             union op_desc *od)
+{
+    const dnnl_memory_desc_t *x = bf16 ? &m->xb : &m->x;
+    const dnnl_memory_desc_t *y = bf16 ? &m->yb : &m->y;
+    const dnnl_memory_desc_t *w = bf16 ? &m->wb : &m->w;
+
+    switch (dir) {
+    case DIR_FWD:
+        return dnnl_inner_product_forward_desc_init(
+            &od->ip, dnnl_forward_training, x, w, &m->b, &m->y);
+    case DIR_BWD_DATA:
+        return dnnl_inner_product_backward_data_desc_init(&od->ip, &m->x, w, y);
+    default:
+        return dnnl_inner_product_backward_weights_desc_init(&od->ip, x, &m->w,
+                                                             &m->b, y);
+    }
+}
+
+/*
+ * Create one direction's primitive: in bfloat16 when try_bf16 and oneDNN
+ * has a kernel for it, else in float32 (p->emu set when that stands in
+ * for bf16-amp). A backward direction gets a forward primitive
+ * descriptor of its own data type as the hint.
+ */
+static int op_prim(struct mesh_nn_dev *dev, op_desc_fn mk,
+                   const struct op_mds *m, int dir, int try_bf16,
+                   const struct argq *a, int na, struct prim *p,
+                   const char *what)
+{
+    dnnl_primitive_desc_t hint = NULL;
+    union op_desc od, fd;
+    int bf16 = try_bf16, rc = 0;
+
+    for (;;) {
+        if (dir != DIR_FWD) {
+            DNNL_CHECK(rc, mk(m, DIR_FWD, bf16, &fd), out, what);
+            if (dnnl_primitive_desc_create(&hint, &fd, NULL, dev->eng, NULL) !=
+                dnnl_success) {
+                hint = NULL;
+                if (!bf16)
+                    return mesh_err(-EIO, "oneDNN %s: no forward hint", what);
+            }
+        }
+        DNNL_CHECK(rc, mk(m, dir, bf16, &od), out, what);
+        if (!bf16 ||
+            ((hint || dir == DIR_FWD) && has_fast_impl(dev, &od, hint)))
+            break;
+        mesh_debug("nn cpu: %s: no bfloat16 kernel in oneDNN, float32 on "
+                   "operands rounded to bfloat16",
+                   what);
+        if (hint)
+            dnnl_primitive_desc_destroy(hint);
+        hint = NULL;
+        bf16 = 0;
+    }
+    rc = prim_init(dev, p, &od, NULL, hint, a, na, what);
+    if (rc == 0)
+        p->emu = dev->bf16 && !bf16;
+out:
+    if (hint)
+        dnnl_primitive_desc_destroy(hint);
+    return rc;
 }
 
 /*
@@ -512,188 +689,222 @@ static int prim_is_ref(const struct prim *p)
  * There it falls back to "ref:any", a scalar loop that took 500 ms where
  * the whole rest of the step took 100 ms. On plain (nchw) copies of x and
  * dy its GEMM-based kernel does the same job in a few milliseconds, so
- * when the blocked primitive is the reference one, the plan reorders x and
- * dy to plain copies in the workspace and uses that kernel instead. Returns
- * 0 with the plan unchanged when the plain form is no better.
+ * when the blocked primitive is the reference one, the plan uses that
+ * kernel instead (plan_conv then reorders x and dy to plain copies in the
+ * workspace). The plan is unchanged when the plain form is no better.
  */
-static int
-plan_conv_bwdw_plain(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl,
-                     const dnnl_memory_desc_t *x, const dnnl_memory_desc_t *y,
-                     const dnnl_memory_desc_t *w_any, const dnnl_dims_t st,
-                     const dnnl_dims_t pad, const dnnl_dims_t padr)
+static int plan_conv_bwdw_plain(struct mesh_nn_dev *dev,
+                                struct mesh_nn_plan *pl, const struct op_mds *m)
 {
     const struct mesh_nn_plan_desc *d = &pl->d;
     const int64_t xd[4] = {d->n, d->c, d->h, d->w};
     const int64_t yd[4] = {d->n, d->k, d->oh, d->ow};
-    dnnl_memory_desc_t xp, yp;
-    dnnl_convolution_desc_t cd;
-    dnnl_primitive_desc_t hint = NULL;
+    const struct argq a[] = {
+        {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
+        {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
+        {DNNL_ARG_DIFF_WEIGHTS, dnnl_query_diff_weights_md, 0, NULL},
+    };
+    struct op_mds mp = *m;
     struct prim alt;
     int rc;
 
-    if ((rc = md_tag(&xp, 4, xd, dnnl_nchw)) < 0 ||
-        (rc = md_tag(&yp, 4, yd, dnnl_nchw)) < 0)
+    if ((rc = md_tag(&mp.x, 4, xd, dnnl_nchw)) < 0 ||
+        (rc = md_tag(&mp.y, 4, yd, dnnl_nchw)) < 0)
         return rc;
-    if (dnnl_memory_desc_equal(&xp, x) && dnnl_memory_desc_equal(&yp, y))
+    if (dnnl_memory_desc_equal(&mp.x, &m->x) &&
+        dnnl_memory_desc_equal(&mp.y, &m->y))
         return 0; /* already plain: nothing better to try */
-    DNNL_CHECK(rc,
-               dnnl_convolution_forward_desc_init(
-                   &cd, dnnl_forward_training, dnnl_convolution_direct, &xp,
-                   w_any, NULL, &yp, st, pad, padr),
-               out, "convolution_forward_desc_init (plain)");
-    DNNL_CHECK(rc, dnnl_primitive_desc_create(&hint, &cd, NULL, dev->eng, NULL),
-               out, "conv fwd (plain hint)");
-    DNNL_CHECK(
-        rc,
-        dnnl_convolution_backward_weights_desc_init(
-            &cd, dnnl_convolution_direct, &xp, w_any, NULL, &yp, st, pad, padr),
-        out, "convolution_backward_weights_desc_init (plain)");
-    {
-        const struct argq a[] = {
-            {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
-            {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
-            {DNNL_ARG_DIFF_WEIGHTS, dnnl_query_diff_weights_md, 0, NULL},
-        };
-        rc = prim_init(dev, &alt, &cd, NULL, hint, a, 3,
-                       "conv bwd weights (plain)");
-        if (rc < 0)
-            goto out;
-    }
+    rc = op_prim(dev, conv_desc, &mp, DIR_BWD_W, 0, a, 3, &alt,
+                 "conv bwd weights (plain)");
+    if (rc < 0)
+        return rc;
     if (prim_is_ref(&alt)) {
         prim_fini(&alt);
-        goto out;
-    }
-    rc = reo_init(dev, &pl->x_bw, x, prim_md(&alt, dnnl_query_src_md, 0), 1);
-    if (rc == 0)
-        rc = reo_init(dev, &pl->dy_bw, y,
-                      prim_md(&alt, dnnl_query_diff_dst_md, 0), 1);
-    if (rc < 0) {
-        prim_fini(&alt);
-        prim_fini(&pl->x_bw.r);
-        pl->x_bw.bytes = 0;
-        goto out;
+        return 0;
     }
     prim_fini(&pl->bwdw);
     pl->bwdw = alt;
     mesh_debug("nn cpu: conv %dx%d on %dx%d, %d -> %d channels: weight "
                "gradient on plain copies of x and dy",
                d->r, d->s, d->h, d->w, d->c, d->k);
-out:
-    if (hint)
-        dnnl_primitive_desc_destroy(hint);
-    return rc;
+    return 0;
+}
+
+/* Workspace bytes that stage() needs for one operand of raw bytes. */
+static size_t stage_bytes(const struct reo *r, const struct prim *p, size_t raw)
+{
+    return r->r.p ? align64(r->bytes) : p->emu ? align64(raw) : 0;
+}
+
+/* dst = src rounded to bfloat16 (nearest even; NaNs stay NaNs), n floats. */
+static void round_bf16(float *dst, const float *src, size_t n)
+{
+    size_t i;
+
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (n >= 65536)
+#endif
+    for (i = 0; i < n; i++) {
+        uint32_t u;
+
+        memcpy(&u, &src[i], sizeof(u));
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            u |= 0x400000u;
+        else
+            u += 0x7fffu + ((u >> 16) & 1u);
+        u &= 0xffff0000u;
+        memcpy(&dst[i], &u, sizeof(u));
+    }
+}
+
+/*
+ * Bring one operand (raw bytes of float32 at src) into the form primitive
+ * p reads: reordered into buf (stage_bytes of room), and rounded to
+ * bfloat16 there when p emulates bf16-amp; src itself when neither is
+ * needed. scratch is the reorder's.
+ */
+static int stage(struct mesh_nn_dev *dev, struct reo *r, const struct prim *p,
+                 const void *src, size_t raw, char *buf, void *scratch,
+                 const void **out)
+{
+    int rc;
+
+    *out = src;
+    if (r->r.p) {
+        rc = reo_run(dev, r, src, buf, scratch);
+        if (rc < 0)
+            return rc;
+        *out = buf;
+        if (p->emu)
+            round_bf16((float *)buf, (const float *)buf, r->bytes / 4);
+    } else if (p->emu) {
+        set_threads(dev);
+        round_bf16((float *)buf, src, raw / 4);
+        *out = buf;
+    }
+    return 0;
+}
+
+/* Bytes of a float32 tensor of a * b * c * d elements. */
+static size_t f32_bytes(int a, int b, int c, int d)
+{
+    return (size_t)a * b * c * d * sizeof(float);
+}
+
+/* The reorders of a conv or fc plan's operands, once its primitives exist
+ * (those of bwd data only when it has one). */
+static int plan_reorders(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl,
+                         const struct op_mds *m, const dnnl_memory_desc_t *wu)
+{
+    int rc;
+
+    if ((rc = reo_init(dev, &pl->x_fwd, &m->x,
+                       prim_md(&pl->fwd, dnnl_query_src_md, 0), 1)) < 0 ||
+        (rc = reo_init(dev, &pl->w_fwd, wu,
+                       prim_md(&pl->fwd, dnnl_query_weights_md, 0), 1)) < 0 ||
+        (rc = reo_init(dev, &pl->x_bw, &m->x,
+                       prim_md(&pl->bwdw, dnnl_query_src_md, 0), 1)) < 0 ||
+        (rc = reo_init(dev, &pl->dy_bw, &m->y,
+                       prim_md(&pl->bwdw, dnnl_query_diff_dst_md, 0), 1)) < 0 ||
+        (rc = reo_init(dev, &pl->dw,
+                       prim_md(&pl->bwdw, dnnl_query_diff_weights_md, 0), wu,
+                       0)) < 0)
+        return rc;
+    if (pl->bwd.p &&
+        ((rc = reo_init(dev, &pl->dy_bwd, &m->y,
+                        prim_md(&pl->bwd, dnnl_query_diff_dst_md, 0), 1)) < 0 ||
+         (rc = reo_init(dev, &pl->w_bwd, wu,
+                        prim_md(&pl->bwd, dnnl_query_weights_md, 0), 1)) < 0))
+        return rc;
+    return 0;
+}
+
+/* The workspace of a conv or fc plan: per direction its staged operands,
+ * then the largest scratchpad of the primitive and its reorders. */
+static size_t plan_op_ws(const struct mesh_nn_plan *pl, size_t xb, size_t yb,
+                         size_t wb)
+{
+    size_t f, b = 0, w;
+
+    f = stage_bytes(&pl->x_fwd, &pl->fwd, xb) +
+        stage_bytes(&pl->w_fwd, &pl->fwd, wb) +
+        MESH_MAX(pl->fwd.scratch,
+                 MESH_MAX(pl->x_fwd.r.scratch, pl->w_fwd.r.scratch));
+    if (pl->bwd.p)
+        b = stage_bytes(&pl->dy_bwd, &pl->bwd, yb) +
+            stage_bytes(&pl->w_bwd, &pl->bwd, wb) +
+            MESH_MAX(pl->bwd.scratch,
+                     MESH_MAX(pl->dy_bwd.r.scratch, pl->w_bwd.r.scratch));
+    w = align64(pl->dw.bytes) + stage_bytes(&pl->x_bw, &pl->bwdw, xb) +
+        stage_bytes(&pl->dy_bw, &pl->bwdw, yb) +
+        MESH_MAX(MESH_MAX(pl->bwdw.scratch, pl->dw.r.scratch),
+                 MESH_MAX(pl->x_bw.r.scratch, pl->dy_bw.r.scratch));
+    return MESH_MAX(f, MESH_MAX(b, w));
 }
 
 static int plan_conv(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
 {
     const struct mesh_nn_plan_desc *d = &pl->d;
-    dnnl_memory_desc_t x, y, w_any, w_user;
-    dnnl_convolution_desc_t cd;
-    dnnl_dims_t st = {d->stride, d->stride};
-    dnnl_dims_t pad = {d->pad, d->pad};
-    int64_t wd[4] = {d->k, d->c, d->r, d->s};
-    int64_t pr_h = (int64_t)(d->oh - 1) * d->stride + d->r - d->h - d->pad;
-    int64_t pr_w = (int64_t)(d->ow - 1) * d->stride + d->s - d->w - d->pad;
-    dnnl_dims_t padr = {pr_h, pr_w};
-    size_t need;
+    const int64_t xd[4] = {d->n, d->c, d->h, d->w};
+    const int64_t yd[4] = {d->n, d->k, d->oh, d->ow};
+    const int64_t wd[4] = {d->k, d->c, d->r, d->s};
+    const struct argq fa[] = {
+        {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
+        {DNNL_ARG_WEIGHTS, dnnl_query_weights_md, 0, NULL},
+        {DNNL_ARG_DST, dnnl_query_dst_md, 0, NULL},
+    };
+    const struct argq ba[] = {
+        {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
+        {DNNL_ARG_WEIGHTS, dnnl_query_weights_md, 0, NULL},
+        {DNNL_ARG_DIFF_SRC, dnnl_query_diff_src_md, 0, NULL},
+    };
+    const struct argq wa[] = {
+        {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
+        {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
+        {DNNL_ARG_DIFF_WEIGHTS, dnnl_query_diff_weights_md, 0, NULL},
+    };
+    dnnl_memory_desc_t w_user;
+    struct op_mds m;
     int rc;
 
-    if ((rc = md_act(dev, &x, d->n, d->c, d->h, d->w)) < 0 ||
-        (rc = md_act(dev, &y, d->n, d->k, d->oh, d->ow)) < 0 ||
-        (rc = md_tag(&w_any, 4, wd, dnnl_format_tag_any)) < 0 ||
-        (rc = md_tag(&w_user, 4, wd, dnnl_oihw)) < 0)
+    memset(&m, 0, sizeof(m));
+    m.st[0] = m.st[1] = d->stride;
+    m.pad[0] = m.pad[1] = d->pad;
+    m.padr[0] = (int64_t)(d->oh - 1) * d->stride + d->r - d->h - d->pad;
+    m.padr[1] = (int64_t)(d->ow - 1) * d->stride + d->s - d->w - d->pad;
+    if ((rc = md_act(dev, &m.x, d->n, d->c, d->h, d->w)) < 0 ||
+        (rc = md_act(dev, &m.y, d->n, d->k, d->oh, d->ow)) < 0 ||
+        (rc = md_tag(&m.w, 4, wd, dnnl_format_tag_any)) < 0 ||
+        (rc = md_tag(&w_user, 4, wd, dnnl_oihw)) < 0 ||
+        (rc = md_tag_dt(&m.xb, 4, xd, dnnl_bf16, dnnl_format_tag_any)) < 0 ||
+        (rc = md_tag_dt(&m.yb, 4, yd, dnnl_bf16, dnnl_format_tag_any)) < 0 ||
+        (rc = md_tag_dt(&m.wb, 4, wd, dnnl_bf16, dnnl_format_tag_any)) < 0)
         return rc;
 
-    rc = 0;
-    DNNL_CHECK(rc,
-               dnnl_convolution_forward_desc_init(
-                   &cd, dnnl_forward_training, dnnl_convolution_direct, &x,
-                   &w_any, NULL, &y, st, pad, padr),
-               out, "convolution_forward_desc_init");
-    {
-        const struct argq a[] = {
-            {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
-            {DNNL_ARG_WEIGHTS, dnnl_query_weights_md, 0, NULL},
-            {DNNL_ARG_DST, dnnl_query_dst_md, 0, NULL},
-        };
-        rc = prim_init(dev, &pl->fwd, &cd, NULL, NULL, a, 3, "conv fwd");
-        if (rc < 0)
-            goto out;
-    }
-    rc = reo_init(dev, &pl->w_fwd, &w_user,
-                  prim_md(&pl->fwd, dnnl_query_weights_md, 0), 1);
+    rc = op_prim(dev, conv_desc, &m, DIR_FWD, TRY_BF16(dev), fa, 3, &pl->fwd,
+                 "conv fwd");
+    if (rc == 0)
+        rc = op_prim(dev, conv_desc, &m, DIR_BWD_W, TRY_BF16(dev), wa, 3,
+                     &pl->bwdw, "conv bwd weights");
+    if (rc == 0 && prim_is_ref(&pl->bwdw))
+        rc = plan_conv_bwdw_plain(dev, pl, &m);
     if (rc < 0)
-        goto out;
-
-    DNNL_CHECK(
-        rc,
-        dnnl_convolution_backward_weights_desc_init(
-            &cd, dnnl_convolution_direct, &x, &w_any, NULL, &y, st, pad, padr),
-        out, "convolution_backward_weights_desc_init");
-    {
-        const struct argq a[] = {
-            {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
-            {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
-            {DNNL_ARG_DIFF_WEIGHTS, dnnl_query_diff_weights_md, 0, NULL},
-        };
-        rc = prim_init(dev, &pl->bwdw, &cd, NULL, pl->fwd.pd, a, 3,
-                       "conv bwd weights");
-        if (rc < 0)
-            goto out;
-    }
-    if (prim_is_ref(&pl->bwdw)) {
-        rc = plan_conv_bwdw_plain(dev, pl, &x, &y, &w_any, st, pad, padr);
-        if (rc < 0)
-            goto out;
-    }
-    rc =
-        reo_init(dev, &pl->dw,
-                 prim_md(&pl->bwdw, dnnl_query_diff_weights_md, 0), &w_user, 0);
-    if (rc < 0)
-        goto out;
-
+        return rc;
     /*
      * Backward data: the stem's input (3 channels, plain) needs no gradient
      * and oneDNN may have no fast kernel for it; its absence is reported
      * only when someone asks for it.
      */
-    DNNL_CHECK(rc,
-               dnnl_convolution_backward_data_desc_init(
-                   &cd, dnnl_convolution_direct, &x, &w_any, &y, st, pad, padr),
-               out, "convolution_backward_data_desc_init");
-    {
-        const struct argq a[] = {
-            {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
-            {DNNL_ARG_WEIGHTS, dnnl_query_weights_md, 0, NULL},
-            {DNNL_ARG_DIFF_SRC, dnnl_query_diff_src_md, 0, NULL},
-        };
-        rc = prim_init(dev, &pl->bwd, &cd, NULL, pl->fwd.pd, a, 3,
-                       "conv bwd data");
-        if (rc < 0) {
-            mesh_err_clear();
-            rc = 0;
-        } else {
-            rc = reo_init(dev, &pl->w_bwd, &w_user,
-                          prim_md(&pl->bwd, dnnl_query_weights_md, 0), 1);
-            if (rc < 0)
-                goto out;
-        }
-    }
-
-    /* Workspace: the reordered weights, then the scratchpad. */
-    need = align64(pl->w_fwd.bytes) +
-           MESH_MAX(pl->fwd.scratch, pl->w_fwd.r.scratch);
-    pl->ws = need;
-    need = align64(pl->dw.bytes) + align64(pl->x_bw.bytes) +
-           align64(pl->dy_bw.bytes) +
-           MESH_MAX(MESH_MAX(pl->bwdw.scratch, pl->dw.r.scratch),
-                    MESH_MAX(pl->x_bw.r.scratch, pl->dy_bw.r.scratch));
-    pl->ws = MESH_MAX(pl->ws, need);
-    need = align64(pl->w_bwd.bytes) +
-           MESH_MAX(pl->bwd.scratch, pl->w_bwd.r.scratch);
-    pl->ws = MESH_MAX(pl->ws, need);
-out:
-    return rc;
+    if (op_prim(dev, conv_desc, &m, DIR_BWD_DATA, TRY_BF16(dev), ba, 3,
+                &pl->bwd, "conv bwd data") < 0)
+        mesh_err_clear();
+    rc = plan_reorders(dev, pl, &m, &w_user);
+    if (rc < 0)
+        return rc;
+    pl->ws = plan_op_ws(pl, f32_bytes(d->n, d->c, d->h, d->w),
+                        f32_bytes(d->n, d->k, d->oh, d->ow),
+                        f32_bytes(d->k, d->c, d->r, d->s));
+    return 0;
 }
 
 /*
@@ -861,64 +1072,49 @@ out:
 static int plan_fc(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
 {
     const struct mesh_nn_plan_desc *d = &pl->d;
-    dnnl_inner_product_desc_t id;
-    dnnl_memory_desc_t x, y, w, b;
-    int64_t xd[2] = {d->n, d->c}, yd[2] = {d->n, d->k}, wd[2] = {d->k, d->c};
-    int64_t bd[1] = {d->k};
+    const int64_t xd[2] = {d->n, d->c}, yd[2] = {d->n, d->k};
+    const int64_t wd[2] = {d->k, d->c}, bd[1] = {d->k};
+    const struct argq fa[] = {
+        {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
+        {DNNL_ARG_WEIGHTS, dnnl_query_weights_md, 0, NULL},
+        {DNNL_ARG_BIAS, dnnl_query_weights_md, 1, NULL},
+        {DNNL_ARG_DST, dnnl_query_dst_md, 0, NULL},
+    };
+    const struct argq ba[] = {
+        {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
+        {DNNL_ARG_WEIGHTS, dnnl_query_weights_md, 0, NULL},
+        {DNNL_ARG_DIFF_SRC, dnnl_query_diff_src_md, 0, NULL},
+    };
+    const struct argq wa[] = {
+        {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
+        {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
+        {DNNL_ARG_DIFF_WEIGHTS, dnnl_query_diff_weights_md, 0, NULL},
+        {DNNL_ARG_DIFF_BIAS, dnnl_query_diff_weights_md, 1, NULL},
+    };
+    struct op_mds m;
     int rc;
 
-    if ((rc = md_tag(&x, 2, xd, dnnl_nc)) < 0 ||
-        (rc = md_tag(&y, 2, yd, dnnl_nc)) < 0 ||
-        (rc = md_tag(&w, 2, wd, dnnl_oi)) < 0 ||
-        (rc = md_tag(&b, 1, bd, dnnl_x)) < 0)
+    memset(&m, 0, sizeof(m));
+    if ((rc = md_tag(&m.x, 2, xd, dnnl_nc)) < 0 ||
+        (rc = md_tag(&m.y, 2, yd, dnnl_nc)) < 0 ||
+        (rc = md_tag(&m.w, 2, wd, dnnl_oi)) < 0 ||
+        (rc = md_tag(&m.b, 1, bd, dnnl_x)) < 0 ||
+        (rc = md_tag_dt(&m.xb, 2, xd, dnnl_bf16, dnnl_nc)) < 0 ||
+        (rc = md_tag_dt(&m.yb, 2, yd, dnnl_bf16, dnnl_nc)) < 0 ||
+        (rc = md_tag_dt(&m.wb, 2, wd, dnnl_bf16, dnnl_oi)) < 0)
         return rc;
-    DNNL_CHECK(rc,
-               dnnl_inner_product_forward_desc_init(&id, dnnl_forward_training,
-                                                    &x, &w, &b, &y),
-               out, "inner_product_forward_desc_init");
-    {
-        const struct argq a[] = {
-            {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
-            {DNNL_ARG_WEIGHTS, dnnl_query_weights_md, 0, NULL},
-            {DNNL_ARG_BIAS, dnnl_query_weights_md, 1, NULL},
-            {DNNL_ARG_DST, dnnl_query_dst_md, 0, NULL},
-        };
-        rc = prim_init(dev, &pl->fwd, &id, NULL, NULL, a, 4, "fc fwd");
-        if (rc < 0)
-            goto out;
-    }
-    DNNL_CHECK(rc, dnnl_inner_product_backward_data_desc_init(&id, &x, &w, &y),
-               out, "inner_product_backward_data_desc_init");
-    {
-        const struct argq a[] = {
-            {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
-            {DNNL_ARG_WEIGHTS, dnnl_query_weights_md, 0, NULL},
-            {DNNL_ARG_DIFF_SRC, dnnl_query_diff_src_md, 0, NULL},
-        };
-        rc = prim_init(dev, &pl->bwd, &id, NULL, pl->fwd.pd, a, 3,
-                       "fc bwd data");
-        if (rc < 0)
-            goto out;
-    }
-    DNNL_CHECK(
-        rc, dnnl_inner_product_backward_weights_desc_init(&id, &x, &w, &b, &y),
-        out, "inner_product_backward_weights_desc_init");
-    {
-        const struct argq a[] = {
-            {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
-            {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
-            {DNNL_ARG_DIFF_WEIGHTS, dnnl_query_diff_weights_md, 0, NULL},
-            {DNNL_ARG_DIFF_BIAS, dnnl_query_diff_weights_md, 1, NULL},
-        };
-        rc = prim_init(dev, &pl->bwdw, &id, NULL, pl->fwd.pd, a, 4,
-                       "fc bwd weights");
-        if (rc < 0)
-            goto out;
-    }
+    if ((rc = op_prim(dev, fc_desc, &m, DIR_FWD, TRY_BF16(dev), fa, 4, &pl->fwd,
+                      "fc fwd")) < 0 ||
+        (rc = op_prim(dev, fc_desc, &m, DIR_BWD_DATA, TRY_BF16(dev), ba, 3,
+                      &pl->bwd, "fc bwd data")) < 0 ||
+        (rc = op_prim(dev, fc_desc, &m, DIR_BWD_W, TRY_BF16(dev), wa, 4,
+                      &pl->bwdw, "fc bwd weights")) < 0 ||
+        (rc = plan_reorders(dev, pl, &m, &m.w)) < 0)
+        return rc;
     pl->ws =
-        MESH_MAX(pl->fwd.scratch, MESH_MAX(pl->bwd.scratch, pl->bwdw.scratch));
-out:
-    return rc;
+        plan_op_ws(pl, f32_bytes(d->n, d->c, 1, 1), f32_bytes(d->n, d->k, 1, 1),
+                   f32_bytes(d->k, d->c, 1, 1));
+    return 0;
 }
 
 static void cpu_plan_destroy(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
@@ -930,7 +1126,9 @@ static void cpu_plan_destroy(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
     prim_fini(&pl->bwd);
     prim_fini(&pl->bwdw);
     prim_fini(&pl->infer);
+    prim_fini(&pl->x_fwd.r);
     prim_fini(&pl->w_fwd.r);
+    prim_fini(&pl->dy_bwd.r);
     prim_fini(&pl->w_bwd.r);
     prim_fini(&pl->dw.r);
     prim_fini(&pl->x_bw.r);
@@ -995,32 +1193,35 @@ static size_t cpu_plan_reserve(const struct mesh_nn_plan *p)
 
 /* ---- ops ----------------------------------------------------------------- */
 
+/*
+ * Each conv and fc op stages its operands (stage()) into the workspace, in
+ * the order plan_op_ws() counts them, and gives the rest to the scratchpads.
+ */
 static int cpu_conv_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                         const void *x, const float *w, void *y, void *ws)
 {
-    void *wp = (void *)w;
-    char *scratch = ws;
+    const struct mesh_nn_plan_desc *d = &p->d;
+    size_t xb = f32_bytes(d->n, d->c, d->h, d->w);
+    size_t wb = f32_bytes(d->k, d->c, d->r, d->s);
+    char *bx = ws, *bw = bx + stage_bytes(&p->x_fwd, &p->fwd, xb);
+    char *scratch = bw + stage_bytes(&p->w_fwd, &p->fwd, wb);
+    const void *h[3] = {NULL, NULL, y};
     int rc;
 
-    if (p->w_fwd.r.p) {
-        wp = ws;
-        scratch = (char *)ws + align64(p->w_fwd.bytes);
-        rc = reo_run(dev, &p->w_fwd, w, wp, scratch);
-        if (rc < 0)
-            return rc;
-    }
-    {
-        void *h[3] = {(void *)x, wp, y};
-
-        return prim_run(dev, &p->fwd, h, scratch, "conv fwd");
-    }
+    if ((rc = stage(dev, &p->x_fwd, &p->fwd, x, xb, bx, scratch, &h[0])) < 0 ||
+        (rc = stage(dev, &p->w_fwd, &p->fwd, w, wb, bw, scratch, &h[1])) < 0)
+        return rc;
+    return prim_run(dev, &p->fwd, (void *const *)h, scratch, "conv fwd");
 }
 
 static int cpu_conv_bwd_data(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                              const void *dy, const float *w, void *dx, void *ws)
 {
-    void *wp = (void *)w;
-    char *scratch = ws;
+    const struct mesh_nn_plan_desc *d = &p->d;
+    size_t yb = f32_bytes(d->n, d->k, d->oh, d->ow);
+    size_t wb = f32_bytes(d->k, d->c, d->r, d->s);
+    char *bdy = ws, *bw, *scratch;
+    const void *h[3] = {NULL, NULL, dx};
     int rc;
 
     if (!p->bwd.p)
@@ -1028,61 +1229,45 @@ static int cpu_conv_bwd_data(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                         "nn cpu: oneDNN has no backward-data convolution for "
                         "%d input channels",
                         p->d.c);
-    if (p->w_bwd.r.p) {
-        wp = ws;
-        scratch = (char *)ws + align64(p->w_bwd.bytes);
-        rc = reo_run(dev, &p->w_bwd, w, wp, scratch);
-        if (rc < 0)
-            return rc;
-    }
-    {
-        void *h[3] = {(void *)dy, wp, dx};
+    bw = bdy + stage_bytes(&p->dy_bwd, &p->bwd, yb);
+    scratch = bw + stage_bytes(&p->w_bwd, &p->bwd, wb);
+    if ((rc = stage(dev, &p->dy_bwd, &p->bwd, dy, yb, bdy, scratch, &h[0])) <
+            0 ||
+        (rc = stage(dev, &p->w_bwd, &p->bwd, w, wb, bw, scratch, &h[1])) < 0)
+        return rc;
+    return prim_run(dev, &p->bwd, (void *const *)h, scratch, "conv bwd data");
+}
 
-        return prim_run(dev, &p->bwd, h, scratch, "conv bwd data");
-    }
+/* Weight gradients (conv and fc): dw (and db for fc) from x and dy. */
+static int bwd_weights(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                       const void *x, const void *dy, float *dw, float *db,
+                       size_t xb, size_t yb, void *ws, const char *what)
+{
+    char *bdw = ws, *bx = bdw + align64(p->dw.bytes);
+    char *bdy = bx + stage_bytes(&p->x_bw, &p->bwdw, xb);
+    char *scratch = bdy + stage_bytes(&p->dy_bw, &p->bwdw, yb);
+    const void *h[4] = {NULL, NULL, p->dw.r.p ? (void *)bdw : dw, db};
+    int rc;
+
+    if ((rc = stage(dev, &p->x_bw, &p->bwdw, x, xb, bx, scratch, &h[0])) < 0 ||
+        (rc = stage(dev, &p->dy_bw, &p->bwdw, dy, yb, bdy, scratch, &h[1])) <
+            0 ||
+        (rc = prim_run(dev, &p->bwdw, (void *const *)h, scratch, what)) < 0)
+        return rc;
+    if (p->dw.r.p)
+        rc = reo_run(dev, &p->dw, bdw, dw, scratch);
+    return rc;
 }
 
 static int cpu_conv_bwd_filter(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                                const void *x, const void *dy, float *dw,
                                void *ws)
 {
-    void *dwp = dw;
-    char *scratch = ws;
-    int rc;
+    const struct mesh_nn_plan_desc *d = &p->d;
 
-    if (p->dw.r.p) {
-        dwp = scratch;
-        scratch += align64(p->dw.bytes);
-    }
-    /* the plain copies (plan_conv_bwdw_plain): of x, of dy, or of both,
-     * whichever is blocked; the other goes in as it is */
-    if (p->x_bw.r.p || p->dy_bw.r.p) {
-        void *xp = scratch, *dyp = scratch + align64(p->x_bw.bytes);
-
-        scratch = (char *)dyp + align64(p->dy_bw.bytes);
-        if (p->x_bw.r.p) {
-            rc = reo_run(dev, &p->x_bw, x, xp, scratch);
-            if (rc < 0)
-                return rc;
-            x = xp;
-        }
-        if (p->dy_bw.r.p) {
-            rc = reo_run(dev, &p->dy_bw, dy, dyp, scratch);
-            if (rc < 0)
-                return rc;
-            dy = dyp;
-        }
-    }
-    {
-        void *h[3] = {(void *)x, (void *)dy, dwp};
-
-        rc = prim_run(dev, &p->bwdw, h, scratch, "conv bwd weights");
-        if (rc < 0)
-            return rc;
-    }
-    if (p->dw.r.p)
-        rc = reo_run(dev, &p->dw, dwp, dw, scratch);
-    return rc;
+    return bwd_weights(
+        dev, p, x, dy, dw, NULL, f32_bytes(d->n, d->c, d->h, d->w),
+        f32_bytes(d->n, d->k, d->oh, d->ow), ws, "conv bwd weights");
 }
 
 static int cpu_bn_fwd_train(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
@@ -1181,26 +1366,44 @@ static int cpu_fc_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                       const void *x, const float *w, const float *b, void *y,
                       void *ws)
 {
-    void *h[4] = {(void *)x, (void *)w, (void *)b, y};
+    const struct mesh_nn_plan_desc *d = &p->d;
+    size_t xb = f32_bytes(d->n, d->c, 1, 1), wb = f32_bytes(d->k, d->c, 1, 1);
+    char *bx = ws, *bw = bx + stage_bytes(&p->x_fwd, &p->fwd, xb);
+    char *scratch = bw + stage_bytes(&p->w_fwd, &p->fwd, wb);
+    const void *h[4] = {NULL, NULL, b, y};
+    int rc;
 
-    return prim_run(dev, &p->fwd, h, ws, "fc fwd");
+    if ((rc = stage(dev, &p->x_fwd, &p->fwd, x, xb, bx, scratch, &h[0])) < 0 ||
+        (rc = stage(dev, &p->w_fwd, &p->fwd, w, wb, bw, scratch, &h[1])) < 0)
+        return rc;
+    return prim_run(dev, &p->fwd, (void *const *)h, scratch, "fc fwd");
 }
 
 static int cpu_fc_bwd_data(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                            const void *dy, const float *w, void *dx, void *ws)
 {
-    void *h[3] = {(void *)dy, (void *)w, dx};
+    const struct mesh_nn_plan_desc *d = &p->d;
+    size_t yb = f32_bytes(d->n, d->k, 1, 1), wb = f32_bytes(d->k, d->c, 1, 1);
+    char *bdy = ws, *bw = bdy + stage_bytes(&p->dy_bwd, &p->bwd, yb);
+    char *scratch = bw + stage_bytes(&p->w_bwd, &p->bwd, wb);
+    const void *h[3] = {NULL, NULL, dx};
+    int rc;
 
-    return prim_run(dev, &p->bwd, h, ws, "fc bwd data");
+    if ((rc = stage(dev, &p->dy_bwd, &p->bwd, dy, yb, bdy, scratch, &h[0])) <
+            0 ||
+        (rc = stage(dev, &p->w_bwd, &p->bwd, w, wb, bw, scratch, &h[1])) < 0)
+        return rc;
+    return prim_run(dev, &p->bwd, (void *const *)h, scratch, "fc bwd data");
 }
 
 static int cpu_fc_bwd_weights(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                               const void *x, const void *dy, float *dw,
                               float *db, void *ws)
 {
-    void *h[4] = {(void *)x, (void *)dy, dw, db};
+    const struct mesh_nn_plan_desc *d = &p->d;
 
-    return prim_run(dev, &p->bwdw, h, ws, "fc bwd weights");
+    return bwd_weights(dev, p, x, dy, dw, db, f32_bytes(d->n, d->c, 1, 1),
+                       f32_bytes(d->n, d->k, 1, 1), ws, "fc bwd weights");
 }
 
 /* Softmax cross-entropy: rows are short (classes), plain C in double. */
@@ -1320,9 +1523,87 @@ static int cpu_act_export(struct mesh_nn_dev *dev, int n, int c, int h, int w,
     return act_convert(dev, n, c, h, w, src, host, 0);
 }
 
+/* ---- bf16-amp ---------------------------------------------------------- */
+
+/*
+ * Whether oneDNN has bfloat16 kernels for this CPU: a ResNet 3x3
+ * convolution's plan in bf16-amp gets bfloat16 primitives (oneDNN 2.6:
+ * AVX512-BF16 or AMX natively, plain AVX-512 by its own emulation; none on
+ * AVX2).
+ */
+static int bf16_supported(struct mesh_nn_dev *dev)
+{
+    struct mesh_nn_plan_desc d;
+    struct mesh_nn_plan *pl = NULL;
+    int yes;
+
+    memset(&d, 0, sizeof(d));
+    d.kind = MESH_NN_PLAN_CONV;
+    d.n = 2, d.c = d.k = 64, d.h = d.w = d.oh = d.ow = 8;
+    d.r = d.s = 3, d.stride = 1, d.pad = 1;
+    if (cpu_plan_create(dev, &d, &pl) < 0) {
+        mesh_err_clear();
+        return 0;
+    }
+    yes = !pl->fwd.emu && !pl->bwd.emu && !pl->bwdw.emu;
+    cpu_plan_destroy(dev, pl);
+    return yes;
+}
+
+static int cpu_dev_open_opts(const struct mesh_nn_dev_opts *o,
+                             struct mesh_nn_dev **out)
+{
+    const char *env = getenv("MESHTRAIN_CPU_BF16");
+    struct mesh_nn_dev *dev;
+    int emu = 0, rc;
+
+    if (o->precision == MESH_NN_PREC_TF32)
+        return mesh_err(-ENOTSUP, "nn cpu: no tf32 on the cpu backend "
+                                  "(--precision fp32 or bf16-amp)");
+    if (env && *env) {
+        if (strcmp(env, "emulate") != 0)
+            return mesh_err(-EINVAL,
+                            "MESHTRAIN_CPU_BF16=%s: the only value is "
+                            "\"emulate\"",
+                            env);
+        emu = 1;
+    }
+    rc = cpu_dev_open(o->threads, &dev);
+    if (rc < 0 || o->precision != MESH_NN_PREC_BF16_AMP) {
+        if (rc == 0)
+            *out = dev;
+        return rc;
+    }
+    dev->bf16 = 1;
+    if (!emu && !bf16_supported(dev)) {
+        const dnnl_version_t *v = dnnl_version();
+
+        cpu_dev_close(dev);
+        return mesh_err(-ENOTSUP,
+                        "--precision bf16-amp: oneDNN %d.%d.%d has no "
+                        "bfloat16 convolution for this CPU (it needs "
+                        "AVX512-BF16, AMX or at least AVX-512); set "
+                        "MESHTRAIN_CPU_BF16=emulate to round the operands "
+                        "to bfloat16 and compute in float32 instead (the "
+                        "same results, slower than fp32)",
+                        v->major, v->minor, v->patch);
+    }
+    dev->bf16_emu = emu;
+    {
+        size_t len = strlen(dev->desc);
+
+        snprintf(dev->desc + len, sizeof(dev->desc) - len, ", bf16-amp (%s)",
+                 emu ? "emulated: float32 on bfloat16-rounded operands"
+                     : "oneDNN bfloat16 kernels");
+    }
+    *out = dev;
+    return 0;
+}
+
 const struct mesh_nn_backend_ops mesh_nn_cpu_ops = {
     .name = "cpu",
     MESH_NN_BACKEND_CORE(cpu),
     .upload = cpu_copy,
     .download = cpu_copy,
+    .dev_open_opts = cpu_dev_open_opts,
 };
