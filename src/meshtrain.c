@@ -100,7 +100,9 @@ static const struct opt_doc opts[] = {
     {"gpu", INT_FIELD(gpu, 0, 1023), "N",
      "cuda: device index among the visible ones (default: local rank)"},
     {"precision", CUSTOM(OPT_PRECISION), "fp32|tf32|bf16-amp",
-     "cuda math mode (default tf32 where the GPU has it)"},
+     "math mode: cuda default tf32 where the GPU has it; cpu fp32 or "
+     "bf16-amp (oneDNN bfloat16 kernels; MESHTRAIN_CPU_BF16=emulate "
+     "where the CPU has none)"},
     {"summary", SWITCH_FIELD(summary), NULL,
      "print the model's layer table and exit"},
     {"data", STRING_FIELD(data), "SPEC",
