@@ -23,11 +23,12 @@
 
 /*
  * The built-in transports' tables (mesh_transport_find): tcp
- * (transport/tcp/ops.c); with HAVE_VERBS, verbs and "auto", verbs where
- * every rank has an active port, else TCP underneath
+ * (transport/tcp/ops.c); shm (transport/shm/ops.c); with HAVE_VERBS, verbs and
+ * "auto", verbs where every rank has an active port, else TCP underneath
  * (transport/verbs/ops.c).
  */
 extern const struct mesh_transport_ops mesh_tcp_ops;
+extern const struct mesh_transport_ops mesh_shm_ops;
 extern const struct mesh_transport_ops mesh_verbs_ops;
 extern const struct mesh_transport_ops mesh_auto_ops;
 

@@ -141,6 +141,7 @@ const struct mesh_transport_ops *mesh_transport_find(const char *name)
      * without verbs support it is TCP. */
     static const struct mesh_transport_ops *const all[] = {
         &mesh_tcp_ops,
+        &mesh_shm_ops,
 #ifdef HAVE_VERBS
         &mesh_verbs_ops,
         &mesh_auto_ops,

@@ -24,6 +24,10 @@
  *                             thread; its handshake's messages as pure
  *                             functions (tcp/wire.c); tcp/tcp-internal.h
  *                             describes it
+ *   shm/                      "shm": shared memory between the ranks of
+ *                             one host, over a TCP mesh that joins, carries
+ *                             failures and the other hosts' data;
+ *                             shm/shm-internal.h describes it
  *   verbs/                    "verbs" (RDMA, rdma-core) over a TCP mesh
  *                             that joins and carries failures, and "auto",
  *                             verbs where every rank has an active port,
@@ -261,9 +265,17 @@ struct mesh_transport_ops {
 
     /* Close every link and free everything; NULL is fine. */
     void (*close)(mesh_transport_t *t);
+
+    /*
+     * Optional (NULL: no peer does). 1 when peer shares this rank's host
+     * and the transport moves its data through memory, else 0; valid
+     * after connect, the same answer on both sides of a link.
+     */
+    int (*same_host)(mesh_transport_t *t, int peer);
 };
 
-/* The transports built in: "tcp" always, "verbs" when configured. */
+/* The transports built in: "tcp" and "shm" always, "verbs" when
+ * configured. */
 const struct mesh_transport_ops *mesh_transport_find(const char *name);
 
 /* Wait for one request (wait_any + test). Frees req. */

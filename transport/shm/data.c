@@ -1,0 +1,395 @@
+/*
+ * transport/shm/data.c: the data path between the ranks of one host: the
+ * rings, matching (the TCP transport's rules and messages), the copies,
+ * the wake-ups and the progress thread.
+ */
+#define _GNU_SOURCE
+#include "config.h"
+
+#include "transport/shm/shm-internal.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+void shm_q_push(struct mesh_req **head, struct mesh_req **tail,
+                struct mesh_req *r)
+{
+    r->qnext = NULL;
+    if (*tail)
+        (*tail)->qnext = r;
+    else
+        *head = r;
+    *tail = r;
+}
+
+void shm_q_remove(struct mesh_req **head, struct mesh_req **tail,
+                  struct mesh_req *r)
+{
+    struct mesh_req *prev = NULL;
+
+    for (struct mesh_req *q = *head; q; prev = q, q = q->qnext) {
+        if (q != r)
+            continue;
+        if (prev)
+            prev->qnext = q->qnext;
+        else
+            *head = q->qnext;
+        if (*tail == q)
+            *tail = prev;
+        q->qnext = NULL;
+        return;
+    }
+}
+
+/* ---- wake-ups ------------------------------------------------------------ */
+
+static long futex(_Atomic uint32_t *w, int op, uint32_t val,
+                  const struct timespec *ts)
+{
+    /* shared (not FUTEX_PRIVATE): the word lives in the segment */
+    return syscall(SYS_futex, (uint32_t *)w, op, val, ts, NULL, 0);
+}
+
+void shm_ring_bell(struct mesh_transport *t, int li)
+{
+    struct shm_proc *pr = shm_proc_at(t, li);
+
+    /* Pairs with the sleeper's fence between "sleeping" and its last look
+     * at the rings (shm_progress_main): one of the two sees the other. */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (!atomic_load_explicit(&pr->sleeping, memory_order_relaxed))
+        return;
+    atomic_fetch_add_explicit(&pr->bell, 1, memory_order_seq_cst);
+    futex(&pr->bell, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+/* ---- sending ------------------------------------------------------------- */
+
+static void slot_frame(struct shm_slot *s, const struct mesh_frame *f,
+                       uint64_t offset, uint64_t length, int kind)
+{
+    s->seq = f->seq;
+    s->tag = f->tag;
+    s->op = f->op;
+    s->dtype = f->dtype;
+    s->kind = (uint8_t)kind;
+    s->count = f->count;
+    s->offset = offset;
+    s->length = length;
+    s->addr = 0;
+}
+
+/* Publish what fits of the peer's queued sends; 1 if anything moved. */
+static int push(struct mesh_transport *t, int peer)
+{
+    struct shm_peer *pp = &t->pp[peer];
+    struct shm_ring *ring = shm_ring_at(t, t->me, pp->local);
+    uint64_t head = atomic_load_explicit(&ring->head, memory_order_relaxed);
+    uint64_t tail = atomic_load_explicit(&ring->tail, memory_order_acquire);
+    uint64_t head0 = head;
+    struct mesh_req *r;
+    int moved = 0;
+
+    /* Sends by address whose slot the receiver has freed: read, done. */
+    while ((r = pp->aq_head) && tail > r->ack_at) {
+        shm_q_remove(&pp->aq_head, &pp->aq_tail, r);
+        tp_req_done(&t->super, &r->super);
+        moved = 1;
+    }
+    while ((r = pp->sq_head) && head - tail < SHM_SLOTS) {
+        const struct mesh_frame *f = &r->super.f;
+        struct shm_slot *s = shm_slot_at(ring, head);
+
+        if (r->cma) {
+            slot_frame(s, f, f->offset, f->length, SLOT_CMA);
+            s->addr = (uint64_t)(uintptr_t)r->buf;
+            r->ack_at = head++;
+            shm_q_remove(&pp->sq_head, &pp->sq_tail, r);
+            shm_q_push(&pp->aq_head, &pp->aq_tail, r);
+            continue;
+        }
+        {
+            uint64_t piece =
+                MESH_MIN((uint64_t)SHM_SLOT_BYTES, f->length - r->moved);
+
+            slot_frame(s, f, f->offset + r->moved, piece, SLOT_INLINE);
+            if (piece)
+                memcpy(s + 1, r->buf + r->moved, piece);
+            r->moved += piece;
+            head++;
+        }
+        if (r->moved == f->length) {
+            shm_q_remove(&pp->sq_head, &pp->sq_tail, r);
+            tp_req_done(&t->super, &r->super);
+        }
+    }
+    if (head != head0) {
+        atomic_store_explicit(&ring->head, head, memory_order_release);
+        shm_ring_bell(t, pp->local);
+        moved = 1;
+    }
+    return moved;
+}
+
+/* ---- receiving ----------------------------------------------------------- */
+
+/*
+ * The posted receive that frame s of peer belongs to (transport.h's
+ * matching rules, the TCP transport's messages); NULL: none yet (the ring
+ * waits), or the job failed (desync, or a frame beyond its receive).
+ */
+static struct mesh_req *match(struct mesh_transport *t, int peer,
+                              const struct shm_slot *s, struct mesh_frame *f)
+{
+    char fa[200], fb[200], me[300], them[300];
+    int self = t->super.world.rank;
+
+    *f = (struct mesh_frame){.seq = s->seq,
+                             .tag = s->tag,
+                             .op = s->op,
+                             .dtype = s->dtype,
+                             .count = s->count,
+                             .offset = s->offset,
+                             .length = s->length};
+    for (struct mesh_req *r = t->pp[peer].rq_head; r; r = r->qnext) {
+        const struct mesh_frame *e = &r->super.f;
+        uint64_t end = e->offset + e->length;
+        int starts_inside = e->length
+                                ? (f->offset >= e->offset && f->offset < end)
+                                : f->offset == e->offset;
+
+        if (e->seq != f->seq || e->tag != f->tag || !starts_inside)
+            continue;
+        if (e->op != f->op || e->dtype != f->dtype || e->count != f->count) {
+            tp_fail_job(&t->super, peer, -EPROTO, 1,
+                        "desync between rank %d (%s), which expected %s, and "
+                        "rank %d (%s), which sent %s",
+                        self, tp_pname(&t->super, self, me, sizeof(me)),
+                        mesh_frame_str(e, fa, sizeof(fa)), peer,
+                        tp_pname(&t->super, peer, them, sizeof(them)),
+                        mesh_frame_str(f, fb, sizeof(fb)));
+            return NULL;
+        }
+        if (f->length > end - f->offset || f->length > e->length - r->moved) {
+            tp_fail_job(&t->super, peer, -EPROTO, 1,
+                        "rank %d (%s) sent a frame beyond the posted receive "
+                        "of rank %d (%s): got %s, expected %s (%" PRIu64
+                        " bytes already claimed); ring closed before its "
+                        "payload",
+                        peer, tp_pname(&t->super, peer, them, sizeof(them)),
+                        self, tp_pname(&t->super, self, me, sizeof(me)),
+                        mesh_frame_str(f, fb, sizeof(fb)),
+                        mesh_frame_str(e, fa, sizeof(fa)), r->moved);
+            return NULL;
+        }
+        return r;
+    }
+    return NULL;
+}
+
+/* Read a message by address from the peer's memory. */
+static int cma_read(struct mesh_transport *t, int peer, void *dst,
+                    uint64_t addr, uint64_t len)
+{
+    uint64_t done = 0;
+
+    while (done < len) {
+        struct iovec l = {.iov_base = (char *)dst + done,
+                          .iov_len = (size_t)(len - done)};
+        struct iovec r = {.iov_base = (void *)(uintptr_t)(addr + done),
+                          .iov_len = (size_t)(len - done)};
+        ssize_t got = process_vm_readv(t->pp[peer].pid, &l, 1, &r, 1, 0);
+
+        if (got <= 0) {
+            char nb[300];
+            int e = got < 0 ? errno : EIO;
+
+            if (got < 0 && e == EINTR)
+                continue;
+            /* Its job failed and the buffer went: wait for the notice. */
+            atomic_thread_fence(memory_order_seq_cst);
+            if (atomic_load_explicit(&shm_proc_at(t, t->pp[peer].local)->failed,
+                                     memory_order_relaxed))
+                return -EAGAIN;
+            tp_fail_job(&t->super, peer, -e, 1,
+                        "shm: reading %" PRIu64 " bytes from rank %d (%s) "
+                        "with process_vm_readv failed: %s",
+                        len, peer, tp_pname(&t->super, peer, nb, sizeof(nb)),
+                        strerror(e));
+            return -e;
+        }
+        done += (uint64_t)got;
+    }
+    return 0;
+}
+
+/* Land the peer's published frames in their receives; 1 if any did. */
+static int pull(struct mesh_transport *t, int peer)
+{
+    struct shm_peer *pp = &t->pp[peer];
+    struct shm_ring *ring = shm_ring_at(t, pp->local, t->me);
+    uint64_t tail = atomic_load_explicit(&ring->tail, memory_order_relaxed);
+    uint64_t head = atomic_load_explicit(&ring->head, memory_order_acquire);
+    uint64_t tail0 = tail;
+
+    while (tail < head && !t->super.fail.failed) {
+        const struct shm_slot *s = shm_slot_at(ring, tail);
+        struct mesh_frame f;
+        struct mesh_req *r = match(t, peer, s, &f);
+        char *dst;
+
+        if (!r)
+            break;
+        dst = r->buf + (f.offset - r->super.f.offset);
+        if (s->kind == SLOT_CMA) {
+            if (f.length && cma_read(t, peer, dst, s->addr, f.length) < 0)
+                break;
+            /*
+             * A sender whose job failed may have freed the buffer before
+             * we read it: what we read is void, and the frame stays. Its
+             * failure's notice, naming the culprit, is on its way over the
+             * TCP mesh (the first to see a failure tells everyone).
+             */
+            atomic_thread_fence(memory_order_seq_cst);
+            if (atomic_load_explicit(&shm_proc_at(t, pp->local)->failed,
+                                     memory_order_relaxed))
+                break;
+        } else if (f.length) {
+            memcpy(dst, s + 1, f.length);
+        }
+        r->moved += f.length;
+        r->frames++;
+        tail++;
+        if (r->moved == r->super.f.length) {
+            shm_q_remove(&pp->rq_head, &pp->rq_tail, r);
+            tp_req_done(&t->super, &r->super);
+        }
+    }
+    if (tail != tail0) {
+        atomic_store_explicit(&ring->tail, tail, memory_order_release);
+        shm_ring_bell(t, pp->local);
+        return 1;
+    }
+    return 0;
+}
+
+void shm_check_gone(struct mesh_transport *t, int peer)
+{
+    struct shm_peer *pp = &t->pp[peer];
+    struct shm_ring *in;
+
+    if (t->super.fail.failed || pp->local < 0 || !t->seg)
+        return;
+    if (!pp->gone && !atomic_load_explicit(&shm_proc_at(t, pp->local)->bye,
+                                           memory_order_acquire))
+        return;
+    pp->gone = 1;
+    in = shm_ring_at(t, pp->local, t->me);
+    /* The goodbye follows its last frames and reads: take them first (a
+     * request they complete is no failure). */
+    if (pp->sq_head || pp->aq_head)
+        push(t, peer);
+    pull(t, peer);
+    if (t->super.fail.failed)
+        return;
+    if ((pp->rq_head && atomic_load(&in->head) == atomic_load(&in->tail)) ||
+        pp->sq_head || pp->aq_head)
+        tp_fail_left(&t->super, peer);
+}
+
+int shm_poll(struct mesh_transport *t)
+{
+    int moved = 0;
+
+    if (!t->seg || t->super.fail.failed)
+        return 0;
+    for (int p = 0; p < t->super.world.size; p++) {
+        struct shm_peer *pp = &t->pp[p];
+
+        if (pp->local < 0 || p == t->super.world.rank)
+            continue;
+        if (pp->sq_head || pp->aq_head)
+            moved |= push(t, p);
+        moved |= pull(t, p);
+        if (t->super.fail.failed)
+            return moved;
+        if ((pp->rq_head || pp->sq_head || pp->aq_head) &&
+            atomic_load_explicit(&shm_proc_at(t, pp->local)->bye,
+                                 memory_order_relaxed))
+            shm_check_gone(t, p);
+    }
+    return moved;
+}
+
+/* ---- the progress thread ------------------------------------------------- */
+
+void shm_adopt_inner(struct mesh_transport *t)
+{
+    struct tp_failure f;
+
+    tp_failure_of(t->inner, &f);
+    if (f.failed)
+        tp_fail_job(&t->super, -1, f.code, 0, "%s", f.reason);
+}
+
+void *shm_progress_main(void *arg)
+{
+    struct mesh_transport *t = arg;
+    struct shm_proc *self = t->seg ? shm_proc_at(t, t->me) : NULL;
+    uint64_t last_tick = 0;
+
+    pthread_mutex_lock(&t->super.lock);
+    while (!t->stopping) {
+        uint64_t now = mesh_now_ns();
+        uint32_t bell;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = SHM_TICK_MS * 1000000L};
+
+        if (now - last_tick >= SHM_TICK_MS * 1000000ull) {
+            /* Watch the TCP mesh: a dead, silent or aborting peer fails
+             * the job (its progress takes its own lock, not ours). */
+            int rc;
+
+            pthread_mutex_unlock(&t->super.lock);
+            rc = t->inner_ops->progress(t->inner);
+            pthread_mutex_lock(&t->super.lock);
+            if (rc < 0)
+                shm_adopt_inner(t);
+            last_tick = now;
+        }
+        if (shm_poll(t))
+            continue;
+        if (t->spinners || !self || t->super.fail.failed) {
+            /* a waiter spins (it polls) or there is nothing to watch */
+            struct timespec dl;
+            uint64_t d = mesh_now_ns() + SHM_TICK_MS * 1000000ull;
+
+            dl.tv_sec = (time_t)(d / 1000000000ull);
+            dl.tv_nsec = (long)(d % 1000000000ull);
+            pthread_cond_timedwait(&t->bg_cond, &t->super.lock, &dl);
+            continue;
+        }
+        bell = atomic_load(&self->bell);
+        atomic_store(&self->sleeping, 1);
+        atomic_thread_fence(memory_order_seq_cst);
+        if (shm_poll(t)) {
+            atomic_store(&self->sleeping, 0);
+            continue;
+        }
+        pthread_mutex_unlock(&t->super.lock);
+        futex(&self->bell, FUTEX_WAIT, bell, &ts);
+        pthread_mutex_lock(&t->super.lock);
+        atomic_store(&self->sleeping, 0);
+    }
+    pthread_mutex_unlock(&t->super.lock);
+    return NULL;
+}

@@ -1,0 +1,567 @@
+/*
+ * transport/shm/join.c: which peers share this host, and the segment: the
+ * INFO exchange over the authenticated TCP mesh, the memfd and its passing
+ * over an abstract Unix socket (SO_PEERCRED checked), the probe for
+ * process_vm_readv.
+ */
+#define _GNU_SOURCE
+#include "config.h"
+
+#include "transport/shm/shm-internal.h"
+#include "common/bytes.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* What a peer reads in our memory to prove it may (process_vm_readv). */
+static const char cma_probe[16] = "meshtrain-cma-ok";
+
+/* ---- identity ------------------------------------------------------------ */
+
+struct shm_info {
+    uint32_t pid, uid;
+    uint64_t ns_dev, ns_ino, probe;
+    char machine[SHM_ID_MAX], boot[SHM_ID_MAX], test_host[32];
+    char sock[SHM_SOCK_NAME];
+};
+
+/* The first line of a small file, or "" (a missing file is no error: the
+ * identity then rests on the other fields). */
+static void read_id(const char *path, char *out, size_t len)
+{
+    FILE *f = fopen(path, "r");
+
+    out[0] = '\0';
+    if (!f)
+        return;
+    if (fgets(out, (int)len, f))
+        out[strcspn(out, "\r\n")] = '\0';
+    else
+        out[0] = '\0';
+    fclose(f);
+}
+
+static void info_self(struct mesh_transport *t, struct shm_info *in)
+{
+    struct stat st;
+    const char *th = getenv("MESHTRAIN_SHM_TEST_HOST");
+
+    memset(in, 0, sizeof(*in));
+    in->pid = (uint32_t)getpid();
+    in->uid = (uint32_t)getuid();
+    if (stat("/proc/self/ns/net", &st) == 0) {
+        in->ns_dev = (uint64_t)st.st_dev;
+        in->ns_ino = (uint64_t)st.st_ino;
+    }
+    in->probe = (uint64_t)(uintptr_t)cma_probe;
+    read_id("/etc/machine-id", in->machine, sizeof(in->machine));
+    if (!in->machine[0])
+        read_id("/var/lib/dbus/machine-id", in->machine, sizeof(in->machine));
+    read_id("/proc/sys/kernel/random/boot_id", in->boot, sizeof(in->boot));
+    if (th)
+        snprintf(in->test_host, sizeof(in->test_host), "%s", th);
+    memcpy(in->sock, t->sock_name, SHM_SOCK_NAME);
+}
+
+static void info_encode(const struct shm_info *in, uint8_t *m)
+{
+    memset(m, 0, SHM_INFO_LEN);
+    mesh_put_le32(m, SHM_INFO_MAGIC);
+    mesh_put_le32(m + 4, SHM_VERSION);
+    mesh_put_le32(m + 8, in->pid);
+    mesh_put_le32(m + 12, in->uid);
+    mesh_put_le64(m + 16, in->ns_dev);
+    mesh_put_le64(m + 24, in->ns_ino);
+    mesh_put_le64(m + 32, in->probe);
+    memcpy(m + 40, in->machine, SHM_ID_MAX);
+    memcpy(m + 104, in->boot, SHM_ID_MAX);
+    memcpy(m + 168, in->test_host, 32);
+    memcpy(m + 200, in->sock, SHM_SOCK_NAME);
+}
+
+static int info_decode(struct mesh_transport *t, int peer, const uint8_t *m,
+                       struct shm_info *in)
+{
+    char nb[300];
+
+    if (mesh_get_le32(m) != SHM_INFO_MAGIC ||
+        mesh_get_le32(m + 4) != SHM_VERSION)
+        return mesh_err(-EPROTO,
+                        "shm: rank %d (%s) sent a bad INFO (magic %08" PRIx32
+                        ", version %" PRIu32 ")",
+                        peer, tp_pname(&t->super, peer, nb, sizeof(nb)),
+                        mesh_get_le32(m), mesh_get_le32(m + 4));
+    memset(in, 0, sizeof(*in));
+    in->pid = mesh_get_le32(m + 8);
+    in->uid = mesh_get_le32(m + 12);
+    in->ns_dev = mesh_get_le64(m + 16);
+    in->ns_ino = mesh_get_le64(m + 24);
+    in->probe = mesh_get_le64(m + 32);
+    memcpy(in->machine, m + 40, SHM_ID_MAX - 1);
+    memcpy(in->boot, m + 104, SHM_ID_MAX - 1);
+    memcpy(in->test_host, m + 168, 31);
+    memcpy(in->sock, m + 200, SHM_SOCK_NAME);
+    return 0;
+}
+
+/* Same host: the same boot (boot ids are random per boot), machine, network
+ * namespace (its abstract sockets) and user, and the same test host. */
+static int same_host(const struct shm_info *a, const struct shm_info *b)
+{
+    return a->boot[0] && !strcmp(a->boot, b->boot) &&
+           !strcmp(a->machine, b->machine) && a->ns_dev == b->ns_dev &&
+           a->ns_ino == b->ns_ino && a->uid == b->uid &&
+           !strcmp(a->test_host, b->test_host);
+}
+
+/* ---- the TCP mesh's control messages ------------------------------------- */
+
+int shm_ctrl_exchange(struct mesh_transport *t, uint32_t tag,
+                      const uint8_t *out, size_t out_stride, uint8_t *in,
+                      size_t len)
+{
+    int n = t->super.world.size, rc = 0, rc2;
+    mesh_req_t **rq = calloc((size_t)n * 2, sizeof(*rq));
+
+    if (!rq)
+        return mesh_err(-ENOMEM, "out of memory");
+    for (int p = 0; p < n && rc == 0; p++) {
+        struct mesh_frame f = {.seq = SHM_CTRL_SEQ,
+                               .tag = tag,
+                               .op = MESH_OP_P2P,
+                               .dtype = MESH_DT_BYTE,
+                               .count = len,
+                               .length = len};
+
+        if (p == t->super.world.rank)
+            continue;
+        rc = t->inner_ops->irecv(t->inner, p, &f, in + (size_t)p * len, NULL,
+                                 &rq[2 * p]);
+        if (rc == 0)
+            rc = t->inner_ops->isend(t->inner, p, &f,
+                                     out + (size_t)p * out_stride, NULL,
+                                     &rq[2 * p + 1]);
+    }
+    for (int i = 0; i < 2 * n; i++) {
+        if (!rq[i])
+            continue;
+        rc2 = mesh_transport_wait(t->inner_ops, t->inner, rq[i]);
+        if (rc == 0)
+            rc = rc2;
+    }
+    free(rq);
+    return rc;
+}
+
+/* ---- the abstract socket ------------------------------------------------- */
+
+static socklen_t sock_addr(const char *name, struct sockaddr_un *sa)
+{
+    memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    /* sun_path[0] = 0: abstract, no file, gone with its last descriptor */
+    memcpy(sa->sun_path + 1, name, SHM_SOCK_NAME);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
+                       SHM_SOCK_NAME);
+}
+
+int shm_sock_open(struct mesh_transport *t)
+{
+    static const char hex[] = "0123456789abcdef";
+    uint8_t rnd[16];
+    struct sockaddr_un sa;
+    socklen_t sl;
+    int rc = 0, fd = -1;
+    ssize_t got;
+
+    MESH_SYSCALL(rc, fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC), fail,
+                 "shm: open /dev/urandom");
+    MESH_SYSCALL(rc, got = read(fd, rnd, sizeof(rnd)), fail,
+                 "shm: read /dev/urandom");
+    close(fd);
+    fd = -1;
+    if (got != (ssize_t)sizeof(rnd))
+        return mesh_err(-EIO, "shm: short read from /dev/urandom");
+    memset(t->sock_name, 0, sizeof(t->sock_name));
+    memcpy(t->sock_name, "meshtrain-shm-", 14);
+    for (int i = 0; i < 12; i++) {
+        t->sock_name[14 + 2 * i] = hex[rnd[i] >> 4];
+        t->sock_name[15 + 2 * i] = hex[rnd[i] & 15];
+    }
+    sl = sock_addr(t->sock_name, &sa);
+    MESH_SYSCALL(rc, fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), fail,
+                 "shm: socket(AF_UNIX)");
+    MESH_SYSCALL(rc, bind(fd, (struct sockaddr *)&sa, sl), fail,
+                 "shm: bind of an abstract Unix socket");
+    MESH_SYSCALL(rc, listen(fd, SHM_LOCAL_MAX), fail, "shm: listen");
+    t->sock_fd = fd;
+    return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+/* Wait for fd to be readable until deadline_ns: 0, or -ETIMEDOUT. */
+static int wait_in(int fd, uint64_t deadline_ns)
+{
+    for (;;) {
+        uint64_t now = mesh_now_ns();
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int pr;
+
+        if (now >= deadline_ns)
+            return -ETIMEDOUT;
+        pr = poll(&pfd, 1, (int)((deadline_ns - now) / 1000000ull) + 1);
+        if (pr > 0)
+            return 0;
+        if (pr < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+static int peer_pid(int fd, pid_t *pid, uid_t *uid)
+{
+    struct ucred cr;
+    socklen_t cl = sizeof(cr);
+
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0)
+        return -errno;
+    *pid = cr.pid;
+    *uid = cr.uid;
+    return 0;
+}
+
+/*
+ * The host's first rank: hand the segment to every other local rank. A
+ * caller must say its rank and be that rank's process (SO_PEERCRED against
+ * its authenticated INFO); anyone else is logged and dropped.
+ */
+static int seg_give(struct mesh_transport *t, int memfd)
+{
+    uint64_t end =
+        mesh_now_ns() + (uint64_t)(t->super.opts.join_timeout_s * 1e9);
+    int left = t->nlocal - 1, rc = 0;
+    uint8_t *given = calloc((size_t)t->super.world.size, 1);
+
+    if (!given)
+        return mesh_err(-ENOMEM, "out of memory");
+    while (left > 0) {
+        int c, r;
+        uint8_t m[4];
+        pid_t pid = 0;
+        uid_t uid = 0;
+        char cbuf[CMSG_SPACE(sizeof(int))];
+        struct iovec iov = {.iov_base = m, .iov_len = 4};
+        struct msghdr mh = {.msg_iov = &iov,
+                            .msg_iovlen = 1,
+                            .msg_control = cbuf,
+                            .msg_controllen = sizeof(cbuf)};
+        struct cmsghdr *cm;
+
+        rc = wait_in(t->sock_fd, end);
+        if (rc < 0) {
+            rc = mesh_err(rc,
+                          "shm: %d local rank(s) never came for the "
+                          "segment within the join timeout",
+                          left);
+            break;
+        }
+        c = accept4(t->sock_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (c < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            rc = mesh_err_errno("shm: accept");
+            break;
+        }
+        if (wait_in(c, mesh_now_ns() + 5000000000ull) < 0 ||
+            recv(c, m, 4, MSG_WAITALL) != 4 || peer_pid(c, &pid, &uid) < 0) {
+            mesh_warn("shm: a caller on the segment socket said nothing; "
+                      "dropped");
+            close(c);
+            continue;
+        }
+        r = (int)mesh_get_le32(m);
+        if (r < 0 || r >= t->super.world.size || t->pp[r].local < 0 ||
+            given[r] || pid != t->pp[r].pid || uid != getuid()) {
+            mesh_warn("shm: a caller (pid %d) posing as rank %d refused on "
+                      "the segment socket",
+                      (int)pid, r);
+            close(c);
+            continue;
+        }
+        memset(cbuf, 0, sizeof(cbuf));
+        cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
+        mesh_put_le32(m, (uint32_t)t->nlocal);
+        if (sendmsg(c, &mh, MSG_NOSIGNAL) != 4) {
+            rc = mesh_err_errno("shm: passing the segment to rank %d", r);
+            close(c);
+            break;
+        }
+        close(c);
+        given[r] = 1;
+        left--;
+    }
+    free(given);
+    return rc;
+}
+
+/* Any other local rank: fetch the segment from the host's first rank
+ * (whose socket name and pid its INFO gave). */
+static int seg_take(struct mesh_transport *t, int leader, const char *name,
+                    int *memfd)
+{
+    struct sockaddr_un sa;
+    socklen_t sl = sock_addr(name, &sa);
+    uint64_t end =
+        mesh_now_ns() + (uint64_t)(t->super.opts.join_timeout_s * 1e9);
+    int fd = -1, rc = 0;
+    uint8_t m[4];
+    char cbuf[CMSG_SPACE(sizeof(int))], nb[300];
+    struct iovec iov = {.iov_base = m, .iov_len = 4};
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = cbuf,
+                        .msg_controllen = sizeof(cbuf)};
+    struct cmsghdr *cm;
+    pid_t pid = 0;
+    uid_t uid = 0;
+    ssize_t got;
+
+    tp_pname(&t->super, leader, nb, sizeof(nb));
+    MESH_SYSCALL(rc, fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), out,
+                 "shm: socket(AF_UNIX)");
+    MESH_SYSCALL(rc, connect(fd, (struct sockaddr *)&sa, sl), out,
+                 "shm: connecting to rank %d (%s)'s segment socket", leader,
+                 nb);
+    rc = peer_pid(fd, &pid, &uid);
+    if (rc < 0 || pid != t->pp[leader].pid || uid != getuid()) {
+        rc = mesh_err(-EACCES,
+                      "shm: the segment socket of rank %d (%s) belongs to "
+                      "pid %d, not to the rank's pid %d",
+                      leader, nb, (int)pid, (int)t->pp[leader].pid);
+        goto out;
+    }
+    mesh_put_le32(m, (uint32_t)t->super.world.rank);
+    MESH_SYSCALL(rc, got = send(fd, m, 4, MSG_NOSIGNAL), out,
+                 "shm: asking rank %d (%s) for the segment", leader, nb);
+    rc = wait_in(fd, end);
+    if (rc < 0) {
+        rc = mesh_err(rc,
+                      "shm: rank %d (%s) did not pass the segment "
+                      "within the join timeout",
+                      leader, nb);
+        goto out;
+    }
+    memset(cbuf, 0, sizeof(cbuf));
+    MESH_SYSCALL(rc, got = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL),
+                 out, "shm: receiving the segment from rank %d (%s)", leader,
+                 nb);
+    cm = CMSG_FIRSTHDR(&mh);
+    if (got != 4 || !cm || cm->cmsg_level != SOL_SOCKET ||
+        cm->cmsg_type != SCM_RIGHTS || cm->cmsg_len != CMSG_LEN(sizeof(int)) ||
+        (int)mesh_get_le32(m) != t->nlocal) {
+        rc = mesh_err(-EPROTO,
+                      "shm: rank %d (%s) passed no segment, or one for %d "
+                      "local ranks instead of %d",
+                      leader, nb, got == 4 ? (int)mesh_get_le32(m) : -1,
+                      t->nlocal);
+        goto out;
+    }
+    memcpy(memfd, CMSG_DATA(cm), sizeof(int));
+out:
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+static int seg_map(struct mesh_transport *t, int memfd)
+{
+    void *p =
+        mmap(NULL, t->seg_len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+
+    if (p == MAP_FAILED)
+        return mesh_err_errno("shm: mmap of the %zu-byte segment", t->seg_len);
+    t->seg = p;
+    return 0;
+}
+
+/* The host's first rank: a fresh memfd, sized, mapped and initialised. */
+static int seg_create(struct mesh_transport *t, int *memfd)
+{
+    struct shm_seg_hdr *h;
+    int fd = -1, rc = 0;
+
+    MESH_SYSCALL(rc, fd = memfd_create("meshtrain-shm", MFD_CLOEXEC), fail,
+                 "shm: memfd_create");
+    MESH_SYSCALL(rc, ftruncate(fd, (off_t)t->seg_len), fail,
+                 "shm: sizing the segment to %zu bytes", t->seg_len);
+    rc = seg_map(t, fd);
+    if (rc < 0)
+        goto fail;
+    h = (struct shm_seg_hdr *)t->seg;
+    h->magic = SHM_SEG_MAGIC;
+    h->version = SHM_VERSION;
+    h->nlocal = (uint32_t)t->nlocal;
+    h->slots = SHM_SLOTS;
+    h->slot_bytes = SHM_SLOT_BYTES;
+    *memfd = fd;
+    return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
+/* Whether this process may read the peer's memory: its probe's bytes. */
+static int cma_probe_ok(pid_t pid, uint64_t addr)
+{
+    char got[sizeof(cma_probe)];
+    struct iovec l = {.iov_base = got, .iov_len = sizeof(got)};
+    struct iovec r = {.iov_base = (void *)(uintptr_t)addr,
+                      .iov_len = sizeof(got)};
+
+    if (process_vm_readv(pid, &l, 1, &r, 1, 0) != (ssize_t)sizeof(got))
+        return -errno;
+    return memcmp(got, cma_probe, sizeof(got)) ? -EFAULT : 0;
+}
+
+void shm_seg_close(struct mesh_transport *t)
+{
+    if (t->seg)
+        munmap(t->seg, t->seg_len);
+    t->seg = NULL;
+    if (t->sock_fd >= 0)
+        close(t->sock_fd);
+    t->sock_fd = -1;
+}
+
+int shm_join(struct mesh_transport *t)
+{
+    int n = t->super.world.size, me = t->super.world.rank, rc, leader = -1;
+    int memfd = -1;
+    struct shm_info self, *info = calloc((size_t)n, sizeof(*info));
+    uint8_t *out = calloc(SHM_INFO_LEN, 1);
+    uint8_t *in = calloc((size_t)n, SHM_INFO_LEN);
+    uint8_t *cma_out = calloc((size_t)n, 1), *cma_in = calloc((size_t)n, 1);
+    char nb[300];
+
+    if (!info || !out || !in || !cma_out || !cma_in) {
+        rc = mesh_err(-ENOMEM, "out of memory");
+        goto out;
+    }
+    info_self(t, &self);
+    info_encode(&self, out);
+    rc = shm_ctrl_exchange(t, SHM_TAG_INFO, out, 0, in, SHM_INFO_LEN);
+    if (rc < 0)
+        goto out;
+    /* Local indices in rank order; the lowest local rank leads. */
+    t->nlocal = 0;
+    for (int p = 0; p < n; p++) {
+        if (p == me) {
+            info[p] = self;
+        } else {
+            rc = info_decode(t, p, in + (size_t)p * SHM_INFO_LEN, &info[p]);
+            if (rc < 0)
+                goto out;
+        }
+        t->pp[p].local = -1;
+        if (p == me || same_host(&self, &info[p])) {
+            if (t->nlocal == SHM_LOCAL_MAX) {
+                mesh_warn("shm: more than %d ranks on this host; rank %d "
+                          "uses TCP",
+                          SHM_LOCAL_MAX, p);
+                continue;
+            }
+            t->pp[p].local = t->nlocal++;
+            t->pp[p].pid = (pid_t)info[p].pid;
+            if (leader < 0)
+                leader = p;
+        }
+    }
+    t->me = t->pp[me].local;
+    if (t->me < 0) {
+        /* more than SHM_LOCAL_MAX here and we are past them: TCP only */
+        for (int p = 0; p < n; p++)
+            t->pp[p].local = -1;
+        t->nlocal = 0;
+        goto log;
+    }
+    if (t->nlocal > 1) {
+        t->seg_len = shm_seg_bytes(t->nlocal);
+        if (leader == me) {
+            rc = seg_create(t, &memfd);
+            if (rc == 0)
+                rc = seg_give(t, memfd);
+        } else {
+            rc = seg_take(t, leader, info[leader].sock, &memfd);
+            if (rc == 0)
+                rc = seg_map(t, memfd);
+            if (rc == 0 &&
+                ((struct shm_seg_hdr *)t->seg)->magic != SHM_SEG_MAGIC)
+                rc = mesh_err(-EPROTO,
+                              "shm: rank %d passed an "
+                              "uninitialised segment",
+                              leader);
+        }
+        if (memfd >= 0)
+            close(memfd); /* the mapping keeps it */
+        if (rc < 0)
+            goto out;
+        shm_proc_at(t, t->me)->pid = (uint32_t)getpid();
+    }
+    /* Who may read our memory: each rank probes the others'. */
+    for (int p = 0; p < n; p++)
+        if (p != me && t->pp[p].local >= 0)
+            cma_out[p] = cma_probe_ok(t->pp[p].pid, info[p].probe) == 0;
+    rc = shm_ctrl_exchange(t, SHM_TAG_CMA, cma_out, 1, cma_in, 1);
+    if (rc < 0)
+        goto out;
+log:
+    for (int p = 0; p < n; p++) {
+        if (p == me)
+            continue;
+        tp_pname(&t->super, p, nb, sizeof(nb));
+        if (t->pp[p].local < 0) {
+            mesh_info("shm: rank %d (%s) is on another host: TCP", p, nb);
+            continue;
+        }
+        t->pp[p].cma = cma_in[p] == 1;
+        if (t->pp[p].cma)
+            mesh_info("shm: rank %d (%s) shares this host: shared memory, "
+                      "one copy (process_vm_readv) from %u bytes",
+                      p, nb, SHM_CMA_MIN);
+        else
+            mesh_info("shm: rank %d (%s) shares this host: shared memory, "
+                      "two copies through the slots (it may not read this "
+                      "process's memory with process_vm_readv)",
+                      p, nb);
+    }
+    if (t->sock_fd >= 0)
+        close(t->sock_fd);
+    t->sock_fd = -1;
+    rc = 0;
+out:
+    free(info);
+    free(out);
+    free(in);
+    free(cma_out);
+    free(cma_in);
+    return rc;
+}

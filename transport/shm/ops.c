@@ -1,0 +1,467 @@
+/*
+ * transport/shm/ops.c: the transport object: listen, connect, the
+ * requests (local ones here, other hosts' wrapped around the TCP mesh's),
+ * wait_any's spin and sleep, abort, close, and the ops table.
+ */
+#include "config.h"
+
+#include "transport/shm/shm-internal.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <linux/futex.h>
+#include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* ---- failure ------------------------------------------------------------- */
+
+/* The job failed (recorded, waiters woken): with notify, the TCP mesh tells
+ * the peers; the progress thread stops waiting for a spinner. */
+static void shm_failed(struct tp_base *b, int culprit, int code, int notify,
+                       const char *reason)
+{
+    struct mesh_transport *t = (struct mesh_transport *)b; /* super first */
+
+    (void)code;
+    /* Before any caller hears of it (and frees a buffer a peer may be
+     * reading by address): readers check this after each read. */
+    if (t->seg && t->me >= 0) {
+        atomic_store(&shm_proc_at(t, t->me)->failed, 1);
+        atomic_thread_fence(memory_order_seq_cst);
+    }
+    if (t->bg_cond_ready)
+        pthread_cond_broadcast(&t->bg_cond);
+    if (notify && t->inner)
+        t->inner_ops->abort(t->inner, culprit, reason);
+}
+
+static void shm_req_release(struct tp_base *b, struct tp_req *r, int failed)
+{
+    struct mesh_transport *t = (struct mesh_transport *)b;
+    struct mesh_req *q = (struct mesh_req *)r; /* super first */
+    struct shm_peer *pp = &t->pp[r->peer];
+
+    if (failed) {
+        shm_q_remove(&pp->sq_head, &pp->sq_tail, q);
+        shm_q_remove(&pp->aq_head, &pp->aq_tail, q);
+        shm_q_remove(&pp->rq_head, &pp->rq_tail, q);
+    }
+    tp_req_unlink(b, r);
+    free(q);
+}
+
+static const struct tp_base_ops shm_base_ops = {
+    .failed = shm_failed,
+    .req_free = shm_req_release,
+};
+
+static void shm_close(mesh_transport_t *t);
+
+/* ---- listen and connect -------------------------------------------------- */
+
+static int shm_listen(const struct mesh_world *world,
+                      const struct mesh_transport_opts *opts,
+                      mesh_transport_t **out)
+{
+    struct mesh_transport *t;
+    pthread_condattr_t ca;
+    const char *spin = getenv("MESHTRAIN_SHM_SPIN_US");
+    int rc;
+
+    t = calloc(1, sizeof(*t));
+    if (!t)
+        return mesh_err(-ENOMEM, "out of memory");
+    t->inner_ops = &mesh_tcp_ops;
+    t->sock_fd = -1;
+    t->me = -1;
+    t->spin_ns = SHM_SPIN_DEFAULT_NS;
+    if (spin && atof(spin) >= 0 && atof(spin) <= 1e6)
+        t->spin_ns = (uint64_t)(atof(spin) * 1000.0);
+    rc = tp_base_init(&t->super, "shm", &shm_base_ops, world, opts);
+    if (rc < 0) {
+        tp_base_fini(&t->super);
+        free(t);
+        return rc;
+    }
+    if (pthread_condattr_init(&ca) == 0) {
+        if (pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+            pthread_cond_init(&t->bg_cond, &ca) == 0)
+            t->bg_cond_ready = 1;
+        pthread_condattr_destroy(&ca);
+    }
+    t->pp = calloc((size_t)world->size, sizeof(*t->pp));
+    if (!t->bg_cond_ready || !t->pp) {
+        rc = mesh_err(-ENOMEM, "shm: out of memory");
+        goto fail;
+    }
+    for (int p = 0; p < world->size; p++)
+        t->pp[p].local = -1;
+    rc = t->inner_ops->listen(world, opts, &t->inner);
+    if (rc < 0)
+        goto fail;
+    rc = shm_sock_open(t);
+    if (rc < 0)
+        goto fail;
+    *out = t;
+    return 0;
+fail:
+    shm_close(t);
+    return rc;
+}
+
+static int shm_connect(mesh_transport_t *t)
+{
+    int rc = t->inner_ops->connect(t->inner);
+
+    if (rc < 0)
+        return rc;
+    /* Authenticated from here on: find the host's ranks, share memory. */
+    rc = shm_join(t);
+    if (rc < 0)
+        return rc;
+    if (t->seg) {
+        if (pthread_create(&t->thread, NULL, shm_progress_main, t))
+            return mesh_err(-EAGAIN, "shm: cannot start the progress thread");
+        t->thread_started = 1;
+    }
+    t->connected = 1;
+    return 0;
+}
+
+/* ---- requests ------------------------------------------------------------ */
+
+static int shm_reg_mr(mesh_transport_t *t, void *buf, size_t len,
+                      mesh_mr_t **out)
+{
+    struct mesh_mr *m = calloc(1, sizeof(*m));
+
+    (void)t;
+    if (!m)
+        return mesh_err(-ENOMEM, "out of memory");
+    m->base = buf;
+    m->len = len;
+    *out = m;
+    return 0;
+}
+
+static int shm_dereg_mr(mesh_transport_t *t, mesh_mr_t *mr)
+{
+    (void)t;
+    free(mr);
+    return 0;
+}
+
+static int post(mesh_transport_t *t, int peer, const struct mesh_frame *f,
+                void *buf, enum tp_req_kind kind, mesh_req_t **out)
+{
+    const char *what = kind == TP_SEND ? "isend" : "irecv";
+    struct mesh_req *r;
+    struct shm_peer *pp;
+    int rc = tp_check_buf(&t->super, what, f, buf);
+
+    if (rc < 0)
+        return rc;
+    r = calloc(1, sizeof(*r));
+    if (!r)
+        return mesh_err(-ENOMEM, "out of memory");
+    r->super.kind = kind;
+    r->super.peer = peer;
+    r->super.f = *f;
+    r->buf = buf;
+    pthread_mutex_lock(&t->super.lock);
+    rc = tp_check_peer(&t->super, peer, what);
+    if (rc < 0)
+        goto fail;
+    pp = &t->pp[peer];
+    if (pp->local < 0) {
+        /* another host: the TCP mesh's request, wrapped */
+        pthread_mutex_unlock(&t->super.lock);
+        rc = kind == TP_SEND
+                 ? t->inner_ops->isend(t->inner, peer, f, buf, NULL, &r->inner)
+                 : t->inner_ops->irecv(t->inner, peer, f, buf, NULL, &r->inner);
+        if (rc < 0) {
+            free(r);
+            return rc;
+        }
+        *out = r;
+        return 0;
+    }
+    shm_check_gone(t, peer);
+    if (!t->super.fail.failed && atomic_load(&shm_proc_at(t, pp->local)->bye))
+        tp_fail_left(&t->super, peer);
+    if (t->super.fail.failed) {
+        rc = tp_fail_err(&t->super);
+        goto fail;
+    }
+    tp_req_link(&t->super, &r->super);
+    if (kind == TP_SEND) {
+        r->cma = pp->cma && f->length >= SHM_CMA_MIN;
+        shm_q_push(&pp->sq_head, &pp->sq_tail, r);
+    } else {
+        shm_q_push(&pp->rq_head, &pp->rq_tail, r);
+    }
+    shm_poll(t);
+    pthread_mutex_unlock(&t->super.lock);
+    *out = r;
+    return 0;
+fail:
+    pthread_mutex_unlock(&t->super.lock);
+    free(r);
+    return rc;
+}
+
+static int shm_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
+                     const void *buf, mesh_mr_t *mr, mesh_req_t **out)
+{
+    (void)mr;
+    return post(t, peer, f, (void *)buf, TP_SEND, out);
+}
+
+static int shm_irecv(mesh_transport_t *t, int peer,
+                     const struct mesh_frame *expect, void *buf, mesh_mr_t *mr,
+                     mesh_req_t **out)
+{
+    (void)mr;
+    return post(t, peer, expect, buf, TP_RECV, out);
+}
+
+/* A failure of the TCP mesh seen by one of its requests: the job's too. */
+static void adopt_locked(mesh_transport_t *t)
+{
+    pthread_mutex_lock(&t->super.lock);
+    shm_adopt_inner(t);
+    pthread_mutex_unlock(&t->super.lock);
+}
+
+static int shm_test(mesh_transport_t *t, mesh_req_t *req, int *done)
+{
+    int rc;
+
+    if (!req)
+        return mesh_err(-EINVAL, "shm test: NULL request");
+    if (req->inner) {
+        rc = t->inner_ops->test(t->inner, req->inner, done);
+        if (rc < 0)
+            adopt_locked(t);
+        if (rc < 0 || *done)
+            free(req);
+        return rc;
+    }
+    if (!atomic_load_explicit(&req->super.done, memory_order_acquire)) {
+        pthread_mutex_lock(&t->super.lock);
+        shm_poll(t);
+        pthread_mutex_unlock(&t->super.lock);
+    }
+    return tp_test(&t->super, req, done);
+}
+
+static int req_done(mesh_req_t *r)
+{
+    struct tp_req *s = r->inner ? (struct tp_req *)r->inner : &r->super;
+
+    return atomic_load_explicit(&s->done, memory_order_acquire);
+}
+
+static int any_done(mesh_req_t *const *reqs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (reqs[i] && req_done(reqs[i]))
+            return 1;
+    return 0;
+}
+
+/* Requests of other hosts only: the TCP mesh waits itself. */
+static int wait_inner(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
+                      double timeout_s)
+{
+    mesh_req_t *in[64] = {0},
+               **v = n <= 64 ? in : calloc((size_t)n, sizeof(*v));
+    int rc;
+
+    if (!v)
+        return mesh_err(-ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++)
+        v[i] = reqs[i] ? reqs[i]->inner : NULL;
+    rc = t->inner_ops->wait_any(t->inner, v, n, timeout_s);
+    if (v != in)
+        free(v);
+    if (rc < 0 && rc != -ETIMEDOUT)
+        adopt_locked(t);
+    return rc;
+}
+
+/* How long a wait that includes another host's request sleeps at once. */
+#define SHM_MIXED_NAP_NS 100000ull
+
+static int shm_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
+                        double timeout_s)
+{
+    uint64_t now = mesh_now_ns(), spin_end = now + t->spin_ns;
+    uint64_t deadline =
+        timeout_s < 0 ? MESH_NO_DEADLINE : now + (uint64_t)(timeout_s * 1e9);
+    int local = 0, remote = 0, rc = 0;
+
+    for (int i = 0; i < n; i++) {
+        if (!reqs[i])
+            continue;
+        if (reqs[i]->inner)
+            remote++;
+        else
+            local++;
+    }
+    if (remote && !local)
+        return wait_inner(t, reqs, n, timeout_s);
+    pthread_mutex_lock(&t->super.lock);
+    /* Spin: poll the rings ourselves, yielding the CPU each round. */
+    t->spinners++;
+    for (;;) {
+        if (t->super.fail.failed) {
+            rc = tp_fail_err(&t->super);
+            break;
+        }
+        shm_poll(t);
+        if (any_done(reqs, n))
+            break;
+        now = mesh_now_ns();
+        if (now >= spin_end || now >= deadline) {
+            rc = 1;
+            break;
+        }
+        pthread_mutex_unlock(&t->super.lock);
+        sched_yield();
+        pthread_mutex_lock(&t->super.lock);
+    }
+    t->spinners--;
+    pthread_cond_signal(&t->bg_cond);
+    /* Sleep: the progress thread moves the bytes and wakes us. */
+    while (rc == 1) {
+        uint64_t until = deadline;
+
+        if (any_done(reqs, n)) {
+            rc = 0;
+        } else if (t->super.fail.failed) {
+            rc = tp_fail_err(&t->super);
+        } else {
+            if (remote)
+                until = MESH_MIN(deadline, mesh_now_ns() + SHM_MIXED_NAP_NS);
+            if (mesh_cond_sleep(&t->super.cond, &t->super.lock, until) < 0 &&
+                until == deadline)
+                rc = mesh_err(-ETIMEDOUT,
+                              "shm wait: no request completed within %.3f s",
+                              timeout_s);
+        }
+    }
+    pthread_mutex_unlock(&t->super.lock);
+    return rc;
+}
+
+static int shm_progress(mesh_transport_t *t)
+{
+    int rc;
+
+    pthread_mutex_lock(&t->super.lock);
+    shm_poll(t);
+    pthread_mutex_unlock(&t->super.lock);
+    rc = tp_progress(&t->super);
+    if (rc == 0 && t->inner_ops->progress(t->inner) < 0) {
+        adopt_locked(t);
+        rc = tp_progress(&t->super);
+    }
+    return rc;
+}
+
+/* The TCP mesh carries every failure's notice, the culprit with it. */
+static int shm_culprit(mesh_transport_t *t)
+{
+    return t && t->inner ? t->inner_ops->culprit(t->inner) : -1;
+}
+
+static void shm_abort(mesh_transport_t *t, int culprit, const char *why)
+{
+    if (!t)
+        return;
+    t->inner_ops->abort(t->inner, culprit, why);
+    if (t->inner_ops->progress(t->inner) < 0)
+        adopt_locked(t);
+}
+
+int mesh_shm_local(mesh_transport_t *t, int peer)
+{
+    if (!t || peer < 0 || peer >= t->super.world.size)
+        return -1;
+    return t->pp[peer].local >= 0;
+}
+
+static int shm_same_host(mesh_transport_t *t, int peer)
+{
+    return mesh_shm_local(t, peer) == 1;
+}
+
+static void shm_close(mesh_transport_t *t)
+{
+    struct tp_req *r, *rn;
+
+    if (!t)
+        return;
+    if (t->seg && t->me >= 0) {
+        /* Our last frames are in the rings: say goodbye after them. */
+        pthread_mutex_lock(&t->super.lock);
+        if (t->connected && !t->super.fail.failed) {
+            atomic_store_explicit(&shm_proc_at(t, t->me)->bye, 1,
+                                  memory_order_release);
+            for (int li = 0; li < t->nlocal; li++)
+                if (li != t->me)
+                    shm_ring_bell(t, li);
+        }
+        pthread_mutex_unlock(&t->super.lock);
+    }
+    if (t->thread_started) {
+        struct shm_proc *self = shm_proc_at(t, t->me);
+
+        pthread_mutex_lock(&t->super.lock);
+        t->stopping = 1;
+        pthread_cond_broadcast(&t->bg_cond);
+        pthread_mutex_unlock(&t->super.lock);
+        atomic_fetch_add(&self->bell, 1);
+        syscall(SYS_futex, (uint32_t *)&self->bell, FUTEX_WAKE, INT_MAX, NULL,
+                NULL, 0);
+        pthread_join(t->thread, NULL);
+    }
+    for (r = t->super.reqs; r; r = rn) {
+        rn = r->next;
+        free(r);
+    }
+    t->super.reqs = NULL;
+    shm_seg_close(t);
+    if (t->inner)
+        t->inner_ops->close(t->inner);
+    free(t->pp);
+    if (t->bg_cond_ready)
+        pthread_cond_destroy(&t->bg_cond);
+    tp_base_fini(&t->super);
+    free(t);
+}
+
+const struct mesh_transport_ops mesh_shm_ops = {
+    .name = "shm",
+    .listen = shm_listen,
+    .connect = shm_connect,
+    .reg_mr = shm_reg_mr,
+    .dereg_mr = shm_dereg_mr,
+    .isend = shm_isend,
+    .irecv = shm_irecv,
+    .test = shm_test,
+    .wait_any = shm_wait_any,
+    .progress = shm_progress,
+    .abort = shm_abort,
+    .culprit = shm_culprit,
+    .close = shm_close,
+    .same_host = shm_same_host,
+};

@@ -1,0 +1,186 @@
+/*
+ * transport/shm/shm-internal.h: the shared-memory transport's design,
+ * private layouts and the functions its files share. Only transport/shm/
+ * includes this; the formats are in transport/shm/shm.h.
+ *
+ * Shape:
+ *   - a TCP mesh underneath (mesh_tcp_ops) joins, authenticates, carries
+ *     the INFO exchange, failures, aborts and heartbeats, and all data to
+ *     peers of other hosts (their requests are the TCP mesh's, wrapped);
+ *   - one memfd segment per host and job (join.c), rings per ordered pair;
+ *   - whoever holds the lock moves the bytes (shm_poll): isend and irecv
+ *     at once, wait_any while it spins, and a progress thread otherwise,
+ *     which sleeps on its futex word in the segment, woken by a peer only
+ *     when it has said it sleeps (no system call while anyone spins), and
+ *     ticks every SHM_TICK_MS to watch the TCP mesh;
+ *   - a peer's goodbye is its word in the segment, set after its last
+ *     frame: a pending operation with it then fails once its ring is empty.
+ * One mutex (super.lock) guards the transport's state.
+ *
+ * The files:
+ *   join.c   host identity, INFO, the segment and its passing, CMA probe
+ *   data.c   rings, matching, copies, wake-ups, the progress thread
+ *   ops.c    listen, connect, isend, irecv, test, wait_any, abort, close
+ */
+#ifndef MESH_TRANSPORT_SHM_SHM_INTERNAL_H
+#define MESH_TRANSPORT_SHM_SHM_INTERNAL_H
+
+#include "common/util.h"
+#include "transport/base.h"
+#include "transport/shm/shm.h"
+#include "transport/transport.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define SHM_TICK_MS         20
+#define SHM_SPIN_DEFAULT_NS 200000ull
+#define SHM_CACHE           64
+
+/* ---- the segment (shared between the host's ranks) ---------------------- */
+
+struct shm_seg_hdr {
+    uint32_t magic, version, nlocal, slots, slot_bytes;
+    uint8_t pad[SHM_CACHE - 20];
+};
+
+struct shm_proc {
+    _Atomic uint32_t bell;     /* futex word: bumped by every wake-up */
+    _Atomic uint32_t sleeping; /* its progress thread sleeps on bell */
+    _Atomic uint32_t bye;      /* closed normally: nothing more comes */
+    _Atomic uint32_t failed;   /* its job failed: its buffers may be gone */
+    uint32_t pid;
+    uint8_t pad[SHM_CACHE - 20];
+};
+
+enum shm_slot_kind { SLOT_INLINE = 1, SLOT_CMA = 2 };
+
+struct shm_slot {
+    uint64_t seq;
+    uint32_t tag;
+    uint8_t op, dtype, kind, pad0;
+    uint64_t count, offset, length;
+    uint64_t addr; /* SLOT_CMA: the sender's address of the payload */
+    uint8_t pad1[SHM_CACHE - 48];
+    /* then slot_bytes of payload (SLOT_INLINE) */
+};
+
+struct shm_ring {
+    _Atomic uint64_t head; /* slots published by the sender */
+    uint8_t pad0[SHM_CACHE - 8];
+    _Atomic uint64_t tail; /* slots freed by the receiver */
+    uint8_t pad1[SHM_CACHE - 8];
+    /* then slots of (sizeof(struct shm_slot) + slot_bytes) */
+};
+
+#define SHM_SLOT_STRIDE (sizeof(struct shm_slot) + SHM_SLOT_BYTES)
+#define SHM_RING_BYTES  (sizeof(struct shm_ring) + SHM_SLOTS * SHM_SLOT_STRIDE)
+
+/* ---- this process's side ------------------------------------------------ */
+
+struct mesh_mr {
+    void *base;
+    size_t len;
+};
+
+struct mesh_req {
+    struct tp_req super; /* kind, peer, frame, done, the request list */
+    mesh_req_t *inner;   /* a peer of another host: the TCP mesh's request */
+    char *buf;
+    uint64_t moved;  /* send: bytes published; receive: bytes landed */
+    int frames;      /* receive: frames landed */
+    int cma;         /* send: by address, completes when read */
+    uint64_t ack_at; /* send by address: done once tail passes this */
+    struct mesh_req *qnext;
+};
+
+struct shm_peer {
+    int local; /* index in the segment, -1: another host */
+    int cma;   /* it reads our memory by process_vm_readv */
+    pid_t pid; /* its process (INFO, checked at the pass) */
+    struct mesh_req *sq_head, *sq_tail; /* sends not fully published */
+    struct mesh_req *aq_head, *aq_tail; /* sends by address, not yet read */
+    struct mesh_req *rq_head, *rq_tail; /* posted receives */
+    int gone;                           /* its goodbye seen */
+};
+
+struct mesh_transport {
+    struct tp_base super; /* world, opts, lock, cond, requests, failure */
+    const struct mesh_transport_ops *inner_ops;
+    mesh_transport_t *inner;
+    int connected;
+
+    int sock_fd; /* abstract Unix socket (listen), until connect ends */
+    char sock_name[SHM_SOCK_NAME];
+
+    struct shm_peer *pp; /* (size) */
+    int me;              /* our index in the segment, -1: none */
+    int nlocal;
+    uint8_t *seg;
+    size_t seg_len;
+    int cma_logged;
+
+    uint64_t spin_ns;
+    int spinners; /* threads in wait_any's spin: no one needs a bell */
+    pthread_cond_t bg_cond;
+    int bg_cond_ready;
+    pthread_t thread;
+    int thread_started;
+    int stopping;
+};
+
+static inline struct shm_proc *shm_proc_at(struct mesh_transport *t, int li)
+{
+    return (struct shm_proc *)(t->seg + sizeof(struct shm_seg_hdr) +
+                               (size_t)li * sizeof(struct shm_proc));
+}
+
+static inline struct shm_ring *shm_ring_at(struct mesh_transport *t, int from,
+                                           int to)
+{
+    return (struct shm_ring *)(t->seg + sizeof(struct shm_seg_hdr) +
+                               (size_t)t->nlocal * sizeof(struct shm_proc) +
+                               ((size_t)from * (size_t)t->nlocal + (size_t)to) *
+                                   SHM_RING_BYTES);
+}
+
+static inline struct shm_slot *shm_slot_at(struct shm_ring *r, uint64_t i)
+{
+    return (struct shm_slot *)((uint8_t *)(r + 1) +
+                               (size_t)(i % SHM_SLOTS) * SHM_SLOT_STRIDE);
+}
+
+static inline size_t shm_seg_bytes(int nlocal)
+{
+    return sizeof(struct shm_seg_hdr) +
+           (size_t)nlocal * sizeof(struct shm_proc) +
+           (size_t)nlocal * (size_t)nlocal * SHM_RING_BYTES;
+}
+
+/* join.c */
+int shm_sock_open(struct mesh_transport *t);
+int shm_join(struct mesh_transport *t);
+void shm_seg_close(struct mesh_transport *t);
+int shm_ctrl_exchange(struct mesh_transport *t, uint32_t tag,
+                      const uint8_t *out, size_t out_stride, uint8_t *in,
+                      size_t len);
+
+/* data.c */
+void shm_q_push(struct mesh_req **head, struct mesh_req **tail,
+                struct mesh_req *r);
+void shm_q_remove(struct mesh_req **head, struct mesh_req **tail,
+                  struct mesh_req *r);
+/* Move what can move with every local peer; 1 if anything moved. */
+int shm_poll(struct mesh_transport *t);
+/* Wake local index li if it said it sleeps. */
+void shm_ring_bell(struct mesh_transport *t, int li);
+/* A local peer that said goodbye with our operations pending: fail. */
+void shm_check_gone(struct mesh_transport *t, int peer);
+void *shm_progress_main(void *arg);
+/* The TCP mesh failed: adopt its failure. */
+void shm_adopt_inner(struct mesh_transport *t);
+
+#endif
