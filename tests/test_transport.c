@@ -15,10 +15,12 @@
 #include "common/util.h"
 #include "tests/ports.h"
 #include "tests/tap.h"
+#include "transport/shm/shm.h"
 #include "transport/tcp/tcp.h"
 #include "transport/transport.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -1322,6 +1324,175 @@ static void scenario_join_timeout(void)
 }
 
 /* In-process checks of the API's edges (no peers needed). */
+/* ---- shm: the segment's life ----------------------------------------------
+ */
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    int n = 0;
+
+    if (!d)
+        return -1;
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+/* Whether this process maps the shm transport's segment (a memfd). */
+static int maps_segment(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int found = 0;
+
+    if (!f)
+        return -1;
+    while (!found && fgets(line, sizeof(line), f))
+        found = strstr(line, "memfd:meshtrain-shm") != NULL;
+    fclose(f);
+    return found;
+}
+
+/*
+ * 300 back-to-back operations with both ring neighbours (inline sizes and
+ * sizes read by address, every byte checked), then close: the segment is
+ * unmapped and no descriptor is left behind.
+ */
+static int child_shm_segment(struct ctx *cx, char *msg, size_t len)
+{
+    static const size_t ssz[3] = {8, 70001, 300000};
+    const int n = cx->cfg.n, me = cx->rank;
+    const int nb[2] = {(me + 1) % n, (me + n - 1) % n};
+    int fds0 = count_fds(), rc = mesh_up(cx, msg, len);
+    uint8_t *sb = malloc(300000), *rb[2] = {malloc(300000), malloc(300000)};
+
+    if (rc < 0)
+        return rc;
+    if (!sb || !rb[0] || !rb[1]) {
+        snprintf(msg, len, "out of memory");
+        return -1;
+    }
+    if (maps_segment() != 1 || mesh_shm_local(cx->t, nb[0]) != 1) {
+        snprintf(msg, len, "rank %d: no shared segment after the join", me);
+        return -1;
+    }
+    for (int op = 0; op < 300; op++) {
+        size_t sz = ssz[op % 3];
+        mesh_req_t *rr[2], *sr[2];
+
+        fill(sb, sz, seed_of(me, 0, (uint64_t)op, 0));
+        for (int k = 0; k < 2; k++) {
+            struct mesh_frame f = frame((uint64_t)op + 1, (uint32_t)k,
+                                        MESH_OP_P2P, MESH_DT_BYTE, sz, sz);
+            /* tag k: to the next rank (0), to the previous one (1) */
+            struct mesh_frame g = f;
+
+            g.tag = (uint32_t)(1 - k);
+            rc = ops->irecv(cx->t, nb[k], &g, rb[k], NULL, &rr[k]);
+            if (rc == 0)
+                rc = ops->isend(cx->t, nb[k], &f, sb, NULL, &sr[k]);
+            if (rc < 0) {
+                snprintf(msg, len, "op %d: %s", op, mesh_err_msg(rc));
+                return rc;
+            }
+        }
+        for (int k = 0; k < 2; k++) {
+            rc = mesh_transport_wait(ops, cx->t, sr[k]);
+            if (rc == 0)
+                rc = mesh_transport_wait(ops, cx->t, rr[k]);
+            if (rc < 0) {
+                snprintf(msg, len, "op %d: %s", op, mesh_err_msg(rc));
+                return rc;
+            }
+            if (check(rb[k], sz, seed_of(nb[k], 0, (uint64_t)op, 0)) >= 0) {
+                snprintf(msg, len, "op %d: %zu B from rank %d: wrong bytes", op,
+                         sz, nb[k]);
+                return -1;
+            }
+        }
+    }
+    ops->close(cx->t);
+    cx->t = NULL;
+    free(sb);
+    free(rb[0]);
+    free(rb[1]);
+    if (maps_segment() != 0 || count_fds() != fds0) {
+        snprintf(msg, len,
+                 "rank %d: after close: segment mapped %d, descriptors %d "
+                 "(%d before the join)",
+                 me, maps_segment(), count_fds(), fds0);
+        return -1;
+    }
+    return 0;
+}
+
+/* Join, report, and wait to be killed. */
+static int child_shm_hold(struct ctx *cx, char *msg, size_t len)
+{
+    int rc = mesh_up(cx, msg, len);
+
+    if (rc < 0)
+        return rc;
+    signal_ready(cx);
+    for (;;)
+        pause();
+}
+
+/* The names in /dev/shm, sorted into one string. */
+static void dev_shm_list(char *out, size_t len)
+{
+    struct dirent **v;
+    int n = scandir("/dev/shm", &v, NULL, alphasort);
+
+    out[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        size_t l = strlen(out);
+
+        snprintf(out + l, len - l, "%s/", v[i]->d_name);
+        free(v[i]);
+    }
+    if (n >= 0)
+        free(v);
+}
+
+static void scenario_shm(void)
+{
+    struct world_cfg c = wcfg(3, 1);
+    uint16_t base = pick_ports(3);
+    char before[4096], after[4096];
+    struct run R;
+
+    if (!scenario_start(&R, "shm segment", 3, NULL, &c, base, child_shm_segment,
+                        "shmseg"))
+        return;
+    run_finish(&R, 60);
+    report_children(&R, "shm segment");
+    ok(all_ok(&R),
+       "shm: 3 ranks, 300 back-to-back operations each way, inline and by "
+       "address; after close no segment mapped, no descriptor left");
+    run_cleanup(&R);
+
+    /* SIGKILL of every rank: nothing of the job outlives it. */
+    dev_shm_list(before, sizeof(before));
+    base = pick_ports(3);
+    if (!scenario_start(&R, "shm kill all", 3, NULL, &c, base, child_shm_hold,
+                        "shmkill"))
+        return;
+    if (run_wait_ready(&R, 3, 20) < 0)
+        ok(0, "shm kill all: mesh of 3 did not come up");
+    for (int i = 0; i < 3; i++)
+        kill(R.pid[i], SIGKILL);
+    run_finish(&R, 5);
+    dev_shm_list(after, sizeof(after));
+    ok(!strcmp(before, after),
+       "shm: SIGKILL of every rank leaves nothing in /dev/shm (the segment "
+       "is a memfd, freed with its last mapping)");
+    run_cleanup(&R);
+}
+
 static void scenario_api(void)
 {
     struct world_cfg c = wcfg(1, 1);
@@ -1401,6 +1572,8 @@ int main(int argc, char **argv)
     scenario_kill(SIGKILL);
     scenario_kill(SIGSTOP);
     scenario_join_timeout();
+    if (!strcmp(name, "shm"))
+        scenario_shm();
     if (!strcmp(name, "tcp")) {
         /* A waiter's two other ways to wait (the children inherit these):
          * asleep on the condition variable while the progress thread does
