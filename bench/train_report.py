@@ -6,7 +6,8 @@
 Prints one CSV row: label, steps, mean step time, compute, exposed
 communication and data wait (seconds per step, the first SKIP steps left
 out, default 2), images/s, then from the timeline: the all-reduce time per
-step, the part of it that overlapped backward, and that fraction ("hidden").
+step (sparse gradients: their pairs' all-gathers), the part of it that
+overlapped backward, and that fraction ("hidden").
 """
 import json
 import sys
@@ -32,7 +33,9 @@ def main(argv):
     total = hidden = 0.0
     steps = set()
     for e in ev:
-        if not e["name"].startswith("allreduce"):
+        # the dense buckets' all-reduces, and the sparse buckets'
+        # all-gathers of (index, value) pairs (--compress topk, threshold)
+        if not e["name"].startswith(("allreduce", "allgather sparse")):
             continue
         s = e["args"]["step"]
         if s < skip:

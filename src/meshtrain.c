@@ -141,8 +141,12 @@ static const struct opt_doc opts[] = {
      "gradient bucket size in MiB (default 25; the first is <= 1)"},
     {"chunk-mb", DOUBLE_FIELD(chunk_mb, 1e-6, 1 << 20), "MB",
      "device backends: pipeline chunks of a bucket in MiB (default 4)"},
-    {"compress", CUSTOM(OPT_COMPRESS), "none|fp16|bf16",
-     "gradients on the wire as 16-bit (default none)"},
+    {"compress", CUSTOM(OPT_COMPRESS), "none|fp16|bf16|topk:R|threshold:T",
+     "gradients on the wire: 16-bit, or sparse pairs of the largest |g| "
+     "(a fraction R, or |g| >= T; then ,fp16 or ,bf16 too; default none)"},
+    {"no-error-feedback", SWITCH_FIELD(no_error_feedback), NULL,
+     "topk/threshold: drop what was not sent (default: add it to the "
+     "next step's gradients)"},
     {"algo", CUSTOM(OPT_ALGO), "ring|tree|direct|rd|rhd|auto",
      "all-reduce algorithm (default auto)"},
     {"verify-every", U64_FIELD(verify_every, 0, LONG_MAX), "N",
@@ -310,7 +314,7 @@ static int apply_custom(struct train_cfg *c, int id, const char *name,
         rc = parse_milestones(arg, &c->lr);
         break;
     case OPT_COMPRESS:
-        rc = train_compress_parse(arg, &c->compress);
+        rc = train_compress_parse(arg, c);
         break;
     case OPT_ALGO:
         /* ps: checked in main (only with --simulate-compute) */
@@ -546,6 +550,11 @@ int main(int argc, char **argv)
     if (c.simulate_scale != 1 && !c.simulate) {
         fprintf(stderr, "meshtrain: --simulate-scale needs "
                         "--simulate-compute\n");
+        return MESH_EXIT_USAGE;
+    }
+    if (c.no_error_feedback && !c.sparse.kind) {
+        fprintf(stderr, "meshtrain: --no-error-feedback needs --compress "
+                        "topk:R or threshold:T\n");
         return MESH_EXIT_USAGE;
     }
     if (c.resume && !c.checkpoint_dir) {

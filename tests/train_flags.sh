@@ -49,6 +49,7 @@ label-smoothing|--label-smoothing 0.1|label_smoothing|
 bucket-mb|--bucket-mb 0.5|bucket_mb|
 chunk-mb|--chunk-mb 1|chunk_mb|
 compress|--compress fp16|compress|
+no-error-feedback|--no-error-feedback|error_feedback|--compress topk:0.1
 algo|--algo ring|algo|
 verify-every|--verify-every 1|verify_every|
 eval-every|--eval-every 0.5|eval_every|

@@ -36,7 +36,8 @@ int train_ckpt_dir(const struct trainer *t, char *buf, size_t cap)
 /*
  * Checkpoint after `step` optimizer steps: the weights and averaged BN
  * statistics (safetensors), the momentum, the trainer's counters (shared,
- * identical on every peer) and the loader's position (this peer's).
+ * identical on every peer), the loader's position and, with sparse
+ * gradients' error feedback, the residual (both this peer's own).
  */
 int train_ckpt_write(struct trainer *t, uint64_t step)
 {
@@ -78,6 +79,9 @@ int train_ckpt_write(struct trainer *t, uint64_t step)
     mesh_data_get_state(t->train_ld, lstate);
     if (rc == 0)
         rc = mesh_ckpt_put(w, "loader", lstate, sizeof(lstate), 0);
+    if (rc == 0 && mesh_gradsync_residual(t->gs))
+        rc = mesh_ckpt_put(w, "residual", mesh_gradsync_residual(t->gs),
+                           t->nparams * 4, 0);
     if (rc < 0) {
         mesh_ckpt_abort(w);
         return train_local(t, rc);
@@ -256,8 +260,9 @@ static int resume_pick(struct trainer *t, const char *dir,
     return 1;
 }
 
-/* Load the weights, the momentum, the trainer's counters and the loader's
- * position from the checkpoint ck of step. */
+/* Load the weights, the momentum, the trainer's counters, the loader's
+ * position and the residual (sparse gradients) from the checkpoint ck of
+ * step. */
 static int resume_load(struct trainer *t, struct mesh_ckpt *ck,
                        const char *path, uint64_t step)
 {
@@ -294,6 +299,16 @@ static int resume_load(struct trainer *t, struct mesh_ckpt *ck,
     }
     if (rc == 0)
         rc = mesh_data_set_state(t->train_ld, lstate, llen);
+    /* the configuration digest (error_feedback=1) agreed: it must be here */
+    if (rc == 0 && mesh_gradsync_residual(t->gs)) {
+        rc = mesh_ckpt_read_into(ck, "residual", mesh_gradsync_residual(t->gs),
+                                 t->nparams * 4);
+        if (rc == -ENOENT)
+            rc = mesh_err(rc,
+                          "%s: no residual (the error feedback of "
+                          "--compress topk or threshold)",
+                          path);
+    }
     free(lstate);
     return rc;
 }

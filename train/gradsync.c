@@ -43,9 +43,11 @@ struct chunk {
 
 struct mesh_gradsync {
     struct mesh_gradsync_opts o;
-    float *grads;  /* the model's gradient slab */
-    float *hgrads; /* host copy of the gradients when not host_slabs */
-    int compress;  /* the wire dtype is 16-bit */
+    float *grads;           /* the model's gradient slab */
+    float *hgrads;          /* host copy of the gradients when not host_slabs */
+    int compress;           /* the wire dtype is 16-bit (dense) */
+    int sparse;             /* --compress topk / threshold */
+    struct mesh_sparse *sp; /* its exchange (once the buckets are planned) */
 
     struct bucket *b;
     int nbuckets, next_bucket;
@@ -85,10 +87,11 @@ static void tl_chunk(struct mesh_gradsync *gs, const char *name, int tid,
                     (ch->hi - ch->lo) * (gs->compress ? 2 : 4), ts, dur);
 }
 
-/* Device slabs with peers: buckets go through the pinned-host pipeline. */
+/* Device slabs with peers: buckets go through the pinned-host pipeline
+ * (dense only: a sparse bucket is selected on the host as a whole). */
 static int pipelined(const struct mesh_gradsync *gs)
 {
-    return !gs->o.host_slabs && gs->o.coll;
+    return !gs->o.host_slabs && gs->o.coll && !gs->sparse;
 }
 
 /*
@@ -469,6 +472,17 @@ static int bucket_start(struct mesh_gradsync *gs, int i)
     b->started = 1;
     b->done = 0;
     b->t_start = now_s(gs);
+    if (gs->sp) {
+        rc = mesh_sparse_start(gs->sp, i, g);
+        if (rc < 0 || gs->o.coll)
+            return rc;
+        /* one peer: the result is there */
+        b->done = 1;
+        b->t_end = now_s(gs);
+        if (!gs->o.host_slabs)
+            return mesh_nn_upload(gs->o.ctx, gs->grads + b->lo, g, n * 4);
+        return 0;
+    }
     if (!gs->o.coll) {
         /* One peer: nothing to average; the wire rounding still applies,
          * so that one process computes what N peers would. */
@@ -528,6 +542,8 @@ int mesh_gradsync_abort(struct mesh_gradsync *gs, int rc)
 {
     int i;
 
+    if (gs->sp)
+        mesh_sparse_abort(gs->sp);
     for (i = 0; i < gs->nbuckets; i++)
         if (gs->b[i].req) {
             mesh_coll_wait(gs->b[i].req);
@@ -548,6 +564,42 @@ int mesh_gradsync_abort(struct mesh_gradsync *gs, int rc)
     return rc;
 }
 
+/*
+ * Sparse buckets: the pairs of every bucket in flight (threshold: once its
+ * counts are in), then each one summed in order. The timeline names the
+ * all-gather ("allgather sparse") with the bytes it gathered.
+ */
+static int sparse_finish(struct mesh_gradsync *gs)
+{
+    int i, rc = 0;
+
+    for (i = 0; rc == 0 && i < gs->nbuckets; i++)
+        if (gs->b[i].started && !gs->b[i].done)
+            rc = mesh_sparse_exchange(gs->sp, i);
+    for (i = 0; rc == 0 && i < gs->nbuckets; i++) {
+        struct bucket *b = &gs->b[i];
+        double b0 = 0, b1 = 0;
+
+        if (!b->started || b->done)
+            continue;
+        rc = mesh_sparse_wait(gs->sp, i, grads_host(gs) + b->lo, &b0, &b1);
+        b->done = 1;
+        b->t_end = now_s(gs);
+        if (b0 > 0 && b1 >= b0) {
+            b->t_start = b0 - gs->o.t0;
+            b->t_end = b1 - gs->o.t0;
+        }
+        if (rc == 0 && !gs->o.host_slabs)
+            rc = mesh_nn_upload(gs->o.ctx, gs->grads + b->lo,
+                                grads_host(gs) + b->lo, (b->hi - b->lo) * 4);
+        if (rc == 0 && gs->o.event)
+            gs->o.event(gs->o.event_arg, "allgather sparse", 1, i, -1,
+                        mesh_sparse_bytes(gs->sp, i), b->t_start,
+                        b->t_end - b->t_start);
+    }
+    return rc < 0 ? mesh_gradsync_abort(gs, rc) : 0;
+}
+
 /* Start what is left, wait for every bucket in order. */
 int mesh_gradsync_finish(struct mesh_gradsync *gs)
 {
@@ -555,6 +607,8 @@ int mesh_gradsync_finish(struct mesh_gradsync *gs)
 
     while (rc == 0 && gs->next_bucket < gs->nbuckets)
         rc = bucket_start(gs, gs->next_bucket++);
+    if (gs->sp)
+        return rc < 0 ? mesh_gradsync_abort(gs, rc) : sparse_finish(gs);
     if (pipelined(gs)) {
         if (rc == 0)
             rc = pipeline_drain(gs);
@@ -606,6 +660,31 @@ void mesh_gradsync_begin(struct mesh_gradsync *gs)
     gs->ch_issued = gs->ch_reduced = gs->ch_returned = gs->ch_ordered = 0;
 }
 
+/* The sparse exchange over the planned buckets. */
+static int sparse_open(struct mesh_gradsync *gs,
+                       const struct mesh_sparse_cfg *c)
+{
+    size_t *lo = calloc((size_t)gs->nbuckets, sizeof(size_t));
+    size_t *hi = calloc((size_t)gs->nbuckets, sizeof(size_t));
+    int i, rc;
+
+    if (!lo || !hi) {
+        free(lo);
+        free(hi);
+        return mesh_err(-ENOMEM, "out of memory planning sparse buckets");
+    }
+    for (i = 0; i < gs->nbuckets; i++) {
+        lo[i] = gs->b[i].lo;
+        hi[i] = gs->b[i].hi;
+    }
+    rc = mesh_sparse_create(c, gs->o.coll, gs->o.coll ? gs->o.rank : 0,
+                            gs->o.coll ? gs->o.size : 1, gs->o.nparams, lo, hi,
+                            gs->nbuckets, &gs->sp);
+    free(lo);
+    free(hi);
+    return rc;
+}
+
 int mesh_gradsync_create(const struct mesh_gradsync_opts *o,
                          const struct mesh_train_model *model,
                          struct mesh_gradsync **out)
@@ -620,8 +699,14 @@ int mesh_gradsync_create(const struct mesh_gradsync_opts *o,
     gs->compress = o->wire != MESH_DT_F32;
     if (!o->host_slabs && !(gs->hgrads = malloc(o->nparams * 4)))
         rc = mesh_err(-ENOMEM, "out of memory for host slabs");
+    gs->o.sparse = NULL; /* the caller's: copied by sparse_open */
+    gs->sparse = o->sparse != NULL;
+    if (gs->sparse)
+        gs->compress = 0; /* the pairs carry the 16-bit values */
     if (rc == 0)
         rc = buckets_plan(gs, model);
+    if (rc == 0 && gs->sparse)
+        rc = sparse_open(gs, o->sparse);
     if (rc < 0) {
         mesh_gradsync_destroy(gs);
         return rc;
@@ -634,6 +719,7 @@ void mesh_gradsync_destroy(struct mesh_gradsync *gs)
 {
     if (!gs)
         return;
+    mesh_sparse_destroy(gs->sp);
     buckets_free(gs);
     free(gs->hgrads);
     free(gs);
@@ -647,6 +733,11 @@ int mesh_gradsync_num_buckets(const struct mesh_gradsync *gs)
 size_t mesh_gradsync_bucket_floats(const struct mesh_gradsync *gs, int i)
 {
     return gs->b[i].hi - gs->b[i].lo;
+}
+
+float *mesh_gradsync_residual(struct mesh_gradsync *gs)
+{
+    return gs->sp ? mesh_sparse_residual(gs->sp) : NULL;
 }
 
 int mesh_gradsync_num_chunks(const struct mesh_gradsync *gs)

@@ -33,6 +33,7 @@
 #include "collective/collective.h"
 #include "nn/nn.h"
 #include "train/model.h"
+#include "train/sparse.h"
 
 /*
  * Device slabs with peers: each bucket goes through the pinned-host
@@ -51,9 +52,9 @@ struct mesh_gradsync;
 
 /*
  * A timeline event of the stages: name (a static string: "allreduce",
- * "copy to host", "copy to device"), tid (1 communication, 3 copies), the
- * bucket, the chunk's index in it (-1: the whole bucket), the bytes it
- * moved, start and duration in seconds since opts.t0.
+ * "allgather sparse", "copy to host", "copy to device"), tid (1 communication,
+ * 3 copies), the bucket, the chunk's index in it (-1: the whole bucket), the
+ * bytes it moved, start and duration in seconds since opts.t0.
  */
 typedef void (*mesh_gradsync_event_fn)(void *arg, const char *name, int tid,
                                        int bucket, int chunk, size_t bytes,
@@ -67,8 +68,14 @@ struct mesh_gradsync_opts {
     double bucket_mb;        /* --bucket-mb */
     double chunk_mb;         /* --chunk-mb (the pipeline only) */
     int wire;                /* MESH_DT_F32, MESH_DT_F16 or MESH_DT_BF16 */
-    int algo;                /* MESH_ALGO_* */
-    float grad_scale;        /* every gradient is multiplied by it */
+    /* --compress topk:R / threshold:T: each bucket's pairs all-gathered
+     * instead of all-reduced (train/sparse.h; its wire, not the one
+     * above), through host memory, without the pinned-host pipeline.
+     * NULL: dense. */
+    const struct mesh_sparse_cfg *sparse;
+    int rank, size;   /* this peer, the peers (sparse) */
+    int algo;         /* MESH_ALGO_* */
+    float grad_scale; /* every gradient is multiplied by it */
     /* simulated: gradient bytes divided by scale (1: a real model); the
      * buckets are cut, and AUTO chooses, as for the real sizes */
     double scale;
@@ -106,6 +113,11 @@ int mesh_gradsync_finish(struct mesh_gradsync *gs);
 /* After an error: wait for every all-reduce and copy in flight. Returns
  * rc. */
 int mesh_gradsync_abort(struct mesh_gradsync *gs, int rc);
+
+/* Sparse with error feedback: this peer's residual, nparams floats
+ * indexed as the gradient slab (checkpoints save and restore it between
+ * steps); NULL otherwise. */
+float *mesh_gradsync_residual(struct mesh_gradsync *gs);
 
 /*
  * Average n floats of a slab of the model's backend (host memory, or the

@@ -63,19 +63,62 @@ void train_cfg_init(struct train_cfg *c)
     *c = defaults;
 }
 
-int train_compress_parse(const char *s, int *out)
+/* One dense item of --compress, or -EINVAL (no message). */
+static int compress_dense(const char *s, size_t len, int *out)
 {
-    if (!strcmp(s, "none"))
+    if (len == 4 && !strncmp(s, "none", 4))
         *out = TRAIN_COMPRESS_NONE;
-    else if (!strcmp(s, "fp16"))
+    else if (len == 4 && !strncmp(s, "fp16", 4))
         *out = TRAIN_COMPRESS_FP16;
-    else if (!strcmp(s, "bf16"))
+    else if (len == 4 && !strncmp(s, "bf16", 4))
         *out = TRAIN_COMPRESS_BF16;
     else
+        return -EINVAL;
+    return 0;
+}
+
+int train_compress_parse(const char *s, struct train_cfg *c)
+{
+    const char *comma = strchr(s, ',');
+    struct mesh_sparse_cfg sp = c->sparse;
+    char item[64];
+    int dense = TRAIN_COMPRESS_NONE, rc;
+
+    sp.kind = MESH_SPARSE_NONE;
+    sp.param = 0;
+    if (!comma && compress_dense(s, strlen(s), &dense) == 0)
+        goto out;
+    /* a sparse item first, then maybe ",fp16" or ",bf16" */
+    if (strlen(s) >= sizeof(item))
+        return mesh_err(-EINVAL, "--compress: \"%.40s...\" is too long", s);
+    snprintf(item, sizeof(item), "%.*s",
+             (int)(comma ? (size_t)(comma - s) : strlen(s)), s);
+    if (compress_dense(item, strlen(item), &dense) == 0)
         return mesh_err(-EINVAL,
-                        "--compress: \"%s\" is not none, fp16 or "
-                        "bf16",
+                        "--compress %s: only topk:R or threshold:T may "
+                        "come before the comma (e.g. topk:0.01,fp16)",
                         s);
+    rc = mesh_sparse_parse(item, &sp);
+    /* a known kind keeps mesh_sparse_parse's message (what is wrong) */
+    if (rc < 0 &&
+        (!strncmp(item, "topk:", 5) || !strncmp(item, "threshold:", 10)))
+        return rc;
+    if (rc < 0)
+        return mesh_err(rc,
+                        "--compress: \"%s\" is not none, fp16, bf16, "
+                        "topk:R or threshold:T (optionally with ,fp16 or "
+                        ",bf16)",
+                        s);
+    if (comma && (compress_dense(comma + 1, strlen(comma + 1), &dense) < 0 ||
+                  dense == TRAIN_COMPRESS_NONE))
+        return mesh_err(-EINVAL,
+                        "--compress %s: \"%s\" after the comma is not "
+                        "fp16 or bf16",
+                        s, comma + 1);
+out:
+    c->compress = dense;
+    c->sparse.kind = sp.kind;
+    c->sparse.param = sp.param;
     return 0;
 }
 
@@ -84,6 +127,19 @@ static const char *compress_name(int c)
     return c == TRAIN_COMPRESS_FP16   ? "fp16"
            : c == TRAIN_COMPRESS_BF16 ? "bf16"
                                       : "none";
+}
+
+/* --compress as the configuration shows it: "fp16", "topk:0.01,fp16". */
+static void compress_spec(const struct train_cfg *c, char *buf, size_t cap)
+{
+    if (c->sparse.kind == MESH_SPARSE_NONE) {
+        snprintf(buf, cap, "%s", compress_name(c->compress));
+        return;
+    }
+    mesh_sparse_name(&c->sparse, buf, cap);
+    if (c->compress != TRAIN_COMPRESS_NONE)
+        snprintf(buf + strlen(buf), cap - strlen(buf), ",%s",
+                 compress_name(c->compress));
 }
 
 static const char *lr_kind_name(int k)
@@ -355,10 +411,11 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
 {
     const struct train_cfg *c = t->c;
     const struct mesh_nn_model_cfg *m = &t->mcfg;
-    char fp[65], miles[256] = "";
+    char fp[65], miles[256] = "", comp[96];
     size_t core;
     int n, i, threads;
 
+    compress_spec(c, comp, sizeof(comp));
     /* the compute threads as open_model resolves them: oneDNN's results
      * depend on how many split a convolution's reductions (none are
      * simulated) */
@@ -387,9 +444,13 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
                  (double)c->sgd.momentum, (double)c->sgd.weight_decay,
                  c->sgd.nesterov, (double)c->label_smoothing,
                  miles[0] ? miles : "none",
-                 c->on_bad == MESH_DATA_BAD_SKIP ? "skip" : "fail",
-                 compress_name(c->compress), c->device, c->precision,
-                 t->steps_per_epoch, t->size);
+                 c->on_bad == MESH_DATA_BAD_SKIP ? "skip" : "fail", comp,
+                 c->device, c->precision, t->steps_per_epoch, t->size);
+    /* sparse only, so that the dense runs' digests (and checkpoints) stay
+     * what they were */
+    if (n > 0 && c->sparse.kind != MESH_SPARSE_NONE)
+        n += snprintf(t->config + n, sizeof(t->config) - (size_t)n,
+                      "error_feedback=%d\n", !c->no_error_feedback);
     if (n < 0 || (size_t)n >= sizeof(t->config))
         return mesh_err(-EINVAL, "configuration too long");
     core = (size_t)n;
@@ -726,6 +787,7 @@ static int on_grad_ready(void *arg, size_t offset, size_t count)
 static int gradsync_open(struct trainer *t)
 {
     const struct train_cfg *c = t->c;
+    struct mesh_sparse_cfg sp = c->sparse;
     struct mesh_gradsync_opts o = {
         .coll = t->coll,
         .ctx = t->ctx,
@@ -736,6 +798,9 @@ static int gradsync_open(struct trainer *t)
         .wire = c->compress == TRAIN_COMPRESS_FP16   ? MESH_DT_F16
                 : c->compress == TRAIN_COMPRESS_BF16 ? MESH_DT_BF16
                                                      : MESH_DT_F32,
+        .sparse = c->sparse.kind ? &sp : NULL,
+        .rank = t->rank,
+        .size = t->size,
         .algo = c->algo,
         .grad_scale = 1.0f / (float)c->accumulate,
         .scale = t->sim ? c->simulate_scale : 1,
@@ -744,6 +809,9 @@ static int gradsync_open(struct trainer *t)
         .event_arg = t,
     };
 
+    /* the pairs' values as the dense wire would carry them */
+    sp.wire = o.wire;
+    sp.error_feedback = !c->no_error_feedback;
     return mesh_gradsync_create(&o, &t->tm, &t->gs);
 }
 
@@ -1091,16 +1159,23 @@ static void print_plan(const struct trainer *t)
 {
     const struct train_cfg *c = t->c;
     int nchunks = mesh_gradsync_num_chunks(t->gs);
+    char comp[96], how[96];
 
     if (t->rank != 0 || c->quiet)
         return;
+    compress_spec(c, comp, sizeof(comp));
+    if (c->sparse.kind)
+        snprintf(how, sizeof(how), "pairs all-gathered, %s",
+                 c->no_error_feedback ? "no error feedback" : "error feedback");
+    else
+        snprintf(how, sizeof(how), "all-reduce %s", mesh_algo_name(c->algo));
     printf("meshtrain: %d gradient bucket(s) of up to %.3g MiB (first "
-           "%.3g MiB), %s on the wire, all-reduce %s; %" PRIu64
-           " steps of %" PRIu64 " per epoch\n",
+           "%.3g MiB), %s on the wire, %s; %" PRIu64 " steps of %" PRIu64
+           " per epoch\n",
            mesh_gradsync_num_buckets(t->gs), c->bucket_mb,
            (double)mesh_gradsync_bucket_floats(t->gs, 0) * 4 / 1048576,
-           c->compress ? compress_name(c->compress) : "fp32",
-           mesh_algo_name(c->algo), t->total_steps, t->steps_per_epoch);
+           c->compress || c->sparse.kind ? comp : "fp32", how, t->total_steps,
+           t->steps_per_epoch);
     if (nchunks)
         printf("meshtrain: pinned-host pipeline: %d chunk(s) of up to %.3g "
                "MiB\n",

@@ -33,6 +33,8 @@
  *   gradsync.[ch] the gradient buckets, their all-reduces and the
  *                 pinned-host pipeline (the only file that knows both
  *                 nn's device copies and the communicator);
+ *   sparse.[ch]   --compress topk / threshold: the pairs' selection,
+ *                 error feedback and all-gather (gradsync.c calls it);
  *   checkpoint.c  what the trainer's checkpoints hold, and --resume;
  *   ckpt.[ch]     the checkpoint directory format (MANIFEST, blobs);
  *   timeline.[ch] the --timeline Chrome trace;
@@ -47,6 +49,7 @@
 #include "nn/nn.h"
 #include "data/data.h"
 #include "mesh/mesh.h"
+#include "train/sparse.h"
 
 enum train_compress {
     TRAIN_COMPRESS_NONE = 0,
@@ -90,8 +93,11 @@ struct train_cfg {
     /* communication */
     double bucket_mb;
     double chunk_mb; /* device backends: a bucket's pipeline chunks */
-    int compress;    /* enum train_compress */
-    int algo;        /* MESH_ALGO_* */
+    int compress;    /* enum train_compress: dense 16-bit, or the pairs'
+                        values with sparse */
+    struct mesh_sparse_cfg sparse; /* --compress topk:R, threshold:T */
+    int no_error_feedback;         /* --no-error-feedback (sparse only) */
+    int algo;                      /* MESH_ALGO_* */
 
     /* checks, evaluation, checkpoints */
     uint64_t verify_every; /* steps between digest checks, 0: off */
@@ -125,7 +131,11 @@ void train_cfg_init(struct train_cfg *c);
  */
 int train_run(const struct train_cfg *c, const struct mesh_opts *mo);
 
-/* Parse "none", "fp16", "bf16". */
-int train_compress_parse(const char *s, int *out);
+/*
+ * Parse --compress: "none", "fp16", "bf16", "topk:R" or "threshold:T", or
+ * a sparse item and a 16-bit one joined by a comma ("topk:0.01,fp16"),
+ * into c->compress and c->sparse.kind and param.
+ */
+int train_compress_parse(const char *s, struct train_cfg *c);
 
 #endif
