@@ -526,6 +526,29 @@ static void test_convert_copies(void)
     ok(rc == 0 && done, "d2h copy completes (test)");
     if ((rc = mesh_nn_copy_wait(gpu, c1)) < 0)
         die("copy wait", rc);
+    {
+        /* a poll that finds a copy not ready must not leave that as the
+         * thread's CUDA error: the next kernel launch reports it if so */
+        size_t big = (size_t)64 << 20;
+        void *B = dalloc(gpu, big * 4), *hb = NULL;
+        int seen = 0;
+
+        if ((rc = mesh_host_alloc(big * 4, &hb)) < 0 ||
+            (rc = mesh_nn_copy_d2h_start(gpu, hb, B, big * 4, &c1)) < 0 ||
+            (rc = mesh_nn_copy_test(gpu, c1, &done)) < 0)
+            die("big d2h", rc);
+        seen = !done;
+        rc = gpu->ops->axpy1(gpu->dev, n, Y, Y); /* Y is zeroed below */
+        ok(rc == 0, "a kernel after a copy poll%s: no stale error (%s)",
+           seen ? " that found it not ready" : "",
+           rc ? mesh_err_msg(rc) : "ok");
+        if ((rc = mesh_nn_copy_wait(gpu, c1)) < 0)
+            die("big copy wait", rc);
+        diag("the first poll of the 256 MiB copy found it %s",
+             seen ? "not ready" : "done already");
+        mesh_host_free(hb, big * 4);
+        gpu->ops->free(gpu->dev, B);
+    }
     if ((rc = gpu->ops->download(gpu->dev, back, X, n * 4)) < 0)
         die("download", rc);
     ok(memcmp(host, back, n * 4) == 0, "d2h copy bytes");

@@ -1381,12 +1381,16 @@ fail:
 static int cuda_copy_test(struct mesh_nn_dev *dev, struct mesh_nn_copy *c,
                           int *done)
 {
-    cudaError_t e = cudaEventQuery(c->ev);
+    cudaError_t e;
     int rc = 0;
 
     BIND(dev);
-    (void)dev;
+    e = cudaEventQuery(c->ev);
     if (e == cudaErrorNotReady) {
+        /* the runtime also records "not ready" as this thread's last
+         * error, which the next kernel launcher (cudaGetLastError) would
+         * report as its own failure: clear it, as PyTorch does */
+        (void)cudaGetLastError();
         *done = 0;
         return 0;
     }
