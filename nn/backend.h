@@ -261,8 +261,10 @@ const struct mesh_nn_backend_ops *mesh_nn_backend_find(const char *name);
 
 extern const struct mesh_nn_backend_ops mesh_nn_cpu_ops;
 extern const struct mesh_nn_backend_ops mesh_nn_cuda_ops;
-/* cudaHostAlloc'ed memory, -ENODEV where no device answers (remembered,
- * so CPU-only runs probe once); free only what it returned. */
+/* cudaHostAlloc'ed memory on the device mesh_nn_cuda_host_device named
+ * (the cuda backend does when it opens one), -ENODEV before that or where
+ * no device answers (remembered); free only what it returned. */
+void mesh_nn_cuda_host_device(int gpu);
 int mesh_nn_cuda_host_alloc(size_t len, void **out);
 int mesh_nn_cuda_host_owns(const void *p);
 void mesh_nn_cuda_host_free(void *p);

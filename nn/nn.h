@@ -325,8 +325,9 @@ long mesh_nn_live_allocs(struct mesh_nn_ctx *ctx);
 
 /*
  * Pinned host memory for the buffers device copies read and write:
- * cudaHostAlloc'ed where built with CUDA and a device answers, else
- * page-aligned mlock'ed memory (mesh_host_alloc). Free with
+ * cudaHostAlloc'ed (on the device's context) where built with CUDA and a
+ * cuda ctx has been opened, else page-aligned mlock'ed memory
+ * (mesh_host_alloc): open the ctx first. Free with
  * mesh_nn_host_free(p, len). mesh_nn_host_allocator wraps both for a
  * communicator's options (struct mesh_host_allocator, common/util.h).
  */

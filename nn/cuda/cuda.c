@@ -269,6 +269,7 @@ static int cuda_dev_open_opts(const struct mesh_nn_dev_opts *o,
         goto fail_free;
     CUDA_CHECK(rc, cudaSetDevice(dev->gpu), fail_free, "cudaSetDevice", NULL);
     bound_gpu = dev->gpu;
+    mesh_nn_cuda_host_device(dev->gpu);
     CUDA_CHECK(rc, cudaGetDeviceProperties(&prop, dev->gpu), fail_free,
                "cudaGetDeviceProperties", NULL);
     dev->cc = prop.major * 10 + prop.minor;
@@ -1350,9 +1351,11 @@ static int cuda_copy_start(struct mesh_nn_dev *dev, int to_host, void *dst,
 {
     struct mesh_nn_copy *c = NULL;
     cudaStream_t st = to_host ? dev->copy_out : dev->copy_in;
-    int rc = copy_get(dev, &c);
+    int rc;
 
+    /* bind first: a new handle's event belongs to the current device */
     BIND(dev);
+    rc = copy_get(dev, &c);
     if (rc < 0)
         return rc;
     CUDA_CHECK(rc, cudaEventRecord(c->ev, dev->compute), fail,
