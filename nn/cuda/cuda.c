@@ -28,13 +28,19 @@
  *   cudnnBatchNormalizationBackward. The deprecation warnings are silenced
  *   for this file only (below); moving to the graph API is a later step.
  * - Algorithms are chosen once per plan (the plan cache of nn/ctx.c keys
- *   plans by shape), and the plan's workspace is the largest of the three
- *   directions plus the bfloat16 staging under bf16-amp.
+ *   plans by shape): each direction keeps cuDNN's heuristic ranking (up
+ *   to MESH_NN_ALGO_MAX usable candidates, each with its exact workspace)
+ *   and runs the first whose workspace query worked; when a call fails,
+ *   the next candidate that fits the workspace is tried and kept
+ *   (nn/algo.c), as PyTorch does. The plan's workspace is the largest of
+ *   the three directions' first choices plus the bfloat16 staging under
+ *   bf16-amp.
  * Errors: every CUDA, cuDNN and cuBLAS call is checked with its own macro;
  * the message names the call and the plan (the layer's shape).
  */
 #include "config.h"
 
+#include "nn/algo.h"
 #include "nn/backend.h"
 #include "nn/cuda/kernels.h"
 #include "nn/nn.h"
@@ -169,12 +175,13 @@ struct mesh_nn_plan {
     cudnnTensorDescriptor_t xd, yd, bnd;
     cudnnFilterDescriptor_t wd;
     cudnnConvolutionDescriptor_t cd;
-    int algo[3];
-    cudnnMathType_t math[3];
-    size_t algo_ws[3];
-    int bf16;    /* CONV/FC: operands staged as bfloat16 */
-    size_t nw;   /* CONV: weight elements */
-    size_t fc_a; /* FC under bf16: bytes of A's staging, B's follows */
+    /* per direction: cuDNN's ranked candidates, the one in use */
+    struct mesh_nn_algo cand[3][MESH_NN_ALGO_MAX];
+    int ncand[3], cur[3];
+    size_t algo_area; /* bytes of the workspace the algorithms may use */
+    int bf16;         /* CONV/FC: operands staged as bfloat16 */
+    size_t nw;        /* CONV: weight elements */
+    size_t fc_a;      /* FC under bf16: bytes of A's staging, B's follows */
 };
 
 static const float one = 1.f, zero = 0.f;
@@ -529,11 +536,11 @@ static int math_ok(const struct mesh_nn_dev *dev, cudnnMathType_t m)
 }
 
 /*
- * Heuristic algorithm choice of one direction: the first result that
- * succeeded, fits WS_CAP and respects the precision; its math type is set
- * on the descriptor before each call.
+ * cuDNN's heuristic ranking of one direction: the candidates that
+ * succeeded, fit WS_CAP and respect the precision, in its order, with the
+ * math type each runs with (set on the descriptor before each call).
  */
-#define PICK_ALGO(rc, dev, p, dir, perf_t, get_fn, args, label)                \
+#define RANK_ALGOS(rc, dev, p, dir, perf_t, get_fn, args, label)               \
     do {                                                                       \
         perf_t perf_[16];                                                      \
         int n_ = 0, i_;                                                        \
@@ -541,24 +548,90 @@ static int math_ok(const struct mesh_nn_dev *dev, cudnnMathType_t m)
         DNN_CHECK(rc, cudnnSetConvolutionMathType((p)->cd, base_math(dev)),    \
                   label, "cudnnSetConvolutionMathType", p);                    \
         DNN_CHECK(rc, get_fn args, label, #get_fn, p);                         \
-        (p)->algo[dir] = -1;                                                   \
-        for (i_ = 0; i_ < n_; i_++)                                            \
+        (p)->ncand[dir] = 0;                                                   \
+        for (i_ = 0; i_ < n_ && (p)->ncand[dir] < MESH_NN_ALGO_MAX; i_++)      \
             if (perf_[i_].status == CUDNN_STATUS_SUCCESS &&                    \
                 perf_[i_].memory <= WS_CAP &&                                  \
                 math_ok(dev, perf_[i_].mathType)) {                            \
-                (p)->algo[dir] = (int)perf_[i_].algo;                          \
-                (p)->math[dir] = (dev)->precision == MESH_NN_PREC_FP32         \
-                                     ? CUDNN_FMA_MATH                          \
-                                     : perf_[i_].mathType;                     \
-                break;                                                         \
+                struct mesh_nn_algo *a_ = &(p)->cand[dir][(p)->ncand[dir]++];  \
+                                                                               \
+                a_->id = (int)perf_[i_].algo;                                  \
+                a_->math = (dev)->precision == MESH_NN_PREC_FP32               \
+                               ? CUDNN_FMA_MATH                                \
+                               : perf_[i_].mathType;                           \
+                a_->ws = perf_[i_].memory;                                     \
+                a_->failed = 0;                                                \
             }                                                                  \
-        if ((p)->algo[dir] < 0) {                                              \
+        if ((p)->ncand[dir] == 0) {                                            \
             (rc) = mesh_err(-ENOTSUP,                                          \
                             "nn cuda: %s [%s]: no usable algorithm among %d",  \
                             #get_fn, (p)->name, n_);                           \
             goto label;                                                        \
         }                                                                      \
     } while (0)
+
+/* The exact workspace of candidate a of direction dir, with its math. */
+static int ws_query(struct mesh_nn_dev *dev, struct mesh_nn_plan *p, int dir,
+                    const struct mesh_nn_algo *a, size_t *out)
+{
+    int rc = 0;
+
+    DNN_CHECK(rc, cudnnSetConvolutionMathType(p->cd, (cudnnMathType_t)a->math),
+              out, "cudnnSetConvolutionMathType", p);
+    if (dir == FWD)
+        DNN_CHECK(rc,
+                  cudnnGetConvolutionForwardWorkspaceSize(
+                      dev->dnn, p->xd, p->wd, p->cd, p->yd,
+                      (cudnnConvolutionFwdAlgo_t)a->id, out),
+                  out, "cudnnGetConvolutionForwardWorkspaceSize", p);
+    else if (dir == BWD_DATA)
+        DNN_CHECK(rc,
+                  cudnnGetConvolutionBackwardDataWorkspaceSize(
+                      dev->dnn, p->wd, p->yd, p->cd, p->xd,
+                      (cudnnConvolutionBwdDataAlgo_t)a->id, out),
+                  out, "cudnnGetConvolutionBackwardDataWorkspaceSize", p);
+    else
+        DNN_CHECK(rc,
+                  cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                      dev->dnn, p->xd, p->yd, p->cd, p->wd,
+                      (cudnnConvolutionBwdFilterAlgo_t)a->id, out),
+                  out, "cudnnGetConvolutionBackwardFilterWorkspaceSize", p);
+out:
+    return rc;
+}
+
+/*
+ * Every candidate's exact workspace; one whose query fails or that needs
+ * more than WS_CAP is marked failed (the next is taken, as PyTorch does),
+ * and the first left is the direction's choice.
+ */
+static int conv_choose(struct mesh_nn_dev *dev, struct mesh_nn_plan *p, int dir)
+{
+    struct mesh_nn_algo *a;
+    size_t ws;
+    int i, rc;
+
+    for (i = 0; i < p->ncand[dir]; i++) {
+        a = &p->cand[dir][i];
+        rc = ws_query(dev, p, dir, a, &ws);
+        if (rc < 0 || ws > WS_CAP) {
+            mesh_debug("nn cuda: [%s]: direction %d, algorithm %d: %s", p->name,
+                       dir, a->id,
+                       rc < 0 ? mesh_err_msg(rc) : "workspace over the cap");
+            mesh_err_clear();
+            a->failed = 1;
+            continue;
+        }
+        a->ws = ws;
+    }
+    p->cur[dir] = mesh_nn_algo_next(p->cand[dir], p->ncand[dir], 0, WS_CAP);
+    if (p->cur[dir] < 0)
+        return mesh_err(-ENOTSUP,
+                        "nn cuda: [%s]: direction %d: the workspace query of "
+                        "each of its %d algorithms failed",
+                        p->name, dir, p->ncand[dir]);
+    return 0;
+}
 
 static int conv_plan(struct mesh_nn_dev *dev, struct mesh_nn_plan *p)
 {
@@ -593,43 +666,25 @@ static int conv_plan(struct mesh_nn_dev *dev, struct mesh_nn_plan *p)
                   p->cd, d->pad, d->pad, d->stride, d->stride, 1, 1,
                   CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
               out, "cudnnSetConvolution2dDescriptor", p);
-    PICK_ALGO(rc, dev, p, FWD, cudnnConvolutionFwdAlgoPerf_t,
-              cudnnGetConvolutionForwardAlgorithm_v7,
-              (dev->dnn, p->xd, p->wd, p->cd, p->yd, 16, &n_, perf_), out);
-    PICK_ALGO(rc, dev, p, BWD_DATA, cudnnConvolutionBwdDataAlgoPerf_t,
-              cudnnGetConvolutionBackwardDataAlgorithm_v7,
-              (dev->dnn, p->wd, p->yd, p->cd, p->xd, 16, &n_, perf_), out);
-    PICK_ALGO(rc, dev, p, BWD_FILTER, cudnnConvolutionBwdFilterAlgoPerf_t,
-              cudnnGetConvolutionBackwardFilterAlgorithm_v7,
-              (dev->dnn, p->xd, p->yd, p->cd, p->wd, 16, &n_, perf_), out);
-    /* the exact workspace of each chosen algorithm, with its math type */
+    RANK_ALGOS(rc, dev, p, FWD, cudnnConvolutionFwdAlgoPerf_t,
+               cudnnGetConvolutionForwardAlgorithm_v7,
+               (dev->dnn, p->xd, p->wd, p->cd, p->yd, 16, &n_, perf_), out);
+    RANK_ALGOS(rc, dev, p, BWD_DATA, cudnnConvolutionBwdDataAlgoPerf_t,
+               cudnnGetConvolutionBackwardDataAlgorithm_v7,
+               (dev->dnn, p->wd, p->yd, p->cd, p->xd, 16, &n_, perf_), out);
+    RANK_ALGOS(rc, dev, p, BWD_FILTER, cudnnConvolutionBwdFilterAlgoPerf_t,
+               cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+               (dev->dnn, p->xd, p->yd, p->cd, p->wd, 16, &n_, perf_), out);
+    /* the exact workspace of each candidate; the algorithm area holds the
+     * largest first choice, and a fallback must fit in it */
     for (i = 0; i < 3; i++) {
-        DNN_CHECK(rc, cudnnSetConvolutionMathType(p->cd, p->math[i]), out,
-                  "cudnnSetConvolutionMathType", p);
-        if (i == FWD)
-            DNN_CHECK(rc,
-                      cudnnGetConvolutionForwardWorkspaceSize(
-                          dev->dnn, p->xd, p->wd, p->cd, p->yd,
-                          (cudnnConvolutionFwdAlgo_t)p->algo[i],
-                          &p->algo_ws[i]),
-                      out, "cudnnGetConvolutionForwardWorkspaceSize", p);
-        else if (i == BWD_DATA)
-            DNN_CHECK(rc,
-                      cudnnGetConvolutionBackwardDataWorkspaceSize(
-                          dev->dnn, p->wd, p->yd, p->cd, p->xd,
-                          (cudnnConvolutionBwdDataAlgo_t)p->algo[i],
-                          &p->algo_ws[i]),
-                      out, "cudnnGetConvolutionBackwardDataWorkspaceSize", p);
-        else
-            DNN_CHECK(rc,
-                      cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                          dev->dnn, p->xd, p->yd, p->cd, p->wd,
-                          (cudnnConvolutionBwdFilterAlgo_t)p->algo[i],
-                          &p->algo_ws[i]),
-                      out, "cudnnGetConvolutionBackwardFilterWorkspaceSize", p);
-        if (align_up(p->algo_ws[i]) > stage)
-            stage = align_up(p->algo_ws[i]);
+        rc = conv_choose(dev, p, i);
+        if (rc < 0)
+            goto out;
+        if (align_up(p->cand[i][p->cur[i]].ws) > stage)
+            stage = align_up(p->cand[i][p->cur[i]].ws);
     }
+    p->algo_area = stage;
     /* bf16: [algorithm | x | w | y] staging, 2 bytes an element */
     p->nw = (size_t)d->k * d->c * d->r * d->s;
     if (p->bf16)
@@ -807,12 +862,8 @@ struct stage {
 static struct stage conv_stage(const struct mesh_nn_plan *p, void *ws)
 {
     struct stage s = {ws, NULL, NULL, NULL};
-    size_t off = 0;
-    int i;
+    size_t off = p->algo_area;
 
-    for (i = 0; i < 3; i++)
-        if (align_up(p->algo_ws[i]) > off)
-            off = align_up(p->algo_ws[i]);
     if (p->bf16) {
         s.x = ws_at(ws, off);
         off += align_up(p->nx * 2);
@@ -850,6 +901,64 @@ out:
     return rc;
 }
 
+/* One convolution call of direction dir: a (x or dy), b (w or dy) -> y
+ * (y, dx or dw), through the candidate the fallback hands it. */
+struct conv_call {
+    struct mesh_nn_dev *dev;
+    struct mesh_nn_plan *p;
+    int dir;
+    const void *a, *b;
+    void *y, *ws;
+};
+
+static int conv_try(void *arg, struct mesh_nn_algo *a)
+{
+    struct conv_call *c = arg;
+    struct mesh_nn_plan *p = c->p;
+    cudnnHandle_t h = c->dev->dnn;
+    int rc = 0;
+
+    DNN_CHECK(rc, cudnnSetConvolutionMathType(p->cd, (cudnnMathType_t)a->math),
+              out, "cudnnSetConvolutionMathType", p);
+    if (c->dir == FWD)
+        DNN_CHECK(rc,
+                  cudnnConvolutionForward(h, &one, p->xd, c->a, p->wd, c->b,
+                                          p->cd,
+                                          (cudnnConvolutionFwdAlgo_t)a->id,
+                                          c->ws, a->ws, &zero, p->yd, c->y),
+                  out, "cudnnConvolutionForward", p);
+    else if (c->dir == BWD_DATA)
+        DNN_CHECK(rc,
+                  cudnnConvolutionBackwardData(
+                      h, &one, p->wd, c->b, p->yd, c->a, p->cd,
+                      (cudnnConvolutionBwdDataAlgo_t)a->id, c->ws, a->ws, &zero,
+                      p->xd, c->y),
+                  out, "cudnnConvolutionBackwardData", p);
+    else
+        DNN_CHECK(rc,
+                  cudnnConvolutionBackwardFilter(
+                      h, &one, p->xd, c->a, p->yd, c->b, p->cd,
+                      (cudnnConvolutionBwdFilterAlgo_t)a->id, c->ws, a->ws,
+                      &zero, p->wd, c->y),
+                  out, "cudnnConvolutionBackwardFilter", p);
+out:
+    return rc;
+}
+
+/* The direction's kept algorithm, else the next that works (kept then). */
+static int conv_run(struct mesh_nn_dev *dev, struct mesh_nn_plan *p, int dir,
+                    const void *a, const void *b, void *y, void *ws)
+{
+    static const char *const dirs[3] = {"forward", "backward data",
+                                        "backward filter"};
+    struct conv_call c = {dev, p, dir, a, b, y, ws};
+    char what[160];
+
+    snprintf(what, sizeof(what), "nn cuda: [%s] %s", p->name, dirs[dir]);
+    return mesh_nn_algo_run(p->cand[dir], p->ncand[dir], p->algo_area,
+                            &p->cur[dir], what, conv_try, &c);
+}
+
 static int cuda_conv_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                          const void *x, const float *w, void *y, void *ws)
 {
@@ -867,17 +976,9 @@ static int cuda_conv_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
         ww = s.w;
         yy = s.y;
     }
-    DNN_CHECK(rc, cudnnSetConvolutionMathType(p->cd, p->math[FWD]), out,
-              "cudnnSetConvolutionMathType", p);
-    DNN_CHECK(
-        rc,
-        cudnnConvolutionForward(dev->dnn, &one, p->xd, xx, p->wd, ww, p->cd,
-                                (cudnnConvolutionFwdAlgo_t)p->algo[FWD], s.algo,
-                                p->algo_ws[FWD], &zero, p->yd, yy),
-        out, "cudnnConvolutionForward", p);
-    if (p->bf16)
+    rc = conv_run(dev, p, FWD, xx, ww, yy, s.algo);
+    if (rc == 0 && p->bf16)
         rc = from_bf16(dev, p, y, s.y, p->ny);
-out:
     return rc;
 }
 
@@ -899,17 +1000,9 @@ static int cuda_conv_bwd_data(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
         ww = s.w;
         dxx = s.x;
     }
-    DNN_CHECK(rc, cudnnSetConvolutionMathType(p->cd, p->math[BWD_DATA]), out,
-              "cudnnSetConvolutionMathType", p);
-    DNN_CHECK(rc,
-              cudnnConvolutionBackwardData(
-                  dev->dnn, &one, p->wd, ww, p->yd, dyy, p->cd,
-                  (cudnnConvolutionBwdDataAlgo_t)p->algo[BWD_DATA], s.algo,
-                  p->algo_ws[BWD_DATA], &zero, p->xd, dxx),
-              out, "cudnnConvolutionBackwardData", p);
-    if (p->bf16)
+    rc = conv_run(dev, p, BWD_DATA, dyy, ww, dxx, s.algo);
+    if (rc == 0 && p->bf16)
         rc = from_bf16(dev, p, dx, s.x, p->nx);
-out:
     return rc;
 }
 
@@ -931,17 +1024,9 @@ static int cuda_conv_bwd_filter(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
         dyy = s.y;
         dww = s.w;
     }
-    DNN_CHECK(rc, cudnnSetConvolutionMathType(p->cd, p->math[BWD_FILTER]), out,
-              "cudnnSetConvolutionMathType", p);
-    DNN_CHECK(rc,
-              cudnnConvolutionBackwardFilter(
-                  dev->dnn, &one, p->xd, xx, p->yd, dyy, p->cd,
-                  (cudnnConvolutionBwdFilterAlgo_t)p->algo[BWD_FILTER], s.algo,
-                  p->algo_ws[BWD_FILTER], &zero, p->wd, dww),
-              out, "cudnnConvolutionBackwardFilter", p);
-    if (p->bf16)
+    rc = conv_run(dev, p, BWD_FILTER, xx, dyy, dww, s.algo);
+    if (rc == 0 && p->bf16)
         rc = from_bf16(dev, p, dw, s.w, p->nw);
-out:
     return rc;
 }
 
