@@ -4,7 +4,7 @@ AC_DEFUN([MESH_CHECK_CUDA], [
   MESH_WITH_ARG([cuda], [the CUDA toolkit with cuDNN and cuBLAS (DIR defaults to /usr/local/cuda)])
   AC_ARG_WITH([cuda-arch],
     [AS_HELP_STRING([--with-cuda-arch=LIST],
-                    [GPU architectures to build for (default: sm_80,sm_90)])],
+                    [GPU architectures to build machine code for, PTX added for the newest (default: sm_80,sm_90)])],
     [], [with_cuda_arch=sm_80,sm_90])
   mesh_have_cuda=no
   mesh_cuda_summary=
@@ -33,11 +33,23 @@ AC_DEFUN([MESH_CHECK_CUDA], [
     AS_IF([test "x$mesh_cuda_ok" = "xyes"], [
       mesh_have_cuda=yes
       CUDA_LIBS="-lcudnn -lcublas -lcudart -lstdc++"
+      dnl Machine code for each architecture listed, and PTX for the newest
+      dnl (its plain compute_N: an "a" or "f" variant's PTX runs on no later
+      dnl GPU), which the driver compiles for GPUs newer than the list.
+      mesh_newest=0
       for mesh_arch in `echo "$with_cuda_arch" | tr ',' ' '`; do
         mesh_num=`echo "$mesh_arch" | sed 's/^sm_//'`
+        AS_CASE([$mesh_num], [[[0-9]*]], [],
+                [AC_MSG_ERROR([--with-cuda-arch: "$mesh_arch" is not sm_N])])
         NVCC_ARCH_FLAGS="$NVCC_ARCH_FLAGS -gencode arch=compute_$mesh_num,code=sm_$mesh_num"
+        mesh_digits=`echo "$mesh_num" | sed 's/[[^0-9]].*//'`
+        AS_IF([test "$mesh_digits" -gt "$mesh_newest"],
+              [mesh_newest=$mesh_digits])
       done
-      mesh_cuda_summary="($mesh_cuda_dir, $with_cuda_arch)"
+      AS_IF([test "$mesh_newest" -eq 0],
+            [AC_MSG_ERROR([--with-cuda-arch: no architecture in "$with_cuda_arch"])])
+      NVCC_ARCH_FLAGS="$NVCC_ARCH_FLAGS -gencode arch=compute_$mesh_newest,code=compute_$mesh_newest"
+      mesh_cuda_summary="($mesh_cuda_dir, $with_cuda_arch + PTX compute_$mesh_newest)"
     ], [MESH_OPTIONAL_FAIL([cuda], [the CUDA toolkit with cuDNN and cuBLAS])])
   ])
   AS_IF([test "x$mesh_have_cuda" = "xyes"],
