@@ -346,8 +346,12 @@ extern const struct mesh_host_allocator mesh_nn_host_allocator;
  * may be started from the gradient-ready callback without a sync. An H2D
  * copy runs on a copy stream of its own (cuda: D2H and H2D each have one,
  * so a copy back does not queue behind copies out; they run in order
- * within a direction); mesh_nn_copy_order() makes later device
- * ops (the optimizer step) wait for it without blocking the host.
+ * within a direction) and is NOT ordered after the device ops issued so
+ * far, so that it does not wait for the rest of backward: its destination
+ * must not be in use by them (the trainer's copies back land in gradients
+ * whose copy out has completed; else mesh_nn_sync() first).
+ * mesh_nn_copy_order() makes later device ops (the optimizer step) wait
+ * for it without blocking the host.
  * Backends without streams ("cpu") copy synchronously: the copy is done
  * when start returns. Every started copy must be finished with
  * mesh_nn_copy_wait() or mesh_nn_copy_order(), which release it.

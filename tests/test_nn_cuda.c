@@ -554,7 +554,9 @@ static void test_convert_copies(void)
     ok(memcmp(host, back, n * 4) == 0, "d2h copy bytes");
     for (i = 0; i < n; i++)
         host[i] = (float)i;
+    /* a copy back is not ordered after earlier ops (nn.h): sync first */
     if ((rc = gpu->ops->zero(gpu->dev, Y, n * 4)) < 0 ||
+        (rc = mesh_nn_sync(gpu)) < 0 ||
         (rc = mesh_nn_copy_h2d_start(gpu, Y, host, n * 4, &c2)) < 0 ||
         (rc = mesh_nn_copy_order(gpu, c2)) < 0 ||
         (rc = gpu->ops->axpy1(gpu->dev, n, Y, Y)) < 0 ||

@@ -1426,9 +1426,12 @@ static void copy_put(struct mesh_nn_dev *dev, struct mesh_nn_copy *c)
 }
 
 /*
- * Record "compute reached here", make the copy's stream (out or in) wait
- * for it, copy, record the copy's end. The same event serves both:
- * cudaStreamWaitEvent captures the recording current at the time of the call.
+ * A copy out: record "compute reached here", make the copy-out stream wait
+ * for it, copy, record the copy's end (the same event serves both:
+ * cudaStreamWaitEvent captures the recording current at the time of the
+ * call). A copy back does not wait for compute (nn.h): waiting would queue
+ * it behind every backward kernel issued so far, which the gradients it
+ * lands in do not need, and leave it exposed after backward.
  */
 static int cuda_copy_start(struct mesh_nn_dev *dev, int to_host, void *dst,
                            const void *src, size_t bytes,
@@ -1443,10 +1446,12 @@ static int cuda_copy_start(struct mesh_nn_dev *dev, int to_host, void *dst,
     rc = copy_get(dev, &c);
     if (rc < 0)
         return rc;
-    CUDA_CHECK(rc, cudaEventRecord(c->ev, dev->compute), fail,
-               "cudaEventRecord (compute)", NULL);
-    CUDA_CHECK(rc, cudaStreamWaitEvent(st, c->ev, 0), fail,
-               "cudaStreamWaitEvent (copy)", NULL);
+    if (to_host) {
+        CUDA_CHECK(rc, cudaEventRecord(c->ev, dev->compute), fail,
+                   "cudaEventRecord (compute)", NULL);
+        CUDA_CHECK(rc, cudaStreamWaitEvent(st, c->ev, 0), fail,
+                   "cudaStreamWaitEvent (copy)", NULL);
+    }
     CUDA_CHECK(rc,
                cudaMemcpyAsync(dst, src, bytes,
                                to_host ? cudaMemcpyDeviceToHost
