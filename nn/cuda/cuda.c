@@ -11,7 +11,7 @@
  *   after compute with events; see mesh_nn_copy_* in nn.h).
  * - Activations are NCHW float32 (act_bytes = 4 n c h w; import/export are
  *   plain copies). Parameters and gradients are float32 in every precision.
- * - Precision: fp32 (CUDNN_FMA_MATH, cuBLAS pedantic float32), tf32 (the
+ * - Precision: fp32 (CUDNN_FMA_MATH, cuBLAS's default float32), tf32 (the
  *   default on compute capability >= 8.0: cuDNN may pick TF32 tensor-core
  *   algorithms, cuBLAS CUBLAS_TF32_TENSOR_OP_MATH), bf16-amp: each
  *   convolution and fc matmul converts its operands to bfloat16 in the
@@ -306,10 +306,13 @@ static int cuda_dev_open_opts(const struct mesh_nn_dev_opts *o,
     BLAS_CHECK(rc, cublasCreate(&dev->blas), fail_dnn, "cublasCreate", NULL);
     BLAS_CHECK(rc, cublasSetStream(dev->blas, dev->compute), fail_blas,
                "cublasSetStream", NULL);
+    /* fp32 and bf16-amp (float32 compute in cublasGemmEx): the default
+     * math, which keeps float32 products and sums and, unlike
+     * CUBLAS_PEDANTIC_MATH, lets cuBLAS pick its fastest kernels */
     BLAS_CHECK(rc,
                cublasSetMathMode(dev->blas, dev->precision == MESH_NN_PREC_TF32
                                                 ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                : CUBLAS_PEDANTIC_MATH),
+                                                : CUBLAS_DEFAULT_MATH),
                fail_blas, "cublasSetMathMode", NULL);
     {
         size_t v = cudnnGetVersion();
