@@ -9,8 +9,10 @@
  * - Two non-blocking streams: compute (every op, cuDNN's and cuBLAS's
  *   handles are bound to it) and copy (asynchronous gradient copies, ordered
  *   after compute with events; see mesh_nn_copy_* in nn.h).
- * - Activations are NCHW float32 (act_bytes = 4 n c h w; import/export are
- *   plain copies). Parameters and gradients are float32 in every precision.
+ * - Activations are NCHW float32 (act_bytes = 4 n c h w; export is a plain
+ *   copy, import goes through a pinned two-slot pipeline on the copy-in
+ *   stream: struct in_slot). Parameters and gradients are float32 in every
+ *   precision.
  * - Precision: fp32 (CUDNN_FMA_MATH, cuBLAS's default float32), tf32 (the
  *   default on compute capability >= 8.0: cuDNN may pick TF32 tensor-core
  *   algorithms, cuBLAS CUBLAS_TF32_TENSOR_OP_MATH), bf16-amp: each
@@ -138,6 +140,29 @@ static int dnn_code(cudnnStatus_t s)
 
 /* ---- types --------------------------------------------------------------- */
 
+/*
+ * One slot of the image input pipeline (act_import): pinned host memory
+ * and device memory of cap bytes each. An import copies the caller's
+ * images into the host side (a memcpy), uploads them to the device side
+ * on the copy-in stream, which runs beside whatever compute still has
+ * queued (the previous step), and has compute wait for that upload and
+ * copy the device side into the destination (device to device, about
+ * 50 us for a ResNet-50 batch of 128). Two slots alternate, so the slot
+ * an import fills was last used two imports ago.
+ */
+struct in_slot {
+    void *host, *dev;
+    size_t cap;
+    cudaEvent_t up;   /* recorded on copy-in after the upload */
+    cudaEvent_t used; /* recorded on compute after the copy out of dev */
+    int busy;         /* both events recorded at least once */
+};
+
+/* Small uploads (labels) bounce through pinned slots of this size, on the
+ * compute stream and without a host sync; larger ones are synchronous. */
+#define SMALL_UPLOAD ((size_t)64 << 10)
+#define NSMALL       4
+
 struct mesh_nn_copy {
     cudaEvent_t ev;            /* recorded on its copy stream after the copy */
     struct mesh_nn_copy *next; /* free list */
@@ -160,6 +185,11 @@ struct mesh_nn_dev {
     size_t xent_cap;
     struct mesh_nn_copy *free_copies;
     struct mesh_nn_copy *all_copies; /* also those still held by callers */
+    struct in_slot in[2]; /* the image input pipeline, used in turn */
+    int in_next;
+    void *small[NSMALL];          /* pinned, SMALL_UPLOAD bytes each */
+    cudaEvent_t small_ev[NSMALL]; /* after the slot's copy (compute) */
+    int small_next;
     char desc[256];
 };
 
@@ -355,9 +385,23 @@ static int cuda_dev_open(int threads, struct mesh_nn_dev **out)
     return cuda_dev_open_opts(&o, out);
 }
 
+static void in_slot_free(struct in_slot *s)
+{
+    if (s->host)
+        cudaFreeHost(s->host);
+    if (s->dev)
+        cudaFree(s->dev);
+    if (s->up)
+        cudaEventDestroy(s->up);
+    if (s->used)
+        cudaEventDestroy(s->used);
+    memset(s, 0, sizeof(*s));
+}
+
 static void cuda_dev_close(struct mesh_nn_dev *dev)
 {
     struct mesh_nn_copy *c, *next;
+    int i;
 
     if (!dev)
         return;
@@ -369,6 +413,14 @@ static void cuda_dev_close(struct mesh_nn_dev *dev)
         next = c->all;
         cudaEventDestroy(c->ev);
         free(c);
+    }
+    for (i = 0; i < 2; i++)
+        in_slot_free(&dev->in[i]);
+    for (i = 0; i < NSMALL; i++) {
+        if (dev->small[i])
+            cudaFreeHost(dev->small[i]);
+        if (dev->small_ev[i])
+            cudaEventDestroy(dev->small_ev[i]);
     }
     cudaFree(dev->xent_dev);
     cudaFreeHost(dev->xent_host);
@@ -439,12 +491,42 @@ out:
     return rc;
 }
 
+/*
+ * A small upload (the labels each step) through the next pinned slot: the
+ * host waits only for that slot's previous copy, NSMALL uploads ago, not
+ * for the device; the copy is on the compute stream, so ordered with
+ * every op as a synchronous one. Larger uploads are synchronous.
+ */
 static int cuda_upload(struct mesh_nn_dev *dev, void *dst, const void *src,
                        size_t bytes)
 {
+    int k = dev->small_next, rc = 0;
+
     BIND(dev);
-    return copy_sync(dev, dst, src, bytes, cudaMemcpyHostToDevice,
-                     "cudaMemcpyAsync (upload)");
+    if (bytes > SMALL_UPLOAD || !bytes)
+        return copy_sync(dev, dst, src, bytes, cudaMemcpyHostToDevice,
+                         "cudaMemcpyAsync (upload)");
+    if (!dev->small[k]) {
+        CUDA_CHECK(rc, cudaMallocHost(&dev->small[k], SMALL_UPLOAD), out,
+                   "cudaMallocHost (upload slot)", NULL);
+        CUDA_CHECK(
+            rc,
+            cudaEventCreateWithFlags(&dev->small_ev[k], cudaEventDisableTiming),
+            out, "cudaEventCreateWithFlags (upload slot)", NULL);
+    } else {
+        CUDA_CHECK(rc, cudaEventSynchronize(dev->small_ev[k]), out,
+                   "cudaEventSynchronize (upload slot)", NULL);
+    }
+    memcpy(dev->small[k], src, bytes);
+    CUDA_CHECK(rc,
+               cudaMemcpyAsync(dst, dev->small[k], bytes,
+                               cudaMemcpyHostToDevice, dev->compute),
+               out, "cudaMemcpyAsync (upload)", NULL);
+    CUDA_CHECK(rc, cudaEventRecord(dev->small_ev[k], dev->compute), out,
+               "cudaEventRecord (upload slot)", NULL);
+    dev->small_next = (k + 1) % NSMALL;
+out:
+    return rc;
 }
 
 static int cuda_download(struct mesh_nn_dev *dev, void *dst, const void *src,
@@ -488,11 +570,80 @@ static size_t cuda_act_bytes(struct mesh_nn_dev *dev, int n, int c, int h,
     return (size_t)n * c * h * w * sizeof(float);
 }
 
+/* Room for bytes in slot s, once compute is done with its device side. */
+static int in_slot_grow(struct mesh_nn_dev *dev, struct in_slot *s,
+                        size_t bytes)
+{
+    int rc = 0;
+
+    if (s->busy)
+        CUDA_CHECK(rc, cudaEventSynchronize(s->used), out,
+                   "cudaEventSynchronize (input slot)", NULL);
+    if (s->host)
+        cudaFreeHost(s->host);
+    if (s->dev)
+        cudaFree(s->dev);
+    s->host = s->dev = NULL;
+    s->cap = 0;
+    s->busy = 0;
+    CUDA_CHECK(rc, cudaMallocHost(&s->host, bytes), out,
+               "cudaMallocHost (input slot)", NULL);
+    CUDA_CHECK(rc, cudaMalloc(&s->dev, bytes), out, "cudaMalloc (input slot)",
+               NULL);
+    if (!s->up)
+        CUDA_CHECK(rc, cudaEventCreateWithFlags(&s->up, cudaEventDisableTiming),
+                   out, "cudaEventCreateWithFlags (input slot)", NULL);
+    if (!s->used)
+        CUDA_CHECK(rc,
+                   cudaEventCreateWithFlags(&s->used, cudaEventDisableTiming),
+                   out, "cudaEventCreateWithFlags (input slot)", NULL);
+    s->cap = bytes;
+out:
+    return rc;
+}
+
+/* Images in through the input pipeline (struct in_slot): the host waits
+ * only for the slot's upload of two imports ago, never for compute. */
 static int cuda_act_import(struct mesh_nn_dev *dev, int n, int c, int h, int w,
                            const float *host_nchw, void *dst)
 {
+    size_t bytes = cuda_act_bytes(dev, n, c, h, w);
+    struct in_slot *s = &dev->in[dev->in_next];
+    int rc = 0;
+
     BIND(dev);
-    return cuda_upload(dev, dst, host_nchw, cuda_act_bytes(dev, n, c, h, w));
+    if (bytes > s->cap) {
+        rc = in_slot_grow(dev, s, bytes);
+        if (rc < 0)
+            goto out;
+    } else if (s->busy) {
+        /* the host side is free once its last upload is done */
+        CUDA_CHECK(rc, cudaEventSynchronize(s->up), out,
+                   "cudaEventSynchronize (input slot)", NULL);
+    }
+    memcpy(s->host, host_nchw, bytes);
+    /* the device side is free once compute copied it out last time */
+    if (s->busy)
+        CUDA_CHECK(rc, cudaStreamWaitEvent(dev->copy_in, s->used, 0), out,
+                   "cudaStreamWaitEvent (input slot)", NULL);
+    CUDA_CHECK(rc,
+               cudaMemcpyAsync(s->dev, s->host, bytes, cudaMemcpyHostToDevice,
+                               dev->copy_in),
+               out, "cudaMemcpyAsync (images)", NULL);
+    CUDA_CHECK(rc, cudaEventRecord(s->up, dev->copy_in), out,
+               "cudaEventRecord (images)", NULL);
+    CUDA_CHECK(rc, cudaStreamWaitEvent(dev->compute, s->up, 0), out,
+               "cudaStreamWaitEvent (images)", NULL);
+    CUDA_CHECK(rc,
+               cudaMemcpyAsync(dst, s->dev, bytes, cudaMemcpyDeviceToDevice,
+                               dev->compute),
+               out, "cudaMemcpyAsync (images, device)", NULL);
+    CUDA_CHECK(rc, cudaEventRecord(s->used, dev->compute), out,
+               "cudaEventRecord (images, device)", NULL);
+    s->busy = 1;
+    dev->in_next ^= 1;
+out:
+    return rc;
 }
 
 static int cuda_act_export(struct mesh_nn_dev *dev, int n, int c, int h, int w,
