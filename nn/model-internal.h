@@ -14,6 +14,7 @@ struct nn_conv {
     size_t w;               /* offset of the weight in params */
     int h, wd, oh, ow;      /* input and output sides for this batch */
     struct mesh_nn_plan *p; /* owned by the ctx's cache */
+    int frozen;             /* no weight gradient (mesh_nn_model_freeze) */
 };
 
 /* A batch norm over c channels: gamma at g, beta at g + c (params);
@@ -25,6 +26,8 @@ struct nn_bn {
     struct mesh_nn_plan *p;
     float *save;   /* (2 c) saved statistics, device */
     void *reserve; /* the fused ReLU's mask, device, or NULL */
+    int frozen;    /* weight and bias frozen: the running statistics
+                      normalise also in training (mesh_nn_model_freeze) */
 };
 
 /* One residual block: basic (two 3x3) or bottleneck (1x1, 3x3, 1x1). */
@@ -78,6 +81,10 @@ struct mesh_nn_model {
     int nblocks;
     int feat;    /* channels into fc */
     size_t fc_w; /* fc weight offset; bias follows */
+    int fc_frozen;
+    /* mesh_nn_model_freeze: params [0, frozen_below) are all frozen, so
+     * backward stops where it reaches them */
+    size_t frozen_below;
 
     /* per batch size */
     int n;

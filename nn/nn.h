@@ -150,6 +150,7 @@ struct mesh_nn_tensor {
     size_t count;  /* floats */
     int ndim;
     int64_t shape[4];
+    int frozen; /* a param that mesh_nn_model_freeze() keeps fixed */
 };
 
 /* Tensors: params first in slab order, then buffers in slab order. */
@@ -239,6 +240,59 @@ void mesh_nn_model_profile_report(const struct mesh_nn_model *m, FILE *f);
  */
 int mesh_nn_model_save(struct mesh_nn_model *m, const char *path);
 int mesh_nn_model_load(struct mesh_nn_model *m, const char *path);
+
+/* ---- fine-tuning: start from weights, freeze parameters ------------------ */
+
+/*
+ * Tensor patterns (--init-skip, --freeze): comma-separated items, each a
+ * tensor ("fc.weight"), a module, which matches every tensor under it
+ * ("layer1", "layer2.0.bn1", "fc"), or a glob of either with * ? [...]
+ * (fnmatch: "layer*.0.downsample"). 1 when name matches an item of
+ * patterns (NULL matches nothing), else 0.
+ */
+int mesh_nn_pattern_match(const char *patterns, const char *name);
+/* -EINVAL, naming flag and the item, when patterns is empty or one of its
+ * items matches no tensor of m (a BN's num_batches_tracked included). */
+int mesh_nn_pattern_check(const struct mesh_nn_model *m, const char *flag,
+                          const char *patterns);
+
+/*
+ * Start m from torchvision-named safetensors held in memory (buf, len
+ * bytes; what names it in messages, e.g. the path). By name, as torch's
+ * load_state_dict(strict=True), except that:
+ *   - tensors that skip (patterns, NULL: none) matches keep the model's
+ *     fresh initialisation, and the file's such tensors are ignored;
+ *   - fc.weight and fc.bias of another class count (dim 0) keep theirs:
+ *     the final layer is re-initialised;
+ *   - num_batches_tracked (any integer dtype, shape []) may be missing (0).
+ * Float tensors may be F32, F16, BF16 (or F64); they become float32.
+ * Every other tensor missing, unexpected, or of another shape or dtype
+ * makes the call fail (-EINVAL) with m unchanged, the counts in the
+ * message. *notes gets a malloc'ed text, one line per tensor (the caller
+ * frees it; NULL when empty): on success what was skipped or
+ * re-initialised ("re-initialised fc.weight: 1000 classes in the file, 10
+ * in the model"), on a misfit every tensor that does not fit ("missing
+ * layer1.0.conv1.weight", "unexpected x", "fc.bias: shape [5] in the
+ * file, [10] expected").
+ */
+int mesh_nn_model_init_from(struct mesh_nn_model *m, const void *buf,
+                            size_t len, const char *what, const char *skip,
+                            char **notes);
+
+/*
+ * Freeze the params that patterns match (NULL: none; replaces an earlier
+ * call; call it before mesh_nn_sgd_create, which then leaves them alone).
+ * A frozen param gets no gradient: backward skips its weight gradient and
+ * stops where every param left is frozen. A BN whose weight and bias are
+ * frozen normalises with its running statistics also in training (and
+ * does not update them), as torch's eval-mode BN does; backward does not
+ * run through such a BN, so every param before it must be frozen too,
+ * else -EINVAL naming both (freeze from conv1 on: "conv1,bn1,layer1").
+ * The frozen tensors have .frozen set. -EINVAL leaves nothing frozen.
+ */
+int mesh_nn_model_freeze(struct mesh_nn_model *m, const char *patterns);
+/* Floats of the frozen params. */
+size_t mesh_nn_model_frozen_params(const struct mesh_nn_model *m);
 
 /* ---- optimizer --------------------------------------------------------- */
 

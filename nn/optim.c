@@ -59,7 +59,8 @@ int mesh_nn_sgd_create(struct mesh_nn_model *m,
                                             t->role == MESH_NN_ROLE_FC_BIAS);
         float wd = skip ? 0.f : cfg->weight_decay;
 
-        if (t->kind != MESH_NN_PARAM)
+        /* a frozen tensor is neither decayed nor moved */
+        if (t->kind != MESH_NN_PARAM || t->frozen)
             continue;
         if (s->nruns && s->runs[s->nruns - 1].wd == wd &&
             s->runs[s->nruns - 1].off + s->runs[s->nruns - 1].count ==

@@ -914,7 +914,9 @@ static int bn_fwd(struct mesh_nn_model *m, struct nn_bn *b, const void *x,
     float *rm = m->buffers + b->rm;
     int rc;
 
-    if (m->train)
+    /* a frozen BN normalises with its running statistics, as torch's
+     * eval-mode BN in a fine-tuned network does */
+    if (m->train && !b->frozen)
         PROF(m, NN_PROF_BN_FWD,
              OPS(m)->bn_fwd_train(DEV(m), b->p, x, y, g, g + b->c, rm,
                                   rm + b->c, 0.1f, b->save, b->reserve, m->ws));
@@ -1085,13 +1087,16 @@ static float *gdst(struct bwd *b, size_t off)
     return b->accumulate ? b->m->gscratch : b->m->grads + off;
 }
 
-/* The gradient of [off, off + count) is computed: accumulate, report. */
-static int gdone(struct bwd *b, size_t off, size_t count)
+/*
+ * The gradient of [off, off + count) is computed (or, frozen, not needed):
+ * accumulate, report.
+ */
+static int gdone(struct bwd *b, size_t off, size_t count, int frozen)
 {
     struct mesh_nn_model *m = b->m;
     int rc;
 
-    if (b->accumulate)
+    if (b->accumulate && !frozen)
         PROF(m, NN_PROF_OTHER,
              OPS(m)->axpy1(DEV(m), count, m->gscratch, m->grads + off));
     if (b->cb) {
@@ -1114,7 +1119,7 @@ static int bn_bwd(struct bwd *w, struct nn_bn *b, const void *x, const void *dy,
          OPS(m)->bn_bwd(DEV(m), b->p, x, dy, m->params + b->g,
                         m->params + b->g + b->c, b->save, b->reserve, dx, dg,
                         dg + b->c, m->ws));
-    return gdone(w, b->g, 2 * (size_t)b->c);
+    return gdone(w, b->g, 2 * (size_t)b->c, 0);
 }
 
 /* Conv backward: filter gradient first (reported), then dx unless NULL. */
@@ -1125,14 +1130,32 @@ static int conv_bwd(struct bwd *w, struct nn_conv *c, const void *x,
     size_t count = conv_params(c);
     int rc;
 
-    PROF(m, NN_PROF_CONV_BWD_FILTER,
-         OPS(m)->conv_bwd_filter(DEV(m), c->p, x, dy, gdst(w, c->w), m->ws));
-    rc = gdone(w, c->w, count);
+    if (!c->frozen)
+        PROF(
+            m, NN_PROF_CONV_BWD_FILTER,
+            OPS(m)->conv_bwd_filter(DEV(m), c->p, x, dy, gdst(w, c->w), m->ws));
+    rc = gdone(w, c->w, count, c->frozen);
     if (rc < 0 || !dx)
         return rc;
     PROF(m, NN_PROF_CONV_BWD_DATA,
          OPS(m)->conv_bwd_data(DEV(m), c->p, dy, m->params + c->w, dx, m->ws));
     return 0;
+}
+
+/*
+ * Every parameter below end is frozen (mesh_nn_model_freeze): backward
+ * has nothing left to compute, not even the gradient of the input.
+ */
+static int frozen_below(const struct bwd *w, size_t end)
+{
+    return end <= w->m->frozen_below;
+}
+
+#define BWD_STOP 1 /* block_bwd: the rest of backward is frozen */
+
+static size_t bn_end(const struct nn_bn *b)
+{
+    return b->g + 2 * (size_t)b->c;
 }
 
 /* The scratch buffer index not in {a, b}. */
@@ -1148,7 +1171,8 @@ static int other(int a, int b)
 
 /*
  * Backward of one block: the gradient of its output is in g[gi]; on return
- * *go names the buffer with the gradient of its input.
+ * *go names the buffer with the gradient of its input. BWD_STOP where the
+ * parameters left are all frozen.
  */
 static int block_bwd(struct bwd *w, struct nn_block *b, int gi, int *go)
 {
@@ -1164,6 +1188,8 @@ static int block_bwd(struct bwd *w, struct nn_block *b, int gi, int *go)
         int t = other(gi, gi);
 
         sc = other(gi, t);
+        if (frozen_below(w, bn_end(&b->bd)))
+            return BWD_STOP;
         if ((rc = bn_bwd(w, &b->bd, b->ad, g[gi], g[t])) < 0 ||
             (rc = conv_bwd(w, &b->cd, b->x, g[t], g[sc])) < 0)
             return rc;
@@ -1173,6 +1199,8 @@ static int block_bwd(struct bwd *w, struct nn_block *b, int gi, int *go)
         cur = other(gi, gi);
     }
     /* bn_last: d(main) -> g[cur] (in place when g[gi] is free) */
+    if (frozen_below(w, bn_end(&b->b[last])))
+        return BWD_STOP;
     rc = bn_bwd(w, &b->b[last], b->a[last], g[gi], g[cur]);
     if (rc < 0)
         return rc;
@@ -1180,11 +1208,15 @@ static int block_bwd(struct bwd *w, struct nn_block *b, int gi, int *go)
         const void *in = j ? b->o[j - 1] : b->x;
 
         nxt = other(cur, sc);
+        if (frozen_below(w, b->c[j].w + conv_params(&b->c[j])))
+            return BWD_STOP;
         rc = conv_bwd(w, &b->c[j], in, g[cur], g[nxt]);
         if (rc < 0)
             return rc;
         cur = nxt;
         if (j) {
+            if (frozen_below(w, bn_end(&b->b[j - 1])))
+                return BWD_STOP;
             rc = bn_bwd(w, &b->b[j - 1], b->a[j - 1], g[cur], g[cur]);
             if (rc < 0)
                 return rc;
@@ -1215,13 +1247,16 @@ int mesh_nn_model_backward(struct mesh_nn_model *m, int accumulate,
             return rc;
     }
     /* fc: weight and bias are adjacent, one range */
+    if (frozen_below(&w, m->nparams))
+        return 0; /* every parameter is frozen */
     {
         float *dw = gdst(&w, m->fc_w);
 
-        PROF(m, NN_PROF_FC,
-             OPS(m)->fc_bwd_weights(DEV(m), m->fc, m->pooled, m->dlogits, dw,
-                                    dw + fcn, m->ws));
-        rc = gdone(&w, m->fc_w, fcn + cfg->num_classes);
+        if (!m->fc_frozen)
+            PROF(m, NN_PROF_FC,
+                 OPS(m)->fc_bwd_weights(DEV(m), m->fc, m->pooled, m->dlogits,
+                                        dw, dw + fcn, m->ws));
+        rc = gdone(&w, m->fc_w, fcn + cfg->num_classes, m->fc_frozen);
         if (rc < 0)
             return rc;
         PROF(m, NN_PROF_FC,
@@ -1232,8 +1267,8 @@ int mesh_nn_model_backward(struct mesh_nn_model *m, int accumulate,
          OPS(m)->avgpool_bwd(DEV(m), m->avgpool, m->g[1], m->g[gi], m->ws));
     for (i = m->nblocks - 1; i >= 0; i--) {
         rc = block_bwd(&w, &m->blocks[i], gi, &go);
-        if (rc < 0)
-            return rc;
+        if (rc != 0)
+            return rc == BWD_STOP ? 0 : rc;
         gi = go;
     }
     if (!cfg->cifar_stem) {
@@ -1243,8 +1278,10 @@ int mesh_nn_model_backward(struct mesh_nn_model *m, int accumulate,
                                  m->g[go], m->ws));
         gi = go;
     }
+    if (frozen_below(&w, bn_end(&m->bn1)))
+        return 0;
     rc = bn_bwd(&w, &m->bn1, m->a0, m->g[gi], m->g[gi]);
-    if (rc == 0)
+    if (rc == 0 && !frozen_below(&w, m->conv1.w + conv_params(&m->conv1)))
         rc = conv_bwd(&w, &m->conv1, m->in, m->g[gi], NULL);
     return rc;
 }

@@ -167,7 +167,8 @@ static int buckets_alloc(struct mesh_gradsync *gs)
 /*
  * Cut the slab at tensor boundaries, from the end down, as DDP does: a
  * bucket closes after the tensor that takes it to its cap or more, so no
- * tiny bucket is left between two large tensors. Bucket 0's cap is
+ * tiny bucket is left between two large tensors; frozen tensors are left
+ * out (their gradients are never all-reduced). Bucket 0's cap is
  * FIRST_BUCKET_MAX_BYTES (or --bucket-mb if smaller), the others'
  * --bucket-mb.
  */
@@ -191,12 +192,22 @@ static int buckets_plan(struct mesh_gradsync *gs,
     b = calloc((size_t)n + 1, sizeof(*b));
     if (!b)
         return mesh_err(-ENOMEM, "out of memory planning gradient buckets");
-    /* Params come first in the tensor list, in slab order. */
+    /* Params come first in the tensor list, in slab order. A frozen
+     * tensor is in no bucket: the bucket above it closes at its end. */
     for (i = n - 1; i >= 0; i--) {
         const struct mesh_nn_tensor *x = m->ops->tensor(m->m, i);
 
         if (x->kind != MESH_NN_PARAM)
             continue;
+        if (x->frozen) {
+            if (hi > x->offset + x->count) {
+                b[nb].lo = x->offset + x->count;
+                b[nb].hi = hi;
+                nb++;
+            }
+            hi = x->offset;
+            continue;
+        }
         if (hi - x->offset >= (nb == 0 ? first : cap) && x->offset > 0) {
             b[nb].lo = x->offset;
             b[nb].hi = hi;
