@@ -166,6 +166,16 @@ static const struct opt_doc opts[] = {
      "is an error, or with =if-any a start from step 0"},
     {"save", STRING_FIELD(save), "FILE",
      "final weights as safetensors (rank 0, torchvision's names)"},
+    {"init", STRING_FIELD(init), "FILE",
+     "start from safetensors weights in torchvision's names (another "
+     "--num-classes: fc re-initialised)"},
+    {"init-skip", STRING_FIELD(init_skip), "PATTERN",
+     "--init keeps these tensors fresh, e.g. fc or layer4.1,fc"},
+    {"freeze", STRING_FIELD(freeze), "PATTERN",
+     "keep these parameters fixed, not all-reduced; their BN uses running "
+     "statistics, e.g. conv1,bn1,layer1"},
+    {"eval-only", SWITCH_FIELD(eval_only), NULL,
+     "with --init or --resume: evaluate the test split, no training"},
     {"metrics", STRING_FIELD(metrics), "FILE",
      "one JSON object per step (rank 0)"},
     {"timeline", STRING_FIELD(timeline), "FILE",
@@ -538,6 +548,26 @@ int main(int argc, char **argv)
                 "meshtrain: --simulate-compute has no weights: "
                 "--resume, --save, --checkpoint-every and --profile-layers "
                 "need real compute\n");
+        return MESH_EXIT_USAGE;
+    }
+    if (c.simulate && (c.init || c.freeze || c.eval_only)) {
+        fprintf(stderr, "meshtrain: --simulate-compute has no weights: "
+                        "--init, --freeze and --eval-only need real "
+                        "compute\n");
+        return MESH_EXIT_USAGE;
+    }
+    if (c.init_skip && !c.init) {
+        fprintf(stderr, "meshtrain: --init-skip needs --init\n");
+        return MESH_EXIT_USAGE;
+    }
+    if (c.eval_only && c.no_eval) {
+        fprintf(stderr, "meshtrain: --eval-only and --no-eval contradict "
+                        "each other\n");
+        return MESH_EXIT_USAGE;
+    }
+    if (c.eval_only && !c.init && !c.resume) {
+        fprintf(stderr, "meshtrain: --eval-only needs weights: --init FILE "
+                        "or --resume\n");
         return MESH_EXIT_USAGE;
     }
     if (c.algo == MESH_ALGO_PS && !c.simulate) {

@@ -58,6 +58,12 @@ struct trainer {
     uint8_t config_digest[32];
     char config[MESH_CONFIG_MAX];
 
+    /* --init: the file's bytes until loaded, and their SHA-256 (hex) */
+    uint8_t *init_buf;
+    size_t init_len;
+    char init_digest[65];
+    double eval_samples; /* the last evaluation's, over every peer */
+
     /* output */
     double t0;
     FILE *metrics;
@@ -88,5 +94,23 @@ int train_ckpt_dir(const struct trainer *t, char *buf, size_t cap);
 int train_ckpt_write(struct trainer *t, uint64_t step);
 /* --resume: the step to continue from (0: none, with --resume=if-any). */
 int train_ckpt_resume(struct trainer *t, uint64_t *step_out);
+
+/* ---- finetune.c ---------------------------------------------------------- */
+
+/* --init: read the file and hash it (before the configuration). */
+int train_init_read(struct trainer *t);
+/* --init, --init-skip: load into the new model (before the optimizer). */
+int train_init_apply(struct trainer *t);
+/* --freeze: freeze the params (before the optimizer and the buckets). */
+int train_freeze_apply(struct trainer *t);
+/* --freeze: log how many gradient floats the buckets hold (rank 0). */
+void train_freeze_report(const struct trainer *t);
+/* --eval-only: print top-1 and top-5 of the evaluation just done (rank
+ * 0), and its JSON record with --metrics. */
+int train_eval_report(struct trainer *t, double top1, double top5);
+/* The configuration lines of the flags above into buf (core: the ones
+ * that define the training trajectory); their length, or < 0. */
+int train_finetune_config(const struct trainer *t, char *buf, size_t cap,
+                          int core);
 
 #endif

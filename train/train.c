@@ -350,6 +350,7 @@ static int evaluate(struct trainer *t, double *top1, double *top5)
     if (rc < 0)
         return rc;
     tl_add(t, "evaluate", 0, ts, now_s(t) - ts);
+    t->eval_samples = counts[2];
     *top1 = counts[2] > 0 ? 100.0 * counts[0] / counts[2] : 0;
     *top5 = counts[2] > 0 ? 100.0 * counts[1] / counts[2] : 0;
     return 0;
@@ -453,6 +454,11 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
                       "error_feedback=%d\n", !c->no_error_feedback);
     if (n < 0 || (size_t)n >= sizeof(t->config))
         return mesh_err(-EINVAL, "configuration too long");
+    i = train_finetune_config(t, t->config + n, sizeof(t->config) - (size_t)n,
+                              1);
+    if (i < 0)
+        return i;
+    n += i;
     core = (size_t)n;
     if (mesh_ckpt_sha256(t->config, core, t->config_digest) < 0)
         return -EIO;
@@ -468,7 +474,9 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
                   c->checkpoint_every, c->resume);
     if ((size_t)n >= sizeof(t->config) - 200)
         return mesh_err(-EINVAL, "configuration too long");
-    return 0;
+    i = train_finetune_config(t, t->config + n, sizeof(t->config) - (size_t)n,
+                              0);
+    return i < 0 ? i : 0;
 }
 
 /*
@@ -613,6 +621,12 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
     }
     if (rc == 0)
         rc = mesh_nn_model_create(t->ctx, &t->mcfg, &t->model);
+    if (rc == 0) {
+        t->nparams = mesh_nn_model_num_params(t->model);
+        rc = train_init_apply(t);
+    }
+    if (rc == 0)
+        rc = train_freeze_apply(t);
     if (rc == 0)
         rc = mesh_nn_sgd_create(t->model, &c->sgd, &t->sgd);
     if (rc < 0)
@@ -1096,6 +1110,8 @@ static int open_input(struct trainer *t, const struct mesh_opts *mo)
     if (rc == 0 && !t->c->simulate)
         rc = mesh_data_fingerprint(t->ds, data_fp);
     if (rc == 0)
+        rc = train_init_read(t);
+    if (rc == 0)
         rc = build_config(t, data_fp);
     return rc;
 }
@@ -1213,6 +1229,7 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
     if (rc < 0)
         return fail(t, MESH_EXIT_USAGE, rc);
     print_plan(t);
+    train_freeze_report(t);
     return MESH_EXIT_OK;
 }
 
@@ -1293,9 +1310,16 @@ static int final_eval(struct trainer *t)
     double top1 = 0, top5 = 0;
     int rc;
 
+    if (!t->eval_ld && t->c->eval_only)
+        return train_local(t, mesh_err(-EINVAL,
+                                       "--eval-only: --data %s has no "
+                                       "test split",
+                                       t->c->data));
     if (!t->eval_ld)
         return train_bn_average(t);
     rc = evaluate(t, &top1, &top5);
+    if (rc == 0 && t->c->eval_only)
+        return train_eval_report(t, top1, top5);
     if (rc == 0 && t->rank == 0)
         printf("%stest accuracy after %" PRIu64 " steps: top-1 %.2f %% "
                "top-5 %.2f %%\n",
@@ -1370,6 +1394,7 @@ static void trainer_close(struct trainer *t)
     free(t->hparams);
     free(t->hmom);
     free(t->hbuf);
+    free(t->init_buf);
 }
 
 /* The exit code of an error of the steps or the end of the run. */
@@ -1399,7 +1424,7 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     if (code == MESH_EXIT_OK)
         code = start_point(&t, &start);
     if (code == MESH_EXIT_OK) {
-        rc = train_loop(&t, start);
+        rc = c->eval_only ? 0 : train_loop(&t, start);
         if (rc == 0)
             rc = finish(&t);
         if (rc < 0)

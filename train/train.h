@@ -36,6 +36,7 @@
  *   sparse.[ch]   --compress topk / threshold: the pairs' selection,
  *                 error feedback and all-gather (gradsync.c calls it);
  *   checkpoint.c  what the trainer's checkpoints hold, and --resume;
+ *   finetune.c    --init (and --init-skip), --freeze;
  *   ckpt.[ch]     the checkpoint directory format (MANIFEST, blobs);
  *   timeline.[ch] the --timeline Chrome trace;
  *   simulate.[ch] simulated compute (--simulate-compute) and per-layer
@@ -115,6 +116,12 @@ struct train_cfg {
     uint64_t timeline_steps; /* steps recorded in the trace */
     uint64_t log_every;      /* progress lines when not a TTY */
     int quiet;
+
+    /* fine-tuning (train/finetune.c) */
+    const char *init;      /* --init FILE: torchvision-named safetensors */
+    const char *init_skip; /* --init-skip PATTERN: keep these fresh */
+    const char *freeze;    /* --freeze PATTERN: fixed, not all-reduced */
+    int eval_only;         /* --eval-only: evaluate, no step */
 
     /* simulated compute (train/simulate.h): the scaling benchmark */
     const char *simulate;       /* --simulate-compute PROFILE, or NULL */
