@@ -218,6 +218,26 @@ void mesh_data_tell(const struct mesh_loader *ld, uint64_t *epoch,
 int mesh_data_seek(struct mesh_loader *ld, uint64_t epoch, uint64_t step);
 
 /*
+ * --elastic: continue the training split from permutation position pos of
+ * epoch (where a step starts), with another layout. Each optimizer step
+ * then covers `slots` micro-batches of `batch` consecutive positions; slot
+ * m of a step is read by peer m mod world, so this peer (rank) reads slots
+ * rank, rank + world, ... in that order, mesh_loader_micro_per_step of
+ * them. The epoch ends at its last whole step (the tail of fewer than
+ * slots x batch positions is not used, as before); later epochs start at
+ * position 0 with the same layout. The default layout, from
+ * mesh_loader_create, is slots = world x accumulate from position 0 of
+ * epoch 0, which is the sharding described above; mesh_data_seek returns
+ * to position 0 of its epoch with the current slots. Returns 0, or
+ * -EINVAL when the layout makes no step.
+ */
+int mesh_data_layout(struct mesh_loader *ld, uint64_t epoch, uint64_t pos,
+                     int slots, int rank, int world);
+
+/* Micro-batches this peer reads per optimizer step under the layout. */
+int mesh_loader_micro_per_step(const struct mesh_loader *ld);
+
+/*
  * The loader's whole position and RNG state, for checkpoints: a portable
  * little-endian record of MESH_DATA_STATE_BYTES (magic, version, seed,
  * epoch, step, batch, world, rank, sample count). Since augmentation is

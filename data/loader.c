@@ -34,6 +34,15 @@ struct mesh_loader {
     int split, batch, rank, world, augment, nthreads, depth;
     uint64_t spe; /* steps per epoch */
     size_t sample_floats;
+    /*
+     * The training layout (mesh_data_layout): each optimizer step covers
+     * nslots micro-batches of consecutive permutation positions, of which
+     * this peer takes slots rank, rank + world, ... (kr of them). The
+     * positions start at seg_pos of epoch seg_epoch (seg_spe loader steps
+     * left in it); later epochs start at 0 (spe loader steps each).
+     */
+    int nslots, kr;
+    uint64_t seg_epoch, seg_pos, seg_spe;
 
     pthread_mutex_t mu;
     pthread_cond_t cv_work;  /* workers: a slot or a stop */
@@ -78,6 +87,28 @@ static uint64_t eval_count_for(const struct mesh_loader *ld)
                : 0;
 }
 
+/*
+ * The training batch abs loader steps after the layout's start: its
+ * epoch, its step within the epoch (from the epoch's first step of this
+ * layout) and the position its epoch's steps count from. With the default
+ * layout (slots = world x accumulate, from position 0) micro-batch u of
+ * an epoch covers positions u world batch + rank batch, as before.
+ */
+static void train_position(const struct mesh_loader *ld, uint64_t abs,
+                           uint64_t *epoch, uint64_t *step, uint64_t *p0)
+{
+    if (abs < ld->seg_spe) {
+        *epoch = ld->seg_epoch;
+        *step = abs;
+        *p0 = ld->seg_pos;
+    } else {
+        abs -= ld->seg_spe;
+        *epoch = ld->seg_epoch + 1 + abs / ld->spe;
+        *step = abs % ld->spe;
+        *p0 = 0;
+    }
+}
+
 /* Under mu: can a task be handed out now? */
 static int can_assign(const struct mesh_loader *ld)
 {
@@ -99,9 +130,10 @@ static void assign(struct mesh_loader *ld, struct task *t)
     struct slot *s = &ld->slots[seq % (uint64_t)ld->depth];
     uint64_t abs = ld->base + seq, epoch, step;
 
+    uint64_t p0 = 0;
+
     if (ld->split == MESH_DATA_TRAIN) {
-        epoch = abs / ld->spe;
-        step = abs % ld->spe;
+        train_position(ld, abs, &epoch, &step, &p0);
     } else {
         epoch = 0;
         step = abs;
@@ -124,9 +156,11 @@ static void assign(struct mesh_loader *ld, struct task *t)
     t->i = ld->assign_i;
     t->epoch = epoch;
     if (ld->split == MESH_DATA_TRAIN) {
-        uint64_t pos = step * (uint64_t)ld->batch * (uint64_t)ld->world +
-                       (uint64_t)ld->rank * (uint64_t)ld->batch +
-                       (uint64_t)t->i;
+        uint64_t b = (uint64_t)ld->batch, kr = (uint64_t)ld->kr;
+        uint64_t pos =
+            p0 + step / kr * (uint64_t)ld->nslots * b +
+            ((uint64_t)ld->rank + step % kr * (uint64_t)ld->world) * b +
+            (uint64_t)t->i;
 
         if (!ld->perm_valid || ld->perm_epoch != epoch) {
             mesh_data_permutation(ld->ds, epoch, ld->perm);
@@ -281,6 +315,9 @@ int mesh_loader_create(struct mesh_dataset *ds,
         uint64_t k = (uint64_t)MESH_MAX(o->accumulate, 1);
 
         ld->spe = n / ((size_t)o->batch * (size_t)o->world) / k * k;
+        ld->nslots = o->world * (int)k;
+        ld->kr = (int)k;
+        ld->seg_spe = ld->spe;
     } else {
         uint64_t mine = eval_count_for(ld);
 
@@ -384,11 +421,10 @@ int mesh_data_next(struct mesh_loader *ld, struct mesh_batch *batch)
 void mesh_data_tell(const struct mesh_loader *ld, uint64_t *epoch,
                     uint64_t *step)
 {
-    uint64_t abs = ld->base + ld->consume_seq;
+    uint64_t abs = ld->base + ld->consume_seq, p0;
 
     if (ld->split == MESH_DATA_TRAIN) {
-        *epoch = abs / ld->spe;
-        *step = abs % ld->spe;
+        train_position(ld, abs, epoch, step, &p0);
     } else {
         *epoch = 0;
         *step = abs;
@@ -405,8 +441,48 @@ int mesh_data_seek(struct mesh_loader *ld, uint64_t epoch, uint64_t step)
                         " (%" PRIu64 " steps per epoch)",
                         epoch, step, ld->spe);
     stop_threads(ld);
+    if (ld->split == MESH_DATA_TRAIN) {
+        ld->seg_epoch = 0;
+        ld->seg_pos = 0;
+        ld->seg_spe = ld->spe;
+    }
     reset_position(ld, epoch * ld->spe + step);
     return start_threads(ld);
+}
+
+int mesh_data_layout(struct mesh_loader *ld, uint64_t epoch, uint64_t pos,
+                     int slots, int rank, int world)
+{
+    uint64_t n = ld->ds->sp[MESH_DATA_TRAIN].count, g, kr;
+
+    if (ld->split != MESH_DATA_TRAIN || slots < 1 || world < 1 || rank < 0 ||
+        rank >= world || world > slots)
+        return mesh_err(-EINVAL, "data: bad layout: %d slots, rank %d of %d",
+                        slots, rank, world);
+    g = (uint64_t)slots * (uint64_t)ld->batch;
+    if (n / g == 0 || pos > n)
+        return mesh_err(-EINVAL,
+                        "data: the %" PRIu64 " training samples make no "
+                        "step of %d micro-batches of %d (position %" PRIu64 ")",
+                        n, slots, ld->batch, pos);
+    kr = ((uint64_t)slots - (uint64_t)rank + (uint64_t)world - 1) /
+         (uint64_t)world;
+    stop_threads(ld);
+    ld->nslots = slots;
+    ld->rank = rank;
+    ld->world = world;
+    ld->kr = (int)kr;
+    ld->spe = n / g * kr;
+    ld->seg_epoch = epoch;
+    ld->seg_pos = pos;
+    ld->seg_spe = (n - pos) / g * kr;
+    reset_position(ld, 0);
+    return start_threads(ld);
+}
+
+int mesh_loader_micro_per_step(const struct mesh_loader *ld)
+{
+    return ld->kr;
 }
 
 /* ---- state record ------------------------------------------------------- */
