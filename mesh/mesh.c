@@ -689,7 +689,10 @@ const char *mesh_exit_help(void)
            "  2  could not listen or join the mesh within --join-timeout\n"
            "  3  a peer failed after joining (died, went silent past\n"
            "     --peer-timeout, desynced) or the job was aborted\n"
-           "  4  received data was wrong (verification failed)\n";
+           "  4  received data was wrong (verification failed)\n"
+           "  5  --elastic: no quorum for a new view (more than half of\n"
+           "     the last one), or left out of the view the others agreed\n"
+           "  6  --elastic: the view fell below --min-peers\n";
 }
 
 /* ---- binding to CPUs ----------------------------------------------------- */
@@ -961,6 +964,16 @@ void mesh_close(struct mesh *m)
     if (!m)
         return;
     report_culprit(m);
+    m->ops->close(m->t);
+    OPENSSL_cleanse(m->secret, sizeof(m->secret));
+    free(m->peers);
+    free(m);
+}
+
+void mesh_discard(struct mesh *m)
+{
+    if (!m)
+        return;
     m->ops->close(m->t);
     OPENSSL_cleanse(m->secret, sizeof(m->secret));
     free(m->peers);

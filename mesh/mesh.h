@@ -46,6 +46,10 @@ enum mesh_exit {
     MESH_EXIT_PEER = 3,   /* after joining: a peer died, went silent,
                              desynced, or the job was aborted */
     MESH_EXIT_VERIFY = 4, /* received data was wrong */
+    MESH_EXIT_QUORUM = 5, /* --elastic: no quorum for a new view (the
+                             minority of a partition), or left out of the
+                             view the others agreed on */
+    MESH_EXIT_MIN_PEERS = 6, /* --elastic: the view fell below --min-peers */
 };
 
 /*
@@ -176,12 +180,25 @@ int mesh_open(const struct mesh_opts *o, const char *config, struct mesh **out);
 #define MESH_REPORT_CULPRIT "meshrun-report: culprit "
 
 /*
+ * --elastic: the line the new rank 0 writes on stderr after a view change,
+ * "meshrun-report: view E size N left S1,S2", which meshrun turns into
+ * one line of its own.
+ */
+#define MESH_REPORT_VIEW "meshrun-report: view "
+
+/*
  * Close every link and free the mesh (NULL is fine). Call mesh_barrier
  * first for a clean end, so that no peer sees this as a failure. A failed
  * mesh first reports its culprit (MESH_REPORT_CULPRIT) where
  * MESHTRAIN_REPORT_FD asks.
  */
 void mesh_close(struct mesh *m);
+
+/*
+ * Close a failed mesh without reporting a culprit (--elastic: the
+ * survivors form a new view instead of failing the job).
+ */
+void mesh_discard(struct mesh *m);
 
 /* What collectives and programs drive. Valid until mesh_close. */
 const struct mesh_transport_ops *mesh_ops(const struct mesh *m);
