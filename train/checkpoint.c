@@ -57,6 +57,7 @@ int train_ckpt_write(struct trainer *t, uint64_t step)
         rc = mesh_ckpt_begin(dir, step, &w);
     if (rc < 0)
         return train_local(t, rc);
+    train_fault(t, TRAIN_FAULT_CHECKPOINT); /* a test aid */
     rc = mesh_ckpt_put_file(w, "model.safetensors", MESH_CKPT_SHARED, path,
                             sizeof(path));
     if (rc == 0)

@@ -13,6 +13,7 @@
 #include "collective/collective.h"
 #include "train/gradsync.h"
 #include "train/model.h"
+#include "train/elastic.h"
 #include "train/simulate.h"
 #include "train/timeline.h"
 #include "train/train.h"
@@ -55,6 +56,39 @@ struct trainer {
 
     struct mesh_nn_lr_sched lr; /* --lr-schedule with the run's length */
 
+    /*
+     * The step's shape: each optimizer step covers `slots` micro-batches
+     * of --batch samples (size x --accumulate, or the first view's with
+     * --keep-global-batch), of which this peer computes `accum`; its loss
+     * and gradients are scaled by gscale = size / slots before the
+     * average over the peers.
+     */
+    int slots, accum;
+    float gscale;
+
+    /* --elastic: the view, snapshots at step boundaries, the data
+     * position (epoch, permutation position) of the step being run */
+    const struct mesh_opts *mo;
+    struct mesh_elastic *el;
+    int size0;           /* slots of the job (view 0) */
+    uint64_t view_epoch; /* the current view */
+    uint64_t members;
+    struct train_snap {
+        int valid;
+        uint64_t step, d_epoch, d_pos;
+        float *params, *mom, *buf;
+    } snap[2];
+    uint64_t d_epoch, d_pos;
+    char pending[512]; /* the last step's metrics line, written once a
+                          later step's all-reduce proves it committed */
+    uint64_t pending_step;
+    FILE *samples; /* MESHTRAIN_TEST_SAMPLES: positions trained */
+    struct {
+        int moment; /* enum train_fault, 0: none */
+        uint64_t step;
+        int sig;
+    } fault; /* MESHTRAIN_TEST_FAULT, this slot's */
+
     uint8_t config_digest[32];
     char config[MESH_CONFIG_MAX];
 
@@ -71,6 +105,25 @@ struct trainer {
     uint64_t step;           /* the step being run */
     int tty;
 };
+
+/*
+ * Test aid (tests/train_elastic.sh): MESHTRAIN_TEST_FAULT=S:MOMENT:STEP[:stop]
+ * (comma-separated, one per slot S) makes slot S raise SIGKILL (or
+ * SIGSTOP) at MOMENT of step STEP (0-based): "allreduce" once a gradient
+ * bucket's all-reduce has started, "between" at the step boundary,
+ * "checkpoint" in the middle of writing the checkpoint after the step,
+ * "eval" in the evaluation after the step, "agree" in the first view
+ * agreement (STEP ignored).
+ */
+enum train_fault {
+    TRAIN_FAULT_NONE,
+    TRAIN_FAULT_ALLREDUCE,
+    TRAIN_FAULT_BETWEEN,
+    TRAIN_FAULT_CHECKPOINT,
+    TRAIN_FAULT_EVAL,
+    TRAIN_FAULT_AGREE,
+};
+void train_fault(struct trainer *t, int moment);
 
 /* Mark an error as this peer's own (MESH_EXIT_USAGE rather than PEER). */
 static inline int train_local(struct trainer *t, int rc)

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -58,6 +59,7 @@ void train_cfg_init(struct train_cfg *c)
         .timeline_steps = 20,
         .log_every = 10,
         .simulate_scale = 1,
+        .min_peers = 1,
     };
 
     *c = defaults;
@@ -180,6 +182,59 @@ static void tl_add(struct trainer *t, const char *name, int tid, double ts,
                    double dur)
 {
     tl_push(t, name, tid, -1, -1, 0, ts, dur);
+}
+
+/* ---- test faults --------------------------------------------------------- */
+
+static const char *const fault_names[] = {
+    [TRAIN_FAULT_ALLREDUCE] = "allreduce",   [TRAIN_FAULT_BETWEEN] = "between",
+    [TRAIN_FAULT_CHECKPOINT] = "checkpoint", [TRAIN_FAULT_EVAL] = "eval",
+    [TRAIN_FAULT_AGREE] = "agree",
+};
+
+/* MESHTRAIN_TEST_FAULT's entry for slot (train-internal.h). */
+static int fault_parse(struct trainer *t, int slot)
+{
+    const char *v = getenv("MESHTRAIN_TEST_FAULT");
+    char buf[512], *tok, *save = NULL;
+
+    if (!v || !*v)
+        return 0;
+    snprintf(buf, sizeof(buf), "%s", v);
+    for (tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        char moment[32] = "", sig[16] = "";
+        int s, m;
+        unsigned long long step = 0;
+
+        if (sscanf(tok, "%d:%31[a-z]:%llu:%15s", &s, moment, &step, sig) < 2)
+            return mesh_err(-EINVAL, "MESHTRAIN_TEST_FAULT: bad entry \"%s\"",
+                            tok);
+        if (s != slot)
+            continue;
+        for (m = 1; m < (int)MESH_ARRAY_SIZE(fault_names); m++)
+            if (!strcmp(moment, fault_names[m]))
+                break;
+        if (m == (int)MESH_ARRAY_SIZE(fault_names))
+            return mesh_err(-EINVAL, "MESHTRAIN_TEST_FAULT: no moment \"%s\"",
+                            moment);
+        t->fault.moment = m;
+        t->fault.step = step;
+        t->fault.sig = !strcmp(sig, "stop") ? SIGSTOP : SIGKILL;
+    }
+    return 0;
+}
+
+void train_fault(struct trainer *t, int moment)
+{
+    if (t->fault.moment != moment || t->step != t->fault.step)
+        return;
+    t->fault.moment = TRAIN_FAULT_NONE; /* once */
+    fprintf(stderr,
+            "meshtrain: test fault: signal %d at %s of step %" PRIu64 "\n",
+            t->fault.sig, fault_names[moment], t->step);
+    fflush(stderr);
+    raise(t->fault.sig);
 }
 
 /* ---- host copies of device slabs ----------------------------------------- */
@@ -329,6 +384,7 @@ static int evaluate(struct trainer *t, double *top1, double *top5)
             rc = mesh_nn_model_logits(t->model, logits);
         if (rc < 0)
             break;
+        train_fault(t, TRAIN_FAULT_EVAL);
         for (i = 0; i < batch.n; i++) {
             const float *l = logits + (size_t)i * (size_t)classes;
             int y = batch.y[i], above = 0;
@@ -467,11 +523,15 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
                   "algo=%s\nbucket_mb=%.9g\nchunk_mb=%.9g\n"
                   "threads=%d\n"
                   "verify_every=%" PRIu64 "\neval=%d\neval_every=%.9g\n"
-                  "checkpoint_every=%" PRIu64 "\nresume=%d\n",
+                  "checkpoint_every=%" PRIu64 "\nresume=%d\n"
+                  "elastic=%d\nmin_peers=%d\nelastic_lr=%d\n"
+                  "keep_global_batch=%d\n",
                   t->total_steps, t->lr.total_epochs, mesh_algo_name(c->algo),
                   c->bucket_mb, c->chunk_mb, threads, c->verify_every,
                   !c->no_eval, c->no_eval ? 0.0 : c->eval_every,
-                  c->checkpoint_every, c->resume);
+                  c->checkpoint_every, c->resume, c->elastic,
+                  c->elastic ? c->min_peers : 0, c->elastic && c->elastic_lr,
+                  c->elastic && c->keep_global_batch);
     if ((size_t)n >= sizeof(t->config) - 200)
         return mesh_err(-EINVAL, "configuration too long");
     i = train_finetune_config(t, t->config + n, sizeof(t->config) - (size_t)n,
@@ -792,9 +852,13 @@ static int on_grad_ready(void *arg, size_t offset, size_t count)
     struct trainer *t = arg;
 
     (void)count;
+    int rc;
+
     if (t->prof)
         mesh_sim_prof_grad(t->prof, offset);
-    return mesh_gradsync_ready(t->gs, offset);
+    rc = mesh_gradsync_ready(t->gs, offset);
+    train_fault(t, TRAIN_FAULT_ALLREDUCE);
+    return rc;
 }
 
 /* The gradient buckets of the model, or of the simulation. */
@@ -816,7 +880,7 @@ static int gradsync_open(struct trainer *t)
         .rank = t->rank,
         .size = t->size,
         .algo = c->algo,
-        .grad_scale = 1.0f / (float)c->accumulate,
+        .grad_scale = t->gscale,
         .scale = t->sim ? c->simulate_scale : 1,
         .t0 = t->t0,
         .event = tl_push,
@@ -889,7 +953,7 @@ static int micro_batch(struct trainer *t, int k, float *loss_sum, double *data,
 {
     const struct mesh_train_model *m = &t->tm;
     const struct train_cfg *c = t->c;
-    int last = k == c->accumulate - 1, rc;
+    int last = k == t->accum - 1, rc;
     struct mesh_batch batch;
     float loss;
     double ts;
@@ -907,7 +971,7 @@ static int micro_batch(struct trainer *t, int k, float *loss_sum, double *data,
     if (t->prof && last)
         mesh_sim_prof_forward(t->prof, now_s(t) - ts);
     *loss_sum += loss;
-    if (last && (rc = loss_start(t, *loss_sum / (float)c->accumulate)) < 0)
+    if (last && (rc = loss_start(t, *loss_sum * t->gscale)) < 0)
         return loss_wait(t, rc);
     ts = now_s(t);
     if (t->prof && last)
@@ -922,6 +986,23 @@ static int micro_batch(struct trainer *t, int k, float *loss_sum, double *data,
     return 0;
 }
 
+/*
+ * The learning rate of step (0-based): the schedule's, times the view's
+ * share of the job's peers with --elastic-lr (the linear scaling rule for
+ * the smaller global batch).
+ */
+static double step_lr(const struct trainer *t, uint64_t step)
+{
+    double lr =
+        mesh_nn_lr_at(&t->lr, (double)step / (double)t->steps_per_epoch);
+
+    if (t->el && t->c->elastic_lr && !t->c->keep_global_batch)
+        lr *= (double)t->size / (double)t->size0;
+    return lr;
+}
+
+static void pending_flush(struct trainer *t);
+
 /* One optimizer step; *loss is the mean over the peers' micro-batches. */
 static int train_step(struct trainer *t, struct window *w, float *loss_out)
 {
@@ -933,7 +1014,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
     mesh_gradsync_begin(t->gs);
     if (t->sim)
         mesh_sim_step_begin(t->sim);
-    for (k = 0; k < c->accumulate; k++) {
+    for (k = 0; k < t->accum; k++) {
         rc = micro_batch(t, k, &loss_sum, &data, &t_bwd_end);
         if (rc < 0)
             return rc;
@@ -941,8 +1022,10 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
     rc = loss_wait(t, mesh_gradsync_finish(t->gs));
     if (rc < 0)
         return rc;
+    if (t->el)
+        pending_flush(t); /* every peer has applied the previous step */
     t_comm_end = now_s(t);
-    lr = mesh_nn_lr_at(&t->lr, (double)t->step / (double)t->steps_per_epoch);
+    lr = step_lr(t, t->step);
     ts = now_s(t);
     rc = t->sim ? 0 : mesh_nn_sgd_step(t->sgd, (float)lr);
     if (rc < 0)
@@ -953,30 +1036,47 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out)
     w->t_step += now_s(t) - t_begin;
     w->t_compute += (now_s(t) - t_begin) - data - (t_comm_end - t_bwd_end);
     w->steps++;
-    w->images +=
-        (uint64_t)c->batch * (uint64_t)c->accumulate * (uint64_t)t->size;
+    w->images += (uint64_t)c->batch * (uint64_t)t->slots;
     *loss_out = t->loss_avg;
     if (t->sim)
         mesh_sim_step_end(t->sim);
     return 0;
 }
 
+/*
+ * Write what a committed step left: its metrics line and (a test aid) the
+ * data positions it trained on. With --elastic both wait until a later
+ * step's all-reduce (or the end of the run) proves that every peer has
+ * applied the step, so that a step redone after a view change is written
+ * once.
+ */
+static void pending_flush(struct trainer *t)
+{
+    if (t->pending[0] && t->metrics) {
+        fputs(t->pending, t->metrics);
+        fflush(t->metrics);
+    }
+    t->pending[0] = '\0';
+}
+
 static void metrics_line(struct trainer *t, uint64_t step, float loss,
                          double lr, const struct window *one)
 {
-    if (!t->metrics)
+    if (!t->metrics && !t->el)
         return;
-    fprintf(t->metrics,
-            "{\"step\": %" PRIu64 ", \"epoch\": %.6f, \"loss\": %.9g, "
-            "\"lr\": %.9g, \"images_per_s\": %.3f, \"t_step\": %.6f, "
-            "\"t_compute\": %.6f, \"t_comm_exposed\": %.6f, "
-            "\"t_data\": %.6f, \"peers\": %d, \"batch\": %d, "
-            "\"accumulate\": %d}\n",
-            step, (double)step / (double)t->steps_per_epoch, (double)loss, lr,
-            one->t_step > 0 ? (double)one->images / one->t_step : 0.0,
-            one->t_step, one->t_compute, one->t_comm, one->t_data, t->size,
-            t->c->batch, t->c->accumulate);
-    fflush(t->metrics);
+    snprintf(t->pending, sizeof(t->pending),
+             "{\"step\": %" PRIu64 ", \"epoch\": %.6f, \"loss\": %.9g, "
+             "\"lr\": %.9g, \"images_per_s\": %.3f, \"t_step\": %.6f, "
+             "\"t_compute\": %.6f, \"t_comm_exposed\": %.6f, "
+             "\"t_data\": %.6f, \"peers\": %d, \"batch\": %d, "
+             "\"accumulate\": %d}\n",
+             step, (double)step / (double)t->steps_per_epoch, (double)loss, lr,
+             one->t_step > 0 ? (double)one->images / one->t_step : 0.0,
+             one->t_step, one->t_compute, one->t_comm, one->t_data, t->size,
+             t->c->batch, t->accum);
+    t->pending_step = step;
+    if (!t->el)
+        pending_flush(t);
 }
 
 static void window_add(struct window *w, const struct window *one)
@@ -1031,49 +1131,419 @@ static int after_step(struct trainer *t, uint64_t done, uint64_t eval_every)
     return 0;
 }
 
-/* Steps start .. total_steps, with progress, metrics and what is due. */
-static int train_loop(struct trainer *t, uint64_t start)
+/*
+ * --elastic, test aid: MESHTRAIN_TEST_SAMPLES=PREFIX makes each peer write
+ * PREFIX.SLOT with one line "view step epoch position count" per
+ * micro-batch of each step it starts (positions in the epoch's
+ * permutation), before its gradients can reach anyone: a step that was
+ * not applied everywhere is redone in a later view, whose lines then
+ * count; tests/train_elastic_count.py counts them.
+ */
+static void samples_note(struct trainer *t, uint64_t step)
+{
+    if (!t->samples)
+        return;
+    for (int j = 0; j < t->accum; j++) {
+        uint64_t pos =
+            t->d_pos + ((uint64_t)t->rank + (uint64_t)j * (uint64_t)t->size) *
+                           (uint64_t)t->c->batch;
+
+        fprintf(t->samples,
+                "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %d\n",
+                t->view_epoch, step, t->d_epoch, pos, t->c->batch);
+    }
+    fflush(t->samples);
+}
+
+/* The data position after a step: the next step's, or the next epoch's
+ * start when no whole step is left (as the loader does). */
+static void data_advance(struct trainer *t)
+{
+    uint64_t g = (uint64_t)t->slots * (uint64_t)t->c->batch;
+
+    t->d_pos += g;
+    if (t->train_ld && t->d_pos + g > t->info.train_count) {
+        t->d_epoch++;
+        t->d_pos = 0;
+    }
+}
+
+/* ---- --elastic: snapshots and view changes --------------------------------
+ */
+
+static int snap_copy(struct trainer *t, float *dst, float *dev, size_t n,
+                     int to_dev)
+{
+    if (t->host_slabs) {
+        if (to_dev)
+            memcpy(dev, dst, n * 4);
+        else
+            memcpy(dst, dev, n * 4);
+        return 0;
+    }
+    return to_dev ? mesh_nn_upload(t->ctx, dev, dst, n * 4)
+                  : mesh_nn_download(t->ctx, dst, dev, n * 4);
+}
+
+/*
+ * The state before step (weights, momentum, BN statistics, the data
+ * position), in slot step % 2: the slot of step - 1 stays, the one a
+ * view change may roll back to (doc/elastic.md).
+ */
+static int snap_take(struct trainer *t, uint64_t step)
+{
+    struct train_snap *sn = &t->snap[step & 1];
+    int rc = 0;
+
+    sn->valid = 0;
+    if (!t->sim) {
+        if (!sn->params) {
+            sn->params = malloc(t->nparams * 4);
+            sn->mom = malloc(t->nparams * 4);
+            sn->buf = malloc(t->nbuffers * 4 + 4);
+            if (!sn->params || !sn->mom || !sn->buf)
+                return train_local(t, mesh_err(-ENOMEM, "--elastic: out of "
+                                                        "memory for the "
+                                                        "snapshots"));
+        }
+        rc = snap_copy(t, sn->params, mesh_nn_model_params(t->model),
+                       t->nparams, 0);
+        if (rc == 0)
+            rc = snap_copy(t, sn->mom, mesh_nn_sgd_momentum(t->sgd), t->nparams,
+                           0);
+        if (rc == 0 && t->nbuffers)
+            rc = snap_copy(t, sn->buf, mesh_nn_model_buffers(t->model),
+                           t->nbuffers, 0);
+        if (rc < 0)
+            return train_local(t, rc);
+    }
+    sn->step = step;
+    sn->d_epoch = t->d_epoch;
+    sn->d_pos = t->d_pos;
+    sn->valid = 1;
+    return 0;
+}
+
+static int snap_restore(struct trainer *t, uint64_t step)
+{
+    struct train_snap *sn = &t->snap[step & 1];
+    int rc = 0;
+
+    if (!sn->valid || sn->step != step)
+        return train_local(t, mesh_err(-ENOENT,
+                                       "--elastic: no snapshot of step %" PRIu64
+                                       " to roll back to",
+                                       step));
+    if (!t->sim) {
+        rc = snap_copy(t, sn->params, mesh_nn_model_params(t->model),
+                       t->nparams, 1);
+        if (rc == 0)
+            rc = snap_copy(t, sn->mom, mesh_nn_sgd_momentum(t->sgd), t->nparams,
+                           1);
+        if (rc == 0 && t->nbuffers)
+            rc = snap_copy(t, sn->buf, mesh_nn_model_buffers(t->model),
+                           t->nbuffers, 1);
+        if (rc == 0 && t->ctx)
+            rc = mesh_nn_sync(t->ctx);
+        if (rc < 0)
+            return train_local(t, rc);
+    }
+    t->d_epoch = sn->d_epoch;
+    t->d_pos = sn->d_pos;
+    return 0;
+}
+
+/* At the start of step: the snapshot, unless a view change has begun. */
+static int elastic_boundary(struct trainer *t, uint64_t step)
+{
+    int rc = mesh_elastic_commit(t->el, step);
+
+    if (rc < 0)
+        return mesh_err(rc, "the mesh's view is changing");
+    return snap_take(t, step);
+}
+
+/* The step's shape in a view of size peers (struct trainer, slots). */
+static void view_shape(struct trainer *t)
 {
     const struct train_cfg *c = t->c;
-    uint64_t every = eval_interval(t), step;
+
+    t->slots = c->keep_global_batch ? t->size0 * c->accumulate
+                                    : t->size * c->accumulate;
+    t->accum = (t->slots - t->rank + t->size - 1) / t->size;
+    t->gscale = (float)t->size / (float)t->slots;
+}
+
+static int open_comm(struct trainer *t);
+static int gradsync_open(struct trainer *t);
+static int run_fail(struct trainer *t, int rc);
+static int verify_weights(struct trainer *t, const char *when);
+
+/* The evaluation loader of this view's rank and size. */
+static int eval_loader_open(struct trainer *t)
+{
+    struct mesh_loader_opts lo;
+
+    mesh_loader_destroy(t->eval_ld);
+    t->eval_ld = NULL;
+    if (!t->ds || t->info.eval_count == 0 || t->c->no_eval)
+        return 0;
+    memset(&lo, 0, sizeof(lo));
+    lo.split = MESH_DATA_EVAL;
+    lo.batch = t->c->batch;
+    lo.rank = t->rank;
+    lo.world = t->size;
+    lo.threads = t->c->data_threads;
+    return mesh_loader_create(t->ds, &lo, &t->eval_ld);
+}
+
+/* Drop the failed view's mesh, communicator and buckets. */
+static void view_close(struct trainer *t)
+{
+    mesh_elastic_set_transport(t->el, NULL, NULL);
+    if (t->loss_req)
+        (void)loss_wait(t, 0);
+    if (t->gs)
+        (void)mesh_gradsync_abort(t->gs, -ECANCELED);
+    mesh_gradsync_destroy(t->gs);
+    t->gs = NULL;
+    mesh_coll_destroy(t->coll);
+    t->coll = NULL;
+    mesh_discard(t->mesh);
+    t->mesh = NULL;
+}
+
+/*
+ * Join view v: its members renumbered densely in slot order, a new mesh
+ * whose handshake carries the view (so that a peer of another view is
+ * refused), the communicator and buckets, the data re-sharded from the
+ * snapshot's position, and the digests compared.
+ */
+static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
+{
+    const struct mesh_opts *mo = t->mo;
+    struct mesh_peer peers[MESH_ELASTIC_MAX_SLOTS];
+    struct mesh_opts vo;
+    char cfg[MESH_CONFIG_MAX], list[200], when[96];
+    int n = 0, me = -1, rc;
+
+    for (int s = 0; s < mo->world.size; s++) {
+        if (!(v->members >> s & 1))
+            continue;
+        if (s == mo->world.rank)
+            me = n;
+        peers[n++] = mo->world.peers[s];
+    }
+    t->rank = me;
+    t->size = n;
+    t->view_epoch = v->epoch;
+    t->members = v->members;
+    mesh_log_set_rank(me);
+    view_shape(t);
+    rc = snap_restore(t, v->step);
+    if (rc < 0)
+        return rc;
+    if (n > 1) {
+        vo = *mo;
+        vo.world.rank = me;
+        vo.world.size = n;
+        vo.world.peers = peers;
+        vo.topts.join_timeout_s = MESH_MAX(5.0, mo->topts.peer_timeout_s);
+        if (snprintf(cfg, sizeof(cfg), "%sview=%" PRIu64 ":%s\n", t->config,
+                     v->epoch,
+                     mesh_elastic_slots_str(v->members, list, sizeof(list))) >=
+            (int)sizeof(cfg))
+            return mesh_err(-EINVAL, "configuration too long");
+        rc = mesh_open(&vo, cfg, &t->mesh);
+        if (rc < 0)
+            return rc;
+        mesh_elastic_set_transport(t->el, mesh_ops(t->mesh),
+                                   mesh_transport(t->mesh));
+        rc = open_comm(t);
+        if (rc < 0)
+            return rc;
+    }
+    rc = gradsync_open(t);
+    if (rc < 0)
+        return train_local(t, rc);
+    if (t->train_ld) {
+        rc = mesh_data_layout(t->train_ld, t->d_epoch, t->d_pos, t->slots,
+                              t->rank, t->size);
+        if (rc == 0)
+            rc = eval_loader_open(t);
+        if (rc < 0)
+            return train_local(t, rc);
+    }
+    if (t->rank == 0 && !t->metrics && t->c->metrics) {
+        t->metrics = fopen(t->c->metrics, "a");
+        if (!t->metrics)
+            return train_local(t,
+                               mesh_err_errno("--metrics %s", t->c->metrics));
+    }
+    snprintf(when, sizeof(when), "after the change to view %" PRIu64, v->epoch);
+    return verify_weights(t, when);
+}
+
+/*
+ * The record of a view change: one log line (rank 0), a metrics record
+ * and a timeline event, and a line for meshrun.
+ */
+static void view_report(struct trainer *t, const struct mesh_elastic_view *v,
+                        const char *why, double t_fail, double dur)
+{
+    char left[200], members[200], who[1200] = "";
+    size_t n = 0;
+
+    mesh_elastic_slots_str(v->left, left, sizeof(left));
+    mesh_elastic_slots_str(v->members, members, sizeof(members));
+    for (int s = 0; s < t->mo->world.size && n + 300 < sizeof(who); s++) {
+        char name[MESH_HOST_MAX + 16];
+
+        if (!(v->left >> s & 1))
+            continue;
+        n += (size_t)snprintf(
+            who + n, sizeof(who) - n, "%sslot %d (%s)", n ? ", " : "", s,
+            mesh_peer_name(&t->mo->world, s, name, sizeof(name)));
+    }
+    tl_add(t, "view change", 0, t_fail, dur);
+    if (t->rank != 0)
+        return;
+    fprintf(stderr,
+            "meshtrain: view %" PRIu64 ": %s left (%s); %d peer(s) (slots "
+            "%s) continue from step %" PRIu64 ", recovered in %.3f s\n",
+            v->epoch, who[0] ? who : "no peer", why, t->size, members,
+            v->step + 1, dur);
+    fprintf(stderr, MESH_REPORT_VIEW "%" PRIu64 " size %d left %s\n", v->epoch,
+            t->size, left);
+    if (t->metrics) {
+        fprintf(t->metrics,
+                "{\"event\": \"view\", \"view\": %" PRIu64 ", \"step\": "
+                "%" PRIu64 ", \"peers\": %d, \"members\": [%s], "
+                "\"left\": [%s], \"recovery_s\": %.6f}\n",
+                v->epoch, v->step, t->size, members, v->left ? left : "", dur);
+        fflush(t->metrics);
+    }
+}
+
+/*
+ * After a failure of the mesh (rc_fail): agree on the next view with the
+ * other survivors, join it and roll back to the step it restarts from
+ * (*step). Returns MESH_EXIT_OK to go on, else the exit code.
+ */
+static int elastic_recover(struct trainer *t, int rc_fail, uint64_t *step)
+{
+    const struct mesh_transport_opts *to = &t->mo->topts;
+    double t_fail = now_s(t), timeout;
+    struct mesh_elastic_view v;
+    char why[400];
+    int rc, tries;
+
+    snprintf(why, sizeof(why), "%s", mesh_err_msg(rc_fail));
+    timeout = MESH_MAX(5.0, 2 * to->peer_timeout_s);
+    for (tries = 0; tries < 8; tries++) {
+        view_close(t);
+        rc = mesh_elastic_agree(t->el, timeout, &v);
+        if (rc < 0) {
+            fprintf(stderr, "meshtrain: slot %d: %s\n", t->mo->world.rank,
+                    mesh_err_msg(rc));
+            return MESH_EXIT_QUORUM;
+        }
+        if (v.size < t->c->min_peers) {
+            fprintf(stderr,
+                    "meshtrain: slot %d: view %" PRIu64 " has %d peer(s), "
+                    "fewer than --min-peers %d; stopping\n",
+                    t->mo->world.rank, v.epoch, v.size, t->c->min_peers);
+            return MESH_EXIT_MIN_PEERS;
+        }
+        rc = view_open(t, &v);
+        if (rc == 0)
+            break;
+        if (t->local_err || rc == -EBADMSG)
+            return run_fail(t, rc);
+        snprintf(why, sizeof(why), "joining view %" PRIu64 ": %s", v.epoch,
+                 mesh_err_msg(rc));
+    }
+    if (tries == 8) {
+        fprintf(stderr, "meshtrain: slot %d: no view could be joined: %s\n",
+                t->mo->world.rank, why);
+        return MESH_EXIT_PEER;
+    }
+    /* the last step run here was applied by every peer when the view
+     * restarts after it; else it is redone */
+    if (v.step >= t->pending_step)
+        pending_flush(t);
+    t->pending[0] = '\0';
+    *step = v.step;
+    view_report(t, &v, why, t_fail, now_s(t) - t_fail);
+    return MESH_EXIT_OK;
+}
+
+/* Can the survivors of this error go on in a new view? */
+static int elastic_can_recover(const struct trainer *t, int rc)
+{
+    return t->el && !t->local_err && rc != -EBADMSG;
+}
+
+/*
+ * Steps start .. total_steps, with progress, metrics and what is due.
+ * Returns 0, or the error; with --elastic, a failure of the mesh changes
+ * the view and the loop goes on from the step it restarts from (*code
+ * gets the exit code when it cannot).
+ */
+static int train_loop(struct trainer *t, uint64_t start, int *code)
+{
+    const struct train_cfg *c = t->c;
+    uint64_t every = eval_interval(t), step = start;
     struct window win;
     double ema = 0;
     float loss = 0;
     int rc;
 
     memset(&win, 0, sizeof(win));
-    for (step = start; step < t->total_steps; step++) {
+    while (step < t->total_steps) {
         struct window one;
-        double lr =
-            mesh_nn_lr_at(&t->lr, (double)step / (double)t->steps_per_epoch);
+        double lr = step_lr(t, step);
         uint64_t done = step + 1;
 
         memset(&one, 0, sizeof(one));
         t->step = step;
-        rc = train_step(t, &one, &loss);
-        if (rc < 0)
-            return rc;
-        if (!isfinite(loss))
+        rc = t->el ? elastic_boundary(t, step) : 0;
+        if (rc == 0) {
+            train_fault(t, TRAIN_FAULT_BETWEEN);
+            samples_note(t, step);
+            rc = train_step(t, &one, &loss);
+        }
+        if (rc == 0 && !isfinite(loss))
             return train_local(t, mesh_err(-ERANGE,
                                            "loss is %f at step %" PRIu64
                                            " (lower --lr?)",
                                            (double)loss, done));
-        ema = ema == 0 ? one.t_step : 0.9 * ema + 0.1 * one.t_step;
-        window_add(&win, &one);
-        metrics_line(t, done, loss, lr, &one);
-        if ((t->tty && win.t_step > 0.5) ||
-            (!t->tty && c->log_every && done % c->log_every == 0) ||
-            done == t->total_steps) {
-            progress(t, done, loss, lr, &win,
-                     ema * (double)(t->total_steps - done),
-                     done == t->total_steps);
-            memset(&win, 0, sizeof(win));
+        if (rc == 0) {
+            ema = ema == 0 ? one.t_step : 0.9 * ema + 0.1 * one.t_step;
+            window_add(&win, &one);
+            metrics_line(t, done, loss, lr, &one);
+            data_advance(t);
+            if ((t->tty && win.t_step > 0.5) ||
+                (!t->tty && c->log_every && done % c->log_every == 0) ||
+                done == t->total_steps) {
+                progress(t, done, loss, lr, &win,
+                         ema * (double)(t->total_steps - done),
+                         done == t->total_steps);
+                memset(&win, 0, sizeof(win));
+            }
+            rc = after_step(t, done, every);
         }
-        rc = after_step(t, done, every);
+        if (rc < 0 && elastic_can_recover(t, rc)) {
+            *code = elastic_recover(t, rc, &step);
+            if (*code != MESH_EXIT_OK)
+                return rc;
+            continue;
+        }
         if (rc < 0)
             return rc;
+        step++;
     }
-    return 0;
+    return t->el ? elastic_boundary(t, step) : 0;
 }
 
 /* ---- setup --------------------------------------------------------------- */
@@ -1199,6 +1669,53 @@ static void print_plan(const struct trainer *t)
 }
 
 /*
+ * --elastic: the view thread (view 0: every slot), and the test aid
+ * MESHTRAIN_TEST_SAMPLES.
+ */
+static int elastic_open(struct trainer *t, const struct mesh_opts *mo)
+{
+    const struct train_cfg *c = t->c;
+    struct mesh_elastic_opts eo;
+    const char *v = getenv("MESHTRAIN_TEST_SAMPLES");
+    int rc;
+
+    t->mo = mo;
+    t->size0 = t->size;
+    if (!c->elastic)
+        return 0;
+    if (c->min_peers > t->size)
+        return mesh_err(-EINVAL, "--min-peers %d: the job has %d peer(s)",
+                        c->min_peers, t->size);
+    memset(&eo, 0, sizeof(eo));
+    eo.world = &mo->world;
+    eo.secret = mo->topts.secret;
+    eo.secret_len = mo->topts.secret ? mo->topts.secret_len : 0;
+    eo.job_id = mo->topts.job_id;
+    eo.settle_s = 0.15;
+    rc = fault_parse(t, mo->world.rank);
+    if (rc < 0)
+        return rc;
+    if (t->fault.moment == TRAIN_FAULT_AGREE)
+        eo.fault_sig = t->fault.sig;
+    rc = mesh_elastic_start(&eo, &t->el);
+    if (rc < 0)
+        return rc;
+    if (t->mesh)
+        mesh_elastic_set_transport(t->el, mesh_ops(t->mesh),
+                                   mesh_transport(t->mesh));
+    t->members = t->size >= 64 ? UINT64_MAX : (UINT64_C(1) << t->size) - 1;
+    if (v && *v) {
+        char path[PATH_MAX];
+
+        snprintf(path, sizeof(path), "%s.%d", v, mo->world.rank);
+        t->samples = fopen(path, "w");
+        if (!t->samples)
+            return mesh_err_errno("MESHTRAIN_TEST_SAMPLES: %s", path);
+    }
+    return 0;
+}
+
+/*
  * Everything up to the first step: CPUs, data, configuration, the mesh,
  * output paths, model, communicator, gradient buckets, metrics file.
  * Returns the exit code, MESH_EXIT_OK to go on.
@@ -1215,7 +1732,9 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
     code = join(t, mo);
     if (code != MESH_EXIT_OK)
         return code;
-    rc = outputs_check(t);
+    rc = elastic_open(t, mo);
+    if (rc == 0)
+        rc = outputs_check(t);
     if (rc == 0)
         rc = open_model(t, mo);
     if (rc < 0)
@@ -1374,6 +1893,15 @@ static int finish(struct trainer *t)
 /* Close every resource in reverse order of opening. */
 static void trainer_close(struct trainer *t)
 {
+    mesh_elastic_stop(t->el);
+    t->el = NULL;
+    for (int i = 0; i < 2; i++) {
+        free(t->snap[i].params);
+        free(t->snap[i].mom);
+        free(t->snap[i].buf);
+    }
+    if (t->samples)
+        fclose(t->samples);
     /* no copy may still read or write the host buffers freed below */
     if (t->ctx && mesh_nn_sync(t->ctx) < 0)
         mesh_warn("closing the device: %s", mesh_err_msg(-EIO));
@@ -1420,14 +1948,31 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     t.t0 = mesh_now_s();
     t.tty = isatty(STDOUT_FILENO);
 
+    t.slots = t.size * c->accumulate;
+    t.accum = c->accumulate;
+    t.gscale = 1.0f / (float)c->accumulate;
+
     code = setup(&t, mo);
     if (code == MESH_EXIT_OK)
         code = start_point(&t, &start);
-    if (code == MESH_EXIT_OK) {
-        rc = c->eval_only ? 0 : train_loop(&t, start);
+    if (code == MESH_EXIT_OK && t.train_ld) {
+        t.d_epoch = start / t.steps_per_epoch;
+        t.d_pos =
+            start % t.steps_per_epoch * (uint64_t)t.slots * (uint64_t)c->batch;
+    }
+    while (code == MESH_EXIT_OK) {
+        rc = c->eval_only ? 0 : train_loop(&t, start, &code);
+        if (code != MESH_EXIT_OK)
+            break;
         if (rc == 0)
             rc = finish(&t);
-        if (rc < 0)
+        if (rc == 0) {
+            pending_flush(&t);
+            break;
+        }
+        if (elastic_can_recover(&t, rc))
+            code = elastic_recover(&t, rc, &start);
+        else
             code = run_fail(&t, rc);
     }
     trainer_close(&t);

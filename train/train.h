@@ -123,6 +123,12 @@ struct train_cfg {
     const char *freeze;    /* --freeze PATTERN: fixed, not all-reduced */
     int eval_only;         /* --eval-only: evaluate, no step */
 
+    /* --elastic (train/elastic.h, doc/elastic.md) */
+    int elastic;           /* survive dead peers with views */
+    int min_peers;         /* the smallest view that may train (>= 1) */
+    int elastic_lr;        /* lr x view size / initial size */
+    int keep_global_batch; /* accumulate to keep the global batch */
+
     /* simulated compute (train/simulate.h): the scaling benchmark */
     const char *simulate;       /* --simulate-compute PROFILE, or NULL */
     double simulate_scale;      /* k: gradient bytes divided by k */

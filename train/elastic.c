@@ -1,0 +1,519 @@
+/*
+ * train/elastic.c: the view agreement of --elastic (see train/elastic.h
+ * and doc/elastic.md): one UDP socket and one thread per peer.
+ */
+#include "config.h"
+
+#include "train/elastic.h"
+
+#include "common/bytes.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define MSG_MAGIC   0x4c45454dU /* "MEEL" little-endian */
+#define MSG_VERSION 1
+#define MSG_BODY    56
+#define MSG_BYTES   (MSG_BODY + 32)
+#define TICK_MS     10
+#define RESEND_S    0.02
+#define ANNOUNCE_S  3.0 /* a decision is re-sent this long */
+#define HISTORY     64
+
+enum msg_type { MSG_PROPOSE = 1, MSG_DECIDED = 2 };
+
+enum state { ST_NORMAL, ST_AGREEING, ST_EXCLUDED };
+
+struct decision {
+    uint64_t epoch;   /* of the view left */
+    uint64_t prev;    /* that view's members */
+    uint64_t members; /* the next view's */
+    uint64_t step;
+};
+
+struct mesh_elastic {
+    int nslots, me, fd;
+    struct sockaddr_storage addr[MESH_ELASTIC_MAX_SLOTS];
+    socklen_t addrlen[MESH_ELASTIC_MAX_SLOTS];
+    uint8_t secret[256];
+    size_t secret_len;
+    uint8_t job[8]; /* SHA-256 of the job id, first bytes */
+    double settle_s;
+    int fault_sig;
+
+    pthread_t thread;
+    int running, stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+
+    const struct mesh_transport_ops *ops;
+    mesh_transport_t *t;
+
+    /* the view, and the agreement on leaving it */
+    enum state state;
+    uint64_t epoch, members;
+    uint64_t committed; /* the lowest step whose snapshot is kept */
+    uint64_t seen;      /* members heard in this agreement (grows) */
+    double seen_at;     /* when seen last grew */
+    uint64_t report[MESH_ELASTIC_MAX_SLOTS]; /* each one's seen set */
+    uint64_t rstep[MESH_ELASTIC_MAX_SLOTS];  /* and step */
+    uint64_t heard;                          /* whose report we hold */
+    uint64_t my_step;                        /* frozen on leaving */
+    struct decision last;  /* the latest decision, re-sent a while */
+    double announce_until; /* monotonic seconds */
+    double sent_at;
+    int decided; /* a decision waits for mesh_elastic_agree */
+    struct decision hist[HISTORY];
+    int nhist;
+};
+
+static int popcount64(uint64_t x)
+{
+    return __builtin_popcountll(x);
+}
+
+const char *mesh_elastic_slots_str(uint64_t mask, char *buf, size_t len)
+{
+    size_t n = 0;
+    int s;
+
+    buf[0] = '\0';
+    for (s = 0; s < 64 && n + 4 < len; s++)
+        if (mask >> s & 1)
+            n += (size_t)snprintf(buf + n, len - n, "%s%d", n ? "," : "", s);
+    if (!n)
+        snprintf(buf, len, "none");
+    return buf;
+}
+
+/* ---- messages ------------------------------------------------------------ */
+
+static int sign(const struct mesh_elastic *e, const uint8_t *body,
+                uint8_t mac[32])
+{
+    unsigned int len = 32;
+
+    if (!HMAC(EVP_sha256(), e->secret, (int)e->secret_len, body, MSG_BODY, mac,
+              &len) ||
+        len != 32)
+        return -EIO;
+    return 0;
+}
+
+static void send_msg(struct mesh_elastic *e, int type, uint64_t epoch,
+                     uint64_t mask, uint64_t step, int to)
+{
+    uint8_t m[MSG_BYTES];
+
+    memset(m, 0, sizeof(m));
+    mesh_put_le32(m, MSG_MAGIC);
+    m[4] = MSG_VERSION;
+    m[5] = (uint8_t)type;
+    mesh_put_le16(m + 6, (uint16_t)e->me);
+    memcpy(m + 8, e->job, 8);
+    mesh_put_le64(m + 16, epoch);
+    mesh_put_le64(m + 24, mask);
+    mesh_put_le64(m + 32, step);
+    mesh_put_le64(m + 40, e->members); /* informative */
+    if (sign(e, m, m + MSG_BODY) < 0)
+        return;
+    /* a lost datagram is re-sent at the next tick */
+    (void)sendto(e->fd, m, sizeof(m), MSG_DONTWAIT,
+                 (const struct sockaddr *)&e->addr[to], e->addrlen[to]);
+}
+
+static void send_all(struct mesh_elastic *e, int type, uint64_t epoch,
+                     uint64_t to_mask, uint64_t mask, uint64_t step)
+{
+    for (int s = 0; s < e->nslots; s++)
+        if (s != e->me && (to_mask >> s & 1))
+            send_msg(e, type, epoch, mask, step, s);
+}
+
+/* ---- the agreement ------------------------------------------------------- */
+
+static const struct decision *find_decision(const struct mesh_elastic *e,
+                                            uint64_t epoch)
+{
+    for (int i = 0; i < e->nhist; i++)
+        if (e->hist[i].epoch == epoch)
+            return &e->hist[i];
+    return NULL;
+}
+
+/* Under mu: leave the current view (once per epoch). */
+static void leave(struct mesh_elastic *e)
+{
+    if (e->state != ST_NORMAL)
+        return;
+    e->state = ST_AGREEING;
+    e->my_step = e->committed;
+    e->seen = UINT64_C(1) << e->me;
+    e->seen_at = mesh_now_s();
+    e->heard = UINT64_C(1) << e->me;
+    e->report[e->me] = e->seen;
+    e->rstep[e->me] = e->my_step;
+    e->sent_at = 0;
+    if (e->ops && e->t)
+        e->ops->abort(e->t, -1, "the mesh's view is changing");
+    pthread_cond_broadcast(&e->cv);
+}
+
+/* Under mu: adopt decision d of our epoch. */
+static void adopt(struct mesh_elastic *e, const struct decision *d)
+{
+    if (e->nhist < HISTORY)
+        e->hist[e->nhist++] = *d;
+    else {
+        memmove(e->hist, e->hist + 1, (HISTORY - 1) * sizeof(e->hist[0]));
+        e->hist[HISTORY - 1] = *d;
+    }
+    e->last = *d;
+    e->announce_until = mesh_now_s() + ANNOUNCE_S;
+    if (!(d->members >> e->me & 1)) {
+        e->state = ST_EXCLUDED;
+    } else {
+        e->state = ST_NORMAL;
+        e->epoch = d->epoch + 1;
+        e->members = d->members;
+        e->committed = d->step;
+    }
+    e->decided = 1;
+    pthread_cond_broadcast(&e->cv);
+}
+
+/* Under mu: decide if every member of our seen set reports it. */
+static void try_decide(struct mesh_elastic *e)
+{
+    struct decision d;
+    uint64_t step = UINT64_MAX;
+
+    if (e->state != ST_AGREEING)
+        return;
+    if (mesh_now_s() - e->seen_at < e->settle_s)
+        return;
+    if (2 * popcount64(e->seen) <= popcount64(e->members))
+        return; /* no quorum */
+    for (int s = 0; s < e->nslots; s++) {
+        if (!(e->seen >> s & 1))
+            continue;
+        if (!(e->heard >> s & 1) || e->report[s] != e->seen)
+            return;
+        if (e->rstep[s] < step)
+            step = e->rstep[s];
+    }
+    d.epoch = e->epoch;
+    d.prev = e->members;
+    d.members = e->seen;
+    d.step = step;
+    adopt(e, &d);
+    send_all(e, MSG_DECIDED, d.epoch, d.prev, d.members, d.step);
+}
+
+/* Under mu: one verified message. */
+static void take(struct mesh_elastic *e, int type, int from, uint64_t epoch,
+                 uint64_t mask, uint64_t step)
+{
+    const struct decision *d = find_decision(e, epoch);
+
+    if (d) {
+        /* a view we have left: tell the sender how it ended */
+        if (type == MSG_PROPOSE)
+            send_msg(e, MSG_DECIDED, d->epoch, d->members, d->step, from);
+        return;
+    }
+    if (epoch != e->epoch || e->state == ST_EXCLUDED ||
+        !(e->members >> from & 1))
+        return; /* a later view, or not a member: nothing to say */
+    if (type == MSG_DECIDED) {
+        struct decision nd = {
+            .epoch = epoch, .prev = e->members, .members = mask, .step = step};
+
+        if (e->state == ST_NORMAL)
+            leave(e);
+        adopt(e, &nd);
+        return;
+    }
+    leave(e);
+    if (!(e->seen >> from & 1)) {
+        e->seen |= UINT64_C(1) << from;
+        e->seen_at = mesh_now_s();
+        e->report[e->me] = e->seen;
+    }
+    /* reports of a member only grow; keep the latest */
+    e->report[from] = mask & e->members;
+    e->rstep[from] = step;
+    e->heard |= UINT64_C(1) << from;
+}
+
+static void receive(struct mesh_elastic *e)
+{
+    uint8_t m[MSG_BYTES + 1], mac[32];
+    ssize_t n;
+
+    while ((n = recv(e->fd, m, sizeof(m), MSG_DONTWAIT)) >= 0) {
+        int from;
+
+        if (n != MSG_BYTES || mesh_get_le32(m) != MSG_MAGIC ||
+            m[4] != MSG_VERSION || memcmp(m + 8, e->job, 8))
+            continue;
+        if (sign(e, m, mac) < 0 ||
+            CRYPTO_memcmp(mac, m + MSG_BODY, sizeof(mac)) != 0)
+            continue; /* unsigned, or another job's secret */
+        from = mesh_get_le16(m + 6);
+        if (from >= e->nslots || from == e->me ||
+            (m[5] != MSG_PROPOSE && m[5] != MSG_DECIDED))
+            continue;
+        pthread_mutex_lock(&e->mu);
+        take(e, m[5], from, mesh_get_le64(m + 16), mesh_get_le64(m + 24),
+             mesh_get_le64(m + 32));
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+static void *thread_main(void *arg)
+{
+    struct mesh_elastic *e = arg;
+    struct pollfd pf = {.fd = e->fd, .events = POLLIN};
+
+    for (;;) {
+        double now;
+
+        pthread_mutex_lock(&e->mu);
+        if (e->stop) {
+            pthread_mutex_unlock(&e->mu);
+            break;
+        }
+        now = mesh_now_s();
+        try_decide(e);
+        if (e->state == ST_AGREEING && now - e->sent_at >= RESEND_S) {
+            send_all(e, MSG_PROPOSE, e->epoch, e->members, e->seen, e->my_step);
+            e->sent_at = now;
+            if (e->fault_sig) {
+                int sig = e->fault_sig;
+
+                e->fault_sig = 0;
+                fprintf(stderr,
+                        "meshtrain: test fault: signal %d during the "
+                        "agreement\n",
+                        sig);
+                raise(sig);
+            }
+        } else if (e->state != ST_AGREEING && now < e->announce_until &&
+                   now - e->sent_at >= 5 * RESEND_S) {
+            send_all(e, MSG_DECIDED, e->last.epoch, e->last.prev,
+                     e->last.members, e->last.step);
+            e->sent_at = now;
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (poll(&pf, 1, TICK_MS) > 0)
+            receive(e);
+    }
+    return NULL;
+}
+
+/* ---- setup --------------------------------------------------------------- */
+
+static int resolve(struct mesh_elastic *e, const struct mesh_world *w, int s,
+                   int family)
+{
+    struct addrinfo hints, *res = NULL;
+    char port[16];
+    int rc;
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = family;
+    hints.ai_socktype = SOCK_DGRAM;
+    snprintf(port, sizeof(port), "%u", (unsigned)w->peers[s].port);
+    rc = getaddrinfo(w->peers[s].host, port, &hints, &res);
+    if (rc != 0 || !res)
+        return mesh_err(-EHOSTUNREACH, "--elastic: cannot resolve %s: %s",
+                        w->peers[s].host, gai_strerror(rc));
+    memcpy(&e->addr[s], res->ai_addr, res->ai_addrlen);
+    e->addrlen[s] = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+int mesh_elastic_start(const struct mesh_elastic_opts *o,
+                       struct mesh_elastic **out)
+{
+    const struct mesh_world *w = o->world;
+    struct mesh_elastic *e;
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    char name[MESH_HOST_MAX + 16];
+    int rc, s, one = 1;
+
+    if (w->size > MESH_ELASTIC_MAX_SLOTS)
+        return mesh_err(-EINVAL, "--elastic: at most %d peers (%d given)",
+                        MESH_ELASTIC_MAX_SLOTS, w->size);
+    if (o->secret_len > sizeof(e->secret))
+        return mesh_err(-EINVAL,
+                        "--elastic: the secret is longer than %zu "
+                        "bytes",
+                        sizeof(e->secret));
+    e = calloc(1, sizeof(*e));
+    if (!e)
+        return mesh_err(-ENOMEM, "out of memory");
+    e->fd = -1;
+    e->nslots = w->size;
+    e->me = w->rank;
+    e->settle_s = o->settle_s;
+    e->fault_sig = o->fault_sig;
+    if (o->secret) {
+        memcpy(e->secret, o->secret, o->secret_len);
+        e->secret_len = o->secret_len;
+    }
+    if (!EVP_Digest(o->job_id, strlen(o->job_id), md, &mdlen, EVP_sha256(),
+                    NULL)) {
+        rc = mesh_err(-EIO, "EVP_Digest(sha256) failed");
+        goto fail_e;
+    }
+    memcpy(e->job, md, 8);
+    e->members = w->size == 64 ? UINT64_MAX : (UINT64_C(1) << w->size) - 1;
+    /* our own address first, then the others' in its family */
+    rc = resolve(e, w, e->me, AF_UNSPEC);
+    for (s = 0; s < w->size && rc == 0; s++)
+        if (s != e->me)
+            rc = resolve(e, w, s, e->addr[e->me].ss_family);
+    if (rc < 0)
+        goto fail_e;
+    e->fd = socket(e->addr[e->me].ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (e->fd < 0) {
+        rc = mesh_err_errno("--elastic: socket");
+        goto fail_e;
+    }
+    (void)setsockopt(e->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(e->fd, (struct sockaddr *)&e->addr[e->me], e->addrlen[e->me]) <
+        0) {
+        rc = mesh_err_errno("--elastic: cannot bind UDP %s",
+                            mesh_peer_name(w, e->me, name, sizeof(name)));
+        goto fail_fd;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    rc = -pthread_create(&e->thread, NULL, thread_main, e);
+    if (rc < 0) {
+        rc = mesh_err(rc, "--elastic: pthread_create: %s", strerror(-rc));
+        goto fail_sync;
+    }
+    e->running = 1;
+    *out = e;
+    return 0;
+fail_sync:
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+fail_fd:
+    close(e->fd);
+fail_e:
+    OPENSSL_cleanse(e->secret, sizeof(e->secret));
+    free(e);
+    return rc;
+}
+
+void mesh_elastic_stop(struct mesh_elastic *e)
+{
+    if (!e)
+        return;
+    if (e->running) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = 1;
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    close(e->fd);
+    OPENSSL_cleanse(e->secret, sizeof(e->secret));
+    free(e);
+}
+
+void mesh_elastic_set_transport(struct mesh_elastic *e,
+                                const struct mesh_transport_ops *ops,
+                                mesh_transport_t *t)
+{
+    pthread_mutex_lock(&e->mu);
+    e->ops = ops;
+    e->t = t;
+    if (t && e->state == ST_AGREEING)
+        ops->abort(t, -1, "the mesh's view is changing");
+    pthread_mutex_unlock(&e->mu);
+}
+
+int mesh_elastic_commit(struct mesh_elastic *e, uint64_t step)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&e->mu);
+    if (e->state != ST_NORMAL)
+        rc = -ECANCELED;
+    else
+        e->committed = step;
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+void mesh_elastic_current(struct mesh_elastic *e, struct mesh_elastic_view *out)
+{
+    pthread_mutex_lock(&e->mu);
+    out->epoch = e->epoch;
+    out->members = e->members;
+    out->size = popcount64(e->members);
+    out->step = e->committed;
+    out->left = 0;
+    pthread_mutex_unlock(&e->mu);
+}
+
+int mesh_elastic_agree(struct mesh_elastic *e, double timeout_s,
+                       struct mesh_elastic_view *out)
+{
+    uint64_t deadline = mesh_now_ns() + (uint64_t)(timeout_s * 1e9);
+    uint64_t prev;
+    char a[200], b[200];
+    int rc = 0;
+
+    pthread_mutex_lock(&e->mu);
+    prev = e->members;
+    if (e->state == ST_NORMAL && !e->decided)
+        leave(e);
+    while (!e->decided && rc == 0)
+        rc = mesh_cond_sleep(&e->cv, &e->mu, deadline);
+    if (!e->decided) {
+        rc = mesh_err(-ETIMEDOUT,
+                      "no quorum for a new view within %.1f s: heard only "
+                      "slot(s) %s of view %" PRIu64 " (slots %s), and a "
+                      "view needs more than half of them",
+                      timeout_s, mesh_elastic_slots_str(e->seen, a, sizeof(a)),
+                      e->epoch,
+                      mesh_elastic_slots_str(e->members, b, sizeof(b)));
+    } else if (e->state == ST_EXCLUDED) {
+        rc = mesh_err(-EPERM,
+                      "left out of view %" PRIu64 ": the others (slots %s) "
+                      "agreed on it without this peer",
+                      e->last.epoch + 1,
+                      mesh_elastic_slots_str(e->last.members, a, sizeof(a)));
+    } else {
+        e->decided = 0;
+        out->epoch = e->epoch;
+        out->members = e->members;
+        out->size = popcount64(e->members);
+        out->step = e->committed;
+        out->left = prev & ~e->members;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}

@@ -1,0 +1,104 @@
+/*
+ * train/elastic.h: membership views of an elastic mesh (--elastic), agreed
+ * by the survivors of a failure with no coordinator.
+ *
+ * The protocol is written down in doc/elastic.md; in short:
+ *
+ *   - The job's slots are the hostfile's ranks (at most 64). A view is a
+ *     set of slots (a 64-bit mask) with an epoch number; view 0 is every
+ *     slot. Ranks within a view are the members in slot order, dense.
+ *   - Every peer keeps a UDP socket bound to its own TCP host:port number.
+ *     Messages are HMAC-SHA256-signed with the job secret and carry the
+ *     job, the sender's slot and the epoch of the view they speak about.
+ *   - When a peer sees its mesh fail (or hears a PROPOSE for its current
+ *     epoch e from a member), it leaves view e: it stops training (the
+ *     callback aborts its transport), freezes the step it can roll back to
+ *     (the lowest step whose snapshot it holds, "committed") and sends
+ *     PROPOSE(e, seen, step) to every member of view e every 20 ms. seen
+ *     is the set of members it has heard a PROPOSE(e) from, itself
+ *     included; it only grows.
+ *   - A peer decides view e + 1 = S when its seen set S has not changed
+ *     for the settle time, S holds more than half of view e (quorum), and
+ *     every member of S has reported exactly S. The step every member
+ *     restarts from is the lowest step reported in S. After deciding, a
+ *     peer reports only DECIDED(e, S, step), which every member of view e
+ *     that hears it adopts (or learns that it was left out).
+ *   - Two peers can never decide different views for the same epoch: seen
+ *     sets only grow, a decided peer reports nothing but its decision,
+ *     and two quorums of view e share a member, whose reports both
+ *     decisions would need (doc/elastic.md has the argument).
+ *
+ * The thread answers messages while the trainer computes, so that a slow
+ * peer is never left out for being busy.
+ */
+#ifndef MESH_TRAIN_ELASTIC_H
+#define MESH_TRAIN_ELASTIC_H
+
+#include <stdint.h>
+
+#include "transport/transport.h"
+
+#define MESH_ELASTIC_MAX_SLOTS 64
+
+struct mesh_elastic; /* opaque */
+
+/* A view: its epoch, members (bit s = slot s) and the step to run next. */
+struct mesh_elastic_view {
+    uint64_t epoch;
+    uint64_t members;
+    int size;      /* members */
+    uint64_t step; /* every member restarts from this step's snapshot */
+    uint64_t left; /* members of the previous view not in this one */
+};
+
+struct mesh_elastic_opts {
+    const struct mesh_world *world; /* every slot; world->rank is ours */
+    const uint8_t *secret;          /* NULL: unsigned (--insecure) */
+    size_t secret_len;
+    const char *job_id;
+    double settle_s; /* the seen set's quiet time before deciding */
+    /* Test aid (MESHTRAIN_TEST_FAULT ...:agree): raise this signal in
+     * the first agreement, right after the first PROPOSE; 0: never. */
+    int fault_sig;
+};
+
+/* Start the thread on view 0 (every slot). */
+int mesh_elastic_start(const struct mesh_elastic_opts *o,
+                       struct mesh_elastic **out);
+void mesh_elastic_stop(struct mesh_elastic *e);
+
+/*
+ * The transport of the current view (NULL while there is none): an
+ * agreement that another member starts aborts it, so that every pending
+ * and future operation fails at once.
+ */
+void mesh_elastic_set_transport(struct mesh_elastic *e,
+                                const struct mesh_transport_ops *ops,
+                                mesh_transport_t *t);
+
+/*
+ * At a step boundary, before taking the snapshot of `step`: 0, or
+ * -ECANCELED when an agreement has begun (then keep the snapshots and
+ * call mesh_elastic_agree).
+ */
+int mesh_elastic_commit(struct mesh_elastic *e, uint64_t step);
+
+/*
+ * Leave the current view (if no agreement has begun yet) and wait up to
+ * timeout_s for the next one. why says what failed (logged by the
+ * decider). Returns 0 with *out, or:
+ *   -EPERM      the others decided a view without this peer;
+ *   -ETIMEDOUT  no quorum within timeout_s (a partition's minority);
+ * with a message.
+ */
+int mesh_elastic_agree(struct mesh_elastic *e, double timeout_s,
+                       struct mesh_elastic_view *out);
+
+/* The current view. */
+void mesh_elastic_current(struct mesh_elastic *e,
+                          struct mesh_elastic_view *out);
+
+/* "0,3,5" of a slot mask. */
+const char *mesh_elastic_slots_str(uint64_t mask, char *buf, size_t len);
+
+#endif
