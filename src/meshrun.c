@@ -80,7 +80,9 @@ struct run {
     struct proc *procs;
     char secret[2 * SECRET_BYTES + 2];
     char job_id[64];
-    int reports; /* culprit reports received so far */
+    int reports;   /* culprit reports received so far */
+    int elastic;   /* --elastic: a rank's exit stops no other */
+    int min_peers; /* --elastic: ranks that must finish (exit 0) */
 };
 
 static int sig_pipe[2] = {-1, -1};
@@ -104,6 +106,7 @@ static void usage(FILE *f)
     fprintf(f,
             "Usage: meshrun [-np N] [--hostfile FILE | -H h1:2,h2:2]\n"
             "               [--launcher local|ssh] [--ssh CMD] [--grace S]\n"
+            "               [--elastic] [--min-peers M]\n"
             "               -- PROGRAM [ARGS...]\n"
             "\n"
             "Start N ranks of PROGRAM, one per hostfile slot, in file order.\n"
@@ -123,6 +126,11 @@ static void usage(FILE *f)
             "                     [MESHTRAIN_SSH]\n"
             "  --grace S          seconds between SIGTERM and SIGKILL when\n"
             "                     stopping ranks (default 5)\n"
+            "  --elastic          a rank that dies stops no other (also when\n"
+            "                     the program has --elastic): the survivors\n"
+            "                     form a new view; view changes are reported\n"
+            "  --min-peers M      --elastic: exit 0 when at least M ranks\n"
+            "                     finish (default: the program's, else 1)\n"
             "  -h, --help         this text\n"
             "\n"
             "Every rank gets MESHTRAIN_RANK, MESHTRAIN_SIZE,\n"
@@ -146,7 +154,10 @@ static void usage(FILE *f)
             "  3        ranks exited 3 (a peer failed) and no rank failed on\n"
             "           its own within 0.5 s: the culprit is the rank most\n"
             "           of them blame (a stopped or hung rank too, which\n"
-            "           meshrun then stops), else the first to exit 3\n");
+            "           meshrun then stops), else the first to exit 3\n"
+            "With --elastic: 0 when at least --min-peers ranks exited 0,\n"
+            "else 5 (no quorum) or 6 (below --min-peers) as the last ranks\n"
+            "gave, or the first failure's code.\n");
 }
 
 static int is_local_host(const char *host)
@@ -449,14 +460,30 @@ fail:
     return rc;
 }
 
-/* A rank's culprit report (MESH_REPORT_CULPRIT) on its stderr: note it. */
+/* A rank's culprit report (MESH_REPORT_CULPRIT) on its stderr: note it;
+ * a view change's (MESH_REPORT_VIEW): say it. */
 static int take_report(struct run *run, struct proc *p, const char *line,
                        size_t n)
 {
-    size_t k = strlen(MESH_REPORT_CULPRIT);
+    size_t k = strlen(MESH_REPORT_CULPRIT), kv = strlen(MESH_REPORT_VIEW);
     char num[16];
     long r;
     char *end;
+
+    if (n > kv && n < 400 && !memcmp(line, MESH_REPORT_VIEW, kv)) {
+        unsigned long long view;
+        int size;
+        char left[300];
+
+        if (sscanf(line + kv, "%llu size %d left %299s", &view, &size, left) !=
+            3)
+            return 0;
+        fprintf(stderr,
+                "meshrun: view %llu: %d rank(s) continue; slot(s) %s left "
+                "(reported by rank %d)\n",
+                view, size, left, p->rank);
+        return 1;
+    }
 
     if (n <= k || n - k >= sizeof(num) || memcmp(line, MESH_REPORT_CULPRIT, k))
         return 0;
@@ -653,6 +680,37 @@ static int name_blamed(const struct run *run, int culprit, int code,
     return code ? code : 1;
 }
 
+/*
+ * --elastic: 0 when at least --min-peers ranks finished (exit 0); else
+ * the code the last survivors gave (5: no quorum, 6: below --min-peers),
+ * or the first failure's.
+ */
+static int elastic_code(const struct run *run)
+{
+    int ok = 0, code = 0;
+
+    for (int r = 0; r < run->np; r++) {
+        int c = exit_code_of(run->procs[r].status);
+
+        if (c == 0)
+            ok++;
+        else if (c == MESH_EXIT_QUORUM || c == MESH_EXIT_MIN_PEERS || !code)
+            code = c;
+    }
+    if (ok >= run->min_peers) {
+        fprintf(stderr,
+                "meshrun: %d of %d rank(s) finished (--elastic, at least "
+                "%d needed)\n",
+                ok, run->np, run->min_peers);
+        return 0;
+    }
+    fprintf(stderr,
+            "meshrun: only %d of %d rank(s) finished, fewer than "
+            "--min-peers %d; exit code %d\n",
+            ok, run->np, run->min_peers, code ? code : 1);
+    return code ? code : 1;
+}
+
 /* Watch the ranks until all have exited; returns meshrun's exit code. */
 static int supervise(struct run *run)
 {
@@ -703,6 +761,20 @@ static int supervise(struct run *run)
                 c = exit_code_of(status);
                 if (c == 0 || stopping)
                     continue;
+                if (run->elastic) {
+                    /* the others form a new view without it */
+                    if (WIFSIGNALED(status))
+                        fprintf(stderr,
+                                "meshrun: rank %d (%s) was killed by "
+                                "signal %d; %d rank(s) go on (--elastic)\n",
+                                r, p->host, WTERMSIG(status), running);
+                    else
+                        fprintf(stderr,
+                                "meshrun: rank %d (%s) exited with code "
+                                "%d; %d rank(s) go on (--elastic)\n",
+                                r, p->host, c, running);
+                    continue;
+                }
                 pri = WIFSIGNALED(status) ? 3 : c != 3 ? 2 : 1;
                 if (pri > cand_pri) {
                     cand = r;
@@ -785,8 +857,10 @@ static int supervise(struct run *run)
             }
         }
     }
+    if (run->elastic && code == 0)
+        code = elastic_code(run);
     /* Whatever path led here: 0 only when every rank exited 0. */
-    for (int r = 0; r < run->np && code == 0; r++)
+    for (int r = 0; r < run->np && code == 0 && !run->elastic; r++)
         if (!run->procs[r].running && run->procs[r].status != 0)
             code = name_culprit(run, r, 0);
     for (int r = 0; r < run->np; r++)
@@ -834,6 +908,10 @@ static int parse_args(struct run *run, int argc, char **argv)
         }
         if (a[0] != '-')
             break;
+        if (!strcmp(a, "--elastic")) {
+            run->elastic = 1;
+            continue;
+        }
         if (!v)
             return mesh_err(-EINVAL, "%s needs a value", a);
         if (!strcmp(a, "-np") || !strcmp(a, "-n") || !strcmp(a, "--np")) {
@@ -862,6 +940,16 @@ static int parse_args(struct run *run, int argc, char **argv)
                                 v);
         } else if (!strcmp(a, "--ssh")) {
             run->ssh = v;
+        } else if (!strcmp(a, "--min-peers")) {
+            char *end;
+            long n = strtol(v, &end, 10);
+
+            if (*end || n < 1 || n > 65536)
+                return mesh_err(-EINVAL,
+                                "--min-peers '%s': expected a rank "
+                                "count",
+                                v);
+            run->min_peers = (int)n;
         } else if (!strcmp(a, "--grace")) {
             char *end;
 
@@ -883,6 +971,18 @@ static int parse_args(struct run *run, int argc, char **argv)
         return mesh_err(-EINVAL, "no program to run: meshrun [options] -- "
                                  "PROGRAM [ARGS...]");
     run->argv = argv + i;
+    /* the program's own --elastic and --min-peers count too */
+    for (; i < argc; i++) {
+        if (!strcmp(argv[i], "--elastic"))
+            run->elastic = 1;
+        else if (!run->min_peers && !strncmp(argv[i], "--min-peers=", 12))
+            run->min_peers = atoi(argv[i] + 12);
+        else if (!run->min_peers && !strcmp(argv[i], "--min-peers") &&
+                 i + 1 < argc)
+            run->min_peers = atoi(argv[i + 1]);
+    }
+    if (run->min_peers < 1)
+        run->min_peers = 1;
     return 0;
 }
 
