@@ -59,6 +59,10 @@ resume|--resume=if-any --checkpoint-dir TMP/ck|resume|
 freeze|--freeze conv1|freeze|
 simulate-compute|--simulate-compute k80|[a-z_]*|
 simulate-scale|--simulate-scale 4|data|--simulate-compute k80
+elastic|--elastic|elastic|
+min-peers|--min-peers 2|min_peers|--elastic
+elastic-lr|--elastic-lr|elastic_lr|--elastic
+keep-global-batch|--keep-global-batch|keep_global_batch|--elastic
 streams|--streams 2|streams|
 transport|--transport auto|transport|"
 
