@@ -26,6 +26,8 @@ const struct coll_algo coll_algos[] = {
     /* rd's scratch: two slots of count */
     {MESH_ALGO_RHD, "rhd", coll_rd_scratch, coll_build_rhd_allreduce, NULL,
      coll_rhd_cost},
+    {MESH_ALGO_HIER, "hier", coll_hier_scratch, coll_build_hier_allreduce, NULL,
+     coll_hier_cost},
 };
 const size_t coll_nalgos = MESH_ARRAY_SIZE(coll_algos);
 

@@ -87,6 +87,15 @@ struct sched {
     uint64_t count;
     int failed;     /* an allocation failed while building */
     uint32_t order; /* what sched_send gives new sends (sched_set_order) */
+    /*
+     * A builder run on a subset of the ranks (the hierarchical
+     * all-reduce's rings between hosts): its peers are indices into
+     * peer_map, its tags are offset by tag_base, and every op it adds
+     * follows gate (-1: none). All three are off after sched_init.
+     */
+    const int *peer_map;
+    uint32_t tag_base;
+    int gate;
 };
 
 void sched_init(struct sched *s, uint64_t seq, int op, int dtype,
@@ -137,6 +146,18 @@ int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
  * transport's contract asks for the buffer to stay untouched).
  */
 
+/*
+ * The hosts of a communicator, from the transport's host_of, the same on
+ * every rank: nhosts hosts of local ranks each, or local = 0 where the
+ * hosts differ in size (no hierarchical form then).
+ */
+struct coll_hosts {
+    int nhosts, local;
+    int *host_of;  /* (size): the host's index, 0..nhosts-1 */
+    int *local_of; /* (size): the rank's index on its host */
+    int *rank_at;  /* (nhosts x local): the rank of (host, local index) */
+};
+
 /* What an algorithm needs to know about one collective. */
 struct coll_args {
     int op; /* enum mesh_op */
@@ -149,6 +170,7 @@ struct coll_args {
     mesh_mr_t *send_mr, *recv_mr;
     size_t chunk_bytes; /* 0: pick */
     int rank, size;
+    const struct coll_hosts *hosts; /* NULL: every rank a host */
 };
 
 /* ---- what the builders share --------------------------------------------- */
@@ -270,6 +292,7 @@ struct coll_shape {
     int tree_depth;          /* the double binary tree's deepest leaf */
     double tree_load;        /* most bytes a rank sends, per byte reduced */
     int rd_rounds, rd_extra; /* coll_rd_rounds */
+    const struct coll_hosts *hosts;
 };
 
 /*
@@ -314,6 +337,7 @@ double coll_tree_cost(const struct coll_shape *c, double bytes);
 double coll_direct_cost(const struct coll_shape *c, double bytes);
 double coll_rd_cost(const struct coll_shape *c, double bytes);
 double coll_rhd_cost(const struct coll_shape *c, double bytes);
+double coll_hier_cost(const struct coll_shape *c, double bytes);
 
 /* ---- the builders, by family --------------------------------------------- */
 
@@ -323,6 +347,7 @@ size_t coll_tree_scratch(const struct coll_args *a);
 size_t coll_ps_scratch(const struct coll_args *a);
 size_t coll_direct_scratch(const struct coll_args *a);
 size_t coll_rd_scratch(const struct coll_args *a);
+size_t coll_hier_scratch(const struct coll_args *a);
 /* Recursive doubling over n ranks: the rounds (log2 of the largest power
  * of two <= n); the ranks beyond that power are returned in *extra. */
 int coll_rd_rounds(int n, int *extra);
@@ -342,6 +367,8 @@ int coll_build_rd_allreduce(struct sched *s, const struct coll_args *a,
                             void *scratch, mesh_mr_t *smr);
 int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
                              void *scratch, mesh_mr_t *smr);
+int coll_build_hier_allreduce(struct sched *s, const struct coll_args *a,
+                              void *scratch, mesh_mr_t *smr);
 int coll_build_chain_broadcast(struct sched *s, const struct coll_args *a);
 int coll_build_tree_broadcast(struct sched *s, const struct coll_args *a);
 int coll_build_barrier(struct sched *s, int rank, int size);

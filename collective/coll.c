@@ -59,6 +59,7 @@ struct mesh_coll {
     struct mesh_coll_opts opts;
     struct mesh_coll_model model;
     struct coll_shape shape; /* what the cost model knows (model, shapes) */
+    struct coll_hosts hosts; /* the transport's hosts (hier) */
 
     pthread_t thread;
     int thread_started;
@@ -482,6 +483,7 @@ static int new_req(mesh_coll_t *c, int kind, mesh_coll_req_t **out)
     q->a.rank = c->w->rank;
     q->a.size = c->w->size;
     q->a.chunk_bytes = c->opts.chunk_bytes;
+    q->a.hosts = &c->hosts;
     *out = q;
     return 0;
 }
@@ -855,6 +857,64 @@ void mesh_coll_buf_unregister(mesh_coll_t *c, void *buf)
 
 /* ---- create, destroy ----------------------------------------------------- */
 
+static void hosts_free(struct coll_hosts *h)
+{
+    free(h->host_of);
+    free(h->local_of);
+    free(h->rank_at);
+    memset(h, 0, sizeof(*h));
+}
+
+/*
+ * The hosts, from the transport's host_of (the lowest rank of each rank's
+ * host, the same answer everywhere): hosts numbered in the order of their
+ * lowest ranks, ranks on a host in rank order. local stays 0 (no
+ * hierarchy) without host_of or where the hosts differ in size.
+ */
+static int hosts_build(mesh_coll_t *c)
+{
+    struct coll_hosts *h = &c->hosts;
+    int n = c->w->size, *count;
+
+    if (!c->ops->host_of || n < 2)
+        return 0;
+    h->host_of = calloc((size_t)n, sizeof(int));
+    h->local_of = calloc((size_t)n, sizeof(int));
+    count = calloc((size_t)n, sizeof(int));
+    if (!h->host_of || !h->local_of || !count) {
+        free(count);
+        hosts_free(h);
+        return mesh_err(-ENOMEM, "out of memory for the hosts");
+    }
+    for (int r = 0; r < n; r++) {
+        int lead = c->ops->host_of(c->t, r);
+
+        if (lead < 0 || lead >= r)
+            h->host_of[r] = h->nhosts++; /* a host of its own */
+        else
+            h->host_of[r] = h->host_of[lead];
+        h->local_of[r] = count[h->host_of[r]]++;
+    }
+    h->local = count[0];
+    for (int k = 1; k < h->nhosts; k++)
+        if (count[k] != h->local)
+            h->local = 0;
+    free(count);
+    if (!h->local)
+        return 0;
+    h->rank_at = calloc((size_t)n, sizeof(int));
+    if (!h->rank_at) {
+        hosts_free(h);
+        return mesh_err(-ENOMEM, "out of memory for the hosts");
+    }
+    for (int r = 0; r < n; r++)
+        h->rank_at[h->host_of[r] * h->local + h->local_of[r]] = r;
+    if (h->local > 1)
+        mesh_info("collectives: %d host(s) of %d ranks: hier runs", h->nhosts,
+                  h->local);
+    return 0;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -1024,6 +1084,10 @@ int mesh_coll_create(const struct mesh_transport_ops *ops, mesh_transport_t *t,
     c->shape.size = world->size;
     coll_tree_shape(world->size, &c->shape.tree_depth, &c->shape.tree_load);
     c->shape.rd_rounds = coll_rd_rounds(world->size, &c->shape.rd_extra);
+    rc = hosts_build(c);
+    if (rc < 0)
+        goto free_c;
+    c->shape.hosts = &c->hosts;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->qcv, NULL);
     pthread_cond_init(&c->dcv, NULL);
@@ -1078,5 +1142,6 @@ void mesh_coll_destroy(mesh_coll_t *c)
     pthread_cond_destroy(&c->dcv);
     pthread_cond_destroy(&c->qcv);
     pthread_mutex_destroy(&c->mu);
+    hosts_free(&c->hosts);
     free(c);
 }

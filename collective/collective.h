@@ -66,11 +66,16 @@ enum mesh_algo {
     MESH_ALGO_RHD = 6,    /* Rabenseifner: reduce-scatter by recursive
                              halving, all-gather by recursive doubling; the
                              ring's bytes in 2 log2 N hops */
+    MESH_ALGO_HIER = 7,   /* hierarchical: reduce-scatter inside each host
+                             (one hop, shared memory), one ring per local
+                             rank between hosts, all-gather inside each
+                             host; the ring where hosts differ in size */
 };
-#define MESH_ALGO_LAST MESH_ALGO_RHD
+#define MESH_ALGO_LAST MESH_ALGO_HIER
 
 const char *mesh_algo_name(int algo);
-/* "ring", "tree", "auto", "ps", "direct", "rd", "rhd" -> *out; -EINVAL
+/* "ring", "tree", "auto", "ps", "direct", "rd", "rhd", "hier" -> *out;
+ * -EINVAL
  * otherwise. */
 int mesh_algo_parse(const char *s, int *out);
 

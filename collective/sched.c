@@ -24,7 +24,8 @@
 void sched_init(struct sched *s, uint64_t seq, int op, int dtype,
                 uint64_t count)
 {
-    *s = (struct sched){.seq = seq, .op = op, .dtype = dtype, .count = count};
+    *s = (struct sched){
+        .seq = seq, .op = op, .dtype = dtype, .count = count, .gate = -1};
 }
 
 void sched_free(struct sched *s)
@@ -49,7 +50,10 @@ static int add_op(struct sched *s, int kind)
     o->kind = kind;
     o->first_succ = -1;
     o->div = 1.0f;
-    return s->nops++;
+    s->nops++;
+    if (s->gate >= 0)
+        sched_dep(s, s->gate, s->nops - 1);
+    return s->nops - 1;
 }
 
 int sched_send(struct sched *s, int peer, uint32_t tag, uint64_t offset,
@@ -59,8 +63,8 @@ int sched_send(struct sched *s, int peer, uint32_t tag, uint64_t offset,
 
     if (i < 0)
         return -1;
-    s->ops[i].peer = peer;
-    s->ops[i].tag = tag;
+    s->ops[i].peer = s->peer_map ? s->peer_map[peer] : peer;
+    s->ops[i].tag = tag + s->tag_base;
     s->ops[i].order = s->order;
     s->ops[i].offset = offset;
     s->ops[i].buf = (void *)buf;
@@ -76,8 +80,8 @@ int sched_recv(struct sched *s, int peer, uint32_t tag, uint64_t offset,
 
     if (i < 0)
         return -1;
-    s->ops[i].peer = peer;
-    s->ops[i].tag = tag;
+    s->ops[i].peer = s->peer_map ? s->peer_map[peer] : peer;
+    s->ops[i].tag = tag + s->tag_base;
     s->ops[i].offset = offset;
     s->ops[i].buf = buf;
     s->ops[i].len = len;

@@ -2,7 +2,11 @@
  * tests/test_collective.c: the collectives over a real transport (default
  * TCP), with real processes on 127.0.0.1.
  *
- *   tests/test_collective [NMAX [TRANSPORT]]   ("3 verbs" in the verbs lane)
+ *   tests/test_collective [NMAX [TRANSPORT [LAYOUTS]]]
+ *
+ * ("3 verbs" in the verbs lane; "8 shm 2x2,2x3,3x1" in
+ * tests/collective_shm.sh: then also H hosts of L ranks each, the ranks
+ * of a "host" told apart by MESHTRAIN_SHM_TEST_HOST.)
  *
  * For each N = 2..8 the parent forks N ranks that form a mesh, create a
  * communicator and run a battery: every operation, algorithm and dtype,
@@ -390,7 +394,7 @@ static void t_back_to_back(struct rank_ctx *x)
     enum { K = 8 };
     static const int algos[] = {MESH_ALGO_RING,   MESH_ALGO_TREE, MESH_ALGO_PS,
                                 MESH_ALGO_DIRECT, MESH_ALGO_RD,   MESH_ALGO_RHD,
-                                MESH_ALGO_AUTO};
+                                MESH_ALGO_HIER,   MESH_ALGO_AUTO};
     struct group g;
     mesh_coll_req_t *q[K];
     void *buf[K], *want[K];
@@ -469,7 +473,7 @@ static void battery(struct rank_ctx *x)
 {
     static const int algos[] = {MESH_ALGO_RING,   MESH_ALGO_TREE, MESH_ALGO_PS,
                                 MESH_ALGO_DIRECT, MESH_ALGO_RD,   MESH_ALGO_RHD,
-                                MESH_ALGO_AUTO};
+                                MESH_ALGO_HIER,   MESH_ALGO_AUTO};
     int n = x->n;
     size_t counts[] = {0, 1, (size_t)n - 1, 7, 1009, 65537};
     size_t big[] = {(size_t)3 << 20 >> (n > 4)}; /* 12 or 6 MiB of f32 */
@@ -486,6 +490,7 @@ static void battery(struct rank_ctx *x)
     t_allreduce(x, MESH_ALGO_TREE, MESH_DT_BF16, MESH_REDOP_SUM, big, 1);
     t_allreduce(x, MESH_ALGO_RD, MESH_DT_F16, MESH_REDOP_AVG, big, 1);
     t_allreduce(x, MESH_ALGO_RHD, MESH_DT_BF16, MESH_REDOP_AVG, big, 1);
+    t_allreduce(x, MESH_ALGO_HIER, MESH_DT_F32, MESH_REDOP_AVG, big, 1);
     for (size_t d = 0; d < MESH_ARRAY_SIZE(dtypes); d++) {
         for (int redop = 0; redop < 2; redop++)
             t_reduce_scatter(x, dtypes[d], redop, small,
@@ -569,6 +574,9 @@ static void s_kill(struct rank_ctx *x, int sig)
 
 enum scenario { SC_BATTERY, SC_MISMATCH, SC_KILL, SC_STOP };
 
+/* The hosts the ranks of a battery pretend to be on (1: one machine). */
+static int test_hosts = 1;
+
 struct result {
     char *text; /* everything the rank wrote */
     int status;
@@ -585,6 +593,15 @@ static void child(int rank, int n, uint16_t base, int sc, int fd)
         double f = slow && atof(slow) > 1.0 ? atof(slow) : 1.0;
 
         alarm((unsigned)((sc == SC_BATTERY ? 150 : 60) * f));
+    }
+    {
+        /* test_hosts hosts of n / test_hosts ranks: a test double of
+         * several machines for the shm transport (shm/shm.h) */
+        char host[32];
+
+        snprintf(host, sizeof(host), "host%d", rank / (n / test_hosts));
+        if (test_hosts > 1)
+            setenv("MESHTRAIN_SHM_TEST_HOST", host, 1);
     }
     mesh_log_set_rank(rank);
     mesh_log_set_level(MESH_LOG_WARN);
@@ -835,6 +852,7 @@ int main(int argc, char **argv)
 {
     struct result res[MAXP];
     int nmax = argc > 1 ? atoi(argv[1]) : MAXP;
+    /* argv: [NMAX [TRANSPORT [LAYOUTS]]] */
     const char *name = argc > 2 ? argv[2] : "tcp";
 
     ops = mesh_transport_find(name);
@@ -847,6 +865,23 @@ int main(int argc, char **argv)
     diag("kernels: %s", mesh_reduce_isa());
     for (int n = 2; n <= nmax && n <= MAXP; n++)
         battery_of(n, "");
+    /* argv[3]: layouts "HxL,..." (H hosts of L ranks), e.g. 2x2,2x3,3x1 */
+    for (const char *l = argc > 3 ? argv[3] : NULL; l && *l;) {
+        int h = 0, per = 0, used = 0;
+        char label[64];
+
+        if (sscanf(l, "%dx%d%n", &h, &per, &used) != 2 || h < 1 || per < 1 ||
+            h * per > MAXP) {
+            ok(0, "layout '%s': expected HxL with H x L <= %d", l, MAXP);
+            break;
+        }
+        snprintf(label, sizeof(label), "%d hosts x %d: ", h, per);
+        test_hosts = h;
+        battery_of(h * per, label);
+        test_hosts = 1;
+        l += used;
+        l += *l == ',';
+    }
 
     if (!strcmp(name, "tcp")) {
         /*

@@ -267,11 +267,12 @@ struct mesh_transport_ops {
     void (*close)(mesh_transport_t *t);
 
     /*
-     * Optional (NULL: no peer does). 1 when peer shares this rank's host
-     * and the transport moves its data through memory, else 0; valid
-     * after connect, the same answer on both sides of a link.
+     * Optional (NULL: every rank is a host of its own). The host of rank
+     * (any rank, not only peers): the lowest rank on that host, the same
+     * answer on every rank; valid after connect. Ranks of one host share
+     * memory where the transport can (shm).
      */
-    int (*same_host)(mesh_transport_t *t, int peer);
+    int (*host_of)(mesh_transport_t *t, int rank);
 };
 
 /* The transports built in: "tcp" and "shm" always, "verbs" when

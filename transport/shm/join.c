@@ -495,6 +495,20 @@ int shm_join(struct mesh_transport *t)
                 leader = p;
         }
     }
+    /* Every rank's host, for the collectives: its lowest rank. */
+    t->host = calloc((size_t)n, sizeof(*t->host));
+    if (!t->host) {
+        rc = mesh_err(-ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int p = 0; p < n; p++) {
+        t->host[p] = p;
+        for (int q = 0; q < p; q++)
+            if (same_host(&info[p], &info[q])) {
+                t->host[p] = q;
+                break;
+            }
+    }
     t->me = t->pp[me].local;
     if (t->me < 0) {
         /* more than SHM_LOCAL_MAX here and we are past them: TCP only */

@@ -399,9 +399,11 @@ int mesh_shm_local(mesh_transport_t *t, int peer)
     return t->pp[peer].local >= 0;
 }
 
-static int shm_same_host(mesh_transport_t *t, int peer)
+static int shm_host_of(mesh_transport_t *t, int rank)
 {
-    return mesh_shm_local(t, peer) == 1;
+    if (!t || !t->host || rank < 0 || rank >= t->super.world.size)
+        return rank;
+    return t->host[rank];
 }
 
 static void shm_close(mesh_transport_t *t)
@@ -443,6 +445,7 @@ static void shm_close(mesh_transport_t *t)
     if (t->inner)
         t->inner_ops->close(t->inner);
     free(t->pp);
+    free(t->host);
     if (t->bg_cond_ready)
         pthread_cond_destroy(&t->bg_cond);
     tp_base_fini(&t->super);
@@ -463,5 +466,5 @@ const struct mesh_transport_ops mesh_shm_ops = {
     .abort = shm_abort,
     .culprit = shm_culprit,
     .close = shm_close,
-    .same_host = shm_same_host,
+    .host_of = shm_host_of,
 };

@@ -117,6 +117,7 @@ struct mesh_transport {
     char sock_name[SHM_SOCK_NAME];
 
     struct shm_peer *pp; /* (size) */
+    int *host;           /* (size): the lowest rank of each rank's host */
     int me;              /* our index in the segment, -1: none */
     int nlocal;
     uint8_t *seg;
