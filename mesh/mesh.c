@@ -180,7 +180,7 @@ static int set_flag(struct mesh_opts *o, enum flag_id id, const char *name,
         if (!mesh_transport_find(v))
             return mesh_err(-EINVAL,
                             "%s '%s': unknown or unbuilt transport (tcp, "
-                            "verbs or auto)",
+                            "shm, verbs or auto)",
                             name, v);
         o->transport = v;
         return 0;
@@ -576,7 +576,7 @@ int mesh_opts_finish(struct mesh_opts *o)
     if (!o->streams)
         o->streams = MESH_STREAMS_DEFAULT;
     if (!o->transport)
-        o->transport = "tcp";
+        o->transport = "shm"; /* shared memory within a host, else TCP */
     if (o->bind < 0)
         o->bind = MESH_BIND_AUTO;
     if (o->join_timeout_s > 0)
@@ -656,8 +656,8 @@ static const char opts_help[] =
     "                      60) [MESHTRAIN_JOIN_TIMEOUT]\n"
     "  --peer-timeout S    a silent peer is dead after S seconds\n"
     "                      (default 10) [MESHTRAIN_PEER_TIMEOUT]\n"
-    "  --transport NAME    tcp (default), shm (shared memory within a\n"
-    "                      host, tcp between hosts), verbs (RDMA;\n"
+    "  --transport NAME    shm (default: shared memory within a host,\n"
+    "                      tcp between hosts), tcp, verbs (RDMA;\n"
     "                      needs an active port on every rank), or\n"
     "                      auto (verbs when every rank has one, else\n"
     "                      tcp)\n"
