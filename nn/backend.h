@@ -221,6 +221,17 @@ struct mesh_nn_backend_ops {
     int (*copy_order)(struct mesh_nn_dev *dev, struct mesh_nn_copy *c);
     int (*convert)(struct mesh_nn_dev *dev, int dst_dtype, void *dst,
                    int src_dtype, const void *src, size_t n, float scale);
+    /*
+     * xent_start: xent without reading the loss back; the backend queues
+     * its copy to the host behind the computation. xent_read: the oldest
+     * queued loss, in order, waiting for its copy (-EINVAL for a bad
+     * label, -ENOENT when none is queued). Without them (cpu, devsim) nn
+     * computes with xent and queues the value itself (nn/resnet.c).
+     */
+    int (*xent_start)(struct mesh_nn_dev *dev, int n, int k,
+                      const float *logits, const int32_t *labels,
+                      float smoothing, float *dlogits);
+    int (*xent_read)(struct mesh_nn_dev *dev, float *loss);
 };
 
 /* The backends built in; NULL (with mesh_err) for an unknown name. */

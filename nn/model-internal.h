@@ -88,8 +88,12 @@ struct mesh_nn_model {
 
     /* per batch size */
     int n;
-    int train;               /* last forward was training */
-    int have_loss;           /* dlogits are valid */
+    int train;     /* last forward was training */
+    int have_loss; /* dlogits are valid */
+    /* losses of mesh_nn_model_loss_start not yet read; where the backend
+     * has no xent_start, their values, a ring of lq_cap */
+    int lq_pending, lq_head, lq_cap;
+    float *lq;
     void *in, *a0, *o0, *p0; /* input, stem conv, stem bn, max pool out */
     void *pool_res;          /* max pool reserve */
     void *pooled;            /* (n, feat) */

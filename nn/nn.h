@@ -210,6 +210,21 @@ int mesh_nn_model_loss(struct mesh_nn_model *m, const int32_t *labels,
                        float smoothing, float *loss);
 
 /*
+ * mesh_nn_model_loss without waiting for the value: the loss is queued
+ * and mesh_nn_model_loss_read gives the queued losses back in order. On a
+ * device backend ("cuda") its copy to the host runs behind the
+ * computation, so the host never waits for the device here, and a read
+ * some steps later finds the copy done. dlogits are kept for backward as
+ * by mesh_nn_model_loss. A bad label is reported by start or by the read.
+ */
+int mesh_nn_model_loss_start(struct mesh_nn_model *m, const int32_t *labels,
+                             float smoothing);
+/* The oldest queued loss (waits for its copy); -ENOENT when none is. */
+int mesh_nn_model_loss_read(struct mesh_nn_model *m, float *loss);
+/* Losses queued and not yet read. */
+int mesh_nn_model_loss_pending(const struct mesh_nn_model *m);
+
+/*
  * Called during backward each time a range of the gradient slab is final:
  * [offset, offset + count) in floats. Ranges come in strictly decreasing,
  * contiguous order (from the end of the slab down to 0), one per layer (a

@@ -484,6 +484,7 @@ void mesh_nn_model_destroy(struct mesh_nn_model *m)
         OPS(m)->free(DEV(m), m->buffers);
     free(m->blocks);
     free(m->t);
+    free(m->lq);
     free(m);
 }
 
@@ -1049,19 +1050,25 @@ int mesh_nn_model_relu(struct mesh_nn_model *m, int k, char name[32],
     return OPS(m)->act_export(DEV(m), m->n, c->cout, c->oh, c->ow, act, out);
 }
 
-int mesh_nn_model_loss(struct mesh_nn_model *m, const int32_t *labels,
-                       float smoothing, float *loss)
+/* The checks and the labels' upload of mesh_nn_model_loss(_start). */
+static int loss_prepare(struct mesh_nn_model *m, const int32_t *labels,
+                        float smoothing)
 {
-    float l;
-    int rc;
-
     if (!m->n)
         return mesh_err(-EINVAL, "nn: loss before any forward");
     if (!(smoothing >= 0.f && smoothing < 1.f))
         return mesh_err(-EINVAL, "nn: label smoothing %g is outside [0, 1)",
                         (double)smoothing);
-    rc = OPS(m)->upload(DEV(m), m->labels, labels,
-                        (size_t)m->n * sizeof(int32_t));
+    return OPS(m)->upload(DEV(m), m->labels, labels,
+                          (size_t)m->n * sizeof(int32_t));
+}
+
+int mesh_nn_model_loss(struct mesh_nn_model *m, const int32_t *labels,
+                       float smoothing, float *loss)
+{
+    float l;
+    int rc = loss_prepare(m, labels, smoothing);
+
     if (rc < 0)
         return rc;
     PROF(m, NN_PROF_LOSS,
@@ -1070,6 +1077,60 @@ int mesh_nn_model_loss(struct mesh_nn_model *m, const int32_t *labels,
     m->have_loss = 1;
     *loss = l;
     return 0;
+}
+
+int mesh_nn_model_loss_start(struct mesh_nn_model *m, const int32_t *labels,
+                             float smoothing)
+{
+    float l;
+    int rc = loss_prepare(m, labels, smoothing);
+
+    if (rc < 0)
+        return rc;
+    if (OPS(m)->xent_start) {
+        PROF(m, NN_PROF_LOSS,
+             OPS(m)->xent_start(DEV(m), m->n, m->cfg.num_classes, m->logits,
+                                m->labels, smoothing, m->dlogits));
+    } else {
+        /* computed now; queued here, in a ring that grows */
+        if (m->lq_pending == m->lq_cap) {
+            int cap = m->lq_cap ? 2 * m->lq_cap : 8, i;
+            float *q = malloc((size_t)cap * sizeof(float));
+
+            if (!q)
+                return mesh_err(-ENOMEM, "nn: out of memory (loss queue)");
+            for (i = 0; i < m->lq_pending; i++)
+                q[i] = m->lq[(m->lq_head + i) % m->lq_cap];
+            free(m->lq);
+            m->lq = q;
+            m->lq_cap = cap;
+            m->lq_head = 0;
+        }
+        PROF(m, NN_PROF_LOSS,
+             OPS(m)->xent(DEV(m), m->n, m->cfg.num_classes, m->logits,
+                          m->labels, smoothing, &l, m->dlogits));
+        m->lq[(m->lq_head + m->lq_pending) % m->lq_cap] = l;
+    }
+    m->lq_pending++;
+    m->have_loss = 1;
+    return 0;
+}
+
+int mesh_nn_model_loss_read(struct mesh_nn_model *m, float *loss)
+{
+    if (!m->lq_pending)
+        return mesh_err(-ENOENT, "nn: no loss is queued");
+    m->lq_pending--;
+    if (OPS(m)->xent_start)
+        return OPS(m)->xent_read(DEV(m), loss);
+    *loss = m->lq[m->lq_head];
+    m->lq_head = (m->lq_head + 1) % m->lq_cap;
+    return 0;
+}
+
+int mesh_nn_model_loss_pending(const struct mesh_nn_model *m)
+{
+    return m->lq_pending;
 }
 
 /* ---- backward ------------------------------------------------------------ */

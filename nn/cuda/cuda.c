@@ -158,6 +158,16 @@ struct in_slot {
     int busy;         /* both events recorded at least once */
 };
 
+/* A loss of xent_start on its way to the host: the row losses and the
+ * bad-label flag of n rows (n + 1 floats) in pinned memory, and the event
+ * recorded on compute after their copy. */
+struct xent_slot {
+    float *host;
+    size_t cap; /* floats */
+    int n, k;
+    cudaEvent_t ev;
+};
+
 /* Small uploads (labels) bounce through pinned slots of this size, on the
  * compute stream and without a host sync; larger ones are synchronous. */
 #define SMALL_UPLOAD ((size_t)64 << 10)
@@ -190,6 +200,8 @@ struct mesh_nn_dev {
     void *small[NSMALL];          /* pinned, SMALL_UPLOAD bytes each */
     cudaEvent_t small_ev[NSMALL]; /* after the slot's copy (compute) */
     int small_next;
+    struct xent_slot *xq; /* a ring of xq_cap, xq_count from xq_head */
+    int xq_cap, xq_head, xq_count;
     char desc[256];
 };
 
@@ -422,6 +434,13 @@ static void cuda_dev_close(struct mesh_nn_dev *dev)
         if (dev->small_ev[i])
             cudaEventDestroy(dev->small_ev[i]);
     }
+    for (i = 0; i < dev->xq_cap; i++) {
+        if (dev->xq[i].host)
+            cudaFreeHost(dev->xq[i].host);
+        if (dev->xq[i].ev)
+            cudaEventDestroy(dev->xq[i].ev);
+    }
+    free(dev->xq);
     cudaFree(dev->xent_dev);
     cudaFreeHost(dev->xent_host);
     cublasDestroy(dev->blas);
@@ -1452,23 +1471,25 @@ out:
 
 /* ---- loss, optimizer, accumulation --------------------------------------- */
 
-static int cuda_xent(struct mesh_nn_dev *dev, int n, int k, const float *logits,
-                     const int32_t *labels, float smoothing, float *loss,
-                     float *dlogits)
+static int xent_args(int n, int k, float smoothing)
 {
-    size_t need = ((size_t)n + 1) * sizeof(float);
-    const float *rows;
-    double total = 0;
-    int rc = 0, i, bad;
-
-    BIND(dev);
     if (n < 1 || k < 1 || !(smoothing >= 0.f && smoothing < 1.f))
         return mesh_err(-EINVAL,
                         "nn cuda: xent: bad arguments (n %d, k %d, "
                         "smoothing %g)",
                         n, k, (double)smoothing);
+    return 0;
+}
+
+/* The kernel into the device scratch: n row losses, then the flag. */
+static int xent_run(struct mesh_nn_dev *dev, int n, int k, const float *logits,
+                    const int32_t *labels, float smoothing, float *dlogits)
+{
+    size_t need = ((size_t)n + 1) * sizeof(float);
+    int rc = 0;
+
     if (need > dev->xent_cap) {
-        cudaFree(dev->xent_dev);
+        cudaFree(dev->xent_dev); /* waits for the copies out of it */
         cudaFreeHost(dev->xent_host);
         dev->xent_dev = dev->xent_host = NULL;
         dev->xent_cap = 0;
@@ -1487,11 +1508,16 @@ static int cuda_xent(struct mesh_nn_dev *dev, int n, int k, const float *logits,
                              dev->xent_dev, dlogits,
                              (int *)((float *)dev->xent_dev + n)),
                out, "xent", NULL);
-    rc = copy_sync(dev, dev->xent_host, dev->xent_dev, need,
-                   cudaMemcpyDeviceToHost, "cudaMemcpyAsync (xent)");
-    if (rc < 0)
-        goto out;
-    rows = dev->xent_host;
+out:
+    return rc;
+}
+
+/* The mean of n row losses on the host, or -EINVAL for the bad flag. */
+static int xent_mean(const float *rows, int n, int k, float *loss)
+{
+    double total = 0;
+    int i, bad;
+
     memcpy(&bad, rows + n, sizeof(bad));
     if (bad)
         return mesh_err(-EINVAL, "nn cuda: xent: a label is outside [0, %d)",
@@ -1499,6 +1525,97 @@ static int cuda_xent(struct mesh_nn_dev *dev, int n, int k, const float *logits,
     for (i = 0; i < n; i++)
         total += rows[i];
     *loss = (float)(total / n);
+    return 0;
+}
+
+static int cuda_xent(struct mesh_nn_dev *dev, int n, int k, const float *logits,
+                     const int32_t *labels, float smoothing, float *loss,
+                     float *dlogits)
+{
+    int rc;
+
+    BIND(dev);
+    if ((rc = xent_args(n, k, smoothing)) < 0 ||
+        (rc = xent_run(dev, n, k, logits, labels, smoothing, dlogits)) < 0 ||
+        (rc = copy_sync(dev, dev->xent_host, dev->xent_dev,
+                        ((size_t)n + 1) * sizeof(float), cudaMemcpyDeviceToHost,
+                        "cudaMemcpyAsync (xent)")) < 0)
+        return rc;
+    return xent_mean(dev->xent_host, n, k, loss);
+}
+
+/*
+ * xent, its row losses copied to the next slot of the ring on the compute
+ * stream without a host wait (the ring grows when every slot is queued).
+ */
+static int cuda_xent_start(struct mesh_nn_dev *dev, int n, int k,
+                           const float *logits, const int32_t *labels,
+                           float smoothing, float *dlogits)
+{
+    size_t need = (size_t)n + 1;
+    struct xent_slot *x;
+    int rc;
+
+    BIND(dev);
+    if ((rc = xent_args(n, k, smoothing)) < 0)
+        return rc;
+    if (dev->xq_count == dev->xq_cap) {
+        int cap = dev->xq_cap ? 2 * dev->xq_cap : 4, i;
+        struct xent_slot *q = calloc((size_t)cap, sizeof(*q));
+
+        if (!q)
+            return mesh_err(-ENOMEM, "nn cuda: out of memory (loss queue)");
+        for (i = 0; i < dev->xq_cap; i++)
+            q[i] = dev->xq[(dev->xq_head + i) % dev->xq_cap];
+        free(dev->xq);
+        dev->xq = q;
+        dev->xq_cap = cap;
+        dev->xq_head = 0;
+    }
+    x = &dev->xq[(dev->xq_head + dev->xq_count) % dev->xq_cap];
+    if (!x->ev)
+        CUDA_CHECK(rc, cudaEventCreateWithFlags(&x->ev, cudaEventDisableTiming),
+                   out, "cudaEventCreateWithFlags (xent)", NULL);
+    if (need > x->cap) {
+        if (x->host)
+            cudaFreeHost(x->host);
+        x->host = NULL;
+        x->cap = 0;
+        CUDA_CHECK(rc, cudaMallocHost((void **)&x->host, need * sizeof(float)),
+                   out, "cudaMallocHost (xent)", NULL);
+        x->cap = need;
+    }
+    rc = xent_run(dev, n, k, logits, labels, smoothing, dlogits);
+    if (rc < 0)
+        goto out;
+    CUDA_CHECK(rc,
+               cudaMemcpyAsync(x->host, dev->xent_dev, need * sizeof(float),
+                               cudaMemcpyDeviceToHost, dev->compute),
+               out, "cudaMemcpyAsync (xent, queued)", NULL);
+    CUDA_CHECK(rc, cudaEventRecord(x->ev, dev->compute), out,
+               "cudaEventRecord (xent)", NULL);
+    x->n = n;
+    x->k = k;
+    dev->xq_count++;
+out:
+    return rc;
+}
+
+/* The oldest queued loss: wait for its copy (long done, usually). */
+static int cuda_xent_read(struct mesh_nn_dev *dev, float *loss)
+{
+    struct xent_slot *x;
+    int rc = 0;
+
+    BIND(dev);
+    if (!dev->xq_count)
+        return mesh_err(-ENOENT, "nn cuda: no loss is queued");
+    x = &dev->xq[dev->xq_head];
+    dev->xq_head = (dev->xq_head + 1) % dev->xq_cap;
+    dev->xq_count--;
+    CUDA_CHECK(rc, cudaEventSynchronize(x->ev), out,
+               "cudaEventSynchronize (xent)", NULL);
+    rc = xent_mean(x->host, x->n, x->k, loss);
 out:
     return rc;
 }
@@ -1678,4 +1795,6 @@ const struct mesh_nn_backend_ops mesh_nn_cuda_ops = {
     .download = cuda_download,
     .dev_open_opts = cuda_dev_open_opts,
     MESH_NN_BACKEND_STREAMS(cuda),
+    .xent_start = cuda_xent_start,
+    .xent_read = cuda_xent_read,
 };

@@ -120,13 +120,20 @@ int main(int argc, char **argv)
                 goto out;
             t0 = mesh_now_ns() * 1e-9;
         }
-        /* the loss is copied to the host each step, as the trainer does */
+        /* the loss queued and read a step late, as the trainer's device
+         * path does: no step waits for the device */
         if ((rc = mesh_nn_model_forward(m, batch, img, 1)) < 0 ||
-            (rc = mesh_nn_model_loss(m, lab, 0.f, &loss)) < 0 ||
+            (rc = mesh_nn_model_loss_start(m, lab, 0.f)) < 0 ||
             (rc = mesh_nn_model_backward(m, 0, NULL, NULL)) < 0 ||
             (rc = mesh_nn_sgd_step(s, 0.01f)) < 0)
             goto out;
+        if (mesh_nn_model_loss_pending(m) > 1 &&
+            (rc = mesh_nn_model_loss_read(m, &loss)) < 0)
+            goto out;
     }
+    while (mesh_nn_model_loss_pending(m) > 0)
+        if ((rc = mesh_nn_model_loss_read(m, &loss)) < 0)
+            goto out;
     if ((rc = mesh_nn_sync(ctx)) < 0)
         goto out;
     t1 = mesh_now_ns() * 1e-9;
