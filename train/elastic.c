@@ -32,6 +32,7 @@
 #define RESEND_S    0.02
 #define ANNOUNCE_S  3.0 /* a decision is re-sent this long */
 #define HISTORY     64
+#define SILENT_S    0.3 /* a member of seen this quiet ends the round */
 
 enum msg_type { MSG_PROPOSE = 1, MSG_DECIDED = 2 };
 
@@ -65,13 +66,16 @@ struct mesh_elastic {
     /* the view, and the agreement on leaving it */
     enum state state;
     uint64_t epoch, members;
+    uint64_t base;      /* the last view whose mesh formed: quorums of it */
     uint64_t committed; /* the lowest step whose snapshot is kept */
-    uint64_t seen;      /* members heard in this agreement (grows) */
+    uint32_t round;     /* of this epoch's agreement */
+    uint64_t seen;      /* members heard in this round (grows) */
     double seen_at;     /* when seen last grew */
     uint64_t report[MESH_ELASTIC_MAX_SLOTS]; /* each one's seen set */
     uint64_t rstep[MESH_ELASTIC_MAX_SLOTS];  /* and step */
-    uint64_t heard;                          /* whose report we hold */
-    uint64_t my_step;                        /* frozen on leaving */
+    double heard_at[MESH_ELASTIC_MAX_SLOTS]; /* its last PROPOSE */
+    uint64_t heard;        /* whose report of this round we hold */
+    uint64_t my_step;      /* frozen on leaving */
     struct decision last;  /* the latest decision, re-sent a while */
     double announce_until; /* monotonic seconds */
     double sent_at;
@@ -116,6 +120,7 @@ static int sign(const struct mesh_elastic *e, const uint8_t *body,
 static void send_msg(struct mesh_elastic *e, int type, uint64_t epoch,
                      uint64_t mask, uint64_t step, int to)
 {
+    uint32_t round = type == MSG_PROPOSE ? e->round : 0;
     uint8_t m[MSG_BYTES];
 
     memset(m, 0, sizeof(m));
@@ -127,7 +132,7 @@ static void send_msg(struct mesh_elastic *e, int type, uint64_t epoch,
     mesh_put_le64(m + 16, epoch);
     mesh_put_le64(m + 24, mask);
     mesh_put_le64(m + 32, step);
-    mesh_put_le64(m + 40, e->members); /* informative */
+    mesh_put_le32(m + 40, round);
     if (sign(e, m, m + MSG_BODY) < 0)
         return;
     /* a lost datagram is re-sent at the next tick */
@@ -154,6 +159,22 @@ static const struct decision *find_decision(const struct mesh_elastic *e,
     return NULL;
 }
 
+/* Under mu: start round r of the agreement: seen is only us again. */
+static void new_round(struct mesh_elastic *e, uint32_t r)
+{
+    double now = mesh_now_s();
+
+    e->round = r;
+    e->seen = UINT64_C(1) << e->me;
+    e->seen_at = now;
+    e->heard = UINT64_C(1) << e->me;
+    e->report[e->me] = e->seen;
+    e->rstep[e->me] = e->my_step;
+    for (int s = 0; s < e->nslots; s++)
+        e->heard_at[s] = now;
+    e->sent_at = 0;
+}
+
 /* Under mu: leave the current view (once per epoch). */
 static void leave(struct mesh_elastic *e)
 {
@@ -161,12 +182,7 @@ static void leave(struct mesh_elastic *e)
         return;
     e->state = ST_AGREEING;
     e->my_step = e->committed;
-    e->seen = UINT64_C(1) << e->me;
-    e->seen_at = mesh_now_s();
-    e->heard = UINT64_C(1) << e->me;
-    e->report[e->me] = e->seen;
-    e->rstep[e->me] = e->my_step;
-    e->sent_at = 0;
+    new_round(e, 0);
     if (e->ops && e->t)
         e->ops->abort(e->t, -1, "the mesh's view is changing");
     pthread_cond_broadcast(&e->cv);
@@ -205,8 +221,8 @@ static void try_decide(struct mesh_elastic *e)
         return;
     if (mesh_now_s() - e->seen_at < e->settle_s)
         return;
-    if (2 * popcount64(e->seen) <= popcount64(e->members))
-        return; /* no quorum */
+    if (2 * popcount64(e->seen & e->base) <= popcount64(e->base))
+        return; /* no quorum of the last view that formed */
     for (int s = 0; s < e->nslots; s++) {
         if (!(e->seen >> s & 1))
             continue;
@@ -225,7 +241,7 @@ static void try_decide(struct mesh_elastic *e)
 
 /* Under mu: one verified message. */
 static void take(struct mesh_elastic *e, int type, int from, uint64_t epoch,
-                 uint64_t mask, uint64_t step)
+                 uint32_t round, uint64_t mask, uint64_t step)
 {
     const struct decision *d = find_decision(e, epoch);
 
@@ -248,6 +264,11 @@ static void take(struct mesh_elastic *e, int type, int from, uint64_t epoch,
         return;
     }
     leave(e);
+    if (round < e->round)
+        return; /* it will hear ours and follow */
+    if (round > e->round)
+        new_round(e, round);
+    e->heard_at[from] = mesh_now_s();
     if (!(e->seen >> from & 1)) {
         e->seen |= UINT64_C(1) << from;
         e->seen_at = mesh_now_s();
@@ -278,10 +299,19 @@ static void receive(struct mesh_elastic *e)
             (m[5] != MSG_PROPOSE && m[5] != MSG_DECIDED))
             continue;
         pthread_mutex_lock(&e->mu);
-        take(e, m[5], from, mesh_get_le64(m + 16), mesh_get_le64(m + 24),
-             mesh_get_le64(m + 32));
+        take(e, m[5], from, mesh_get_le64(m + 16), mesh_get_le32(m + 40),
+             mesh_get_le64(m + 24), mesh_get_le64(m + 32));
         pthread_mutex_unlock(&e->mu);
     }
+}
+
+/* Under mu: has a member of seen gone quiet in this round? */
+static int silent_member(const struct mesh_elastic *e, double now)
+{
+    for (int s = 0; s < e->nslots; s++)
+        if (s != e->me && (e->seen >> s & 1) && now - e->heard_at[s] > SILENT_S)
+            return 1;
+    return 0;
 }
 
 static void *thread_main(void *arg)
@@ -299,6 +329,11 @@ static void *thread_main(void *arg)
         }
         now = mesh_now_s();
         try_decide(e);
+        if (e->state == ST_AGREEING && silent_member(e, now)) {
+            /* a member died during the agreement: start again without
+             * it (doc/elastic.md, "Rounds") */
+            new_round(e, e->round + 1);
+        }
         if (e->state == ST_AGREEING && now - e->sent_at >= RESEND_S) {
             send_all(e, MSG_PROPOSE, e->epoch, e->members, e->seen, e->my_step);
             e->sent_at = now;
@@ -385,6 +420,7 @@ int mesh_elastic_start(const struct mesh_elastic_opts *o,
     }
     memcpy(e->job, md, 8);
     e->members = w->size == 64 ? UINT64_MAX : (UINT64_C(1) << w->size) - 1;
+    e->base = e->members;
     /* our own address first, then the others' in its family */
     rc = resolve(e, w, e->me, AF_UNSPEC);
     for (s = 0; s < w->size && rc == 0; s++)
@@ -454,6 +490,13 @@ void mesh_elastic_set_transport(struct mesh_elastic *e,
     pthread_mutex_unlock(&e->mu);
 }
 
+void mesh_elastic_formed(struct mesh_elastic *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->base = e->members;
+    pthread_mutex_unlock(&e->mu);
+}
+
 int mesh_elastic_commit(struct mesh_elastic *e, uint64_t step)
 {
     int rc = 0;
@@ -495,11 +538,10 @@ int mesh_elastic_agree(struct mesh_elastic *e, double timeout_s,
     if (!e->decided) {
         rc = mesh_err(-ETIMEDOUT,
                       "no quorum for a new view within %.1f s: heard only "
-                      "slot(s) %s of view %" PRIu64 " (slots %s), and a "
-                      "view needs more than half of them",
+                      "slot(s) %s, and a view needs more than half of the "
+                      "last one that formed (slots %s)",
                       timeout_s, mesh_elastic_slots_str(e->seen, a, sizeof(a)),
-                      e->epoch,
-                      mesh_elastic_slots_str(e->members, b, sizeof(b)));
+                      mesh_elastic_slots_str(e->base, b, sizeof(b)));
     } else if (e->state == ST_EXCLUDED) {
         rc = mesh_err(-EPERM,
                       "left out of view %" PRIu64 ": the others (slots %s) "

@@ -77,6 +77,14 @@ void mesh_elastic_set_transport(struct mesh_elastic *e,
                                 mesh_transport_t *t);
 
 /*
+ * The current view's mesh has formed (every member joined it): later
+ * views need a quorum of it. A decided view whose mesh never formed does
+ * not count: of two views decided for one epoch at most one can form,
+ * since they share a member, which joins only one (doc/elastic.md).
+ */
+void mesh_elastic_formed(struct mesh_elastic *e);
+
+/*
  * At a step boundary, before taking the snapshot of `step`: 0, or
  * -ECANCELED when an agreement has begun (then keep the snapshots and
  * call mesh_elastic_agree).

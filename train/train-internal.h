@@ -77,6 +77,7 @@ struct trainer {
         int valid;
         uint64_t step, d_epoch, d_pos;
         float *params, *mom, *buf;
+        float *residual; /* sparse gradients' error feedback, or NULL */
     } snap[2];
     uint64_t d_epoch, d_pos;
     char pending[512]; /* the last step's metrics line, written once a

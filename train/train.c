@@ -1217,6 +1217,15 @@ static int snap_take(struct trainer *t, uint64_t step)
         if (rc < 0)
             return train_local(t, rc);
     }
+    if (mesh_gradsync_residual(t->gs)) {
+        if (!sn->residual)
+            sn->residual = malloc(t->nparams * 4);
+        if (!sn->residual)
+            return train_local(t, mesh_err(-ENOMEM, "--elastic: out of "
+                                                    "memory for the "
+                                                    "snapshots"));
+        memcpy(sn->residual, mesh_gradsync_residual(t->gs), t->nparams * 4);
+    }
     sn->step = step;
     sn->d_epoch = t->d_epoch;
     sn->d_pos = t->d_pos;
@@ -1363,9 +1372,14 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
         if (rc < 0)
             return rc;
     }
+    mesh_elastic_formed(t->el); /* every member joined it */
     rc = gradsync_open(t);
     if (rc < 0)
         return train_local(t, rc);
+    /* the error feedback of sparse gradients, as before the step redone */
+    if (mesh_gradsync_residual(t->gs) && t->snap[v->step & 1].residual)
+        memcpy(mesh_gradsync_residual(t->gs), t->snap[v->step & 1].residual,
+               t->nparams * 4);
     if (t->train_ld) {
         rc = mesh_data_layout(t->train_ld, t->d_epoch, t->d_pos, t->slots,
                               t->rank, t->size);
@@ -1899,6 +1913,7 @@ static void trainer_close(struct trainer *t)
         free(t->snap[i].params);
         free(t->snap[i].mom);
         free(t->snap[i].buf);
+        free(t->snap[i].residual);
     }
     if (t->samples)
         fclose(t->samples);
