@@ -49,8 +49,12 @@ struct trainer {
     struct mesh_gradsync *gs;  /* the gradient buckets */
     float loss_avg;            /* the step's loss, averaged in flight */
     mesh_coll_req_t *loss_req; /* its all-reduce, started after forward */
-    int local_err;             /* the error is this peer's own (data, files,
-                                  compute), not the mesh's: exit code 1 */
+    int loss_lag;   /* device slabs, no --elastic: each micro-batch's loss is
+                       queued on the device (mesh_nn_model_loss_start) and a
+                       step's loss is read and averaged during the next step,
+                       so that no step waits for the device to hand it back */
+    int local_err;  /* the error is this peer's own (data, files,
+                       compute), not the mesh's: exit code 1 */
     int agreed_err; /* every peer reached the same error from the same
                        shared facts: exit 1 without aborting the others */
 

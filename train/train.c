@@ -696,6 +696,9 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
     t->nparams = mesh_nn_model_num_params(t->model);
     t->nbuffers = mesh_nn_model_num_buffers(t->model);
     t->host_slabs = strcmp(c->device, "cpu") == 0;
+    /* --elastic may redo a step after a view change: its loss is read at
+     * once there */
+    t->loss_lag = !t->host_slabs && !c->elastic;
     if (c->profile_layers && mo->world.rank == 0) {
         rc = mesh_sim_prof_create(&t->mcfg, c->batch, &t->prof);
         if (rc < 0)
@@ -946,7 +949,8 @@ static int batch_next(struct trainer *t, struct mesh_batch *batch, double *data)
 /*
  * Micro-batch k of the step: data, forward, loss, backward. The last one
  * starts the loss average (*loss_sum / K) after its forward and reports
- * its gradients to the buckets during its backward.
+ * its gradients to the buckets during its backward. With t->loss_lag the
+ * loss is queued, not added: *loss_sum holds the previous step's sum.
  */
 static int micro_batch(struct trainer *t, int k, float *loss_sum, double *data,
                        double *t_bwd_end)
@@ -963,14 +967,17 @@ static int micro_batch(struct trainer *t, int k, float *loss_sum, double *data,
         return rc;
     ts = now_s(t);
     rc = m->ops->forward(m->m, batch.n, batch.x, 1);
-    if (rc == 0)
+    if (rc == 0 && t->loss_lag)
+        rc = mesh_nn_model_loss_start(t->model, batch.y, c->label_smoothing);
+    else if (rc == 0)
         rc = m->ops->loss(m->m, batch.y, c->label_smoothing, &loss);
     if (rc < 0)
         return train_local(t, rc);
     tl_add(t, "forward", 0, ts, now_s(t) - ts);
     if (t->prof && last)
         mesh_sim_prof_forward(t->prof, now_s(t) - ts);
-    *loss_sum += loss;
+    if (!t->loss_lag)
+        *loss_sum += loss;
     if (last && (rc = loss_start(t, *loss_sum * t->gscale)) < 0)
         return loss_wait(t, rc);
     ts = now_s(t);
@@ -1003,14 +1010,43 @@ static double step_lr(const struct trainer *t, uint64_t step)
 
 static void pending_flush(struct trainer *t);
 
-/* One optimizer step; *loss is the mean over the peers' micro-batches. */
-static int train_step(struct trainer *t, struct window *w, float *loss_out)
+/*
+ * With t->loss_lag: the sum of the previous step's queued losses (in
+ * micro-batch order, as micro_batch adds them); *valid = 0 and a sum of 0
+ * when none is queued (the run's first step).
+ */
+static int loss_prev(struct trainer *t, float *sum, int *valid)
+{
+    int k, rc;
+    float l;
+
+    *sum = 0;
+    *valid = mesh_nn_model_loss_pending(t->model) >= t->accum;
+    for (k = 0; *valid && k < t->accum; k++) {
+        rc = mesh_nn_model_loss_read(t->model, &l);
+        if (rc < 0)
+            return train_local(t, rc);
+        *sum += l;
+    }
+    return 0;
+}
+
+/*
+ * One optimizer step; *loss is the mean over the peers' micro-batches: of
+ * this step, or with t->loss_lag of the previous one (*valid = 0 on the
+ * run's first step, which has none).
+ */
+static int train_step(struct trainer *t, struct window *w, float *loss_out,
+                      int *valid)
 {
     const struct train_cfg *c = t->c;
     double t_begin = now_s(t), t_bwd_end = 0, data = 0, t_comm_end, lr, ts;
     float loss_sum = 0;
     int k, rc;
 
+    *valid = 1;
+    if (t->loss_lag && (rc = loss_prev(t, &loss_sum, valid)) < 0)
+        return rc;
     mesh_gradsync_begin(t->gs);
     if (t->sim)
         mesh_sim_step_begin(t->sim);
@@ -1498,22 +1534,78 @@ static int elastic_can_recover(const struct trainer *t, int rc)
     return t->el && !t->local_err && rc != -EBADMSG;
 }
 
+/* A step whose loss is known: its metrics line and progress. */
+struct reported {
+    struct window win; /* since the last progress line */
+    double ema;        /* of the step time */
+};
+
+static int report(struct trainer *t, struct reported *r, uint64_t done,
+                  float loss, double lr, const struct window *one)
+{
+    const struct train_cfg *c = t->c;
+
+    if (!isfinite(loss))
+        return train_local(
+            t, mesh_err(-ERANGE, "loss is %f at step %" PRIu64 " (lower --lr?)",
+                        (double)loss, done));
+    r->ema = r->ema == 0 ? one->t_step : 0.9 * r->ema + 0.1 * one->t_step;
+    window_add(&r->win, one);
+    metrics_line(t, done, loss, lr, one);
+    if ((t->tty && r->win.t_step > 0.5) ||
+        (!t->tty && c->log_every && done % c->log_every == 0) ||
+        done == t->total_steps) {
+        progress(t, done, loss, lr, &r->win,
+                 r->ema * (double)(t->total_steps - done),
+                 done == t->total_steps);
+        memset(&r->win, 0, sizeof(r->win));
+    }
+    return 0;
+}
+
+/*
+ * After the last step every peer without --elastic averages one more
+ * loss, so that peers on either path run the same collectives: with
+ * t->loss_lag the last step's (then reported), else a placeholder that
+ * nobody reads.
+ */
+static int loss_last(struct trainer *t, struct reported *r, int have,
+                     uint64_t done, double lr, const struct window *one)
+{
+    float sum = 0;
+    int valid = 0, rc = 0;
+
+    if (t->el)
+        return 0;
+    if (t->loss_lag && have)
+        rc = loss_prev(t, &sum, &valid);
+    if (rc == 0)
+        rc = loss_start(t, sum * t->gscale);
+    rc = loss_wait(t, rc);
+    if (rc < 0 || !valid)
+        return rc;
+    return report(t, r, done, t->loss_avg, lr, one);
+}
+
 /*
  * Steps start .. total_steps, with progress, metrics and what is due.
- * Returns 0, or the error; with --elastic, a failure of the mesh changes
+ * With t->loss_lag a step is reported during the next one (its loss is
+ * read then), the last one after the loop. Returns 0, or the error; with
+ * --elastic, a failure of the mesh changes
  * the view and the loop goes on from the step it restarts from (*code
  * gets the exit code when it cannot).
  */
 static int train_loop(struct trainer *t, uint64_t start, int *code)
 {
-    const struct train_cfg *c = t->c;
-    uint64_t every = eval_interval(t), step = start;
-    struct window win;
-    double ema = 0;
+    uint64_t every = eval_interval(t), step = start, prev_done = 0;
+    struct window prev_one;
+    struct reported r;
+    double prev_lr = 0;
     float loss = 0;
-    int rc;
+    int rc, valid = 0;
 
-    memset(&win, 0, sizeof(win));
+    memset(&r, 0, sizeof(r));
+    memset(&prev_one, 0, sizeof(prev_one));
     while (step < t->total_steps) {
         struct window one;
         double lr = step_lr(t, step);
@@ -1525,26 +1617,15 @@ static int train_loop(struct trainer *t, uint64_t start, int *code)
         if (rc == 0) {
             train_fault(t, TRAIN_FAULT_BETWEEN);
             samples_note(t, step);
-            rc = train_step(t, &one, &loss);
+            rc = train_step(t, &one, &loss, &valid);
         }
-        if (rc == 0 && !isfinite(loss))
-            return train_local(t, mesh_err(-ERANGE,
-                                           "loss is %f at step %" PRIu64
-                                           " (lower --lr?)",
-                                           (double)loss, done));
+        if (rc == 0 && !t->loss_lag)
+            rc = report(t, &r, done, loss, lr, &one);
+        else if (rc == 0 && valid)
+            rc = report(t, &r, prev_done, loss, prev_lr, &prev_one);
         if (rc == 0) {
-            ema = ema == 0 ? one.t_step : 0.9 * ema + 0.1 * one.t_step;
-            window_add(&win, &one);
-            metrics_line(t, done, loss, lr, &one);
+            prev_done = done, prev_lr = lr, prev_one = one;
             data_advance(t);
-            if ((t->tty && win.t_step > 0.5) ||
-                (!t->tty && c->log_every && done % c->log_every == 0) ||
-                done == t->total_steps) {
-                progress(t, done, loss, lr, &win,
-                         ema * (double)(t->total_steps - done),
-                         done == t->total_steps);
-                memset(&win, 0, sizeof(win));
-            }
             rc = after_step(t, done, every);
         }
         if (rc < 0 && elastic_can_recover(t, rc)) {
@@ -1557,7 +1638,9 @@ static int train_loop(struct trainer *t, uint64_t start, int *code)
             return rc;
         step++;
     }
-    return t->el ? elastic_boundary(t, step) : 0;
+    if (t->el)
+        return elastic_boundary(t, step);
+    return loss_last(t, &r, prev_done > 0, prev_done, prev_lr, &prev_one);
 }
 
 /* ---- setup --------------------------------------------------------------- */
