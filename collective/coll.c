@@ -111,6 +111,7 @@ void mesh_coll_opts_init(struct mesh_coll_opts *o)
     memset(o, 0, sizeof(*o));
     o->algo = MESH_ALGO_AUTO;
     o->measure = 1;
+    o->measure_bytes = 4u << 20;
     o->seq_base = MESH_COLL_SEQ_BASE;
 }
 
@@ -209,6 +210,24 @@ static int scratch_reserve(struct mesh_coll *c, size_t need)
 
 /* ---- the choice of algorithm --------------------------------------------- */
 
+/*
+ * An algorithm's time for bytes from its two measured all-reduces (32
+ * bytes and big_bytes), on the line through them (never falling); -1 when
+ * it was not measured, or is no choice here (its model says so).
+ */
+static double measured_cost(const mesh_coll_t *c, int id, double bytes)
+{
+    const struct mesh_coll_model *m = &c->model;
+    const struct coll_algo *e = coll_algo_get(id);
+    double t0 = m->lat_s[id], t1 = m->big_s[id], slope;
+
+    if (!m->measured || !m->big_bytes || t0 <= 0 || t1 <= 0 || !e ||
+        e->cost(&c->shape, 32) >= 1e29)
+        return -1;
+    slope = MESH_MAX(t1 - t0, 0) / ((double)m->big_bytes - 32);
+    return t0 + MESH_MAX(bytes - 32, 0) * slope;
+}
+
 int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
 {
     double best_cost = 0;
@@ -224,7 +243,9 @@ int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
 
         if (!e->cost)
             continue;
-        cost = e->cost(&c->shape, (double)bytes);
+        cost = measured_cost(c, e->id, (double)bytes);
+        if (cost < 0)
+            cost = e->cost(&c->shape, (double)bytes);
         if (best < 0 || cost < best_cost) {
             best = e->id;
             best_cost = cost;
@@ -965,13 +986,49 @@ static int time_small(mesh_coll_t *c, const int *ids, int nauto, float *buf,
     return 0;
 }
 
+/*
+ * Time an all-reduce of bytes with each of the nauto algorithms ids, as
+ * time_small does (turns, median), with fewer runs: into v[0..nauto) (us).
+ */
+static int time_big(mesh_coll_t *c, const int *ids, int nauto, size_t bytes,
+                    float *v)
+{
+    enum { BIG_RUNS = 3 };
+    double t[MESH_ALGO_LAST][BIG_RUNS];
+    size_t cnt = bytes / sizeof(float);
+    float *buf;
+    int rc;
+
+    rc = mesh_coll_buf_alloc(c, cnt * sizeof(float), (void **)&buf);
+    if (rc < 0)
+        return rc;
+    memset(buf, 0, cnt * sizeof(float));
+    for (int i = -1; i < BIG_RUNS && rc == 0; i++)
+        for (int a = 0; a < nauto && rc == 0; a++) {
+            double t0 = mesh_now_s();
+
+            rc = mesh_coll_allreduce(c, buf, buf, cnt, MESH_DT_F32,
+                                     MESH_REDOP_SUM, ids[a]);
+            if (i >= 0)
+                t[a][i] = mesh_now_s() - t0;
+        }
+    mesh_coll_buf_free(c, buf);
+    if (rc < 0)
+        return rc;
+    for (int a = 0; a < nauto; a++) {
+        qsort(t[a], BIG_RUNS, sizeof(t[a][0]), cmp_double);
+        v[a] = (float)(t[a][BIG_RUNS / 2] * 1e6);
+    }
+    return 0;
+}
+
 /* Agree on alpha, beta and the small all-reduce times: the average of
  * every rank's measurement, by a ring all-reduce, so that every rank holds
  * the same bytes. */
 static int agree(mesh_coll_t *c)
 {
     /* v: alpha, beta, the nauto times, then the timings' 8 floats */
-    enum { TIMING = 2 + MESH_ALGO_LAST, NV = TIMING + 8 };
+    enum { TIMING = 2 + 2 * MESH_ALGO_LAST, NV = TIMING + 8 };
     mesh_coll_req_t *q = NULL;
     int ids[MESH_ALGO_LAST], nauto = auto_algos(ids);
     float *v;
@@ -991,14 +1048,20 @@ static int agree(mesh_coll_t *c)
     v[0] = (float)(c->meas_alpha * 1e6); /* us */
     v[1] = (float)(c->meas_beta * 1e9);  /* ns per byte */
     rc = time_small(c, ids, nauto, v + TIMING, v + 2);
+    if (rc == 0 && c->opts.measure_bytes >= 64)
+        rc = time_big(c, ids, nauto, c->opts.measure_bytes, v + 2 + nauto);
     if (rc == 0)
-        rc = mesh_coll_allreduce(c, v, v, 2 + (size_t)nauto, MESH_DT_F32,
+        rc = mesh_coll_allreduce(c, v, v, 2 + 2 * (size_t)nauto, MESH_DT_F32,
                                  MESH_REDOP_AVG, MESH_ALGO_RING);
     if (rc == 0) {
         c->model.alpha_s = v[0] * 1e-6;
         c->model.beta_s_per_byte = v[1] * 1e-9;
-        for (int a = 0; a < nauto; a++)
+        for (int a = 0; a < nauto; a++) {
             c->model.lat_s[ids[a]] = v[2 + a] * 1e-6;
+            c->model.big_s[ids[a]] = v[2 + nauto + a] * 1e-6;
+        }
+        if (c->opts.measure_bytes >= 64)
+            c->model.big_bytes = c->opts.measure_bytes;
         c->model.measured = 1;
     }
     mesh_coll_buf_free(c, v);
@@ -1025,6 +1088,17 @@ static void log_model(const mesh_coll_t *c)
             mesh_algo_name(ids[a]), c->model.lat_s[ids[a]] * 1e6);
     if (c->model.measured)
         mesh_info("collectives: 32-byte all-reduce measured: %s", times);
+    if (c->model.measured && c->model.big_bytes) {
+        tused = 0;
+        for (int a = 0; a < nauto && tused < sizeof(times); a++)
+            tused += (size_t)snprintf(times + tused, sizeof(times) - tused,
+                                      "%s%s %.0f us", a ? ", " : "",
+                                      mesh_algo_name(ids[a]),
+                                      c->model.big_s[ids[a]] * 1e6);
+        mesh_info("collectives: %zu-byte all-reduce measured: %s; auto "
+                  "chooses from these",
+                  c->model.big_bytes, times);
+    }
     if (c->opts.algo != MESH_ALGO_AUTO) {
         mesh_info("collectives: all-reduce algorithm %s (fixed)",
                   mesh_algo_name(c->opts.algo));

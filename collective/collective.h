@@ -89,6 +89,14 @@ struct mesh_coll_opts {
      */
     int measure;
     /*
+     * With measure: also time each of AUTO's algorithms on an all-reduce
+     * of this many bytes (default 4 MiB; 0: not), and let AUTO choose
+     * from the two measured times of each (interpolated, and extrapolated
+     * past it), not from the model: the choice then follows what each
+     * algorithm did here, on this transport, for every rank alike.
+     */
+    size_t measure_bytes;
+    /*
      * The first sequence number; the communicator's collectives take
      * seq_base, seq_base + 1, ... Default MESH_COLL_SEQ_BASE, a range
      * apart from mesh/mesh.h's point-to-point counter (1, 2, ...), so that
@@ -141,6 +149,10 @@ struct mesh_coll_model {
     double gamma_s_per_byte;
     int measured;
     double lat_s[MESH_ALGO_LAST + 1];
+    /* With measure_bytes: each algorithm's time for that many bytes (0:
+     * not measured), and the size. */
+    double big_s[MESH_ALGO_LAST + 1];
+    size_t big_bytes;
 };
 void mesh_coll_model_get(const mesh_coll_t *c, struct mesh_coll_model *out);
 

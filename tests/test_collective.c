@@ -94,6 +94,7 @@ static int mesh_up(struct rank_ctx *x, uint16_t base, size_t chunk, int measure)
     mesh_coll_opts_init(&co);
     co.chunk_bytes = chunk;
     co.measure = measure;
+    co.measure_bytes = 64u << 10; /* the measured choice, cheaply */
     return mesh_coll_create(ops, x->t, &x->w, &co, &x->c);
 }
 
