@@ -6,7 +6,7 @@
 # error fails the rank and so meshrun.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
-t_plan 18
+t_plan 19
 for n in 2 4 8; do
     take_ports "$n" || { t_ok 1 "no free ports for $n peers"; continue; }
     port=$PORT
@@ -68,10 +68,27 @@ take_ports 2
 port=$PORT
 log=$TMP/ccdef.log
 timeout 120 "$MESHRUN" -np 2 -- "$MESHBENCH" --port "$port" \
-    --op pingpong -b 8 -e 8 -n 2 -w 1 > "$log" 2>&1
-n=$(grep -c "tcp: congestion control $def (this host's default)" "$log")
+    --tcp-congestion host --op pingpong -b 8 -e 8 -n 2 -w 1 > "$log" 2>&1
+n=$(grep -c "tcp: congestion control $def (this host's default" "$log")
 t_ok $([ -n "$def" ] && [ "$n" -eq 2 ]; echo $?) \
-    "without it, both ranks name the host's default, ${def:-unknown} ($n do)"
+    "with host, both ranks name the host's default, ${def:-unknown} ($n do)"
+# Without it: cubic, the mesh's default, where this process may set it.
+take_ports 2
+port=$PORT
+log=$TMP/ccmesh.log
+timeout 120 "$MESHRUN" -np 2 -- "$MESHBENCH" --port "$port" \
+    --op pingpong -b 8 -e 8 -n 2 -w 1 > "$log" 2>&1
+cc_lists
+want="$def (this host's default"
+case " $CC_AVAIL " in *" cubic "*)
+    case " $CC_ALLOWED " in
+        *" cubic "*) want="cubic (the mesh's default" ;;
+        *) [ "$(id -u)" -ne 0 ] || want="cubic (the mesh's default" ;;
+    esac ;;
+esac
+n=$(grep -c "tcp: congestion control $want" "$log")
+t_ok $([ "$n" -eq 2 ]; echo $?) \
+    "without it, both ranks name $want) ($n do)"
 
 # A congestion control the kernel has but does not allow an unprivileged
 # process: a usage error (exit 1) before joining, naming the allowed ones.

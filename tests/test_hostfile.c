@@ -441,10 +441,24 @@ static void test_opts(void)
            rc ? mesh_err_msg(rc) : o.topts.tcp_cc);
         mesh_opts_free(&o);
         rc = opts_run(&o, 5, argv);
+        /* the mesh's cubic where this process may set it, else the host's
+         * default (the empty name), quietly */
+        ok(rc == 0 &&
+               (mesh_tcp_cc_check("cubic") == 0
+                    ? !strcmp(o.topts.tcp_cc, "cubic") && o.topts.tcp_cc_default
+                    : !o.topts.tcp_cc[0]),
+           "no --tcp-congestion: cubic where allowed, else the host's "
+           "default (%s)",
+           rc ? mesh_err_msg(rc) : o.topts.tcp_cc);
+        mesh_err_clear();
+        mesh_opts_free(&o);
+        argv[6] = "host";
+        rc = opts_run(&o, 7, argv);
         ok(rc == 0 && !o.topts.tcp_cc[0],
-           "no --tcp-congestion: the host's default (%s)",
+           "--tcp-congestion host: the host's default (%s)",
            rc ? mesh_err_msg(rc) : "empty name");
         mesh_opts_free(&o);
+        argv[6] = "reno";
         setenv("MESHTRAIN_TCP_CONGESTION", "no_such_cc", 1);
         rc = opts_run(&o, 5, argv);
         ok(rc == -ENOENT &&
@@ -718,7 +732,7 @@ static void test_bind(void)
 
 int main(void)
 {
-    plan(89);
+    plan(90);
     test_openmpi();
     test_horovod_and_ipv6();
     test_malformed();

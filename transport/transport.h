@@ -135,6 +135,8 @@ void mesh_failure_msg(char *out, size_t len, const char *reason,
 #define MESH_JOB_MAX    64
 #define MESH_CONFIG_MAX 2048
 #define MESH_TCP_CC_MAX 16 /* the kernel's TCP_CA_NAME_MAX, with the NUL */
+/* The mesh's congestion control where none is asked for (mesh/mesh.c). */
+#define MESH_TCP_CC_DEFAULT "cubic"
 
 struct mesh_transport_opts {
     int streams;           /* TCP streams per link (data), >= 1 */
@@ -159,6 +161,7 @@ struct mesh_transport_opts {
      * checked by mesh_tcp_cc_check; "" keeps the host's default.
      */
     char tcp_cc[MESH_TCP_CC_MAX];
+    int tcp_cc_default; /* tcp_cc is the mesh's default, not asked for */
 };
 
 void mesh_transport_opts_init(struct mesh_transport_opts *o);

@@ -207,7 +207,11 @@ void tcp_log_cc(struct mesh_transport *t)
         getsockopt(c->fd, IPPROTO_TCP, TCP_CONGESTION, cc, &len) < 0)
         return;
     cc[MESH_MIN((size_t)len, sizeof(cc) - 1)] = 0;
-    if (t->super.opts.tcp_cc[0])
+    if (t->super.opts.tcp_cc[0] && t->super.opts.tcp_cc_default)
+        mesh_info("tcp: congestion control %s (the mesh's default; "
+                  "--tcp-congestion host keeps this host's)",
+                  cc);
+    else if (t->super.opts.tcp_cc[0])
         mesh_info("tcp: congestion control %s (--tcp-congestion)", cc);
     else if (!strcmp(cc, "bbr"))
         mesh_info("tcp: congestion control bbr (this host's default), which "
