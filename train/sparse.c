@@ -177,8 +177,8 @@ void mesh_sparse_select(const struct mesh_sparse_cfg *c, const float *acc,
 
 struct sbucket {
     size_t lo, n;
-    uint32_t *idx;  /* this rank's selection: (n) indices */
-    void *val;      /* (n) values of cfg.wire */
+    uint32_t *idx;  /* this rank's selection: (k or n) indices */
+    void *val;      /* (k or n) values of cfg.wire */
     size_t count;   /* selected this step */
     uint64_t *cnts; /* (size) every rank's count (threshold) */
     uint8_t *gath;  /* (size) slots of `slot` pairs: indices, then values */
@@ -265,7 +265,7 @@ int mesh_sparse_create(const struct mesh_sparse_cfg *c, mesh_coll_t *coll,
                       nparams);
     for (i = 0; rc == 0 && i < nbuckets; i++) {
         struct sbucket *b = &sp->b[i];
-        size_t n = hi[i] - lo[i];
+        size_t n = hi[i] - lo[i], cap;
 
         b->lo = lo[i];
         b->n = n;
@@ -276,8 +276,11 @@ int mesh_sparse_create(const struct mesh_sparse_cfg *c, mesh_coll_t *coll,
                           i, lo[i], hi[i], nparams);
             break;
         }
-        b->idx = malloc((n ? n : 1) * 4);
-        b->val = malloc((n ? n : 1) * sp->vsize);
+        /* top-k selects k, threshold up to all n */
+        cap = c->kind == MESH_SPARSE_TOPK ? mesh_sparse_topk_count(c->param, n)
+                                          : n;
+        b->idx = malloc((cap ? cap : 1) * 4);
+        b->val = malloc((cap ? cap : 1) * sp->vsize);
         b->cnts = calloc((size_t)size, sizeof(uint64_t));
         if (!b->idx || !b->val || !b->cnts)
             rc = mesh_err(-ENOMEM, "out of memory for sparse bucket %d", i);
