@@ -17,7 +17,7 @@
 
 [ -r "$FMNIST/train-images-idx3-ubyte.gz" ] ||
     t_skip_all "no Fashion-MNIST in $FMNIST (dataset-fashion-mnist)"
-t_plan 12
+t_plan 13
 
 # ---- flags -----------------------------------------------------------------
 bad=0
@@ -38,6 +38,11 @@ rc=$?
 [ $rc -eq 1 ] && grep -q -- "--no-error-feedback needs --compress" \
     "$TMP/flag.log"
 t_ok $? "--no-error-feedback without topk or threshold: exit 1 ($rc)"
+"$MESHTRAIN" --elastic --compress topk:0.01 --data synthetic:8 --iters 1 \
+    > "$TMP/flag.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q -- "--elastic cannot be combined" "$TMP/flag.log"
+t_ok $? "--elastic with topk: exit 1 ($rc)"
 
 # ---- resume exact ------------------------------------------------------------
 COMMON="$SMALL --data fashion-mnist --batch 16 --lr 0.05 --no-eval \
