@@ -107,6 +107,8 @@ struct mesh_dataset {
     enum mesh_data_bad on_bad;
     enum mesh_data_fit fit;
     size_t root_len; /* imagefolder: strlen(DIR) + 1, paths after it */
+    int whole;       /* predict set of a non-folder model: the whole JPEG
+                        fitted as the model's data set fits its images */
     struct split sp[2];
 };
 

@@ -144,6 +144,23 @@ void mesh_data_get_info(const struct mesh_dataset *ds,
 const char *mesh_data_class_name(const struct mesh_dataset *ds, int k);
 
 /*
+ * --predict DIR: the JPEG files under DIR (.jpg, .jpeg; subfolders too;
+ * names starting with '.' skipped), sorted by path, as the evaluation
+ * split (labels 0) of a new data set for inference with a model trained
+ * on like: like's output channels, size, statistics, classes and class
+ * names, and like's evaluation geometry (an imagefolder's: shorter side
+ * to size * 256 / 224, centre crop; any other: the whole image fitted as
+ * like fits its own, resized or centred). No JPEG under DIR is an error.
+ */
+int mesh_data_open_predict(const struct mesh_dataset *like, const char *dir,
+                           struct mesh_dataset **out);
+
+/* The file of sample index of split, relative to the data set's folder
+ * (imagefolder and --predict sets); NULL for other data sets. */
+const char *mesh_data_sample_path(const struct mesh_dataset *ds,
+                                  enum mesh_data_split split, size_t index);
+
+/*
  * One sample, synchronously, as the loader makes it: out holds channels *
  * size * size floats; *label gets the label (a substitute's label when a
  * bad sample was skipped). augment: 1 for training transforms (random from

@@ -9,6 +9,7 @@
 #include "common/util.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -204,4 +205,115 @@ int data_open_folder(struct mesh_dataset *ds, const char *dir)
         rc = mesh_err(-ENOENT, "imagefolder: no JPEG files under %s", dir);
     return rc;
 #endif
+}
+
+/* ---- --predict: every JPEG under a folder ---------------------------------
+ */
+
+#ifdef HAVE_JPEG
+/* Append the JPEGs under dir (recursively) to sp->paths, unsorted. */
+static int predict_walk(const char *dir, struct split *sp, size_t *cap,
+                        int depth)
+{
+    char **names = NULL, path[4200];
+    size_t n = 0, i;
+    int rc;
+
+    if (depth > 32)
+        return mesh_err(-ELOOP, "--predict: %s: folders nested too deep", dir);
+    rc = list_dir(dir, 0, &names, &n);
+    for (i = 0; rc == 0 && i < n; i++) {
+        rc = mesh_array_reserve(&sp->paths, cap, sp->count + 1, sizeof(char *),
+                                "--predict: file paths");
+        if (rc == 0) {
+            snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+            sp->paths[sp->count] = strdup(path);
+            if (!sp->paths[sp->count])
+                rc = mesh_err(-ENOMEM, "--predict: out of memory");
+            else
+                sp->count++;
+        }
+    }
+    data_free_names(names, n);
+    names = NULL;
+    n = 0;
+    if (rc == 0)
+        rc = list_dir(dir, 1, &names, &n);
+    for (i = 0; rc == 0 && i < n; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+        rc = predict_walk(path, sp, cap, depth + 1);
+    }
+    data_free_names(names, n);
+    return rc < 0 ? mesh_err_prefix(rc, "--predict") : 0;
+}
+#endif
+
+int mesh_data_open_predict(const struct mesh_dataset *like, const char *dir,
+                           struct mesh_dataset **out)
+{
+#ifndef HAVE_JPEG
+    (void)like;
+    (void)out;
+    return mesh_err(-ENOTSUP, "--predict %s: built without libjpeg", dir);
+#else
+    struct mesh_dataset *ds;
+    struct split *sp;
+    size_t cap = 0;
+    int rc, k;
+
+    if (!is_dir(dir))
+        return mesh_err(-ENOENT, "--predict %s: not a directory", dir);
+    ds = calloc(1, sizeof(*ds));
+    if (!ds)
+        return mesh_err(-ENOMEM, "--predict: out of memory");
+    ds->kind = K_FOLDER;
+    ds->name = "predict";
+    ds->classes = like->classes;
+    ds->sc = 3;
+    ds->co = like->co;
+    ds->size = like->size;
+    memcpy(ds->mean, like->mean, sizeof(ds->mean));
+    memcpy(ds->std, like->std, sizeof(ds->std));
+    ds->seed = like->seed;
+    ds->on_bad = MESH_DATA_BAD_FAIL;
+    ds->fit = like->fit;
+    ds->whole = like->kind != K_FOLDER;
+    ds->root_len = strlen(dir) + 1;
+    sp = &ds->sp[MESH_DATA_EVAL];
+    rc = predict_walk(dir, sp, &cap, 0);
+    if (rc == 0 && sp->count == 0)
+        rc =
+            mesh_err(-ENOENT, "--predict %s: no JPEG files (.jpg, .jpeg)", dir);
+    if (rc == 0) {
+        qsort(sp->paths, sp->count, sizeof(*sp->paths), cmp_str);
+        sp->labels = calloc(sp->count, sizeof(int32_t));
+        sp->bad = calloc(sp->count, sizeof(atomic_uchar));
+        if (!sp->labels || !sp->bad)
+            rc = mesh_err(-ENOMEM, "--predict: out of memory");
+    }
+    if (rc == 0 && like->class_names) {
+        ds->class_names = calloc((size_t)ds->classes, sizeof(char *));
+        for (k = 0; ds->class_names && k < ds->classes; k++)
+            if (!(ds->class_names[k] = strdup(like->class_names[k])))
+                break;
+        if (!ds->class_names || k < ds->classes)
+            rc = mesh_err(-ENOMEM, "--predict: out of memory");
+    }
+    if (rc < 0) {
+        mesh_data_close(ds);
+        return rc;
+    }
+    *out = ds;
+    return 0;
+#endif
+}
+
+const char *mesh_data_sample_path(const struct mesh_dataset *ds,
+                                  enum mesh_data_split split, size_t index)
+{
+    const struct split *sp = &ds->sp[split];
+
+    if (!sp->paths || index >= sp->count)
+        return NULL;
+    return sp->paths[index] + ds->root_len;
 }

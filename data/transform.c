@@ -220,7 +220,12 @@ static int make_one(struct mesh_dataset *ds, int split, size_t idx,
         if (rc < 0)
             return rc;
         src = (struct img){scr->img, 3, h, w, 1, (ptrdiff_t)w * 3, 3};
-        if (augment) {
+        if (ds->whole && ds->fit == MESH_DATA_FIT_RESIZE) {
+            bx = (struct box){0, 0, w, h};
+        } else if (ds->whole) {
+            bx = (struct box){floor((w - ds->size) / 2.0),
+                              floor((h - ds->size) / 2.0), ds->size, ds->size};
+        } else if (augment) {
             bx = random_resized_crop(&r, w, h);
             flip = rng_uniform(&r) < 0.5;
         } else {
