@@ -176,6 +176,10 @@ static const struct opt_doc opts[] = {
      "statistics, e.g. conv1,bn1,layer1"},
     {"eval-only", SWITCH_FIELD(eval_only), NULL,
      "with --init or --resume: evaluate the test split, no training"},
+    {"predict", STRING_FIELD(predict), "DIR",
+     "at the end: top-5 classes of every JPEG under DIR, as CSV (rank 0)"},
+    {"predict-out", STRING_FIELD(predict_out), "FILE",
+     "--predict's CSV (default predictions.csv)"},
     {"metrics", STRING_FIELD(metrics), "FILE",
      "one JSON object per step (rank 0)"},
     {"timeline", STRING_FIELD(timeline), "FILE",
@@ -508,6 +512,7 @@ static int check_outputs(const struct train_cfg *c, int rank)
         {"--timeline", c->timeline},
         {"--save", c->save},
         {"--profile-layers", c->profile_layers},
+        {"--predict-out", c->predict ? c->predict_out : NULL},
     };
     struct stat st;
     size_t k;
@@ -567,6 +572,17 @@ int main(int argc, char **argv)
     }
     if (c.init_skip && !c.init) {
         fprintf(stderr, "meshtrain: --init-skip needs --init\n");
+        return MESH_EXIT_USAGE;
+    }
+    if (c.predict_out && !c.predict) {
+        fprintf(stderr, "meshtrain: --predict-out needs --predict\n");
+        return MESH_EXIT_USAGE;
+    }
+    if (c.predict && !c.predict_out)
+        c.predict_out = "predictions.csv";
+    if (c.simulate && c.predict) {
+        fprintf(stderr, "meshtrain: --simulate-compute has no weights: "
+                        "--predict needs real compute\n");
         return MESH_EXIT_USAGE;
     }
     if (c.eval_only && c.no_eval) {

@@ -13,14 +13,16 @@
 #   floats, and the frozen BN keep their running statistics;
 # - --eval-only: top-1 and top-5 over the whole test split, every sample
 #   once over 3 peers (the count), the same accuracy as 1 peer, and the
-#   JSON record of --metrics.
+#   JSON record of --metrics;
+# - --predict: the CSV of an image folder agrees with the evaluation of
+#   the same files, and 3 peers write what 1 peer writes.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 [ -d "$FMNIST" ] || t_skip_all "no Fashion-MNIST in $FMNIST"
 /usr/bin/python3 -c "import numpy" 2> /dev/null ||
     t_skip_all "no numpy for /usr/bin/python3"
 
-t_plan 10
+t_plan 12
 COMMON="$SMALL --data fashion-mnist --batch 16 --lr 0.05 --join-timeout 60"
 
 # run NAME ARGS...: 2 peers by hand; 0 when both exit 0 (else the log)
@@ -178,6 +180,114 @@ if /usr/bin/python3 "$top_srcdir/tests/finetune_torch.py" "$TMP" \
 else
     t_skip "torchvision's resnet18: $(tail -1 "$TMP/torch.log")"
 fi
+
+# --predict: Fashion-MNIST test images as JPEG files in an imagefolder
+# (6 per class in val/); evaluated as that data set and predicted from its
+# val/ folder, the same files through the same transform: the CSV's
+# top-1 and top-5 hits are the evaluation's, and 3 peers write what 1
+# peer writes
+/usr/bin/python3 - "$FMNIST" "$TMP/folder" << 'PY'
+import gzip, os, sys
+import numpy as np
+from PIL import Image
+src, root = sys.argv[1], sys.argv[2]
+x = np.frombuffer(gzip.open(src + "/t10k-images-idx3-ubyte.gz").read()[16:],
+                  dtype=np.uint8).reshape(-1, 28, 28)
+y = np.frombuffer(gzip.open(src + "/t10k-labels-idx1-ubyte.gz").read()[8:],
+                  dtype=np.uint8)
+seen = {}
+for i in range(len(y)):
+    c = int(y[i])
+    seen[c] = seen.get(c, 0) + 1
+    if seen[c] > 7:
+        continue
+    split = "train" if seen[c] == 7 else "val"
+    d = "%s/%s/%d" % (root, split, c)
+    os.makedirs(d, exist_ok=True)
+    Image.fromarray(x[i]).save("%s/t%05d.jpg" % (d, i), quality=95)
+    if len(seen) == 10 and min(seen.values()) >= 7:
+        break
+PY
+PRED="$SMALL --data imagefolder:$TMP/folder --in-channels 1 --batch 8 \
+--eval-only --init $TMP/base.st --predict $TMP/folder/val"
+# shellcheck disable=SC2086
+by_hand 3 "$TMP/pred" $PRED --predict-out "$TMP/pred3.csv" --join-timeout 60
+wait_all 300
+codes3=$CODES
+# shellcheck disable=SC2086
+"$MESHTRAIN" $PRED --predict-out "$TMP/pred1.csv" > "$TMP/pred1.txt" 2>&1
+code=$?
+/usr/bin/python3 - "$TMP/pred0.log" "$TMP/pred3.csv" "$TMP/pred1.csv" \
+    > "$TMP/pred.cmp" 2>&1 << 'PY'
+import csv, re, sys
+m = re.search(r"(\d+) test samples over 3 peer\(s\): top-1 ([\d.]+) % "
+              r"top-5 ([\d.]+) %", open(sys.argv[1]).read())
+rows3 = list(csv.reader(open(sys.argv[2])))
+rows1 = list(csv.reader(open(sys.argv[3])))
+head, body = rows3[0], rows3[1:]
+names = [r[0] for r in body]
+hit1 = sum(r[0].split("/")[0] == r[1] for r in body)
+hit5 = sum(r[0].split("/")[0] in r[1:11:2] for r in body)
+n = len(body)
+print("CSV: %d rows, top-1 %.2f %% top-5 %.2f %%; evaluation: %s" %
+      (n, 100.0 * hit1 / n, 100.0 * hit5 / n, m.group(0) if m else "none"))
+checks = {
+    "60 rows, as the evaluation counts": m and int(m.group(1)) == n == 60,
+    "the header": head == ["image"] + [x for j in range(1, 6) for x in
+                                       ("top%d" % j, "p%d" % j)],
+    "sorted, each image once": names == sorted(names) and
+    len(set(names)) == n,
+    "top-1 as the evaluation's": m and
+    "%.2f" % (100.0 * hit1 / n) == m.group(2),
+    "top-5 as the evaluation's": m and
+    "%.2f" % (100.0 * hit5 / n) == m.group(3),
+    "1 peer's classes": [[r[0]] + r[1:11:2] for r in rows1] ==
+    [[r[0]] + r[1:11:2] for r in rows3],
+    "5 distinct classes a row": all(len(set(r[1:11:2])) == 5 for r in body),
+    "probabilities descending, sum <= 1": all(
+        sorted(map(float, r[2:11:2]), reverse=True) ==
+        list(map(float, r[2:11:2])) and
+        sum(map(float, r[2:11:2])) <= 1.0001 for r in body),
+}
+for a, b in zip(rows1, rows3):
+    if [a[0]] + a[1:11:2] != [b[0]] + b[1:11:2]:
+        print("1 peer: %s\n3 peers: %s" % (",".join(a), ",".join(b)))
+ok = True
+for what, good in checks.items():
+    if not good:
+        print("wrong: " + what)
+        ok = False
+sys.exit(0 if ok else 1)
+PY
+t_ok $? "--predict: one CSV row per image, sorted, top-5 hits those of the evaluation, 3 peers as 1 (exit $codes3, $code)"
+sed 's/^/# /' "$TMP/pred.cmp"
+[ "$codes3" = "0 0 0" ] || t_show "$TMP/pred0.log" 5
+
+# bad --predict input: named, exit 1
+# shellcheck disable=SC2086
+"$MESHTRAIN" $SMALL --data fashion-mnist --eval-only --init "$TMP/base.st" \
+    --predict "$TMP/none" > "$TMP/pbad1.log" 2>&1
+c1=$?
+# shellcheck disable=SC2086
+"$MESHTRAIN" $SMALL --data fashion-mnist --eval-only --init "$TMP/base.st" \
+    --predict "$TMP/folder/train/0/.." --predict-out "$TMP" \
+    > "$TMP/pbad2.log" 2>&1
+c2=$?
+# shellcheck disable=SC2086
+"$MESHTRAIN" $SMALL --data fashion-mnist --iters 1 \
+    --predict-out "$TMP/x.csv" > "$TMP/pbad3.log" 2>&1
+c3=$?
+mkdir "$TMP/empty"
+# shellcheck disable=SC2086
+"$MESHTRAIN" $SMALL --data fashion-mnist --eval-only --init "$TMP/base.st" \
+    --predict "$TMP/empty" > "$TMP/pbad4.log" 2>&1
+c4=$?
+[ $c1 -eq 1 ] && grep -q -- "--predict $TMP/none: not a directory" "$TMP/pbad1.log" &&
+    [ $c2 -eq 1 ] && grep -q -- "--predict-out $TMP is a directory" "$TMP/pbad2.log" &&
+    [ $c3 -eq 1 ] && grep -q -- "--predict-out needs --predict" "$TMP/pbad3.log" &&
+    [ $c4 -eq 1 ] && grep -q -- "no JPEG files" "$TMP/pbad4.log"
+t_ok $? "bad --predict input: a missing or empty folder, a directory as output, --predict-out alone (exit $c1 $c2 $c3 $c4)"
+cat "$TMP"/pbad?.log | grep -v "info:" | sed 's/^/# /'
 
 # a file of another width: one error listing the tensors, exit 1
 # shellcheck disable=SC2086

@@ -57,6 +57,7 @@ no-eval|--no-eval|eval|
 checkpoint-every|--checkpoint-every 2 --checkpoint-dir TMP/ck|checkpoint_every|
 resume|--resume=if-any --checkpoint-dir TMP/ck|resume|
 freeze|--freeze conv1|freeze|
+predict|--predict TMP/images|predict|
 simulate-compute|--simulate-compute k80|[a-z_]*|
 simulate-scale|--simulate-scale 4|data|--simulate-compute k80
 elastic|--elastic|elastic|
@@ -105,6 +106,7 @@ gid-index|verbs only (not built or no RDMA port here): which local port
 init|a file that fits is made by a run first: tests/train_finetune.sh has a peer with another file refused, naming init_digest
 init-skip|needs --init (above); its field init_skip is in the fingerprint
 eval-only|needs --init or --resume on every peer; its field eval_only is in the fingerprint
+predict-out|needs --predict (above); rank 0 writes it
 ${UNTESTED_CC:-}"
 
 names() { printf '%s\n' "$1" | sed -n 's/^\([a-z0-9-]*\)|.*/\1/p'; }

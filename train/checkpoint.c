@@ -298,7 +298,8 @@ static int resume_load(struct trainer *t, struct mesh_ckpt *ck,
                                           (int64_t)mesh_get_le64(state + 32));
         rc = mesh_ckpt_read(ck, "loader", &lstate, &llen);
     }
-    if (rc == 0)
+    /* --eval-only on a training split too small for a step has none */
+    if (rc == 0 && t->train_ld)
         rc = mesh_data_set_state(t->train_ld, lstate, llen);
     /* the configuration digest (error_feedback=1) agreed: it must be here */
     if (rc == 0 && mesh_gradsync_residual(t->gs)) {

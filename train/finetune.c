@@ -16,6 +16,9 @@
 #include "train/ckpt.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +140,9 @@ int train_finetune_config(const struct trainer *t, char *buf, size_t cap,
                      c->init_skip ? "init_skip=" : "",
                      c->init_skip ? c->init_skip : "", c->init_skip ? "\n" : "",
                      c->eval_only ? "eval_only=1\n" : "");
+    /* every peer joins --predict's collectives */
+    if (!core && n >= 0 && (size_t)n < cap && c->predict)
+        n += snprintf(buf + n, cap - (size_t)n, "predict=%s\n", c->predict);
     if (n < 0 || (size_t)n >= cap)
         return mesh_err(-EINVAL, "configuration too long");
     return n;
@@ -176,4 +182,211 @@ void train_freeze_report(const struct trainer *t)
     mesh_info("--freeze: the gradient buckets average %zu of the %zu "
               "parameters' gradients",
               sum, t->nparams);
+}
+
+/* ---- --predict ------------------------------------------------------------
+ */
+
+#define PRED_K 5 /* top-5 */
+
+/* One image's result: classes (as floats, exact) and probabilities. */
+struct pred {
+    float cls[PRED_K], prob[PRED_K];
+};
+
+/* Softmax of n logits, the k best (ties: the lower class, as a stable
+ * sort would). */
+static void top_k(const float *l, int n, int k, struct pred *out)
+{
+    double mx = l[0], sum = 0;
+    int i, j, m;
+
+    for (i = 1; i < n; i++)
+        mx = l[i] > mx ? l[i] : mx;
+    for (i = 0; i < n; i++)
+        sum += exp((double)l[i] - mx);
+    for (j = 0; j < k; j++) {
+        int best = -1;
+
+        for (i = 0; i < n; i++) {
+            int taken = 0;
+
+            for (m = 0; m < j; m++)
+                taken |= (int)out->cls[m] == i;
+            if (!taken && (best < 0 || l[i] > l[best]))
+                best = i;
+        }
+        out->cls[j] = (float)best;
+        out->prob[j] = (float)(exp((double)l[best] - mx) / sum);
+    }
+}
+
+/* Every peer must list the same number of images. */
+static int predict_agree(struct trainer *t, uint64_t n)
+{
+    uint64_t *all;
+    int r, rc;
+
+    if (!t->coll)
+        return 0;
+    all = calloc((size_t)t->size, sizeof(*all));
+    if (!all)
+        return mesh_err(-ENOMEM, "out of memory");
+    rc = mesh_coll_allgather(t->coll, &n, all, sizeof(n), MESH_DT_BYTE);
+    for (r = 0; rc == 0 && r < t->size; r++)
+        if (all[r] != all[0]) {
+            t->agreed_err = 1;
+            t->local_err = 1;
+            rc = mesh_err(-EINVAL,
+                          "--predict %s: rank 0 lists %" PRIu64 " images, "
+                          "rank %d %" PRIu64 " (every peer needs the same "
+                          "folder)",
+                          t->c->predict, all[0], r, all[r]);
+        }
+    free(all);
+    return rc;
+}
+
+/* A CSV field: quoted when it holds a comma, a quote or a line break. */
+static void csv_field(FILE *f, const char *s)
+{
+    if (!strpbrk(s, ",\"\r\n")) {
+        fputs(s, f);
+        return;
+    }
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"')
+            fputc('"', f);
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+/* Class k by name (an imagefolder's folder), else its number. */
+static const char *class_label(struct mesh_dataset *ds, int k, char buf[16])
+{
+    const char *name = mesh_data_class_name(ds, k);
+
+    if (strcmp(name, "class") != 0)
+        return name; /* a folder's name, or "0".."9" */
+    snprintf(buf, 16, "%d", k);
+    return buf;
+}
+
+/* Rank 0: the CSV of every image, all[r * per + j] being image j*size+r. */
+static int predict_write(struct trainer *t, struct mesh_dataset *ds,
+                         const struct pred *all, size_t per, uint64_t n, int k)
+{
+    const char *path = t->c->predict_out;
+    FILE *f = fopen(path, "w");
+    uint64_t i;
+    int j, rc = 0;
+
+    if (!f)
+        return mesh_err_errno("--predict-out %s", path);
+    fprintf(f, "image");
+    for (j = 1; j <= k; j++)
+        fprintf(f, ",top%d,p%d", j, j);
+    fprintf(f, "\n");
+    for (i = 0; i < n; i++) {
+        const struct pred *p = &all[(size_t)(i % (uint64_t)t->size) * per +
+                                    (size_t)(i / (uint64_t)t->size)];
+        char buf[16];
+
+        csv_field(f, mesh_data_sample_path(ds, MESH_DATA_EVAL, (size_t)i));
+        for (j = 0; j < k; j++) {
+            fputc(',', f);
+            csv_field(f, class_label(ds, (int)p->cls[j], buf));
+            fprintf(f, ",%.6f", (double)p->prob[j]);
+        }
+        fputc('\n', f);
+    }
+    if (ferror(f))
+        rc = mesh_err(-EIO, "--predict-out %s: write error", path);
+    if (fclose(f) != 0 && rc == 0)
+        rc = mesh_err_errno("--predict-out %s", path);
+    return rc;
+}
+
+int train_predict(struct trainer *t)
+{
+    const struct train_cfg *c = t->c;
+    struct mesh_dataset *ds = NULL;
+    struct mesh_loader *ld = NULL;
+    struct mesh_loader_opts lo;
+    struct mesh_data_info info;
+    struct mesh_batch b;
+    struct pred *mine = NULL, *all = NULL;
+    float *logits = NULL;
+    uint64_t n = 0;
+    size_t per, got = 0;
+    int classes = t->mcfg.num_classes, k, rc, i;
+
+    if (!c->predict)
+        return 0;
+    k = classes < PRED_K ? classes : PRED_K;
+    /* a peer that cannot open the folder still joins the count check,
+     * so that its peers do not wait for it */
+    rc = mesh_data_open_predict(t->ds, c->predict, &ds);
+    if (rc == 0) {
+        mesh_data_get_info(ds, &info);
+        n = info.eval_count;
+    }
+    if (predict_agree(t, n) < 0 || rc < 0) {
+        mesh_data_close(ds);
+        return rc < 0 ? train_local(t, rc) : -EINVAL;
+    }
+    per = (size_t)((n + (uint64_t)t->size - 1) / (uint64_t)t->size);
+    memset(&lo, 0, sizeof(lo));
+    lo.split = MESH_DATA_EVAL;
+    lo.batch = c->batch;
+    lo.rank = t->rank;
+    lo.world = t->size;
+    lo.threads = c->data_threads;
+    lo.augment = 0;
+    rc = mesh_loader_create(ds, &lo, &ld);
+    mine = calloc(per + 1, sizeof(*mine));
+    all = calloc(per * (size_t)t->size + 1, sizeof(*all));
+    logits = malloc((size_t)c->batch * (size_t)classes * sizeof(float));
+    if (rc == 0 && (!mine || !all || !logits))
+        rc = mesh_err(-ENOMEM, "--predict: out of memory");
+    if (rc == 0)
+        rc = mesh_data_seek(ld, 0, 0);
+    while (rc == 0 && (rc = mesh_data_next(ld, &b)) == 0) {
+        rc = mesh_nn_model_forward(t->model, b.n, b.x, 0);
+        if (rc == 0)
+            rc = mesh_nn_model_logits(t->model, logits);
+        for (i = 0; rc == 0 && i < b.n && got < per; i++)
+            top_k(logits + (size_t)i * (size_t)classes, classes, k,
+                  &mine[got++]);
+    }
+    if (rc > 0)
+        rc = 0; /* the end of the folder */
+    if (rc < 0)
+        rc = train_local(t, mesh_err_prefix(rc, "--predict %s", c->predict));
+    /* a peer that failed still joins the gather (its rows zero): the
+     * collective sequence stays the same everywhere */
+    if (t->coll) {
+        int rc2 = mesh_coll_allgather(t->coll, mine, all, per * sizeof(*mine),
+                                      MESH_DT_BYTE);
+
+        if (rc == 0)
+            rc = rc2;
+    } else {
+        memcpy(all, mine, per * sizeof(*mine));
+    }
+    if (rc == 0 && t->rank == 0) {
+        rc = train_local(t, predict_write(t, ds, all, per, n, k));
+        if (rc == 0 && !c->quiet)
+            printf("predict: %" PRIu64 " images of %s, top-%d classes in "
+                   "%s\n",
+                   n, c->predict, k, c->predict_out);
+    }
+    free(logits);
+    free(all);
+    free(mine);
+    mesh_loader_destroy(ld);
+    mesh_data_close(ds);
+    return rc;
 }

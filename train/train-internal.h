@@ -161,6 +161,8 @@ int train_init_read(struct trainer *t);
 int train_init_apply(struct trainer *t);
 /* --freeze: freeze the params (before the optimizer and the buckets). */
 int train_freeze_apply(struct trainer *t);
+/* --predict: every image's top-5 over the peers, the CSV on rank 0. */
+int train_predict(struct trainer *t);
 /* --freeze: log how many gradient floats the buckets hold (rank 0). */
 void train_freeze_report(const struct trainer *t);
 /* --eval-only: print top-1 and top-5 of the evaluation just done (rank

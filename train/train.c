@@ -638,6 +638,14 @@ static int open_data(struct trainer *t, const struct mesh_opts *mo)
     lo.threads = c->data_threads;
     lo.augment = c->augment;
     lo.accumulate = c->accumulate;
+    if (c->eval_only && t->info.train_count < (size_t)c->batch *
+                                                  (size_t)c->accumulate *
+                                                  (size_t)mo->world.size) {
+        /* no step is taken: a training split too small for one is fine */
+        t->steps_per_epoch = 1;
+        plan_length(t);
+        goto eval;
+    }
     rc = mesh_loader_create(t->ds, &lo, &t->train_ld);
     if (rc < 0)
         return rc;
@@ -651,6 +659,7 @@ static int open_data(struct trainer *t, const struct mesh_opts *mo)
                         c->data, t->info.train_count, c->batch, c->accumulate,
                         mo->world.size);
     plan_length(t);
+eval:
     if (t->info.eval_count > 0 && !c->no_eval) {
         lo.split = MESH_DATA_EVAL;
         lo.augment = 0;
@@ -1969,6 +1978,8 @@ static int finish(struct trainer *t)
 {
     int rc = final_eval(t);
 
+    if (rc == 0)
+        rc = train_predict(t);
     if (rc == 0 && t->c->verify_every)
         rc = verify_weights(t, "at the end");
     if (rc == 0)

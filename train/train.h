@@ -36,7 +36,8 @@
  *   sparse.[ch]   --compress topk / threshold: the pairs' selection,
  *                 error feedback and all-gather (gradsync.c calls it);
  *   checkpoint.c  what the trainer's checkpoints hold, and --resume;
- *   finetune.c    --init (and --init-skip), --freeze;
+ *   finetune.c    --init (and --init-skip), --freeze, --eval-only's
+ *                 report, --predict;
  *   ckpt.[ch]     the checkpoint directory format (MANIFEST, blobs);
  *   timeline.[ch] the --timeline Chrome trace;
  *   simulate.[ch] simulated compute (--simulate-compute) and per-layer
@@ -118,10 +119,12 @@ struct train_cfg {
     int quiet;
 
     /* fine-tuning (train/finetune.c) */
-    const char *init;      /* --init FILE: torchvision-named safetensors */
-    const char *init_skip; /* --init-skip PATTERN: keep these fresh */
-    const char *freeze;    /* --freeze PATTERN: fixed, not all-reduced */
-    int eval_only;         /* --eval-only: evaluate, no step */
+    const char *init;        /* --init FILE: torchvision-named safetensors */
+    const char *init_skip;   /* --init-skip PATTERN: keep these fresh */
+    const char *freeze;      /* --freeze PATTERN: fixed, not all-reduced */
+    int eval_only;           /* --eval-only: evaluate, no step */
+    const char *predict;     /* --predict DIR: top-5 of its JPEGs */
+    const char *predict_out; /* --predict-out FILE: their CSV (rank 0) */
 
     /* --elastic (train/elastic.h, doc/elastic.md) */
     int elastic;           /* survive dead peers with views */
