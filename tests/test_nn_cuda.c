@@ -237,6 +237,77 @@ static void test_conv(int n, int c, int h, int k, int r, int stride, int pad)
     free(x), free(w), free(dy);
 }
 
+/*
+ * bf16-amp's caches on the GPU alone: a weight's bfloat16 copy is reused
+ * until its weights are written (an upload into them must be seen by the
+ * next forward and backward data), and dy's copy from backward-filter by
+ * the backward data right after it. Each result is compared bitwise with
+ * one computed without the cache (fresh buffers, an op in between).
+ */
+static void test_bf16_caches(void)
+{
+    struct mesh_nn_plan_desc d;
+    int n = 2, c = 16, h = 9, k = 32, rc, i;
+    size_t nx = (size_t)n * c * h * h, nw = (size_t)k * c * 9;
+    size_t ny = (size_t)n * k * h * h, bx = nx * 4, by = ny * 4;
+    float *x = rnd(nx, 1), *w1 = rnd(nw, 0.3f), *w2 = rnd(nw, 0.3f);
+    float *dy = rnd(ny, 1), *a = malloc(by > bx ? by : bx);
+    float *b = malloc(by > bx ? by : bx);
+    void *X, *W, *W2, *Y, *DY, *DX, *DW, *WS, *T;
+    struct mesh_nn_plan *p;
+
+    memset(&d, 0, sizeof(d));
+    d.kind = MESH_NN_PLAN_CONV;
+    d.n = n, d.c = c, d.h = d.w = h, d.k = k, d.r = d.s = 3;
+    d.stride = 1, d.pad = 1, d.oh = d.ow = h;
+    p = mkplan(gpu, &d);
+    X = up(gpu, x, nx), W = up(gpu, w1, nw), W2 = up(gpu, w2, nw);
+    DY = up(gpu, dy, ny), Y = dalloc(gpu, by), DX = dalloc(gpu, bx);
+    DW = dalloc(gpu, nw * 4), T = dalloc(gpu, 64);
+    WS = dalloc(gpu, gpu->ops->plan_workspace(p) + 1);
+    /* forward with w1 (cached), then w2 uploaded into the same buffer */
+    if ((rc = gpu->ops->conv_fwd(gpu->dev, p, X, W, Y, WS)) < 0 ||
+        (rc = gpu->ops->upload(gpu->dev, W, w2, nw * 4)) < 0 ||
+        (rc = gpu->ops->conv_fwd(gpu->dev, p, X, W, Y, WS)) < 0 ||
+        (rc = gpu->ops->download(gpu->dev, a, Y, by)) < 0 ||
+        (rc = gpu->ops->conv_fwd(gpu->dev, p, X, W2, Y, WS)) < 0 ||
+        (rc = gpu->ops->download(gpu->dev, b, Y, by)) < 0)
+        die("bf16 cache fwd", rc);
+    ok(memcmp(a, b, by) == 0,
+       "bf16: forward after new weights were uploaded uses them");
+    /* backward data after backward filter (dy's copy reused), against
+     * backward data after another op (dy converted again) */
+    if ((rc = gpu->ops->conv_bwd_filter(gpu->dev, p, X, DY, DW, WS)) < 0 ||
+        (rc = gpu->ops->conv_bwd_data(gpu->dev, p, DY, W, DX, WS)) < 0 ||
+        (rc = gpu->ops->download(gpu->dev, a, DX, bx)) < 0 ||
+        (rc = gpu->ops->zero(gpu->dev, T, 64)) < 0 ||
+        (rc = gpu->ops->conv_bwd_data(gpu->dev, p, DY, W2, DX, WS)) < 0 ||
+        (rc = gpu->ops->download(gpu->dev, b, DX, bx)) < 0)
+        die("bf16 cache bwd", rc);
+    ok(memcmp(a, b, bx) == 0,
+       "bf16: backward data reusing dy's copy and the weights' equals one "
+       "without");
+    /* the optimizer writes the weights: the next backward data sees it */
+    if ((rc = gpu->ops->axpy1(gpu->dev, nw, W2, W)) < 0 || /* W = 2 w2 */
+        (rc = gpu->ops->conv_bwd_data(gpu->dev, p, DY, W, DX, WS)) < 0 ||
+        (rc = gpu->ops->download(gpu->dev, a, DX, bx)) < 0 ||
+        (rc = gpu->ops->conv_bwd_data(gpu->dev, p, DY, W2, DX, WS)) < 0 ||
+        (rc = gpu->ops->download(gpu->dev, b, DX, bx)) < 0)
+        die("bf16 cache axpy", rc);
+    for (i = 0; i < (int)(bx / 4) && a[i] == 2.f * b[i]; i++)
+        ;
+    ok(i == (int)(bx / 4),
+       "bf16: backward data after an op wrote the weights uses them (first "
+       "mismatch %d)",
+       i);
+    gpu->ops->free(gpu->dev, X), gpu->ops->free(gpu->dev, W);
+    gpu->ops->free(gpu->dev, W2), gpu->ops->free(gpu->dev, DY);
+    gpu->ops->free(gpu->dev, Y), gpu->ops->free(gpu->dev, DX);
+    gpu->ops->free(gpu->dev, DW), gpu->ops->free(gpu->dev, T);
+    gpu->ops->free(gpu->dev, WS);
+    free(x), free(w1), free(w2), free(dy), free(a), free(b);
+}
+
 static void test_bn(int n, int c, int h, int relu)
 {
     struct mesh_nn_plan_desc d;
@@ -749,6 +820,8 @@ int main(void)
             test_convert_copies();
             test_import_pipeline();
         }
+        if (k == 2)
+            test_bf16_caches();
         test_resnet50_step();
         mesh_nn_ctx_close(gpu);
         gpu = NULL;

@@ -19,7 +19,10 @@
  *   convolution and fc matmul converts its operands to bfloat16 in the
  *   workspace, computes with float32 accumulation and converts the result
  *   back to float32, as autocast does around these ops; BN, the loss, the
- *   optimizer and all gradients that leave the op stay float32.
+ *   optimizer and all gradients that leave the op stay float32. A conv
+ *   weight's bfloat16 copy is kept until its weights are written (struct
+ *   wcache), and backward data reuses dy's copy from the backward-filter
+ *   just before it, so a step converts each weight and each dy once.
  * - cuDNN API: the "legacy" imperative API of cuDNN 9 (cudnn_cnn.h,
  *   cudnn_ops.h), which 9.x still ships and documents but marks
  *   deprecated in favour of the graph API: the calls used here are
@@ -125,6 +128,7 @@ static int dnn_code(cudnnStatus_t s)
         int b_ = bind(dev);                                                    \
         if (b_ < 0)                                                            \
             return b_;                                                         \
+        (dev)->seq++;                                                          \
     } while (0)
 
 /* Our own kernels: the launcher returns a cudaError_t as int. */
@@ -168,6 +172,21 @@ struct xent_slot {
     cudaEvent_t ev;
 };
 
+/*
+ * bf16-amp: a weight's bfloat16 copy, made by the first convolution that
+ * needs it and reused by the others (forward, then backward data) until
+ * an op writes device memory that overlaps w (an upload, the optimizer, a
+ * copy in, ...: wrote() marks it stale) or a free (dev->wgen moves on:
+ * every copy is stale), as autocast caches weight casts within a step.
+ */
+struct wcache {
+    const float *w; /* the float32 weights it copies */
+    size_t n;
+    void *bf;          /* n bfloat16 */
+    unsigned long gen; /* valid when dev->wgen; 0: stale */
+};
+#define NWCACHE 512
+
 /* Small uploads (labels) bounce through pinned slots of this size, on the
  * compute stream and without a host sync; larger ones are synchronous. */
 #define SMALL_UPLOAD ((size_t)64 << 10)
@@ -202,6 +221,16 @@ struct mesh_nn_dev {
     int small_next;
     struct xent_slot *xq; /* a ring of xq_cap, xq_count from xq_head */
     int xq_cap, xq_head, xq_count;
+    unsigned long seq;  /* ops called (BIND counts them) */
+    unsigned long wgen; /* the cache's epoch, from 1; a free moves it on */
+    struct wcache wc[NWCACHE];
+    int nwc;
+    /* bf16-amp: the conv plan, workspace and dy whose bfloat16 copy the
+     * last backward-filter left in the workspace, and the op count then:
+     * backward data, called next with the same, reuses it */
+    const struct mesh_nn_plan *dy_plan;
+    const void *dy_ws, *dy_src;
+    unsigned long dy_seq;
     char desc[256];
 };
 
@@ -322,6 +351,7 @@ static int cuda_dev_open_opts(const struct mesh_nn_dev_opts *o,
     CUDA_CHECK(rc, cudaGetDeviceProperties(&prop, dev->gpu), fail_free,
                "cudaGetDeviceProperties", NULL);
     dev->cc = prop.major * 10 + prop.minor;
+    dev->wgen = 1; /* a weight cache entry's gen 0 is stale */
     dev->precision = o->precision;
     if (dev->precision == MESH_NN_PREC_DEFAULT)
         dev->precision = dev->cc >= 80 ? MESH_NN_PREC_TF32 : MESH_NN_PREC_FP32;
@@ -441,6 +471,8 @@ static void cuda_dev_close(struct mesh_nn_dev *dev)
             cudaEventDestroy(dev->xq[i].ev);
     }
     free(dev->xq);
+    for (i = 0; i < dev->nwc; i++)
+        cudaFree(dev->wc[i].bf);
     cudaFree(dev->xent_dev);
     cudaFreeHost(dev->xent_host);
     cublasDestroy(dev->blas);
@@ -458,6 +490,21 @@ static const char *cuda_dev_describe(struct mesh_nn_dev *dev)
 
 /* ---- memory -------------------------------------------------------------- */
 
+/* An op writes [dst, dst + bytes): bf16 weight copies overlapping it are
+ * stale (struct wcache). */
+static void wrote(struct mesh_nn_dev *dev, const void *dst, size_t bytes)
+{
+    const char *a = dst, *b = a + bytes;
+    int i;
+
+    for (i = 0; i < dev->nwc; i++) {
+        const char *w = (const char *)dev->wc[i].w;
+
+        if (w < b && a < w + dev->wc[i].n * sizeof(float))
+            dev->wc[i].gen = 0;
+    }
+}
+
 static int cuda_alloc(struct mesh_nn_dev *dev, size_t bytes, void **out)
 {
     void *p = NULL;
@@ -469,6 +516,7 @@ static int cuda_alloc(struct mesh_nn_dev *dev, size_t bytes, void **out)
     /* on the compute stream: every op that later uses p is ordered after */
     CUDA_CHECK(rc, cudaMemsetAsync(p, 0, bytes, dev->compute), fail_free,
                "cudaMemsetAsync", NULL);
+    wrote(dev, p, bytes);
     *out = p;
     __atomic_add_fetch(&dev->live, 1, __ATOMIC_RELAXED);
     return 0;
@@ -484,6 +532,7 @@ fail:
 static void cuda_free(struct mesh_nn_dev *dev, void *p)
 {
     (void)bind(dev);
+    dev->wgen++; /* the address may come back as other weights */
     if (p)
         __atomic_sub_fetch(&dev->live, 1, __ATOMIC_RELAXED);
     cudaFree(p); /* synchronises with the device before freeing */
@@ -522,6 +571,7 @@ static int cuda_upload(struct mesh_nn_dev *dev, void *dst, const void *src,
     int k = dev->small_next, rc = 0;
 
     BIND(dev);
+    wrote(dev, dst, bytes);
     if (bytes > SMALL_UPLOAD || !bytes)
         return copy_sync(dev, dst, src, bytes, cudaMemcpyHostToDevice,
                          "cudaMemcpyAsync (upload)");
@@ -561,6 +611,7 @@ static int cuda_zero(struct mesh_nn_dev *dev, void *p, size_t bytes)
     int rc = 0;
 
     BIND(dev);
+    wrote(dev, p, bytes);
     CUDA_CHECK(rc, cudaMemsetAsync(p, 0, bytes, dev->compute), out,
                "cudaMemsetAsync", NULL);
 out:
@@ -631,6 +682,7 @@ static int cuda_act_import(struct mesh_nn_dev *dev, int n, int c, int h, int w,
     int rc = 0;
 
     BIND(dev);
+    wrote(dev, dst, bytes);
     if (bytes > s->cap) {
         rc = in_slot_grow(dev, s, bytes);
         if (rc < 0)
@@ -1132,6 +1184,47 @@ static int conv_run(struct mesh_nn_dev *dev, struct mesh_nn_plan *p, int dir,
                             &p->cur[dir], what, conv_try, &c);
 }
 
+/*
+ * The bfloat16 copy of the n weights w: the cached one when nothing may
+ * have written them since it was made, else converted now (into the
+ * cache, or into the staging area stage when the cache is full).
+ */
+static int weights_bf16(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                        const float *w, size_t n, void *stage, const void **out)
+{
+    struct wcache *c = NULL;
+    int i, rc = 0;
+
+    for (i = 0; i < dev->nwc; i++)
+        if (dev->wc[i].w == w && dev->wc[i].n == n) {
+            c = &dev->wc[i];
+            break;
+        }
+    if (c && c->gen == dev->wgen) {
+        *out = c->bf;
+        return 0;
+    }
+    if (!c && dev->nwc < NWCACHE) {
+        void *bf = NULL;
+
+        if (cudaMalloc(&bf, n * 2) == cudaSuccess) {
+            c = &dev->wc[dev->nwc++];
+            c->w = w;
+            c->n = n;
+            c->bf = bf;
+        } else {
+            cudaGetLastError(); /* no room: convert into the staging */
+        }
+    }
+    rc = to_bf16(dev, p, c ? c->bf : stage, w, n);
+    if (rc < 0)
+        return rc;
+    if (c)
+        c->gen = dev->wgen;
+    *out = c ? c->bf : stage;
+    return 0;
+}
+
 static int cuda_conv_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                          const void *x, const float *w, void *y, void *ws)
 {
@@ -1143,10 +1236,9 @@ static int cuda_conv_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     BIND(dev);
     if (p->bf16) {
         if ((rc = to_bf16(dev, p, s.x, x, p->nx)) < 0 ||
-            (rc = to_bf16(dev, p, s.w, w, p->nw)) < 0)
+            (rc = weights_bf16(dev, p, w, p->nw, s.w, &ww)) < 0)
             return rc;
         xx = s.x;
-        ww = s.w;
         yy = s.y;
     }
     rc = conv_run(dev, p, FWD, xx, ww, yy, s.algo);
@@ -1166,11 +1258,16 @@ static int cuda_conv_bwd_data(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
 
     BIND(dev);
     if (p->bf16) {
-        if ((rc = to_bf16(dev, p, s.y, dy, p->ny)) < 0 ||
-            (rc = to_bf16(dev, p, s.w, w, p->nw)) < 0)
+        /* dy's copy from the backward-filter just before, if that was the
+         * previous op, on the same plan, workspace and dy */
+        int have = dev->dy_plan == p && dev->dy_ws == ws && dev->dy_src == dy &&
+                   dev->dy_seq == dev->seq - 1;
+
+        dev->dy_plan = NULL;
+        if ((!have && (rc = to_bf16(dev, p, s.y, dy, p->ny)) < 0) ||
+            (rc = weights_bf16(dev, p, w, p->nw, s.w, &ww)) < 0)
             return rc;
         dyy = s.y;
-        ww = s.w;
         dxx = s.x;
     }
     rc = conv_run(dev, p, BWD_DATA, dyy, ww, dxx, s.algo);
@@ -1200,6 +1297,12 @@ static int cuda_conv_bwd_filter(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     rc = conv_run(dev, p, BWD_FILTER, xx, dyy, dww, s.algo);
     if (rc == 0 && p->bf16)
         rc = from_bf16(dev, p, dw, s.w, p->nw);
+    if (rc == 0 && p->bf16) { /* s.y keeps dy's copy for backward data */
+        dev->dy_plan = p;
+        dev->dy_ws = ws;
+        dev->dy_src = dy;
+        dev->dy_seq = dev->seq;
+    }
     return rc;
 }
 
@@ -1626,6 +1729,7 @@ static int cuda_sgd(struct mesh_nn_dev *dev, size_t n, float *p, const float *g,
     int rc = 0;
 
     BIND(dev);
+    wrote(dev, p, n * sizeof(float));
     if (a->momentum != 0.f && !buf)
         return mesh_err(-EINVAL, "nn cuda: sgd: momentum without a buffer");
     KERN_CHECK(rc,
@@ -1643,6 +1747,7 @@ static int cuda_axpy1(struct mesh_nn_dev *dev, size_t n, const float *x,
     int rc = 0;
 
     BIND(dev);
+    wrote(dev, y, n * sizeof(float));
     KERN_CHECK(rc, mesh_cuk_axpy1(dev->compute, n, x, y), out, "axpy", NULL);
 out:
     return rc;
@@ -1654,6 +1759,7 @@ static int cuda_convert(struct mesh_nn_dev *dev, int dst_dtype, void *dst,
     int rc = 0;
 
     BIND(dev);
+    wrote(dev, dst, n * (dst_dtype == MESH_DT_F32 ? 4 : 2));
     KERN_CHECK(rc,
                mesh_cuk_convert(dev->compute, n, dst_dtype, dst, src_dtype, src,
                                 scale),
@@ -1714,6 +1820,8 @@ static int cuda_copy_start(struct mesh_nn_dev *dev, int to_host, void *dst,
 
     /* bind first: a new handle's event belongs to the current device */
     BIND(dev);
+    if (!to_host)
+        wrote(dev, dst, bytes);
     rc = copy_get(dev, &c);
     if (rc < 0)
         return rc;
