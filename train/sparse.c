@@ -92,40 +92,6 @@ static inline uint32_t mag_key(float v)
     return u & 0x7fffffffu;
 }
 
-/*
- * The k-th largest key of acc[0..n) (1 <= k <= n) by a radix select on
- * |v|'s 31 bits in three passes (11, 12 and 8 bits): *key, and how many
- * elements equal to it are among the k (*take_eq; the rest are above).
- */
-static void topk_key(const float *acc, size_t n, size_t k, uint32_t *key,
-                     size_t *take_eq)
-{
-    static const int shift[3] = {20, 8, 0}, width[3] = {11, 12, 8};
-    size_t hist[1u << 12], need = k, i;
-    uint32_t prefix = 0, mask = 0;
-    int p;
-
-    for (p = 0; p < 3; p++) {
-        uint32_t bmask = (1u << width[p]) - 1, b;
-
-        memset(hist, 0, sizeof(hist[0]) << width[p]);
-        for (i = 0; i < n; i++) {
-            uint32_t u = mag_key(acc[i]);
-
-            if ((u & mask) == prefix)
-                hist[(u >> shift[p]) & bmask]++;
-        }
-        /* the matching elements number need or more: some bin holds the
-         * need-th largest */
-        for (b = bmask; b > 0 && hist[b] < need; b--)
-            need -= hist[b];
-        prefix |= b << shift[p];
-        mask |= bmask << shift[p];
-    }
-    *key = prefix;
-    *take_eq = need;
-}
-
 /* Element i of acc is chosen: its pair at j, its residual. */
 static inline void take(const struct mesh_sparse_cfg *c, const float *acc,
                         size_t i, uint32_t *idx, void *val, size_t j,
@@ -137,28 +103,95 @@ static inline void take(const struct mesh_sparse_cfg *c, const float *acc,
         residual[i] = acc[i] - mesh_dtype_get_f32(c->wire, val, j);
 }
 
-void mesh_sparse_select(const struct mesh_sparse_cfg *c, const float *acc,
-                        size_t n, uint32_t *idx, void *val, float *residual,
-                        size_t *count)
+/*
+ * Top-k of acc[0..n) (0 < k < n) in two passes over acc: a histogram of
+ * |v|'s upper 16 bits (sign off, so exponent and 7 mantissa bits) finds
+ * the bin that holds the k-th largest; the second pass takes every index
+ * above that bin, and lists the bin's own (candidates); a histogram of
+ * the candidates' lower 15 bits settles which of them are chosen (ties:
+ * the lower indices); the two ascending lists are merged. Writes k pairs.
+ */
+static int topk_select(const struct mesh_sparse_cfg *c, const float *acc,
+                       size_t n, size_t k, uint32_t *idx, void *val,
+                       float *residual)
 {
-    size_t i, j = 0, k, eq = 0;
-    uint32_t key = 0;
+    uint32_t *hist = calloc(1u << 16, sizeof(uint32_t)), *cand = NULL, b;
+    size_t i, j, o, need = k, ns = 0, nc = 0, nch = 0;
+
+    if (!hist)
+        return mesh_err(-ENOMEM, "out of memory selecting top-k");
+    for (i = 0; i < n; i++)
+        hist[mag_key(acc[i]) >> 15]++;
+    /* the elements above bin b number fewer than k, with it k or more */
+    for (b = 0xffff; b > 0 && hist[b] < need; b--)
+        need -= hist[b];
+    cand = malloc((hist[b] ? hist[b] : 1) * sizeof(uint32_t));
+    if (!cand) {
+        free(hist);
+        return mesh_err(-ENOMEM, "out of memory selecting top-k");
+    }
+    for (i = 0; i < n; i++) {
+        uint32_t hb = mag_key(acc[i]) >> 15;
+
+        if (hb > b) {
+            idx[ns++] = (uint32_t)i;
+            continue;
+        }
+        if (hb == b)
+            cand[nc++] = (uint32_t)i;
+        if (residual && residual != acc)
+            residual[i] = acc[i]; /* a chosen candidate's is set below */
+    }
+    /* need of the nc candidates: the largest lower bits, ties in order */
+    memset(hist, 0, sizeof(uint32_t) << 15);
+    for (j = 0; j < nc; j++)
+        hist[mag_key(acc[cand[j]]) & 0x7fff]++;
+    for (b = 0x7fff; b > 0 && hist[b] < need; b--)
+        need -= hist[b];
+    for (j = 0; j < nc; j++) {
+        uint32_t lo = mag_key(acc[cand[j]]) & 0x7fff;
+
+        if (lo > b || (lo == b && need > 0)) {
+            if (lo == b)
+                need--;
+            cand[nch++] = cand[j];
+        }
+    }
+    /* merge both ascending lists into idx, from the back (ns + nch == k) */
+    i = ns;
+    j = nch;
+    o = ns + nch;
+    while (j > 0) {
+        if (i > 0 && idx[i - 1] > cand[j - 1])
+            idx[--o] = idx[--i];
+        else
+            idx[--o] = cand[--j];
+    }
+    for (o = 0; o < ns + nch; o++)
+        take(c, acc, idx[o], idx, val, o, residual);
+    free(cand);
+    free(hist);
+    return 0;
+}
+
+int mesh_sparse_select(const struct mesh_sparse_cfg *c, const float *acc,
+                       size_t n, uint32_t *idx, void *val, float *residual,
+                       size_t *count)
+{
+    size_t i, j = 0, k;
+    int rc;
 
     if (c->kind == MESH_SPARSE_TOPK) {
         k = mesh_sparse_topk_count(c->param, n);
-        if (k > 0 && k < n)
-            topk_key(acc, n, k, &key, &eq);
-        for (i = 0; i < n; i++) {
-            uint32_t u = mag_key(acc[i]);
-            int chosen = k == n || u > key || (u == key && eq > 0);
-
-            if (chosen && u == key && k < n)
-                eq--;
-            if (chosen)
-                take(c, acc, i, idx, val, j++, residual);
-            else if (residual && residual != acc)
-                residual[i] = acc[i];
+        if (k > 0 && k < n) {
+            rc = topk_select(c, acc, n, k, idx, val, residual);
+            if (rc < 0)
+                return rc;
+            *count = k;
+            return 0;
         }
+        for (i = 0; i < n; i++) /* k == n: all of them */
+            take(c, acc, i, idx, val, j++, residual);
     } else {
         float t = (float)c->param;
 
@@ -171,6 +204,7 @@ void mesh_sparse_select(const struct mesh_sparse_cfg *c, const float *acc,
         }
     }
     *count = j;
+    return 0;
 }
 
 /* ---- the exchange -------------------------------------------------------- */
@@ -317,11 +351,14 @@ int mesh_sparse_start(struct mesh_sparse *sp, int i, float *g)
     struct sbucket *b = &sp->b[i];
     float *res = sp->residual ? sp->residual + b->lo : NULL;
     size_t j;
+    int rc;
 
     if (res)
         for (j = 0; j < b->n; j++)
             g[j] += res[j];
-    mesh_sparse_select(&sp->c, g, b->n, b->idx, b->val, res, &b->count);
+    rc = mesh_sparse_select(&sp->c, g, b->n, b->idx, b->val, res, &b->count);
+    if (rc < 0)
+        return rc;
     b->cnts[sp->rank] = b->count;
     if (!sp->coll) {
         b->slot = b->count;

@@ -64,12 +64,14 @@ size_t mesh_sparse_topk_count(double r, size_t n);
 /*
  * The selection of steps 2 and 3 on its own: from acc[0..n), the chosen
  * indices (ascending) into idx and their values as c->wire into val
- * (room for n of each), their number in *count. residual, when not NULL,
- * gets acc - sent (acc where nothing was sent); it may be acc itself.
+ * (room for n of each; top-k: k), their number in *count. residual, when
+ * not NULL, gets acc - sent (acc where nothing was sent); it may be acc
+ * itself. n < 2^32. Top-k reads acc twice (a radix select on |v|'s bits,
+ * 16 then 15 of them). Returns 0, or -ENOMEM.
  */
-void mesh_sparse_select(const struct mesh_sparse_cfg *c, const float *acc,
-                        size_t n, uint32_t *idx, void *val, float *residual,
-                        size_t *count);
+int mesh_sparse_select(const struct mesh_sparse_cfg *c, const float *acc,
+                       size_t n, uint32_t *idx, void *val, float *residual,
+                       size_t *count);
 
 struct mesh_sparse;
 
