@@ -5,6 +5,7 @@
  *
  *   nn_bench [--model resnet50] [--batch 32] [--image-size 224]
  *            [--iters 3] [--warmup 1] [--threads 2] [--classes 1000]
+ *            [--precision fp32|bf16-amp]
  */
 #include "config.h"
 
@@ -37,6 +38,17 @@ static const char *arg_str(int argc, char **argv, const char *name,
     return def;
 }
 
+/* CPU seconds of every thread of the process (user + system): on a
+ * shared, loaded machine a fairer measure of work than wall time. */
+static double cpu_s(void)
+{
+    struct rusage ru;
+
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+
 int main(int argc, char **argv)
 {
     struct mesh_nn_model_cfg cfg = {0};
@@ -48,7 +60,9 @@ int main(int argc, char **argv)
     int iters = arg_int(argc, argv, "--iters", 3);
     int warmup = arg_int(argc, argv, "--warmup", 1);
     int threads = arg_int(argc, argv, "--threads", 2);
-    double t0 = 0, t_sgd = 0, total;
+    const char *prec = arg_str(argc, argv, "--precision", "fp32");
+    struct mesh_nn_dev_opts o;
+    double t0 = 0, t_sgd = 0, total, cpu0 = 0;
     struct rusage ru;
     int32_t *labels;
     float *images, loss = 0;
@@ -68,7 +82,11 @@ int main(int argc, char **argv)
         images[i] = (float)((i * 2654435761u) % 1000) / 500.f - 1.f;
     for (i = 0; i < (size_t)batch; i++)
         labels[i] = (int32_t)(i % (size_t)cfg.num_classes);
-    rc = mesh_nn_ctx_open("cpu", threads, &ctx);
+    mesh_nn_dev_opts_init(&o);
+    o.threads = threads;
+    rc = mesh_nn_precision_parse(prec, &o.precision);
+    if (rc == 0)
+        rc = mesh_nn_ctx_open_opts("cpu", &o, &ctx);
     if (rc == 0)
         rc = mesh_nn_model_create(ctx, &cfg, &m);
     if (rc == 0)
@@ -83,8 +101,10 @@ int main(int argc, char **argv)
             mesh_nn_model_profile(m, 1);
             t_sgd = 0;
         }
-        if (it == warmup)
+        if (it == warmup) {
             t0 = mesh_now_s();
+            cpu0 = cpu_s();
+        }
         rc = mesh_nn_model_forward(m, batch, images, 1);
         if (rc == 0)
             rc = mesh_nn_model_loss(m, labels, 0, &loss);
@@ -100,10 +120,11 @@ int main(int argc, char **argv)
     }
     total = mesh_now_s() - t0;
     getrusage(RUSAGE_SELF, &ru);
-    printf("meshtrain %s batch %d %dx%d threads %d: %.3f s/iter %.2f img/s "
-           "peak RSS %.0f MiB\n",
-           cfg.arch, batch, cfg.image_size, cfg.image_size, threads,
-           total / iters, batch * iters / total, ru.ru_maxrss / 1024.0);
+    printf("meshtrain %s %s batch %d %dx%d threads %d: %.3f s/iter %.2f img/s "
+           "%.3f CPU-s/iter peak RSS %.0f MiB\n",
+           prec, cfg.arch, batch, cfg.image_size, cfg.image_size, threads,
+           total / iters, batch * iters / total, (cpu_s() - cpu0) / iters,
+           ru.ru_maxrss / 1024.0);
     printf("time per op type over %d iterations:\n", iters);
     mesh_nn_model_profile_report(m, stdout);
     printf("  %-22s %10.3f s\n", "sgd update", t_sgd);
