@@ -25,7 +25,11 @@ take_ports() {
     # before it.
     for _fp_try in 1 2 3 4 5 6 7 8 9 10; do
         _fp_calls=$((${_fp_calls:-0} + 1))
-        _fp_out=$(/usr/bin/python3 - "$1" "$_fp_dir" "$$" "$_fp_calls" <<'EOF'
+        # python3 from PATH where /usr/bin has none (a CUDA image's
+        # Python may live in a virtual environment: tests/gpu/run.sh)
+        _fp_py=/usr/bin/python3
+        [ -x "$_fp_py" ] || _fp_py=python3
+        _fp_out=$("$_fp_py" - "$1" "$_fp_dir" "$$" "$_fp_calls" <<'EOF'
 import fcntl, os, socket, sys
 
 n, folder = int(sys.argv[1]), sys.argv[2]
