@@ -291,6 +291,13 @@ case " $PARTS " in *" tests "*)
     grep -h '^# cuda:' "$LOGS"/test_nn_cuda.tap 2> /dev/null | head -n 1 |
         sed 's/^# /- device: /' >> "$SUM"
     note ""
+    note "### Every op against the cpu backend (test_nn_cuda)"
+    note ""
+    note '```'
+    grep -h '^ok\|^not ok\|^# .*cosine\|^# .*max' "$LOGS"/test_nn_cuda.tap \
+        2> /dev/null | cut -c1-160 >> "$SUM"
+    note '```'
+    note ""
     ;;
 esac
 
