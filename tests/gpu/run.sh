@@ -23,6 +23,9 @@
 #   4. timing: ResNet-50 training at batch 128 in fp32, tf32 and bf16-amp,
 #      tests/gpu/nn_time against tests/gpu/torch_time.py (PyTorch's best
 #      settings) when torch with CUDA is importable;
+#   4b. two peers training ResNet-50 on the GPU (meshrun), the share of
+#      all-reduce time hidden behind backward read from the timeline
+#      (bench/train_report.py; the goal is 90 %), not a pass/fail test;
 #   5. compute-sanitizer memcheck, racecheck and synccheck on the op tests
 #      (test_nn_ops, cuda) and on one training step of a small ResNet
 #      (nn_time -a resnet18), counting the errors each reports.
@@ -33,8 +36,8 @@
 #
 # usage: tests/gpu/run.sh BUNDLE [OUTDIR]
 #   OUTDIR defaults to $OUT, else ./gpu-out.
-# Environment: GPU_PARTS (default "tests timing sanitize": which of parts
-# 3 to 5 run), GPU_ARCH (e.g. sm_90; default: the GPU's own, else
+# Environment: GPU_PARTS (default "tests timing overlap sanitize": which
+# of parts 3 to 5 run), GPU_ARCH (e.g. sm_90; default: the GPU's own, else
 # configure's default list), GPU_DEADLINE (seconds, default 470), PYTHON
 # (default python3), JOBS (make -j, default nproc).
 # Exit status: 0 when every required test passed and the sanitizers found
@@ -45,7 +48,7 @@ set -u
 T0=$(date +%s)
 BUNDLE=${1:-}
 OUTDIR=${2:-${OUT:-$PWD/gpu-out}}
-PARTS=${GPU_PARTS:-tests timing sanitize}
+PARTS=${GPU_PARTS:-tests timing overlap sanitize}
 DEADLINE=${GPU_DEADLINE:-470}
 PYTHON=${PYTHON:-python3}
 JOBS=${JOBS:-$(nproc 2> /dev/null || echo 4)}
@@ -340,6 +343,43 @@ assert torch.cuda.is_available()' > /dev/null 2>&1; then
         say "$p: meshtrain ${ours:-failed or not run} img/s, PyTorch ${theirs:--}"
         note "| $p | ${ours:-failed/not run} | ${theirs:--} | $ratio |"
     done
+    note ""
+    ;;
+esac
+
+# ---- 4b. overlap: two peers on the GPU, all-reduce hidden behind backward --
+case " $PARTS " in *" overlap "*)
+    note "## Two peers on one GPU: all-reduce hidden behind backward"
+    note ""
+    t=$(budget 75)
+    if [ "$t" -lt 30 ]; then
+        note "- not run: out of time"
+    else
+        ov=$LOGS/overlap
+        mkdir -p "$ov"
+        # shellcheck disable=SC2086
+        (cd "$BUILD" && MESHTRAIN_LOG=warn timeout "$t" ./meshrun -np 2 \
+            -H localhost:2 -- ./meshtrain --port 29871 --device cuda \
+            --model resnet50 --data synthetic:4096 --batch 32 --iters 12 \
+            --no-eval --quiet --metrics "$ov/m.jsonl" \
+            --timeline "$ov/t.json" --timeline-steps 12) \
+            > "$ov/log" 2>&1
+        rc=$?
+        row=$("$PYTHON" "$SRC/bench/train_report.py" 2 "$ov/m.jsonl" \
+            "$ov/t.json" 2> "$ov/report.err")
+        if [ $rc -eq 0 ] && [ -n "$row" ]; then
+            note "ResNet-50, batch 32 per peer, 224 x 224, default precision;"
+            note "bench/train_report.py (steps after the first 2):"
+            note ""
+            note "peers,steps,t_step_s,t_compute_s,t_comm_exposed_s,t_data_s,img_per_s,allreduce_s_per_step,hidden_s_per_step,hidden_fraction"
+            note "$row"
+            note ""
+            note "- hidden fraction $(echo "$row" | cut -d, -f10) (goal >= 0.90)"
+        else
+            note "- failed (exit $rc$([ $rc -eq 124 ] && echo ', timeout')):" \
+                "$(tail -n 1 "$ov/log")"
+        fi
+    fi
     note ""
     ;;
 esac
