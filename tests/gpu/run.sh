@@ -377,7 +377,7 @@ case " $PARTS " in *" overlap "*)
             note "- hidden fraction $(echo "$row" | cut -d, -f10) (goal >= 0.90)"
         else
             note "- failed (exit $rc$([ $rc -eq 124 ] && echo ', timeout')):" \
-                "$(tail -n 1 "$ov/log")"
+                "$(grep -m 1 'nn cuda\|rror' "$ov/log" || tail -n 1 "$ov/log")"
         fi
     fi
     note ""
