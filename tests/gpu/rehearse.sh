@@ -44,6 +44,9 @@ for p in libevent-dev libssl-dev libdnnl-dev zlib1g-dev pkgconf make; do
     fi
 done
 
+# debootstrap leaves no /etc/hosts; an image has one (localhost)
+[ -f "$ROOT/etc/hosts" ] ||
+    printf '127.0.0.1\tlocalhost\n::1\tlocalhost\n' > "$ROOT/etc/hosts"
 rm -rf "$ROOT/rehearse"
 mkdir -p "$ROOT/rehearse/tests/gpu" "$ROOT/usr/local/cuda" || die "mkdir"
 cp "$here/run.sh" "$ROOT/rehearse/tests/gpu/" || die "cannot copy run.sh"
@@ -88,7 +91,7 @@ L=$ROOT/rehearse/logs
 # toolkit may lack it (then run.sh says so in the summary)
 SAN=""
 [ -x "$CUDA/bin/compute-sanitizer" ] && SAN=sanitize-memcheck-step.log
-for f in test_nn_cuda.tap test_nn_ops_cuda.tap two_peers.tap nn_time.err \
+for f in test_nn_cuda.tap test_nn_ops_cuda.tap two_peers.tap nn_time.err overlap/log \
     $SAN; do
     if grep -q 'no CUDA device\|no CUDA-capable device\|CUDA driver' \
         "$L/$f" 2> /dev/null; then

@@ -359,7 +359,7 @@ case " $PARTS " in *" overlap "*)
         mkdir -p "$ov"
         # shellcheck disable=SC2086
         (cd "$BUILD" && MESHTRAIN_LOG=warn timeout "$t" ./meshrun -np 2 \
-            -H localhost:2 -- ./meshtrain --port 29871 --device cuda \
+            -H 127.0.0.1:2 -- ./meshtrain --port 29871 --device cuda \
             --model resnet50 --data synthetic:4096 --batch 32 --iters 12 \
             --no-eval --quiet --metrics "$ov/m.jsonl" \
             --timeline "$ov/t.json" --timeline-steps 12) \
