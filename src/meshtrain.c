@@ -612,14 +612,6 @@ int main(int argc, char **argv)
                         "topk:R or threshold:T\n");
         return MESH_EXIT_USAGE;
     }
-    /* a view change rolls back to a snapshot that holds no residual, and
-     * builds new buckets: the residual would be lost or stale */
-    if (c.elastic && c.sparse.kind) {
-        fprintf(stderr, "meshtrain: --elastic cannot be combined with "
-                        "--compress topk or threshold (the residual is "
-                        "not part of its snapshots)\n");
-        return MESH_EXIT_USAGE;
-    }
     if (c.resume && !c.checkpoint_dir) {
         fprintf(stderr, "meshtrain: --resume needs --checkpoint-dir\n");
         return MESH_EXIT_USAGE;
