@@ -3,11 +3,12 @@
 # TCP limit, side by side in one run, with the same sizes and peer counts.
 #
 #   bench/collectives.sh [--settings a,b,c] [--np 2,4,8] [--sizes SIZES]
-#                        [--systems mesh,mpi,gloo,tcp] [--algos ring,tree,auto]
+#                        [--systems mesh,meshtcp,mpi,vader,gloo,tcp,mem]
+#                        [--algos ring,tree,auto]
 #                        [--time S] [--repeat R] [--quick] [--out DIR]
 #                        [--builddir DIR] [--mesh-args "ARGS"]
 #                        [--prefix P] [--rate R] [--mtu M] [--cc CC]
-#                        [--mesh-cc CC] [--insecure]
+#                        [--mesh-cc CC] [--peers-per-host P] [--insecure]
 #
 # Settings: a loopback (N processes on 127.0.0.1), b N network-namespace
 # hosts on a bridge (scripts/netns.sh), c the same with each host's egress
@@ -18,16 +19,28 @@
 # gets -CC). --mesh-cc CC has meshbench (--tcp-congestion CC) and the TCP
 # limit's iperf3 (-C CC) choose CC for their own sockets, in any setting,
 # while Open MPI and Gloo, which cannot choose, keep the host's default;
-# the name gets -mesh-CC. For every setting and N it runs:
+# the name gets -mesh-CC. --peers-per-host P puts P peers on each
+# namespace host (b and c; N / P hosts, each with its one NIC, shaped in
+# c: the seed's 8 GPUs behind one NIC); the name gets -Ppph; the TCP limit
+# is then not run, and vader is Open MPI with btl self,vader,tcp. For
+# every setting and N it runs:
 #   tcp   bench/tcp_limit.sh: iperf3 ring of N streams (and --bidir for
 #         N = 2), single stream, ping RTT
 #   mpi   bench/mpi_allreduce (MPI_Allreduce, mpirun --mca btl tcp,self
 #         --mca pml ob1; namespaces through bench/netns_rsh.sh)
 #   gloo  bench/gloo_allreduce.py (torch.distributed "gloo", one process
 #         per host, GLOO_SOCKET_IFNAME set)
+#   vader Open MPI with --mca btl self,vader (its shared memory, single
+#         copy where the kernel allows it), loopback only
 #   mesh  $builddir/meshbench --op allreduce --algo A for each A in
 #         --algos, one process per host started directly with --rank; it
-#         is skipped, saying so, while meshbench has no all-reduce.
+#         is skipped, saying so, while meshbench has no all-reduce. Its
+#         default transport: shared memory within a host, TCP between.
+#   meshtcp  the same with --transport tcp --algo ring (flat, over TCP
+#         even within a host: what meshbench did before shm), as
+#         mesh-tcp-ring, which is not counted as meshbench's best
+#   mem   bench/mem_limit.py: memcpy and a float32 sum y += x, 1 and 2
+#         processes, the machine's memory-bandwidth limit (loopback only)
 # SIZES: "MIN:MAX:FACTOR" (default 4K:256M:4) or a list "4K,64M" (one run
 # per size unless the list is geometric). --time S: target seconds per
 # size and system (default 1). --repeat R: every system R times in turn,
@@ -64,7 +77,7 @@ set -u
 settings=a,b,c
 nps=2,4,8
 sizes=4K:256M:4
-systems=mesh,mpi,gloo,tcp
+systems=mesh,meshtcp,mpi,vader,gloo,tcp,mem
 algos=ring,tree,auto
 secs=1
 repeat=1
@@ -83,7 +96,7 @@ while [ $# -gt 0 ]; do
         --mesh-args) meshargs=$2; shift 2 ;;
         -h|--help) bl_help; exit 0 ;;
         *) bl_opt "--time --repeat --out --builddir --prefix --rate --mtu \
---cc --mesh-cc --insecure" "$@" ||
+--cc --mesh-cc --peers-per-host --insecure" "$@" ||
                { echo "collectives.sh: unknown argument '$1' (see --help)" >&2
                  exit 2; }
            shift "$BL_SHIFT" ;;
@@ -103,6 +116,9 @@ for n in $(echo "$nps" | tr , ' '); do
                             exit 2 ;; esac
     [ "$n" -ge 2 ] || { echo "collectives.sh: --np values must be >= 2" >&2
                         exit 2; }
+    [ $((n % BL_PPH)) -eq 0 ] ||
+        { echo "collectives.sh: --np $n is not a multiple of" \
+               "--peers-per-host $BL_PPH" >&2; exit 2; }
 done
 
 # Sizes -> "b e f" triples, one per run.
@@ -164,7 +180,7 @@ runlimit=600
 
 # --- what can run ---------------------------------------------------------
 mpibin=
-if has "$systems" mpi; then
+if has "$systems" mpi || has "$systems" vader; then
     if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
         mpibin="$tmp/mpi_allreduce"
         if [ -x "$builddir/bench/mpi_allreduce" ]; then
@@ -207,15 +223,21 @@ fi
 # --- one system at a time ----------------------------------------------------
 # Port bases differ per system (lib.sh's BL_PORT + 0, 20, 40) so that a
 # straggler never meets the next run.
-run_mpi() {   # setting np b e f log
+run_mpi() {   # setting np b e f log [vader]
     _n=$2
-    if [ "$1" = a ]; then
+    if [ "$1" = a ] && [ "${7:-}" = vader ]; then
+        timeout $runlimit mpirun --allow-run-as-root --oversubscribe \
+            -np "$_n" --mca btl self,vader --mca pml ob1 \
+            "$mpibin" -b "$3" -e "$4" -f "$5" -t "$secs" >"$6" 2>&1
+    elif [ "$1" = a ]; then
         timeout $runlimit mpirun --allow-run-as-root --oversubscribe \
             -np "$_n" --mca btl tcp,self --mca pml ob1 \
             --mca btl_tcp_if_include 127.0.0.1/8 \
             "$mpibin" -b "$3" -e "$4" -f "$5" -t "$secs" >"$6" 2>&1
     else
         _hf="$tmp/hostfile.mpi"
+        _btl=tcp,self
+        [ "${7:-}" = vader ] && _btl=self,vader,tcp
         bl_hostfile "$_hf" "$_n"
         # mpirun itself runs on host 1, so the orteds it starts in the
         # other namespaces can reach it at 10.77.0.1.
@@ -225,7 +247,7 @@ run_mpi() {   # setting np b e f log
             mpirun --hostfile "$_hf" -np "$_n" --oversubscribe \
             --mca plm_rsh_agent "$bl_srcdir/bench/netns_rsh.sh" \
             --mca plm_rsh_no_tree_spawn 1 \
-            --mca btl tcp,self --mca pml ob1 \
+            --mca btl "$_btl" --mca pml ob1 \
             --mca btl_tcp_if_include 10.77.0.0/24 \
             --mca oob_tcp_if_include 10.77.0.0/24 \
             "$mpibin" -b "$3" -e "$4" -f "$5" -t "$secs" >"$6" 2>&1
@@ -252,7 +274,7 @@ run_gloo() {   # setting np b e f log
     return $_rc
 }
 
-run_mesh() {   # setting np b e f log algo
+run_mesh() {   # setting np b e f log algo [extra meshbench arguments]
     _n=$2
     _hf="$tmp/hostfile.mesh"
     if [ "$1" = a ]; then
@@ -264,7 +286,7 @@ run_mesh() {   # setting np b e f log algo
     while [ $_r -lt "$_n" ]; do
         bl_bg $((_r + 1)) timeout $runlimit "$meshbench" --hostfile "$_hf" \
             --rank $_r --port "$BL_PORT" $meshauth --op allreduce \
-            --algo "$7" -b "$3" -e "$4" -f "$5" -t "$secs" $meshargs \
+            --algo "$7" -b "$3" -e "$4" -f "$5" -t "$secs" $meshargs ${8:-} \
             ${BL_MESH_CC:+--tcp-congestion "$BL_MESH_CC"} \
             >"$tmp/mesh.out.$_r" 2>&1
         _r=$((_r + 1))
@@ -319,8 +341,9 @@ measure() {
     bl_cpu_start "$tmp/cpu.txt"
     case $3 in
         openmpi) run_mpi "$rset" "$rnp" "$b" "$e" "$f" "$log" ;;
+        openmpi-vader) run_mpi "$rset" "$rnp" "$b" "$e" "$f" "$log" vader ;;
         gloo) run_gloo "$rset" "$rnp" "$b" "$e" "$f" "$log" ;;
-        *) run_mesh "$rset" "$rnp" "$b" "$e" "$f" "$log" "$4" ;;
+        *) run_mesh "$rset" "$rnp" "$b" "$e" "$f" "$log" "$4" "${5:-}" ;;
     esac </dev/null
     record "$3" "$rname" "$rnp" "$log" $? "$rrep" "$b-$e"
 }
@@ -328,7 +351,10 @@ measure() {
 # one_round SETTING NAME NP TAG REP: every system once, sizes as asked.
 one_round() {
     rset=$1 rname=$2 rnp=$3 rtag=$4 rrep=$5
-    if has "$systems" tcp; then
+    if has "$systems" tcp && [ "$BL_PPH" -gt 1 ] && [ "$1" != a ]; then
+        bl_log "  TCP limit: not run with --peers-per-host (one stream per" \
+               "host)"
+    elif has "$systems" tcp; then
         bl_log "  TCP limit (iperf3, ping)"
         "$bl_srcdir/bench/tcp_limit.sh" --setting "$1" --np "$3" \
             --no-setup --prefix "$BL_PREFIX" --rate "$BL_RATE" \
@@ -347,8 +373,20 @@ one_round() {
                   r >>cpu }' \
             "$outdir/raw/$4-tcp.txt" >>"$lcsv"
     fi
+    if [ "$1" = a ] && has "$systems" mem && [ "$5" = 1 ]; then
+        bl_log "  memory-bandwidth limit (memcpy, sum; 1 and 2 processes)"
+        /usr/bin/python3 "$bl_srcdir/bench/mem_limit.py" \
+            >"$outdir/mem_limit.txt" 2>&1 </dev/null || status=1
+        sed 's/^/    /' "$outdir/mem_limit.txt" >&2
+    fi
     while read -r b e f; do
         [ -n "$mpibin" ] && measure "Open MPI" mpi openmpi
+        [ -n "$mpibin" ] && has "$systems" vader &&
+            { [ "$1" = a ] || [ "$BL_PPH" -gt 1 ]; } &&
+            measure "Open MPI (btl self,vader)" mpi-vader openmpi-vader
+        [ $mesh -eq 1 ] && has "$systems" meshtcp &&
+            measure "meshbench --transport tcp --algo ring" mesh-tcp-ring \
+                mesh-tcp-ring ring "--transport tcp"
         [ $gloo -eq 1 ] && measure Gloo gloo gloo
         if [ $mesh -eq 1 ]; then
             for a in $(echo "$algos" | tr , ' '); do

@@ -20,6 +20,9 @@
 
 BL_PREFIX=${BL_PREFIX:-mb$(($$ % 1000000))}
 BL_RATE=${BL_RATE:-1gbit}
+# Peers per namespace host (settings b and c): N peers on N / BL_PPH hosts,
+# which share the host's one NIC (the seed's 8 GPUs behind one NIC).
+BL_PPH=${BL_PPH:-1}
 BL_MTU=${BL_MTU:-}
 BL_CC=${BL_CC:-}
 BL_MESH_CC=${BL_MESH_CC:-}
@@ -49,6 +52,7 @@ bl_die() { echo "$(basename "$0"): $*" >&2; exit 1; }
 
 bl_setting_name() {
     _bl_tail=${BL_MTU:+-mtu$BL_MTU}${BL_CC:+-$BL_CC}
+    [ "$BL_PPH" -gt 1 ] && _bl_tail="$_bl_tail-${BL_PPH}pph"
     _bl_mcc=${BL_MESH_CC:+-mesh-$BL_MESH_CC}
     case $1 in
         a) echo "loopback$_bl_mcc" ;;
@@ -112,6 +116,7 @@ bl_opt() {
         --mtu) BL_MTU=$3 ;;
         --cc) BL_CC=$3 ;;
         --mesh-cc) BL_MESH_CC=$3 ;;
+        --peers-per-host) BL_PPH=$3 ;;
         --time) secs=$3 ;;
         --repeat) repeat=$3 ;;
         --out) outdir=$3 ;;
@@ -141,8 +146,8 @@ bl_meshbench_has() {
 bl_hostfile() {
     : >"$1"
     _bl_i=1
-    while [ $_bl_i -le "$2" ]; do
-        echo "10.77.0.$_bl_i slots=1" >>"$1"
+    while [ $_bl_i -le $(($2 / BL_PPH)) ]; do
+        echo "10.77.0.$_bl_i slots=$BL_PPH" >>"$1"
         _bl_i=$((_bl_i + 1))
     done
 }
@@ -151,6 +156,7 @@ bl_hostfile() {
 # with $BL_CC, each host's namespace defaults to that congestion control.
 bl_setup() {
     BL_SETTING=$1 BL_NP=$2
+    [ "$1" = a ] || set -- "$1" $(($2 / BL_PPH))
     case $1 in
         a) return 0 ;;
         b) BL_UP=1
@@ -206,7 +212,7 @@ bl_exec() {
 # bl_bg I CMD...: run CMD on host I in the background, remembering its pid
 # (ip netns exec execs CMD, so the pid is CMD's own).
 bl_bg() {
-    _bl_i=$1
+    _bl_i=$(( ($1 - 1) / BL_PPH + 1 ))
     shift
     case $BL_SETTING in
         a) "$@" & ;;

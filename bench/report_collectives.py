@@ -21,7 +21,8 @@ import csv
 import re
 import sys
 
-ANCHORS = ("openmpi", "gloo")
+ANCHORS = ("openmpi", "openmpi-vader", "gloo")
+AUTO_SLACK = 0.03                            # auto vs the best fixed one
 STEAL_WARN = 2.0
 MiB = 1 << 20
 # The collectives issue's goals for meshbench's best algorithm per size.
@@ -85,7 +86,7 @@ def worst_share(best, sizes, lo, hi, ref):
     return min(pts) if pts else None
 
 
-def goals_lines(setting, np, best, anchor, limit, lat_us):
+def goals_lines(setting, np, best, anchor, limit, lat_us, auto=None):
     """The goals' verdicts for one setting and N, one line each.
 
     best and anchor map size -> busbw (GB/s) of meshbench's best algorithm
@@ -137,6 +138,16 @@ def goals_lines(setting, np, best, anchor, limit, lat_us):
             name, verdict(fall <= FALL_MAX), -fall * 100, human(w[1]),
             "" if sizes[-1] >= FALL_TO else
             "; measured up to %s only" % top))
+
+    if auto:
+        pts = [(auto[sz] / best[sz], sz) for sz in sizes
+               if auto.get(sz, float("nan")) == auto.get(sz) and best[sz] > 0]
+        name = "auto within %d %% of the best fixed algorithm" % round(
+            AUTO_SLACK * 100)
+        out.append("%s: %s" % (name, "not measured" if not pts else
+                               "%s (worst %.2f at %s)" % (
+                                   verdict(min(pts)[0] >= 1 - AUTO_SLACK),
+                                   min(pts)[0], human(min(pts)[1]))))
 
     if np in LAT_US:
         name = "a %s all-reduce takes <= %.0f us" % (human(LAT_SIZE),
@@ -235,7 +246,7 @@ def main():
         head += "%12s" % "anchor/lim" if not mesh else \
             "%12s%12s" % ("mesh/anchor", "mesh/limit")
         print(head)
-        best_of, anchor_of = {}, {}
+        best_of, anchor_of, auto_of = {}, {}, {}
         for sz in sizes:
             bus = {n: fnum(systems[n][sz]["busbw"]) if sz in systems[n]
                    else float("nan") for n in names}
@@ -247,6 +258,8 @@ def main():
                 best = max([bus[n] for n in mesh if bus[n] == bus[n]] or
                            [float("nan")])
                 best_of[sz], anchor_of[sz] = best, anchor
+                if "meshbench-auto" in bus:
+                    auto_of[sz] = bus["meshbench-auto"]
                 line += "%12s%12s" % (ratio(best, anchor),
                                       ratio(best, limit))
             else:
@@ -261,7 +274,7 @@ def main():
             lat = min([fnum(systems[n][LAT_SIZE]["time_us"]) for n in mesh
                        if LAT_SIZE in systems[n]] or [float("nan")])
             goals.append((key, goals_lines(key[0], int(key[1]), best_of,
-                                           anchor_of, limit, lat)))
+                                           anchor_of, limit, lat, auto_of)))
 
     if goals:
         print("\n== goals: meshbench's best algorithm per size")
