@@ -219,6 +219,8 @@ struct mesh_nn_dev {
     void *small[NSMALL];          /* pinned, SMALL_UPLOAD bytes each */
     cudaEvent_t small_ev[NSMALL]; /* after the slot's copy (compute) */
     int small_next;
+    int small_used; /* a small upload has run: small_ev[small_last] */
+    int small_last;
     struct xent_slot *xq; /* a ring of xq_cap, xq_count from xq_head */
     int xq_cap, xq_head, xq_count;
     unsigned long seq;  /* ops called (BIND counts them) */
@@ -594,6 +596,8 @@ static int cuda_upload(struct mesh_nn_dev *dev, void *dst, const void *src,
     CUDA_CHECK(rc, cudaEventRecord(dev->small_ev[k], dev->compute), out,
                "cudaEventRecord (upload slot)", NULL);
     dev->small_next = (k + 1) % NSMALL;
+    dev->small_used = 1;
+    dev->small_last = k;
 out:
     return rc;
 }
@@ -1820,12 +1824,18 @@ static int cuda_copy_start(struct mesh_nn_dev *dev, int to_host, void *dst,
 
     /* bind first: a new handle's event belongs to the current device */
     BIND(dev);
-    if (!to_host)
-        wrote(dev, dst, bytes);
     rc = copy_get(dev, &c);
     if (rc < 0)
         return rc;
-    if (to_host) {
+    if (!to_host) {
+        wrote(dev, dst, bytes);
+        /* after the uploads issued so far, which no longer block the
+         * host (cuda_upload): one may have targeted the same memory */
+        if (dev->small_used)
+            CUDA_CHECK(
+                rc, cudaStreamWaitEvent(st, dev->small_ev[dev->small_last], 0),
+                fail, "cudaStreamWaitEvent (uploads)", NULL);
+    } else {
         CUDA_CHECK(rc, cudaEventRecord(c->ev, dev->compute), fail,
                    "cudaEventRecord (compute)", NULL);
         CUDA_CHECK(rc, cudaStreamWaitEvent(st, c->ev, 0), fail,
