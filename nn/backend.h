@@ -219,6 +219,16 @@ struct mesh_nn_backend_ops {
                      int *done);
     int (*copy_wait)(struct mesh_nn_dev *dev, struct mesh_nn_copy *c);
     int (*copy_order)(struct mesh_nn_dev *dev, struct mesh_nn_copy *c);
+    /*
+     * bn_bwd_frozen: backward of a batch norm that normalised with its
+     * running statistics (a frozen BN, mesh_nn_model_freeze), to x only:
+     * dx = dy * gamma / sqrt(running_var + eps), and 0 where the plan's
+     * fused ReLU gave y = 0 (y is the forward's output). dx may alias dy.
+     * Without it a frozen BN must have only frozen parameters before it.
+     */
+    int (*bn_bwd_frozen)(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                         const void *y, const void *dy, const float *gamma,
+                         const float *running_var, void *dx);
     int (*convert)(struct mesh_nn_dev *dev, int dst_dtype, void *dst,
                    int src_dtype, const void *src, size_t n, float scale);
     /*

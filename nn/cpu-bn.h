@@ -43,4 +43,10 @@ void mesh_nn_cpu_bn_bwd(const struct mesh_nn_cpu_bn *s, const float *x,
                         const void *reserve, float *dx, float *dgamma,
                         float *dbeta, void *ws);
 
+/* Backward of the inference form (frozen BN) to x: dx (may alias dy) =
+ * dy * gamma / sqrt(running_var + eps), 0 where the ReLU's y is 0. */
+void mesh_nn_cpu_bn_bwd_frozen(const struct mesh_nn_cpu_bn *s, const float *y,
+                               const float *dy, const float *gamma,
+                               const float *running_var, float *dx);
+
 #endif

@@ -485,3 +485,25 @@ void mesh_nn_cpu_bn_bwd(const struct mesh_nn_cpu_bn *s, const float *x,
     }
     dxpass(s, x, dy, mask, save, k, dx);
 }
+
+void mesh_nn_cpu_bn_bwd_frozen(const struct mesh_nn_cpu_bn *s, const float *y,
+                               const float *dy, const float *gamma,
+                               const float *running_var, float *dx)
+{
+    const long B = s->block, hw = s->hw, nb = (s->c + B - 1) / B;
+    const long total = (long)s->n * nb * hw * B;
+    long i;
+
+    /* element i is (n, cb, pos, l) of ((n * nb + cb) * hw + pos) * B + l;
+     * one multiply per element, the same for any thread count */
+#pragma omp parallel for schedule(static)
+    for (i = 0; i < total; i++) {
+        long c = (i / (B * hw)) % nb * B + i % B;
+        double k;
+
+        if (c >= s->c)
+            continue; /* a padded channel of the last block */
+        k = (double)gamma[c] / sqrt((double)running_var[c] + s->eps);
+        dx[i] = s->relu && !(y[i] > 0.f) ? 0.f : (float)(dy[i] * k);
+    }
+}

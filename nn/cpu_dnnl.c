@@ -1305,6 +1305,15 @@ static int cpu_bn_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     return 0;
 }
 
+static int cpu_bn_bwd_frozen(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                             const void *y, const void *dy, const float *gamma,
+                             const float *running_var, void *dx)
+{
+    set_threads(dev);
+    mesh_nn_cpu_bn_bwd_frozen(&p->bn, y, dy, gamma, running_var, dx);
+    return 0;
+}
+
 static int cpu_relu_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                         const void *x, void *y)
 {
@@ -1606,4 +1615,5 @@ const struct mesh_nn_backend_ops mesh_nn_cpu_ops = {
     .upload = cpu_copy,
     .download = cpu_copy,
     .dev_open_opts = cpu_dev_open_opts,
+    .bn_bwd_frozen = cpu_bn_bwd_frozen,
 };

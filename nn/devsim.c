@@ -467,6 +467,13 @@ static int sim_bn_bwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                        dgamma, dbeta, ws);
 }
 
+static int sim_bn_bwd_frozen(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                             const void *y, const void *dy, const float *gamma,
+                             const float *rvar, void *dx)
+{
+    return cpu->bn_bwd_frozen(dev->cpu, p, y, dy, gamma, rvar, dx);
+}
+
 static int sim_relu_fwd(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                         const void *x, void *y)
 {
@@ -555,4 +562,5 @@ const struct mesh_nn_backend_ops mesh_nn_devsim_ops = {
     .upload = sim_upload,
     .download = sim_download,
     MESH_NN_BACKEND_STREAMS(sim),
+    .bn_bwd_frozen = sim_bn_bwd_frozen,
 };

@@ -440,9 +440,9 @@ static void conv_freeze(struct mesh_nn_model *m, struct nn_conv *c)
 
 /*
  * A BN whose weight and bias are both frozen normalises with its running
- * statistics; backward never runs through it, so every parameter before
- * it must be frozen too (its backward with running statistics is not
- * implemented).
+ * statistics; backward runs through it with the backend's bn_bwd_frozen,
+ * and a backend without one (cuda) needs every parameter before it frozen
+ * too (backward then stops before it).
  */
 static int bn_freeze(struct mesh_nn_model *m, struct nn_bn *b)
 {
@@ -450,7 +450,8 @@ static int bn_freeze(struct mesh_nn_model *m, struct nn_bn *b)
                           *bias = param_at(m, b->g + b->c);
 
     b->frozen = w && bias && w->frozen && bias->frozen;
-    if (b->frozen && b->g + 2 * (size_t)b->c > m->frozen_below) {
+    if (b->frozen && b->g + 2 * (size_t)b->c > m->frozen_below &&
+        !m->ctx->ops->bn_bwd_frozen) {
         const struct mesh_nn_tensor *first = NULL;
         int i;
 
@@ -459,11 +460,12 @@ static int bn_freeze(struct mesh_nn_model *m, struct nn_bn *b)
                 first = &m->t[i];
         return mesh_err(-EINVAL,
                         "--freeze: %.*s is frozen (it normalises with its "
-                        "running statistics), but %s before it is trained: "
-                        "freeze the network from conv1 on up to a layer, "
-                        "e.g. conv1,bn1,layer1",
+                        "running statistics), but %s before it is trained, "
+                        "and the %s backend has no backward through a "
+                        "frozen batch norm: freeze the network from conv1 "
+                        "on up to a layer, e.g. conv1,bn1,layer1",
                         (int)(strlen(w->name) - strlen(".weight")), w->name,
-                        first ? first->name : "a parameter");
+                        first ? first->name : "a parameter", m->ctx->ops->name);
     }
     return 0;
 }

@@ -300,9 +300,10 @@ int mesh_nn_model_init_from(struct mesh_nn_model *m, const void *buf,
  * A frozen param gets no gradient: backward skips its weight gradient and
  * stops where every param left is frozen. A BN whose weight and bias are
  * frozen normalises with its running statistics also in training (and
- * does not update them), as torch's eval-mode BN does; backward does not
- * run through such a BN, so every param before it must be frozen too,
- * else -EINVAL naming both (freeze from conv1 on: "conv1,bn1,layer1").
+ * does not update them), as torch's eval-mode BN does, and backward runs
+ * through it as through that affine map. A backend without that backward
+ * (cuda) needs every param before such a BN frozen too, else -EINVAL
+ * naming both (freeze from conv1 on: "conv1,bn1,layer1").
  * The frozen tensors have .frozen set. -EINVAL leaves nothing frozen.
  */
 int mesh_nn_model_freeze(struct mesh_nn_model *m, const char *patterns);

@@ -1168,14 +1168,23 @@ static int gdone(struct bwd *b, size_t off, size_t count, int frozen)
     return 0;
 }
 
-/* BN backward from dy to dx (may alias), then its two gradients. */
-static int bn_bwd(struct bwd *w, struct nn_bn *b, const void *x, const void *dy,
-                  void *dx)
+/* BN backward from dy to dx (may alias), then its two gradients; y is
+ * its forward output. */
+static int bn_bwd(struct bwd *w, struct nn_bn *b, const void *x, const void *y,
+                  const void *dy, void *dx)
 {
     struct mesh_nn_model *m = w->m;
     float *dg = gdst(w, b->g);
     int rc;
 
+    if (b->frozen) {
+        /* running statistics: an affine map (and the ReLU's mask of its
+         * output y); no gradient of its own */
+        PROF(m, NN_PROF_BN_BWD,
+             OPS(m)->bn_bwd_frozen(DEV(m), b->p, y, dy, m->params + b->g,
+                                   m->buffers + b->rm + b->c, dx));
+        return gdone(w, b->g, 2 * (size_t)b->c, 1);
+    }
     PROF(m, NN_PROF_BN_BWD,
          OPS(m)->bn_bwd(DEV(m), b->p, x, dy, m->params + b->g,
                         m->params + b->g + b->c, b->save, b->reserve, dx, dg,
@@ -1251,7 +1260,7 @@ static int block_bwd(struct bwd *w, struct nn_block *b, int gi, int *go)
         sc = other(gi, t);
         if (frozen_below(w, bn_end(&b->bd)))
             return BWD_STOP;
-        if ((rc = bn_bwd(w, &b->bd, b->ad, g[gi], g[t])) < 0 ||
+        if ((rc = bn_bwd(w, &b->bd, b->ad, b->od, g[gi], g[t])) < 0 ||
             (rc = conv_bwd(w, &b->cd, b->x, g[t], g[sc])) < 0)
             return rc;
         cur = gi; /* the main path may now run in place in g[gi] */
@@ -1262,7 +1271,7 @@ static int block_bwd(struct bwd *w, struct nn_block *b, int gi, int *go)
     /* bn_last: d(main) -> g[cur] (in place when g[gi] is free) */
     if (frozen_below(w, bn_end(&b->b[last])))
         return BWD_STOP;
-    rc = bn_bwd(w, &b->b[last], b->a[last], g[gi], g[cur]);
+    rc = bn_bwd(w, &b->b[last], b->a[last], b->o[last], g[gi], g[cur]);
     if (rc < 0)
         return rc;
     for (j = last; j >= 0; j--) {
@@ -1278,7 +1287,8 @@ static int block_bwd(struct bwd *w, struct nn_block *b, int gi, int *go)
         if (j) {
             if (frozen_below(w, bn_end(&b->b[j - 1])))
                 return BWD_STOP;
-            rc = bn_bwd(w, &b->b[j - 1], b->a[j - 1], g[cur], g[cur]);
+            rc = bn_bwd(w, &b->b[j - 1], b->a[j - 1], b->o[j - 1], g[cur],
+                        g[cur]);
             if (rc < 0)
                 return rc;
         }
@@ -1341,7 +1351,7 @@ int mesh_nn_model_backward(struct mesh_nn_model *m, int accumulate,
     }
     if (frozen_below(&w, bn_end(&m->bn1)))
         return 0;
-    rc = bn_bwd(&w, &m->bn1, m->a0, m->g[gi], m->g[gi]);
+    rc = bn_bwd(&w, &m->bn1, m->a0, m->o0, m->g[gi], m->g[gi]);
     if (rc == 0 && !frozen_below(&w, m->conv1.w + conv_params(&m->conv1)))
         rc = conv_bwd(&w, &m->conv1, m->in, m->g[gi], NULL);
     return rc;
