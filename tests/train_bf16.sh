@@ -66,6 +66,16 @@ top1() {
     sed -n 's/.*test accuracy.*top-1 \([0-9.]*\) %.*/\1/p' "$1" | tail -n 1
 }
 take_ports 2 || exit 99
+# A CPU whose oneDNN has no bfloat16 kernels refuses bf16-amp (part 1):
+# there the convergence of its numbers is checked on the emulation.
+# shellcheck disable=SC2086
+"$MESHTRAIN" -H localhost:1 --insecure --port "$PORT" $SMALL \
+    --data synthetic:64 --iters 1 --no-eval --precision bf16-amp \
+    > "$TMP/probe.log" 2>&1 ||
+    if grep -q "no bfloat16 convolution for this CPU" "$TMP/probe.log"; then
+        t_diag "no bfloat16 kernels in oneDNN here: MESHTRAIN_CPU_BF16=emulate"
+        export MESHTRAIN_CPU_BF16=emulate
+    fi
 codes=""
 for seed in 1 2; do
     train fp32 $seed "$PORT" &
