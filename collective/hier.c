@@ -6,6 +6,11 @@
  * between the hosts on that segment (every NIC carries its share), then
  * all-gather inside each host in one hop. The rules every builder follows
  * are coll-internal.h's.
+ *
+ * Between the hosts, a segment of up to HIER_RD_MAX bytes goes by
+ * recursive doubling instead of the ring (log2 H hops instead of
+ * 2 (H - 1): the hierarchical form of rd, for latency); every rank of a
+ * ring has the same segment, so all choose alike.
  */
 #include "config.h"
 
@@ -14,6 +19,8 @@
 
 #include <errno.h>
 #include <stdlib.h>
+
+#define HIER_RD_MAX (64u << 10)
 
 /* Usable: equal hosts of two ranks or more (else the ring runs). */
 static int hier_usable(const struct coll_hosts *h, int size)
@@ -49,7 +56,10 @@ size_t coll_hier_scratch(const struct coll_args *a)
     maxseg = (a->count + (size_t)h->local - 1) / (size_t)h->local;
     r = ring_args(a, a->recvbuf, maxseg);
     return (size_t)(h->local - 1) * maxseg * es +
-           (h->nhosts > 1 ? coll_ring_scratch(&r) : 0);
+           (h->nhosts > 1
+                ? MESH_MAX(coll_ring_scratch(&r),
+                           maxseg * es <= HIER_RD_MAX ? coll_rd_scratch(&r) : 0)
+                : 0);
 }
 
 /* A no-op the next phase waits on: after every op in [from, s->nops). */
@@ -89,7 +99,11 @@ int coll_build_hier_allreduce(struct sched *s, const struct coll_args *a,
         return mesh_err(-ENOMEM, "out of memory building a hierarchy");
 
     /* 1. Inside the host: segment j to local rank j (tag 0), and the
-     * host's sum of ours from every other; divided here for an average. */
+     * host's sum of ours from every other; an average divides the whole
+     * sum once, at its last addition (here with one host, else after the
+     * hosts' step), as every algorithm does. */
+    if (H > 1)
+        div = 1.0f;
     from = s->nops;
     in[0] = at(a->sendbuf, ms, es);
     {
@@ -136,7 +150,9 @@ int coll_build_hier_allreduce(struct sched *s, const struct coll_args *a,
         from = s->nops;
         s->peer_map = map;
         s->tag_base = 2;
-        rc = coll_build_ring_allreduce(
+        /* maxseg, not ml: every ring's choice, whatever its segment */
+        rc = (maxseg * es <= HIER_RD_MAX ? coll_build_rd_allreduce
+                                         : coll_build_ring_allreduce)(
             s, &r, at(scratch, (size_t)(L - 1) * maxseg, es), smr);
         s->peer_map = NULL;
         s->tag_base = 0;
@@ -146,6 +162,13 @@ int coll_build_hier_allreduce(struct sched *s, const struct coll_args *a,
             return rc;
         }
         s->gate = barrier_after(s, from, mine);
+        if (a->redop == MESH_REDOP_AVG) {
+            const void *one[1] = {mine};
+
+            from = s->nops;
+            sched_reduce(s, mine, one, 1, ml, (float)a->size);
+            s->gate = barrier_after(s, from, mine);
+        }
     }
 
     /* 3. Inside the host: our final segment to every local rank (tag 1),

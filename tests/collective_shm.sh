@@ -3,7 +3,7 @@
 # every algorithm, 2 to 8 ranks, against the serial reference, bitwise
 # equal on every rank; desync; SIGKILL and SIGSTOP of a rank mid-all-reduce)
 # over the shared-memory transport, all ranks on one host (N = 2..8), then
-# on layouts of several hosts (2x2, 2x3, 3x1: hosts x ranks per host),
+# on layouts of several hosts (2x2, 2x3, 3x2, 3x1: hosts x ranks per host),
 # where the hierarchical all-reduce runs its rings between the hosts.
 top_builddir=${top_builddir:-$(cd "$(dirname "$0")/.." && pwd)}
-exec "$top_builddir/tests/test_collective" 8 shm 2x2,2x3,3x1
+exec "$top_builddir/tests/test_collective" 8 shm 2x2,2x3,3x2,3x1
