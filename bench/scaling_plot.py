@@ -35,11 +35,12 @@ import sys
 STRETCH_MS = 2.0
 CPU_DEMAND = 0.85
 COMM_CPU_DEMAND = 0.8
-SERIES = ["ring", "auto", "tree", "ps"]
+SERIES = ["ring", "auto", "tree", "hier", "ps"]
 LABEL = {"ring": "meshtrain ring", "auto": "meshtrain auto",
-         "tree": "meshtrain tree", "ps": "parameter server (--algo ps)"}
+         "tree": "meshtrain tree", "hier": "meshtrain hier",
+         "ps": "parameter server (--algo ps)"}
 COLOR = {"ring": "#1f77b4", "auto": "#2ca02c", "tree": "#9467bd",
-         "ps": "#d62728"}
+         "hier": "#ff7f0e", "ps": "#d62728"}
 
 SIM_RE = re.compile(r"rank (\d+): simulate: (\d+) steps, compute stretch "
                     r"median ([0-9.]+) ms, wait lateness median ([0-9.]+) "
