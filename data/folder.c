@@ -68,7 +68,8 @@ static int list_dir(const char *dir, int want_dirs, char ***out, size_t *nout)
         n++;
     }
     closedir(d);
-    qsort(v, n, sizeof(*v), cmp_str);
+    if (n > 1) /* qsort's array may not be NULL, even for no names */
+        qsort(v, n, sizeof(*v), cmp_str);
     *out = v;
     *nout = n;
     return 0;
@@ -285,7 +286,8 @@ int mesh_data_open_predict(const struct mesh_dataset *like, const char *dir,
         rc =
             mesh_err(-ENOENT, "--predict %s: no JPEG files (.jpg, .jpeg)", dir);
     if (rc == 0) {
-        qsort(sp->paths, sp->count, sizeof(*sp->paths), cmp_str);
+        if (sp->count > 1)
+            qsort(sp->paths, sp->count, sizeof(*sp->paths), cmp_str);
         sp->labels = calloc(sp->count, sizeof(int32_t));
         sp->bad = calloc(sp->count, sizeof(atomic_uchar));
         if (!sp->labels || !sp->bad)
