@@ -142,11 +142,11 @@ sed 's/^/# /' "$TMP/freeze.cmp"
 # --eval-only: 3 peers shard the test split (every sample once), 1 peer
 # alone gets the same accuracy
 # shellcheck disable=SC2086
-by_hand 3 "$TMP/eval" $COMMON --batch 64 --eval-only --init "$TMP/base.st" \
+by_hand 3 "$TMP/eval" $COMMON --batch 250 --eval-only --init "$TMP/base.st" \
     --metrics "$TMP/eval.json"
 wait_all 300
 # shellcheck disable=SC2086
-"$MESHTRAIN" $COMMON --batch 64 --eval-only --init "$TMP/base.st" \
+"$MESHTRAIN" $COMMON --batch 250 --eval-only --init "$TMP/base.st" \
     > "$TMP/eval1.txt" 2>&1
 code=$?
 line3=$(grep "^eval-only" "$TMP/eval0.log")
