@@ -17,6 +17,7 @@
 #include "common/array.h"
 #include "common/util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fnmatch.h>
 #include <stdarg.h>
@@ -59,14 +60,25 @@ static int item_match(const char *item, size_t len, const char *name)
            (name[len] == '\0' || name[len] == '.');
 }
 
+/* Item [*p, *p + *len) without the spaces around it. */
+static void trim(const char **p, size_t *len)
+{
+    while (*len > 0 && isspace((unsigned char)**p))
+        (*p)++, (*len)--;
+    while (*len > 0 && isspace((unsigned char)(*p)[*len - 1]))
+        (*len)--;
+}
+
 int mesh_nn_pattern_match(const char *patterns, const char *name)
 {
     const char *p = patterns;
 
     while (p && *p) {
-        size_t len = strcspn(p, ",");
+        size_t len = strcspn(p, ","), tl = len;
+        const char *it = p;
 
-        if (item_match(p, len, name))
+        trim(&it, &tl);
+        if (item_match(it, tl, name))
             return 1;
         p += len;
         if (*p == ',')
@@ -105,20 +117,22 @@ int mesh_nn_pattern_check(const struct mesh_nn_model *m, const char *flag,
     if (!p || !*p)
         return mesh_err(-EINVAL, "%s: empty pattern", flag);
     while (*p) {
-        size_t len = strcspn(p, ",");
+        size_t len = strcspn(p, ","), tl = len;
+        const char *it = p;
 
-        if (len == 0)
+        trim(&it, &tl);
+        if (tl == 0)
             return mesh_err(-EINVAL, "%s \"%s\": an empty item", flag,
                             patterns);
-        if (len >= 128)
+        if (tl >= 128)
             return mesh_err(-EINVAL, "%s: item \"%.40s...\" is too long", flag,
-                            p);
-        if (!model_has(m, p, len))
+                            it);
+        if (!model_has(m, it, tl))
             return mesh_err(-EINVAL,
                             "%s: \"%.*s\" matches no tensor of %s (names "
                             "as torchvision's: conv1, bn1, layer1, "
                             "layer2.0.bn1, fc.weight, ...)",
-                            flag, (int)len, p, m->arch);
+                            flag, (int)tl, it, m->arch);
         p += len;
         if (*p == ',')
             p++;
@@ -126,8 +140,7 @@ int mesh_nn_pattern_check(const struct mesh_nn_model *m, const char *flag,
     return 0;
 }
 
-/* ---- a growable report ----------------------------------------------------
- */
+/* ---- a growable report --------------------------------------------------- */
 
 struct text {
     char *s;
@@ -166,8 +179,7 @@ static void shape_str(const int64_t *shape, int ndim, char *buf, size_t cap)
     snprintf(buf + len, cap - len, "]");
 }
 
-/* ---- loading --------------------------------------------------------------
- */
+/* ---- loading ------------------------------------------------------------- */
 
 struct init_state {
     struct mesh_nn_model *m;
@@ -417,8 +429,7 @@ out:
     return rc;
 }
 
-/* ---- freezing -------------------------------------------------------------
- */
+/* ---- freezing ------------------------------------------------------------ */
 
 /* The param tensor at slab offset off. */
 static struct mesh_nn_tensor *param_at(struct mesh_nn_model *m, size_t off)

@@ -216,8 +216,7 @@ static void path_of(char *buf, size_t cap, const char *name)
     snprintf(buf, cap, "%s/%s", dir, name);
 }
 
-/* ---- loading --------------------------------------------------------------
- */
+/* ---- loading ------------------------------------------------------------- */
 
 static void test_roundtrip(const char *a_path)
 {
@@ -421,6 +420,8 @@ static void test_patterns(void)
         {"layer*.0.downsample", "layer2.1.conv1.weight", 0},
         {"*.bn2.*", "layer3.1.bn2.running_var", 1},
         {"conv1", "layer1.0.conv1.weight", 0},
+        {"layer1, layer2 ", "layer2.1.bn1.bias", 1},
+        {" fc", "fc.bias", 1},
     };
     size_t i;
     int rc;
@@ -432,8 +433,12 @@ static void test_patterns(void)
     rc = mesh_nn_pattern_check(m, "--freeze", "layer1,laye2");
     ok(rc == -EINVAL && strstr(mesh_err_msg(rc), "\"laye2\" matches no tensor"),
        "a typo is an error: %s", mesh_err_msg(rc));
+    ok(mesh_nn_pattern_check(m, "--freeze", "conv1, bn1, layer1") == 0,
+       "spaces around items are ignored");
     rc = mesh_nn_pattern_check(m, "--freeze", "layer1,,fc");
     ok(rc == -EINVAL, "an empty item is an error: %s", mesh_err_msg(rc));
+    rc = mesh_nn_pattern_check(m, "--freeze", "layer1, ");
+    ok(rc == -EINVAL, "a blank item is an error: %s", mesh_err_msg(rc));
     ok(mesh_nn_pattern_check(m, "--init-skip", "bn1.num_batches_tracked") == 0,
        "num_batches_tracked is a tensor name too");
     mesh_nn_model_destroy(m);
@@ -531,8 +536,7 @@ out:
     free(x), free(want), free(got);
 }
 
-/* ---- freezing -------------------------------------------------------------
- */
+/* ---- freezing ------------------------------------------------------------ */
 
 static float *images(int n, uint64_t seed)
 {

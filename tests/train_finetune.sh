@@ -155,7 +155,8 @@ t_diag "3 peers: $line3"
 t_diag "1 peer:  $line1"
 /usr/bin/python3 - "$line3" "$line1" "$TMP/eval.json" << 'PY'
 import json, re, sys
-pat = r"(\d+) test samples over (\d+) peer\(s\): top-1 ([\d.]+) % top-5 ([\d.]+) %"
+pat = (r"test accuracy of (\d+) samples over (\d+) peer\(s\): "
+       r"top-1 ([\d.]+) % top-5 ([\d.]+) %")
 a, b = re.search(pat, sys.argv[1]), re.search(pat, sys.argv[2])
 rec = json.loads(open(sys.argv[3]).read())
 ok = (a and b and a.group(1) == "10000" and b.group(1) == "10000" and
@@ -174,7 +175,8 @@ if /usr/bin/python3 "$top_srcdir/tests/finetune_torch.py" "$TMP" \
     "$MESHTRAIN" --model resnet18 --threads 1 --data-threads 1 \
         --data synthetic:40 --image-size 32 --batch 8 --eval-only \
         --init "$TMP/tv18.st" > "$TMP/tv18.log" 2>&1 &&
-        grep -q "^eval-only ($TMP/tv18.st): 8 test samples" "$TMP/tv18.log"
+        grep -q "^eval-only ($TMP/tv18.st): test accuracy of 8 samples" \
+            "$TMP/tv18.log"
     t_ok $? "torchvision's resnet18 saved by PyTorch: --init, --eval-only"
     grep "eval-only" "$TMP/tv18.log" | sed 's/^/# /'
 else
@@ -220,8 +222,8 @@ code=$?
 /usr/bin/python3 - "$TMP/pred0.log" "$TMP/pred3.csv" "$TMP/pred1.csv" \
     > "$TMP/pred.cmp" 2>&1 << 'PY'
 import csv, re, sys
-m = re.search(r"(\d+) test samples over 3 peer\(s\): top-1 ([\d.]+) % "
-              r"top-5 ([\d.]+) %", open(sys.argv[1]).read())
+m = re.search(r"test accuracy of (\d+) samples over 3 peer\(s\): "
+              r"top-1 ([\d.]+) % top-5 ([\d.]+) %", open(sys.argv[1]).read())
 rows3 = list(csv.reader(open(sys.argv[2])))
 rows1 = list(csv.reader(open(sys.argv[3])))
 head, body = rows3[0], rows3[1:]

@@ -155,8 +155,8 @@ int train_eval_report(struct trainer *t, double top1, double top5)
 
     if (t->rank != 0)
         return 0;
-    printf("eval-only (%s): %.0f test samples over %d peer(s): top-1 "
-           "%.2f %% top-5 %.2f %%\n",
+    printf("eval-only (%s): test accuracy of %.0f samples over %d peer(s): "
+           "top-1 %.2f %% top-5 %.2f %%\n",
            from, t->eval_samples, t->size, top1, top5);
     fflush(stdout);
     if (!t->metrics)
@@ -184,8 +184,7 @@ void train_freeze_report(const struct trainer *t)
               sum, t->nparams);
 }
 
-/* ---- --predict ------------------------------------------------------------
- */
+/* ---- --predict ----------------------------------------------------------- */
 
 #define PRED_K 5 /* top-5 */
 
