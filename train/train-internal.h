@@ -87,6 +87,7 @@ struct trainer {
     char pending[512]; /* the last step's metrics line, written once a
                           later step's all-reduce proves it committed */
     uint64_t pending_step;
+    char wall[48]; /* wall_field's text */
     FILE *samples; /* MESHTRAIN_TEST_SAMPLES: positions trained */
     struct {
         int moment; /* enum train_fault, 0: none */

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1104,6 +1105,21 @@ static void pending_flush(struct trainer *t)
     t->pending[0] = '\0';
 }
 
+/*
+ * --elastic: ", \"wall\": S", the Unix time of the record (when the step
+ * finished here), which bench/chaos.sh compares with its faults' times.
+ */
+static const char *wall_field(struct trainer *t)
+{
+    struct timespec ts;
+
+    if (!t->el || clock_gettime(CLOCK_REALTIME, &ts) < 0)
+        return "";
+    snprintf(t->wall, sizeof(t->wall), ", \"wall\": %.3f",
+             (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+    return t->wall;
+}
+
 static void metrics_line(struct trainer *t, uint64_t step, float loss,
                          double lr, const struct window *one)
 {
@@ -1114,11 +1130,11 @@ static void metrics_line(struct trainer *t, uint64_t step, float loss,
              "\"lr\": %.9g, \"images_per_s\": %.3f, \"t_step\": %.6f, "
              "\"t_compute\": %.6f, \"t_comm_exposed\": %.6f, "
              "\"t_data\": %.6f, \"peers\": %d, \"batch\": %d, "
-             "\"accumulate\": %d}\n",
+             "\"accumulate\": %d%s}\n",
              step, (double)step / (double)t->steps_per_epoch, (double)loss, lr,
              one->t_step > 0 ? (double)one->images / one->t_step : 0.0,
              one->t_step, one->t_compute, one->t_comm, one->t_data, t->size,
-             t->c->batch, t->accum);
+             t->c->batch, t->accum, wall_field(t));
     t->pending_step = step;
     if (!t->el)
         pending_flush(t);
@@ -1478,8 +1494,9 @@ static void view_report(struct trainer *t, const struct mesh_elastic_view *v,
         fprintf(t->metrics,
                 "{\"event\": \"view\", \"view\": %" PRIu64 ", \"step\": "
                 "%" PRIu64 ", \"peers\": %d, \"members\": [%s], "
-                "\"left\": [%s], \"recovery_s\": %.6f}\n",
-                v->epoch, v->step, t->size, members, v->left ? left : "", dur);
+                "\"left\": [%s], \"recovery_s\": %.6f%s}\n",
+                v->epoch, v->step, t->size, members, v->left ? left : "", dur,
+                wall_field(t));
         fflush(t->metrics);
     }
 }
