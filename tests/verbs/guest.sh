@@ -7,7 +7,7 @@ B=$1
 S=$2
 . "$S/tests/verbs/guest-lib.sh"
 export MESHTRAIN_TEST_SLOW=${MESHTRAIN_TEST_SLOW:-4}
-: "${VERBS_PARTS:=pingpong verbs transport collective}"
+: "${VERBS_PARTS:=pingpong verbs transport collective elastic}"
 
 res() { echo "VERBS-TAP $*"; }
 
@@ -65,6 +65,35 @@ for part in $VERBS_PARTS; do
         ;;
     collective)
         sub_tap "test_collective verbs" "$B/tests/test_collective" 3 verbs
+        ;;
+    elastic)
+        # --elastic over verbs: 3 peers, peer 2 killed at step 6; the two
+        # others agree on a new view, set up new QPs and finish.
+        (umask 077 && head -c 32 /dev/urandom | od -An -tx1 |
+            tr -d ' \n' >/tmp/el.secret)
+        pids=
+        for r in 0 1 2; do
+            MESHTRAIN_TEST_FAULT=2:between:5 "$B/meshtrain" \
+                -H 10.77.0.1:3 --rank $r --port 23500 \
+                --secret-file /tmp/el.secret --transport verbs \
+                --ib-dev rxe0 --elastic --model resnet18 --width 4 \
+                --cifar-stem --image-size 12 --threads 1 --data-threads 1 \
+                --quiet --data synthetic:240 --num-classes 10 \
+                --in-channels 1 --batch 4 --no-eval --iters 12 \
+                --peer-timeout 10 --join-timeout 120 \
+                >/tmp/el.$r 2>&1 &
+            pids="$pids $!"
+        done
+        codes=
+        for p in $pids; do
+            wait "$p"
+            codes="$codes $?"
+        done
+        if [ "$codes" = " 0 0 137" ] && grep -q "view 1:" /tmp/el.0; then
+            res "ok - --elastic over verbs: peer 2 of 3 killed, the 2 others changed the view and finished"
+        else
+            res "not ok - --elastic over verbs: exit codes$codes: $(grep -v info: /tmp/el.0 | tail -n 3 | tr '\n' ' ')"
+        fi
         ;;
     esac
 done
