@@ -93,7 +93,7 @@ int train_init_apply(struct trainer *t)
         if (t->rank == 0)
             print_lines(t, 1, notes);
         free(notes);
-        return rc;
+        return mesh_err_prefix(rc, "--init");
     }
     if (t->rank == 0) {
         print_lines(t, 0, notes);
