@@ -22,7 +22,7 @@
 /usr/bin/python3 -c "import numpy" 2> /dev/null ||
     t_skip_all "no numpy for /usr/bin/python3"
 
-t_plan 12
+t_plan 13
 COMMON="$SMALL --data fashion-mnist --batch 16 --lr 0.05 --join-timeout 60"
 
 # run NAME ARGS...: 2 peers by hand; 0 when both exit 0 (else the log)
@@ -138,6 +138,21 @@ sys.exit(bad)
 PY
 t_ok $? "--freeze: frozen tensors and their BN statistics bitwise unchanged, the others moved; only the trained gradients all-reduced"
 sed 's/^/# /' "$TMP/freeze.cmp"
+
+# --freeze layer2 (after trained layers: backward through its frozen BN)
+# from --init, resumed from a checkpoint: bitwise the uninterrupted run
+RES="$SMALL --data fashion-mnist --batch 16 --iters 6 --no-eval \
+--init $TMP/base.st --init-skip fc --freeze layer2"
+# shellcheck disable=SC2086
+"$MESHTRAIN" $RES --save "$TMP/full.st" > "$TMP/res1.log" 2>&1 &&
+    "$MESHTRAIN" $RES --checkpoint-every 3 --checkpoint-dir "$TMP/ck" \
+        > "$TMP/res2.log" 2>&1 &&
+    rm -rf "$TMP/ck/rank-0/ckpt-000000006" &&
+    "$MESHTRAIN" $RES --checkpoint-dir "$TMP/ck" --resume \
+        --save "$TMP/resumed.st" > "$TMP/res3.log" 2>&1 &&
+    grep -q "resumed from step 3" "$TMP/res3.log" &&
+    cmp -s "$TMP/full.st" "$TMP/resumed.st"
+t_ok $? "--freeze layer2 from --init, resumed at step 3: bitwise the uninterrupted run"
 
 # --eval-only: 3 peers shard the test split (every sample once), 1 peer
 # alone gets the same accuracy
