@@ -220,28 +220,72 @@ static void top_k(const float *l, int n, int k, struct pred *out)
     }
 }
 
-/* Every peer must list the same number of images. */
-static int predict_agree(struct trainer *t, uint64_t n)
+/* One record per peer for predict_agree: the count and a digest of the
+ * sorted file names. */
+struct listing {
+    uint64_t n;
+    uint8_t digest[32];
+};
+
+/* SHA-256 of ds's file names (relative, each with its NUL), or zeros. */
+static int names_digest(struct mesh_dataset *ds, uint64_t n, uint8_t out[32])
 {
-    uint64_t *all;
+    size_t len = 0, i;
+    char *buf, *q;
+    int rc;
+
+    memset(out, 0, 32);
+    for (i = 0; i < n; i++)
+        len += strlen(mesh_data_sample_path(ds, MESH_DATA_EVAL, i)) + 1;
+    buf = malloc(len + 1);
+    if (!buf)
+        return mesh_err(-ENOMEM, "out of memory");
+    for (i = 0, q = buf; i < n; i++) {
+        const char *p = mesh_data_sample_path(ds, MESH_DATA_EVAL, i);
+
+        memcpy(q, p, strlen(p) + 1);
+        q += strlen(p) + 1;
+    }
+    rc = mesh_ckpt_sha256(buf, len, out);
+    free(buf);
+    return rc;
+}
+
+/* Every peer must list the same images (count and names): else every
+ * peer fails alike, naming the first that differs from rank 0. */
+static int predict_agree(struct trainer *t, struct mesh_dataset *ds, uint64_t n)
+{
+    struct listing mine, *all;
     int r, rc;
 
+    memset(&mine, 0, sizeof(mine));
+    mine.n = n;
+    if (ds && (rc = names_digest(ds, n, mine.digest)) < 0)
+        return rc;
     if (!t->coll)
         return 0;
     all = calloc((size_t)t->size, sizeof(*all));
     if (!all)
         return mesh_err(-ENOMEM, "out of memory");
-    rc = mesh_coll_allgather(t->coll, &n, all, sizeof(n), MESH_DT_BYTE);
-    for (r = 0; rc == 0 && r < t->size; r++)
-        if (all[r] != all[0]) {
-            t->agreed_err = 1;
-            t->local_err = 1;
+    rc = mesh_coll_allgather(t->coll, &mine, all, sizeof(mine), MESH_DT_BYTE);
+    for (r = 1; rc == 0 && r < t->size; r++) {
+        if (all[r].n == all[0].n && !memcmp(all[r].digest, all[0].digest, 32))
+            continue;
+        t->agreed_err = 1;
+        t->local_err = 1;
+        if (all[r].n != all[0].n)
             rc = mesh_err(-EINVAL,
                           "--predict %s: rank 0 lists %" PRIu64 " images, "
                           "rank %d %" PRIu64 " (every peer needs the same "
                           "folder)",
-                          t->c->predict, all[0], r, all[r]);
-        }
+                          t->c->predict, all[0].n, r, all[r].n);
+        else
+            rc = mesh_err(-EINVAL,
+                          "--predict %s: rank 0 and rank %d list %" PRIu64
+                          " images under other names (every peer needs "
+                          "the same folder)",
+                          t->c->predict, r, all[0].n);
+    }
     free(all);
     return rc;
 }
@@ -332,7 +376,7 @@ int train_predict(struct trainer *t)
         mesh_data_get_info(ds, &info);
         n = info.eval_count;
     }
-    if (predict_agree(t, n) < 0 || rc < 0) {
+    if (predict_agree(t, rc == 0 ? ds : NULL, n) < 0 || rc < 0) {
         mesh_data_close(ds);
         return rc < 0 ? train_local(t, rc) : -EINVAL;
     }
