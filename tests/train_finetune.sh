@@ -10,19 +10,21 @@
 #   that lists the tensors;
 # - --freeze: the frozen tensors are bitwise unchanged after training,
 #   every other one moved, the gradient buckets hold only the trained
-#   floats, and the frozen BN keep their running statistics;
+#   floats, and the frozen BN keep their running statistics; a run with
+#   layer2 frozen resumes bitwise;
 # - --eval-only: top-1 and top-5 over the whole test split, every sample
 #   once over 3 peers (the count), the same accuracy as 1 peer, and the
-#   JSON record of --metrics;
+#   JSON record of --metrics; torchvision's resnet18 as PyTorch saved it;
 # - --predict: the CSV of an image folder agrees with the evaluation of
-#   the same files, and 3 peers write what 1 peer writes.
+#   the same files, and 3 peers write what 1 peer writes; peers whose
+#   folders differ fail, as does bad input.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 [ -d "$FMNIST" ] || t_skip_all "no Fashion-MNIST in $FMNIST"
 /usr/bin/python3 -c "import numpy" 2> /dev/null ||
     t_skip_all "no numpy for /usr/bin/python3"
 
-t_plan 13
+t_plan 14
 COMMON="$SMALL --data fashion-mnist --batch 16 --lr 0.05 --join-timeout 60"
 
 # run NAME ARGS...: 2 peers by hand; 0 when both exit 0 (else the log)
@@ -154,15 +156,17 @@ RES="$SMALL --data fashion-mnist --batch 16 --iters 6 --no-eval \
     cmp -s "$TMP/full.st" "$TMP/resumed.st"
 t_ok $? "--freeze layer2 from --init, resumed at step 3: bitwise the uninterrupted run"
 
-# --eval-only: 3 peers shard the test split (every sample once), 1 peer
-# alone gets the same accuracy
+# --eval-only: 3 peers shard the test split (every sample once: 999
+# samples, 333 each in batches of 100 and a partial one), 1 peer alone
+# gets the same accuracy (synthetic data in the base model's shape: a
+# tenth of Fashion-MNIST's evaluation time)
+EV="$SMALL --data synthetic:4999 --in-channels 1 --num-classes 10 \
+--batch 100 --join-timeout 60 --eval-only --init $TMP/base.st"
 # shellcheck disable=SC2086
-by_hand 3 "$TMP/eval" $COMMON --batch 250 --eval-only --init "$TMP/base.st" \
-    --metrics "$TMP/eval.json"
+by_hand 3 "$TMP/eval" $EV --metrics "$TMP/eval.json"
 wait_all 300
 # shellcheck disable=SC2086
-"$MESHTRAIN" $COMMON --batch 250 --eval-only --init "$TMP/base.st" \
-    > "$TMP/eval1.txt" 2>&1
+"$MESHTRAIN" $EV > "$TMP/eval1.txt" 2>&1
 code=$?
 line3=$(grep "^eval-only" "$TMP/eval0.log")
 line1=$(grep "^eval-only" "$TMP/eval1.txt")
@@ -174,14 +178,14 @@ pat = (r"test accuracy of (\d+) samples over (\d+) peer\(s\): "
        r"top-1 ([\d.]+) % top-5 ([\d.]+) %")
 a, b = re.search(pat, sys.argv[1]), re.search(pat, sys.argv[2])
 rec = json.loads(open(sys.argv[3]).read())
-ok = (a and b and a.group(1) == "10000" and b.group(1) == "10000" and
+ok = (a and b and a.group(1) == "999" and b.group(1) == "999" and
       a.group(2) == "3" and abs(float(a.group(3)) - float(b.group(3))) <= 0.05
       and abs(float(a.group(4)) - float(b.group(4))) <= 0.05 and
-      rec["eval_only"] is True and rec["samples"] == 10000 and
+      rec["eval_only"] is True and rec["samples"] == 999 and
       abs(rec["top1"] - float(a.group(3))) < 0.01 and rec["peers"] == 3)
 sys.exit(0 if ok else 1)
 PY
-t_ok $? "--eval-only: 10000 test samples once over 3 peers, top-1 and top-5 as 1 peer's, JSON with --metrics (exit $CODES, $code)"
+t_ok $? "--eval-only: 999 test samples once over 3 peers, top-1 and top-5 as 1 peer's, JSON with --metrics (exit $CODES, $code)"
 
 # torchvision's resnet18 as PyTorch saves it starts a run
 if /usr/bin/python3 "$top_srcdir/tests/finetune_torch.py" "$TMP" \
@@ -279,6 +283,37 @@ PY
 t_ok $? "--predict: one CSV row per image, sorted, top-5 hits those of the evaluation, 3 peers as 1 (exit $codes3, $code)"
 sed 's/^/# /' "$TMP/pred.cmp"
 [ "$codes3" = "0 0 0" ] || t_show "$TMP/pred0.log" 5
+
+# peers whose folders (the same path, each its own copy) name other
+# files: every peer fails, naming the difference
+mkdir "$TMP/a" "$TMP/b"
+cp -r "$TMP/folder/val" "$TMP/a/img"
+cp -r "$TMP/folder/val" "$TMP/b/img"
+mv "$TMP/b/img/3" "$TMP/b/img/x3"
+take_ports 2
+make_secret "$TMP/secret"
+for r in 0 1; do
+    d="$TMP/a"
+    [ $r -eq 1 ] && d="$TMP/b"
+    # shellcheck disable=SC2086
+    (cd "$d" && exec "$MESHTRAIN" -H localhost:2 --rank $r --port "$PORT" \
+        --secret-file "$TMP/secret" $COMMON --iters 1 --no-eval \
+        --predict img --predict-out "$TMP/other.csv") \
+        > "$TMP/other$r.log" 2>&1 &
+    eval "po$r=\$!"
+done
+# shellcheck disable=SC2154
+wait "$po0"
+o0=$?
+# shellcheck disable=SC2154
+wait "$po1"
+o1=$?
+[ $o0 -eq 1 ] && [ $o1 -eq 1 ] && [ ! -e "$TMP/other.csv" ] &&
+    grep -q "rank 0 and rank 1 list 60 images under other names" \
+        "$TMP/other0.log" &&
+    grep -q "rank 0 and rank 1 list 60 images under other names" \
+        "$TMP/other1.log"
+t_ok $? "--predict: peers whose folders name other files both fail, no CSV (exit $o0 $o1)"
 
 # bad --predict input: named, exit 1
 # shellcheck disable=SC2086
