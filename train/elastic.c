@@ -525,12 +525,10 @@ int mesh_elastic_agree(struct mesh_elastic *e, double timeout_s,
                        struct mesh_elastic_view *out)
 {
     uint64_t deadline = mesh_now_ns() + (uint64_t)(timeout_s * 1e9);
-    uint64_t prev;
     char a[200], b[200];
     int rc = 0;
 
     pthread_mutex_lock(&e->mu);
-    prev = e->members;
     if (e->state == ST_NORMAL && !e->decided)
         leave(e);
     while (!e->decided && rc == 0)
@@ -554,7 +552,7 @@ int mesh_elastic_agree(struct mesh_elastic *e, double timeout_s,
         out->members = e->members;
         out->size = popcount64(e->members);
         out->step = e->committed;
-        out->left = prev & ~e->members;
+        out->left = e->last.prev & ~e->members;
     }
     pthread_mutex_unlock(&e->mu);
     return rc;
