@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* The flags that need more than a number or a string: apply_custom(). */
 enum {
@@ -499,9 +500,10 @@ static int summary(const struct train_cfg *c)
 }
 
 /*
- * The files rank 0 writes and the checkpoint folder, checked before
- * anything runs: a FIFO would block the open for writing until a reader
- * came, and a directory or a device would fail only after training.
+ * The files rank 0 writes, the checkpoint folder and the weights and
+ * folder every peer reads (--init, --predict), checked before anything
+ * runs: a FIFO would block the open until a writer or reader came, and a
+ * directory or a device would fail only after training.
  */
 static int check_outputs(const struct train_cfg *c, int rank)
 {
@@ -523,6 +525,21 @@ static int check_outputs(const struct train_cfg *c, int rank)
         !S_ISDIR(st.st_mode))
         return mesh_err(-ENOTDIR, "--checkpoint-dir %s is %s, not a directory",
                         c->checkpoint_dir, mesh_file_type_name(st.st_mode));
+    /* every peer reads --init and lists --predict's folder */
+    if (c->init) {
+        int fd;
+
+        if ((rc = mesh_open_input("--init", c->init, 0, &fd, NULL)) < 0)
+            return rc;
+        close(fd);
+    }
+    if (c->predict) {
+        if (stat(c->predict, &st) != 0)
+            return mesh_err_errno("--predict %s", c->predict);
+        if (!S_ISDIR(st.st_mode))
+            return mesh_err(-ENOTDIR, "--predict %s is %s, not a directory",
+                            c->predict, mesh_file_type_name(st.st_mode));
+    }
     if (rank != 0)
         return 0;
     for (k = 0; k < MESH_ARRAY_SIZE(outs); k++)

@@ -148,6 +148,14 @@ for flag in $FILE_FLAGS; do
             # shellcheck disable=SC2086
             file_case "$flag" "$kind" "$CSV_TEXT" "" "$MESHTRAIN" \
                 -H localhost:1 $BASE ;;
+        --predict-out)
+            # an output that exists only with --predict, as above
+            case $kind in huge | truncated) SENTINEL_OK=1 ;; esac
+            mkdir -p "$TMP/predict-dir"
+            # shellcheck disable=SC2086
+            file_case "$flag" "$kind" "x" "--predict $TMP/predict-dir" \
+                "$MESHTRAIN" -H localhost:1 $BASE
+            SENTINEL_OK=0 ;;
         *)
             # outputs: an existing huge or truncated file is overwritten
             # (the run then meets the sentinel); the rest are refused
@@ -166,10 +174,13 @@ done
 
 # Folders: a FIFO, a file or a device where a folder belongs.
 for flag in $DIR_FLAGS; do
+    # --checkpoint-dir is used only with --checkpoint-every
+    _tail=""
+    [ "$flag" = --checkpoint-dir ] && _tail="--checkpoint-every 1"
     for kind in fifo devzero huge; do
         # shellcheck disable=SC2086
-        file_case "$flag" "$kind" "" "" "$MESHTRAIN" -H localhost:1 $BASE \
-            --checkpoint-every 1
+        file_case "$flag" "$kind" "" "$_tail" "$MESHTRAIN" -H localhost:1 \
+            $BASE
     done
 done
 
