@@ -19,7 +19,7 @@ t_plan 4
 TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
 --data-threads 1 --quiet --data synthetic:1200 --num-classes 10 \
 --in-channels 1 --batch 4 --no-eval --algo ring --iters 20 --lr 0.01 \
---elastic --peer-timeout 2 --join-timeout 60"
+--elastic --peer-timeout 10 --join-timeout 60"
 
 # run NAME FAULT ARGS...: 4 peers; rank 0's metrics in $TMP/NAME.json.
 run() {
