@@ -97,6 +97,7 @@ struct mesh_nn_plan {
     struct prim fwd, bwd, bwdw, infer;
     struct reo x_fwd, w_fwd;  /* fwd's src, weights */
     struct reo dy_bwd, w_bwd; /* bwd data's diff_dst, weights */
+    struct reo dx_bwd;        /* bwd data's diff_src -> user layout */
     struct reo x_bw, dy_bw;   /* bwd weights' src, diff_dst */
     struct reo dw;            /* bwd weights' diff_weights -> plain */
     struct mesh_nn_cpu_bn bn; /* BN: ours, not oneDNN's */
@@ -730,6 +731,55 @@ static int plan_conv_bwdw_plain(struct mesh_nn_dev *dev,
     return 0;
 }
 
+/*
+ * The same for the forward and the data gradient, between a channel count
+ * that is a multiple of the vector block and one that is not (e.g. 32 and
+ * 8 on AVX-512): oneDNN 2.6 has no JIT kernel for either direction when
+ * one side is blocked and the other plain ("ref:any", 20 to 90 ms where
+ * the rest of a small step took a few), but its GEMM kernel runs them on
+ * plain copies. The input is staged plain (plan_reorders); the forward's
+ * output must be plain already, the data gradient's is reordered back
+ * into the user's layout (dx_bwd). The plan is unchanged when the plain
+ * form is no better.
+ */
+static int plan_conv_plain(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl,
+                           const struct op_mds *m, int dir,
+                           const struct argq *a, struct prim *p)
+{
+    const struct mesh_nn_plan_desc *d = &pl->d;
+    const int64_t xd[4] = {d->n, d->c, d->h, d->w};
+    const int64_t yd[4] = {d->n, d->k, d->oh, d->ow};
+    struct op_mds mp = *m;
+    struct prim alt;
+    int rc;
+
+    if ((rc = md_tag(&mp.x, 4, xd, dnnl_nchw)) < 0 ||
+        (rc = md_tag(&mp.y, 4, yd, dnnl_nchw)) < 0)
+        return rc;
+    if (dnnl_memory_desc_equal(&mp.x, &m->x) &&
+        dnnl_memory_desc_equal(&mp.y, &m->y))
+        return 0; /* already plain */
+    if (dir == DIR_FWD && !dnnl_memory_desc_equal(&mp.y, &m->y))
+        return 0; /* its output would need a reorder back */
+    if (op_prim(dev, conv_desc, &mp, dir, 0, a, 3, &alt,
+                dir == DIR_FWD ? "conv fwd (plain)" : "conv bwd data (plain)") <
+        0) {
+        mesh_err_clear();
+        return 0;
+    }
+    if (prim_is_ref(&alt)) {
+        prim_fini(&alt);
+        return 0;
+    }
+    prim_fini(p);
+    *p = alt;
+    mesh_debug("nn cpu: conv %dx%d on %dx%d, %d -> %d channels: %s on plain "
+               "copies",
+               d->r, d->s, d->h, d->w, d->c, d->k,
+               dir == DIR_FWD ? "forward" : "data gradient");
+    return 0;
+}
+
 /* Workspace bytes that stage() needs for one operand of raw bytes. */
 static size_t stage_bytes(const struct reo *r, const struct prim *p, size_t raw)
 {
@@ -814,7 +864,10 @@ static int plan_reorders(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl,
         ((rc = reo_init(dev, &pl->dy_bwd, &m->y,
                         prim_md(&pl->bwd, dnnl_query_diff_dst_md, 0), 1)) < 0 ||
          (rc = reo_init(dev, &pl->w_bwd, wu,
-                        prim_md(&pl->bwd, dnnl_query_weights_md, 0), 1)) < 0))
+                        prim_md(&pl->bwd, dnnl_query_weights_md, 0), 1)) < 0 ||
+         (rc = reo_init(dev, &pl->dx_bwd,
+                        prim_md(&pl->bwd, dnnl_query_diff_src_md, 0), &m->x,
+                        0)) < 0))
         return rc;
     return 0;
 }
@@ -831,9 +884,9 @@ static size_t plan_op_ws(const struct mesh_nn_plan *pl, size_t xb, size_t yb,
         MESH_MAX(pl->fwd.scratch,
                  MESH_MAX(pl->x_fwd.r.scratch, pl->w_fwd.r.scratch));
     if (pl->bwd.p)
-        b = stage_bytes(&pl->dy_bwd, &pl->bwd, yb) +
+        b = align64(pl->dx_bwd.bytes) + stage_bytes(&pl->dy_bwd, &pl->bwd, yb) +
             stage_bytes(&pl->w_bwd, &pl->bwd, wb) +
-            MESH_MAX(pl->bwd.scratch,
+            MESH_MAX(MESH_MAX(pl->bwd.scratch, pl->dx_bwd.r.scratch),
                      MESH_MAX(pl->dy_bwd.r.scratch, pl->w_bwd.r.scratch));
     w = align64(pl->dw.bytes) + stage_bytes(&pl->x_bw, &pl->bwdw, xb) +
         stage_bytes(&pl->dy_bw, &pl->bwdw, yb) +
@@ -883,6 +936,8 @@ static int plan_conv(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
 
     rc = op_prim(dev, conv_desc, &m, DIR_FWD, TRY_BF16(dev), fa, 3, &pl->fwd,
                  "conv fwd");
+    if (rc == 0 && prim_is_ref(&pl->fwd))
+        rc = plan_conv_plain(dev, pl, &m, DIR_FWD, fa, &pl->fwd);
     if (rc == 0)
         rc = op_prim(dev, conv_desc, &m, DIR_BWD_W, TRY_BF16(dev), wa, 3,
                      &pl->bwdw, "conv bwd weights");
@@ -898,6 +953,10 @@ static int plan_conv(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
     if (op_prim(dev, conv_desc, &m, DIR_BWD_DATA, TRY_BF16(dev), ba, 3,
                 &pl->bwd, "conv bwd data") < 0)
         mesh_err_clear();
+    else if (prim_is_ref(&pl->bwd) &&
+             (rc = plan_conv_plain(dev, pl, &m, DIR_BWD_DATA, ba, &pl->bwd)) <
+                 0)
+        return rc;
     rc = plan_reorders(dev, pl, &m, &w_user);
     if (rc < 0)
         return rc;
@@ -1130,6 +1189,7 @@ static void cpu_plan_destroy(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
     prim_fini(&pl->w_fwd.r);
     prim_fini(&pl->dy_bwd.r);
     prim_fini(&pl->w_bwd.r);
+    prim_fini(&pl->dx_bwd.r);
     prim_fini(&pl->dw.r);
     prim_fini(&pl->x_bw.r);
     prim_fini(&pl->dy_bw.r);
@@ -1220,8 +1280,8 @@ static int cpu_conv_bwd_data(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     const struct mesh_nn_plan_desc *d = &p->d;
     size_t yb = f32_bytes(d->n, d->k, d->oh, d->ow);
     size_t wb = f32_bytes(d->k, d->c, d->r, d->s);
-    char *bdy = ws, *bw, *scratch;
-    const void *h[3] = {NULL, NULL, dx};
+    char *bdx = ws, *bdy = bdx + align64(p->dx_bwd.bytes), *bw, *scratch;
+    const void *h[3] = {NULL, NULL, p->dx_bwd.r.p ? (void *)bdx : dx};
     int rc;
 
     if (!p->bwd.p)
@@ -1233,9 +1293,13 @@ static int cpu_conv_bwd_data(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
     scratch = bw + stage_bytes(&p->w_bwd, &p->bwd, wb);
     if ((rc = stage(dev, &p->dy_bwd, &p->bwd, dy, yb, bdy, scratch, &h[0])) <
             0 ||
-        (rc = stage(dev, &p->w_bwd, &p->bwd, w, wb, bw, scratch, &h[1])) < 0)
+        (rc = stage(dev, &p->w_bwd, &p->bwd, w, wb, bw, scratch, &h[1])) < 0 ||
+        (rc = prim_run(dev, &p->bwd, (void *const *)h, scratch,
+                       "conv bwd data")) < 0)
         return rc;
-    return prim_run(dev, &p->bwd, (void *const *)h, scratch, "conv bwd data");
+    if (p->dx_bwd.r.p)
+        rc = reo_run(dev, &p->dx_bwd, bdx, dx, scratch);
+    return rc;
 }
 
 /* Weight gradients (conv and fc): dw (and db for fc) from x and dy. */
