@@ -30,8 +30,8 @@ case $dir in /*) ;; *) dir=$(pwd)/$dir ;; esac
 tests=${SANITIZE_TESTS:-"tests/test_util tests/test_reduce tests/test_hostfile
     tests/test_data tests/test_ckpt tests/test_safetensors tests/test_simulate
     tests/test_nn_ops tests/test_nn_bf16 tests/test_nn_devsim
-    tests/test_transport tests/test_tcp_handshake tests/test_collective tests/test_sparse
-    tests/test_finetune
+    tests/test_transport tests/test_tcp_handshake tests/test_collective
+    tests/test_sparse tests/test_finetune
     tests/train_help.sh"}
 flags=${SANITIZE_FLAGS:-"-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"}
 
