@@ -334,7 +334,7 @@ mkdir "$TMP/empty"
 "$MESHTRAIN" $SMALL --data fashion-mnist --eval-only --init "$TMP/base.st" \
     --predict "$TMP/empty" > "$TMP/pbad4.log" 2>&1
 c4=$?
-[ $c1 -eq 1 ] && grep -q -- "--predict $TMP/none: not a directory" "$TMP/pbad1.log" &&
+[ $c1 -eq 1 ] && grep -q -- "--predict $TMP/none: No such file" "$TMP/pbad1.log" &&
     [ $c2 -eq 1 ] && grep -q -- "--predict-out $TMP is a directory" "$TMP/pbad2.log" &&
     [ $c3 -eq 1 ] && grep -q -- "--predict-out needs --predict" "$TMP/pbad3.log" &&
     [ $c4 -eq 1 ] && grep -q -- "no JPEG files" "$TMP/pbad4.log"
