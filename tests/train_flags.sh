@@ -57,7 +57,7 @@ no-eval|--no-eval|eval|
 checkpoint-every|--checkpoint-every 2 --checkpoint-dir TMP/ck|checkpoint_every|
 resume|--resume=if-any --checkpoint-dir TMP/ck|resume|
 freeze|--freeze conv1|freeze|
-predict|--predict TMP/images|predict|
+predict|--predict TMP|predict|
 simulate-compute|--simulate-compute k80|[a-z_]*|
 simulate-scale|--simulate-scale 4|data|--simulate-compute k80
 elastic|--elastic|elastic|
