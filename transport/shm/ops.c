@@ -194,8 +194,18 @@ static int post(mesh_transport_t *t, int peer, const struct mesh_frame *f,
         return 0;
     }
     shm_check_gone(t, peer);
-    if (!t->super.fail.failed && atomic_load(&shm_proc_at(t, pp->local)->bye))
-        tp_fail_left(&t->super, peer);
+    /*
+     * After its goodbye a peer reads nothing more, so a send to it fails
+     * the job; but a receive may still find its frames in the ring (it
+     * sent them before it closed, as over TCP), so it fails only where
+     * the ring is empty.
+     */
+    if (!t->super.fail.failed && atomic_load(&shm_proc_at(t, pp->local)->bye)) {
+        struct shm_ring *in = shm_ring_at(t, pp->local, t->me);
+
+        if (kind == TP_SEND || atomic_load(&in->head) == atomic_load(&in->tail))
+            tp_fail_left(&t->super, peer);
+    }
     if (t->super.fail.failed) {
         rc = tp_fail_err(&t->super);
         goto fail;
