@@ -229,3 +229,40 @@ int tp_progress(struct tp_base *b)
     pthread_mutex_unlock(&b->lock);
     return rc;
 }
+
+int tp_ctrl_exchange(const struct tp_base *b,
+                     const struct mesh_transport_ops *ops,
+                     mesh_transport_t *inner, uint64_t seq, uint32_t tag,
+                     const uint8_t *out, size_t out_stride, uint8_t *in,
+                     size_t len)
+{
+    int n = b->world.size, rc = 0, rc2;
+    mesh_req_t **rq = calloc((size_t)n * 2, sizeof(*rq));
+
+    if (!rq)
+        return mesh_err(-ENOMEM, "out of memory");
+    for (int p = 0; p < n && rc == 0; p++) {
+        struct mesh_frame f = {.seq = seq,
+                               .tag = tag,
+                               .op = MESH_OP_P2P,
+                               .dtype = MESH_DT_BYTE,
+                               .count = len,
+                               .length = len};
+
+        if (p == b->world.rank)
+            continue;
+        rc = ops->irecv(inner, p, &f, in + (size_t)p * len, NULL, &rq[2 * p]);
+        if (rc == 0)
+            rc = ops->isend(inner, p, &f, out + (size_t)p * out_stride, NULL,
+                            &rq[2 * p + 1]);
+    }
+    for (int i = 0; i < 2 * n; i++) {
+        if (!rq[i])
+            continue;
+        rc2 = mesh_transport_wait(ops, inner, rq[i]);
+        if (rc == 0)
+            rc = rc2;
+    }
+    free(rq);
+    return rc;
+}

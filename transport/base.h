@@ -152,4 +152,17 @@ int tp_wait_sleep(struct tp_base *b, mesh_req_t *const *reqs, int n,
  * (without the lock held). */
 int tp_progress(struct tp_base *b);
 
+/*
+ * The control exchange of a transport built on the TCP mesh (shm, verbs),
+ * without b->lock: send every peer p its len bytes at out + p * out_stride
+ * (out_stride 0: the same bytes to all) and receive each peer's into
+ * in + p * len, as point-to-point frames of seq and tag on the mesh inner
+ * (ops); waits for all of them.
+ */
+int tp_ctrl_exchange(const struct tp_base *b,
+                     const struct mesh_transport_ops *ops,
+                     mesh_transport_t *inner, uint64_t seq, uint32_t tag,
+                     const uint8_t *out, size_t out_stride, uint8_t *in,
+                     size_t len);
+
 #endif

@@ -126,45 +126,6 @@ static int same_host(const struct shm_info *a, const struct shm_info *b)
            !strcmp(a->test_host, b->test_host);
 }
 
-/* ---- the TCP mesh's control messages ------------------------------------- */
-
-int shm_ctrl_exchange(struct mesh_transport *t, uint32_t tag,
-                      const uint8_t *out, size_t out_stride, uint8_t *in,
-                      size_t len)
-{
-    int n = t->super.world.size, rc = 0, rc2;
-    mesh_req_t **rq = calloc((size_t)n * 2, sizeof(*rq));
-
-    if (!rq)
-        return mesh_err(-ENOMEM, "out of memory");
-    for (int p = 0; p < n && rc == 0; p++) {
-        struct mesh_frame f = {.seq = SHM_CTRL_SEQ,
-                               .tag = tag,
-                               .op = MESH_OP_P2P,
-                               .dtype = MESH_DT_BYTE,
-                               .count = len,
-                               .length = len};
-
-        if (p == t->super.world.rank)
-            continue;
-        rc = t->inner_ops->irecv(t->inner, p, &f, in + (size_t)p * len, NULL,
-                                 &rq[2 * p]);
-        if (rc == 0)
-            rc = t->inner_ops->isend(t->inner, p, &f,
-                                     out + (size_t)p * out_stride, NULL,
-                                     &rq[2 * p + 1]);
-    }
-    for (int i = 0; i < 2 * n; i++) {
-        if (!rq[i])
-            continue;
-        rc2 = mesh_transport_wait(t->inner_ops, t->inner, rq[i]);
-        if (rc == 0)
-            rc = rc2;
-    }
-    free(rq);
-    return rc;
-}
-
 /* ---- the abstract socket ------------------------------------------------- */
 
 static socklen_t sock_addr(const char *name, struct sockaddr_un *sa)
@@ -468,7 +429,8 @@ int shm_join(struct mesh_transport *t)
     }
     info_self(t, &self);
     info_encode(&self, out);
-    rc = shm_ctrl_exchange(t, SHM_TAG_INFO, out, 0, in, SHM_INFO_LEN);
+    rc = tp_ctrl_exchange(&t->super, t->inner_ops, t->inner, SHM_CTRL_SEQ,
+                          SHM_TAG_INFO, out, 0, in, SHM_INFO_LEN);
     if (rc < 0)
         goto out;
     /* Local indices in rank order; the lowest local rank leads. */
@@ -544,7 +506,8 @@ int shm_join(struct mesh_transport *t)
     for (int p = 0; p < n; p++)
         if (p != me && t->pp[p].local >= 0)
             cma_out[p] = cma_probe_ok(t->pp[p].pid, info[p].probe) == 0;
-    rc = shm_ctrl_exchange(t, SHM_TAG_CMA, cma_out, 1, cma_in, 1);
+    rc = tp_ctrl_exchange(&t->super, t->inner_ops, t->inner, SHM_CTRL_SEQ,
+                          SHM_TAG_CMA, cma_out, 1, cma_in, 1);
     if (rc < 0)
         goto out;
 log:

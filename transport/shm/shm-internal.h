@@ -165,9 +165,6 @@ static inline size_t shm_seg_bytes(int nlocal)
 int shm_sock_open(struct mesh_transport *t);
 int shm_join(struct mesh_transport *t);
 void shm_seg_close(struct mesh_transport *t);
-int shm_ctrl_exchange(struct mesh_transport *t, uint32_t tag,
-                      const uint8_t *out, size_t out_stride, uint8_t *in,
-                      size_t len);
 
 /* data.c */
 void shm_q_push(struct mesh_req **head, struct mesh_req **tail,

@@ -1,7 +1,7 @@
 /*
  * transport/verbs/device.c: the RDMA device, port and GID (dev_open,
- * dev_close), the queue pairs (create, INFO encode/decode, connect) and the
- * control exchange over the TCP mesh.
+ * dev_close) and the queue pairs (create, INFO encode/decode, connect).
+ * The control exchange over the TCP mesh is transport/base.c's.
  */
 #include "config.h"
 
@@ -404,46 +404,6 @@ int verbs_qps_connect(struct mesh_transport *t, int peer,
                        out, "verbs: QP %d for rank %d to RTS", q, peer);
     }
 out:
-    return rc;
-}
-
-/* ---- the control exchange over the TCP mesh ------------------------------ */
-
-/* Send msg (len bytes, tag) to every peer and receive theirs into in. */
-int verbs_ctrl_exchange(struct mesh_transport *t, uint32_t tag,
-                        const uint8_t *out, size_t out_stride, uint8_t *in,
-                        size_t len)
-{
-    int n = t->super.world.size, rc = 0, rc2;
-    mesh_req_t **rq = calloc((size_t)n * 2, sizeof(*rq));
-
-    if (!rq)
-        return mesh_err(-ENOMEM, "out of memory");
-    for (int p = 0; p < n && rc == 0; p++) {
-        struct mesh_frame f = {.seq = VERBS_CTRL_SEQ,
-                               .tag = tag,
-                               .op = MESH_OP_P2P,
-                               .dtype = MESH_DT_BYTE,
-                               .count = len,
-                               .length = len};
-
-        if (p == t->super.world.rank)
-            continue;
-        rc = t->inner_ops->irecv(t->inner, p, &f, in + (size_t)p * len, NULL,
-                                 &rq[2 * p]);
-        if (rc == 0)
-            rc = t->inner_ops->isend(t->inner, p, &f,
-                                     out + (size_t)p * out_stride, NULL,
-                                     &rq[2 * p + 1]);
-    }
-    for (int i = 0; i < 2 * n; i++) {
-        if (!rq[i])
-            continue;
-        rc2 = mesh_transport_wait(t->inner_ops, t->inner, rq[i]);
-        if (rc == 0)
-            rc = rc2;
-    }
-    free(rq);
     return rc;
 }
 

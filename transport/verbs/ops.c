@@ -143,8 +143,9 @@ static int verbs_connect(mesh_transport_t *t)
     for (int p = 0; p < n; p++)
         if (p != t->super.world.rank)
             verbs_info_encode(t, p, out + (size_t)p * VERBS_INFO_LEN);
-    rc = verbs_ctrl_exchange(t, VERBS_TAG_INFO, out, VERBS_INFO_LEN, in,
-                             VERBS_INFO_LEN);
+    rc = tp_ctrl_exchange(&t->super, t->inner_ops, t->inner, VERBS_CTRL_SEQ,
+                          VERBS_TAG_INFO, out, VERBS_INFO_LEN, in,
+                          VERBS_INFO_LEN);
     if (rc < 0)
         goto out;
     all = t->ctx != NULL;
@@ -183,7 +184,8 @@ static int verbs_connect(mesh_transport_t *t)
     if (rc < 0)
         goto out;
     /* Nobody sends until every QP that could receive it is ready. */
-    rc = verbs_ctrl_exchange(t, VERBS_TAG_READY, ready, 0, in, VERBS_INFO_LEN);
+    rc = tp_ctrl_exchange(&t->super, t->inner_ops, t->inner, VERBS_CTRL_SEQ,
+                          VERBS_TAG_READY, ready, 0, in, VERBS_INFO_LEN);
     if (rc < 0)
         goto out;
     for (int p = 0; p < n && rc == 0; p++) {

@@ -209,9 +209,6 @@ int verbs_info_decode(struct mesh_transport *t, int peer, const uint8_t *m,
                       struct remote *r);
 int verbs_qps_connect(struct mesh_transport *t, int peer,
                       const struct remote *r);
-int verbs_ctrl_exchange(struct mesh_transport *t, uint32_t tag,
-                        const uint8_t *out, size_t out_stride, uint8_t *in,
-                        size_t len);
 
 /* data.c */
 uint64_t verbs_wr_id(enum wr_kind kind, int peer, int qpi, int idx);
