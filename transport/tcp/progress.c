@@ -172,26 +172,32 @@ out:
     pthread_mutex_unlock(&t->super.lock);
 }
 
-/* The tick's period once joined: at most 1/8 of the peer timeout. */
+/* The tick's period once joined: 1/32 of the peer timeout, at most 0.1 s. */
 static double tick_s(const struct mesh_transport *t)
 {
-    return MESH_MAX(MESH_MIN(t->super.opts.peer_timeout_s / 8, 0.25), 0.002);
+    return MESH_MAX(MESH_MIN(t->super.opts.peer_timeout_s / 32, 0.1), 0.002);
+}
+
+/* A link with nothing sent for this long gets a heartbeat (2 ticks). */
+static uint64_t heartbeat_ns(const struct mesh_transport *t)
+{
+    return (uint64_t)(2 * tick_s(t) * 1e9);
 }
 
 /*
- * How long a link may be silent before its peer is dead. A live peer sends
- * a heartbeat at its first tick a quarter of the peer timeout T after its
- * last bytes, so up to T / 4 + one tick passes between its bytes; a peer
- * that stops right before a heartbeat was due has been silent that long
- * already. Waiting for T beyond that gap, and noticing at the next tick,
- * declares a stopped peer dead between T and T + T / 4 + 2 ticks after it
- * stopped (T = 10 s: 10 to 13 s), never before T.
+ * How long a link may be silent before its peer is dead: the peer timeout
+ * T less one tick. A live peer sends something at least every heartbeat
+ * period plus a tick (3 ticks), so its silence reaches this only when it
+ * stood still for T - 4 ticks or more. A peer that stops (dies without a
+ * word, is stopped, or its host goes away) sent its last bytes up to 3
+ * ticks before; the first tick after its silence reaches T - 1 tick
+ * declares it dead, between T - 4 ticks and T after it stopped (T = 10 s:
+ * 9.6 to 10 s), so that an --elastic view change follows within T plus
+ * the agreement's own time.
  */
 static uint64_t silence_limit_ns(const struct mesh_transport *t)
 {
-    double pt = t->super.opts.peer_timeout_s;
-
-    return (uint64_t)((pt + pt / 4 + tick_s(t)) * 1e9);
+    return (uint64_t)((t->super.opts.peer_timeout_s - tick_s(t)) * 1e9);
 }
 
 void tcp_tick_arm(struct mesh_transport *t)
@@ -208,9 +214,10 @@ void tcp_tick_arm(struct mesh_transport *t)
  * Whether this process stood still (SIGSTOP, a suspended machine, no CPU)
  * since the last tick: the monotonic clock jumped by more than the ticks
  * we scheduled. Its peers' silence during the stall is not theirs: their
- * bytes wait unread in our sockets. A stall shorter than the peer timeout
- * is forgiven (their clocks start again now); a longer one made us the
- * silent peer, whom the others declare dead: blame ourselves, so that
+ * bytes wait unread in our sockets. A stall shorter than the silence
+ * limit (the peer timeout less a tick) is forgiven (their clocks start
+ * again now); a longer one made us the silent peer, whom the others
+ * declare dead: blame ourselves, so that
  * every rank names the same culprit (the first tick after SIGCONT runs
  * before we read their abort notices: epoll_wait returns EINTR).
  */
@@ -224,12 +231,11 @@ static void stall_check(struct mesh_transport *t, uint64_t now)
     if (!prev || now - prev <= (uint64_t)((2 * tick + 0.5) * 1e9))
         return;
     stall = now - prev - (uint64_t)(tick * 1e9);
-    if (!t->super.fail.failed && !t->joining &&
-        (double)stall >= t->super.opts.peer_timeout_s * 1e9) {
+    if (!t->super.fail.failed && !t->joining && stall >= silence_limit_ns(t)) {
         tp_fail_job(&t->super, t->super.world.rank, -EHOSTDOWN, 1,
                     "rank %d (%s) itself stood still for %.1f s (stopped, "
                     "suspended or not scheduled), past the peer timeout of "
-                    "%.1f s: its peers declare it dead",
+                    "%.1f s less a tick: its peers declare it dead",
                     t->super.world.rank,
                     tcp_pname(t, t->super.world.rank, me, sizeof(me)),
                     (double)stall / 1e9, t->super.opts.peer_timeout_s);
@@ -255,7 +261,7 @@ static void stall_check(struct mesh_transport *t, uint64_t now)
 void tcp_on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct mesh_transport *t = arg;
-    uint64_t now, pt = (uint64_t)(t->super.opts.peer_timeout_s * 1e9);
+    uint64_t now;
     struct conn *c, *next;
     char nb[300];
 
@@ -296,7 +302,7 @@ void tcp_on_tick(evutil_socket_t fd, short what, void *arg)
         if (p == t->super.world.rank || !l->ctrl || l->bye)
             continue;
         /* Heartbeat when nothing else went to this peer lately. */
-        if (l->ctrl->state == C_READY && now - l->tx_ns >= pt / 4)
+        if (l->ctrl->state == C_READY && now - l->tx_ns >= heartbeat_ns(t))
             tcp_ctrl_send(l->ctrl, TCP_CTRL_HEARTBEAT, -1, 0, NULL);
         if (!t->super.fail.failed && l->lost_ns &&
             now - l->lost_ns > (uint64_t)(LOST_GRACE_S * 1e9))
@@ -304,12 +310,11 @@ void tcp_on_tick(evutil_socket_t fd, short what, void *arg)
                         tcp_pname(t, p, nb, sizeof(nb)), l->lost_why);
         if (!t->super.fail.failed && now - l->last_rx_ns > silence_limit_ns(t))
             tp_fail_job(&t->super, p, -EHOSTDOWN, 1,
-                        "rank %d (%s) silent for %.1f s (peer timeout %.1f s "
-                        "after its heartbeat period of %.2f s)",
+                        "rank %d (%s) silent for %.2f s (peer timeout %.1f s, "
+                        "heartbeats every %.2f s)",
                         p, tcp_pname(t, p, nb, sizeof(nb)),
                         (double)(now - l->last_rx_ns) / 1e9,
-                        t->super.opts.peer_timeout_s,
-                        t->super.opts.peer_timeout_s / 4 + tick_s(t));
+                        t->super.opts.peer_timeout_s, 2 * tick_s(t));
     }
     tcp_tick_arm(t);
 out:
