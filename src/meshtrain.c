@@ -203,6 +203,9 @@ static const struct opt_doc opts[] = {
      "wait each layer's profiled time instead of computing (no data)"},
     {"simulate-scale", DOUBLE_FIELD(simulate_scale, 1, 1e6), "K",
      "simulated: gradient bytes / K on the wire (default 1)"},
+    {"simulate-gpus", INT_FIELD(simulate_gpus, 1, 64), "G",
+     "simulated: each peer stands for G GPUs, their mean summed here "
+     "(default 1)"},
     {"profile-layers", STRING_FIELD(profile_layers), "FILE",
      "per-layer forward/backward ms as CSV (rank 0; --simulate-compute)"},
     {"help", CUSTOM(OPT_HELP), NULL, "print this help and exit"},
@@ -621,6 +624,11 @@ int main(int argc, char **argv)
     }
     if (c.simulate_scale != 1 && !c.simulate) {
         fprintf(stderr, "meshtrain: --simulate-scale needs "
+                        "--simulate-compute\n");
+        return MESH_EXIT_USAGE;
+    }
+    if (c.simulate_gpus != 1 && !c.simulate) {
+        fprintf(stderr, "meshtrain: --simulate-gpus needs "
                         "--simulate-compute\n");
         return MESH_EXIT_USAGE;
     }

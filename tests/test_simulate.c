@@ -9,6 +9,7 @@
 #include "common/util.h"
 #include "tests/tap.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +79,33 @@ static int on_grad(void *arg, size_t offset, size_t count)
     return 0;
 }
 
+/* --simulate-gpus: each range, when reported, holds the mean of the
+ * simulated GPUs' patterns, and nothing below it is written yet. */
+struct gpus_check {
+    const float *grads;
+    int first, gpus, calls, bad;
+};
+
+static int on_grad_gpus(void *arg, size_t offset, size_t count)
+{
+    struct gpus_check *c = arg;
+    size_t i;
+
+    for (i = 0; i < count; i++) {
+        float sum = 0;
+
+        for (int g = 0; g < c->gpus; g++)
+            sum += (float)((c->first + g) % 64 + 1 + (long)((offset + i) % 8));
+        if (c->grads[offset + i] != sum * (1.0f / (float)c->gpus))
+            c->bad = 1;
+    }
+    for (i = 0; i < offset; i++)
+        if (c->grads[i] != 0)
+            c->bad = 1;
+    c->calls++;
+    return 0;
+}
+
 static int write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -98,7 +126,7 @@ int main(void)
     char path[] = "/tmp/test_simulate.XXXXXX";
     int fd, i, rc;
 
-    plan(14);
+    plan(17);
     ok(same_as_nn("resnet50", 8, 32, 1), "resnet50 (width 8, cifar stem): "
                                          "the same tensors as nn");
     ok(same_as_nn("resnet18", 8, 64, 0), "resnet18 (width 8, 64 px): the "
@@ -146,6 +174,37 @@ int main(void)
     mesh_sim_stats_take(s, &st);
     ok(st.steps == 1 && st.late_max_s >= 0, "saturation figures over one "
                                             "step");
+    mesh_sim_destroy(s);
+    s = NULL;
+
+    /* --simulate-gpus: the mean of G patterns, range by range */
+    cfg.arch = "resnet18";
+    cfg.width = 4;
+    rc = mesh_sim_create(&cfg, "h200", 32, 1, &s);
+    {
+        struct gpus_check c = {.first = 61, .gpus = 3};
+
+        rc = rc ? rc : mesh_sim_set_gpus(s, 3, 61);
+        c.grads = mesh_sim_grads(s);
+        rc = rc ? rc : mesh_sim_backward(s, on_grad_gpus, &c);
+        ok(rc == 0 && !c.bad && c.calls == mesh_sim_num_tensors(s),
+           "3 simulated GPUs (61, 62, 63): every range their mean when "
+           "reported, nothing below it yet (%d ranges)",
+           c.calls);
+        c.first = 0;
+        c.gpus = 1;
+        memset(mesh_sim_grads(s), 0, mesh_sim_num_params(s) * sizeof(float));
+        rc = mesh_sim_set_gpus(s, 1, 0);
+        rc = rc ? rc : mesh_sim_backward(s, NULL, NULL);
+        for (i = 0; rc == 0 && (size_t)i < mesh_sim_num_params(s); i++)
+            if (c.grads[i] != 0)
+                rc = -1;
+        ok(rc == 0, "1 GPU: the slab is left as it is");
+        ok(mesh_sim_set_gpus(s, 0, 0) == -EINVAL &&
+               mesh_sim_set_gpus(s, MESH_SIM_MAX_GPUS + 1, 0) == -EINVAL,
+           "0 or more than %d GPUs refused: %s", MESH_SIM_MAX_GPUS,
+           mesh_err_msg(-EINVAL));
+    }
     mesh_sim_destroy(s);
     s = NULL;
 

@@ -60,6 +60,7 @@ freeze|--freeze conv1|freeze|
 predict|--predict TMP|predict|
 simulate-compute|--simulate-compute k80|[a-z_]*|
 simulate-scale|--simulate-scale 4|data|--simulate-compute k80
+simulate-gpus|--simulate-gpus 2|data|--simulate-compute k80
 elastic|--elastic|elastic|
 min-peers|--min-peers 2|min_peers|--elastic
 elastic-lr|--elastic-lr|elastic_lr|--elastic

@@ -43,6 +43,9 @@ struct mesh_sim {
     double scale;
     size_t real_params;
     float *grads;
+    /* --simulate-gpus: the gradients of this process's G simulated GPUs */
+    int gpus;
+    float *gpu_grads; /* G slabs of m.nparams, GPU g's at g x nparams */
     double fwd_s, bwd_s;
     /* saturation figures */
     double step_late;    /* worst lateness in the current step */
@@ -360,6 +363,7 @@ void mesh_sim_destroy(struct mesh_sim *s)
         return;
     model_free(&s->m);
     free(s->grads);
+    free(s->gpu_grads);
     free(s->lates);
     free(s->stretches);
     free(s);
@@ -386,6 +390,42 @@ size_t mesh_sim_real_params(const struct mesh_sim *s)
 float *mesh_sim_grads(struct mesh_sim *s)
 {
     return s->grads;
+}
+
+int mesh_sim_set_gpus(struct mesh_sim *s, int gpus, long first)
+{
+    size_t n = s->m.nparams, i;
+    int g;
+
+    if (gpus < 1 || gpus > MESH_SIM_MAX_GPUS || first < 0)
+        return mesh_err(-EINVAL, "--simulate-gpus %d: must be in [1, %d]", gpus,
+                        MESH_SIM_MAX_GPUS);
+    free(s->gpu_grads);
+    s->gpu_grads = NULL;
+    s->gpus = gpus;
+    if (gpus == 1)
+        return 0;
+    s->gpu_grads = malloc((size_t)gpus * n * sizeof(float));
+    if (!s->gpu_grads)
+        return mesh_err(-ENOMEM, "simulate: out of memory for %d x %zu floats",
+                        gpus, n);
+    /* small integers: every sum of them is exact in float */
+    for (g = 0; g < gpus; g++)
+        for (i = 0; i < n; i++)
+            s->gpu_grads[(size_t)g * n + i] =
+                (float)((first + g) % 64 + 1 + (long)(i % 8));
+    return 0;
+}
+
+uint64_t mesh_sim_grads_hash(const struct mesh_sim *s)
+{
+    const unsigned char *b = (const unsigned char *)s->grads;
+    size_t n = s->m.nparams * sizeof(float), i;
+    uint64_t h = 0xcbf29ce484222325ull;
+
+    for (i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
 }
 
 const struct mesh_nn_model_cfg *mesh_sim_config(const struct mesh_sim *s)
@@ -429,6 +469,25 @@ int mesh_sim_forward(struct mesh_sim *s)
     return 0;
 }
 
+/* The mean of the G simulated GPUs' gradients of a range, into the slab:
+ * a sum in GPU order, then one multiplication by 1 / G. */
+static void gpus_reduce(struct mesh_sim *s, size_t off, size_t count)
+{
+    size_t n = s->m.nparams, i;
+    float *y = s->grads + off, inv = 1.0f / (float)s->gpus;
+    int g;
+
+    memcpy(y, s->gpu_grads + off, count * sizeof(float));
+    for (g = 1; g < s->gpus; g++) {
+        const float *x = s->gpu_grads + (size_t)g * n + off;
+
+        for (i = 0; i < count; i++)
+            y[i] += x[i];
+    }
+    for (i = 0; i < count; i++)
+        y[i] *= inv;
+}
+
 int mesh_sim_backward(struct mesh_sim *s, mesh_nn_grad_ready_fn cb, void *arg)
 {
     double t0 = now(), t = t0;
@@ -440,6 +499,8 @@ int mesh_sim_backward(struct mesh_sim *s, mesh_nn_grad_ready_fn cb, void *arg)
         t += l->bwd_s;
         wait_until(s, t);
         for (j = l->t0 + l->nt - 1; cb && j >= l->t0; j--) {
+            if (s->gpu_grads)
+                gpus_reduce(s, s->m.t[j].offset, s->m.t[j].count);
             rc = cb(arg, s->m.t[j].offset, s->m.t[j].count);
             if (rc < 0)
                 return rc;

@@ -58,6 +58,19 @@ const struct mesh_nn_tensor *mesh_sim_tensor(const struct mesh_sim *s, int i);
 size_t mesh_sim_num_params(const struct mesh_sim *s);
 size_t mesh_sim_real_params(const struct mesh_sim *s);
 float *mesh_sim_grads(struct mesh_sim *s);
+/*
+ * --simulate-gpus G: this process stands for G GPUs of one host, global
+ * indices first .. first + G - 1 (rank x G). GPU g's gradients are a fixed
+ * pattern, (g % 64) + 1 + (i % 8) at element i (small integers, so that
+ * every sum of them is exact in float); backward fills each range of the
+ * slab with their mean (a real sum over G slabs in GPU order, then x 1/G)
+ * just before reporting it, the intra-process part of the host's
+ * reduction. G = 1 (the default) leaves the slab as it is (zeros).
+ */
+#define MESH_SIM_MAX_GPUS 64
+int mesh_sim_set_gpus(struct mesh_sim *s, int gpus, long first);
+/* FNV-1a (64 bits) of the slab's bytes: replicas compare it. */
+uint64_t mesh_sim_grads_hash(const struct mesh_sim *s);
 /* The filled-in model configuration. */
 const struct mesh_nn_model_cfg *mesh_sim_config(const struct mesh_sim *s);
 /* Total simulated forward and backward seconds per step. */
@@ -71,8 +84,8 @@ int mesh_sim_backward(struct mesh_sim *s, mesh_nn_grad_ready_fn cb, void *arg);
 /*
  * The simulation s as the trainer's model (train/model.h): forward waits
  * mesh_sim_forward (no images), the loss is 0, backward is
- * mesh_sim_backward (the slab is never written), the tensors and slab are
- * the scaled ones above.
+ * mesh_sim_backward (the slab is written only by --simulate-gpus' mean),
+ * the tensors and slab are the scaled ones above.
  */
 void mesh_sim_model(struct mesh_sim *s, struct mesh_train_model *out);
 

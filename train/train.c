@@ -60,6 +60,7 @@ void train_cfg_init(struct train_cfg *c)
         .timeline_steps = 20,
         .log_every = 10,
         .simulate_scale = 1,
+        .simulate_gpus = 1,
         .min_peers = 1,
     };
 
@@ -547,6 +548,7 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
 static int open_sim(struct trainer *t)
 {
     const struct train_cfg *c = t->c;
+    char gpus[32] = "";
     double fwd, bwd;
     int rc;
 
@@ -554,10 +556,17 @@ static int open_sim(struct trainer *t)
                          &t->sim);
     if (rc < 0)
         return rc;
+    rc = mesh_sim_set_gpus(t->sim, c->simulate_gpus,
+                           (long)t->rank * c->simulate_gpus);
+    if (rc < 0)
+        return rc;
     t->mcfg = *mesh_sim_config(t->sim);
     mesh_sim_model(t->sim, &t->tm);
-    snprintf(t->sim_name, sizeof(t->sim_name), "simulate:%s:k=%.9g",
-             c->simulate, c->simulate_scale);
+    /* the name is in the configuration peers compare: k and G too */
+    if (c->simulate_gpus > 1)
+        snprintf(gpus, sizeof(gpus), ":gpus=%d", c->simulate_gpus);
+    snprintf(t->sim_name, sizeof(t->sim_name), "simulate:%s:k=%.9g%s",
+             c->simulate, c->simulate_scale, gpus);
     t->info.name = t->sim_name;
     t->info.classes = t->mcfg.num_classes;
     t->info.channels = t->mcfg.in_channels;
@@ -571,10 +580,10 @@ static int open_sim(struct trainer *t)
     if (t->rank == 0 && !c->quiet)
         printf("meshtrain: simulated %s compute (%s): forward %.2f ms, "
                "backward %.2f ms per step; %zu parameters, %zu on the wire "
-               "(k = %g); %d peer(s) x batch %d\n",
+               "(k = %g); %d peer(s) x %d GPU(s) x batch %d\n",
                t->mcfg.arch, c->simulate, fwd * 1000, bwd * 1000,
                mesh_sim_real_params(t->sim), t->nparams, c->simulate_scale,
-               t->size, c->batch);
+               t->size, c->simulate_gpus, c->batch);
     return 0;
 }
 
@@ -1082,7 +1091,8 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out,
     w->t_step += now_s(t) - t_begin;
     w->t_compute += (now_s(t) - t_begin) - data - (t_comm_end - t_bwd_end);
     w->steps++;
-    w->images += (uint64_t)c->batch * (uint64_t)t->slots;
+    w->images += (uint64_t)c->batch * (uint64_t)t->slots *
+                 (uint64_t)(t->sim ? c->simulate_gpus : 1);
     *loss_out = t->loss_avg;
     if (t->sim)
         mesh_sim_step_end(t->sim);
@@ -1939,10 +1949,11 @@ static void sim_report(struct trainer *t)
     mesh_sim_stats_take(t->sim, &st);
     printf("meshtrain: rank %d: simulate: %" PRIu64 " steps, compute "
            "stretch median %.3f ms, wait lateness median %.3f ms max "
-           "%.3f ms, cpu %.1f ms/step\n",
+           "%.3f ms, cpu %.1f ms/step, %d GPU(s), grads %016" PRIx64 "\n",
            t->rank, st.steps, st.stretch_median_s * 1000,
            st.late_median_s * 1000, st.late_max_s * 1000,
-           st.cpu_per_step_s * 1000);
+           st.cpu_per_step_s * 1000, t->c->simulate_gpus,
+           mesh_sim_grads_hash(t->sim));
     fflush(stdout);
 }
 

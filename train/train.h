@@ -135,6 +135,7 @@ struct train_cfg {
     /* simulated compute (train/simulate.h): the scaling benchmark */
     const char *simulate;       /* --simulate-compute PROFILE, or NULL */
     double simulate_scale;      /* k: gradient bytes divided by k */
+    int simulate_gpus;          /* simulated GPUs per process (>= 1) */
     const char *profile_layers; /* --profile-layers FILE (rank 0) */
 };
 
