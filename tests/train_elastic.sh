@@ -14,7 +14,7 @@
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
 COUNT="python3 $top_srcdir/tests/train_elastic_count.py"
-t_plan 14
+t_plan 15
 # A SIGKILL is seen at once (EOF): a long peer timeout there keeps a
 # loaded machine's scheduling stalls from looking like deaths; the SIGSTOP
 # case, which waits for it, has a short one.
@@ -83,6 +83,21 @@ grep -h "view 1:" "$TMP/kill1.p0.log" | head -n 1 | cut -c 1-300 |
     sed 's/^/# /'
 counted kill1 "$ITERS" $((6 * BATCH))
 t_ok $? "SIGKILL: every step once in the metrics, every sample once per epoch"
+# auto measured the new view's mesh, and every survivor chose the same
+# algorithms from the averaged numbers: the last choice each logged.
+same=0
+choice=""
+for r in 0 1 2 4 5; do
+    f=$TMP/kill1.p$r.log
+    grep -q "collectives: 5 ranks.*measured to the ring" "$f" || same=1
+    c=$(grep "collectives: auto all-reduce:" "$f" | tail -n 1 |
+        sed 's/.*collectives: //')
+    [ -n "$c" ] || same=1
+    [ -z "$choice" ] && choice=$c
+    [ "$c" = "$choice" ] || same=1
+done
+t_ok $same "auto re-measured in view 1; every survivor took the same choice"
+t_diag "$choice"
 
 # 2. SIGKILL of two peers of 6 at once.
 start kill2 6 --iters "$ITERS"

@@ -1756,8 +1756,14 @@ static int open_comm(struct trainer *t)
      * AUTO decides from the built-in cost numbers, not measured ones:
      * the algorithm fixes the summation order, and a run must repeat
      * (and resume) bitwise, whatever the network felt like at start.
+     * After a view change (--elastic) it measures the new mesh, whose
+     * links may be others: every member averages the same measurements
+     * (mesh_coll's agreement), so all take the same choice, and a run
+     * with failures does not repeat bitwise anyway. Without the 4 MiB
+     * timings, which would lengthen the recovery.
      */
-    co.measure = 0;
+    co.measure = t->el && t->view_epoch > 0 && t->c->algo == MESH_ALGO_AUTO;
+    co.measure_bytes = 0;
     /* Bucket buffers that device copies use: nn's pinned memory. */
     co.host_alloc = &mesh_nn_host_allocator;
     return mesh_coll_create(mesh_ops(t->mesh), mesh_transport(t->mesh),
