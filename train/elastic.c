@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -33,6 +34,7 @@
 #define ANNOUNCE_S  3.0 /* a decision is re-sent this long */
 #define HISTORY     64
 #define SILENT_S    0.3 /* a member of seen this quiet ends the round */
+#define IDLE_MS     100 /* the thread's tick while nothing is going on */
 
 enum msg_type { MSG_PROPOSE = 1, MSG_DECIDED = 2 };
 
@@ -57,6 +59,8 @@ struct mesh_elastic {
 
     pthread_t thread;
     int running, stop;
+    double started; /* monotonic seconds */
+    double cpu_s;   /* the thread's CPU time, when it ended */
     pthread_mutex_t mu;
     pthread_cond_t cv;
 
@@ -175,6 +179,16 @@ static void new_round(struct mesh_elastic *e, uint32_t r)
     e->sent_at = 0;
 }
 
+/*
+ * Wake the thread from its idle poll (IDLE_MS): an empty datagram to our
+ * own socket, which receive() drops.
+ */
+static void wake(struct mesh_elastic *e)
+{
+    (void)sendto(e->fd, "", 0, MSG_DONTWAIT,
+                 (const struct sockaddr *)&e->addr[e->me], e->addrlen[e->me]);
+}
+
 /* Under mu: leave the current view (once per epoch). */
 static void leave(struct mesh_elastic *e)
 {
@@ -185,6 +199,7 @@ static void leave(struct mesh_elastic *e)
     new_round(e, 0);
     if (e->ops && e->t)
         e->ops->abort(e->t, -1, "the mesh's view is changing");
+    wake(e); /* to send PROPOSE now, when the trainer left */
     pthread_cond_broadcast(&e->cv);
 }
 
@@ -318,9 +333,11 @@ static void *thread_main(void *arg)
 {
     struct mesh_elastic *e = arg;
     struct pollfd pf = {.fd = e->fd, .events = POLLIN};
+    struct rusage ru;
 
     for (;;) {
         double now;
+        int idle;
 
         pthread_mutex_lock(&e->mu);
         if (e->stop) {
@@ -353,10 +370,17 @@ static void *thread_main(void *arg)
                      e->last.members, e->last.step);
             e->sent_at = now;
         }
+        /* training, nothing to re-send: no need to tick often (a
+         * datagram, or wake(), ends the poll at once) */
+        idle = e->state == ST_NORMAL && now >= e->announce_until;
         pthread_mutex_unlock(&e->mu);
-        if (poll(&pf, 1, TICK_MS) > 0)
+        if (poll(&pf, 1, idle ? IDLE_MS : TICK_MS) > 0)
             receive(e);
     }
+    /* its cost, for mesh_elastic_stop's log (bench/elastic_cost.sh) */
+    if (getrusage(RUSAGE_THREAD, &ru) == 0)
+        e->cpu_s = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+                   1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
     return NULL;
 }
 
@@ -448,6 +472,7 @@ int mesh_elastic_start(const struct mesh_elastic_opts *o,
         goto fail_sync;
     }
     e->running = 1;
+    e->started = mesh_now_s();
     *out = e;
     return 0;
 fail_sync:
@@ -468,8 +493,11 @@ void mesh_elastic_stop(struct mesh_elastic *e)
     if (e->running) {
         pthread_mutex_lock(&e->mu);
         e->stop = 1;
+        wake(e);
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
+        mesh_debug("--elastic: the view thread used %.6f s of CPU in %.1f s",
+                   e->cpu_s, mesh_now_s() - e->started);
     }
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);

@@ -87,8 +87,9 @@ struct trainer {
     char pending[512]; /* the last step's metrics line, written once a
                           later step's all-reduce proves it committed */
     uint64_t pending_step;
-    char wall[48]; /* wall_field's text */
-    FILE *samples; /* MESHTRAIN_TEST_SAMPLES: positions trained */
+    char wall[48];       /* wall_field's text */
+    char snap_field[48]; /* snap_field's text */
+    FILE *samples;       /* MESHTRAIN_TEST_SAMPLES: positions trained */
     struct {
         int moment; /* enum train_fault, 0: none */
         uint64_t step;

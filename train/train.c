@@ -418,6 +418,7 @@ static int evaluate(struct trainer *t, double *top1, double *top5)
 
 struct window {
     double t_step, t_compute, t_comm, t_data;
+    double t_snap; /* --elastic: the snapshot at the step's start */
     uint64_t steps, images;
 };
 
@@ -1130,6 +1131,16 @@ static const char *wall_field(struct trainer *t)
     return t->wall;
 }
 
+/* --elastic: ", \"t_snapshot\": S", the step's snapshot (in t_step). */
+static const char *snap_field(struct trainer *t, const struct window *one)
+{
+    if (!t->el)
+        return "";
+    snprintf(t->snap_field, sizeof(t->snap_field), ", \"t_snapshot\": %.6f",
+             one->t_snap);
+    return t->snap_field;
+}
+
 static void metrics_line(struct trainer *t, uint64_t step, float loss,
                          double lr, const struct window *one)
 {
@@ -1140,11 +1151,11 @@ static void metrics_line(struct trainer *t, uint64_t step, float loss,
              "\"lr\": %.9g, \"images_per_s\": %.3f, \"t_step\": %.6f, "
              "\"t_compute\": %.6f, \"t_comm_exposed\": %.6f, "
              "\"t_data\": %.6f, \"peers\": %d, \"batch\": %d, "
-             "\"accumulate\": %d%s}\n",
+             "\"accumulate\": %d%s%s}\n",
              step, (double)step / (double)t->steps_per_epoch, (double)loss, lr,
              one->t_step > 0 ? (double)one->images / one->t_step : 0.0,
              one->t_step, one->t_compute, one->t_comm, one->t_data, t->size,
-             t->c->batch, t->accum, wall_field(t));
+             t->c->batch, t->accum, snap_field(t, one), wall_field(t));
     t->pending_step = step;
     if (!t->el)
         pending_flush(t);
@@ -1156,6 +1167,7 @@ static void window_add(struct window *w, const struct window *one)
     w->t_compute += one->t_compute;
     w->t_comm += one->t_comm;
     w->t_data += one->t_data;
+    w->t_snap += one->t_snap;
     w->steps += one->steps;
     w->images += one->images;
 }
@@ -1649,7 +1661,16 @@ static int train_loop(struct trainer *t, uint64_t start, int *code)
 
         memset(&one, 0, sizeof(one));
         t->step = step;
-        rc = t->el ? elastic_boundary(t, step) : 0;
+        if (t->el) {
+            double ts = now_s(t);
+
+            rc = elastic_boundary(t, step);
+            /* part of the step's time and compute, and reported apart */
+            one.t_snap = now_s(t) - ts;
+            one.t_step = one.t_compute = one.t_snap;
+        } else {
+            rc = 0;
+        }
         if (rc == 0) {
             train_fault(t, TRAIN_FAULT_BETWEEN);
             samples_note(t, step);
