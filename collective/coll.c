@@ -211,41 +211,91 @@ static int scratch_reserve(struct mesh_coll *c, size_t need)
 /* ---- the choice of algorithm --------------------------------------------- */
 
 /*
- * An algorithm's time for bytes from its two measured all-reduces (32
- * bytes and big_bytes), on the line through them (never falling); -1 when
- * it was not measured, or is no choice here (its model says so).
+ * An algorithm's time for bytes from the all-reduces timed at create: on
+ * the line through the measured sizes around bytes, so exactly the time
+ * measured at a measured size (below the first, its time; beyond the
+ * last, on the line through the last two, never falling). -1 when it is no
+ * candidate there: not timed at the measured size at or above bytes (dropped
+ * from the measurement), or no choice here at all (its model says so), or
+ * nothing was timed.
  */
 static double measured_cost(const mesh_coll_t *c, int id, double bytes)
 {
     const struct mesh_coll_model *m = &c->model;
-    const struct coll_algo *e = coll_algo_get(id);
-    double t0 = m->lat_s[id], t1 = m->big_s[id], slope;
+    int np = m->npoints, k, beyond;
+    double x0, x1, t0, t1;
 
-    if (!m->measured || !m->big_bytes || t0 <= 0 || t1 <= 0 || !e ||
-        e->cost(&c->shape, 32) >= 1e29)
+    if (np < 1)
         return -1;
-    slope = MESH_MAX(t1 - t0, 0) / ((double)m->big_bytes - 32);
-    return t0 + MESH_MAX(bytes - 32, 0) * slope;
+    for (k = 0; k < np && (double)m->point_bytes[k] < bytes; k++)
+        ;
+    if (k == 0) /* at or below the first size */
+        return m->point_s[0][id] > 0 ? m->point_s[0][id] : -1;
+    if (np == 1 && k == np)
+        return m->point_s[0][id] > 0 ? m->point_s[0][id] : -1;
+    beyond = k == np;
+    k = MESH_MIN(k, np - 1);
+    if (m->point_s[k][id] <= 0 || m->point_s[k - 1][id] <= 0)
+        return -1;
+    x0 = (double)m->point_bytes[k - 1];
+    x1 = (double)m->point_bytes[k];
+    t0 = m->point_s[k - 1][id];
+    t1 = m->point_s[k][id];
+    if (beyond) /* the last two sizes' line, never falling */
+        return t1 + MESH_MAX(t1 - t0, 0) / (x1 - x0) * (bytes - x1);
+    return t0 + (t1 - t0) / (x1 - x0) * (bytes - x0);
+}
+
+/* Whether AUTO may choose id on this communicator (its model says so). */
+static int auto_candidate(const mesh_coll_t *c, const struct coll_algo *e)
+{
+    return e->cost && e->cost(&c->shape, 32) < 1e29;
+}
+
+int mesh_coll_auto_algos(const mesh_coll_t *c, int *ids)
+{
+    int n = 0;
+
+    for (size_t i = 0; i < coll_nalgos; i++)
+        if (auto_candidate(c, &coll_algos[i]))
+            ids[n++] = coll_algos[i].id;
+    return n;
 }
 
 int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
 {
     double best_cost = 0;
-    int best = -1;
+    int best = -1, timed = 0;
 
     if (algo == MESH_ALGO_AUTO)
         algo = c->opts.algo;
     if (algo != MESH_ALGO_AUTO)
         return algo;
+    /* the measured times, where any algorithm has one at this size */
+    for (size_t i = 0; i < coll_nalgos; i++) {
+        const struct coll_algo *e = &coll_algos[i];
+        double cost;
+
+        if (!auto_candidate(c, e))
+            continue;
+        cost = measured_cost(c, e->id, (double)bytes);
+        if (cost < 0)
+            continue;
+        timed = 1;
+        if (best < 0 || cost < best_cost) {
+            best = e->id;
+            best_cost = cost;
+        }
+    }
+    if (timed)
+        return best;
     for (size_t i = 0; i < coll_nalgos; i++) {
         const struct coll_algo *e = &coll_algos[i];
         double cost;
 
         if (!e->cost)
             continue;
-        cost = measured_cost(c, e->id, (double)bytes);
-        if (cost < 0)
-            cost = e->cost(&c->shape, (double)bytes);
+        cost = e->cost(&c->shape, (double)bytes);
         if (best < 0 || cost < best_cost) {
             best = e->id;
             best_cost = cost;
@@ -943,95 +993,198 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* AUTO's candidates (the table's entries with a cost, in its order) into
- * ids[0..MESH_ALGO_LAST); returns how many. */
-static int auto_algos(int *ids)
+static int cmp_size(const void *a, const void *b)
 {
-    int n = 0;
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
 
-    for (size_t i = 0; i < coll_nalgos; i++)
-        if (coll_algos[i].cost)
-            ids[n++] = coll_algos[i].id;
-    return n;
+    return (x > y) - (x < y);
+}
+
+/* order[0..n) = a permutation of 0..n-1 drawn from seed (Fisher-Yates on
+ * a 32-bit LCG): the same on every rank for the same seed. */
+static void shuffle(int *order, int n, unsigned seed)
+{
+    uint32_t x = seed * 2654435761u + 12345u;
+
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j, tmp;
+
+        x = x * 1664525u + 1013904223u;
+        j = (int)((x >> 8) % (uint32_t)(i + 1));
+        tmp = order[i];
+        order[i] = order[j];
+        order[j] = tmp;
+    }
+}
+
+/* Formation's measurement bounds (see mesh_coll_opts.measure_sizes). */
+#define MEAS_PRUNE       2.0               /* x the best's time, ... */
+#define MEAS_PRUNE_FROM  ((size_t)1 << 20) /* ... measured at this size */
+#define MEAS_SCRATCH_PAD (8u << 20)        /* scratch beyond 2 x the message */
+#define MEAS_BUDGET_S    20.0              /* formation's timing, about */
+#define MEAS_RUNS_SMALL  7                 /* runs per size below 1 MiB */
+#define MEAS_RUNS_BIG    3                 /* from 1 MiB */
+
+/*
+ * The sizes to time, in increasing order, distinct, multiples of 4
+ * bytes: 32, measure_bytes, measure_sizes; thinned to MESH_COLL_POINTS
+ * (every second inner size dropped until it fits). Returns how many.
+ */
+static int plan_points(const mesh_coll_t *c, size_t *pts)
+{
+    size_t v[64 + 2];
+    int n = 0, k = 0;
+
+    v[n++] = 32;
+    if (c->opts.measure_bytes >= 64)
+        v[n++] = c->opts.measure_bytes & ~(size_t)3;
+    for (int i = 0; i < c->opts.nmeasure_sizes && n < 64 + 2; i++)
+        if (c->opts.measure_sizes[i] >= 64)
+            v[n++] = c->opts.measure_sizes[i] & ~(size_t)3;
+    qsort(v, (size_t)n, sizeof(v[0]), cmp_size);
+    for (int i = 0; i < n; i++)
+        if (k == 0 || v[i] != v[k - 1])
+            v[k++] = v[i];
+    while (k > MESH_COLL_POINTS) {
+        int j = 1;
+
+        for (int i = 1; i < k; i++)
+            if (i == k - 1 || i % 2 == 0)
+                v[j++] = v[i];
+        k = j;
+    }
+    memcpy(pts, v, (size_t)k * sizeof(*pts));
+    return k;
+}
+
+/* The largest scratch an all-reduce of bytes with algorithm e needs on any
+ * rank (the same answer on every rank). */
+static size_t scratch_any_rank(const mesh_coll_t *c, const struct coll_algo *e,
+                               size_t bytes)
+{
+    struct coll_args a = {
+        .op = MESH_OP_ALLREDUCE,
+        .dtype = MESH_DT_F32,
+        .redop = MESH_REDOP_SUM,
+        .count = bytes / sizeof(float),
+        .chunk_bytes = c->opts.chunk_bytes,
+        .size = c->w->size,
+        .hosts = &c->hosts,
+    };
+    size_t most = 0;
+
+    for (int r = 0; r < c->w->size; r++) {
+        a.rank = r;
+        most = MESH_MAX(most, e->scratch(&a));
+    }
+    return most;
 }
 
 /*
- * Time a 32-byte all-reduce with each of the nauto algorithms ids: the
- * median of LAT_RUNS after one warmup round, per algorithm, into
- * v[0..nauto) (us). The algorithms take turns, round by round, so that a
- * burst of noise on a shared machine spoils one run of each rather than
- * all runs of one. Every rank runs the same calls in the same order.
+ * Time an all-reduce of bytes (in buf) with each algorithm ids[a] whose
+ * live[a] is set: one warmup round, then runs rounds, the algorithms
+ * taking turns in an order shuffled each round (the same on every rank),
+ * so that a burst of noise on a shared machine spoils one run of each
+ * rather than all runs of one, and no algorithm always follows the same
+ * one (which warms the caches for it).
+ * The median of each, in us, into v[a] (0 where not live). Every rank runs
+ * the same calls in the same order.
  */
-static int time_small(mesh_coll_t *c, const int *ids, int nauto, float *buf,
-                      float *v)
+static int time_point(mesh_coll_t *c, const int *ids, const int *live,
+                      int nauto, size_t bytes, float *buf, float *v)
 {
-    enum { LAT_RUNS = 7 };
-    double t[MESH_ALGO_LAST][LAT_RUNS];
+    double t[MESH_ALGO_LAST + 1][MEAS_RUNS_SMALL];
+    int runs = bytes < ((size_t)1 << 20) ? MEAS_RUNS_SMALL : MEAS_RUNS_BIG;
+    size_t cnt = bytes / sizeof(float);
 
-    for (int i = -1; i < LAT_RUNS; i++)
-        for (int a = 0; a < nauto; a++) {
-            double t0 = mesh_now_s();
-            int rc = mesh_coll_allreduce(c, buf, buf, 8, MESH_DT_F32,
-                                         MESH_REDOP_SUM, ids[a]);
+    for (int i = -1; i < runs; i++) {
+        int order[MESH_ALGO_LAST + 1];
 
+        shuffle(order, nauto, (unsigned)i + 1);
+        for (int j = 0; j < nauto; j++) {
+            int a = order[j], rc;
+            double t0;
+
+            if (!live[a])
+                continue;
+            t0 = mesh_now_s();
+            rc = mesh_coll_allreduce(c, buf, buf, cnt, MESH_DT_F32,
+                                     MESH_REDOP_SUM, ids[a]);
             if (rc < 0)
                 return rc;
             if (i >= 0)
                 t[a][i] = mesh_now_s() - t0;
         }
+    }
     for (int a = 0; a < nauto; a++) {
-        qsort(t[a], LAT_RUNS, sizeof(t[a][0]), cmp_double);
-        v[a] = (float)(t[a][LAT_RUNS / 2] * 1e6);
+        v[a] = 0;
+        if (!live[a])
+            continue;
+        qsort(t[a], (size_t)runs, sizeof(t[a][0]), cmp_double);
+        v[a] = (float)(t[a][runs / 2] * 1e6);
     }
     return 0;
 }
 
 /*
- * Time an all-reduce of bytes with each of the nauto algorithms ids, as
- * time_small does (turns, median), with fewer runs: into v[0..nauto) (us).
+ * Which algorithms to time at point k (model points 0..k-1 measured and
+ * agreed, so every rank decides alike): the live ones of point k - 1
+ * whose scratch fits and, where point k - 1 is at least MEAS_PRUNE_FROM
+ * (bandwidth rules there, and the order of the algorithms holds as sizes
+ * grow), whose time there was within MEAS_PRUNE of the best one's.
+ * Returns the estimated time of point k's runs (s), for the budget.
  */
-static int time_big(mesh_coll_t *c, const int *ids, int nauto, size_t bytes,
-                    float *v)
+static double plan_live(mesh_coll_t *c, const int *ids, int nauto, int k,
+                        int *live)
 {
-    enum { BIG_RUNS = 3 };
-    double t[MESH_ALGO_LAST][BIG_RUNS];
-    size_t cnt = bytes / sizeof(float);
-    float *buf;
-    int rc;
+    const struct mesh_coll_model *m = &c->model;
+    size_t bytes = m->point_bytes[k], prev = m->point_bytes[k - 1];
+    int runs = bytes < ((size_t)1 << 20) ? MEAS_RUNS_SMALL : MEAS_RUNS_BIG;
+    double best = -1, total = 0;
 
-    rc = mesh_coll_buf_alloc(c, cnt * sizeof(float), (void **)&buf);
-    if (rc < 0)
-        return rc;
-    memset(buf, 0, cnt * sizeof(float));
-    for (int i = -1; i < BIG_RUNS && rc == 0; i++)
-        for (int a = 0; a < nauto && rc == 0; a++) {
-            double t0 = mesh_now_s();
-
-            rc = mesh_coll_allreduce(c, buf, buf, cnt, MESH_DT_F32,
-                                     MESH_REDOP_SUM, ids[a]);
-            if (i >= 0)
-                t[a][i] = mesh_now_s() - t0;
-        }
-    mesh_coll_buf_free(c, buf);
-    if (rc < 0)
-        return rc;
     for (int a = 0; a < nauto; a++) {
-        qsort(t[a], BIG_RUNS, sizeof(t[a][0]), cmp_double);
-        v[a] = (float)(t[a][BIG_RUNS / 2] * 1e6);
+        double t = m->point_s[k - 1][ids[a]];
+
+        if (live[a] && t > 0 && (best < 0 || t < best))
+            best = t;
     }
-    return 0;
+    for (int a = 0; a < nauto; a++) {
+        double est;
+
+        if (!live[a])
+            continue;
+        if (scratch_any_rank(c, coll_algo_get(ids[a]), bytes) >
+                2 * bytes + MEAS_SCRATCH_PAD ||
+            (prev >= MEAS_PRUNE_FROM &&
+             m->point_s[k - 1][ids[a]] > MEAS_PRUNE * best)) {
+            live[a] = 0;
+            continue;
+        }
+        est = measured_cost(c, ids[a], (double)bytes);
+        total += (runs + 1) * (est > 0 ? est : 0);
+    }
+    return total;
 }
 
-/* Agree on alpha, beta and the small all-reduce times: the average of
- * every rank's measurement, by a ring all-reduce, so that every rank holds
- * the same bytes. */
+/*
+ * Measure alpha and beta to the ring neighbours, and time each of AUTO's
+ * candidates at the planned sizes. Each size's times (and alpha, beta)
+ * are averaged over the ranks by a ring all-reduce, so that every rank
+ * holds the same bytes and makes the same decisions from them.
+ */
 static int agree(mesh_coll_t *c)
 {
-    /* v: alpha, beta, the nauto times, then the timings' 8 floats */
-    enum { TIMING = 2 + 2 * MESH_ALGO_LAST, NV = TIMING + 8 };
+    /* v: alpha, beta, the time spent so far, then nauto times */
+    enum { HEAD = 3, NV = HEAD + MESH_ALGO_LAST + 1 };
+    struct mesh_coll_model *m = &c->model;
     mesh_coll_req_t *q = NULL;
-    int ids[MESH_ALGO_LAST], nauto = auto_algos(ids);
-    float *v;
+    int ids[MESH_ALGO_LAST + 1], live[MESH_ALGO_LAST + 1];
+    int nauto = mesh_coll_auto_algos(c, ids), np;
+    size_t pts[MESH_COLL_POINTS];
+    double start = mesh_now_s(), spent = 0;
+    float *v = NULL, *buf = NULL;
     int rc;
 
     rc = new_req(c, REQ_MEASURE, &q);
@@ -1041,63 +1194,82 @@ static int agree(mesh_coll_t *c)
     rc = mesh_coll_wait(q);
     if (rc < 0)
         return rc;
+    np = plan_points(c, pts);
     rc = mesh_coll_buf_alloc(c, NV * sizeof(float), (void **)&v);
-    if (rc < 0)
-        return rc;
-    memset(v, 0, NV * sizeof(float));
-    v[0] = (float)(c->meas_alpha * 1e6); /* us */
-    v[1] = (float)(c->meas_beta * 1e9);  /* ns per byte */
-    rc = time_small(c, ids, nauto, v + TIMING, v + 2);
-    if (rc == 0 && c->opts.measure_bytes >= 64)
-        rc = time_big(c, ids, nauto, c->opts.measure_bytes, v + 2 + nauto);
     if (rc == 0)
-        rc = mesh_coll_allreduce(c, v, v, 2 + 2 * (size_t)nauto, MESH_DT_F32,
-                                 MESH_REDOP_AVG, MESH_ALGO_RING);
-    if (rc == 0) {
-        c->model.alpha_s = v[0] * 1e-6;
-        c->model.beta_s_per_byte = v[1] * 1e-9;
-        for (int a = 0; a < nauto; a++) {
-            c->model.lat_s[ids[a]] = v[2 + a] * 1e-6;
-            c->model.big_s[ids[a]] = v[2 + nauto + a] * 1e-6;
-        }
-        if (c->opts.measure_bytes >= 64)
-            c->model.big_bytes = c->opts.measure_bytes;
-        c->model.measured = 1;
+        rc = mesh_coll_buf_alloc(c, MESH_MAX(pts[np - 1], 32), (void **)&buf);
+    if (rc < 0)
+        goto out;
+    memset(buf, 0, pts[np - 1]);
+    for (int a = 0; a < nauto; a++)
+        live[a] = 1;
+    m->npoints = 0;
+    for (int k = 0; k < np; k++) {
+        m->point_bytes[k] = pts[k];
+        if (k > 0 && spent + plan_live(c, ids, nauto, k, live) > MEAS_BUDGET_S)
+            break; /* larger sizes: on the last two's line */
+        memset(v, 0, NV * sizeof(float));
+        rc = time_point(c, ids, live, nauto, pts[k], buf, v + HEAD);
+        if (rc < 0)
+            goto out;
+        v[0] = (float)(c->meas_alpha * 1e6); /* us */
+        v[1] = (float)(c->meas_beta * 1e9);  /* ns per byte */
+        v[2] = (float)(mesh_now_s() - start);
+        rc = mesh_coll_allreduce(c, v, v, NV, MESH_DT_F32, MESH_REDOP_AVG,
+                                 MESH_ALGO_RING);
+        if (rc < 0)
+            goto out;
+        spent = v[2];
+        for (int a = 0; a < nauto; a++)
+            m->point_s[k][ids[a]] = v[HEAD + a] * 1e-6;
+        m->npoints = k + 1;
     }
+    m->alpha_s = v[0] * 1e-6;
+    m->beta_s_per_byte = v[1] * 1e-9;
+    for (int a = 0; a < nauto; a++)
+        m->lat_s[ids[a]] = m->point_s[0][ids[a]];
+    m->measured = 1;
+out:
+    mesh_coll_buf_free(c, buf);
     mesh_coll_buf_free(c, v);
+    /* the largest sizes' scratch: given back, grown again where needed */
+    if (c->scratch_mr)
+        c->ops->dereg_mr(c->t, c->scratch_mr);
+    pinned_free(c, c->scratch, c->scratch_len);
+    c->scratch = NULL;
+    c->scratch_len = 0;
+    c->scratch_mr = NULL;
     return rc;
 }
 
 static void log_model(const mesh_coll_t *c)
 {
-    char ranges[512] = "", times[256] = "";
-    size_t used = 0, tused = 0, from = 8;
-    int ids[MESH_ALGO_LAST], nauto = auto_algos(ids), prev = -1;
+    const struct mesh_coll_model *m = &c->model;
+    char ranges[512] = "", times[512];
+    size_t used = 0, from = 8;
+    int ids[MESH_ALGO_LAST + 1], nauto = mesh_coll_auto_algos(c, ids);
+    int prev = -1;
 
     mesh_info("collectives: %d ranks, kernels %s, alpha %.1f us, beta %.3f "
               "ns/B (%.2f GB/s), gamma %.3f ns/B%s",
-              c->w->size, mesh_reduce_isa(), c->model.alpha_s * 1e6,
-              c->model.beta_s_per_byte * 1e9, 1e-9 / c->model.beta_s_per_byte,
-              c->model.gamma_s_per_byte * 1e9,
-              c->model.measured ? " (alpha, beta measured to the ring "
-                                  "neighbours, averaged over the ranks)"
-                                : " (not measured: defaults)");
-    for (int a = 0; a < nauto && tused < sizeof(times); a++)
-        tused += (size_t)snprintf(
-            times + tused, sizeof(times) - tused, "%s%s %.1f us", a ? ", " : "",
-            mesh_algo_name(ids[a]), c->model.lat_s[ids[a]] * 1e6);
-    if (c->model.measured)
-        mesh_info("collectives: 32-byte all-reduce measured: %s", times);
-    if (c->model.measured && c->model.big_bytes) {
-        tused = 0;
+              c->w->size, mesh_reduce_isa(), m->alpha_s * 1e6,
+              m->beta_s_per_byte * 1e9, 1e-9 / m->beta_s_per_byte,
+              m->gamma_s_per_byte * 1e9,
+              m->measured ? " (alpha, beta measured to the ring "
+                            "neighbours, averaged over the ranks)"
+                          : " (not measured: defaults)");
+    for (int k = 0; k < m->npoints; k++) {
+        size_t tused = 0;
+
+        times[0] = 0;
         for (int a = 0; a < nauto && tused < sizeof(times); a++)
-            tused += (size_t)snprintf(times + tused, sizeof(times) - tused,
-                                      "%s%s %.0f us", a ? ", " : "",
-                                      mesh_algo_name(ids[a]),
-                                      c->model.big_s[ids[a]] * 1e6);
-        mesh_info("collectives: %zu-byte all-reduce measured: %s; auto "
-                  "chooses from these",
-                  c->model.big_bytes, times);
+            if (m->point_s[k][ids[a]] > 0)
+                tused += (size_t)snprintf(times + tused, sizeof(times) - tused,
+                                          "%s%s %.1f us", tused ? ", " : "",
+                                          mesh_algo_name(ids[a]),
+                                          m->point_s[k][ids[a]] * 1e6);
+        mesh_info("collectives: %zu-byte all-reduce measured: %s",
+                  m->point_bytes[k], times);
     }
     if (c->opts.algo != MESH_ALGO_AUTO) {
         mesh_info("collectives: all-reduce algorithm %s (fixed)",

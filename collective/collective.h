@@ -91,11 +91,30 @@ struct mesh_coll_opts {
     /*
      * With measure: also time each of AUTO's algorithms on an all-reduce
      * of this many bytes (default 4 MiB; 0: not), and let AUTO choose
-     * from the two measured times of each (interpolated, and extrapolated
-     * past it), not from the model: the choice then follows what each
-     * algorithm did here, on this transport, for every rank alike.
+     * from the measured times (see measure_sizes), not from the model: the
+     * choice then follows what each algorithm did here, on this
+     * transport, for every rank alike.
      */
     size_t measure_bytes;
+    /*
+     * With measure: the all-reduce sizes (bytes) the job will use (the
+     * trainer's buckets, meshbench's sweep), each timed with each of
+     * AUTO's algorithms besides 32 bytes and measure_bytes (at most
+     * MESH_COLL_POINTS sizes in all; a longer list is thinned, keeping
+     * its ends). The algorithms take turns run by run, and each size's
+     * median times are averaged over the ranks before anything is decided
+     * from them, so every rank takes the same choices. An algorithm
+     * over twice the best one's time at a size of 1 MiB or more is not
+     * timed at larger sizes (nor chosen there), nor is one whose scratch
+     * memory would exceed twice the message plus 8 MiB; sizes that would take
+     * the measurement past about 20 s in all are not timed either. AUTO
+     * then takes, for each size, the algorithm of least time on the line
+     * through the measured sizes around it (beyond the largest, on the
+     * last two). NULL / 0: only 32 bytes and measure_bytes. The array is
+     * read during mesh_coll_create only.
+     */
+    const size_t *measure_sizes;
+    int nmeasure_sizes;
     /*
      * The first sequence number; the communicator's collectives take
      * seq_base, seq_base + 1, ... Default MESH_COLL_SEQ_BASE, a range
@@ -138,26 +157,38 @@ void mesh_coll_destroy(mesh_coll_t *c);
  * alpha (seconds), inverse bandwidth beta (seconds per byte on a link),
  * reduction cost gamma (seconds per byte added; a fixed figure), whether
  * alpha and beta were measured, and the measured time of a 32-byte
- * all-reduce with each of ring, tree, direct, rd and rhd (lat_s[MESH_ALGO_RING]
- * etc.; 0 when not measured). Where measured, that time replaces the
- * model's hops x alpha: it holds what alpha misses, such as the cost of
- * many messages at one rank, or of more processes than cores.
+ * all-reduce with each of ring, tree, direct, rd, rhd and hier
+ * (lat_s[MESH_ALGO_RING] etc.; 0 when not measured). Where measured, that
+ * time replaces the model's hops x alpha: it holds what alpha misses, such
+ * as the cost of many messages at one rank, or of more processes than
+ * cores.
  */
+#define MESH_COLL_POINTS 16
 struct mesh_coll_model {
     double alpha_s;
     double beta_s_per_byte;
     double gamma_s_per_byte;
     int measured;
     double lat_s[MESH_ALGO_LAST + 1];
-    /* With measure_bytes: each algorithm's time for that many bytes (0:
-     * not measured), and the size. */
-    double big_s[MESH_ALGO_LAST + 1];
-    size_t big_bytes;
+    /*
+     * The all-reduces timed at create (opts measure_bytes and
+     * measure_sizes): npoints sizes in increasing order, the first 32
+     * bytes, and each algorithm's time at each (0: not timed there).
+     */
+    int npoints;
+    size_t point_bytes[MESH_COLL_POINTS];
+    double point_s[MESH_COLL_POINTS][MESH_ALGO_LAST + 1];
 };
 void mesh_coll_model_get(const mesh_coll_t *c, struct mesh_coll_model *out);
 
 /* The algorithm an all-reduce of bytes would run with algo (AUTO chooses). */
 int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
+/*
+ * AUTO's candidates for an all-reduce on this communicator (the
+ * algorithms it times and chooses from) into ids[0..MESH_ALGO_LAST];
+ * returns how many.
+ */
+int mesh_coll_auto_algos(const mesh_coll_t *c, int *ids);
 /* Likewise for a broadcast: MESH_ALGO_RING (a chain) or MESH_ALGO_TREE. */
 int mesh_coll_bcast_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
 

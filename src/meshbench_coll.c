@@ -94,6 +94,11 @@ int meshbench_coll_parse_arg(struct meshbench_coll_args *a, int argc,
     long x;
     int rc = 0;
 
+    if (!strcmp(arg, "--vs-fixed")) {
+        a->vs_fixed = 1;
+        *i += 1;
+        return 1;
+    }
     if (strcmp(arg, "--algo") && strcmp(arg, "--dtype") && strcmp(arg, "-d") &&
         strcmp(arg, "--redop") && strcmp(arg, "-o") && strcmp(arg, "--root") &&
         strcmp(arg, "--chunk") && strcmp(arg, "-t") && strcmp(arg, "--time"))
@@ -153,9 +158,9 @@ const char *meshbench_coll_help(void)
            "                     several ranks: reduce-scatter inside each\n"
            "                     host, a ring per local rank between\n"
            "                     hosts, all-gather inside), auto (default:\n"
-           "                     alpha-beta model\n"
-           "                     on latency and bandwidth measured when the\n"
-           "                     communicator forms) or ps (the seed's\n"
+           "                     the fastest of these at each size, timed\n"
+           "                     when the communicator forms at the\n"
+           "                     sweep's sizes) or ps (the seed's\n"
            "                     parameter-server baseline, rank 0 serves;\n"
            "                     for comparison only)\n"
            "  -d, --dtype T      float (default), half or bfloat16 (16-bit\n"
@@ -167,6 +172,11 @@ const char *meshbench_coll_help(void)
            "  -t, --time S       time each size for about S seconds (as\n"
            "                     many iterations as fit, at least -n);\n"
            "                     0 (default): exactly -n iterations\n"
+           "  --vs-fixed         allreduce: at each size, time auto and\n"
+           "                     every fixed algorithm it chooses from,\n"
+           "                     taking turns run by run, and print each\n"
+           "                     one's time and auto's over the best\n"
+           "                     fixed one's (instead of the usual table)\n"
            "size is the whole buffer (all ranks' blocks for reduce_scatter\n"
            "and allgather); algbw = size / time; busbw = algbw x 2(n-1)/n\n"
            "(allreduce), x (n-1)/n (reduce_scatter, allgather), x 1\n"
@@ -179,9 +189,9 @@ void meshbench_coll_config(const struct meshbench_coll_args *a, char *buf,
 {
     snprintf(buf, len,
              "coll_ops=%d\nalgo=%s\ndtype=%s\nredop=%d\nroot=%d\nchunk=%zu\n"
-             "time=%.6f\n",
+             "time=%.6f\nvs_fixed=%d\n",
              a->ops, mesh_algo_name(a->algo), mesh_dtype_name(a->dtype),
-             a->redop, a->root, a->chunk_bytes, a->time_s);
+             a->redop, a->root, a->chunk_bytes, a->time_s, a->vs_fixed);
 }
 
 /* ---- data ---------------------------------------------------------------- */
@@ -395,6 +405,143 @@ static int measure(struct ctx *x, int op, int inplace, size_t cnt,
     return 0;
 }
 
+/* order[0..n) = a permutation of 0..n-1 drawn from seed, the same on
+ * every rank (Fisher-Yates on a 32-bit LCG). */
+static void shuffle(int *order, int n, unsigned seed)
+{
+    uint32_t x = seed * 2654435761u + 12345u;
+
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j, tmp;
+
+        x = x * 1664525u + 1013904223u;
+        j = (int)((x >> 8) % (uint32_t)(i + 1));
+        tmp = order[i];
+        order[i] = order[j];
+        order[j] = tmp;
+    }
+}
+
+/*
+ * --vs-fixed: an out-of-place all-reduce of cnt elements with auto and
+ * with each fixed algorithm AUTO chooses from (ids[0] = AUTO, then
+ * ids[1..nalgo)), taking turns run by run in an order shuffled each round
+ * (the same on every rank), so that noise from elsewhere hits all of them
+ * alike and none always runs after the same one (which warms its caches). One
+ * warmup round (with -t, timed to size the rest), then the timed rounds; each
+ * time is the slowest rank's mean, into us[0..nalgo).
+ */
+static int measure_vs(struct ctx *x, size_t cnt, const int *ids, int nalgo,
+                      double *us)
+{
+    const struct meshbench_coll_args *a = x->a;
+    double sum[MESH_ALGO_LAST + 2] = {0}, round_s, t0;
+    float mine;
+    int rc = 0, iters = a->iters;
+
+    t0 = mesh_now_s();
+    for (int j = 0; rc == 0 && j < nalgo; j++)
+        rc = mesh_coll_allreduce(x->c, x->sbuf, x->rbuf, cnt, a->dtype,
+                                 a->redop, ids[j]);
+    mine = (float)(mesh_now_s() - t0);
+    if (rc == 0 && a->time_s > 0) {
+        rc = mesh_coll_allgather(x->c, &mine, x->times, 1, MESH_DT_F32);
+        round_s = 0;
+        for (int r = 0; rc == 0 && r < x->n; r++)
+            round_s = MESH_MAX(round_s, (double)x->times[r]);
+        if (rc == 0 && round_s > 0)
+            iters = (int)MESH_MAX((double)a->iters,
+                                  MESH_MIN(a->time_s / round_s, 1e6));
+    }
+    for (int i = 0; rc == 0 && i < iters; i++) {
+        int order[MESH_ALGO_LAST + 2];
+
+        shuffle(order, nalgo, (unsigned)i + 1);
+        for (int j = 0; rc == 0 && j < nalgo; j++) {
+            int k = order[j];
+
+            t0 = mesh_now_s();
+            rc = mesh_coll_allreduce(x->c, x->sbuf, x->rbuf, cnt, a->dtype,
+                                     a->redop, ids[k]);
+            sum[k] += mesh_now_s() - t0;
+        }
+    }
+    for (int j = 0; rc == 0 && j < nalgo; j++) {
+        mine = (float)(sum[j] / MESH_MAX(iters, 1) * 1e6);
+        rc = mesh_coll_allgather(x->c, &mine, x->times, 1, MESH_DT_F32);
+        us[j] = 0;
+        for (int r = 0; rc == 0 && r < x->n; r++)
+            us[j] = MESH_MAX(us[j], (double)x->times[r]);
+    }
+    return rc;
+}
+
+/* --vs-fixed's table: one row per size, auto against each fixed one. */
+static int run_vs(struct ctx *x, uint64_t *wrong_all)
+{
+    const struct meshbench_coll_args *a = x->a;
+    int ids[MESH_ALGO_LAST + 2], nalgo, rc = 0;
+    double worst = 0;
+
+    ids[0] = MESH_ALGO_AUTO;
+    nalgo = 1 + mesh_coll_auto_algos(x->c, ids + 1);
+    if (x->rank == 0) {
+        printf("#\n# allreduce, auto against each fixed algorithm it "
+               "chooses from, taking turns run by run, out of place, %d "
+               "ranks, type %s\n# time: the slowest rank's mean (us); "
+               "auto/best: auto's time over the best fixed one's\n",
+               x->n, type_name(a->dtype));
+        printf("# %10s %6s %10s", "size", "algo", "auto");
+        for (int j = 1; j < nalgo; j++)
+            printf(" %10s", mesh_algo_name(ids[j]));
+        printf(" %6s %9s\n", "best", "auto/best");
+    }
+    for (size_t size = a->minbytes;;) {
+        size_t cnt = size / x->es;
+        double us[MESH_ALGO_LAST + 2] = {0}, ratio;
+        uint64_t w = 0;
+        int best = 1;
+
+        if (a->check)
+            rc = checked(x, MESH_OP_ALLREDUCE, 0, cnt, &w);
+        if (rc == 0)
+            rc = measure_vs(x, cnt, ids, nalgo, us);
+        if (rc == 0 && a->check) {
+            rc = mesh_coll_allgather(x->c, &w, x->wrongs, sizeof(w),
+                                     MESH_DT_BYTE);
+            for (int r = 0; rc == 0 && r < x->n; r++)
+                *wrong_all += x->wrongs[r];
+        }
+        if (rc < 0)
+            return mesh_err_prefix(rc, "allreduce of %zu bytes", size);
+        for (int j = 2; j < nalgo; j++)
+            if (us[j] < us[best])
+                best = j;
+        ratio = us[best] > 0 ? us[0] / us[best] : 0;
+        worst = MESH_MAX(worst, ratio);
+        if (x->rank == 0) {
+            printf(
+                "  %10zu %6s %10.1f", cnt * x->es,
+                mesh_algo_name(mesh_coll_algo_for(x->c, a->algo, cnt * x->es)),
+                us[0]);
+            for (int j = 1; j < nalgo; j++)
+                printf(" %10.1f", us[j]);
+            printf(" %6s %9.3f\n", mesh_algo_name(ids[best]), ratio);
+            fflush(stdout);
+        }
+        if (size > a->maxbytes / (size_t)a->factor)
+            break;
+        size *= (size_t)a->factor;
+    }
+    if (x->rank == 0) {
+        printf("# worst auto/best: %.3f\n", worst);
+        fflush(stdout);
+    }
+    return 0;
+}
+
 static double bus_factor(int op, int n)
 {
     switch (op) {
@@ -449,6 +596,7 @@ int meshbench_coll_run(struct mesh *m, const struct meshbench_coll_args *a,
     struct ctx x = {.a = a};
     double bus_sum = 0;
     uint64_t wrong_all = 0;
+    size_t sizes[64], nsizes = 0;
     int rows = 0, rc;
 
     memset(&x, 0, sizeof(x));
@@ -463,6 +611,17 @@ int meshbench_coll_run(struct mesh *m, const struct meshbench_coll_args *a,
     mesh_coll_opts_init(&co);
     co.algo = a->algo;
     co.chunk_bytes = a->chunk_bytes;
+    /* auto all-reduces: time the candidates at the sweep's sizes */
+    if (a->algo == MESH_ALGO_AUTO && (a->ops & MESHBENCH_ALLREDUCE)) {
+        for (size_t size = a->minbytes; nsizes < MESH_ARRAY_SIZE(sizes);) {
+            sizes[nsizes++] = size;
+            if (size > a->maxbytes / (size_t)a->factor)
+                break;
+            size *= (size_t)a->factor;
+        }
+        co.measure_sizes = sizes;
+        co.nmeasure_sizes = (int)nsizes;
+    }
     rc = mesh_coll_create(mesh_ops(m), mesh_transport(m), mesh_world(m), &co,
                           &x.c);
     if (rc < 0)
@@ -484,6 +643,12 @@ int meshbench_coll_run(struct mesh *m, const struct meshbench_coll_args *a,
 
         if (!(a->ops & coll_ops[k].bit))
             continue;
+        if (op == MESH_OP_ALLREDUCE && a->vs_fixed) {
+            rc = run_vs(&x, &wrong_all);
+            if (rc < 0)
+                goto free_bufs;
+            continue;
+        }
         if (x.rank == 0)
             print_header(&x, coll_ops[k].name);
         for (size_t size = a->minbytes;;) {

@@ -28,6 +28,9 @@ struct meshbench_coll_args {
     double time_s;      /* > 0: timed iterations fill this long (-t) */
     size_t minbytes, maxbytes;
     int factor, iters, warmup, check;
+    /* --vs-fixed: each all-reduce size also runs every fixed algorithm
+     * AUTO chooses from, interleaved with auto run by run */
+    int vs_fixed;
     /* MESHBENCH_TEST_CORRUPT: that rank flips byte corrupt_offset of its
      * first checked input longer than that (-1: none). */
     int corrupt_rank;
@@ -41,8 +44,8 @@ int meshbench_coll_op(const char *name, int *bit);
 
 /*
  * Parse one of the collective flags at argv[*i] (--algo, --dtype, -d,
- * --redop, -o, --root, --chunk): 1 when consumed (and *i advanced), 0 when
- * not ours, < 0 with a message for a bad value.
+ * --redop, -o, --root, --chunk, -t, --vs-fixed): 1 when consumed (and *i
+ * advanced), 0 when not ours, < 0 with a message for a bad value.
  */
 int meshbench_coll_parse_arg(struct meshbench_coll_args *a, int argc,
                              char **argv, int *i);

@@ -8,7 +8,7 @@
 # spoiled input byte must be counted wrong and make every rank exit 4.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
-t_plan 17
+t_plan 18
 n=3
 for algo in ring tree direct rd rhd ps auto; do
     take_ports "$n" || { t_ok 1 "no free ports"; continue; }
@@ -57,6 +57,24 @@ rows=$(grep -E '^\[0\] +[0-9]+ +[0-9]+ +float +sum ' "$log" |
 t_ok $([ $rc -eq 0 ] && [ "$rows" -eq 2 ]; echo $?) \
     "-t 0.05: exit $rc, $rows of 2 rows exact"
 [ $rc -eq 0 ] && [ "$rows" -eq 2 ] || t_show "$log"
+# --vs-fixed: a row per size with auto's algorithm, a time for auto and
+# for each fixed algorithm it chooses from, the best one and the ratio,
+# then the worst ratio.
+take_ports "$n"
+port=$PORT
+log=$TMP/vs.log
+timeout 120 "$MESHRUN" -np "$n" -- "$MESHBENCH" --port "$port" \
+    --join-timeout 30 --op allreduce --vs-fixed -b 4K -e 1M -f 16 -n 2 -w 1 \
+    > "$log" 2>&1
+rc=$?
+cols=$(grep -E '^\[0\] # +size +algo +auto ' "$log" | awk '{ print NF - 1 }')
+rows=$(grep -E '^\[0\] +[0-9]+ +[a-z]+ +[0-9.]+ ' "$log" |
+       awk -v nf="$cols" 'NF == nf && $NF + 0 > 0 { n++ } END { print n + 0 }')
+t_ok $([ $rc -eq 0 ] && [ "$rows" -eq 3 ] &&
+       grep -Eq '^\[0\] # worst auto/best: [0-9.]+$' "$log" &&
+       grep -q '# Out of bounds values : 0 OK' "$log"; echo $?) \
+    "--vs-fixed: exit $rc, $rows of 3 rows of auto against the fixed ones"
+[ $rc -eq 0 ] && [ "$rows" -eq 3 ] || t_show "$log"
 "$MESHBENCH" --op allreduce -t -1 > "$TMP/badt.log" 2>&1
 rc=$?
 t_ok $([ $rc -eq 1 ] && grep -q "expected seconds from 0 to 3600" \

@@ -66,6 +66,8 @@ struct rank_ctx {
     FILE *out; /* results to the parent */
 };
 
+static const size_t measure_sizes[] = {96u << 10, 4000, 96u << 10, 48};
+
 static int mesh_up(struct rank_ctx *x, uint16_t base, size_t chunk, int measure)
 {
     struct mesh_coll_opts co;
@@ -95,6 +97,9 @@ static int mesh_up(struct rank_ctx *x, uint16_t base, size_t chunk, int measure)
     co.chunk_bytes = chunk;
     co.measure = measure;
     co.measure_bytes = 64u << 10; /* the measured choice, cheaply */
+    /* and the job's sizes, unsorted, one repeated, not powers of two */
+    co.measure_sizes = measure_sizes;
+    co.nmeasure_sizes = (int)MESH_ARRAY_SIZE(measure_sizes);
     return mesh_coll_create(ops, x->t, &x->w, &co, &x->c);
 }
 
@@ -470,6 +475,54 @@ static void t_barrier(struct rank_ctx *x)
     group_end(x, &g);
 }
 
+/*
+ * AUTO's measured choice: the sizes timed are 32 bytes and the asked ones
+ * (sorted, once each, the 48 bytes below 64 dropped); every rank holds the
+ * same times and takes the same choice at every size (the hash); at each
+ * timed size AUTO takes the fastest algorithm timed there.
+ */
+static void t_auto_choice(struct rank_ctx *x)
+{
+    static const size_t want[] = {32, 4000, 64u << 10, 96u << 10};
+    struct mesh_coll_model m;
+    int ids[MESH_ALGO_LAST + 1], nauto = mesh_coll_auto_algos(x->c, ids);
+    struct group g;
+
+    group_begin(&g, 1, "N=%d auto's choice from the timed sizes", x->n);
+    mesh_coll_model_get(x->c, &m);
+    if (!m.measured || m.npoints != (int)MESH_ARRAY_SIZE(want))
+        group_fail(&g, "%d sizes timed (measured %d), not %zu", m.npoints,
+                   m.measured, MESH_ARRAY_SIZE(want));
+    for (int k = 0; g.ok && k < m.npoints; k++) {
+        int best = -1,
+            got = mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, m.point_bytes[k]);
+
+        if (m.point_bytes[k] != want[k])
+            group_fail(&g, "size %d timed is %zu, not %zu", k, m.point_bytes[k],
+                       want[k]);
+        for (int a = 0; a < nauto; a++)
+            if (m.point_s[k][ids[a]] > 0 &&
+                (best < 0 || m.point_s[k][ids[a]] < m.point_s[k][best]))
+                best = ids[a];
+        if (best < 0 ||
+            (got != best && m.point_s[k][got] != m.point_s[k][best]))
+            group_fail(&g,
+                       "at %zu bytes auto takes %s, the fastest timed "
+                       "was %s",
+                       m.point_bytes[k], mesh_algo_name(got),
+                       best < 0 ? "none" : mesh_algo_name(best));
+        g.hash = fnv(g.hash, m.point_s[k], sizeof(m.point_s[k]));
+    }
+    for (size_t b = 4; b <= ((size_t)1 << 30); b *= 3) {
+        int a = mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, b);
+
+        if (a <= MESH_ALGO_AUTO || a == MESH_ALGO_PS)
+            group_fail(&g, "auto at %zu bytes: %s", b, mesh_algo_name(a));
+        g.hash = fnv(g.hash, &a, sizeof(a));
+    }
+    group_end(x, &g);
+}
+
 static void battery(struct rank_ctx *x)
 {
     static const int algos[] = {MESH_ALGO_RING,   MESH_ALGO_TREE, MESH_ALGO_PS,
@@ -481,6 +534,7 @@ static void battery(struct rank_ctx *x)
     size_t small[] = {0, 1, (size_t)n - 1, 7, 1009};
 
     t_barrier(x);
+    t_auto_choice(x);
     for (size_t a = 0; a < MESH_ARRAY_SIZE(algos); a++)
         for (size_t d = 0; d < MESH_ARRAY_SIZE(dtypes); d++)
             for (int redop = 0; redop < 2; redop++)
