@@ -3,7 +3,8 @@
 # TCP limit, side by side in one run, with the same sizes and peer counts.
 #
 #   bench/collectives.sh [--settings a,b,c] [--np 2,4,8] [--sizes SIZES]
-#                        [--systems mesh,meshtcp,mpi,vader,gloo,tcp,mem]
+#                        [--systems mesh,meshtcp,mpi,vader,gloo,tcp,mem,
+#                                   autovs]
 #                        [--algos ring,tree,auto]
 #                        [--time S] [--repeat R] [--quick] [--out DIR]
 #                        [--builddir DIR] [--mesh-args "ARGS"]
@@ -39,6 +40,11 @@
 #   meshtcp  the same with --transport tcp --algo ring (flat, over TCP
 #         even within a host: what meshbench did before shm), as
 #         mesh-tcp-ring, which is not counted as meshbench's best
+#   autovs  meshbench --vs-fixed (not by default): auto against every
+#         fixed algorithm it chooses from, taking turns run by run in one
+#         run, so that load from elsewhere hits them alike; auto's time
+#         over the best fixed one's per size goes to DIR/auto_vs_fixed.csv
+#         and the worst ratio per setting and N is printed at the end
 #   mem   bench/mem_limit.py: memcpy and a float32 sum y += x, 1 and 2
 #         processes, the machine's memory-bandwidth limit (loopback only)
 # SIZES: "MIN:MAX:FACTOR" (default 4K:256M:4) or a list "4K,64M" (one run
@@ -55,6 +61,8 @@
 # Writes (DIR defaults to bench/out):
 #   DIR/collectives.csv  setting,np,system,size,time_us,algbw,busbw,wrong,
 #                        rep
+#   DIR/auto_vs_fixed.csv  setting,np,size,auto_algo,auto_us,best_algo,
+#                        best_us,ratio,rep (autovs)
 #   DIR/tcp_limit.csv    setting,np,ring_link_GBps,ring_min_GBps,
 #                        bidir_dir_GBps,single_GBps,ping_rtt_us,limit_GBps,
 #                        rep
@@ -163,6 +171,8 @@ ccsv="$outdir/cpu.csv"
 echo "setting,np,system,size,time_us,algbw,busbw,wrong,rep" >"$csv"
 echo "setting,np,system,sizes,busy_pct,user_pct,steal_pct,steal_max_pct,rep" \
     >"$ccsv"
+vcsv="$outdir/auto_vs_fixed.csv"
+echo "setting,np,size,auto_algo,auto_us,best_algo,best_us,ratio,rep" >"$vcsv"
 echo "setting,np,ring_link_GBps,ring_min_GBps,bidir_dir_GBps,single_GBps,$(
     )ping_rtt_us,limit_GBps,rep" >"$lcsv"
 tmp=$(mktemp -d /tmp/collectives.XXXXXX) || exit 1
@@ -207,7 +217,7 @@ assert d.is_gloo_available()' 2>/dev/null; then
 fi
 mesh=0
 meshbench="$builddir/meshbench"
-if has "$systems" mesh &&
+if { has "$systems" mesh || has "$systems" autovs; } &&
     bl_meshbench_has "$meshbench" allreduce "skipping meshbench"; then
     mesh=1
 fi
@@ -348,6 +358,30 @@ measure() {
     record "$3" "$rname" "$rnp" "$log" $? "$rrep" "$b-$e"
 }
 
+# measure_vs: meshbench --vs-fixed over the sizes $b..$e of one_round's
+# setting; its rows go to auto_vs_fixed.csv.
+measure_vs() {
+    bl_log "  meshbench --vs-fixed (auto against each fixed algorithm)," \
+           "$b..$e bytes"
+    log="$outdir/raw/$rtag-mesh-vs-fixed-$b-$e.txt"
+    run_mesh "$rset" "$rnp" "$b" "$e" "$f" "$log" auto --vs-fixed </dev/null
+    _rc=$?
+    _rows=$(awk -v s="$rname" -v n="$rnp" -v r="$rrep" '
+        $1 == "#" && $2 == "size" && $3 == "algo" && $4 == "auto" {
+            hdr = NF; for (i = 5; i <= NF - 2; i++) name[i - 1] = $i; next }
+        hdr && NF == hdr - 1 && $1 ~ /^[0-9]+$/ {
+            bt = ""
+            for (i = 4; i <= NF - 2; i++) if (name[i] == $(NF - 1)) bt = $i
+            printf "%s,%s,%s,%s,%s,%s,%s,%s,%s\n", s, n, $1, $2, $3,
+                   $(NF - 1), bt, $NF, r }' "$log")
+    if [ -z "$_rows" ] || [ $_rc -ne 0 ]; then
+        bl_log "meshbench --vs-fixed ($rname, N=$rnp) failed (exit $_rc):" \
+               "see $log"
+        status=1
+    fi
+    [ -n "$_rows" ] && echo "$_rows" >>"$vcsv"
+}
+
 # one_round SETTING NAME NP TAG REP: every system once, sizes as asked.
 one_round() {
     rset=$1 rname=$2 rnp=$3 rtag=$4 rrep=$5
@@ -388,7 +422,8 @@ one_round() {
             measure "meshbench --transport tcp --algo ring" mesh-tcp-ring \
                 mesh-tcp-ring ring "--transport tcp"
         [ $gloo -eq 1 ] && measure Gloo gloo gloo
-        if [ $mesh -eq 1 ]; then
+        [ $mesh -eq 1 ] && has "$systems" autovs && measure_vs
+        if [ $mesh -eq 1 ] && has "$systems" mesh; then
             for a in $(echo "$algos" | tr , ' '); do
                 measure "meshbench --algo $a" "mesh-$a" "meshbench-$a" "$a"
             done
@@ -422,6 +457,15 @@ for s in $(echo "$settings" | tr , ' '); do
 done
 
 bl_load
+if [ "$(wc -l <"$vcsv")" -gt 1 ]; then
+    echo "auto against the best fixed algorithm (auto's time / best's;" \
+         "goal <= 1.03):"
+    awk -F, 'NR > 1 { k = $1 " N=" $2; if ($8 > w[k]) { w[k] = $8
+                      at[k] = $3 " B (" $4 " vs " $6 ")" } }
+             END { for (k in w) printf "  %-34s worst %.3f at %s\n", k,
+                   w[k], at[k] }' "$vcsv" | sort
+fi
+[ "$(wc -l <"$csv")" -gt 1 ] || exit $status
 /usr/bin/python3 "$bl_srcdir/bench/report_collectives.py" "$csv" "$lcsv" \
     "$outdir/collectives.png" "$ccsv" || status=1
 exit $status

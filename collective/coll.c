@@ -1059,11 +1059,9 @@ static int plan_points(const mesh_coll_t *c, size_t *pts)
     return k;
 }
 
-/* The largest scratch an all-reduce of bytes with algorithm e needs on any
- * rank (the same answer on every rank). */
-static size_t scratch_any_rank(const mesh_coll_t *c, const struct coll_algo *e,
-                               size_t bytes)
+size_t mesh_coll_scratch_for(const mesh_coll_t *c, int algo, size_t bytes)
 {
+    const struct coll_algo *e = coll_algo_get(algo);
     struct coll_args a = {
         .op = MESH_OP_ALLREDUCE,
         .dtype = MESH_DT_F32,
@@ -1075,6 +1073,8 @@ static size_t scratch_any_rank(const mesh_coll_t *c, const struct coll_algo *e,
     };
     size_t most = 0;
 
+    if (!e || !e->scratch)
+        return 0;
     for (int r = 0; r < c->w->size; r++) {
         a.rank = r;
         most = MESH_MAX(most, e->scratch(&a));
@@ -1155,7 +1155,7 @@ static double plan_live(mesh_coll_t *c, const int *ids, int nauto, int k,
 
         if (!live[a])
             continue;
-        if (scratch_any_rank(c, coll_algo_get(ids[a]), bytes) >
+        if (mesh_coll_scratch_for(c, ids[a], bytes) >
                 2 * bytes + MEAS_SCRATCH_PAD ||
             (prev >= MEAS_PRUNE_FROM &&
              m->point_s[k - 1][ids[a]] > MEAS_PRUNE * best)) {

@@ -189,6 +189,12 @@ int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
  * returns how many.
  */
 int mesh_coll_auto_algos(const mesh_coll_t *c, int *ids);
+/*
+ * The scratch memory an all-reduce of bytes (float32) with algo needs on
+ * the rank that needs most (the same answer on every rank); 0 for an
+ * unknown algorithm or AUTO.
+ */
+size_t mesh_coll_scratch_for(const mesh_coll_t *c, int algo, size_t bytes);
 /* Likewise for a broadcast: MESH_ALGO_RING (a chain) or MESH_ALGO_TREE. */
 int mesh_coll_bcast_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
 

@@ -405,6 +405,13 @@ static int measure(struct ctx *x, int op, int inplace, size_t cnt,
     return 0;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return (x > y) - (x < y);
+}
+
 /* order[0..n) = a permutation of 0..n-1 drawn from seed, the same on
  * every rank (Fisher-Yates on a 32-bit LCG). */
 static void shuffle(int *order, int n, unsigned seed)
@@ -429,22 +436,30 @@ static void shuffle(int *order, int n, unsigned seed)
  * with each fixed algorithm AUTO chooses from (ids[0] = AUTO, then
  * ids[1..nalgo)), taking turns run by run in an order shuffled each round
  * (the same on every rank), so that noise from elsewhere hits all of them
- * alike and none always runs after the same one (which warms its caches). One
- * warmup round (with -t, timed to size the rest), then the timed rounds; each
- * time is the slowest rank's mean, into us[0..nalgo).
+ * alike and none always runs after the same one (which warms its caches).
+ * One warmup round (with -t, timed to size the rest), then the timed
+ * rounds; each time is the slowest rank's median (a burst of load from
+ * elsewhere moves a mean by more than the 3 % asked of auto), into
+ * us[0..nalgo).
  */
+#define VS_ITERS_MAX 100000.0
 static int measure_vs(struct ctx *x, size_t cnt, const int *ids, int nalgo,
                       double *us)
 {
     const struct meshbench_coll_args *a = x->a;
-    double sum[MESH_ALGO_LAST + 2] = {0}, round_s, t0;
+    double round_s, t0, *t;
     float mine;
-    int rc = 0, iters = a->iters;
+    int rc = 0, iters = a->iters, fits[MESH_ALGO_LAST + 2];
 
+    /* memory: the bound formation's timing keeps (collective.h) */
+    for (int j = 0; j < nalgo; j++)
+        fits[j] = mesh_coll_scratch_for(x->c, ids[j], cnt * x->es) <=
+                  2 * cnt * x->es + ((size_t)8 << 20);
     t0 = mesh_now_s();
     for (int j = 0; rc == 0 && j < nalgo; j++)
-        rc = mesh_coll_allreduce(x->c, x->sbuf, x->rbuf, cnt, a->dtype,
-                                 a->redop, ids[j]);
+        if (fits[j])
+            rc = mesh_coll_allreduce(x->c, x->sbuf, x->rbuf, cnt, a->dtype,
+                                     a->redop, ids[j]);
     mine = (float)(mesh_now_s() - t0);
     if (rc == 0 && a->time_s > 0) {
         rc = mesh_coll_allgather(x->c, &mine, x->times, 1, MESH_DT_F32);
@@ -453,8 +468,15 @@ static int measure_vs(struct ctx *x, size_t cnt, const int *ids, int nalgo,
             round_s = MESH_MAX(round_s, (double)x->times[r]);
         if (rc == 0 && round_s > 0)
             iters = (int)MESH_MAX((double)a->iters,
-                                  MESH_MIN(a->time_s / round_s, 1e6));
+                                  MESH_MIN(a->time_s / round_s, VS_ITERS_MAX));
     }
+    if (rc < 0)
+        return rc;
+    iters = MESH_MAX(iters, 1);
+    t = calloc((size_t)iters * (size_t)nalgo, sizeof(*t));
+    if (!t)
+        return mesh_err(-ENOMEM, "out of memory for %d x %d times", iters,
+                        nalgo);
     for (int i = 0; rc == 0 && i < iters; i++) {
         int order[MESH_ALGO_LAST + 2];
 
@@ -462,19 +484,27 @@ static int measure_vs(struct ctx *x, size_t cnt, const int *ids, int nalgo,
         for (int j = 0; rc == 0 && j < nalgo; j++) {
             int k = order[j];
 
+            if (!fits[k])
+                continue;
             t0 = mesh_now_s();
             rc = mesh_coll_allreduce(x->c, x->sbuf, x->rbuf, cnt, a->dtype,
                                      a->redop, ids[k]);
-            sum[k] += mesh_now_s() - t0;
+            t[(size_t)k * (size_t)iters + (size_t)i] = mesh_now_s() - t0;
         }
     }
     for (int j = 0; rc == 0 && j < nalgo; j++) {
-        mine = (float)(sum[j] / MESH_MAX(iters, 1) * 1e6);
-        rc = mesh_coll_allgather(x->c, &mine, x->times, 1, MESH_DT_F32);
+        double *tj = t + (size_t)j * (size_t)iters;
+
         us[j] = 0;
+        if (!fits[j])
+            continue;
+        qsort(tj, (size_t)iters, sizeof(*tj), cmp_double);
+        mine = (float)(tj[iters / 2] * 1e6);
+        rc = mesh_coll_allgather(x->c, &mine, x->times, 1, MESH_DT_F32);
         for (int r = 0; rc == 0 && r < x->n; r++)
             us[j] = MESH_MAX(us[j], (double)x->times[r]);
     }
+    free(t);
     return rc;
 }
 
@@ -490,7 +520,7 @@ static int run_vs(struct ctx *x, uint64_t *wrong_all)
     if (x->rank == 0) {
         printf("#\n# allreduce, auto against each fixed algorithm it "
                "chooses from, taking turns run by run, out of place, %d "
-               "ranks, type %s\n# time: the slowest rank's mean (us); "
+               "ranks, type %s\n# time: the slowest rank's median (us); "
                "auto/best: auto's time over the best fixed one's\n",
                x->n, type_name(a->dtype));
         printf("# %10s %6s %10s", "size", "algo", "auto");
@@ -516,9 +546,11 @@ static int run_vs(struct ctx *x, uint64_t *wrong_all)
         }
         if (rc < 0)
             return mesh_err_prefix(rc, "allreduce of %zu bytes", size);
-        for (int j = 2; j < nalgo; j++)
-            if (us[j] < us[best])
+        best = -1;
+        for (int j = 1; j < nalgo; j++)
+            if (us[j] > 0 && (best < 0 || us[j] < us[best]))
                 best = j;
+        best = MESH_MAX(best, 1);
         ratio = us[best] > 0 ? us[0] / us[best] : 0;
         worst = MESH_MAX(worst, ratio);
         if (x->rank == 0) {
@@ -527,7 +559,10 @@ static int run_vs(struct ctx *x, uint64_t *wrong_all)
                 mesh_algo_name(mesh_coll_algo_for(x->c, a->algo, cnt * x->es)),
                 us[0]);
             for (int j = 1; j < nalgo; j++)
-                printf(" %10.1f", us[j]);
+                if (us[j] > 0)
+                    printf(" %10.1f", us[j]);
+                else
+                    printf(" %10s", "-");
             printf(" %6s %9.3f\n", mesh_algo_name(ids[best]), ratio);
             fflush(stdout);
         }
