@@ -8,6 +8,7 @@
 #include "common/util.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -160,6 +161,42 @@ int tp_any_done(mesh_req_t *const *reqs, int n)
             return 1;
     }
     return 0;
+}
+
+int tp_frame_match(struct tp_base *b, int culprit, int receiver, int sender,
+                   const struct mesh_frame *e, uint64_t claimed,
+                   const struct mesh_frame *f, int check_len, const char *after)
+{
+    uint64_t end = e->offset + e->length;
+    int starts_inside = e->length ? (f->offset >= e->offset && f->offset < end)
+                                  : f->offset == e->offset;
+    char fa[200], fb[200], rn[300], sn[300];
+
+    if (e->seq != f->seq || e->tag != f->tag || !starts_inside)
+        return 0;
+    if (e->op != f->op || e->dtype != f->dtype || e->count != f->count) {
+        tp_fail_job(b, culprit, -EPROTO, 1,
+                    "desync between rank %d (%s), which expected %s, and "
+                    "rank %d (%s), which sent %s",
+                    receiver, tp_pname(b, receiver, rn, sizeof(rn)),
+                    mesh_frame_str(e, fa, sizeof(fa)), sender,
+                    tp_pname(b, sender, sn, sizeof(sn)),
+                    mesh_frame_str(f, fb, sizeof(fb)));
+        return -EPROTO;
+    }
+    if (check_len &&
+        (f->length > end - f->offset || f->length > e->length - claimed)) {
+        tp_fail_job(b, culprit, -EPROTO, 1,
+                    "rank %d (%s) sent a frame beyond the posted receive "
+                    "of rank %d (%s): got %s, expected %s (%" PRIu64
+                    " bytes already claimed); %s",
+                    sender, tp_pname(b, sender, sn, sizeof(sn)), receiver,
+                    tp_pname(b, receiver, rn, sizeof(rn)),
+                    mesh_frame_str(f, fb, sizeof(fb)),
+                    mesh_frame_str(e, fa, sizeof(fa)), claimed, after);
+        return -EPROTO;
+    }
+    return 1;
 }
 
 int tp_check_buf(const struct tp_base *b, const char *what,

@@ -138,6 +138,21 @@ int tp_check_buf(const struct tp_base *b, const char *what,
                  const struct mesh_frame *f, const void *buf);
 int tp_check_peer(struct tp_base *b, int peer, const char *what);
 
+/*
+ * transport.h's matching rule for one posted receive e, of which claimed
+ * bytes are taken already, and a frame f that rank sender sent to rank
+ * receiver (one of them this rank, the other culprit, to whom a failure
+ * is charged). Returns 0 when f belongs to another receive (seq, tag or
+ * offset differ), 1 when it is e's and fits, or -EPROTO after failing the
+ * job (with the lock held): a desync naming both sides, or, when
+ * check_len, a frame beyond e, whose message ends with after (what became
+ * of its payload).
+ */
+int tp_frame_match(struct tp_base *b, int culprit, int receiver, int sender,
+                   const struct mesh_frame *e, uint64_t claimed,
+                   const struct mesh_frame *f, int check_len,
+                   const char *after);
+
 /* test() (without the lock held): done, or the job's failure, frees req
  * (ops->req_free). */
 int tp_test(struct tp_base *b, mesh_req_t *req, int *done);

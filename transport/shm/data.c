@@ -151,7 +151,6 @@ static int push(struct mesh_transport *t, int peer)
 static struct mesh_req *match(struct mesh_transport *t, int peer,
                               const struct shm_slot *s, struct mesh_frame *f)
 {
-    char fa[200], fb[200], me[300], them[300];
     int self = t->super.world.rank;
 
     *f = (struct mesh_frame){.seq = s->seq,
@@ -162,36 +161,14 @@ static struct mesh_req *match(struct mesh_transport *t, int peer,
                              .offset = s->offset,
                              .length = s->length};
     for (struct mesh_req *r = t->pp[peer].rq_head; r; r = r->qnext) {
-        const struct mesh_frame *e = &r->super.f;
-        uint64_t end = e->offset + e->length;
-        int starts_inside = e->length
-                                ? (f->offset >= e->offset && f->offset < end)
-                                : f->offset == e->offset;
+        int m =
+            tp_frame_match(&t->super, peer, self, peer, &r->super.f, r->moved,
+                           f, 1, "ring closed before its payload");
 
-        if (e->seq != f->seq || e->tag != f->tag || !starts_inside)
+        if (m < 0)
+            return NULL;
+        if (m == 0)
             continue;
-        if (e->op != f->op || e->dtype != f->dtype || e->count != f->count) {
-            tp_fail_job(&t->super, peer, -EPROTO, 1,
-                        "desync between rank %d (%s), which expected %s, and "
-                        "rank %d (%s), which sent %s",
-                        self, tp_pname(&t->super, self, me, sizeof(me)),
-                        mesh_frame_str(e, fa, sizeof(fa)), peer,
-                        tp_pname(&t->super, peer, them, sizeof(them)),
-                        mesh_frame_str(f, fb, sizeof(fb)));
-            return NULL;
-        }
-        if (f->length > end - f->offset || f->length > e->length - r->moved) {
-            tp_fail_job(&t->super, peer, -EPROTO, 1,
-                        "rank %d (%s) sent a frame beyond the posted receive "
-                        "of rank %d (%s): got %s, expected %s (%" PRIu64
-                        " bytes already claimed); ring closed before its "
-                        "payload",
-                        peer, tp_pname(&t->super, peer, them, sizeof(them)),
-                        self, tp_pname(&t->super, self, me, sizeof(me)),
-                        mesh_frame_str(f, fb, sizeof(fb)),
-                        mesh_frame_str(e, fa, sizeof(fa)), r->moved);
-            return NULL;
-        }
         return r;
     }
     return NULL;

@@ -145,41 +145,17 @@ static enum match_rc data_match(struct conn *c)
     struct mesh_transport *t = c->t;
     struct link *l = &t->links[c->peer];
     const struct mesh_frame *f = &c->rx_f;
-    char fa[200], fb[200], me[300], them[300];
     struct mesh_req *r;
 
     for (r = l->posted; r; r = r->pnext) {
         const struct mesh_frame *e = &r->super.f;
-        uint64_t end = e->offset + e->length;
-        int starts_inside = e->length
-                                ? (f->offset >= e->offset && f->offset < end)
-                                : f->offset == e->offset;
+        int m =
+            tp_frame_match(&t->super, c->peer, t->super.world.rank, c->peer, e,
+                           r->reserved, f, 1, "link closed before its payload");
 
-        if (e->seq != f->seq || e->tag != f->tag || !starts_inside)
+        if (m == 0)
             continue;
-        if (e->op != f->op || e->dtype != f->dtype || e->count != f->count) {
-            tp_fail_job(&t->super, c->peer, -EPROTO, 1,
-                        "desync between rank %d (%s), which expected %s, and "
-                        "rank %d (%s), which sent %s",
-                        t->super.world.rank,
-                        tcp_pname(t, t->super.world.rank, me, sizeof(me)),
-                        mesh_frame_str(e, fa, sizeof(fa)), c->peer,
-                        tcp_pname(t, c->peer, them, sizeof(them)),
-                        mesh_frame_str(f, fb, sizeof(fb)));
-            return MATCH_FAILED;
-        }
-        if (f->length > end - f->offset ||
-            f->length > e->length - r->reserved) {
-            tp_fail_job(&t->super, c->peer, -EPROTO, 1,
-                        "rank %d (%s) sent a frame beyond the posted receive "
-                        "of rank %d (%s): got %s, expected %s (%" PRIu64
-                        " bytes already claimed); link closed before its "
-                        "payload",
-                        c->peer, tcp_pname(t, c->peer, them, sizeof(them)),
-                        t->super.world.rank,
-                        tcp_pname(t, t->super.world.rank, me, sizeof(me)),
-                        mesh_frame_str(f, fb, sizeof(fb)),
-                        mesh_frame_str(e, fa, sizeof(fa)), r->reserved);
+        if (m < 0) {
             tcp_conn_kill(c);
             return MATCH_FAILED;
         }

@@ -205,39 +205,13 @@ static int cts_match(struct mesh_transport *t, struct mesh_req *r,
                      struct cts *c)
 {
     const struct mesh_frame *e = &c->f, *f = &r->super.f;
-    uint64_t end = e->offset + e->length;
-    char fa[200], fb[200], me[300], them[300];
-    int starts_inside = e->length ? (f->offset >= e->offset && f->offset < end)
-                                  : f->offset == e->offset;
     int overrun = atomic_load(&debug_flags) & VERBS_DEBUG_OVERRUN;
+    int m = tp_frame_match(&t->super, r->super.peer, r->super.peer,
+                           t->super.world.rank, e, c->reserved, f, !overrun,
+                           "nothing was written");
 
-    if (e->seq != f->seq || e->tag != f->tag || !starts_inside)
-        return 0;
-    if (e->op != f->op || e->dtype != f->dtype || e->count != f->count) {
-        tp_fail_job(&t->super, r->super.peer, -EPROTO, 1,
-                    "desync between rank %d (%s), which expected %s, and "
-                    "rank %d (%s), which sent %s",
-                    r->super.peer,
-                    verbs_pname(t, r->super.peer, them, sizeof(them)),
-                    mesh_frame_str(e, fa, sizeof(fa)), t->super.world.rank,
-                    verbs_pname(t, t->super.world.rank, me, sizeof(me)),
-                    mesh_frame_str(f, fb, sizeof(fb)));
-        return -1;
-    }
-    if (!overrun &&
-        (f->length > end - f->offset || f->length > e->length - c->reserved)) {
-        tp_fail_job(&t->super, r->super.peer, -EPROTO, 1,
-                    "rank %d (%s) sent a frame beyond the posted receive "
-                    "of rank %d (%s): got %s, expected %s (%" PRIu64
-                    " bytes already claimed); nothing was written",
-                    t->super.world.rank,
-                    verbs_pname(t, t->super.world.rank, me, sizeof(me)),
-                    r->super.peer,
-                    verbs_pname(t, r->super.peer, them, sizeof(them)),
-                    mesh_frame_str(f, fb, sizeof(fb)),
-                    mesh_frame_str(e, fa, sizeof(fa)), c->reserved);
-        return -1;
-    }
+    if (m <= 0)
+        return m < 0 ? -1 : 0;
     if (overrun) {
         atomic_fetch_and(&debug_flags, ~VERBS_DEBUG_OVERRUN);
         r->raddr = c->addr + e->length; /* past the window: must be refused */
