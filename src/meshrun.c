@@ -14,6 +14,12 @@
  * A rank whose mesh failed reports whom it blames on its stderr
  * (MESH_REPORT_CULPRIT, asked for with MESHTRAIN_REPORT_FD=2); meshrun
  * takes those lines out of the output.
+ *
+ * With --elastic a dead rank stops nobody; --restarts K starts it again
+ * on its host (up to K times per slot, with backoff), and the new process
+ * joins the running job (doc/elastic.md, "Joining"). --max-peers M starts
+ * only the first M slots; the others are spares, started in place of a
+ * slot whose restarts are used up.
  */
 #include "config.h"
 
@@ -46,6 +52,13 @@
 #define DRAIN_AFTER_EXIT_S 2.0
 /* How long a rank's "peer failed" exit waits for the culprit's own. */
 #define SETTLE_S 0.5
+/* --restarts: the first restart of a slot waits this long, each next one
+ * twice as long as the one before, up to RESTART_MAX_S. */
+#define RESTART_DELAY_S 1.0
+#define RESTART_MAX_S   30.0
+/* A restarted process still running this long after the first rank
+ * finished missed the job's end (it was waiting to join): stopped. */
+#define LATE_S 60.0
 
 enum launcher { LAUNCH_AUTO, LAUNCH_LOCAL, LAUNCH_SSH };
 
@@ -63,9 +76,13 @@ struct proc {
     int remote;
     pid_t pid;
     int running;
-    int status;    /* from waitpid, once it has exited */
-    int blames;    /* the culprit its failed mesh reported, -1: none */
-    int blamed_at; /* order of that report among all ranks' (1, 2, ...) */
+    int status;        /* from waitpid, once it has exited */
+    int blames;        /* the culprit its failed mesh reported, -1: none */
+    int blamed_at;     /* order of that report among all ranks' (1, 2, ...) */
+    int started;       /* launched at least once (not a spare) */
+    int restarts;      /* --restarts: how often it was started again */
+    double restart_at; /* a (re)start is due then (monotonic s), 0: none */
+    int late;          /* stopped by late_stop */
     struct stream s[2];
 };
 
@@ -80,9 +97,13 @@ struct run {
     struct proc *procs;
     char secret[2 * SECRET_BYTES + 2];
     char job_id[64];
-    int reports;   /* culprit reports received so far */
-    int elastic;   /* --elastic: a rank's exit stops no other */
-    int min_peers; /* --elastic: ranks that must finish (exit 0) */
+    int reports;        /* culprit reports received so far */
+    int elastic;        /* --elastic: a rank's exit stops no other */
+    int min_peers;      /* --elastic: ranks that must finish (exit 0) */
+    int max_peers;      /* --elastic: ranks running at once (0: every slot) */
+    int restarts;       /* --restarts: per slot */
+    double finished_at; /* --restarts: when the first rank exited 0 */
+    int first_np;       /* the slots started with the job (--max-peers) */
 };
 
 static int sig_pipe[2] = {-1, -1};
@@ -106,7 +127,8 @@ static void usage(FILE *f)
     fprintf(f,
             "Usage: meshrun [-np N] [--hostfile FILE | -H h1:2,h2:2]\n"
             "               [--launcher local|ssh] [--ssh CMD] [--grace S]\n"
-            "               [--elastic] [--min-peers M]\n"
+            "               [--elastic] [--min-peers M] [--max-peers M]\n"
+            "               [--restarts K]\n"
             "               -- PROGRAM [ARGS...]\n"
             "\n"
             "Start N ranks of PROGRAM, one per hostfile slot, in file order.\n"
@@ -131,6 +153,14 @@ static void usage(FILE *f)
             "                     form a new view; view changes are reported\n"
             "  --min-peers M      --elastic: exit 0 when at least M ranks\n"
             "                     finish (default: the program's, else 1)\n"
+            "  --max-peers M      --elastic: start only the first M slots;\n"
+            "                     the others are spares, started in place\n"
+            "                     of a slot whose restarts are used up\n"
+            "                     (default: every slot)\n"
+            "  --restarts K       --elastic: start a rank whose process died\n"
+            "                     again, on its host, up to K times per slot\n"
+            "                     (default 0), after 1 s, 2 s, 4 s ... (at\n"
+            "                     most 30 s); it joins the running job\n"
             "  -h, --help         this text\n"
             "\n"
             "Every rank gets MESHTRAIN_RANK, MESHTRAIN_SIZE,\n"
@@ -157,7 +187,8 @@ static void usage(FILE *f)
             "           meshrun then stops), else the first to exit 3\n"
             "With --elastic: 0 when at least --min-peers ranks exited 0,\n"
             "else 5 (no quorum) or 6 (below --min-peers) as the last ranks\n"
-            "gave, or the first failure's code.\n");
+            "gave, or the first failure's code. A slot counts by its last\n"
+            "process.\n");
 }
 
 static int is_local_host(const char *host)
@@ -441,6 +472,10 @@ static int launch(struct run *run, struct proc *p)
     close(sec[0]);
     p->pid = pid;
     p->running = 1;
+    p->started = 1;
+    p->status = 0;
+    p->blames = -1;
+    p->s[0].len = p->s[1].len = 0;
     p->s[0].fd = out[0];
     p->s[0].out = STDOUT_FILENO;
     p->s[1].fd = err[0];
@@ -692,6 +727,8 @@ static int elastic_code(const struct run *run)
     for (int r = 0; r < run->np; r++) {
         int c = exit_code_of(run->procs[r].status);
 
+        if (!run->procs[r].started)
+            continue; /* a spare, never needed */
         if (c == 0)
             ok++;
         else if (c == MESH_EXIT_QUORUM || c == MESH_EXIT_MIN_PEERS || !code)
@@ -709,6 +746,139 @@ static int elastic_code(const struct run *run)
             "--min-peers %d; exit code %d\n",
             ok, run->np, run->min_peers, code ? code : 1);
     return code ? code : 1;
+}
+
+/* A dead rank's pipes, before its slot starts again: what is left in
+ * them, then closed. */
+static void streams_close(struct run *run, struct proc *p)
+{
+    drain_all(run, p);
+    for (int k = 0; k < 2; k++) {
+        struct stream *s = &p->s[k];
+
+        if (s->fd < 0)
+            continue;
+        if (s->len)
+            emit(run, p, s, s->buf, s->len);
+        s->len = 0;
+        close(s->fd);
+        s->fd = -1;
+    }
+}
+
+/* --restarts: the wait before a slot's next start (1 s, 2 s, 4 s, ...). */
+static double restart_delay(const struct proc *p)
+{
+    double d = RESTART_DELAY_S;
+
+    for (int i = 0; i < p->restarts && d < RESTART_MAX_S; i++)
+        d *= 2;
+    return MESH_MIN(d, RESTART_MAX_S);
+}
+
+/*
+ * --restarts: rank p's process died with code (not 0). Start its slot
+ * again after the backoff, or a spare slot in its place once its restarts
+ * are used up; not when the view fell below --min-peers (exit 6), where
+ * the others stop too.
+ */
+static void schedule_restart(struct run *run, struct proc *p, int code)
+{
+    struct proc *q = NULL;
+
+    if (!run->restarts || code == MESH_EXIT_MIN_PEERS)
+        return;
+    if (p->restarts < run->restarts) {
+        p->restart_at = mesh_now_s() + restart_delay(p);
+        fprintf(stderr,
+                "meshrun: restarting rank %d (%s) in %.0f s (restart %d "
+                "of %d)\n",
+                p->rank, p->host, restart_delay(p), p->restarts + 1,
+                run->restarts);
+        return;
+    }
+    for (int r = 0; r < run->np && !q; r++)
+        if (!run->procs[r].started && !run->procs[r].restart_at)
+            q = &run->procs[r];
+    if (!q) {
+        fprintf(stderr,
+                "meshrun: rank %d (%s) used up its %d restart(s), and no "
+                "spare slot is left\n",
+                p->rank, p->host, run->restarts);
+        return;
+    }
+    q->restart_at = mesh_now_s() + RESTART_DELAY_S;
+    fprintf(stderr,
+            "meshrun: rank %d (%s) used up its %d restart(s); starting spare "
+            "slot %d (%s) in %.0f s\n",
+            p->rank, p->host, run->restarts, q->rank, q->host, RESTART_DELAY_S);
+}
+
+/*
+ * --restarts: start the slots whose time has come, while the job runs (a
+ * restarted process joins the running ranks; with none left, the job is
+ * over). Returns how many started.
+ */
+static int restart_due(struct run *run, int running, int stopping)
+{
+    double now = mesh_now_s();
+    int n = 0, rc;
+
+    for (int r = 0; r < run->np; r++) {
+        struct proc *q = &run->procs[r];
+        int again = q->started;
+
+        if (!q->restart_at || now < q->restart_at)
+            continue;
+        q->restart_at = 0;
+        /* the job is stopping, over, or has finished training */
+        if (stopping || running + n == 0 || run->finished_at)
+            continue;
+        streams_close(run, q);
+        rc = launch(run, q);
+        if (rc < 0) {
+            fprintf(stderr, "meshrun: cannot start rank %d on %s again: %s\n",
+                    r, q->host, mesh_err_msg(rc));
+            continue;
+        }
+        if (again)
+            q->restarts++;
+        n++;
+        if (again)
+            fprintf(stderr,
+                    "meshrun: rank %d (%s) started again (restart %d of "
+                    "%d); it joins the running job\n",
+                    r, q->host, q->restarts, run->restarts);
+        else
+            fprintf(stderr,
+                    "meshrun: spare slot %d (%s) started; it joins the "
+                    "running job\n",
+                    r, q->host);
+    }
+    return n;
+}
+
+/*
+ * --restarts: a process started again that still runs LATE_S after the
+ * first rank finished was waiting to join a job that ended: stop it. The
+ * ranks that started with the job are never stopped here.
+ */
+static void late_stop(struct run *run)
+{
+    if (!run->finished_at || mesh_now_s() < run->finished_at + LATE_S)
+        return;
+    for (int r = 0; r < run->np; r++) {
+        struct proc *q = &run->procs[r];
+
+        if (!q->running || q->late || (!q->restarts && r < run->first_np))
+            continue;
+        q->late = 1;
+        fprintf(stderr,
+                "meshrun: rank %d (%s), started again, still runs %.0f s "
+                "after the job finished; stopping it\n",
+                r, q->host, LATE_S);
+        kill(-q->pid, SIGTERM);
+    }
 }
 
 /* Watch the ranks until all have exited; returns meshrun's exit code. */
@@ -759,6 +929,8 @@ static int supervise(struct run *run)
                 /* Its last lines (and culprit report) before its exit. */
                 drain_all(run, p);
                 c = exit_code_of(status);
+                if (c == 0 && !run->finished_at)
+                    run->finished_at = mesh_now_s();
                 if (c == 0 || stopping)
                     continue;
                 if (run->elastic) {
@@ -773,6 +945,8 @@ static int supervise(struct run *run)
                                 "meshrun: rank %d (%s) exited with code "
                                 "%d; %d rank(s) go on (--elastic)\n",
                                 r, p->host, c, running);
+                    if (running > 0)
+                        schedule_restart(run, p, c);
                     continue;
                 }
                 pri = WIFSIGNALED(status) ? 3 : c != 3 ? 2 : 1;
@@ -799,6 +973,10 @@ static int supervise(struct run *run)
             /* A stopped rank (SIGSTOP) acts on it only once continued. */
             signal_all(run, SIGCONT);
             kill_at = mesh_now_s() + run->grace_s;
+        }
+        if (run->restarts) {
+            running += restart_due(run, running, stopping);
+            late_stop(run);
         }
         if (got_signal && !stopping) {
             int sig = got_signal;
@@ -950,6 +1128,26 @@ static int parse_args(struct run *run, int argc, char **argv)
                                 "count",
                                 v);
             run->min_peers = (int)n;
+        } else if (!strcmp(a, "--max-peers")) {
+            char *end;
+            long n = strtol(v, &end, 10);
+
+            if (*end || n < 1 || n > 65536)
+                return mesh_err(-EINVAL,
+                                "--max-peers '%s': expected a rank "
+                                "count",
+                                v);
+            run->max_peers = (int)n;
+        } else if (!strcmp(a, "--restarts")) {
+            char *end;
+            long n = strtol(v, &end, 10);
+
+            if (*end || n < 0 || n > 1000)
+                return mesh_err(-EINVAL,
+                                "--restarts '%s': expected a count from 0 "
+                                "to 1000",
+                                v);
+            run->restarts = (int)n;
         } else if (!strcmp(a, "--grace")) {
             char *end;
 
@@ -983,6 +1181,14 @@ static int parse_args(struct run *run, int argc, char **argv)
     }
     if (run->min_peers < 1)
         run->min_peers = 1;
+    if ((run->restarts || run->max_peers) && !run->elastic)
+        return mesh_err(-EINVAL,
+                        "%s needs --elastic (here or in the program's "
+                        "arguments): without it a dead rank stops the job",
+                        run->restarts ? "--restarts" : "--max-peers");
+    if (run->max_peers && run->max_peers < run->min_peers)
+        return mesh_err(-EINVAL, "--max-peers %d is below --min-peers %d",
+                        run->max_peers, run->min_peers);
     return 0;
 }
 
@@ -1048,6 +1254,13 @@ int main(int argc, char **argv)
         goto usage_error;
     }
     run.np = r;
+    if (run.max_peers > run.np) {
+        rc = mesh_err(-EINVAL,
+                      "--max-peers %d but the hosts have %d slots (list the "
+                      "spare slots in the hostfile)",
+                      run.max_peers, run.np);
+        goto usage_error;
+    }
     run.procs = calloc((size_t)run.np, sizeof(*run.procs));
     if (!run.procs) {
         rc = mesh_err(-ENOMEM, "out of memory for %d ranks", run.np);
@@ -1085,7 +1298,9 @@ int main(int argc, char **argv)
     rc = setup_signals();
     if (rc < 0)
         goto usage_error;
-    for (r = 0; r < run.np; r++) {
+    /* --max-peers: the slots after the first M are spares */
+    run.first_np = run.max_peers ? run.max_peers : run.np;
+    for (r = 0; r < run.first_np; r++) {
         rc = launch(&run, &run.procs[r]);
         if (rc < 0) {
             fprintf(stderr, "meshrun: cannot start rank %d on %s: %s\n", r,
@@ -1094,8 +1309,9 @@ int main(int argc, char **argv)
             break;
         }
     }
-    OPENSSL_cleanse(run.secret, sizeof(run.secret));
     code = supervise(&run);
+    /* kept until now: --restarts hands it to every new process */
+    OPENSSL_cleanse(run.secret, sizeof(run.secret));
     if (rc < 0 && code == 0)
         code = 1;
     free(first);
