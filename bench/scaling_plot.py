@@ -41,6 +41,43 @@ LABEL = {"ring": "meshtrain ring", "auto": "meshtrain auto",
          "ps": "parameter server (--algo ps)"}
 COLOR = {"ring": "#1f77b4", "auto": "#2ca02c", "tree": "#9467bd",
          "hier": "#ff7f0e", "ps": "#d62728"}
+# one peer per NIC beside the seed's topology: the same hues, lighter
+LIGHT = {"ring": "#9ecae1", "auto": "#a1d99b", "tree": "#cbb6e3",
+         "hier": "#fdd0a2", "ps": "#fcae91"}
+
+
+def skey(series, pph, gpp):
+    """A series with its topology: "hier@8x4" is series hier with 8 GPUs
+    per host and 4 per process; one peer per host and per process is the
+    series' plain name."""
+    return series if pph == 1 and gpp == 1 else "%s@%dx%d" % (series, pph,
+                                                              gpp)
+
+
+def split_key(sk):
+    if "@" not in sk:
+        return sk, 1, 1
+    base, topo = sk.split("@")
+    pph, gpp = topo.split("x")
+    return base, int(pph), int(gpp)
+
+
+def order(sk):
+    base, pph, gpp = split_key(sk)
+    return (0 if pph > 1 else 1, SERIES.index(base), -gpp)
+
+
+def label(sk, mixed):
+    base, pph, gpp = split_key(sk)
+    if pph == 1 and gpp == 1:
+        return LABEL[base] + (", one peer per NIC" if mixed else "")
+    return LABEL[base] + ", %d per host/NIC%s" % (
+        pph, ", %d per process" % gpp if gpp > 1 else "")
+
+
+def color(sk, mixed):
+    base, pph, _ = split_key(sk)
+    return LIGHT[base] if mixed and pph == 1 else COLOR[base]
 
 SIM_RE = re.compile(r"rank (\d+): simulate: (\d+) steps, compute stretch "
                     r"median ([0-9.]+) ms, wait lateness median ([0-9.]+) "
@@ -61,8 +98,15 @@ def read_point(d):
     meta = read_meta(os.path.join(d, "meta"))
     n = int(meta["peers"])
     warmup = int(meta["warmup"])
+    pph = int(meta.get("peers_per_host", "1"))
+    gpp = int(meta.get("gpus_per_process", "1"))
+    nproc = int(meta.get("processes", str(n)))
     p = {"series": meta["series"], "peers": n, "k": meta["k"],
          "rate": meta["rate"], "profile": meta["profile"],
+         "pph": pph, "gpp": gpp, "processes": nproc,
+         "nice": meta.get("nice", "0"), "rt": meta.get("rt", "0"),
+         "spin": meta.get("shm_spin_us", ""),
+         "key": skey(meta["series"], pph, gpp),
          "rc": int(meta["rc"]), "t_iter": None, "reasons": []}
     steps = []
     try:
@@ -83,7 +127,7 @@ def read_point(d):
         p["t_min"] = steps[0]
         p["t_max"] = steps[-1]
     stretch, lates, cpu, ranks = [], [], 0.0, 0
-    for r in range(n):
+    for r in range(nproc):
         try:
             with open(os.path.join(d, "rank%d.out" % r)) as f:
                 for line in f:
@@ -113,8 +157,8 @@ def read_point(d):
         p["reasons"].append("run failed (rc %d)" % p["rc"])
     if not steps:
         p["reasons"].append("no steps after the warmup")
-    if ranks < n:
-        p["reasons"].append("%d of %d ranks reported" % (ranks, n))
+    if ranks < nproc:
+        p["reasons"].append("%d of %d ranks reported" % (ranks, nproc))
     if p["stretch_ms"] is not None and p["stretch_ms"] > STRETCH_MS:
         p["reasons"].append("simulated compute %.1f ms longer than profiled "
                             "(median, worst rank)" % p["stretch_ms"])
@@ -192,7 +236,29 @@ def load(raw):
         if os.path.isfile(os.path.join(d, "meta")):
             p = read_point(d)
             p["latency_ms"] = read_latency(raw, p["peers"])
-            pts[(p["series"], p["peers"])] = p
+            pts[(p["key"], p["peers"])] = p
+    return pts
+
+
+def load_csv(path, only):
+    """The points of an earlier run's CSV (another topology, say), kept as
+    they were measured: drawn beside this run's and copied into its CSV;
+    only the series named in only, when given."""
+    pts = {}
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            if only and r["series"] not in only:
+                continue
+            pph = int(r.get("peers_per_host") or 1)
+            gpp = int(r.get("gpus_per_process") or 1)
+            r["peers_per_host"], r["gpus_per_process"] = pph, gpp
+            r["processes"] = r.get("processes") or int(r["peers"]) // gpp
+            k = skey(r["series"], pph, gpp)
+            pts[(k, int(r["peers"]))] = {
+                "key": k, "series": r["series"], "peers": int(r["peers"]),
+                "t_iter": float(r["t_iter_s"]) if r["t_iter_s"] else None,
+                "valid": r["valid"] == "1", "profile": r["profile"],
+                "k": r["k"], "rate": r["tbf_rate"], "row": r}
     return pts
 
 
@@ -213,13 +279,18 @@ def table(pts, seed, path):
     seedn = {int(r["N"]): r for r in seed}
     rows = []
     for (s, n), p in sorted(pts.items(),
-                            key=lambda x: (SERIES.index(x[0][0]), x[0][1])):
+                            key=lambda x: (order(x[0][0]), x[0][1])):
+        if "row" in p:
+            rows.append(p["row"])
+            continue
         base = pts.get((s, 1))
         t1 = base["t_iter"] if base else None
         tn = p["t_iter"]
         sr = seedn.get(n)
         rows.append({
-            "series": s, "peers": n, "k": p["k"], "tbf_rate": p["rate"],
+            "series": p["series"], "peers": n, "peers_per_host": p["pph"],
+            "gpus_per_process": p["gpp"], "processes": p["processes"],
+            "k": p["k"], "tbf_rate": p["rate"],
             "profile": p["profile"], "steps": p["steps"],
             "t_iter_s": fmt(tn, ".4f"),
             "t_iter_min_s": fmt(p.get("t_min"), ".4f"),
@@ -239,16 +310,23 @@ def table(pts, seed, path):
             "comm_cpu_demand": fmt(p["comm_cpu_demand"], ".3f"),
             # the probe: a 4-byte ring all-reduce, 2 (N-1) hops
             "allreduce_4b_ms": fmt(p["latency_ms"], ".3f"),
-            "ring_hop_latency_ms": fmt(p["latency_ms"] / (2 * (n - 1))
-                                       if p["latency_ms"] and n > 1 else None,
-                                       ".3f"),
+            # per hop between processes: 2 (M-1) hops for M of them
+            "ring_hop_latency_ms": fmt(p["latency_ms"] /
+                                       (2 * (p["processes"] - 1))
+                                       if p["latency_ms"] and
+                                       p["processes"] > 1 else None, ".3f"),
             "machine_busy": fmt(p["machine_busy"], ".3f"),
             "loadavg": p["loadavg"],
+            "nice": p["nice"],
+            "rt": p["rt"],
+            "shm_spin_us": p["spin"],
             "valid": int(p["valid"]),
             "why_invalid": "; ".join(p["reasons"]),
         })
+    fields = next(list(r.keys()) for r in rows if "processes" in r)
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore",
+                           restval="")
         w.writeheader()
         w.writerows(rows)
     return rows
@@ -261,7 +339,8 @@ def plot(pts, seed, path, title):
     from matplotlib.patches import Patch
 
     ns = sorted({n for (_, n) in pts} | {int(r["N"]) for r in seed})
-    series = [s for s in SERIES if any(k[0] == s for k in pts)]
+    series = sorted({k[0] for k in pts}, key=order)
+    mixed = len({split_key(s)[1] > 1 for s in series}) > 1
     groups = ["singa", "base"] + series
     width = 0.8 / len(groups)
     bar_handles = []
@@ -293,15 +372,16 @@ def plot(pts, seed, path, title):
                    label=("SINGA" if g == "singa" else "SINGA's PS baseline")
                    + " img/s (read from the seed's figure)")
             continue
+        cg = color(g, mixed)
         for v, y, bad in zip(xs, ys, hatch):
-            ax.bar(v + off, y, width, color="white" if bad else COLOR[g],
-                   edgecolor=COLOR[g], hatch="//" if bad else None)
-        bar_handles.append(Patch(facecolor=COLOR[g], edgecolor=COLOR[g],
-                                 label=LABEL[g] + " img/s"))
+            ax.bar(v + off, y, width, color="white" if bad else cg,
+                   edgecolor=cg, hatch="//" if bad else None)
+        bar_handles.append(Patch(facecolor=cg, edgecolor=cg,
+                                 label=label(g, mixed) + " img/s"))
     ax.set_yscale("log")
     ax.set_xticks(list(x))
     ax.set_xticklabels([str(n) for n in ns])
-    ax.set_xlabel("peers N (simulated GPUs; one network-namespace host each)")
+    ax.set_xlabel("peers N (simulated GPUs)")
     ax.set_ylabel("throughput, images/s (bars, log scale)")
 
     sx = [ns.index(int(r["N"])) for r in seed]
@@ -329,7 +409,7 @@ def plot(pts, seed, path, title):
     # written beside them
     top = max([r["base_derived_comm_ms"] for r in seed] +
               [max(vy) for (s, vx, vy, ix, iy) in lines
-               if s != "ps" and vy]) * 1.25
+               if split_key(s)[0] != "ps" and vy]) * 1.25
     for (s, vx, vy, ix, iy) in lines:
         # at the centre of the series' bars, so that the lines stay apart
         off = (groups.index(s) - (len(groups) - 1) / 2) * width
@@ -338,18 +418,19 @@ def plot(pts, seed, path, title):
         allx = sorted(vx + ix)
         pos = dict(zip(vx + ix, vy + iy))
         clip = [min(pos[i], top * 0.97) for i in allx]
-        ax2.plot(allx, clip, "-", color=COLOR[s], lw=2)
-        ax2.plot(vx, [min(v, top * 0.97) for v in vy], "o", color=COLOR[s],
-                 mec="black", label=LABEL[s] + " comm. cost")
+        cs = color(s, mixed)
+        ax2.plot(allx, clip, "-", color=cs, lw=2)
+        ax2.plot(vx, [min(v, top * 0.97) for v in vy], "o", color=cs,
+                 mec="black", label=label(s, mixed) + " comm. cost")
         if ix:
             ax2.plot(ix, [min(v, top * 0.97) for v in iy], "x",
-                     color=COLOR[s], ms=9, mew=2)
+                     color=cs, ms=9, mew=2)
         for i in allx:
             if pos[i] > top * 0.97:
                 ax2.annotate("%.2f s" % (pos[i] / 1000), (i, top * 0.97),
                              textcoords="offset points",
                              xytext=(4, -12 - 11 * groups.index(s)),
-                             color=COLOR[s], fontsize=8)
+                             color=cs, fontsize=8)
     ax2.plot([], [], "x", color="k", ms=9, mew=2,
              label="invalid: this machine's CPU limits the point")
     ax2.set_ylabel("communication cost t_iter(N) - t_iter(1), ms (lines)")
@@ -370,27 +451,42 @@ def main():
     ap.add_argument("--seed", required=True)
     ap.add_argument("--csv", required=True)
     ap.add_argument("--png", required=True)
+    ap.add_argument("--extra-csv", action="append", default=[],
+                    help="an earlier run's CSV (another topology), drawn "
+                         "beside this run and copied into --csv")
+    ap.add_argument("--extra-series", default="",
+                    help="only these series of --extra-csv (e.g. 'ring')")
     a = ap.parse_args()
     pts = load(a.raw)
     if not pts:
         sys.exit("scaling_plot.py: no points in %s" % a.raw)
+    raw_pts = dict(pts)
+    for path in a.extra_csv:
+        for key, p in load_csv(path, a.extra_series.split()).items():
+            pts.setdefault(key, p)
     seed = read_seed(a.seed)
     rows = table(pts, seed, a.csv)
-    any_p = next(iter(pts.values()))
+    any_p = next(iter(raw_pts.values()))
     title = ("ResNet-50, batch 32 per peer, synchronous, simulated %s "
              "compute; 10 Gbit/s per host scaled by k = %s (tbf %s, "
              "gradients / %s)" % (any_p["profile"], any_p["k"],
                                   any_p["rate"], any_p["k"]))
+    topo = sorted({(p["pph"], p["gpp"]) for p in raw_pts.values()})[-1]
+    if topo != (1, 1):
+        title += ("\n%d peers per host behind one shaped NIC (p2.8xlarge), "
+                  "shared memory inside a host; %d simulated GPUs per "
+                  "process" % topo)
     plot(pts, seed, a.png, title)
-    print("%-5s %4s %9s %8s %8s %6s %9s %6s %5s %5s  %s" %
-          ("series", "N", "t_iter_s", "img/s", "comm_ms", "eff",
+    print("%-5s %4s %3s %3s %9s %8s %8s %6s %9s %6s %5s %5s  %s" %
+          ("series", "N", "P", "G", "t_iter_s", "img/s", "comm_ms", "eff",
            "SINGA_ms", "str_ms", "cpu", "busy", "valid"))
     for r in rows:
-        print("%-5s %4d %9s %8s %8s %6s %9s %6s %5s %5s  %s" %
-              (r["series"], r["peers"], r["t_iter_s"], r["img_per_s"],
+        print("%-5s %4d %3s %3s %9s %8s %8s %6s %9s %6s %5s %5s  %s" %
+              (r["series"], int(r["peers"]), r["peers_per_host"],
+               r["gpus_per_process"], r["t_iter_s"], r["img_per_s"],
                r["comm_ms"], r["efficiency"], r["singa_comm_ms"],
                r["stretch_ms"], r["comm_cpu_demand"], r["machine_busy"],
-               "yes" if r["valid"] else
+               "yes" if str(r["valid"]) == "1" else
                "NO: " + r["why_invalid"]))
     print("wrote %s and %s" % (a.csv, a.png))
 
