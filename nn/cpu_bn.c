@@ -31,6 +31,17 @@
 #include <stdint.h>
 #include <string.h>
 
+/*
+ * The tile bodies below are inlined into each specialised, cloned worker
+ * (SPECIALISE): called out of line they would run the baseline ISA's code
+ * whichever clone the loader picked.
+ */
+#if defined(__GNUC__)
+#define ALWAYS_INLINE __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE
+#endif
+
 /* Elements per tile and channel block: 32 Ki floats (128 KiB). */
 #define TILE_ELEMS 32768
 
@@ -81,25 +92,77 @@ size_t mesh_nn_cpu_bn_reserve_bytes(const struct mesh_nn_cpu_bn *s)
         }                                                                      \
     } while (0)
 
+/*
+ * Four lanes of a block at a time, in GCC's vector extensions: each lane
+ * does the same IEEE double operations in the same order as the scalar
+ * code would (no lane is summed with another), so the results do not
+ * depend on the vector width, and the AVX2 clone's 4 doubles a vector do
+ * not wait on the loads and stores that GCC's -O2 kept in the scalar
+ * loop. A block of B lanes is B / 4 such groups (B = 8 or 16).
+ */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi" /* static and inlined: no ABI */
+#endif
+typedef double v4d __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef int64_t v4l __attribute__((vector_size(32)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+typedef uint8_t v4b __attribute__((vector_size(4)));
+
+static inline ALWAYS_INLINE v4d load4(const float *p)
+{
+    v4f f;
+
+    memcpy(&f, p, sizeof(f));
+    return __builtin_convertvector(f, v4d);
+}
+
+static inline ALWAYS_INLINE v4d load4d(const double *p)
+{
+    v4d d;
+
+    memcpy(&d, p, sizeof(d));
+    return d;
+}
+
+/* dy where the ReLU's mask byte is nonzero, else +0.0 (mask may be NULL) */
+static inline ALWAYS_INLINE v4d masked4(const float *dy, const uint8_t *m)
+{
+    v4d g = load4(dy);
+    v4b b;
+
+    if (!m)
+        return g;
+    memcpy(&b, m, sizeof(b));
+    /* b != 0 is -1 (all bits set) or 0 per lane */
+    return (v4d)((v4l)g & __builtin_convertvector(b != 0, v4l));
+}
+
 /* ---- reductions ---------------------------------------------------------- */
 
 /*
  * Per tile (cb, t): sum of x - shift (shift per channel, or NULL for 0)
  * and, when sq, of its square, into part[(t * C + c) * 2 + {0, 1}].
- * B is a compile-time constant in each caller, so the lane loop vectorises.
+ * B is a compile-time constant in each caller (SPECIALISE).
  */
-static inline void tile_sums(const struct mesh_nn_cpu_bn *s, int B, size_t cb,
-                             size_t t, const float *x, const double *shift,
-                             int sq, double *part)
+static inline ALWAYS_INLINE void tile_sums(const struct mesh_nn_cpu_bn *s,
+                                           int B, size_t cb, size_t t,
+                                           const float *x, const double *shift,
+                                           int sq, double *part)
 {
     size_t tp = tile_pos(B), npos = (size_t)s->n * s->hw;
     size_t p0 = t * tp, p1 = p0 + tp < npos ? p0 + tp : npos;
     double a[16] = {0}, q[16] = {0}, sh[16] = {0};
-    int l;
+    v4d va[4], vq[4], vs[4];
+    int l, j;
 
     if (shift)
         for (l = 0; l < B; l++)
             sh[l] = shift[cb * B + l];
+    for (j = 0; j < 4; j++) {
+        va[j] = vq[j] = (v4d){0, 0, 0, 0};
+        vs[j] = load4d(sh + 4 * j);
+    }
     FOR_RUNS(s, cb, p0, p1, off, len, {
         const float *px = x + off;
         size_t k;
@@ -117,14 +180,19 @@ static inline void tile_sums(const struct mesh_nn_cpu_bn *s, int B, size_t cb,
             q[0] += rq;
         } else {
             for (k = 0; k < len; k++)
-                for (l = 0; l < B; l++) {
-                    double v = (double)px[k * B + l] - sh[l];
+                for (j = 0; j < B / 4; j++) {
+                    v4d v = load4(px + k * B + 4 * j) - vs[j];
 
-                    a[l] += v;
-                    q[l] += v * v;
+                    va[j] += v;
+                    vq[j] += v * v;
                 }
         }
     });
+    if (B > 1)
+        for (l = 0; l < B; l++) {
+            a[l] = va[l / 4][l % 4];
+            q[l] = vq[l / 4][l % 4];
+        }
     for (l = 0; l < B; l++) {
         part[(t * s->c + cb * B + l) * 2] = a[l];
         part[(t * s->c + cb * B + l) * 2 + 1] = sq ? q[l] : 0;
@@ -135,32 +203,52 @@ static inline void tile_sums(const struct mesh_nn_cpu_bn *s, int B, size_t cb,
  * Backward's two sums per tile: sum(dy') and sum(dy' * (x - mean)), where
  * dy' is dy masked by the ReLU (mask may be NULL).
  */
-static inline void tile_bwd_sums(const struct mesh_nn_cpu_bn *s, int B,
-                                 size_t cb, size_t t, const float *x,
-                                 const float *dy, const uint8_t *mask,
-                                 const float *mean, double *part)
+static inline ALWAYS_INLINE void tile_bwd_sums(const struct mesh_nn_cpu_bn *s,
+                                               int B, size_t cb, size_t t,
+                                               const float *x, const float *dy,
+                                               const uint8_t *mask,
+                                               const float *mean, double *part)
 {
     size_t tp = tile_pos(B), npos = (size_t)s->n * s->hw;
     size_t p0 = t * tp, p1 = p0 + tp < npos ? p0 + tp : npos;
     double a[16] = {0}, d[16] = {0}, mu[16] = {0};
-    int l;
+    v4d va[4], vd[4], vm[4];
+    int l, j;
 
     for (l = 0; l < B; l++)
         mu[l] = mean[cb * B + l];
+    for (j = 0; j < 4; j++) {
+        va[j] = vd[j] = (v4d){0, 0, 0, 0};
+        vm[j] = load4d(mu + 4 * j);
+    }
     FOR_RUNS(s, cb, p0, p1, off, len, {
         const float *px = x + off, *pd = dy + off;
         const uint8_t *pm = mask ? mask + off : NULL;
         size_t k;
 
-        for (k = 0; k < len; k++)
-            for (l = 0; l < B; l++) {
-                size_t i = k * B + l;
-                double g = pm && !pm[i] ? 0.0 : (double)pd[i];
+        if (B == 1) {
+            for (k = 0; k < len; k++) {
+                double g = pm && !pm[k] ? 0.0 : (double)pd[k];
 
-                a[l] += g;
-                d[l] += g * ((double)px[i] - mu[l]);
+                a[0] += g;
+                d[0] += g * ((double)px[k] - mu[0]);
             }
+        } else {
+            for (k = 0; k < len; k++)
+                for (j = 0; j < B / 4; j++) {
+                    size_t i = k * B + 4 * j;
+                    v4d g = masked4(pd + i, pm ? pm + i : NULL);
+
+                    va[j] += g;
+                    vd[j] += g * (load4(px + i) - vm[j]);
+                }
+        }
     });
+    if (B > 1)
+        for (l = 0; l < B; l++) {
+            a[l] = va[l / 4][l % 4];
+            d[l] = vd[l / 4][l % 4];
+        }
     for (l = 0; l < B; l++) {
         part[(t * s->c + cb * B + l) * 2] = a[l];
         part[(t * s->c + cb * B + l) * 2 + 1] = d[l];
@@ -192,23 +280,30 @@ static void combine(const struct mesh_nn_cpu_bn *s, const double *part,
  * y = (x - mu) * alpha + beta per channel, in double, then the ReLU when
  * relu, recording where it passes in mask when mask is not NULL.
  */
-static inline void tile_affine(const struct mesh_nn_cpu_bn *s, int B, size_t cb,
-                               size_t t, const float *x, float *y,
-                               const double *mu, const double *alpha,
-                               const double *beta, int relu, uint8_t *mask)
+static inline ALWAYS_INLINE void
+tile_affine(const struct mesh_nn_cpu_bn *s, int B, size_t cb, size_t t,
+            const float *x, float *y, const double *mu, const double *alpha,
+            const double *beta, int relu, uint8_t *mask)
 {
     size_t tp = tile_pos(B), npos = (size_t)s->n * s->hw;
     size_t p0 = t * tp, p1 = p0 + tp < npos ? p0 + tp : npos;
     const double *m = mu + cb * B, *al = alpha + cb * B, *be = beta + cb * B;
+    v4d vm[4], va[4], vb[4];
+    int j;
 
+    for (j = 0; j < B / 4; j++) {
+        vm[j] = load4d(m + 4 * j);
+        va[j] = load4d(al + 4 * j);
+        vb[j] = load4d(be + 4 * j);
+    }
     FOR_RUNS(s, cb, p0, p1, off, len, {
         size_t k;
         int l;
 
-        for (k = 0; k < len; k++)
-            for (l = 0; l < B; l++) {
-                size_t i = off + k * B + l;
-                float v = (float)(((double)x[i] - m[l]) * al[l] + be[l]);
+        if (B == 1) {
+            for (k = 0; k < len; k++) {
+                size_t i = off + k;
+                float v = (float)(((double)x[i] - m[0]) * al[0] + be[0]);
 
                 if (relu) {
                     if (mask)
@@ -217,14 +312,36 @@ static inline void tile_affine(const struct mesh_nn_cpu_bn *s, int B, size_t cb,
                 }
                 y[i] = v;
             }
+        } else {
+            for (k = 0; k < len; k++)
+                for (j = 0; j < B / 4; j++) {
+                    size_t i = off + k * B + 4 * j;
+                    v4f v = __builtin_convertvector(
+                        (load4(x + i) - vm[j]) * va[j] + vb[j], v4f);
+
+                    if (relu) {
+                        v4i pos = v > 0.f; /* -1 or 0 per lane */
+
+                        if (mask) {
+                            v4b mb = __builtin_convertvector(pos & 1, v4b);
+
+                            memcpy(mask + i, &mb, sizeof(mb));
+                        }
+                        v = (v4f)((v4i)v & pos);
+                    }
+                    memcpy(y + i, &v, sizeof(v));
+                }
+        }
+        (void)l;
     });
 }
 
 /* dx = k1 * (dy' - k2 - (x - mean) * k3) per channel (dx may be dy). */
-static inline void tile_dx(const struct mesh_nn_cpu_bn *s, int B, size_t cb,
-                           size_t t, const float *x, const float *dy,
-                           const uint8_t *mask, const float *mean,
-                           const double *k, float *dx)
+static inline ALWAYS_INLINE void tile_dx(const struct mesh_nn_cpu_bn *s, int B,
+                                         size_t cb, size_t t, const float *x,
+                                         const float *dy, const uint8_t *mask,
+                                         const float *mean, const double *k,
+                                         float *dx)
 {
     size_t tp = tile_pos(B), npos = (size_t)s->n * s->hw;
     size_t p0 = t * tp, p1 = p0 + tp < npos ? p0 + tp : npos;
@@ -241,15 +358,37 @@ static inline void tile_dx(const struct mesh_nn_cpu_bn *s, int B, size_t cb,
     }
     FOR_RUNS(s, cb, p0, p1, off, len, {
         size_t kk;
+        int j;
 
-        for (kk = 0; kk < len; kk++)
-            for (l = 0; l < B; l++) {
-                size_t i = off + kk * B + l;
+        if (B == 1) {
+            for (kk = 0; kk < len; kk++) {
+                size_t i = off + kk;
                 double g = mask && !mask[i] ? 0.0 : (double)dy[i];
 
-                dx[i] = (float)(k1[l] *
-                                (g - k2[l] - ((double)x[i] - mu[l]) * k3[l]));
+                dx[i] = (float)(k1[0] *
+                                (g - k2[0] - ((double)x[i] - mu[0]) * k3[0]));
             }
+        } else {
+            v4d vmu[4], vk1[4], vk2[4], vk3[4];
+
+            for (j = 0; j < B / 4; j++) {
+                vmu[j] = load4d(mu + 4 * j);
+                vk1[j] = load4d(k1 + 4 * j);
+                vk2[j] = load4d(k2 + 4 * j);
+                vk3[j] = load4d(k3 + 4 * j);
+            }
+            for (kk = 0; kk < len; kk++)
+                for (j = 0; j < B / 4; j++) {
+                    size_t i = off + kk * B + 4 * j;
+                    v4d g = masked4(dy + i, mask ? mask + i : NULL);
+                    v4f r = __builtin_convertvector(
+                        vk1[j] *
+                            (g - vk2[j] - (load4(x + i) - vmu[j]) * vk3[j]),
+                        v4f);
+
+                    memcpy(dx + i, &r, sizeof(r));
+                }
+        }
     });
 }
 
