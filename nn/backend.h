@@ -242,6 +242,30 @@ struct mesh_nn_backend_ops {
                       const float *logits, const int32_t *labels,
                       float smoothing, float *dlogits);
     int (*xent_read)(struct mesh_nn_dev *dev, float *loss);
+    /*
+     * A training convolution that converts its operands (cpu, bf16-amp)
+     * can keep the converted x from forward to backward, and convert dy
+     * once for both gradients. A conv plan with a nonzero plan_reserve
+     * offers it; the three come together or not at all (cpu: all three):
+     * - conv_fwd_keep: conv_fwd, leaving in reserve (plan_reserve bytes,
+     *   held by the layer) the form of x that conv_bwd_filter_kept reads;
+     * - conv_bwd_filter_kept: conv_bwd_filter with x unchanged since that
+     *   forward and its reserve; it leaves dy's form at the start of ws;
+     * - conv_bwd_data_after: conv_bwd_data called after
+     *   conv_bwd_filter_kept with the same plan, dy and ws, neither of
+     *   them written in between (nn's axpy1 on other buffers may run
+     *   between): it reads that form of dy.
+     * Each computes the same numbers as the op it stands for.
+     */
+    int (*conv_fwd_keep)(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                         const void *x, const float *w, void *y, void *reserve,
+                         void *ws);
+    int (*conv_bwd_filter_kept)(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                                const void *x, const void *reserve,
+                                const void *dy, float *dw, void *ws);
+    int (*conv_bwd_data_after)(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                               const void *dy, const float *w, void *dx,
+                               void *ws);
 };
 
 /* The backends built in; NULL (with mesh_err) for an unknown name. */

@@ -18,7 +18,9 @@
  *   diff_dst and float32 accumulation and outputs (dst, diff_src,
  *   diff_weights); activations, weights, batch norm, the loss and every
  *   gradient stay float32. Each plan reorders its float32 operands into
- *   bfloat16 staging in its workspace. Where oneDNN has no bfloat16
+ *   bfloat16 staging in its workspace; in training, x once for forward and
+ *   weight gradient (kept in the layer's reserve) and dy once for both
+ *   gradients (plan_conv_keep). Where oneDNN has no bfloat16
  *   kernel (creation says unimplemented, or only its scalar "ref" one),
  *   that direction runs the float32 primitive on operands rounded to
  *   bfloat16 (round to nearest even) in the workspace: the same products
@@ -101,6 +103,10 @@ struct mesh_nn_plan {
     struct reo x_bw, dy_bw;   /* bwd weights' src, diff_dst */
     struct reo dw;            /* bwd weights' diff_weights -> plain */
     struct mesh_nn_cpu_bn bn; /* BN: ours, not oneDNN's */
+    /* CONV in bf16-amp: x's bfloat16 form, staged by fwd, is the one bwd
+     * weights reads, kept in the layer's reserve (conv_fwd_keep); and
+     * bwd data reads the same form of dy as bwd weights (share_dy) */
+    int keep, share_dy;
 };
 
 struct mesh_nn_dev {
@@ -895,6 +901,33 @@ static size_t plan_op_ws(const struct mesh_nn_plan *pl, size_t xb, size_t yb,
     return MESH_MAX(f, MESH_MAX(b, w));
 }
 
+/*
+ * bf16-amp's conversions of a conv's operands, done once where they can
+ * be: every direction on oneDNN's bfloat16 kernels, forward and weight
+ * gradient reading x in one layout (then forward converts it into the
+ * layer's reserve and bwd weights reads it there: the reserve is what
+ * makes conv_fwd_keep and the two ops after it available), and both
+ * gradients reading dy in one layout (then bwd weights converts it at the
+ * start of the workspace and bwd data reads it there). The workspace of
+ * plan_op_ws() already holds each of these orders: staged dy first, then
+ * the other operands at most as large as before.
+ */
+static void plan_conv_keep(const struct mesh_nn_dev *dev,
+                           struct mesh_nn_plan *pl)
+{
+    if (!TRY_BF16(dev) || !pl->x_fwd.r.p || !pl->x_bw.r.p || pl->fwd.emu ||
+        pl->bwdw.emu ||
+        !dnnl_memory_desc_equal(prim_md(&pl->fwd, dnnl_query_src_md, 0),
+                                prim_md(&pl->bwdw, dnnl_query_src_md, 0)))
+        return;
+    pl->keep = 1;
+    pl->reserve = align64(pl->x_fwd.bytes);
+    pl->share_dy =
+        pl->bwd.p && !pl->bwd.emu && pl->dy_bwd.r.p && pl->dy_bw.r.p &&
+        dnnl_memory_desc_equal(prim_md(&pl->bwd, dnnl_query_diff_dst_md, 0),
+                               prim_md(&pl->bwdw, dnnl_query_diff_dst_md, 0));
+}
+
 static int plan_conv(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
 {
     const struct mesh_nn_plan_desc *d = &pl->d;
@@ -963,6 +996,7 @@ static int plan_conv(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl)
     pl->ws = plan_op_ws(pl, f32_bytes(d->n, d->c, d->h, d->w),
                         f32_bytes(d->n, d->k, d->oh, d->ow),
                         f32_bytes(d->k, d->c, d->r, d->s));
+    plan_conv_keep(dev, pl);
     return 0;
 }
 
@@ -1334,6 +1368,76 @@ static int cpu_conv_bwd_filter(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
         f32_bytes(d->n, d->k, d->oh, d->ow), ws, "conv bwd weights");
 }
 
+/* conv_fwd, converting x into reserve for cpu_conv_bwd_filter_kept. */
+static int cpu_conv_fwd_keep(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
+                             const void *x, const float *w, void *y,
+                             void *reserve, void *ws)
+{
+    const struct mesh_nn_plan_desc *d = &p->d;
+    size_t wb = f32_bytes(d->k, d->c, d->r, d->s);
+    char *bw = ws, *scratch = bw + stage_bytes(&p->w_fwd, &p->fwd, wb);
+    const void *h[3] = {reserve, NULL, y};
+    int rc;
+
+    if (!p->keep)
+        return cpu_conv_fwd(dev, p, x, w, y, ws);
+    if ((rc = reo_run(dev, &p->x_fwd, x, reserve, scratch)) < 0 ||
+        (rc = stage(dev, &p->w_fwd, &p->fwd, w, wb, bw, scratch, &h[1])) < 0)
+        return rc;
+    return prim_run(dev, &p->fwd, (void *const *)h, scratch, "conv fwd");
+}
+
+/* conv_bwd_filter on the x that cpu_conv_fwd_keep kept; dy's bfloat16
+ * form stays at the start of ws for cpu_conv_bwd_data_after. */
+static int cpu_conv_bwd_filter_kept(struct mesh_nn_dev *dev,
+                                    struct mesh_nn_plan *p, const void *x,
+                                    const void *reserve, const void *dy,
+                                    float *dw, void *ws)
+{
+    const struct mesh_nn_plan_desc *d = &p->d;
+    size_t yb = f32_bytes(d->n, d->k, d->oh, d->ow);
+    char *bdy = ws, *bdw = bdy + stage_bytes(&p->dy_bw, &p->bwdw, yb);
+    char *scratch = bdw + align64(p->dw.bytes);
+    const void *h[3] = {reserve, NULL, p->dw.r.p ? (void *)bdw : dw};
+    int rc;
+
+    if (!p->keep)
+        return cpu_conv_bwd_filter(dev, p, x, dy, dw, ws);
+    if ((rc = stage(dev, &p->dy_bw, &p->bwdw, dy, yb, bdy, scratch, &h[1])) <
+            0 ||
+        (rc = prim_run(dev, &p->bwdw, (void *const *)h, scratch,
+                       "conv bwd weights")) < 0)
+        return rc;
+    if (p->dw.r.p)
+        rc = reo_run(dev, &p->dw, bdw, dw, scratch);
+    return rc;
+}
+
+/* conv_bwd_data reading the dy that cpu_conv_bwd_filter_kept converted. */
+static int cpu_conv_bwd_data_after(struct mesh_nn_dev *dev,
+                                   struct mesh_nn_plan *p, const void *dy,
+                                   const float *w, void *dx, void *ws)
+{
+    const struct mesh_nn_plan_desc *d = &p->d;
+    size_t yb = f32_bytes(d->n, d->k, d->oh, d->ow);
+    size_t wb = f32_bytes(d->k, d->c, d->r, d->s);
+    char *bdy = ws, *bdx = bdy + stage_bytes(&p->dy_bwd, &p->bwd, yb);
+    char *bw = bdx + align64(p->dx_bwd.bytes);
+    char *scratch = bw + stage_bytes(&p->w_bwd, &p->bwd, wb);
+    const void *h[3] = {bdy, NULL, p->dx_bwd.r.p ? (void *)bdx : dx};
+    int rc;
+
+    if (!p->share_dy)
+        return cpu_conv_bwd_data(dev, p, dy, w, dx, ws);
+    if ((rc = stage(dev, &p->w_bwd, &p->bwd, w, wb, bw, scratch, &h[1])) < 0 ||
+        (rc = prim_run(dev, &p->bwd, (void *const *)h, scratch,
+                       "conv bwd data")) < 0)
+        return rc;
+    if (p->dx_bwd.r.p)
+        rc = reo_run(dev, &p->dx_bwd, bdx, dx, scratch);
+    return rc;
+}
+
 static int cpu_bn_fwd_train(struct mesh_nn_dev *dev, struct mesh_nn_plan *p,
                             const void *x, void *y, const float *gamma,
                             const float *beta, float *running_mean,
@@ -1680,4 +1784,7 @@ const struct mesh_nn_backend_ops mesh_nn_cpu_ops = {
     .download = cpu_copy,
     .dev_open_opts = cpu_dev_open_opts,
     .bn_bwd_frozen = cpu_bn_bwd_frozen,
+    .conv_fwd_keep = cpu_conv_fwd_keep,
+    .conv_bwd_filter_kept = cpu_conv_bwd_filter_kept,
+    .conv_bwd_data_after = cpu_conv_bwd_data_after,
 };

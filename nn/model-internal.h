@@ -15,6 +15,8 @@ struct nn_conv {
     int h, wd, oh, ow;      /* input and output sides for this batch */
     struct mesh_nn_plan *p; /* owned by the ctx's cache */
     int frozen;             /* no weight gradient (mesh_nn_model_freeze) */
+    void *reserve;          /* what the backend keeps from forward to backward
+                               (conv_fwd_keep), device, or NULL */
 };
 
 /* A batch norm over c channels: gamma at g, beta at g + c (params);

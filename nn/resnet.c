@@ -438,10 +438,13 @@ static void free_batch(struct mesh_nn_model *m)
         FREE(m->g[i]);
     FREE(m->ws);
     FREE(m->bn1.reserve);
+    FREE(m->conv1.reserve);
     for (i = 0; i < m->nblocks; i++) {
         struct nn_block *b = &m->blocks[i];
 
+        FREE(b->cd.reserve);
         for (j = 0; j < b->nconv; j++) {
+            FREE(b->c[j].reserve);
             FREE(b->a[j]);
             FREE(b->o[j]);
             FREE(b->b[j].reserve);
@@ -740,6 +743,8 @@ static void plan_desc(struct mesh_nn_plan_desc *d, int kind, int n, int c,
 static int setup_conv(struct mesh_nn_model *m, struct nn_conv *c, int h)
 {
     struct mesh_nn_plan_desc d;
+    size_t res;
+    int rc;
 
     c->h = c->wd = h;
     c->oh = c->ow = mesh_nn_out_dim(h, c->k, c->stride, c->pad);
@@ -754,7 +759,12 @@ static int setup_conv(struct mesh_nn_model *m, struct nn_conv *c, int h)
     d.stride = c->stride;
     d.pad = c->pad;
     d.oh = d.ow = c->oh;
-    return plan(m, &d, &c->p);
+    rc = plan(m, &d, &c->p);
+    if (rc < 0)
+        return rc;
+    /* bf16-amp on the cpu: x converted once for forward and backward */
+    res = OPS(m)->conv_fwd_keep ? OPS(m)->plan_reserve(c->p) : 0;
+    return res ? OPS(m)->alloc(DEV(m), res, &c->reserve) : 0;
 }
 
 static int setup_bn(struct mesh_nn_model *m, struct nn_bn *b, int h)
@@ -898,13 +908,24 @@ fail:
             return rc;                                                         \
     } while (0)
 
+/* Whether a conv's backward reads what its training forward kept. */
+static int conv_kept(const struct mesh_nn_model *m, const struct nn_conv *c)
+{
+    return m->train && c->reserve && !c->frozen;
+}
+
 static int conv_fwd(struct mesh_nn_model *m, struct nn_conv *c, const void *x,
                     void *y)
 {
     int rc;
 
-    PROF(m, NN_PROF_CONV_FWD,
-         OPS(m)->conv_fwd(DEV(m), c->p, x, m->params + c->w, y, m->ws));
+    if (conv_kept(m, c))
+        PROF(m, NN_PROF_CONV_FWD,
+             OPS(m)->conv_fwd_keep(DEV(m), c->p, x, m->params + c->w, y,
+                                   c->reserve, m->ws));
+    else
+        PROF(m, NN_PROF_CONV_FWD,
+             OPS(m)->conv_fwd(DEV(m), c->p, x, m->params + c->w, y, m->ws));
     return 0;
 }
 
@@ -1200,15 +1221,26 @@ static int conv_bwd(struct bwd *w, struct nn_conv *c, const void *x,
     size_t count = conv_params(c);
     int rc;
 
-    if (!c->frozen)
+    if (conv_kept(m, c))
+        PROF(m, NN_PROF_CONV_BWD_FILTER,
+             OPS(m)->conv_bwd_filter_kept(DEV(m), c->p, x, c->reserve, dy,
+                                          gdst(w, c->w), m->ws));
+    else if (!c->frozen)
         PROF(
             m, NN_PROF_CONV_BWD_FILTER,
             OPS(m)->conv_bwd_filter(DEV(m), c->p, x, dy, gdst(w, c->w), m->ws));
     rc = gdone(w, c->w, count, c->frozen);
     if (rc < 0 || !dx)
         return rc;
-    PROF(m, NN_PROF_CONV_BWD_DATA,
-         OPS(m)->conv_bwd_data(DEV(m), c->p, dy, m->params + c->w, dx, m->ws));
+    /* the gradient-ready callback leaves the device and m->ws alone */
+    if (conv_kept(m, c))
+        PROF(m, NN_PROF_CONV_BWD_DATA,
+             OPS(m)->conv_bwd_data_after(DEV(m), c->p, dy, m->params + c->w, dx,
+                                         m->ws));
+    else
+        PROF(m, NN_PROF_CONV_BWD_DATA,
+             OPS(m)->conv_bwd_data(DEV(m), c->p, dy, m->params + c->w, dx,
+                                   m->ws));
     return 0;
 }
 
