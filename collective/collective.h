@@ -103,7 +103,9 @@ struct mesh_coll_opts {
      * MESH_COLL_POINTS sizes in all; a longer list is thinned, keeping
      * its ends). The algorithms take turns run by run, and each size's
      * median times are averaged over the ranks before anything is decided
-     * from them, so every rank takes the same choices. An algorithm
+     * from them, so every rank takes the same choices; those within 15 %
+     * of the fastest then run as many times again, and their medians over
+     * all runs are agreed anew. An algorithm
      * over twice the best one's time at a size of 1 MiB or more is not
      * timed at larger sizes (nor chosen there), nor is one whose scratch
      * memory would exceed twice the message plus 8 MiB; sizes that would take
