@@ -986,13 +986,6 @@ static int hosts_build(mesh_coll_t *c)
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return (x > y) - (x < y);
-}
-
 static int cmp_size(const void *a, const void *b)
 {
     size_t x = *(const size_t *)a, y = *(const size_t *)b;
@@ -1020,12 +1013,10 @@ static void shuffle(int *order, int n, unsigned seed)
 }
 
 /* Formation's measurement bounds (see mesh_coll_opts.measure_sizes). */
-#define MEAS_PRUNE       2.0               /* x the best's time, ... */
-#define MEAS_PRUNE_FROM  ((size_t)1 << 20) /* ... measured at this size */
-#define MEAS_SCRATCH_PAD (8u << 20)        /* scratch beyond 2 x the message */
-#define MEAS_BUDGET_S    20.0              /* formation's timing, about */
-#define MEAS_RUNS_SMALL  7                 /* runs per size below 1 MiB */
-#define MEAS_RUNS_BIG    3                 /* from 1 MiB */
+#define MEAS_SCRATCH_PAD (8u << 20) /* scratch beyond 2 x the message */
+#define MEAS_BUDGET_S    20.0       /* formation's timing, about */
+#define MEAS_RUNS_SMALL  7          /* runs per size below 1 MiB */
+#define MEAS_RUNS_BIG    3          /* from 1 MiB */
 #define MEAS_RUNS_MAX    (2 * MEAS_RUNS_SMALL)
 #define MEAS_CLOSE       1.15 /* contenders: this near the fastest */
 
@@ -1121,19 +1112,23 @@ static int time_point(mesh_coll_t *c, const int *ids, const int *live,
     return 0;
 }
 
-/* v[a] = the median of t[a][0..runs) in us, for each live a (else 0). */
-static void medians(const int *live, int nauto, double (*t)[MEAS_RUNS_MAX],
-                    int runs, float *v)
+/*
+ * v[a] = the least of t[a][0..runs) in us, for each live a (else 0): load
+ * from elsewhere only ever adds time, and a burst of it can spoil most
+ * runs of one algorithm, which moves a median but not the least.
+ */
+static void least(const int *live, int nauto, double (*t)[MEAS_RUNS_MAX],
+                  int runs, float *v)
 {
     for (int a = 0; a < nauto; a++) {
-        double s[MEAS_RUNS_MAX];
+        double x = t[a][0];
 
         v[a] = 0;
         if (!live[a])
             continue;
-        memcpy(s, t[a], (size_t)runs * sizeof(s[0]));
-        qsort(s, (size_t)runs, sizeof(s[0]), cmp_double);
-        v[a] = (float)(s[runs / 2] * 1e6);
+        for (int i = 1; i < runs; i++)
+            x = MESH_MIN(x, t[a][i]);
+        v[a] = (float)(x * 1e6);
     }
 }
 
@@ -1160,34 +1155,26 @@ static int contenders(const int *live, int nauto, const float *v, int *close)
 /*
  * Which algorithms to time at point k (model points 0..k-1 measured and
  * agreed, so every rank decides alike): the live ones of point k - 1
- * whose scratch fits and, where point k - 1 is at least MEAS_PRUNE_FROM
- * (bandwidth rules there, and the order of the algorithms holds as sizes
- * grow), whose time there was within MEAS_PRUNE of the best one's.
- * Returns the estimated time of point k's runs (s), for the budget.
+ * whose scratch fits. None is dropped for being slow at a smaller size:
+ * on a shared machine one burst of load can make the best algorithm look
+ * twice as slow, and a dropped one never comes back. Returns the
+ * estimated time of point k's runs (s), for the budget.
  */
 static double plan_live(mesh_coll_t *c, const int *ids, int nauto, int k,
                         int *live)
 {
     const struct mesh_coll_model *m = &c->model;
-    size_t bytes = m->point_bytes[k], prev = m->point_bytes[k - 1];
+    size_t bytes = m->point_bytes[k];
     int runs = bytes < ((size_t)1 << 20) ? MEAS_RUNS_SMALL : MEAS_RUNS_BIG;
-    double best = -1, total = 0;
+    double total = 0;
 
-    for (int a = 0; a < nauto; a++) {
-        double t = m->point_s[k - 1][ids[a]];
-
-        if (live[a] && t > 0 && (best < 0 || t < best))
-            best = t;
-    }
     for (int a = 0; a < nauto; a++) {
         double est;
 
         if (!live[a])
             continue;
         if (mesh_coll_scratch_for(c, ids[a], bytes) >
-                2 * bytes + MEAS_SCRATCH_PAD ||
-            (prev >= MEAS_PRUNE_FROM &&
-             m->point_s[k - 1][ids[a]] > MEAS_PRUNE * best)) {
+            2 * bytes + MEAS_SCRATCH_PAD) {
             live[a] = 0;
             continue;
         }
@@ -1202,7 +1189,7 @@ static double plan_live(mesh_coll_t *c, const int *ids, int nauto, int k,
 enum { HEAD = 3, AGREE_NV = HEAD + MESH_ALGO_LAST + 1 };
 
 /*
- * This rank's alpha, beta, time since start and medians of t (runs runs
+ * This rank's alpha, beta, time since start and least times of t (runs runs
  * of each live algorithm) into v, then averaged over the ranks by a ring
  * all-reduce, so that every rank holds the same bytes.
  */
@@ -1214,7 +1201,7 @@ static int agree_times(mesh_coll_t *c, const int *live, int nauto,
     v[0] = (float)(c->meas_alpha * 1e6); /* us */
     v[1] = (float)(c->meas_beta * 1e9);  /* ns per byte */
     v[2] = (float)(mesh_now_s() - start);
-    medians(live, nauto, t, runs, v + HEAD);
+    least(live, nauto, t, runs, v + HEAD);
     return mesh_coll_allreduce(c, v, v, AGREE_NV, MESH_DT_F32, MESH_REDOP_AVG,
                                MESH_ALGO_RING);
 }
@@ -1267,7 +1254,7 @@ static int agree(mesh_coll_t *c)
             rc = agree_times(c, live, nauto, t, runs, start, v);
         /*
          * The algorithms within MEAS_CLOSE of the fastest run as many
-         * times again, and their medians over all runs are agreed anew:
+         * times again, and their least times over all runs are agreed anew:
          * where the choice is close, noise has the most say.
          */
         if (rc == 0 && contenders(live, nauto, v + HEAD, close) > 1 &&

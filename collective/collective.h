@@ -101,18 +101,18 @@ struct mesh_coll_opts {
      * trainer's buckets, meshbench's sweep), each timed with each of
      * AUTO's algorithms besides 32 bytes and measure_bytes (at most
      * MESH_COLL_POINTS sizes in all; a longer list is thinned, keeping
-     * its ends). The algorithms take turns run by run, and each size's
-     * median times are averaged over the ranks before anything is decided
-     * from them, so every rank takes the same choices; those within 15 %
-     * of the fastest then run as many times again, and their medians over
-     * all runs are agreed anew. An algorithm
-     * over twice the best one's time at a size of 1 MiB or more is not
-     * timed at larger sizes (nor chosen there), nor is one whose scratch
-     * memory would exceed twice the message plus 8 MiB; sizes that would take
-     * the measurement past about 20 s in all are not timed either. AUTO
-     * then takes, for each size, the algorithm of least time on the line
-     * through the measured sizes around it (beyond the largest, on the
-     * last two). NULL / 0: only 32 bytes and measure_bytes. The array is
+     * its ends). The algorithms take turns run by run, and each one's
+     * least time of its runs at a size (load from elsewhere only adds
+     * time) is averaged over the ranks before anything is decided from
+     * it, so every rank takes the same choices; those within 15 % of the
+     * fastest then run as many times again, and their least times are
+     * agreed anew. An algorithm whose scratch memory would exceed twice
+     * the message plus 8 MiB is not timed (nor chosen) at that size and
+     * above; sizes that would take the measurement past about 20 s in
+     * all are not timed either. AUTO then takes, for each size, the
+     * algorithm of least time on the line through the measured sizes
+     * around it (beyond the largest, on the last two). NULL / 0: only 32
+     * bytes and measure_bytes. The array is
      * read during mesh_coll_create only.
      */
     const size_t *measure_sizes;
