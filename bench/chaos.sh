@@ -3,25 +3,39 @@
 #
 #   bench/chaos.sh [--slots N] [--min-peers M] [--iters I] [--seed S]
 #                  [--peer-timeout T] [--width W] [--image-size S]
-#                  [--batch B] [--out DIR]
+#                  [--batch B] [--gap LO HI] [--restart-delay LO HI]
+#                  [--no-restarts] [--phase free|chaos|both] [--out DIR]
 #
 # N hosts (default 8) in network namespaces (scripts/netns.sh), one
 # meshtrain peer each, train a ResNet-18 (--width, default 4, CIFAR stem)
 # on Fashion-MNIST at --image-size (default 14) with --batch (default 8)
 # per peer for --iters steps (default 400) twice:
 #   1. fault-free (--elastic, nothing injected), and
-#   2. under chaos: a driver waits a random 2 to 20 s, then kills a random
-#      live peer with SIGKILL, stops one with SIGSTOP, or drops its link
-#      (its veth down), never leaving fewer than --min-peers (default 3).
+#   2. under chaos: a driver waits a random LO to HI s (--gap, default 2
+#      to 20), then kills a random live peer with SIGKILL, stops one with
+#      SIGSTOP, or drops its link (its veth down), never leaving fewer than
+#      --min-peers (default 3) live. Unless --no-restarts (issue 25's part
+#      1), each faulted slot gets a new peer after a random LO to HI s
+#      (--restart-delay, default 2 to 10): the stopped peer is continued,
+#      or the link brought up, and once the old process has exited (left
+#      out of the view: exit 5; killed after 30 s) a new meshtrain starts
+#      on the slot and joins the running job (issue 26), so that faults go
+#      on for the whole run.
 # Both use --keep-global-batch, so the two runs see the same samples per
-# step. It reports steps per minute of each, the recovery time of each
+# step. --phase runs one of them (each fits a 12-minute bench lock; the
+# summary reads whatever DIR holds). It reports steps per minute of each
+# (the chaos run's over its whole length), the recovery time of each
 # fault (from the fault to the view change that excludes the peer, when
 # training resumes, and to the next step completed after it; the
-# distribution and the worst), and the final top-1 accuracy of each,
-# and writes DIR/faults.csv, DIR/summary.txt and the logs (default
-# DIR=bench-chaos-out). Goals (issue 25): recovery <= 1 s after a crash,
-# <= --peer-timeout + 1 s after silence (SIGSTOP, link); no hang and no
-# digest mismatch; accuracy within 0.5 points of the fault-free run.
+# distribution and the worst), the join time of each restarted peer (from
+# its process start to the view change that admits it, and to the first
+# step after it), and the final top-1 accuracy of each, and writes
+# DIR/faults.csv, DIR/restarts.csv, DIR/summary.txt and the logs (default
+# DIR=bench-chaos-out). Goals (issues 25 and 26): recovery <= 1 s after a
+# crash, <= --peer-timeout + 1 s after silence (SIGSTOP, link); no hang
+# and no digest mismatch; accuracy within 0.5 points of the fault-free
+# run; steps per minute >= 90 % of fault-free with a fault every 20 s on
+# average (--gap 10 30).
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
 MESHTRAIN=${MESHTRAIN:-$top/meshtrain}
@@ -34,6 +48,12 @@ PT=2
 WIDTH=4
 SIZE=14
 BATCH=8
+GAP_LO=2
+GAP_HI=20
+RD_LO=2
+RD_HI=10
+RESTARTS=1
+PHASE=both
 OUT=bench-chaos-out
 while [ $# -gt 0 ]; do
     case $1 in
@@ -46,13 +66,20 @@ while [ $# -gt 0 ]; do
     --image-size) SIZE=$2 ;;
     --batch) BATCH=$2 ;;
     --out) OUT=$2 ;;
+    --gap) GAP_LO=$2; GAP_HI=$3; shift ;;
+    --restart-delay) RD_LO=$2; RD_HI=$3; shift ;;
+    --no-restarts) RESTARTS=0; shift; continue ;;
+    --phase) PHASE=$2 ;;
     *) echo "usage: bench/chaos.sh [--slots N] [--min-peers M] [--iters I]" \
             "[--seed S] [--peer-timeout T] [--width W] [--batch B]" \
-            "[--out DIR]" >&2
+            "[--gap LO HI] [--restart-delay LO HI] [--no-restarts]" \
+            "[--phase free|chaos|both] [--out DIR]" >&2
        exit 2 ;;
     esac
     shift 2
 done
+case $PHASE in free|chaos|both) ;; *) echo "chaos.sh: --phase free, chaos" \
+    "or both" >&2; exit 2 ;; esac
 [ -x "$MESHTRAIN" ] || { echo "chaos.sh: build meshtrain first" >&2; exit 1; }
 DATA=/usr/share/datasets/fashion-mnist
 [ -d "$DATA" ] || { echo "chaos.sh: no Fashion-MNIST in $DATA" >&2; exit 1; }
@@ -63,8 +90,10 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 PIDS=""
 cleanup() {
-    for p in $PIDS; do kill -CONT "$p" 2> /dev/null; kill -KILL "$p" \
-        2> /dev/null; done
+    for p in $PIDS $(cat "$OUT"/pid.* 2> /dev/null); do
+        kill -CONT "$p" 2> /dev/null; kill -KILL "$p" 2> /dev/null
+    done
+    rm -f "$OUT"/pid.* "$OUT"/faulted.*
     sh "$NETNS" down --prefix "$PREFIX" > /dev/null 2>&1
 }
 trap cleanup EXIT
@@ -81,29 +110,91 @@ head -c 32 /dev/urandom | base64 > "$OUT/secret"
 chmod 600 "$OUT/secret"
 export OMP_WAIT_POLICY=passive MESHTRAIN_LOG=info
 
-# job NAME: start the peers; their pids in $PIDS.
+# peer NAME R: start slot R's peer in its namespace (output appended);
+# its pid in $OUT/pid.R and $PEER.
+peer() {
+    ip netns exec "$PREFIX$(($2 + 1))" "$MESHTRAIN" \
+        --hostfile "$OUT/hosts" --rank "$2" --port 29600 \
+        --secret-file "$OUT/secret" --model resnet18 --width "$WIDTH" \
+        --cifar-stem --image-size "$SIZE" --threads 1 --data-threads 1 \
+        --data "fashion-mnist" --batch "$BATCH" --lr 0.1 --iters "$ITERS" \
+        --eval-every 0 --verify-every 20 --elastic --keep-global-batch \
+        --min-peers "$MINP" --peer-timeout "$PT" --join-timeout 120 \
+        --log-every 50 --metrics "$OUT/$1.metrics" \
+        >> "$OUT/$1.p$2.log" 2>&1 &
+    PEER=$!
+    echo "$PEER" > "$OUT/pid.$2"
+}
+
+# job NAME: start every slot's peer; their pids in $PIDS.
 job() {
     PIDS=""
+    rm -f "$OUT/$1".p*.log "$OUT"/pid.* "$OUT"/faulted.*
     r=0
     while [ $r -lt "$SLOTS" ]; do
-        ip netns exec "$PREFIX$((r + 1))" "$MESHTRAIN" \
-            --hostfile "$OUT/hosts" --rank $r --port 29600 \
-            --secret-file "$OUT/secret" --model resnet18 --width "$WIDTH" \
-            --cifar-stem --image-size "$SIZE" --threads 1 --data-threads 1 --data "fashion-mnist" \
-            --batch "$BATCH" --lr 0.1 --iters "$ITERS" --eval-every 0 \
-            --verify-every 20 --elastic --keep-global-batch \
-            --min-peers "$MINP" --peer-timeout "$PT" --join-timeout 120 \
-            --log-every 50 --metrics "$OUT/$1.metrics" \
-            > "$OUT/$1.p$r.log" 2>&1 &
-        PIDS="$PIDS $!"
+        peer "$1" $r
+        PIDS="$PIDS $PEER"
         r=$((r + 1))
     done
 }
 
-# running: a peer not yet hit by a fault still runs (then the job does)
+# live: the slots whose peer runs, was not hit by a fault since it
+# started, and is a member of the last view (a restarted peer not yet
+# admitted is not), as "slot:pid" words
+live() {
+    _m=$(grep '"event": "view"' "$OUT/chaos.metrics" 2> /dev/null |
+         tail -n 1 | sed 's/.*"members": \[\([0-9,]*\)\].*/,\1,/')
+    r=0
+    while [ $r -lt "$SLOTS" ]; do
+        p=$(cat "$OUT/pid.$r" 2> /dev/null)
+        if [ -n "$p" ] && [ ! -e "$OUT/faulted.$r" ] &&
+           kill -0 "$p" 2> /dev/null &&
+           { [ -z "$_m" ] || case $_m in *",$r,"*) true ;; *) false ;; esac; }
+        then
+            printf '%s ' "$r:$p"
+        fi
+        r=$((r + 1))
+    done
+}
+
+# running: a peer not hit by a fault still runs, or (with restarts) a
+# faulted slot waits for its new one
 running() {
-    for v in ${alive:-}; do kill -0 "${v#*:}" 2> /dev/null && return 0; done
-    return 1
+    r=0
+    while [ $r -lt "$SLOTS" ]; do
+        p=$(cat "$OUT/pid.$r" 2> /dev/null)
+        [ -n "$p" ] && [ ! -e "$OUT/faulted.$r" ] &&
+            kill -0 "$p" 2> /dev/null && return 0
+        r=$((r + 1))
+    done
+    [ "$RESTARTS" -eq 1 ] && ls "$OUT"/faulted.* > /dev/null 2>&1
+}
+
+# finished: rank 0's metrics reached the last step
+finished() {
+    grep -q "\"step\": $ITERS," "$OUT/chaos.metrics" 2> /dev/null
+}
+
+# restart SLOT KIND PID DELAY (in the background): undo the fault after
+# DELAY s, wait for the old process to end, start a new peer on the slot
+restart() {
+    sleep "$4"
+    case $2 in
+    stop) kill -CONT "$3" 2> /dev/null ;;
+    link) ip link set "${PREFIX}v$(($1 + 1))" up ;;
+    esac
+    i=0
+    while kill -0 "$3" 2> /dev/null && [ $i -lt 300 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    kill -KILL "$3" 2> /dev/null
+    if ! finished; then
+        peer chaos "$1"
+        echo "$(date +%s.%N),$1,$PEER" >> "$OUT/restarts.csv"
+        echo "chaos.sh: restarted slot $1 (pid $PEER)"
+    fi
+    rm -f "$OUT/faulted.$1"
 }
 
 # an integer in [LO, HI], the next of the --seed stream
@@ -118,54 +209,68 @@ rand() { # rand VAR LO HI: VAR gets it (no subshell: the stream advances)
 }
 
 echo "chaos.sh: $SLOTS hosts, ResNet-18 width $WIDTH, batch $BATCH per peer," \
-    "$ITERS steps, --min-peers $MINP, --peer-timeout $PT"
-echo "chaos.sh: 1. fault-free run"
-t0=$(date +%s.%N)
-job free
-for p in $PIDS; do wait "$p"; done
-alive=""
-t1=$(date +%s.%N)
-echo "$t0 $t1" > "$OUT/free.time"
+    "$ITERS steps, --min-peers $MINP, --peer-timeout $PT, a fault every" \
+    "$GAP_LO-$GAP_HI s$([ "$RESTARTS" -eq 1 ] && echo ", restarts after" \
+    "$RD_LO-$RD_HI s"); load $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "$PHASE" != chaos ]; then
+    echo "chaos.sh: 1. fault-free run"
+    t0=$(date +%s.%N)
+    job free
+    for p in $PIDS; do wait "$p"; done
+    t1=$(date +%s.%N)
+    echo "$t0 $t1" > "$OUT/free.time"
+    rm -f "$OUT"/pid.*
+fi
 
-echo "chaos.sh: 2. chaos run"
-: > "$OUT/faults.csv"
-t0=$(date +%s.%N)
-job chaos
-set -- $PIDS
-alive=""
-r=0
-for p in "$@"; do alive="$alive $r:$p"; r=$((r + 1)); done
-nalive=$SLOTS
-while running; do
-    rand wait_s 2 20
-    i=0
-    while [ $i -lt $((wait_s * 10)) ] && running; do
-        sleep 0.1
-        i=$((i + 1))
+if [ "$PHASE" != free ]; then
+    echo "chaos.sh: 2. chaos run"
+    : > "$OUT/faults.csv"
+    : > "$OUT/restarts.csv"
+    t0=$(date +%s.%N)
+    job chaos
+    while running; do
+        rand wait_s "$GAP_LO" "$GAP_HI"
+        i=0
+        while [ $i -lt $((wait_s * 10)) ] && running; do
+            sleep 0.1
+            i=$((i + 1))
+        done
+        running || break
+        finished && continue
+        alive=$(live)
+        nalive=$(echo $alive | wc -w)
+        [ "$nalive" -le "$MINP" ] && continue
+        rand k 1 "$nalive"
+        victim=$(echo $alive | tr ' ' '\n' | sed -n "${k}p")
+        slot=${victim%%:*}
+        pid=${victim#*:}
+        rand kind_n 1 3
+        rand delay "$RD_LO" "$RD_HI"
+        case $kind_n in
+        1) kind=kill; now=$(date +%s.%N); kill -KILL "$pid" ;;
+        2) kind=stop; now=$(date +%s.%N); kill -STOP "$pid" ;;
+        *) kind=link; now=$(date +%s.%N)
+           ip link set "${PREFIX}v$((slot + 1))" down ;;
+        esac
+        echo "$now,$kind,$slot" >> "$OUT/faults.csv"
+        echo "chaos.sh: $kind slot $slot"
+        touch "$OUT/faulted.$slot"
+        if [ "$RESTARTS" -eq 1 ]; then
+            restart "$slot" "$kind" "$pid" "$delay" &
+        fi
     done
-    running || break
-    [ "$nalive" -le "$MINP" ] && continue
-    rand k 1 "$nalive"
-    victim=$(echo $alive | tr ' ' '\n' | sed -n "${k}p")
-    slot=${victim%%:*}
-    pid=${victim#*:}
-    rand kind_n 1 3
-    case $kind_n in
-    1) kind=kill; now=$(date +%s.%N); kill -KILL "$pid" ;;
-    2) kind=stop; now=$(date +%s.%N); kill -STOP "$pid" ;;
-    *) kind=link; now=$(date +%s.%N)
-       ip link set "${PREFIX}v$((slot + 1))" down ;;
-    esac
-    echo "$now,$kind,$slot" >> "$OUT/faults.csv"
-    echo "chaos.sh: $kind slot $slot"
-    alive=$(echo $alive | tr ' ' '\n' | grep -v "^$slot:" | tr '\n' ' ')
-    nalive=$((nalive - 1))
-done
-t1=$(date +%s.%N)
-echo "$t0 $t1" > "$OUT/chaos.time"
-# the peers hit by a fault: continued (they find themselves left out)
-for p in $PIDS; do kill -CONT "$p" 2> /dev/null; done
-for p in $PIDS; do wait "$p"; done
+    t1=$(date +%s.%N)
+    echo "$t0 $t1" > "$OUT/chaos.time"
+    # without restarts, the peers hit by a fault: continued (they find
+    # themselves left out); links up again
+    for f in "$OUT"/pid.*; do kill -CONT "$(cat "$f")" 2> /dev/null; done
+    r=1
+    while [ $r -le "$SLOTS" ]; do
+        ip link set "${PREFIX}v$r" up 2> /dev/null
+        r=$((r + 1))
+    done
+    wait
+fi
 
 python3 - "$OUT" "$ITERS" "$PT" <<'EOF' | tee "$OUT/summary.txt"
 import glob, json, re, sys
@@ -186,23 +291,34 @@ def run(name):
                for f in glob.glob("%s/%s.p*.log" % (out, name)))
     return t0, t1, steps, views, acc, mism
 
-f0, f1, fsteps, _, facc, fmis = run("free")
+# --phase: a run not made (yet) is left out
+have = lambda name: glob.glob("%s/%s.time" % (out, name))
+fspm = facc = fsteps = None
+fmis = 0
+if have("free"):
+    f0, f1, fsteps, _, facc, fmis = run("free")
+    fspm = len(fsteps) / ((f1 - f0) / 60)
+    print("fault-free: %d steps in %.1f s: %.1f steps/min, top-1 %s %%"
+          % (len(fsteps), f1 - f0, fspm, facc))
+if not have("chaos"):
+    sys.exit(0)
 c0, c1, csteps, cviews, cacc, cmis = run("chaos")
-fspm = len(fsteps) / ((f1 - f0) / 60)
 cspm = len(csteps) / ((c1 - c0) / 60)
-print("fault-free: %d steps in %.1f s: %.1f steps/min, top-1 %s %%"
-      % (len(fsteps), f1 - f0, fspm, facc))
-print("chaos:      %d steps in %.1f s: %.1f steps/min (%.1f %% of "
-      "fault-free), top-1 %s %%, %d view change(s)"
-      % (len(csteps), c1 - c0, cspm, 100 * cspm / fspm, cacc, len(cviews)))
+print("chaos:      %d steps in %.1f s: %.1f steps/min%s, top-1 %s %%, %d "
+      "view change(s)"
+      % (len(csteps), c1 - c0, cspm,
+         " (%.1f %% of fault-free)" % (100 * cspm / fspm) if fspm else "",
+         cacc, len(cviews)))
 faults = [l.strip().split(",") for l in open(out + "/faults.csv") if l.strip()]
 print("faults: %d (%s)" % (len(faults), ", ".join(k + " " + s for _, k, s in
                                                  faults)))
 rec = {}
 for t, kind, slot in faults:
     t = float(t)
-    # the first view change after the fault, then the first step after it
-    vs = [v for v in cviews if v["wall"] >= t]
+    # the first view change after the fault that drops the slot (else the
+    # first after it), then the first step after it
+    vs = [v for v in cviews if v["wall"] >= t and int(slot) in v["left"]] \
+        or [v for v in cviews if v["wall"] >= t]
     if not vs:
         print("  %s slot %s: no view change after it" % (kind, slot))
         continue
@@ -216,8 +332,37 @@ for t, kind, slot in faults:
     print("  %s slot %s: training resumed after %.3f s, next step done "
           "after %.3f s (view %d, %d peers)"
           % (kind, slot, rv, r, vs[0]["view"], vs[0]["peers"]))
-steps_s = sorted(s["t_step"] for s in fsteps)
-print("step time (fault-free): median %.3f s" % steps_s[len(steps_s) // 2])
+joins = []
+try:
+    restarts = [l.strip().split(",") for l in open(out + "/restarts.csv")
+                if l.strip()]
+except OSError:
+    restarts = []
+for t, slot, pid in restarts:
+    t = float(t)
+    vs = [v for v in cviews
+          if v["wall"] >= t and int(slot) in v.get("joined", [])]
+    if not vs:
+        print("  restart of slot %s: never admitted" % slot)
+        continue
+    nxt = [s["wall"] for s in csteps if s["wall"] > vs[0]["wall"]]
+    jv = vs[0]["wall"] - t
+    js = (min(nxt) - t) if nxt else float("nan")
+    joins.append((jv, js))
+    print("  restart of slot %s: admitted after %.3f s, first step after "
+          "%.3f s (view %d, %d peers)" % (slot, jv, js, vs[0]["view"],
+                                          vs[0]["peers"]))
+if restarts:
+    v = sorted(j[0] for j in joins)
+    w = sorted(j[1] for j in joins)
+    if v:
+        print("join time (process start to admission / first step): n=%d "
+              "of %d restarts, median %.3f / %.3f s, worst %.3f / %.3f s"
+              % (len(v), len(restarts), v[len(v) // 2], w[len(w) // 2],
+                 v[-1], w[-1]))
+steps_s = sorted(s["t_step"] for s in (fsteps or csteps))
+print("step time (%s): median %.3f s" % ("fault-free" if fsteps else "chaos",
+                                        steps_s[len(steps_s) // 2]))
 for kind, rs in sorted(rec.items()):
     goal = 1.0 if kind == "kill" else pt + 1.0
     for i, what in ((0, "to resume"), (1, "to the next step")):
