@@ -786,7 +786,7 @@ static void schedule_restart(struct run *run, struct proc *p, int code)
 {
     struct proc *q = NULL;
 
-    if (!run->restarts || code == MESH_EXIT_MIN_PEERS)
+    if ((!run->restarts && !run->max_peers) || code == MESH_EXIT_MIN_PEERS)
         return;
     if (p->restarts < run->restarts) {
         p->restart_at = mesh_now_s() + restart_delay(p);
@@ -974,7 +974,7 @@ static int supervise(struct run *run)
             signal_all(run, SIGCONT);
             kill_at = mesh_now_s() + run->grace_s;
         }
-        if (run->restarts) {
+        if (run->restarts || run->max_peers) {
             running += restart_due(run, running, stopping);
             late_stop(run);
         }
