@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -82,6 +84,7 @@ void mesh_opts_init(struct mesh_opts *o)
 {
     memset(o, 0, sizeof(*o));
     o->rank = -1;
+    o->claim_fd = -1;
     o->insecure = -1;
     o->join_timeout_s = -1.0;
     o->peer_timeout_s = -1.0;
@@ -152,6 +155,10 @@ static int set_flag(struct mesh_opts *o, enum flag_id id, const char *name,
         o->hosts = v;
         return 0;
     case F_RANK:
+        if (!strcmp(v, "auto")) {
+            o->rank = MESH_RANK_AUTO;
+            return 0;
+        }
         return mesh_parse_int(name, v, 0, INT_MAX, &o->rank);
     case F_PORT:
         return mesh_parse_int(name, v, 1, 65535, &o->port);
@@ -431,6 +438,59 @@ static int finish_job_id(struct mesh_opts *o)
     return 0;
 }
 
+/*
+ * --rank auto: the first slot of this host that no process of this host
+ * holds. A slot is this host's when its address can be bound here, and
+ * free when its UDP port (host:port, the --elastic agreement's socket)
+ * is not bound yet: the socket is bound without SO_REUSEADDR and kept
+ * (o->claim_fd) for the life of the process, so two peers started at
+ * once never take the same slot (the kernel lets one bind win).
+ */
+static int claim_slot(struct mesh_opts *o, const struct mesh_peer *peers,
+                      int size)
+{
+    int mine = 0, taken = 0;
+
+    for (int r = 0; r < size; r++) {
+        struct addrinfo hints, *res = NULL;
+        char port[16];
+        int fd, err;
+
+        memset(&hints, 0, sizeof(hints));
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_DGRAM;
+        snprintf(port, sizeof(port), "%u", (unsigned)peers[r].port);
+        if (getaddrinfo(peers[r].host, port, &hints, &res) != 0 || !res)
+            continue;
+        fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        err = fd < 0                                         ? errno
+              : bind(fd, res->ai_addr, res->ai_addrlen) == 0 ? 0
+                                                             : errno;
+        freeaddrinfo(res);
+        if (err == 0) {
+            o->rank = r;
+            o->claim_fd = fd;
+            mesh_info("--rank auto: slot %d (%s:%u), the first free one of "
+                      "this host",
+                      r, peers[r].host, (unsigned)peers[r].port);
+            return 0;
+        }
+        if (fd >= 0)
+            close(fd);
+        mine += err != EADDRNOTAVAIL;
+        taken += err == EADDRINUSE;
+    }
+    if (!mine)
+        return mesh_err(-EINVAL,
+                        "--rank auto: no slot of %s is on this host (none "
+                        "of their addresses can be bound here)",
+                        o->source);
+    return mesh_err(-EBUSY,
+                    "--rank auto: every slot of this host in %s is taken "
+                    "(%d in use by running peers)",
+                    o->source, taken);
+}
+
 static int finish_world(struct mesh_opts *o)
 {
     struct mesh_hostfile *hf = NULL;
@@ -480,7 +540,12 @@ static int finish_world(struct mesh_opts *o)
                       o->source, size, var, env_size);
         goto fail;
     }
-    if (o->rank >= 0) {
+    if (o->rank == MESH_RANK_AUTO) {
+        o->rank_source = "--rank auto";
+        rc = claim_slot(o, peers, size);
+        if (rc < 0)
+            goto fail;
+    } else if (o->rank >= 0) {
         o->rank_source = "--rank";
     } else {
         rc = mesh_env_rank(&o->rank, &o->rank_source);
@@ -634,6 +699,9 @@ fail:
 
 void mesh_opts_free(struct mesh_opts *o)
 {
+    if (o->claim_fd >= 0)
+        close(o->claim_fd);
+    o->claim_fd = -1;
     OPENSSL_cleanse(o->secret, sizeof(o->secret));
     o->topts.secret = NULL;
     o->topts.secret_len = 0;
@@ -652,7 +720,10 @@ static const char opts_help[] =
     "                      SLURM_PROCID, OMPI_COMM_WORLD_RANK, PMI_RANK];\n"
     "                      the world size is checked against\n"
     "                      MESHTRAIN_SIZE, SLURM_NTASKS,\n"
-    "                      OMPI_COMM_WORLD_SIZE or PMI_SIZE\n"
+    "                      OMPI_COMM_WORLD_SIZE or PMI_SIZE; --rank auto:\n"
+    "                      the first slot of this host that no running\n"
+    "                      process of this host holds (its UDP port is\n"
+    "                      free), e.g. a peer joining an --elastic job\n"
     "  --port P            base port; a slot listens on base + its\n"
     "                      index on its host (default 29400)\n"
     "                      [MESHTRAIN_PORT]\n"

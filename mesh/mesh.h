@@ -67,7 +67,7 @@ struct mesh_opts {
      * environment by mesh_opts_finish. Strings point into argv. */
     const char *hostfile;    /* --hostfile FILE */
     const char *hosts;       /* -H, --hosts h1:2,h2:2 */
-    int rank;                /* --rank, -1 = unset */
+    int rank;                /* --rank, -1 = unset, MESH_RANK_AUTO */
     int port;                /* --port base, 0 = unset */
     int port_lo, port_hi;    /* --port-range LO-HI, 0 = unset */
     int streams;             /* --streams, 0 = unset */
@@ -88,9 +88,14 @@ struct mesh_opts {
     struct mesh_world world;          /* rank, size, peers (owned) */
     struct mesh_transport_opts topts; /* timeouts, streams, secret, job id */
     const char *rank_source;          /* "--rank", "MESHTRAIN_RANK", ... */
-    uint8_t secret[MESH_SECRET_MAX];  /* wiped by mesh_opts_free */
-    char source[300];                 /* hostfile name or "-H list" */
+    int claim_fd; /* --rank auto: the UDP socket bound to the slot's
+                     host:port, which holds the slot (-1: none) */
+    uint8_t secret[MESH_SECRET_MAX]; /* wiped by mesh_opts_free */
+    char source[300];                /* hostfile name or "-H list" */
 };
+
+/* --rank auto: the first free slot of this host (mesh_opts_finish). */
+#define MESH_RANK_AUTO (-2)
 
 void mesh_opts_init(struct mesh_opts *o);
 
