@@ -33,7 +33,7 @@ def main():
             rec = json.loads(line)
             if rec.get("event") == "view":
                 views += 1
-            else:
+            elif "event" not in rec:
                 seen.append(rec["step"])
     if seen != list(range(1, steps + 1)):
         dup = [s for s, c in collections.Counter(seen).items() if c > 1]

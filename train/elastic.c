@@ -10,6 +10,7 @@
 #include "common/util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <openssl/evp.h>
@@ -26,8 +27,8 @@
 #include <unistd.h>
 
 #define MSG_MAGIC   0x4c45454dU /* "MEEL" little-endian */
-#define MSG_VERSION 1
-#define MSG_BODY    56
+#define MSG_VERSION 2
+#define MSG_BODY    64
 #define MSG_BYTES   (MSG_BODY + 32)
 #define TICK_MS     10
 #define RESEND_S    0.02
@@ -36,15 +37,28 @@
 #define SILENT_S    0.3 /* a member of seen this quiet ends the round */
 #define IDLE_MS     100 /* the thread's tick while nothing is going on */
 
-enum msg_type { MSG_PROPOSE = 1, MSG_DECIDED = 2 };
+#define JOIN_RESEND_S 0.1
+#define JOIN_FRESH_S  1.0 /* a join request this old is stale */
 
-enum state { ST_NORMAL, ST_AGREEING, ST_EXCLUDED };
+enum msg_type {
+    MSG_PROPOSE = 1,
+    MSG_DECIDED = 2,
+    MSG_JOIN = 3,    /* a peer started later asks to be admitted */
+    MSG_STATUS = 4,  /* a member's answer to it: its view */
+    MSG_REFUSED = 5, /* unsigned answer to a JOIN that failed the checks */
+};
+
+/* MSG_REFUSED's reasons (its step field) */
+enum { REFUSED_SECRET = 1, REFUSED_JOB = 2 };
+
+enum state { ST_NORMAL, ST_AGREEING, ST_EXCLUDED, ST_JOINING };
 
 struct decision {
     uint64_t epoch;   /* of the view left */
     uint64_t prev;    /* that view's members */
     uint64_t members; /* the next view's */
     uint64_t step;
+    uint64_t needy; /* its members that hold no state (joiners) */
 };
 
 struct mesh_elastic {
@@ -78,7 +92,20 @@ struct mesh_elastic {
     uint64_t report[MESH_ELASTIC_MAX_SLOTS]; /* each one's seen set */
     uint64_t rstep[MESH_ELASTIC_MAX_SLOTS];  /* and step */
     double heard_at[MESH_ELASTIC_MAX_SLOTS]; /* its last PROPOSE */
-    uint64_t heard;        /* whose report of this round we hold */
+    uint64_t heard; /* whose report of this round we hold */
+    uint64_t adds;  /* joiners this agreement admits (grows) */
+    uint64_t radds[MESH_ELASTIC_MAX_SLOTS]; /* each one's adds */
+    uint64_t joins; /* join requests heard while NORMAL */
+    double join_at[MESH_ELASTIC_MAX_SLOTS]; /* the latest, per slot */
+    int formed_once;                        /* a view's mesh has formed here */
+    /* ST_JOINING: the epoch a running member reported (a decision for
+     * an older epoch is stale), whether one has, and a refusal */
+    uint64_t join_epoch;
+    int join_heard, refused;
+    uint64_t answered; /* slots that answered our join request */
+    double refused_at; /* our last refusal sent */
+    const struct mesh_world *world;
+    char refused_by[MESH_HOST_MAX + 16];
     uint64_t my_step;      /* frozen on leaving */
     struct decision last;  /* the latest decision, re-sent a while */
     double announce_until; /* monotonic seconds */
@@ -122,7 +149,8 @@ static int sign(const struct mesh_elastic *e, const uint8_t *body,
 }
 
 static void send_msg(struct mesh_elastic *e, int type, uint64_t epoch,
-                     uint64_t mask, uint64_t step, int to)
+                     uint64_t mask, uint64_t step, uint64_t extra,
+                     uint64_t extra2, int to)
 {
     uint32_t round = type == MSG_PROPOSE ? e->round : 0;
     uint8_t m[MSG_BYTES];
@@ -137,6 +165,8 @@ static void send_msg(struct mesh_elastic *e, int type, uint64_t epoch,
     mesh_put_le64(m + 24, mask);
     mesh_put_le64(m + 32, step);
     mesh_put_le32(m + 40, round);
+    mesh_put_le64(m + 44, extra);
+    mesh_put_le64(m + 52, extra2);
     if (sign(e, m, m + MSG_BODY) < 0)
         return;
     /* a lost datagram is re-sent at the next tick */
@@ -145,11 +175,19 @@ static void send_msg(struct mesh_elastic *e, int type, uint64_t epoch,
 }
 
 static void send_all(struct mesh_elastic *e, int type, uint64_t epoch,
-                     uint64_t to_mask, uint64_t mask, uint64_t step)
+                     uint64_t to_mask, uint64_t mask, uint64_t step,
+                     uint64_t extra, uint64_t extra2)
 {
     for (int s = 0; s < e->nslots; s++)
         if (s != e->me && (to_mask >> s & 1))
-            send_msg(e, type, epoch, mask, step, s);
+            send_msg(e, type, epoch, mask, step, extra, extra2, s);
+}
+
+/* A decision goes to the members of the view left and to its joiners. */
+static void send_decided(struct mesh_elastic *e, const struct decision *d)
+{
+    send_all(e, MSG_DECIDED, d->epoch, d->prev | d->members, d->members,
+             d->step, d->needy, d->prev);
 }
 
 /* ---- the agreement ------------------------------------------------------- */
@@ -173,6 +211,7 @@ static void new_round(struct mesh_elastic *e, uint32_t r)
     e->seen_at = now;
     e->heard = UINT64_C(1) << e->me;
     e->report[e->me] = e->seen;
+    e->radds[e->me] = e->adds;
     e->rstep[e->me] = e->my_step;
     for (int s = 0; s < e->nslots; s++)
         e->heard_at[s] = now;
@@ -189,6 +228,19 @@ static void wake(struct mesh_elastic *e)
                  (const struct sockaddr *)&e->addr[e->me], e->addrlen[e->me]);
 }
 
+/* Under mu: the joiners heard lately that are not members. */
+static uint64_t fresh_joins(struct mesh_elastic *e)
+{
+    double now = mesh_now_s();
+    uint64_t j = 0;
+
+    for (int s = 0; s < e->nslots; s++)
+        if ((e->joins >> s & 1) && !(e->members >> s & 1) &&
+            now - e->join_at[s] < JOIN_FRESH_S)
+            j |= UINT64_C(1) << s;
+    return j;
+}
+
 /* Under mu: leave the current view (once per epoch). */
 static void leave(struct mesh_elastic *e)
 {
@@ -196,6 +248,7 @@ static void leave(struct mesh_elastic *e)
         return;
     e->state = ST_AGREEING;
     e->my_step = e->committed;
+    e->adds = fresh_joins(e);
     new_round(e, 0);
     if (e->ops && e->t)
         e->ops->abort(e->t, -1, "the mesh's view is changing");
@@ -220,8 +273,11 @@ static void adopt(struct mesh_elastic *e, const struct decision *d)
         e->state = ST_NORMAL;
         e->epoch = d->epoch + 1;
         e->members = d->members;
-        e->committed = d->step;
+        /* a joiner holds no snapshot until the state arrives */
+        e->committed = d->needy >> e->me & 1 ? MESH_ELASTIC_NO_STATE : d->step;
     }
+    e->joins &= ~d->members;
+    e->adds = 0;
     e->decided = 1;
     pthread_cond_broadcast(&e->cv);
 }
@@ -238,40 +294,121 @@ static void try_decide(struct mesh_elastic *e)
         return;
     if (2 * popcount64(e->seen & e->base) <= popcount64(e->base))
         return; /* no quorum of the last view that formed */
+    d.needy = e->adds;
     for (int s = 0; s < e->nslots; s++) {
         if (!(e->seen >> s & 1))
             continue;
-        if (!(e->heard >> s & 1) || e->report[s] != e->seen)
+        if (!(e->heard >> s & 1) || e->report[s] != e->seen ||
+            e->radds[s] != e->adds)
             return;
-        if (e->rstep[s] < step)
+        if (e->rstep[s] == MESH_ELASTIC_NO_STATE)
+            d.needy |= UINT64_C(1) << s;
+        else if (e->rstep[s] < step)
             step = e->rstep[s];
     }
     d.epoch = e->epoch;
     d.prev = e->members;
-    d.members = e->seen;
-    d.step = step;
+    d.members = e->seen | e->adds;
+    d.step = step; /* MESH_ELASTIC_NO_STATE: nobody holds it */
     adopt(e, &d);
-    send_all(e, MSG_DECIDED, d.epoch, d.prev, d.members, d.step);
+    send_decided(e, &d);
+}
+
+/* Under mu: a join request from slot from (verified). */
+static void take_join(struct mesh_elastic *e, int from)
+{
+    uint64_t bit = UINT64_C(1) << from;
+    int running = e->formed_once || e->epoch > 0;
+
+    if (e->state == ST_EXCLUDED)
+        return;
+    if (e->state == ST_JOINING) {
+        /* we are not training either */
+        send_msg(e, MSG_STATUS, 0, 0, 0, 0, 0, from);
+        return;
+    }
+    /* a member's slot asks again: its old process died, which the mesh
+     * will notice; it is admitted by the view change after that */
+    if (running && !(e->members & bit)) {
+        e->joins |= bit;
+        e->join_at[from] = mesh_now_s();
+        if (e->state == ST_AGREEING && !(e->adds & bit)) {
+            e->adds |= bit;
+            e->radds[e->me] = e->adds;
+            e->seen_at = mesh_now_s();
+        }
+    }
+    send_msg(e, MSG_STATUS, e->epoch, e->members, (uint64_t)running, 0, 0,
+             from);
+}
+
+/* Under mu: a member's answer to our join request. */
+static void take_status(struct mesh_elastic *e, int from, uint64_t epoch,
+                        uint64_t running)
+{
+    if (e->state != ST_JOINING)
+        return;
+    e->answered |= UINT64_C(1) << from;
+    if (!running) {
+        pthread_cond_broadcast(&e->cv);
+        return;
+    }
+    /* epochs only grow: a decision for an older epoch than any member
+     * reported now is stale (re-sent for a while after it was made) */
+    if (!e->join_heard || epoch < e->join_epoch)
+        e->join_epoch = epoch;
+    e->join_heard = 1;
+    pthread_cond_broadcast(&e->cv);
 }
 
 /* Under mu: one verified message. */
 static void take(struct mesh_elastic *e, int type, int from, uint64_t epoch,
-                 uint32_t round, uint64_t mask, uint64_t step)
+                 uint32_t round, uint64_t mask, uint64_t step, uint64_t extra,
+                 uint64_t extra2)
 {
-    const struct decision *d = find_decision(e, epoch);
+    const struct decision *d;
 
+    if (type == MSG_JOIN) {
+        take_join(e, from);
+        return;
+    }
+    if (type == MSG_STATUS) {
+        take_status(e, from, epoch, step);
+        return;
+    }
+    if (e->state == ST_JOINING) {
+        struct decision nd = {.epoch = epoch,
+                              .prev = extra2,
+                              .members = mask,
+                              .step = step,
+                              .needy = extra};
+
+        /* admitted: a decision of a current epoch that names us, from a
+         * member of the view it leaves */
+        if (type == MSG_DECIDED && e->join_heard && epoch >= e->join_epoch &&
+            (mask >> e->me & 1) && (extra2 >> from & 1)) {
+            e->base = extra2; /* the view the others formed */
+            adopt(e, &nd);
+        }
+        return;
+    }
+    d = find_decision(e, epoch);
     if (d) {
         /* a view we have left: tell the sender how it ended */
         if (type == MSG_PROPOSE)
-            send_msg(e, MSG_DECIDED, d->epoch, d->members, d->step, from);
+            send_msg(e, MSG_DECIDED, d->epoch, d->members, d->step, d->needy,
+                     d->prev, from);
         return;
     }
     if (epoch != e->epoch || e->state == ST_EXCLUDED ||
         !(e->members >> from & 1))
         return; /* a later view, or not a member: nothing to say */
     if (type == MSG_DECIDED) {
-        struct decision nd = {
-            .epoch = epoch, .prev = e->members, .members = mask, .step = step};
+        struct decision nd = {.epoch = epoch,
+                              .prev = e->members,
+                              .members = mask,
+                              .step = step,
+                              .needy = extra};
 
         if (e->state == ST_NORMAL)
             leave(e);
@@ -289,34 +426,100 @@ static void take(struct mesh_elastic *e, int type, int from, uint64_t epoch,
         e->seen_at = mesh_now_s();
         e->report[e->me] = e->seen;
     }
+    /* the joiners a member admits are ours too (adds only grow) */
+    if (extra & ~e->members & ~e->adds) {
+        e->adds |= extra & ~e->members;
+        e->seen_at = mesh_now_s();
+        e->radds[e->me] = e->adds;
+    }
     /* reports of a member only grow; keep the latest */
     e->report[from] = mask & e->members;
+    e->radds[from] = extra & ~e->members;
     e->rstep[from] = step;
     e->heard |= UINT64_C(1) << from;
+}
+
+/* An unsigned refusal of a join request that failed the checks, to the
+ * address it came from (at most one per tick). */
+static void refuse(struct mesh_elastic *e, const uint8_t *req, int reason,
+                   const struct sockaddr_storage *to, socklen_t tolen)
+{
+    uint8_t m[MSG_BYTES];
+    double now = mesh_now_s();
+
+    if (now - e->refused_at < TICK_MS / 1000.0)
+        return;
+    e->refused_at = now;
+    memset(m, 0, sizeof(m));
+    mesh_put_le32(m, MSG_MAGIC);
+    m[4] = MSG_VERSION;
+    m[5] = MSG_REFUSED;
+    mesh_put_le16(m + 6, (uint16_t)e->me);
+    memcpy(m + 8, req + 8, 8); /* the job the request named */
+    mesh_put_le64(m + 32, (uint64_t)reason);
+    (void)sendto(e->fd, m, sizeof(m), MSG_DONTWAIT, (const struct sockaddr *)to,
+                 tolen);
+}
+
+/* Under mu: a refusal of our join request (unsigned: it may be forged,
+ * which can only stop this joiner, never disturb the job). */
+static void take_refused(struct mesh_elastic *e, const uint8_t *m)
+{
+    int from = mesh_get_le16(m + 6);
+    uint64_t why = mesh_get_le64(m + 32);
+
+    if (e->state != ST_JOINING || memcmp(m + 8, e->job, 8) ||
+        from >= e->nslots || (why != REFUSED_SECRET && why != REFUSED_JOB))
+        return;
+    e->refused = (int)why;
+    mesh_peer_name(e->world, from, e->refused_by, sizeof(e->refused_by));
+    pthread_cond_broadcast(&e->cv);
 }
 
 static void receive(struct mesh_elastic *e)
 {
     uint8_t m[MSG_BYTES + 1], mac[32];
+    struct sockaddr_storage src;
+    socklen_t srclen = sizeof(src);
     ssize_t n;
 
-    while ((n = recv(e->fd, m, sizeof(m), MSG_DONTWAIT)) >= 0) {
+    while ((n = recvfrom(e->fd, m, sizeof(m), MSG_DONTWAIT,
+                         (struct sockaddr *)&src, &srclen)) >= 0) {
         int from;
 
         if (n != MSG_BYTES || mesh_get_le32(m) != MSG_MAGIC ||
-            m[4] != MSG_VERSION || memcmp(m + 8, e->job, 8))
-            continue;
+            m[4] != MSG_VERSION)
+            goto next;
+        if (m[5] == MSG_REFUSED) {
+            pthread_mutex_lock(&e->mu);
+            take_refused(e, m);
+            pthread_mutex_unlock(&e->mu);
+            goto next;
+        }
+        if (memcmp(m + 8, e->job, 8)) {
+            /* a join request of another job: say so, nothing else */
+            if (m[5] == MSG_JOIN)
+                refuse(e, m, REFUSED_JOB, &src, srclen);
+            goto next;
+        }
         if (sign(e, m, mac) < 0 ||
-            CRYPTO_memcmp(mac, m + MSG_BODY, sizeof(mac)) != 0)
-            continue; /* unsigned, or another job's secret */
+            CRYPTO_memcmp(mac, m + MSG_BODY, sizeof(mac)) != 0) {
+            /* unsigned, or another secret: a joiner is told why */
+            if (m[5] == MSG_JOIN)
+                refuse(e, m, REFUSED_SECRET, &src, srclen);
+            goto next;
+        }
         from = mesh_get_le16(m + 6);
-        if (from >= e->nslots || from == e->me ||
-            (m[5] != MSG_PROPOSE && m[5] != MSG_DECIDED))
-            continue;
+        if (from >= e->nslots || from == e->me || m[5] < MSG_PROPOSE ||
+            m[5] > MSG_STATUS)
+            goto next;
         pthread_mutex_lock(&e->mu);
         take(e, m[5], from, mesh_get_le64(m + 16), mesh_get_le32(m + 40),
-             mesh_get_le64(m + 24), mesh_get_le64(m + 32));
+             mesh_get_le64(m + 24), mesh_get_le64(m + 32),
+             mesh_get_le64(m + 44), mesh_get_le64(m + 52));
         pthread_mutex_unlock(&e->mu);
+    next:
+        srclen = sizeof(src);
     }
 }
 
@@ -351,8 +554,12 @@ static void *thread_main(void *arg)
              * it (doc/elastic.md, "Rounds") */
             new_round(e, e->round + 1);
         }
-        if (e->state == ST_AGREEING && now - e->sent_at >= RESEND_S) {
-            send_all(e, MSG_PROPOSE, e->epoch, e->members, e->seen, e->my_step);
+        if (e->state == ST_JOINING && now - e->sent_at >= JOIN_RESEND_S) {
+            send_all(e, MSG_JOIN, 0, ~(uint64_t)0, 0, 0, 0, 0);
+            e->sent_at = now;
+        } else if (e->state == ST_AGREEING && now - e->sent_at >= RESEND_S) {
+            send_all(e, MSG_PROPOSE, e->epoch, e->members, e->seen, e->my_step,
+                     e->adds, 0);
             e->sent_at = now;
             if (e->fault_sig) {
                 int sig = e->fault_sig;
@@ -364,10 +571,10 @@ static void *thread_main(void *arg)
                         sig);
                 raise(sig);
             }
-        } else if (e->state != ST_AGREEING && now < e->announce_until &&
+        } else if (e->state != ST_AGREEING && e->state != ST_JOINING &&
+                   now < e->announce_until &&
                    now - e->sent_at >= 5 * RESEND_S) {
-            send_all(e, MSG_DECIDED, e->last.epoch, e->last.prev,
-                     e->last.members, e->last.step);
+            send_decided(e, &e->last);
             e->sent_at = now;
         }
         /* training, nothing to re-send: no need to tick often (a
@@ -382,6 +589,17 @@ static void *thread_main(void *arg)
         e->cpu_s = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
                    1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
     return NULL;
+}
+
+/* Under mu: the refusal of our join request, as an error. */
+static int refused_err(const struct mesh_elastic *e)
+{
+    return mesh_err(-EACCES, "the job's peer %s refused this peer: %s",
+                    e->refused_by,
+                    e->refused == REFUSED_JOB
+                        ? "it runs another job (--job-id differs)"
+                        : "the join request's signature is wrong (another "
+                          "--secret-file, or --insecure on one side only)");
 }
 
 /* ---- setup --------------------------------------------------------------- */
@@ -412,10 +630,11 @@ int mesh_elastic_start(const struct mesh_elastic_opts *o,
 {
     const struct mesh_world *w = o->world;
     struct mesh_elastic *e;
+    pthread_condattr_t ca;
     unsigned char md[32];
     unsigned int mdlen = 0;
     char name[MESH_HOST_MAX + 16];
-    int rc, s, one = 1;
+    int rc, s;
 
     if (w->size > MESH_ELASTIC_MAX_SLOTS)
         return mesh_err(-EINVAL, "--elastic: at most %d peers (%d given)",
@@ -429,6 +648,7 @@ int mesh_elastic_start(const struct mesh_elastic_opts *o,
     if (!e)
         return mesh_err(-ENOMEM, "out of memory");
     e->fd = -1;
+    e->world = w;
     e->nslots = w->size;
     e->me = w->rank;
     e->settle_s = o->settle_s;
@@ -452,20 +672,34 @@ int mesh_elastic_start(const struct mesh_elastic_opts *o,
             rc = resolve(e, w, s, e->addr[e->me].ss_family);
     if (rc < 0)
         goto fail_e;
-    e->fd = socket(e->addr[e->me].ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (e->fd < 0) {
-        rc = mesh_err_errno("--elastic: socket");
-        goto fail_e;
-    }
-    (void)setsockopt(e->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(e->fd, (struct sockaddr *)&e->addr[e->me], e->addrlen[e->me]) <
-        0) {
-        rc = mesh_err_errno("--elastic: cannot bind UDP %s",
-                            mesh_peer_name(w, e->me, name, sizeof(name)));
-        goto fail_fd;
+    if (o->fd >= 0) {
+        e->fd = fcntl(o->fd, F_DUPFD_CLOEXEC, 0);
+        if (e->fd < 0) {
+            rc = mesh_err_errno("--elastic: dup");
+            goto fail_e;
+        }
+    } else {
+        e->fd = socket(e->addr[e->me].ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (e->fd < 0) {
+            rc = mesh_err_errno("--elastic: socket");
+            goto fail_e;
+        }
+        /* no SO_REUSEADDR: a second process of this slot on this host
+         * fails here instead of sharing its messages */
+        if (bind(e->fd, (struct sockaddr *)&e->addr[e->me], e->addrlen[e->me]) <
+            0) {
+            rc = mesh_err_errno("--elastic: cannot bind UDP %s (is another "
+                                "peer of this slot running here?)",
+                                mesh_peer_name(w, e->me, name, sizeof(name)));
+            goto fail_fd;
+        }
     }
     pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->cv, NULL);
+    /* mesh_cond_sleep's deadlines are CLOCK_MONOTONIC's */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->cv, &ca);
+    pthread_condattr_destroy(&ca);
     rc = -pthread_create(&e->thread, NULL, thread_main, e);
     if (rc < 0) {
         rc = mesh_err(rc, "--elastic: pthread_create: %s", strerror(-rc));
@@ -522,6 +756,7 @@ void mesh_elastic_formed(struct mesh_elastic *e)
 {
     pthread_mutex_lock(&e->mu);
     e->base = e->members;
+    e->formed_once = 1;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -549,19 +784,72 @@ void mesh_elastic_current(struct mesh_elastic *e, struct mesh_elastic_view *out)
     pthread_mutex_unlock(&e->mu);
 }
 
+int mesh_elastic_probe(struct mesh_elastic *e, double wait_s)
+{
+    uint64_t deadline = mesh_now_ns() + (uint64_t)(wait_s * 1e9);
+    int rc = 0;
+
+    uint64_t others =
+        (e->nslots == 64 ? UINT64_MAX : (UINT64_C(1) << e->nslots) - 1) &
+        ~(UINT64_C(1) << e->me);
+
+    pthread_mutex_lock(&e->mu);
+    e->state = ST_JOINING;
+    e->sent_at = 0;
+    e->decided = 0;
+    e->join_heard = 0;
+    e->answered = 0;
+    wake(e); /* out of its idle poll: the first JOIN goes now */
+    /* until a member of a running job answers, or every other slot said
+     * that it is starting too */
+    while (!e->join_heard && !e->refused && e->answered != others && rc == 0)
+        rc = mesh_cond_sleep(&e->cv, &e->mu, deadline);
+    if (e->refused)
+        rc = refused_err(e);
+    else if (e->join_heard)
+        rc = 1;
+    else {
+        /* nobody trains yet: the job is starting, with us */
+        e->state = ST_NORMAL;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+uint64_t mesh_elastic_joins(struct mesh_elastic *e)
+{
+    uint64_t j = 0;
+
+    pthread_mutex_lock(&e->mu);
+    if (e->state == ST_NORMAL && e->formed_once)
+        j = fresh_joins(e);
+    pthread_mutex_unlock(&e->mu);
+    return j;
+}
+
 int mesh_elastic_agree(struct mesh_elastic *e, double timeout_s,
                        struct mesh_elastic_view *out)
 {
     uint64_t deadline = mesh_now_ns() + (uint64_t)(timeout_s * 1e9);
     char a[200], b[200];
-    int rc = 0;
+    int rc = 0, joining;
 
     pthread_mutex_lock(&e->mu);
+    joining = e->state == ST_JOINING;
     if (e->state == ST_NORMAL && !e->decided)
         leave(e);
-    while (!e->decided && rc == 0)
+    while (!e->decided && !e->refused && rc == 0)
         rc = mesh_cond_sleep(&e->cv, &e->mu, deadline);
-    if (!e->decided) {
+    if (!e->decided && e->refused) {
+        rc = refused_err(e);
+    } else if (!e->decided && joining) {
+        rc = mesh_err(-ETIMEDOUT,
+                      "not admitted within %.1f s: the job's peers answered "
+                      "but no view change took this peer in (is the job at "
+                      "its end, or at --max-peers?)",
+                      timeout_s);
+    } else if (!e->decided) {
         rc = mesh_err(-ETIMEDOUT,
                       "no quorum for a new view within %.1f s: heard only "
                       "slot(s) %s, and a view needs more than half of the "
@@ -579,8 +867,10 @@ int mesh_elastic_agree(struct mesh_elastic *e, double timeout_s,
         out->epoch = e->epoch;
         out->members = e->members;
         out->size = popcount64(e->members);
-        out->step = e->committed;
+        out->step = e->last.step;
         out->left = e->last.prev & ~e->members;
+        out->prev = e->last.prev;
+        out->needy = e->last.needy & e->members;
     }
     pthread_mutex_unlock(&e->mu);
     return rc;

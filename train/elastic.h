@@ -39,6 +39,8 @@
 #include "transport/transport.h"
 
 #define MESH_ELASTIC_MAX_SLOTS 64
+/* The step a member reports when it holds no state (a joiner). */
+#define MESH_ELASTIC_NO_STATE UINT64_MAX
 
 struct mesh_elastic; /* opaque */
 
@@ -46,9 +48,12 @@ struct mesh_elastic; /* opaque */
 struct mesh_elastic_view {
     uint64_t epoch;
     uint64_t members;
-    int size;      /* members */
-    uint64_t step; /* every member restarts from this step's snapshot */
-    uint64_t left; /* members of the previous view not in this one */
+    int size;       /* members */
+    uint64_t step;  /* every member restarts from this step's snapshot */
+    uint64_t left;  /* members of the previous view not in this one */
+    uint64_t prev;  /* the previous view's members */
+    uint64_t needy; /* members that hold no state (joiners): the others
+                       send it to them (train/xfer.c) */
 };
 
 struct mesh_elastic_opts {
@@ -57,6 +62,9 @@ struct mesh_elastic_opts {
     size_t secret_len;
     const char *job_id;
     double settle_s; /* the seen set's quiet time before deciding */
+    /* a UDP socket already bound to our slot's address (--rank auto's,
+     * struct mesh_opts claim_fd; it is duplicated), or -1: bind one */
+    int fd;
     /* Test aid (MESHTRAIN_TEST_FAULT ...:agree): raise this signal in
      * the first agreement, right after the first PROPOSE; 0: never. */
     int fault_sig;
@@ -93,14 +101,33 @@ int mesh_elastic_commit(struct mesh_elastic *e, uint64_t step);
 
 /*
  * Leave the current view (if no agreement has begun yet) and wait up to
- * timeout_s for the next one. why says what failed (logged by the
- * decider). Returns 0 with *out, or:
+ * timeout_s for the next one. A joiner waits for the view that admits
+ * it. Returns 0 with *out, or:
  *   -EPERM      the others decided a view without this peer;
- *   -ETIMEDOUT  no quorum within timeout_s (a partition's minority);
+ *   -ETIMEDOUT  no quorum within timeout_s (a partition's minority), or
+ *               a joiner not admitted;
+ *   -EACCES     a joiner refused (another job id or secret);
  * with a message.
  */
 int mesh_elastic_agree(struct mesh_elastic *e, double timeout_s,
                        struct mesh_elastic_view *out);
+
+/*
+ * A peer started with --elastic asks the job's slots to admit it (JOIN,
+ * signed like every message) for up to wait_s. Returns 1 when a member of
+ * a running job answered (the peer is then a joiner: mesh_elastic_agree
+ * waits for the view change that admits it), 0 when none did (the job
+ * is starting: the peer is one of view 0), or -EACCES when a peer refused
+ * the request (another job id or secret), with a message.
+ */
+int mesh_elastic_probe(struct mesh_elastic *e, double wait_s);
+
+/*
+ * The joiners that asked lately (a mask of slots), when this member's
+ * view has formed: at a step boundary the trainer then starts a view
+ * change (mesh_elastic_agree) that admits them. 0: none.
+ */
+uint64_t mesh_elastic_joins(struct mesh_elastic *e);
 
 /* The current view. */
 void mesh_elastic_current(struct mesh_elastic *e,

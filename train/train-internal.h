@@ -84,8 +84,19 @@ struct trainer {
         float *residual; /* sparse gradients' error feedback, or NULL */
     } snap[2];
     uint64_t d_epoch, d_pos;
-    char pending[512]; /* the last step's metrics line, written once a
-                          later step's all-reduce proves it committed */
+    /* joins: no view's mesh has formed here yet (a joiner, or view 0
+     * failed to form); the state received so far (train/xfer.c); the
+     * join's figures, logged after the first step */
+    int unformed, joiner;
+    int join_rc;    /* view 0's mesh_open: -ETIMEDOUT, some slot is a spare */
+    int join_batch; /* test aid MESHTRAIN_TEST_JOINERS=N: admit joiners
+                       once N ask (tests/train_elastic_join.sh), else 1 */
+    struct train_xfer *xfer;
+    double join_xfer_s;
+    uint64_t join_bytes, join_view;
+    char join_sent[256]; /* bytes from each sender */
+    char pending[512];   /* the last step's metrics line, written once a
+                            later step's all-reduce proves it committed */
     uint64_t pending_step;
     char wall[48];       /* wall_field's text */
     char snap_field[48]; /* snap_field's text */
@@ -120,7 +131,8 @@ struct trainer {
  * bucket's all-reduce has started, "between" at the step boundary,
  * "checkpoint" in the middle of writing the checkpoint after the step,
  * "eval" in the evaluation after the step, "agree" in the first view
- * agreement (STEP ignored).
+ * agreement (STEP ignored), "xfer" halfway through a state transfer, as
+ * a sender or a joiner (STEP ignored).
  */
 enum train_fault {
     TRAIN_FAULT_NONE,
@@ -129,6 +141,7 @@ enum train_fault {
     TRAIN_FAULT_CHECKPOINT,
     TRAIN_FAULT_EVAL,
     TRAIN_FAULT_AGREE,
+    TRAIN_FAULT_XFER,
 };
 void train_fault(struct trainer *t, int moment);
 
@@ -154,6 +167,27 @@ int train_ckpt_dir(const struct trainer *t, char *buf, size_t cap);
 int train_ckpt_write(struct trainer *t, uint64_t step);
 /* --resume: the step to continue from (0: none, with --resume=if-any). */
 int train_ckpt_resume(struct trainer *t, uint64_t *step_out);
+
+/* ---- xfer.c -------------------------------------------------------------- */
+
+struct train_xfer_stats {
+    uint64_t senders;     /* slots that hold the state */
+    uint64_t bytes;       /* sent (sender) or received (needy) here */
+    uint64_t sent[64];    /* needy: bytes from each sender, in order */
+    uint64_t state_bytes; /* the whole state */
+    double secs;          /* the transfer, BN average included */
+};
+
+/*
+ * In a view that admits peers without state (v->needy): the senders'
+ * BN statistics averaged, then the state of step v->step sent from the
+ * other members' snapshots to the needy, whose snapshot of that step it
+ * becomes (checked by SHA-256). Every member calls it after the view's
+ * communicator is open; then each restores the snapshot.
+ */
+int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
+                   struct train_xfer_stats *st);
+void train_xfer_free(struct trainer *t);
 
 /* ---- finetune.c ---------------------------------------------------------- */
 

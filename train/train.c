@@ -191,7 +191,7 @@ static void tl_add(struct trainer *t, const char *name, int tid, double ts,
 static const char *const fault_names[] = {
     [TRAIN_FAULT_ALLREDUCE] = "allreduce",   [TRAIN_FAULT_BETWEEN] = "between",
     [TRAIN_FAULT_CHECKPOINT] = "checkpoint", [TRAIN_FAULT_EVAL] = "eval",
-    [TRAIN_FAULT_AGREE] = "agree",
+    [TRAIN_FAULT_AGREE] = "agree",           [TRAIN_FAULT_XFER] = "xfer",
 };
 
 /* MESHTRAIN_TEST_FAULT's entry for slot (train-internal.h). */
@@ -229,7 +229,8 @@ static int fault_parse(struct trainer *t, int slot)
 
 void train_fault(struct trainer *t, int moment)
 {
-    if (t->fault.moment != moment || t->step != t->fault.step)
+    if (t->fault.moment != moment ||
+        (moment != TRAIN_FAULT_XFER && t->step != t->fault.step))
         return;
     t->fault.moment = TRAIN_FAULT_NONE; /* once */
     fprintf(stderr,
@@ -1300,7 +1301,7 @@ static int snap_take(struct trainer *t, uint64_t step)
         if (rc < 0)
             return train_local(t, rc);
     }
-    if (mesh_gradsync_residual(t->gs)) {
+    if (t->gs && mesh_gradsync_residual(t->gs)) {
         if (!sn->residual)
             sn->residual = malloc(t->nparams * 4);
         if (!sn->residual)
@@ -1339,6 +1340,9 @@ static int snap_restore(struct trainer *t, uint64_t step)
             rc = mesh_nn_sync(t->ctx);
         if (rc < 0)
             return train_local(t, rc);
+        /* the optimizer's step count too (its first step differs): a
+         * joiner's is that of the state it received */
+        mesh_nn_sgd_set_steps(t->sgd, (int64_t)step);
     }
     t->d_epoch = sn->d_epoch;
     t->d_pos = sn->d_pos;
@@ -1349,10 +1353,21 @@ static int snap_restore(struct trainer *t, uint64_t step)
 static int elastic_boundary(struct trainer *t, uint64_t step)
 {
     int rc = mesh_elastic_commit(t->el, step);
+    uint64_t joins;
+    char list[200];
 
     if (rc < 0)
         return mesh_err(rc, "the mesh's view is changing");
-    return snap_take(t, step);
+    rc = snap_take(t, step);
+    if (rc < 0)
+        return rc;
+    /* peers started later asked to join: admit them now, from this
+     * snapshot (doc/elastic.md, "Joining") */
+    joins = mesh_elastic_joins(t->el);
+    if (joins && __builtin_popcountll(joins) >= t->join_batch)
+        return mesh_err(-ECANCELED, "slot(s) %s asked to join",
+                        mesh_elastic_slots_str(joins, list, sizeof(list)));
+    return 0;
 }
 
 /* The step's shape in a view of size peers (struct trainer, slots). */
@@ -1406,6 +1421,55 @@ static void view_close(struct trainer *t)
 }
 
 /*
+ * The figures of a state transfer: on the joiner, kept for its line after
+ * the first step (join_first_step); on rank 0, a metrics record.
+ */
+static void join_report(struct trainer *t, const struct mesh_elastic_view *v,
+                        const struct train_xfer_stats *st, int needy)
+{
+    char list[200];
+
+    if (needy) {
+        size_t n = 0;
+        int k = 0;
+
+        t->join_view = v->epoch;
+        t->join_bytes = st->bytes;
+        t->join_xfer_s = st->secs;
+        t->join_sent[0] = '\0';
+        for (int s = 0; s < 64 && n + 40 < sizeof(t->join_sent); s++)
+            if (st->senders >> s & 1)
+                n += (size_t)snprintf(
+                    t->join_sent + n, sizeof(t->join_sent) - n,
+                    "%sslot %d: %" PRIu64, n ? ", " : "", s, st->sent[k++]);
+        return;
+    }
+    if (t->rank != 0)
+        return;
+    mesh_elastic_slots_str(v->needy, list, sizeof(list));
+    fprintf(stderr,
+            "meshtrain: view %" PRIu64 ": state of step %" PRIu64 " (%" PRIu64
+            " bytes) sent to slot(s) %s by %d peer(s) in "
+            "%.3f s; this peer sent %" PRIu64 " bytes\n",
+            v->epoch, v->step + 1, st->state_bytes, list,
+            __builtin_popcountll(st->senders), st->secs, st->bytes);
+    if (t->metrics) {
+        char senders[200];
+
+        fprintf(t->metrics,
+                "{\"event\": \"transfer\", \"view\": %" PRIu64
+                ", \"step\": %" PRIu64 ", \"joiners\": [%s], "
+                "\"senders\": [%s], \"state_bytes\": %" PRIu64
+                ", \"sent_bytes_rank0\": %" PRIu64 ", \"transfer_s\": "
+                "%.6f%s}\n",
+                v->epoch, v->step, list,
+                mesh_elastic_slots_str(st->senders, senders, sizeof(senders)),
+                st->state_bytes, st->bytes, st->secs, wall_field(t));
+        fflush(t->metrics);
+    }
+}
+
+/*
  * Join view v: its members renumbered densely in slot order, a new mesh
  * whose handshake carries the view (so that a peer of another view is
  * refused), the communicator and buckets, the data re-sharded from the
@@ -1417,7 +1481,8 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
     struct mesh_peer peers[MESH_ELASTIC_MAX_SLOTS];
     struct mesh_opts vo;
     char cfg[MESH_CONFIG_MAX], list[200], when[96];
-    int n = 0, me = -1, rc;
+    struct train_xfer_stats st;
+    int n = 0, me = -1, rc, needy;
 
     for (int s = 0; s < mo->world.size; s++) {
         if (!(v->members >> s & 1))
@@ -1432,9 +1497,12 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
     t->members = v->members;
     mesh_log_set_rank(me);
     view_shape(t);
-    rc = snap_restore(t, v->step);
-    if (rc < 0)
-        return rc;
+    needy = (int)(v->needy >> mo->world.rank & 1);
+    if (!needy) {
+        rc = snap_restore(t, v->step);
+        if (rc < 0)
+            return rc;
+    }
     if (n > 1) {
         vo = *mo;
         vo.world.rank = me;
@@ -1456,11 +1524,23 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
             return rc;
     }
     mesh_elastic_formed(t->el); /* every member joined it */
+    if (v->needy) {
+        /* the joiners get the state of the step the view restarts from */
+        rc = train_xfer_run(t, v, &st);
+        if (rc == 0)
+            rc = snap_restore(t, v->step);
+        if (rc < 0)
+            return rc;
+        join_report(t, v, &st, needy);
+    }
+    t->unformed = 0;
     rc = gradsync_open(t);
     if (rc < 0)
         return train_local(t, rc);
-    /* the error feedback of sparse gradients, as before the step redone */
-    if (mesh_gradsync_residual(t->gs) && t->snap[v->step & 1].residual)
+    /* the error feedback of sparse gradients, as before the step redone
+     * (a joiner's is empty: each peer's own) */
+    if (!needy && mesh_gradsync_residual(t->gs) &&
+        t->snap[v->step & 1].residual)
         memcpy(mesh_gradsync_residual(t->gs), t->snap[v->step & 1].residual,
                t->nparams * 4);
     if (t->train_ld) {
@@ -1488,10 +1568,11 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
 static void view_report(struct trainer *t, const struct mesh_elastic_view *v,
                         const char *why, double t_fail, double dur)
 {
-    char left[200], members[200], who[1200] = "";
+    char left[200], members[200], joined[200], who[1200] = "";
     size_t n = 0;
 
     mesh_elastic_slots_str(v->left, left, sizeof(left));
+    mesh_elastic_slots_str(v->members & ~v->prev, joined, sizeof(joined));
     mesh_elastic_slots_str(v->members, members, sizeof(members));
     for (int s = 0; s < t->mo->world.size && n + 300 < sizeof(who); s++) {
         char name[MESH_HOST_MAX + 16];
@@ -1506,19 +1587,24 @@ static void view_report(struct trainer *t, const struct mesh_elastic_view *v,
     if (t->rank != 0)
         return;
     fprintf(stderr,
-            "meshtrain: view %" PRIu64 ": %s left (%s); %d peer(s) (slots "
-            "%s) continue from step %" PRIu64 ", recovered in %.3f s\n",
-            v->epoch, who[0] ? who : "no peer", why, t->size, members,
-            v->step + 1, dur);
-    fprintf(stderr, MESH_REPORT_VIEW "%" PRIu64 " size %d left %s\n", v->epoch,
-            t->size, left);
+            "meshtrain: view %" PRIu64 ": %s left (%s); %s%s%d peer(s) "
+            "(slots %s) continue from step %" PRIu64 ", recovered in "
+            "%.3f s\n",
+            v->epoch, who[0] ? who : "no peer", why,
+            v->members & ~v->prev ? "slot(s) " : "",
+            v->members & ~v->prev ? strcat(joined, " joined; ") : "", t->size,
+            members, v->step + 1, dur);
+    mesh_elastic_slots_str(v->members & ~v->prev, joined, sizeof(joined));
+    fprintf(stderr, MESH_REPORT_VIEW "%" PRIu64 " size %d left %s joined %s\n",
+            v->epoch, t->size, left, joined);
     if (t->metrics) {
         fprintf(t->metrics,
                 "{\"event\": \"view\", \"view\": %" PRIu64 ", \"step\": "
                 "%" PRIu64 ", \"peers\": %d, \"members\": [%s], "
-                "\"left\": [%s], \"recovery_s\": %.6f%s}\n",
-                v->epoch, v->step, t->size, members, v->left ? left : "", dur,
-                wall_field(t));
+                "\"left\": [%s], \"joined\": [%s], \"recovery_s\": "
+                "%.6f%s}\n",
+                v->epoch, v->step, t->size, members, v->left ? left : "",
+                v->members & ~v->prev ? joined : "", dur, wall_field(t));
         fflush(t->metrics);
     }
 }
@@ -1538,13 +1624,30 @@ static int elastic_recover(struct trainer *t, int rc_fail, uint64_t *step)
 
     snprintf(why, sizeof(why), "%s", mesh_err_msg(rc_fail));
     timeout = MESH_MAX(5.0, 2 * to->peer_timeout_s);
+    /* a joiner waits for the next step boundary of the job: a step, an
+     * evaluation or a checkpoint may pass first */
+    if (t->unformed)
+        timeout = MESH_MAX(timeout, to->join_timeout_s);
     for (tries = 0; tries < 8; tries++) {
         view_close(t);
         rc = mesh_elastic_agree(t->el, timeout, &v);
+        if (rc == -EPERM && t->unformed && !t->joiner &&
+            mesh_elastic_probe(t->el, 1.0) == 1) {
+            /* view 0 formed without this late peer: it joins instead */
+            mesh_info("the others formed a view without this peer: "
+                      "joining it");
+            t->joiner = 1;
+            continue;
+        }
+        if (rc == -EACCES) {
+            fprintf(stderr, "meshtrain: slot %d: %s\n", t->mo->world.rank,
+                    mesh_err_msg(rc));
+            return MESH_EXIT_USAGE;
+        }
         if (rc < 0) {
             fprintf(stderr, "meshtrain: slot %d: %s\n", t->mo->world.rank,
                     mesh_err_msg(rc));
-            return MESH_EXIT_QUORUM;
+            return t->unformed && t->joiner ? MESH_EXIT_JOIN : MESH_EXIT_QUORUM;
         }
         if (v.size < t->c->min_peers) {
             fprintf(stderr,
@@ -1574,6 +1677,22 @@ static int elastic_recover(struct trainer *t, int rc_fail, uint64_t *step)
     *step = v.step;
     view_report(t, &v, why, t_fail, now_s(t) - t_fail);
     return MESH_EXIT_OK;
+}
+
+/*
+ * A joiner's first step is done: its join time (from the start of the
+ * run to here) and what it received, one line for logs and benchmarks
+ * (bench/join.sh, bench/chaos.sh).
+ */
+static void join_first_step(struct trainer *t, uint64_t done)
+{
+    fprintf(stderr,
+            "meshtrain: slot %d joined view %" PRIu64 ": step %" PRIu64
+            " done %.3f s after start; state %" PRIu64 " bytes received "
+            "in %.3f s (%s)\n",
+            t->mo->world.rank, t->join_view, done, now_s(t), t->join_bytes,
+            t->join_xfer_s, t->join_sent);
+    t->join_view = 0;
 }
 
 /* Can the survivors of this error go on in a new view? */
@@ -1683,6 +1802,8 @@ static int train_loop(struct trainer *t, uint64_t start, int *code)
         if (rc == 0) {
             prev_done = done, prev_lr = lr, prev_one = one;
             data_advance(t);
+            if (t->join_view)
+                join_first_step(t, done);
             rc = after_step(t, done, every);
         }
         if (rc < 0 && elastic_can_recover(t, rc)) {
@@ -1746,6 +1867,7 @@ static int join(struct trainer *t, const struct mesh_opts *mo)
 {
     int rc = t->size > 1 ? mesh_open(mo, t->config, &t->mesh) : 0;
 
+    t->join_rc = rc;
     if (rc == -ECANCELED) {
         /* A peer that had joined already aborted the job (a local error
          * of its own, before step 1) while this rank still completed its
@@ -1852,6 +1974,10 @@ static int elastic_open(struct trainer *t, const struct mesh_opts *mo)
     eo.secret_len = mo->topts.secret ? mo->topts.secret_len : 0;
     eo.job_id = mo->topts.job_id;
     eo.settle_s = 0.15;
+    t->join_batch = getenv("MESHTRAIN_TEST_JOINERS")
+                        ? MESH_MAX(1, atoi(getenv("MESHTRAIN_TEST_JOINERS")))
+                        : 1;
+    eo.fd = mo->claim_fd;
     rc = fault_parse(t, mo->world.rank);
     if (rc < 0)
         return rc;
@@ -1860,19 +1986,41 @@ static int elastic_open(struct trainer *t, const struct mesh_opts *mo)
     rc = mesh_elastic_start(&eo, &t->el);
     if (rc < 0)
         return rc;
-    if (t->mesh)
-        mesh_elastic_set_transport(t->el, mesh_ops(t->mesh),
-                                   mesh_transport(t->mesh));
     t->members = t->size >= 64 ? UINT64_MAX : (UINT64_C(1) << t->size) - 1;
     if (v && *v) {
         char path[PATH_MAX];
 
         snprintf(path, sizeof(path), "%s.%d", v, mo->world.rank);
-        t->samples = fopen(path, "w");
+        /* appended: a slot's later process (a joiner) adds its lines */
+        t->samples = fopen(path, "a");
         if (!t->samples)
             return mesh_err_errno("MESHTRAIN_TEST_SAMPLES: %s", path);
     }
     return 0;
+}
+
+/*
+ * --elastic: is a job running that this peer joins (t->joiner), or is it
+ * starting with this peer? The exit code, MESH_EXIT_OK to go on.
+ */
+static int elastic_probe(struct trainer *t)
+{
+    int rc;
+
+    if (!t->el || t->size < 2)
+        return MESH_EXIT_OK;
+    rc = mesh_elastic_probe(t->el, 1.0);
+    if (rc < 0) {
+        fprintf(stderr, "meshtrain: slot %d: %s\n", t->mo->world.rank,
+                mesh_err_msg(rc));
+        return MESH_EXIT_USAGE;
+    }
+    if (rc == 1) {
+        t->joiner = 1;
+        t->unformed = 1;
+        mesh_info("a job is running: joining it at its next step boundary");
+    }
+    return MESH_EXIT_OK;
 }
 
 /*
@@ -1887,18 +2035,39 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
     rc = bind_cpus(t, mo);
     if (rc == 0)
         rc = open_input(t, mo);
+    if (rc == 0)
+        rc = elastic_open(t, mo);
     if (rc < 0)
         return fail(t, MESH_EXIT_USAGE, rc);
-    code = join(t, mo);
+    code = elastic_probe(t);
     if (code != MESH_EXIT_OK)
         return code;
-    rc = elastic_open(t, mo);
-    if (rc == 0)
-        rc = outputs_check(t);
+    if (!t->joiner) {
+        code = join(t, mo);
+        if (code == MESH_EXIT_JOIN && t->el && t->join_rc == -ETIMEDOUT) {
+            /* some slots are not running: the peers present agree on a
+             * view of themselves, if they are a quorum of the slots */
+            fprintf(stderr,
+                    "meshtrain: slot %d: view 0 (every slot) did not form; "
+                    "agreeing on a view of the peers present\n",
+                    mo->world.rank);
+            t->unformed = 1;
+        } else if (code != MESH_EXIT_OK) {
+            return code;
+        }
+    }
+    if (t->el && t->mesh) {
+        mesh_elastic_set_transport(t->el, mesh_ops(t->mesh),
+                                   mesh_transport(t->mesh));
+        mesh_elastic_formed(t->el); /* view 0: a joiner now joins */
+    }
+    rc = outputs_check(t);
     if (rc == 0)
         rc = open_model(t, mo);
     if (rc < 0)
         return fail(t, MESH_EXIT_USAGE, rc);
+    if (t->unformed)
+        return MESH_EXIT_OK; /* the first view's mesh opens the rest */
     rc = open_comm(t);
     if (rc < 0)
         return fail(t, MESH_EXIT_PEER, rc);
@@ -2058,6 +2227,7 @@ static void trainer_close(struct trainer *t)
 {
     mesh_elastic_stop(t->el);
     t->el = NULL;
+    train_xfer_free(t);
     for (int i = 0; i < 2; i++) {
         free(t->snap[i].params);
         free(t->snap[i].mom);
@@ -2099,11 +2269,35 @@ static int run_fail(struct trainer *t, int rc)
                 rc);
 }
 
+/*
+ * --elastic without a mesh yet: a joiner waits for the view change that
+ * admits it (and receives the state); the peers of a view 0 that did not
+ * form agree on a view of those present, from the initial weights (the
+ * snapshot of step 0). Returns the exit code, MESH_EXIT_OK to go on.
+ */
+static int elastic_first_view(struct trainer *t, uint64_t *start)
+{
+    int rc;
+
+    if (t->c->resume)
+        return fail(t, MESH_EXIT_USAGE,
+                    mesh_err(-EINVAL, "--resume with --elastic needs every "
+                                      "slot at the start"));
+    if (!t->joiner) {
+        rc = snap_take(t, 0);
+        if (rc < 0)
+            return fail(t, MESH_EXIT_USAGE, rc);
+        (void)mesh_elastic_commit(t->el, 0);
+    }
+    return elastic_recover(t, mesh_err(-ENOTCONN, "view 0 did not form"),
+                           start);
+}
+
 int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
 {
     struct trainer t;
     uint64_t start = 0;
-    int code, rc;
+    int code, rc, first = 0;
 
     memset(&t, 0, sizeof(t));
     t.c = c;
@@ -2117,9 +2311,13 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     t.gscale = 1.0f / (float)c->accumulate;
 
     code = setup(&t, mo);
-    if (code == MESH_EXIT_OK)
+    if (code == MESH_EXIT_OK && t.unformed) {
+        first = 1; /* the view's snapshot holds the data position */
+        code = elastic_first_view(&t, &start);
+    } else if (code == MESH_EXIT_OK) {
         code = start_point(&t, &start);
-    if (code == MESH_EXIT_OK && t.train_ld) {
+    }
+    if (code == MESH_EXIT_OK && t.train_ld && !first) {
         t.d_epoch = start / t.steps_per_epoch;
         t.d_pos =
             start % t.steps_per_epoch * (uint64_t)t.slots * (uint64_t)c->batch;

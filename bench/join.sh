@@ -1,0 +1,143 @@
+#!/bin/sh
+# bench/join.sh: how long a peer takes to join a running --elastic job,
+# against the state size over the link rate (run by hand, as root).
+#
+#   bench/join.sh [--senders "1 3 7"] [--rate R] [--model M] [--width W]
+#                 [--image-size S] [--out DIR]
+#
+# 8 hosts in network namespaces (scripts/netns.sh), each host's egress
+# shaped by tbf to --rate (default 1gbit). For each K of --senders: slots
+# 0-6 train (--elastic; they form their view of 7 after --join-timeout),
+# then slot 7 starts and joins; MESHTRAIN_XFER_SENDERS=K makes only the K
+# lowest slots send it the state (train/xfer.c), so that one setup shows
+# the striping. The model is --model (default resnet50: about 205 MB of
+# weights and momentum, plus BN statistics) at a small --image-size
+# (default 32) with batch 1, so that steps stay short on a small machine.
+#
+# Reported per K, from the joiner's line ("slot 7 joined view V: step S
+# done J s after start; state N bytes received in T s (slot 0: B, ...)"):
+#   join time J (from the start of the run to its first step done),
+#   transfer time T and the bytes from each sender,
+#   the bounds N / R (one link) and N / (K x R) (K senders' shaped
+#   uplinks; the joiner's own ingress is not shaped), and J over N / R
+#   (the issue's goal: <= 1.2 for ResNet-50).
+# Writes DIR/summary.txt and the logs (default DIR=bench-join-out).
+# Take the bench lock (/tmp/bench.d) around timed runs on shared machines.
+set -u
+top=$(cd "$(dirname "$0")/.." && pwd)
+MESHTRAIN=${MESHTRAIN:-$top/meshtrain}
+NETNS=$top/scripts/netns.sh
+SENDERS="1 3 7"
+RATE=1gbit
+MODEL=resnet50
+WIDTH=64
+SIZE=32
+OUT=bench-join-out
+while [ $# -gt 0 ]; do
+    case $1 in
+    --senders) SENDERS=$2 ;;
+    --rate) RATE=$2 ;;
+    --model) MODEL=$2 ;;
+    --width) WIDTH=$2 ;;
+    --image-size) SIZE=$2 ;;
+    --out) OUT=$2 ;;
+    *) echo "usage: bench/join.sh [--senders \"1 3 7\"] [--rate R]" \
+            "[--model M] [--width W] [--image-size S] [--out DIR]" >&2
+       exit 2 ;;
+    esac
+    shift 2
+done
+[ -x "$MESHTRAIN" ] || { echo "join.sh: build meshtrain first" >&2; exit 1; }
+case $RATE in
+*gbit) BPS=$(( ${RATE%gbit} * 1000000000 )) ;;
+*mbit) BPS=$(( ${RATE%mbit} * 1000000 )) ;;
+*) echo "join.sh: --rate as Ngbit or Nmbit" >&2; exit 2 ;;
+esac
+PREFIX=jn$(( $$ % 1000 ))
+why=$(sh "$NETNS" check --prefix "$PREFIX" 2>&1) ||
+    { echo "join.sh: network namespaces unavailable: $why" >&2; exit 1; }
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+PIDS=""
+cleanup() {
+    for p in $PIDS; do kill -KILL "$p" 2> /dev/null; done
+    sh "$NETNS" down --prefix "$PREFIX" > /dev/null 2>&1
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+SLOTS=8
+sh "$NETNS" up "$SLOTS" --prefix "$PREFIX" --rate "$RATE" > /dev/null ||
+    { echo "join.sh: scripts/netns.sh up failed" >&2; exit 1; }
+: > "$OUT/hosts"
+i=1
+while [ $i -le $SLOTS ]; do
+    echo "10.77.0.$i slots=1" >> "$OUT/hosts"
+    i=$((i + 1))
+done
+head -c 32 /dev/urandom | base64 > "$OUT/secret"
+chmod 600 "$OUT/secret"
+export OMP_WAIT_POLICY=passive
+
+# peer R LOG: start slot R in its host.
+peer() {
+    ip netns exec "$PREFIX$(($1 + 1))" "$MESHTRAIN" \
+        --hostfile "$OUT/hosts" --rank "$1" --port 29700 \
+        --secret-file "$OUT/secret" --model "$MODEL" --width "$WIDTH" \
+        --image-size "$SIZE" --threads 1 --data-threads 1 \
+        --data synthetic:2000 --batch 1 --iters 100000 --no-eval \
+        --verify-every 0 --elastic --join-timeout 20 --peer-timeout 30 \
+        --log-every 1 > "$2" 2>&1 &
+    PIDS="$PIDS $!"
+}
+
+{
+    echo "bench/join.sh: $SLOTS hosts, egress $RATE each, $MODEL width" \
+        "$WIDTH at ${SIZE}x$SIZE; slot 7 joins 7 training peers"
+    echo "load: $(uptime)"
+    printf '%-8s %12s %10s %10s %10s %12s %8s  %s\n' senders state_B \
+        join_s xfer_s "N/R_s" "N/(KR)_s" "J/(N/R)" "bytes per sender"
+} | tee "$OUT/summary.txt"
+for K in $SENDERS; do
+    PIDS=""
+    export MESHTRAIN_XFER_SENDERS=$K
+    r=0
+    while [ $r -lt 7 ]; do
+        peer $r "$OUT/k$K.p$r.log"
+        r=$((r + 1))
+    done
+    # the 7 train (their view formed after the join timeout) before the
+    # joiner starts
+    i=0
+    until grep -q "step 3/\|step 3 " "$OUT/k$K.p0.log" 2> /dev/null ||
+        [ $i -ge 1800 ]; do
+        sleep 0.2
+        i=$((i + 1))
+    done
+    peer 7 "$OUT/k$K.p7.log"
+    i=0
+    until grep -q "slot 7 joined view" "$OUT/k$K.p7.log" 2> /dev/null ||
+        [ $i -ge 1800 ]; do
+        sleep 0.2
+        i=$((i + 1))
+    done
+    unset MESHTRAIN_XFER_SENDERS
+    for p in $PIDS; do kill -KILL "$p" 2> /dev/null; done
+    wait 2> /dev/null
+    line=$(grep "slot 7 joined view" "$OUT/k$K.p7.log")
+    if [ -z "$line" ]; then
+        echo "join.sh: K=$K: the joiner did not join (see $OUT/k$K.p7.log)" |
+            tee -a "$OUT/summary.txt"
+        continue
+    fi
+    echo "$line" | awk -v k="$K" -v bps="$BPS" '{
+        for (i = 1; i <= NF; i++) {
+            if ($i == "after") j = $(i - 2)
+            if ($i == "state") n = $(i + 1)
+            if ($i == "in" && $(i + 2) == "s") x = $(i + 1)
+        }
+        per = $0; sub(/.*s \(/, "", per); sub(/\)$/, "", per)
+        b1 = n * 8 / bps
+        printf "%-8d %12d %10.3f %10.3f %10.3f %12.3f %8.2f  %s\n",
+            k, n, j, x, b1, b1 / k, j / b1, per
+    }' | tee -a "$OUT/summary.txt"
+done

@@ -1,0 +1,580 @@
+/*
+ * train/xfer.c: --elastic state transfer to the peers a view change
+ * admits (doc/elastic.md, "State transfer").
+ *
+ * In the new view's mesh, the members that hold the state (the senders:
+ * every member of the view left that took part in it) send it to the
+ * members that hold none (the needy: joiners), striped: the state is one
+ * byte string of N bytes cut in XFER_CHUNKS chunks; the chunks a needy
+ * peer lacks are split in contiguous runs, one per sender in rank order.
+ * Every message travels on the mesh's transport (TCP, shm or verbs).
+ *
+ *   sender -> needy  OFFER   N, the chunk count, SHA-256 of the state
+ *   needy -> sender  REQUEST that SHA-256 and a bitmap of the chunks it
+ *                            already holds (from an earlier try)
+ *   sender -> needy  chunk i of its run (tag XFER_TAG_DATA + i)
+ *
+ * The needy peer checks that every sender offers the same N and digest,
+ * that N is the size its own model gives, and that the bytes it got hash
+ * to that digest, before it reads a field. A try that fails (a sender
+ * died) leaves the chunks received; the next view's senders send only the
+ * rest, when they offer the same digest (the same step).
+ *
+ * The state: a header (below), the parameters, the momentum and the BN
+ * running statistics, which the view averages over the senders first (each
+ * peer's own differ; evaluation and checkpoints average them too). The
+ * error feedback of sparse gradients is each peer's own: a joiner starts
+ * with none.
+ */
+#include "config.h"
+
+#include "train/train-internal.h"
+
+#include "common/bytes.h"
+#include "common/util.h"
+#include "train/ckpt.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XFER_CHUNKS    256
+#define XFER_HEADER    64
+#define XFER_CTRL      128         /* bytes of an OFFER or a REQUEST */
+#define XFER_MAGIC_ST  0x5358544dU /* "MTXS" little-endian: the state */
+#define XFER_MAGIC_OF  0x4f58544dU /* "MTXO": an offer */
+#define XFER_MAGIC_RQ  0x5258544dU /* "MTXR": a request */
+#define XFER_VERSION   1
+#define XFER_TAG_OFFER 1
+#define XFER_TAG_REQ   2
+#define XFER_TAG_DATA  16
+
+/* What a needy peer keeps between tries. */
+struct train_xfer {
+    uint8_t *blob; /* (n) */
+    size_t n;
+    uint8_t digest[32]; /* of the state the chunks belong to */
+    uint8_t have[XFER_CHUNKS / 8];
+};
+
+void train_xfer_free(struct trainer *t)
+{
+    if (!t->xfer)
+        return;
+    free(t->xfer->blob);
+    free(t->xfer);
+    t->xfer = NULL;
+}
+
+static size_t state_bytes(const struct trainer *t)
+{
+    return XFER_HEADER + 4 * (2 * t->nparams + t->nbuffers);
+}
+
+static size_t chunk_len(size_t n)
+{
+    return (n + XFER_CHUNKS - 1) / XFER_CHUNKS;
+}
+
+/* Chunk c's [off, off + len) in a state of n bytes (len 0: past the end). */
+static void chunk_range(size_t n, int c, size_t *off, size_t *len)
+{
+    size_t cl = chunk_len(n), o = (size_t)c * cl;
+
+    *off = o < n ? o : n;
+    *len = o < n ? MESH_MIN(cl, n - o) : 0;
+}
+
+static int rank_of(uint64_t members, int slot)
+{
+    return __builtin_popcountll(members & ((UINT64_C(1) << slot) - 1));
+}
+
+/*
+ * The missing chunks (not in have) in order; sender j of k sends the run
+ * [m * j / k, m * (j + 1) / k) of that list. Fills list, returns m.
+ */
+static int missing(const uint8_t *have, int *list)
+{
+    int m = 0;
+
+    for (int c = 0; c < XFER_CHUNKS; c++)
+        if (!(have[c / 8] >> (c % 8) & 1))
+            list[m++] = c;
+    return m;
+}
+
+/* ---- the state as bytes -------------------------------------------------- */
+
+static void state_write(struct trainer *t, const struct train_snap *sn,
+                        uint8_t *b)
+{
+    size_t np = t->nparams * 4;
+
+    memset(b, 0, XFER_HEADER);
+    mesh_put_le32(b, XFER_MAGIC_ST);
+    mesh_put_le32(b + 4, XFER_VERSION);
+    mesh_put_le64(b + 8, sn->step);
+    mesh_put_le64(b + 16, sn->d_epoch);
+    mesh_put_le64(b + 24, sn->d_pos);
+    mesh_put_le64(b + 32, t->nparams);
+    mesh_put_le64(b + 40, t->nbuffers);
+    mesh_put_le64(b + 48, t->total_steps);
+    /* floats as the host stores them: every peer of a job shares one
+     * byte order (the configuration check compares digests of floats) */
+    memcpy(b + XFER_HEADER, sn->params, np);
+    memcpy(b + XFER_HEADER + np, sn->mom, np);
+    if (t->nbuffers)
+        memcpy(b + XFER_HEADER + 2 * np, sn->buf, t->nbuffers * 4);
+}
+
+/* Check a received state's header (its digest matched) and load it into
+ * snapshot sn. */
+static int state_read(struct trainer *t, uint64_t step, const uint8_t *b,
+                      struct train_snap *sn)
+{
+    size_t np = t->nparams * 4;
+    uint64_t d_epoch = mesh_get_le64(b + 16), d_pos = mesh_get_le64(b + 24);
+
+    if (mesh_get_le32(b) != XFER_MAGIC_ST ||
+        mesh_get_le32(b + 4) != XFER_VERSION)
+        return mesh_err(-EBADMSG, "state transfer: the state's header has "
+                                  "a wrong magic or version");
+    if (mesh_get_le64(b + 32) != t->nparams ||
+        mesh_get_le64(b + 40) != t->nbuffers ||
+        mesh_get_le64(b + 48) != t->total_steps)
+        return mesh_err(-EBADMSG,
+                        "state transfer: the state holds %" PRIu64
+                        " parameters, %" PRIu64 " statistics and %" PRIu64
+                        " steps; this peer's model has %zu, %zu and %" PRIu64,
+                        mesh_get_le64(b + 32), mesh_get_le64(b + 40),
+                        mesh_get_le64(b + 48), t->nparams, t->nbuffers,
+                        t->total_steps);
+    if (mesh_get_le64(b + 8) != step)
+        return mesh_err(-EBADMSG,
+                        "state transfer: the state is of step %" PRIu64
+                        ", the view restarts from step %" PRIu64,
+                        mesh_get_le64(b + 8), step);
+    if (t->train_ld && (d_pos > t->info.train_count ||
+                        d_epoch > t->total_steps / t->steps_per_epoch + 1))
+        return mesh_err(-EBADMSG,
+                        "state transfer: data position %" PRIu64
+                        " of epoch %" PRIu64 " is outside the %" PRIu64
+                        " training samples and %" PRIu64 " steps",
+                        d_pos, d_epoch, (uint64_t)t->info.train_count,
+                        t->total_steps);
+    if (!sn->params) {
+        sn->params = malloc(np);
+        sn->mom = malloc(np);
+        sn->buf = malloc(t->nbuffers * 4 + 4);
+        if (!sn->params || !sn->mom || !sn->buf)
+            return train_local(t, mesh_err(-ENOMEM, "state transfer: out "
+                                                    "of memory"));
+    }
+    memcpy(sn->params, b + XFER_HEADER, np);
+    memcpy(sn->mom, b + XFER_HEADER + np, np);
+    if (t->nbuffers)
+        memcpy(sn->buf, b + XFER_HEADER + 2 * np, t->nbuffers * 4);
+    sn->step = step;
+    sn->d_epoch = d_epoch;
+    sn->d_pos = d_pos;
+    sn->valid = 1;
+    return 0;
+}
+
+/*
+ * Average the senders' BN statistics into every member's snapshot sn
+ * (a sum over the view in which the needy add zeros), so that every
+ * sender's state is the same bytes.
+ */
+static int bn_average(struct trainer *t, struct train_snap *sn, int needy,
+                      int senders)
+{
+    float *x;
+    int rc;
+
+    if (!t->nbuffers || !t->coll)
+        return 0;
+    x = calloc(t->nbuffers, 4);
+    if (!x)
+        return train_local(t, mesh_err(-ENOMEM, "out of memory"));
+    if (!needy)
+        for (size_t i = 0; i < t->nbuffers; i++)
+            x[i] = sn->buf[i] / (float)senders;
+    rc = mesh_coll_allreduce(t->coll, x, x, t->nbuffers, MESH_DT_F32,
+                             MESH_REDOP_SUM, MESH_ALGO_AUTO);
+    if (rc == 0 && !needy)
+        memcpy(sn->buf, x, t->nbuffers * 4);
+    free(x);
+    return rc;
+}
+
+/* ---- the messages -------------------------------------------------------- */
+
+struct link {
+    const struct mesh_transport_ops *ops;
+    mesh_transport_t *tr;
+    uint64_t seq;
+};
+
+static int post(struct link *l, int send, int peer, uint32_t tag, void *buf,
+                size_t len, mesh_mr_t *mr, mesh_req_t **req)
+{
+    struct mesh_frame f;
+
+    mesh_frame_p2p(&f, l->seq, tag, len);
+    return send ? l->ops->isend(l->tr, peer, &f, buf, mr, req)
+                : l->ops->irecv(l->tr, peer, &f, buf, mr, req);
+}
+
+/* Wait for reqs[0..n) (NULL ones skipped); the first error. */
+static int wait_all(struct link *l, mesh_req_t **reqs, int n)
+{
+    int rc = 0;
+
+    for (int i = 0; i < n; i++) {
+        if (!reqs[i])
+            continue;
+        if (rc == 0)
+            rc = mesh_transport_wait(l->ops, l->tr, reqs[i]);
+        reqs[i] = NULL;
+    }
+    return rc;
+}
+
+/* Sender: offer the state to every needy peer, then send each its run. */
+static int send_state(struct trainer *t, struct link *l, uint64_t members,
+                      uint64_t needy, int sender, int senders, uint8_t *blob,
+                      size_t n, mesh_mr_t *mr, struct train_xfer_stats *st)
+{
+    int nn = __builtin_popcountll(needy), k = 0, rc = 0, list[XFER_CHUNKS];
+    uint8_t digest[32], *ctrl = NULL;
+    mesh_req_t **reqs = NULL;
+    mesh_mr_t *cmr = NULL;
+    int nreq = 0, cap = nn * (2 + XFER_CHUNKS);
+
+    rc = mesh_ckpt_sha256(blob, n, digest);
+    if (rc < 0)
+        return rc;
+    ctrl = calloc((size_t)nn * 2, XFER_CTRL);
+    reqs = calloc((size_t)cap, sizeof(*reqs));
+    if (!ctrl || !reqs) {
+        rc = train_local(t, mesh_err(-ENOMEM, "out of memory"));
+        goto out;
+    }
+    rc = l->ops->reg_mr(l->tr, ctrl, (size_t)nn * 2 * XFER_CTRL, &cmr);
+    if (rc < 0)
+        goto out;
+    /* every offer and request first: no needy peer waits on another */
+    for (int s = 0; s < 64 && rc == 0; s++) {
+        uint8_t *of, *rq;
+        int peer;
+
+        if (!(needy >> s & 1))
+            continue;
+        peer = rank_of(members, s);
+        of = ctrl + (size_t)k * 2 * XFER_CTRL;
+        rq = of + XFER_CTRL;
+        mesh_put_le32(of, XFER_MAGIC_OF);
+        mesh_put_le32(of + 4, XFER_VERSION);
+        mesh_put_le64(of + 8, n);
+        mesh_put_le32(of + 16, XFER_CHUNKS);
+        memcpy(of + 24, digest, 32);
+        rc =
+            post(l, 1, peer, XFER_TAG_OFFER, of, XFER_CTRL, cmr, &reqs[nreq++]);
+        if (rc == 0)
+            rc = post(l, 0, peer, XFER_TAG_REQ, rq, XFER_CTRL, cmr,
+                      &reqs[nreq++]);
+        k++;
+    }
+    if (rc == 0)
+        rc = wait_all(l, reqs, nreq);
+    nreq = 0;
+    k = 0;
+    for (int s = 0; s < 64 && rc == 0; s++) {
+        const uint8_t *rq;
+        int peer, m, lo, hi;
+
+        if (!(needy >> s & 1))
+            continue;
+        peer = rank_of(members, s);
+        rq = ctrl + (size_t)k * 2 * XFER_CTRL + XFER_CTRL;
+        k++;
+        if (mesh_get_le32(rq) != XFER_MAGIC_RQ ||
+            mesh_get_le32(rq + 4) != XFER_VERSION ||
+            memcmp(rq + 8, digest, 32) != 0) {
+            rc = mesh_err(-EPROTO,
+                          "state transfer: slot %d's request is malformed "
+                          "or names another state",
+                          s);
+            break;
+        }
+        m = missing(rq + 40, list);
+        lo = m * sender / senders;
+        hi = m * (sender + 1) / senders;
+        for (int i = lo; i < hi && rc == 0; i++) {
+            size_t off, len;
+
+            chunk_range(n, list[i], &off, &len);
+            if (!len)
+                continue;
+            rc = post(l, 1, peer, XFER_TAG_DATA + (uint32_t)list[i], blob + off,
+                      len, mr, &reqs[nreq++]);
+            st->bytes += len;
+        }
+    }
+    /* test aid: a sender dies halfway (MESHTRAIN_TEST_FAULT ...:xfer) */
+    if (rc == 0) {
+        rc = wait_all(l, reqs, nreq / 2);
+        if (rc == 0)
+            train_fault(t, TRAIN_FAULT_XFER);
+    }
+    if (rc == 0)
+        rc = wait_all(l, reqs, nreq);
+    else
+        (void)wait_all(l, reqs, nreq);
+out:
+    if (cmr)
+        l->ops->dereg_mr(l->tr, cmr);
+    free(reqs);
+    free(ctrl);
+    return rc;
+}
+
+/* Needy: take the offers, ask for the chunks missing, receive them. */
+static int recv_state(struct trainer *t, struct link *l, uint64_t members,
+                      uint64_t senders_mask, int senders, struct train_xfer *x,
+                      mesh_mr_t *mr, struct train_xfer_stats *st)
+{
+    uint8_t *ctrl, digest[32];
+    mesh_req_t *reqs[64 + XFER_CHUNKS];
+    mesh_mr_t *cmr = NULL;
+    int nreq = 0, rc, k, m, list[XFER_CHUNKS], owner[XFER_CHUNKS];
+    int peer_of[64];
+
+    memset(reqs, 0, sizeof(reqs));
+    ctrl = calloc((size_t)senders * 2, XFER_CTRL);
+    if (!ctrl)
+        return train_local(t, mesh_err(-ENOMEM, "out of memory"));
+    rc = l->ops->reg_mr(l->tr, ctrl, (size_t)senders * 2 * XFER_CTRL, &cmr);
+    if (rc < 0)
+        goto out;
+    k = 0;
+    for (int s = 0; s < 64 && rc == 0; s++) {
+        if (!(senders_mask >> s & 1))
+            continue;
+        peer_of[k] = rank_of(members, s);
+        rc = post(l, 0, peer_of[k], XFER_TAG_OFFER,
+                  ctrl + (size_t)k * 2 * XFER_CTRL, XFER_CTRL, cmr,
+                  &reqs[nreq++]);
+        k++;
+    }
+    if (rc == 0)
+        rc = wait_all(l, reqs, nreq);
+    nreq = 0;
+    for (k = 0; k < senders && rc == 0; k++) {
+        const uint8_t *of = ctrl + (size_t)k * 2 * XFER_CTRL;
+
+        if (mesh_get_le32(of) != XFER_MAGIC_OF ||
+            mesh_get_le32(of + 4) != XFER_VERSION ||
+            mesh_get_le64(of + 8) != x->n ||
+            mesh_get_le32(of + 16) != XFER_CHUNKS)
+            rc = mesh_err(-EBADMSG,
+                          "state transfer: rank %d offers %" PRIu64
+                          " bytes in %u chunks; this peer's model needs "
+                          "%zu bytes in %d",
+                          peer_of[k], mesh_get_le64(of + 8),
+                          (unsigned)mesh_get_le32(of + 16), x->n, XFER_CHUNKS);
+        else if (k == 0)
+            memcpy(digest, of + 24, 32);
+        else if (memcmp(digest, of + 24, 32) != 0)
+            rc = mesh_err(-EBADMSG,
+                          "state transfer: the senders offer different "
+                          "states (ranks %d and %d): the view does not "
+                          "agree on one",
+                          peer_of[0], peer_of[k]);
+    }
+    if (rc < 0)
+        goto out;
+    if (memcmp(digest, x->digest, 32) != 0) {
+        /* another state than the chunks held: start again */
+        memcpy(x->digest, digest, 32);
+        memset(x->have, 0, sizeof(x->have));
+    }
+    m = missing(x->have, list);
+    for (k = 0; k < senders; k++) {
+        uint8_t *rq = ctrl + (size_t)k * 2 * XFER_CTRL + XFER_CTRL;
+
+        memset(rq, 0, XFER_CTRL);
+        mesh_put_le32(rq, XFER_MAGIC_RQ);
+        mesh_put_le32(rq + 4, XFER_VERSION);
+        memcpy(rq + 8, digest, 32);
+        memcpy(rq + 40, x->have, sizeof(x->have));
+        rc = post(l, 1, peer_of[k], XFER_TAG_REQ, rq, XFER_CTRL, cmr,
+                  &reqs[nreq++]);
+        if (rc < 0)
+            break;
+        for (int i = m * k / senders; i < m * (k + 1) / senders; i++)
+            owner[i] = k;
+    }
+    for (int i = 0; i < m && rc == 0; i++) {
+        size_t off, len;
+
+        chunk_range(x->n, list[i], &off, &len);
+        if (!len) {
+            x->have[list[i] / 8] |= (uint8_t)(1u << (list[i] % 8));
+            continue;
+        }
+        rc = post(l, 0, peer_of[owner[i]], XFER_TAG_DATA + (uint32_t)list[i],
+                  x->blob + off, len, mr, &reqs[nreq + i]);
+    }
+    /* the chunks that arrive are kept, whatever fails later */
+    for (int i = 0; i < nreq + m; i++) {
+        int done = 0, rc2;
+
+        if (!reqs[i])
+            continue;
+        if (rc == 0) {
+            rc = mesh_transport_wait(l->ops, l->tr, reqs[i]);
+            done = rc == 0;
+        } else {
+            rc2 = l->ops->test(l->tr, reqs[i], &done);
+            done = rc2 == 0 && done;
+        }
+        reqs[i] = NULL;
+        if (rc == 0 && i == nreq + m / 2)
+            train_fault(t, TRAIN_FAULT_XFER); /* test aid: the joiner */
+        if (done && i >= nreq) {
+            size_t off, len;
+            int c = list[i - nreq];
+
+            chunk_range(x->n, c, &off, &len);
+            x->have[c / 8] |= (uint8_t)(1u << (c % 8));
+            st->bytes += len;
+            st->sent[owner[i - nreq]] += len;
+        }
+    }
+out:
+    if (cmr)
+        l->ops->dereg_mr(l->tr, cmr);
+    free(ctrl);
+    return rc;
+}
+
+/*
+ * Bench aid (bench/join.sh): MESHTRAIN_XFER_SENDERS=K makes only the K
+ * lowest slots that hold the state send it, to measure striping over 1,
+ * 3, 7 senders in one setup. Every peer of the job must see the same K.
+ */
+static uint64_t senders_of(uint64_t have)
+{
+    const char *v = getenv("MESHTRAIN_XFER_SENDERS");
+    int k = v && *v ? atoi(v) : 0;
+    uint64_t out = 0;
+
+    if (k <= 0)
+        return have;
+    for (int s = 0; s < 64 && k > 0; s++)
+        if (have >> s & 1) {
+            out |= UINT64_C(1) << s;
+            k--;
+        }
+    return out;
+}
+
+int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
+                   struct train_xfer_stats *st)
+{
+    uint64_t holders = v->members & ~v->needy, senders_mask;
+    int me = t->mo->world.rank, needy = (int)(v->needy >> me & 1);
+    int senders, sender, rc;
+    struct train_snap *sn = &t->snap[v->step & 1];
+    struct link l;
+    mesh_mr_t *mr = NULL;
+    uint8_t *blob = NULL, got[32];
+    size_t n = state_bytes(t);
+    double t0 = mesh_now_s();
+
+    senders_mask = senders_of(holders);
+    senders = __builtin_popcountll(senders_mask);
+    memset(st, 0, sizeof(*st));
+    st->senders = senders_mask;
+    if (t->sim)
+        return 0; /* no weights, no data: the step is all there is */
+    if (!senders || v->step == MESH_ELASTIC_NO_STATE)
+        return train_local(t, mesh_err(-ENOENT,
+                                       "state transfer: no member of view "
+                                       "%" PRIu64 " holds the state (every "
+                                       "one joined late)",
+                                       v->epoch));
+    if (!t->mesh)
+        return mesh_err(-EINVAL, "state transfer: no mesh");
+    rc = bn_average(t, sn, needy, __builtin_popcountll(holders));
+    if (rc < 0)
+        return rc;
+    l.ops = mesh_ops(t->mesh);
+    l.tr = mesh_transport(t->mesh);
+    l.seq = mesh_seq_next(t->mesh);
+    if (needy) {
+        if (!t->xfer) {
+            t->xfer = calloc(1, sizeof(*t->xfer));
+            if (!t->xfer)
+                return train_local(t, mesh_err(-ENOMEM, "out of memory"));
+        }
+        if (t->xfer->n != n) {
+            free(t->xfer->blob);
+            t->xfer->blob = malloc(n);
+            t->xfer->n = t->xfer->blob ? n : 0;
+            memset(t->xfer->digest, 0, 32);
+            memset(t->xfer->have, 0, sizeof(t->xfer->have));
+            if (!t->xfer->blob)
+                return train_local(t, mesh_err(-ENOMEM, "out of memory"));
+        }
+        rc = l.ops->reg_mr(l.tr, t->xfer->blob, n, &mr);
+        if (rc == 0)
+            rc = recv_state(t, &l, v->members, senders_mask, senders, t->xfer,
+                            mr, st);
+        if (mr)
+            l.ops->dereg_mr(l.tr, mr);
+        if (rc < 0)
+            return rc;
+        rc = mesh_ckpt_sha256(t->xfer->blob, n, got);
+        if (rc == 0 && memcmp(got, t->xfer->digest, 32) != 0) {
+            memset(t->xfer->have, 0, sizeof(t->xfer->have));
+            return mesh_err(-EBADMSG,
+                            "state transfer: the %zu bytes received do not "
+                            "hash to the SHA-256 every sender offered",
+                            n);
+        }
+        if (rc == 0)
+            rc = state_read(t, v->step, t->xfer->blob, sn);
+        if (rc < 0)
+            return rc;
+        train_xfer_free(t);
+    } else if (senders_mask >> me & 1) {
+        if (!sn->valid || sn->step != v->step)
+            return train_local(t, mesh_err(-ENOENT,
+                                           "state transfer: no snapshot of "
+                                           "step %" PRIu64,
+                                           v->step));
+        blob = malloc(n);
+        if (!blob)
+            return train_local(t, mesh_err(-ENOMEM, "out of memory"));
+        state_write(t, sn, blob);
+        sender = rank_of(senders_mask, me);
+        rc = l.ops->reg_mr(l.tr, blob, n, &mr);
+        if (rc == 0)
+            rc = send_state(t, &l, v->members, v->needy, sender, senders, blob,
+                            n, mr, st);
+        if (mr)
+            l.ops->dereg_mr(l.tr, mr);
+        free(blob);
+        if (rc < 0)
+            return rc;
+    }
+    st->state_bytes = n;
+    st->secs = mesh_now_s() - t0;
+    return 0;
+}
