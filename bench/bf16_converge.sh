@@ -4,7 +4,7 @@
 # cosine schedule) in fp32 and in --precision bf16-amp from the same seeds.
 # Prints each run's test top-1, and the bf16-amp minus fp32 difference
 # against issue 29's goal (within 0.3 points). About 2.5 CPU-minutes a run;
-# tests/train_bf16.sh is the shorter version that make check runs.
+# tests/train_bf16.sh runs seed 1 of it in make check.
 #
 # Environment: SEEDS="1" (each seed trains both precisions); extra
 # meshtrain flags in MESHTRAIN_ARGS; MESHTRAIN_CPU_BF16=emulate on a CPU

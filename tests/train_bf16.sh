@@ -4,17 +4,25 @@
 # 1. With oneDNN capped to AVX2 (DNNL_MAX_CPU_ISA), which has no bfloat16
 #    kernels, bf16-amp stops at start with exit 1 and a message that says
 #    why and names MESHTRAIN_CPU_BF16=emulate; with that set, it trains.
-# 2. Convergence: the small model of the other scenario tests (ResNet-18 of
-#    width 16, 14 x 14 inputs) for 1 epoch of Fashion-MNIST (cosine
-#    schedule), one peer, in fp32 and in bf16-amp, seeds 1 and 2: every
-#    bf16-amp run reaches >= 87 % top-1, and the mean of its two runs lies
-#    within 0.8 points of fp32's. Measured: fp32 88.73 / 88.32, bf16-amp
-#    88.26 / 88.64 (means 88.53 and 88.45). At this size the seed alone
-#    moves fp32 by 0.4 points, so the issue's 0.3-point goal is measured
-#    at the demo's size by hand: bench/bf16_converge.sh (about 5
-#    CPU-minutes; seed 1: fp32 90.72 %, bf16-amp 90.57 %, -0.15 points).
-#    Here: four runs of about 40 CPU-seconds, two at a time (under 90 s
-#    alone on 2 cores).
+# 2. Convergence at the demo's size: scripts/demo.sh (4 peers, ResNet-18
+#    of width 16 on 14 x 14 Fashion-MNIST, 3 epochs, cosine schedule) in
+#    fp32 and in bf16-amp from the same seed, so with the same initial
+#    weights and the same data order: both reach the demo's 90 %, and
+#    bf16-amp's test top-1 lies within 0.3 points of fp32's (issue 29).
+#    Why one pair at the full size: within this budget (two demo runs)
+#    the alternatives are noisier. At 1 epoch (the previous version: four
+#    runs of one peer) the seed alone moved fp32 by 0.4 points and a pair
+#    by up to 0.5; at 3 epochs the pairs of seeds 1, 2 and 3 differed by
+#    -0.15, +0.29 and +0.10 (fp32 90.72 / 90.39 / 90.47, bench/
+#    bf16_converge.sh SEEDS="1 2 3"; sd 0.22), and a mean over k seeds
+#    costs 2 k demo runs. Both runs are deterministic (one thread per
+#    peer, sums in rank order), so on a given CPU the result is a fixed
+#    number and the test does not flake; on a CPU with other kernels it is
+#    a new draw from that spread, which 0.3 covers at about 1.4 sd. With
+#    oneDNN capped to AVX2 (bf16-amp emulated) seed 1 gave fp32 90.61 %,
+#    bf16-amp 90.56 % (-0.05 points); here 90.72 % and 90.57 %.
+#    Two runs of about 150 CPU-seconds, at once (about 150 s alone on 2
+#    cores).
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 [ -r "$FMNIST/train-images-idx3-ubyte.gz" ] ||
@@ -53,19 +61,8 @@ else
     [ $rc -eq 0 ] || t_show "$TMP/emu.log"
 fi
 
-# 2. convergence, fp32 against bf16-amp from the same seeds
-train() { # train PREC SEED PORT: one peer, 1 epoch, log $TMP/PREC-SEED.log
-    # shellcheck disable=SC2086
-    "$MESHTRAIN" -H localhost:1 --insecure --port "$3" \
-        ${SMALL% --quiet} --data fashion-mnist --batch 32 --epochs 1 \
-        --lr 0.1 --lr-schedule cosine --warmup-epochs 0.1 \
-        --weight-decay 5e-4 --seed "$2" --precision "$1" \
-        --log-every 100000 > "$TMP/$1-$2.log" 2>&1
-}
-top1() {
-    sed -n 's/.*test accuracy.*top-1 \([0-9.]*\) %.*/\1/p' "$1" | tail -n 1
-}
-take_ports 2 || exit 99
+# 2. convergence at the demo's size, fp32 against bf16-amp, one seed
+take_ports 8 || exit 99
 # A CPU whose oneDNN has no bfloat16 kernels refuses bf16-amp (part 1):
 # there the convergence of its numbers is checked on the emulation.
 # shellcheck disable=SC2086
@@ -76,36 +73,39 @@ take_ports 2 || exit 99
         t_diag "no bfloat16 kernels in oneDNN here: MESHTRAIN_CPU_BF16=emulate"
         export MESHTRAIN_CPU_BF16=emulate
     fi
-codes=""
-for seed in 1 2; do
-    train fp32 $seed "$PORT" &
-    p1=$!
-    train bf16-amp $seed $((PORT + 1)) &
-    p2=$!
-    wait $p1
-    c1=$?
-    wait $p2
-    codes="$codes $c1 $?"
-done
-[ "$codes" = " 0 0 0 0" ]
-t_ok $? "four runs of one epoch (exit codes$codes)"
-for f in "$TMP"/*-[12].log; do
+demo() { # demo PREC PORT: scripts/demo.sh in PREC, log $TMP/PREC.log
+    MESHTRAIN_BUILDDIR=$top_builddir MESHTRAIN_FASHION_MNIST=$FMNIST \
+        "$top_srcdir/scripts/demo.sh" --precision "$1" --seed "$SEED" \
+        --port "$2" --log-every 100000 > "$TMP/$1.log" 2>&1
+}
+top1() {
+    sed -n 's/.*test accuracy.*top-1 \([0-9.]*\) %.*/\1/p' "$1" | tail -n 1
+}
+SEED=1
+demo fp32 "$PORT" &
+p1=$!
+demo bf16-amp $((PORT + 4)) &
+p2=$!
+wait $p1
+c1=$?
+wait $p2
+c2=$?
+[ $c1 -eq 0 ] && [ $c2 -eq 0 ]
+t_ok $? "the demo (4 peers, 3 epochs) in fp32 and in bf16-amp, seed $SEED \
+(exit codes $c1 $c2)"
+for f in "$TMP/fp32.log" "$TMP/bf16-amp.log"; do
     [ "$(top1 "$f")" ] || t_show "$f" 10
 done
 grep -q "bf16-amp (oneDNN bfloat16 kernels\|bf16-amp (emulated" \
-    "$TMP/bf16-amp-1.log"
-t_ok $? "the bf16-amp runs say which bfloat16 they run: \
-$(sed -n 's/.*\(bf16-amp ([^)]*)\).*/\1/p' "$TMP/bf16-amp-1.log" | head -n 1)"
-f1=$(top1 "$TMP/fp32-1.log")
-f2=$(top1 "$TMP/fp32-2.log")
-b1=$(top1 "$TMP/bf16-amp-1.log")
-b2=$(top1 "$TMP/bf16-amp-2.log")
-t_diag "top-1: fp32 ${f1:-none} / ${f2:-none}, bf16-amp ${b1:-none} / ${b2:-none}"
-awk -v a="$b1" -v b="$b2" 'BEGIN { exit !(a >= 87 && b >= 87) }'
-t_ok $? "every bf16-amp run reaches >= 87 % (${b1:-none}, ${b2:-none})"
-d=$(awk -v a="$f1" -v b="$f2" -v c="$b1" -v e="$b2" 'BEGIN {
-    if (a == "" || b == "" || c == "" || e == "") print "none"
-    else printf "%+.2f", (c + e - a - b) / 2 }')
-awk -v d="$d" 'BEGIN { exit !(d != "none" && d >= -0.8 && d <= 0.8) }'
-t_ok $? "bf16-amp's mean top-1 within 0.8 points of fp32's ($d)"
+    "$TMP/bf16-amp.log"
+t_ok $? "the bf16-amp run says which bfloat16 it runs: \
+$(sed -n 's/.*\(bf16-amp ([^)]*)\).*/\1/p' "$TMP/bf16-amp.log" | head -n 1)"
+f=$(top1 "$TMP/fp32.log")
+b=$(top1 "$TMP/bf16-amp.log")
+awk -v a="$f" -v b="$b" 'BEGIN { exit !(a >= 89.5 && b >= 89.5) }'
+t_ok $? "both reach the demo's 90 % (fp32 ${f:-none} %, bf16-amp ${b:-none} %)"
+d=$(awk -v a="$f" -v b="$b" 'BEGIN {
+    if (a == "" || b == "") print "none"; else printf "%+.2f", b - a }')
+awk -v d="$d" 'BEGIN { exit !(d != "none" && d >= -0.3 && d <= 0.3) }'
+t_ok $? "bf16-amp's top-1 within 0.3 points of fp32's ($d)"
 t_done
