@@ -1,0 +1,168 @@
+#!/bin/sh
+# tests/train_elastic_restart.sh: meshrun --restarts brings a dead rank
+# back (doc/elastic.md, "Joining"). 4 ranks train under meshrun --elastic
+# --restarts 1; rank 0 is killed (SIGKILL) while they train. The other 3
+# change the view and go on; meshrun starts rank 0 again on its host after
+# its backoff, and the new process joins the running job, receives its
+# state and takes rank 0 back (the peer it displaces stops writing the
+# metrics). Training ends with all 4 slots: every rank exits 0 (meshtrain
+# compares the weight digests of every peer after each view change and at
+# the end, and a mismatch exits 4), rank 0's metrics end in a view of 4
+# peers and name every step once, and every sample of every epoch is
+# used once (tests/train_elastic_count.py). Then a slot killed twice with
+# --restarts 1 is not restarted a second time, and the job still
+# finishes with the others. With --max-peers 3 of 4 slots, the spare slot
+# 3 is started in place of a killed rank that has no restart, joins, and
+# the job ends with slots 0, 2 and 3. Ctrl-C (SIGINT) while a restart is pending
+# stops every rank and starts none. Bad --restarts and --max-peers are refused
+# with a message naming them, and every flag of meshrun --help is in its
+# man page and the README.
+. "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
+
+command -v python3 > /dev/null || t_skip_all "python3 not found"
+COUNT="python3 $top_srcdir/tests/train_elastic_count.py"
+t_plan 11
+N=1200
+BATCH=8
+ITERS=${ELASTIC_ITERS:-300}
+TINY="--model resnet18 --width 8 --cifar-stem --image-size 16 --threads 1 \
+--data-threads 1 --quiet --data synthetic:$N --num-classes 10 \
+--in-channels 1 --batch $BATCH --no-eval --verify-every 10 --elastic \
+--peer-timeout 10 --join-timeout 60 --iters $ITERS"
+
+# run NAME: 4 ranks under meshrun --restarts 1; $RUN is meshrun's pid.
+run() {
+    rm -f "$TMP/$1".*
+    take_ports 4 || return 1
+    # shellcheck disable=SC2086
+    bg env MESHTRAIN_TEST_SAMPLES="$TMP/$1.samples" "$MESHRUN" \
+        --restarts 1 -H localhost:4 -- "$MESHTRAIN" --port "$PORT" $TINY \
+        --metrics "$TMP/$1.metrics" > "$TMP/$1.log" 2>&1
+    RUN=$BG_PID
+}
+
+at_step() {
+    wait_for "$TMP/$1.metrics" "\"step\": $2," 120
+}
+
+# kill_rank NAME R: SIGKILL the process of rank R.
+kill_rank() {
+    _pid=$(rank_pid "$RUN" "$2")
+    [ -n "$_pid" ] && kill -KILL "$_pid"
+}
+
+# 0. the flags: bad values are refused before anything starts (exit 1),
+# naming the flag; --help, the man page and the README list every flag.
+bad=0
+for args in "--restarts 1 -np 2 -- true" "--elastic --restarts x -np 2 -- true" \
+    "--elastic --restarts -1 -np 2 -- true" \
+    "--elastic --max-peers 3 -H localhost:2 -- true" \
+    "--elastic --max-peers 2 --min-peers 3 -H localhost:4 -- true"; do
+    flag=$(echo "$args" | sed 's/.*\(--restarts\|--max-peers\).*/\1/')
+    # shellcheck disable=SC2086
+    "$MESHRUN" $args > "$TMP/bad.log" 2>&1
+    code=$?
+    if [ $code -ne 1 ] || ! grep -q -- "meshrun: .*$flag" "$TMP/bad.log"; then
+        t_diag "meshrun $args: exit $code: $(head -n 1 "$TMP/bad.log")"
+        bad=1
+    fi
+done
+t_ok $bad "bad --restarts and --max-peers: exit 1 naming the flag"
+missing=""
+for f in $("$MESHRUN" --help | grep -o -- '--[a-z][a-z-]*' | sort -u); do
+    grep -q -- "$(echo "$f" | sed 's/-/\\\\-/g')" "$top_srcdir/man/meshrun.1" ||
+        missing="$missing man:$f"
+    grep -q -- "\`$f" "$top_srcdir/README.md" || missing="$missing README:$f"
+done
+t_ok $([ -z "$missing" ]; echo $?) "every flag of meshrun --help is in \
+man/meshrun.1 and README.md${missing:+ (missing:$missing)}"
+
+# 1. rank 0 killed at step 5: restarted, rejoins, all 4 finish.
+run back
+at_step back 5
+kill_rank back 0
+wait_exit "$RUN" 180
+grep -q "meshrun: restarting rank 0 (localhost) in 1 s (restart 1 of 1)" \
+    "$TMP/back.log" &&
+    grep -q "meshrun: rank 0 (localhost) started again (restart 1 of 1)" \
+        "$TMP/back.log"
+t_ok $? "meshrun --restarts 1 starts the killed rank 0 again after 1 s"
+[ "$EXIT_CODE" -eq 0 ] &&
+    grep -q "meshrun: 4 of 4 rank(s) finished" "$TMP/back.log"
+t_ok $? "training ends with all 4 slots, every rank exits 0 (digests \
+equal; meshrun exit $EXIT_CODE)"
+[ "$EXIT_CODE" -eq 0 ] || t_show "$TMP/back.log" 15
+grep "meshrun:" "$TMP/back.log" | head -n 6 | sed 's/^/# /'
+# the last view record: every slot
+tail_view=$(grep '"event": "view"' "$TMP/back.metrics" | tail -n 1)
+echo "$tail_view" | grep -q '"peers": 4, "members": \[0,1,2,3\]'
+t_ok $? "the last view change admits slot 0 again: 4 peers"
+t_diag "$(echo "$tail_view" | cut -c 1-200)"
+$COUNT "$TMP/back.metrics" "$ITERS" $N $((4 * BATCH)) "$TMP"/back.samples.*
+t_ok $? "every step once in the metrics, every sample once per epoch"
+
+# 2. --restarts 1 is per slot: rank 1 killed again after its restart is
+# not started a third time; the others finish.
+run twice
+at_step twice 5
+kill_rank twice 1
+wait_for "$TMP/twice.log" "rank 1 \(localhost\) started again" 60
+wait_for "$TMP/twice.metrics" '"members": \[0,1,2,3\]' 120
+kill_rank twice 1
+wait_exit "$RUN" 180
+grep -q "meshrun: rank 1 (localhost) used up its 1 restart(s), and no \
+spare slot is left" "$TMP/twice.log" &&
+    [ "$(grep -c "rank 1 (localhost) started again" "$TMP/twice.log")" \
+        -eq 1 ]
+t_ok $? "a slot killed after its one restart is not started again"
+[ "$EXIT_CODE" -eq 0 ] &&
+    grep -q "meshrun: 3 of 4 rank(s) finished" "$TMP/twice.log"
+t_ok $? "the 3 others finish; meshrun exits 0 (exit $EXIT_CODE)"
+[ "$EXIT_CODE" -eq 0 ] || t_show "$TMP/twice.log" 15
+grep "meshrun:" "$TMP/twice.log" | sed 's/^/# /'
+
+# 3. --max-peers 3 of 4 slots, no restarts: slots 0-2 form view 0 after
+# their 3 s join timeout; rank 1 killed: spare slot 3 starts in its place.
+rm -f "$TMP"/spare.*
+take_ports 4
+# shellcheck disable=SC2086
+bg env MESHTRAIN_TEST_SAMPLES="$TMP/spare.samples" "$MESHRUN" \
+    --max-peers 3 -H localhost:4 -- "$MESHTRAIN" --port "$PORT" $TINY \
+    --join-timeout 3 --metrics "$TMP/spare.metrics" > "$TMP/spare.log" 2>&1
+RUN=$BG_PID
+at_step spare 5
+started=$(ps -o pid= --ppid "$RUN" | wc -l)
+kill_rank spare 1
+wait_exit "$RUN" 180
+grep -q "meshrun: rank 1 (localhost) used up its 0 restart(s); starting \
+spare slot 3 (localhost)" "$TMP/spare.log" && [ "$started" -eq 3 ] &&
+    grep -q "meshrun: spare slot 3 (localhost) started" "$TMP/spare.log"
+t_ok $? "--max-peers 3 starts 3 of 4 slots ($started), then the spare in \
+place of the killed rank 1"
+tail_view=$(grep '"event": "view"' "$TMP/spare.metrics" | tail -n 1)
+[ "$EXIT_CODE" -eq 0 ] &&
+    grep -q "meshrun: 3 of 4 rank(s) finished" "$TMP/spare.log" &&
+    echo "$tail_view" | grep -q '"members": \[0,2,3\]' &&
+    $COUNT "$TMP/spare.metrics" "$ITERS" $N $((3 * BATCH)) \
+        "$TMP"/spare.samples.*
+t_ok $? "slots 0, 2 and 3 finish (exit $EXIT_CODE); every step and \
+sample once"
+[ "$EXIT_CODE" -eq 0 ] || t_show "$TMP/spare.log" 15
+
+# 4. SIGINT to meshrun while a restart waits: every rank stops, none is
+# started again, meshrun exits 130.
+run intr
+at_step intr 3
+pids=$(ps -o pid= --ppid "$RUN")
+kill_rank intr 3
+wait_for "$TMP/intr.log" "restarting rank 3" 30
+kill -INT "$RUN"
+wait_exit "$RUN" 60
+sleep 2 # past the restart's due time
+left=0
+for p in $pids; do kill -0 "$p" 2> /dev/null && left=$((left + 1)); done
+[ "$EXIT_CODE" -eq 130 ] && [ $left -eq 0 ] &&
+    ! grep -q "started again" "$TMP/intr.log"
+t_ok $? "Ctrl-C while a restart waits: exit 130 ($EXIT_CODE), no rank \
+left running ($left), none started again"
+t_done
