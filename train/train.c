@@ -1551,6 +1551,15 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
         if (rc < 0)
             return train_local(t, rc);
     }
+    /* only rank 0 writes the metrics: a joiner of a lower slot can take
+     * rank 0 from us (then we hand them over), as we may take it */
+    if (t->rank != 0 && t->metrics) {
+        if (v->step >= t->pending_step) /* as elastic_recover does */
+            pending_flush(t);
+        t->pending[0] = '\0';
+        fclose(t->metrics);
+        t->metrics = NULL;
+    }
     if (t->rank == 0 && !t->metrics && t->c->metrics) {
         t->metrics = fopen(t->c->metrics, "a");
         if (!t->metrics)
