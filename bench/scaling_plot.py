@@ -450,7 +450,8 @@ def main():
     ap.add_argument("--raw", required=True)
     ap.add_argument("--seed", required=True)
     ap.add_argument("--csv", required=True)
-    ap.add_argument("--png", required=True)
+    ap.add_argument("--png", help="the figure (needs matplotlib); none "
+                                   "without it")
     ap.add_argument("--extra-csv", action="append", default=[],
                     help="an earlier run's CSV (another topology), drawn "
                          "beside this run and copied into --csv")
@@ -476,19 +477,21 @@ def main():
         title += ("\n%d peers per host behind one shaped NIC (p2.8xlarge), "
                   "shared memory inside a host; %d simulated GPUs per "
                   "process" % topo)
-    plot(pts, seed, a.png, title)
+    if a.png:
+        plot(pts, seed, a.png, title)
     print("%-5s %4s %3s %3s %9s %8s %8s %6s %9s %6s %5s %5s  %s" %
           ("series", "N", "P", "G", "t_iter_s", "img/s", "comm_ms", "eff",
            "SINGA_ms", "str_ms", "cpu", "busy", "valid"))
     for r in rows:
         print("%-5s %4d %3s %3s %9s %8s %8s %6s %9s %6s %5s %5s  %s" %
               (r["series"], int(r["peers"]), r["peers_per_host"],
-               r["gpus_per_process"], r["t_iter_s"], r["img_per_s"],
-               r["comm_ms"], r["efficiency"], r["singa_comm_ms"],
-               r["stretch_ms"], r["comm_cpu_demand"], r["machine_busy"],
+               r["gpus_per_process"], r["t_iter_s"], r.get("img_per_s", ""),
+               r.get("comm_ms", ""), r.get("efficiency", ""),
+               r.get("singa_comm_ms", ""), r.get("stretch_ms", ""),
+               r.get("comm_cpu_demand", ""), r.get("machine_busy", ""),
                "yes" if str(r["valid"]) == "1" else
-               "NO: " + r["why_invalid"]))
-    print("wrote %s and %s" % (a.csv, a.png))
+               "NO: " + r.get("why_invalid", "")))
+    print("wrote %s" % " and ".join(x for x in (a.csv, a.png) if x))
 
 
 if __name__ == "__main__":
