@@ -1640,8 +1640,8 @@ static int elastic_recover(struct trainer *t, int rc_fail, uint64_t *step)
     for (tries = 0; tries < 8; tries++) {
         view_close(t);
         rc = mesh_elastic_agree(t->el, timeout, &v);
-        if (rc == -EPERM && t->unformed && !t->joiner &&
-            mesh_elastic_probe(t->el, 1.0) == 1) {
+        if ((rc == -EPERM || rc == -ETIMEDOUT) && t->unformed &&
+            !t->joiner && mesh_elastic_probe(t->el, 1.0) == 1) {
             /* view 0 formed without this late peer: it joins instead */
             mesh_info("the others formed a view without this peer: "
                       "joining it");
@@ -1689,9 +1689,38 @@ static int elastic_recover(struct trainer *t, int rc_fail, uint64_t *step)
 }
 
 /*
+ * Seconds since this process started (/proc/self/stat's start time, in
+ * clock ticks since boot), or since the run started where that is not
+ * readable.
+ */
+static double process_age(const struct trainer *t)
+{
+    unsigned long long start = 0;
+    struct timespec ts;
+    char buf[1024], *p;
+    FILE *f = fopen("/proc/self/stat", "r");
+    size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+    long hz = sysconf(_SC_CLK_TCK);
+
+    if (f)
+        fclose(f);
+    buf[n] = '\0';
+    /* field 22; the command name (field 2) may hold spaces: after ')' */
+    p = strrchr(buf, ')');
+    if (!p || hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &ts) < 0 ||
+        sscanf(p + 2,
+               "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d "
+               "%*d %*d %*d %*d %*d %llu",
+               &start) != 1)
+        return now_s(t);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec -
+           (double)start / (double)hz;
+}
+
+/*
  * A joiner's first step is done: its join time (from the start of the
- * run to here) and what it received, one line for logs and benchmarks
- * (bench/join.sh, bench/chaos.sh).
+ * process to here) and what it received, one line for logs and
+ * benchmarks (bench/join.sh, bench/chaos.sh).
  */
 static void join_first_step(struct trainer *t, uint64_t done)
 {
@@ -1699,8 +1728,8 @@ static void join_first_step(struct trainer *t, uint64_t done)
             "meshtrain: slot %d joined view %" PRIu64 ": step %" PRIu64
             " done %.3f s after start; state %" PRIu64 " bytes received "
             "in %.3f s (%s)\n",
-            t->mo->world.rank, t->join_view, done, now_s(t), t->join_bytes,
-            t->join_xfer_s, t->join_sent);
+            t->mo->world.rank, t->join_view, done, process_age(t),
+            t->join_bytes, t->join_xfer_s, t->join_sent);
     t->join_view = 0;
 }
 
@@ -2018,7 +2047,11 @@ static int elastic_probe(struct trainer *t)
 
     if (!t->el || t->size < 2)
         return MESH_EXIT_OK;
-    rc = mesh_elastic_probe(t->el, 1.0);
+    /* until every slot answered (a few ms when all start together); a
+     * silent slot holds the start up to this, but view 0 would wait
+     * for it until --join-timeout anyway */
+    rc = mesh_elastic_probe(
+        t->el, MESH_MIN(5.0, MESH_MAX(1.0, t->mo->topts.join_timeout_s / 4)));
     if (rc < 0) {
         fprintf(stderr, "meshtrain: slot %d: %s\n", t->mo->world.rank,
                 mesh_err_msg(rc));

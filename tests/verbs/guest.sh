@@ -7,7 +7,7 @@ B=$1
 S=$2
 . "$S/tests/verbs/guest-lib.sh"
 export MESHTRAIN_TEST_SLOW=${MESHTRAIN_TEST_SLOW:-4}
-: "${VERBS_PARTS:=pingpong verbs transport collective elastic}"
+: "${VERBS_PARTS:=pingpong verbs transport collective elastic rejoin}"
 
 res() { echo "VERBS-TAP $*"; }
 
@@ -93,6 +93,44 @@ for part in $VERBS_PARTS; do
             res "ok - --elastic over verbs: peer 2 of 3 killed, the 2 others changed the view and finished"
         else
             res "not ok - --elastic over verbs: exit codes$codes: $(grep -v info: /tmp/el.0 | tail -n 3 | tr '\n' ' ')"
+        fi
+        ;;
+    rejoin)
+        # --elastic over verbs: 3 peers, peer 2 killed at step 5 and
+        # started again at once; it joins the 2 others, which send it the
+        # state over verbs (train/xfer.c), and all 3 finish.
+        (umask 077 && head -c 32 /dev/urandom | od -An -tx1 |
+            tr -d ' \n' >/tmp/rj.secret)
+        rj() { # rj RANK FAULT: one peer, log /tmp/rj.RANK
+            MESHTRAIN_TEST_FAULT=$2 "$B/meshtrain" \
+                -H 10.77.0.1:3 --rank "$1" --port 23600 \
+                --secret-file /tmp/rj.secret --transport verbs \
+                --ib-dev rxe0 --elastic --model resnet18 --width 4 \
+                --cifar-stem --image-size 12 --threads 1 --data-threads 1 \
+                --quiet --data synthetic:240 --num-classes 10 \
+                --in-channels 1 --batch 4 --no-eval --iters 40 \
+                --peer-timeout 10 --join-timeout 120 >>"/tmp/rj.$1" 2>&1
+        }
+        rm -f /tmp/rj.0 /tmp/rj.1 /tmp/rj.2
+        rj 0 2:between:5 &
+        p0=$!
+        rj 1 2:between:5 &
+        p1=$!
+        rj 2 2:between:5
+        c2=$?
+        rj 2 "" &
+        p2=$!
+        codes=
+        for p in $p0 $p1 $p2; do
+            wait "$p"
+            codes="$codes $?"
+        done
+        if [ "$c2$codes" = "137 0 0 0" ] &&
+            grep -q "slot(s) 2 joined" /tmp/rj.0 &&
+            grep -q "slot 2 joined view" /tmp/rj.2; then
+            res "ok - --elastic over verbs: peer 2 of 3 killed and started again, it rejoined with the state sent over verbs"
+        else
+            res "not ok - --elastic over verbs, rejoin: exit codes $c2$codes: $(grep -v info: /tmp/rj.0 /tmp/rj.2 | tail -n 4 | tr '\n' ' ')"
         fi
         ;;
     esac

@@ -6,12 +6,13 @@
 # project's own tests inside (tests/verbs/guest.sh): ibv_rc_pingpong, the
 # verbs checks (tests/verbs/test_verbs), the transport conformance suite,
 # the collectives over verbs and --elastic over verbs (one of 3 training
-# peers killed, the other two go on); then two guests joined by one virtio-net link,
+# peers killed, the other two go on; then it is started again and rejoins,
+# its state sent over verbs); then two guests joined by one virtio-net link,
 # two "hosts" with their own rxe, run meshbench and a 2-peer training step.
 # A TAP skip, with the reason, where qemu or the kernel package is missing.
 #
 # Environment: MESHTRAIN_VERBS_LANE=0 skips it; VERBS_PARTS picks parts
-# (pingpong verbs transport collective elastic hosts perf; perf adds perftest's
+# (pingpong verbs transport collective elastic rejoin hosts perf; perf adds perftest's
 # ib_write_bw against meshbench on the two-guest link); VERBS_CACHE (default
 # /var/tmp/meshtrain-verbs-UID) holds the kernel and initramfs.
 srcdir=${srcdir:-.}
@@ -45,7 +46,7 @@ done
 export VERBS_KEEP
 verbs_prepare || skip_all "$verbs_why"
 
-PARTS=${VERBS_PARTS:-pingpong verbs transport collective elastic hosts}
+PARTS=${VERBS_PARTS:-pingpong verbs transport collective elastic rejoin hosts}
 one=
 pair=0
 perf=0
