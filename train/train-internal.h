@@ -88,9 +88,12 @@ struct trainer {
      * failed to form); the state received so far (train/xfer.c); the
      * join's figures, logged after the first step */
     int unformed, joiner;
-    int join_rc;    /* view 0's mesh_open: -ETIMEDOUT, some slot is a spare */
-    int join_batch; /* test aid MESHTRAIN_TEST_JOINERS=N: admit joiners
-                       once N ask (tests/train_elastic_join.sh), else 1 */
+    int join_rc;      /* view 0's mesh_open: -ETIMEDOUT, some slot is a spare */
+    int join_batch;   /* test aid MESHTRAIN_TEST_JOINERS=N: admit joiners
+                         once N ask (tests/train_elastic_join.sh), else 1 */
+    uint64_t join_at; /* test aid MESHTRAIN_TEST_JOIN_AT=STEP: wait at
+                         that step's start until a joiner asks (at most
+                         60 s); UINT64_MAX: never */
     struct train_xfer *xfer;
     double join_xfer_s;
     uint64_t join_bytes, join_view;

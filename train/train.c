@@ -1364,6 +1364,16 @@ static int elastic_boundary(struct trainer *t, uint64_t step)
     /* peers started later asked to join: admit them now, from this
      * snapshot (doc/elastic.md, "Joining") */
     joins = mesh_elastic_joins(t->el);
+    /* test aid: wait here for a joiner (MESHTRAIN_TEST_JOIN_AT=STEP),
+     * until one asks or another member admits it */
+    for (int i = 0; step == t->join_at && !joins && i < 6000; i++) {
+        if (mesh_elastic_commit(t->el, step) < 0)
+            return mesh_err(-ECANCELED, "the mesh's view is changing");
+        usleep(10000);
+        joins = mesh_elastic_joins(t->el);
+    }
+    if (joins)
+        t->join_at = UINT64_MAX; /* once */
     if (joins && __builtin_popcountll(joins) >= t->join_batch)
         return mesh_err(-ECANCELED, "slot(s) %s asked to join",
                         mesh_elastic_slots_str(joins, list, sizeof(list)));
@@ -1534,6 +1544,8 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
         join_report(t, v, &st, needy);
     }
     t->unformed = 0;
+    if (v->members & ~v->prev)
+        t->join_at = UINT64_MAX; /* the test aid's joiner came */
     rc = gradsync_open(t);
     if (rc < 0)
         return train_local(t, rc);
@@ -1640,8 +1652,8 @@ static int elastic_recover(struct trainer *t, int rc_fail, uint64_t *step)
     for (tries = 0; tries < 8; tries++) {
         view_close(t);
         rc = mesh_elastic_agree(t->el, timeout, &v);
-        if ((rc == -EPERM || rc == -ETIMEDOUT) && t->unformed &&
-            !t->joiner && mesh_elastic_probe(t->el, 1.0) == 1) {
+        if ((rc == -EPERM || rc == -ETIMEDOUT) && t->unformed && !t->joiner &&
+            mesh_elastic_probe(t->el, 1.0) == 1) {
             /* view 0 formed without this late peer: it joins instead */
             mesh_info("the others formed a view without this peer: "
                       "joining it");
@@ -2012,6 +2024,9 @@ static int elastic_open(struct trainer *t, const struct mesh_opts *mo)
     eo.secret_len = mo->topts.secret ? mo->topts.secret_len : 0;
     eo.job_id = mo->topts.job_id;
     eo.settle_s = 0.15;
+    t->join_at = getenv("MESHTRAIN_TEST_JOIN_AT")
+                     ? strtoull(getenv("MESHTRAIN_TEST_JOIN_AT"), NULL, 10)
+                     : UINT64_MAX;
     t->join_batch = getenv("MESHTRAIN_TEST_JOINERS")
                         ? MESH_MAX(1, atoi(getenv("MESHTRAIN_TEST_JOINERS")))
                         : 1;
