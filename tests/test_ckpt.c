@@ -12,10 +12,12 @@
 #include "tests/tmpdir.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define WLEN (1u << 20)
@@ -93,7 +95,7 @@ static int open_err(const char *path, const char *want)
 
 int main(void)
 {
-    char dir[300], p[4300], bp[4400];
+    char dir[300], p[4300], bp[4400], livep[4400], otherp[4700], host[256] = "";
     uint8_t d1[32], d2[32], d3[32], dg[32];
     uint8_t *w = malloc(WLEN), *ref = malloc(WLEN);
     struct mesh_ckpt *c = NULL;
@@ -101,13 +103,14 @@ int main(void)
     uint64_t *steps = NULL;
     size_t n = 0, len = 0;
     void *data = NULL;
+    pid_t dead, live;
     int rc;
 
     if (tmpdir_make(tmp, sizeof(tmp), "test_ckpt") < 0) {
         skip_all("cannot create a temporary directory");
         return 0;
     }
-    plan(29);
+    plan(32);
     snprintf(dir, sizeof(dir), "%s/ck", tmp);
 
     /* Round trip. */
@@ -221,9 +224,28 @@ int main(void)
     mesh_ckpt_close(c);
     c = NULL;
 
-    /* Atomicity: a stale temporary directory (a crash mid-write). */
-    snprintf(bp, sizeof(bp), "%s/.ckpt-000000900.tmp.12345.0", dir);
+    /* Atomicity: a stale temporary directory (a crash mid-write: the pid
+     * of a child that has exited), beside those of writers that may still
+     * run: a live process of this host, and one of another host. */
+    dead = fork();
+    if (dead == 0)
+        _exit(0);
+    waitpid(dead, NULL, 0);
+    snprintf(bp, sizeof(bp), "%s/.ckpt-000000900.tmp.%ld.0", dir, (long)dead);
     mkdir(bp, 0755);
+    live = fork();
+    if (live == 0) {
+        pause();
+        _exit(0);
+    }
+    gethostname(host, sizeof(host) - 1);
+    snprintf(livep, sizeof(livep), "%s/.ckpt-000001000.tmp.%ld.0.%s", dir,
+             (long)live, host);
+    mkdir(livep, 0755);
+    snprintf(otherp, sizeof(otherp),
+             "%s/.ckpt-000001000.tmp.%ld.0.not-%s.example", dir, (long)dead,
+             host);
+    mkdir(otherp, 0755);
     snprintf(p, sizeof(p), "%s/weights", bp);
     fclose(fopen(p, "w"));
     rc = mesh_ckpt_list(dir, &steps, &n);
@@ -247,6 +269,16 @@ int main(void)
        "prune --keep 3 leaves the three newest (%zu left)", n);
     free(steps);
     ok(access(bp, F_OK) != 0, "prune removed the stale temporary directory");
+    ok(access(livep, F_OK) == 0,
+       "prune kept the temporary directory of a live writer");
+    ok(access(otherp, F_OK) == 0,
+       "prune kept the temporary directory of another host's writer");
+    kill(live, SIGKILL);
+    waitpid(live, NULL, 0);
+    rc = mesh_ckpt_prune(dir, 3);
+    ok(rc == 0 && access(livep, F_OK) != 0,
+       "once that writer is gone, prune removes its directory");
+    rmdir(otherp);
     ok(mesh_ckpt_prune(dir, 0) == -EINVAL, "--keep 0 is refused");
     mesh_ckpt_path(dir, 900, p, sizeof(p));
     rc = mesh_ckpt_open(p, &c);

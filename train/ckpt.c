@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <openssl/evp.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -236,6 +237,49 @@ static int remove_tree(const char *path)
     return rc;
 }
 
+/* This host's name as temporary directories carry it ("" when unknown). */
+static const char *this_host(void)
+{
+    static char host[256];
+
+    if (!host[0] && gethostname(host, sizeof(host) - 1) != 0)
+        host[0] = '\0';
+    host[sizeof(host) - 1] = '\0';
+    for (char *c = host; *c; c++)
+        if (*c == '/')
+            *c = '_';
+    return host;
+}
+
+/*
+ * Whether the temporary directory name (TMP_PREFIX<step>.tmp.<pid>.<n>
+ * [.<host>]) was left by a writer that is provably gone: this process, or
+ * a process of this host that no longer exists. A directory can be shared
+ * for a while by two processes (an --elastic peer that a view left out
+ * still finishes the write it was in while its rank's number, and so its
+ * directory, belongs to another peer), so a live writer's directory is
+ * never removed, nor one from another host, whose own writer prunes it.
+ */
+static int tmp_is_stale(const char *name)
+{
+    const char *p = strstr(name, ".tmp.");
+    char *end;
+    unsigned long pid;
+
+    if (!p)
+        return 0;
+    errno = 0;
+    pid = strtoul(p + 5, &end, 10);
+    if (errno || end == p + 5 || *end != '.' || pid == 0 || pid > INT32_MAX)
+        return 1; /* not a name we write: a stray, remove it */
+    strtoul(end + 1, &end, 10);
+    if (*end == '.' && strcmp(end + 1, this_host()))
+        return 0;
+    if ((pid_t)pid == getpid())
+        return 1;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
 static int valid_name(const char *name)
 {
     size_t n = strlen(name);
@@ -282,8 +326,8 @@ int mesh_ckpt_begin(const char *dir, uint64_t step,
     snprintf(w->dir, sizeof(w->dir), "%s", dir);
     w->step = step;
     n = snprintf(w->tmp, sizeof(w->tmp),
-                 "%s/" TMP_PREFIX "%09" PRIu64 ".tmp.%ld.%u", dir, step,
-                 (long)getpid(), atomic_fetch_add(&counter, 1));
+                 "%s/" TMP_PREFIX "%09" PRIu64 ".tmp.%ld.%u.%s", dir, step,
+                 (long)getpid(), atomic_fetch_add(&counter, 1), this_host());
     if (n < 0 || (size_t)n >= sizeof(w->tmp)) {
         free(w);
         return mesh_err(-ENAMETOOLONG, "checkpoint path too long");
@@ -645,7 +689,7 @@ int mesh_ckpt_prune(const char *dir, int keep)
         return errno == ENOENT ? 0 : mesh_err_errno("open %s", dir);
     while ((e = readdir(d))) {
         if (strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) ||
-            !strstr(e->d_name, ".tmp."))
+            !strstr(e->d_name, ".tmp.") || !tmp_is_stale(e->d_name))
             continue;
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         if (remove_tree(path) < 0 && rc == 0)

@@ -24,14 +24,16 @@
  * statistics); "the newest checkpoint every peer holds with the same
  * digest" compares this digest.
  *
- * Atomicity: blobs are written into DIR/.ckpt-<step>.tmp.<pid>.<n>/, each
- * file fsync'ed, then MANIFEST, then the temporary directory is fsync'ed,
- * renamed to its final name (atomically exchanged with an older checkpoint
- * of the same step, which is then removed) and DIR is fsync'ed. A crash
- * leaves either the old state or the new checkpoint, never a partial one
- * under a final name; leftover temporary directories are ignored by
- * mesh_ckpt_list and removed by mesh_ckpt_prune. A checkpoint directory
- * belongs to one process (give each peer its own, e.g. DIR/rank-R).
+ * Atomicity: blobs are written into DIR/.ckpt-<step>.tmp.<pid>.<n>.<host>/,
+ * each file fsync'ed, then MANIFEST, then the temporary directory is
+ * fsync'ed, renamed to its final name (atomically exchanged with an older
+ * checkpoint of the same step, which is then removed) and DIR is fsync'ed.
+ * A crash leaves either the old state or the new checkpoint, never a
+ * partial one under a final name; leftover temporary directories are
+ * ignored by mesh_ckpt_list and removed by mesh_ckpt_prune once their
+ * writer is gone. A checkpoint directory belongs to one process (give each
+ * peer its own, e.g. DIR/rank-R), but a writer still running in it (an
+ * --elastic peer left out of the view finishing its write) is safe.
  *
  * Weights as safetensors (nn/safetensors.h):
  *   mesh_ckpt_put_file(w, "model.safetensors", MESH_CKPT_SHARED, p, cap);
@@ -148,7 +150,8 @@ void mesh_ckpt_entry_unpack(const uint8_t in[MESH_CKPT_ENTRY_BYTES],
                             struct mesh_ckpt_entry *e);
 
 /* Keep the `keep` newest checkpoints (keep >= 1), remove the others and
- * every leftover temporary directory. */
+ * every leftover temporary directory whose writer is provably gone (this
+ * process, or a process of this host that no longer runs). */
 int mesh_ckpt_prune(const char *dir, int keep);
 
 /*
