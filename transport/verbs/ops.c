@@ -339,7 +339,8 @@ int mesh_verbs_mr_live(mesh_transport_t *t)
 
 int mesh_verbs_active(mesh_transport_t *t)
 {
-    return t && t->active;
+    /* t may be another transport's (shm's "auto" asks its inner one) */
+    return t && !strcmp(t->super.name, "verbs") && t->active;
 }
 
 const struct mesh_transport_ops mesh_verbs_ops = {
@@ -361,12 +362,30 @@ const struct mesh_transport_ops mesh_verbs_ops = {
 /* ---- auto ---------------------------------------------------------------- */
 
 /*
- * "auto" is the verbs transport that, where some rank has no active port,
- * moves everything over its TCP mesh instead. Connect decides once, after
+ * The verbs transport that, where some rank has no active port, moves
+ * everything over its TCP mesh instead: what the "auto" transport
+ * (transport/shm/ops.c) runs between hosts. Connect decides once, after
  * the INFO exchange, and sets t->use; every later operation goes through
  * it. On TCP the registrations stay in the verbs cache (plain entries
  * without an ibv_mr), and TCP needs none: no mr goes down.
  */
+/* A failure of the TCP mesh seen by its own call (rc): the job's here
+ * too, so that a transport over this one sees it (shm's "auto"). */
+static int auto_tcp_adopt(mesh_transport_t *t, int rc)
+{
+    struct tp_failure f;
+
+    if (rc >= 0 || rc == -ETIMEDOUT)
+        return rc;
+    tp_failure_of(t->inner, &f);
+    if (f.failed) {
+        pthread_mutex_lock(&t->super.lock);
+        verbs_adopt_inner_failure(t, &f);
+        pthread_mutex_unlock(&t->super.lock);
+    }
+    return rc;
+}
+
 static int auto_tcp_isend(mesh_transport_t *t, int peer,
                           const struct mesh_frame *f, const void *buf,
                           mesh_mr_t *mr, mesh_req_t **out)
@@ -385,18 +404,19 @@ static int auto_tcp_irecv(mesh_transport_t *t, int peer,
 
 static int auto_tcp_test(mesh_transport_t *t, mesh_req_t *req, int *done)
 {
-    return t->inner_ops->test(t->inner, req, done);
+    return auto_tcp_adopt(t, t->inner_ops->test(t->inner, req, done));
 }
 
 static int auto_tcp_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs,
                              int n, double timeout_s)
 {
-    return t->inner_ops->wait_any(t->inner, reqs, n, timeout_s);
+    return auto_tcp_adopt(t,
+                          t->inner_ops->wait_any(t->inner, reqs, n, timeout_s));
 }
 
 static int auto_tcp_progress(mesh_transport_t *t)
 {
-    return t->inner_ops->progress(t->inner);
+    return auto_tcp_adopt(t, t->inner_ops->progress(t->inner));
 }
 
 /* What auto does on TCP: the data operations of its TCP mesh. */
@@ -454,7 +474,7 @@ static int auto_progress(mesh_transport_t *t)
     return t->use->progress(t);
 }
 
-const struct mesh_transport_ops mesh_auto_ops = {
+const struct mesh_transport_ops mesh_verbs_auto_ops = {
     .name = "auto",
     .listen = auto_listen,
     .connect = auto_connect,
