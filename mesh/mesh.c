@@ -641,7 +641,8 @@ int mesh_opts_finish(struct mesh_opts *o)
     if (!o->streams)
         o->streams = MESH_STREAMS_DEFAULT;
     if (!o->transport)
-        o->transport = "shm"; /* shared memory within a host, else TCP */
+        o->transport = "auto"; /* shared memory within a host, else
+                                  verbs or TCP */
     if (o->bind < 0)
         o->bind = MESH_BIND_AUTO;
     if (o->join_timeout_s > 0)
@@ -747,11 +748,13 @@ static const char opts_help[] =
     "                      60) [MESHTRAIN_JOIN_TIMEOUT]\n"
     "  --peer-timeout S    a silent peer is dead after S seconds\n"
     "                      (default 10) [MESHTRAIN_PEER_TIMEOUT]\n"
-    "  --transport NAME    shm (default: shared memory within a host,\n"
-    "                      tcp between hosts), tcp, verbs (RDMA;\n"
-    "                      needs an active port on every rank), or\n"
-    "                      auto (verbs when every rank has one, else\n"
-    "                      tcp)\n"
+    "  --transport NAME    auto (default: shared memory within a\n"
+    "                      host; between hosts verbs when every\n"
+    "                      rank has an active RDMA port, else tcp),\n"
+    "                      shm (shared memory within a host, tcp\n"
+    "                      between hosts), tcp, or verbs (RDMA for\n"
+    "                      every pair; needs an active port on\n"
+    "                      every rank)\n"
     "                      [MESHTRAIN_TRANSPORT]\n"
     "  --ib-dev NAME       verbs: RDMA device (default: the first with\n"
     "                      an active port)\n"

@@ -4,9 +4,10 @@
  *
  *   tests/test_collective [NMAX [TRANSPORT [LAYOUTS]]]
  *
- * ("3 verbs" in the verbs lane; "8 shm 2x2,2x3,3x1" in
- * tests/collective_shm.sh: then also H hosts of L ranks each, the ranks
- * of a "host" told apart by MESHTRAIN_SHM_TEST_HOST.)
+ * ("3 verbs" and "1 auto 2x2" in the verbs lane; "8 shm 2x2,2x3,3x1" in
+ * tests/collective_shm.sh, "1 auto 2x2,3x1" in tests/collective_auto.sh:
+ * then also H hosts of L ranks each, the ranks of a "host" told apart by
+ * MESHTRAIN_SHM_TEST_HOST.)
  *
  * For each N = 2..8 the parent forks N ranks that form a mesh, create a
  * communicator and run a battery: every operation, algorithm and dtype,
@@ -18,8 +19,9 @@
  * detail") through a pipe; the parent prints one TAP line per group,
  * requiring every rank to pass and the hashes to agree where outputs must
  * be identical. Then two failure scenarios: ranks whose sizes disagree
- * (every rank must get an error), and a peer killed mid-collective (every
- * survivor must get an error naming it within the peer timeout).
+ * (every rank must get an error), and a peer killed or stopped
+ * mid-collective (every survivor must get an error naming it within the
+ * peer timeout), on one host and, with LAYOUTS, on 2 hosts of 2.
  */
 #include "config.h"
 
@@ -865,7 +867,7 @@ static void battery_of(int n, const char *label)
 
 /* N = 4, rank 2 dies or stops mid-all-reduce: every survivor must get an
  * error naming it within the peer timeout's bound (plus SLACK_S). */
-static void check_death(int sc, int sig, const char *how)
+static void check_death(int sc, int sig, const char *how, const char *label)
 {
     struct result res[MAXP];
     int all = 1, victim = 2;
@@ -893,12 +895,12 @@ static void check_death(int sc, int sig, const char *how)
             !erred || !named || secs > PEER_BOUND_S + SLACK_S)
             all = 0;
         worst = MESH_MAX(worst, secs);
-        diag("rank %d: %s", r, res[r].text);
+        diag("rank %d (exit %d): %s", r, res[r].status, res[r].text);
     }
     ok(all,
-       "N=4 rank 2 %s mid-all-reduce: every survivor errors naming it "
+       "%sN=4 rank 2 %s mid-all-reduce: every survivor errors naming it "
        "within the peer timeout's bound (%.2f s; slowest %.2f s)",
-       how, PEER_BOUND_S, worst);
+       label, how, PEER_BOUND_S, worst);
     for (int r = 0; r < 4; r++)
         free(res[r].text);
 }
@@ -981,7 +983,17 @@ int main(int argc, char **argv)
         ok(0, "N=3 sizes disagree: could not start the ranks");
     }
 
-    check_death(SC_KILL, SIGKILL, "killed (SIGKILL)");
-    check_death(SC_STOP, SIGSTOP, "stopped (SIGSTOP, silent)");
+    check_death(SC_KILL, SIGKILL, "killed (SIGKILL)", "");
+    check_death(SC_STOP, SIGSTOP, "stopped (SIGSTOP, silent)", "");
+    if (argc > 3) {
+        /* with layouts: also across 2 hosts of 2, where the victim's host
+         * shares memory with one survivor and the others reach it over
+         * the mesh between hosts */
+        test_hosts = 2;
+        check_death(SC_KILL, SIGKILL, "killed (SIGKILL)", "2 hosts x 2: ");
+        check_death(SC_STOP, SIGSTOP, "stopped (SIGSTOP, silent)",
+                    "2 hosts x 2: ");
+        test_hosts = 1;
+    }
     return done();
 }

@@ -66,7 +66,7 @@ min-peers|--min-peers 2|min_peers|--elastic
 elastic-lr|--elastic-lr|elastic_lr|--elastic
 keep-global-batch|--keep-global-batch|keep_global_batch|--elastic
 streams|--streams 2|streams|
-transport|--transport auto|transport|"
+transport|--transport shm|transport|"
 
 # flag|arguments for one peer (rank 0, which saves the weights; TMP is
 # $TMP). Each is changed on its own peer in one run, all at once.

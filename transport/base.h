@@ -23,14 +23,17 @@
 
 /*
  * The built-in transports' tables (mesh_transport_find): tcp
- * (transport/tcp/ops.c); shm (transport/shm/ops.c); with HAVE_VERBS, verbs and
- * "auto", verbs where every rank has an active port, else TCP underneath
- * (transport/verbs/ops.c).
+ * (transport/tcp/ops.c); shm and "auto" (transport/shm/ops.c), shared
+ * memory within a host and, between hosts, TCP (shm) or the verbs auto
+ * table (auto); with HAVE_VERBS, verbs and that auto table, verbs where
+ * every rank has an active port, else TCP underneath (transport/verbs/ops.c,
+ * not found by name).
  */
 extern const struct mesh_transport_ops mesh_tcp_ops;
 extern const struct mesh_transport_ops mesh_shm_ops;
-extern const struct mesh_transport_ops mesh_verbs_ops;
 extern const struct mesh_transport_ops mesh_auto_ops;
+extern const struct mesh_transport_ops mesh_verbs_ops;
+extern const struct mesh_transport_ops mesh_verbs_auto_ops;
 
 enum tp_req_kind { TP_SEND, TP_RECV };
 

@@ -137,23 +137,20 @@ int mesh_cond_sleep(pthread_cond_t *cond, pthread_mutex_t *lock,
 
 const struct mesh_transport_ops *mesh_transport_find(const char *name)
 {
-    /* "auto" is verbs where every rank has an active port, else TCP;
-     * without verbs support it is TCP. */
+    /* "auto" is shared memory within a host and, between hosts, verbs
+     * where every rank has an active port, else TCP (without verbs
+     * support, TCP: then it is "shm"). */
     static const struct mesh_transport_ops *const all[] = {
         &mesh_tcp_ops,
         &mesh_shm_ops,
+        &mesh_auto_ops,
 #ifdef HAVE_VERBS
         &mesh_verbs_ops,
-        &mesh_auto_ops,
 #endif
     };
 
     if (!name)
         return NULL;
-#ifndef HAVE_VERBS
-    if (!strcmp(name, "auto"))
-        return &mesh_tcp_ops;
-#endif
     for (size_t i = 0; i < MESH_ARRAY_SIZE(all); i++)
         if (!strcmp(all[i]->name, name))
             return all[i];

@@ -26,13 +26,15 @@
  *                             describes it
  *   shm/                      "shm": shared memory between the ranks of
  *                             one host, over a TCP mesh that joins, carries
- *                             failures and the other hosts' data;
- *                             shm/shm-internal.h describes it
+ *                             failures and the other hosts' data; and
+ *                             "auto" (the default), the same over verbs'
+ *                             auto table instead of TCP where built with
+ *                             verbs; shm/shm-internal.h describes it
  *   verbs/                    "verbs" (RDMA, rdma-core) over a TCP mesh
- *                             that joins and carries failures, and "auto",
- *                             verbs where every rank has an active port,
- *                             else that TCP mesh; verbs/verbs-internal.h
- *                             describes it
+ *                             that joins and carries failures, and the
+ *                             table auto runs between hosts: verbs where
+ *                             every rank has an active port, else that TCP
+ *                             mesh; verbs/verbs-internal.h describes it
  */
 #ifndef MESH_TRANSPORT_H
 #define MESH_TRANSPORT_H
@@ -278,7 +280,7 @@ struct mesh_transport_ops {
     int (*host_of)(mesh_transport_t *t, int rank);
 };
 
-/* The transports built in: "tcp" and "shm" always, "verbs" when
+/* The transports built in: "tcp", "shm" and "auto" always, "verbs" when
  * configured. */
 const struct mesh_transport_ops *mesh_transport_find(const char *name);
 

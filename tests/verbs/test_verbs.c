@@ -22,6 +22,7 @@
 #include "tests/ports.h"
 #include "tests/tap.h"
 #include "transport/transport.h"
+#include "transport/shm/shm.h"
 #include "transport/verbs/verbs.h"
 
 #include <infiniband/verbs.h>
@@ -197,12 +198,34 @@ static int child_many(struct two *x, char *msg)
     return live_end == live0 ? 0 : -1;
 }
 
-static int child_auto(struct two *x, char *msg)
+/*
+ * auto: shared memory within a host, verbs between hosts. The two ranks
+ * pretend to be two hosts (MESHTRAIN_SHM_TEST_HOST, a test double of a
+ * second machine) unless same_host.
+ */
+static int auto_on(struct two *x, char *msg, int same_host)
 {
+    int rdma, local;
+
+    if (!same_host)
+        setenv("MESHTRAIN_SHM_TEST_HOST", x->rank ? "b" : "a", 1);
     if (up(x, "auto", msg) < 0)
         return -1;
-    snprintf(msg, MSG, "%s", mesh_verbs_active(x->t) ? "rdma" : "tcp");
-    return mesh_verbs_active(x->t) ? 0 : -1;
+    rdma = mesh_verbs_active(mesh_shm_inner(x->t));
+    local = mesh_shm_local(x->t, 1 - x->rank);
+    snprintf(msg, MSG, "%s, peer by %s", rdma ? "rdma" : "tcp",
+             local ? "shared memory" : "verbs");
+    return rdma && local == same_host ? 0 : -1;
+}
+
+static int child_auto(struct two *x, char *msg)
+{
+    return auto_on(x, msg, 0);
+}
+
+static int child_auto_local(struct two *x, char *msg)
+{
+    return auto_on(x, msg, 1);
 }
 
 /* Fork both ranks; msgs gets each one's line; returns 0 if both said 0. */
@@ -322,8 +345,13 @@ int main(void)
 
     rc = run2(child_auto, m, 60);
     ok(rc == 0,
-       "--transport auto chooses RDMA when both ranks have an "
-       "active port (%s, %s)",
+       "--transport auto chooses RDMA between two hosts when both ranks "
+       "have an active port (%s, %s)",
+       m[0], m[1]);
+    rc = run2(child_auto_local, m, 60);
+    ok(rc == 0,
+       "--transport auto: ranks of one host share memory, verbs beside "
+       "(%s, %s)",
        m[0], m[1]);
     return done();
 }

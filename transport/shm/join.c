@@ -10,6 +10,9 @@
 #include "transport/shm/shm-internal.h"
 #include "common/bytes.h"
 #include "common/util.h"
+#ifdef HAVE_VERBS
+#include "transport/verbs/verbs.h"
+#endif
 
 #include <errno.h>
 #include <fcntl.h>
@@ -413,6 +416,16 @@ void shm_seg_close(struct mesh_transport *t)
     t->sock_fd = -1;
 }
 
+/* What carries the data to the peers of other hosts. */
+static const char *remote_kind(struct mesh_transport *t)
+{
+#ifdef HAVE_VERBS
+    if (t->inner_ops == &mesh_verbs_auto_ops && mesh_verbs_active(t->inner))
+        return "RDMA verbs";
+#endif
+    return "TCP";
+}
+
 int shm_join(struct mesh_transport *t)
 {
     int n = t->super.world.size, me = t->super.world.rank, rc, leader = -1;
@@ -516,7 +529,8 @@ log:
             continue;
         tp_pname(&t->super, p, nb, sizeof(nb));
         if (t->pp[p].local < 0) {
-            mesh_info("shm: rank %d (%s) is on another host: TCP", p, nb);
+            mesh_info("shm: rank %d (%s) is on another host: %s", p, nb,
+                      remote_kind(t));
             continue;
         }
         t->pp[p].cma = cma_in[p] == 1;

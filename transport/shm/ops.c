@@ -66,9 +66,10 @@ static void shm_close(mesh_transport_t *t);
 
 /* ---- listen and connect -------------------------------------------------- */
 
-static int shm_listen(const struct mesh_world *world,
-                      const struct mesh_transport_opts *opts,
-                      mesh_transport_t **out)
+static int shm_listen_on(const struct mesh_world *world,
+                         const struct mesh_transport_opts *opts,
+                         const struct mesh_transport_ops *inner,
+                         mesh_transport_t **out)
 {
     struct mesh_transport *t;
     pthread_condattr_t ca;
@@ -78,7 +79,7 @@ static int shm_listen(const struct mesh_world *world,
     t = calloc(1, sizeof(*t));
     if (!t)
         return mesh_err(-ENOMEM, "out of memory");
-    t->inner_ops = &mesh_tcp_ops;
+    t->inner_ops = inner;
     t->sock_fd = -1;
     t->me = -1;
     t->spin_ns = SHM_SPIN_DEFAULT_NS;
@@ -116,6 +117,26 @@ fail:
     return rc;
 }
 
+static int shm_listen(const struct mesh_world *world,
+                      const struct mesh_transport_opts *opts,
+                      mesh_transport_t **out)
+{
+    return shm_listen_on(world, opts, &mesh_tcp_ops, out);
+}
+
+/* auto: between hosts verbs where every rank has an active port, else
+ * TCP (the verbs auto table decides at connect). */
+static int auto_listen(const struct mesh_world *world,
+                       const struct mesh_transport_opts *opts,
+                       mesh_transport_t **out)
+{
+#ifdef HAVE_VERBS
+    return shm_listen_on(world, opts, &mesh_verbs_auto_ops, out);
+#else
+    return shm_listen_on(world, opts, &mesh_tcp_ops, out);
+#endif
+}
+
 static int shm_connect(mesh_transport_t *t)
 {
     int rc = t->inner_ops->connect(t->inner);
@@ -137,29 +158,40 @@ static int shm_connect(mesh_transport_t *t)
 
 /* ---- requests ------------------------------------------------------------ */
 
+/* Registered with the mesh underneath too: its peers of other hosts may
+ * need it (verbs). */
 static int shm_reg_mr(mesh_transport_t *t, void *buf, size_t len,
                       mesh_mr_t **out)
 {
     struct mesh_mr *m = calloc(1, sizeof(*m));
+    int rc;
 
-    (void)t;
     if (!m)
         return mesh_err(-ENOMEM, "out of memory");
     m->base = buf;
     m->len = len;
+    rc = t->inner_ops->reg_mr(t->inner, buf, len, &m->inner);
+    if (rc < 0) {
+        free(m);
+        return rc;
+    }
     *out = m;
     return 0;
 }
 
 static int shm_dereg_mr(mesh_transport_t *t, mesh_mr_t *mr)
 {
-    (void)t;
+    int rc = 0;
+
+    if (mr && mr->inner)
+        rc = t->inner_ops->dereg_mr(t->inner, mr->inner);
     free(mr);
-    return 0;
+    return rc;
 }
 
 static int post(mesh_transport_t *t, int peer, const struct mesh_frame *f,
-                void *buf, enum tp_req_kind kind, mesh_req_t **out)
+                void *buf, mesh_mr_t *mr, enum tp_req_kind kind,
+                mesh_req_t **out)
 {
     const char *what = kind == TP_SEND ? "isend" : "irecv";
     struct mesh_req *r;
@@ -181,11 +213,13 @@ static int post(mesh_transport_t *t, int peer, const struct mesh_frame *f,
         goto fail;
     pp = &t->pp[peer];
     if (pp->local < 0) {
-        /* another host: the TCP mesh's request, wrapped */
+        /* another host: the mesh underneath's request, wrapped */
+        mesh_mr_t *im = mr ? mr->inner : NULL;
+
         pthread_mutex_unlock(&t->super.lock);
         rc = kind == TP_SEND
-                 ? t->inner_ops->isend(t->inner, peer, f, buf, NULL, &r->inner)
-                 : t->inner_ops->irecv(t->inner, peer, f, buf, NULL, &r->inner);
+                 ? t->inner_ops->isend(t->inner, peer, f, buf, im, &r->inner)
+                 : t->inner_ops->irecv(t->inner, peer, f, buf, im, &r->inner);
         if (rc < 0) {
             free(r);
             return rc;
@@ -230,16 +264,14 @@ fail:
 static int shm_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
                      const void *buf, mesh_mr_t *mr, mesh_req_t **out)
 {
-    (void)mr;
-    return post(t, peer, f, (void *)buf, TP_SEND, out);
+    return post(t, peer, f, (void *)buf, mr, TP_SEND, out);
 }
 
 static int shm_irecv(mesh_transport_t *t, int peer,
                      const struct mesh_frame *expect, void *buf, mesh_mr_t *mr,
                      mesh_req_t **out)
 {
-    (void)mr;
-    return post(t, peer, expect, buf, TP_RECV, out);
+    return post(t, peer, expect, buf, mr, TP_RECV, out);
 }
 
 /* A failure of the TCP mesh seen by one of its requests: the job's too. */
@@ -402,6 +434,11 @@ static void shm_abort(mesh_transport_t *t, int culprit, const char *why)
         adopt_locked(t);
 }
 
+mesh_transport_t *mesh_shm_inner(mesh_transport_t *t)
+{
+    return t ? t->inner : NULL;
+}
+
 int mesh_shm_local(mesh_transport_t *t, int peer)
 {
     if (!t || peer < 0 || peer >= t->super.world.size)
@@ -465,6 +502,24 @@ static void shm_close(mesh_transport_t *t)
 const struct mesh_transport_ops mesh_shm_ops = {
     .name = "shm",
     .listen = shm_listen,
+    .connect = shm_connect,
+    .reg_mr = shm_reg_mr,
+    .dereg_mr = shm_dereg_mr,
+    .isend = shm_isend,
+    .irecv = shm_irecv,
+    .test = shm_test,
+    .wait_any = shm_wait_any,
+    .progress = shm_progress,
+    .abort = shm_abort,
+    .culprit = shm_culprit,
+    .close = shm_close,
+    .host_of = shm_host_of,
+};
+
+/* shm, with verbs' auto table instead of TCP underneath where built. */
+const struct mesh_transport_ops mesh_auto_ops = {
+    .name = "auto",
+    .listen = auto_listen,
     .connect = shm_connect,
     .reg_mr = shm_reg_mr,
     .dereg_mr = shm_dereg_mr,

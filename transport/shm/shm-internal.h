@@ -4,9 +4,11 @@
  * includes this; the formats are in transport/shm/shm.h.
  *
  * Shape:
- *   - a TCP mesh underneath (mesh_tcp_ops) joins, authenticates, carries
- *     the INFO exchange, failures, aborts and heartbeats, and all data to
- *     peers of other hosts (their requests are the TCP mesh's, wrapped);
+ *   - a mesh underneath (inner_ops: mesh_tcp_ops for shm, verbs' auto
+ *     table for auto where built) joins, authenticates, carries the INFO
+ *     exchange, failures, aborts and heartbeats, and all data to peers of
+ *     other hosts (their requests are its requests, wrapped; the "TCP
+ *     mesh" below is that mesh);
  *   - one memfd segment per host and job (join.c), rings per ordered pair;
  *   - whoever holds the lock moves the bytes (shm_poll): isend and irecv
  *     at once, wait_any while it spins, and a progress thread otherwise,
@@ -84,6 +86,7 @@ struct shm_ring {
 struct mesh_mr {
     void *base;
     size_t len;
+    mesh_mr_t *inner; /* the mesh underneath's registration */
 };
 
 struct mesh_req {

@@ -6,7 +6,11 @@
  *
  * "shm" opens a TCP mesh (transport/tcp/) first and keeps it for the
  * authenticated join, for failures, aborts and heartbeats (the liveness
- * channel) and for the peers of other hosts, whose data it carries. After
+ * channel) and for the peers of other hosts, whose data it carries.
+ * "auto", the default, is the same transport over verbs' auto table
+ * (transport/verbs/, where built): the peers of other hosts then get RDMA
+ * where every rank has an active port, else its TCP mesh, and that
+ * table's own TCP mesh carries the join, failures and heartbeats. After
  * the join every rank sends every other an INFO over that mesh; two ranks
  * are on the same host when their boot id, machine id, network namespace
  * and user agree (never guessed from names). The lowest rank of each host
@@ -42,7 +46,7 @@
 #define SHM_SOCK_NAME  40 /* abstract socket name, without the NUL */
 #define SHM_ID_MAX     64 /* machine id, boot id */
 
-/* The TCP mesh's frames that belong to the shm transport itself. */
+/* The mesh underneath's frames that belong to the shm transport itself. */
 #define SHM_CTRL_SEQ (UINT64_MAX - 1)
 enum shm_ctrl_tag {
     SHM_TAG_INFO = 1, /* host identity, pid, socket name, probe address */
@@ -66,5 +70,8 @@ enum shm_ctrl_tag {
 /* 1 when t (an shm transport) moves data to peer through shared memory,
  * 0 when over TCP, -1 when t is not shm or peer is invalid. */
 int mesh_shm_local(mesh_transport_t *t, int peer);
+
+/* The mesh under t (shm or auto): TCP, or verbs' auto table. */
+mesh_transport_t *mesh_shm_inner(mesh_transport_t *t);
 
 #endif
