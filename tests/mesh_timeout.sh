@@ -81,15 +81,18 @@ fi
 # The silence rank 0 measured, from its message: at least T - 1 tick.
 silence=$(grep -h -o "rank 2 ([^)]*) silent for [0-9.]*" "$TMP/r0.log" |
           head -n 1 | sed 's/.* //')
-# Within T of the stop; 1 s of slack for a loaded machine (the old rule,
-# T + T/4 + 2 ticks, took 4 to 5.5 s here).
+# Within T of the stop: the silence rank 0 measured is T less a tick,
+# plus its tick's lateness (1 s of slack); the time this script saw the
+# verdict adds rank 0's reading of rank 2's last bytes and this script's
+# polling, which a loaded machine delays (5 s of slack; the old rule, T +
+# T/4 + 2 ticks, measured 5 to 5.5 s of silence here).
 t_ok $([ -n "$took" ] && [ -n "$silence" ] &&
        awk -v s="$took" -v q="$silence" -v t=$T \
-           'BEGIN { exit !(s <= t + 1 && q >= t - 0.1 - 0.005) }'
+           'BEGIN { exit !(s <= t + 5 && q >= t - 0.1 - 0.005 && q <= t + 1) }'
        echo $?) \
-    "rank 0 declares the stopped rank 2 dead ${took:-never} s after it \
-stopped (within --peer-timeout $T), after ${silence:-?} s of silence (at \
-least $T - 0.1)"
+    "rank 0 declares the stopped rank 2 dead after ${silence:-?} s of \
+silence (--peer-timeout $T less a tick of 0.1 s, and within $T + 1), \
+${took:-never} s after it stopped"
 grep -h "rank 2 .*silent" "$TMP/r0.log" | head -n 1 | sed 's/^/# /'
 
 # Resumed once stopped for more than T, rank 2 finds its own clock jumped
