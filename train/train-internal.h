@@ -103,7 +103,13 @@ struct trainer {
     uint64_t pending_step;
     char wall[48];       /* wall_field's text */
     char snap_field[48]; /* snap_field's text */
-    FILE *samples;       /* MESHTRAIN_TEST_SAMPLES: positions trained */
+    /* --elastic: the last line pending_flush took (written by rank 0 or
+     * not), and its step: a new rank 0 writes it if its predecessor died
+     * before it could (metrics_take_over) */
+    char kept[512];
+    uint64_t kept_step;
+    int took_metrics; /* this view made us rank 0, the metrics' writer */
+    FILE *samples;    /* MESHTRAIN_TEST_SAMPLES: positions trained */
     struct {
         int moment; /* enum train_fault, 0: none */
         uint64_t step;

@@ -1114,6 +1114,54 @@ static void pending_flush(struct trainer *t)
         fputs(t->pending, t->metrics);
         fflush(t->metrics);
     }
+    if (t->el && t->pending[0]) {
+        memcpy(t->kept, t->pending, sizeof(t->kept));
+        t->kept_step = t->pending_step;
+    }
+    t->pending[0] = '\0';
+}
+
+/* The last step record in the metrics file (0: none, or unreadable). */
+static uint64_t metrics_last_step(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    uint64_t last = 0, s;
+    long size;
+
+    if (!f)
+        return 0;
+    /* the tail holds the last records */
+    if (fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) > 65536)
+        (void)fseek(f, size - 65536, SEEK_SET);
+    else
+        rewind(f);
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "{\"step\": %" SCNu64 ",", &s) == 1 && s > last)
+            last = s;
+    fclose(f);
+    return last;
+}
+
+/*
+ * --elastic, on a peer this view made rank 0: the records of steps up to
+ * restart (which every peer applied) that its predecessor may not have
+ * written: it writes a step's record once the next step's all-reduce
+ * completes on it, and may die after its contribution and before its
+ * write, while the others dropped their copy. What the file already
+ * holds is not written again (on another host the file is another one).
+ */
+static void metrics_take_over(struct trainer *t, uint64_t restart)
+{
+    uint64_t last = metrics_last_step(t->c->metrics);
+
+    if (t->kept[0] && t->kept_step > last && t->kept_step <= restart) {
+        fputs(t->kept, t->metrics);
+        last = t->kept_step;
+    }
+    if (t->pending[0] && t->pending_step > last && t->pending_step <= restart)
+        fputs(t->pending, t->metrics);
+    fflush(t->metrics);
     t->pending[0] = '\0';
 }
 
@@ -1577,6 +1625,7 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
         if (!t->metrics)
             return train_local(t,
                                mesh_err_errno("--metrics %s", t->c->metrics));
+        t->took_metrics = 1;
     }
     snprintf(when, sizeof(when), "after the change to view %" PRIu64, v->epoch);
     return verify_weights(t, when);
@@ -1692,8 +1741,11 @@ static int elastic_recover(struct trainer *t, int rc_fail, uint64_t *step)
     }
     /* the last step run here was applied by every peer when the view
      * restarts after it; else it is redone */
-    if (v.step >= t->pending_step)
+    if (t->took_metrics)
+        metrics_take_over(t, v.step);
+    else if (v.step >= t->pending_step)
         pending_flush(t);
+    t->took_metrics = 0;
     t->pending[0] = '\0';
     *step = v.step;
     view_report(t, &v, why, t_fail, now_s(t) - t_fail);
