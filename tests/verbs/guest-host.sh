@@ -4,7 +4,9 @@
 # one virtio-net link). Host ROLE (0 or 1) is 10.79.0.(ROLE+1) on eth0 with
 # rxe0 over it, and runs rank ROLE of: meshbench all-reduce over verbs
 # (every byte checked), a 2-peer training step over verbs, and, with
-# VERBS_PERF=1, perftest's ib_write_bw against meshbench on the same link.
+# VERBS_PERF=1, perftest's ib_write_bw against meshbench on the same link
+# (VERBS_HOSTS has "hosts"); with "hosts4" in VERBS_HOSTS, first
+# tests/verbs/hosts4.sh (2 ranks per guest on the default transport).
 R=$1 B=$2 S=$3 SECRET=$4
 res() { echo "VERBS-TAP $*"; }
 ip link set lo up &&
@@ -16,6 +18,16 @@ ip link set lo up &&
 }
 res "ok - host $R: rxe0 over its own virtio-net link (10.79.0.$((R + 1)))"
 M="-H 10.79.0.1:1,10.79.0.2:1 --rank $R --secret-file $SECRET --transport verbs --ib-dev rxe0 --join-timeout 120"
+
+# VERBS_HOSTS: which of the pair's parts run ("hosts": 1 rank per host over
+# verbs; "hosts4": 2 ranks per host, default transport; see hosts4.sh).
+case " ${VERBS_HOSTS:-hosts} " in
+*" hosts4 "*) sh "$S/tests/verbs/hosts4.sh" "$R" "$B" "$SECRET" ;;
+esac
+case " ${VERBS_HOSTS:-hosts} " in
+*" hosts "*) ;;
+*) exit 0 ;;
+esac
 
 if "$B/meshbench" $M --op allreduce -b 8 -e 4M -f 8 -n 5 -w 2 >/tmp/mb 2>&1; then
     res "ok - host $R: meshbench all-reduce over verbs between two hosts, 8 B..4 MiB, every byte checked"

@@ -66,6 +66,12 @@ for part in $VERBS_PARTS; do
     collective)
         sub_tap "test_collective verbs" "$B/tests/test_collective" 3 verbs
         ;;
+    auto)
+        # the default transport on 2 pretended hosts of 2 (shared memory
+        # inside one, verbs over rxe0 between): every collective bitwise,
+        # a kill and a stop mid-all-reduce
+        sub_tap "test_collective auto" "$B/tests/test_collective" 1 auto 2x2
+        ;;
     elastic)
         # --elastic over verbs: 3 peers, peer 2 killed at step 6; the two
         # others agree on a new view, set up new QPs and finish.

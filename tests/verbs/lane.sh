@@ -12,7 +12,9 @@
 # A TAP skip, with the reason, where qemu or the kernel package is missing.
 #
 # Environment: MESHTRAIN_VERBS_LANE=0 skips it; VERBS_PARTS picks parts
-# (pingpong verbs transport collective elastic rejoin hosts perf; perf adds perftest's
+# (pingpong verbs transport collective auto elastic rejoin hosts hosts4 perf;
+# auto runs the collectives battery over the default transport on 2
+# pretended hosts of 2 in one guest; perf adds perftest's
 # ib_write_bw against meshbench on the two-guest link); VERBS_CACHE (default
 # /var/tmp/meshtrain-verbs-UID) holds the kernel and initramfs.
 srcdir=${srcdir:-.}
@@ -50,10 +52,11 @@ PARTS=${VERBS_PARTS:-pingpong verbs transport collective elastic rejoin hosts}
 one=
 pair=0
 perf=0
+hosts=
 for p in $PARTS; do
     case $p in
-    hosts) pair=1 ;;
-    perf) pair=1 perf=1 ;;
+    hosts | hosts4) pair=1 hosts="$hosts $p" ;;
+    perf) pair=1 perf=1 hosts="$hosts hosts" ;;
     *) one="$one $p" ;;
     esac
 done
@@ -82,7 +85,8 @@ if [ "$pair" = 1 ]; then
     for r in 0 1; do
         cat >"$VERBS_CACHE/job-$$-$r.sh" <<JOB
 VERBS_PERF=$perf
-export VERBS_PERF
+VERBS_HOSTS="$hosts"
+export VERBS_PERF VERBS_HOSTS
 sh "$S/tests/verbs/guest-host.sh" $r "$B" "$S" "$secret"
 JOB
     done
