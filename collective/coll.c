@@ -993,25 +993,6 @@ static int cmp_size(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* order[0..n) = a permutation of 0..n-1 drawn from seed (Fisher-Yates on
- * a 32-bit LCG): the same on every rank for the same seed. */
-static void shuffle(int *order, int n, unsigned seed)
-{
-    uint32_t x = seed * 2654435761u + 12345u;
-
-    for (int i = 0; i < n; i++)
-        order[i] = i;
-    for (int i = n - 1; i > 0; i--) {
-        int j, tmp;
-
-        x = x * 1664525u + 1013904223u;
-        j = (int)((x >> 8) % (uint32_t)(i + 1));
-        tmp = order[i];
-        order[i] = order[j];
-        order[j] = tmp;
-    }
-}
-
 /* Formation's measurement bounds (see mesh_coll_opts.measure_sizes). */
 #define MEAS_SCRATCH_PAD (8u << 20) /* scratch beyond 2 x the message */
 #define MEAS_BUDGET_S    20.0       /* formation's timing, about */
@@ -1093,7 +1074,7 @@ static int time_point(mesh_coll_t *c, const int *ids, const int *live,
     for (int i = warm ? -1 : 0; i < runs; i++) {
         int order[MESH_ALGO_LAST + 1];
 
-        shuffle(order, nauto, (unsigned)(from + i) + 1);
+        mesh_shuffle(order, nauto, (unsigned)(from + i) + 1);
         for (int j = 0; j < nauto; j++) {
             int a = order[j], rc;
             double t0;

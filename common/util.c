@@ -339,6 +339,23 @@ out:
     return rc;
 }
 
+void mesh_shuffle(int *order, int n, unsigned seed)
+{
+    uint32_t x = seed * 2654435761u + 12345u;
+
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        int j, tmp;
+
+        x = x * 1664525u + 1013904223u;
+        j = (int)((x >> 8) % (uint32_t)(i + 1));
+        tmp = order[i];
+        order[i] = order[j];
+        order[j] = tmp;
+    }
+}
+
 int mesh_parse_long(const char *what, const char *s, long lo, long hi,
                     long *out)
 {

@@ -92,6 +92,11 @@ double mesh_now_s(void);
 /* Record "<fmt>: strerror(errno)" and return -errno. */
 int mesh_err_errno(const char *fmt, ...) MESH_PRINTF(1, 2);
 
+/* order[0..n) = a permutation of 0..n-1 drawn from seed (Fisher-Yates on
+ * a 32-bit LCG): the same on every rank and every machine for one seed, so
+ * that peers can take turns in one agreed random order. */
+void mesh_shuffle(int *order, int n, unsigned seed);
+
 /*
  * s as a whole decimal integer from lo to hi into *out; else -EINVAL with
  * "<what> '<s>': expected an integer from <lo> to <hi>" (what names the

@@ -412,25 +412,6 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* order[0..n) = a permutation of 0..n-1 drawn from seed, the same on
- * every rank (Fisher-Yates on a 32-bit LCG). */
-static void shuffle(int *order, int n, unsigned seed)
-{
-    uint32_t x = seed * 2654435761u + 12345u;
-
-    for (int i = 0; i < n; i++)
-        order[i] = i;
-    for (int i = n - 1; i > 0; i--) {
-        int j, tmp;
-
-        x = x * 1664525u + 1013904223u;
-        j = (int)((x >> 8) % (uint32_t)(i + 1));
-        tmp = order[i];
-        order[i] = order[j];
-        order[j] = tmp;
-    }
-}
-
 /*
  * --vs-fixed: an out-of-place all-reduce of cnt elements with auto and
  * with each fixed algorithm AUTO chooses from (ids[0] = AUTO, then
@@ -480,7 +461,7 @@ static int measure_vs(struct ctx *x, size_t cnt, const int *ids, int nalgo,
     for (int i = 0; rc == 0 && i < iters; i++) {
         int order[MESH_ALGO_LAST + 2];
 
-        shuffle(order, nalgo, (unsigned)i + 1);
+        mesh_shuffle(order, nalgo, (unsigned)i + 1);
         for (int j = 0; rc == 0 && j < nalgo; j++) {
             int k = order[j];
 
