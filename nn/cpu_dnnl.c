@@ -690,6 +690,26 @@ out:
 }
 
 /*
+ * mp = m with x and y as plain (nchw) descriptors of pl's shape: 1 when
+ * that changes either, 0 when both are plain already, < 0 on an error.
+ */
+static int plain_mds(const struct mesh_nn_plan *pl, const struct op_mds *m,
+                     struct op_mds *mp)
+{
+    const struct mesh_nn_plan_desc *d = &pl->d;
+    const int64_t xd[4] = {d->n, d->c, d->h, d->w};
+    const int64_t yd[4] = {d->n, d->k, d->oh, d->ow};
+    int rc;
+
+    *mp = *m;
+    if ((rc = md_tag(&mp->x, 4, xd, dnnl_nchw)) < 0 ||
+        (rc = md_tag(&mp->y, 4, yd, dnnl_nchw)) < 0)
+        return rc;
+    return !(dnnl_memory_desc_equal(&mp->x, &m->x) &&
+             dnnl_memory_desc_equal(&mp->y, &m->y));
+}
+
+/*
  * oneDNN 2.6 has no JIT kernel for the weight gradient of some convolutions
  * on blocked activations: a 3x3 convolution on 2x2 or 1x1 maps (the last
  * stage of a ResNet on small images) and a stem with one input channel.
@@ -704,23 +724,17 @@ static int plan_conv_bwdw_plain(struct mesh_nn_dev *dev,
                                 struct mesh_nn_plan *pl, const struct op_mds *m)
 {
     const struct mesh_nn_plan_desc *d = &pl->d;
-    const int64_t xd[4] = {d->n, d->c, d->h, d->w};
-    const int64_t yd[4] = {d->n, d->k, d->oh, d->ow};
     const struct argq a[] = {
         {DNNL_ARG_SRC, dnnl_query_src_md, 0, NULL},
         {DNNL_ARG_DIFF_DST, dnnl_query_diff_dst_md, 0, NULL},
         {DNNL_ARG_DIFF_WEIGHTS, dnnl_query_diff_weights_md, 0, NULL},
     };
-    struct op_mds mp = *m;
+    struct op_mds mp;
     struct prim alt;
     int rc;
 
-    if ((rc = md_tag(&mp.x, 4, xd, dnnl_nchw)) < 0 ||
-        (rc = md_tag(&mp.y, 4, yd, dnnl_nchw)) < 0)
-        return rc;
-    if (dnnl_memory_desc_equal(&mp.x, &m->x) &&
-        dnnl_memory_desc_equal(&mp.y, &m->y))
-        return 0; /* already plain: nothing better to try */
+    if ((rc = plain_mds(pl, m, &mp)) <= 0)
+        return rc; /* an error, or already plain: nothing better to try */
     rc = op_prim(dev, conv_desc, &mp, DIR_BWD_W, 0, a, 3, &alt,
                  "conv bwd weights (plain)");
     if (rc < 0)
@@ -753,18 +767,12 @@ static int plan_conv_plain(struct mesh_nn_dev *dev, struct mesh_nn_plan *pl,
                            const struct argq *a, struct prim *p)
 {
     const struct mesh_nn_plan_desc *d = &pl->d;
-    const int64_t xd[4] = {d->n, d->c, d->h, d->w};
-    const int64_t yd[4] = {d->n, d->k, d->oh, d->ow};
-    struct op_mds mp = *m;
+    struct op_mds mp;
     struct prim alt;
     int rc;
 
-    if ((rc = md_tag(&mp.x, 4, xd, dnnl_nchw)) < 0 ||
-        (rc = md_tag(&mp.y, 4, yd, dnnl_nchw)) < 0)
-        return rc;
-    if (dnnl_memory_desc_equal(&mp.x, &m->x) &&
-        dnnl_memory_desc_equal(&mp.y, &m->y))
-        return 0; /* already plain */
+    if ((rc = plain_mds(pl, m, &mp)) <= 0)
+        return rc; /* an error, or already plain */
     if (dir == DIR_FWD && !dnnl_memory_desc_equal(&mp.y, &m->y))
         return 0; /* its output would need a reorder back */
     if (op_prim(dev, conv_desc, &mp, dir, 0, a, 3, &alt,
