@@ -3,7 +3,7 @@
  * schedule builders, cost) that name lookup, parsing, AUTO's choice and the
  * communicator's runs all go through, and the cost model's latency term.
  * The builders and their costs live in one file per family (ring.c,
- * tree.c, rd.c, baselines.c).
+ * tree.c, rd.c, baselines.c, hier.c).
  */
 #include "config.h"
 
@@ -28,6 +28,10 @@ const struct coll_algo coll_algos[] = {
      coll_rhd_cost},
     {MESH_ALGO_HIER, "hier", coll_hier_scratch, coll_build_hier_allreduce, NULL,
      coll_hier_cost},
+    {MESH_ALGO_HTREE, "htree", coll_htree_scratch, coll_build_htree_allreduce,
+     NULL, coll_htree_cost},
+    {MESH_ALGO_HRD, "hrd", coll_hrd_scratch, coll_build_hrd_allreduce, NULL,
+     coll_hrd_cost},
 };
 const size_t coll_nalgos = MESH_ARRAY_SIZE(coll_algos);
 

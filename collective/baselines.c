@@ -168,7 +168,8 @@ double coll_direct_cost(const struct coll_shape *c, double bytes)
     const struct mesh_coll_model *m = c->model;
     double n = c->size;
 
-    return coll_lat(c, MESH_ALGO_DIRECT, 1) +
+    /* one hop, but n - 1 sends and n - 1 receives at each rank */
+    return coll_lat(c, MESH_ALGO_DIRECT, 1 + COLL_MSG_HOP * 2 * (n - 2)) +
            (n - 1) * bytes * m->beta_s_per_byte +
            (n - 1) * bytes * m->gamma_s_per_byte;
 }

@@ -130,7 +130,8 @@ int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
 /*
  * The builders, with their costs: collective/ring.c (ring, chain
  * broadcast), tree.c (double binary tree), rd.c (recursive doubling,
- * Rabenseifner), baselines.c (parameter server, direct, barrier).
+ * Rabenseifner), baselines.c (parameter server, direct, barrier), hier.c
+ * (the hierarchical forms: hier, htree, hrd).
  *
  * Each builder turns one collective into sends, receives and reductions
  * (collective/sched.c runs them). Data is cut into chunks so that the steps
@@ -332,12 +333,36 @@ const struct coll_algo *coll_algo_get(int id);
 /* The latency term of algo: its measured time, else hops x alpha. */
 double coll_lat(const struct coll_shape *c, int algo, double hops);
 
+/*
+ * The model's latency terms beyond hops x alpha, in alphas (built-in
+ * figures, like gamma; a measured 32-byte time replaces them all):
+ * COLL_LOCAL_HOP, a hop inside a host over shared memory, where the
+ * communicator spans several hosts (alpha is the network's then; a few
+ * us against tens); COLL_MSG_HOP, each message a rank (or a host's NIC)
+ * handles within one hop beyond the first, which queue behind each other
+ * in its CPU (direct's n - 1 sends and receives at once).
+ */
+#define COLL_LOCAL_HOP 0.1
+#define COLL_MSG_HOP   0.1
+
+/* A hop inside a host, in alphas: COLL_LOCAL_HOP where the communicator
+ * spans several hosts of two ranks or more, else 1 (one host: alpha is
+ * that host's). */
+static inline double coll_local_hop(const struct coll_shape *c)
+{
+    const struct coll_hosts *h = c->hosts;
+
+    return h && h->nhosts > 1 && h->local >= 2 ? COLL_LOCAL_HOP : 1.0;
+}
+
 double coll_ring_cost(const struct coll_shape *c, double bytes);
 double coll_tree_cost(const struct coll_shape *c, double bytes);
 double coll_direct_cost(const struct coll_shape *c, double bytes);
 double coll_rd_cost(const struct coll_shape *c, double bytes);
 double coll_rhd_cost(const struct coll_shape *c, double bytes);
 double coll_hier_cost(const struct coll_shape *c, double bytes);
+double coll_htree_cost(const struct coll_shape *c, double bytes);
+double coll_hrd_cost(const struct coll_shape *c, double bytes);
 
 /* ---- the builders, by family --------------------------------------------- */
 
@@ -348,6 +373,8 @@ size_t coll_ps_scratch(const struct coll_args *a);
 size_t coll_direct_scratch(const struct coll_args *a);
 size_t coll_rd_scratch(const struct coll_args *a);
 size_t coll_hier_scratch(const struct coll_args *a);
+size_t coll_htree_scratch(const struct coll_args *a);
+size_t coll_hrd_scratch(const struct coll_args *a);
 /* Recursive doubling over n ranks: the rounds (log2 of the largest power
  * of two <= n); the ranks beyond that power are returned in *extra. */
 int coll_rd_rounds(int n, int *extra);
@@ -369,6 +396,10 @@ int coll_build_rhd_allreduce(struct sched *s, const struct coll_args *a,
                              void *scratch, mesh_mr_t *smr);
 int coll_build_hier_allreduce(struct sched *s, const struct coll_args *a,
                               void *scratch, mesh_mr_t *smr);
+int coll_build_htree_allreduce(struct sched *s, const struct coll_args *a,
+                               void *scratch, mesh_mr_t *smr);
+int coll_build_hrd_allreduce(struct sched *s, const struct coll_args *a,
+                             void *scratch, mesh_mr_t *smr);
 int coll_build_chain_broadcast(struct sched *s, const struct coll_args *a);
 int coll_build_tree_broadcast(struct sched *s, const struct coll_args *a);
 int coll_build_barrier(struct sched *s, int rank, int size);

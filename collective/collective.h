@@ -70,13 +70,20 @@ enum mesh_algo {
                              (one hop, shared memory), one ring per local
                              rank between hosts, all-gather inside each
                              host; the ring where hosts differ in size */
+    MESH_ALGO_HTREE = 8,  /* hierarchical tree: each host's ranks reduce to
+                             their leader (one hop, shared memory), the
+                             leaders run the double binary tree, each
+                             leader sends the result back; the tree where
+                             hosts differ in size or hold one rank each */
+    MESH_ALGO_HRD = 9,    /* likewise with recursive doubling between the
+                             leaders (log2 hosts hops): for small
+                             messages across hosts; else rd */
 };
-#define MESH_ALGO_LAST MESH_ALGO_HIER
+#define MESH_ALGO_LAST MESH_ALGO_HRD
 
 const char *mesh_algo_name(int algo);
-/* "ring", "tree", "auto", "ps", "direct", "rd", "rhd", "hier" -> *out;
- * -EINVAL
- * otherwise. */
+/* "ring", "tree", "auto", "ps", "direct", "rd", "rhd", "hier", "htree",
+ * "hrd" -> *out; -EINVAL otherwise. */
 int mesh_algo_parse(const char *s, int *out);
 
 struct mesh_coll_opts {
@@ -159,7 +166,7 @@ void mesh_coll_destroy(mesh_coll_t *c);
  * alpha (seconds), inverse bandwidth beta (seconds per byte on a link),
  * reduction cost gamma (seconds per byte added; a fixed figure), whether
  * alpha and beta were measured, and the measured time of a 32-byte
- * all-reduce with each of ring, tree, direct, rd, rhd and hier
+ * all-reduce with each of ring, tree, direct, rd, rhd, hier, htree and hrd
  * (lat_s[MESH_ALGO_RING] etc.; 0 when not measured). Where measured, that
  * time replaces the model's hops x alpha: it holds what alpha misses, such
  * as the cost of many messages at one rank, or of more processes than

@@ -19,6 +19,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define HIER_RD_MAX (64u << 10)
 
@@ -193,22 +194,252 @@ int coll_build_hier_allreduce(struct sched *s, const struct coll_args *a,
 /*
  * Inside the host, (L - 1) / L of the bytes go out and come in twice
  * (memory copies: gamma's order), and the host's sum adds L inputs; between
- * hosts, the ring's terms on a segment of bytes / L over H ranks.
+ * hosts, the ring's terms on a segment of bytes / L over H ranks, or
+ * recursive doubling's on the segment where it is small. The latency: 2
+ * hops inside the host (coll_local_hop) and the hops between hosts, plus
+ * each local phase's extra messages at a rank and the L - 1 other rings'
+ * messages through the host's NIC and cores (COLL_MSG_HOP each).
  */
 double coll_hier_cost(const struct coll_shape *c, double bytes)
 {
     const struct mesh_coll_model *m = c->model;
     const struct coll_hosts *h = c->hosts;
-    double L, H, seg;
+    double L, H, seg, between, hops, rd;
+    int extra, rounds;
 
     if (!h || !hier_usable(h, c->size))
         return 1e30; /* not a choice here: the ring would run */
     L = h->local;
     H = h->nhosts;
     seg = bytes / L;
-    return coll_lat(c, MESH_ALGO_HIER, 2 + 2 * (H - 1)) +
+    rounds = coll_rd_rounds(h->nhosts, &extra);
+    rd = H > 1 && seg <= HIER_RD_MAX;
+    hops = H < 2 ? 0 : rd ? rounds + 2 * (extra > 0) : 2 * (H - 1);
+    between = rd ? hops * seg * m->beta_s_per_byte +
+                       (rounds + (extra > 0)) * seg * m->gamma_s_per_byte
+                 : 2 * (H - 1) * (seg / H) * m->beta_s_per_byte +
+                       (H - 1) * (seg / H) * m->gamma_s_per_byte;
+    return coll_lat(c, MESH_ALGO_HIER,
+                    2 * coll_local_hop(c) + hops +
+                        COLL_MSG_HOP * (4 * (L - 2) + (L - 1) * hops)) +
            4 * (L - 1) * seg * m->gamma_s_per_byte +
-           (L - 1) * seg * m->gamma_s_per_byte +
-           2 * (H - 1) * (seg / H) * m->beta_s_per_byte +
-           (H - 1) * (seg / H) * m->gamma_s_per_byte;
+           (L - 1) * seg * m->gamma_s_per_byte + between;
+}
+
+/* ---- hierarchical forms of the tree and of recursive doubling ------------ */
+
+/*
+ * Usable: equal hosts of at least two ranks (else the flat algorithm
+ * runs, which is the same thing with hosts of one rank).
+ */
+static int lead_usable(const struct coll_hosts *h, int size)
+{
+    return h && h->local >= 2 && h->nhosts * h->local == size;
+}
+
+/* The leaders' all-reduce (one rank per host) on the whole message,
+ * in place in the receive buffer. */
+static struct coll_args lead_args(const struct coll_args *a)
+{
+    struct coll_args r = *a;
+
+    r.op = MESH_OP_ALLREDUCE;
+    r.redop = MESH_REDOP_SUM; /* the average divides after the hosts' step */
+    r.rank = a->hosts->host_of[a->rank];
+    r.size = a->hosts->nhosts;
+    r.sendbuf = a->recvbuf;
+    r.send_mr = a->recv_mr;
+    r.hosts = NULL;
+    return r;
+}
+
+static size_t lead_scratch(const struct coll_args *a,
+                           size_t (*flat)(const struct coll_args *a))
+{
+    const struct coll_hosts *h = a->hosts;
+    struct coll_args r;
+
+    if (!lead_usable(h, a->size))
+        return flat(a);
+    if (h->local_of[a->rank] != 0)
+        return 0;
+    r = lead_args(a);
+    return (size_t)(h->local - 1) * a->count * mesh_dtype_size(a->dtype) +
+           (h->nhosts > 1 ? flat(&r) : 0);
+}
+
+size_t coll_htree_scratch(const struct coll_args *a)
+{
+    return lead_scratch(a, coll_tree_scratch);
+}
+
+size_t coll_hrd_scratch(const struct coll_args *a)
+{
+    return lead_scratch(a, coll_rd_scratch);
+}
+
+/*
+ * The leader form (Open MPI han's and MVAPICH's small-message all-reduce):
+ * every rank of a host sends its whole message to the host's leader (its
+ * local rank 0) in one hop, over shared memory where the transport has it,
+ * and the leader adds the L inputs in local-rank order; the leaders run
+ * `between` (the double binary tree or recursive doubling) among the hosts
+ * on the whole message; each leader sends the result to its host's ranks.
+ * 2 local hops plus the leaders' hops, and a NIC carries one rank's share
+ * instead of L: for small messages, where every message's latency and CPU
+ * cost count. Where the hosts differ in size, or hold one rank each, the
+ * flat `between` runs.
+ */
+static int build_lead(struct sched *s, const struct coll_args *a, void *scratch,
+                      mesh_mr_t *smr,
+                      int (*between)(struct sched *s, const struct coll_args *a,
+                                     void *scratch, mesh_mr_t *smr))
+{
+    const struct coll_hosts *h = a->hosts;
+    size_t es = mesh_dtype_size(a->dtype), n = a->count;
+    float div = a->redop == MESH_REDOP_AVG ? (float)a->size : 1.0f;
+    int L, H, hi, lead, from, rc;
+
+    if (!lead_usable(h, a->size))
+        return between(s, a, scratch, smr);
+    L = h->local;
+    H = h->nhosts;
+    hi = h->host_of[a->rank];
+    lead = h->rank_at[hi * L];
+    if (h->local_of[a->rank] != 0) {
+        /* a member: ours to the leader (tag 0), the result back (tag 1);
+         * in place, the result lands where the send reads */
+        int snd = sched_send(s, lead, 0, 0, a->sendbuf, n * es, a->send_mr);
+        int rcv = sched_recv(s, lead, 1, 0, a->recvbuf, n * es, a->recv_mr);
+
+        if (a->sendbuf == a->recvbuf)
+            sched_dep(s, snd, rcv);
+        return s->failed
+                   ? mesh_err(-ENOMEM, "out of memory building a schedule")
+                   : 0;
+    }
+
+    /* 1. The host's sum, ours first, then the members' in local order; an
+     * average divides at the last addition (here with one host, else after
+     * the hosts' step). */
+    {
+        const void **in = malloc((size_t)L * sizeof(*in));
+        int *rcv = malloc((size_t)L * sizeof(*rcv)), red;
+
+        if (!in || !rcv) {
+            free(in);
+            free(rcv);
+            return mesh_err(-ENOMEM, "out of memory building a hierarchy");
+        }
+        from = s->nops;
+        in[0] = a->sendbuf;
+        for (int j = 1; j < L; j++) {
+            char *slot = at(scratch, (size_t)(j - 1) * n, es);
+
+            in[j] = slot;
+            rcv[j] =
+                sched_recv(s, h->rank_at[hi * L + j], 0, 0, slot, n * es, smr);
+        }
+        red = sched_reduce(s, a->recvbuf, in, L, n, H > 1 ? 1.0f : div);
+        for (int j = 1; j < L; j++)
+            sched_dep(s, rcv[j], red);
+        free(rcv);
+        free(in);
+        s->gate = barrier_after(s, from, a->recvbuf);
+    }
+
+    /* 2. Between the hosts: the leaders' all-reduce, in place. */
+    if (H > 1) {
+        struct coll_args r = lead_args(a);
+        int *map = malloc((size_t)H * sizeof(*map));
+
+        if (!map)
+            return mesh_err(-ENOMEM, "out of memory building a hierarchy");
+        for (int k = 0; k < H; k++)
+            map[k] = h->rank_at[k * L];
+        from = s->nops;
+        s->peer_map = map;
+        s->tag_base = 2;
+        rc = between(s, &r, at(scratch, (size_t)(L - 1) * n, es), smr);
+        s->peer_map = NULL;
+        s->tag_base = 0;
+        free(map);
+        if (rc < 0)
+            return rc;
+        s->gate = barrier_after(s, from, a->recvbuf);
+        if (a->redop == MESH_REDOP_AVG) {
+            const void *one[1] = {a->recvbuf};
+
+            from = s->nops;
+            sched_reduce(s, a->recvbuf, one, 1, n, div);
+            s->gate = barrier_after(s, from, a->recvbuf);
+        }
+    }
+
+    /* 3. The result to every member of the host (tag 1). */
+    for (int j = 1; j < L; j++)
+        sched_send(s, h->rank_at[hi * L + j], 1, 0, a->recvbuf, n * es,
+                   a->recv_mr);
+    s->gate = -1;
+    return s->failed ? mesh_err(-ENOMEM, "out of memory building a schedule")
+                     : 0;
+}
+
+int coll_build_htree_allreduce(struct sched *s, const struct coll_args *a,
+                               void *scratch, mesh_mr_t *smr)
+{
+    return build_lead(s, a, scratch, smr, coll_build_tree_allreduce);
+}
+
+int coll_build_hrd_allreduce(struct sched *s, const struct coll_args *a,
+                             void *scratch, mesh_mr_t *smr)
+{
+    return build_lead(s, a, scratch, smr, coll_build_rd_allreduce);
+}
+
+/*
+ * The leader's load: (L - 1) messages in and out over shared memory
+ * (copies: gamma's order) and L inputs added; the leaders' algorithm on
+ * the whole message between the hosts (the flat cost over H ranks). The
+ * latency: 2 local hops, the leaders' hops, and the leader's extra
+ * messages in each local phase.
+ */
+static double lead_cost(const struct coll_shape *c, double bytes, int algo,
+                        double (*flat)(const struct coll_shape *c,
+                                       double bytes))
+{
+    const struct mesh_coll_model *m = c->model;
+    const struct coll_hosts *h = c->hosts;
+    double L, hops = 0, bw = 0;
+
+    if (!h || !lead_usable(h, c->size))
+        return 1e30; /* not a choice here: the flat algorithm would run */
+    L = h->local;
+    if (h->nhosts > 1 && m->alpha_s > 0) {
+        /* the leaders' flat cost over H ranks, split into its hops (its
+         * cost at 0 bytes, from the model's alpha alone) and the rest */
+        struct mesh_coll_model lm = *m;
+        struct coll_shape ls = {.model = &lm, .size = h->nhosts};
+        double at0;
+
+        memset(lm.lat_s, 0, sizeof(lm.lat_s));
+        coll_tree_shape(h->nhosts, &ls.tree_depth, &ls.tree_load);
+        ls.rd_rounds = coll_rd_rounds(h->nhosts, &ls.rd_extra);
+        at0 = flat(&ls, 0);
+        hops = at0 / m->alpha_s;
+        bw = flat(&ls, bytes) - at0;
+    }
+    return coll_lat(c, algo,
+                    2 * coll_local_hop(c) + hops + COLL_MSG_HOP * 2 * (L - 2)) +
+           bw + 3 * (L - 1) * bytes * m->gamma_s_per_byte;
+}
+
+double coll_htree_cost(const struct coll_shape *c, double bytes)
+{
+    return lead_cost(c, bytes, MESH_ALGO_HTREE, coll_tree_cost);
+}
+
+double coll_hrd_cost(const struct coll_shape *c, double bytes)
+{
+    return lead_cost(c, bytes, MESH_ALGO_HRD, coll_rd_cost);
 }

@@ -4,7 +4,7 @@
  *   meshbench [mesh options] [--op pingpong|stream|all] [-b 8] [-e 64M]
  *             [-f 2] [-n 20] [-w 5] [-c 1] [--all-pairs]
  *   meshbench [mesh options] --op allreduce|reduce_scatter|allgather|
- *             broadcast [--algo ring|tree|auto|direct|rd|rhd|hier|ps]
+ *             broadcast [--algo ring|tree|auto|direct|rd|rhd|hier|htree|hrd|ps]
  *             [--dtype float|half|bfloat16] [-o sum|avg] [--root R]
  *             [--chunk BYTES] [-t S] [-b -e -f -n -w -c]
  *

@@ -363,15 +363,22 @@ static void t_broadcast(struct rank_ctx *x, int algo, int dtype,
     group_end(x, &g);
 }
 
-/* Random floats: rounding happens, so only the agreement of ranks counts. */
-static void t_random(struct rank_ctx *x, int algo)
+/*
+ * Random floats: rounding happens, so only the agreement of ranks counts.
+ * Each seed draws other values and another count (uneven, and below the
+ * rank count for some).
+ */
+static void t_random(struct rank_ctx *x, int algo, unsigned seed)
 {
+    static const size_t counts[] = {10007, 3, 1, 4099, 65, 7};
     struct group g;
-    size_t cnt = 10007;
-    uint64_t s = 0x1234567ull * (uint64_t)(x->rank + 1);
+    size_t cnt = counts[seed % MESH_ARRAY_SIZE(counts)];
+    uint64_t s = 0x1234567ull * (uint64_t)(x->rank + 1) + seed * 0x9e3779b9ull;
 
-    group_begin(&g, 1, "N=%d random floats %s: bitwise equal on all ranks",
-                x->n, mesh_algo_name(algo));
+    group_begin(&g, 1,
+                "N=%d random floats %s seed %u (%zu): bitwise equal on all "
+                "ranks",
+                x->n, mesh_algo_name(algo), seed, cnt);
     for (size_t d = 0; d < MESH_ARRAY_SIZE(dtypes); d++) {
         size_t es = mesh_dtype_size(dtypes[d]);
         char *in = malloc(cnt * es), *outb = malloc(cnt * es);
@@ -399,10 +406,11 @@ static void t_random(struct rank_ctx *x, int algo)
 /* Several collectives started before any wait, finished in order. */
 static void t_back_to_back(struct rank_ctx *x)
 {
-    enum { K = 8 };
-    static const int algos[] = {MESH_ALGO_RING,   MESH_ALGO_TREE, MESH_ALGO_PS,
-                                MESH_ALGO_DIRECT, MESH_ALGO_RD,   MESH_ALGO_RHD,
-                                MESH_ALGO_HIER,   MESH_ALGO_AUTO};
+    enum { K = 10 };
+    static const int algos[] = {
+        MESH_ALGO_RING, MESH_ALGO_TREE, MESH_ALGO_PS,   MESH_ALGO_DIRECT,
+        MESH_ALGO_RD,   MESH_ALGO_RHD,  MESH_ALGO_HIER, MESH_ALGO_HTREE,
+        MESH_ALGO_HRD,  MESH_ALGO_AUTO};
     struct group g;
     mesh_coll_req_t *q[K];
     void *buf[K], *want[K];
@@ -527,9 +535,10 @@ static void t_auto_choice(struct rank_ctx *x)
 
 static void battery(struct rank_ctx *x)
 {
-    static const int algos[] = {MESH_ALGO_RING,   MESH_ALGO_TREE, MESH_ALGO_PS,
-                                MESH_ALGO_DIRECT, MESH_ALGO_RD,   MESH_ALGO_RHD,
-                                MESH_ALGO_HIER,   MESH_ALGO_AUTO};
+    static const int algos[] = {
+        MESH_ALGO_RING, MESH_ALGO_TREE, MESH_ALGO_PS,   MESH_ALGO_DIRECT,
+        MESH_ALGO_RD,   MESH_ALGO_RHD,  MESH_ALGO_HIER, MESH_ALGO_HTREE,
+        MESH_ALGO_HRD,  MESH_ALGO_AUTO};
     int n = x->n;
     size_t counts[] = {0, 1, (size_t)n - 1, 7, 1009, 65537};
     size_t big[] = {(size_t)3 << 20 >> (n > 4)}; /* 12 or 6 MiB of f32 */
@@ -548,6 +557,8 @@ static void battery(struct rank_ctx *x)
     t_allreduce(x, MESH_ALGO_RD, MESH_DT_F16, MESH_REDOP_AVG, big, 1);
     t_allreduce(x, MESH_ALGO_RHD, MESH_DT_BF16, MESH_REDOP_AVG, big, 1);
     t_allreduce(x, MESH_ALGO_HIER, MESH_DT_F32, MESH_REDOP_AVG, big, 1);
+    t_allreduce(x, MESH_ALGO_HTREE, MESH_DT_F16, MESH_REDOP_SUM, big, 1);
+    t_allreduce(x, MESH_ALGO_HRD, MESH_DT_F32, MESH_REDOP_AVG, big, 1);
     for (size_t d = 0; d < MESH_ARRAY_SIZE(dtypes); d++) {
         for (int redop = 0; redop < 2; redop++)
             t_reduce_scatter(x, dtypes[d], redop, small,
@@ -559,12 +570,9 @@ static void battery(struct rank_ctx *x)
                     (int)MESH_ARRAY_SIZE(counts));
     }
     t_reduce_scatter(x, MESH_DT_F32, MESH_REDOP_SUM, big, 1);
-    t_random(x, MESH_ALGO_RING);
-    t_random(x, MESH_ALGO_TREE);
-    t_random(x, MESH_ALGO_PS);
-    t_random(x, MESH_ALGO_DIRECT);
-    t_random(x, MESH_ALGO_RD);
-    t_random(x, MESH_ALGO_RHD);
+    for (size_t a = 0; a < MESH_ARRAY_SIZE(algos); a++)
+        for (unsigned seed = 0; seed < 3; seed++)
+            t_random(x, algos[a], seed + 3 * (unsigned)a);
     t_back_to_back(x);
     t_barrier(x);
 }
