@@ -16,8 +16,12 @@
 #   - the mean step time of rank 0's metrics (t_step; with --elastic it
 #     includes the snapshot);
 # and, measured inside the elastic runs, which noise does not swamp:
-#   - the snapshot's share of the step time (rank 0's t_snapshot / t_step:
-#     the copy of weights, momentum and BN statistics at every step), and
+#   - the snapshot's share of the step time: rank 0's t_snapshot (what is
+#     copied at the step's start: the BN statistics and the data position;
+#     on the cpu backend the weights and momentum are kept by the update
+#     in its own pass) plus the update's extra time (the mean optimizer
+#     time of rank 0's --timeline in the elastic runs less that of the
+#     plain runs), over t_step, and
 #   - the CPU time of each peer's view thread (its UDP socket and the
 #     agreement), against the run's time.
 # Writes DIR/runs.csv and DIR/summary.txt (default DIR=bench-elastic-out).
@@ -75,7 +79,9 @@ one() {
             --cifar-stem --image-size "$SIZE" --in-channels 1 \
             --num-classes 10 --data synthetic:4000 --threads 1 \
             --data-threads 1 --batch "$BATCH" --iters "$ITERS" --no-eval \
-            --quiet --metrics "$OUT/$_name.metrics" "$@" \
+            --quiet --metrics "$OUT/$_name.metrics" \
+            $([ $_r -eq 0 ] && echo "--timeline $OUT/$_name.tl.json" \
+              "--timeline-steps $ITERS") "$@" \
             > "$OUT/$_name.p$_r.log" 2>&1 &
         PIDS="$PIDS $!"
         _r=$((_r + 1))
@@ -124,7 +130,12 @@ def run(name):
                           r"([0-9.]+) s", l)
             if m:
                 cpu.append((float(m.group(1)), float(m.group(2))))
-    return (t1 - t0) / iters, tstep / len(steps), snap / tstep, cpu
+    # the optimizer's time per step (rank 0's timeline, after the warm-up)
+    tl = json.load(open("%s/%s.tl.json" % (out, name)))["traceEvents"]
+    opt = [e["dur"] * 1e-6 for e in tl if e.get("name") == "optimizer" and
+           e.get("args", {}).get("step", 0) >= 5]
+    return (t1 - t0) / iters, tstep / len(steps), snap / tstep, cpu, \
+        st.mean(opt) if opt else 0.0
 
 def ms(v):
     return "%.2f ms +- %.2f" % (1e3 * st.mean(v), 1e3 * st.stdev(v)) \
@@ -152,8 +163,20 @@ print("elastic vs plain, wall per step: %+.2f %% (pairs: %s)"
 print("elastic vs plain, metrics t_step: %+.2f %%"
       % (100 * (st.mean(et) / st.mean(pt) - 1)))
 shares = [r[2] for r in rows["elastic"]]
-print("snapshot share of the step (rank 0, measured inside): mean %.3f %%, "
+print("copy at the step's start (t_snapshot / t_step, rank 0): mean %.3f %%, "
       "max %.3f %%" % (100 * st.mean(shares), 100 * max(shares)))
+po = [r[4] for r in rows["plain"]]
+eo = [r[4] for r in rows["elastic"]]
+print("optimizer per step (rank 0's timeline): plain %s, elastic %s "
+      "(the update that keeps the state)" % (ms(po), ms(eo)))
+# the update's extra time, per pair, against that pair's elastic step
+extra = [(e[4] - p[4]) / e[1] for e, p in zip(rows["elastic"], rows["plain"])]
+total = [s + x for s, x in zip(shares, extra)]
+print("update's extra share of the step: mean %+.3f %% (pairs: %s)"
+      % (100 * st.mean(extra), ", ".join("%+.3f" % (100 * x) for x in extra)))
+print("snapshot cost in all (start copy + update's extra): mean %.3f %%, "
+      "max %.3f %% of the step time" % (100 * st.mean(total),
+                                         100 * max(total)))
 cpu = [c for r in rows["elastic"] for c in r[3]]
 if cpu:
     share = [c / w for c, w in cpu]

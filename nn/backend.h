@@ -86,6 +86,10 @@ struct mesh_nn_sgd_args {
     float lr, momentum, dampening, weight_decay;
     int nesterov;
     int first; /* 1 on the first step: the momentum buffer is initialised */
+    /* when not NULL (mesh_nn_sgd_step_keep; host memory, only where the
+     * slabs are too): p[i] and buf[i] before the update, written in the
+     * update's own pass to keep_p[i] and keep_buf[i] (keep_buf when buf) */
+    float *keep_p, *keep_buf;
 };
 
 struct mesh_nn_backend_ops {

@@ -1630,6 +1630,47 @@ static int cpu_xent(struct mesh_nn_dev *dev, int n, int k, const float *logits,
     return 0;
 }
 
+/*
+ * cpu_sgd's update with a->keep_p (and a->keep_buf with momentum): the
+ * values it overwrites are written there in the same pass, the arithmetic
+ * the same as below operation by operation (so bitwise the same result).
+ */
+static int sgd_keep(size_t n, float *restrict p, const float *restrict g,
+                    float *restrict buf, const struct mesh_nn_sgd_args *a)
+{
+    const float lr = a->lr, mom = a->momentum, wd = a->weight_decay;
+    const float damp1 = 1.f - a->dampening;
+    float *restrict kp = a->keep_p, *restrict kb = a->keep_buf;
+    size_t i;
+
+    if (mom == 0.f) {
+        for (i = 0; i < n; i++) {
+            const float pi = p[i];
+            float d = g[i];
+
+            kp[i] = pi;
+            if (wd != 0.f)
+                d = d + wd * pi;
+            p[i] = pi + -lr * d;
+        }
+        return 0;
+    }
+    for (i = 0; i < n; i++) {
+        const float pi = p[i], bi = buf[i];
+        float d = g[i], b;
+
+        kp[i] = pi;
+        kb[i] = bi;
+        if (wd != 0.f)
+            d = d + wd * pi;
+        b = a->first ? d : bi * mom + damp1 * d;
+        buf[i] = b;
+        d = a->nesterov ? d + mom * b : b;
+        p[i] = pi + -lr * d;
+    }
+    return 0;
+}
+
 /* PyTorch's SGD, operation by operation, in float (see backend.h). */
 static int cpu_sgd(struct mesh_nn_dev *dev, size_t n, float *p, const float *g,
                    float *buf, const struct mesh_nn_sgd_args *a)
@@ -1639,6 +1680,8 @@ static int cpu_sgd(struct mesh_nn_dev *dev, size_t n, float *p, const float *g,
     size_t i;
 
     (void)dev;
+    if (a->keep_p)
+        return sgd_keep(n, p, g, buf, a);
     for (i = 0; i < n; i++) {
         float d = g[i];
 

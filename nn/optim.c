@@ -96,7 +96,8 @@ void mesh_nn_sgd_destroy(struct mesh_nn_sgd *s)
     free(s);
 }
 
-int mesh_nn_sgd_step(struct mesh_nn_sgd *s, float lr)
+static int sgd_step(struct mesh_nn_sgd *s, float lr, float *keep_params,
+                    float *keep_mom)
 {
     struct mesh_nn_model *m = s->m;
     struct mesh_nn_sgd_args a;
@@ -114,6 +115,8 @@ int mesh_nn_sgd_step(struct mesh_nn_sgd *s, float lr)
         const struct sgd_run *r = &s->runs[i];
 
         a.weight_decay = r->wd;
+        a.keep_p = keep_params ? keep_params + r->off : NULL;
+        a.keep_buf = keep_params && s->mom ? keep_mom + r->off : NULL;
         rc = m->ctx->ops->sgd(m->ctx->dev, r->count, m->params + r->off,
                               m->grads + r->off,
                               s->mom ? s->mom + r->off : NULL, &a);
@@ -122,6 +125,20 @@ int mesh_nn_sgd_step(struct mesh_nn_sgd *s, float lr)
     }
     s->steps++;
     return 0;
+}
+
+int mesh_nn_sgd_step(struct mesh_nn_sgd *s, float lr)
+{
+    return sgd_step(s, lr, NULL, NULL);
+}
+
+int mesh_nn_sgd_step_keep(struct mesh_nn_sgd *s, float lr, float *keep_params,
+                          float *keep_mom)
+{
+    if (!keep_params || (s->mom && !keep_mom))
+        return mesh_err(-EINVAL, "nn: sgd_step_keep: no array to keep the "
+                                 "state in");
+    return sgd_step(s, lr, keep_params, keep_mom);
 }
 
 float *mesh_nn_sgd_momentum(struct mesh_nn_sgd *s)

@@ -750,6 +750,71 @@ static void test_sgd(float mom, float wd, int nesterov, float damp)
     O->free(D, pd), O->free(D, gd), O->free(D, bd);
 }
 
+/*
+ * The update that keeps the state it overwrites (--elastic's snapshot):
+ * bitwise the update without it, and the kept values bitwise the state
+ * before each step; -ENOTSUP where the backend cannot (its slabs are not
+ * host memory).
+ */
+static void test_sgd_keep(size_t n, float mom, float wd, int nesterov,
+                          float damp)
+{
+    size_t bytes = n * sizeof(float);
+    float *p1 = dalloc(bytes), *p2 = dalloc(bytes), *g = dalloc(bytes);
+    float *b1 = dalloc(bytes), *b2 = dalloc(bytes), *kp = ref_newf(n);
+    float *kb = ref_newf(n), *f = ref_newf(n), *wp = NULL, *wb = NULL;
+    double *h = malloc(n * sizeof(double));
+    struct mesh_nn_sgd_args a;
+    int step, rc = 0, same = 1, kept = 1;
+
+    if (!h)
+        abort();
+    ref_fill(h, n, 1);
+    ref_tof(h, f, n);
+    O->upload(D, p1, f, bytes);
+    O->upload(D, p2, f, bytes);
+    memset(&a, 0, sizeof(a));
+    a.lr = 0.05f, a.momentum = mom, a.weight_decay = wd;
+    a.nesterov = nesterov, a.dampening = damp;
+    for (step = 0; step < 4 && rc == 0; step++) {
+        free(wp), free(wb);
+        wp = host_vec(p1, n), wb = host_vec(b1, n);
+        ref_fill(h, n, 0.5 + step);
+        ref_tof(h, f, n);
+        O->upload(D, g, f, bytes);
+        a.first = step == 0;
+        a.keep_p = NULL, a.keep_buf = NULL;
+        rc = O->sgd(D, n, p1, g, mom != 0 ? b1 : NULL, &a);
+        a.keep_p = kp, a.keep_buf = mom != 0 ? kb : NULL;
+        if (rc == 0)
+            rc = O->sgd(D, n, p2, g, mom != 0 ? b2 : NULL, &a);
+        if (rc == 0) {
+            float *q1 = host_vec(p1, n), *q2 = host_vec(p2, n);
+            float *c1 = host_vec(b1, n), *c2 = host_vec(b2, n);
+
+            same &= memcmp(q1, q2, bytes) == 0;
+            same &= mom == 0 || memcmp(c1, c2, bytes) == 0;
+            kept &= memcmp(kp, wp, bytes) == 0;
+            kept &= mom == 0 || memcmp(kb, wb, bytes) == 0;
+            free(q1), free(q2), free(c1), free(c2);
+        }
+    }
+    if (rc == -ENOTSUP) {
+        skip("sgd keep on %s: %s", O->name, mesh_err_msg(rc));
+        skip("sgd keep on %s: %s", O->name, mesh_err_msg(rc));
+    } else {
+        ok(rc == 0 && same,
+           "sgd keep n %zu momentum %.1f wd %g nesterov %d dampening %.1f: "
+           "the update is bitwise the plain one",
+           n, mom, wd, nesterov, damp);
+        ok(rc == 0 && kept, "sgd keep n %zu: keeps the state before each step",
+           n);
+    }
+    free(wp), free(wb), free(kp), free(kb), free(f), free(h);
+    O->free(D, p1), O->free(D, p2), O->free(D, g), O->free(D, b1);
+    O->free(D, b2);
+}
+
 int main(void)
 {
     /* n, c, h, k, r, stride, pad: blocked-layout channel counts (multiples
@@ -802,6 +867,12 @@ int main(void)
     test_sgd(0.9f, 1e-4f, 0, 0);
     test_sgd(0.9f, 5e-4f, 1, 0);
     test_sgd(0.9f, 0, 0, 0.5f);
+    test_sgd_keep(1, 0.9f, 1e-4f, 0, 0);
+    test_sgd_keep(37, 0, 0, 0, 0);
+    test_sgd_keep(37, 0, 5e-4f, 0, 0);
+    test_sgd_keep(1000, 0.9f, 5e-4f, 1, 0);
+    test_sgd_keep(4099, 0.9f, 0, 0, 0.5f);
+    test_sgd_keep(65537, 0.9f, 1e-4f, 0, 0);
     mesh_nn_ctx_close(ctx);
     return done();
 }

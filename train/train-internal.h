@@ -79,6 +79,10 @@ struct trainer {
     uint64_t members;
     struct train_snap {
         int valid;
+        /* params and mom are not copied yet: the live weights and momentum
+         * are the snapshot's until the step's update, which keeps them
+         * here in its own pass (host slabs; snap_take, train_step) */
+        int lazy;
         uint64_t step, d_epoch, d_pos;
         float *params, *mom, *buf;
         float *residual; /* sparse gradients' error feedback, or NULL */

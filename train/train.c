@@ -1052,6 +1052,8 @@ static int loss_prev(struct trainer *t, float *sum, int *valid)
     return 0;
 }
 
+static int sgd_update(struct trainer *t, double lr);
+
 /*
  * One optimizer step; *loss is the mean over the peers' micro-batches: of
  * this step, or with t->loss_lag of the previous one (*valid = 0 on the
@@ -1084,7 +1086,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out,
     t_comm_end = now_s(t);
     lr = step_lr(t, t->step);
     ts = now_s(t);
-    rc = t->sim ? 0 : mesh_nn_sgd_step(t->sgd, (float)lr);
+    rc = t->sim ? 0 : sgd_update(t, lr);
     if (rc < 0)
         return train_local(t, rc);
     tl_add(t, "optimizer", 0, ts, now_s(t) - ts);
@@ -1317,10 +1319,27 @@ static int snap_copy(struct trainer *t, float *dst, float *dev, size_t n,
                   : mesh_nn_download(t->ctx, dst, dev, n * 4);
 }
 
+/* Copy the live weights and momentum to or from snapshot sn. */
+static int snap_state(struct trainer *t, struct train_snap *sn, int to_dev)
+{
+    float *mom = mesh_nn_sgd_momentum(t->sgd);
+    int rc = snap_copy(t, sn->params, mesh_nn_model_params(t->model),
+                       t->nparams, to_dev);
+
+    if (rc == 0 && mom) /* none without momentum */
+        rc = snap_copy(t, sn->mom, mom, t->nparams, to_dev);
+    return rc;
+}
+
 /*
  * The state before step (weights, momentum, BN statistics, the data
  * position), in slot step % 2: the slot of step - 1 stays, the one a
- * view change may roll back to (doc/elastic.md).
+ * view change may roll back to (doc/elastic.md). With host slabs the
+ * weights and momentum are not copied here: they are the live ones until
+ * the step's update, which writes what it overwrites into the slot in its
+ * own pass (mesh_nn_sgd_step_keep; sn->lazy until then), so that elastic
+ * mode adds no pass over the model. The first snapshot of a slot copies
+ * them all (the update leaves frozen tensors alone).
  */
 static int snap_take(struct trainer *t, uint64_t step)
 {
@@ -1328,21 +1347,23 @@ static int snap_take(struct trainer *t, uint64_t step)
     int rc = 0;
 
     sn->valid = 0;
+    sn->lazy = 0;
     if (!t->sim) {
-        if (!sn->params) {
+        int fresh = !sn->params;
+
+        if (fresh) {
             sn->params = malloc(t->nparams * 4);
-            sn->mom = malloc(t->nparams * 4);
+            sn->mom = calloc(t->nparams, 4);
             sn->buf = malloc(t->nbuffers * 4 + 4);
             if (!sn->params || !sn->mom || !sn->buf)
                 return train_local(t, mesh_err(-ENOMEM, "--elastic: out of "
                                                         "memory for the "
                                                         "snapshots"));
         }
-        rc = snap_copy(t, sn->params, mesh_nn_model_params(t->model),
-                       t->nparams, 0);
-        if (rc == 0)
-            rc = snap_copy(t, sn->mom, mesh_nn_sgd_momentum(t->sgd), t->nparams,
-                           0);
+        if (t->host_slabs && !fresh)
+            sn->lazy = 1;
+        else
+            rc = snap_state(t, sn, 0);
         if (rc == 0 && t->nbuffers)
             rc = snap_copy(t, sn->buf, mesh_nn_model_buffers(t->model),
                            t->nbuffers, 0);
@@ -1365,9 +1386,27 @@ static int snap_take(struct trainer *t, uint64_t step)
     return 0;
 }
 
+/*
+ * Step's update; with --elastic and a lazy snapshot of the step, the
+ * update keeps the weights and momentum it overwrites in it.
+ */
+static int sgd_update(struct trainer *t, double lr)
+{
+    struct train_snap *sn = &t->snap[t->step & 1];
+    int rc;
+
+    if (!t->el || !sn->lazy || !sn->valid || sn->step != t->step)
+        return mesh_nn_sgd_step(t->sgd, (float)lr);
+    rc = mesh_nn_sgd_step_keep(t->sgd, (float)lr, sn->params, sn->mom);
+    sn->lazy = 0;
+    if (rc < 0)
+        sn->valid = 0;
+    return rc;
+}
+
 static int snap_restore(struct trainer *t, uint64_t step)
 {
-    struct train_snap *sn = &t->snap[step & 1];
+    struct train_snap *sn = &t->snap[step & 1], *other = &t->snap[~step & 1];
     int rc = 0;
 
     if (!sn->valid || sn->step != step)
@@ -1376,11 +1415,16 @@ static int snap_restore(struct trainer *t, uint64_t step)
                                        " to roll back to",
                                        step));
     if (!t->sim) {
-        rc = snap_copy(t, sn->params, mesh_nn_model_params(t->model),
-                       t->nparams, 1);
+        /* a lazy snapshot is the live state (its update has not run):
+         * copied now, for the senders of a state transfer */
+        if (sn->lazy)
+            rc = snap_state(t, sn, 0);
+        sn->lazy = 0;
+        /* the other slot's, if lazy, is the state this one replaces */
+        if (other->lazy)
+            other->valid = other->lazy = 0;
         if (rc == 0)
-            rc = snap_copy(t, sn->mom, mesh_nn_sgd_momentum(t->sgd), t->nparams,
-                           1);
+            rc = snap_state(t, sn, 1);
         if (rc == 0 && t->nbuffers)
             rc = snap_copy(t, sn->buf, mesh_nn_model_buffers(t->model),
                            t->nbuffers, 1);

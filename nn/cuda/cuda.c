@@ -1736,6 +1736,9 @@ static int cuda_sgd(struct mesh_nn_dev *dev, size_t n, float *p, const float *g,
     wrote(dev, p, n * sizeof(float));
     if (a->momentum != 0.f && !buf)
         return mesh_err(-EINVAL, "nn cuda: sgd: momentum without a buffer");
+    if (a->keep_p)
+        return mesh_err(-ENOTSUP, "nn cuda: sgd: keeping the state before "
+                                  "the step needs host slabs");
     KERN_CHECK(rc,
                mesh_cuk_sgd(dev->compute, n, p, g, buf, a->lr, a->momentum,
                             a->dampening, a->weight_decay, a->nesterov,
