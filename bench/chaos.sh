@@ -4,12 +4,17 @@
 #   bench/chaos.sh [--slots N] [--min-peers M] [--iters I] [--seed S]
 #                  [--peer-timeout T] [--width W] [--image-size S]
 #                  [--batch B] [--gap LO HI] [--restart-delay LO HI]
-#                  [--no-restarts] [--phase free|chaos|both] [--out DIR]
+#                  [--no-restarts] [--duration S] [--batch-mode MODE]
+#                  [--lr-schedule K] [--algo A] [--floor-algo A]
+#                  [--phase free|chaos|both|floor|P1,P2..] [--out DIR]
 #
 # N hosts (default 8) in network namespaces (scripts/netns.sh), one
 # meshtrain peer each, train a ResNet-18 (--width, default 4, CIFAR stem)
 # on Fashion-MNIST at --image-size (default 14) with --batch (default 8)
-# per peer for --iters steps (default 400) twice:
+# per peer for --iters steps (default 400), lr 0.1 on the --lr-schedule
+# (default cosine: it decays to 0 at the last step, so that the final
+# accuracy is that of a settled model, not of one still moving at full lr),
+# with the all-reduce --algo (default auto), twice:
 #   1. fault-free (--elastic, nothing injected), and
 #   2. under chaos: a driver waits a random LO to HI s (--gap, default 2
 #      to 20), then kills a random live peer with SIGKILL, stops one with
@@ -21,11 +26,23 @@
 #      out of the view: exit 5) a new meshtrain starts on the slot and
 #      joins the running job (issue 26), so that faults go on for the whole
 #      run. A peer back before the others left it out (a delay below
-#      --peer-timeout) stays a member: it is not restarted.
-# Both use --keep-global-batch, so the two runs see the same samples per
-# step. --phase runs one of them (each fits a 12-minute bench lock; the
-# summary reads whatever DIR holds). It reports steps per minute of each
-# (the chaos run's over its whole length), the recovery time of each
+#      --peer-timeout) stays a member: it is not restarted. With
+#      --duration S the faults stop S s after the start and the run trains
+#      on, undisturbed, to its last step: both runs train the same --iters
+#      steps, whatever the length of the chaos.
+# --phase floor adds a third run, fault-free like 1 but with the
+# all-reduce --floor-algo (default ring; pick one other than the one auto
+# takes, which the logs name): the same samples, another float summation
+# order, so that the difference of its accuracy from run 1's is the noise
+# floor of the accuracy comparison. --batch-mode keep (the default) runs
+# every one with --keep-global-batch, so that the runs see the same
+# samples per step; shrink lets the global batch shrink with the view
+# (fewer samples per step while a peer is missing), shrink-lr also scales
+# lr by the linear rule (--elastic-lr). --phase runs some of them (free,
+# chaos, floor, or a comma list; both is free,chaos; each run alone fits a
+# bench lock; the summary reads whatever DIR holds). It reports steps and
+# samples per minute of each (the chaos run's over its whole length, and
+# with --duration over the fault window too), the recovery time of each
 # fault (from the fault to the view change that excludes the peer, when
 # training resumes, and to the next step completed after it; the
 # distribution and the worst), the join time of each restarted peer (from
@@ -56,6 +73,11 @@ RD_HI=10
 RESTARTS=1
 PHASE=both
 OUT=bench-chaos-out
+DURATION=0
+BMODE=keep
+SCHED=cosine
+ALGO=""
+FLOOR_ALGO=ring
 while [ $# -gt 0 ]; do
     case $1 in
     --slots) SLOTS=$2 ;;
@@ -71,16 +93,37 @@ while [ $# -gt 0 ]; do
     --restart-delay) RD_LO=$2; RD_HI=$3; shift ;;
     --no-restarts) RESTARTS=0; shift; continue ;;
     --phase) PHASE=$2 ;;
+    --duration) DURATION=$2 ;;
+    --batch-mode) BMODE=$2 ;;
+    --lr-schedule) SCHED=$2 ;;
+    --algo) ALGO=$2 ;;
+    --floor-algo) FLOOR_ALGO=$2 ;;
     *) echo "usage: bench/chaos.sh [--slots N] [--min-peers M] [--iters I]" \
             "[--seed S] [--peer-timeout T] [--width W] [--batch B]" \
             "[--gap LO HI] [--restart-delay LO HI] [--no-restarts]" \
-            "[--phase free|chaos|both] [--out DIR]" >&2
+            "[--duration S] [--batch-mode keep|shrink|shrink-lr]" \
+            "[--lr-schedule const|step|cosine] [--algo A]" \
+            "[--floor-algo A] [--phase free|chaos|both|floor|P1,P2..]" \
+            "[--out DIR]" >&2
        exit 2 ;;
     esac
     shift 2
 done
-case $PHASE in free|chaos|both) ;; *) echo "chaos.sh: --phase free, chaos" \
-    "or both" >&2; exit 2 ;; esac
+[ "$PHASE" = both ] && PHASE=free,chaos
+for p in $(echo "$PHASE" | tr ',' ' '); do
+    case $p in free|chaos|floor) ;; *) echo "chaos.sh: --phase: free, chaos," \
+        "floor, both or a comma list of them, not \"$p\"" >&2; exit 2 ;; esac
+done
+phase() { case ,$PHASE, in *",$1,"*) true ;; *) false ;; esac; }
+case $BMODE in
+keep) BFLAGS=--keep-global-batch ;;
+shrink) BFLAGS="" ;;
+shrink-lr) BFLAGS=--elastic-lr ;;
+*) echo "chaos.sh: --batch-mode keep, shrink or shrink-lr" >&2; exit 2 ;;
+esac
+case $DURATION in
+''|*[!0-9]*) echo "chaos.sh: --duration takes whole seconds" >&2; exit 2 ;;
+esac
 [ -x "$MESHTRAIN" ] || { echo "chaos.sh: build meshtrain first" >&2; exit 1; }
 DATA=/usr/share/datasets/fashion-mnist
 [ -d "$DATA" ] || { echo "chaos.sh: no Fashion-MNIST in $DATA" >&2; exit 1; }
@@ -112,14 +155,18 @@ chmod 600 "$OUT/secret"
 export OMP_WAIT_POLICY=passive MESHTRAIN_LOG=info
 
 # peer NAME R: start slot R's peer in its namespace (output appended);
-# its pid in $OUT/pid.R and $PEER.
+# its pid in $OUT/pid.R and $PEER. The floor run's all-reduce is
+# --floor-algo.
 peer() {
+    _algo=$ALGO
+    [ "$1" = floor ] && _algo=$FLOOR_ALGO
     ip netns exec "$PREFIX$(($2 + 1))" "$MESHTRAIN" \
         --hostfile "$OUT/hosts" --rank "$2" --port 29600 \
         --secret-file "$OUT/secret" --model resnet18 --width "$WIDTH" \
         --cifar-stem --image-size "$SIZE" --threads 1 --data-threads 1 \
         --data "fashion-mnist" --batch "$BATCH" --lr 0.1 --iters "$ITERS" \
-        --eval-every 0 --verify-every 20 --elastic --keep-global-batch \
+        --lr-schedule "$SCHED" ${_algo:+--algo "$_algo"} \
+        --eval-every 0 --verify-every 20 --elastic $BFLAGS \
         --min-peers "$MINP" --peer-timeout "$PT" --join-timeout 120 \
         --log-every 50 --metrics "$OUT/$1.metrics" \
         >> "$OUT/$1.p$2.log" 2>&1 &
@@ -215,20 +262,31 @@ rand() { # rand VAR LO HI: VAR gets it (no subshell: the stream advances)
 }
 
 echo "chaos.sh: $SLOTS hosts, ResNet-18 width $WIDTH, batch $BATCH per peer," \
-    "$ITERS steps, --min-peers $MINP, --peer-timeout $PT, a fault every" \
+    "$ITERS steps, lr-schedule $SCHED, batch mode $BMODE, algo" \
+    "${ALGO:-auto}, --min-peers $MINP, --peer-timeout $PT, a fault every" \
     "$GAP_LO-$GAP_HI s$([ "$RESTARTS" -eq 1 ] && echo ", restarts after" \
-    "$RD_LO-$RD_HI s"); load $(cut -d' ' -f1-3 /proc/loadavg)"
-if [ "$PHASE" != chaos ]; then
-    echo "chaos.sh: 1. fault-free run"
+    "$RD_LO-$RD_HI s")$([ "$DURATION" -gt 0 ] && echo ", faults for" \
+    "$DURATION s"); load $(cut -d' ' -f1-3 /proc/loadavg)"
+# fault-free NAME: a run with nothing injected
+fault_free() {
     t0=$(date +%s.%N)
-    job free
+    job "$1"
     for p in $PIDS; do wait "$p"; done
     t1=$(date +%s.%N)
-    echo "$t0 $t1" > "$OUT/free.time"
+    echo "$t0 $t1" > "$OUT/$1.time"
+    echo "load $(cut -d' ' -f1-3 /proc/loadavg)" > "$OUT/$1.load"
     rm -f "$OUT"/pid.*
+}
+if phase free; then
+    echo "chaos.sh: 1. fault-free run"
+    fault_free free
+fi
+if phase floor; then
+    echo "chaos.sh: fault-free run with --algo $FLOOR_ALGO (the noise floor)"
+    fault_free floor
 fi
 
-if [ "$PHASE" != free ]; then
+if phase chaos; then
     echo "chaos.sh: 2. chaos run"
     : > "$OUT/faults.csv"
     : > "$OUT/restarts.csv"
@@ -243,6 +301,11 @@ if [ "$PHASE" != free ]; then
         done
         running || break
         finished && continue
+        # --duration: no fault after the window; the run trains on
+        if [ "$DURATION" -gt 0 ] && awk -v t="$(date +%s.%N)" -v t0="$t0" \
+               -v d="$DURATION" 'BEGIN { exit !(t - t0 >= d) }'; then
+            continue
+        fi
         alive=$(live)
         nalive=$(echo $alive | wc -w)
         [ "$nalive" -le "$MINP" ] && continue
@@ -267,6 +330,7 @@ if [ "$PHASE" != free ]; then
     done
     t1=$(date +%s.%N)
     echo "$t0 $t1" > "$OUT/chaos.time"
+    echo "load $(cut -d' ' -f1-3 /proc/loadavg)" > "$OUT/chaos.load"
     # without restarts, the peers hit by a fault: continued (they find
     # themselves left out); links up again
     for f in "$OUT"/pid.*; do kill -CONT "$(cat "$f")" 2> /dev/null; done
@@ -278,9 +342,10 @@ if [ "$PHASE" != free ]; then
     wait
 fi
 
-python3 - "$OUT" "$ITERS" "$PT" <<'EOF' | tee "$OUT/summary.txt"
+python3 - "$OUT" "$ITERS" "$PT" "$DURATION" "$FLOOR_ALGO" <<'EOF' |
 import glob, json, re, sys
 out, iters, pt = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+duration, floor_algo = float(sys.argv[4]), sys.argv[5]
 
 def run(name):
     t0, t1 = map(float, open("%s/%s.time" % (out, name)).read().split())
@@ -298,24 +363,58 @@ def run(name):
                for f in glob.glob("%s/%s.p*.log" % (out, name)))
     return t0, t1, steps, views, acc, mism
 
+def samples(steps):
+    # a step's samples: images_per_s x t_step (batch x slots of rank 0)
+    return sum(round(s["images_per_s"] * s["t_step"]) for s in steps)
+
+def load(name):
+    try:
+        return open("%s/%s.load" % (out, name)).read().strip()
+    except OSError:
+        return "load not recorded"
+
 # --phase: a run not made (yet) is left out
 have = lambda name: glob.glob("%s/%s.time" % (out, name))
-fspm = facc = fsteps = None
+fspm = facc = fsteps = fsam = None
 fmis = 0
 if have("free"):
     f0, f1, fsteps, _, facc, fmis = run("free")
     fspm = len(fsteps) / ((f1 - f0) / 60)
-    print("fault-free: %d steps in %.1f s: %.1f steps/min, top-1 %s %%"
-          % (len(fsteps), f1 - f0, fspm, facc))
+    fsam = samples(fsteps) / ((f1 - f0) / 60)
+    print("fault-free: %d steps in %.1f s: %.1f steps/min, %.0f samples/min, "
+          "top-1 %s %% (%s)" % (len(fsteps), f1 - f0, fspm, fsam, facc,
+                                load("free")))
+if have("floor"):
+    g0, g1, gsteps, _, gacc, gmis = run("floor")
+    print("fault-free, --algo %s: %d steps in %.1f s, top-1 %s %% (%s); "
+          "digest mismatches %d" % (floor_algo, len(gsteps), g1 - g0, gacc,
+                                    load("floor"), gmis))
+    if facc is not None and gacc is not None:
+        print("noise floor (the same samples, another summation order): "
+              "%+.2f points" % (gacc - facc))
 if not have("chaos"):
     sys.exit(0)
 c0, c1, csteps, cviews, cacc, cmis = run("chaos")
 cspm = len(csteps) / ((c1 - c0) / 60)
-print("chaos:      %d steps in %.1f s: %.1f steps/min%s, top-1 %s %%, %d "
-      "view change(s)"
+csam = samples(csteps) / ((c1 - c0) / 60)
+print("chaos:      %d steps in %.1f s: %.1f steps/min%s, %.0f samples/min%s, "
+      "top-1 %s %%, %d view change(s) (%s)"
       % (len(csteps), c1 - c0, cspm,
          " (%.1f %% of fault-free)" % (100 * cspm / fspm) if fspm else "",
-         cacc, len(cviews)))
+         csam, " (%.1f %%)" % (100 * csam / fsam) if fsam else "",
+         cacc, len(cviews), load("chaos")))
+if duration > 0:
+    w = [s for s in csteps if s["wall"] <= c0 + duration]
+    span = min(duration, c1 - c0)
+    print("fault window (the first %.0f s%s): %d steps, %.1f steps/min%s, "
+          "%.0f samples/min%s"
+          % (span, "" if c1 - c0 >= duration else
+             ": the run ended before --duration", len(w),
+             len(w) / (span / 60),
+             " (%.1f %% of fault-free)" % (100 * len(w) / (span / 60) / fspm)
+             if fspm else "", samples(w) / (span / 60),
+             " (%.1f %%)" % (100 * samples(w) / (span / 60) / fsam)
+             if fsam else ""))
 faults = [l.strip().split(",") for l in open(out + "/faults.csv") if l.strip()]
 print("faults: %d (%s)" % (len(faults), ", ".join(k + " " + s for _, k, s in
                                                  faults)))
@@ -383,3 +482,4 @@ if facc is not None and cacc is not None:
     print("accuracy: %.2f %% vs %.2f %% fault-free (%+.2f points)"
           % (cacc, facc, cacc - facc))
 EOF
+    tee "$OUT/summary.txt"
