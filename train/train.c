@@ -1600,6 +1600,9 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
     mesh_log_set_rank(me);
     view_shape(t);
     needy = (int)(v->needy >> mo->world.rank & 1);
+    if (v->members & ~v->prev)
+        t->join_at = UINT64_MAX; /* the test aid's joiner came (even if its
+                                    transfer fails) */
     if (!needy) {
         rc = snap_restore(t, v->step);
         if (rc < 0)
@@ -1636,8 +1639,6 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
         join_report(t, v, &st, needy);
     }
     t->unformed = 0;
-    if (v->members & ~v->prev)
-        t->join_at = UINT64_MAX; /* the test aid's joiner came */
     rc = gradsync_open(t);
     if (rc < 0)
         return train_local(t, rc);
