@@ -244,6 +244,32 @@ static int wait_all(struct link *l, mesh_req_t **reqs, int n)
     return rc;
 }
 
+/*
+ * Test aid (tests/train_elastic_corrupt.sh): MESHTRAIN_TEST_XFER_CORRUPT=
+ * SLOT[:offer] makes slot SLOT, when it sends the state, flip a byte of
+ * every chunk after hashing it (a transfer corrupted on the way, which the
+ * transport's checks cannot see), or with :offer offer a wrong SHA-256 (a
+ * sender whose state differs from the others'). The joiner must refuse it.
+ */
+static void test_corrupt(const struct trainer *t, uint8_t *blob, size_t n,
+                         uint8_t *digest)
+{
+    const char *v = getenv("MESHTRAIN_TEST_XFER_CORRUPT");
+    char *end;
+    long s;
+
+    if (!v || !*v)
+        return;
+    s = strtol(v, &end, 10);
+    if (end == v || s != t->mo->world.rank)
+        return;
+    if (!strcmp(end, ":offer"))
+        digest[0] ^= 0x5a;
+    else
+        for (size_t o = 0; o < n; o += chunk_len(n))
+            blob[o] ^= 0x5a;
+}
+
 /* Sender: offer the state to every needy peer, then send each its run. */
 static int send_state(struct trainer *t, struct link *l, uint64_t members,
                       uint64_t needy, int sender, int senders, uint8_t *blob,
@@ -258,6 +284,7 @@ static int send_state(struct trainer *t, struct link *l, uint64_t members,
     rc = mesh_ckpt_sha256(blob, n, digest);
     if (rc < 0)
         return rc;
+    test_corrupt(t, blob, n, digest);
     ctrl = calloc((size_t)nn * 2, XFER_CTRL);
     reqs = calloc((size_t)cap, sizeof(*reqs));
     if (!ctrl || !reqs) {
@@ -542,11 +569,15 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
             return rc;
         rc = mesh_ckpt_sha256(t->xfer->blob, n, got);
         if (rc == 0 && memcmp(got, t->xfer->digest, 32) != 0) {
+            char list[200];
+
             memset(t->xfer->have, 0, sizeof(t->xfer->have));
-            return mesh_err(-EBADMSG,
-                            "state transfer: the %zu bytes received do not "
-                            "hash to the SHA-256 every sender offered",
-                            n);
+            return mesh_err(
+                -EBADMSG,
+                "state transfer: the %zu bytes received do not "
+                "hash to the SHA-256 every sender offered "
+                "(slots %s): this peer refuses the state",
+                n, mesh_elastic_slots_str(senders_mask, list, sizeof(list)));
         }
         if (rc == 0)
             rc = state_read(t, v->step, t->xfer->blob, sn);
