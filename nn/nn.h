@@ -330,14 +330,15 @@ int mesh_nn_sgd_step(struct mesh_nn_sgd *s, float lr);
 /*
  * mesh_nn_sgd_step that also writes what it overwrites, the parameters and
  * the momentum before the step, to keep_params and keep_mom (host arrays
- * of num_params floats; keep_mom unused without momentum): a snapshot of
+ * of num_params floats; keep_mom not written without momentum): a snapshot of
  * the state before the step in the update's own pass over it (--elastic).
  * The entries of frozen tensors are not written. -ENOTSUP where the slabs
  * are not host memory (the cuda backend).
  */
 int mesh_nn_sgd_step_keep(struct mesh_nn_sgd *s, float lr, float *keep_params,
                           float *keep_mom);
-/* Momentum slab (device, num_params floats), for checkpoints. */
+/* Momentum slab (device, num_params floats), for checkpoints; all zeros
+ * without momentum. */
 float *mesh_nn_sgd_momentum(struct mesh_nn_sgd *s);
 /* Steps taken (0: the momentum buffer is not initialised yet). */
 int64_t mesh_nn_sgd_steps(const struct mesh_nn_sgd *s);

@@ -73,14 +73,15 @@ int mesh_nn_sgd_create(struct mesh_nn_model *m,
             s->nruns++;
         }
     }
-    if (cfg->momentum > 0.f) {
-        rc = m->ctx->ops->alloc(m->ctx->dev, m->nparams * sizeof(float),
-                                (void **)&s->mom);
-        if (rc < 0) {
-            free(s->runs);
-            free(s);
-            return rc;
-        }
+    /* without momentum too (zeros, never read by the update), so that
+     * checkpoints, digests and --elastic's snapshots hold the same
+     * fields in every run */
+    rc = m->ctx->ops->alloc(m->ctx->dev, m->nparams * sizeof(float),
+                            (void **)&s->mom);
+    if (rc < 0) {
+        free(s->runs);
+        free(s);
+        return rc;
     }
     *out = s;
     return 0;
@@ -101,6 +102,7 @@ static int sgd_step(struct mesh_nn_sgd *s, float lr, float *keep_params,
 {
     struct mesh_nn_model *m = s->m;
     struct mesh_nn_sgd_args a;
+    float *buf = s->cfg.momentum > 0.f ? s->mom : NULL;
     int i, rc;
 
     if (!isfinite(lr) || lr < 0.f)
@@ -116,10 +118,9 @@ static int sgd_step(struct mesh_nn_sgd *s, float lr, float *keep_params,
 
         a.weight_decay = r->wd;
         a.keep_p = keep_params ? keep_params + r->off : NULL;
-        a.keep_buf = keep_params && s->mom ? keep_mom + r->off : NULL;
+        a.keep_buf = keep_params && buf ? keep_mom + r->off : NULL;
         rc = m->ctx->ops->sgd(m->ctx->dev, r->count, m->params + r->off,
-                              m->grads + r->off,
-                              s->mom ? s->mom + r->off : NULL, &a);
+                              m->grads + r->off, buf ? buf + r->off : NULL, &a);
         if (rc < 0)
             return rc;
     }
@@ -135,7 +136,7 @@ int mesh_nn_sgd_step(struct mesh_nn_sgd *s, float lr)
 int mesh_nn_sgd_step_keep(struct mesh_nn_sgd *s, float lr, float *keep_params,
                           float *keep_mom)
 {
-    if (!keep_params || (s->mom && !keep_mom))
+    if (!keep_params || !keep_mom)
         return mesh_err(-EINVAL, "nn: sgd_step_keep: no array to keep the "
                                  "state in");
     return sgd_step(s, lr, keep_params, keep_mom);

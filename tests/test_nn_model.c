@@ -384,6 +384,15 @@ static void test_wd_skip(void)
            after[bw->offset] == before[bw->offset] &&
            after[fb->offset] == before[fb->offset],
        "wd_skip_bn_bias: conv weight decays, BN weight and fc.bias do not");
+    /* no momentum: its slab is there all the same, zeros (checkpoints and
+     * digests read it) */
+    rc = mesh_nn_sgd_momentum(s)
+             ? mesh_nn_download(ctx, after, mesh_nn_sgd_momentum(s), np * 4)
+             : -EFAULT;
+    for (size_t i = 0; rc == 0 && i < np; i++)
+        if (after[i] != 0.f)
+            rc = -EINVAL;
+    ok(rc == 0, "without momentum the momentum slab exists, all zeros");
     free(before), free(after);
     mesh_nn_sgd_destroy(s);
     mesh_nn_model_destroy(m);

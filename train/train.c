@@ -1326,7 +1326,7 @@ static int snap_state(struct trainer *t, struct train_snap *sn, int to_dev)
     int rc = snap_copy(t, sn->params, mesh_nn_model_params(t->model),
                        t->nparams, to_dev);
 
-    if (rc == 0 && mom) /* none without momentum */
+    if (rc == 0)
         rc = snap_copy(t, sn->mom, mom, t->nparams, to_dev);
     return rc;
 }
