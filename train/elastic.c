@@ -95,7 +95,15 @@ struct mesh_elastic {
     uint64_t heard; /* whose report of this round we hold */
     uint64_t adds;  /* joiners this agreement admits (grows) */
     uint64_t radds[MESH_ELASTIC_MAX_SLOTS]; /* each one's adds */
-    uint64_t joins; /* join requests heard while NORMAL */
+    uint64_t joins;     /* join requests heard while NORMAL */
+    uint64_t held;      /* of which these ask to wait: they are catching up */
+    int take_held;      /* test aid: admit held requests too */
+    uint16_t side_port; /* ours, told in STATUS */
+    uint16_t side[MESH_ELASTIC_MAX_SLOTS]; /* the members' (STATUS) */
+    uint64_t side_epoch[MESH_ELASTIC_MAX_SLOTS];
+    uint64_t side_members[MESH_ELASTIC_MAX_SLOTS];
+    uint64_t status_from; /* running members whose STATUS we hold */
+    int hold;             /* a joiner: our JOIN asks the members to wait */
     double join_at[MESH_ELASTIC_MAX_SLOTS]; /* the latest, per slot */
     int formed_once;                        /* a view's mesh has formed here */
     /* ST_JOINING: the epoch a running member reported (a decision for
@@ -236,6 +244,7 @@ static uint64_t fresh_joins(struct mesh_elastic *e)
 
     for (int s = 0; s < e->nslots; s++)
         if ((e->joins >> s & 1) && !(e->members >> s & 1) &&
+            (e->take_held || !(e->held >> s & 1)) &&
             now - e->join_at[s] < JOIN_FRESH_S)
             j |= UINT64_C(1) << s;
     return j;
@@ -315,7 +324,7 @@ static void try_decide(struct mesh_elastic *e)
 }
 
 /* Under mu: a join request from slot from (verified). */
-static void take_join(struct mesh_elastic *e, int from)
+static void take_join(struct mesh_elastic *e, int from, uint64_t hold)
 {
     uint64_t bit = UINT64_C(1) << from;
     int running = e->formed_once || e->epoch > 0;
@@ -332,23 +341,32 @@ static void take_join(struct mesh_elastic *e, int from)
     if (running && !(e->members & bit)) {
         e->joins |= bit;
         e->join_at[from] = mesh_now_s();
-        if (e->state == ST_AGREEING && !(e->adds & bit)) {
+        /* a joiner catching up (train/catchup.c) asks to wait */
+        e->held = hold == 1 ? e->held | bit : e->held & ~bit;
+        if (e->state == ST_AGREEING && !(e->adds & bit) &&
+            (e->take_held || hold != 1)) {
             e->adds |= bit;
             e->radds[e->me] = e->adds;
             e->seen_at = mesh_now_s();
         }
     }
-    send_msg(e, MSG_STATUS, e->epoch, e->members, (uint64_t)running, 0, 0,
-             from);
+    send_msg(e, MSG_STATUS, e->epoch, e->members, (uint64_t)running,
+             e->side_port, 0, from);
 }
 
 /* Under mu: a member's answer to our join request. */
 static void take_status(struct mesh_elastic *e, int from, uint64_t epoch,
-                        uint64_t running)
+                        uint64_t mask, uint64_t running, uint64_t port)
 {
     if (e->state != ST_JOINING)
         return;
     e->answered |= UINT64_C(1) << from;
+    if (running && port < 65536) {
+        e->side[from] = (uint16_t)port;
+        e->side_epoch[from] = epoch;
+        e->side_members[from] = mask;
+        e->status_from |= UINT64_C(1) << from;
+    }
     if (!running) {
         pthread_cond_broadcast(&e->cv);
         return;
@@ -369,11 +387,11 @@ static void take(struct mesh_elastic *e, int type, int from, uint64_t epoch,
     const struct decision *d;
 
     if (type == MSG_JOIN) {
-        take_join(e, from);
+        take_join(e, from, step);
         return;
     }
     if (type == MSG_STATUS) {
-        take_status(e, from, epoch, step);
+        take_status(e, from, epoch, mask, step, extra);
         return;
     }
     if (e->state == ST_JOINING) {
@@ -555,7 +573,7 @@ static void *thread_main(void *arg)
             new_round(e, e->round + 1);
         }
         if (e->state == ST_JOINING && now - e->sent_at >= JOIN_RESEND_S) {
-            send_all(e, MSG_JOIN, 0, ~(uint64_t)0, 0, 0, 0, 0);
+            send_all(e, MSG_JOIN, 0, ~(uint64_t)0, 0, (uint64_t)e->hold, 0, 0);
             e->sent_at = now;
         } else if (e->state == ST_AGREEING && now - e->sent_at >= RESEND_S) {
             send_all(e, MSG_PROPOSE, e->epoch, e->members, e->seen, e->my_step,
@@ -799,6 +817,7 @@ int mesh_elastic_probe(struct mesh_elastic *e, double wait_s)
     e->decided = 0;
     e->join_heard = 0;
     e->answered = 0;
+    e->status_from = 0;
     wake(e); /* out of its idle poll: the first JOIN goes now */
     /* until a member of a running job answers, or every other slot said
      * that it is starting too */
@@ -874,4 +893,82 @@ int mesh_elastic_agree(struct mesh_elastic *e, double timeout_s,
     }
     pthread_mutex_unlock(&e->mu);
     return rc;
+}
+
+void mesh_elastic_set_side(struct mesh_elastic *e, uint16_t port)
+{
+    pthread_mutex_lock(&e->mu);
+    e->side_port = port;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void mesh_elastic_join_hold(struct mesh_elastic *e, int hold)
+{
+    pthread_mutex_lock(&e->mu);
+    e->hold = hold;
+    e->sent_at = 0; /* the next JOIN says so at once */
+    pthread_mutex_unlock(&e->mu);
+    wake(e);
+}
+
+void mesh_elastic_take_held(struct mesh_elastic *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->take_held = 1;
+    pthread_mutex_unlock(&e->mu);
+}
+
+uint64_t mesh_elastic_held(struct mesh_elastic *e)
+{
+    uint64_t j = 0;
+    double now = mesh_now_s();
+
+    pthread_mutex_lock(&e->mu);
+    if (e->state == ST_NORMAL && e->formed_once)
+        for (int s = 0; s < e->nslots; s++)
+            if ((e->joins & e->held) >> s & 1 && !(e->members >> s & 1) &&
+                now - e->join_at[s] < JOIN_FRESH_S)
+                j |= UINT64_C(1) << s;
+    pthread_mutex_unlock(&e->mu);
+    return j;
+}
+
+int mesh_elastic_side_view(struct mesh_elastic *e, uint64_t *epoch,
+                           uint64_t *members, uint16_t ports[])
+{
+    int rc = -EAGAIN;
+
+    pthread_mutex_lock(&e->mu);
+    /* the view most running members named, if every one of its members
+     * answered with a port */
+    for (int s = 0; s < e->nslots && rc < 0; s++) {
+        uint64_t m = e->side_members[s], ok = 0;
+
+        if (!(e->status_from >> s & 1) || !(m >> s & 1))
+            continue;
+        for (int r = 0; r < e->nslots; r++)
+            if ((m >> r & 1) && (e->status_from >> r & 1) &&
+                e->side_epoch[r] == e->side_epoch[s] &&
+                e->side_members[r] == m && e->side[r])
+                ok |= UINT64_C(1) << r;
+        if (ok == m && !(m >> e->me & 1)) {
+            *epoch = e->side_epoch[s];
+            *members = m;
+            for (int r = 0; r < e->nslots; r++)
+                ports[r] = (m >> r & 1) ? e->side[r] : 0;
+            rc = 0;
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+int mesh_elastic_addr(struct mesh_elastic *e, int slot,
+                      struct sockaddr_storage *ss, socklen_t *len)
+{
+    if (slot < 0 || slot >= e->nslots)
+        return -EINVAL;
+    *ss = e->addr[slot];
+    *len = e->addrlen[slot];
+    return 0;
 }

@@ -35,6 +35,7 @@
 #define MESH_TRAIN_ELASTIC_H
 
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "transport/transport.h"
 
@@ -128,6 +129,28 @@ int mesh_elastic_probe(struct mesh_elastic *e, double wait_s);
  * change (mesh_elastic_agree) that admits them. 0: none.
  */
 uint64_t mesh_elastic_joins(struct mesh_elastic *e);
+
+/*
+ * The catch-up of a joiner while the job trains (train/catchup.c,
+ * doc/elastic.md "Catching up"):
+ *   - a member tells its side port in its STATUS answers (0: none);
+ *   - a joiner that holds its join asks the members not to admit it yet
+ *     (its JOIN's step field is 1); clearing the hold asks for admission;
+ *   - mesh_elastic_side_view gives the view the running members reported
+ *     and each member's port (0, or -EAGAIN while not every member of
+ *     it answered with one);
+ *   - mesh_elastic_held: the held requests heard lately (a member);
+ *     mesh_elastic_take_held (test aid) admits held requests too.
+ */
+void mesh_elastic_set_side(struct mesh_elastic *e, uint16_t port);
+void mesh_elastic_join_hold(struct mesh_elastic *e, int hold);
+int mesh_elastic_side_view(struct mesh_elastic *e, uint64_t *epoch,
+                           uint64_t *members, uint16_t ports[]);
+uint64_t mesh_elastic_held(struct mesh_elastic *e);
+void mesh_elastic_take_held(struct mesh_elastic *e);
+/* Slot's address as resolved for the agreement (its TCP host). */
+int mesh_elastic_addr(struct mesh_elastic *e, int slot,
+                      struct sockaddr_storage *ss, socklen_t *len);
 
 /* The current view. */
 void mesh_elastic_current(struct mesh_elastic *e,

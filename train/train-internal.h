@@ -99,6 +99,13 @@ struct trainer {
                          that step's start until a joiner asks (at most
                          60 s); UINT64_MAX: never */
     struct train_xfer *xfer;
+    /* catch-up (train/catchup.c): a member's side server; a joiner's
+     * background fetch and replay, and the step whose state it left in
+     * the model (UINT64_MAX: none) with its figures */
+    struct train_serve *serve;
+    struct train_catchup *cu;
+    uint64_t cu_step, cu_snap_step, cu_replayed;
+    double cu_secs;
     double join_xfer_s;
     uint64_t join_bytes, join_view;
     char join_sent[256]; /* bytes from each sender */
@@ -201,6 +208,23 @@ struct train_xfer_stats {
 int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
                    struct train_xfer_stats *st);
 void train_xfer_free(struct trainer *t);
+
+/* ---- catchup.c ----------------------------------------------------------- */
+
+/* A member: serve joiners' catch-up on a side port (--elastic, host
+ * slabs); the view formed (1) or is changing (0); a step boundary (after
+ * the snapshot); a step's reduced gradient (before the optimizer). */
+int train_serve_start(struct trainer *t);
+void train_serve_stop(struct trainer *t);
+void train_serve_view(struct trainer *t, int valid);
+void train_serve_boundary(struct trainer *t, uint64_t step);
+void train_serve_grad(struct trainer *t, uint64_t step, float lr);
+/* A joiner: fetch a snapshot and replay the steps while the job trains;
+ * train_catchup_finish(step), when a view admits it from step: 1 if the
+ * model holds that step's weights and momentum (t->cu_step = step). */
+int train_catchup_start(struct trainer *t);
+int train_catchup_finish(struct trainer *t, uint64_t step);
+void train_catchup_stop(struct trainer *t);
 
 /* ---- finetune.c ---------------------------------------------------------- */
 

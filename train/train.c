@@ -1086,6 +1086,8 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out,
     t_comm_end = now_s(t);
     lr = step_lr(t, t->step);
     ts = now_s(t);
+    /* a joiner catching up replays this step (train/catchup.c) */
+    train_serve_grad(t, t->step, (float)lr);
     rc = t->sim ? 0 : sgd_update(t, lr);
     if (rc < 0)
         return train_local(t, rc);
@@ -1453,15 +1455,20 @@ static int elastic_boundary(struct trainer *t, uint64_t step)
     rc = snap_take(t, step);
     if (rc < 0)
         return rc;
+    /* a joiner catching up may want this snapshot (train/catchup.c) */
+    train_serve_boundary(t, step);
     /* peers started later asked to join: admit them now, from this
      * snapshot (doc/elastic.md, "Joining") */
     joins = mesh_elastic_joins(t->el);
     /* test aid: wait here for a joiner (MESHTRAIN_TEST_JOIN_AT=STEP),
-     * until one asks or another member admits it */
+     * until one asks or another member admits it; one that is catching
+     * up is admitted at once (it cannot while the job waits) */
     for (int i = 0; step == t->join_at && !joins && i < 6000; i++) {
         if (mesh_elastic_commit(t->el, step) < 0)
             return mesh_err(-ECANCELED, "the mesh's view is changing");
         usleep(10000);
+        if (mesh_elastic_held(t->el))
+            mesh_elastic_take_held(t->el);
         joins = mesh_elastic_joins(t->el);
     }
     if (joins)
@@ -1510,6 +1517,7 @@ static int eval_loader_open(struct trainer *t)
 static void view_close(struct trainer *t)
 {
     mesh_elastic_set_transport(t->el, NULL, NULL);
+    train_serve_view(t, 0);
     if (t->loss_req)
         (void)loss_wait(t, 0);
     if (t->gs)
@@ -1607,6 +1615,10 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
         rc = snap_restore(t, v->step);
         if (rc < 0)
             return rc;
+    } else if (t->cu) {
+        /* what the joiner caught up to in the background: the state
+         * transfer then sends only what it could not rebuild */
+        (void)train_catchup_finish(t, v->step);
     }
     if (n > 1) {
         vo = *mo;
@@ -1673,7 +1685,10 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
         t->took_metrics = 1;
     }
     snprintf(when, sizeof(when), "after the change to view %" PRIu64, v->epoch);
-    return verify_weights(t, when);
+    rc = verify_weights(t, when);
+    if (rc == 0)
+        train_serve_view(t, 1);
+    return rc;
 }
 
 /*
@@ -1746,13 +1761,16 @@ static int elastic_recover(struct trainer *t, int rc_fail, uint64_t *step)
     for (tries = 0; tries < 8; tries++) {
         view_close(t);
         rc = mesh_elastic_agree(t->el, timeout, &v);
-        if ((rc == -EPERM || rc == -ETIMEDOUT) && t->unformed && !t->joiner &&
-            mesh_elastic_probe(t->el, 1.0) == 1) {
-            /* view 0 formed without this late peer: it joins instead */
-            mesh_info("the others formed a view without this peer: "
-                      "joining it");
-            t->joiner = 1;
-            continue;
+        if ((rc == -EPERM || rc == -ETIMEDOUT) && t->unformed && !t->joiner) {
+            /* (no catch-up here: it is admitted at once) */
+            mesh_elastic_join_hold(t->el, 0);
+            if (mesh_elastic_probe(t->el, 1.0) == 1) {
+                /* view 0 formed without this late peer: it joins */
+                mesh_info("the others formed a view without this peer: "
+                          "joining it");
+                t->joiner = 1;
+                continue;
+            }
         }
         if (rc == -EACCES) {
             fprintf(stderr, "meshtrain: slot %d: %s\n", t->mo->world.rank,
@@ -2159,11 +2177,18 @@ static int elastic_probe(struct trainer *t)
 
     if (!t->el || t->size < 2)
         return MESH_EXIT_OK;
+    /* a joiner that will catch up in the background (train/catchup.c)
+     * asks the members to wait from its first request on */
+    mesh_elastic_join_hold(t->el, !t->c->simulate && !t->sim &&
+                                      strcmp(t->c->device, "cpu") == 0 &&
+                                      !getenv("MESHTRAIN_NO_CATCHUP"));
     /* until every slot answered (a few ms when all start together); a
      * silent slot holds the start up to this, but view 0 would wait
      * for it until --join-timeout anyway */
     rc = mesh_elastic_probe(
         t->el, MESH_MIN(5.0, MESH_MAX(1.0, t->mo->topts.join_timeout_s / 4)));
+    if (rc != 1)
+        mesh_elastic_join_hold(t->el, 0);
     if (rc < 0) {
         fprintf(stderr, "meshtrain: slot %d: %s\n", t->mo->world.rank,
                 mesh_err_msg(rc));
@@ -2218,8 +2243,12 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
     rc = outputs_check(t);
     if (rc == 0)
         rc = open_model(t, mo);
+    if (rc == 0)
+        rc = train_serve_start(t);
     if (rc < 0)
         return fail(t, MESH_EXIT_USAGE, rc);
+    if (t->mesh && !t->unformed)
+        train_serve_view(t, 1);
     if (t->unformed)
         return MESH_EXIT_OK; /* the first view's mesh opens the rest */
     rc = open_comm(t);
@@ -2379,6 +2408,8 @@ static int finish(struct trainer *t)
 /* Close every resource in reverse order of opening. */
 static void trainer_close(struct trainer *t)
 {
+    train_catchup_stop(t);
+    train_serve_stop(t);
     mesh_elastic_stop(t->el);
     t->el = NULL;
     train_xfer_free(t);
@@ -2442,6 +2473,11 @@ static int elastic_first_view(struct trainer *t, uint64_t *start)
         if (rc < 0)
             return fail(t, MESH_EXIT_USAGE, rc);
         (void)mesh_elastic_commit(t->el, 0);
+    } else if ((rc = train_catchup_start(t)) < 0 || !t->cu) {
+        /* not fatal: it is admitted and receives the whole state */
+        if (rc < 0)
+            mesh_info("no catch-up: %s", mesh_err_msg(rc));
+        mesh_elastic_join_hold(t->el, 0);
     }
     return elastic_recover(t, mesh_err(-ENOTCONN, "view 0 did not form"),
                            start);
@@ -2455,6 +2491,7 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
 
     memset(&t, 0, sizeof(t));
     t.c = c;
+    t.cu_step = UINT64_MAX;
     t.rank = mo->world.rank;
     t.size = mo->world.size;
     t.t0 = mesh_now_s();

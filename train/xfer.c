@@ -211,6 +211,29 @@ static int bn_average(struct trainer *t, struct train_snap *sn, int needy,
     return rc;
 }
 
+/*
+ * A joiner that caught up (train/catchup.c) holds the weights and
+ * momentum of the step the view restarts from: it writes them where the
+ * state has them and marks the chunks that lie wholly inside as held, so
+ * that the senders send only the rest (the header, the BN statistics and
+ * the chunks across their edges). The SHA-256 of the whole state, checked
+ * as always, proves these bytes equal to the senders'.
+ */
+static void rebuild(struct trainer *t, struct train_xfer *x)
+{
+    size_t np = t->nparams * 4, lo = XFER_HEADER, hi = XFER_HEADER + 2 * np;
+
+    memcpy(x->blob + lo, mesh_nn_model_params(t->model), np);
+    memcpy(x->blob + lo + np, mesh_nn_sgd_momentum(t->sgd), np);
+    for (int c = 0; c < XFER_CHUNKS; c++) {
+        size_t off, len;
+
+        chunk_range(x->n, c, &off, &len);
+        if (len && off >= lo && off + len <= hi)
+            x->have[c / 8] |= (uint8_t)(1u << (c % 8));
+    }
+}
+
 /* ---- the messages -------------------------------------------------------- */
 
 struct link {
@@ -373,7 +396,7 @@ out:
 /* Needy: take the offers, ask for the chunks missing, receive them. */
 static int recv_state(struct trainer *t, struct link *l, uint64_t members,
                       uint64_t senders_mask, int senders, struct train_xfer *x,
-                      mesh_mr_t *mr, struct train_xfer_stats *st)
+                      int rebuilt, mesh_mr_t *mr, struct train_xfer_stats *st)
 {
     uint8_t *ctrl, digest[32];
     mesh_req_t *reqs[64 + XFER_CHUNKS];
@@ -430,6 +453,8 @@ static int recv_state(struct trainer *t, struct link *l, uint64_t members,
         memcpy(x->digest, digest, 32);
         memset(x->have, 0, sizeof(x->have));
     }
+    if (rebuilt)
+        rebuild(t, x);
     m = missing(x->have, list);
     for (k = 0; k < senders; k++) {
         uint8_t *rq = ctrl + (size_t)k * 2 * XFER_CTRL + XFER_CTRL;
@@ -562,7 +587,7 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
         rc = l.ops->reg_mr(l.tr, t->xfer->blob, n, &mr);
         if (rc == 0)
             rc = recv_state(t, &l, v->members, senders_mask, senders, t->xfer,
-                            mr, st);
+                            t->cu_step == v->step && t->host_slabs, mr, st);
         if (mr)
             l.ops->dereg_mr(l.tr, mr);
         if (rc < 0)
@@ -572,6 +597,15 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
             char list[200];
 
             memset(t->xfer->have, 0, sizeof(t->xfer->have));
+            if (t->cu_step == v->step)
+                return mesh_err(
+                    -EBADMSG,
+                    "state transfer: the state rebuilt from the catch-up "
+                    "and the %" PRIu64 " bytes received do not hash to the "
+                    "SHA-256 every sender offered (slots %s): this peer "
+                    "refuses the state",
+                    st->bytes,
+                    mesh_elastic_slots_str(senders_mask, list, sizeof(list)));
             return mesh_err(
                 -EBADMSG,
                 "state transfer: the %zu bytes received do not "

@@ -1,0 +1,1306 @@
+/*
+ * train/catchup.c: --elastic joiners catch up while the job trains
+ * (doc/elastic.md, "Catching up").
+ *
+ * A joiner does not stop the members for the whole state. Before it asks
+ * to be admitted it fetches a snapshot on side connections of its own,
+ * while the members go on training, and replays the steps that pass:
+ *
+ *   - Every member serves a TCP port (told in its STATUS answers, see
+ *     train/elastic.h) from a thread of its own.
+ *   - The joiner connects to every member of the current view; each says
+ *     HELLO (its view, the last step boundary it passed, a nonce). The
+ *     joiner names a later boundary X and its stripe j of K (the member's
+ *     rank in the view) in AUTH, signed with the job secret over the
+ *     nonce.
+ *   - At boundary X each member copies its snapshot of step X (weights
+ *     and momentum: identical on every member) into a buffer, and sends
+ *     stripe j of it (SNAP, with the buffer's SHA-256); then, after the
+ *     all-reduce of every step k >= X, stripe j of the reduced gradient
+ *     and the step's learning rate (GRAD). Training never waits for the
+ *     joiner: a joiner more than CU_QUEUE records behind is dropped.
+ *   - The joiner checks that every member offers the same SHA-256 and
+ *     that the bytes hash to it, loads them, and applies each step's
+ *     gradient with the members' own optimizer code (the same inputs give
+ *     the same bits). Step k is applied once a record of step k + 1 has
+ *     come: every member then took the snapshot of k + 1, so no view can
+ *     restart before it.
+ *   - Caught up, it asks to be admitted. The view change that admits it
+ *     restarts from some step r; the joiner applies what it holds up to
+ *     r, and the state transfer (train/xfer.c) then sends it only the
+ *     chunks it could not rebuild (the header and the BN statistics): the
+ *     SHA-256 of the whole state, agreed by the senders, proves the rest.
+ *
+ * Anything that goes wrong (a view change among the members, a member or
+ * the joiner dying, a record out of place) ends the catch-up; the joiner
+ * then asks to be admitted as before and receives the whole state in the
+ * view change. Every size, step and range from the network is checked.
+ */
+#include "config.h"
+
+#include "train/train-internal.h"
+
+#include "common/bytes.h"
+#include "common/util.h"
+#include "train/ckpt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#define CU_MAGIC   0x4355544dU /* "MTUC": a record */
+#define CU_MAGIC_B 0x4255544dU /* "MTUB": the snapshot buffer */
+#define CU_VERSION 1
+#define CU_HDR     96 /* every record's header */
+#define CU_BLOB    64 /* the snapshot buffer's header */
+#define CU_SESS    8  /* joiners served at once */
+#define CU_QUEUE   16 /* records queued for one joiner; more: dropped */
+#define CU_RING    4  /* steps of gradient a joiner holds */
+#define CU_TRIES   8
+
+enum {
+    K_HELLO = 1,  /* member: epoch, members, last boundary, nonce */
+    K_AUTH = 2,   /* joiner: epoch, step X, stripe j of K, HMAC */
+    K_LATE = 3,   /* member: boundary X has passed (its last boundary) */
+    K_REFUSE = 4, /* member: the request does not fit its view */
+    K_SNAP = 5,   /* member: step, size, offset, length, SHA-256; bytes */
+    K_GRAD = 6,   /* member: step, lr, offset, count; floats */
+};
+
+static void hdr_init(uint8_t *h, int kind, int slot)
+{
+    memset(h, 0, CU_HDR);
+    mesh_put_le32(h, CU_MAGIC);
+    h[4] = CU_VERSION;
+    h[5] = (uint8_t)kind;
+    mesh_put_le16(h + 6, (uint16_t)slot);
+}
+
+static int auth_mac(const uint8_t *key, size_t keylen, const uint8_t *h,
+                    const uint8_t nonce[16], uint8_t mac[32])
+{
+    uint8_t msg[64 + 16];
+    unsigned int len = 32;
+
+    memcpy(msg, h, 64);
+    memcpy(msg + 64, nonce, 16);
+    if (!HMAC(EVP_sha256(), key, (int)keylen, msg, sizeof(msg), mac, &len) ||
+        len != 32)
+        return -EIO;
+    return 0;
+}
+
+static size_t blob_bytes(size_t nparams)
+{
+    return CU_BLOB + 8 * nparams;
+}
+
+/* ---- the members' side --------------------------------------------------- */
+
+struct cu_blob {
+    int refs;
+    int hashed, hashing;
+    uint64_t step;
+    uint8_t *b;
+    size_t n;
+    uint8_t digest[32];
+};
+
+struct cu_item {
+    struct cu_item *next;
+    uint8_t hdr[CU_HDR];
+    const uint8_t *data;
+    size_t dlen, done;
+    uint8_t *own;
+    struct cu_blob *blob;
+};
+
+enum { S_FREE, S_HELLO, S_PINNED, S_STREAM, S_DRAIN };
+
+struct cu_sess {
+    int fd, state, shut;
+    uint8_t nonce[16];
+    uint8_t in[CU_HDR];
+    size_t inlen;
+    int slot;
+    uint64_t pin, next;
+    struct cu_item *head, *tail;
+    int nq;
+    double since;
+};
+
+struct train_serve {
+    pthread_t th;
+    int running, stop;
+    int lfd, pipe[2];
+    pthread_mutex_t mu;
+    struct cu_sess s[CU_SESS];
+    int valid, rank, size, me, nslots;
+    uint64_t epoch, members;
+    int at_valid;
+    uint64_t at; /* the last step boundary passed */
+    size_t nparams;
+    uint8_t key[256];
+    size_t keylen;
+};
+
+static void blob_unref(struct cu_blob *b)
+{
+    if (b && --b->refs == 0) {
+        free(b->b);
+        free(b);
+    }
+}
+
+static void item_free(struct cu_item *it)
+{
+    free(it->own);
+    blob_unref(it->blob);
+    free(it);
+}
+
+static struct cu_item *item_new(int kind, int slot)
+{
+    struct cu_item *it = calloc(1, sizeof(*it));
+
+    if (it)
+        hdr_init(it->hdr, kind, slot);
+    return it;
+}
+
+static void push(struct cu_sess *ss, struct cu_item *it)
+{
+    if (!it)
+        return;
+    if (ss->tail)
+        ss->tail->next = it;
+    else
+        ss->head = it;
+    ss->tail = it;
+    ss->nq++;
+}
+
+static void sess_close(struct cu_sess *ss)
+{
+    while (ss->head) {
+        struct cu_item *it = ss->head;
+
+        ss->head = it->next;
+        item_free(it);
+    }
+    ss->tail = NULL;
+    ss->nq = 0;
+    if (ss->fd >= 0)
+        close(ss->fd);
+    ss->fd = -1;
+    ss->state = S_FREE;
+}
+
+/* Under mu: tell the joiner why, then close once it is sent. */
+static void sess_end(struct train_serve *sv, struct cu_sess *ss, int kind,
+                     uint64_t arg)
+{
+    struct cu_item *it = item_new(kind, sv->me);
+
+    if (it)
+        mesh_put_le64(it->hdr + 8, arg);
+    push(ss, it);
+    ss->state = S_DRAIN;
+    ss->since = mesh_now_s();
+}
+
+static void wake_serve(struct train_serve *sv)
+{
+    char c = 1;
+
+    (void)!write(sv->pipe[1], &c, 1);
+}
+
+/* Under mu: a joiner's AUTH is complete; check it against our view. */
+static void sess_auth(struct train_serve *sv, struct cu_sess *ss)
+{
+    const uint8_t *a = ss->in;
+    uint8_t mac[32];
+    int slot = mesh_get_le16(a + 6);
+    uint64_t x = mesh_get_le64(a + 16);
+
+    if (mesh_get_le32(a) != CU_MAGIC || a[4] != CU_VERSION || a[5] != K_AUTH ||
+        auth_mac(sv->key, sv->keylen, a, ss->nonce, mac) < 0 ||
+        CRYPTO_memcmp(mac, a + 64, 32) != 0 || slot >= sv->nslots ||
+        (sv->members >> slot & 1)) {
+        mesh_info("catch-up: a request on the side port is malformed or "
+                  "not signed with the job's secret: closed");
+        sess_close(ss);
+        return;
+    }
+    ss->slot = slot;
+    if (!sv->valid || mesh_get_le64(a + 8) != sv->epoch ||
+        (int)mesh_get_le32(a + 24) != sv->rank ||
+        (int)mesh_get_le32(a + 28) != sv->size ||
+        mesh_get_le64(a + 32) != sv->nparams ||
+        x > (sv->at_valid ? sv->at : 0) + 100000) {
+        sess_end(sv, ss, K_REFUSE, 1);
+        return;
+    }
+    if (sv->at_valid && x <= sv->at) {
+        sess_end(sv, ss, K_LATE, sv->at);
+        return;
+    }
+    ss->state = S_PINNED;
+    ss->pin = x;
+}
+
+/* Send what the socket takes; -1 when the joiner is gone. */
+static int sess_send(struct cu_sess *ss)
+{
+    while (ss->head) {
+        struct cu_item *it = ss->head;
+        struct iovec iov[2];
+        struct msghdr mh;
+        int n = 0;
+        ssize_t w;
+
+        if (it->blob && !it->blob->hashed)
+            return 0; /* its SHA-256 is being computed */
+        if (it->done == 0 && it->blob)
+            memcpy(it->hdr + 40, it->blob->digest, 32);
+        if (it->done < CU_HDR) {
+            iov[n].iov_base = it->hdr + it->done;
+            iov[n++].iov_len = CU_HDR - it->done;
+        }
+        if (it->dlen) {
+            size_t d = it->done > CU_HDR ? it->done - CU_HDR : 0;
+
+            iov[n].iov_base = (void *)(uintptr_t)(it->data + d);
+            iov[n++].iov_len = it->dlen - d;
+        }
+        memset(&mh, 0, sizeof(mh));
+        mh.msg_iov = iov;
+        mh.msg_iovlen = (size_t)n;
+        w = sendmsg(ss->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0)
+            return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR
+                       ? 0
+                       : -1;
+        it->done += (size_t)w;
+        if (it->done < CU_HDR + it->dlen)
+            return 0;
+        ss->head = it->next;
+        if (!ss->head)
+            ss->tail = NULL;
+        ss->nq--;
+        item_free(it);
+    }
+    return 0;
+}
+
+/* Under mu: a new joiner's connection. */
+static void serve_accept(struct train_serve *sv)
+{
+    int fd = accept4(sv->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC),
+        one = 1;
+    struct cu_sess *ss = NULL;
+    struct cu_item *it;
+
+    if (fd < 0)
+        return;
+    for (int i = 0; i < CU_SESS && !ss; i++)
+        if (sv->s[i].state == S_FREE)
+            ss = &sv->s[i];
+    if (!ss || !sv->valid) {
+        close(fd);
+        return;
+    }
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    memset(ss, 0, sizeof(*ss));
+    ss->fd = fd;
+    ss->state = S_HELLO;
+    ss->since = mesh_now_s();
+    if (RAND_bytes(ss->nonce, sizeof(ss->nonce)) != 1) {
+        sess_close(ss);
+        return;
+    }
+    it = item_new(K_HELLO, sv->me);
+    if (!it) {
+        sess_close(ss);
+        return;
+    }
+    mesh_put_le64(it->hdr + 8, sv->epoch);
+    mesh_put_le64(it->hdr + 16, sv->members);
+    mesh_put_le64(it->hdr + 24, sv->at_valid ? sv->at : 0);
+    memcpy(it->hdr + 32, ss->nonce, 16);
+    mesh_put_le64(it->hdr + 48, sv->nparams);
+    push(ss, it);
+}
+
+/* Under mu: bytes from a joiner (its AUTH, or EOF). */
+static void sess_read(struct train_serve *sv, struct cu_sess *ss)
+{
+    uint8_t junk[256];
+    ssize_t r;
+
+    if (ss->state == S_HELLO) {
+        r = recv(ss->fd, ss->in + ss->inlen, CU_HDR - ss->inlen, MSG_DONTWAIT);
+        if (r > 0) {
+            ss->inlen += (size_t)r;
+            if (ss->inlen == CU_HDR)
+                sess_auth(sv, ss);
+            return;
+        }
+    } else {
+        /* nothing more is expected: anything else ends it */
+        r = recv(ss->fd, junk, sizeof(junk), MSG_DONTWAIT);
+        if (r > 0) {
+            sess_close(ss);
+            return;
+        }
+    }
+    if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        sess_close(ss);
+}
+
+/* Under mu, released while hashing: the SHA-256 of a buffer a session
+ * will send next. */
+static void serve_hash(struct train_serve *sv)
+{
+    for (int i = 0; i < CU_SESS; i++) {
+        struct cu_item *it = sv->s[i].head;
+        struct cu_blob *b;
+        uint8_t d[32];
+        int rc;
+
+        if (sv->s[i].state == S_FREE || !it || !it->blob || it->blob->hashed ||
+            it->blob->hashing)
+            continue;
+        b = it->blob;
+        b->refs++;
+        b->hashing = 1;
+        pthread_mutex_unlock(&sv->mu);
+        rc = mesh_ckpt_sha256(b->b, b->n, d);
+        pthread_mutex_lock(&sv->mu);
+        b->hashing = 0;
+        if (rc == 0) {
+            memcpy(b->digest, d, 32);
+            b->hashed = 1;
+        }
+        blob_unref(b);
+        return; /* the sessions may have changed meanwhile */
+    }
+}
+
+static void *serve_main(void *arg)
+{
+    struct train_serve *sv = arg;
+
+    pthread_mutex_lock(&sv->mu);
+    while (!sv->stop) {
+        struct pollfd pf[2 + CU_SESS];
+        int at[CU_SESS], np = 0;
+        double now = mesh_now_s();
+        char buf[64];
+
+        serve_hash(sv);
+        pf[np].fd = sv->pipe[0];
+        pf[np++].events = POLLIN;
+        pf[np].fd = sv->lfd;
+        pf[np++].events = POLLIN;
+        for (int i = 0; i < CU_SESS; i++) {
+            struct cu_sess *ss = &sv->s[i];
+
+            at[i] = -1;
+            if (ss->state == S_FREE)
+                continue;
+            /* a joiner silent before its AUTH, or one that does not
+             * read what we drain, is given up */
+            if ((ss->state == S_HELLO && now - ss->since > 10) ||
+                (ss->state == S_DRAIN && now - ss->since > 30)) {
+                sess_close(ss);
+                continue;
+            }
+            if (ss->state == S_DRAIN && !ss->head && !ss->shut) {
+                (void)shutdown(ss->fd, SHUT_WR); /* then wait for its EOF */
+                ss->shut = 1;
+            }
+            at[i] = np;
+            pf[np].fd = ss->fd;
+            pf[np++].events =
+                (short)(POLLIN |
+                        (ss->head && (!ss->head->blob || ss->head->blob->hashed)
+                             ? POLLOUT
+                             : 0));
+        }
+        pthread_mutex_unlock(&sv->mu);
+        (void)poll(pf, (nfds_t)np, 100);
+        pthread_mutex_lock(&sv->mu);
+        if (pf[0].revents)
+            while (read(sv->pipe[0], buf, sizeof(buf)) > 0)
+                ;
+        if (pf[1].revents & POLLIN)
+            serve_accept(sv);
+        for (int i = 0; i < CU_SESS; i++) {
+            struct cu_sess *ss = &sv->s[i];
+            short re;
+
+            if (at[i] < 0 || ss->state == S_FREE || ss->fd != pf[at[i]].fd)
+                continue;
+            re = pf[at[i]].revents;
+            if (re & (POLLIN | POLLHUP | POLLERR))
+                sess_read(sv, ss);
+            if (ss->state != S_FREE && (re & POLLOUT) && sess_send(ss) < 0)
+                sess_close(ss);
+        }
+    }
+    for (int i = 0; i < CU_SESS; i++)
+        if (sv->s[i].state != S_FREE)
+            sess_close(&sv->s[i]);
+    pthread_mutex_unlock(&sv->mu);
+    return NULL;
+}
+
+int train_serve_start(struct trainer *t)
+{
+    struct train_serve *sv;
+    struct sockaddr_storage ss;
+    socklen_t len;
+    int rc, one = 1;
+
+    if (!t->el || t->sim || !t->host_slabs || t->mo->world.size < 2 ||
+        getenv("MESHTRAIN_NO_CATCHUP"))
+        return 0;
+    sv = calloc(1, sizeof(*sv));
+    if (!sv)
+        return mesh_err(-ENOMEM, "out of memory");
+    sv->lfd = sv->pipe[0] = sv->pipe[1] = -1;
+    for (int i = 0; i < CU_SESS; i++)
+        sv->s[i].fd = -1;
+    sv->me = t->mo->world.rank;
+    sv->nslots = t->mo->world.size;
+    sv->nparams = t->nparams;
+    if (t->mo->topts.secret) {
+        if (t->mo->topts.secret_len > sizeof(sv->key)) {
+            free(sv);
+            return mesh_err(-EINVAL, "catch-up: the secret is too long");
+        }
+        memcpy(sv->key, t->mo->topts.secret, t->mo->topts.secret_len);
+        sv->keylen = t->mo->topts.secret_len;
+    }
+    rc = mesh_elastic_addr(t->el, sv->me, &ss, &len);
+    if (rc == 0) {
+        /* our slot's host, a port of the system's choice */
+        if (ss.ss_family == AF_INET)
+            ((struct sockaddr_in *)&ss)->sin_port = 0;
+        else
+            ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
+        sv->lfd =
+            socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (sv->lfd < 0)
+            rc = mesh_err_errno("catch-up: socket");
+    }
+    if (rc == 0)
+        (void)setsockopt(sv->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (rc == 0 && (bind(sv->lfd, (struct sockaddr *)&ss, len) < 0 ||
+                    listen(sv->lfd, CU_SESS) < 0))
+        rc = mesh_err_errno("catch-up: cannot listen on a side port");
+    if (rc == 0 && getsockname(sv->lfd, (struct sockaddr *)&ss, &len) < 0)
+        rc = mesh_err_errno("catch-up: getsockname");
+    if (rc == 0 && pipe2(sv->pipe, O_NONBLOCK | O_CLOEXEC) < 0)
+        rc = mesh_err_errno("catch-up: pipe");
+    if (rc == 0) {
+        pthread_mutex_init(&sv->mu, NULL);
+        rc = -pthread_create(&sv->th, NULL, serve_main, sv);
+        if (rc < 0)
+            pthread_mutex_destroy(&sv->mu);
+    }
+    if (rc < 0) {
+        if (sv->lfd >= 0)
+            close(sv->lfd);
+        if (sv->pipe[0] >= 0) {
+            close(sv->pipe[0]);
+            close(sv->pipe[1]);
+        }
+        free(sv);
+        return rc;
+    }
+    sv->running = 1;
+    t->serve = sv;
+    mesh_elastic_set_side(t->el,
+                          ntohs(ss.ss_family == AF_INET
+                                    ? ((struct sockaddr_in *)&ss)->sin_port
+                                    : ((struct sockaddr_in6 *)&ss)->sin6_port));
+    return 0;
+}
+
+void train_serve_stop(struct trainer *t)
+{
+    struct train_serve *sv = t->serve;
+
+    if (!sv)
+        return;
+    if (t->el)
+        mesh_elastic_set_side(t->el, 0);
+    pthread_mutex_lock(&sv->mu);
+    sv->stop = 1;
+    pthread_mutex_unlock(&sv->mu);
+    wake_serve(sv);
+    pthread_join(sv->th, NULL);
+    pthread_mutex_destroy(&sv->mu);
+    close(sv->lfd);
+    close(sv->pipe[0]);
+    close(sv->pipe[1]);
+    OPENSSL_cleanse(sv->key, sizeof(sv->key));
+    free(sv);
+    t->serve = NULL;
+}
+
+void train_serve_view(struct trainer *t, int valid)
+{
+    struct train_serve *sv = t->serve;
+
+    if (!sv)
+        return;
+    pthread_mutex_lock(&sv->mu);
+    if (valid) {
+        sv->epoch = t->view_epoch;
+        sv->members = t->members;
+        sv->rank = t->rank;
+        sv->size = t->size;
+        sv->at_valid = 0;
+        sv->valid = 1;
+    } else {
+        /* the view is changing: what is queued still goes out (the
+         * joiner it admits needs it), nothing more */
+        sv->valid = 0;
+        for (int i = 0; i < CU_SESS; i++)
+            if (sv->s[i].state != S_FREE && sv->s[i].state != S_DRAIN) {
+                sv->s[i].state = S_DRAIN;
+                sv->s[i].since = mesh_now_s();
+            }
+    }
+    pthread_mutex_unlock(&sv->mu);
+    wake_serve(sv);
+}
+
+void train_serve_boundary(struct trainer *t, uint64_t step)
+{
+    struct train_serve *sv = t->serve;
+    struct cu_blob *b = NULL;
+    int need = 0;
+
+    if (!sv)
+        return;
+    pthread_mutex_lock(&sv->mu);
+    sv->at = step;
+    sv->at_valid = 1;
+    for (int i = 0; i < CU_SESS; i++) {
+        struct cu_sess *ss = &sv->s[i];
+
+        if (ss->state == S_PINNED && ss->pin < step)
+            sess_end(sv, ss, K_LATE, step);
+        else if (ss->state == S_PINNED && ss->pin == step)
+            need = 1;
+    }
+    pthread_mutex_unlock(&sv->mu);
+    if (!need)
+        return;
+    /* the weights and momentum of the snapshot just taken, identical on
+     * every member; hashed by the thread */
+    b = calloc(1, sizeof(*b));
+    if (b) {
+        b->n = blob_bytes(t->nparams);
+        b->b = malloc(b->n);
+    }
+    if (!b || !b->b) {
+        free(b);
+        return; /* the joiner's catch-up fails; it is admitted as before */
+    }
+    b->refs = 1;
+    b->step = step;
+    memset(b->b, 0, CU_BLOB);
+    mesh_put_le32(b->b, CU_MAGIC_B);
+    mesh_put_le32(b->b + 4, CU_VERSION);
+    mesh_put_le64(b->b + 8, step);
+    mesh_put_le64(b->b + 16, t->nparams);
+    /* the live weights and momentum are the snapshot's until the step's
+     * update (host slabs; snap_take may keep them lazily) */
+    memcpy(b->b + CU_BLOB, mesh_nn_model_params(t->model), t->nparams * 4);
+    memcpy(b->b + CU_BLOB + t->nparams * 4, mesh_nn_sgd_momentum(t->sgd),
+           t->nparams * 4);
+    pthread_mutex_lock(&sv->mu);
+    for (int i = 0; i < CU_SESS; i++) {
+        struct cu_sess *ss = &sv->s[i];
+        struct cu_item *it;
+        size_t lo, hi;
+
+        if (ss->state != S_PINNED || ss->pin != step)
+            continue;
+        it = item_new(K_SNAP, sv->me);
+        if (!it) {
+            sess_close(ss);
+            continue;
+        }
+        lo = b->n * (size_t)sv->rank / (size_t)sv->size;
+        hi = b->n * (size_t)(sv->rank + 1) / (size_t)sv->size;
+        mesh_put_le64(it->hdr + 8, step);
+        mesh_put_le64(it->hdr + 16, b->n);
+        mesh_put_le64(it->hdr + 24, lo);
+        mesh_put_le64(it->hdr + 32, hi - lo);
+        it->blob = b;
+        b->refs++;
+        it->data = b->b + lo;
+        it->dlen = hi - lo;
+        push(ss, it);
+        ss->state = S_STREAM;
+        ss->next = step;
+    }
+    blob_unref(b);
+    pthread_mutex_unlock(&sv->mu);
+    wake_serve(sv);
+}
+
+void train_serve_grad(struct trainer *t, uint64_t step, float lr)
+{
+    struct train_serve *sv = t->serve;
+    const float *g;
+    size_t lo, hi;
+    int any = 0;
+
+    if (!sv)
+        return;
+    g = mesh_nn_model_grads(t->model);
+    pthread_mutex_lock(&sv->mu);
+    lo = sv->nparams * (size_t)sv->rank / (size_t)sv->size;
+    hi = sv->nparams * (size_t)(sv->rank + 1) / (size_t)sv->size;
+    for (int i = 0; i < CU_SESS; i++) {
+        struct cu_sess *ss = &sv->s[i];
+        struct cu_item *it;
+
+        if (ss->state != S_STREAM)
+            continue;
+        if (ss->nq >= CU_QUEUE || ss->next != step) {
+            mesh_info("catch-up: slot %d is %d records behind; dropped (it "
+                      "will get the whole state when admitted)",
+                      ss->slot, ss->nq);
+            sess_close(ss);
+            continue;
+        }
+        it = item_new(K_GRAD, sv->me);
+        if (it)
+            it->own = malloc((hi - lo) * 4 + 1);
+        if (!it || !it->own) {
+            if (it)
+                item_free(it);
+            sess_close(ss);
+            continue;
+        }
+        memcpy(it->own, g + lo, (hi - lo) * 4);
+        mesh_put_le64(it->hdr + 8, step);
+        memcpy(it->hdr + 16, &lr, 4);
+        mesh_put_le64(it->hdr + 24, lo);
+        mesh_put_le64(it->hdr + 32, hi - lo);
+        it->data = it->own;
+        it->dlen = (hi - lo) * 4;
+        push(ss, it);
+        ss->next = step + 1;
+        any = 1;
+    }
+    pthread_mutex_unlock(&sv->mu);
+    if (any)
+        wake_serve(sv);
+}
+
+/* ---- the joiner's side --------------------------------------------------- */
+
+struct cu_peer {
+    int fd, slot, eof;
+    uint64_t at; /* its last boundary, from HELLO */
+    uint8_t nonce[16];
+    uint8_t hdr[CU_HDR];
+    size_t hlen;
+    uint8_t *dst; /* the current record's payload goes here */
+    size_t left;
+    int kind, snap_done;
+    uint64_t rstep; /* the current GRAD record's step */
+    uint64_t next;  /* the GRAD step expected next */
+    uint8_t digest[32];
+};
+
+struct train_catchup {
+    struct trainer *t;
+    pthread_t th;
+    int running;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop, result; /* 1 caught up to target, -1 given up */
+    uint64_t target;  /* the step the admitting view restarts from */
+
+    uint64_t epoch, members;
+    int k;
+    struct cu_peer p[MESH_ELASTIC_MAX_SLOTS];
+    uint64_t x; /* the snapshot's step */
+    uint8_t *blob;
+    size_t n, got;
+    int loaded;
+    uint64_t applied; /* the model holds the state before this step */
+    uint64_t maxseen; /* a GRAD record of this step has come */
+    float *g[CU_RING];
+    uint64_t gstep[CU_RING];
+    int gparts[CU_RING];
+    float glr[CU_RING];
+    double t0, t_snap, t_end;
+    uint64_t steps;
+};
+
+static void cu_close(struct train_catchup *cu)
+{
+    for (int i = 0; i < cu->k; i++)
+        if (cu->p[i].fd >= 0) {
+            close(cu->p[i].fd);
+            cu->p[i].fd = -1;
+        }
+    cu->k = 0;
+}
+
+/* Blocking send of a header (the socket is non-blocking: poll). */
+static int send_all_fd(int fd, const uint8_t *b, size_t n, double until)
+{
+    while (n) {
+        ssize_t w = send(fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+
+        if (w > 0) {
+            b += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return -1;
+        if (mesh_now_s() > until || poll(&pf, 1, 50) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Connect to every member of the view and read its HELLO. */
+static int cu_connect(struct train_catchup *cu, const uint16_t *ports)
+{
+    struct trainer *t = cu->t;
+    double until = mesh_now_s() + 3;
+    int i = 0, rc = 0;
+
+    for (int s = 0; s < MESH_ELASTIC_MAX_SLOTS && rc == 0; s++) {
+        struct sockaddr_storage ss;
+        socklen_t len;
+        struct cu_peer *p;
+        int one = 1;
+
+        if (!(cu->members >> s & 1))
+            continue;
+        p = &cu->p[i++];
+        memset(p, 0, sizeof(*p));
+        p->slot = s;
+        p->fd = -1;
+        cu->k = i;
+        if (mesh_elastic_addr(t->el, s, &ss, &len) < 0)
+            return -1;
+        if (ss.ss_family == AF_INET)
+            ((struct sockaddr_in *)&ss)->sin_port = htons(ports[s]);
+        else
+            ((struct sockaddr_in6 *)&ss)->sin6_port = htons(ports[s]);
+        p->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (p->fd < 0 || connect(p->fd, (struct sockaddr *)&ss, len) < 0)
+            return -1;
+        (void)setsockopt(p->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        (void)fcntl(p->fd, F_SETFL, fcntl(p->fd, F_GETFL) | O_NONBLOCK);
+    }
+    /* every HELLO */
+    for (i = 0; i < cu->k; i++) {
+        struct cu_peer *p = &cu->p[i];
+
+        while (p->hlen < CU_HDR) {
+            struct pollfd pf = {.fd = p->fd, .events = POLLIN};
+            ssize_t r =
+                recv(p->fd, p->hdr + p->hlen, CU_HDR - p->hlen, MSG_DONTWAIT);
+
+            if (r > 0) {
+                p->hlen += (size_t)r;
+                continue;
+            }
+            if (r == 0 ||
+                (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+                return -1;
+            if (mesh_now_s() > until || poll(&pf, 1, 50) < 0)
+                return -1;
+        }
+        p->hlen = 0;
+        if (mesh_get_le32(p->hdr) != CU_MAGIC || p->hdr[4] != CU_VERSION ||
+            p->hdr[5] != K_HELLO || mesh_get_le16(p->hdr + 6) != p->slot ||
+            mesh_get_le64(p->hdr + 8) != cu->epoch ||
+            mesh_get_le64(p->hdr + 16) != cu->members ||
+            mesh_get_le64(p->hdr + 48) != t->nparams)
+            return -1; /* the view moved on, or another model */
+        p->at = mesh_get_le64(p->hdr + 24);
+        memcpy(p->nonce, p->hdr + 32, 16);
+    }
+    return 0;
+}
+
+static int cu_auth(struct train_catchup *cu, uint64_t x)
+{
+    const struct mesh_opts *mo = cu->t->mo;
+
+    for (int i = 0; i < cu->k; i++) {
+        struct cu_peer *p = &cu->p[i];
+        uint8_t h[CU_HDR];
+
+        hdr_init(h, K_AUTH, mo->world.rank);
+        mesh_put_le64(h + 8, cu->epoch);
+        mesh_put_le64(h + 16, x);
+        mesh_put_le32(h + 24, (uint32_t)i);
+        mesh_put_le32(h + 28, (uint32_t)cu->k);
+        mesh_put_le64(h + 32, cu->t->nparams);
+        if (auth_mac(mo->topts.secret,
+                     mo->topts.secret ? mo->topts.secret_len : 0, h, p->nonce,
+                     h + 64) < 0 ||
+            send_all_fd(p->fd, h, CU_HDR, mesh_now_s() + 3) < 0)
+            return -1;
+        p->next = x;
+    }
+    return 0;
+}
+
+/* Under mu: apply the gradients held, up to the target (or, without
+ * one, those a later step's record proves committed). */
+static int cu_apply(struct train_catchup *cu)
+{
+    struct trainer *t = cu->t;
+
+    while (cu->loaded) {
+        int r = (int)(cu->applied % CU_RING), rc;
+        uint64_t lim = cu->target != UINT64_MAX ? cu->target : cu->maxseen;
+
+        if (cu->applied >= lim || cu->gstep[r] != cu->applied ||
+            cu->gparts[r] != cu->k)
+            break;
+        memcpy(mesh_nn_model_grads(t->model), cu->g[r], t->nparams * 4);
+        mesh_nn_sgd_set_steps(t->sgd, (int64_t)cu->applied);
+        rc = mesh_nn_sgd_step(t->sgd, cu->glr[r]);
+        if (rc < 0)
+            return rc;
+        cu->gstep[r] = UINT64_MAX;
+        cu->applied++;
+        cu->steps++;
+        if (cu->steps == 1)
+            mesh_elastic_join_hold(t->el, 0); /* caught up: admit us */
+    }
+    return 0;
+}
+
+/* The snapshot is complete: check and load it. */
+static int cu_load(struct train_catchup *cu)
+{
+    struct trainer *t = cu->t;
+    uint8_t d[32];
+
+    for (int i = 1; i < cu->k; i++)
+        if (memcmp(cu->p[i].digest, cu->p[0].digest, 32) != 0) {
+            mesh_info("catch-up: slots %d and %d offer different snapshots",
+                      cu->p[0].slot, cu->p[i].slot);
+            return -1;
+        }
+    if (mesh_ckpt_sha256(cu->blob, cu->n, d) < 0 ||
+        memcmp(d, cu->p[0].digest, 32) != 0) {
+        mesh_info("catch-up: the snapshot received does not hash to the "
+                  "SHA-256 the members offered");
+        return -1;
+    }
+    if (mesh_get_le32(cu->blob) != CU_MAGIC_B ||
+        mesh_get_le32(cu->blob + 4) != CU_VERSION ||
+        mesh_get_le64(cu->blob + 8) != cu->x ||
+        mesh_get_le64(cu->blob + 16) != t->nparams)
+        return -1;
+    memcpy(mesh_nn_model_params(t->model), cu->blob + CU_BLOB, t->nparams * 4);
+    memcpy(mesh_nn_sgd_momentum(t->sgd), cu->blob + CU_BLOB + t->nparams * 4,
+           t->nparams * 4);
+    cu->loaded = 1;
+    cu->t_snap = mesh_now_s() - cu->t0;
+    return 0;
+}
+
+/*
+ * Under mu: a record's header from p is complete: check it and say where
+ * its payload goes. 1: wait (its step has no room yet), 0 go on, -1 the
+ * catch-up fails, -2 boundary X had passed (LATE).
+ */
+static int cu_header(struct train_catchup *cu, struct cu_peer *p)
+{
+    const uint8_t *h = p->hdr;
+    size_t np = cu->t->nparams;
+
+    if (mesh_get_le32(h) != CU_MAGIC || h[4] != CU_VERSION ||
+        mesh_get_le16(h + 6) != p->slot)
+        return -1;
+    p->kind = h[5];
+    if (p->kind == K_LATE)
+        return -2;
+    if (p->kind == K_REFUSE)
+        return -3;
+    if (p->kind == K_SNAP) {
+        uint64_t n = mesh_get_le64(h + 16), off = mesh_get_le64(h + 24),
+                 len = mesh_get_le64(h + 32);
+        int i = (int)(p - cu->p);
+
+        if (p->snap_done || mesh_get_le64(h + 8) != cu->x || n != cu->n ||
+            off != cu->n * (size_t)i / (size_t)cu->k ||
+            off + len != cu->n * (size_t)(i + 1) / (size_t)cu->k)
+            return -1;
+        memcpy(p->digest, h + 40, 32);
+        p->dst = cu->blob + off;
+        p->left = len;
+        return 0;
+    }
+    if (p->kind == K_GRAD) {
+        uint64_t k = mesh_get_le64(h + 8), off = mesh_get_le64(h + 24),
+                 cnt = mesh_get_le64(h + 32);
+        int i = (int)(p - cu->p), r;
+        float lr;
+
+        memcpy(&lr, h + 16, 4);
+        if (!p->snap_done || k != p->next || !isfinite(lr) ||
+            off != np * (size_t)i / (size_t)cu->k ||
+            off + cnt != np * (size_t)(i + 1) / (size_t)cu->k)
+            return -1;
+        if (k > cu->maxseen || cu->maxseen == UINT64_MAX)
+            cu->maxseen = k;
+        if (k >= cu->applied + CU_RING)
+            return 1; /* no room yet: it waits in the socket */
+        r = (int)(k % CU_RING);
+        if (cu->gstep[r] != k) {
+            cu->gstep[r] = k;
+            cu->gparts[r] = 0;
+            cu->glr[r] = lr;
+        } else if (memcmp(&cu->glr[r], &lr, 4) != 0) {
+            return -1; /* the members disagree on the step's rate */
+        }
+        p->rstep = k;
+        p->dst = (uint8_t *)(cu->g[r] + off);
+        p->left = cnt * 4;
+        return 0;
+    }
+    return -1; /* REFUSE, or anything else */
+}
+
+/* Under mu: a record's payload from p is complete. */
+static int cu_record_done(struct train_catchup *cu, struct cu_peer *p)
+{
+    p->hlen = 0;
+    p->dst = NULL;
+    if (p->kind == K_SNAP) {
+        int all = 1;
+
+        p->snap_done = 1;
+        for (int i = 0; i < cu->k; i++)
+            all &= cu->p[i].snap_done;
+        if (all && cu_load(cu) < 0)
+            return -1;
+        return 0;
+    }
+    cu->gparts[p->rstep % CU_RING]++;
+    p->next = p->rstep + 1;
+    return 0;
+}
+
+/*
+ * One try: connect, pin a boundary margin steps ahead, receive and apply
+ * until the target is reached. 1 done, 0 try again (*margin grown), -1
+ * give up.
+ */
+static int cu_why(int line, int rc)
+{
+    mesh_debug("catch-up: try ends (%d) at line %d", rc, line);
+    return rc;
+}
+
+static int cu_try(struct train_catchup *cu, uint64_t *margin)
+{
+    struct trainer *t = cu->t;
+    uint16_t ports[MESH_ELASTIC_MAX_SLOTS];
+    double until = mesh_now_s() + 3, eof_at = 0;
+    uint64_t x = 0;
+    int rc;
+
+    /* every member of the view the running members report, with a port */
+    while (mesh_elastic_side_view(t->el, &cu->epoch, &cu->members, ports) < 0) {
+        if (mesh_now_s() > until || cu->stop || cu->target != UINT64_MAX)
+            return cu_why(__LINE__, -1);
+        pthread_mutex_unlock(&cu->mu);
+        usleep(20000);
+        pthread_mutex_lock(&cu->mu);
+    }
+    pthread_mutex_unlock(&cu->mu);
+    rc = cu_connect(cu, ports);
+    for (int i = 0; i < cu->k && rc == 0; i++)
+        x = MESH_MAX(x, cu->p[i].at);
+    x += *margin;
+    if (rc == 0)
+        rc = cu_auth(cu, x);
+    if (rc < 0)
+        usleep(200000); /* a view forming or changing: try again */
+    pthread_mutex_lock(&cu->mu);
+    if (rc < 0)
+        return cu_why(__LINE__, 0);
+    cu->x = x;
+    cu->applied = x;
+    cu->maxseen = x;
+    cu->loaded = 0;
+    cu->got = 0;
+    for (int r = 0; r < CU_RING; r++)
+        cu->gstep[r] = UINT64_MAX;
+    until = mesh_now_s() +
+            MESH_MAX(10.0, t->mo->topts.join_timeout_s / 2); /* to catch up */
+    while (!cu->stop) {
+        struct pollfd pf[MESH_ELASTIC_MAX_SLOTS];
+        int ix[MESH_ELASTIC_MAX_SLOTS], np = 0, open = 0;
+        double now = mesh_now_s();
+
+        if (cu_apply(cu) < 0)
+            return cu_why(__LINE__, -1);
+        if (cu->target != UINT64_MAX) {
+            if (cu->loaded && cu->applied == cu->target)
+                return 1;
+            if (cu->target < cu->x || (cu->loaded && cu->applied > cu->target))
+                return cu_why(__LINE__, -1);
+        }
+        if (!cu->steps && now > until)
+            return cu_why(__LINE__,
+                          -1); /* not caught up in time: admitted as before */
+        for (int i = 0; i < cu->k; i++) {
+            struct cu_peer *p = &cu->p[i];
+
+            if (p->eof)
+                continue;
+            open++;
+            /* a GRAD record waiting for room stays in the socket */
+            if (p->hlen == CU_HDR && !p->dst)
+                continue;
+            ix[np] = i;
+            pf[np].fd = p->fd;
+            pf[np++].events = POLLIN;
+        }
+        if (open < cu->k) {
+            /* a member closed: the view changed. Only the view change
+             * that admits us may end it; else give up soon */
+            if (!eof_at)
+                eof_at = now;
+            if (cu->target == UINT64_MAX && now - eof_at > 3)
+                return cu_why(__LINE__, -1);
+            if (cu->target != UINT64_MAX && open == 0)
+                return cu_why(__LINE__, -1);
+        }
+        pthread_mutex_unlock(&cu->mu);
+        (void)poll(pf, (nfds_t)np, 50);
+        pthread_mutex_lock(&cu->mu);
+        for (int j = 0; j < np; j++) {
+            struct cu_peer *p = &cu->p[ix[j]];
+            ssize_t r;
+
+            if (!(pf[j].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            if (p->hlen < CU_HDR)
+                r = recv(p->fd, p->hdr + p->hlen, CU_HDR - p->hlen,
+                         MSG_DONTWAIT);
+            else
+                r = recv(p->fd, p->dst, p->left, MSG_DONTWAIT);
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                           errno != EINTR)) {
+                p->eof = 1;
+                continue;
+            }
+            if (r < 0)
+                continue;
+            if (p->hlen < CU_HDR) {
+                p->hlen += (size_t)r;
+                if (p->hlen < CU_HDR)
+                    continue;
+                rc = cu_header(cu, p);
+                if (rc == -2 || rc == -3) {
+                    /* X had passed, or the view changed meanwhile */
+                    if (rc == -2)
+                        *margin *= 2;
+                    return cu_why(__LINE__, 0);
+                }
+                if (rc < 0) {
+                    mesh_info("catch-up: slot %d sent a record out of place "
+                              "(kind %d)",
+                              p->slot, p->kind);
+                    return cu_why(__LINE__, -1);
+                }
+                if (rc == 1)
+                    continue;
+            } else {
+                p->dst += r;
+                p->left -= (size_t)r;
+                if (p->kind == K_SNAP)
+                    cu->got += (size_t)r;
+            }
+            if (p->left == 0 && cu_record_done(cu, p) < 0)
+                return cu_why(__LINE__, -1);
+        }
+        /* headers that waited for room (after cu_apply's next round) */
+        if (cu_apply(cu) < 0)
+            return cu_why(__LINE__, -1);
+        for (int i = 0; i < cu->k; i++) {
+            struct cu_peer *p = &cu->p[i];
+
+            if (p->hlen == CU_HDR && !p->dst && !p->eof && p->kind == K_GRAD) {
+                rc = cu_header(cu, p);
+                if (rc < 0)
+                    return cu_why(__LINE__, -1);
+                if (rc == 0 && p->left == 0 && cu_record_done(cu, p) < 0)
+                    return cu_why(__LINE__, -1);
+            }
+        }
+    }
+    return cu_why(__LINE__, -1);
+}
+
+static void *cu_main(void *arg)
+{
+    struct train_catchup *cu = arg;
+    uint64_t margin = 1;
+    int rc = 0;
+
+    pthread_mutex_lock(&cu->mu);
+    for (int i = 0;
+         i < CU_TRIES && rc == 0 && !cu->stop && cu->target == UINT64_MAX;
+         i++) {
+        rc = cu_try(cu, &margin);
+        cu_close(cu);
+    }
+    cu->result = rc == 1 ? 1 : -1;
+    cu->t_end = mesh_now_s() - cu->t0;
+    if (cu->result < 0) {
+        mesh_info("catch-up did not complete: this peer asks to be admitted "
+                  "and receives the whole state in the view change");
+        mesh_elastic_join_hold(cu->t->el, 0);
+    }
+    pthread_cond_broadcast(&cu->cv);
+    pthread_mutex_unlock(&cu->mu);
+    return NULL;
+}
+
+int train_catchup_start(struct trainer *t)
+{
+    struct train_catchup *cu;
+    int rc;
+
+    t->cu_step = UINT64_MAX;
+    if (!t->el || t->sim || !t->host_slabs || getenv("MESHTRAIN_NO_CATCHUP"))
+        return 0;
+    cu = calloc(1, sizeof(*cu));
+    if (!cu)
+        return mesh_err(-ENOMEM, "out of memory");
+    cu->t = t;
+    cu->target = UINT64_MAX;
+    cu->n = blob_bytes(t->nparams);
+    cu->blob = malloc(cu->n);
+    for (int r = 0; r < CU_RING; r++) {
+        cu->g[r] = malloc(t->nparams * 4 + 4);
+        cu->gstep[r] = UINT64_MAX;
+    }
+    for (int i = 0; i < MESH_ELASTIC_MAX_SLOTS; i++)
+        cu->p[i].fd = -1;
+    rc = cu->blob && cu->g[CU_RING - 1] && cu->g[0] && cu->g[1] && cu->g[2]
+             ? 0
+             : mesh_err(-ENOMEM, "out of memory");
+    if (rc == 0) {
+        pthread_condattr_t ca;
+
+        pthread_mutex_init(&cu->mu, NULL);
+        /* mesh_cond_sleep's deadlines are CLOCK_MONOTONIC's */
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&cu->cv, &ca);
+        pthread_condattr_destroy(&ca);
+        cu->t0 = mesh_now_s();
+        mesh_elastic_join_hold(t->el, 1);
+        rc = -pthread_create(&cu->th, NULL, cu_main, cu);
+        if (rc < 0) {
+            mesh_elastic_join_hold(t->el, 0);
+            pthread_cond_destroy(&cu->cv);
+            pthread_mutex_destroy(&cu->mu);
+        }
+    }
+    if (rc < 0) {
+        free(cu->blob);
+        for (int r = 0; r < CU_RING; r++)
+            free(cu->g[r]);
+        free(cu);
+        return rc;
+    }
+    cu->running = 1;
+    t->cu = cu;
+    return 0;
+}
+
+void train_catchup_stop(struct trainer *t)
+{
+    struct train_catchup *cu = t->cu;
+
+    if (!cu)
+        return;
+    pthread_mutex_lock(&cu->mu);
+    cu->stop = 1;
+    pthread_mutex_unlock(&cu->mu);
+    pthread_join(cu->th, NULL);
+    pthread_cond_destroy(&cu->cv);
+    pthread_mutex_destroy(&cu->mu);
+    free(cu->blob);
+    for (int r = 0; r < CU_RING; r++)
+        free(cu->g[r]);
+    free(cu);
+    t->cu = NULL;
+}
+
+int train_catchup_finish(struct trainer *t, uint64_t step)
+{
+    struct train_catchup *cu = t->cu;
+    uint64_t deadline = mesh_now_ns() + (uint64_t)(10 * 1e9);
+    int ok, rc = 0;
+
+    t->cu_step = UINT64_MAX;
+    if (!cu)
+        return 0;
+    pthread_mutex_lock(&cu->mu);
+    cu->target = step;
+    while (!cu->result && rc == 0)
+        rc = mesh_cond_sleep(&cu->cv, &cu->mu, deadline);
+    ok = cu->result == 1 && cu->loaded && cu->applied == step;
+    if (ok)
+        mesh_info("caught up in the background: a snapshot of step %" PRIu64
+                  " (%zu bytes) in %.3f s, then %" PRIu64 " step(s) "
+                  "replayed; state of step %" PRIu64 " after %.3f s",
+                  cu->x, cu->n, cu->t_snap, cu->steps, step, cu->t_end);
+    t->cu_snap_step = ok ? cu->x : UINT64_MAX;
+    t->cu_replayed = ok ? cu->steps : 0;
+    t->cu_secs = ok ? cu->t_end : 0;
+    pthread_mutex_unlock(&cu->mu);
+    train_catchup_stop(t);
+    if (ok)
+        t->cu_step = step;
+    return ok;
+}
