@@ -177,7 +177,8 @@ peer() {
 # job NAME: start every slot's peer; their pids in $PIDS.
 job() {
     PIDS=""
-    rm -f "$OUT/$1".p*.log "$OUT"/pid.* "$OUT"/faulted.*
+    rm -f "$OUT/$1".p*.log "$OUT/$1.metrics" "$OUT"/pid.* \
+        "$OUT"/faulted.*
     r=0
     while [ $r -lt "$SLOTS" ]; do
         peer "$1" $r
@@ -342,10 +343,10 @@ if phase chaos; then
     wait
 fi
 
-python3 - "$OUT" "$ITERS" "$PT" "$DURATION" "$FLOOR_ALGO" <<'EOF' |
+python3 - "$OUT" "$ITERS" "$PT" "$DURATION" "$FLOOR_ALGO" "$SLOTS" <<'EOF' |
 import glob, json, re, sys
 out, iters, pt = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-duration, floor_algo = float(sys.argv[4]), sys.argv[5]
+duration, floor_algo, slots = float(sys.argv[4]), sys.argv[5], sys.argv[6]
 
 def run(name):
     t0, t1 = map(float, open("%s/%s.time" % (out, name)).read().split())
@@ -477,6 +478,48 @@ for kind, rs in sorted(rec.items()):
         print("recovery %-4s %-16s: n=%d median %.3f s, worst %.3f s "
               "(goal <= %.1f s)" % (kind, what, len(v), v[len(v) // 2],
                                    v[-1], goal))
+# where the chaos run's time went: each interval between two steps (by
+# rank 0's record times) against the fault-free run's median interval;
+# an interval holding a view change is a fault's (someone left) or a
+# join's, one of a smaller view degraded, the rest full
+def intervals(steps):
+    w = sorted(x["wall"] for x in steps)
+    return [b - a for a, b in zip(w, w[1:])]
+
+base_src = fsteps if fsteps else csteps
+iv = sorted(intervals(base_src))
+base = iv[len(iv) // 2]
+cs = sorted(csteps, key=lambda x: x["wall"])
+cls = {}
+for a, b in zip(cs, cs[1:]):
+    vs = [v for v in cviews if a["wall"] < v["wall"] <= b["wall"]]
+    if vs:
+        k = "fault" if any(v["left"] for v in vs) else "join"
+    elif b["peers"] < int(slots):
+        k = "degraded"
+    else:
+        k = "full"
+    c = cls.setdefault(k, [0, 0.0, 0.0])
+    c[0] += 1
+    c[1] += b["wall"] - a["wall"]
+    c[2] += b["wall"] - a["wall"] - base
+head = cs[0]["wall"] - c0
+tail = c1 - cs[-1]["wall"]
+if fsteps:
+    fs = sorted(x["wall"] for x in fsteps)
+    fhead, ftail = fs[0] - f0, f1 - fs[-1]
+else:
+    fhead = ftail = float("nan")
+print("time of the chaos run (%.1f s; the fault-free step interval %.2f ms):"
+      % (c1 - c0, 1e3 * base))
+print("  start to first step %.1f s (fault-free %.1f s), last step to the "
+      "end %.1f s (fault-free %.1f s)" % (head, fhead, tail, ftail))
+for k in ("fault", "join", "degraded", "full"):
+    if k in cls:
+        n, tot, ex = cls[k]
+        print("  %-8s intervals: %6d, %7.1f s, %+7.1f s over the fault-free "
+              "rate (%.1f %% of the run)" % (k, n, tot, ex,
+                                             100 * ex / (c1 - c0)))
 print("digest mismatches: %d (fault-free %d)" % (cmis, fmis))
 if facc is not None and cacc is not None:
     print("accuracy: %.2f %% vs %.2f %% fault-free (%+.2f points)"
