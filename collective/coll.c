@@ -998,8 +998,10 @@ static int cmp_size(const void *a, const void *b)
 #define MEAS_BUDGET_S    20.0       /* formation's timing, about */
 #define MEAS_RUNS_SMALL  7          /* runs per size below 1 MiB */
 #define MEAS_RUNS_BIG    3          /* from 1 MiB */
-#define MEAS_RUNS_MAX    (2 * MEAS_RUNS_SMALL)
-#define MEAS_CLOSE       1.15 /* contenders: this near the fastest */
+#define MEAS_BLOCKS      4 /* the first runs, then up to 3 blocks more */
+#define MEAS_RUNS_MAX    (MEAS_BLOCKS * MEAS_RUNS_SMALL)
+/* contenders after block b: this near the fastest (b = 1..3) */
+static const float meas_close[MEAS_BLOCKS] = {0, 1.15f, 1.08f, 1.04f};
 
 /*
  * The sizes to time, in increasing order, distinct, multiples of 4
@@ -1115,10 +1117,11 @@ static void least(const int *live, int nauto, double (*t)[MEAS_RUNS_MAX],
 
 /*
  * The contenders of a size from its agreed times v (us): the live
- * algorithms within MEAS_CLOSE of the fastest, into close[]; returns how
- * many.
+ * algorithms within a factor near of the fastest, into close[]; returns
+ * how many.
  */
-static int contenders(const int *live, int nauto, const float *v, int *close)
+static int contenders(const int *live, int nauto, const float *v, float near,
+                      int *close)
 {
     float best = 0;
     int n = 0;
@@ -1127,7 +1130,7 @@ static int contenders(const int *live, int nauto, const float *v, int *close)
         if (live[a] && v[a] > 0 && (best <= 0 || v[a] < best))
             best = v[a];
     for (int a = 0; a < nauto; a++) {
-        close[a] = live[a] && v[a] > 0 && v[a] <= MEAS_CLOSE * best;
+        close[a] = live[a] && v[a] > 0 && v[a] <= near * best;
         n += close[a];
     }
     return n;
@@ -1234,16 +1237,25 @@ static int agree(mesh_coll_t *c)
         if (rc == 0)
             rc = agree_times(c, live, nauto, t, runs, start, v);
         /*
-         * The algorithms within MEAS_CLOSE of the fastest run as many
-         * times again, and their least times over all runs are agreed anew:
-         * where the choice is close, noise has the most say.
+         * The algorithms within 15 % of the fastest run as many times
+         * again, and their least times over all their runs are agreed
+         * anew; then those within 8 %, then 4 %, while the budget lasts:
+         * where the choice is close, noise has the most say, and each
+         * block spends its runs on fewer candidates. Every rank holds the
+         * same agreed times, so all take the same blocks.
          */
-        if (rc == 0 && contenders(live, nauto, v + HEAD, close) > 1 &&
-            v[2] < MEAS_BUDGET_S) {
-            rc =
-                time_point(c, ids, close, nauto, pts[k], buf, t, runs, runs, 0);
+        memcpy(close, live, sizeof(close));
+        for (int b = 1; rc == 0 && b < MEAS_BLOCKS && v[2] < MEAS_BUDGET_S;
+             b++) {
+            int prev[MESH_ALGO_LAST + 1];
+
+            memcpy(prev, close, sizeof(prev));
+            if (contenders(prev, nauto, v + HEAD, meas_close[b], close) < 2)
+                break;
+            rc = time_point(c, ids, close, nauto, pts[k], buf, t, b * runs,
+                            runs, 0);
             if (rc == 0)
-                rc = agree_times(c, close, nauto, t, 2 * runs, start, w);
+                rc = agree_times(c, close, nauto, t, (b + 1) * runs, start, w);
             for (int a = 0; rc == 0 && a < nauto; a++)
                 if (close[a])
                     v[HEAD + a] = w[HEAD + a];

@@ -113,9 +113,10 @@ struct mesh_coll_opts {
      * time) is averaged over the ranks before anything is decided from
      * it, so every rank takes the same choices; those within 15 % of the
      * fastest then run as many times again, and their least times are
-     * agreed anew. An algorithm whose scratch memory would exceed twice
-     * the message plus 8 MiB is not timed (nor chosen) at that size and
-     * above; sizes that would take the measurement past about 20 s in
+     * agreed anew, then those within 8 %, then 4 % (up to 4 blocks of
+     * runs, while the budget lasts). An algorithm whose scratch memory would
+     * exceed twice the message plus 8 MiB is not timed (nor chosen) at that
+     * size and above; sizes that would take the measurement past about 20 s in
      * all are not timed either. AUTO then takes, for each size, the
      * algorithm of least time on the line through the measured sizes
      * around it (beyond the largest, on the last two). NULL / 0: only 32
