@@ -44,7 +44,10 @@
 #         fixed algorithm it chooses from, taking turns run by run in one
 #         run, so that load from elsewhere hits them alike; auto's time
 #         over the best fixed one's per size goes to DIR/auto_vs_fixed.csv
-#         and the worst ratio per setting and N is printed at the end
+#         and the worst ratio per setting and N is printed at the end;
+#         with --repeat R also, per size, the median ratio over the
+#         repetitions with its spread, and the median of chosen/best
+#         (the fixed run of auto's algorithm over the best fixed one)
 #   mem   bench/mem_limit.py: memcpy and a float32 sum y += x, 1 and 2
 #         processes, the machine's memory-bandwidth limit (loopback only)
 # SIZES: "MIN:MAX:FACTOR" (default 4K:256M:4) or a list "4K,64M" (one run
@@ -62,7 +65,8 @@
 #   DIR/collectives.csv  setting,np,system,size,time_us,algbw,busbw,wrong,
 #                        rep
 #   DIR/auto_vs_fixed.csv  setting,np,size,auto_algo,auto_us,best_algo,
-#                        best_us,ratio,rep (autovs)
+#                        best_us,ratio,rep,chosen_us (autovs; chosen_us:
+#                        the fixed run of the algorithm auto ran)
 #   DIR/tcp_limit.csv    setting,np,ring_link_GBps,ring_min_GBps,
 #                        bidir_dir_GBps,single_GBps,ping_rtt_us,limit_GBps,
 #                        rep
@@ -172,7 +176,8 @@ echo "setting,np,system,size,time_us,algbw,busbw,wrong,rep" >"$csv"
 echo "setting,np,system,sizes,busy_pct,user_pct,steal_pct,steal_max_pct,rep" \
     >"$ccsv"
 vcsv="$outdir/auto_vs_fixed.csv"
-echo "setting,np,size,auto_algo,auto_us,best_algo,best_us,ratio,rep" >"$vcsv"
+echo "setting,np,size,auto_algo,auto_us,best_algo,best_us,ratio,rep,$(
+    )chosen_us" >"$vcsv"
 echo "setting,np,ring_link_GBps,ring_min_GBps,bidir_dir_GBps,single_GBps,$(
     )ping_rtt_us,limit_GBps,rep" >"$lcsv"
 tmp=$(mktemp -d /tmp/collectives.XXXXXX) || exit 1
@@ -370,10 +375,12 @@ measure_vs() {
         $1 == "#" && $2 == "size" && $3 == "algo" && $4 == "auto" {
             hdr = NF; for (i = 5; i <= NF - 2; i++) name[i - 1] = $i; next }
         hdr && NF == hdr - 1 && $1 ~ /^[0-9]+$/ {
-            bt = ""
-            for (i = 4; i <= NF - 2; i++) if (name[i] == $(NF - 1)) bt = $i
-            printf "%s,%s,%s,%s,%s,%s,%s,%s,%s\n", s, n, $1, $2, $3,
-                   $(NF - 1), bt, $NF, r }' "$log")
+            bt = ""; ct = ""
+            for (i = 4; i <= NF - 2; i++) {
+                if (name[i] == $(NF - 1)) bt = $i
+                if (name[i] == $2) ct = $i }
+            printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", s, n, $1, $2, $3,
+                   $(NF - 1), bt, $NF, r, ct }' "$log")
     if [ -z "$_rows" ] || [ $_rc -ne 0 ]; then
         bl_log "meshbench --vs-fixed ($rname, N=$rnp) failed (exit $_rc):" \
                "see $log"
@@ -464,6 +471,41 @@ if [ "$(wc -l <"$vcsv")" -gt 1 ]; then
                       at[k] = $3 " B (" $4 " vs " $6 ")" } }
              END { for (k in w) printf "  %-34s worst %.3f at %s\n", k,
                    w[k], at[k] }' "$vcsv" | sort
+fi
+# With --repeat R: per size, the median over the repetitions of auto/best
+# (its spread, least..most), and of chosen/best, the fixed run of the
+# algorithm auto ran over the best fixed one (1 where auto chose the best:
+# the choice, without auto's own run's noise); per setting and N the
+# worst median.
+if [ "$repeat" -gt 1 ] && [ "$(wc -l <"$vcsv")" -gt 1 ]; then
+    echo "over the $repeat repetitions, per size: median auto/best" \
+         "(least..most), median chosen/best, auto's algorithms:"
+    awk -F, '
+    function med(s,   a, n, i, j, x) {
+        n = split(s, a, " ")
+        for (i = 2; i <= n; i++) {
+            x = a[i] + 0
+            for (j = i - 1; j >= 1 && a[j] + 0 > x; j--) a[j + 1] = a[j]
+            a[j + 1] = x }
+        lo = a[1]; hi = a[n]
+        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+    NR > 1 && $8 > 0 {
+        k = $1 " N=" $2 " " sprintf("%10d", $3)
+        r[k] = r[k] " " $8
+        if ($10 > 0 && $7 > 0) c[k] = c[k] " " $10 / $7
+        if (index("," al[k] ",", "," $4 ",") == 0)
+            al[k] = al[k] (al[k] == "" ? "" : ",") $4 }
+    END {
+        for (k in r) {
+            m = med(r[k]); l = lo; h = hi
+            cm = c[k] == "" ? 0 : med(c[k])
+            printf "  %-44s %.3f (%.3f..%.3f)  chosen %.3f  %s\n", k, m,
+                   l, h, cm, al[k]
+            split(k, kk, " "); g = kk[1] " " kk[2]
+            if (m > wm[g]) { wm[g] = m; wat[g] = kk[3] } }
+        for (g in wm)
+            printf "  %-30s worst median auto/best %.3f at %s B\n", g,
+                   wm[g], wat[g] }' "$vcsv" | sort
 fi
 [ "$(wc -l <"$csv")" -gt 1 ] || exit $status
 /usr/bin/python3 "$bl_srcdir/bench/report_collectives.py" "$csv" "$lcsv" \

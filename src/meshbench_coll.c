@@ -424,9 +424,10 @@ static int cmp_double(const void *a, const void *b)
  * (the same on every rank), so that noise from elsewhere hits all of them
  * alike and none always runs after the same one (which warms its caches).
  * One warmup round (with -t, timed to size the rest), then the timed
- * rounds; each time is the slowest rank's median (a burst of load from
- * elsewhere moves a mean by more than the 3 % asked of auto), into
- * us[0..nalgo).
+ * rounds; each time is the slowest rank's least (load from elsewhere only
+ * adds time, and on a shared machine a burst of it moves a median by more
+ * than the 3 % asked of auto; formation's timing takes the least too),
+ * into us[0..nalgo).
  */
 #define VS_ITERS_MAX 100000.0
 static int measure_vs(struct ctx *x, size_t cnt, const int *ids, int nalgo,
@@ -485,7 +486,7 @@ static int measure_vs(struct ctx *x, size_t cnt, const int *ids, int nalgo,
         if (!fits[j])
             continue;
         qsort(tj, (size_t)iters, sizeof(*tj), cmp_double);
-        mine = (float)(tj[iters / 2] * 1e6);
+        mine = (float)(tj[0] * 1e6);
         rc = mesh_coll_allgather(x->c, &mine, x->times, 1, MESH_DT_F32);
         for (int r = 0; rc == 0 && r < x->n; r++)
             us[j] = MESH_MAX(us[j], (double)x->times[r]);
@@ -506,7 +507,7 @@ static int run_vs(struct ctx *x, uint64_t *wrong_all)
     if (x->rank == 0) {
         printf("#\n# allreduce, auto against each fixed algorithm it "
                "chooses from, taking turns run by run, out of place, %d "
-               "ranks, type %s\n# time: the slowest rank's median (us); "
+               "ranks, type %s\n# time: the slowest rank's least (us); "
                "auto/best: auto's time over the best fixed one's\n",
                x->n, type_name(a->dtype));
         printf("# %10s %6s %10s", "size", "algo", "auto");
