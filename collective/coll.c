@@ -996,12 +996,26 @@ static int cmp_size(const void *a, const void *b)
 /* Formation's measurement bounds (see mesh_coll_opts.measure_sizes). */
 #define MEAS_SCRATCH_PAD (8u << 20) /* scratch beyond 2 x the message */
 #define MEAS_BUDGET_S    20.0       /* formation's timing, about */
-#define MEAS_RUNS_SMALL  7          /* runs per size below 1 MiB */
+#define MEAS_RUNS_TINY   31         /* runs per size below 64 KiB */
+#define MEAS_RUNS_SMALL  7          /* below 1 MiB */
 #define MEAS_RUNS_BIG    3          /* from 1 MiB */
 #define MEAS_BLOCKS      4 /* the first runs, then up to 3 blocks more */
-#define MEAS_RUNS_MAX    (MEAS_BLOCKS * MEAS_RUNS_SMALL)
+#define MEAS_RUNS_MAX    (MEAS_BLOCKS * MEAS_RUNS_TINY)
 /* contenders after block b: this near the fastest (b = 1..3) */
 static const float meas_close[MEAS_BLOCKS] = {0, 1.15f, 1.08f, 1.04f};
+
+/*
+ * Runs per algorithm and block at a size: many where a run takes tens of
+ * us (on loopback with 4 ranks, the least of 7 runs at 4 and 16 KiB was
+ * 3 to 6 times what the same algorithms took in meshbench's sweep right
+ * after), few where it takes ms.
+ */
+static int meas_runs(size_t bytes)
+{
+    return bytes < ((size_t)64 << 10)  ? MEAS_RUNS_TINY
+           : bytes < ((size_t)1 << 20) ? MEAS_RUNS_SMALL
+                                       : MEAS_RUNS_BIG;
+}
 
 /*
  * The sizes to time, in increasing order, distinct, multiples of 4
@@ -1149,7 +1163,7 @@ static double plan_live(mesh_coll_t *c, const int *ids, int nauto, int k,
 {
     const struct mesh_coll_model *m = &c->model;
     size_t bytes = m->point_bytes[k];
-    int runs = bytes < ((size_t)1 << 20) ? MEAS_RUNS_SMALL : MEAS_RUNS_BIG;
+    int runs = meas_runs(bytes);
     double total = 0;
 
     for (int a = 0; a < nauto; a++) {
@@ -1232,7 +1246,7 @@ static int agree(mesh_coll_t *c)
         m->point_bytes[k] = pts[k];
         if (k > 0 && spent + plan_live(c, ids, nauto, k, live) > MEAS_BUDGET_S)
             break; /* larger sizes: on the last two's line */
-        runs = pts[k] < ((size_t)1 << 20) ? MEAS_RUNS_SMALL : MEAS_RUNS_BIG;
+        runs = meas_runs(pts[k]);
         rc = time_point(c, ids, live, nauto, pts[k], buf, t, 0, runs, 1);
         if (rc == 0)
             rc = agree_times(c, live, nauto, t, runs, start, v);
