@@ -81,6 +81,11 @@ struct mesh_nn_model_cfg {
     int width;              /* conv1 channels, stage k has width << k (and
                                x4 in bottlenecks); default (0) 64 as
                                torchvision; smaller for fast small models */
+    int no_init;            /* skip the initialisation (the slabs stay as
+                               allocated): the caller loads the weights and
+                               statistics (an --elastic joiner receives
+                               them; ResNet-50's 25 M normals take about
+                               a second to draw) */
 };
 
 /* Fill in cfg's defaults where a field is 0 (see above). */
@@ -119,7 +124,8 @@ typedef int (*mesh_nn_resnet_visit_fn)(void *arg,
 int mesh_nn_resnet_walk(const struct mesh_nn_model_cfg *cfg,
                         mesh_nn_resnet_visit_fn visit, void *arg, int *feat);
 
-/* Build the model and initialise it as torchvision does, from cfg->seed. */
+/* Build the model and initialise it as torchvision does, from cfg->seed
+ * (unless cfg->no_init). */
 int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
                          const struct mesh_nn_model_cfg *cfg,
                          struct mesh_nn_model **out);

@@ -552,7 +552,7 @@ int mesh_nn_model_create(struct mesh_nn_ctx *ctx,
                            (void **)&m->buffers);
     if (rc == 0)
         rc = each_bn(m, alloc_save);
-    if (rc == 0)
+    if (rc == 0 && !m->cfg.no_init)
         rc = init_weights(m);
     if (rc < 0)
         goto fail;

@@ -700,8 +700,12 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
         dev.precision = c->precision;
         rc = mesh_nn_ctx_open_opts(c->device, &dev, &t->ctx);
     }
-    if (rc == 0)
-        rc = mesh_nn_model_create(t->ctx, &t->mcfg, &t->model);
+    if (rc == 0) {
+        struct mesh_nn_model_cfg mc = t->mcfg;
+
+        mc.no_init = t->joiner; /* it receives the state (train/xfer.c) */
+        rc = mesh_nn_model_create(t->ctx, &mc, &t->model);
+    }
     if (rc == 0) {
         t->nparams = mesh_nn_model_num_params(t->model);
         rc = train_init_apply(t);
