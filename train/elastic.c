@@ -112,6 +112,7 @@ struct mesh_elastic {
     int join_heard, refused;
     uint64_t answered; /* slots that answered our join request */
     double refused_at; /* our last refusal sent */
+    double decided_at; /* when the last decision was adopted */
     const struct mesh_world *world;
     char refused_by[MESH_HOST_MAX + 16];
     uint64_t my_step;      /* frozen on leaving */
@@ -288,6 +289,7 @@ static void adopt(struct mesh_elastic *e, const struct decision *d)
     e->joins &= ~d->members;
     e->adds = 0;
     e->decided = 1;
+    e->decided_at = mesh_now_s();
     pthread_cond_broadcast(&e->cv);
 }
 
@@ -890,6 +892,7 @@ int mesh_elastic_agree(struct mesh_elastic *e, double timeout_s,
         out->left = e->last.prev & ~e->members;
         out->prev = e->last.prev;
         out->needy = e->last.needy & e->members;
+        out->decided_s = e->decided_at;
     }
     pthread_mutex_unlock(&e->mu);
     return rc;

@@ -49,12 +49,13 @@ struct mesh_elastic; /* opaque */
 struct mesh_elastic_view {
     uint64_t epoch;
     uint64_t members;
-    int size;       /* members */
-    uint64_t step;  /* every member restarts from this step's snapshot */
-    uint64_t left;  /* members of the previous view not in this one */
-    uint64_t prev;  /* the previous view's members */
-    uint64_t needy; /* members that hold no state (joiners): the others
-                       send it to them (train/xfer.c) */
+    int size;         /* members */
+    uint64_t step;    /* every member restarts from this step's snapshot */
+    uint64_t left;    /* members of the previous view not in this one */
+    uint64_t prev;    /* the previous view's members */
+    uint64_t needy;   /* members that hold no state (joiners): the others
+                         send it to them (train/xfer.c) */
+    double decided_s; /* mesh_now_s() when this peer learned the view */
 };
 
 struct mesh_elastic_opts {

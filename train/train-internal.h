@@ -18,6 +18,19 @@
 #include "train/timeline.h"
 #include "train/train.h"
 
+/* A joiner's start-up, logged after its first step (join_first_step). */
+enum train_join_mark {
+    TRAIN_JM_RUN,    /* train_run entered: exec, libraries, flags */
+    TRAIN_JM_INPUT,  /* data opened, configuration built */
+    TRAIN_JM_ANSWER, /* a running member answered the JOIN */
+    TRAIN_JM_MODEL,  /* model built */
+    TRAIN_JM_ADMIT,  /* the view that admits it decided */
+    TRAIN_JM_MESH,   /* its mesh and communicator formed */
+    TRAIN_JM_STATE,  /* the state received and checked */
+    TRAIN_JM_BEGIN,  /* its first step begun */
+    TRAIN_JM_N
+};
+
 struct trainer {
     const struct train_cfg *c;
     struct mesh *mesh;
@@ -108,9 +121,11 @@ struct trainer {
     double cu_secs;
     double join_xfer_s;
     uint64_t join_bytes, join_view;
-    char join_sent[256]; /* bytes from each sender */
-    char pending[512];   /* the last step's metrics line, written once a
-                            later step's all-reduce proves it committed */
+    char join_sent[256];          /* bytes from each sender */
+    double join_mark[TRAIN_JM_N]; /* a joiner's start-up: mesh_now_s()
+                                     at each mark, 0 before */
+    char pending[512]; /* the last step's metrics line, written once a
+                          later step's all-reduce proves it committed */
     uint64_t pending_step;
     char wall[48];       /* wall_field's text */
     char snap_field[48]; /* snap_field's text */

@@ -1615,6 +1615,8 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
     if (v->members & ~v->prev)
         t->join_at = UINT64_MAX; /* the test aid's joiner came (even if its
                                     transfer fails) */
+    if (needy)
+        t->join_mark[TRAIN_JM_ADMIT] = v->decided_s;
     if (!needy) {
         rc = snap_restore(t, v->step);
         if (rc < 0)
@@ -1645,6 +1647,8 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
             return rc;
     }
     mesh_elastic_formed(t->el); /* every member joined it */
+    if (needy)
+        t->join_mark[TRAIN_JM_MESH] = mesh_now_s();
     if (v->needy) {
         /* the joiners get the state of the step the view restarts from */
         rc = train_xfer_run(t, v, &st);
@@ -1653,6 +1657,8 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
         if (rc < 0)
             return rc;
         join_report(t, v, &st, needy);
+        if (needy)
+            t->join_mark[TRAIN_JM_STATE] = mesh_now_s();
     }
     t->unformed = 0;
     rc = gradsync_open(t);
@@ -1855,12 +1861,32 @@ static double process_age(const struct trainer *t)
  */
 static void join_first_step(struct trainer *t, uint64_t done)
 {
+    static const char *const names[TRAIN_JM_N] = {
+        [TRAIN_JM_RUN] = "main",        [TRAIN_JM_INPUT] = "input",
+        [TRAIN_JM_ANSWER] = "answered", [TRAIN_JM_MODEL] = "model",
+        [TRAIN_JM_ADMIT] = "admitted",  [TRAIN_JM_MESH] = "mesh",
+        [TRAIN_JM_STATE] = "state",     [TRAIN_JM_BEGIN] = "first step",
+    };
+    double now = mesh_now_s(), age = process_age(t);
+    char marks[400];
+    size_t n = 0;
+
     fprintf(stderr,
             "meshtrain: slot %d joined view %" PRIu64 ": step %" PRIu64
             " done %.3f s after start; state %" PRIu64 " bytes received "
             "in %.3f s (%s)\n",
-            t->mo->world.rank, t->join_view, done, process_age(t),
-            t->join_bytes, t->join_xfer_s, t->join_sent);
+            t->mo->world.rank, t->join_view, done, age, t->join_bytes,
+            t->join_xfer_s, t->join_sent);
+    /* where the join time went (bench/join.sh): each mark in seconds
+     * since the process started */
+    marks[0] = '\0';
+    for (int i = 0; i < TRAIN_JM_N && n + 40 < sizeof(marks); i++)
+        if (t->join_mark[i] > 0)
+            n += (size_t)snprintf(marks + n, sizeof(marks) - n, "%s%s %.3f",
+                                  n ? ", " : "", names[i],
+                                  age - (now - t->join_mark[i]));
+    fprintf(stderr, "meshtrain: slot %d's join, s after start: %s, done %.3f\n",
+            t->mo->world.rank, marks, age);
     t->join_view = 0;
 }
 
@@ -1960,6 +1986,8 @@ static int train_loop(struct trainer *t, uint64_t start, int *code)
             rc = 0;
         }
         if (rc == 0) {
+            if (t->join_view && !t->join_mark[TRAIN_JM_BEGIN])
+                t->join_mark[TRAIN_JM_BEGIN] = mesh_now_s();
             train_fault(t, TRAIN_FAULT_BETWEEN);
             samples_note(t, step);
             rc = train_step(t, &one, &loss, &valid);
@@ -2199,6 +2227,7 @@ static int elastic_probe(struct trainer *t)
         return MESH_EXIT_USAGE;
     }
     if (rc == 1) {
+        t->join_mark[TRAIN_JM_ANSWER] = mesh_now_s();
         t->joiner = 1;
         t->unformed = 1;
         mesh_info("a job is running: joining it at its next step boundary");
@@ -2218,6 +2247,7 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
     rc = bind_cpus(t, mo);
     if (rc == 0)
         rc = open_input(t, mo);
+    t->join_mark[TRAIN_JM_INPUT] = mesh_now_s();
     if (rc == 0)
         rc = elastic_open(t, mo);
     if (rc < 0)
@@ -2251,6 +2281,7 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
         rc = train_serve_start(t);
     if (rc < 0)
         return fail(t, MESH_EXIT_USAGE, rc);
+    t->join_mark[TRAIN_JM_MODEL] = mesh_now_s();
     if (t->mesh && !t->unformed)
         train_serve_view(t, 1);
     if (t->unformed)
@@ -2499,6 +2530,7 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     t.rank = mo->world.rank;
     t.size = mo->world.size;
     t.t0 = mesh_now_s();
+    t.join_mark[TRAIN_JM_RUN] = t.t0;
     t.tty = isatty(STDOUT_FILENO);
 
     t.slots = t.size * c->accumulate;
