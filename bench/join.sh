@@ -14,13 +14,18 @@
 # weights and momentum, plus BN statistics) at a small --image-size
 # (default 32) with batch 1, so that steps stay short on a small machine.
 #
-# Reported per K, from the joiner's line ("slot 7 joined view V: step S
-# done J s after start; state N bytes received in T s (slot 0: B, ...)"):
-#   join time J (from the start of the run to its first step done),
+# Reported per K, from the joiner's lines ("slot 7 joined view V: step S
+# done J s after start; state N bytes received in T s (slot 0: B, ...)"
+# and "slot 7's join, s after start: main .., input .., answered ..,
+# model .., admitted .., mesh .., state .., first step B, done J"):
+#   join time J (from the start of the process to its first step done)
+#   and B (to its first step begun: it holds the state and is a member),
 #   transfer time T and the bytes from each sender,
 #   the bounds N / R (one link) and N / (K x R) (K senders' shaped
-#   uplinks; the joiner's own ingress is not shaped), and J over N / R
-#   (the issue's goal: <= 1.2 for ResNet-50).
+#   uplinks; the joiner's own ingress is not shaped), J and B over N / R
+#   (the issue's goal: <= 1.2 for ResNet-50), the wait from the JOIN's
+#   answer to the decision that admits it (the members' next step
+#   boundary and their agreement), and every stage's moment.
 # Writes DIR/summary.txt and the logs (default DIR=bench-join-out).
 # Take the bench lock (/tmp/bench.d) around timed runs on shared machines.
 set -u
@@ -94,8 +99,9 @@ peer() {
     echo "bench/join.sh: $SLOTS hosts, egress $RATE each, $MODEL width" \
         "$WIDTH at ${SIZE}x$SIZE; slot 7 joins 7 training peers"
     echo "load: $(uptime)"
-    printf '%-8s %12s %10s %10s %10s %12s %8s  %s\n' senders state_B \
-        join_s xfer_s "N/R_s" "N/(KR)_s" "J/(N/R)" "bytes per sender"
+    printf '%-8s %12s %8s %8s %8s %8s %8s %8s %8s  %s\n' senders state_B \
+        join_s begun_s xfer_s "N/R_s" "N/(KR)_s" "J/(N/R)" "B/(N/R)" \
+        "bytes per sender"
 } | tee "$OUT/summary.txt"
 for K in $SENDERS; do
     PIDS=""
@@ -129,15 +135,26 @@ for K in $SENDERS; do
             tee -a "$OUT/summary.txt"
         continue
     fi
-    echo "$line" | awk -v k="$K" -v bps="$BPS" '{
+    marks=$(sed -n "s/.*slot 7's join, s after start: //p" "$OUT/k$K.p7.log")
+    echo "$line" | awk -v k="$K" -v bps="$BPS" -v marks="$marks" '{
         for (i = 1; i <= NF; i++) {
             if ($i == "after") j = $(i - 2)
             if ($i == "state") n = $(i + 1)
             if ($i == "in" && $(i + 2) == "s") x = $(i + 1)
         }
         per = $0; sub(/.*s \(/, "", per); sub(/\)$/, "", per)
+        m = split(marks, f, /, /)
+        for (i = 1; i <= m; i++) {
+            v = f[i]; sub(/.* /, "", v); name = f[i]; sub(/ [^ ]*$/, "", name)
+            t[name] = v
+        }
+        b = t["first step"]
         b1 = n * 8 / bps
-        printf "%-8d %12d %10.3f %10.3f %10.3f %12.3f %8.2f  %s\n",
-            k, n, j, x, b1, b1 / k, j / b1, per
+        printf "%-8d %12d %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %8.2f  %s\n",
+            k, n, j, b, x, b1, b1 / k, j / b1, b / b1, per
+        printf "         stages (s after start): %s\n", marks
+        printf "         wait for admission (answered to admitted): %.3f s;" \
+            " admitted to first step begun: %.3f s; first step: %.3f s\n",
+            t["admitted"] - t["answered"], b - t["admitted"], j - b
     }' | tee -a "$OUT/summary.txt"
 done
