@@ -1391,6 +1391,16 @@ static int child_shm_segment(struct ctx *cx, char *msg, size_t len)
         snprintf(msg, len, "rank %d: no shared segment after the join", me);
         return -1;
     }
+    /* MESHTRAIN_SHM_CMA=0 or 1 (scenario_shm): the path it asked for */
+    if (getenv("MESHTRAIN_SHM_CMA") &&
+        (mesh_shm_one_copy(cx->t, nb[0]) !=
+             (getenv("MESHTRAIN_SHM_CMA")[0] == '1') ||
+         mesh_shm_one_copy(cx->t, nb[1]) !=
+             (getenv("MESHTRAIN_SHM_CMA")[0] == '1'))) {
+        snprintf(msg, len, "rank %d: MESHTRAIN_SHM_CMA=%s not followed", me,
+                 getenv("MESHTRAIN_SHM_CMA"));
+        return -1;
+    }
     for (int op = 0; op < 300; op++) {
         size_t sz = ssz[op % 3];
         mesh_req_t *rr[2], *sr[2];
@@ -1473,19 +1483,30 @@ static void dev_shm_list(char *out, size_t len)
 static void scenario_shm(void)
 {
     struct world_cfg c = wcfg(3, 1);
-    uint16_t base = pick_ports(3);
+    uint16_t base;
     char before[4096], after[4096];
     struct run R;
 
-    if (!scenario_start(&R, "shm segment", 3, NULL, &c, base, child_shm_segment,
-                        "shmseg"))
-        return;
-    run_finish(&R, 60);
-    report_children(&R, "shm segment");
-    ok(all_ok(&R),
-       "shm: 3 ranks, 300 back-to-back operations each way, inline and by "
-       "address; after close no segment mapped, no descriptor left");
-    run_cleanup(&R);
+    /* Large messages by address (one copy), then through the slots (two
+     * copies): the join's probe picks one, each path is run here. */
+    for (int cma = 1; cma >= 0; cma--) {
+        setenv("MESHTRAIN_SHM_CMA", cma ? "1" : "0", 1);
+        base = pick_ports(3);
+        if (!scenario_start(&R, "shm segment", 3, NULL, &c, base,
+                            child_shm_segment, "shmseg")) {
+            unsetenv("MESHTRAIN_SHM_CMA");
+            return;
+        }
+        run_finish(&R, 60);
+        report_children(&R, "shm segment");
+        ok(all_ok(&R),
+           "shm: 3 ranks, 300 back-to-back operations each way, inline and "
+           "%s; after close no segment mapped, no descriptor left",
+           cma ? "by address (MESHTRAIN_SHM_CMA=1)"
+               : "through the slots (MESHTRAIN_SHM_CMA=0)");
+        run_cleanup(&R);
+    }
+    unsetenv("MESHTRAIN_SHM_CMA");
 
     /* SIGKILL of every rank: nothing of the job outlives it. */
     dev_shm_list(before, sizeof(before));

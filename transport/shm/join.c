@@ -28,8 +28,18 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-/* What a peer reads in our memory to prove it may (process_vm_readv). */
+/* What a peer reads in our memory to prove it may (process_vm_readv): the
+ * first bytes of the probe buffer, whose whole length it then times. */
 static const char cma_probe[16] = "meshtrain-cma-ok";
+#define SHM_PROBE_BYTES (256u << 10)
+#define SHM_PROBE_RUNS  5
+
+/* What a peer's probe found (the SHM_TAG_CMA byte). */
+enum shm_cma_verdict {
+    CMA_NO = 0,     /* the kernel refuses process_vm_readv */
+    CMA_YES = 1,    /* one copy by process_vm_readv */
+    CMA_SLOWER = 2, /* permitted, but two copies through the slots win */
+};
 
 /* ---- identity ------------------------------------------------------------ */
 
@@ -56,7 +66,8 @@ static void read_id(const char *path, char *out, size_t len)
     fclose(f);
 }
 
-static void info_self(struct mesh_transport *t, struct shm_info *in)
+static void info_self(struct mesh_transport *t, struct shm_info *in,
+                      const char *probe)
 {
     struct stat st;
     const char *th = getenv("MESHTRAIN_SHM_TEST_HOST");
@@ -68,7 +79,7 @@ static void info_self(struct mesh_transport *t, struct shm_info *in)
         in->ns_dev = (uint64_t)st.st_dev;
         in->ns_ino = (uint64_t)st.st_ino;
     }
-    in->probe = (uint64_t)(uintptr_t)cma_probe;
+    in->probe = (uint64_t)(uintptr_t)probe;
     read_id("/etc/machine-id", in->machine, sizeof(in->machine));
     if (!in->machine[0])
         read_id("/var/lib/dbus/machine-id", in->machine, sizeof(in->machine));
@@ -406,6 +417,82 @@ static int cma_probe_ok(pid_t pid, uint64_t addr)
     return memcmp(got, cma_probe, sizeof(got)) ? -EFAULT : 0;
 }
 
+/*
+ * The least time, in ns, of SHM_PROBE_RUNS reads of the peer's whole probe
+ * buffer by process_vm_readv (one copy), and of two memcpy of as many
+ * bytes here (what the slots cost: into a slot, out of it); 0 for the
+ * first where a read fell short.
+ */
+static void cma_probe_time(pid_t pid, uint64_t addr, char *buf,
+                           uint64_t *cma_ns, uint64_t *copy_ns)
+{
+    char *a = buf, *b = buf + SHM_PROBE_BYTES;
+
+    *cma_ns = *copy_ns = UINT64_MAX;
+    for (int i = 0; i < SHM_PROBE_RUNS; i++) {
+        struct iovec l = {.iov_base = a, .iov_len = SHM_PROBE_BYTES};
+        struct iovec r = {.iov_base = (void *)(uintptr_t)addr,
+                          .iov_len = SHM_PROBE_BYTES};
+        uint64_t t0 = mesh_now_ns(), t1, t2;
+
+        if (process_vm_readv(pid, &l, 1, &r, 1, 0) !=
+            (ssize_t)SHM_PROBE_BYTES) {
+            *cma_ns = 0;
+            return;
+        }
+        t1 = mesh_now_ns();
+        memcpy(b, a, SHM_PROBE_BYTES);
+        __asm__ volatile("" : : "r"(b) : "memory");
+        memcpy(a, b, SHM_PROBE_BYTES);
+        __asm__ volatile("" : : "r"(a) : "memory");
+        t2 = mesh_now_ns();
+        *cma_ns = MESH_MIN(*cma_ns, t1 - t0);
+        *copy_ns = MESH_MIN(*copy_ns, t2 - t1);
+    }
+}
+
+/*
+ * MESHTRAIN_SHM_CMA: "auto" (default: one copy where the probe finds it
+ * faster than two), "1" (one copy wherever permitted), "0" (never).
+ */
+static int cma_mode(void)
+{
+    const char *e = getenv("MESHTRAIN_SHM_CMA");
+
+    if (!e || !*e || !strcmp(e, "auto"))
+        return -1;
+    if (!strcmp(e, "0") || !strcmp(e, "1"))
+        return e[0] - '0';
+    mesh_warn("shm: MESHTRAIN_SHM_CMA=%s is none of auto, 0, 1: auto", e);
+    return -1;
+}
+
+/* The verdict on reading peer p's memory (CMA_*), logged once per job. */
+static int cma_verdict(struct mesh_transport *t, int p, uint64_t addr,
+                       char *buf, int mode, int *logged)
+{
+    uint64_t cma_ns, copy_ns;
+    int v;
+
+    if (mode == 0 || cma_probe_ok(t->pp[p].pid, addr) < 0)
+        return CMA_NO;
+    if (mode == 1)
+        return CMA_YES;
+    cma_probe_time(t->pp[p].pid, addr, buf, &cma_ns, &copy_ns);
+    if (cma_ns == 0)
+        return CMA_NO;
+    v = cma_ns <= copy_ns ? CMA_YES : CMA_SLOWER;
+    if (!*logged) {
+        *logged = 1;
+        mesh_info("shm: %u KiB from rank %d: process_vm_readv %.1f us, two "
+                  "copies %.1f us: %s",
+                  SHM_PROBE_BYTES >> 10, p, (double)cma_ns / 1e3,
+                  (double)copy_ns / 1e3,
+                  v == CMA_YES ? "one copy" : "two copies through the slots");
+    }
+    return v;
+}
+
 void shm_seg_close(struct mesh_transport *t)
 {
     if (t->seg)
@@ -434,13 +521,18 @@ int shm_join(struct mesh_transport *t)
     uint8_t *out = calloc(SHM_INFO_LEN, 1);
     uint8_t *in = calloc((size_t)n, SHM_INFO_LEN);
     uint8_t *cma_out = calloc((size_t)n, 1), *cma_in = calloc((size_t)n, 1);
+    /* our probe buffer (peers read it), then two for our own timings */
+    char *probe = malloc(3 * (size_t)SHM_PROBE_BYTES);
+    int mode = cma_mode(), logged = 0;
     char nb[300];
 
-    if (!info || !out || !in || !cma_out || !cma_in) {
+    if (!info || !out || !in || !cma_out || !cma_in || !probe) {
         rc = mesh_err(-ENOMEM, "out of memory");
         goto out;
     }
-    info_self(t, &self);
+    memset(probe, 0x5a, 3 * (size_t)SHM_PROBE_BYTES);
+    memcpy(probe, cma_probe, sizeof(cma_probe));
+    info_self(t, &self, probe);
     info_encode(&self, out);
     rc = tp_ctrl_exchange(&t->super, t->inner_ops, t->inner, SHM_CTRL_SEQ,
                           SHM_TAG_INFO, out, 0, in, SHM_INFO_LEN);
@@ -515,10 +607,12 @@ int shm_join(struct mesh_transport *t)
             goto out;
         shm_proc_at(t, t->me)->pid = (uint32_t)getpid();
     }
-    /* Who may read our memory: each rank probes the others'. */
+    /* Who reads our memory: each rank probes the others' (the exchange
+     * returns once every peer has, so the probe buffer may go after it). */
     for (int p = 0; p < n; p++)
         if (p != me && t->pp[p].local >= 0)
-            cma_out[p] = cma_probe_ok(t->pp[p].pid, info[p].probe) == 0;
+            cma_out[p] = (uint8_t)cma_verdict(
+                t, p, info[p].probe, probe + SHM_PROBE_BYTES, mode, &logged);
     rc = tp_ctrl_exchange(&t->super, t->inner_ops, t->inner, SHM_CTRL_SEQ,
                           SHM_TAG_CMA, cma_out, 1, cma_in, 1);
     if (rc < 0)
@@ -533,11 +627,16 @@ log:
                       remote_kind(t));
             continue;
         }
-        t->pp[p].cma = cma_in[p] == 1;
+        t->pp[p].cma = cma_in[p] == CMA_YES;
         if (t->pp[p].cma)
             mesh_info("shm: rank %d (%s) shares this host: shared memory, "
                       "one copy (process_vm_readv) from %u bytes",
                       p, nb, SHM_CMA_MIN);
+        else if (cma_in[p] == CMA_SLOWER)
+            mesh_info("shm: rank %d (%s) shares this host: shared memory, "
+                      "two copies through the slots (its probe found them "
+                      "faster than process_vm_readv)",
+                      p, nb);
         else
             mesh_info("shm: rank %d (%s) shares this host: shared memory, "
                       "two copies through the slots (it may not read this "
@@ -554,5 +653,6 @@ out:
     free(in);
     free(cma_out);
     free(cma_in);
+    free(probe);
     return rc;
 }

@@ -446,6 +446,13 @@ int mesh_shm_local(mesh_transport_t *t, int peer)
     return t->pp[peer].local >= 0;
 }
 
+int mesh_shm_one_copy(mesh_transport_t *t, int peer)
+{
+    if (!t || peer < 0 || peer >= t->super.world.size)
+        return -1;
+    return t->pp[peer].local >= 0 && t->pp[peer].cma;
+}
+
 static int shm_host_of(mesh_transport_t *t, int rank)
 {
     if (!t || !t->host || rank < 0 || rank >= t->super.world.size)

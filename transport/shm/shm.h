@@ -28,7 +28,10 @@
  * (inline, two copies) or, for a message of SHM_CMA_MIN bytes or more, the
  * sender's address: the receiver reads it straight into its destination
  * with process_vm_readv (one copy) and only then frees the slot, which
- * completes the send.
+ * completes the send. By address only where the receiver's probe at the
+ * join found one process_vm_readv faster than two copies (on some virtual
+ * machines pinning the pages costs more than the second copy), or
+ * MESHTRAIN_SHM_CMA=1 asks for it; MESHTRAIN_SHM_CMA=0 never.
  */
 #ifndef MESH_TRANSPORT_SHM_SHM_H
 #define MESH_TRANSPORT_SHM_SHM_H
@@ -50,7 +53,7 @@
 #define SHM_CTRL_SEQ (UINT64_MAX - 1)
 enum shm_ctrl_tag {
     SHM_TAG_INFO = 1, /* host identity, pid, socket name, probe address */
-    SHM_TAG_CMA = 2,  /* whether the sender can read this rank's memory */
+    SHM_TAG_CMA = 2,  /* whether the sender reads this rank's memory */
 };
 
 /*
@@ -70,6 +73,11 @@ enum shm_ctrl_tag {
 /* 1 when t (an shm transport) moves data to peer through shared memory,
  * 0 when over TCP, -1 when t is not shm or peer is invalid. */
 int mesh_shm_local(mesh_transport_t *t, int peer);
+
+/* 1 when t sends peer messages of SHM_CMA_MIN bytes or more by address
+ * (the peer reads them with process_vm_readv), 0 when through the slots,
+ * -1 when peer is invalid. */
+int mesh_shm_one_copy(mesh_transport_t *t, int peer);
 
 /* The mesh under t (shm or auto): TCP, or verbs' auto table. */
 mesh_transport_t *mesh_shm_inner(mesh_transport_t *t);
