@@ -10,22 +10,27 @@
 # change and at the end, else they exit 4); rank 0's metrics name every
 # step once and every sample of every epoch is used once
 # (tests/train_elastic_count.py). Several seeds, view sizes and senders.
+# SLOT:catchup corrupts only the snapshot a joiner fetches while the
+# members train (train/catchup.c): the joiner must see it, drop the
+# catch-up, and join with the whole state from the view change.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
 COUNT="python3 $top_srcdir/tests/train_elastic_count.py"
-t_plan 12
+t_plan 15
 N=600
 ITERS=60
+JOINAT=10
 TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
 --data-threads 1 --quiet --data synthetic:$N --num-classes 10 \
 --in-channels 1 --batch 4 --no-eval --verify-every 10 --elastic \
---peer-timeout 10 --iters $ITERS"
+--peer-timeout 10"
 
 # run NAME SLOTS PRESENT JOINER SEED: PRESENT peers of a job of SLOTS
 # slots train (their view forms after a 3 s join timeout); slot JOINER
-# starts at step 5 and asks to join (the members wait for it at step 10:
-# MESHTRAIN_TEST_JOIN_AT). $CORRUPT is the members' test aid.
+# starts at step 5 and asks to join (the members wait for it at step
+# $JOINAT: MESHTRAIN_TEST_JOIN_AT; none when empty). $CORRUPT is the
+# members' test aid; the run has $ITERS steps.
 run() {
     _name=$1
     _slots=$2
@@ -41,9 +46,9 @@ run() {
         # shellcheck disable=SC2086
         bg env MESHTRAIN_TEST_SAMPLES="$TMP/$_name.samples" \
             MESHTRAIN_TEST_XFER_CORRUPT="$CORRUPT" \
-            MESHTRAIN_TEST_JOIN_AT=10 "$MESHTRAIN" \
+            ${JOINAT:+MESHTRAIN_TEST_JOIN_AT=$JOINAT} "$MESHTRAIN" \
             -H "localhost:$_slots" --rank $_r --port "$PORT" \
-            --secret-file "$TMP/secret" $TINY --seed "$_seed" \
+            --secret-file "$TMP/secret" $TINY --iters "$ITERS" --seed "$_seed" \
             --join-timeout 3 --metrics "$TMP/$_name.metrics" \
             > "$TMP/$_name.p$_r.log" 2>&1
         PEERS="$PEERS $BG_PID"
@@ -53,7 +58,7 @@ run() {
     # shellcheck disable=SC2086
     bg env MESHTRAIN_TEST_SAMPLES="$TMP/$_name.samples" "$MESHTRAIN" \
         -H "localhost:$_slots" --rank "$_j" --port "$PORT" \
-        --secret-file "$TMP/secret" $TINY --seed "$_seed" \
+        --secret-file "$TMP/secret" $TINY --iters "$ITERS" --seed "$_seed" \
         --join-timeout 60 > "$TMP/$_name.p$_j.log" 2>&1
     PEERS="$PEERS $BG_PID"
     wait_all 120
@@ -111,4 +116,34 @@ export MESHTRAIN_XFER_SENDERS
 CORRUPT=0:offer run offer1 4 3 3 4
 unset MESHTRAIN_XFER_SENDERS
 check offer1 "0 0 0 4" 3 "the [0-9]* bytes received do not hash" 3 4
+
+# 5. the catch-up snapshot corrupted (slot 1 of 3), the view change's
+# transfer not: the members train on while slot 3 fetches the snapshot
+# (no MESHTRAIN_TEST_JOIN_AT), its SHA-256 check fails, and slot 3 joins
+# with the whole state from the view change: every peer exits 0.
+ITERS=250
+JOINAT=
+CORRUPT=1:catchup run catch3 4 3 3 5
+if [ "$CODES" = "0 0 0 0" ] &&
+    grep -q "catch-up: the snapshot received does not hash" \
+        "$TMP/catch3.p3.log" &&
+    grep -q "slot 3 joined view" "$TMP/catch3.p3.log"; then
+    t_ok 0 "catch3: the joiner refuses the corrupted catch-up snapshot and \
+joins with the whole state; all 4 exit 0"
+else
+    t_ok 1 "catch3: the joiner refuses the corrupted catch-up snapshot and \
+joins with the whole state; all 4 exit 0"
+    t_diag "exit codes $CODES, want 0 0 0 0"
+    t_show "$TMP/catch3.p3.log" 12
+fi
+_got=$(sed -n 's/.*slot 3 joined view [0-9]*: .* state \([0-9]*\) bytes.*/\1/p' \
+    "$TMP/catch3.p3.log")
+_state=$(sed -n 's/.*"state_bytes": \([0-9]*\),.*/\1/p' "$TMP/catch3.metrics" |
+    tail -n 1)
+[ -n "$_got" ] && [ "$_got" = "$_state" ]
+t_ok $? "catch3: the view change sent the whole state (${_got:-?} of \
+${_state:-?} bytes)"
+# shellcheck disable=SC2086
+$COUNT "$TMP/catch3.metrics" "$ITERS" $N 16 "$TMP"/catch3.samples.*
+t_ok $? "catch3: every step once, every sample of each epoch once"
 t_done

@@ -223,6 +223,11 @@ struct train_xfer_stats {
 int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
                    struct train_xfer_stats *st);
 void train_xfer_free(struct trainer *t);
+/* Test aid MESHTRAIN_TEST_XFER_CORRUPT (see xfer.c): on slot, corrupt the
+ * n bytes of blob, or its SHA-256 digest, after hashing; catchup: blob is
+ * a catch-up snapshot. */
+void train_xfer_test_corrupt(int slot, int catchup, uint8_t *blob, size_t n,
+                             uint8_t *digest);
 
 /* ---- catchup.c ----------------------------------------------------------- */
 

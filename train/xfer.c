@@ -269,13 +269,16 @@ static int wait_all(struct link *l, mesh_req_t **reqs, int n)
 
 /*
  * Test aid (tests/train_elastic_corrupt.sh): MESHTRAIN_TEST_XFER_CORRUPT=
- * SLOT[:offer] makes slot SLOT, when it sends the state, flip a byte of
+ * SLOT[:offer|:catchup] makes slot SLOT, when it sends the state (in the
+ * view change, or a catch-up snapshot: train/catchup.c), flip a byte of
  * every chunk after hashing it (a transfer corrupted on the way, which the
- * transport's checks cannot see), or with :offer offer a wrong SHA-256 (a
- * sender whose state differs from the others'). The joiner must refuse it.
+ * transport's checks cannot see); with :offer it offers a wrong SHA-256
+ * instead (a sender whose state differs from the others'); with :catchup
+ * it flips the bytes of the catch-up snapshot only. The joiner must refuse
+ * what it got.
  */
-static void test_corrupt(const struct trainer *t, uint8_t *blob, size_t n,
-                         uint8_t *digest)
+void train_xfer_test_corrupt(int slot, int catchup, uint8_t *blob, size_t n,
+                             uint8_t *digest)
 {
     const char *v = getenv("MESHTRAIN_TEST_XFER_CORRUPT");
     char *end;
@@ -284,7 +287,7 @@ static void test_corrupt(const struct trainer *t, uint8_t *blob, size_t n,
     if (!v || !*v)
         return;
     s = strtol(v, &end, 10);
-    if (end == v || s != t->mo->world.rank)
+    if (end == v || s != slot || (!catchup && !strcmp(end, ":catchup")))
         return;
     if (!strcmp(end, ":offer"))
         digest[0] ^= 0x5a;
@@ -307,7 +310,7 @@ static int send_state(struct trainer *t, struct link *l, uint64_t members,
     rc = mesh_ckpt_sha256(blob, n, digest);
     if (rc < 0)
         return rc;
-    test_corrupt(t, blob, n, digest);
+    train_xfer_test_corrupt(t->mo->world.rank, 0, blob, n, digest);
     ctrl = calloc((size_t)nn * 2, XFER_CTRL);
     reqs = calloc((size_t)cap, sizeof(*reqs));
     if (!ctrl || !reqs) {
