@@ -108,6 +108,7 @@ struct trainer {
     int join_rc;      /* view 0's mesh_open: -ETIMEDOUT, some slot is a spare */
     int join_batch;   /* test aid MESHTRAIN_TEST_JOINERS=N: admit joiners
                          once N ask (tests/train_elastic_join.sh), else 1 */
+    int step_ms;      /* test aid MESHTRAIN_TEST_STEP_MS: a pause per step */
     uint64_t join_at; /* test aid MESHTRAIN_TEST_JOIN_AT=STEP: wait at
                          that step's start until a joiner asks (at most
                          60 s); UINT64_MAX: never */
@@ -167,7 +168,9 @@ struct trainer {
  * "checkpoint" in the middle of writing the checkpoint after the step,
  * "eval" in the evaluation after the step, "agree" in the first view
  * agreement (STEP ignored), "xfer" halfway through a state transfer, as
- * a sender or a joiner (STEP ignored).
+ * a sender or a joiner (STEP ignored), "catchup" during a joiner's
+ * catch-up: a member once it queued its snapshot for the joiner, the
+ * joiner once it loaded the snapshot (STEP ignored).
  */
 enum train_fault {
     TRAIN_FAULT_NONE,
@@ -177,6 +180,7 @@ enum train_fault {
     TRAIN_FAULT_EVAL,
     TRAIN_FAULT_AGREE,
     TRAIN_FAULT_XFER,
+    TRAIN_FAULT_CATCHUP,
 };
 void train_fault(struct trainer *t, int moment);
 

@@ -192,6 +192,7 @@ static const char *const fault_names[] = {
     [TRAIN_FAULT_ALLREDUCE] = "allreduce",   [TRAIN_FAULT_BETWEEN] = "between",
     [TRAIN_FAULT_CHECKPOINT] = "checkpoint", [TRAIN_FAULT_EVAL] = "eval",
     [TRAIN_FAULT_AGREE] = "agree",           [TRAIN_FAULT_XFER] = "xfer",
+    [TRAIN_FAULT_CATCHUP] = "catchup",
 };
 
 /* MESHTRAIN_TEST_FAULT's entry for slot (train-internal.h). */
@@ -230,7 +231,8 @@ static int fault_parse(struct trainer *t, int slot)
 void train_fault(struct trainer *t, int moment)
 {
     if (t->fault.moment != moment ||
-        (moment != TRAIN_FAULT_XFER && t->step != t->fault.step))
+        (moment != TRAIN_FAULT_XFER && moment != TRAIN_FAULT_CATCHUP &&
+         t->step != t->fault.step))
         return;
     t->fault.moment = TRAIN_FAULT_NONE; /* once */
     fprintf(stderr,
@@ -1461,6 +1463,10 @@ static int elastic_boundary(struct trainer *t, uint64_t step)
         return rc;
     /* a joiner catching up may want this snapshot (train/catchup.c) */
     train_serve_boundary(t, step);
+    /* test aid: a slower job (MESHTRAIN_TEST_STEP_MS=MS at each step's
+     * start), so that a joiner's start and catch-up fall inside it */
+    if (t->step_ms > 0)
+        usleep((useconds_t)t->step_ms * 1000);
     /* peers started later asked to join: admit them now, from this
      * snapshot (doc/elastic.md, "Joining") */
     joins = mesh_elastic_joins(t->el);
@@ -2174,6 +2180,9 @@ static int elastic_open(struct trainer *t, const struct mesh_opts *mo)
     t->join_at = getenv("MESHTRAIN_TEST_JOIN_AT")
                      ? strtoull(getenv("MESHTRAIN_TEST_JOIN_AT"), NULL, 10)
                      : UINT64_MAX;
+    t->step_ms = getenv("MESHTRAIN_TEST_STEP_MS")
+                     ? atoi(getenv("MESHTRAIN_TEST_STEP_MS"))
+                     : 0;
     t->join_batch = getenv("MESHTRAIN_TEST_JOINERS")
                         ? MESH_MAX(1, atoi(getenv("MESHTRAIN_TEST_JOINERS")))
                         : 1;
