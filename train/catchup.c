@@ -137,7 +137,7 @@ struct cu_sess {
     uint8_t nonce[16];
     uint8_t in[CU_HDR];
     size_t inlen;
-    int slot;
+    int slot, j, k; /* the joiner, and the stripe j of k it asked for */
     uint64_t pin, next;
     struct cu_item *head, *tail;
     int nq;
@@ -249,9 +249,10 @@ static void sess_auth(struct train_serve *sv, struct cu_sess *ss)
         return;
     }
     ss->slot = slot;
-    if (!sv->valid || mesh_get_le64(a + 8) != sv->epoch ||
-        (int)mesh_get_le32(a + 24) != sv->rank ||
-        (int)mesh_get_le32(a + 28) != sv->size ||
+    ss->j = (int)mesh_get_le32(a + 24);
+    ss->k = (int)mesh_get_le32(a + 28);
+    if (!sv->valid || mesh_get_le64(a + 8) != sv->epoch || ss->k < 1 ||
+        ss->k > sv->size || ss->j < 0 || ss->j >= ss->k ||
         mesh_get_le64(a + 32) != sv->nparams ||
         x > (sv->at_valid ? sv->at : 0) + 100000) {
         sess_end(sv, ss, K_REFUSE, 1);
@@ -654,8 +655,8 @@ void train_serve_boundary(struct trainer *t, uint64_t step)
             sess_close(ss);
             continue;
         }
-        lo = b->n * (size_t)sv->rank / (size_t)sv->size;
-        hi = b->n * (size_t)(sv->rank + 1) / (size_t)sv->size;
+        lo = b->n * (size_t)ss->j / (size_t)ss->k;
+        hi = b->n * (size_t)(ss->j + 1) / (size_t)ss->k;
         mesh_put_le64(it->hdr + 8, step);
         mesh_put_le64(it->hdr + 16, b->n);
         mesh_put_le64(it->hdr + 24, lo);
@@ -685,14 +686,14 @@ void train_serve_grad(struct trainer *t, uint64_t step, float lr)
         return;
     g = mesh_nn_model_grads(t->model);
     pthread_mutex_lock(&sv->mu);
-    lo = sv->nparams * (size_t)sv->rank / (size_t)sv->size;
-    hi = sv->nparams * (size_t)(sv->rank + 1) / (size_t)sv->size;
     for (int i = 0; i < CU_SESS; i++) {
         struct cu_sess *ss = &sv->s[i];
         struct cu_item *it;
 
         if (ss->state != S_STREAM)
             continue;
+        lo = sv->nparams * (size_t)ss->j / (size_t)ss->k;
+        hi = sv->nparams * (size_t)(ss->j + 1) / (size_t)ss->k;
         if (ss->nq >= CU_QUEUE || ss->next != step) {
             mesh_info("catch-up: slot %d is %d records behind; dropped (it "
                       "will get the whole state when admitted)",
@@ -751,7 +752,7 @@ struct train_catchup {
     uint64_t target;  /* the step the admitting view restarts from */
 
     uint64_t epoch, members;
-    int k;
+    int k, senders; /* members sending (0: all; the bench aid) */
     struct cu_peer p[MESH_ELASTIC_MAX_SLOTS];
     uint64_t x; /* the snapshot's step */
     uint8_t *blob;
@@ -810,7 +811,7 @@ static int cu_connect(struct train_catchup *cu, const uint16_t *ports)
         struct cu_peer *p;
         int one = 1;
 
-        if (!(cu->members >> s & 1))
+        if (!(cu->members >> s & 1) || (cu->senders && i == cu->senders))
             continue;
         p = &cu->p[i++];
         memset(p, 0, sizeof(*p));
@@ -1223,6 +1224,10 @@ int train_catchup_start(struct trainer *t)
         return mesh_err(-ENOMEM, "out of memory");
     cu->t = t;
     cu->target = UINT64_MAX;
+    /* bench aid (bench/join.sh): MESHTRAIN_XFER_SENDERS=K, the K lowest
+     * members send, as in the view change's transfer (train/xfer.c) */
+    if (getenv("MESHTRAIN_XFER_SENDERS"))
+        cu->senders = MESH_MAX(0, atoi(getenv("MESHTRAIN_XFER_SENDERS")));
     cu->n = blob_bytes(t->nparams);
     cu->blob = malloc(cu->n);
     for (int r = 0; r < CU_RING; r++) {

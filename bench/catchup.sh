@@ -1,0 +1,144 @@
+#!/bin/sh
+# bench/catchup.sh: the pause a joiner's admission adds to the members'
+# training, with the catch-up (train/catchup.c) and without it
+# (MESHTRAIN_NO_CATCHUP=1: the whole state in the view change). Run by
+# hand; take the bench lock (/tmp/bench.d) on a shared machine.
+#
+#   bench/catchup.sh [--peers P] [--runs R] [--iters I] [--at S]
+#                    [--model M] [--width W] [--image-size S] [--out DIR]
+#
+# P peers (default 3) train on this host (--elastic, a job of P + 1
+# slots: their view forms after a 3 s join timeout); at step --at (20)
+# slot P starts and joins. From rank 0's metrics: the median interval
+# between step records (a normal step), the interval across the view
+# change that admits the joiner (its pause is that less a normal step),
+# the view change's own time (recovery_s) and the bytes of state sent in
+# it; from the joiner: its catch-up line and its join time. Each mode
+# runs R times (default 3), alternating. Writes DIR/summary.txt and the
+# logs (default DIR=bench-catchup-out).
+set -u
+top=$(cd "$(dirname "$0")/.." && pwd)
+MESHTRAIN=${MESHTRAIN:-$top/meshtrain}
+PEERS=3
+RUNS=3
+ITERS=400
+AT=20
+MODEL=resnet18
+WIDTH=4
+SIZE=12
+OUT=bench-catchup-out
+while [ $# -gt 0 ]; do
+    case $1 in
+    --peers) PEERS=$2 ;;
+    --runs) RUNS=$2 ;;
+    --iters) ITERS=$2 ;;
+    --at) AT=$2 ;;
+    --model) MODEL=$2 ;;
+    --width) WIDTH=$2 ;;
+    --image-size) SIZE=$2 ;;
+    --out) OUT=$2 ;;
+    *) echo "usage: bench/catchup.sh [--peers P] [--runs R] [--iters I]" \
+            "[--at S] [--model M] [--width W] [--image-size S]" \
+            "[--out DIR]" >&2
+       exit 2 ;;
+    esac
+    shift 2
+done
+[ -x "$MESHTRAIN" ] || { echo "catchup.sh: build meshtrain first" >&2; exit 1; }
+command -v python3 > /dev/null || { echo "catchup.sh: needs python3" >&2; exit 1; }
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+SLOTS=$((PEERS + 1))
+head -c 32 /dev/urandom | base64 > "$OUT/secret"
+chmod 600 "$OUT/secret"
+export OMP_WAIT_POLICY=passive
+PIDS=""
+cleanup() {
+    for p in $PIDS; do kill -KILL "$p" 2> /dev/null; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+ARGS="--model $MODEL --width $WIDTH --cifar-stem --image-size $SIZE \
+--threads 1 --data-threads 1 --quiet --data synthetic:2000 --num-classes 10 \
+--in-channels 1 --batch 4 --no-eval --verify-every 10 --elastic \
+--peer-timeout 10 --iters $ITERS"
+PORT=$((30000 + $$ % 20000))
+
+# one NAME MODE: a run; MODE catchup or whole.
+one() {
+    _m=$OUT/$1.metrics
+    rm -f "$_m" "$OUT/$1".p*.log
+    PIDS=""
+    if [ "$2" = whole ]; then
+        export MESHTRAIN_NO_CATCHUP=1
+    else
+        unset MESHTRAIN_NO_CATCHUP
+    fi
+    _r=0
+    while [ $_r -lt "$PEERS" ]; do
+        # shellcheck disable=SC2086
+        "$MESHTRAIN" -H "localhost:$SLOTS" --rank $_r --port "$PORT" \
+            --secret-file "$OUT/secret" $ARGS --join-timeout 3 \
+            --metrics "$_m" > "$OUT/$1.p$_r.log" 2>&1 &
+        PIDS="$PIDS $!"
+        _r=$((_r + 1))
+    done
+    _i=0
+    until grep -q "\"step\": $AT," "$_m" 2> /dev/null || [ $_i -ge 600 ]; do
+        sleep 0.1
+        _i=$((_i + 1))
+    done
+    # shellcheck disable=SC2086
+    "$MESHTRAIN" -H "localhost:$SLOTS" --rank "$PEERS" --port "$PORT" \
+        --secret-file "$OUT/secret" $ARGS --join-timeout 60 \
+        > "$OUT/$1.p$PEERS.log" 2>&1 &
+    PIDS="$PIDS $!"
+    wait
+    PIDS=""
+    PORT=$((PORT + SLOTS + 1))
+    python3 - "$_m" "$OUT/$1.p$PEERS.log" "$2" "$PEERS" <<'EOF' |
+import json
+import re
+import statistics
+import sys
+
+recs = [json.loads(x) for x in open(sys.argv[1])]
+log = open(sys.argv[2]).read()
+steps = {r["step"]: r["wall"] for r in recs if "loss" in r}
+view = [r for r in recs if r.get("event") == "view" and r.get("joined")]
+xfer = [r for r in recs if r.get("event") == "transfer"]
+if not view:
+    print("%-8s the joiner was not admitted (see %s)" % (sys.argv[3],
+                                                         sys.argv[2]))
+    sys.exit(0)
+s = view[-1]["step"]  # the view restarts before step s + 1 is done
+ks = sorted(steps)
+gaps = [steps[b] - steps[a] for a, b in zip(ks, ks[1:]) if b == a + 1]
+normal = statistics.median(gaps)
+gap = steps[s + 1] - steps[s] if s in steps and s + 1 in steps else float("nan")
+got = re.search(r"state (\d+) bytes received", log)
+cu = re.search(r"a snapshot of step (\d+) .* then (\d+) step\(s\) replayed",
+               log)
+jt = re.search(r"done ([0-9.]+) s after start", log)
+print("%-8s %7.4f %8.4f %8.4f %8.4f %10s %10s %8s %8s %7s" % (
+    sys.argv[3], normal, gap, gap - normal, view[-1]["recovery_s"],
+    got.group(1) if got else "-",
+    xfer[-1]["state_bytes"] if xfer else "-",
+    cu.group(1) if cu else "-", s, jt.group(1) if jt else "-"))
+EOF
+    tee -a "$OUT/summary.txt"
+}
+
+{
+    echo "bench/catchup.sh: $PEERS peers on this host, $MODEL width $WIDTH" \
+        "at ${SIZE}x$SIZE; slot $PEERS joins at step $AT"
+    echo "load: $(uptime)"
+    printf '%-8s %7s %8s %8s %8s %10s %10s %8s %8s %7s\n' mode step_s \
+        gap_s pause_s view_s sent_B state_B snap_at admit_at join_s
+} | tee "$OUT/summary.txt"
+i=1
+while [ "$i" -le "$RUNS" ]; do
+    one "c$i" catchup
+    one "w$i" whole
+    i=$((i + 1))
+done
