@@ -49,3 +49,23 @@ double coll_lat(const struct coll_shape *c, int algo, double hops)
 
     return l > 0 ? l : hops * c->model->alpha_s;
 }
+
+int coll_model_choice(const struct coll_shape *c, double bytes)
+{
+    double best_cost = 0;
+    int best = -1;
+
+    for (size_t i = 0; i < coll_nalgos; i++) {
+        const struct coll_algo *e = &coll_algos[i];
+        double cost;
+
+        if (!e->cost)
+            continue;
+        cost = e->cost(c, bytes);
+        if (best < 0 || cost < best_cost) {
+            best = e->id;
+            best_cost = cost;
+        }
+    }
+    return best;
+}

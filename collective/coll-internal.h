@@ -332,6 +332,12 @@ extern const size_t coll_nalgos;
 const struct coll_algo *coll_algo_get(int id);
 /* The latency term of algo: its measured time, else hops x alpha. */
 double coll_lat(const struct coll_shape *c, int algo, double hops);
+/*
+ * The algorithm of least cost for an all-reduce of bytes on c by the
+ * model alone (AUTO's choice where nothing was timed); the first in
+ * coll_algos on a tie.
+ */
+int coll_model_choice(const struct coll_shape *c, double bytes);
 
 /*
  * The model's latency terms beyond hops x alpha, in alphas (built-in

@@ -289,19 +289,7 @@ int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
     }
     if (timed)
         return best;
-    for (size_t i = 0; i < coll_nalgos; i++) {
-        const struct coll_algo *e = &coll_algos[i];
-        double cost;
-
-        if (!e->cost)
-            continue;
-        cost = e->cost(&c->shape, (double)bytes);
-        if (best < 0 || cost < best_cost) {
-            best = e->id;
-            best_cost = cost;
-        }
-    }
-    return best;
+    return coll_model_choice(&c->shape, (double)bytes);
 }
 
 /* Broadcast: a chain (ring) or the binary tree, by the same numbers. */

@@ -1,0 +1,142 @@
+/*
+ * tests/test_coll_model.c: AUTO's choice by the cost model alone, on the
+ * built-in numbers meshtrain decides from (collective/algos.c,
+ * coll_model_choice), for layouts of H hosts of L ranks and for ranks with
+ * no hosts (TCP): the smallest messages across hosts go to a hierarchical
+ * form, or below 16 ranks to direct (whose n - 1 messages per rank pile up
+ * beyond that); the hierarchical forms are no choice without hosts;
+ * the largest messages go to an algorithm that moves the ring's bytes
+ * (ring, rhd, hier), never to one that moves the whole message per hop.
+ */
+#include "config.h"
+
+#include "collective/coll-internal.h"
+#include "common/util.h"
+#include "tests/tap.h"
+
+#include <string.h>
+
+/* The numbers mesh_coll_create starts from (collective/coll.c). */
+static void builtin(struct mesh_coll_model *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->alpha_s = 50e-6;
+    m->beta_s_per_byte = 1e-9;
+    m->gamma_s_per_byte = 0.16e-9;
+}
+
+/* The shape of n ranks, in h (H hosts of L ranks) or with no hosts. */
+static void shape_of(struct coll_shape *c, const struct mesh_coll_model *m,
+                     struct coll_hosts *h, int H, int L)
+{
+    int n = H * L;
+
+    memset(c, 0, sizeof(*c));
+    memset(h, 0, sizeof(*h));
+    c->model = m;
+    c->size = n;
+    coll_tree_shape(n, &c->tree_depth, &c->tree_load);
+    c->rd_rounds = coll_rd_rounds(n, &c->rd_extra);
+    if (L > 0) {
+        h->nhosts = H;
+        h->local = L;
+    }
+    c->hosts = h;
+}
+
+static int hierarchical(int id)
+{
+    return id == MESH_ALGO_HIER || id == MESH_ALGO_HTREE || id == MESH_ALGO_HRD;
+}
+
+static int bandwidth(int id)
+{
+    return id == MESH_ALGO_RING || id == MESH_ALGO_RHD || id == MESH_ALGO_HIER;
+}
+
+int main(void)
+{
+    static const int hosts[] = {2, 3, 4, 5, 8, 16, 32};
+    static const int locals[] = {2, 3, 4, 8};
+    static const double tiny[] = {4, 8, 100, 1024};
+    struct mesh_coll_model m;
+    struct coll_shape c;
+    struct coll_hosts h;
+    int bad = 0, id;
+
+    plan(5);
+    builtin(&m);
+
+    /* the seed's topology at 4 GPUs per process: 16 hosts of 2 */
+    shape_of(&c, &m, &h, 16, 2);
+    id = coll_model_choice(&c, 4);
+    ok(id == MESH_ALGO_HRD,
+       "16 hosts x 2, 4 bytes (the loss average): %s, not direct",
+       mesh_algo_name(id));
+
+    /* tiny messages across hosts: a hierarchical form, whatever H x L;
+     * direct too below 16 ranks (3 hosts of 2: recursive doubling
+     * between 3 leaders folds one in, 3 hops against direct's one) */
+    for (size_t i = 0; i < MESH_ARRAY_SIZE(hosts); i++)
+        for (size_t j = 0; j < MESH_ARRAY_SIZE(locals); j++)
+            for (size_t k = 0; k < MESH_ARRAY_SIZE(tiny); k++) {
+                shape_of(&c, &m, &h, hosts[i], locals[j]);
+                id = coll_model_choice(&c, tiny[k]);
+                if (!hierarchical(id) &&
+                    !(id == MESH_ALGO_DIRECT && hosts[i] * locals[j] < 16)) {
+                    bad++;
+                    diag("%d hosts x %d, %.0f bytes: %s", hosts[i], locals[j],
+                         tiny[k], mesh_algo_name(id));
+                }
+            }
+    ok(bad == 0,
+       "tiny messages across hosts of 2 to 8 ranks: a "
+       "hierarchical form, or direct below 16 ranks (%d others)",
+       bad);
+
+    /* without hosts (TCP between every rank) the hierarchical forms are
+     * no choice, and direct gives way to rd as the ranks grow */
+    bad = 0;
+    for (int n = 2; n <= 128; n++) {
+        shape_of(&c, &m, &h, n, 0);
+        for (size_t k = 0; k < MESH_ARRAY_SIZE(tiny); k++) {
+            id = coll_model_choice(&c, tiny[k]);
+            if (hierarchical(id) || id == MESH_ALGO_PS ||
+                (n >= 32 && id == MESH_ALGO_DIRECT)) {
+                bad++;
+                diag("%d ranks without hosts, %.0f bytes: %s", n, tiny[k],
+                     mesh_algo_name(id));
+            }
+        }
+    }
+    ok(bad == 0,
+       "2..128 ranks without hosts: no hierarchical form, no "
+       "direct from 32 ranks (%d faults)",
+       bad);
+
+    /* the largest messages: the ring's bytes, on every layout */
+    bad = 0;
+    for (size_t i = 0; i < MESH_ARRAY_SIZE(hosts); i++)
+        for (size_t j = 0; j < MESH_ARRAY_SIZE(locals); j++) {
+            shape_of(&c, &m, &h, hosts[i], locals[j]);
+            id = coll_model_choice(&c, 256.0 * (1 << 20));
+            if (!bandwidth(id)) {
+                bad++;
+                diag("%d hosts x %d, 256 MiB: %s", hosts[i], locals[j],
+                     mesh_algo_name(id));
+            }
+        }
+    ok(bad == 0, "256 MiB on every layout: ring, rhd or hier (%d others)", bad);
+
+    /* a measured 32-byte time replaces the latency model: hrd measured
+     * slow loses the tiny sizes to another */
+    shape_of(&c, &m, &h, 16, 2);
+    for (int a = 0; a <= MESH_ALGO_LAST; a++)
+        m.lat_s[a] = 1e-3;
+    m.lat_s[MESH_ALGO_HRD] = 5e-3;
+    m.lat_s[MESH_ALGO_HIER] = 0.5e-3;
+    id = coll_model_choice(&c, 4);
+    ok(id == MESH_ALGO_HIER, "a measured latency replaces the model's: %s",
+       mesh_algo_name(id));
+    return done();
+}
