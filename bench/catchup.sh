@@ -9,12 +9,12 @@
 #
 # P peers (default 3) train on this host (--elastic, a job of P + 1
 # slots: their view forms after a 3 s join timeout); at step --at (20)
-# slot P starts and joins. From rank 0's metrics: the median interval
-# between step records (a normal step), the interval across the view
-# change that admits the joiner (its pause is that less a normal step),
-# the view change's own time (recovery_s) and the bytes of state sent in
-# it; from the joiner: its catch-up line and its join time. Each mode
-# runs R times (default 3), alternating. Writes DIR/summary.txt and the
+# slot P starts and joins. bench/join_pause.py reports, from rank 0's
+# metrics, a normal step, the interval across the view change that
+# admits the joiner and the pause (that less a normal step), the view
+# change's own time, the bytes sent in it and the whole state; from the
+# joiner, its snapshot's step and its join time. Each mode runs R times
+# (default 3), alternating. Writes DIR/summary.txt and the
 # logs (default DIR=bench-catchup-out).
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -45,7 +45,8 @@ while [ $# -gt 0 ]; do
     shift 2
 done
 [ -x "$MESHTRAIN" ] || { echo "catchup.sh: build meshtrain first" >&2; exit 1; }
-command -v python3 > /dev/null || { echo "catchup.sh: needs python3" >&2; exit 1; }
+command -v python3 > /dev/null ||
+    { echo "catchup.sh: needs python3" >&2; exit 1; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 SLOTS=$((PEERS + 1))
@@ -96,36 +97,7 @@ one() {
     wait
     PIDS=""
     PORT=$((PORT + SLOTS + 1))
-    python3 - "$_m" "$OUT/$1.p$PEERS.log" "$2" "$PEERS" <<'EOF' |
-import json
-import re
-import statistics
-import sys
-
-recs = [json.loads(x) for x in open(sys.argv[1])]
-log = open(sys.argv[2]).read()
-steps = {r["step"]: r["wall"] for r in recs if "loss" in r}
-view = [r for r in recs if r.get("event") == "view" and r.get("joined")]
-xfer = [r for r in recs if r.get("event") == "transfer"]
-if not view:
-    print("%-8s the joiner was not admitted (see %s)" % (sys.argv[3],
-                                                         sys.argv[2]))
-    sys.exit(0)
-s = view[-1]["step"]  # the view restarts before step s + 1 is done
-ks = sorted(steps)
-gaps = [steps[b] - steps[a] for a, b in zip(ks, ks[1:]) if b == a + 1]
-normal = statistics.median(gaps)
-gap = steps[s + 1] - steps[s] if s in steps and s + 1 in steps else float("nan")
-got = re.search(r"state (\d+) bytes received", log)
-cu = re.search(r"a snapshot of step (\d+) .* then (\d+) step\(s\) replayed",
-               log)
-jt = re.search(r"done ([0-9.]+) s after start", log)
-print("%-8s %7.4f %8.4f %8.4f %8.4f %10s %10s %8s %8s %7s" % (
-    sys.argv[3], normal, gap, gap - normal, view[-1]["recovery_s"],
-    got.group(1) if got else "-",
-    xfer[-1]["state_bytes"] if xfer else "-",
-    cu.group(1) if cu else "-", s, jt.group(1) if jt else "-"))
-EOF
+    python3 "$top/bench/join_pause.py" "$_m" "$OUT/$1.p$PEERS.log" "$2" |
     tee -a "$OUT/summary.txt"
 }
 
@@ -133,8 +105,9 @@ EOF
     echo "bench/catchup.sh: $PEERS peers on this host, $MODEL width $WIDTH" \
         "at ${SIZE}x$SIZE; slot $PEERS joins at step $AT"
     echo "load: $(uptime)"
-    printf '%-8s %7s %8s %8s %8s %10s %10s %8s %8s %7s\n' mode step_s \
-        gap_s pause_s view_s sent_B state_B snap_at admit_at join_s
+    printf '%-8s %7s %8s %8s %8s %8s %10s %10s %8s %8s %7s\n' mode \
+        step_s during_s gap_s pause_s view_s sent_B state_B snap_at \
+        admit_at join_s
 } | tee "$OUT/summary.txt"
 i=1
 while [ "$i" -le "$RUNS" ]; do

@@ -91,7 +91,7 @@ peer() {
         --image-size "$SIZE" --threads 1 --data-threads 1 \
         --data synthetic:2000 --batch 1 --iters 100000 --no-eval \
         --verify-every 0 --elastic --join-timeout 20 --peer-timeout 30 \
-        --log-every 1 > "$2" 2>&1 &
+        --log-every 1 --metrics "$OUT/k$K.metrics" > "$2" 2>&1 &
     PIDS="$PIDS $!"
 }
 
@@ -105,6 +105,7 @@ peer() {
 } | tee "$OUT/summary.txt"
 for K in $SENDERS; do
     PIDS=""
+    rm -f "$OUT/k$K.metrics"
     export MESHTRAIN_XFER_SENDERS=$K
     r=0
     while [ $r -lt 7 ]; do
@@ -136,12 +137,18 @@ for K in $SENDERS; do
         continue
     fi
     marks=$(sed -n "s/.*slot 7's join, s after start: //p" "$OUT/k$K.p7.log")
-    echo "$line" | awk -v k="$K" -v bps="$BPS" -v marks="$marks" '{
+    # the whole state (a joiner that caught up receives only part of it
+    # in the view change: train/catchup.c)
+    state=$(sed -n 's/.*"state_bytes": \([0-9]*\),.*/\1/p' \
+        "$OUT/k$K.metrics" | tail -n 1)
+    echo "$line" | awk -v k="$K" -v bps="$BPS" -v marks="$marks" \
+        -v state="${state:-0}" '{
         for (i = 1; i <= NF; i++) {
             if ($i == "after") j = $(i - 2)
             if ($i == "state") n = $(i + 1)
             if ($i == "in" && $(i + 2) == "s") x = $(i + 1)
         }
+        if (state > 0) n = state
         per = $0; sub(/.*s \(/, "", per); sub(/\)$/, "", per)
         m = split(marks, f, /, /)
         for (i = 1; i <= m; i++) {
@@ -157,4 +164,11 @@ for K in $SENDERS; do
             " admitted to first step begun: %.3f s; first step: %.3f s\n",
             t["admitted"] - t["answered"], b - t["admitted"], j - b
     }' | tee -a "$OUT/summary.txt"
+    # the members' pause (bench/join_pause.py): a step, a step while the
+    # joiner caught up, the interval across the admission, that less a
+    # step, the view change, bytes sent in it and the whole state, the
+    # joiner's snapshot step (catch-up), the admission step, join time
+    printf '         pause: %s\n' "$(python3 "$top/bench/join_pause.py" \
+        "$OUT/k$K.metrics" "$OUT/k$K.p7.log" "K=$K")" |
+        tee -a "$OUT/summary.txt"
 done
