@@ -907,8 +907,10 @@ static int cu_apply(struct train_catchup *cu)
         cu->gstep[r] = UINT64_MAX;
         cu->applied++;
         cu->steps++;
-        if (cu->steps == 1)
+        if (cu->steps == 1) {
             mesh_elastic_join_hold(t->el, 0); /* caught up: admit us */
+            t->join_mark[TRAIN_JM_CAUGHT] = mesh_now_s();
+        }
     }
     return 0;
 }
@@ -941,6 +943,7 @@ static int cu_load(struct train_catchup *cu)
            t->nparams * 4);
     cu->loaded = 1;
     cu->t_snap = mesh_now_s() - cu->t0;
+    t->join_mark[TRAIN_JM_SNAP] = cu->t0 + cu->t_snap;
     train_fault(t, TRAIN_FAULT_CATCHUP); /* test aid: the joiner dies */
     return 0;
 }

@@ -1870,6 +1870,7 @@ static void join_first_step(struct trainer *t, uint64_t done)
     static const char *const names[TRAIN_JM_N] = {
         [TRAIN_JM_RUN] = "main",        [TRAIN_JM_INPUT] = "input",
         [TRAIN_JM_ANSWER] = "answered", [TRAIN_JM_MODEL] = "model",
+        [TRAIN_JM_SNAP] = "snapshot",   [TRAIN_JM_CAUGHT] = "caught up",
         [TRAIN_JM_ADMIT] = "admitted",  [TRAIN_JM_MESH] = "mesh",
         [TRAIN_JM_STATE] = "state",     [TRAIN_JM_BEGIN] = "first step",
     };
