@@ -3,14 +3,17 @@
 # against the state size over the link rate (run by hand, as root).
 #
 #   bench/join.sh [--senders "1 3 7"] [--rate R] [--model M] [--width W]
-#                 [--image-size S] [--out DIR]
+#                 [--image-size S] [--catchup yes|no] [--out DIR]
 #
 # 8 hosts in network namespaces (scripts/netns.sh), each host's egress
 # shaped by tbf to --rate (default 1gbit). For each K of --senders: slots
 # 0-6 train (--elastic; they form their view of 7 after --join-timeout),
 # then slot 7 starts and joins; MESHTRAIN_XFER_SENDERS=K makes only the K
 # lowest slots send it the state (train/xfer.c), so that one setup shows
-# the striping. The model is --model (default resnet50: about 205 MB of
+# the striping. With --catchup no (MESHTRAIN_NO_CATCHUP) the joiner gets
+# the whole state in the view change that admits it, instead of fetching
+# a snapshot and replaying steps while the members train
+# (train/catchup.c). The model is --model (default resnet50: about 205 MB of
 # weights and momentum, plus BN statistics) at a small --image-size
 # (default 32) with batch 1, so that steps stay short on a small machine.
 #
@@ -38,6 +41,7 @@ MODEL=resnet50
 WIDTH=64
 SIZE=32
 OUT=bench-join-out
+CATCHUP=yes
 while [ $# -gt 0 ]; do
     case $1 in
     --senders) SENDERS=$2 ;;
@@ -46,8 +50,10 @@ while [ $# -gt 0 ]; do
     --width) WIDTH=$2 ;;
     --image-size) SIZE=$2 ;;
     --out) OUT=$2 ;;
+    --catchup) CATCHUP=$2 ;;
     *) echo "usage: bench/join.sh [--senders \"1 3 7\"] [--rate R]" \
-            "[--model M] [--width W] [--image-size S] [--out DIR]" >&2
+            "[--model M] [--width W] [--image-size S] [--catchup yes|no]" \
+            "[--out DIR]" >&2
        exit 2 ;;
     esac
     shift 2
@@ -82,6 +88,7 @@ done
 head -c 32 /dev/urandom | base64 > "$OUT/secret"
 chmod 600 "$OUT/secret"
 export OMP_WAIT_POLICY=passive
+[ "$CATCHUP" = no ] && export MESHTRAIN_NO_CATCHUP=1
 
 # peer R LOG: start slot R in its host.
 peer() {
@@ -97,7 +104,8 @@ peer() {
 
 {
     echo "bench/join.sh: $SLOTS hosts, egress $RATE each, $MODEL width" \
-        "$WIDTH at ${SIZE}x$SIZE; slot 7 joins 7 training peers"
+        "$WIDTH at ${SIZE}x$SIZE; slot 7 joins 7 training peers;" \
+        "catch-up $CATCHUP"
     echo "load: $(uptime)"
     printf '%-8s %12s %8s %8s %8s %8s %8s %8s %8s  %s\n' senders state_B \
         join_s begun_s xfer_s "N/R_s" "N/(KR)_s" "J/(N/R)" "B/(N/R)" \
@@ -160,8 +168,13 @@ for K in $SENDERS; do
         printf "%-8d %12d %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %8.2f  %s\n",
             k, n, j, b, x, b1, b1 / k, j / b1, b / b1, per
         printf "         stages (s after start): %s\n", marks
-        printf "         wait for admission (answered to admitted): %.3f s;" \
-            " admitted to first step begun: %.3f s; first step: %.3f s\n",
+        if ("caught up" in t)
+            printf "         catch-up: answered to snapshot loaded %.3f s," \
+                " to caught up %.3f s; caught up to admitted %.3f s\n",
+                t["snapshot"] - t["answered"], t["caught up"] - t["answered"],
+                t["admitted"] - t["caught up"]
+        printf "         answered to admitted: %.3f s; admitted to first" \
+            " step begun: %.3f s; first step: %.3f s\n",
             t["admitted"] - t["answered"], b - t["admitted"], j - b
     }' | tee -a "$OUT/summary.txt"
     # the members' pause (bench/join_pause.py): a step, a step while the
