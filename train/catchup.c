@@ -798,6 +798,27 @@ static int send_all_fd(int fd, const uint8_t *b, size_t n, double until)
     return 0;
 }
 
+/* A non-blocking connect, given up at until (a host that does not
+ * answer must not hold the joiner). */
+static int connect_until(int fd, const struct sockaddr_storage *ss,
+                         socklen_t len, double until)
+{
+    struct pollfd pf = {.fd = fd, .events = POLLOUT};
+    socklen_t el = sizeof(int);
+    int err = 0;
+
+    if (connect(fd, (const struct sockaddr *)ss, len) == 0)
+        return 0;
+    if (errno != EINPROGRESS)
+        return -1;
+    while (poll(&pf, 1, 50) == 0)
+        if (mesh_now_s() > until)
+            return -1;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err)
+        return -1;
+    return 0;
+}
+
 /* Connect to every member of the view and read its HELLO. */
 static int cu_connect(struct train_catchup *cu, const uint16_t *ports)
 {
@@ -824,11 +845,11 @@ static int cu_connect(struct train_catchup *cu, const uint16_t *ports)
             ((struct sockaddr_in *)&ss)->sin_port = htons(ports[s]);
         else
             ((struct sockaddr_in6 *)&ss)->sin6_port = htons(ports[s]);
-        p->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (p->fd < 0 || connect(p->fd, (struct sockaddr *)&ss, len) < 0)
+        p->fd =
+            socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (p->fd < 0 || connect_until(p->fd, &ss, len, until) < 0)
             return -1;
         (void)setsockopt(p->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        (void)fcntl(p->fd, F_SETFL, fcntl(p->fd, F_GETFL) | O_NONBLOCK);
     }
     /* every HELLO */
     for (i = 0; i < cu->k; i++) {
@@ -1046,7 +1067,7 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
 {
     struct trainer *t = cu->t;
     uint16_t ports[MESH_ELASTIC_MAX_SLOTS];
-    double until = mesh_now_s() + 3, eof_at = 0, tgt_at = 0;
+    double until = mesh_now_s() + 3, eof_at = 0, tgt_at = 0, wait_s;
     uint64_t x = 0;
     int rc;
 
@@ -1077,8 +1098,12 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
     cu->got = 0;
     for (int r = 0; r < CU_RING; r++)
         cu->gstep[r] = UINT64_MAX;
-    until = mesh_now_s() +
-            MESH_MAX(10.0, t->mo->topts.join_timeout_s / 2); /* to catch up */
+    /* to catch up: half the time the joiner waits to be admitted
+     * (elastic_recover's), so that it is admitted with the whole state
+     * within that time if it cannot */
+    wait_s = MESH_MAX(5.0, 2 * t->mo->topts.peer_timeout_s);
+    wait_s = MESH_MAX(wait_s, t->mo->topts.join_timeout_s);
+    until = mesh_now_s() + MESH_MAX(10.0, wait_s / 2);
     while (!cu->stop) {
         struct pollfd pf[MESH_ELASTIC_MAX_SLOTS];
         int ix[MESH_ELASTIC_MAX_SLOTS], np = 0, open = 0;
