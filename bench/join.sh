@@ -135,6 +135,15 @@ for K in $SENDERS; do
         sleep 0.2
         i=$((i + 1))
     done
+    # two more step records, so that rank 0's metrics hold the steps
+    # around the admission (bench/join_pause.py)
+    n=$(grep -c '"loss"' "$OUT/k$K.metrics" 2> /dev/null)
+    i=0
+    until [ "$(grep -c '"loss"' "$OUT/k$K.metrics" 2> /dev/null)" -ge \
+        $((${n:-0} + 2)) ] || [ $i -ge 300 ]; do
+        sleep 0.2
+        i=$((i + 1))
+    done
     unset MESHTRAIN_XFER_SENDERS
     for p in $PIDS; do kill -KILL "$p" 2> /dev/null; done
     wait 2> /dev/null
