@@ -214,7 +214,8 @@ static int scratch_reserve(struct mesh_coll *c, size_t need)
  * An algorithm's time for bytes from the all-reduces timed at create: on
  * the line through the measured sizes around bytes, so exactly the time
  * measured at a measured size (below the first, its time; beyond the
- * last, on the line through the last two, never falling). -1 when it is no
+ * last, on the line through the last two, never falling; beyond a single
+ * one, unknown: a 32-byte time says nothing of a bucket's). -1 when it is no
  * candidate there: not timed at the measured size at or above bytes (dropped
  * from the measurement), or no choice here at all (its model says so), or
  * nothing was timed.
@@ -232,7 +233,7 @@ static double measured_cost(const mesh_coll_t *c, int id, double bytes)
     if (k == 0) /* at or below the first size */
         return m->point_s[0][id] > 0 ? m->point_s[0][id] : -1;
     if (np == 1 && k == np)
-        return m->point_s[0][id] > 0 ? m->point_s[0][id] : -1;
+        return -1; /* no line beyond a single size: the model decides */
     beyond = k == np;
     k = MESH_MIN(k, np - 1);
     if (m->point_s[k][id] <= 0 || m->point_s[k - 1][id] <= 0)

@@ -119,8 +119,9 @@ struct mesh_coll_opts {
      * size and above; sizes that would take the measurement past about 20 s in
      * all are not timed either. AUTO then takes, for each size, the
      * algorithm of least time on the line through the measured sizes
-     * around it (beyond the largest, on the last two). NULL / 0: only 32
-     * bytes and measure_bytes. The array is
+     * around it (beyond the largest, on the last two; when 32 bytes is
+     * the only size timed, above it the built-in model). NULL / 0: only
+     * 32 bytes and measure_bytes. The array is
      * read during mesh_coll_create only.
      */
     const size_t *measure_sizes;
