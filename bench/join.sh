@@ -177,11 +177,10 @@ for K in $SENDERS; do
         printf "%-8d %12d %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %8.2f  %s\n",
             k, n, j, b, x, b1, b1 / k, j / b1, b / b1, per
         printf "         stages (s after start): %s\n", marks
-        if ("caught up" in t)
-            printf "         catch-up: answered to snapshot loaded %.3f s," \
-                " to caught up %.3f s; caught up to admitted %.3f s\n",
-                t["snapshot"] - t["answered"], t["caught up"] - t["answered"],
-                t["admitted"] - t["caught up"]
+        if ("snapshot" in t)
+            printf "         catch-up: answered to snapshot loaded %.3f s;" \
+                " snapshot to admitted %.3f s\n",
+                t["snapshot"] - t["answered"], t["admitted"] - t["snapshot"]
         printf "         answered to admitted: %.3f s; admitted to first" \
             " step begun: %.3f s; first step: %.3f s\n",
             t["admitted"] - t["answered"], b - t["admitted"], j - b

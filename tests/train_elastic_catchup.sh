@@ -3,7 +3,7 @@
 # train (doc/elastic.md, "Catching up"; train/catchup.c). It fetches a
 # snapshot of step X on side connections and replays the reduced
 # gradients of the steps that pass; the view change that admits it at
-# step R > X sends it only what it could not rebuild. Afterwards every
+# step R >= X sends it only what it could not rebuild. Afterwards every
 # peer exits 0: the state's SHA-256 in the view change and the weight
 # digests right after it and at the end prove the joiner's weights and
 # momentum equal the others' bitwise; rank 0's metrics name every step
@@ -79,9 +79,11 @@ codes_are() {
     return 1
 }
 
-# caught_up NAME SLOT: the joiner's snapshot is of an earlier step than
-# the one it was admitted at, and the view change sent it under a tenth
-# of the state; CU_MSG says what it saw.
+# caught_up NAME SLOT: the joiner's snapshot is of the step it was
+# admitted at or an earlier one (it asks to be admitted once it holds the
+# snapshot: R = X when a view change restarts from X, as after a failure
+# at that step), and the view change sent it under a tenth of the state;
+# CU_MSG says what it saw.
 caught_up() {
     _cu=$(sed -n 's/.*a snapshot of step \([0-9]*\) .* state of step \([0-9]*\) .*/\1 \2/p' \
         "$TMP/$1.p$2.log" | tail -n 1)
@@ -93,7 +95,7 @@ caught_up() {
     set -- $_cu
     CU_MSG="snapshot of step ${1:-?}, admitted at step ${2:-?}; the view \
 change sent ${_got:-?} of ${_state:-?} bytes"
-    [ $# -eq 2 ] && [ "$1" -lt "$2" ] && [ -n "$_got" ] &&
+    [ $# -eq 2 ] && [ "$1" -le "$2" ] && [ -n "$_got" ] &&
         [ -n "$_state" ] && [ $((_got * 10)) -lt "$_state" ]
 }
 
@@ -119,8 +121,9 @@ $COUNT "$TMP/b.metrics" "$ITERS" $N 20 "$TMP"/b.samples.*
 t_ok $? "keep-global-batch: every step once, every sample of each epoch once"
 
 # 3. a member (slot 1) is killed once it queued its snapshot stripe for
-# the joiner: the others agree on a view without it, and the joiner
-# starts its catch-up again from them, then is admitted.
+# the joiner: the others agree on a view without it, and the joiner is
+# admitted in that view change (when its snapshot came whole) or starts
+# its catch-up again from them and is admitted in the next.
 MESHTRAIN_TEST_FAULT=1:catchup
 export MESHTRAIN_TEST_FAULT
 start msend 4 3
@@ -130,10 +133,10 @@ join msend 4 3
 wait_all 120
 codes_are "0 137 0 0" msend
 t_ok $? "a member killed during the catch-up: the 3 others finish with exit 0"
-grep -q '"left": \[1\], "joined": \[\]' "$TMP/msend.metrics" &&
+grep -q '"left": \[1\], "joined": \[' "$TMP/msend.metrics" &&
     grep -q '"joined": \[3\]' "$TMP/msend.metrics" &&
-    grep -q "slot 3 joined view 3: step" "$TMP/msend.p3.log"
-t_ok $? "the view without slot 1 forms first, then slot 3 is admitted"
+    grep -q "slot 3 joined view [23]: step" "$TMP/msend.p3.log"
+t_ok $? "slot 1 is left out, and slot 3 admitted (in that view or the next)"
 caught_up msend 3
 t_ok $? "the joiner caught up again from slots 0 and 2 ($CU_MSG)"
 $COUNT "$TMP/msend.metrics" "$ITERS" $N 16 "$TMP"/msend.samples.*

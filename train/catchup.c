@@ -928,10 +928,6 @@ static int cu_apply(struct train_catchup *cu)
         cu->gstep[r] = UINT64_MAX;
         cu->applied++;
         cu->steps++;
-        if (cu->steps == 1) {
-            mesh_elastic_join_hold(t->el, 0); /* caught up: admit us */
-            t->join_mark[TRAIN_JM_CAUGHT] = mesh_now_s();
-        }
     }
     return 0;
 }
@@ -966,6 +962,12 @@ static int cu_load(struct train_catchup *cu)
     cu->t_snap = mesh_now_s() - cu->t0;
     t->join_mark[TRAIN_JM_SNAP] = cu->t0 + cu->t_snap;
     train_fault(t, TRAIN_FAULT_CATCHUP); /* test aid: the joiner dies */
+    /* admit us now, not a step later: the view that admits us restarts
+     * from a boundary at or after X, and the gradients of the steps up to
+     * it were all-reduced before it, so they come (cu_apply applies them
+     * up to the target; what does not come in time is sent in the view
+     * change) */
+    mesh_elastic_join_hold(t->el, 0);
     return 0;
 }
 

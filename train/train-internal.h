@@ -24,8 +24,7 @@ enum train_join_mark {
     TRAIN_JM_INPUT,  /* data opened, configuration built */
     TRAIN_JM_ANSWER, /* a running member answered the JOIN */
     TRAIN_JM_MODEL,  /* model built */
-    TRAIN_JM_SNAP,   /* catch-up: its snapshot loaded */
-    TRAIN_JM_CAUGHT, /* catch-up: a step replayed, admission asked */
+    TRAIN_JM_SNAP,   /* catch-up: its snapshot loaded, admission asked */
     TRAIN_JM_ADMIT,  /* the view that admits it decided */
     TRAIN_JM_MESH,   /* its mesh and communicator formed */
     TRAIN_JM_STATE,  /* the state received and checked */

@@ -1458,15 +1458,17 @@ static int elastic_boundary(struct trainer *t, uint64_t step)
 
     if (rc < 0)
         return mesh_err(rc, "the mesh's view is changing");
+    /* test aid: a slower job (MESHTRAIN_TEST_STEP_MS=MS at each step's
+     * start), so that a joiner's start and catch-up fall inside it;
+     * before the snapshot, so that the joins are looked at right after
+     * it is served, as in a job without the aid */
+    if (t->step_ms > 0)
+        usleep((useconds_t)t->step_ms * 1000);
     rc = snap_take(t, step);
     if (rc < 0)
         return rc;
     /* a joiner catching up may want this snapshot (train/catchup.c) */
     train_serve_boundary(t, step);
-    /* test aid: a slower job (MESHTRAIN_TEST_STEP_MS=MS at each step's
-     * start), so that a joiner's start and catch-up fall inside it */
-    if (t->step_ms > 0)
-        usleep((useconds_t)t->step_ms * 1000);
     /* peers started later asked to join: admit them now, from this
      * snapshot (doc/elastic.md, "Joining") */
     joins = mesh_elastic_joins(t->el);
@@ -1868,11 +1870,11 @@ static double process_age(const struct trainer *t)
 static void join_first_step(struct trainer *t, uint64_t done)
 {
     static const char *const names[TRAIN_JM_N] = {
-        [TRAIN_JM_RUN] = "main",        [TRAIN_JM_INPUT] = "input",
-        [TRAIN_JM_ANSWER] = "answered", [TRAIN_JM_MODEL] = "model",
-        [TRAIN_JM_SNAP] = "snapshot",   [TRAIN_JM_CAUGHT] = "caught up",
-        [TRAIN_JM_ADMIT] = "admitted",  [TRAIN_JM_MESH] = "mesh",
-        [TRAIN_JM_STATE] = "state",     [TRAIN_JM_BEGIN] = "first step",
+        [TRAIN_JM_RUN] = "main",         [TRAIN_JM_INPUT] = "input",
+        [TRAIN_JM_ANSWER] = "answered",  [TRAIN_JM_MODEL] = "model",
+        [TRAIN_JM_SNAP] = "snapshot",    [TRAIN_JM_ADMIT] = "admitted",
+        [TRAIN_JM_MESH] = "mesh",        [TRAIN_JM_STATE] = "state",
+        [TRAIN_JM_BEGIN] = "first step",
     };
     double now = mesh_now_s(), age = process_age(t);
     char marks[400];
