@@ -448,8 +448,11 @@ except OSError:
     restarts = []
 for t, slot, pid in restarts:
     t = float(t)
+    # the first view after the start that holds the slot (its "joined"
+    # may not name it: a view that admitted it and failed to form is
+    # followed by one whose previous view already held it)
     vs = [v for v in cviews
-          if v["wall"] >= t and int(slot) in v.get("joined", [])]
+          if v["wall"] >= t and int(slot) in v.get("members", [])]
     if not vs:
         print("  restart of slot %s: never admitted" % slot)
         continue
@@ -520,6 +523,24 @@ for k in ("fault", "join", "degraded", "full"):
         print("  %-8s intervals: %6d, %7.1f s, %+7.1f s over the fault-free "
               "rate (%.1f %% of the run)" % (k, n, tot, ex,
                                              100 * ex / (c1 - c0)))
+# the same run on hardware with one device per peer (a model, since here
+# 8 processes share 2 cores and a smaller view computes faster): a step
+# takes the fault-free interval times the micro-batches of the busiest
+# peer, ceil(slots / peers) (2 in a view of 7 with --keep-global-batch,
+# 1 when the global batch shrinks); view changes as measured
+model = head + tail
+for a, b in zip(cs, cs[1:]):
+    vs = [v for v in cviews if a["wall"] < v["wall"] <= b["wall"]]
+    if vs:
+        model += b["wall"] - a["wall"]
+    else:
+        sl = round(b["images_per_s"] * b["t_step"] / b["batch"])
+        model += base * -(-sl // b["peers"])
+if fsteps:
+    fmodel = fhead + ftail + base * (len(fsteps) - 1)
+    print("  with one device per peer (a model): %.1f s, %.1f %% of the "
+          "fault-free steps per minute" % (model, 100 * fmodel / model *
+                                           len(csteps) / len(fsteps)))
 print("digest mismatches: %d (fault-free %d)" % (cmis, fmis))
 if facc is not None and cacc is not None:
     print("accuracy: %.2f %% vs %.2f %% fault-free (%+.2f points)"
