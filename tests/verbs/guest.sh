@@ -104,12 +104,16 @@ for part in $VERBS_PARTS; do
     rejoin)
         # --elastic over verbs: 3 peers, peer 2 killed at step 5 and
         # started again at once; it joins the 2 others, which send it the
-        # state over verbs (train/xfer.c), and all 3 finish.
+        # state over verbs (train/xfer.c; what a catch-up on its TCP side
+        # connections could not rebuild, train/catchup.c), and all 3
+        # finish. The members wait at step 12 for it
+        # (MESHTRAIN_TEST_JOIN_AT), so that they cannot end the run while
+        # the restarted peer still starts or catches up under TCG.
         (umask 077 && head -c 32 /dev/urandom | od -An -tx1 |
             tr -d ' \n' >/tmp/rj.secret)
         rj() { # rj RANK FAULT: one peer, log /tmp/rj.RANK
-            MESHTRAIN_TEST_FAULT=$2 "$B/meshtrain" \
-                -H 10.77.0.1:3 --rank "$1" --port 23600 \
+            MESHTRAIN_TEST_FAULT=$2 MESHTRAIN_TEST_JOIN_AT=12 \
+                "$B/meshtrain" -H 10.77.0.1:3 --rank "$1" --port 23600 \
                 --secret-file /tmp/rj.secret --transport verbs \
                 --ib-dev rxe0 --elastic --model resnet18 --width 4 \
                 --cifar-stem --image-size 12 --threads 1 --data-threads 1 \
