@@ -106,6 +106,12 @@ struct mesh_elastic {
     int hold;             /* a joiner: our JOIN asks the members to wait */
     double join_at[MESH_ELASTIC_MAX_SLOTS]; /* the latest, per slot */
     int formed_once;                        /* a view's mesh has formed here */
+    /* the trainer asked whether a job runs (mesh_elastic_probe); until
+     * then no agreement may count this process as a member: a slot's
+     * restarted process would report step 0 in the agreement that leaves
+     * its dead predecessor out, and the view would restart from a step
+     * no member holds */
+    int probed;
     /* ST_JOINING: the epoch a running member reported (a decision for
      * an older epoch is stale), whether one has, and a refusal */
     uint64_t join_epoch;
@@ -396,6 +402,8 @@ static void take(struct mesh_elastic *e, int type, int from, uint64_t epoch,
         take_status(e, from, epoch, mask, step, extra);
         return;
     }
+    if (!e->probed && !e->formed_once)
+        return;
     if (e->state == ST_JOINING) {
         struct decision nd = {.epoch = epoch,
                               .prev = extra2,
@@ -814,6 +822,7 @@ int mesh_elastic_probe(struct mesh_elastic *e, double wait_s)
         ~(UINT64_C(1) << e->me);
 
     pthread_mutex_lock(&e->mu);
+    e->probed = 1;
     e->state = ST_JOINING;
     e->sent_at = 0;
     e->decided = 0;
