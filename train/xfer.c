@@ -621,6 +621,7 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
         if (rc < 0)
             return rc;
         train_xfer_free(t);
+        t->cu_step = UINT64_MAX; /* the model is no longer the catch-up's */
     } else if (senders_mask >> me & 1) {
         if (!sn->valid || sn->step != v->step)
             return train_local(t, mesh_err(-ENOENT,
