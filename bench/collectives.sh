@@ -473,13 +473,16 @@ if [ "$(wc -l <"$vcsv")" -gt 1 ]; then
                    w[k], at[k] }' "$vcsv" | sort
 fi
 # With --repeat R: per size, the median over the repetitions of auto/best
-# (its spread, least..most), and of chosen/best, the fixed run of the
+# (its spread, least..most), of chosen/best, the fixed run of the
 # algorithm auto ran over the best fixed one (1 where auto chose the best:
-# the choice, without auto's own run's noise); per setting and N the
-# worst median.
+# the choice, without auto's own run's noise), and of auto/chosen ("self":
+# one algorithm's two runs, the noise; the best of several columns is
+# biased low, so auto/best exceeds 1 by noise alone); per setting and N
+# the worst median.
 if [ "$repeat" -gt 1 ] && [ "$(wc -l <"$vcsv")" -gt 1 ]; then
     echo "over the $repeat repetitions, per size: median auto/best" \
-         "(least..most), median chosen/best, auto's algorithms:"
+         "(least..most), median chosen/best, median auto/chosen (self)," \
+         "auto's algorithms:"
     awk -F, '
     function med(s,   a, n, i, j, x) {
         n = split(s, a, " ")
@@ -493,14 +496,16 @@ if [ "$repeat" -gt 1 ] && [ "$(wc -l <"$vcsv")" -gt 1 ]; then
         k = $1 " N=" $2 " " sprintf("%10d", $3)
         r[k] = r[k] " " $8
         if ($10 > 0 && $7 > 0) c[k] = c[k] " " $10 / $7
+        if ($10 > 0 && $5 > 0) u[k] = u[k] " " $5 / $10
         if (index("," al[k] ",", "," $4 ",") == 0)
             al[k] = al[k] (al[k] == "" ? "" : ",") $4 }
     END {
         for (k in r) {
             m = med(r[k]); l = lo; h = hi
             cm = c[k] == "" ? 0 : med(c[k])
-            printf "  %-44s %.3f (%.3f..%.3f)  chosen %.3f  %s\n", k, m,
-                   l, h, cm, al[k]
+            um = u[k] == "" ? 0 : med(u[k])
+            printf "  %-40s %.3f (%.3f..%.3f)  chosen %.3f  self %.3f  %s\n",
+                   k, m, l, h, cm, um, al[k]
             split(k, kk, " "); g = kk[1] " " kk[2]
             if (m > wm[g]) { wm[g] = m; wat[g] = kk[3] } }
         for (g in wm)
