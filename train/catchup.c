@@ -1270,14 +1270,14 @@ int train_catchup_start(struct trainer *t)
              ? 0
              : mesh_err(-ENOMEM, "out of memory");
     if (rc == 0) {
-        pthread_condattr_t ca;
-
         pthread_mutex_init(&cu->mu, NULL);
-        /* mesh_cond_sleep's deadlines are CLOCK_MONOTONIC's */
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&cu->cv, &ca);
-        pthread_condattr_destroy(&ca);
+        rc = mesh_cond_init_monotonic(&cu->cv);
+        if (rc < 0) {
+            pthread_mutex_destroy(&cu->mu);
+            rc = mesh_err(rc, "catch-up: pthread_cond_init: %s", strerror(-rc));
+        }
+    }
+    if (rc == 0) {
         cu->t0 = mesh_now_s();
         mesh_elastic_join_hold(t->el, 1);
         rc = -pthread_create(&cu->th, NULL, cu_main, cu);

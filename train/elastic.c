@@ -658,7 +658,6 @@ int mesh_elastic_start(const struct mesh_elastic_opts *o,
 {
     const struct mesh_world *w = o->world;
     struct mesh_elastic *e;
-    pthread_condattr_t ca;
     unsigned char md[32];
     unsigned int mdlen = 0;
     char name[MESH_HOST_MAX + 16];
@@ -723,11 +722,12 @@ int mesh_elastic_start(const struct mesh_elastic_opts *o,
         }
     }
     pthread_mutex_init(&e->mu, NULL);
-    /* mesh_cond_sleep's deadlines are CLOCK_MONOTONIC's */
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&e->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    rc = mesh_cond_init_monotonic(&e->cv);
+    if (rc < 0) {
+        pthread_mutex_destroy(&e->mu);
+        rc = mesh_err(rc, "--elastic: pthread_cond_init: %s", strerror(-rc));
+        goto fail_fd;
+    }
     rc = -pthread_create(&e->thread, NULL, thread_main, e);
     if (rc < 0) {
         rc = mesh_err(rc, "--elastic: pthread_create: %s", strerror(-rc));

@@ -19,8 +19,6 @@ int tp_base_init(struct tp_base *b, const char *name,
                  const struct tp_base_ops *ops, const struct mesh_world *world,
                  const struct mesh_transport_opts *opts)
 {
-    pthread_condattr_t ca;
-
     b->name = name;
     b->ops = ops;
     b->opts = *opts;
@@ -34,17 +32,10 @@ int tp_base_init(struct tp_base *b, const char *name,
     /* wait_any's deadlines are on mesh_now_ns()'s clock (monotonic) */
     if (pthread_mutex_init(&b->lock, NULL))
         return mesh_err(-ENOMEM, "pthread init failed");
-    if (pthread_condattr_init(&ca)) {
+    if (mesh_cond_init_monotonic(&b->cond)) {
         pthread_mutex_destroy(&b->lock);
         return mesh_err(-ENOMEM, "pthread init failed");
     }
-    if (pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) ||
-        pthread_cond_init(&b->cond, &ca)) {
-        pthread_condattr_destroy(&ca);
-        pthread_mutex_destroy(&b->lock);
-        return mesh_err(-ENOMEM, "pthread init failed");
-    }
-    pthread_condattr_destroy(&ca);
     b->sync_ready = 1;
     return 0;
 }

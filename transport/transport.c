@@ -135,6 +135,21 @@ int mesh_cond_sleep(pthread_cond_t *cond, pthread_mutex_t *lock,
     return 0;
 }
 
+int mesh_cond_init_monotonic(pthread_cond_t *cond)
+{
+    pthread_condattr_t ca;
+    int rc;
+
+    rc = pthread_condattr_init(&ca);
+    if (rc)
+        return -rc;
+    rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    if (rc == 0)
+        rc = pthread_cond_init(cond, &ca);
+    pthread_condattr_destroy(&ca);
+    return -rc;
+}
+
 const struct mesh_transport_ops *mesh_transport_find(const char *name)
 {
     /* "auto" is shared memory within a host and, between hosts, verbs

@@ -301,4 +301,10 @@ int mesh_transport_wait(const struct mesh_transport_ops *ops,
 int mesh_cond_sleep(pthread_cond_t *cond, pthread_mutex_t *lock,
                     uint64_t deadline_ns);
 
+/*
+ * Initialises cond on CLOCK_MONOTONIC, the clock mesh_cond_sleep's deadlines
+ * are on. Returns 0 or a negative errno; records no message.
+ */
+int mesh_cond_init_monotonic(pthread_cond_t *cond);
+
 #endif

@@ -72,7 +72,6 @@ static int shm_listen_on(const struct mesh_world *world,
                          mesh_transport_t **out)
 {
     struct mesh_transport *t;
-    pthread_condattr_t ca;
     const char *spin = getenv("MESHTRAIN_SHM_SPIN_US");
     int rc;
 
@@ -91,12 +90,8 @@ static int shm_listen_on(const struct mesh_world *world,
         free(t);
         return rc;
     }
-    if (pthread_condattr_init(&ca) == 0) {
-        if (pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
-            pthread_cond_init(&t->bg_cond, &ca) == 0)
-            t->bg_cond_ready = 1;
-        pthread_condattr_destroy(&ca);
-    }
+    if (mesh_cond_init_monotonic(&t->bg_cond) == 0)
+        t->bg_cond_ready = 1;
     t->pp = calloc((size_t)world->size, sizeof(*t->pp));
     if (!t->bg_cond_ready || !t->pp) {
         rc = mesh_err(-ENOMEM, "shm: out of memory");
