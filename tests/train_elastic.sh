@@ -42,10 +42,6 @@ start() {
 }
 
 # at_step NAME STEP: wait until rank 0's metrics reach STEP.
-at_step() {
-    wait_for "$TMP/$1.metrics" "\"step\": $2," 120
-}
-
 # pid_of R: the pid of peer R of the last start.
 pid_of() {
     _r=$1
@@ -60,16 +56,6 @@ counted() {
 }
 
 # codes_are WANT NAME: $CODES is WANT, else show the logs.
-codes_are() {
-    [ "$CODES" = "$1" ] && return 0
-    t_diag "exit codes $CODES, want $1"
-    for _f in "$TMP/$2".p*.log; do
-        t_diag "$_f:"
-        t_show "$_f" 6
-    done
-    return 1
-}
-
 # 1. SIGKILL of one peer of 6 while they train.
 start kill1 6 --iters "$ITERS"
 at_step kill1 15

@@ -65,20 +65,6 @@ join() {
     PEERS="$PEERS $BG_PID"
 }
 
-at_step() {
-    wait_for "$TMP/$1.metrics" "\"step\": $2," 120
-}
-
-codes_are() {
-    [ "$CODES" = "$1" ] && return 0
-    t_diag "exit codes $CODES, want $1"
-    for _f in "$TMP/$2".p*.log; do
-        t_diag "$_f:"
-        t_show "$_f" 8
-    done
-    return 1
-}
-
 # caught_up NAME SLOT: the joiner's snapshot is of the step it was
 # admitted at or an earlier one (it asks to be admitted once it holds the
 # snapshot: R = X when a view change restarts from X, as after a failure

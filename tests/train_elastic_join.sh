@@ -62,20 +62,6 @@ join() {
     PEERS="$PEERS $BG_PID"
 }
 
-at_step() {
-    wait_for "$TMP/$1.metrics" "\"step\": $2," 120
-}
-
-codes_are() {
-    [ "$CODES" = "$1" ] && return 0
-    t_diag "exit codes $CODES, want $1"
-    for _f in "$TMP/$2".p*.log; do
-        t_diag "$_f:"
-        t_show "$_f" 8
-    done
-    return 1
-}
-
 # 1. 3 of 4 slots train; slot 3 joins at step 25.
 start join1 4 3
 at_step join1 25

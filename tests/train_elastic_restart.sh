@@ -41,10 +41,6 @@ run() {
     RUN=$BG_PID
 }
 
-at_step() {
-    wait_for "$TMP/$1.metrics" "\"step\": $2," 120
-}
-
 # kill_rank NAME R: SIGKILL the process of rank R.
 kill_rank() {
     _pid=$(rank_pid "$RUN" "$2")

@@ -59,3 +59,20 @@ chunks_ok() {
     done
     t_ok $_missing "the timeline shows each chunk's copies and all-reduce"
 }
+
+# at_step NAME K: wait (up to 120 s) until $TMP/NAME.metrics records step K.
+at_step() {
+    wait_for "$TMP/$1.metrics" "\"step\": $2," 120
+}
+
+# codes_are "CODES" NAME: the peers' exit codes ($CODES) are CODES; else show
+# the end of each $TMP/NAME.p*.log and fail.
+codes_are() {
+    [ "$CODES" = "$1" ] && return 0
+    t_diag "exit codes $CODES, want $1"
+    for _f in "$TMP/$2".p*.log; do
+        t_diag "$_f:"
+        t_show "$_f" 8
+    done
+    return 1
+}
