@@ -6,7 +6,8 @@
  *   meshbench [mesh options] --op allreduce|reduce_scatter|allgather|
  *             broadcast [--algo ring|tree|auto|direct|rd|rhd|hier|htree|hrd|ps]
  *             [--dtype float|half|bfloat16] [-o sum|avg] [--root R]
- *             [--chunk BYTES] [-t S] [-b -e -f -n -w -c]
+ *             [--chunk BYTES] [-t S] [--vs-fixed | --rotate]
+ *             [--algos A,B] [-b -e -f -n -w -c]
  *
  * Every rank joins the mesh with the common flags (mesh/mesh.h). Ranks pair
  * up (0-1, 2-3, ...; with --all-pairs every pair in turn, round-robin) and
@@ -609,6 +610,9 @@ static int parse_args(struct mesh_opts *mo, struct args *a, int argc,
     if (a->minbytes > a->maxbytes)
         return mesh_err(-EINVAL, "-b %zu is larger than -e %zu", a->minbytes,
                         a->maxbytes);
+    rc = meshbench_coll_args_check(&a->coll);
+    if (rc < 0)
+        return rc;
     if (!a->op_mask && !a->coll.ops)
         a->op_mask = (1 << MESH_ARRAY_SIZE(bench_ops)) - 1;
     a->coll.minbytes = a->minbytes;

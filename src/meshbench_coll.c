@@ -21,6 +21,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +87,54 @@ static int parse_dtype(const char *s, int *out)
     return 0;
 }
 
+/* --algos LIST: fixed algorithms, each once, into a->algos. */
+static int parse_algos(const char *list, struct meshbench_coll_args *a)
+{
+    char name[32];
+    const char *p = list;
+
+    a->nalgos = 0;
+    while (*p) {
+        size_t len = strcspn(p, ",");
+        int id, rc;
+
+        if (len == 0 || len >= sizeof(name))
+            return mesh_err(-EINVAL,
+                            "--algos '%s': expected names split "
+                            "by commas",
+                            list);
+        memcpy(name, p, len);
+        name[len] = 0;
+        rc = mesh_algo_parse(name, &id);
+        if (rc < 0)
+            return mesh_err_prefix(rc, "--algos");
+        if (id == MESH_ALGO_AUTO)
+            return mesh_err(-EINVAL,
+                            "--algos '%s': auto always runs; list "
+                            "the fixed algorithms",
+                            list);
+        for (int k = 0; k < a->nalgos; k++)
+            if (a->algos[k] == id)
+                return mesh_err(-EINVAL, "--algos '%s': %s twice", list, name);
+        a->algos[a->nalgos++] = id;
+        p += len;
+        if (*p == ',' && !*++p)
+            return mesh_err(-EINVAL, "--algos '%s': a comma at the end", list);
+    }
+    if (a->nalgos == 0)
+        return mesh_err(-EINVAL, "--algos: no algorithm named");
+    return 0;
+}
+
+int meshbench_coll_args_check(const struct meshbench_coll_args *a)
+{
+    if (a->vs_fixed && a->rotate)
+        return mesh_err(-EINVAL, "--vs-fixed and --rotate: give one");
+    if (a->nalgos && !a->vs_fixed && !a->rotate)
+        return mesh_err(-EINVAL, "--algos needs --vs-fixed or --rotate");
+    return 0;
+}
+
 int meshbench_coll_parse_arg(struct meshbench_coll_args *a, int argc,
                              char **argv, int *i)
 {
@@ -94,9 +143,21 @@ int meshbench_coll_parse_arg(struct meshbench_coll_args *a, int argc,
     long x;
     int rc = 0;
 
-    if (!strcmp(arg, "--vs-fixed")) {
-        a->vs_fixed = 1;
+    if (!strcmp(arg, "--vs-fixed") || !strcmp(arg, "--rotate")) {
+        if (arg[2] == 'v')
+            a->vs_fixed = 1;
+        else
+            a->rotate = 1;
         *i += 1;
+        return 1;
+    }
+    if (!strcmp(arg, "--algos")) {
+        if (!v)
+            return mesh_err(-EINVAL, "%s needs a value (see --help)", arg);
+        rc = parse_algos(v, a);
+        if (rc < 0)
+            return rc;
+        *i += 2;
         return 1;
     }
     if (strcmp(arg, "--algo") && strcmp(arg, "--dtype") && strcmp(arg, "-d") &&
@@ -182,6 +243,19 @@ const char *meshbench_coll_help(void)
            "                     taking turns run by run, and print each\n"
            "                     one's time and auto's over the best\n"
            "                     fixed one's (instead of the usual table)\n"
+           "  --rotate           allreduce: likewise, but time every run:\n"
+           "                     per size each one's median (the slowest\n"
+           "                     rank's time per run), and auto over the\n"
+           "                     best fixed one: the median of the runs'\n"
+           "                     ratios (auto's run over the best's run of\n"
+           "                     the same round) with a 95 % interval\n"
+           "                     (order statistics), and whether it is\n"
+           "                     within 1.03 (\"ok\": interval at or below),\n"
+           "                     above it (\"over\": interval above) or\n"
+           "                     not shown either way (\"?\")\n"
+           "  --algos A,B        with --vs-fixed or --rotate: the fixed\n"
+           "                     algorithms to run beside auto (default:\n"
+           "                     every one auto chooses from)\n"
            "size is the whole buffer (all ranks' blocks for reduce_scatter\n"
            "and allgather); algbw = size / time; busbw = algbw x 2(n-1)/n\n"
            "(allreduce), x (n-1)/n (reduce_scatter, allgather), x 1\n"
@@ -194,9 +268,18 @@ void meshbench_coll_config(const struct meshbench_coll_args *a, char *buf,
 {
     snprintf(buf, len,
              "coll_ops=%d\nalgo=%s\ndtype=%s\nredop=%d\nroot=%d\nchunk=%zu\n"
-             "time=%.6f\nvs_fixed=%d\n",
+             "time=%.6f\nvs_fixed=%d\nrotate=%d\nalgos=",
              a->ops, mesh_algo_name(a->algo), mesh_dtype_name(a->dtype),
-             a->redop, a->root, a->chunk_bytes, a->time_s, a->vs_fixed);
+             a->redop, a->root, a->chunk_bytes, a->time_s, a->vs_fixed,
+             a->rotate);
+    for (int k = 0; k < a->nalgos; k++) {
+        size_t used = strlen(buf);
+
+        snprintf(buf + used, len - used, "%s%s", k ? "," : "",
+                 mesh_algo_name(a->algos[k]));
+    }
+    if (strlen(buf) + 1 < len)
+        strcat(buf, "\n");
 }
 
 /* ---- data ---------------------------------------------------------------- */
@@ -495,6 +578,19 @@ static int measure_vs(struct ctx *x, size_t cnt, const int *ids, int nalgo,
     return rc;
 }
 
+/* The algorithms --vs-fixed and --rotate run: auto (ids[0]), then --algos
+ * or else every one AUTO chooses from; returns how many. */
+static int rotation(const struct ctx *x, int *ids)
+{
+    const struct meshbench_coll_args *a = x->a;
+
+    ids[0] = MESH_ALGO_AUTO;
+    if (!a->nalgos)
+        return 1 + mesh_coll_auto_algos(x->c, ids + 1);
+    memcpy(ids + 1, a->algos, (size_t)a->nalgos * sizeof(*ids));
+    return 1 + a->nalgos;
+}
+
 /* --vs-fixed's table: one row per size, auto against each fixed one. */
 static int run_vs(struct ctx *x, uint64_t *wrong_all)
 {
@@ -502,8 +598,7 @@ static int run_vs(struct ctx *x, uint64_t *wrong_all)
     int ids[MESH_ALGO_LAST + 2], nalgo, rc = 0;
     double worst = 0;
 
-    ids[0] = MESH_ALGO_AUTO;
-    nalgo = 1 + mesh_coll_auto_algos(x->c, ids + 1);
+    nalgo = rotation(x, ids);
     if (x->rank == 0) {
         printf("#\n# allreduce, auto against each fixed algorithm it "
                "chooses from, taking turns run by run, out of place, %d "
@@ -559,6 +654,226 @@ static int run_vs(struct ctx *x, uint64_t *wrong_all)
     }
     if (x->rank == 0) {
         printf("# worst auto/best: %.3f\n", worst);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+/*
+ * --rotate: like measure_vs, but every run is kept: rounds of an
+ * out-of-place all-reduce of cnt elements with each of ids[0..nalgo)
+ * (auto first) in an order shuffled each round, the same on every rank.
+ * One warmup round (with -t, timed to size the rest), then *iters rounds
+ * (at least -n, at most ROT_ITERS_MAX). On return t[j * *iters + i] is
+ * algorithm j's time in round i (s), the slowest rank's, on every rank
+ * (0 where j's scratch would pass formation's bound); the caller frees t.
+ */
+#define ROT_ITERS_MAX 4000
+static int measure_rotate(struct ctx *x, size_t cnt, const int *ids, int nalgo,
+                          double **tout, int *iters)
+{
+    const struct meshbench_coll_args *a = x->a;
+    double round_s, t0;
+    float mine, *ft = NULL, *all = NULL;
+    int rc = 0, fits[MESH_ALGO_LAST + 2];
+    size_t m;
+
+    *tout = NULL;
+    *iters = a->iters;
+    for (int j = 0; j < nalgo; j++)
+        fits[j] = mesh_coll_scratch_for(x->c, ids[j], cnt * x->es) <=
+                  2 * cnt * x->es + ((size_t)8 << 20);
+    t0 = mesh_now_s();
+    for (int j = 0; rc == 0 && j < nalgo; j++)
+        if (fits[j])
+            rc = mesh_coll_allreduce(x->c, x->sbuf, x->rbuf, cnt, a->dtype,
+                                     a->redop, ids[j]);
+    mine = (float)(mesh_now_s() - t0);
+    if (rc == 0 && a->time_s > 0) {
+        rc = mesh_coll_allgather(x->c, &mine, x->times, 1, MESH_DT_F32);
+        round_s = 0;
+        for (int r = 0; rc == 0 && r < x->n; r++)
+            round_s = MESH_MAX(round_s, (double)x->times[r]);
+        if (rc == 0 && round_s > 0)
+            *iters = (int)MESH_MAX(
+                (double)a->iters,
+                MESH_MIN(a->time_s / round_s, (double)ROT_ITERS_MAX));
+    }
+    if (rc < 0)
+        return rc;
+    *iters = MESH_MIN(MESH_MAX(*iters, 1), ROT_ITERS_MAX);
+    m = (size_t)*iters * (size_t)nalgo;
+    ft = calloc(m, sizeof(*ft));
+    all = calloc(m * (size_t)x->n, sizeof(*all));
+    *tout = calloc(m, sizeof(**tout));
+    if (!ft || !all || !*tout) {
+        rc =
+            mesh_err(-ENOMEM, "out of memory for %d x %d times", *iters, nalgo);
+        goto out;
+    }
+    for (int i = 0; rc == 0 && i < *iters; i++) {
+        int order[MESH_ALGO_LAST + 2];
+
+        mesh_shuffle(order, nalgo, (unsigned)i + 1);
+        for (int j = 0; rc == 0 && j < nalgo; j++) {
+            int k = order[j];
+
+            if (!fits[k])
+                continue;
+            t0 = mesh_now_s();
+            rc = mesh_coll_allreduce(x->c, x->sbuf, x->rbuf, cnt, a->dtype,
+                                     a->redop, ids[k]);
+            ft[(size_t)k * (size_t)*iters + (size_t)i] =
+                (float)(mesh_now_s() - t0);
+        }
+    }
+    /* the slowest rank's time of each run */
+    if (rc == 0)
+        rc = mesh_coll_allgather(x->c, ft, all, m, MESH_DT_F32);
+    for (size_t e = 0; rc == 0 && e < m; e++) {
+        double most = 0;
+
+        for (int r = 0; r < x->n; r++)
+            most = MESH_MAX(most, (double)all[(size_t)r * m + e]);
+        (*tout)[e] = most;
+    }
+out:
+    free(all);
+    free(ft);
+    if (rc < 0) {
+        free(*tout);
+        *tout = NULL;
+    }
+    return rc;
+}
+
+/* The median of v[0..n) (sorts v). */
+static double median_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/*
+ * The median of r[0..n) and a distribution-free 95 % confidence interval
+ * for it: the order statistics of ranks n/2 -+ 0.98 sqrt(n) (binomial
+ * with p = 1/2, normal approximation), the ends where n is too small to
+ * reach that far (r is sorted).
+ */
+static void median_ci(double *r, int n, double *med, double *lo, double *hi)
+{
+    double h = 0.98 * sqrt((double)n);
+    int j = (int)floor(n / 2.0 - h), k = (int)ceil(n / 2.0 + h);
+
+    *med = median_of(r, n);
+    *lo = r[MESH_MAX(j - 1, 0)];
+    *hi = r[MESH_MIN(k, n - 1)];
+}
+
+#define ROT_GOAL 1.03 /* the bound on auto over the best fixed */
+
+/* --rotate's table: per size each algorithm's median, auto over the best
+ * fixed one with its interval and a verdict. */
+static int run_rotate(struct ctx *x, uint64_t *wrong_all)
+{
+    const struct meshbench_coll_args *a = x->a;
+    int ids[MESH_ALGO_LAST + 2], nalgo, rc = 0, rows = 0, over = 0, ok = 0;
+    double worst = 0;
+    size_t worst_at = 0;
+
+    nalgo = rotation(x, ids);
+    if (x->rank == 0) {
+        printf("#\n# allreduce, auto against fixed algorithms, taking turns "
+               "run by run (a shuffled order each round), every run timed, "
+               "out of place, %d ranks, type %s\n# time: the median over "
+               "the rounds of the slowest rank's time (us); auto/best: the "
+               "median over the rounds of auto's time over the best fixed "
+               "one's (least median) in the same round, lo..hi its 95 %% "
+               "interval; ok: hi <= %.2f, over: lo > %.2f, ?: neither\n",
+               x->n, type_name(a->dtype), ROT_GOAL, ROT_GOAL);
+        printf("# %10s %6s %6s", "size", "algo", "rounds");
+        for (int j = 0; j < nalgo; j++)
+            printf(" %10s", mesh_algo_name(ids[j]));
+        printf(" %6s %9s %7s %7s %7s\n", "best", "auto/best", "lo", "hi",
+               "verdict");
+        fflush(stdout);
+    }
+    for (size_t size = a->minbytes;;) {
+        size_t cnt = size / x->es;
+        double *t = NULL, med[MESH_ALGO_LAST + 2] = {0}, *r, rm, lo, hi;
+        uint64_t w = 0;
+        int iters = 0, best = -1;
+
+        if (a->check)
+            rc = checked(x, MESH_OP_ALLREDUCE, 0, cnt, &w);
+        if (rc == 0)
+            rc = measure_rotate(x, cnt, ids, nalgo, &t, &iters);
+        if (rc == 0 && a->check) {
+            rc = mesh_coll_allgather(x->c, &w, x->wrongs, sizeof(w),
+                                     MESH_DT_BYTE);
+            for (int q = 0; rc == 0 && q < x->n; q++)
+                *wrong_all += x->wrongs[q];
+        }
+        if (rc < 0) {
+            free(t);
+            return mesh_err_prefix(rc, "allreduce of %zu bytes", size);
+        }
+        r = malloc((size_t)iters * sizeof(*r));
+        if (!r) {
+            free(t);
+            return mesh_err(-ENOMEM, "out of memory for %d ratios", iters);
+        }
+        for (int j = 0; j < nalgo; j++) {
+            double *tj = t + (size_t)j * (size_t)iters;
+
+            if (tj[0] <= 0)
+                continue; /* not run: scratch */
+            memcpy(r, tj, (size_t)iters * sizeof(*r));
+            med[j] = median_of(r, iters) * 1e6;
+            if (j > 0 && (best < 0 || med[j] < med[best]))
+                best = j;
+        }
+        rm = lo = hi = 0;
+        if (best > 0 && med[0] > 0) {
+            for (int i = 0; i < iters; i++)
+                r[i] = t[i] / t[(size_t)best * (size_t)iters + (size_t)i];
+            median_ci(r, iters, &rm, &lo, &hi);
+        }
+        free(r);
+        free(t);
+        rows++;
+        ok += rm > 0 && hi <= ROT_GOAL;
+        over += lo > ROT_GOAL;
+        if (rm > worst) {
+            worst = rm;
+            worst_at = cnt * x->es;
+        }
+        if (x->rank == 0) {
+            printf(
+                "  %10zu %6s %6d", cnt * x->es,
+                mesh_algo_name(mesh_coll_algo_for(x->c, a->algo, cnt * x->es)),
+                iters);
+            for (int j = 0; j < nalgo; j++)
+                if (med[j] > 0)
+                    printf(" %10.1f", med[j]);
+                else
+                    printf(" %10s", "-");
+            printf(" %6s %9.3f %7.3f %7.3f %7s\n",
+                   best > 0 ? mesh_algo_name(ids[best]) : "-", rm, lo, hi,
+                   rm <= 0          ? "-"
+                   : hi <= ROT_GOAL ? "ok"
+                   : lo > ROT_GOAL  ? "over"
+                                    : "?");
+            fflush(stdout);
+        }
+        if (size > a->maxbytes / (size_t)a->factor)
+            break;
+        size *= (size_t)a->factor;
+    }
+    if (x->rank == 0) {
+        printf("# worst auto/best: %.3f at %zu; within %.2f (interval at or "
+               "below): %d of %d sizes; above it (interval above): %d\n",
+               worst, worst_at, ROT_GOAL, ok, rows, over);
         fflush(stdout);
     }
     return 0;
@@ -665,8 +980,9 @@ int meshbench_coll_run(struct mesh *m, const struct meshbench_coll_args *a,
 
         if (!(a->ops & coll_ops[k].bit))
             continue;
-        if (op == MESH_OP_ALLREDUCE && a->vs_fixed) {
-            rc = run_vs(&x, &wrong_all);
+        if (op == MESH_OP_ALLREDUCE && (a->vs_fixed || a->rotate)) {
+            rc =
+                a->rotate ? run_rotate(&x, &wrong_all) : run_vs(&x, &wrong_all);
             if (rc < 0)
                 goto free_bufs;
             continue;

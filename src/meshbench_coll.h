@@ -6,6 +6,7 @@
 #ifndef MESH_MESHBENCH_COLL_H
 #define MESH_MESHBENCH_COLL_H
 
+#include "collective/collective.h"
 #include "mesh/mesh.h"
 
 #include <stddef.h>
@@ -31,6 +32,13 @@ struct meshbench_coll_args {
     /* --vs-fixed: each all-reduce size also runs every fixed algorithm
      * AUTO chooses from, interleaved with auto run by run */
     int vs_fixed;
+    /* --rotate: likewise, every iteration timed, each one's median and a
+     * confidence interval of auto over the best fixed one */
+    int rotate;
+    /* --algos: the fixed algorithms --vs-fixed and --rotate run beside
+     * auto (nalgos 0: every one AUTO chooses from) */
+    int nalgos;
+    int algos[MESH_ALGO_LAST + 1];
     /* MESHBENCH_TEST_CORRUPT: that rank flips byte corrupt_offset of its
      * first checked input longer than that (-1: none). */
     int corrupt_rank;
@@ -44,11 +52,16 @@ int meshbench_coll_op(const char *name, int *bit);
 
 /*
  * Parse one of the collective flags at argv[*i] (--algo, --dtype, -d,
- * --redop, -o, --root, --chunk, -t, --vs-fixed): 1 when consumed (and *i
- * advanced), 0 when not ours, < 0 with a message for a bad value.
+ * --redop, -o, --root, --chunk, -t, --vs-fixed, --rotate, --algos): 1 when
+ * consumed (and *i advanced), 0 when not ours, < 0 with a message for a
+ * bad value.
  */
 int meshbench_coll_parse_arg(struct meshbench_coll_args *a, int argc,
                              char **argv, int *i);
+
+/* After parsing: 0, or < 0 with a message for flags that do not go
+ * together (--algos without --vs-fixed or --rotate, both of those). */
+int meshbench_coll_args_check(const struct meshbench_coll_args *a);
 
 /* The collective flags, for --help (static text). */
 const char *meshbench_coll_help(void);

@@ -9,7 +9,7 @@
 # spoiled input byte must be counted wrong and make every rank exit 4.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
-t_plan 20
+t_plan 22
 n=3
 for algo in ring tree direct rd rhd htree hrd ps auto; do
     take_ports "$n" || { t_ok 1 "no free ports"; continue; }
@@ -76,6 +76,35 @@ t_ok $([ $rc -eq 0 ] && [ "$rows" -eq 3 ] &&
        grep -q '# Out of bounds values : 0 OK' "$log"; echo $?) \
     "--vs-fixed: exit $rc, $rows of 3 rows of auto against the fixed ones"
 [ $rc -eq 0 ] && [ "$rows" -eq 3 ] || t_show "$log"
+# --rotate: the same rotation with every run kept: a row per size with
+# each one's median, the best, auto/best and its interval (lo <= ratio <=
+# hi) and a verdict; --algos picks the fixed ones.
+take_ports "$n"
+port=$PORT
+log=$TMP/rot.log
+timeout 120 "$MESHRUN" -np "$n" -- "$MESHBENCH" --port "$port" \
+    --join-timeout 30 --op allreduce --rotate --algos ring,rd -b 4K -e 1M \
+    -f 16 -n 5 -w 1 > "$log" 2>&1
+rc=$?
+rows=$(grep -E '^\[0\] +[0-9]+ +[a-z]+ +[0-9]+ ' "$log" |
+       awk 'NF == 12 && ($8 == "ring" || $8 == "rd") && $10 <= $9 &&
+            $9 <= $11 && $12 ~ /^(ok|over|\?)$/ { n++ } END { print n + 0 }')
+t_ok $([ $rc -eq 0 ] && [ "$rows" -eq 3 ] &&
+       grep -Eq '^\[0\] # +size +algo +rounds +auto +ring +rd +best ' \
+           "$log" &&
+       grep -Eq '^\[0\] # worst auto/best: [0-9.]+ at [0-9]+;' "$log" &&
+       grep -q '# Out of bounds values : 0 OK' "$log"; echo $?) \
+    "--rotate --algos ring,rd: exit $rc, $rows of 3 rows with an interval"
+[ $rc -eq 0 ] && [ "$rows" -eq 3 ] || t_show "$log"
+"$MESHBENCH" --op allreduce --algos ring > "$TMP/bada.log" 2>&1
+rc=$?
+"$MESHBENCH" --op allreduce --rotate --algos ring,tree,ring \
+    >> "$TMP/bada.log" 2>&1
+rc2=$?
+t_ok $([ $rc -eq 1 ] && [ $rc2 -eq 1 ] &&
+       grep -q -- "--algos needs --vs-fixed or --rotate" "$TMP/bada.log" &&
+       grep -q -- "--algos 'ring,tree,ring': ring twice" "$TMP/bada.log"
+       echo $?) "--algos alone and --algos with a repeat are refused"
 "$MESHBENCH" --op allreduce -t -1 > "$TMP/badt.log" 2>&1
 rc=$?
 t_ok $([ $rc -eq 1 ] && grep -q "expected seconds from 0 to 3600" \
