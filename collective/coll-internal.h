@@ -340,6 +340,20 @@ double coll_lat(const struct coll_shape *c, int algo, double hops);
 int coll_model_choice(const struct coll_shape *c, double bytes);
 
 /*
+ * Formation's agreement on its timings (coll.c, coll_meas_agree): every
+ * rank's vector is COLL_MEAS_HEAD numbers (alpha in us, beta in ns per
+ * byte, seconds spent so far), then runs times (us) of each of nauto
+ * algorithms, algorithm by algorithm; all holds nranks of them, rank by
+ * rank. v[0..COLL_MEAS_HEAD) = the ranks' mean of the head; v[HEAD + a] =
+ * the median over the runs of the slowest rank's time of each run, for
+ * each a with live[a] (0 for the others). runs <= COLL_MEAS_RUNS_MAX.
+ */
+#define COLL_MEAS_HEAD     3
+#define COLL_MEAS_RUNS_MAX 124
+void coll_meas_agree(const float *all, int nranks, const int *live, int nauto,
+                     int runs, float *v);
+
+/*
  * The model's latency terms beyond hops x alpha, in alphas (built-in
  * figures, like gamma; a measured 32-byte time replaces them all):
  * COLL_LOCAL_HOP, a hop inside a host over shared memory, where the

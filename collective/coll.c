@@ -1006,9 +1006,10 @@ static int cmp_size(const void *a, const void *b)
 #define MEAS_BUDGET_S    20.0       /* formation's timing, about */
 #define MEAS_RUNS_TINY   31         /* runs per size below 64 KiB */
 #define MEAS_RUNS_SMALL  7          /* below 1 MiB */
-#define MEAS_RUNS_BIG    3          /* from 1 MiB */
+#define MEAS_RUNS_BIG    5          /* from 1 MiB */
 #define MEAS_BLOCKS      4 /* the first runs, then up to 3 blocks more */
 #define MEAS_RUNS_MAX    (MEAS_BLOCKS * MEAS_RUNS_TINY)
+_Static_assert(MEAS_RUNS_MAX <= COLL_MEAS_RUNS_MAX, "coll-internal.h");
 /* contenders after block b: this near the fastest (b = 1..3) */
 static const float meas_close[MEAS_BLOCKS] = {0, 1.15f, 1.08f, 1.04f};
 
@@ -1118,26 +1119,6 @@ static int time_point(mesh_coll_t *c, const int *ids, const int *live,
 }
 
 /*
- * v[a] = the least of t[a][0..runs) in us, for each live a (else 0): load
- * from elsewhere only ever adds time, and a burst of it can spoil most
- * runs of one algorithm, which moves a median but not the least.
- */
-static void least(const int *live, int nauto, double (*t)[MEAS_RUNS_MAX],
-                  int runs, float *v)
-{
-    for (int a = 0; a < nauto; a++) {
-        double x = t[a][0];
-
-        v[a] = 0;
-        if (!live[a])
-            continue;
-        for (int i = 1; i < runs; i++)
-            x = MESH_MIN(x, t[a][i]);
-        v[a] = (float)(x * 1e6);
-    }
-}
-
-/*
  * The contenders of a size from its agreed times v (us): the live
  * algorithms within a factor near of the fastest, into close[]; returns
  * how many.
@@ -1190,26 +1171,88 @@ static double plan_live(mesh_coll_t *c, const int *ids, int nauto, int k,
     return total;
 }
 
-/* agree_times' vector: alpha, beta, the time spent so far, then the
- * algorithms' times */
-enum { HEAD = 3, AGREE_NV = HEAD + MESH_ALGO_LAST + 1 };
+/* agree_times' vectors: alpha, beta, the time spent so far, then the
+ * algorithms' times (the agreed one) or their runs' (each rank's) */
+enum { HEAD = COLL_MEAS_HEAD, AGREE_NV = HEAD + MESH_ALGO_LAST + 1 };
 
 /*
- * This rank's alpha, beta, time since start and least times of t (runs runs
- * of each live algorithm) into v, then averaged over the ranks by a ring
- * all-reduce, so that every rank holds the same bytes.
+ * The agreed vector v from every rank's (all: nranks vectors of HEAD +
+ * nauto * runs floats, rank by rank): v[0..HEAD) the ranks' mean, and for
+ * each live algorithm a, v[HEAD + a] = the median over its runs of the
+ * slowest rank's time of each run (0 for the others). The runs took
+ * turns with the other algorithms', so a burst of load from elsewhere
+ * spoils one run of each; the median then follows what a run usually
+ * takes, as bench's rotation does (meshbench --rotate), where the least
+ * favours an algorithm that is fast now and then and slow most of the
+ * time (rd over shared memory at 64 KiB: a least 4 times the ring's, a
+ * median 1.4 times slower). The same bytes give every rank the same v.
+ */
+void coll_meas_agree(const float *all, int nranks, const int *live, int nauto,
+                     int runs, float *v)
+{
+    size_t stride = (size_t)HEAD + (size_t)nauto * (size_t)runs;
+    float x[COLL_MEAS_RUNS_MAX];
+
+    for (int k = 0; k < HEAD; k++) {
+        float sum = 0;
+
+        for (int r = 0; r < nranks; r++)
+            sum += all[(size_t)r * stride + (size_t)k];
+        v[k] = sum / (float)nranks;
+    }
+    for (int a = 0; a < nauto; a++) {
+        int n = MESH_MIN(runs, COLL_MEAS_RUNS_MAX);
+
+        v[HEAD + a] = 0;
+        if (!live[a])
+            continue;
+        for (int i = 0; i < n; i++) {
+            float most = 0;
+
+            for (int r = 0; r < nranks; r++)
+                most =
+                    MESH_MAX(most, all[(size_t)r * stride + HEAD +
+                                       (size_t)a * (size_t)runs + (size_t)i]);
+            x[i] = most;
+        }
+        /* insertion sort: at most COLL_MEAS_RUNS_MAX */
+        for (int i = 1; i < n; i++) {
+            float y = x[i];
+            int j = i - 1;
+
+            for (; j >= 0 && x[j] > y; j--)
+                x[j + 1] = x[j];
+            x[j + 1] = y;
+        }
+        v[HEAD + a] = n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2;
+    }
+}
+
+/*
+ * This rank's alpha, beta, time since start and the times of t (runs
+ * runs of each live algorithm, us) into mine, gathered from every rank
+ * into all, and the agreed vector from them into v (coll_meas_agree).
  */
 static int agree_times(mesh_coll_t *c, const int *live, int nauto,
                        double (*t)[MEAS_RUNS_MAX], int runs, double start,
-                       float *v)
+                       float *mine, float *all, float *v)
 {
-    memset(v, 0, AGREE_NV * sizeof(float));
-    v[0] = (float)(c->meas_alpha * 1e6); /* us */
-    v[1] = (float)(c->meas_beta * 1e9);  /* ns per byte */
-    v[2] = (float)(mesh_now_s() - start);
-    least(live, nauto, t, runs, v + HEAD);
-    return mesh_coll_allreduce(c, v, v, AGREE_NV, MESH_DT_F32, MESH_REDOP_AVG,
-                               MESH_ALGO_RING);
+    size_t stride = (size_t)HEAD + (size_t)nauto * (size_t)runs;
+    int rc;
+
+    memset(mine, 0, stride * sizeof(float));
+    mine[0] = (float)(c->meas_alpha * 1e6); /* us */
+    mine[1] = (float)(c->meas_beta * 1e9);  /* ns per byte */
+    mine[2] = (float)(mesh_now_s() - start);
+    for (int a = 0; a < nauto; a++)
+        for (int i = 0; live[a] && i < runs; i++)
+            mine[HEAD + (size_t)a * (size_t)runs + (size_t)i] =
+                (float)(t[a][i] * 1e6);
+    rc = mesh_coll_allgather(c, mine, all, stride, MESH_DT_F32);
+    if (rc < 0)
+        return rc;
+    coll_meas_agree(all, c->w->size, live, nauto, runs, v);
+    return 0;
 }
 
 /*
@@ -1228,7 +1271,8 @@ static int agree(mesh_coll_t *c)
     int close[MESH_ALGO_LAST + 1], runs;
     double start = mesh_now_s(), spent = 0,
            t[MESH_ALGO_LAST + 1][MEAS_RUNS_MAX];
-    float *v = NULL, *w = NULL, *buf = NULL;
+    float *v = NULL, *w = NULL, *buf = NULL, *mine = NULL, *all = NULL;
+    size_t most = (size_t)HEAD + (size_t)nauto * MEAS_RUNS_MAX;
     int rc;
 
     rc = new_req(c, REQ_MEASURE, &q);
@@ -1242,6 +1286,11 @@ static int agree(mesh_coll_t *c)
     rc = mesh_coll_buf_alloc(c, AGREE_NV * sizeof(float), (void **)&v);
     if (rc == 0)
         rc = mesh_coll_buf_alloc(c, AGREE_NV * sizeof(float), (void **)&w);
+    if (rc == 0)
+        rc = mesh_coll_buf_alloc(c, most * sizeof(float), (void **)&mine);
+    if (rc == 0)
+        rc = mesh_coll_buf_alloc(c, (size_t)c->w->size * most * sizeof(float),
+                                 (void **)&all);
     if (rc == 0)
         rc = mesh_coll_buf_alloc(c, MESH_MAX(pts[np - 1], 32), (void **)&buf);
     if (rc < 0)
@@ -1257,10 +1306,10 @@ static int agree(mesh_coll_t *c)
         runs = meas_runs(pts[k]);
         rc = time_point(c, ids, live, nauto, pts[k], buf, t, 0, runs, 1);
         if (rc == 0)
-            rc = agree_times(c, live, nauto, t, runs, start, v);
+            rc = agree_times(c, live, nauto, t, runs, start, mine, all, v);
         /*
          * The algorithms within 15 % of the fastest run as many times
-         * again, and their least times over all their runs are agreed
+         * again, and their medians over all their runs are agreed
          * anew; then those within 8 %, then 4 %, while the budget lasts:
          * where the choice is close, noise has the most say, and each
          * block spends its runs on fewer candidates. Every rank holds the
@@ -1277,7 +1326,8 @@ static int agree(mesh_coll_t *c)
             rc = time_point(c, ids, close, nauto, pts[k], buf, t, b * runs,
                             runs, 0);
             if (rc == 0)
-                rc = agree_times(c, close, nauto, t, (b + 1) * runs, start, w);
+                rc = agree_times(c, close, nauto, t, (b + 1) * runs, start,
+                                 mine, all, w);
             for (int a = 0; rc == 0 && a < nauto; a++)
                 if (close[a])
                     v[HEAD + a] = w[HEAD + a];
@@ -1298,6 +1348,8 @@ static int agree(mesh_coll_t *c)
     c->auto_algo = 0; /* the choices come from the times now */
 out:
     mesh_coll_buf_free(c, buf);
+    mesh_coll_buf_free(c, all);
+    mesh_coll_buf_free(c, mine);
     mesh_coll_buf_free(c, w);
     mesh_coll_buf_free(c, v);
     /* the largest sizes' scratch: given back, grown again where needed */

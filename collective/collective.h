@@ -108,21 +108,22 @@ struct mesh_coll_opts {
      * trainer's buckets, meshbench's sweep), each timed with each of
      * AUTO's algorithms besides 32 bytes and measure_bytes (at most
      * MESH_COLL_POINTS sizes in all; a longer list is thinned, keeping
-     * its ends). The algorithms take turns run by run, and each one's
-     * least time of its runs at a size (load from elsewhere only adds
-     * time) is averaged over the ranks before anything is decided from
-     * it, so every rank takes the same choices; those within 15 % of the
-     * fastest then run as many times again, and their least times are
-     * agreed anew, then those within 8 %, then 4 % (up to 4 blocks of
-     * runs, while the budget lasts). An algorithm whose scratch memory would
-     * exceed twice the message plus 8 MiB is not timed (nor chosen) at that
-     * size and above; sizes that would take the measurement past about 20 s in
-     * all are not timed either. AUTO then takes, for each size, the
-     * algorithm of least time on the line through the measured sizes
-     * around it (beyond the largest, on the last two; when 32 bytes is
-     * the only size timed, above it the built-in model). NULL / 0: only
-     * 32 bytes and measure_bytes. The array is
-     * read during mesh_coll_create only.
+     * its ends). The algorithms take turns run by run (so that a burst
+     * of load from elsewhere spoils one run of each), every rank's times
+     * are gathered, and each algorithm's time at a size is the median
+     * over its runs of the slowest rank's time of each run, the same on
+     * every rank before anything is decided from it, so every rank takes
+     * the same choices; those within 15 % of the fastest then run as many
+     * times again, and their medians are agreed anew, then those within 8 %,
+     * then 4 % (up to 4 blocks of runs, while the budget lasts). An algorithm
+     * whose scratch memory would exceed twice the message plus 8 MiB is not
+     * timed (nor chosen) at that size and above; sizes that would take the
+     * measurement past about 20 s in all are not timed either. AUTO then takes,
+     * for each size, the algorithm of least time on the line through the
+     * measured sizes around it (beyond the largest, on the last two; when 32
+     * bytes is the only size timed, above it the built-in model). NULL / 0:
+     * only 32 bytes and measure_bytes. The array is read during
+     * mesh_coll_create only.
      */
     const size_t *measure_sizes;
     int nmeasure_sizes;

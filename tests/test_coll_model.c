@@ -7,6 +7,8 @@
  * beyond that); the hierarchical forms are no choice without hosts;
  * the largest messages go to an algorithm that moves the ring's bytes
  * (ring, rhd, hier), never to one that moves the whole message per hop.
+ * Then formation's agreement on its timings (coll_meas_agree): the
+ * median of the slowest rank's runs, not the least.
  */
 #include "config.h"
 
@@ -54,6 +56,51 @@ static int bandwidth(int id)
     return id == MESH_ALGO_RING || id == MESH_ALGO_RHD || id == MESH_ALGO_HIER;
 }
 
+/*
+ * Formation's agreement (coll_meas_agree): 2 ranks, 3 algorithms, 5 runs.
+ * Algorithm 0 is fast in 2 runs of 5 and slow in the rest (a least far
+ * below the others', a median above them); algorithm 1 always takes about
+ * the same; algorithm 2 is dropped (not live). Rank 1 is the slower of
+ * the two in some runs of algorithm 1: the slowest rank's time counts.
+ */
+static void meas_agree_checks(void)
+{
+    enum { R = 2, A = 3, N = 5, S = COLL_MEAS_HEAD + A * N };
+    static const float runs[R][A][N] = {
+        {{10, 90, 95, 12, 92}, {50, 51, 52, 50, 51}, {1, 1, 1, 1, 1}},
+        {{11, 91, 94, 10, 90}, {50, 60, 60, 49, 50}, {1, 1, 1, 1, 1}},
+    };
+    float all[R * S], v[COLL_MEAS_HEAD + A], again[COLL_MEAS_HEAD + A];
+    const int live[A] = {1, 1, 0};
+
+    for (int r = 0; r < R; r++) {
+        float *p = all + r * S;
+
+        p[0] = 10.0f * (float)(r + 1); /* alpha: 10 and 20 us */
+        p[1] = 1.0f;
+        p[2] = (float)r;
+        for (int a = 0; a < A; a++)
+            memcpy(p + COLL_MEAS_HEAD + a * N, runs[r][a], sizeof(runs[r][a]));
+    }
+    coll_meas_agree(all, R, live, A, N, v);
+    /* per run, the slower rank: 0: 11 91 95 12 92 -> median 91;
+     * 1: 50 60 60 50 51 -> median 51 */
+    ok(v[COLL_MEAS_HEAD] == 91 && v[COLL_MEAS_HEAD + 1] == 51 &&
+           v[COLL_MEAS_HEAD + 2] == 0,
+       "formation's time: the median of the slowest rank's runs "
+       "(%.0f, %.0f, %.0f; want 91, 51, 0): the sometimes-fast one is not "
+       "chosen for its least",
+       (double)v[COLL_MEAS_HEAD], (double)v[COLL_MEAS_HEAD + 1],
+       (double)v[COLL_MEAS_HEAD + 2]);
+    ok(v[0] == 15 && v[1] == 1 && v[2] == 0.5f,
+       "formation's head: the ranks' mean (alpha %.1f, beta %.1f, spent "
+       "%.2f)",
+       (double)v[0], (double)v[1], (double)v[2]);
+    /* every rank computes from the same gathered bytes: the same result */
+    coll_meas_agree(all, R, live, A, N, again);
+    ok(!memcmp(v, again, sizeof(v)), "the same bytes give the same vector");
+}
+
 int main(void)
 {
     static const int hosts[] = {2, 3, 4, 5, 8, 16, 32};
@@ -64,7 +111,7 @@ int main(void)
     struct coll_hosts h;
     int bad = 0, id;
 
-    plan(5);
+    plan(8);
     builtin(&m);
 
     /* the seed's topology at 4 GPUs per process: 16 hosts of 2 */
@@ -138,5 +185,7 @@ int main(void)
     id = coll_model_choice(&c, 4);
     ok(id == MESH_ALGO_HIER, "a measured latency replaces the model's: %s",
        mesh_algo_name(id));
+
+    meas_agree_checks();
     return done();
 }
