@@ -6,6 +6,7 @@
 #                        [--systems mesh,meshtcp,mpi,vader,gloo,tcp,mem,
 #                                   autovs]
 #                        [--algos ring,tree,auto]
+#                        [--rotate] [--rotate-algos A,B]
 #                        [--time S] [--repeat R] [--quick] [--out DIR]
 #                        [--builddir DIR] [--mesh-args "ARGS"]
 #                        [--prefix P] [--rate R] [--mtu M] [--cc CC]
@@ -48,6 +49,14 @@
 #         with --repeat R also, per size, the median ratio over the
 #         repetitions with its spread, and the median of chosen/best
 #         (the fixed run of auto's algorithm over the best fixed one)
+#         --rotate: autovs runs meshbench --rotate instead (and runs even
+#         when --systems does not name it): every run of the rotation
+#         timed, per size each one's median and auto/best as the median
+#         of the rounds' paired ratios with a 95 % interval and a verdict
+#         (ok: the interval at or below 1.03; over: above it; ?: holds
+#         it), into DIR/auto_rotate.csv and a table at the end;
+#         --rotate-algos A,B: only these fixed algorithms beside auto
+#         (meshbench --algos; default: every one auto chooses from)
 #   mem   bench/mem_limit.py: memcpy and a float32 sum y += x, 1 and 2
 #         processes, the machine's memory-bandwidth limit (loopback only)
 # SIZES: "MIN:MAX:FACTOR" (default 4K:256M:4) or a list "4K,64M" (one run
@@ -67,6 +76,11 @@
 #   DIR/auto_vs_fixed.csv  setting,np,size,auto_algo,auto_us,best_algo,
 #                        best_us,ratio,rep,chosen_us (autovs; chosen_us:
 #                        the fixed run of the algorithm auto ran)
+#   DIR/auto_rotate.csv  setting,np,size,auto_algo,rounds,auto_us,best_algo,
+#                        best_us,ratio,lo,hi,verdict,rep (--rotate; the
+#                        times are medians over the rounds, ratio the
+#                        median of auto/best per round, lo..hi its 95 %
+#                        interval)
 #   DIR/tcp_limit.csv    setting,np,ring_link_GBps,ring_min_GBps,
 #                        bidir_dir_GBps,single_GBps,ping_rtt_us,limit_GBps,
 #                        rep
@@ -97,6 +111,8 @@ outdir="$bl_srcdir/bench/out"
 builddir=${top_builddir:-$bl_srcdir}
 insecure=0
 meshargs=
+rotate=0
+rotalgos=
 while [ $# -gt 0 ]; do
     case $1 in
         --settings) settings=$2; shift 2 ;;
@@ -106,6 +122,8 @@ while [ $# -gt 0 ]; do
         --algos) algos=$2; shift 2 ;;
         --quick) settings=a,b nps=2,4 sizes=4K,64M secs=0.5; shift ;;
         --mesh-args) meshargs=$2; shift 2 ;;
+        --rotate) rotate=1; shift ;;
+        --rotate-algos) rotalgos=$2; shift 2 ;;
         -h|--help) bl_help; exit 0 ;;
         *) bl_opt "--time --repeat --out --builddir --prefix --rate --mtu \
 --cc --mesh-cc --peers-per-host --insecure" "$@" ||
@@ -116,6 +134,9 @@ while [ $# -gt 0 ]; do
 done
 
 has() { case ",$1," in *",$2,"*) return 0 ;; esac; return 1; }
+[ $rotate -eq 1 ] && ! has "$systems" autovs && systems="$systems,autovs"
+[ -n "$rotalgos" ] && [ $rotate -eq 0 ] &&
+    { echo "collectives.sh: --rotate-algos needs --rotate" >&2; exit 2; }
 for s in $(echo "$settings" | tr , ' '); do
     bl_setting_name "$s" >/dev/null ||
         { echo "collectives.sh: unknown setting '$s' (a, b, c)" >&2; exit 2; }
@@ -178,6 +199,10 @@ echo "setting,np,system,sizes,busy_pct,user_pct,steal_pct,steal_max_pct,rep" \
 vcsv="$outdir/auto_vs_fixed.csv"
 echo "setting,np,size,auto_algo,auto_us,best_algo,best_us,ratio,rep,$(
     )chosen_us" >"$vcsv"
+rcsv="$outdir/auto_rotate.csv"
+[ $rotate -eq 1 ] &&
+    echo "setting,np,size,auto_algo,rounds,auto_us,best_algo,best_us,$(
+        )ratio,lo,hi,verdict,rep" >"$rcsv"
 echo "setting,np,ring_link_GBps,ring_min_GBps,bidir_dir_GBps,single_GBps,$(
     )ping_rtt_us,limit_GBps,rep" >"$lcsv"
 tmp=$(mktemp -d /tmp/collectives.XXXXXX) || exit 1
@@ -363,6 +388,32 @@ measure() {
     record "$3" "$rname" "$rnp" "$log" $? "$rrep" "$b-$e"
 }
 
+# measure_rotate: meshbench --rotate over the sizes $b..$e of one_round's
+# setting; its rows go to auto_rotate.csv.
+measure_rotate() {
+    bl_log "  meshbench --rotate (auto against each fixed algorithm, every" \
+           "run timed), $b..$e bytes"
+    log="$outdir/raw/$rtag-mesh-rotate-$b-$e.txt"
+    run_mesh "$rset" "$rnp" "$b" "$e" "$f" "$log" auto \
+        "--rotate ${rotalgos:+--algos $rotalgos}" </dev/null
+    _rc=$?
+    _rows=$(awk -v s="$rname" -v n="$rnp" -v r="$rrep" '
+        $1 == "#" && $2 == "size" && $3 == "algo" && $4 == "rounds" {
+            hdr = NF; for (i = 5; i <= NF - 5; i++) name[i - 1] = $i; next }
+        hdr && NF == hdr - 1 && $1 ~ /^[0-9]+$/ {
+            bt = ""
+            for (i = 5; i <= NF - 5; i++) if (name[i] == $(NF - 4)) bt = $i
+            printf "%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s\n", s, n, $1,
+                   $2, $3, $4, $(NF - 4), bt, $(NF - 3), $(NF - 2),
+                   $(NF - 1), $NF, r }' "$log")
+    if [ -z "$_rows" ] || [ $_rc -ne 0 ]; then
+        bl_log "meshbench --rotate ($rname, N=$rnp) failed (exit $_rc):" \
+               "see $log"
+        status=1
+    fi
+    [ -n "$_rows" ] && echo "$_rows" >>"$rcsv"
+}
+
 # measure_vs: meshbench --vs-fixed over the sizes $b..$e of one_round's
 # setting; its rows go to auto_vs_fixed.csv.
 measure_vs() {
@@ -429,7 +480,9 @@ one_round() {
             measure "meshbench --transport tcp --algo ring" mesh-tcp-ring \
                 mesh-tcp-ring ring "--transport tcp"
         [ $gloo -eq 1 ] && measure Gloo gloo gloo
-        [ $mesh -eq 1 ] && has "$systems" autovs && measure_vs
+        if [ $mesh -eq 1 ] && has "$systems" autovs; then
+            if [ $rotate -eq 1 ]; then measure_rotate; else measure_vs; fi
+        fi
         if [ $mesh -eq 1 ] && has "$systems" mesh; then
             for a in $(echo "$algos" | tr , ' '); do
                 measure "meshbench --algo $a" "mesh-$a" "meshbench-$a" "$a"
@@ -511,6 +564,21 @@ if [ "$repeat" -gt 1 ] && [ "$(wc -l <"$vcsv")" -gt 1 ]; then
         for (g in wm)
             printf "  %-30s worst median auto/best %.3f at %s B\n", g,
                    wm[g], wat[g] }' "$vcsv" | sort
+fi
+if [ $rotate -eq 1 ] && [ "$(wc -l <"$rcsv")" -gt 1 ]; then
+    echo "auto against the best fixed algorithm, rotated run by run" \
+         "(meshbench --rotate): median of auto/best over the rounds," \
+         "95 % interval, verdict (ok: <= 1.03 shown; over: > 1.03 shown)"
+    printf '  %-22s %3s %10s %3s %6s %6s %7s %7s %6s %6s %s\n' setting \
+        N size rep auto best rounds ratio lo hi verdict
+    awk -F, 'NR > 1 {
+        printf "  %-22s %3s %10s %3s %6s %6s %7s %7s %6s %6s %6s\n", $1,
+               $2, $3, $13, $4, $7, $5, $9, $10, $11, $12
+        k = $1 " N=" $2; v[k, $12]++; all[k]++ }
+        END { for (k in all)
+                  printf "  %-30s ok %d, over %d, ? %d of %d sizes\n", k,
+                         v[k, "ok"], v[k, "over"], v[k, "?"], all[k] }' \
+        "$rcsv"
 fi
 [ "$(wc -l <"$csv")" -gt 1 ] || exit $status
 /usr/bin/python3 "$bl_srcdir/bench/report_collectives.py" "$csv" "$lcsv" \
