@@ -1369,9 +1369,60 @@ static int maps_segment(void)
 }
 
 /*
+ * One use of the windows (host_window, host_sync): 4 KiB of ours into the
+ * half of our window that the next sync publishes (its number's parity,
+ * as collective/local.c does), the sync, then both neighbours' 4 KiB
+ * checked in theirs.
+ */
+static int shm_window_op(struct ctx *cx, int op, const int nb[2], char *msg,
+                         size_t len)
+{
+    const int me = cx->rank;
+    const size_t n = 4096;
+    struct mesh_frame f =
+        frame((uint64_t)op + 1, 2, MESH_OP_P2P, MESH_DT_BYTE, 0, 0);
+    mesh_req_t *q;
+    void *base;
+    size_t wlen, half;
+    uint64_t k;
+    int rc = ops->host_window(cx->t, me, &base, &wlen, &k);
+
+    if (rc < 0 || wlen < 2 * n) {
+        snprintf(msg, len, "op %d: rank %d has no window (%d, %zu bytes)", op,
+                 me, rc, wlen);
+        return -1;
+    }
+    half = ((k + 1) % 2) * (wlen / 2);
+    fill((uint8_t *)base + half, n, seed_of(me, 1, (uint64_t)op, 0));
+    rc = ops->host_sync(cx->t, &f, &q);
+    if (rc == 0)
+        rc = mesh_transport_wait(ops, cx->t, q);
+    if (rc < 0) {
+        snprintf(msg, len, "op %d: host sync: %s", op, mesh_err_msg(rc));
+        return rc;
+    }
+    for (int j = 0; j < 2; j++) {
+        uint64_t kj;
+
+        rc = ops->host_window(cx->t, nb[j], &base, &wlen, &kj);
+        if (rc < 0 || kj != k + 1 ||
+            check((uint8_t *)base + half, n,
+                  seed_of(nb[j], 1, (uint64_t)op, 0)) >= 0) {
+            snprintf(msg, len,
+                     "op %d: rank %d's window (%d, sync %" PRIu64
+                     "): wrong bytes",
+                     op, nb[j], rc, kj);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/*
  * 300 back-to-back operations with both ring neighbours (inline sizes and
- * sizes read by address, every byte checked), then close: the segment is
- * unmapped and no descriptor is left behind.
+ * sizes read by address, every byte checked, then 4 KiB through the
+ * windows and a host sync), then close: the segment is unmapped and no
+ * descriptor is left behind.
  */
 static int child_shm_segment(struct ctx *cx, char *msg, size_t len)
 {
@@ -1435,6 +1486,9 @@ static int child_shm_segment(struct ctx *cx, char *msg, size_t len)
                 return -1;
             }
         }
+        rc = shm_window_op(cx, op, nb, msg, len);
+        if (rc < 0)
+            return rc;
     }
     ops->close(cx->t);
     cx->t = NULL;
@@ -1500,7 +1554,8 @@ static void scenario_shm(void)
         run_finish(&R, 60);
         report_children(&R, "shm segment");
         ok(all_ok(&R),
-           "shm: 3 ranks, 300 back-to-back operations each way, inline and "
+           "shm: 3 ranks, 300 back-to-back operations each way (and through "
+           "the windows, with a host sync), inline and "
            "%s; after close no segment mapped, no descriptor left",
            cma ? "by address (MESHTRAIN_SHM_CMA=1)"
                : "through the slots (MESHTRAIN_SHM_CMA=0)");

@@ -278,6 +278,31 @@ struct mesh_transport_ops {
      * memory where the transport can (shm).
      */
     int (*host_of)(mesh_transport_t *t, int rank);
+
+    /*
+     * Optional (NULL: none; both or neither). Memory the ranks of one host
+     * share (shm), for collectives that read each other's data in place:
+     * *base and *len (the same on every rank) are rank's window, mapped
+     * in this process, which its owner writes and every rank of the host
+     * may read; *syncs is how many host_sync this process has posted.
+     * Valid after connect, until close. -ENOTSUP (no message) where rank
+     * has none: another host's rank, or no shared memory here.
+     */
+    int (*host_window)(mesh_transport_t *t, int rank, void **base, size_t *len,
+                       uint64_t *syncs);
+
+    /*
+     * A request (wait and test it as any other) that completes once every
+     * rank of this host with a window has posted its own host_sync of the
+     * same number (the first, the second, ...): what each wrote to its
+     * window before posting it, the others may read once theirs
+     * completes. f names it for the checks and the messages (f->length
+     * 0): seq, tag, op, dtype and count must be the same on every rank,
+     * else the job fails with a desync naming both sides. A rank that
+     * dies or leaves first fails the job, as a peer of a send would.
+     */
+    int (*host_sync)(mesh_transport_t *t, const struct mesh_frame *f,
+                     mesh_req_t **out);
 };
 
 /* The transports built in: "tcp", "shm" and "auto" always, "verbs" when

@@ -260,6 +260,111 @@ static int pull(struct mesh_transport *t, int peer)
     return 0;
 }
 
+/* ---- host syncs ---------------------------------------------------------- */
+
+static int rank_of_local(struct mesh_transport *t, int li);
+
+void shm_sync_post(struct mesh_transport *t, struct mesh_req *r)
+{
+    struct shm_proc *me = shm_proc_at(t, t->me);
+    const struct mesh_frame *f = &r->super.f;
+    struct shm_sync_frame *y;
+
+    /* a failure's message names the first peer it waits for */
+    if (t->nlocal > 1)
+        r->super.peer = rank_of_local(t, t->me == 0 ? 1 : 0);
+    r->sync_k = ++t->syncs;
+    y = &me->sync[r->sync_k % 2];
+    *y = (struct shm_sync_frame){.seq = f->seq,
+                                 .count = f->count,
+                                 .tag = f->tag,
+                                 .op = f->op,
+                                 .dtype = f->dtype};
+    /* the frame and our window's writes before the count */
+    atomic_store_explicit(&me->syncs, r->sync_k, memory_order_release);
+    shm_q_push(&t->yq_head, &t->yq_tail, r);
+    for (int li = 0; li < t->nlocal; li++)
+        if (li != t->me)
+            shm_ring_bell(t, li);
+}
+
+/* The rank of local index li. */
+static int rank_of_local(struct mesh_transport *t, int li)
+{
+    for (int p = 0; p < t->super.world.size; p++)
+        if (t->pp[p].local == li)
+            return p;
+    return -1;
+}
+
+/*
+ * Whether the peer at local index li has reached our sync r: 1, or 0 (not
+ * yet; r then names it, as a receive from it, for a failure's message),
+ * or -EPROTO after failing the job (its frame differs: a desync, named
+ * here when it is at the same sync as we are; a peer ahead of us checked
+ * ours already).
+ */
+static int sync_reached(struct mesh_transport *t, struct mesh_req *r, int li)
+{
+    struct shm_proc *pr = shm_proc_at(t, li);
+    uint64_t k = r->sync_k, got;
+    struct shm_sync_frame y;
+    struct mesh_frame pf;
+    int peer = rank_of_local(t, li), self = t->super.world.rank;
+    char fa[200], fb[200], an[300], bn[300];
+
+    got = atomic_load_explicit(&pr->syncs, memory_order_acquire);
+    if (got < k) {
+        r->super.peer = peer;
+        if (atomic_load_explicit(&pr->bye, memory_order_acquire))
+            tp_fail_left(&t->super, peer);
+        return t->super.fail.failed ? -EPROTO : 0;
+    }
+    if (got > k)
+        return 1;
+    y = pr->sync[k % 2];
+    pf = (struct mesh_frame){.seq = y.seq,
+                             .tag = y.tag,
+                             .op = y.op,
+                             .dtype = y.dtype,
+                             .count = y.count};
+    if (pf.seq == r->super.f.seq && pf.tag == r->super.f.tag &&
+        pf.op == r->super.f.op && pf.dtype == r->super.f.dtype &&
+        pf.count == r->super.f.count)
+        return 1;
+    r->super.peer = peer;
+    tp_fail_job(&t->super, peer, -EPROTO, 1,
+                "desync between rank %d (%s), at host sync #%" PRIu64
+                " of %s, and rank %d (%s), at its host sync #%" PRIu64 " of %s",
+                self, tp_pname(&t->super, self, an, sizeof(an)), k,
+                mesh_frame_str(&r->super.f, fa, sizeof(fa)), peer,
+                tp_pname(&t->super, peer, bn, sizeof(bn)), k,
+                mesh_frame_str(&pf, fb, sizeof(fb)));
+    return -EPROTO;
+}
+
+/* Complete the host syncs every local rank has reached, in order; 1 if
+ * any did. */
+static int sync_poll(struct mesh_transport *t)
+{
+    struct mesh_req *r;
+    int moved = 0;
+
+    while ((r = t->yq_head) && !t->super.fail.failed) {
+        int li;
+
+        for (li = 0; li < t->nlocal; li++)
+            if (li != t->me && sync_reached(t, r, li) != 1)
+                break;
+        if (li < t->nlocal)
+            break;
+        shm_q_remove(&t->yq_head, &t->yq_tail, r);
+        tp_req_done(&t->super, &r->super);
+        moved = 1;
+    }
+    return moved;
+}
+
 void shm_check_gone(struct mesh_transport *t, int peer)
 {
     struct shm_peer *pp = &t->pp[peer];
@@ -290,6 +395,8 @@ int shm_poll(struct mesh_transport *t)
 
     if (!t->seg || t->super.fail.failed)
         return 0;
+    if (t->yq_head)
+        moved = sync_poll(t);
     for (int p = 0; p < t->super.world.size; p++) {
         struct shm_peer *pp = &t->pp[p];
 

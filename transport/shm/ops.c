@@ -48,7 +48,9 @@ static void shm_req_release(struct tp_base *b, struct tp_req *r, int failed)
     struct mesh_req *q = (struct mesh_req *)r; /* super first */
     struct shm_peer *pp = &t->pp[r->peer];
 
-    if (failed) {
+    if (failed && q->sync_k) {
+        shm_q_remove(&t->yq_head, &t->yq_tail, q);
+    } else if (failed) {
         shm_q_remove(&pp->sq_head, &pp->sq_tail, q);
         shm_q_remove(&pp->aq_head, &pp->aq_tail, q);
         shm_q_remove(&pp->rq_head, &pp->rq_tail, q);
@@ -455,6 +457,56 @@ static int shm_host_of(mesh_transport_t *t, int rank)
     return t->host[rank];
 }
 
+static int shm_host_window(mesh_transport_t *t, int rank, void **base,
+                           size_t *len, uint64_t *syncs)
+{
+    int li;
+
+    if (!t || !t->seg || t->me < 0 || rank < 0 || rank >= t->super.world.size)
+        return -ENOTSUP;
+    li = rank == t->super.world.rank ? t->me : t->pp[rank].local;
+    if (li < 0)
+        return -ENOTSUP;
+    *base = shm_win_at(t, li);
+    *len = SHM_WIN_BYTES;
+    pthread_mutex_lock(&t->super.lock);
+    *syncs = t->syncs;
+    pthread_mutex_unlock(&t->super.lock);
+    return 0;
+}
+
+static int shm_host_sync(mesh_transport_t *t, const struct mesh_frame *f,
+                         mesh_req_t **out)
+{
+    struct mesh_req *r;
+    int rc;
+
+    if (!t || !f || !out)
+        return mesh_err(-EINVAL, "shm host sync: NULL argument");
+    if (!t->seg || t->me < 0)
+        return mesh_err(-ENOTSUP, "shm host sync: no shared memory here");
+    r = calloc(1, sizeof(*r));
+    if (!r)
+        return mesh_err(-ENOMEM, "out of memory");
+    r->super.kind = TP_RECV;
+    r->super.peer = t->super.world.rank;
+    r->super.f = *f;
+    r->super.f.length = 0;
+    pthread_mutex_lock(&t->super.lock);
+    if (t->super.fail.failed) {
+        rc = tp_fail_err(&t->super);
+        pthread_mutex_unlock(&t->super.lock);
+        free(r);
+        return rc;
+    }
+    tp_req_link(&t->super, &r->super);
+    shm_sync_post(t, r);
+    shm_poll(t);
+    pthread_mutex_unlock(&t->super.lock);
+    *out = r;
+    return 0;
+}
+
 static void shm_close(mesh_transport_t *t)
 {
     struct tp_req *r, *rn;
@@ -516,6 +568,8 @@ const struct mesh_transport_ops mesh_shm_ops = {
     .culprit = shm_culprit,
     .close = shm_close,
     .host_of = shm_host_of,
+    .host_window = shm_host_window,
+    .host_sync = shm_host_sync,
 };
 
 /* shm, with verbs' auto table instead of TCP underneath where built. */
@@ -534,4 +588,6 @@ const struct mesh_transport_ops mesh_auto_ops = {
     .culprit = shm_culprit,
     .close = shm_close,
     .host_of = shm_host_of,
+    .host_window = shm_host_window,
+    .host_sync = shm_host_sync,
 };

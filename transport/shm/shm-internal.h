@@ -16,7 +16,11 @@
  *     when it has said it sleeps (no system call while anyone spins), and
  *     ticks every SHM_TICK_MS to watch the TCP mesh;
  *   - a peer's goodbye is its word in the segment, set after its last
- *     frame: a pending operation with it then fails once its ring is empty.
+ *     frame: a pending operation with it then fails once its ring is empty;
+ *   - after the rings, a window per local rank (SHM_WIN_BYTES) that the
+ *     collectives write and read themselves, and host syncs: a counter
+ *     per rank in its struct shm_proc, complete once every local rank's
+ *     has reached it (shm_poll checks, the bells wake).
  * One mutex (super.lock) guards the transport's state.
  *
  * The files:
@@ -49,13 +53,30 @@ struct shm_seg_hdr {
     uint8_t pad[SHM_CACHE - 20];
 };
 
+/* The frame of one host sync (mesh_transport_ops.host_sync), as its rank
+ * posted it: what the others check theirs against. */
+struct shm_sync_frame {
+    uint64_t seq, count;
+    uint32_t tag;
+    uint8_t op, dtype, pad[2];
+};
+
 struct shm_proc {
     _Atomic uint32_t bell;     /* futex word: bumped by every wake-up */
     _Atomic uint32_t sleeping; /* its progress thread sleeps on bell */
     _Atomic uint32_t bye;      /* closed normally: nothing more comes */
     _Atomic uint32_t failed;   /* its job failed: its buffers may be gone */
     uint32_t pid;
-    uint8_t pad[SHM_CACHE - 20];
+    uint8_t pad0[SHM_CACHE - 20];
+    /*
+     * Host syncs: how many it has posted (release, after the frame), and
+     * the frame of sync k in sync[k % 2]: it writes sync k + 1's only
+     * after sync k completed, which a peer still waiting on sync k has
+     * not let happen, so that a peer reads a whole frame.
+     */
+    _Atomic uint64_t syncs;
+    struct shm_sync_frame sync[2];
+    uint8_t pad1[SHM_CACHE - 8 - 2 * sizeof(struct shm_sync_frame)];
 };
 
 enum shm_slot_kind { SLOT_INLINE = 1, SLOT_CMA = 2 };
@@ -80,6 +101,7 @@ struct shm_ring {
 
 #define SHM_SLOT_STRIDE (sizeof(struct shm_slot) + SHM_SLOT_BYTES)
 #define SHM_RING_BYTES  (sizeof(struct shm_ring) + SHM_SLOTS * SHM_SLOT_STRIDE)
+#define SHM_PAGE        4096u
 
 /* ---- this process's side ------------------------------------------------ */
 
@@ -97,6 +119,7 @@ struct mesh_req {
     int frames;      /* receive: frames landed */
     int cma;         /* send: by address, completes when read */
     uint64_t ack_at; /* send by address: done once tail passes this */
+    uint64_t sync_k; /* a host sync: its number (1, 2, ...), else 0 */
     struct mesh_req *qnext;
 };
 
@@ -126,6 +149,8 @@ struct mesh_transport {
     uint8_t *seg;
     size_t seg_len;
     int cma_logged;
+    uint64_t syncs;                     /* host syncs posted */
+    struct mesh_req *yq_head, *yq_tail; /* host syncs not yet complete */
 
     uint64_t spin_ns;
     int spinners; /* threads in wait_any's spin: no one needs a bell */
@@ -157,11 +182,24 @@ static inline struct shm_slot *shm_slot_at(struct shm_ring *r, uint64_t i)
                                (size_t)(i % SHM_SLOTS) * SHM_SLOT_STRIDE);
 }
 
+/* Where the windows start: after the rings, on a page boundary. */
+static inline size_t shm_win_offset(int nlocal)
+{
+    size_t b = sizeof(struct shm_seg_hdr) +
+               (size_t)nlocal * sizeof(struct shm_proc) +
+               (size_t)nlocal * (size_t)nlocal * SHM_RING_BYTES;
+
+    return (b + SHM_PAGE - 1) / SHM_PAGE * SHM_PAGE;
+}
+
+static inline uint8_t *shm_win_at(struct mesh_transport *t, int li)
+{
+    return t->seg + shm_win_offset(t->nlocal) + (size_t)li * SHM_WIN_BYTES;
+}
+
 static inline size_t shm_seg_bytes(int nlocal)
 {
-    return sizeof(struct shm_seg_hdr) +
-           (size_t)nlocal * sizeof(struct shm_proc) +
-           (size_t)nlocal * (size_t)nlocal * SHM_RING_BYTES;
+    return shm_win_offset(nlocal) + (size_t)nlocal * SHM_WIN_BYTES;
 }
 
 /* join.c */
@@ -174,6 +212,8 @@ void shm_q_push(struct mesh_req **head, struct mesh_req **tail,
                 struct mesh_req *r);
 void shm_q_remove(struct mesh_req **head, struct mesh_req **tail,
                   struct mesh_req *r);
+/* Post a host sync (the lock held): r->sync_k, our frame, the bells. */
+void shm_sync_post(struct mesh_transport *t, struct mesh_req *r);
 /* Move what can move with every local peer; 1 if anything moved. */
 int shm_poll(struct mesh_transport *t);
 /* Wake local index li if it said it sleeps. */
