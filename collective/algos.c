@@ -3,7 +3,7 @@
  * schedule builders, cost) that name lookup, parsing, AUTO's choice and the
  * communicator's runs all go through, and the cost model's latency term.
  * The builders and their costs live in one file per family (ring.c,
- * tree.c, rd.c, baselines.c, hier.c).
+ * tree.c, rd.c, baselines.c, hier.c, local.c).
  */
 #include "config.h"
 
@@ -32,6 +32,8 @@ const struct coll_algo coll_algos[] = {
      NULL, coll_htree_cost},
     {MESH_ALGO_HRD, "hrd", coll_hrd_scratch, coll_build_hrd_allreduce, NULL,
      coll_hrd_cost},
+    {MESH_ALGO_LOCAL, "local", coll_local_scratch, coll_build_local_allreduce,
+     NULL, coll_local_cost},
 };
 const size_t coll_nalgos = MESH_ARRAY_SIZE(coll_algos);
 

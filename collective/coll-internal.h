@@ -43,6 +43,7 @@ enum sched_kind {
     SCHED_RECV = 1,
     SCHED_REDUCE = 2, /* dst = sum(src[]) / div */
     SCHED_COPY = 3,   /* memcpy(dst, src[0], len) */
+    SCHED_SYNC = 4,   /* the transport's host_sync (tag) */
 };
 
 struct sched_op {
@@ -109,6 +110,8 @@ int sched_recv(struct sched *s, int peer, uint32_t tag, uint64_t offset,
 int sched_reduce(struct sched *s, void *dst, const void *const *src, int nsrc,
                  size_t n, float div);
 int sched_copy(struct sched *s, void *dst, const void *src, size_t len);
+/* A host sync (mesh_transport_ops.host_sync) of tag (plus tag_base). */
+int sched_sync(struct sched *s, uint32_t tag);
 /*
  * The sends added from now on go to the transport with this order (see
  * mesh_frame.order; 0 at sched_init, first in, first out).
@@ -131,7 +134,8 @@ int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
  * The builders, with their costs: collective/ring.c (ring, chain
  * broadcast), tree.c (double binary tree), rd.c (recursive doubling,
  * Rabenseifner), baselines.c (parameter server, direct, barrier), hier.c
- * (the hierarchical forms: hier, htree, hrd).
+ * (the hierarchical forms: hier, htree, hrd), local.c (the ranks of one
+ * host reading each other's windows).
  *
  * Each builder turns one collective into sends, receives and reductions
  * (collective/sched.c runs them). Data is cut into chunks so that the steps
@@ -157,6 +161,16 @@ struct coll_hosts {
     int *host_of;  /* (size): the host's index, 0..nhosts-1 */
     int *local_of; /* (size): the rank's index on its host */
     int *rank_at;  /* (nhosts x local): the rank of (host, local index) */
+    /*
+     * The transport's windows (mesh_transport_ops.host_window) of this
+     * rank's host, by local index, where every rank of the host has one
+     * (else win is NULL), all of win_len bytes; ops and t to post the
+     * host syncs and count them.
+     */
+    void **win; /* (local) */
+    size_t win_len;
+    const struct mesh_transport_ops *ops;
+    mesh_transport_t *t;
 };
 
 /* What an algorithm needs to know about one collective. */
@@ -383,6 +397,7 @@ double coll_rhd_cost(const struct coll_shape *c, double bytes);
 double coll_hier_cost(const struct coll_shape *c, double bytes);
 double coll_htree_cost(const struct coll_shape *c, double bytes);
 double coll_hrd_cost(const struct coll_shape *c, double bytes);
+double coll_local_cost(const struct coll_shape *c, double bytes);
 
 /* ---- the builders, by family --------------------------------------------- */
 
@@ -395,6 +410,7 @@ size_t coll_rd_scratch(const struct coll_args *a);
 size_t coll_hier_scratch(const struct coll_args *a);
 size_t coll_htree_scratch(const struct coll_args *a);
 size_t coll_hrd_scratch(const struct coll_args *a);
+size_t coll_local_scratch(const struct coll_args *a);
 /* Recursive doubling over n ranks: the rounds (log2 of the largest power
  * of two <= n); the ranks beyond that power are returned in *extra. */
 int coll_rd_rounds(int n, int *extra);
@@ -420,6 +436,8 @@ int coll_build_htree_allreduce(struct sched *s, const struct coll_args *a,
                                void *scratch, mesh_mr_t *smr);
 int coll_build_hrd_allreduce(struct sched *s, const struct coll_args *a,
                              void *scratch, mesh_mr_t *smr);
+int coll_build_local_allreduce(struct sched *s, const struct coll_args *a,
+                               void *scratch, mesh_mr_t *smr);
 int coll_build_chain_broadcast(struct sched *s, const struct coll_args *a);
 int coll_build_tree_broadcast(struct sched *s, const struct coll_args *a);
 int coll_build_barrier(struct sched *s, int rank, int size);

@@ -941,7 +941,41 @@ static void hosts_free(struct coll_hosts *h)
     free(h->host_of);
     free(h->local_of);
     free(h->rank_at);
+    free(h->win);
     memset(h, 0, sizeof(*h));
+}
+
+/*
+ * The windows of this rank's host (local.c), where the transport has them
+ * for every rank of it, all of one length; else none (h->win NULL).
+ */
+static int hosts_windows(mesh_coll_t *c)
+{
+    struct coll_hosts *h = &c->hosts;
+    int hi = h->host_of[c->w->rank];
+    uint64_t syncs;
+
+    h->ops = c->ops;
+    h->t = c->t;
+    if (!c->ops->host_window || !c->ops->host_sync || h->local < 2)
+        return 0;
+    h->win = calloc((size_t)h->local, sizeof(*h->win));
+    if (!h->win)
+        return mesh_err(-ENOMEM, "out of memory for the hosts");
+    for (int j = 0; j < h->local; j++) {
+        size_t len = 0;
+
+        if (c->ops->host_window(c->t, h->rank_at[hi * h->local + j], &h->win[j],
+                                &len, &syncs) < 0 ||
+            len < 2 * sizeof(double) || (j && len != h->win_len)) {
+            free(h->win);
+            h->win = NULL;
+            h->win_len = 0;
+            return 0;
+        }
+        h->win_len = len;
+    }
+    return 0;
 }
 
 /*
@@ -988,6 +1022,10 @@ static int hosts_build(mesh_coll_t *c)
     }
     for (int r = 0; r < n; r++)
         h->rank_at[h->host_of[r] * h->local + h->local_of[r]] = r;
+    if (hosts_windows(c) < 0) {
+        hosts_free(h);
+        return mesh_err(-ENOMEM, "out of memory for the hosts");
+    }
     if (h->local > 1)
         mesh_info("collectives: %d host(s) of %d ranks: hier runs", h->nhosts,
                   h->local);

@@ -78,12 +78,17 @@ enum mesh_algo {
     MESH_ALGO_HRD = 9,    /* likewise with recursive doubling between the
                              leaders (log2 hosts hops): for small
                              messages across hosts; else rd */
+    MESH_ALGO_LOCAL = 10, /* all ranks on one host, in shared memory (the
+                             shm transport's windows): each copies its
+                             input into its window once, adds its 1/N
+                             slice straight from every window, and reads
+                             the others' sums; hier elsewhere */
 };
-#define MESH_ALGO_LAST MESH_ALGO_HRD
+#define MESH_ALGO_LAST MESH_ALGO_LOCAL
 
 const char *mesh_algo_name(int algo);
 /* "ring", "tree", "auto", "ps", "direct", "rd", "rhd", "hier", "htree",
- * "hrd" -> *out; -EINVAL otherwise. */
+ * "hrd", "local" -> *out; -EINVAL otherwise. */
 int mesh_algo_parse(const char *s, int *out);
 
 struct mesh_coll_opts {
@@ -169,7 +174,8 @@ void mesh_coll_destroy(mesh_coll_t *c);
  * alpha (seconds), inverse bandwidth beta (seconds per byte on a link),
  * reduction cost gamma (seconds per byte added; a fixed figure), whether
  * alpha and beta were measured, and the measured time of a 32-byte
- * all-reduce with each of ring, tree, direct, rd, rhd, hier, htree and hrd
+ * all-reduce with each of ring, tree, direct, rd, rhd, hier, htree, hrd
+ * and local
  * (lat_s[MESH_ALGO_RING] etc.; 0 when not measured). Where measured, that
  * time replaces the model's hops x alpha: it holds what alpha misses, such
  * as the cost of many messages at one rank, or of more processes than

@@ -131,6 +131,16 @@ int sched_copy(struct sched *s, void *dst, const void *src, size_t len)
     return i;
 }
 
+int sched_sync(struct sched *s, uint32_t tag)
+{
+    int i = add_op(s, SCHED_SYNC);
+
+    if (i < 0)
+        return -1;
+    s->ops[i].tag = tag + s->tag_base;
+    return i;
+}
+
 void sched_dep(struct sched *s, int before, int after)
 {
     struct sched_edge *e;
@@ -221,6 +231,12 @@ static int start(struct run *r, int i, const struct mesh_transport_ops *ops,
         break;
     case SCHED_RECV:
         rc = ops->irecv(t, o->peer, &f, buf, o->mr, &o->req);
+        break;
+    case SCHED_SYNC:
+        rc = ops->host_sync
+                 ? ops->host_sync(t, &f, &o->req)
+                 : mesh_err(-ENOTSUP, "%s: the transport has no host sync",
+                            mesh_op_name(s->op));
         break;
     case SCHED_REDUCE:
         mesh_reduce_sum(s->dtype, o->buf, o->src, o->nsrc, o->n, o->div);

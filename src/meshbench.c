@@ -4,7 +4,8 @@
  *   meshbench [mesh options] [--op pingpong|stream|all] [-b 8] [-e 64M]
  *             [-f 2] [-n 20] [-w 5] [-c 1] [--all-pairs]
  *   meshbench [mesh options] --op allreduce|reduce_scatter|allgather|
- *             broadcast [--algo ring|tree|auto|direct|rd|rhd|hier|htree|hrd|ps]
+ *             broadcast [--algo ring|tree|auto|direct|rd|rhd|hier|htree|hrd|
+ *             local|ps]
  *             [--dtype float|half|bfloat16] [-o sum|avg] [--root R]
  *             [--chunk BYTES] [-t S] [--vs-fixed | --rotate]
  *             [--algos A,B] [-b -e -f -n -w -c]

@@ -148,7 +148,8 @@ static const struct opt_doc opts[] = {
     {"no-error-feedback", SWITCH_FIELD(no_error_feedback), NULL,
      "topk/threshold: drop what was not sent (default: add it to the "
      "next step's gradients)"},
-    {"algo", CUSTOM(OPT_ALGO), "ring|tree|direct|rd|rhd|hier|htree|hrd|auto",
+    {"algo", CUSTOM(OPT_ALGO),
+     "ring|tree|direct|rd|rhd|hier|htree|hrd|local|auto",
      "all-reduce algorithm (default auto)"},
     {"verify-every", U64_FIELD(verify_every, 0, LONG_MAX), "N",
      "compare weight digests every N steps, 0: only at start (default 100)"},
@@ -619,7 +620,8 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "meshtrain: --algo: ps is a benchmark baseline "
                 "(meshbench, and meshtrain with --simulate-compute), use "
-                "ring, tree, direct, rd, rhd, hier, htree, hrd or auto\n");
+                "ring, tree, direct, rd, rhd, hier, htree, hrd, local or "
+                "auto\n");
         return MESH_EXIT_USAGE;
     }
     if (c.simulate_scale != 1 && !c.simulate) {

@@ -1,7 +1,7 @@
 #!/bin/sh
 # tests/coll_meshbench.sh: meshbench's collective operations end to end:
 # 3 peers on loopback started by meshrun run all-reduce (each algorithm;
-# htree and hrd as one host's leader form),
+# htree and hrd as one host's leader form, local in the host's windows),
 # reduce-scatter, all-gather and broadcast at odd sizes in every dtype;
 # every row must have the nccl-tests columns with #wrong 0 for both
 # placements, and the table must end with the summary lines. Then flags
@@ -9,9 +9,9 @@
 # spoiled input byte must be counted wrong and make every rank exit 4.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
-t_plan 22
+t_plan 23
 n=3
-for algo in ring tree direct rd rhd htree hrd ps auto; do
+for algo in ring tree direct rd rhd htree hrd local ps auto; do
     take_ports "$n" || { t_ok 1 "no free ports"; continue; }
     port=$PORT
     log=$TMP/ar_$algo.log

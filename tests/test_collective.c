@@ -406,11 +406,11 @@ static void t_random(struct rank_ctx *x, int algo, unsigned seed)
 /* Several collectives started before any wait, finished in order. */
 static void t_back_to_back(struct rank_ctx *x)
 {
-    enum { K = 10 };
+    enum { K = 11 };
     static const int algos[] = {
         MESH_ALGO_RING, MESH_ALGO_TREE, MESH_ALGO_PS,   MESH_ALGO_DIRECT,
         MESH_ALGO_RD,   MESH_ALGO_RHD,  MESH_ALGO_HIER, MESH_ALGO_HTREE,
-        MESH_ALGO_HRD,  MESH_ALGO_AUTO};
+        MESH_ALGO_HRD,  MESH_ALGO_AUTO, MESH_ALGO_LOCAL};
     struct group g;
     mesh_coll_req_t *q[K];
     void *buf[K], *want[K];
@@ -538,7 +538,7 @@ static void battery(struct rank_ctx *x)
     static const int algos[] = {
         MESH_ALGO_RING, MESH_ALGO_TREE, MESH_ALGO_PS,   MESH_ALGO_DIRECT,
         MESH_ALGO_RD,   MESH_ALGO_RHD,  MESH_ALGO_HIER, MESH_ALGO_HTREE,
-        MESH_ALGO_HRD,  MESH_ALGO_AUTO};
+        MESH_ALGO_HRD,  MESH_ALGO_AUTO, MESH_ALGO_LOCAL};
     int n = x->n;
     size_t counts[] = {0, 1, (size_t)n - 1, 7, 1009, 65537};
     size_t big[] = {(size_t)3 << 20 >> (n > 4)}; /* 12 or 6 MiB of f32 */
@@ -559,6 +559,8 @@ static void battery(struct rank_ctx *x)
     t_allreduce(x, MESH_ALGO_HIER, MESH_DT_F32, MESH_REDOP_AVG, big, 1);
     t_allreduce(x, MESH_ALGO_HTREE, MESH_DT_F16, MESH_REDOP_SUM, big, 1);
     t_allreduce(x, MESH_ALGO_HRD, MESH_DT_F32, MESH_REDOP_AVG, big, 1);
+    t_allreduce(x, MESH_ALGO_LOCAL, MESH_DT_F32, MESH_REDOP_AVG, big, 1);
+    t_allreduce(x, MESH_ALGO_LOCAL, MESH_DT_BF16, MESH_REDOP_SUM, big, 1);
     for (size_t d = 0; d < MESH_ARRAY_SIZE(dtypes); d++) {
         for (int redop = 0; redop < 2; redop++)
             t_reduce_scatter(x, dtypes[d], redop, small,
@@ -579,6 +581,10 @@ static void battery(struct rank_ctx *x)
 
 /* ---- failure scenarios --------------------------------------------------- */
 
+/* The all-reduce of the failure scenarios (the parent sets it before it
+ * forks the ranks). */
+static int death_algo = MESH_ALGO_RING;
+
 /* Rank 1 asks for one element fewer: everyone must get an error. */
 static void s_size_mismatch(struct rank_ctx *x)
 {
@@ -589,7 +595,7 @@ static void s_size_mismatch(struct rank_ctx *x)
 
     if (rc == 0)
         rc = mesh_coll_allreduce(x->c, b, b, cnt, MESH_DT_F32, MESH_REDOP_SUM,
-                                 MESH_ALGO_RING);
+                                 death_algo);
     group_begin(&g, 0, "N=%d sizes disagree: every rank gets an error", x->n);
     if (rc == 0)
         group_fail(&g, "the all-reduce succeeded");
@@ -614,7 +620,7 @@ static void s_kill(struct rank_ctx *x, int sig)
     rc = mesh_coll_barrier(x->c);
     if (rc == 0)
         rc = mesh_coll_allreduce_start(x->c, b, b, cnt, MESH_DT_F32,
-                                       MESH_REDOP_SUM, MESH_ALGO_RING, &q);
+                                       MESH_REDOP_SUM, death_algo, &q);
     if (rc == 0 && x->rank == victim) {
         usleep(20000);
         kill(getpid(), sig);
@@ -625,7 +631,7 @@ static void s_kill(struct rank_ctx *x, int sig)
         /* The first collective may finish before the death: go on. */
         for (int i = 0; rc == 0 && i < 50; i++)
             rc = mesh_coll_allreduce(x->c, b, b, cnt, MESH_DT_F32,
-                                     MESH_REDOP_SUM, MESH_ALGO_RING);
+                                     MESH_REDOP_SUM, death_algo);
     }
     mesh_peer_name(&x->w, victim, name, sizeof(name));
     fprintf(x->out, "kill %d %.3f %d %s\n", rc < 0, mesh_now_s() - t0,
@@ -913,9 +919,40 @@ static void check_death(int sc, int sig, const char *how, const char *label)
         free(res[r].text);
 }
 
-int main(int argc, char **argv)
+/* N = 3, rank 1 asks for one element fewer: every rank must get an error. */
+static void check_mismatch(const char *label)
 {
     struct result res[MAXP];
+
+    memset(res, 0, sizeof(res));
+    if (run_ports(3, SC_MISMATCH, res) == 0) {
+        int all = 1;
+
+        for (int r = 0; r < 3; r++) {
+            char line[LINE];
+            int okr = 0;
+
+            if (nth_line(res[r].text, 0, line, sizeof(line)) < 0 ||
+                sscanf(line, "%*s %d", &okr) != 1 || !okr) {
+                all = 0;
+                diag("rank %d: %s", r, res[r].text);
+            } else {
+                diag("rank %d: %s", r, strchr(line, ' ') + 1);
+            }
+        }
+        ok(all,
+           "%sN=3 sizes disagree (1000 vs 1001): every rank gets an "
+           "error",
+           label);
+        for (int r = 0; r < 3; r++)
+            free(res[r].text);
+    } else {
+        ok(0, "%sN=3 sizes disagree: could not start the ranks", label);
+    }
+}
+
+int main(int argc, char **argv)
+{
     int nmax = argc > 1 ? atoi(argv[1]) : MAXP;
     /* argv: [NMAX [TRANSPORT [LAYOUTS]]] */
     const char *name = argc > 2 ? argv[2] : "tcp";
@@ -966,31 +1003,7 @@ int main(int argc, char **argv)
         unsetenv("MESHTRAIN_TCP_SPIN_US");
     }
 
-    /* sizes disagree */
-    memset(res, 0, sizeof(res));
-    if (run_ports(3, SC_MISMATCH, res) == 0) {
-        int all = 1;
-
-        for (int r = 0; r < 3; r++) {
-            char line[LINE];
-            int okr = 0;
-
-            if (nth_line(res[r].text, 0, line, sizeof(line)) < 0 ||
-                sscanf(line, "%*s %d", &okr) != 1 || !okr) {
-                all = 0;
-                diag("rank %d: %s", r, res[r].text);
-            } else {
-                diag("rank %d: %s", r, strchr(line, ' ') + 1);
-            }
-        }
-        ok(all, "N=3 sizes disagree (1000 vs 1001): every rank gets an "
-                "error");
-        for (int r = 0; r < 3; r++)
-            free(res[r].text);
-    } else {
-        ok(0, "N=3 sizes disagree: could not start the ranks");
-    }
-
+    check_mismatch("");
     check_death(SC_KILL, SIGKILL, "killed (SIGKILL)", "");
     check_death(SC_STOP, SIGSTOP, "stopped (SIGSTOP, silent)", "");
     if (argc > 3) {
@@ -1002,6 +1015,15 @@ int main(int argc, char **argv)
         check_death(SC_STOP, SIGSTOP, "stopped (SIGSTOP, silent)",
                     "2 hosts x 2: ");
         test_hosts = 1;
+    }
+    if (ops->host_sync) {
+        /* the same over the windows of local: its host syncs see the
+         * disagreement, the death and the silence */
+        death_algo = MESH_ALGO_LOCAL;
+        check_mismatch("local: ");
+        check_death(SC_KILL, SIGKILL, "killed (SIGKILL)", "local: ");
+        check_death(SC_STOP, SIGSTOP, "stopped (SIGSTOP, silent)", "local: ");
+        death_algo = MESH_ALGO_RING;
     }
     return done();
 }
