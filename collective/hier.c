@@ -7,6 +7,13 @@
  * all-gather inside each host in one hop. The rules every builder follows
  * are coll-internal.h's.
  *
+ * Where every rank of the host has a window (the shm transport's shared
+ * memory, mesh_transport_ops.host_window), the steps inside the host go
+ * through the windows instead of messages, as local.c's all-reduce does:
+ * each rank copies its input into its window once, a host sync, and a
+ * rank adds straight from every window; the results come back the same
+ * way. Each host decides for itself: nothing between hosts changes.
+ *
  * Between the hosts, a segment of up to HIER_RD_MAX bytes goes by
  * recursive doubling instead of the ring (log2 H hops instead of
  * 2 (H - 1): the hierarchical form of rd, for latency); every rank of a
@@ -75,6 +82,168 @@ static int barrier_after(struct sched *s, int from, void *anywhere)
     return g;
 }
 
+/* The rings between hosts (phase 2 of both forms), on our segment mine of
+ * ml elements, in place; maxseg: the longest segment. */
+static int hier_between(struct sched *s, const struct coll_args *a, char *mine,
+                        size_t ml, size_t maxseg, void *scratch, mesh_mr_t *smr)
+{
+    const struct coll_hosts *h = a->hosts;
+    size_t es = mesh_dtype_size(a->dtype);
+    int L = h->local, H = h->nhosts, l = h->local_of[a->rank], from, rc;
+    struct coll_args r = ring_args(a, mine, ml);
+    int *map = malloc((size_t)H * sizeof(*map));
+
+    if (!map)
+        return mesh_err(-ENOMEM, "out of memory building a hierarchy");
+    for (int k = 0; k < H; k++)
+        map[k] = h->rank_at[k * L + l];
+    from = s->nops;
+    s->peer_map = map;
+    s->tag_base = 2;
+    /* maxseg, not ml: every ring's choice, whatever its segment */
+    rc = (maxseg * es <= HIER_RD_MAX ? coll_build_rd_allreduce
+                                     : coll_build_ring_allreduce)(
+        s, &r, at(scratch, (size_t)(L - 1) * maxseg, es), smr);
+    s->peer_map = NULL;
+    s->tag_base = 0;
+    free(map);
+    if (rc < 0)
+        return rc;
+    s->gate = barrier_after(s, from, mine);
+    if (a->redop == MESH_REDOP_AVG) {
+        const void *one[1] = {mine};
+
+        from = s->nops;
+        sched_reduce(s, mine, one, 1, ml, (float)a->size);
+        s->gate = barrier_after(s, from, mine);
+    }
+    return 0;
+}
+
+/*
+ * The host's steps through its windows (local.c's, whose rules for the
+ * halves this follows) where every rank of the host has one: in piece c,
+ * each rank copies the c-th piece of every segment j into its window (at
+ * j's place) and posts a host sync; local rank l then adds the c-th piece
+ * of segment l from every window, in local-rank order, into its segment
+ * in the receive buffer. After the rings between hosts, each rank copies
+ * the c-th piece of its final segment into its window, a host sync, and
+ * every rank copies the others' pieces out. One sync per piece and phase,
+ * no message inside the host.
+ */
+static int build_hier_win(struct sched *s, const struct coll_args *a,
+                          void *scratch, mesh_mr_t *smr)
+{
+    const struct coll_hosts *h = a->hosts;
+    size_t es = mesh_dtype_size(a->dtype), half = h->win_len / 2, maxseg, ms,
+           ml, pe, np;
+    float div =
+        a->redop == MESH_REDOP_AVG && h->nhosts == 1 ? (float)a->size : 1.0f;
+    int L = h->local, l = h->local_of[a->rank], prev = -1, prev_use = -1;
+    int from, rc, *out;
+    const void **in;
+    char *mine;
+    uint64_t k;
+    void *base;
+    size_t len;
+
+    rc = h->ops->host_window(h->t, a->rank, &base, &len, &k);
+    if (rc < 0)
+        return mesh_err(rc, "allreduce hier: no window of rank %d", a->rank);
+    maxseg = (a->count + (size_t)L - 1) / (size_t)L;
+    segment(a->count, L, l, &ms, &ml);
+    mine = at(a->recvbuf, ms, es);
+    pe = MESH_MAX(half / (size_t)L / es, 1);
+    if (a->chunk_bytes)
+        pe = MESH_MIN(pe, MESH_MAX(a->chunk_bytes / es, 1));
+    np = nchunks(maxseg, pe);
+    rc = tag_room(np, 2);
+    if (rc < 0)
+        return rc;
+    in = malloc((size_t)L * sizeof(*in));
+    out = malloc((size_t)L * sizeof(*out));
+    if (!in || !out) {
+        free(in);
+        free(out);
+        return mesh_err(-ENOMEM, "out of memory building a hierarchy");
+    }
+
+    /* 1. Inside the host: the c-th piece of every segment into our
+     * window, a sync, the c-th piece of ours added from every window. */
+    from = s->nops;
+    for (size_t c = 0; c < np; c++) {
+        size_t ha = (size_t)((k + 1) % 2) * half, o, pl;
+        int sync, red;
+
+        sync = sched_sync(s, (uint32_t)(2 * c));
+        for (int j = 0; j < L; j++) {
+            size_t js, jl;
+            int cin;
+
+            segment(a->count, L, j, &js, &jl);
+            clip(js, jl, c, pe, &o, &pl);
+            cin = sched_copy(s, (char *)h->win[l] + ha + (size_t)j * pe * es,
+                             at(a->sendbuf, o, es), pl * es);
+            sched_dep(s, prev, cin);
+            sched_dep(s, cin, sync);
+        }
+        /* what we read of the last piece, before the others overwrite it */
+        sched_dep(s, prev_use, sync);
+        clip(0, ml, c, pe, &o, &pl);
+        for (int j = 0; j < L; j++)
+            in[j] = (char *)h->win[j] + ha + (size_t)l * pe * es;
+        red = sched_reduce(s, at(mine, o, es), in, L, pl, div);
+        sched_dep(s, sync, red);
+        prev = sync;
+        prev_use = red;
+        k++;
+    }
+    s->gate = barrier_after(s, from, mine);
+
+    /* 2. Between hosts: a ring per local index, on our segment. */
+    if (h->nhosts > 1) {
+        rc = hier_between(s, a, mine, ml, maxseg, scratch, smr);
+        if (rc < 0)
+            goto out;
+    }
+
+    /* 3. Inside the host: the c-th piece of our final segment into our
+     * window, a sync, every other segment's piece out of its owner's. */
+    for (int j = 0; j < L; j++)
+        out[j] = -1;
+    for (size_t c = 0; c < np; c++) {
+        size_t hb = (size_t)((k + 1) % 2) * half, o, pl;
+        int sync, cp;
+
+        clip(0, ml, c, pe, &o, &pl);
+        cp = sched_copy(s, (char *)h->win[l] + hb, at(mine, o, es), pl * es);
+        sched_dep(s, prev, cp);
+        sync = sched_sync(s, (uint32_t)(2 * c + 1));
+        sched_dep(s, cp, sync);
+        for (int j = 0; j < L; j++)
+            sched_dep(s, out[j], sync);
+        for (int j = 0; j < L; j++) {
+            size_t js, jl;
+
+            if (j == l)
+                continue;
+            segment(a->count, L, j, &js, &jl);
+            clip(js, jl, c, pe, &o, &pl);
+            out[j] = sched_copy(s, at(a->recvbuf, o, es),
+                                (char *)h->win[j] + hb, pl * es);
+            sched_dep(s, sync, out[j]);
+        }
+        prev = sync;
+        k++;
+    }
+    s->gate = -1;
+    rc = s->failed ? mesh_err(-ENOMEM, "out of memory building a schedule") : 0;
+out:
+    free(in);
+    free(out);
+    return rc;
+}
+
 int coll_build_hier_allreduce(struct sched *s, const struct coll_args *a,
                               void *scratch, mesh_mr_t *smr)
 {
@@ -87,6 +256,8 @@ int coll_build_hier_allreduce(struct sched *s, const struct coll_args *a,
 
     if (!hier_usable(h, a->size))
         return coll_build_ring_allreduce(s, a, scratch, smr);
+    if (h->win)
+        return build_hier_win(s, a, scratch, smr);
     L = h->local;
     H = h->nhosts;
     me = a->rank;
@@ -139,36 +310,10 @@ int coll_build_hier_allreduce(struct sched *s, const struct coll_args *a,
 
     /* 2. Between hosts: a ring per local index, on our segment, in place. */
     if (H > 1) {
-        struct coll_args r = ring_args(a, mine, ml);
-        int *map = malloc((size_t)H * sizeof(*map));
-
-        if (!map) {
-            free(in);
-            return mesh_err(-ENOMEM, "out of memory building a hierarchy");
-        }
-        for (int k = 0; k < H; k++)
-            map[k] = h->rank_at[k * L + l];
-        from = s->nops;
-        s->peer_map = map;
-        s->tag_base = 2;
-        /* maxseg, not ml: every ring's choice, whatever its segment */
-        rc = (maxseg * es <= HIER_RD_MAX ? coll_build_rd_allreduce
-                                         : coll_build_ring_allreduce)(
-            s, &r, at(scratch, (size_t)(L - 1) * maxseg, es), smr);
-        s->peer_map = NULL;
-        s->tag_base = 0;
-        free(map);
+        rc = hier_between(s, a, mine, ml, maxseg, scratch, smr);
         if (rc < 0) {
             free(in);
             return rc;
-        }
-        s->gate = barrier_after(s, from, mine);
-        if (a->redop == MESH_REDOP_AVG) {
-            const void *one[1] = {mine};
-
-            from = s->nops;
-            sched_reduce(s, mine, one, 1, ml, (float)a->size);
-            s->gate = barrier_after(s, from, mine);
         }
     }
 
@@ -278,6 +423,145 @@ size_t coll_hrd_scratch(const struct coll_args *a)
     return lead_scratch(a, coll_rd_scratch);
 }
 
+/* The leaders' all-reduce between the hosts (a leader's phase 2 of both
+ * forms), in place in the receive buffer; an average divides after it. */
+static int lead_between(struct sched *s, const struct coll_args *a,
+                        void *scratch, mesh_mr_t *smr,
+                        int (*between)(struct sched *s,
+                                       const struct coll_args *a, void *scratch,
+                                       mesh_mr_t *smr))
+{
+    const struct coll_hosts *h = a->hosts;
+    size_t es = mesh_dtype_size(a->dtype), n = a->count;
+    int L = h->local, H = h->nhosts, from, rc;
+    struct coll_args r = lead_args(a);
+    int *map = malloc((size_t)H * sizeof(*map));
+
+    if (!map)
+        return mesh_err(-ENOMEM, "out of memory building a hierarchy");
+    for (int k = 0; k < H; k++)
+        map[k] = h->rank_at[k * L];
+    from = s->nops;
+    s->peer_map = map;
+    s->tag_base = 2;
+    rc = between(s, &r, at(scratch, (size_t)(L - 1) * n, es), smr);
+    s->peer_map = NULL;
+    s->tag_base = 0;
+    free(map);
+    if (rc < 0)
+        return rc;
+    s->gate = barrier_after(s, from, a->recvbuf);
+    if (a->redop == MESH_REDOP_AVG) {
+        const void *one[1] = {a->recvbuf};
+
+        from = s->nops;
+        sched_reduce(s, a->recvbuf, one, 1, n, (float)a->size);
+        s->gate = barrier_after(s, from, a->recvbuf);
+    }
+    return 0;
+}
+
+/*
+ * The leader form through the host's windows (local.c's rules for the
+ * halves) where every rank of the host has one: in chunk c of half a
+ * window, every rank copies its input's chunk into its window and posts a
+ * host sync, and the leader adds the L chunks in local-rank order into
+ * its receive buffer; the leaders' all-reduce between the hosts; then in
+ * chunk c the leader copies the result's chunk into its window, a host
+ * sync, and every member copies it out. One sync per chunk and phase, no
+ * message inside the host.
+ */
+static int build_lead_win(struct sched *s, const struct coll_args *a,
+                          void *scratch, mesh_mr_t *smr,
+                          int (*between)(struct sched *s,
+                                         const struct coll_args *a,
+                                         void *scratch, mesh_mr_t *smr))
+{
+    const struct coll_hosts *h = a->hosts;
+    size_t es = mesh_dtype_size(a->dtype), half = h->win_len / 2, ce, nch;
+    float div =
+        a->redop == MESH_REDOP_AVG && h->nhosts == 1 ? (float)a->size : 1.0f;
+    int L = h->local, l = h->local_of[a->rank], prev = -1, prev_use = -1;
+    int from, rc, lead = l == 0;
+    const void **in;
+    uint64_t k;
+    void *base;
+    size_t len;
+
+    rc = h->ops->host_window(h->t, a->rank, &base, &len, &k);
+    if (rc < 0)
+        return mesh_err(rc, "allreduce: no window of rank %d", a->rank);
+    ce = MESH_MAX(half / es, 1);
+    if (a->chunk_bytes)
+        ce = MESH_MIN(ce, MESH_MAX(a->chunk_bytes / es, 1));
+    nch = nchunks(a->count, ce);
+    rc = tag_room(nch, 2);
+    if (rc < 0)
+        return rc;
+    in = malloc((size_t)L * sizeof(*in));
+    if (!in)
+        return mesh_err(-ENOMEM, "out of memory building a hierarchy");
+
+    /* 1. Every input's chunk into its window; the leader adds them. */
+    from = s->nops;
+    for (size_t c = 0; c < nch; c++) {
+        size_t ha = (size_t)((k + 1) % 2) * half, o, cl;
+        int cin, sync;
+
+        clip(0, a->count, c, ce, &o, &cl);
+        cin = sched_copy(s, (char *)h->win[l] + ha, at(a->sendbuf, o, es),
+                         cl * es);
+        sched_dep(s, prev, cin);
+        sync = sched_sync(s, (uint32_t)(2 * c));
+        sched_dep(s, cin, sync);
+        sched_dep(s, prev_use, sync);
+        if (lead) {
+            for (int j = 0; j < L; j++)
+                in[j] = (char *)h->win[j] + ha;
+            prev_use = sched_reduce(s, at(a->recvbuf, o, es), in, L, cl, div);
+            sched_dep(s, sync, prev_use);
+        }
+        prev = sync;
+        k++;
+    }
+    free(in);
+    s->gate = barrier_after(s, from, a->recvbuf);
+
+    /* 2. Between the hosts: the leaders' all-reduce, in place. */
+    if (lead && h->nhosts > 1) {
+        rc = lead_between(s, a, scratch, smr, between);
+        if (rc < 0)
+            return rc;
+    }
+
+    /* 3. The leader's result, chunk by chunk, through its window. */
+    prev_use = -1;
+    for (size_t c = 0; c < nch; c++) {
+        size_t hb = (size_t)((k + 1) % 2) * half, o, cl;
+        int cp = -1, sync;
+
+        clip(0, a->count, c, ce, &o, &cl);
+        if (lead) {
+            cp = sched_copy(s, (char *)h->win[0] + hb, at(a->recvbuf, o, es),
+                            cl * es);
+            sched_dep(s, prev, cp);
+        }
+        sync = sched_sync(s, (uint32_t)(2 * c + 1));
+        sched_dep(s, cp, sync);
+        sched_dep(s, prev_use, sync);
+        if (!lead) {
+            prev_use = sched_copy(s, at(a->recvbuf, o, es),
+                                  (char *)h->win[0] + hb, cl * es);
+            sched_dep(s, sync, prev_use);
+        }
+        prev = sync;
+        k++;
+    }
+    s->gate = -1;
+    return s->failed ? mesh_err(-ENOMEM, "out of memory building a schedule")
+                     : 0;
+}
+
 /*
  * The leader form (Open MPI han's and MVAPICH's small-message all-reduce):
  * every rank of a host sends its whole message to the host's leader (its
@@ -302,6 +586,8 @@ static int build_lead(struct sched *s, const struct coll_args *a, void *scratch,
 
     if (!lead_usable(h, a->size))
         return between(s, a, scratch, smr);
+    if (h->win)
+        return build_lead_win(s, a, scratch, smr, between);
     L = h->local;
     H = h->nhosts;
     hi = h->host_of[a->rank];
@@ -350,30 +636,9 @@ static int build_lead(struct sched *s, const struct coll_args *a, void *scratch,
 
     /* 2. Between the hosts: the leaders' all-reduce, in place. */
     if (H > 1) {
-        struct coll_args r = lead_args(a);
-        int *map = malloc((size_t)H * sizeof(*map));
-
-        if (!map)
-            return mesh_err(-ENOMEM, "out of memory building a hierarchy");
-        for (int k = 0; k < H; k++)
-            map[k] = h->rank_at[k * L];
-        from = s->nops;
-        s->peer_map = map;
-        s->tag_base = 2;
-        rc = between(s, &r, at(scratch, (size_t)(L - 1) * n, es), smr);
-        s->peer_map = NULL;
-        s->tag_base = 0;
-        free(map);
+        rc = lead_between(s, a, scratch, smr, between);
         if (rc < 0)
             return rc;
-        s->gate = barrier_after(s, from, a->recvbuf);
-        if (a->redop == MESH_REDOP_AVG) {
-            const void *one[1] = {a->recvbuf};
-
-            from = s->nops;
-            sched_reduce(s, a->recvbuf, one, 1, n, div);
-            s->gate = barrier_after(s, from, a->recvbuf);
-        }
     }
 
     /* 3. The result to every member of the host (tag 1). */
