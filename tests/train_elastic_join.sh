@@ -15,7 +15,7 @@
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
 COUNT="python3 $top_srcdir/tests/train_elastic_count.py"
-t_plan 19
+t_plan 20
 N=1200
 ITERS=${ELASTIC_ITERS:-250}
 TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
@@ -91,6 +91,17 @@ set -- $_cu
     [ $((_got * 10)) -lt "$_state" ]
 t_ok $? "slot 3 caught up in the background: snapshot of step ${1:-?}, \
 admitted at step ${2:-?}; the view change sent $_got of $_state bytes"
+# the view change hashed the state once on each peer (train/xfer.c): the
+# SHA-256 of the weights, taken once, serves the state's digest (the
+# members' offer, the joiner's check of what it rebuilt) and the weight
+# check after the change
+_h=$(sed -n 's/.*the change to view 2, .* SHA-256 over \([0-9]*\) bytes of a \([0-9]*\)-byte state$/\1 \2/p' \
+    "$TMP/join1.p0.log" "$TMP/join1.p3.log")
+# shellcheck disable=SC2086
+set -- $_h
+[ $# -eq 4 ] && [ "$1" -eq "$2" ] && [ "$3" -eq "$4" ]
+t_ok $? "the change to view 2 hashed the state once: rank 0 ${1:-?} and \
+slot 3 ${3:-?} bytes of ${2:-?}"
 
 # 2. 3 of 5 slots train; slots 3 and 4 join at once, in one view change
 # (MESHTRAIN_TEST_JOINERS=2: the members wait until both ask, as they would

@@ -210,12 +210,29 @@ int train_ckpt_resume(struct trainer *t, uint64_t *step_out);
 
 /* ---- xfer.c -------------------------------------------------------------- */
 
+/*
+ * The SHA-256 of a peer's weights and of its momentum (nparams floats
+ * each, as the host stores them), computed once per view change: the
+ * weight check after it compares their hash (train.c), and the state
+ * transfer's digest is built from them (xfer.c), so that a view change
+ * hashes the weights once on each peer.
+ */
+struct train_whash {
+    int valid;
+    uint8_t h[64]; /* SHA-256 of the parameters, then of the momentum */
+};
+
 struct train_xfer_stats {
     uint64_t senders;     /* slots that hold the state */
     uint64_t bytes;       /* sent (sender) or received (needy) here */
     uint64_t sent[64];    /* needy: bytes from each sender, in order */
     uint64_t state_bytes; /* the whole state */
+    uint64_t hashed;      /* bytes of the state hashed here (SHA-256) */
     double secs;          /* the transfer, BN average included */
+    double bn_s;          /* of which: the BN statistics' average */
+    double copy_s;        /* the state copied into (out of) the buffer */
+    double hash_s;        /* of which: in SHA-256 (a joiner's overlaps
+                             the receiving) */
 };
 
 /*
@@ -223,10 +240,13 @@ struct train_xfer_stats {
  * BN statistics averaged, then the state of step v->step sent from the
  * other members' snapshots to the needy, whose snapshot of that step it
  * becomes (checked by SHA-256). Every member calls it after the view's
- * communicator is open; then each restores the snapshot.
+ * communicator is open; then each restores the snapshot. wh: a member's
+ * hashes of its weights of that step (the snapshot restored), or a
+ * joiner's of those it caught up to (t->cu_step == v->step), or not
+ * valid; on a joiner, the hashes of the weights received, on success.
  */
 int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
-                   struct train_xfer_stats *st);
+                   struct train_whash *wh, struct train_xfer_stats *st);
 void train_xfer_free(struct trainer *t);
 /* Test aid MESHTRAIN_TEST_XFER_CORRUPT (see xfer.c): on slot, corrupt the
  * n bytes of blob, or its SHA-256 digest, after hashing; catchup: blob is

@@ -293,22 +293,40 @@ static void hex(const uint8_t *d, size_t n, char *out)
         snprintf(out + 2 * i, 3, "%02x", d[i]);
 }
 
-/* SHA-256 of the parameters and momentum (what must stay identical). */
-static int weights_digest(struct trainer *t, uint8_t out[32])
+/* The SHA-256 of the parameters and of the momentum, into wh. */
+static int weights_hash(struct trainer *t, struct train_whash *wh)
 {
-    uint8_t two[64];
     float *p, *mom;
     int rc;
 
+    wh->valid = 0;
     p = params_host(t, &rc);
     if (rc == 0)
-        rc = mesh_ckpt_sha256(p, t->nparams * 4, two);
+        rc = mesh_ckpt_sha256(p, t->nparams * 4, wh->h);
     if (rc == 0)
         mom = train_momentum_host(t, &rc);
     if (rc == 0)
-        rc = mesh_ckpt_sha256(mom, t->nparams * 4, two + 32);
+        rc = mesh_ckpt_sha256(mom, t->nparams * 4, wh->h + 32);
+    wh->valid = rc == 0;
+    return rc;
+}
+
+/*
+ * SHA-256 of the parameters and momentum (what must stay identical): of
+ * their two hashes, wh's when valid (the weights have not changed since).
+ */
+static int weights_digest(struct trainer *t, const struct train_whash *wh,
+                          uint8_t out[32])
+{
+    struct train_whash own;
+    int rc = 0;
+
+    if (!wh || !wh->valid) {
+        rc = weights_hash(t, &own);
+        wh = &own;
+    }
     if (rc == 0)
-        rc = mesh_ckpt_sha256(two, sizeof(two), out);
+        rc = mesh_ckpt_sha256(wh->h, sizeof(wh->h), out);
     return rc;
 }
 
@@ -317,7 +335,8 @@ static int weights_digest(struct trainer *t, uint8_t out[32])
  * A mismatch names the peers that differ from rank 0 (or, when rank 0 is
  * alone against everyone else, rank 0).
  */
-static int verify_weights(struct trainer *t, const char *when)
+static int verify_weights(struct trainer *t, const char *when,
+                          const struct train_whash *wh)
 {
     uint8_t mine[32], *all;
     char list[256] = "", a[20], b[20];
@@ -325,7 +344,7 @@ static int verify_weights(struct trainer *t, const char *when)
 
     if (t->sim)
         return 0; /* no weights */
-    rc = weights_digest(t, mine);
+    rc = weights_digest(t, wh, mine);
     if (rc < 0 || !t->coll)
         return rc;
     all = malloc((size_t)t->size * 32);
@@ -1253,7 +1272,7 @@ static int after_step(struct trainer *t, uint64_t done, uint64_t eval_every)
         char when[64];
 
         snprintf(when, sizeof(when), "after step %" PRIu64, done);
-        rc = verify_weights(t, when);
+        rc = verify_weights(t, when, NULL);
         if (rc < 0)
             return rc;
     }
@@ -1505,7 +1524,8 @@ static void view_shape(struct trainer *t)
 static int open_comm(struct trainer *t);
 static int gradsync_open(struct trainer *t);
 static int run_fail(struct trainer *t, int rc);
-static int verify_weights(struct trainer *t, const char *when);
+static int verify_weights(struct trainer *t, const char *when,
+                          const struct train_whash *wh);
 
 /* The evaluation loader of this view's rank and size. */
 static int eval_loader_open(struct trainer *t)
@@ -1591,20 +1611,76 @@ static void join_report(struct trainer *t, const struct mesh_elastic_view *v,
     }
 }
 
+/* The marks of a view change on this peer (mesh_now_s()), in order. */
+enum {
+    VC_FAIL,     /* the mesh failed: the view is changing */
+    VC_DECIDED,  /* the next view agreed */
+    VC_OPEN,     /* view_open begins */
+    VC_RESTORE,  /* the snapshot restored (a joiner: its catch-up ended) */
+    VC_HASH,     /* the weights hashed */
+    VC_MESH,     /* the view's mesh and communicator open */
+    VC_XFER,     /* the state transfer done */
+    VC_RESTORE2, /* the state restored again (BN averaged, or received) */
+    VC_SETUP,    /* buckets, data, metrics */
+    VC_VERIFY,   /* the weight check done */
+    VC_N
+};
+
+/*
+ * Where a view change that admitted joiners went, on rank 0 and on the
+ * joiners (bench/catchup.sh): one line, seconds per stage, and the bytes
+ * of the state this peer hashed (one pass over the weights: 8 bytes per
+ * parameter, plus the header and BN statistics on a sender; the whole
+ * state on a joiner that did not catch up).
+ */
+static void view_stages(struct trainer *t, const struct mesh_elastic_view *v,
+                        const double *mk, const struct train_xfer_stats *st,
+                        uint64_t hashed)
+{
+    if (t->rank != 0 && !(v->needy >> t->mo->world.rank & 1))
+        return;
+    fprintf(stderr,
+            "meshtrain: slot %d, the change to view %" PRIu64
+            ", s: agreement %.3f, restore %.3f, weights' SHA-256 %.3f, "
+            "mesh %.3f, transfer %.3f (BN average %.3f, copy %.3f, "
+            "SHA-256 %.3f, the rest %.3f), restore %.3f, setup %.3f, "
+            "weight check %.3f; total %.3f; SHA-256 over %" PRIu64
+            " bytes of a %" PRIu64 "-byte state\n",
+            t->mo->world.rank, v->epoch, mk[VC_DECIDED] - mk[VC_FAIL],
+            mk[VC_RESTORE] - mk[VC_OPEN], mk[VC_HASH] - mk[VC_RESTORE],
+            mk[VC_MESH] - mk[VC_HASH], mk[VC_XFER] - mk[VC_MESH], st->bn_s,
+            st->copy_s, st->hash_s,
+            MESH_MAX(0.0, (mk[VC_XFER] - mk[VC_MESH]) - st->bn_s - st->copy_s -
+                              st->hash_s),
+            mk[VC_RESTORE2] - mk[VC_XFER], mk[VC_SETUP] - mk[VC_RESTORE2],
+            mk[VC_VERIFY] - mk[VC_SETUP], mk[VC_VERIFY] - mk[VC_FAIL], hashed,
+            st->state_bytes);
+}
+
 /*
  * Join view v: its members renumbered densely in slot order, a new mesh
  * whose handshake carries the view (so that a peer of another view is
  * refused), the communicator and buckets, the data re-sharded from the
  * snapshot's position, and the digests compared.
  */
-static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
+static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
+                     double t_fail)
 {
     const struct mesh_opts *mo = t->mo;
     struct mesh_peer peers[MESH_ELASTIC_MAX_SLOTS];
     struct mesh_opts vo;
     char cfg[MESH_CONFIG_MAX], list[200], when[96];
     struct train_xfer_stats st;
+    struct train_whash wh;
+    double mk[VC_N];
+    uint64_t hashed = 0;
     int n = 0, me = -1, rc, needy;
+
+    memset(&st, 0, sizeof(st));
+    memset(&wh, 0, sizeof(wh));
+    mk[VC_FAIL] = t->t0 + t_fail;
+    mk[VC_DECIDED] = v->decided_s;
+    mk[VC_OPEN] = mesh_now_s();
 
     for (int s = 0; s < mo->world.size; s++) {
         if (!(v->members >> s & 1))
@@ -1634,6 +1710,18 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
          * transfer then sends only what it could not rebuild */
         (void)train_catchup_finish(t, v->step);
     }
+    mk[VC_RESTORE] = mesh_now_s();
+    /* the weights' hashes, once: for the state's digest (a member's
+     * offer, the range a joiner rebuilt) and the weight check below; each
+     * peer hashes them now, beside the others, not in turn in the
+     * transfer */
+    if (!t->sim && (!needy || (t->cu_step == v->step && t->host_slabs))) {
+        rc = weights_hash(t, &wh);
+        if (rc < 0)
+            return train_local(t, rc);
+        hashed += 8 * (uint64_t)t->nparams;
+    }
+    mk[VC_HASH] = mesh_now_s();
     if (n > 1) {
         vo = *mo;
         vo.world.rank = me;
@@ -1655,18 +1743,23 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
             return rc;
     }
     mesh_elastic_formed(t->el); /* every member joined it */
+    mk[VC_MESH] = mesh_now_s();
     if (needy)
-        t->join_mark[TRAIN_JM_MESH] = mesh_now_s();
+        t->join_mark[TRAIN_JM_MESH] = mk[VC_MESH];
+    mk[VC_XFER] = mk[VC_RESTORE2] = mk[VC_MESH];
     if (v->needy) {
         /* the joiners get the state of the step the view restarts from */
-        rc = train_xfer_run(t, v, &st);
+        rc = train_xfer_run(t, v, &wh, &st);
+        mk[VC_XFER] = mesh_now_s();
+        hashed += st.hashed;
         if (rc == 0)
             rc = snap_restore(t, v->step);
         if (rc < 0)
             return rc;
+        mk[VC_RESTORE2] = mesh_now_s();
         join_report(t, v, &st, needy);
         if (needy)
-            t->join_mark[TRAIN_JM_STATE] = mesh_now_s();
+            t->join_mark[TRAIN_JM_STATE] = mk[VC_RESTORE2];
     }
     t->unformed = 0;
     rc = gradsync_open(t);
@@ -1702,10 +1795,16 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v)
                                mesh_err_errno("--metrics %s", t->c->metrics));
         t->took_metrics = 1;
     }
+    mk[VC_SETUP] = mesh_now_s();
     snprintf(when, sizeof(when), "after the change to view %" PRIu64, v->epoch);
-    rc = verify_weights(t, when);
+    if (!t->sim && !wh.valid)
+        hashed += 8 * (uint64_t)t->nparams; /* verify_weights hashes them */
+    rc = verify_weights(t, when, &wh);
+    mk[VC_VERIFY] = mesh_now_s();
     if (rc == 0)
         train_serve_view(t, 1);
+    if (rc == 0 && v->needy)
+        view_stages(t, v, mk, &st, hashed);
     return rc;
 }
 
@@ -1807,7 +1906,7 @@ static int elastic_recover(struct trainer *t, int rc_fail, uint64_t *step)
                     t->mo->world.rank, v.epoch, v.size, t->c->min_peers);
             return MESH_EXIT_MIN_PEERS;
         }
-        rc = view_open(t, &v);
+        rc = view_open(t, &v, t_fail);
         if (rc == 0)
             break;
         if (t->local_err || rc == -EBADMSG)
@@ -2358,7 +2457,7 @@ static int start_point(struct trainer *t, uint64_t *start)
                         rc);
     }
     test_perturb(t);
-    rc = verify_weights(t, *start ? "after resuming" : "before step 1");
+    rc = verify_weights(t, *start ? "after resuming" : "before step 1", NULL);
     if (rc < 0)
         return fail(t, rc == -EBADMSG ? MESH_EXIT_VERIFY : MESH_EXIT_PEER, rc);
     return MESH_EXIT_OK;
@@ -2435,7 +2534,7 @@ static int finish(struct trainer *t)
     if (rc == 0)
         rc = train_predict(t);
     if (rc == 0 && t->c->verify_every)
-        rc = verify_weights(t, "at the end");
+        rc = verify_weights(t, "at the end", NULL);
     if (rc == 0)
         rc = write_outputs(t);
     /* no copy may still touch the pinned buffers freed next */

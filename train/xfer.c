@@ -20,6 +20,13 @@
  * died) leaves the chunks received; the next view's senders send only the
  * rest, when they offer the same digest (the same step).
  *
+ * The digest is the SHA-256 of the SHA-256 of the state's four parts (the
+ * header, the parameters, the momentum, the BN statistics). The second
+ * and third are those of the weights that the weight check after the view
+ * change compares (train.c), which every member computes once for both;
+ * a joiner hashes what arrives while it arrives, in order, and a joiner
+ * that caught up hashed its own weights before the transfer.
+ *
  * The state: a header (below), the parameters, the momentum and the BN
  * running statistics, which the view averages over the senders first (each
  * peer's own differ; evaluation and checkpoints average them too). The
@@ -32,10 +39,10 @@
 
 #include "common/bytes.h"
 #include "common/util.h"
-#include "train/ckpt.h"
 
 #include <errno.h>
 #include <inttypes.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,7 +53,7 @@
 #define XFER_MAGIC_ST  0x5358544dU /* "MTXS" little-endian: the state */
 #define XFER_MAGIC_OF  0x4f58544dU /* "MTXO": an offer */
 #define XFER_MAGIC_RQ  0x5258544dU /* "MTXR": a request */
-#define XFER_VERSION   1
+#define XFER_VERSION   2           /* 2: the digest of the parts' digests */
 #define XFER_TAG_OFFER 1
 #define XFER_TAG_REQ   2
 #define XFER_TAG_DATA  16
@@ -104,6 +111,103 @@ static int missing(const uint8_t *have, int *list)
         if (!(have[c / 8] >> (c % 8) & 1))
             list[m++] = c;
     return m;
+}
+
+/* ---- the state's digest -------------------------------------------------- */
+
+/*
+ * The state's SHA-256, fed in order (a joiner's as the chunks arrive):
+ * the parts' hashes, then that of the four. A part whose hash is given
+ * (known) is skipped.
+ */
+struct phash {
+    EVP_MD_CTX *ctx;
+    size_t bound[5]; /* part p is [bound[p], bound[p + 1]) */
+    size_t at;       /* the bytes before it are hashed or skipped */
+    int part;        /* the part that holds at */
+    unsigned known;  /* bit p: part p's hash is given */
+    uint8_t h[4][32];
+    uint64_t hashed; /* bytes hashed */
+    double secs;     /* in SHA-256 */
+};
+
+static int sha_err(void)
+{
+    return mesh_err(-EIO, "state transfer: SHA-256 (OpenSSL EVP) failed");
+}
+
+static void ph_free(struct phash *ph)
+{
+    EVP_MD_CTX_free(ph->ctx);
+    ph->ctx = NULL;
+}
+
+/* wh, when valid: the parameters' and momentum's hashes are given. */
+static int ph_init(struct phash *ph, const struct trainer *t, size_t n,
+                   const struct train_whash *wh)
+{
+    size_t np = t->nparams * 4;
+
+    memset(ph, 0, sizeof(*ph));
+    ph->bound[1] = XFER_HEADER;
+    ph->bound[2] = XFER_HEADER + np;
+    ph->bound[3] = XFER_HEADER + 2 * np;
+    ph->bound[4] = n;
+    if (wh && wh->valid) {
+        ph->known = 1u << 1 | 1u << 2;
+        memcpy(ph->h[1], wh->h, 32);
+        memcpy(ph->h[2], wh->h + 32, 32);
+    }
+    ph->ctx = EVP_MD_CTX_new();
+    if (!ph->ctx || !EVP_DigestInit_ex(ph->ctx, EVP_sha256(), NULL)) {
+        ph_free(ph);
+        return sha_err();
+    }
+    return 0;
+}
+
+/* Hash blob up to upto (the bytes before it are final). */
+static int ph_feed(struct phash *ph, const uint8_t *blob, size_t upto)
+{
+    double t0 = mesh_now_s();
+    int ok = 1;
+
+    while (ok && ph->part < 4) {
+        size_t end = ph->bound[ph->part + 1];
+        int skip = ph->known >> ph->part & 1;
+
+        if (ph->at < end) {
+            size_t stop = MESH_MIN(upto, end);
+
+            if (stop <= ph->at)
+                break;
+            if (!skip) {
+                ok = EVP_DigestUpdate(ph->ctx, blob + ph->at, stop - ph->at);
+                ph->hashed += stop - ph->at;
+            }
+            ph->at = stop;
+            if (stop < end)
+                break;
+        }
+        /* part done */
+        if (ok && !skip)
+            ok = EVP_DigestFinal_ex(ph->ctx, ph->h[ph->part], NULL) &&
+                 EVP_DigestInit_ex(ph->ctx, EVP_sha256(), NULL);
+        ph->part++;
+    }
+    ph->secs += mesh_now_s() - t0;
+    return ok ? 0 : sha_err();
+}
+
+/* Hash the rest of blob; out: the state's digest. */
+static int ph_final(struct phash *ph, const uint8_t *blob, uint8_t out[32])
+{
+    int rc = ph_feed(ph, blob, ph->bound[4]);
+
+    if (rc == 0 &&
+        !EVP_Digest(ph->h, sizeof(ph->h), out, NULL, EVP_sha256(), NULL))
+        rc = sha_err();
+    return rc;
 }
 
 /* ---- the state as bytes -------------------------------------------------- */
@@ -234,6 +338,37 @@ static void rebuild(struct trainer *t, struct train_xfer *x)
     }
 }
 
+/*
+ * A joiner that caught up, whose weights' hashes stand for the rebuilt
+ * range: the bytes received inside it (in the chunks across its edges)
+ * must be its own. 1 if they are not.
+ */
+static int rebuilt_differs(struct trainer *t, const struct train_xfer *x)
+{
+    size_t np = t->nparams * 4, lo = XFER_HEADER, hi = XFER_HEADER + 2 * np;
+    const uint8_t *p = (const uint8_t *)mesh_nn_model_params(t->model);
+    const uint8_t *m = (const uint8_t *)mesh_nn_sgd_momentum(t->sgd);
+
+    for (int c = 0; c < XFER_CHUNKS; c++) {
+        size_t off, len, a, b;
+
+        chunk_range(x->n, c, &off, &len);
+        a = MESH_MAX(off, lo);
+        b = MESH_MIN(off + len, hi);
+        if (!len || a >= b || (off >= lo && off + len <= hi))
+            continue; /* outside, or wholly inside: rebuilt */
+        for (size_t o = a; o < b;) {
+            size_t e = o < lo + np ? MESH_MIN(b, lo + np) : b;
+            const uint8_t *src = o < lo + np ? p + (o - lo) : m + (o - lo - np);
+
+            if (memcmp(x->blob + o, src, e - o) != 0)
+                return 1;
+            o = e;
+        }
+    }
+    return 0;
+}
+
 /* ---- the messages -------------------------------------------------------- */
 
 struct link {
@@ -299,17 +434,15 @@ void train_xfer_test_corrupt(int slot, int catchup, uint8_t *blob, size_t n,
 /* Sender: offer the state to every needy peer, then send each its run. */
 static int send_state(struct trainer *t, struct link *l, uint64_t members,
                       uint64_t needy, int sender, int senders, uint8_t *blob,
-                      size_t n, mesh_mr_t *mr, struct train_xfer_stats *st)
+                      size_t n, uint8_t *digest, mesh_mr_t *mr,
+                      struct train_xfer_stats *st)
 {
     int nn = __builtin_popcountll(needy), k = 0, rc = 0, list[XFER_CHUNKS];
-    uint8_t digest[32], *ctrl = NULL;
+    uint8_t *ctrl = NULL;
     mesh_req_t **reqs = NULL;
     mesh_mr_t *cmr = NULL;
     int nreq = 0, cap = nn * (2 + XFER_CHUNKS);
 
-    rc = mesh_ckpt_sha256(blob, n, digest);
-    if (rc < 0)
-        return rc;
     train_xfer_test_corrupt(t->mo->world.rank, 0, blob, n, digest);
     ctrl = calloc((size_t)nn * 2, XFER_CTRL);
     reqs = calloc((size_t)cap, sizeof(*reqs));
@@ -396,16 +529,21 @@ out:
     return rc;
 }
 
-/* Needy: take the offers, ask for the chunks missing, receive them. */
+/*
+ * Needy: take the offers, ask for the chunks missing, receive them, and
+ * feed ph (initialised here) with the state in order as it arrives.
+ */
 static int recv_state(struct trainer *t, struct link *l, uint64_t members,
                       uint64_t senders_mask, int senders, struct train_xfer *x,
-                      int rebuilt, mesh_mr_t *mr, struct train_xfer_stats *st)
+                      int rebuilt, const struct train_whash *wh,
+                      struct phash *ph, mesh_mr_t *mr,
+                      struct train_xfer_stats *st)
 {
     uint8_t *ctrl, digest[32];
     mesh_req_t *reqs[64 + XFER_CHUNKS];
     mesh_mr_t *cmr = NULL;
     int nreq = 0, rc, k, m, list[XFER_CHUNKS], owner[XFER_CHUNKS];
-    int peer_of[64];
+    int peer_of[64], front = 0;
 
     memset(reqs, 0, sizeof(reqs));
     ctrl = calloc((size_t)senders * 2, XFER_CTRL);
@@ -458,6 +596,9 @@ static int recv_state(struct trainer *t, struct link *l, uint64_t members,
     }
     if (rebuilt)
         rebuild(t, x);
+    rc = ph_init(ph, t, x->n, rebuilt ? wh : NULL);
+    if (rc < 0)
+        goto out;
     m = missing(x->have, list);
     for (k = 0; k < senders; k++) {
         uint8_t *rq = ctrl + (size_t)k * 2 * XFER_CTRL + XFER_CTRL;
@@ -510,6 +651,16 @@ static int recv_state(struct trainer *t, struct link *l, uint64_t members,
             st->bytes += len;
             st->sent[owner[i - nreq]] += len;
         }
+        /* hash what is held in order, while the rest arrives */
+        if (rc == 0 && done) {
+            size_t off, len;
+
+            while (front < XFER_CHUNKS &&
+                   (x->have[front / 8] >> (front % 8) & 1))
+                front++;
+            chunk_range(x->n, front, &off, &len);
+            rc = front == XFER_CHUNKS ? 0 : ph_feed(ph, x->blob, off);
+        }
     }
 out:
     if (cmr)
@@ -539,22 +690,68 @@ static uint64_t senders_of(uint64_t have)
     return out;
 }
 
+/*
+ * A needy peer's check of what it holds: the state's digest against the
+ * one every sender offered. A joiner that caught up rebuilt the weights'
+ * range from its own weights, whose hashes ph was given: should a byte
+ * received in that range differ from its own, the whole state is hashed.
+ */
+static int recv_check(struct trainer *t, struct phash *ph, int rebuilt,
+                      uint64_t senders_mask, const struct train_xfer_stats *st)
+{
+    struct train_xfer *x = t->xfer;
+    uint8_t got[32];
+    char list[200];
+    int rc;
+
+    if (ph->known && rebuilt_differs(t, x)) {
+        uint64_t hashed = ph->hashed;
+        double secs = ph->secs;
+
+        ph_free(ph);
+        rc = ph_init(ph, t, x->n, NULL);
+        ph->hashed += hashed;
+        ph->secs += secs;
+        if (rc < 0)
+            return rc;
+    }
+    rc = ph_final(ph, x->blob, got);
+    if (rc < 0 || memcmp(got, x->digest, 32) == 0)
+        return rc;
+    memset(x->have, 0, sizeof(x->have));
+    mesh_elastic_slots_str(senders_mask, list, sizeof(list));
+    if (rebuilt)
+        return mesh_err(-EBADMSG,
+                        "state transfer: the state rebuilt from the catch-up "
+                        "and the %" PRIu64 " bytes received do not hash to the "
+                        "SHA-256 every sender offered (slots %s): this peer "
+                        "refuses the state",
+                        st->bytes, list);
+    return mesh_err(-EBADMSG,
+                    "state transfer: the %zu bytes received do not "
+                    "hash to the SHA-256 every sender offered "
+                    "(slots %s): this peer refuses the state",
+                    x->n, list);
+}
+
 int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
-                   struct train_xfer_stats *st)
+                   struct train_whash *wh, struct train_xfer_stats *st)
 {
     uint64_t holders = v->members & ~v->needy, senders_mask;
     int me = t->mo->world.rank, needy = (int)(v->needy >> me & 1);
-    int senders, sender, rc;
+    int senders, sender, rc, rebuilt;
     struct train_snap *sn = &t->snap[v->step & 1];
     struct link l;
+    struct phash ph;
     mesh_mr_t *mr = NULL;
-    uint8_t *blob = NULL, got[32];
+    uint8_t *blob = NULL, digest[32];
     size_t n = state_bytes(t);
-    double t0 = mesh_now_s();
+    double t0 = mesh_now_s(), t1;
 
     senders_mask = senders_of(holders);
     senders = __builtin_popcountll(senders_mask);
     memset(st, 0, sizeof(*st));
+    memset(&ph, 0, sizeof(ph));
     st->senders = senders_mask;
     if (t->sim)
         return 0; /* no weights, no data: the step is all there is */
@@ -567,6 +764,7 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
     if (!t->mesh)
         return mesh_err(-EINVAL, "state transfer: no mesh");
     rc = bn_average(t, sn, needy, __builtin_popcountll(holders));
+    st->bn_s = mesh_now_s() - t0;
     if (rc < 0)
         return rc;
     l.ops = mesh_ops(t->mesh);
@@ -587,37 +785,30 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
             if (!t->xfer->blob)
                 return train_local(t, mesh_err(-ENOMEM, "out of memory"));
         }
+        rebuilt = t->cu_step == v->step && t->host_slabs;
         rc = l.ops->reg_mr(l.tr, t->xfer->blob, n, &mr);
         if (rc == 0)
             rc = recv_state(t, &l, v->members, senders_mask, senders, t->xfer,
-                            t->cu_step == v->step && t->host_slabs, mr, st);
+                            rebuilt, wh, &ph, mr, st);
         if (mr)
             l.ops->dereg_mr(l.tr, mr);
+        if (rc == 0)
+            rc = recv_check(t, &ph, rebuilt, senders_mask, st);
+        st->hashed = ph.hashed;
+        st->hash_s = ph.secs;
+        if (rc == 0) {
+            /* the weights' hashes, for the weight check: those of the
+             * bytes now loaded */
+            memcpy(wh->h, ph.h[1], 32);
+            memcpy(wh->h + 32, ph.h[2], 32);
+            wh->valid = 1;
+        }
+        ph_free(&ph);
         if (rc < 0)
             return rc;
-        rc = mesh_ckpt_sha256(t->xfer->blob, n, got);
-        if (rc == 0 && memcmp(got, t->xfer->digest, 32) != 0) {
-            char list[200];
-
-            memset(t->xfer->have, 0, sizeof(t->xfer->have));
-            if (t->cu_step == v->step)
-                return mesh_err(
-                    -EBADMSG,
-                    "state transfer: the state rebuilt from the catch-up "
-                    "and the %" PRIu64 " bytes received do not hash to the "
-                    "SHA-256 every sender offered (slots %s): this peer "
-                    "refuses the state",
-                    st->bytes,
-                    mesh_elastic_slots_str(senders_mask, list, sizeof(list)));
-            return mesh_err(
-                -EBADMSG,
-                "state transfer: the %zu bytes received do not "
-                "hash to the SHA-256 every sender offered "
-                "(slots %s): this peer refuses the state",
-                n, mesh_elastic_slots_str(senders_mask, list, sizeof(list)));
-        }
-        if (rc == 0)
-            rc = state_read(t, v->step, t->xfer->blob, sn);
+        t1 = mesh_now_s();
+        rc = state_read(t, v->step, t->xfer->blob, sn);
+        st->copy_s = mesh_now_s() - t1;
         if (rc < 0)
             return rc;
         train_xfer_free(t);
@@ -628,15 +819,25 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
                                            "state transfer: no snapshot of "
                                            "step %" PRIu64,
                                            v->step));
+        t1 = mesh_now_s();
         blob = malloc(n);
         if (!blob)
             return train_local(t, mesh_err(-ENOMEM, "out of memory"));
         state_write(t, sn, blob);
+        st->copy_s = mesh_now_s() - t1;
+        /* the header's and BN statistics' hashes; the weights' are wh */
+        rc = ph_init(&ph, t, n, wh);
+        if (rc == 0)
+            rc = ph_final(&ph, blob, digest);
+        st->hashed = ph.hashed;
+        st->hash_s = ph.secs;
+        ph_free(&ph);
         sender = rank_of(senders_mask, me);
-        rc = l.ops->reg_mr(l.tr, blob, n, &mr);
+        if (rc == 0)
+            rc = l.ops->reg_mr(l.tr, blob, n, &mr);
         if (rc == 0)
             rc = send_state(t, &l, v->members, v->needy, sender, senders, blob,
-                            n, mr, st);
+                            n, digest, mr, st);
         if (mr)
             l.ops->dereg_mr(l.tr, mr);
         free(blob);
