@@ -1431,6 +1431,23 @@ static int sgd_update(struct trainer *t, double lr)
     return rc;
 }
 
+/*
+ * After a state transfer, on a member: the snapshot's BN statistics (the
+ * senders' average) into the model; its weights and momentum are there.
+ */
+static int snap_restore_buffers(struct trainer *t, uint64_t step)
+{
+    struct train_snap *sn = &t->snap[step & 1];
+    int rc = 0;
+
+    if (t->sim || !t->nbuffers)
+        return 0;
+    rc = snap_copy(t, sn->buf, mesh_nn_model_buffers(t->model), t->nbuffers, 1);
+    if (rc == 0 && t->ctx)
+        rc = mesh_nn_sync(t->ctx);
+    return rc < 0 ? train_local(t, rc) : 0;
+}
+
 static int snap_restore(struct trainer *t, uint64_t step)
 {
     struct train_snap *sn = &t->snap[step & 1], *other = &t->snap[~step & 1];
@@ -1443,14 +1460,17 @@ static int snap_restore(struct trainer *t, uint64_t step)
                                        step));
     if (!t->sim) {
         /* a lazy snapshot is the live state (its update has not run):
-         * copied now, for the senders of a state transfer */
-        if (sn->lazy)
+         * copied now, for the senders of a state transfer; the live
+         * weights and momentum are already those of step */
+        int live = sn->lazy;
+
+        if (live)
             rc = snap_state(t, sn, 0);
         sn->lazy = 0;
         /* the other slot's, if lazy, is the state this one replaces */
         if (other->lazy)
             other->valid = other->lazy = 0;
-        if (rc == 0)
+        if (rc == 0 && !live)
             rc = snap_state(t, sn, 1);
         if (rc == 0 && t->nbuffers)
             rc = snap_copy(t, sn->buf, mesh_nn_model_buffers(t->model),
@@ -1753,7 +1773,8 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
         mk[VC_XFER] = mesh_now_s();
         hashed += st.hashed;
         if (rc == 0)
-            rc = snap_restore(t, v->step);
+            rc = needy ? snap_restore(t, v->step)
+                       : snap_restore_buffers(t, v->step);
         if (rc < 0)
             return rc;
         mk[VC_RESTORE2] = mesh_now_s();
