@@ -122,10 +122,11 @@ static int missing(const uint8_t *have, int *list)
  */
 struct phash {
     EVP_MD_CTX *ctx;
-    size_t bound[5]; /* part p is [bound[p], bound[p + 1]) */
-    size_t at;       /* the bytes before it are hashed or skipped */
-    int part;        /* the part that holds at */
-    unsigned known;  /* bit p: part p's hash is given */
+    size_t bound[5];        /* part p is [bound[p], bound[p + 1]) */
+    const uint8_t *base[4]; /* where part p's bytes are */
+    size_t at;              /* the bytes before it are hashed or skipped */
+    int part;               /* the part that holds at */
+    unsigned known;         /* bit p: part p's hash is given */
     uint8_t h[4][32];
     uint64_t hashed; /* bytes hashed */
     double secs;     /* in SHA-256 */
@@ -142,8 +143,13 @@ static void ph_free(struct phash *ph)
     ph->ctx = NULL;
 }
 
-/* wh, when valid: the parameters' and momentum's hashes are given. */
+/*
+ * The state of n bytes in blob, or in parts (the header, the parameters,
+ * the momentum, the BN statistics) where blob is NULL; wh, when valid:
+ * the parameters' and momentum's hashes are given.
+ */
 static int ph_init(struct phash *ph, const struct trainer *t, size_t n,
+                   const uint8_t *blob, const uint8_t *const *parts,
                    const struct train_whash *wh)
 {
     size_t np = t->nparams * 4;
@@ -153,6 +159,8 @@ static int ph_init(struct phash *ph, const struct trainer *t, size_t n,
     ph->bound[2] = XFER_HEADER + np;
     ph->bound[3] = XFER_HEADER + 2 * np;
     ph->bound[4] = n;
+    for (int p = 0; p < 4; p++)
+        ph->base[p] = blob ? blob + ph->bound[p] : parts[p];
     if (wh && wh->valid) {
         ph->known = 1u << 1 | 1u << 2;
         memcpy(ph->h[1], wh->h, 32);
@@ -166,8 +174,8 @@ static int ph_init(struct phash *ph, const struct trainer *t, size_t n,
     return 0;
 }
 
-/* Hash blob up to upto (the bytes before it are final). */
-static int ph_feed(struct phash *ph, const uint8_t *blob, size_t upto)
+/* Hash the state up to upto (the bytes before it are final). */
+static int ph_feed(struct phash *ph, size_t upto)
 {
     double t0 = mesh_now_s();
     int ok = 1;
@@ -182,7 +190,10 @@ static int ph_feed(struct phash *ph, const uint8_t *blob, size_t upto)
             if (stop <= ph->at)
                 break;
             if (!skip) {
-                ok = EVP_DigestUpdate(ph->ctx, blob + ph->at, stop - ph->at);
+                ok = EVP_DigestUpdate(ph->ctx,
+                                      ph->base[ph->part] +
+                                          (ph->at - ph->bound[ph->part]),
+                                      stop - ph->at);
                 ph->hashed += stop - ph->at;
             }
             ph->at = stop;
@@ -199,10 +210,10 @@ static int ph_feed(struct phash *ph, const uint8_t *blob, size_t upto)
     return ok ? 0 : sha_err();
 }
 
-/* Hash the rest of blob; out: the state's digest. */
-static int ph_final(struct phash *ph, const uint8_t *blob, uint8_t out[32])
+/* Hash the rest of the state; out: its digest. */
+static int ph_final(struct phash *ph, uint8_t out[32])
 {
-    int rc = ph_feed(ph, blob, ph->bound[4]);
+    int rc = ph_feed(ph, ph->bound[4]);
 
     if (rc == 0 &&
         !EVP_Digest(ph->h, sizeof(ph->h), out, NULL, EVP_sha256(), NULL))
@@ -212,11 +223,9 @@ static int ph_final(struct phash *ph, const uint8_t *blob, uint8_t out[32])
 
 /* ---- the state as bytes -------------------------------------------------- */
 
-static void state_write(struct trainer *t, const struct train_snap *sn,
-                        uint8_t *b)
+static void header_write(struct trainer *t, const struct train_snap *sn,
+                         uint8_t *b)
 {
-    size_t np = t->nparams * 4;
-
     memset(b, 0, XFER_HEADER);
     mesh_put_le32(b, XFER_MAGIC_ST);
     mesh_put_le32(b + 4, XFER_VERSION);
@@ -226,12 +235,43 @@ static void state_write(struct trainer *t, const struct train_snap *sn,
     mesh_put_le64(b + 32, t->nparams);
     mesh_put_le64(b + 40, t->nbuffers);
     mesh_put_le64(b + 48, t->total_steps);
+}
+
+/* The snapshot's parts (header: hdr) and their bounds in the state. */
+static void state_parts(struct trainer *t, const struct train_snap *sn,
+                        const uint8_t *hdr, size_t n, const uint8_t **part,
+                        size_t *bound)
+{
+    size_t np = t->nparams * 4;
+
     /* floats as the host stores them: every peer of a job shares one
      * byte order (the configuration check compares digests of floats) */
-    memcpy(b + XFER_HEADER, sn->params, np);
-    memcpy(b + XFER_HEADER + np, sn->mom, np);
-    if (t->nbuffers)
-        memcpy(b + XFER_HEADER + 2 * np, sn->buf, t->nbuffers * 4);
+    part[0] = hdr;
+    part[1] = (const uint8_t *)sn->params;
+    part[2] = (const uint8_t *)sn->mom;
+    part[3] = (const uint8_t *)sn->buf;
+    bound[0] = 0;
+    bound[1] = XFER_HEADER;
+    bound[2] = XFER_HEADER + np;
+    bound[3] = XFER_HEADER + 2 * np;
+    bound[4] = n;
+}
+
+/* Bytes [off, off + len) of the state in parts into b. */
+static void parts_copy(const uint8_t *const *part, const size_t *bound,
+                       size_t off, size_t len, uint8_t *b)
+{
+    for (int p = 0; p < 4 && len; p++) {
+        size_t take;
+
+        if (off >= bound[p + 1])
+            continue;
+        take = MESH_MIN(len, bound[p + 1] - off);
+        memcpy(b, part[p] + (off - bound[p]), take);
+        b += take;
+        off += take;
+        len -= take;
+    }
 }
 
 /* Check a received state's header (its digest matched) and load it into
@@ -431,10 +471,93 @@ void train_xfer_test_corrupt(int slot, int catchup, uint8_t *blob, size_t n,
             blob[o] ^= 0x5a;
 }
 
+/*
+ * Where a sender's chunks come from: a chunk inside one part of the
+ * snapshot is sent from it where it is, one across the parts' edges (at
+ * most 3) from a copy, so that a sender neither allocates nor copies the
+ * state. With the test aid MESHTRAIN_TEST_XFER_CORRUPT, which flips the
+ * bytes sent, every chunk is sent from a copy of the whole state.
+ */
+struct source {
+    const uint8_t *part[4]; /* the header, parameters, momentum, statistics */
+    size_t bound[5];
+    uint8_t hdr[XFER_HEADER];
+    uint8_t *blob;    /* (n) the whole state (the test aid), or NULL */
+    uint8_t *edge;    /* the chunks across the parts' edges */
+    mesh_mr_t *mr[5]; /* the parts' (the blob's: mr[0]), the edge's */
+    uint8_t *at[XFER_CHUNKS];
+    mesh_mr_t *mr_of[XFER_CHUNKS];
+};
+
+static void source_close(struct link *l, struct source *src)
+{
+    for (int i = 0; i < 5; i++)
+        if (src->mr[i])
+            l->ops->dereg_mr(l->tr, src->mr[i]);
+    free(src->blob);
+    free(src->edge);
+}
+
+static int source_open(struct trainer *t, struct link *l,
+                       const struct train_snap *sn, size_t n, int whole,
+                       struct source *src)
+{
+    size_t cl = chunk_len(n), off, len;
+    int nedge = 0, rc = 0;
+
+    memset(src, 0, sizeof(*src));
+    header_write(t, sn, src->hdr);
+    state_parts(t, sn, src->hdr, n, src->part, src->bound);
+    if (whole) {
+        src->blob = malloc(n);
+        if (!src->blob)
+            return train_local(t, mesh_err(-ENOMEM, "out of memory"));
+        parts_copy(src->part, src->bound, 0, n, src->blob);
+        rc = l->ops->reg_mr(l->tr, src->blob, n, &src->mr[0]);
+        for (int c = 0; c < XFER_CHUNKS && rc == 0; c++) {
+            chunk_range(n, c, &off, &len);
+            src->at[c] = src->blob + off;
+            src->mr_of[c] = src->mr[0];
+        }
+        return rc;
+    }
+    src->edge = malloc(3 * cl);
+    if (!src->edge)
+        return train_local(t, mesh_err(-ENOMEM, "out of memory"));
+    rc = l->ops->reg_mr(l->tr, src->edge, 3 * cl, &src->mr[4]);
+    for (int p = 1; p < 4 && rc == 0; p++)
+        if (src->bound[p + 1] > src->bound[p])
+            rc = l->ops->reg_mr(l->tr, (void *)(uintptr_t)src->part[p],
+                                src->bound[p + 1] - src->bound[p], &src->mr[p]);
+    for (int c = 0; c < XFER_CHUNKS && rc == 0; c++) {
+        int p = 0;
+
+        chunk_range(n, c, &off, &len);
+        if (!len)
+            continue;
+        while (p < 3 && off >= src->bound[p + 1])
+            p++;
+        if (p > 0 && off + len <= src->bound[p + 1]) {
+            src->at[c] =
+                (uint8_t *)(uintptr_t)src->part[p] + (off - src->bound[p]);
+            src->mr_of[c] = src->mr[p];
+            continue;
+        }
+        /* across an edge (each edge lies in one chunk), or the header's */
+        if (nedge == 3)
+            return mesh_err(-EPROTO, "state transfer: more than 3 chunks "
+                                     "across the state's parts");
+        src->at[c] = src->edge + (size_t)nedge++ * cl;
+        src->mr_of[c] = src->mr[4];
+        parts_copy(src->part, src->bound, off, len, src->at[c]);
+    }
+    return rc;
+}
+
 /* Sender: offer the state to every needy peer, then send each its run. */
 static int send_state(struct trainer *t, struct link *l, uint64_t members,
-                      uint64_t needy, int sender, int senders, uint8_t *blob,
-                      size_t n, uint8_t *digest, mesh_mr_t *mr,
+                      uint64_t needy, int sender, int senders,
+                      const struct source *src, size_t n, const uint8_t *digest,
                       struct train_xfer_stats *st)
 {
     int nn = __builtin_popcountll(needy), k = 0, rc = 0, list[XFER_CHUNKS];
@@ -443,7 +566,6 @@ static int send_state(struct trainer *t, struct link *l, uint64_t members,
     mesh_mr_t *cmr = NULL;
     int nreq = 0, cap = nn * (2 + XFER_CHUNKS);
 
-    train_xfer_test_corrupt(t->mo->world.rank, 0, blob, n, digest);
     ctrl = calloc((size_t)nn * 2, XFER_CTRL);
     reqs = calloc((size_t)cap, sizeof(*reqs));
     if (!ctrl || !reqs) {
@@ -506,8 +628,9 @@ static int send_state(struct trainer *t, struct link *l, uint64_t members,
             chunk_range(n, list[i], &off, &len);
             if (!len)
                 continue;
-            rc = post(l, 1, peer, XFER_TAG_DATA + (uint32_t)list[i], blob + off,
-                      len, mr, &reqs[nreq++]);
+            rc =
+                post(l, 1, peer, XFER_TAG_DATA + (uint32_t)list[i],
+                     src->at[list[i]], len, src->mr_of[list[i]], &reqs[nreq++]);
             st->bytes += len;
         }
     }
@@ -596,7 +719,7 @@ static int recv_state(struct trainer *t, struct link *l, uint64_t members,
     }
     if (rebuilt)
         rebuild(t, x);
-    rc = ph_init(ph, t, x->n, rebuilt ? wh : NULL);
+    rc = ph_init(ph, t, x->n, x->blob, NULL, rebuilt ? wh : NULL);
     if (rc < 0)
         goto out;
     m = missing(x->have, list);
@@ -659,7 +782,7 @@ static int recv_state(struct trainer *t, struct link *l, uint64_t members,
                    (x->have[front / 8] >> (front % 8) & 1))
                 front++;
             chunk_range(x->n, front, &off, &len);
-            rc = front == XFER_CHUNKS ? 0 : ph_feed(ph, x->blob, off);
+            rc = front == XFER_CHUNKS ? 0 : ph_feed(ph, off);
         }
     }
 out:
@@ -709,13 +832,13 @@ static int recv_check(struct trainer *t, struct phash *ph, int rebuilt,
         double secs = ph->secs;
 
         ph_free(ph);
-        rc = ph_init(ph, t, x->n, NULL);
+        rc = ph_init(ph, t, x->n, x->blob, NULL, NULL);
         ph->hashed += hashed;
         ph->secs += secs;
         if (rc < 0)
             return rc;
     }
-    rc = ph_final(ph, x->blob, got);
+    rc = ph_final(ph, got);
     if (rc < 0 || memcmp(got, x->digest, 32) == 0)
         return rc;
     memset(x->have, 0, sizeof(x->have));
@@ -739,12 +862,14 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
 {
     uint64_t holders = v->members & ~v->needy, senders_mask;
     int me = t->mo->world.rank, needy = (int)(v->needy >> me & 1);
-    int senders, sender, rc, rebuilt;
+    int senders, rc, rebuilt;
     struct train_snap *sn = &t->snap[v->step & 1];
     struct link l;
     struct phash ph;
+    struct source src;
     mesh_mr_t *mr = NULL;
-    uint8_t *blob = NULL, digest[32];
+    const char *v_corrupt;
+    uint8_t digest[32];
     size_t n = state_bytes(t);
     double t0 = mesh_now_s(), t1;
 
@@ -819,28 +944,26 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
                                            "state transfer: no snapshot of "
                                            "step %" PRIu64,
                                            v->step));
+        /* the test aid flips the bytes sent: from a copy */
+        v_corrupt = getenv("MESHTRAIN_TEST_XFER_CORRUPT");
         t1 = mesh_now_s();
-        blob = malloc(n);
-        if (!blob)
-            return train_local(t, mesh_err(-ENOMEM, "out of memory"));
-        state_write(t, sn, blob);
+        rc = source_open(t, &l, sn, n, v_corrupt && *v_corrupt, &src);
         st->copy_s = mesh_now_s() - t1;
         /* the header's and BN statistics' hashes; the weights' are wh */
-        rc = ph_init(&ph, t, n, wh);
         if (rc == 0)
-            rc = ph_final(&ph, blob, digest);
+            rc = ph_init(&ph, t, n, src.blob, src.part, wh);
+        if (rc == 0)
+            rc = ph_final(&ph, digest);
         st->hashed = ph.hashed;
         st->hash_s = ph.secs;
         ph_free(&ph);
-        sender = rank_of(senders_mask, me);
+        if (rc == 0 && src.blob)
+            train_xfer_test_corrupt(me, 0, src.blob, n, digest);
         if (rc == 0)
-            rc = l.ops->reg_mr(l.tr, blob, n, &mr);
-        if (rc == 0)
-            rc = send_state(t, &l, v->members, v->needy, sender, senders, blob,
-                            n, digest, mr, st);
-        if (mr)
-            l.ops->dereg_mr(l.tr, mr);
-        free(blob);
+            rc = send_state(t, &l, v->members, v->needy,
+                            rank_of(senders_mask, me), senders, &src, n, digest,
+                            st);
+        source_close(&l, &src);
         if (rc < 0)
             return rc;
     }
