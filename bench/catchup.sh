@@ -6,6 +6,7 @@
 #
 #   bench/catchup.sh [--peers P] [--runs R] [--iters I] [--at S]
 #                    [--model M] [--width W] [--image-size S] [--out DIR]
+#                    [--base BINARY]
 #
 # P peers (default 3) train on this host (--elastic, a job of P + 1
 # slots: their view forms after a 3 s join timeout); at step --at (20)
@@ -14,8 +15,18 @@
 # admits the joiner and the pause (that less a normal step), the view
 # change's own time, the bytes sent in it and the whole state; from the
 # joiner, its snapshot's step and its join time. Each mode runs R times
-# (default 3), alternating. Writes DIR/summary.txt and the
-# logs (default DIR=bench-catchup-out).
+# (default 3), alternating (catch-up, whole, catch-up, whole, ...: load
+# that changes hits both alike). bench/catchup_summary.py then gives, per
+# mode, the median and range of the pause and of the view change, and
+# where the view change went on rank 0 and on the joiner (its stage line:
+# agreement, mesh, transfer, SHA-256, weight check), with each run's
+# load averages at its start and end. Writes DIR/summary.txt and the
+# logs (default DIR=bench-catchup-out). --base BINARY runs another
+# meshtrain (an older build) in both modes too, in the same alternation
+# (runs bc1, bw1, ...).
+#
+# ResNet-50 (a 190 MB state with 10 classes; about 1 s a step here):
+#   bench/catchup.sh --model resnet50 --width 64 --iters 40 --at 8
 set -u
 top=$(cd "$(dirname "$0")/.." && pwd)
 MESHTRAIN=${MESHTRAIN:-$top/meshtrain}
@@ -27,6 +38,7 @@ MODEL=resnet18
 WIDTH=4
 SIZE=12
 OUT=bench-catchup-out
+BASE=
 while [ $# -gt 0 ]; do
     case $1 in
     --peers) PEERS=$2 ;;
@@ -37,14 +49,17 @@ while [ $# -gt 0 ]; do
     --width) WIDTH=$2 ;;
     --image-size) SIZE=$2 ;;
     --out) OUT=$2 ;;
+    --base) BASE=$2 ;;
     *) echo "usage: bench/catchup.sh [--peers P] [--runs R] [--iters I]" \
             "[--at S] [--model M] [--width W] [--image-size S]" \
-            "[--out DIR]" >&2
+            "[--out DIR] [--base BINARY]" >&2
        exit 2 ;;
     esac
     shift 2
 done
 [ -x "$MESHTRAIN" ] || { echo "catchup.sh: build meshtrain first" >&2; exit 1; }
+[ -z "$BASE" ] || [ -x "$BASE" ] ||
+    { echo "catchup.sh: --base $BASE is not an executable" >&2; exit 1; }
 command -v python3 > /dev/null ||
     { echo "catchup.sh: needs python3" >&2; exit 1; }
 mkdir -p "$OUT"
@@ -65,10 +80,12 @@ ARGS="--model $MODEL --width $WIDTH --cifar-stem --image-size $SIZE \
 --peer-timeout 10 --iters $ITERS"
 PORT=$((30000 + $$ % 20000))
 
-# one NAME MODE: a run; MODE catchup or whole.
+# one NAME MODE [BINARY]: a run; MODE catchup or whole.
 one() {
+    _bin=${3:-$MESHTRAIN}
     _m=$OUT/$1.metrics
     rm -f "$_m" "$OUT/$1".p*.log
+    _load=$(cut -d' ' -f1 /proc/loadavg)
     PIDS=""
     if [ "$2" = whole ]; then
         export MESHTRAIN_NO_CATCHUP=1
@@ -78,7 +95,7 @@ one() {
     _r=0
     while [ $_r -lt "$PEERS" ]; do
         # shellcheck disable=SC2086
-        "$MESHTRAIN" -H "localhost:$SLOTS" --rank $_r --port "$PORT" \
+        "$_bin" -H "localhost:$SLOTS" --rank $_r --port "$PORT" \
             --secret-file "$OUT/secret" $ARGS --join-timeout 3 \
             --metrics "$_m" > "$OUT/$1.p$_r.log" 2>&1 &
         PIDS="$PIDS $!"
@@ -90,14 +107,15 @@ one() {
         _i=$((_i + 1))
     done
     # shellcheck disable=SC2086
-    "$MESHTRAIN" -H "localhost:$SLOTS" --rank "$PEERS" --port "$PORT" \
+    "$_bin" -H "localhost:$SLOTS" --rank "$PEERS" --port "$PORT" \
         --secret-file "$OUT/secret" $ARGS --join-timeout 60 \
         > "$OUT/$1.p$PEERS.log" 2>&1 &
     PIDS="$PIDS $!"
     wait
     PIDS=""
+    echo "$_load $(cut -d' ' -f1 /proc/loadavg)" > "$OUT/$1.load"
     PORT=$((PORT + SLOTS + 1))
-    python3 "$top/bench/join_pause.py" "$_m" "$OUT/$1.p$PEERS.log" "$2" |
+    python3 "$top/bench/join_pause.py" "$_m" "$OUT/$1.p$PEERS.log" "$1" |
     tee -a "$OUT/summary.txt"
 }
 
@@ -105,7 +123,7 @@ one() {
     echo "bench/catchup.sh: $PEERS peers on this host, $MODEL width $WIDTH" \
         "at ${SIZE}x$SIZE; slot $PEERS joins at step $AT"
     echo "load: $(uptime)"
-    printf '%-8s %7s %8s %8s %8s %8s %10s %10s %8s %8s %7s\n' mode \
+    printf '%-8s %7s %8s %8s %8s %8s %10s %10s %8s %8s %7s\n' run \
         step_s during_s gap_s pause_s view_s sent_B state_B snap_at \
         admit_at join_s
 } | tee "$OUT/summary.txt"
@@ -113,5 +131,11 @@ i=1
 while [ "$i" -le "$RUNS" ]; do
     one "c$i" catchup
     one "w$i" whole
+    if [ -n "$BASE" ]; then
+        one "bc$i" catchup "$BASE"
+        one "bw$i" whole "$BASE"
+    fi
     i=$((i + 1))
 done
+python3 "$top/bench/catchup_summary.py" "$OUT" "$PEERS" |
+    tee -a "$OUT/summary.txt"
