@@ -14,7 +14,7 @@
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
 COUNT="python3 $top_srcdir/tests/train_elastic_count.py"
-t_plan 15
+t_plan 16
 # A SIGKILL is seen at once (EOF): a long peer timeout there keeps a
 # loaded machine's scheduling stalls from looking like deaths; the SIGSTOP
 # case, which waits for it, has a short one.
@@ -84,6 +84,12 @@ for r in 0 1 2 4 5; do
 done
 t_ok $same "auto re-measured in view 1; every survivor took the same choice"
 t_diag "$choice"
+# the view change's record says where its time went
+num='[0-9.e-]*'
+grep '"event": "view"' "$TMP/kill1.metrics" | head -n 1 |
+    grep -q "\"parts\": {\"agree\": $num, \"restore\": $num, \"mesh\": $num, \
+\"xfer\": $num, \"ready\": $num}"
+t_ok $? "the view record holds its parts (agree, restore, mesh, xfer, ready)"
 
 # 2. SIGKILL of two peers of 6 at once.
 start kill2 6 --iters "$ITERS"

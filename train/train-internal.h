@@ -32,6 +32,16 @@ enum train_join_mark {
     TRAIN_JM_N
 };
 
+/* Where a view change's time went, in seconds (view_report's "parts"). */
+enum train_vc_part {
+    TRAIN_VC_AGREE,   /* from the failure to the decision */
+    TRAIN_VC_RESTORE, /* the snapshot restored, the weights hashed */
+    TRAIN_VC_MESH,    /* the new mesh and communicator formed */
+    TRAIN_VC_XFER,    /* the joiners' state sent and restored */
+    TRAIN_VC_READY,   /* buckets, data layout, digest compared */
+    TRAIN_VC_N
+};
+
 struct trainer {
     const struct train_cfg *c;
     struct mesh *mesh;
@@ -126,6 +136,7 @@ struct trainer {
     char join_sent[256];          /* bytes from each sender */
     double join_mark[TRAIN_JM_N]; /* a joiner's start-up: mesh_now_s()
                                      at each mark, 0 before */
+    double vc_parts[TRAIN_VC_N];  /* the last view change's */
     char pending[512]; /* the last step's metrics line, written once a
                           later step's all-reduce proves it committed */
     uint64_t pending_step;

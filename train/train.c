@@ -1826,6 +1826,12 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
         train_serve_view(t, 1);
     if (rc == 0 && v->needy)
         view_stages(t, v, mk, &st, hashed);
+    /* for the view's metrics record (view_report) */
+    t->vc_parts[TRAIN_VC_AGREE] = mk[VC_DECIDED] - mk[VC_FAIL];
+    t->vc_parts[TRAIN_VC_RESTORE] = mk[VC_HASH] - mk[VC_DECIDED];
+    t->vc_parts[TRAIN_VC_MESH] = mk[VC_MESH] - mk[VC_HASH];
+    t->vc_parts[TRAIN_VC_XFER] = mk[VC_RESTORE2] - mk[VC_MESH];
+    t->vc_parts[TRAIN_VC_READY] = mk[VC_VERIFY] - mk[VC_RESTORE2];
     return rc;
 }
 
@@ -1837,6 +1843,7 @@ static void view_report(struct trainer *t, const struct mesh_elastic_view *v,
                         const char *why, double t_fail, double dur)
 {
     char left[200], members[200], joined[200], who[1200] = "";
+    const double *m = t->vc_parts;
     size_t n = 0;
 
     mesh_elastic_slots_str(v->left, left, sizeof(left));
@@ -1870,9 +1877,12 @@ static void view_report(struct trainer *t, const struct mesh_elastic_view *v,
                 "{\"event\": \"view\", \"view\": %" PRIu64 ", \"step\": "
                 "%" PRIu64 ", \"peers\": %d, \"members\": [%s], "
                 "\"left\": [%s], \"joined\": [%s], \"recovery_s\": "
-                "%.6f%s}\n",
+                "%.6f, \"parts\": {\"agree\": %.6f, \"restore\": %.6f, "
+                "\"mesh\": %.6f, \"xfer\": %.6f, \"ready\": %.6f}%s}\n",
                 v->epoch, v->step, t->size, members, v->left ? left : "",
-                v->members & ~v->prev ? joined : "", dur, wall_field(t));
+                v->members & ~v->prev ? joined : "", dur, m[TRAIN_VC_AGREE],
+                m[TRAIN_VC_RESTORE], m[TRAIN_VC_MESH], m[TRAIN_VC_XFER],
+                m[TRAIN_VC_READY], wall_field(t));
         fflush(t->metrics);
     }
 }
