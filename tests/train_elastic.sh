@@ -14,7 +14,7 @@
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
 COUNT="python3 $top_srcdir/tests/train_elastic_count.py"
-t_plan 16
+t_plan 18
 # A SIGKILL is seen at once (EOF): a long peer timeout there keeps a
 # loaded machine's scheduling stalls from looking like deaths; the SIGSTOP
 # case, which waits for it, has a short one.
@@ -84,6 +84,12 @@ for r in 0 1 2 4 5; do
 done
 t_ok $same "auto re-measured in view 1; every survivor took the same choice"
 t_diag "$choice"
+# every survivor heard the others or had its mesh blame slot 3: a
+# survivor decided view 1 without waiting the settle time
+grep -l "view 1 decided without the settle time: every member of view 0 \
+heard (slots 0,1,2,4,5) or blamed by this peer's mesh (slots 3)" \
+    "$TMP"/kill1.p[01245].log > /dev/null
+t_ok $? "a survivor decided view 1 at once: slot 3 blamed, the rest heard"
 # the view change's record says where its time went
 num='[0-9.e-]*'
 grep '"event": "view"' "$TMP/kill1.metrics" | head -n 1 |
@@ -125,6 +131,9 @@ stopped=$(pid_of 2)
 kill -STOP "$stopped"
 wait_for "$TMP/stop1.p0.log" "view 1:" 60
 t_ok $? "SIGSTOP of peer 2: the others change the view"
+grep -l "view 1 decided without the settle time:.*blamed by this peer's \
+mesh (slots 2)" "$TMP"/stop1.p[01345].log > /dev/null
+t_ok $? "silence: a survivor's mesh blamed slot 2, which no one waited for"
 kill -CONT "$stopped"
 wait_all 120
 codes_are "0 0 5 0 0 0" stop1

@@ -93,7 +93,11 @@ struct mesh_elastic {
     uint64_t rstep[MESH_ELASTIC_MAX_SLOTS];  /* and step */
     double heard_at[MESH_ELASTIC_MAX_SLOTS]; /* its last PROPOSE */
     uint64_t heard; /* whose report of this round we hold */
-    uint64_t adds;  /* joiners this agreement admits (grows) */
+    /* members of this epoch our own mesh blamed for its failure (its
+     * culprit, taken when the trainer drops the mesh): no one waits for
+     * their PROPOSE */
+    uint64_t blamed;
+    uint64_t adds; /* joiners this agreement admits (grows) */
     uint64_t radds[MESH_ELASTIC_MAX_SLOTS]; /* each one's adds */
     uint64_t joins;     /* join requests heard while NORMAL */
     uint64_t held;      /* of which these ask to wait: they are catching up */
@@ -126,6 +130,7 @@ struct mesh_elastic {
     double announce_until; /* monotonic seconds */
     double sent_at;
     int decided; /* a decision waits for mesh_elastic_agree */
+    int early;   /* ours, taken before the settle time (try_decide) */
     struct decision hist[HISTORY];
     int nhist;
 };
@@ -294,20 +299,28 @@ static void adopt(struct mesh_elastic *e, const struct decision *d)
     }
     e->joins &= ~d->members;
     e->adds = 0;
+    e->blamed = 0;
     e->decided = 1;
     e->decided_at = mesh_now_s();
     pthread_cond_broadcast(&e->cv);
 }
 
-/* Under mu: decide if every member of our seen set reports it. */
+/*
+ * Under mu: decide if every member of our seen set reports it. The settle
+ * time waits for members not heard yet; when there are none (every member
+ * of the view was heard, or is the one our mesh blamed for its failure)
+ * there is nobody to wait for, and the decision is taken at once.
+ */
 static void try_decide(struct mesh_elastic *e)
 {
     struct decision d;
     uint64_t step = UINT64_MAX;
+    int early;
 
     if (e->state != ST_AGREEING)
         return;
-    if (mesh_now_s() - e->seen_at < e->settle_s)
+    early = ((e->seen | e->blamed) & e->members) == e->members;
+    if (!early && mesh_now_s() - e->seen_at < e->settle_s)
         return;
     if (2 * popcount64(e->seen & e->base) <= popcount64(e->base))
         return; /* no quorum of the last view that formed */
@@ -327,6 +340,7 @@ static void try_decide(struct mesh_elastic *e)
     d.prev = e->members;
     d.members = e->seen | e->adds;
     d.step = step; /* MESH_ELASTIC_NO_STATE: nobody holds it */
+    e->early = early && mesh_now_s() - e->seen_at < e->settle_s;
     adopt(e, &d);
     send_decided(e, &d);
 }
@@ -768,11 +782,38 @@ void mesh_elastic_stop(struct mesh_elastic *e)
     free(e);
 }
 
+/*
+ * Under mu: the slot of the member the failed mesh blames, into blamed
+ * (while the view it served is still ours: not after a decision).
+ */
+static void take_culprit(struct mesh_elastic *e)
+{
+    int c, r = 0;
+
+    if (!e->t || !e->ops->culprit || e->decided ||
+        (e->state != ST_NORMAL && e->state != ST_AGREEING))
+        return;
+    c = e->ops->culprit(e->t);
+    if (c < 0)
+        return;
+    /* view ranks are the members in slot order */
+    for (int s = 0; s < e->nslots; s++) {
+        if (!(e->members >> s & 1))
+            continue;
+        if (r++ == c) {
+            if (s != e->me)
+                e->blamed |= UINT64_C(1) << s;
+            return;
+        }
+    }
+}
+
 void mesh_elastic_set_transport(struct mesh_elastic *e,
                                 const struct mesh_transport_ops *ops,
                                 mesh_transport_t *t)
 {
     pthread_mutex_lock(&e->mu);
+    take_culprit(e);
     e->ops = ops;
     e->t = t;
     if (t && e->state == ST_AGREEING)
@@ -902,6 +943,15 @@ int mesh_elastic_agree(struct mesh_elastic *e, double timeout_s,
         out->prev = e->last.prev;
         out->needy = e->last.needy & e->members;
         out->decided_s = e->decided_at;
+        if (e->early)
+            mesh_info("view %" PRIu64 " decided without the settle time: "
+                      "every member of view %" PRIu64 " heard (slots %s) "
+                      "or blamed by this peer's mesh (slots %s)",
+                      e->epoch, e->last.epoch,
+                      mesh_elastic_slots_str(e->last.members, a, sizeof(a)),
+                      mesh_elastic_slots_str(e->last.prev & ~e->last.members, b,
+                                             sizeof(b)));
+        e->early = 0;
     }
     pthread_mutex_unlock(&e->mu);
     return rc;
