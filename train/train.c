@@ -2235,13 +2235,14 @@ static int open_comm(struct trainer *t)
      * AUTO decides from the built-in cost numbers, not measured ones:
      * the algorithm fixes the summation order, and a run must repeat
      * (and resume) bitwise, whatever the network felt like at start.
-     * After a view change (--elastic) it measures the new mesh, whose
-     * links may be others: every member averages the same measurements
-     * (mesh_coll's agreement), so all take the same choice, and a run
-     * with failures does not repeat bitwise anyway. Without the 4 MiB
-     * timings, which would lengthen the recovery.
+     * After a view change (--elastic) too: measuring the new mesh (its
+     * 32-byte all-reduces, each algorithm 31 times or more) took 0.09 to
+     * 0.34 s of every view change in bench/chaos.sh, more than the rest
+     * of a crash's recovery, to pick among algorithms whose step times
+     * differ less than that on a model of its size (doc/elastic.md,
+     * "Chaos benchmark").
      */
-    co.measure = t->el && t->view_epoch > 0 && t->c->algo == MESH_ALGO_AUTO;
+    co.measure = 0;
     co.measure_bytes = 0;
     /* Bucket buffers that device copies use: nn's pinned memory. */
     co.host_alloc = &mesh_nn_host_allocator;
