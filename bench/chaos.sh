@@ -6,7 +6,8 @@
 #                  [--batch B] [--gap LO HI] [--restart-delay LO HI]
 #                  [--no-restarts] [--duration S] [--batch-mode MODE]
 #                  [--lr-schedule K] [--algo A] [--floor-algo A]
-#                  [--phase free|chaos|both|floor|P1,P2..] [--out DIR]
+#                  [--phase free|chaos|both|side|floor|P1,P2..]
+#                  [--out DIR]
 #
 # N hosts (default 8) in network namespaces (scripts/netns.sh), one
 # meshtrain peer each, train a ResNet-18 (--width, default 4, CIFAR stem)
@@ -14,7 +15,11 @@
 # per peer for --iters steps (default 400), lr 0.1 on the --lr-schedule
 # (default cosine: it decays to 0 at the last step, so that the final
 # accuracy is that of a settled model, not of one still moving at full lr),
-# with the all-reduce --algo (default auto), twice:
+# with the all-reduce --algo (default auto) and --peer-timeout (default 1
+# s: meshtrain's own default, 10 s, suits real networks' hiccups; on the
+# namespace hosts no live peer was taken for dead at 1 s in 48 faults, at
+# load averages up to 43, and a silent fault costs 1 s less than at 2 s),
+# twice:
 #   1. fault-free (--elastic, nothing injected), and
 #   2. under chaos: a driver waits a random LO to HI s (--gap, default 2
 #      to 20), then kills a random live peer with SIGKILL, stops one with
@@ -40,7 +45,17 @@
 # (fewer samples per step while a peer is missing), shrink-lr also scales
 # lr by the linear rule (--elastic-lr). --phase runs some of them (free,
 # chaos, floor, or a comma list; both is free,chaos; each run alone fits a
-# bench lock; the summary reads whatever DIR holds). It reports steps and
+# bench lock; the summary reads whatever DIR holds). --phase side runs 1
+# and 2 at the same time, side by side, each on its own namespace hosts
+# (prefixes P and Pf, the same addresses and ports), so that load from
+# anything else on a shared machine hits both alike, where the phases one
+# after the other met whatever load their minutes had; faults then go on
+# until the fault-free run ends (or --duration), and steps and samples per
+# minute are compared over the time both ran (from each one's start to
+# the end of the first to finish; the other then trains on alone). The
+# bias that remains: while a chaos peer is dead, stopped or starting, the
+# fault-free run gets more of the CPUs, so the chaos run's ratio is if
+# anything understated. It reports steps and
 # samples per minute of each (the chaos run's over its whole length, and
 # with --duration over the fault window too), the recovery time of each
 # fault (from the fault to the view change that excludes the peer, when
@@ -62,7 +77,7 @@ SLOTS=8
 MINP=3
 ITERS=400
 SEED=1
-PT=2
+PT=1
 WIDTH=4
 SIZE=14
 BATCH=8
@@ -103,16 +118,25 @@ while [ $# -gt 0 ]; do
             "[--gap LO HI] [--restart-delay LO HI] [--no-restarts]" \
             "[--duration S] [--batch-mode keep|shrink|shrink-lr]" \
             "[--lr-schedule const|step|cosine] [--algo A]" \
-            "[--floor-algo A] [--phase free|chaos|both|floor|P1,P2..]" \
+            "[--floor-algo A]" \
+            "[--phase free|chaos|both|side|floor|P1,P2..]" \
             "[--out DIR]" >&2
        exit 2 ;;
     esac
     shift 2
 done
 [ "$PHASE" = both ] && PHASE=free,chaos
+SIDE=0
+case ,$PHASE, in
+*,side,*)
+    case ,$PHASE, in *,free,*|*,chaos,*) echo "chaos.sh: --phase side runs" \
+        "free and chaos together; name it without them" >&2; exit 2 ;; esac
+    SIDE=1 ;;
+esac
 for p in $(echo "$PHASE" | tr ',' ' '); do
-    case $p in free|chaos|floor) ;; *) echo "chaos.sh: --phase: free, chaos," \
-        "floor, both or a comma list of them, not \"$p\"" >&2; exit 2 ;; esac
+    case $p in free|chaos|floor|side) ;; *) echo "chaos.sh: --phase: free," \
+        "chaos, floor, both, side or a comma list of them, not \"$p\"" >&2
+        exit 2 ;; esac
 done
 phase() { case ,$PHASE, in *",$1,"*) true ;; *) false ;; esac; }
 case $BMODE in
@@ -128,22 +152,29 @@ esac
 DATA=/usr/share/datasets/fashion-mnist
 [ -d "$DATA" ] || { echo "chaos.sh: no Fashion-MNIST in $DATA" >&2; exit 1; }
 PREFIX=ch$(( $$ % 1000 ))
+FPREFIX=${PREFIX}f # --phase side: the fault-free run's hosts
 why=$(sh "$NETNS" check --prefix "$PREFIX" 2>&1) ||
     { echo "chaos.sh: network namespaces unavailable: $why" >&2; exit 1; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 PIDS=""
+FPIDS=""
 cleanup() {
-    for p in $PIDS $(cat "$OUT"/pid.* 2> /dev/null); do
+    for p in $PIDS $FPIDS $(cat "$OUT"/pid.* 2> /dev/null); do
         kill -CONT "$p" 2> /dev/null; kill -KILL "$p" 2> /dev/null
     done
     rm -f "$OUT"/pid.* "$OUT"/faulted.*
     sh "$NETNS" down --prefix "$PREFIX" > /dev/null 2>&1
+    [ "$SIDE" -eq 1 ] && sh "$NETNS" down --prefix "$FPREFIX" > /dev/null 2>&1
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 sh "$NETNS" up "$SLOTS" --prefix "$PREFIX" > /dev/null ||
     { echo "chaos.sh: scripts/netns.sh up failed" >&2; exit 1; }
+if [ "$SIDE" -eq 1 ]; then
+    sh "$NETNS" up "$SLOTS" --prefix "$FPREFIX" > /dev/null ||
+        { echo "chaos.sh: scripts/netns.sh up failed" >&2; exit 1; }
+fi
 : > "$OUT/hosts"
 i=1
 while [ $i -le "$SLOTS" ]; do
@@ -155,12 +186,15 @@ chmod 600 "$OUT/secret"
 export OMP_WAIT_POLICY=passive MESHTRAIN_LOG=info
 
 # peer NAME R: start slot R's peer in its namespace (output appended);
-# its pid in $OUT/pid.R and $PEER. The floor run's all-reduce is
-# --floor-algo.
+# its pid in $PEER, and the chaos run's in $OUT/pid.R. The floor run's
+# all-reduce is --floor-algo; the fault-free run of --phase side runs on
+# the hosts of its own prefix.
 peer() {
     _algo=$ALGO
     [ "$1" = floor ] && _algo=$FLOOR_ALGO
-    ip netns exec "$PREFIX$(($2 + 1))" "$MESHTRAIN" \
+    _ns=$PREFIX
+    [ "$1" = free ] && [ "$SIDE" -eq 1 ] && _ns=$FPREFIX
+    ip netns exec "$_ns$(($2 + 1))" "$MESHTRAIN" \
         --hostfile "$OUT/hosts" --rank "$2" --port 29600 \
         --secret-file "$OUT/secret" --model resnet18 --width "$WIDTH" \
         --cifar-stem --image-size "$SIZE" --threads 1 --data-threads 1 \
@@ -171,14 +205,14 @@ peer() {
         --log-every 50 --metrics "$OUT/$1.metrics" \
         >> "$OUT/$1.p$2.log" 2>&1 &
     PEER=$!
-    echo "$PEER" > "$OUT/pid.$2"
+    [ "$1" = chaos ] && echo "$PEER" > "$OUT/pid.$2"
 }
 
 # job NAME: start every slot's peer; their pids in $PIDS.
 job() {
     PIDS=""
-    rm -f "$OUT/$1".p*.log "$OUT/$1.metrics" "$OUT"/pid.* \
-        "$OUT"/faulted.*
+    rm -f "$OUT/$1".p*.log "$OUT/$1.metrics"
+    [ "$1" = chaos ] && rm -f "$OUT"/pid.* "$OUT"/faulted.*
     r=0
     while [ $r -lt "$SLOTS" ]; do
         peer "$1" $r
@@ -267,9 +301,11 @@ echo "chaos.sh: $SLOTS hosts, ResNet-18 width $WIDTH, batch $BATCH per peer," \
     "${ALGO:-auto}, --min-peers $MINP, --peer-timeout $PT, a fault every" \
     "$GAP_LO-$GAP_HI s$([ "$RESTARTS" -eq 1 ] && echo ", restarts after" \
     "$RD_LO-$RD_HI s")$([ "$DURATION" -gt 0 ] && echo ", faults for" \
-    "$DURATION s"); load $(cut -d' ' -f1-3 /proc/loadavg)"
+    "$DURATION s")$([ "$SIDE" -eq 1 ] && echo ", fault-free run side by" \
+    "side"); load $(cut -d' ' -f1-3 /proc/loadavg)"
 # fault-free NAME: a run with nothing injected
 fault_free() {
+    rm -f "$OUT/side"
     t0=$(date +%s.%N)
     job "$1"
     for p in $PIDS; do wait "$p"; done
@@ -287,8 +323,32 @@ if phase floor; then
     fault_free floor
 fi
 
-if phase chaos; then
-    echo "chaos.sh: 2. chaos run"
+# side_free: the fault-free run of --phase side, started now; a watcher
+# in the background writes its times and load when its last peer ends
+side_free() {
+    rm -f "$OUT/free.time" "$OUT/free.load"
+    : > "$OUT/side"
+    ft0=$(date +%s.%N)
+    job free
+    FPIDS=$PIDS
+    (
+        for p in $FPIDS; do
+            while kill -0 "$p" 2> /dev/null; do sleep 0.05; done
+        done
+        echo "load $(cut -d' ' -f1-3 /proc/loadavg)" > "$OUT/free.load"
+        echo "$ft0 $(date +%s.%N)" > "$OUT/free.time"
+    ) &
+}
+
+if phase chaos || [ "$SIDE" -eq 1 ]; then
+    if [ "$SIDE" -eq 1 ]; then
+        echo "chaos.sh: 1. and 2. side by side: the fault-free run (hosts" \
+            "$FPREFIX*) and the chaos run (hosts $PREFIX*)"
+        side_free
+    else
+        rm -f "$OUT/side"
+        echo "chaos.sh: 2. chaos run"
+    fi
     : > "$OUT/faults.csv"
     : > "$OUT/restarts.csv"
     t0=$(date +%s.%N)
@@ -302,6 +362,8 @@ if phase chaos; then
         done
         running || break
         finished && continue
+        # --phase side: no fault once the fault-free run has ended
+        [ "$SIDE" -eq 1 ] && [ -e "$OUT/free.time" ] && continue
         # --duration: no fault after the window; the run trains on
         if [ "$DURATION" -gt 0 ] && awk -v t="$(date +%s.%N)" -v t0="$t0" \
                -v d="$DURATION" 'BEGIN { exit !(t - t0 >= d) }'; then
@@ -344,7 +406,7 @@ if phase chaos; then
 fi
 
 python3 - "$OUT" "$ITERS" "$PT" "$DURATION" "$FLOOR_ALGO" "$SLOTS" <<'EOF' |
-import glob, json, re, sys
+import glob, json, os, re, sys
 out, iters, pt = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 duration, floor_algo, slots = float(sys.argv[4]), sys.argv[5], sys.argv[6]
 
@@ -404,6 +466,22 @@ print("chaos:      %d steps in %.1f s: %.1f steps/min%s, %.0f samples/min%s, "
          " (%.1f %% of fault-free)" % (100 * cspm / fspm) if fspm else "",
          csam, " (%.1f %%)" % (100 * csam / fsam) if fsam else "",
          cacc, len(cviews), load("chaos")))
+if os.path.exists(out + "/side") and fsteps:
+    # --phase side: both ran at once; compare them while both ran, from
+    # each one's start to the end of the first to finish (the other then
+    # trained on alone, with the machine to itself)
+    end = min(f1, c1)
+    fw = [s for s in fsteps if s["wall"] <= end]
+    cw = [s for s in csteps if s["wall"] <= end]
+    fr, cr = len(fw) / ((end - f0) / 60), len(cw) / ((end - c0) / 60)
+    fsr = samples(fw) / ((end - f0) / 60)
+    csr = samples(cw) / ((end - c0) / 60)
+    print("side by side, while both ran (%.1f s, to the end of the %s run):"
+          % (end - c0, "fault-free" if f1 <= c1 else "chaos"))
+    print("  chaos %d steps, fault-free %d: %.1f against %.1f steps/min, "
+          "**%.1f %%**; %.0f against %.0f samples/min, %.1f %%"
+          % (len(cw), len(fw), cr, fr, 100 * cr / fr, csr, fsr,
+             100 * csr / fsr))
 if duration > 0:
     w = [s for s in csteps if s["wall"] <= c0 + duration]
     span = min(duration, c1 - c0)
@@ -484,6 +562,20 @@ for kind, rs in sorted(rec.items()):
         print("recovery %-4s %-16s: n=%d median %.3f s, worst %.3f s "
               "(goal <= %.1f s)" % (kind, what, len(v), v[len(v) // 2],
                                    v[-1], goal))
+# where each view change's own time went (rank 0's "parts"): the median
+# of each part over the changes that dropped a peer and those that only
+# admitted one
+for k, sel in (("fault", lambda v: v["left"]),
+               ("join", lambda v: not v["left"] and v.get("joined"))):
+    ps = [v["parts"] for v in cviews if "parts" in v and sel(v)]
+    if ps:
+        med = lambda n: sorted(p[n] for p in ps)[len(ps) // 2]
+        print("view changes of a %-5s (n=%d), median s: agree %.3f, "
+              "restore %.3f, mesh %.3f, xfer %.3f, ready %.3f; whole %.3f"
+              % (k, len(ps), med("agree"), med("restore"), med("mesh"),
+                 med("xfer"), med("ready"),
+                 sorted(v["recovery_s"] for v in cviews
+                        if "parts" in v and sel(v))[len(ps) // 2]))
 # where the chaos run's time went: each interval between two steps (by
 # rank 0's record times) against the fault-free run's median interval;
 # an interval holding a view change is a fault's (someone left) or a
