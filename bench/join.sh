@@ -2,15 +2,17 @@
 # bench/join.sh: how long a peer takes to join a running --elastic job,
 # against the state size over the link rate (run by hand, as root).
 #
-#   bench/join.sh [--senders "1 3 7"] [--rate R] [--model M] [--width W]
-#                 [--image-size S] [--catchup yes|no] [--out DIR]
+#   bench/join.sh [--senders "1 3 7"] [--runs N] [--rate R] [--model M]
+#                 [--width W] [--image-size S] [--catchup yes|no] [--out DIR]
 #
 # 8 hosts in network namespaces (scripts/netns.sh), each host's egress
 # shaped by tbf to --rate (default 1gbit). For each K of --senders: slots
 # 0-6 train (--elastic; they form their view of 7 after --join-timeout),
 # then slot 7 starts and joins; MESHTRAIN_XFER_SENDERS=K makes only the K
 # lowest slots send it the state (train/xfer.c), so that one setup shows
-# the striping. With --catchup no (MESHTRAIN_NO_CATCHUP) the joiner gets
+# the striping. --runs N (default 1) repeats each K's join N times, each
+# in a fresh job (the join's moment against the members' step boundaries
+# varies: a joiner is admitted only at one). With --catchup no (MESHTRAIN_NO_CATCHUP) the joiner gets
 # the whole state in the view change that admits it, instead of fetching
 # a snapshot and replaying steps while the members train
 # (train/catchup.c). The model is --model (default resnet50: about 205 MB of
@@ -28,7 +30,8 @@
 #   uplinks; the joiner's own ingress is not shaped), J and B over N / R
 #   (the issue's goal: <= 1.2 for ResNet-50), the wait from the JOIN's
 #   answer to the decision that admits it (the members' next step
-#   boundary and their agreement), and every stage's moment.
+#   boundary and their agreement), and every stage's moment; with --runs,
+#   per K the median and worst of J / (N/R) and B / (N/R) over the runs.
 # Writes DIR/summary.txt and the logs (default DIR=bench-join-out).
 # Take the bench lock (/tmp/bench.d) around timed runs on shared machines.
 set -u
@@ -42,22 +45,28 @@ WIDTH=64
 SIZE=32
 OUT=bench-join-out
 CATCHUP=yes
+RUNS=1
 while [ $# -gt 0 ]; do
     case $1 in
     --senders) SENDERS=$2 ;;
+    --runs) RUNS=$2 ;;
     --rate) RATE=$2 ;;
     --model) MODEL=$2 ;;
     --width) WIDTH=$2 ;;
     --image-size) SIZE=$2 ;;
     --out) OUT=$2 ;;
     --catchup) CATCHUP=$2 ;;
-    *) echo "usage: bench/join.sh [--senders \"1 3 7\"] [--rate R]" \
-            "[--model M] [--width W] [--image-size S] [--catchup yes|no]" \
+    *) echo "usage: bench/join.sh [--senders \"1 3 7\"] [--runs N]" \
+            "[--rate R] [--model M] [--width W] [--image-size S] [--catchup yes|no]" \
             "[--out DIR]" >&2
        exit 2 ;;
     esac
     shift 2
 done
+case $RUNS in
+'' | *[!0-9]* | 0) echo "join.sh: --runs takes a count >= 1, not '$RUNS'" >&2
+    exit 2 ;;
+esac
 [ -x "$MESHTRAIN" ] || { echo "join.sh: build meshtrain first" >&2; exit 1; }
 case $RATE in
 *gbit) BPS=$(( ${RATE%gbit} * 1000000000 )) ;;
@@ -98,7 +107,7 @@ peer() {
         --image-size "$SIZE" --threads 1 --data-threads 1 \
         --data synthetic:2000 --batch 1 --iters 100000 --no-eval \
         --verify-every 0 --elastic --join-timeout 20 --peer-timeout 30 \
-        --log-every 1 --metrics "$OUT/k$K.metrics" > "$2" 2>&1 &
+        --log-every 1 --metrics "$OUT/$T.metrics" > "$2" 2>&1 &
     PIDS="$PIDS $!"
 }
 
@@ -111,85 +120,122 @@ peer() {
         join_s begun_s xfer_s "N/R_s" "N/(KR)_s" "J/(N/R)" "B/(N/R)" \
         "bytes per sender"
 } | tee "$OUT/summary.txt"
+rm -f "$OUT/ratios"
 for K in $SENDERS; do
-    PIDS=""
-    rm -f "$OUT/k$K.metrics"
-    export MESHTRAIN_XFER_SENDERS=$K
-    r=0
-    while [ $r -lt 7 ]; do
-        peer $r "$OUT/k$K.p$r.log"
-        r=$((r + 1))
-    done
-    # the 7 train (their view formed after the join timeout) before the
-    # joiner starts
-    i=0
-    until grep -q "step 3/\|step 3 " "$OUT/k$K.p0.log" 2> /dev/null ||
-        [ $i -ge 1800 ]; do
-        sleep 0.2
-        i=$((i + 1))
-    done
-    peer 7 "$OUT/k$K.p7.log"
-    i=0
-    until grep -q "slot 7 joined view" "$OUT/k$K.p7.log" 2> /dev/null ||
-        [ $i -ge 1800 ]; do
-        sleep 0.2
-        i=$((i + 1))
-    done
-    # two more step records, so that rank 0's metrics hold the steps
-    # around the admission (bench/join_pause.py)
-    n=$(grep -c '"loss"' "$OUT/k$K.metrics" 2> /dev/null)
-    i=0
-    until [ "$(grep -c '"loss"' "$OUT/k$K.metrics" 2> /dev/null)" -ge \
-        $((${n:-0} + 2)) ] || [ $i -ge 300 ]; do
-        sleep 0.2
-        i=$((i + 1))
-    done
-    unset MESHTRAIN_XFER_SENDERS
-    for p in $PIDS; do kill -KILL "$p" 2> /dev/null; done
-    wait 2> /dev/null
-    line=$(grep "slot 7 joined view" "$OUT/k$K.p7.log")
-    if [ -z "$line" ]; then
-        echo "join.sh: K=$K: the joiner did not join (see $OUT/k$K.p7.log)" |
+    run=1
+    while [ $run -le "$RUNS" ]; do
+        PIDS=""
+        T=k$K.r$run
+        rm -f "$OUT/$T.metrics"
+        export MESHTRAIN_XFER_SENDERS=$K
+        echo "K=$K run $run: load at the start $(cut -d' ' -f1-3 /proc/loadavg)" |
             tee -a "$OUT/summary.txt"
-        continue
-    fi
-    marks=$(sed -n "s/.*slot 7's join, s after start: //p" "$OUT/k$K.p7.log")
-    # the whole state (a joiner that caught up receives only part of it
-    # in the view change: train/catchup.c)
-    state=$(sed -n 's/.*"state_bytes": \([0-9]*\),.*/\1/p' \
-        "$OUT/k$K.metrics" | tail -n 1)
-    echo "$line" | awk -v k="$K" -v bps="$BPS" -v marks="$marks" \
-        -v state="${state:-0}" '{
-        for (i = 1; i <= NF; i++) {
-            if ($i == "after") j = $(i - 2)
-            if ($i == "state") n = $(i + 1)
-            if ($i == "in" && $(i + 2) == "s") x = $(i + 1)
-        }
-        if (state > 0) n = state
-        per = $0; sub(/.*s \(/, "", per); sub(/\)$/, "", per)
-        m = split(marks, f, /, /)
-        for (i = 1; i <= m; i++) {
-            v = f[i]; sub(/.* /, "", v); name = f[i]; sub(/ [^ ]*$/, "", name)
-            t[name] = v
-        }
-        b = t["first step"]
-        b1 = n * 8 / bps
-        printf "%-8d %12d %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %8.2f  %s\n",
-            k, n, j, b, x, b1, b1 / k, j / b1, b / b1, per
-        printf "         stages (s after start): %s\n", marks
-        if ("snapshot" in t)
-            printf "         catch-up: answered to snapshot loaded %.3f s;" \
-                " snapshot to admitted %.3f s\n",
-                t["snapshot"] - t["answered"], t["admitted"] - t["snapshot"]
-        printf "         answered to admitted: %.3f s; admitted to first" \
-            " step begun: %.3f s; first step: %.3f s\n",
-            t["admitted"] - t["answered"], b - t["admitted"], j - b
-    }' | tee -a "$OUT/summary.txt"
-    # the members' pause (bench/join_pause.py): a step, a step while the
-    # joiner caught up, the interval across the admission, that less a
-    # step, the view change, bytes sent in it and the whole state, the
-    # joiner's snapshot step (catch-up), the admission step, join time
-    printf '         pause: %s\n' "$(python3 "$top/bench/join_pause.py" \
-        "$OUT/k$K.metrics" "$OUT/k$K.p7.log" "K=$K")" |
-        tee -a "$OUT/summary.txt"
+        r=0
+        while [ $r -lt 7 ]; do
+            peer $r "$OUT/$T.p$r.log"
+            r=$((r + 1))
+        done
+        # the 7 train (their view formed after the join timeout) before the
+        # joiner starts
+        i=0
+        until grep -q "step 3/\|step 3 " "$OUT/$T.p0.log" 2> /dev/null ||
+            [ $i -ge 1800 ]; do
+            sleep 0.2
+            i=$((i + 1))
+        done
+        peer 7 "$OUT/$T.p7.log"
+        i=0
+        until grep -q "slot 7 joined view" "$OUT/$T.p7.log" 2> /dev/null ||
+            [ $i -ge 1800 ]; do
+            sleep 0.2
+            i=$((i + 1))
+        done
+        # two more step records, so that rank 0's metrics hold the steps
+        # around the admission (bench/join_pause.py)
+        n=$(grep -c '"loss"' "$OUT/$T.metrics" 2> /dev/null)
+        i=0
+        until [ "$(grep -c '"loss"' "$OUT/$T.metrics" 2> /dev/null)" -ge \
+            $((${n:-0} + 2)) ] || [ $i -ge 300 ]; do
+            sleep 0.2
+            i=$((i + 1))
+        done
+        unset MESHTRAIN_XFER_SENDERS
+        for p in $PIDS; do kill -KILL "$p" 2> /dev/null; done
+        wait 2> /dev/null
+        echo "K=$K run $run: load at the end $(cut -d' ' -f1-3 /proc/loadavg)" |
+            tee -a "$OUT/summary.txt"
+        line=$(grep "slot 7 joined view" "$OUT/$T.p7.log")
+        if [ -z "$line" ]; then
+            echo "join.sh: K=$K: the joiner did not join (see $OUT/k$K.p7.log)" |
+                tee -a "$OUT/summary.txt"
+            continue
+        fi
+        marks=$(sed -n "s/.*slot 7's join, s after start: //p" "$OUT/$T.p7.log")
+        # the whole state (a joiner that caught up receives only part of it
+        # in the view change: train/catchup.c)
+        state=$(sed -n 's/.*"state_bytes": \([0-9]*\),.*/\1/p' \
+            "$OUT/$T.metrics" | tail -n 1)
+        echo "$line" | awk -v k="$K" -v bps="$BPS" -v marks="$marks" \
+            -v state="${state:-0}" -v ratios="$OUT/ratios" '{
+            for (i = 1; i <= NF; i++) {
+                if ($i == "after") j = $(i - 2)
+                if ($i == "state") n = $(i + 1)
+                if ($i == "in" && $(i + 2) == "s") x = $(i + 1)
+            }
+            if (state > 0) n = state
+            per = $0; sub(/.*s \(/, "", per); sub(/\)$/, "", per)
+            m = split(marks, f, /, /)
+            for (i = 1; i <= m; i++) {
+                v = f[i]; sub(/.* /, "", v); name = f[i]; sub(/ [^ ]*$/, "", name)
+                t[name] = v
+            }
+            b = t["first step"]
+            b1 = n * 8 / bps
+            printf "%-8d %12d %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %8.2f  %s\n",
+                k, n, j, b, x, b1, b1 / k, j / b1, b / b1, per
+            printf "%d %.3f %.3f\n", k, j / b1, b / b1 >> ratios
+            printf "         stages (s after start): %s\n", marks
+            if ("snapshot" in t)
+                printf "         catch-up: answered to snapshot loaded %.3f s;" \
+                    " snapshot to admitted %.3f s\n",
+                    t["snapshot"] - t["answered"], t["admitted"] - t["snapshot"]
+            printf "         answered to admitted: %.3f s; admitted to first" \
+                " step begun: %.3f s; first step: %.3f s\n",
+                t["admitted"] - t["answered"], b - t["admitted"], j - b
+        }' | tee -a "$OUT/summary.txt"
+        # the members' pause (bench/join_pause.py): a step, a step while the
+        # joiner caught up, the interval across the admission, that less a
+        # step, the view change, bytes sent in it and the whole state, the
+        # joiner's snapshot step (catch-up), the admission step, join time
+        printf '         pause: %s\n' "$(python3 "$top/bench/join_pause.py" \
+            "$OUT/$T.metrics" "$OUT/$T.p7.log" "K=$K")" |
+            tee -a "$OUT/summary.txt"
+        run=$((run + 1))
+    done
 done
+# with --runs: per K, the median and worst of J / (N/R) and B / (N/R)
+if [ "$RUNS" -gt 1 ]; then
+    echo "over $RUNS runs per K (J: to the first step done, B: begun;" \
+        "a run whose joiner did not join counts as worst):" |
+        tee -a "$OUT/summary.txt"
+    for K in $SENDERS; do
+        awk -v k="$K" '$1 == k { n++; j[n] = $2; b[n] = $3 }
+        function med_worst(a, n,    i, m, t, s, w) {
+            m = 0
+            for (i = 1; i <= n; i++)
+                if (a[i] == "-") w = "-"; else s[++m] = a[i] + 0
+            for (i = 2; i <= m; i++)
+                for (t = i; t > 1 && s[t - 1] > s[t]; t--) {
+                    x = s[t]; s[t] = s[t - 1]; s[t - 1] = x
+                }
+            if (m == 0) return "- -"
+            med = m % 2 ? s[(m + 1) / 2] : (s[m / 2] + s[m / 2 + 1]) / 2
+            return sprintf("%.2f %s", med, w == "-" ? "-" : sprintf("%.2f", s[m]))
+        }
+        END {
+            split(med_worst(j, n), a, " "); split(med_worst(b, n), c, " ")
+            printf "K=%-6d runs %d  J/(N/R) median %s worst %s;" \
+                "  B/(N/R) median %s worst %s\n", k, n, a[1], a[2], c[1], c[2]
+        }' "$OUT/ratios" | tee -a "$OUT/summary.txt"
+    done
+fi
