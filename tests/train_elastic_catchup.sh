@@ -8,8 +8,10 @@
 # digests right after it and at the end prove the joiner's weights and
 # momentum equal the others' bitwise; rank 0's metrics name every step
 # once; every sample of every epoch is used once
-# (tests/train_elastic_count.py). Faults during the catch-up: a member
-# killed (the joiner starts again in the members' next view), the joiner
+# (tests/train_elastic_count.py). The snapshot is of the state the
+# members held when the joiner asked (not of their next step boundary),
+# fetched while the joiner builds its model. Faults during the catch-up:
+# a member killed (the joiner starts again in the members' next view), the joiner
 # killed (the job goes on, never having waited for it), and a second
 # joiner arriving while the first catches up. The members pause 30 ms at
 # each step (MESHTRAIN_TEST_STEP_MS) so that a joiner's start and its
@@ -18,7 +20,7 @@
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
 COUNT="python3 $top_srcdir/tests/train_elastic_count.py"
-t_plan 15
+t_plan 17
 N=800
 ITERS=${CATCHUP_ITERS:-160}
 TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
@@ -85,6 +87,28 @@ change sent ${_got:-?} of ${_state:-?} bytes"
         [ -n "$_state" ] && [ $((_got * 10)) -lt "$_state" ]
 }
 
+# served_live NAME SLOT: the joiner's snapshot is of the step the members
+# were at when it asked, and a member copied it at once ("the live state
+# when it asked"), not at a later step boundary; or a member answered
+# LATE (it was in that step's update, or past it) and the joiner asked
+# again, ahead. LIVE_MSG says which.
+served_live() {
+    _xl=$(sed -n 's/.*a snapshot of step \([0-9]*\) (.*the members were at step \([0-9]*\) when.*/\1 \2/p' \
+        "$TMP/$1.p$2.log" | tail -n 1)
+    # shellcheck disable=SC2086
+    set -- "$1" "$2" $_xl
+    LIVE_MSG="snapshot of step ${3:-?}, the members at step ${4:-?} when it \
+asked"
+    if grep -q "catch-up: slot [0-9]* is past step" "$TMP/$1.p$2.log"; then
+        LIVE_MSG="$LIVE_MSG (after a LATE)"
+        [ $# -eq 4 ] && [ "$3" -ge "$4" ]
+        return
+    fi
+    [ $# -eq 4 ] && [ "$3" -eq "$4" ] &&
+        cat "$TMP/$1".p*.log | grep -q "catch-up: slot $2 is sent the \
+snapshot of step $3, the live state when it asked"
+}
+
 # 1-2. 2 of 3 slots train with top-k gradients (error feedback, each
 # peer's own), and 4 of 5 with --keep-global-batch and another seed; the
 # last slot joins and catches up.
@@ -94,6 +118,8 @@ join a 3 2 --compress topk:0.05 --seed 3
 wait_all 120
 codes_are "0 0 0" a && caught_up a 2
 t_ok $? "2 of 3 slots, top-k: slot 2 caught up while they trained ($CU_MSG)"
+served_live a 2
+t_ok $? "top-k: a snapshot of the members' live state ($LIVE_MSG)"
 $COUNT "$TMP/a.metrics" "$ITERS" $N 12 "$TMP"/a.samples.*
 t_ok $? "top-k: every step once, every sample of each epoch once"
 
@@ -103,6 +129,8 @@ join b 5 4 --keep-global-batch --seed 7
 wait_all 120
 codes_are "0 0 0 0 0" b && caught_up b 4
 t_ok $? "4 of 5 slots, --keep-global-batch: slot 4 caught up ($CU_MSG)"
+served_live b 4
+t_ok $? "keep-global-batch: a snapshot of the members' live state ($LIVE_MSG)"
 $COUNT "$TMP/b.metrics" "$ITERS" $N 20 "$TMP"/b.samples.*
 t_ok $? "keep-global-batch: every step once, every sample of each epoch once"
 

@@ -10,15 +10,20 @@
  *     train/elastic.h) from a thread of its own.
  *   - The joiner connects to every member of the current view; each says
  *     HELLO (its view, the last step boundary it passed, a nonce). The
- *     joiner names a later boundary X and its stripe j of K (the member's
- *     rank in the view) in AUTH, signed with the job secret over the
- *     nonce.
- *   - At boundary X each member copies its snapshot of step X (weights
- *     and momentum: identical on every member) into a buffer, and sends
- *     stripe j of it (SNAP, with the buffer's SHA-256); then, after the
- *     all-reduce of every step k >= X, stripe j of the reduced gradient
- *     and the step's learning rate (GRAD). Training never waits for the
- *     joiner: a joiner more than CU_QUEUE records behind is dropped.
+ *     joiner names a boundary X, the last one any member passed, and its
+ *     stripe j of K (the member's rank in the view) in AUTH, signed with
+ *     the job secret over the nonce.
+ *   - Each member copies its snapshot of step X (weights and momentum:
+ *     identical on every member) into a buffer: at once when X is the
+ *     boundary it passed last and the step's update has not begun (the
+ *     live weights are still X's), at boundary X when it has not reached
+ *     it; LATE when X's update has begun (the joiner names X + 1). It
+ *     sends stripe j of the buffer (SNAP, with the buffer's SHA-256);
+ *     then, after the all-reduce of every step k >= X, stripe j of the
+ *     reduced gradient and the step's learning rate (GRAD). Training
+ *     never waits for the joiner (but for the one copy, when the update
+ *     comes during it): a joiner more than CU_QUEUE records behind is
+ *     dropped.
  *   - The joiner checks that every member offers the same SHA-256 and
  *     that the bytes hash to it, loads them, and applies each step's
  *     gradient with the members' own optimizer code (the same inputs give
@@ -139,6 +144,7 @@ struct cu_sess {
     size_t inlen;
     int slot, j, k; /* the joiner, and the stripe j of k it asked for */
     uint64_t pin, next;
+    int pin_live; /* the live state was pin's and stable when it asked */
     struct cu_item *head, *tail;
     int nq;
     double since;
@@ -152,9 +158,15 @@ struct train_serve {
     struct cu_sess s[CU_SESS];
     int valid, rank, size, me, nslots;
     uint64_t epoch, members;
-    int at_valid;
-    uint64_t at; /* the last step boundary passed */
+    /* the step whose state the live weights and momentum hold (once
+     * a boundary of the view passed), and whether they can be copied
+     * now: not between the gradient's queueing and the end of the
+     * update (train_serve_grad, train_serve_updated) */
+    int live_valid, live_ok;
+    uint64_t live;
     size_t nparams;
+    const float *params, *mom; /* the live weights and momentum */
+    struct trainer *t;         /* for the test aid train_fault only */
     uint8_t key[256];
     size_t keylen;
 };
@@ -231,6 +243,64 @@ static void wake_serve(struct train_serve *sv)
     (void)!write(sv->pipe[1], &c, 1);
 }
 
+/*
+ * A snapshot buffer of step: the 64-byte header, then the weights and
+ * momentum from params and mom (those of step, the same bytes on every
+ * member); hashed later by the thread. NULL when out of memory.
+ */
+static struct cu_blob *blob_make(size_t nparams, uint64_t step,
+                                 const float *params, const float *mom)
+{
+    struct cu_blob *b = calloc(1, sizeof(*b));
+
+    if (b) {
+        b->n = blob_bytes(nparams);
+        b->b = malloc(b->n);
+    }
+    if (!b || !b->b) {
+        free(b);
+        return NULL;
+    }
+    b->refs = 1;
+    b->step = step;
+    memset(b->b, 0, CU_BLOB);
+    mesh_put_le32(b->b, CU_MAGIC_B);
+    mesh_put_le32(b->b + 4, CU_VERSION);
+    mesh_put_le64(b->b + 8, step);
+    mesh_put_le64(b->b + 16, nparams);
+    memcpy(b->b + CU_BLOB, params, nparams * 4);
+    memcpy(b->b + CU_BLOB + nparams * 4, mom, nparams * 4);
+    return b;
+}
+
+/* Under mu: queue stripe j of snapshot b (of step) for ss, then every
+ * step's gradient from step on. 0, or -1 (ss closed). */
+static int sess_snap(struct train_serve *sv, struct cu_sess *ss,
+                     struct cu_blob *b, uint64_t step)
+{
+    struct cu_item *it = item_new(K_SNAP, sv->me);
+    size_t lo, hi;
+
+    if (!it) {
+        sess_close(ss);
+        return -1;
+    }
+    lo = b->n * (size_t)ss->j / (size_t)ss->k;
+    hi = b->n * (size_t)(ss->j + 1) / (size_t)ss->k;
+    mesh_put_le64(it->hdr + 8, step);
+    mesh_put_le64(it->hdr + 16, b->n);
+    mesh_put_le64(it->hdr + 24, lo);
+    mesh_put_le64(it->hdr + 32, hi - lo);
+    it->blob = b;
+    b->refs++;
+    it->data = b->b + lo;
+    it->dlen = hi - lo;
+    push(ss, it);
+    ss->state = S_STREAM;
+    ss->next = step;
+    return 0;
+}
+
 /* Under mu: a joiner's AUTH is complete; check it against our view. */
 static void sess_auth(struct train_serve *sv, struct cu_sess *ss)
 {
@@ -254,16 +324,19 @@ static void sess_auth(struct train_serve *sv, struct cu_sess *ss)
     if (!sv->valid || mesh_get_le64(a + 8) != sv->epoch || ss->k < 1 ||
         ss->k > sv->size || ss->j < 0 || ss->j >= ss->k ||
         mesh_get_le64(a + 32) != sv->nparams ||
-        x > (sv->at_valid ? sv->at : 0) + 100000) {
+        x > (sv->live_valid ? sv->live : 0) + 100000) {
         sess_end(sv, ss, K_REFUSE, 1);
         return;
     }
-    if (sv->at_valid && x <= sv->at) {
-        sess_end(sv, ss, K_LATE, sv->at);
+    if (sv->live_valid && x < sv->live) {
+        sess_end(sv, ss, K_LATE, sv->live);
         return;
     }
+    /* served by serve_snap once the live state is X's and stable: at
+     * once when it is (the joiner names the members' live step) */
     ss->state = S_PINNED;
     ss->pin = x;
+    ss->pin_live = sv->live_valid && sv->live_ok && x == sv->live;
 }
 
 /* Send what the socket takes; -1 when the joiner is gone. */
@@ -343,7 +416,7 @@ static void serve_accept(struct train_serve *sv)
     }
     mesh_put_le64(it->hdr + 8, sv->epoch);
     mesh_put_le64(it->hdr + 16, sv->members);
-    mesh_put_le64(it->hdr + 24, sv->at_valid ? sv->at : 0);
+    mesh_put_le64(it->hdr + 24, sv->live_valid ? sv->live : 0);
     memcpy(it->hdr + 32, ss->nonce, 16);
     mesh_put_le64(it->hdr + 48, sv->nparams);
     push(ss, it);
@@ -373,6 +446,54 @@ static void sess_read(struct train_serve *sv, struct cu_sess *ss)
     }
     if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
         sess_close(ss);
+}
+
+/*
+ * Under mu: the sessions pinned at the live step get their snapshot now,
+ * while the live weights and momentum are that step's and stable (from
+ * the end of the previous update, or the boundary, to the queueing of
+ * the step's gradient: train_serve_grad takes mu before the update, so
+ * the update waits for a copy under way, and only then). The copy is
+ * made here, not on the training thread; a buffer of the same step that
+ * a session still sends is shared.
+ */
+static void serve_snap(struct train_serve *sv)
+{
+    struct cu_blob *b = NULL;
+    int any = 0;
+
+    if (!sv->valid || !sv->live_valid || !sv->live_ok)
+        return;
+    for (int i = 0; i < CU_SESS; i++)
+        any |= sv->s[i].state == S_PINNED && sv->s[i].pin == sv->live;
+    if (!any)
+        return;
+    for (int i = 0; i < CU_SESS && !b; i++)
+        for (struct cu_item *it = sv->s[i].head; it && !b; it = it->next)
+            if (it->blob && it->blob->step == sv->live)
+                b = it->blob;
+    if (b)
+        b->refs++;
+    else
+        b = blob_make(sv->nparams, sv->live, sv->params, sv->mom);
+    for (int i = 0; i < CU_SESS; i++) {
+        struct cu_sess *ss = &sv->s[i];
+
+        if (ss->state != S_PINNED || ss->pin != sv->live)
+            continue;
+        if (!b) { /* the catch-up fails; the joiner is admitted as before */
+            sess_end(sv, ss, K_REFUSE, 2);
+            continue;
+        }
+        mesh_info("catch-up: slot %d is sent the snapshot of step %" PRIu64
+                  ", %s",
+                  ss->slot, sv->live,
+                  ss->pin_live ? "the live state when it asked"
+                               : "once this peer's state reached it");
+        if (sess_snap(sv, ss, b, sv->live) == 0)
+            train_fault(sv->t, TRAIN_FAULT_CATCHUP); /* test aid: dies */
+    }
+    blob_unref(b);
 }
 
 /* Under mu, released while hashing: the SHA-256 of a buffer a session
@@ -416,6 +537,7 @@ static void *serve_main(void *arg)
         double now = mesh_now_s();
         char buf[64];
 
+        serve_snap(sv);
         serve_hash(sv);
         pf[np].fd = sv->pipe[0];
         pf[np++].events = POLLIN;
@@ -493,6 +615,9 @@ int train_serve_start(struct trainer *t)
     sv->me = t->mo->world.rank;
     sv->nslots = t->mo->world.size;
     sv->nparams = t->nparams;
+    sv->params = mesh_nn_model_params(t->model);
+    sv->mom = mesh_nn_sgd_momentum(t->sgd);
+    sv->t = t;
     if (t->mo->topts.secret) {
         if (t->mo->topts.secret_len > sizeof(sv->key)) {
             free(sv);
@@ -581,7 +706,7 @@ void train_serve_view(struct trainer *t, int valid)
         sv->members = t->members;
         sv->rank = t->rank;
         sv->size = t->size;
-        sv->at_valid = 0;
+        sv->live_valid = 0;
         sv->valid = 1;
     } else {
         /* the view is changing: what is queued still goes out (the
@@ -597,17 +722,15 @@ void train_serve_view(struct trainer *t, int valid)
     wake_serve(sv);
 }
 
-void train_serve_boundary(struct trainer *t, uint64_t step)
+/* Under mu: the live state is now step's; pins before it are late. 1 if
+ * a session waits for it. */
+static int serve_live(struct train_serve *sv, uint64_t step)
 {
-    struct train_serve *sv = t->serve;
-    struct cu_blob *b = NULL;
     int need = 0;
 
-    if (!sv)
-        return;
-    pthread_mutex_lock(&sv->mu);
-    sv->at = step;
-    sv->at_valid = 1;
+    sv->live = step;
+    sv->live_valid = 1;
+    sv->live_ok = 1;
     for (int i = 0; i < CU_SESS; i++) {
         struct cu_sess *ss = &sv->s[i];
 
@@ -616,63 +739,40 @@ void train_serve_boundary(struct trainer *t, uint64_t step)
         else if (ss->state == S_PINNED && ss->pin == step)
             need = 1;
     }
-    pthread_mutex_unlock(&sv->mu);
-    if (!need)
-        return;
-    /* the weights and momentum of the snapshot just taken, identical on
-     * every member; hashed by the thread */
-    b = calloc(1, sizeof(*b));
-    if (b) {
-        b->n = blob_bytes(t->nparams);
-        b->b = malloc(b->n);
-    }
-    if (!b || !b->b) {
-        free(b);
-        return; /* the joiner's catch-up fails; it is admitted as before */
-    }
-    b->refs = 1;
-    b->step = step;
-    memset(b->b, 0, CU_BLOB);
-    mesh_put_le32(b->b, CU_MAGIC_B);
-    mesh_put_le32(b->b + 4, CU_VERSION);
-    mesh_put_le64(b->b + 8, step);
-    mesh_put_le64(b->b + 16, t->nparams);
-    /* the live weights and momentum are the snapshot's until the step's
-     * update (host slabs; snap_take may keep them lazily) */
-    memcpy(b->b + CU_BLOB, mesh_nn_model_params(t->model), t->nparams * 4);
-    memcpy(b->b + CU_BLOB + t->nparams * 4, mesh_nn_sgd_momentum(t->sgd),
-           t->nparams * 4);
-    pthread_mutex_lock(&sv->mu);
-    for (int i = 0; i < CU_SESS; i++) {
-        struct cu_sess *ss = &sv->s[i];
-        struct cu_item *it;
-        size_t lo, hi;
+    return need;
+}
 
-        if (ss->state != S_PINNED || ss->pin != step)
-            continue;
-        it = item_new(K_SNAP, sv->me);
-        if (!it) {
-            sess_close(ss);
-            continue;
-        }
-        lo = b->n * (size_t)ss->j / (size_t)ss->k;
-        hi = b->n * (size_t)(ss->j + 1) / (size_t)ss->k;
-        mesh_put_le64(it->hdr + 8, step);
-        mesh_put_le64(it->hdr + 16, b->n);
-        mesh_put_le64(it->hdr + 24, lo);
-        mesh_put_le64(it->hdr + 32, hi - lo);
-        it->blob = b;
-        b->refs++;
-        it->data = b->b + lo;
-        it->dlen = hi - lo;
-        push(ss, it);
-        ss->state = S_STREAM;
-        ss->next = step;
-    }
-    blob_unref(b);
+void train_serve_boundary(struct trainer *t, uint64_t step)
+{
+    struct train_serve *sv = t->serve;
+    int need;
+
+    if (!sv)
+        return;
+    pthread_mutex_lock(&sv->mu);
+    need = serve_live(sv, step);
     pthread_mutex_unlock(&sv->mu);
-    wake_serve(sv);
-    train_fault(t, TRAIN_FAULT_CATCHUP); /* test aid: a member dies */
+    if (need)
+        wake_serve(sv);
+}
+
+void train_serve_updated(struct trainer *t, uint64_t step)
+{
+    struct train_serve *sv = t->serve;
+    int need = 0;
+
+    if (!sv)
+        return;
+    pthread_mutex_lock(&sv->mu);
+    /* the state of step + 1, the same bytes on every member (the same
+     * reduced gradient, the same update), though its boundary has not
+     * passed: a view that restarts before it fails the joiner's
+     * catch-up, which is then admitted as before */
+    if (sv->live_valid && sv->live == step)
+        need = serve_live(sv, step + 1);
+    pthread_mutex_unlock(&sv->mu);
+    if (need)
+        wake_serve(sv);
 }
 
 void train_serve_grad(struct trainer *t, uint64_t step, float lr)
@@ -686,6 +786,10 @@ void train_serve_grad(struct trainer *t, uint64_t step, float lr)
         return;
     g = mesh_nn_model_grads(t->model);
     pthread_mutex_lock(&sv->mu);
+    /* the update follows: the live weights are not to be copied until
+     * it ends (train_serve_updated) */
+    if (sv->live_valid && sv->live == step)
+        sv->live_ok = 0;
     for (int i = 0; i < CU_SESS; i++) {
         struct cu_sess *ss = &sv->s[i];
         struct cu_item *it;
@@ -753,8 +857,15 @@ struct train_catchup {
 
     uint64_t epoch, members;
     int k, senders; /* members sending (0: all; the bench aid) */
+    /* the catch-up starts before the model is built, which it overlaps:
+     * the parameter count is the members' (HELLO) until the model is
+     * (model: t->model and t->sgd usable, train_catchup_model) */
+    size_t np;
+    int model, snap_in, unhold; /* snapshot whole, not loaded yet;
+                                   clear the hold once the model is */
     struct cu_peer p[MESH_ELASTIC_MAX_SLOTS];
-    uint64_t x; /* the snapshot's step */
+    uint64_t x;    /* the snapshot's step */
+    uint64_t live; /* the highest step the members were at, from HELLO */
     uint8_t *blob;
     size_t n, got;
     int loaded;
@@ -819,8 +930,10 @@ static int connect_until(int fd, const struct sockaddr_storage *ss,
     return 0;
 }
 
-/* Connect to every member of the view and read its HELLO. */
-static int cu_connect(struct train_catchup *cu, const uint16_t *ports)
+/* Connect to every member of the view and read its HELLO; *np: the
+ * parameter count they all give (when not 0, the one they must give). */
+static int cu_connect(struct train_catchup *cu, const uint16_t *ports,
+                      size_t *np)
 {
     struct trainer *t = cu->t;
     double until = mesh_now_s() + 3;
@@ -875,15 +988,18 @@ static int cu_connect(struct train_catchup *cu, const uint16_t *ports)
             p->hdr[5] != K_HELLO || mesh_get_le16(p->hdr + 6) != p->slot ||
             mesh_get_le64(p->hdr + 8) != cu->epoch ||
             mesh_get_le64(p->hdr + 16) != cu->members ||
-            mesh_get_le64(p->hdr + 48) != t->nparams)
+            mesh_get_le64(p->hdr + 48) == 0 ||
+            mesh_get_le64(p->hdr + 48) > (SIZE_MAX - CU_BLOB) / 8 ||
+            (*np && mesh_get_le64(p->hdr + 48) != *np))
             return -1; /* the view moved on, or another model */
+        *np = (size_t)mesh_get_le64(p->hdr + 48);
         p->at = mesh_get_le64(p->hdr + 24);
         memcpy(p->nonce, p->hdr + 32, 16);
     }
     return 0;
 }
 
-static int cu_auth(struct train_catchup *cu, uint64_t x)
+static int cu_auth(struct train_catchup *cu, uint64_t x, size_t np)
 {
     const struct mesh_opts *mo = cu->t->mo;
 
@@ -896,7 +1012,7 @@ static int cu_auth(struct train_catchup *cu, uint64_t x)
         mesh_put_le64(h + 16, x);
         mesh_put_le32(h + 24, (uint32_t)i);
         mesh_put_le32(h + 28, (uint32_t)cu->k);
-        mesh_put_le64(h + 32, cu->t->nparams);
+        mesh_put_le64(h + 32, np);
         if (auth_mac(mo->topts.secret,
                      mo->topts.secret ? mo->topts.secret_len : 0, h, p->nonce,
                      h + 64) < 0 ||
@@ -913,14 +1029,14 @@ static int cu_apply(struct train_catchup *cu)
 {
     struct trainer *t = cu->t;
 
-    while (cu->loaded) {
+    while (cu->loaded) { /* (the model is built, and has np parameters) */
         int r = (int)(cu->applied % CU_RING), rc;
         uint64_t lim = cu->target != UINT64_MAX ? cu->target : cu->maxseen;
 
         if (cu->applied >= lim || cu->gstep[r] != cu->applied ||
             cu->gparts[r] != cu->k)
             break;
-        memcpy(mesh_nn_model_grads(t->model), cu->g[r], t->nparams * 4);
+        memcpy(mesh_nn_model_grads(t->model), cu->g[r], cu->np * 4);
         mesh_nn_sgd_set_steps(t->sgd, (int64_t)cu->applied);
         rc = mesh_nn_sgd_step(t->sgd, cu->glr[r]);
         if (rc < 0)
@@ -938,6 +1054,12 @@ static int cu_load(struct train_catchup *cu)
     struct trainer *t = cu->t;
     uint8_t d[32];
 
+    if (t->nparams != cu->np) {
+        mesh_info("catch-up: the members' model has %zu parameters, this "
+                  "peer's %zu",
+                  cu->np, t->nparams);
+        return -1;
+    }
     for (int i = 1; i < cu->k; i++)
         if (memcmp(cu->p[i].digest, cu->p[0].digest, 32) != 0) {
             mesh_info("catch-up: slots %d and %d offer different snapshots",
@@ -979,7 +1101,7 @@ static int cu_load(struct train_catchup *cu)
 static int cu_header(struct train_catchup *cu, struct cu_peer *p)
 {
     const uint8_t *h = p->hdr;
-    size_t np = cu->t->nparams;
+    size_t np = cu->np;
 
     if (mesh_get_le32(h) != CU_MAGIC || h[4] != CU_VERSION ||
         mesh_get_le16(h + 6) != p->slot)
@@ -1045,7 +1167,8 @@ static int cu_record_done(struct train_catchup *cu, struct cu_peer *p)
         p->snap_done = 1;
         for (int i = 0; i < cu->k; i++)
             all &= cu->p[i].snap_done;
-        if (all && cu_load(cu) < 0)
+        cu->snap_in = all;
+        if (all && cu->model && cu_load(cu) < 0)
             return -1;
         return 0;
     }
@@ -1054,10 +1177,36 @@ static int cu_record_done(struct train_catchup *cu, struct cu_peer *p)
     return 0;
 }
 
+/* The buffers for a model of np parameters: the snapshot and CU_RING
+ * steps of gradient. -1 when out of memory. */
+static int cu_alloc(struct train_catchup *cu, size_t np)
+{
+    int ok;
+
+    cu->n = blob_bytes(np);
+    cu->blob = malloc(cu->n);
+    ok = cu->blob != NULL;
+    for (int r = 0; r < CU_RING; r++) {
+        cu->g[r] = malloc(np * 4 + 4);
+        ok &= cu->g[r] != NULL;
+    }
+    if (ok)
+        return 0;
+    mesh_info("catch-up: out of memory for a snapshot of %zu bytes", cu->n);
+    free(cu->blob);
+    cu->blob = NULL;
+    for (int r = 0; r < CU_RING; r++) {
+        free(cu->g[r]);
+        cu->g[r] = NULL;
+    }
+    return -1;
+}
+
 /*
- * One try: connect, pin a boundary margin steps ahead, receive and apply
- * until the target is reached. 1 done, 0 try again (*margin grown), -1
- * give up.
+ * One try: connect, name the boundary margin steps after the last one
+ * the members passed (0: that one, which they copy at once unless its
+ * update has begun), receive and apply until the target is reached. 1
+ * done, 0 try again (*margin grown after LATE), -1 give up.
  */
 static int cu_why(int line, int rc)
 {
@@ -1071,6 +1220,7 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
     uint16_t ports[MESH_ELASTIC_MAX_SLOTS];
     double until = mesh_now_s() + 3, eof_at = 0, tgt_at = 0, wait_s;
     uint64_t x = 0;
+    size_t nparams;
     int rc;
 
     /* every member of the view the running members report, with a port */
@@ -1081,22 +1231,30 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
         usleep(20000);
         pthread_mutex_lock(&cu->mu);
     }
+    nparams = cu->np;
     pthread_mutex_unlock(&cu->mu);
-    rc = cu_connect(cu, ports);
+    rc = cu_connect(cu, ports, &nparams);
     for (int i = 0; i < cu->k && rc == 0; i++)
         x = MESH_MAX(x, cu->p[i].at);
+    cu->live = x;
     x += *margin;
+    if (rc == 0 && !cu->blob && cu_alloc(cu, nparams) < 0) {
+        pthread_mutex_lock(&cu->mu);
+        return cu_why(__LINE__, -1);
+    }
     if (rc == 0)
-        rc = cu_auth(cu, x);
+        rc = cu_auth(cu, x, nparams);
     if (rc < 0)
         usleep(200000); /* a view forming or changing: try again */
     pthread_mutex_lock(&cu->mu);
     if (rc < 0)
         return cu_why(__LINE__, 0);
+    cu->np = nparams;
     cu->x = x;
     cu->applied = x;
     cu->maxseen = x;
     cu->loaded = 0;
+    cu->snap_in = 0;
     cu->got = 0;
     for (int r = 0; r < CU_RING; r++)
         cu->gstep[r] = UINT64_MAX;
@@ -1111,6 +1269,9 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
         int ix[MESH_ELASTIC_MAX_SLOTS], np = 0, open = 0;
         double now = mesh_now_s();
 
+        /* the snapshot came before the model was built */
+        if (cu->snap_in && !cu->loaded && cu->model && cu_load(cu) < 0)
+            return cu_why(__LINE__, -1);
         if (cu_apply(cu) < 0)
             return cu_why(__LINE__, -1);
         if (cu->target != UINT64_MAX) {
@@ -1177,8 +1338,14 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
                 rc = cu_header(cu, p);
                 if (rc == -2 || rc == -3) {
                     /* X had passed, or the view changed meanwhile */
-                    if (rc == -2)
-                        *margin *= 2;
+                    if (rc == -2) {
+                        *margin = *margin ? *margin * 2 : 1;
+                        mesh_info("catch-up: slot %d is past step %" PRIu64
+                                  " (LATE, at %" PRIu64 "): asking %" PRIu64
+                                  " step(s) ahead",
+                                  p->slot, cu->x, mesh_get_le64(p->hdr + 8),
+                                  *margin);
+                    }
                     return cu_why(__LINE__, 0);
                 }
                 if (rc < 0) {
@@ -1219,7 +1386,7 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
 static void *cu_main(void *arg)
 {
     struct train_catchup *cu = arg;
-    uint64_t margin = 1;
+    uint64_t margin = 0; /* the boundary just passed: served at once */
     int rc = 0;
 
     pthread_mutex_lock(&cu->mu);
@@ -1234,7 +1401,12 @@ static void *cu_main(void *arg)
     if (cu->result < 0) {
         mesh_info("catch-up did not complete: this peer asks to be admitted "
                   "and receives the whole state in the view change");
-        mesh_elastic_join_hold(cu->t->el, 0);
+        /* (once its model is built: admitted, it must join the view's
+         * mesh at once) */
+        if (cu->model)
+            mesh_elastic_join_hold(cu->t->el, 0);
+        else
+            cu->unhold = 1;
     }
     pthread_cond_broadcast(&cu->cv);
     pthread_mutex_unlock(&cu->mu);
@@ -1247,7 +1419,10 @@ int train_catchup_start(struct trainer *t)
     int rc;
 
     t->cu_step = UINT64_MAX;
-    if (!t->el || t->sim || !t->host_slabs || getenv("MESHTRAIN_NO_CATCHUP"))
+    /* (before the model is built: the conditions elastic_probe's hold
+     * names; the buffers come with the members' parameter count) */
+    if (!t->el || t->sim || t->c->simulate ||
+        strcmp(t->c->device, "cpu") != 0 || getenv("MESHTRAIN_NO_CATCHUP"))
         return 0;
     cu = calloc(1, sizeof(*cu));
     if (!cu)
@@ -1258,45 +1433,44 @@ int train_catchup_start(struct trainer *t)
      * members send, as in the view change's transfer (train/xfer.c) */
     if (getenv("MESHTRAIN_XFER_SENDERS"))
         cu->senders = MESH_MAX(0, atoi(getenv("MESHTRAIN_XFER_SENDERS")));
-    cu->n = blob_bytes(t->nparams);
-    cu->blob = malloc(cu->n);
-    for (int r = 0; r < CU_RING; r++) {
-        cu->g[r] = malloc(t->nparams * 4 + 4);
+    for (int r = 0; r < CU_RING; r++)
         cu->gstep[r] = UINT64_MAX;
-    }
     for (int i = 0; i < MESH_ELASTIC_MAX_SLOTS; i++)
         cu->p[i].fd = -1;
-    rc = cu->blob && cu->g[CU_RING - 1] && cu->g[0] && cu->g[1] && cu->g[2]
-             ? 0
-             : mesh_err(-ENOMEM, "out of memory");
-    if (rc == 0) {
-        pthread_mutex_init(&cu->mu, NULL);
-        rc = mesh_cond_init_monotonic(&cu->cv);
-        if (rc < 0) {
-            pthread_mutex_destroy(&cu->mu);
-            rc = mesh_err(rc, "catch-up: pthread_cond_init: %s", strerror(-rc));
-        }
-    }
-    if (rc == 0) {
-        cu->t0 = mesh_now_s();
-        mesh_elastic_join_hold(t->el, 1);
-        rc = -pthread_create(&cu->th, NULL, cu_main, cu);
-        if (rc < 0) {
-            mesh_elastic_join_hold(t->el, 0);
-            pthread_cond_destroy(&cu->cv);
-            pthread_mutex_destroy(&cu->mu);
-        }
-    }
+    pthread_mutex_init(&cu->mu, NULL);
+    rc = mesh_cond_init_monotonic(&cu->cv);
     if (rc < 0) {
-        free(cu->blob);
-        for (int r = 0; r < CU_RING; r++)
-            free(cu->g[r]);
+        pthread_mutex_destroy(&cu->mu);
         free(cu);
-        return rc;
+        return mesh_err(rc, "catch-up: pthread_cond_init: %s", strerror(-rc));
+    }
+    cu->t0 = mesh_now_s();
+    mesh_elastic_join_hold(t->el, 1);
+    rc = -pthread_create(&cu->th, NULL, cu_main, cu);
+    if (rc < 0) {
+        mesh_elastic_join_hold(t->el, 0);
+        pthread_cond_destroy(&cu->cv);
+        pthread_mutex_destroy(&cu->mu);
+        free(cu);
+        return mesh_err(rc, "catch-up: pthread_create: %s", strerror(-rc));
     }
     cu->running = 1;
     t->cu = cu;
     return 0;
+}
+
+void train_catchup_model(struct trainer *t)
+{
+    struct train_catchup *cu = t->cu;
+
+    if (!cu)
+        return;
+    pthread_mutex_lock(&cu->mu);
+    cu->model = 1;
+    if (cu->unhold)
+        mesh_elastic_join_hold(t->el, 0);
+    cu->unhold = 0;
+    pthread_mutex_unlock(&cu->mu);
 }
 
 void train_catchup_stop(struct trainer *t)
@@ -1334,9 +1508,11 @@ int train_catchup_finish(struct trainer *t, uint64_t step)
     ok = cu->result == 1 && cu->loaded && cu->applied == step;
     if (ok)
         mesh_info("caught up in the background: a snapshot of step %" PRIu64
-                  " (%zu bytes) in %.3f s, then %" PRIu64 " step(s) "
+                  " (%zu bytes; the members were at step %" PRIu64
+                  " when it asked) in %.3f s, then %" PRIu64 " step(s) "
                   "replayed; state of step %" PRIu64 " after %.3f s",
-                  cu->x, cu->n, cu->t_snap, cu->steps, step, cu->t_end);
+                  cu->x, cu->n, cu->live, cu->t_snap, cu->steps, step,
+                  cu->t_end);
     t->cu_snap_step = ok ? cu->x : UINT64_MAX;
     t->cu_replayed = ok ? cu->steps : 0;
     t->cu_secs = ok ? cu->t_end : 0;

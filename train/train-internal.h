@@ -269,16 +269,23 @@ void train_xfer_test_corrupt(int slot, int catchup, uint8_t *blob, size_t n,
 
 /* A member: serve joiners' catch-up on a side port (--elastic, host
  * slabs); the view formed (1) or is changing (0); a step boundary (after
- * the snapshot); a step's reduced gradient (before the optimizer). */
+ * the snapshot); a step's reduced gradient (right before the optimizer,
+ * which must not run while the side thread copies the live weights: it
+ * waits here); the step's update done (the live weights are step + 1's).
+ */
 int train_serve_start(struct trainer *t);
 void train_serve_stop(struct trainer *t);
 void train_serve_view(struct trainer *t, int valid);
 void train_serve_boundary(struct trainer *t, uint64_t step);
 void train_serve_grad(struct trainer *t, uint64_t step, float lr);
-/* A joiner: fetch a snapshot and replay the steps while the job trains;
- * train_catchup_finish(step), when a view admits it from step: 1 if the
- * model holds that step's weights and momentum (t->cu_step = step). */
+void train_serve_updated(struct trainer *t, uint64_t step);
+/* A joiner: fetch a snapshot and replay the steps while the job trains,
+ * started before its model is built (train_catchup_model: built, the
+ * snapshot may be loaded); train_catchup_finish(step), when a view admits
+ * it from step: 1 if the model holds that step's weights and momentum
+ * (t->cu_step = step). */
 int train_catchup_start(struct trainer *t);
+void train_catchup_model(struct trainer *t);
 int train_catchup_finish(struct trainer *t, uint64_t step);
 void train_catchup_stop(struct trainer *t);
 

@@ -1116,6 +1116,7 @@ static int train_step(struct trainer *t, struct window *w, float *loss_out,
     rc = t->sim ? 0 : sgd_update(t, lr);
     if (rc < 0)
         return train_local(t, rc);
+    train_serve_updated(t, t->step);
     tl_add(t, "optimizer", 0, ts, now_s(t) - ts);
     w->t_comm += t_comm_end - t_bwd_end;
     w->t_data += data;
@@ -2398,6 +2399,13 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
     code = elastic_probe(t);
     if (code != MESH_EXIT_OK)
         return code;
+    /* a joiner fetches the members' state while it builds its model
+     * (train/catchup.c); without a catch-up it is admitted and receives
+     * the whole state */
+    if (t->joiner && (rc = train_catchup_start(t)) < 0)
+        mesh_info("no catch-up: %s", mesh_err_msg(rc));
+    if (t->joiner && !t->cu)
+        mesh_elastic_join_hold(t->el, 0);
     if (!t->joiner) {
         code = join(t, mo);
         if (code == MESH_EXIT_JOIN && t->el && t->join_rc == -ETIMEDOUT) {
@@ -2420,6 +2428,8 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
     rc = outputs_check(t);
     if (rc == 0)
         rc = open_model(t, mo);
+    if (rc == 0)
+        train_catchup_model(t);
     if (rc == 0)
         rc = train_serve_start(t);
     if (rc < 0)
@@ -2651,11 +2661,6 @@ static int elastic_first_view(struct trainer *t, uint64_t *start)
         if (rc < 0)
             return fail(t, MESH_EXIT_USAGE, rc);
         (void)mesh_elastic_commit(t->el, 0);
-    } else if ((rc = train_catchup_start(t)) < 0 || !t->cu) {
-        /* not fatal: it is admitted and receives the whole state */
-        if (rc < 0)
-            mesh_info("no catch-up: %s", mesh_err_msg(rc));
-        mesh_elastic_join_hold(t->el, 0);
     }
     return elastic_recover(t, mesh_err(-ENOTCONN, "view 0 did not form"),
                            start);
