@@ -70,21 +70,23 @@
 
 #define CU_MAGIC   0x4355544dU /* "MTUC": a record */
 #define CU_MAGIC_B 0x4255544dU /* "MTUB": the snapshot buffer */
-#define CU_VERSION 1
+#define CU_VERSION 2
 #define CU_HDR     96 /* every record's header */
 #define CU_BLOB    64 /* the snapshot buffer's header */
 #define CU_SESS    8  /* joiners served at once */
 #define CU_QUEUE   16 /* records queued for one joiner; more: dropped */
 #define CU_RING    4  /* steps of gradient a joiner holds */
 #define CU_TRIES   8
+#define CU_SLICE   (8u << 20) /* bytes hashed between two polls */
 
 enum {
     K_HELLO = 1,  /* member: epoch, members, last boundary, nonce */
     K_AUTH = 2,   /* joiner: epoch, step X, stripe j of K, HMAC */
     K_LATE = 3,   /* member: boundary X has passed (its last boundary) */
     K_REFUSE = 4, /* member: the request does not fit its view */
-    K_SNAP = 5,   /* member: step, size, offset, length, SHA-256; bytes */
+    K_SNAP = 5,   /* member: step, size, offset, length; bytes */
     K_GRAD = 6,   /* member: step, lr, offset, count; floats */
+    K_DIGEST = 7, /* member: step, SHA-256 of the whole snapshot */
 };
 
 static void hdr_init(uint8_t *h, int kind, int slot)
@@ -117,9 +119,14 @@ static size_t blob_bytes(size_t nparams)
 
 /* ---- the members' side --------------------------------------------------- */
 
+/* A snapshot buffer, shared by the sessions that send it; hashed by the
+ * side thread in slices of CU_SLICE while they send it (hold: hashed
+ * before a byte is sent, for the test aid that corrupts what is sent). */
 struct cu_blob {
     int refs;
-    int hashed, hashing;
+    int hashed, hashing, bad, hold;
+    EVP_MD_CTX *md;
+    size_t off; /* hashed so far */
     uint64_t step;
     uint8_t *b;
     size_t n;
@@ -133,6 +140,7 @@ struct cu_item {
     size_t dlen, done;
     uint8_t *own;
     struct cu_blob *blob;
+    int need_hash; /* sent once blob is hashed (DIGEST; SNAP with hold) */
 };
 
 enum { S_FREE, S_HELLO, S_PINNED, S_STREAM, S_DRAIN };
@@ -174,6 +182,7 @@ struct train_serve {
 static void blob_unref(struct cu_blob *b)
 {
     if (b && --b->refs == 0) {
+        EVP_MD_CTX_free(b->md);
         free(b->b);
         free(b);
     }
@@ -261,6 +270,16 @@ static struct cu_blob *blob_make(size_t nparams, uint64_t step,
         free(b);
         return NULL;
     }
+    b->md = EVP_MD_CTX_new();
+    if (!b->md || EVP_DigestInit_ex(b->md, EVP_sha256(), NULL) != 1) {
+        EVP_MD_CTX_free(b->md);
+        free(b->b);
+        free(b);
+        return NULL;
+    }
+    /* test aid (train_xfer_test_corrupt): the bytes sent differ from
+     * those hashed, so all are hashed first */
+    b->hold = getenv("MESHTRAIN_TEST_XFER_CORRUPT") != NULL;
     b->refs = 1;
     b->step = step;
     memset(b->b, 0, CU_BLOB);
@@ -273,15 +292,19 @@ static struct cu_blob *blob_make(size_t nparams, uint64_t step,
     return b;
 }
 
-/* Under mu: queue stripe j of snapshot b (of step) for ss, then every
- * step's gradient from step on. 0, or -1 (ss closed). */
+/* Under mu: queue stripe j of snapshot b (of step) for ss, and its
+ * SHA-256 once hashed, then every step's gradient from step on. 0, or -1
+ * (ss closed). */
 static int sess_snap(struct train_serve *sv, struct cu_sess *ss,
                      struct cu_blob *b, uint64_t step)
 {
-    struct cu_item *it = item_new(K_SNAP, sv->me);
+    struct cu_item *it = item_new(K_SNAP, sv->me),
+                   *dg = item_new(K_DIGEST, sv->me);
     size_t lo, hi;
 
-    if (!it) {
+    if (!it || !dg) {
+        free(it);
+        free(dg);
         sess_close(ss);
         return -1;
     }
@@ -295,7 +318,13 @@ static int sess_snap(struct train_serve *sv, struct cu_sess *ss,
     b->refs++;
     it->data = b->b + lo;
     it->dlen = hi - lo;
+    it->need_hash = b->hold;
     push(ss, it);
+    mesh_put_le64(dg->hdr + 8, step);
+    dg->blob = b;
+    b->refs++;
+    dg->need_hash = 1;
+    push(ss, dg);
     ss->state = S_STREAM;
     ss->next = step;
     return 0;
@@ -349,9 +378,11 @@ static int sess_send(struct cu_sess *ss)
         int n = 0;
         ssize_t w;
 
-        if (it->blob && !it->blob->hashed)
+        if (it->need_hash && it->blob->bad)
+            return -1;
+        if (it->need_hash && !it->blob->hashed)
             return 0; /* its SHA-256 is being computed */
-        if (it->done == 0 && it->blob)
+        if (it->done == 0 && it->hdr[5] == K_DIGEST)
             memcpy(it->hdr + 40, it->blob->digest, 32);
         if (it->done < CU_HDR) {
             iov[n].iov_base = it->hdr + it->done;
@@ -496,34 +527,43 @@ static void serve_snap(struct train_serve *sv)
     blob_unref(b);
 }
 
-/* Under mu, released while hashing: the SHA-256 of a buffer a session
- * will send next. */
-static void serve_hash(struct train_serve *sv)
+/* Under mu, released while hashing: the next slice of the SHA-256 of a
+ * buffer that a session sends. 1 if more is left to hash. */
+static int serve_hash(struct train_serve *sv)
 {
-    for (int i = 0; i < CU_SESS; i++) {
-        struct cu_item *it = sv->s[i].head;
-        struct cu_blob *b;
-        uint8_t d[32];
-        int rc;
+    struct cu_blob *b = NULL;
+    uint8_t d[32];
+    unsigned int dl = 32;
+    size_t len;
+    int ok;
 
-        if (sv->s[i].state == S_FREE || !it || !it->blob || it->blob->hashed ||
-            it->blob->hashing)
-            continue;
-        b = it->blob;
-        b->refs++;
-        b->hashing = 1;
-        pthread_mutex_unlock(&sv->mu);
-        rc = mesh_ckpt_sha256(b->b, b->n, d);
-        pthread_mutex_lock(&sv->mu);
-        b->hashing = 0;
-        if (rc == 0) {
-            train_xfer_test_corrupt(sv->me, 1, b->b, b->n, d); /* test aid */
-            memcpy(b->digest, d, 32);
-            b->hashed = 1;
-        }
-        blob_unref(b);
-        return; /* the sessions may have changed meanwhile */
+    for (int i = 0; i < CU_SESS && !b; i++)
+        for (struct cu_item *it = sv->s[i].head;
+             sv->s[i].state != S_FREE && it && !b; it = it->next)
+            if (it->blob && !it->blob->hashed && !it->blob->bad &&
+                !it->blob->hashing)
+                b = it->blob;
+    if (!b)
+        return 0;
+    b->refs++;
+    b->hashing = 1;
+    len = MESH_MIN((size_t)CU_SLICE, b->n - b->off);
+    pthread_mutex_unlock(&sv->mu);
+    ok = EVP_DigestUpdate(b->md, b->b + b->off, len) == 1;
+    if (ok && b->off + len == b->n)
+        ok = EVP_DigestFinal_ex(b->md, d, &dl) == 1 && dl == 32;
+    pthread_mutex_lock(&sv->mu);
+    b->hashing = 0;
+    b->off += len;
+    if (!ok) {
+        b->bad = 1; /* its sessions close */
+    } else if (b->off == b->n) {
+        train_xfer_test_corrupt(sv->me, 1, b->b, b->n, d); /* test aid */
+        memcpy(b->digest, d, 32);
+        b->hashed = 1;
     }
+    blob_unref(b);
+    return 1; /* the sessions may have changed meanwhile: look again */
 }
 
 static void *serve_main(void *arg)
@@ -533,12 +573,12 @@ static void *serve_main(void *arg)
     pthread_mutex_lock(&sv->mu);
     while (!sv->stop) {
         struct pollfd pf[2 + CU_SESS];
-        int at[CU_SESS], np = 0;
+        int at[CU_SESS], np = 0, more;
         double now = mesh_now_s();
         char buf[64];
 
         serve_snap(sv);
-        serve_hash(sv);
+        more = serve_hash(sv); /* a slice, between the sends */
         pf[np].fd = sv->pipe[0];
         pf[np++].events = POLLIN;
         pf[np].fd = sv->lfd;
@@ -563,13 +603,14 @@ static void *serve_main(void *arg)
             at[i] = np;
             pf[np].fd = ss->fd;
             pf[np++].events =
-                (short)(POLLIN |
-                        (ss->head && (!ss->head->blob || ss->head->blob->hashed)
-                             ? POLLOUT
-                             : 0));
+                (short)(POLLIN | (ss->head && (!ss->head->need_hash ||
+                                               ss->head->blob->hashed ||
+                                               ss->head->blob->bad)
+                                      ? POLLOUT
+                                      : 0));
         }
         pthread_mutex_unlock(&sv->mu);
-        (void)poll(pf, (nfds_t)np, 100);
+        (void)poll(pf, (nfds_t)np, more ? 0 : 100);
         pthread_mutex_lock(&sv->mu);
         if (pf[0].revents)
             while (read(sv->pipe[0], buf, sizeof(buf)) > 0)
@@ -834,13 +875,13 @@ void train_serve_grad(struct trainer *t, uint64_t step, float lr)
 
 struct cu_peer {
     int fd, slot, eof;
-    uint64_t at; /* its last boundary, from HELLO */
+    uint64_t at; /* the step of its live state, from HELLO */
     uint8_t nonce[16];
     uint8_t hdr[CU_HDR];
     size_t hlen;
     uint8_t *dst; /* the current record's payload goes here */
     size_t left;
-    int kind, snap_done;
+    int kind, snap_done, dig_done; /* its stripe, its SHA-256 came */
     uint64_t rstep; /* the current GRAD record's step */
     uint64_t next;  /* the GRAD step expected next */
     uint8_t digest[32];
@@ -868,6 +909,8 @@ struct train_catchup {
     uint64_t live; /* the highest step the members were at, from HELLO */
     uint8_t *blob;
     size_t n, got;
+    EVP_MD_CTX *md;   /* the snapshot's SHA-256, as its bytes come */
+    size_t hashed_to; /* its first hashed_to bytes are in md */
     int loaded;
     uint64_t applied; /* the model holds the state before this step */
     uint64_t maxseen; /* a GRAD record of this step has come */
@@ -1048,11 +1091,44 @@ static int cu_apply(struct train_catchup *cu)
     return 0;
 }
 
-/* The snapshot is complete: check and load it. */
+/*
+ * Under mu: hash up to max more bytes of the snapshot, as far as they
+ * came in order (the stripes are contiguous, stripe i from p[i]): the
+ * hash runs while the rest arrive, not after. 1 if max stopped it, 0 if
+ * it hashed all that came, -1 on an OpenSSL error.
+ */
+static int cu_hash_some(struct train_catchup *cu, size_t max)
+{
+    while (cu->hashed_to < cu->n && max) {
+        size_t i = 0, end, len;
+        struct cu_peer *p;
+
+        while (cu->n * (i + 1) / (size_t)cu->k <= cu->hashed_to)
+            i++;
+        p = &cu->p[i];
+        if (p->snap_done)
+            end = cu->n * (i + 1) / (size_t)cu->k;
+        else if (p->kind == K_SNAP && p->dst && p->hlen == CU_HDR)
+            end = (size_t)(p->dst - cu->blob);
+        else
+            break;
+        if (end <= cu->hashed_to)
+            break;
+        len = MESH_MIN(end - cu->hashed_to, max);
+        if (EVP_DigestUpdate(cu->md, cu->blob + cu->hashed_to, len) != 1)
+            return -1;
+        cu->hashed_to += len;
+        max -= len;
+    }
+    return max == 0 && cu->hashed_to < cu->n;
+}
+
+/* The snapshot and every SHA-256 came: check and load it. */
 static int cu_load(struct train_catchup *cu)
 {
     struct trainer *t = cu->t;
     uint8_t d[32];
+    unsigned int dl = 32;
 
     if (t->nparams != cu->np) {
         mesh_info("catch-up: the members' model has %zu parameters, this "
@@ -1066,7 +1142,8 @@ static int cu_load(struct train_catchup *cu)
                       cu->p[0].slot, cu->p[i].slot);
             return -1;
         }
-    if (mesh_ckpt_sha256(cu->blob, cu->n, d) < 0 ||
+    if (cu_hash_some(cu, SIZE_MAX) != 0 || cu->hashed_to != cu->n ||
+        EVP_DigestFinal_ex(cu->md, d, &dl) != 1 || dl != 32 ||
         memcmp(d, cu->p[0].digest, 32) != 0) {
         mesh_info("catch-up: the snapshot received does not hash to the "
                   "SHA-256 the members offered");
@@ -1120,9 +1197,16 @@ static int cu_header(struct train_catchup *cu, struct cu_peer *p)
             off != cu->n * (size_t)i / (size_t)cu->k ||
             off + len != cu->n * (size_t)(i + 1) / (size_t)cu->k)
             return -1;
-        memcpy(p->digest, h + 40, 32);
         p->dst = cu->blob + off;
         p->left = len;
+        return 0;
+    }
+    if (p->kind == K_DIGEST) {
+        if (!p->snap_done || p->dig_done || mesh_get_le64(h + 8) != cu->x)
+            return -1;
+        memcpy(p->digest, h + 40, 32);
+        p->dst = NULL;
+        p->left = 0;
         return 0;
     }
     if (p->kind == K_GRAD) {
@@ -1132,7 +1216,7 @@ static int cu_header(struct train_catchup *cu, struct cu_peer *p)
         float lr;
 
         memcpy(&lr, h + 16, 4);
-        if (!p->snap_done || k != p->next || !isfinite(lr) ||
+        if (!p->dig_done || k != p->next || !isfinite(lr) ||
             off != np * (size_t)i / (size_t)cu->k ||
             off + cnt != np * (size_t)(i + 1) / (size_t)cu->k)
             return -1;
@@ -1162,11 +1246,15 @@ static int cu_record_done(struct train_catchup *cu, struct cu_peer *p)
     p->hlen = 0;
     p->dst = NULL;
     if (p->kind == K_SNAP) {
+        p->snap_done = 1;
+        return 0;
+    }
+    if (p->kind == K_DIGEST) {
         int all = 1;
 
-        p->snap_done = 1;
+        p->dig_done = 1;
         for (int i = 0; i < cu->k; i++)
-            all &= cu->p[i].snap_done;
+            all &= cu->p[i].dig_done;
         cu->snap_in = all;
         if (all && cu->model && cu_load(cu) < 0)
             return -1;
@@ -1185,7 +1273,8 @@ static int cu_alloc(struct train_catchup *cu, size_t np)
 
     cu->n = blob_bytes(np);
     cu->blob = malloc(cu->n);
-    ok = cu->blob != NULL;
+    cu->md = EVP_MD_CTX_new();
+    ok = cu->blob != NULL && cu->md != NULL;
     for (int r = 0; r < CU_RING; r++) {
         cu->g[r] = malloc(np * 4 + 4);
         ok &= cu->g[r] != NULL;
@@ -1193,6 +1282,8 @@ static int cu_alloc(struct train_catchup *cu, size_t np)
     if (ok)
         return 0;
     mesh_info("catch-up: out of memory for a snapshot of %zu bytes", cu->n);
+    EVP_MD_CTX_free(cu->md);
+    cu->md = NULL;
     free(cu->blob);
     cu->blob = NULL;
     for (int r = 0; r < CU_RING; r++) {
@@ -1256,6 +1347,9 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
     cu->loaded = 0;
     cu->snap_in = 0;
     cu->got = 0;
+    cu->hashed_to = 0;
+    if (EVP_DigestInit_ex(cu->md, EVP_sha256(), NULL) != 1)
+        return cu_why(__LINE__, -1);
     for (int r = 0; r < CU_RING; r++)
         cu->gstep[r] = UINT64_MAX;
     /* to catch up: half the time the joiner waits to be admitted
@@ -1266,7 +1360,7 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
     until = mesh_now_s() + MESH_MAX(10.0, wait_s / 2);
     while (!cu->stop) {
         struct pollfd pf[MESH_ELASTIC_MAX_SLOTS];
-        int ix[MESH_ELASTIC_MAX_SLOTS], np = 0, open = 0;
+        int ix[MESH_ELASTIC_MAX_SLOTS], np = 0, open = 0, more;
         double now = mesh_now_s();
 
         /* the snapshot came before the model was built */
@@ -1310,8 +1404,12 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
             if (cu->target == UINT64_MAX && now - eof_at > 1)
                 return cu_why(__LINE__, 0);
         }
+        /* a slice of the snapshot's SHA-256, between the receives */
+        more = cu->blob && !cu->loaded ? cu_hash_some(cu, CU_SLICE) : 0;
+        if (more < 0)
+            return cu_why(__LINE__, -1);
         pthread_mutex_unlock(&cu->mu);
-        (void)poll(pf, (nfds_t)np, 50);
+        (void)poll(pf, (nfds_t)np, more ? 0 : 50);
         pthread_mutex_lock(&cu->mu);
         for (int j = 0; j < np; j++) {
             struct cu_peer *p = &cu->p[ix[j]];
@@ -1485,6 +1583,7 @@ void train_catchup_stop(struct trainer *t)
     pthread_join(cu->th, NULL);
     pthread_cond_destroy(&cu->cv);
     pthread_mutex_destroy(&cu->mu);
+    EVP_MD_CTX_free(cu->md);
     free(cu->blob);
     for (int r = 0; r < CU_RING; r++)
         free(cu->g[r]);
