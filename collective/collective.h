@@ -302,7 +302,8 @@ int mesh_coll_barrier(mesh_coll_t *c);
 /*
  * dst[i] = round((((src[0][i] + src[1][i]) + src[2][i]) + ...) / div), in
  * float32, for n elements of dtype (F32, F16, BF16); div == 1 skips the
- * division. dst may equal src[0]. nsrc >= 1. The result is bitwise the same
+ * division. dst may equal any src[j] (element i is read from every
+ * source before it is written). nsrc >= 1. The result is bitwise the same
  * on every instruction-set path (AVX-512, AVX2+F16C, scalar).
  */
 void mesh_reduce_sum(int dtype, void *dst, const void *const *src, int nsrc,

@@ -180,6 +180,8 @@ static int build_hier_win(struct sched *s, const struct coll_args *a,
             size_t js, jl;
             int cin;
 
+            if (j == l)
+                continue; /* ours: added from where it is */
             segment(a->count, L, j, &js, &jl);
             clip(js, jl, c, pe, &o, &pl);
             cin = sched_copy(s, (char *)h->win[l] + ha + (size_t)j * pe * es,
@@ -192,6 +194,7 @@ static int build_hier_win(struct sched *s, const struct coll_args *a,
         clip(0, ml, c, pe, &o, &pl);
         for (int j = 0; j < L; j++)
             in[j] = (char *)h->win[j] + ha + (size_t)l * pe * es;
+        in[l] = at(a->sendbuf, ms + o, es);
         red = sched_reduce(s, at(mine, o, es), in, L, pl, div);
         sched_dep(s, sync, red);
         prev = sync;
@@ -509,15 +512,18 @@ static int build_lead_win(struct sched *s, const struct coll_args *a,
         int cin, sync;
 
         clip(0, a->count, c, ce, &o, &cl);
-        cin = sched_copy(s, (char *)h->win[l] + ha, at(a->sendbuf, o, es),
-                         cl * es);
-        sched_dep(s, prev, cin);
         sync = sched_sync(s, (uint32_t)(2 * c));
-        sched_dep(s, cin, sync);
+        if (!lead) { /* the leader adds its own from where it is */
+            cin = sched_copy(s, (char *)h->win[l] + ha, at(a->sendbuf, o, es),
+                             cl * es);
+            sched_dep(s, prev, cin);
+            sched_dep(s, cin, sync);
+        }
         sched_dep(s, prev_use, sync);
         if (lead) {
             for (int j = 0; j < L; j++)
                 in[j] = (char *)h->win[j] + ha;
+            in[0] = at(a->sendbuf, o, es);
             prev_use = sched_reduce(s, at(a->recvbuf, o, es), in, L, cl, div);
             sched_dep(s, sync, prev_use);
         }

@@ -3,9 +3,10 @@
  * (Open MPI vader's and NCCL's shared-memory idea, on the transport's
  * windows, mesh_transport_ops.host_window): no message goes through a
  * ring of slots. Per chunk, each rank copies its input into its window
- * once, a host sync, each adds its 1/L slice straight from the L windows
- * in local-rank order into its window's other half, a host sync, and each
- * copies the L sums out. Every slice is added once, by one rank, and
+ * once (all but its own slice), a host sync, each adds its 1/L slice
+ * straight from the other L - 1 windows and its own input, in local-rank
+ * order, into its window's other half, a host sync, and each copies the L
+ * sums out. Every slice is added once, by one rank, and
  * copied to all: the same bytes everywhere, in the order hier adds them.
  * The rules every builder follows are coll-internal.h's.
  *
@@ -74,22 +75,28 @@ int coll_build_local_allreduce(struct sched *s, const struct coll_args *a,
     for (size_t c = 0; c < nch; c++) {
         /* the syncs this chunk posts: numbers k + 1 and k + 2 */
         size_t ha = (size_t)((k + 1) % 2) * half, hb = half - ha, o, l, ms, ml;
-        int cin, sa, red, sb;
+        int sa, red, sb;
 
         clip(0, a->count, c, ce, &o, &l);
         segment(l, L, me, &ms, &ml);
-        /* 1. our input into our window, for the others to add */
-        cin = sched_copy(s, (char *)h->win[me] + ha, at(a->sendbuf, o, es),
-                         l * es);
-        sched_dep(s, prev_sync, cin);
+        /* 1. our input into our window, for the others to add: all but
+         * our own slice, which we add from where it is */
         sa = sched_sync(s, (uint32_t)(2 * c));
-        sched_dep(s, cin, sa);
+        for (int part = 0; part < 2; part++) {
+            size_t po = part ? ms + ml : 0, pl = part ? l - ms - ml : ms;
+            int cin = sched_copy(s, (char *)h->win[me] + ha + po * es,
+                                 at(a->sendbuf, o + po, es), pl * es);
+
+            sched_dep(s, prev_sync, cin);
+            sched_dep(s, cin, sa);
+        }
         for (int j = 0; j < L; j++)
             sched_dep(s, out[j], sa);
         /* 2. our slice's sum, from every window in local-rank order, into
          * the other half of ours */
         for (int j = 0; j < L; j++)
             in[j] = (char *)h->win[j] + ha + ms * es;
+        in[me] = at(a->sendbuf, o + ms, es);
         red =
             sched_reduce(s, (char *)h->win[me] + hb + ms * es, in, L, ml, div);
         sched_dep(s, sa, red);
