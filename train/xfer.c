@@ -64,6 +64,7 @@ struct train_xfer {
     size_t n;
     uint8_t digest[32]; /* of the state the chunks belong to */
     uint8_t have[XFER_CHUNKS / 8];
+    int virt; /* the chunks rebuild() marked hold nothing: the model's */
 };
 
 void train_xfer_free(struct trainer *t)
@@ -274,10 +275,14 @@ static void parts_copy(const uint8_t *const *part, const size_t *bound,
     }
 }
 
-/* Check a received state's header (its digest matched) and load it into
- * snapshot sn. */
+/*
+ * Check a received state's header (its digest matched) and load it into
+ * snapshot sn. live: the weights and momentum are the model's (a joiner
+ * that caught up, its own proved equal to the senders'), which the
+ * snapshot then holds lazily as a member's does (train.c, snap_take).
+ */
 static int state_read(struct trainer *t, uint64_t step, const uint8_t *b,
-                      struct train_snap *sn)
+                      int live, struct train_snap *sn)
 {
     size_t np = t->nparams * 4;
     uint64_t d_epoch = mesh_get_le64(b + 16), d_pos = mesh_get_le64(b + 24);
@@ -317,8 +322,11 @@ static int state_read(struct trainer *t, uint64_t step, const uint8_t *b,
             return train_local(t, mesh_err(-ENOMEM, "state transfer: out "
                                                     "of memory"));
     }
-    memcpy(sn->params, b + XFER_HEADER, np);
-    memcpy(sn->mom, b + XFER_HEADER + np, np);
+    if (!live) {
+        memcpy(sn->params, b + XFER_HEADER, np);
+        memcpy(sn->mom, b + XFER_HEADER + np, np);
+    }
+    sn->lazy = live;
     if (t->nbuffers)
         memcpy(sn->buf, b + XFER_HEADER + 2 * np, t->nbuffers * 4);
     sn->step = step;
@@ -357,24 +365,38 @@ static int bn_average(struct trainer *t, struct train_snap *sn, int needy,
 
 /*
  * A joiner that caught up (train/catchup.c) holds the weights and
- * momentum of the step the view restarts from: it writes them where the
- * state has them and marks the chunks that lie wholly inside as held, so
- * that the senders send only the rest (the header, the BN statistics and
- * the chunks across their edges). The SHA-256 of the whole state, checked
- * as always, proves these bytes equal to the senders'.
+ * momentum of the step the view restarts from: it marks the chunks that
+ * lie wholly inside them as held, so that the senders send only the rest
+ * (the header, the BN statistics and the chunks across their edges). The
+ * digest of the whole state, checked as always, proves them equal to the
+ * senders'. With copy, it writes them where the state has them; without,
+ * the hashes of its weights stand for them, and the state is read from
+ * the model (state_read's live).
  */
-static void rebuild(struct trainer *t, struct train_xfer *x)
+static void rebuild(struct trainer *t, struct train_xfer *x, int copy)
 {
     size_t np = t->nparams * 4, lo = XFER_HEADER, hi = XFER_HEADER + 2 * np;
+    const uint8_t *p = (const uint8_t *)mesh_nn_model_params(t->model);
+    const uint8_t *m = (const uint8_t *)mesh_nn_sgd_momentum(t->sgd);
 
-    memcpy(x->blob + lo, mesh_nn_model_params(t->model), np);
-    memcpy(x->blob + lo + np, mesh_nn_sgd_momentum(t->sgd), np);
+    x->virt = !copy;
     for (int c = 0; c < XFER_CHUNKS; c++) {
         size_t off, len;
 
         chunk_range(x->n, c, &off, &len);
-        if (len && off >= lo && off + len <= hi)
-            x->have[c / 8] |= (uint8_t)(1u << (c % 8));
+        if (!len || off < lo || off + len > hi)
+            continue;
+        x->have[c / 8] |= (uint8_t)(1u << (c % 8));
+        if (copy) {
+            /* the chunk, from the parameters and/or the momentum */
+            size_t a = off, mid = MESH_MIN(off + len, lo + np);
+
+            if (a < mid)
+                memcpy(x->blob + a, p + (a - lo), mid - a);
+            a = MESH_MAX(a, lo + np);
+            if (a < off + len)
+                memcpy(x->blob + a, m + (a - lo - np), off + len - a);
+        }
     }
 }
 
@@ -444,13 +466,15 @@ static int wait_all(struct link *l, mesh_req_t **reqs, int n)
 
 /*
  * Test aid (tests/train_elastic_corrupt.sh): MESHTRAIN_TEST_XFER_CORRUPT=
- * SLOT[:offer|:catchup] makes slot SLOT, when it sends the state (in the
- * view change, or a catch-up snapshot: train/catchup.c), flip a byte of
- * every chunk after hashing it (a transfer corrupted on the way, which the
- * transport's checks cannot see); with :offer it offers a wrong SHA-256
- * instead (a sender whose state differs from the others'); with :catchup
- * it flips the bytes of the catch-up snapshot only. The joiner must refuse
- * what it got.
+ * SLOT[:offer|:catchup|:xfer] makes slot SLOT, when it sends the state
+ * (in the view change, or a catch-up snapshot: train/catchup.c), flip a
+ * byte of every chunk after hashing it (a transfer corrupted on the way,
+ * which the transport's checks cannot see); with :offer it offers a wrong
+ * SHA-256 instead (a sender whose state differs from the others'); with
+ * :catchup it flips the bytes of the catch-up snapshot only, with :xfer
+ * those of the view change only (a joiner that caught up gets the chunks
+ * across the edges of what it rebuilt). The joiner must refuse what it
+ * got.
  */
 void train_xfer_test_corrupt(int slot, int catchup, uint8_t *blob, size_t n,
                              uint8_t *digest)
@@ -462,7 +486,8 @@ void train_xfer_test_corrupt(int slot, int catchup, uint8_t *blob, size_t n,
     if (!v || !*v)
         return;
     s = strtol(v, &end, 10);
-    if (end == v || s != slot || (!catchup && !strcmp(end, ":catchup")))
+    if (end == v || s != slot || (!catchup && !strcmp(end, ":catchup")) ||
+        (catchup && !strcmp(end, ":xfer")))
         return;
     if (!strcmp(end, ":offer"))
         digest[0] ^= 0x5a;
@@ -717,8 +742,13 @@ static int recv_state(struct trainer *t, struct link *l, uint64_t members,
         memcpy(x->digest, digest, 32);
         memset(x->have, 0, sizeof(x->have));
     }
+    if (x->virt && !(rebuilt && wh->valid)) {
+        /* an earlier try's rebuilt chunks were the model's, not held */
+        memset(x->have, 0, sizeof(x->have));
+        x->virt = 0;
+    }
     if (rebuilt)
-        rebuild(t, x);
+        rebuild(t, x, !wh->valid);
     rc = ph_init(ph, t, x->n, x->blob, NULL, rebuilt ? wh : NULL);
     if (rc < 0)
         goto out;
@@ -820,17 +850,20 @@ static uint64_t senders_of(uint64_t have)
  * received in that range differ from its own, the whole state is hashed.
  */
 static int recv_check(struct trainer *t, struct phash *ph, int rebuilt,
-                      uint64_t senders_mask, const struct train_xfer_stats *st)
+                      uint64_t senders_mask, const struct train_xfer_stats *st,
+                      int *live)
 {
     struct train_xfer *x = t->xfer;
     uint8_t got[32];
     char list[200];
     int rc;
 
+    *live = 0;
     if (ph->known && rebuilt_differs(t, x)) {
         uint64_t hashed = ph->hashed;
         double secs = ph->secs;
 
+        rebuild(t, x, 1); /* the bytes the hashes stood for */
         ph_free(ph);
         rc = ph_init(ph, t, x->n, x->blob, NULL, NULL);
         ph->hashed += hashed;
@@ -839,9 +872,12 @@ static int recv_check(struct trainer *t, struct phash *ph, int rebuilt,
             return rc;
     }
     rc = ph_final(ph, got);
+    if (rc == 0 && memcmp(got, x->digest, 32) == 0)
+        *live = x->virt;
     if (rc < 0 || memcmp(got, x->digest, 32) == 0)
         return rc;
     memset(x->have, 0, sizeof(x->have));
+    x->virt = 0;
     mesh_elastic_slots_str(senders_mask, list, sizeof(list));
     if (rebuilt)
         return mesh_err(-EBADMSG,
@@ -862,7 +898,7 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
 {
     uint64_t holders = v->members & ~v->needy, senders_mask;
     int me = t->mo->world.rank, needy = (int)(v->needy >> me & 1);
-    int senders, rc, rebuilt;
+    int senders, rc, rebuilt, live = 0;
     struct train_snap *sn = &t->snap[v->step & 1];
     struct link l;
     struct phash ph;
@@ -918,7 +954,7 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
         if (mr)
             l.ops->dereg_mr(l.tr, mr);
         if (rc == 0)
-            rc = recv_check(t, &ph, rebuilt, senders_mask, st);
+            rc = recv_check(t, &ph, rebuilt, senders_mask, st, &live);
         st->hashed = ph.hashed;
         st->hash_s = ph.secs;
         if (rc == 0) {
@@ -932,7 +968,7 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
         if (rc < 0)
             return rc;
         t1 = mesh_now_s();
-        rc = state_read(t, v->step, t->xfer->blob, sn);
+        rc = state_read(t, v->step, t->xfer->blob, live, sn);
         st->copy_s = mesh_now_s() - t1;
         if (rc < 0)
             return rc;
