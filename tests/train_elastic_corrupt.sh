@@ -12,12 +12,14 @@
 # (tests/train_elastic_count.py). Several seeds, view sizes and senders.
 # SLOT:catchup corrupts only the snapshot a joiner fetches while the
 # members train (train/catchup.c): the joiner must see it, drop the
-# catch-up, and join with the whole state from the view change.
+# catch-up, and join with the whole state from the view change. SLOT:xfer
+# corrupts only the view change's chunks, which a joiner that caught up
+# checks against the weights it rebuilt.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
 COUNT="python3 $top_srcdir/tests/train_elastic_count.py"
-t_plan 15
+t_plan 17
 N=600
 ITERS=60
 JOINAT=10
@@ -146,4 +148,26 @@ ${_state:-?} bytes)"
 # shellcheck disable=SC2086
 $COUNT "$TMP/catch3.metrics" "$ITERS" $N 16 "$TMP"/catch3.samples.*
 t_ok $? "catch3: every step once, every sample of each epoch once"
+
+# 6. the view change's chunks corrupted (slot 1 of 3), the catch-up's not:
+# slot 3 catches up, and the view change sends it only the chunks across
+# the edges of what it rebuilt; the bytes of the weights' range in them
+# are not its own, and the whole state it holds does not hash to the
+# offered digest: it exits 4; the members train on without it.
+CORRUPT=1:xfer run edge3 4 3 3 6
+if [ "$CODES" = "0 0 0 4" ] &&
+    grep -q "state transfer: the state rebuilt from the catch-up and the \
+[0-9]* bytes received do not hash" "$TMP/edge3.p3.log" &&
+    grep -q '"left": \[3\]' "$TMP/edge3.metrics"; then
+    t_ok 0 "edge3: the joiner that caught up refuses the corrupted chunks \
+(exit 4); the members leave it out"
+else
+    t_ok 1 "edge3: the joiner that caught up refuses the corrupted chunks \
+(exit 4); the members leave it out"
+    t_diag "exit codes $CODES, want 0 0 0 4"
+    t_show "$TMP/edge3.p3.log" 12
+fi
+# shellcheck disable=SC2086
+$COUNT "$TMP/edge3.metrics" "$ITERS" $N 16 "$TMP"/edge3.samples.*
+t_ok $? "edge3: every step once, every sample of each epoch once"
 t_done
