@@ -358,9 +358,12 @@ int coll_model_choice(const struct coll_shape *c, double bytes);
  * rank's vector is COLL_MEAS_HEAD numbers (alpha in us, beta in ns per
  * byte, seconds spent so far), then runs times (us) of each of nauto
  * algorithms, algorithm by algorithm; all holds nranks of them, rank by
- * rank. v[0..COLL_MEAS_HEAD) = the ranks' mean of the head; v[HEAD + a] =
- * the median over the runs of the slowest rank's time of each run, for
- * each a with live[a] (0 for the others). runs <= COLL_MEAS_RUNS_MAX.
+ * rank. v[0..COLL_MEAS_HEAD) = the ranks' mean of the head; v[HEAD + a],
+ * for each a with live[a] (0 for the others), from the slowest rank's
+ * time of each run: for the live algorithm of least median, that median;
+ * for the others, that median times the median over the runs of their
+ * time over its time in the same run (the runs took turns, round by
+ * round). runs <= COLL_MEAS_RUNS_MAX, nauto <= MESH_ALGO_LAST + 1.
  */
 #define COLL_MEAS_HEAD     3
 #define COLL_MEAS_RUNS_MAX 124

@@ -115,10 +115,12 @@ struct mesh_coll_opts {
      * MESH_COLL_POINTS sizes in all; a longer list is thinned, keeping
      * its ends). The algorithms take turns run by run (so that a burst
      * of load from elsewhere spoils one run of each), every rank's times
-     * are gathered, and each algorithm's time at a size is the median
-     * over its runs of the slowest rank's time of each run, the same on
-     * every rank before anything is decided from it, so every rank takes
-     * the same choices; those within 15 % of the fastest then run as many
+     * are gathered, and from the slowest rank's time of each run, the
+     * algorithm of least median keeps its median and each other one
+     * gets that median times the median over the rounds of its time over
+     * that one's in the same round (a round's load hits both), the same
+     * on every rank before anything is decided from it, so every rank
+     * takes the same choices; those within 15 % of the fastest then run as many
      * times again, and their medians are agreed anew, then those within 8 %,
      * then 4 % (up to 4 blocks of runs, while the budget lasts). An algorithm
      * whose scratch memory would exceed twice the message plus 8 MiB is not

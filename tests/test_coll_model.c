@@ -8,7 +8,7 @@
  * the largest messages go to an algorithm that moves the ring's bytes
  * (ring, rhd, hier), never to one that moves the whole message per hop.
  * Then formation's agreement on its timings (coll_meas_agree): the
- * median of the slowest rank's runs, not the least.
+ * slowest rank's runs, medians, not the least, and ratios within a round.
  */
 #include "config.h"
 
@@ -57,7 +57,7 @@ static int bandwidth(int id)
 }
 
 /*
- * Formation's agreement (coll_meas_agree): 2 ranks, 3 algorithms, 5 runs.
+ * Formation's agreement (coll_meas_agree), 2 ranks, 3 algorithms, 5 runs.
  * Algorithm 0 is fast in 2 runs of 5 and slow in the rest (a least far
  * below the others', a median above them); algorithm 1 always takes about
  * the same; algorithm 2 is dropped (not live). Rank 1 is the slower of
@@ -70,7 +70,17 @@ static void meas_agree_checks(void)
         {{10, 90, 95, 12, 92}, {50, 51, 52, 50, 51}, {1, 1, 1, 1, 1}},
         {{11, 91, 94, 10, 90}, {50, 60, 60, 49, 50}, {1, 1, 1, 1, 1}},
     };
+    /*
+     * One rank, 2 algorithms whose rounds' load rises 10, 20, ... 50:
+     * algorithm 1 always takes 1.05 times the round's load, algorithm 0
+     * the load itself but 1.5 times it in round 2 (a burst in its own
+     * slot), which sets its median (40 against 31.5): the ratios within
+     * the rounds say algorithm 0 is the faster.
+     */
+    static const float paired[2][N] = {{10, 20, 45, 40, 50},
+                                       {10.5f, 21, 31.5f, 42, 52.5f}};
     float all[R * S], v[COLL_MEAS_HEAD + A], again[COLL_MEAS_HEAD + A];
+    float one[COLL_MEAS_HEAD + 2 * N], pv[COLL_MEAS_HEAD + 2];
     const int live[A] = {1, 1, 0};
 
     for (int r = 0; r < R; r++) {
@@ -83,13 +93,14 @@ static void meas_agree_checks(void)
             memcpy(p + COLL_MEAS_HEAD + a * N, runs[r][a], sizeof(runs[r][a]));
     }
     coll_meas_agree(all, R, live, A, N, v);
-    /* per run, the slower rank: 0: 11 91 95 12 92 -> median 91;
-     * 1: 50 60 60 50 51 -> median 51 */
-    ok(v[COLL_MEAS_HEAD] == 91 && v[COLL_MEAS_HEAD + 1] == 51 &&
+    /* per run, the slower rank: 0: 11 91 95 12 92; 1: 50 60 60 50 51
+     * (median 51, the reference) */
+    ok(v[COLL_MEAS_HEAD + 1] == 51 &&
+           v[COLL_MEAS_HEAD] > v[COLL_MEAS_HEAD + 1] &&
            v[COLL_MEAS_HEAD + 2] == 0,
-       "formation's time: the median of the slowest rank's runs "
-       "(%.0f, %.0f, %.0f; want 91, 51, 0): the sometimes-fast one is not "
-       "chosen for its least",
+       "formation's time: the slowest rank's runs, the median, not the "
+       "least (%.1f, %.1f, %.1f; want 51 for the steady one, more for the "
+       "sometimes-fast one, 0 for the dropped one)",
        (double)v[COLL_MEAS_HEAD], (double)v[COLL_MEAS_HEAD + 1],
        (double)v[COLL_MEAS_HEAD + 2]);
     ok(v[0] == 15 && v[1] == 1 && v[2] == 0.5f,
@@ -99,6 +110,15 @@ static void meas_agree_checks(void)
     /* every rank computes from the same gathered bytes: the same result */
     coll_meas_agree(all, R, live, A, N, again);
     ok(!memcmp(v, again, sizeof(v)), "the same bytes give the same vector");
+
+    memset(one, 0, sizeof(one));
+    memcpy(one + COLL_MEAS_HEAD, paired, sizeof(paired));
+    coll_meas_agree(one, 1, live, 2, N, pv);
+    ok(pv[COLL_MEAS_HEAD] < pv[COLL_MEAS_HEAD + 1] &&
+           pv[COLL_MEAS_HEAD + 1] == 31.5f,
+       "paired by round: the faster one in every round but one wins "
+       "(%.2f against %.2f), though its median is the larger",
+       (double)pv[COLL_MEAS_HEAD], (double)pv[COLL_MEAS_HEAD + 1]);
 }
 
 int main(void)
@@ -111,7 +131,7 @@ int main(void)
     struct coll_hosts h;
     int bad = 0, id;
 
-    plan(8);
+    plan(9);
     builtin(&m);
 
     /* the seed's topology at 4 GPUs per process: 16 hosts of 2 */
