@@ -8,28 +8,33 @@
  *
  *   - Every member serves a TCP port (told in its STATUS answers, see
  *     train/elastic.h) from a thread of its own.
- *   - The joiner connects to every member of the current view; each says
- *     HELLO (its view, the last step boundary it passed, a nonce). The
- *     joiner names a boundary X, the last one any member passed, and its
- *     stripe j of K (the member's rank in the view) in AUTH, signed with
- *     the job secret over the nonce.
- *   - Each member copies its snapshot of step X (weights and momentum:
- *     identical on every member) into a buffer: at once when X is the
- *     boundary it passed last and the step's update has not begun (the
- *     live weights are still X's), at boundary X when it has not reached
- *     it; LATE when X's update has begun (the joiner names X + 1). It
- *     sends stripe j of the buffer (SNAP, with the buffer's SHA-256);
+ *   - The joiner starts as soon as a running member answered its JOIN,
+ *     while it builds its model. It connects to every member of the
+ *     current view; each says HELLO (its view, the step of its live
+ *     state, a nonce, its parameter count). The joiner names X, the
+ *     highest live step, and its stripe j of K (the member's rank in the
+ *     view) in AUTH, signed with the job secret over the nonce.
+ *   - A member's live weights and momentum are those of step k from the
+ *     end of the update of k - 1 (or boundary k) until the update of k,
+ *     the same bytes on every member. Its side thread copies stripe j of
+ *     the snapshot of X (a 64-byte header, the weights, the momentum)
+ *     as soon as its live state is X's and not being updated: at once,
+ *     or right after the update of X - 1 for a member a little behind;
+ *     LATE once the update of X is done (the joiner names X + 1). The
+ *     update waits for a copy under way (train_serve_grad takes mu).
+ *   - It sends the stripe at once (SNAP) and hashes it meanwhile, in
+ *     slices between its sends; the stripe's SHA-256 follows (DIGEST);
  *     then, after the all-reduce of every step k >= X, stripe j of the
  *     reduced gradient and the step's learning rate (GRAD). Training
  *     never waits for the joiner (but for the one copy, when the update
  *     comes during it): a joiner more than CU_QUEUE records behind is
  *     dropped.
- *   - The joiner checks that every member offers the same SHA-256 and
- *     that the bytes hash to it, loads them, and applies each step's
- *     gradient with the members' own optimizer code (the same inputs give
- *     the same bits). Step k is applied once a record of step k + 1 has
- *     come: every member then took the snapshot of k + 1, so no view can
- *     restart before it.
+ *   - The joiner hashes each stripe as its bytes come, checks it against
+ *     its sender's SHA-256, loads the snapshot once its model is built,
+ *     and applies each step's gradient with the members' own optimizer
+ *     code (the same inputs give the same bits). Step k is applied once
+ *     a record of step k + 1 has come: every member then took the
+ *     snapshot of k + 1, so no view can restart before it.
  *   - Caught up, it asks to be admitted. The view change that admits it
  *     restarts from some step r; the joiner applies what it holds up to
  *     r, and the state transfer (train/xfer.c) then sends it only the
@@ -119,17 +124,19 @@ static size_t blob_bytes(size_t nparams)
 
 /* ---- the members' side --------------------------------------------------- */
 
-/* A snapshot buffer, shared by the sessions that send it; hashed by the
- * side thread in slices of CU_SLICE while they send it (hold: hashed
- * before a byte is sent, for the test aid that corrupts what is sent). */
+/* One stripe of a snapshot: bytes [lo, hi) of the buffer of n bytes
+ * (its 64-byte header, the weights, the momentum), shared by the
+ * sessions that send that stripe; hashed by the side thread in slices of
+ * CU_SLICE while they send it (hold: hashed before a byte is sent, for
+ * the test aid that corrupts what is sent). */
 struct cu_blob {
     int refs;
     int hashed, hashing, bad, hold;
     EVP_MD_CTX *md;
-    size_t off; /* hashed so far */
+    size_t off; /* hashed so far, from lo */
     uint64_t step;
-    uint8_t *b;
-    size_t n;
+    uint8_t *b; /* hi - lo bytes */
+    size_t n, lo, hi;
     uint8_t digest[32];
 };
 
@@ -253,18 +260,24 @@ static void wake_serve(struct train_serve *sv)
 }
 
 /*
- * A snapshot buffer of step: the 64-byte header, then the weights and
- * momentum from params and mom (those of step, the same bytes on every
- * member); hashed later by the thread. NULL when out of memory.
+ * Stripe [lo, hi) of the snapshot buffer of step (its n bytes: the 64-byte
+ * header, then the weights and momentum from params and mom, those of
+ * step, the same bytes on every member): a copy of those bytes only;
+ * hashed later by the thread. NULL when out of memory.
  */
 static struct cu_blob *blob_make(size_t nparams, uint64_t step,
-                                 const float *params, const float *mom)
+                                 const float *params, const float *mom,
+                                 size_t lo, size_t hi)
 {
     struct cu_blob *b = calloc(1, sizeof(*b));
+    uint8_t head[CU_BLOB];
+    const uint8_t *src[2] = {(const uint8_t *)params, (const uint8_t *)mom};
 
     if (b) {
         b->n = blob_bytes(nparams);
-        b->b = malloc(b->n);
+        b->lo = lo;
+        b->hi = hi;
+        b->b = malloc(hi - lo + 1);
     }
     if (!b || !b->b) {
         free(b);
@@ -282,19 +295,27 @@ static struct cu_blob *blob_make(size_t nparams, uint64_t step,
     b->hold = getenv("MESHTRAIN_TEST_XFER_CORRUPT") != NULL;
     b->refs = 1;
     b->step = step;
-    memset(b->b, 0, CU_BLOB);
-    mesh_put_le32(b->b, CU_MAGIC_B);
-    mesh_put_le32(b->b + 4, CU_VERSION);
-    mesh_put_le64(b->b + 8, step);
-    mesh_put_le64(b->b + 16, nparams);
-    memcpy(b->b + CU_BLOB, params, nparams * 4);
-    memcpy(b->b + CU_BLOB + nparams * 4, mom, nparams * 4);
+    memset(head, 0, CU_BLOB);
+    mesh_put_le32(head, CU_MAGIC_B);
+    mesh_put_le32(head + 4, CU_VERSION);
+    mesh_put_le64(head + 8, step);
+    mesh_put_le64(head + 16, nparams);
+    if (lo < CU_BLOB)
+        memcpy(b->b, head + lo, MESH_MIN((size_t)CU_BLOB, hi) - lo);
+    /* the weights' bytes, then the momentum's, as far as they are in it */
+    for (int k = 0; k < 2; k++) {
+        size_t p0 = CU_BLOB + (size_t)k * nparams * 4, a = MESH_MAX(lo, p0),
+               e = MESH_MIN(hi, p0 + nparams * 4);
+
+        if (a < e)
+            memcpy(b->b + (a - lo), src[k] + (a - p0), e - a);
+    }
     return b;
 }
 
-/* Under mu: queue stripe j of snapshot b (of step) for ss, and its
- * SHA-256 once hashed, then every step's gradient from step on. 0, or -1
- * (ss closed). */
+/* Under mu: queue stripe j of the snapshot of step (b, which holds it)
+ * for ss, and the stripe's SHA-256 once hashed, then every step's
+ * gradient from step on. 0, or -1 (ss closed). */
 static int sess_snap(struct train_serve *sv, struct cu_sess *ss,
                      struct cu_blob *b, uint64_t step)
 {
@@ -308,15 +329,15 @@ static int sess_snap(struct train_serve *sv, struct cu_sess *ss,
         sess_close(ss);
         return -1;
     }
-    lo = b->n * (size_t)ss->j / (size_t)ss->k;
-    hi = b->n * (size_t)(ss->j + 1) / (size_t)ss->k;
+    lo = b->lo;
+    hi = b->hi;
     mesh_put_le64(it->hdr + 8, step);
     mesh_put_le64(it->hdr + 16, b->n);
     mesh_put_le64(it->hdr + 24, lo);
     mesh_put_le64(it->hdr + 32, hi - lo);
     it->blob = b;
     b->refs++;
-    it->data = b->b + lo;
+    it->data = b->b;
     it->dlen = hi - lo;
     it->need_hash = b->hold;
     push(ss, it);
@@ -485,33 +506,35 @@ static void sess_read(struct train_serve *sv, struct cu_sess *ss)
  * the end of the previous update, or the boundary, to the queueing of
  * the step's gradient: train_serve_grad takes mu before the update, so
  * the update waits for a copy under way, and only then). The copy is
- * made here, not on the training thread; a buffer of the same step that
- * a session still sends is shared.
+ * made here, not on the training thread, and of each session's stripe
+ * only.
  */
 static void serve_snap(struct train_serve *sv)
 {
-    struct cu_blob *b = NULL;
-    int any = 0;
+    size_t n = blob_bytes(sv->nparams);
 
     if (!sv->valid || !sv->live_valid || !sv->live_ok)
         return;
-    for (int i = 0; i < CU_SESS; i++)
-        any |= sv->s[i].state == S_PINNED && sv->s[i].pin == sv->live;
-    if (!any)
-        return;
-    for (int i = 0; i < CU_SESS && !b; i++)
-        for (struct cu_item *it = sv->s[i].head; it && !b; it = it->next)
-            if (it->blob && it->blob->step == sv->live)
-                b = it->blob;
-    if (b)
-        b->refs++;
-    else
-        b = blob_make(sv->nparams, sv->live, sv->params, sv->mom);
     for (int i = 0; i < CU_SESS; i++) {
         struct cu_sess *ss = &sv->s[i];
+        struct cu_blob *b = NULL;
+        size_t lo, hi;
 
         if (ss->state != S_PINNED || ss->pin != sv->live)
             continue;
+        /* its stripe only: a copy of that stripe that a session sends
+         * (another joiner's) is shared */
+        lo = n * (size_t)ss->j / (size_t)ss->k;
+        hi = n * (size_t)(ss->j + 1) / (size_t)ss->k;
+        for (int o = 0; o < CU_SESS && !b; o++)
+            for (struct cu_item *it = sv->s[o].head; it && !b; it = it->next)
+                if (it->blob && it->blob->step == sv->live &&
+                    it->blob->lo == lo && it->blob->hi == hi)
+                    b = it->blob;
+        if (b)
+            b->refs++;
+        else
+            b = blob_make(sv->nparams, sv->live, sv->params, sv->mom, lo, hi);
         if (!b) { /* the catch-up fails; the joiner is admitted as before */
             sess_end(sv, ss, K_REFUSE, 2);
             continue;
@@ -523,12 +546,12 @@ static void serve_snap(struct train_serve *sv)
                                : "once this peer's state reached it");
         if (sess_snap(sv, ss, b, sv->live) == 0)
             train_fault(sv->t, TRAIN_FAULT_CATCHUP); /* test aid: dies */
+        blob_unref(b);
     }
-    blob_unref(b);
 }
 
 /* Under mu, released while hashing: the next slice of the SHA-256 of a
- * buffer that a session sends. 1 if more is left to hash. */
+ * stripe that a session sends. 1 if more is left to hash. */
 static int serve_hash(struct train_serve *sv)
 {
     struct cu_blob *b = NULL;
@@ -547,18 +570,19 @@ static int serve_hash(struct train_serve *sv)
         return 0;
     b->refs++;
     b->hashing = 1;
-    len = MESH_MIN((size_t)CU_SLICE, b->n - b->off);
+    len = MESH_MIN((size_t)CU_SLICE, b->hi - b->lo - b->off);
     pthread_mutex_unlock(&sv->mu);
     ok = EVP_DigestUpdate(b->md, b->b + b->off, len) == 1;
-    if (ok && b->off + len == b->n)
+    if (ok && b->off + len == b->hi - b->lo)
         ok = EVP_DigestFinal_ex(b->md, d, &dl) == 1 && dl == 32;
     pthread_mutex_lock(&sv->mu);
     b->hashing = 0;
     b->off += len;
     if (!ok) {
         b->bad = 1; /* its sessions close */
-    } else if (b->off == b->n) {
-        train_xfer_test_corrupt(sv->me, 1, b->b, b->n, d); /* test aid */
+    } else if (b->off == b->hi - b->lo) {
+        /* test aid */
+        train_xfer_test_corrupt(sv->me, 1, b->b, b->hi - b->lo, d);
         memcpy(b->digest, d, 32);
         b->hashed = 1;
     }
@@ -882,6 +906,8 @@ struct cu_peer {
     uint8_t *dst; /* the current record's payload goes here */
     size_t left;
     int kind, snap_done, dig_done; /* its stripe, its SHA-256 came */
+    EVP_MD_CTX *md;                /* its stripe's SHA-256, as the bytes come */
+    size_t hashed;  /* the first hashed bytes of its stripe are in md */
     uint64_t rstep; /* the current GRAD record's step */
     uint64_t next;  /* the GRAD step expected next */
     uint8_t digest[32];
@@ -909,8 +935,6 @@ struct train_catchup {
     uint64_t live; /* the highest step the members were at, from HELLO */
     uint8_t *blob;
     size_t n, got;
-    EVP_MD_CTX *md;   /* the snapshot's SHA-256, as its bytes come */
-    size_t hashed_to; /* its first hashed_to bytes are in md */
     int loaded;
     uint64_t applied; /* the model holds the state before this step */
     uint64_t maxseen; /* a GRAD record of this step has come */
@@ -924,11 +948,14 @@ struct train_catchup {
 
 static void cu_close(struct train_catchup *cu)
 {
-    for (int i = 0; i < cu->k; i++)
+    for (int i = 0; i < cu->k; i++) {
         if (cu->p[i].fd >= 0) {
             close(cu->p[i].fd);
             cu->p[i].fd = -1;
         }
+        EVP_MD_CTX_free(cu->p[i].md);
+        cu->p[i].md = NULL;
+    }
     cu->k = 0;
 }
 
@@ -995,6 +1022,9 @@ static int cu_connect(struct train_catchup *cu, const uint16_t *ports,
         p->slot = s;
         p->fd = -1;
         cu->k = i;
+        p->md = EVP_MD_CTX_new();
+        if (!p->md || EVP_DigestInit_ex(p->md, EVP_sha256(), NULL) != 1)
+            return -1;
         if (mesh_elastic_addr(t->el, s, &ss, &len) < 0)
             return -1;
         if (ss.ss_family == AF_INET)
@@ -1092,35 +1122,32 @@ static int cu_apply(struct train_catchup *cu)
 }
 
 /*
- * Under mu: hash up to max more bytes of the snapshot, as far as they
- * came in order (the stripes are contiguous, stripe i from p[i]): the
- * hash runs while the rest arrive, not after. 1 if max stopped it, 0 if
- * it hashed all that came, -1 on an OpenSSL error.
+ * Under mu: hash up to max more bytes of the snapshot's stripes, as far
+ * as they came (stripe i from p[i]): the hashes run while the rest
+ * arrive, not after. 1 if max stopped it, 0 if it hashed all that came,
+ * -1 on an OpenSSL error.
  */
 static int cu_hash_some(struct train_catchup *cu, size_t max)
 {
-    while (cu->hashed_to < cu->n && max) {
-        size_t i = 0, end, len;
-        struct cu_peer *p;
+    for (int i = 0; i < cu->k && max; i++) {
+        struct cu_peer *p = &cu->p[i];
+        size_t lo = cu->n * (size_t)i / (size_t)cu->k, end, len;
 
-        while (cu->n * (i + 1) / (size_t)cu->k <= cu->hashed_to)
-            i++;
-        p = &cu->p[i];
         if (p->snap_done)
-            end = cu->n * (i + 1) / (size_t)cu->k;
+            end = cu->n * (size_t)(i + 1) / (size_t)cu->k;
         else if (p->kind == K_SNAP && p->dst && p->hlen == CU_HDR)
             end = (size_t)(p->dst - cu->blob);
         else
-            break;
-        if (end <= cu->hashed_to)
-            break;
-        len = MESH_MIN(end - cu->hashed_to, max);
-        if (EVP_DigestUpdate(cu->md, cu->blob + cu->hashed_to, len) != 1)
+            continue;
+        if (end <= lo + p->hashed)
+            continue;
+        len = MESH_MIN(end - lo - p->hashed, max);
+        if (EVP_DigestUpdate(p->md, cu->blob + lo + p->hashed, len) != 1)
             return -1;
-        cu->hashed_to += len;
+        p->hashed += len;
         max -= len;
     }
-    return max == 0 && cu->hashed_to < cu->n;
+    return max == 0;
 }
 
 /* The snapshot and every SHA-256 came: check and load it. */
@@ -1136,18 +1163,21 @@ static int cu_load(struct train_catchup *cu)
                   cu->np, t->nparams);
         return -1;
     }
-    for (int i = 1; i < cu->k; i++)
-        if (memcmp(cu->p[i].digest, cu->p[0].digest, 32) != 0) {
-            mesh_info("catch-up: slots %d and %d offer different snapshots",
-                      cu->p[0].slot, cu->p[i].slot);
+    if (cu_hash_some(cu, SIZE_MAX) < 0)
+        return -1;
+    for (int i = 0; i < cu->k; i++) {
+        struct cu_peer *p = &cu->p[i];
+
+        dl = 32;
+        if (p->hashed != cu->n * (size_t)(i + 1) / (size_t)cu->k -
+                             cu->n * (size_t)i / (size_t)cu->k ||
+            EVP_DigestFinal_ex(p->md, d, &dl) != 1 || dl != 32 ||
+            memcmp(d, p->digest, 32) != 0) {
+            mesh_info("catch-up: the snapshot received does not hash to the "
+                      "SHA-256 the members offered (slot %d's stripe)",
+                      p->slot);
             return -1;
         }
-    if (cu_hash_some(cu, SIZE_MAX) != 0 || cu->hashed_to != cu->n ||
-        EVP_DigestFinal_ex(cu->md, d, &dl) != 1 || dl != 32 ||
-        memcmp(d, cu->p[0].digest, 32) != 0) {
-        mesh_info("catch-up: the snapshot received does not hash to the "
-                  "SHA-256 the members offered");
-        return -1;
     }
     if (mesh_get_le32(cu->blob) != CU_MAGIC_B ||
         mesh_get_le32(cu->blob + 4) != CU_VERSION ||
@@ -1273,8 +1303,7 @@ static int cu_alloc(struct train_catchup *cu, size_t np)
 
     cu->n = blob_bytes(np);
     cu->blob = malloc(cu->n);
-    cu->md = EVP_MD_CTX_new();
-    ok = cu->blob != NULL && cu->md != NULL;
+    ok = cu->blob != NULL;
     for (int r = 0; r < CU_RING; r++) {
         cu->g[r] = malloc(np * 4 + 4);
         ok &= cu->g[r] != NULL;
@@ -1282,8 +1311,6 @@ static int cu_alloc(struct train_catchup *cu, size_t np)
     if (ok)
         return 0;
     mesh_info("catch-up: out of memory for a snapshot of %zu bytes", cu->n);
-    EVP_MD_CTX_free(cu->md);
-    cu->md = NULL;
     free(cu->blob);
     cu->blob = NULL;
     for (int r = 0; r < CU_RING; r++) {
@@ -1347,9 +1374,6 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
     cu->loaded = 0;
     cu->snap_in = 0;
     cu->got = 0;
-    cu->hashed_to = 0;
-    if (EVP_DigestInit_ex(cu->md, EVP_sha256(), NULL) != 1)
-        return cu_why(__LINE__, -1);
     for (int r = 0; r < CU_RING; r++)
         cu->gstep[r] = UINT64_MAX;
     /* to catch up: half the time the joiner waits to be admitted
@@ -1583,7 +1607,6 @@ void train_catchup_stop(struct trainer *t)
     pthread_join(cu->th, NULL);
     pthread_cond_destroy(&cu->cv);
     pthread_mutex_destroy(&cu->mu);
-    EVP_MD_CTX_free(cu->md);
     free(cu->blob);
     for (int r = 0; r < CU_RING; r++)
         free(cu->g[r]);
