@@ -943,6 +943,7 @@ struct train_catchup {
     int gparts[CU_RING];
     float glr[CU_RING];
     double t0, t_snap, t_end;
+    double t_ask, t_in; /* AUTH sent; the stripes' bytes all in */
     uint64_t steps;
 };
 
@@ -1276,7 +1277,13 @@ static int cu_record_done(struct train_catchup *cu, struct cu_peer *p)
     p->hlen = 0;
     p->dst = NULL;
     if (p->kind == K_SNAP) {
+        int all = 1;
+
         p->snap_done = 1;
+        for (int i = 0; i < cu->k; i++)
+            all &= cu->p[i].snap_done;
+        if (all)
+            cu->t_in = mesh_now_s() - cu->t0;
         return 0;
     }
     if (p->kind == K_DIGEST) {
@@ -1369,6 +1376,8 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
         return cu_why(__LINE__, 0);
     cu->np = nparams;
     cu->x = x;
+    cu->t_ask = mesh_now_s() - cu->t0;
+    cu->t_in = 0;
     cu->applied = x;
     cu->maxseen = x;
     cu->loaded = 0;
@@ -1631,10 +1640,11 @@ int train_catchup_finish(struct trainer *t, uint64_t step)
     if (ok)
         mesh_info("caught up in the background: a snapshot of step %" PRIu64
                   " (%zu bytes; the members were at step %" PRIu64
-                  " when it asked) in %.3f s, then %" PRIu64 " step(s) "
+                  " when it asked, %.3f s into the catch-up; its bytes in at "
+                  "%.3f s) in %.3f s, then %" PRIu64 " step(s) "
                   "replayed; state of step %" PRIu64 " after %.3f s",
-                  cu->x, cu->n, cu->live, cu->t_snap, cu->steps, step,
-                  cu->t_end);
+                  cu->x, cu->n, cu->live, cu->t_ask, cu->t_in, cu->t_snap,
+                  cu->steps, step, cu->t_end);
     t->cu_snap_step = ok ? cu->x : UINT64_MAX;
     t->cu_replayed = ok ? cu->steps : 0;
     t->cu_secs = ok ? cu->t_end : 0;
