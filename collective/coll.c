@@ -1365,10 +1365,13 @@ static int agree(mesh_coll_t *c)
     for (int a = 0; a < nauto; a++)
         live[a] = 1;
     m->npoints = 0;
+    m->budget_cut = 0;
     for (int k = 0; k < np; k++) {
         m->point_bytes[k] = pts[k];
-        if (k > 0 && spent + plan_live(c, ids, nauto, k, live) > MEAS_BUDGET_S)
-            break; /* larger sizes: on the last two's line */
+        if (k > 0 && spent + plan_live(c, ids, nauto, k, live) > MEAS_BUDGET_S) {
+            m->budget_cut = 1; /* the same agreed spent on every rank */
+            break;             /* larger sizes: on the last two's line */
+        }
         runs = meas_runs(pts[k]);
         rc = time_point(c, ids, live, nauto, pts[k], buf, t, 0, runs, 1);
         if (rc == 0)

@@ -194,8 +194,11 @@ struct mesh_coll_model {
      * The all-reduces timed at create (opts measure_bytes and
      * measure_sizes): npoints sizes in increasing order, the first 32
      * bytes, and each algorithm's time at each (0: not timed there).
+     * budget_cut: the larger sizes were left untimed because formation's
+     * time budget (about 20 s) ran out; they follow the last two's line.
      */
     int npoints;
+    int budget_cut;
     size_t point_bytes[MESH_COLL_POINTS];
     double point_s[MESH_COLL_POINTS][MESH_ALGO_LAST + 1];
 };

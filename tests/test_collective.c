@@ -500,9 +500,19 @@ static void t_auto_choice(struct rank_ctx *x)
 
     group_begin(&g, 1, "N=%d auto's choice from the timed sizes", x->n);
     mesh_coll_model_get(x->c, &m);
-    if (!m.measured || m.npoints != (int)MESH_ARRAY_SIZE(want))
-        group_fail(&g, "%d sizes timed (measured %d), not %zu", m.npoints,
-                   m.measured, MESH_ARRAY_SIZE(want));
+    /*
+     * A slow machine (the verbs lane's emulated guest under load) may use
+     * up formation's time budget before the larger sizes: then the sizes
+     * timed must be a prefix of want, at least two, and the model must say
+     * the budget cut them.
+     */
+    if (!m.measured ||
+        (m.npoints != (int)MESH_ARRAY_SIZE(want) &&
+         (!m.budget_cut || m.npoints < 2 ||
+          m.npoints > (int)MESH_ARRAY_SIZE(want))))
+        group_fail(&g, "%d sizes timed (measured %d, budget cut %d), not %zu",
+                   m.npoints, m.measured, m.budget_cut, MESH_ARRAY_SIZE(want));
+
     for (int k = 0; g.ok && k < m.npoints; k++) {
         int best = -1,
             got = mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, m.point_bytes[k]);
