@@ -1368,7 +1368,8 @@ static int agree(mesh_coll_t *c)
     m->budget_cut = 0;
     for (int k = 0; k < np; k++) {
         m->point_bytes[k] = pts[k];
-        if (k > 0 && spent + plan_live(c, ids, nauto, k, live) > MEAS_BUDGET_S) {
+        if (k > 0 &&
+            spent + plan_live(c, ids, nauto, k, live) > MEAS_BUDGET_S) {
             m->budget_cut = 1; /* the same agreed spent on every rank */
             break;             /* larger sizes: on the last two's line */
         }

@@ -506,10 +506,9 @@ static void t_auto_choice(struct rank_ctx *x)
      * timed must be a prefix of want, at least two, and the model must say
      * the budget cut them.
      */
-    if (!m.measured ||
-        (m.npoints != (int)MESH_ARRAY_SIZE(want) &&
-         (!m.budget_cut || m.npoints < 2 ||
-          m.npoints > (int)MESH_ARRAY_SIZE(want))))
+    if (!m.measured || (m.npoints != (int)MESH_ARRAY_SIZE(want) &&
+                        (!m.budget_cut || m.npoints < 2 ||
+                         m.npoints > (int)MESH_ARRAY_SIZE(want))))
         group_fail(&g, "%d sizes timed (measured %d, budget cut %d), not %zu",
                    m.npoints, m.measured, m.budget_cut, MESH_ARRAY_SIZE(want));
 
