@@ -17,7 +17,7 @@
 # accuracy is that of a settled model, not of one still moving at full lr),
 # with the all-reduce --algo (default auto) and --peer-timeout (default 1
 # s: meshtrain's own default, 10 s, suits real networks' hiccups; on the
-# namespace hosts no live peer was taken for dead at 1 s in 48 faults, at
+# namespace hosts no live peer was taken for dead at 1 s in 78 faults, at
 # load averages up to 43, and a silent fault costs 1 s less than at 2 s),
 # twice:
 #   1. fault-free (--elastic, nothing injected), and
