@@ -6,7 +6,7 @@
 #
 #   bench/catchup.sh [--peers P] [--runs R] [--iters I] [--at S]
 #                    [--model M] [--width W] [--image-size S] [--out DIR]
-#                    [--base BINARY]
+#                    [--base BINARY] [--start I]
 #
 # P peers (default 3) train on this host (--elastic, a job of P + 1
 # slots: their view forms after a 3 s join timeout); at step --at (20)
@@ -23,7 +23,9 @@
 # load averages at its start and end. Writes DIR/summary.txt and the
 # logs (default DIR=bench-catchup-out). --base BINARY runs another
 # meshtrain (an older build) in both modes too, in the same alternation
-# (runs bc1, bw1, ...).
+# (runs bc1, bw1, ...). --start I numbers the runs from I and adds to
+# DIR's summary: rounds in separate invocations (each under its own hold
+# of the bench lock) make one summary.
 #
 # ResNet-50 (a 190 MB state with 10 classes; about 1 s a step here):
 #   bench/catchup.sh --model resnet50 --width 64 --iters 40 --at 8
@@ -39,6 +41,7 @@ WIDTH=4
 SIZE=12
 OUT=bench-catchup-out
 BASE=
+START=1
 while [ $# -gt 0 ]; do
     case $1 in
     --peers) PEERS=$2 ;;
@@ -50,9 +53,10 @@ while [ $# -gt 0 ]; do
     --image-size) SIZE=$2 ;;
     --out) OUT=$2 ;;
     --base) BASE=$2 ;;
+    --start) START=$2 ;;
     *) echo "usage: bench/catchup.sh [--peers P] [--runs R] [--iters I]" \
             "[--at S] [--model M] [--width W] [--image-size S]" \
-            "[--out DIR] [--base BINARY]" >&2
+            "[--out DIR] [--base BINARY] [--start I]" >&2
        exit 2 ;;
     esac
     shift 2
@@ -126,9 +130,10 @@ one() {
     printf '%-8s %7s %8s %8s %8s %8s %10s %10s %8s %8s %7s\n' run \
         step_s during_s gap_s pause_s view_s sent_B state_B snap_at \
         admit_at join_s
-} | tee "$OUT/summary.txt"
-i=1
-while [ "$i" -le "$RUNS" ]; do
+} | if [ "$START" -gt 1 ]; then tee -a "$OUT/summary.txt"; else
+    tee "$OUT/summary.txt"; fi
+i=$START
+while [ "$i" -lt $((START + RUNS)) ]; do
     one "c$i" catchup
     one "w$i" whole
     if [ -n "$BASE" ]; then
