@@ -516,16 +516,22 @@ static int cmp_double(const void *a, const void *b)
  * than the 3 % asked of auto; formation's timing takes the least too),
  * into us[0..nalgo).
  */
-#define VS_ITERS_MAX 100000.0
-static int measure_vs(struct ctx *x, size_t cnt, const int *ids, int nalgo,
-                      double *us)
+/*
+ * The warmup round of --vs-fixed and --rotate: fits[j] says whether
+ * ids[j]'s scratch passes formation's bound (collective.h), and one
+ * all-reduce of cnt elements with each that fits is run; with -t its
+ * slowest rank's time sizes *iters (at least -n, at most most), the same
+ * on every rank.
+ */
+static int warmup_round(struct ctx *x, size_t cnt, const int *ids, int nalgo,
+                        int *fits, double most, int *iters)
 {
     const struct meshbench_coll_args *a = x->a;
-    double round_s, t0, *t;
+    double round_s, t0;
     float mine;
-    int rc = 0, iters = a->iters, fits[MESH_ALGO_LAST + 2];
+    int rc = 0;
 
-    /* memory: the bound formation's timing keeps (collective.h) */
+    *iters = a->iters;
     for (int j = 0; j < nalgo; j++)
         fits[j] = mesh_coll_scratch_for(x->c, ids[j], cnt * x->es) <=
                   2 * cnt * x->es + ((size_t)8 << 20);
@@ -541,9 +547,22 @@ static int measure_vs(struct ctx *x, size_t cnt, const int *ids, int nalgo,
         for (int r = 0; rc == 0 && r < x->n; r++)
             round_s = MESH_MAX(round_s, (double)x->times[r]);
         if (rc == 0 && round_s > 0)
-            iters = (int)MESH_MAX((double)a->iters,
-                                  MESH_MIN(a->time_s / round_s, VS_ITERS_MAX));
+            *iters = (int)MESH_MAX((double)a->iters,
+                                   MESH_MIN(a->time_s / round_s, most));
     }
+    return rc;
+}
+
+#define VS_ITERS_MAX 100000.0
+static int measure_vs(struct ctx *x, size_t cnt, const int *ids, int nalgo,
+                      double *us)
+{
+    const struct meshbench_coll_args *a = x->a;
+    double t0, *t;
+    float mine;
+    int rc, iters, fits[MESH_ALGO_LAST + 2];
+
+    rc = warmup_round(x, cnt, ids, nalgo, fits, VS_ITERS_MAX, &iters);
     if (rc < 0)
         return rc;
     iters = MESH_MAX(iters, 1);
@@ -677,32 +696,13 @@ static int measure_rotate(struct ctx *x, size_t cnt, const int *ids, int nalgo,
                           double **tout, int *iters)
 {
     const struct meshbench_coll_args *a = x->a;
-    double round_s, t0;
-    float mine, *ft = NULL, *all = NULL;
-    int rc = 0, fits[MESH_ALGO_LAST + 2];
+    double t0;
+    float *ft = NULL, *all = NULL;
+    int rc, fits[MESH_ALGO_LAST + 2];
     size_t m;
 
     *tout = NULL;
-    *iters = a->iters;
-    for (int j = 0; j < nalgo; j++)
-        fits[j] = mesh_coll_scratch_for(x->c, ids[j], cnt * x->es) <=
-                  2 * cnt * x->es + ((size_t)8 << 20);
-    t0 = mesh_now_s();
-    for (int j = 0; rc == 0 && j < nalgo; j++)
-        if (fits[j])
-            rc = mesh_coll_allreduce(x->c, x->sbuf, x->rbuf, cnt, a->dtype,
-                                     a->redop, ids[j]);
-    mine = (float)(mesh_now_s() - t0);
-    if (rc == 0 && a->time_s > 0) {
-        rc = mesh_coll_allgather(x->c, &mine, x->times, 1, MESH_DT_F32);
-        round_s = 0;
-        for (int r = 0; rc == 0 && r < x->n; r++)
-            round_s = MESH_MAX(round_s, (double)x->times[r]);
-        if (rc == 0 && round_s > 0)
-            *iters = (int)MESH_MAX(
-                (double)a->iters,
-                MESH_MIN(a->time_s / round_s, (double)ROT_ITERS_MAX));
-    }
+    rc = warmup_round(x, cnt, ids, nalgo, fits, ROT_ITERS_MAX, iters);
     if (rc < 0)
         return rc;
     *iters = MESH_MIN(MESH_MAX(*iters, 1), ROT_ITERS_MAX);
