@@ -553,12 +553,38 @@ static int warmup_round(struct ctx *x, size_t cnt, const int *ids, int nalgo,
     return rc;
 }
 
+/*
+ * Round i of --vs-fixed and --rotate: an all-reduce of cnt elements with
+ * each of ids[0..nalgo) that fits, in an order shuffled by i (the same on
+ * every rank); rt[k] is ids[k]'s time (s), left alone where it does not
+ * fit.
+ */
+static int timed_round(struct ctx *x, size_t cnt, const int *ids, int nalgo,
+                       const int *fits, int i, double *rt)
+{
+    const struct meshbench_coll_args *a = x->a;
+    int order[MESH_ALGO_LAST + 2], rc = 0;
+
+    mesh_shuffle(order, nalgo, (unsigned)i + 1);
+    for (int j = 0; rc == 0 && j < nalgo; j++) {
+        int k = order[j];
+        double t0;
+
+        if (!fits[k])
+            continue;
+        t0 = mesh_now_s();
+        rc = mesh_coll_allreduce(x->c, x->sbuf, x->rbuf, cnt, a->dtype,
+                                 a->redop, ids[k]);
+        rt[k] = mesh_now_s() - t0;
+    }
+    return rc;
+}
+
 #define VS_ITERS_MAX 100000.0
 static int measure_vs(struct ctx *x, size_t cnt, const int *ids, int nalgo,
                       double *us)
 {
-    const struct meshbench_coll_args *a = x->a;
-    double t0, *t;
+    double *t;
     float mine;
     int rc, iters, fits[MESH_ALGO_LAST + 2];
 
@@ -571,19 +597,11 @@ static int measure_vs(struct ctx *x, size_t cnt, const int *ids, int nalgo,
         return mesh_err(-ENOMEM, "out of memory for %d x %d times", iters,
                         nalgo);
     for (int i = 0; rc == 0 && i < iters; i++) {
-        int order[MESH_ALGO_LAST + 2];
+        double rt[MESH_ALGO_LAST + 2] = {0};
 
-        mesh_shuffle(order, nalgo, (unsigned)i + 1);
-        for (int j = 0; rc == 0 && j < nalgo; j++) {
-            int k = order[j];
-
-            if (!fits[k])
-                continue;
-            t0 = mesh_now_s();
-            rc = mesh_coll_allreduce(x->c, x->sbuf, x->rbuf, cnt, a->dtype,
-                                     a->redop, ids[k]);
-            t[(size_t)k * (size_t)iters + (size_t)i] = mesh_now_s() - t0;
-        }
+        rc = timed_round(x, cnt, ids, nalgo, fits, i, rt);
+        for (int k = 0; k < nalgo; k++)
+            t[(size_t)k * (size_t)iters + (size_t)i] = rt[k];
     }
     for (int j = 0; rc == 0 && j < nalgo; j++) {
         double *tj = t + (size_t)j * (size_t)iters;
@@ -695,8 +713,6 @@ static int run_vs(struct ctx *x, uint64_t *wrong_all)
 static int measure_rotate(struct ctx *x, size_t cnt, const int *ids, int nalgo,
                           double **tout, int *iters)
 {
-    const struct meshbench_coll_args *a = x->a;
-    double t0;
     float *ft = NULL, *all = NULL;
     int rc, fits[MESH_ALGO_LAST + 2];
     size_t m;
@@ -716,20 +732,11 @@ static int measure_rotate(struct ctx *x, size_t cnt, const int *ids, int nalgo,
         goto out;
     }
     for (int i = 0; rc == 0 && i < *iters; i++) {
-        int order[MESH_ALGO_LAST + 2];
+        double rt[MESH_ALGO_LAST + 2] = {0};
 
-        mesh_shuffle(order, nalgo, (unsigned)i + 1);
-        for (int j = 0; rc == 0 && j < nalgo; j++) {
-            int k = order[j];
-
-            if (!fits[k])
-                continue;
-            t0 = mesh_now_s();
-            rc = mesh_coll_allreduce(x->c, x->sbuf, x->rbuf, cnt, a->dtype,
-                                     a->redop, ids[k]);
-            ft[(size_t)k * (size_t)*iters + (size_t)i] =
-                (float)(mesh_now_s() - t0);
-        }
+        rc = timed_round(x, cnt, ids, nalgo, fits, i, rt);
+        for (int k = 0; k < nalgo; k++)
+            ft[(size_t)k * (size_t)*iters + (size_t)i] = (float)rt[k];
     }
     /* the slowest rank's time of each run */
     if (rc == 0)
