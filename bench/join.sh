@@ -111,6 +111,15 @@ peer() {
     PIDS="$PIDS $!"
 }
 
+# wait_log LOG PATTERN: until LOG holds PATTERN (grep), at most 6 minutes.
+wait_log() {
+    _i=0
+    until grep -q "$2" "$1" 2> /dev/null || [ $_i -ge 1800 ]; do
+        sleep 0.2
+        _i=$((_i + 1))
+    done
+}
+
 {
     echo "bench/join.sh: $SLOTS hosts, egress $RATE each, $MODEL width" \
         "$WIDTH at ${SIZE}x$SIZE; slot 7 joins 7 training peers;" \
@@ -137,19 +146,9 @@ for K in $SENDERS; do
         done
         # the 7 train (their view formed after the join timeout) before the
         # joiner starts
-        i=0
-        until grep -q "step 3/\|step 3 " "$OUT/$T.p0.log" 2> /dev/null ||
-            [ $i -ge 1800 ]; do
-            sleep 0.2
-            i=$((i + 1))
-        done
+        wait_log "$OUT/$T.p0.log" "step 3/\|step 3 "
         peer 7 "$OUT/$T.p7.log"
-        i=0
-        until grep -q "slot 7 joined view" "$OUT/$T.p7.log" 2> /dev/null ||
-            [ $i -ge 1800 ]; do
-            sleep 0.2
-            i=$((i + 1))
-        done
+        wait_log "$OUT/$T.p7.log" "slot 7 joined view"
         # two more step records, so that rank 0's metrics hold the steps
         # around the admission (bench/join_pause.py)
         n=$(grep -c '"loss"' "$OUT/$T.metrics" 2> /dev/null)
