@@ -16,7 +16,10 @@
 # the job ends with slots 0, 2 and 3. Ctrl-C (SIGINT) while a restart is pending
 # stops every rank and starts none. Bad --restarts and --max-peers are refused
 # with a message naming them, and every flag of meshrun --help is in its
-# man page and the README.
+# man page and the README. A joiner that comes late (a loaded machine) is
+# waited for near the end ($LATE below), so that the job cannot end without
+# it; a failed check shows meshrun's lines, the view records and the
+# ranks' last lines.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
@@ -30,15 +33,48 @@ TINY="--model resnet18 --width 8 --cifar-stem --image-size 16 --threads 1 \
 --in-channels 1 --batch $BATCH --no-eval --verify-every 10 --elastic \
 --peer-timeout 10 --join-timeout 60 --iters $ITERS"
 
-# run NAME: 4 ranks under meshrun --restarts 1; $RUN is meshrun's pid.
+# The job is ITERS steps long, and a process started again (or a spare)
+# comes after meshrun's 1 s backoff, its start and its catch-up: on a
+# loaded machine the members could finish before it asks to join, and the
+# job would end without it. So the members wait at step $LATE for a joiner
+# that has not come by then (MESHTRAIN_TEST_JOIN_AT, up to 60 s; none
+# waits once one was admitted): it joins as a rule long before, catching
+# up while they train; a late one is admitted there.
+LATE=$((ITERS - 10))
+
+# run NAME [JOIN_AT]: 4 ranks under meshrun --restarts 1; $RUN is
+# meshrun's pid. JOIN_AT: the members wait there for a joiner.
 run() {
     rm -f "$TMP/$1".*
     take_ports 4 || return 1
     # shellcheck disable=SC2086
-    bg env MESHTRAIN_TEST_SAMPLES="$TMP/$1.samples" "$MESHRUN" \
+    bg env MESHTRAIN_TEST_SAMPLES="$TMP/$1.samples" \
+        ${2:+MESHTRAIN_TEST_JOIN_AT=$2} "$MESHRUN" \
         --restarts 1 -H localhost:4 -- "$MESHTRAIN" --port "$PORT" $TINY \
         --metrics "$TMP/$1.metrics" > "$TMP/$1.log" 2>&1
     RUN=$BG_PID
+}
+
+# check STATUS NAME: t_ok, and fail=1 when STATUS is not 0.
+check() {
+    [ "$1" -eq 0 ] || fail=1
+    t_ok "$@"
+}
+
+# show NAME: after a failed check, what tells why: meshrun's lines, the
+# view records of rank 0's metrics, each rank's last lines other than
+# info, and the count script's output ($TMP/NAME.count).
+show() {
+    t_diag "meshrun's lines ($TMP/$1.log):"
+    grep "^meshrun:" "$TMP/$1.log" | sed 's/^/#   /'
+    t_diag "view records:"
+    grep '"event": "\(view\|transfer\)"' "$TMP/$1.metrics" | cut -c 1-220 |
+        sed 's/^/#   /'
+    t_diag "the ranks' last lines but info:"
+    grep -v "^meshrun:\|] info: " "$TMP/$1.log" | tail -n 20 | cut -c 1-300 |
+        sed 's/^/#   /'
+    [ -s "$TMP/$1.count" ] && t_diag "count:" && t_show "$TMP/$1.count" 10
+    return 0
 }
 
 # kill_rank NAME R: SIGKILL the process of rank R.
@@ -74,55 +110,56 @@ t_ok $([ -z "$missing" ]; echo $?) "every flag of meshrun --help is in \
 man/meshrun.1 and README.md${missing:+ (missing:$missing)}"
 
 # 1. rank 0 killed at step 5: restarted, rejoins, all 4 finish.
-run back
+run back "$LATE"
 at_step back 5
 kill_rank back 0
 wait_exit "$RUN" 180
+fail=0
 grep -q "meshrun: restarting rank 0 (localhost) in 1 s (restart 1 of 1)" \
     "$TMP/back.log" &&
     grep -q "meshrun: rank 0 (localhost) started again (restart 1 of 1)" \
         "$TMP/back.log"
-t_ok $? "meshrun --restarts 1 starts the killed rank 0 again after 1 s"
+check $? "meshrun --restarts 1 starts the killed rank 0 again after 1 s"
 [ "$EXIT_CODE" -eq 0 ] &&
     grep -q "meshrun: 4 of 4 rank(s) finished" "$TMP/back.log"
-t_ok $? "training ends with all 4 slots, every rank exits 0 (digests \
+check $? "training ends with all 4 slots, every rank exits 0 (digests \
 equal; meshrun exit $EXIT_CODE)"
-[ "$EXIT_CODE" -eq 0 ] || t_show "$TMP/back.log" 15
-grep "meshrun:" "$TMP/back.log" | head -n 6 | sed 's/^/# /'
 # the last view record: every slot
 tail_view=$(grep '"event": "view"' "$TMP/back.metrics" | tail -n 1)
 echo "$tail_view" | grep -q '"peers": 4, "members": \[0,1,2,3\]'
-t_ok $? "the last view change admits slot 0 again: 4 peers"
-t_diag "$(echo "$tail_view" | cut -c 1-200)"
-$COUNT "$TMP/back.metrics" "$ITERS" $N $((4 * BATCH)) "$TMP"/back.samples.*
-t_ok $? "every step once in the metrics, every sample once per epoch"
+check $? "the last view change admits slot 0 again: 4 peers"
+$COUNT "$TMP/back.metrics" "$ITERS" $N $((4 * BATCH)) "$TMP"/back.samples.* \
+    > "$TMP/back.count" 2>&1
+check $? "every step once in the metrics, every sample once per epoch"
+[ $fail -eq 0 ] || show back
 
 # 2. --restarts 1 is per slot: rank 1 killed again after its restart is
 # not started a third time; the others finish.
-run twice
+run twice "$LATE"
 at_step twice 5
 kill_rank twice 1
 wait_for "$TMP/twice.log" "rank 1 \(localhost\) started again" 60
 wait_for "$TMP/twice.metrics" '"members": \[0,1,2,3\]' 120
 kill_rank twice 1
 wait_exit "$RUN" 180
+fail=0
 grep -q "meshrun: rank 1 (localhost) used up its 1 restart(s), and no \
 spare slot is left" "$TMP/twice.log" &&
     [ "$(grep -c "rank 1 (localhost) started again" "$TMP/twice.log")" \
         -eq 1 ]
-t_ok $? "a slot killed after its one restart is not started again"
+check $? "a slot killed after its one restart is not started again"
 [ "$EXIT_CODE" -eq 0 ] &&
     grep -q "meshrun: 3 of 4 rank(s) finished" "$TMP/twice.log"
-t_ok $? "the 3 others finish; meshrun exits 0 (exit $EXIT_CODE)"
-[ "$EXIT_CODE" -eq 0 ] || t_show "$TMP/twice.log" 15
-grep "meshrun:" "$TMP/twice.log" | sed 's/^/# /'
+check $? "the 3 others finish; meshrun exits 0 (exit $EXIT_CODE)"
+[ $fail -eq 0 ] || show twice
 
 # 3. --max-peers 3 of 4 slots, no restarts: slots 0-2 form view 0 after
 # their 3 s join timeout; rank 1 killed: spare slot 3 starts in its place.
 rm -f "$TMP"/spare.*
 take_ports 4
 # shellcheck disable=SC2086
-bg env MESHTRAIN_TEST_SAMPLES="$TMP/spare.samples" "$MESHRUN" \
+bg env MESHTRAIN_TEST_SAMPLES="$TMP/spare.samples" \
+    MESHTRAIN_TEST_JOIN_AT="$LATE" "$MESHRUN" \
     --max-peers 3 -H localhost:4 -- "$MESHTRAIN" --port "$PORT" $TINY \
     --join-timeout 3 --metrics "$TMP/spare.metrics" > "$TMP/spare.log" 2>&1
 RUN=$BG_PID
@@ -130,20 +167,21 @@ at_step spare 5
 started=$(ps -o pid= --ppid "$RUN" | wc -l)
 kill_rank spare 1
 wait_exit "$RUN" 180
+fail=0
 grep -q "meshrun: rank 1 (localhost) used up its 0 restart(s); starting \
 spare slot 3 (localhost)" "$TMP/spare.log" && [ "$started" -eq 3 ] &&
     grep -q "meshrun: spare slot 3 (localhost) started" "$TMP/spare.log"
-t_ok $? "--max-peers 3 starts 3 of 4 slots ($started), then the spare in \
+check $? "--max-peers 3 starts 3 of 4 slots ($started), then the spare in \
 place of the killed rank 1"
 tail_view=$(grep '"event": "view"' "$TMP/spare.metrics" | tail -n 1)
 [ "$EXIT_CODE" -eq 0 ] &&
     grep -q "meshrun: 3 of 4 rank(s) finished" "$TMP/spare.log" &&
     echo "$tail_view" | grep -q '"members": \[0,2,3\]' &&
     $COUNT "$TMP/spare.metrics" "$ITERS" $N $((3 * BATCH)) \
-        "$TMP"/spare.samples.*
-t_ok $? "slots 0, 2 and 3 finish (exit $EXIT_CODE); every step and \
+        "$TMP"/spare.samples.* > "$TMP/spare.count" 2>&1
+check $? "slots 0, 2 and 3 finish (exit $EXIT_CODE); every step and \
 sample once"
-[ "$EXIT_CODE" -eq 0 ] || t_show "$TMP/spare.log" 15
+[ $fail -eq 0 ] || show spare
 
 # 4. SIGINT to meshrun while a restart waits: every rank stops, none is
 # started again, meshrun exits 130.
