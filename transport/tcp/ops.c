@@ -324,6 +324,15 @@ static void tcp_close(mesh_transport_t *t)
         pthread_mutex_unlock(&t->super.lock);
         pthread_join(t->thread, NULL);
     }
+    if (t->live_sil_ns && getenv("MESHTRAIN_SILENCE_REPORT")) {
+        char nb[300];
+
+        mesh_info("tcp: the longest silence of a live peer was %.3f s "
+                  "(rank %d, %s; peer timeout %.2f s)",
+                  (double)t->live_sil_ns / 1e9, t->live_sil_rank,
+                  tcp_pname(t, t->live_sil_rank, nb, sizeof(nb)),
+                  t->super.opts.peer_timeout_s);
+    }
     /* What the last windows held back is still said. */
     for (int i = 0; i < REFUSE_SOURCES; i++)
         tcp_refuse_flush(&t->refused[i], mesh_now_ns());

@@ -257,6 +257,25 @@ static void stall_check(struct mesh_transport *t, uint64_t now)
     }
 }
 
+/*
+ * The margin of the peer timeout: a silence that ended (the peer's bytes
+ * arrived since the last tick) was a live peer's; keep the longest. Each
+ * tick sees the silence so far (after stall_check forgave our own
+ * stalls), so the one kept is at most a tick short of the real one. A
+ * peer declared dead never ends its silence and is not counted.
+ */
+static void silence_note(struct mesh_transport *t, int p, uint64_t now)
+{
+    struct link *l = &t->links[p];
+    uint64_t sil = now > l->last_rx_ns ? now - l->last_rx_ns : 0;
+
+    if (sil < l->sil_ns && l->sil_ns > t->live_sil_ns) {
+        t->live_sil_ns = l->sil_ns;
+        t->live_sil_rank = p;
+    }
+    l->sil_ns = sil;
+}
+
 /* Periodic: dials, handshake deadlines, heartbeats, silent peers. */
 void tcp_on_tick(evutil_socket_t fd, short what, void *arg)
 {
@@ -308,6 +327,7 @@ void tcp_on_tick(evutil_socket_t fd, short what, void *arg)
             now - l->lost_ns > (uint64_t)(LOST_GRACE_S * 1e9))
             tp_fail_job(&t->super, p, -ECONNRESET, 1, "rank %d (%s) %s", p,
                         tcp_pname(t, p, nb, sizeof(nb)), l->lost_why);
+        silence_note(t, p, now);
         if (!t->super.fail.failed && now - l->last_rx_ns > silence_limit_ns(t))
             tp_fail_job(&t->super, p, -EHOSTDOWN, 1,
                         "rank %d (%s) silent for %.2f s (peer timeout %.1f s, "

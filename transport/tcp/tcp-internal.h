@@ -200,6 +200,7 @@ struct link {
      * travel behind it on the other connection. */
     uint64_t lost_ns;
     char lost_why[160];
+    uint64_t sil_ns; /* its silence at the last tick */
 };
 
 /* One source address's refusals of one kind in the current window. */
@@ -265,6 +266,10 @@ struct mesh_transport {
     atomic_int pollers;  /* waiters blocked in (or about to enter) poll() */
     atomic_int deferred; /* a stream's writing was left to a waiter */
     atomic_int holders;  /* threads in hold(): they come back to wait */
+    /* The longest silence of a peer that spoke again, and whose, as the
+     * ticks saw it (a bench aid: MESHTRAIN_SILENCE_REPORT logs it). */
+    uint64_t live_sil_ns;
+    int live_sil_rank;
 };
 
 /* Set while this thread does a waiter's I/O (its completions need no kick;
