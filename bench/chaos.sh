@@ -186,7 +186,9 @@ while [ $i -le "$SLOTS" ]; do
 done
 head -c 32 /dev/urandom | base64 > "$OUT/secret"
 chmod 600 "$OUT/secret"
-export OMP_WAIT_POLICY=passive MESHTRAIN_LOG=info
+# MESHTRAIN_SILENCE_REPORT: each peer logs the longest silence of a live
+# peer it saw (the margin of --peer-timeout against false suspicions)
+export OMP_WAIT_POLICY=passive MESHTRAIN_LOG=info MESHTRAIN_SILENCE_REPORT=1
 
 # peer NAME R: start slot R's peer in its namespace (output appended);
 # its pid in $PEER, and the chaos run's in $OUT/pid.R. The floor run's
@@ -248,7 +250,9 @@ live() {
 running() {
     r=0
     while [ $r -lt "$SLOTS" ]; do
-        p=$(cat "$OUT/pid.$r" 2> /dev/null)
+        # read, not $(cat): called every 0.1 s, it should not fork
+        p=""
+        [ -e "$OUT/pid.$r" ] && read -r p < "$OUT/pid.$r"
         [ -n "$p" ] && [ ! -e "$OUT/faulted.$r" ] &&
             kill -0 "$p" 2> /dev/null && return 0
         r=$((r + 1))
@@ -659,6 +663,38 @@ if fsteps:
           "fault-free steps per minute" % (model, 100 * fmodel / model *
                                            len(csteps) / len(fsteps)))
 print("digest mismatches: %d (fault-free %d)" % (cmis, fmis))
+# false suspicions: a view change that dropped a slot no fault hit (each
+# fault's own drop is the first view after it that lacks the slot), and
+# any view change of the fault-free run
+hit = set()
+for t, kind, slot in faults:
+    vs = [v for v in cviews if float(t) <= v["wall"] <= float(t) + 30 and
+          int(slot) not in v["members"]]
+    if vs:
+        hit.add((vs[0]["view"], int(slot)))
+drops = [(v["view"], s) for v in cviews for s in v["left"]]
+false = [d for d in drops if d not in hit]
+fviews = run("free")[3] if fsteps else []
+print("false suspicions (a live peer left out): %d in the chaos run (%d "
+      "drops, %d by faults)%s" % (len(false), len(drops), len(drops) -
+                                  len(false), "; %d view change(s) in the "
+                                  "fault-free run" % len(fviews)
+                                  if fsteps else ""))
+for v, s in false:
+    print("  view %d dropped slot %d, which no fault hit" % (v, s))
+# the margin: the longest silence of a live peer any peer saw (each
+# mesh's, logged at its close), against --peer-timeout
+for name in ("free", "chaos"):
+    sil = []
+    for f in glob.glob("%s/%s.p*.log" % (out, name)):
+        sil += [float(m.group(1)) for m in re.finditer(
+            r"longest silence of a live peer was ([0-9.]+) s", open(f).read())]
+    if sil:
+        sil.sort()
+        print("longest silence of a live peer (%s, %d meshes): median %.3f s, "
+              "worst %.3f s (--peer-timeout %.2f s)" % (name, len(sil),
+                                                       sil[len(sil) // 2],
+                                                       sil[-1], pt))
 if facc is not None and cacc is not None:
     print("accuracy: %.2f %% vs %.2f %% fault-free (%+.2f points)"
           % (cacc, facc, cacc - facc))
