@@ -120,9 +120,10 @@ struct mesh_elastic {
      * an older epoch is stale), whether one has, and a refusal */
     uint64_t join_epoch;
     int join_heard, refused;
-    uint64_t answered; /* slots that answered our join request */
-    double refused_at; /* our last refusal sent */
-    double decided_at; /* when the last decision was adopted */
+    uint64_t answered;      /* slots that answered our join request */
+    double refused_at;      /* our last refusal sent */
+    uint64_t refused_slots; /* the slots whose join requests we refused */
+    double decided_at;      /* when the last decision was adopted */
     const struct mesh_world *world;
     char refused_by[MESH_HOST_MAX + 16];
     uint64_t my_step;      /* frozen on leaving */
@@ -488,7 +489,13 @@ static void refuse(struct mesh_elastic *e, const uint8_t *req, int reason,
 {
     uint8_t m[MSG_BYTES];
     double now = mesh_now_s();
+    int slot = mesh_get_le16(req + 6); /* as it says: unsigned */
 
+    if (slot < e->nslots) {
+        pthread_mutex_lock(&e->mu);
+        e->refused_slots |= UINT64_C(1) << slot;
+        pthread_mutex_unlock(&e->mu);
+    }
     if (now - e->refused_at < TICK_MS / 1000.0)
         return;
     e->refused_at = now;
@@ -886,6 +893,16 @@ int mesh_elastic_probe(struct mesh_elastic *e, double wait_s)
     }
     pthread_mutex_unlock(&e->mu);
     return rc;
+}
+
+uint64_t mesh_elastic_refused(struct mesh_elastic *e)
+{
+    uint64_t r;
+
+    pthread_mutex_lock(&e->mu);
+    r = e->refused_slots;
+    pthread_mutex_unlock(&e->mu);
+    return r;
 }
 
 uint64_t mesh_elastic_joins(struct mesh_elastic *e)

@@ -132,6 +132,13 @@ int mesh_elastic_probe(struct mesh_elastic *e, double wait_s);
 uint64_t mesh_elastic_joins(struct mesh_elastic *e);
 
 /*
+ * The slots whose join requests this peer refused (another secret or
+ * job), as the requests named them: a test aid's wait (train.c,
+ * MESHTRAIN_TEST_JOIN_AT) ends on them too.
+ */
+uint64_t mesh_elastic_refused(struct mesh_elastic *e);
+
+/*
  * The catch-up of a joiner while the job trains (train/catchup.c,
  * doc/elastic.md "Catching up"):
  *   - a member tells its side port in its STATUS answers (0: none);

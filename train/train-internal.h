@@ -121,8 +121,9 @@ struct trainer {
                          once N ask (tests/train_elastic_join.sh), else 1 */
     int step_ms;      /* test aid MESHTRAIN_TEST_STEP_MS: a pause per step */
     uint64_t join_at; /* test aid MESHTRAIN_TEST_JOIN_AT=STEP: wait at
-                         that step's start until a joiner asks (at most
-                         60 s); UINT64_MAX: never */
+                         that step's start until join_batch joiners ask
+                         or are refused (at most 60 s); UINT64_MAX:
+                         never */
     struct train_xfer *xfer;
     /* catch-up (train/catchup.c): a member's side server; a joiner's
      * background fetch and replay, and the step whose state it left in

@@ -1512,10 +1512,14 @@ static int elastic_boundary(struct trainer *t, uint64_t step)
     /* peers started later asked to join: admit them now, from this
      * snapshot (doc/elastic.md, "Joining") */
     joins = mesh_elastic_joins(t->el);
-    /* test aid: wait here for a joiner (MESHTRAIN_TEST_JOIN_AT=STEP),
-     * until one asks or another member admits it; one that is catching
-     * up is admitted at once (it cannot while the job waits) */
-    for (int i = 0; step == t->join_at && !joins && i < 6000; i++) {
+    /* test aid: wait here for joiners (MESHTRAIN_TEST_JOIN_AT=STEP), until
+     * MESHTRAIN_TEST_JOINERS of them asked or were refused, or another
+     * member admits them; one that is catching up is admitted at once (it
+     * cannot while the job waits) */
+    for (int i = 0; step == t->join_at && i < 6000 &&
+                    __builtin_popcountll(joins | mesh_elastic_refused(t->el)) <
+                        t->join_batch;
+         i++) {
         if (mesh_elastic_commit(t->el, step) < 0)
             return mesh_err(-ECANCELED, "the mesh's view is changing");
         usleep(10000);
