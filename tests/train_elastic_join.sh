@@ -23,8 +23,18 @@ TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
 --in-channels 1 --batch 4 --no-eval --verify-every 10 --elastic \
 --peer-timeout 10 --iters $ITERS"
 
+# The job is ITERS steps long, and a joiner comes after its start (and
+# its catch-up): on a loaded machine the members could finish before it
+# asked to join (or was refused), and it would find no job. So the members
+# wait at step $LATE for the joiners that have not come by then
+# (MESHTRAIN_TEST_JOIN_AT: until MESHTRAIN_TEST_JOINERS of them asked or
+# were refused, at most 60 s; none waits once one was admitted). As a rule
+# they come long before, and catch up while the members train.
+LATE=$((ITERS - 10))
+
 # start NAME SLOTS PRESENT ARGS...: PRESENT peers of a job of SLOTS slots
-# (ranks 0 .. PRESENT-1); they form their view after a 3 s join timeout.
+# (ranks 0 .. PRESENT-1); they form their view after a 3 s join timeout,
+# and wait at step $LATE for a joiner (or $MESHTRAIN_TEST_JOIN_AT).
 start() {
     _name=$1
     _slots=$2
@@ -38,13 +48,30 @@ start() {
     _r=0
     while [ $_r -lt "$_n" ]; do
         # shellcheck disable=SC2086
-        bg env MESHTRAIN_TEST_SAMPLES="$TMP/$_name.samples" "$MESHTRAIN" \
-            -H "localhost:$_slots" --rank $_r --port "$BASE" \
+        bg env MESHTRAIN_TEST_SAMPLES="$TMP/$_name.samples" \
+            MESHTRAIN_TEST_JOIN_AT="${MESHTRAIN_TEST_JOIN_AT:-$LATE}" \
+            "$MESHTRAIN" -H "localhost:$_slots" --rank $_r --port "$BASE" \
             --secret-file "$TMP/secret" $TINY --join-timeout 3 \
             --metrics "$TMP/$_name.metrics" "$@" > "$TMP/$_name.p$_r.log" 2>&1
         PEERS="$PEERS $BG_PID"
         _r=$((_r + 1))
     done
+}
+
+# check STATUS TEXT NAME: t_ok STATUS TEXT; when STATUS is not 0, show
+# the view records of $TMP/NAME.metrics and the last lines but info of
+# each $TMP/NAME.p*.log.
+check() {
+    t_ok "$1" "$2"
+    [ "$1" -eq 0 ] && return 0
+    t_diag "view records of $3:"
+    grep '"event": "\(view\|transfer\)"' "$TMP/$3.metrics" |
+        cut -c 1-220 | sed 's/^/#   /'
+    for _f in "$TMP/$3".p*.log; do
+        t_diag "$_f (but info):"
+        grep -v "] info: " "$_f" | tail -n 8 | cut -c 1-300 | sed 's/^/#   /'
+    done
+    return 0
 }
 
 # join NAME SLOTS RANK SECRET ARGS...: start slot RANK later.
@@ -118,7 +145,7 @@ codes_are "0 0 0 0 0" join2
 t_ok $? "3 of 5 slots train, 2 join at once: all 5 finish with exit 0"
 [ "$(grep -c '"event": "view"' "$TMP/join2.metrics")" -eq 2 ] &&
     grep -q '"joined": \[3,4\]' "$TMP/join2.metrics"
-t_ok $? "both joiners are admitted by one view change"
+check $? "both joiners are admitted by one view change" join2
 $COUNT "$TMP/join2.metrics" "$ITERS" $N 20 "$TMP"/join2.samples.*
 t_ok $? "2 joined: every step once, every sample of each epoch once"
 
@@ -232,13 +259,18 @@ codes_are "0 0 0 0 0" auto &&
     sed -n 's/.*--rank auto: slot \([0-9]*\) .*/\1/p' | sort |
         tr '\n' ' ' | grep -qx "3 4 " &&
     grep -q '"joined": \[3,4\]' "$TMP/auto.metrics"
-t_ok $? "--rank auto: two joiners at once take slots 3 and 4, both admitted"
+check $? "--rank auto: two joiners at once take slots 3 and 4, both admitted" \
+    auto
 $COUNT "$TMP/auto.metrics" "$ITERS" $N 20 "$TMP"/auto.samples.*
 t_ok $? "--rank auto: every step once, every sample of each epoch once"
 
 # 7. joiners with another secret (slot 3) and another job id (slot 4), at
-# once: refused (exit 1), the job goes on with its 3 peers.
+# once: refused (exit 1), the job goes on with its 3 peers (which wait at
+# step $LATE until both were refused).
+MESHTRAIN_TEST_JOINERS=2
+export MESHTRAIN_TEST_JOINERS
 start refuse 5 3
+unset MESHTRAIN_TEST_JOINERS
 at_step refuse 20
 make_secret "$TMP/secret2"
 join refuse 5 3 "$TMP/secret2"
@@ -248,17 +280,16 @@ P4=$BG_PID
 wait_exit "$P3" 30
 grep -q "refused this peer: the join request's signature is wrong" \
     "$TMP/refuse.p3.log" && [ "$EXIT_CODE" -eq 1 ]
-t_ok $? "a joiner with another secret exits 1, saying its signature is wrong" ||
-    t_show "$TMP/refuse.p3.log" 5
+check $? "a joiner with another secret exits 1 ($EXIT_CODE), saying its \
+signature is wrong" refuse
 wait_exit "$P4" 30
 grep -q "refused this peer: it runs another job" "$TMP/refuse.p4.log" &&
     [ "$EXIT_CODE" -eq 1 ]
-t_ok $? "a joiner of another job id exits 1, saying so" ||
-    t_show "$TMP/refuse.p4.log" 5
+check $? "a joiner of another job id exits 1 ($EXIT_CODE), saying so" refuse
 set -- $PEERS
 PEERS="$1 $2 $3"
 wait_all 120
 codes_are "0 0 0" refuse &&
     [ "$(grep -c '"event"' "$TMP/refuse.metrics")" -eq 1 ]
-t_ok $? "the job is undisturbed: its 3 peers finish, no view change"
+check $? "the job is undisturbed: its 3 peers finish, no view change" refuse
 t_done
