@@ -62,8 +62,8 @@ check() {
 }
 
 # show NAME: after a failed check, what tells why: meshrun's lines, the
-# view records of rank 0's metrics, each rank's last lines other than
-# info, and the count script's output ($TMP/NAME.count).
+# view records of rank 0's metrics and each rank's last lines other than
+# info (the count script's output is always shown).
 show() {
     t_diag "meshrun's lines ($TMP/$1.log):"
     grep "^meshrun:" "$TMP/$1.log" | sed 's/^/#   /'
@@ -73,7 +73,6 @@ show() {
     t_diag "the ranks' last lines but info:"
     grep -v "^meshrun:\|] info: " "$TMP/$1.log" | tail -n 20 | cut -c 1-300 |
         sed 's/^/#   /'
-    [ -s "$TMP/$1.count" ] && t_diag "count:" && t_show "$TMP/$1.count" 10
     return 0
 }
 
@@ -131,6 +130,7 @@ check $? "the last view change admits slot 0 again: 4 peers"
 $COUNT "$TMP/back.metrics" "$ITERS" $N $((4 * BATCH)) "$TMP"/back.samples.* \
     > "$TMP/back.count" 2>&1
 check $? "every step once in the metrics, every sample once per epoch"
+cat "$TMP/back.count"
 [ $fail -eq 0 ] || show back
 
 # 2. --restarts 1 is per slot: rank 1 killed again after its restart is
@@ -181,6 +181,7 @@ tail_view=$(grep '"event": "view"' "$TMP/spare.metrics" | tail -n 1)
         "$TMP"/spare.samples.* > "$TMP/spare.count" 2>&1
 check $? "slots 0, 2 and 3 finish (exit $EXIT_CODE); every step and \
 sample once"
+[ -f "$TMP/spare.count" ] && cat "$TMP/spare.count"
 [ $fail -eq 0 ] || show spare
 
 # 4. SIGINT to meshrun while a restart waits: every rank stops, none is
