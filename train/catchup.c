@@ -945,6 +945,25 @@ struct train_catchup {
     double t0, t_snap, t_end;
     double t_ask, t_in; /* AUTH sent; the stripes' bytes all in */
     uint64_t steps;
+    /* the SHA-256 of the model's weights and momentum (the state of step
+     * hstep), hashed in slices while the joiner waits, so that the view
+     * change that admits it need not: hoff of the 8 np bytes in so far,
+     * h once hdone */
+    EVP_MD_CTX *hmd[2];
+    uint64_t hstep;
+    size_t hoff;
+    int hdone;
+    uint8_t h[64];
+    /* a step is applied as soon as its gradient is whole; until a record
+     * of the next one proves it committed, the state before it (of step
+     * bstep; UINT64_MAX: none) is kept in blob, after the snapshot's
+     * header, with its hashes if bdone, for a view that restarts from
+     * bstep */
+    uint64_t bstep;
+    int bdone;
+    uint8_t bh[64];
+    size_t hoff_tgt; /* hashed when the target came (the log line) */
+    int rolled;      /* the state kept was put back */
 };
 
 static void cu_close(struct train_catchup *cu)
@@ -1097,19 +1116,111 @@ static int cu_auth(struct train_catchup *cu, uint64_t x, size_t np)
     return 0;
 }
 
-/* Under mu: apply the gradients held, up to the target (or, without
- * one, those a later step's record proves committed). */
+/* Under mu: the model's weights and momentum changed (now step's): their
+ * SHA-256 starts again. */
+static void cu_hash_reset(struct train_catchup *cu, uint64_t step)
+{
+    cu->hstep = step;
+    cu->hoff = 0;
+    cu->hdone = 0;
+}
+
+/*
+ * Under mu: hash up to max more bytes of the model's weights and momentum
+ * (those of step applied), the weights' SHA-256 and the momentum's as
+ * the view change's weight check has them (train.c, weights_hash). 1 if
+ * more is left, 0 if done (or nothing to hash), -1 on an OpenSSL error.
+ */
+static int cu_hash_state(struct train_catchup *cu, size_t max)
+{
+    struct trainer *t = cu->t;
+    size_t half = cu->np * 4;
+    unsigned int dl;
+
+    if (!cu->loaded || cu->hdone || cu->hstep != cu->applied)
+        return 0;
+    for (int k = 0; k < 2 && cu->hoff == 0; k++) {
+        if (!cu->hmd[k])
+            cu->hmd[k] = EVP_MD_CTX_new();
+        if (!cu->hmd[k] ||
+            EVP_DigestInit_ex(cu->hmd[k], EVP_sha256(), NULL) != 1)
+            return -1;
+    }
+    while (max && cu->hoff < 2 * half) {
+        int k = cu->hoff >= half;
+        const uint8_t *src =
+            k ? (const uint8_t *)mesh_nn_sgd_momentum(t->sgd)
+              : (const uint8_t *)mesh_nn_model_params(t->model);
+        size_t o = cu->hoff - (size_t)k * half, len = MESH_MIN(half - o, max);
+
+        if (EVP_DigestUpdate(cu->hmd[k], src + o, len) != 1)
+            return -1;
+        cu->hoff += len;
+        max -= len;
+    }
+    if (cu->hoff < 2 * half)
+        return 1;
+    for (int k = 0; k < 2; k++) {
+        dl = 32;
+        if (EVP_DigestFinal_ex(cu->hmd[k], cu->h + 32 * k, &dl) != 1 ||
+            dl != 32)
+            return -1;
+    }
+    cu->hdone = 1;
+    return 0;
+}
+
+/*
+ * Under mu: apply the gradients held: up to the target, or without one
+ * up to the last step a record came for (maxseen: committed, as every
+ * member took its snapshot before that record's all-reduce) and that
+ * step too once its gradient is whole, keeping the state before it in
+ * blob: a view may still restart from maxseen (then the state kept is
+ * put back), not before.
+ */
 static int cu_apply(struct train_catchup *cu)
 {
     struct trainer *t = cu->t;
+    size_t half = cu->np * 4;
+    float *w, *mom;
 
-    while (cu->loaded) { /* (the model is built, and has np parameters) */
+    if (!cu->loaded)
+        return 0; /* (the model is built, and has np parameters) */
+    w = mesh_nn_model_params(t->model);
+    mom = mesh_nn_sgd_momentum(t->sgd);
+    if (cu->target != UINT64_MAX && cu->bstep == cu->target &&
+        cu->applied == cu->target + 1) {
+        memcpy(w, cu->blob + CU_BLOB, half);
+        memcpy(mom, cu->blob + CU_BLOB + half, half);
+        cu->applied = cu->target;
+        cu->steps--;
+        cu_hash_reset(cu, cu->applied);
+        if (cu->bdone) {
+            memcpy(cu->h, cu->bh, 64);
+            cu->hoff = 2 * half;
+            cu->hdone = 1;
+        }
+        cu->bstep = UINT64_MAX;
+        cu->rolled = 1;
+    }
+    for (;;) {
         int r = (int)(cu->applied % CU_RING), rc;
-        uint64_t lim = cu->target != UINT64_MAX ? cu->target : cu->maxseen;
+        uint64_t lim = cu->target != UINT64_MAX ? cu->target : cu->maxseen + 1;
 
         if (cu->applied >= lim || cu->gstep[r] != cu->applied ||
             cu->gparts[r] != cu->k)
             break;
+        if (cu->target == UINT64_MAX && cu->applied == cu->maxseen) {
+            /* not proved committed yet: the state before it is kept,
+             * hashed first (a view restarting from it needs both) */
+            (void)cu_hash_state(cu, SIZE_MAX);
+            memcpy(cu->blob + CU_BLOB, w, half);
+            memcpy(cu->blob + CU_BLOB + half, mom, half);
+            cu->bstep = cu->applied;
+            cu->bdone = cu->hdone && cu->hstep == cu->applied;
+            if (cu->bdone)
+                memcpy(cu->bh, cu->h, 64);
+        }
         memcpy(mesh_nn_model_grads(t->model), cu->g[r], cu->np * 4);
         mesh_nn_sgd_set_steps(t->sgd, (int64_t)cu->applied);
         rc = mesh_nn_sgd_step(t->sgd, cu->glr[r]);
@@ -1118,6 +1229,7 @@ static int cu_apply(struct train_catchup *cu)
         cu->gstep[r] = UINT64_MAX;
         cu->applied++;
         cu->steps++;
+        cu_hash_reset(cu, cu->applied);
     }
     return 0;
 }
@@ -1189,6 +1301,7 @@ static int cu_load(struct train_catchup *cu)
     memcpy(mesh_nn_sgd_momentum(t->sgd), cu->blob + CU_BLOB + t->nparams * 4,
            t->nparams * 4);
     cu->loaded = 1;
+    cu_hash_reset(cu, cu->x);
     cu->t_snap = mesh_now_s() - cu->t0;
     t->join_mark[TRAIN_JM_SNAP] = cu->t0 + cu->t_snap;
     train_fault(t, TRAIN_FAULT_CATCHUP); /* test aid: the joiner dies */
@@ -1383,6 +1496,8 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
     cu->loaded = 0;
     cu->snap_in = 0;
     cu->got = 0;
+    cu->bstep = UINT64_MAX;
+    cu_hash_reset(cu, UINT64_MAX);
     for (int r = 0; r < CU_RING; r++)
         cu->gstep[r] = UINT64_MAX;
     /* to catch up: half the time the joiner waits to be admitted
@@ -1402,10 +1517,15 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
         if (cu_apply(cu) < 0)
             return cu_why(__LINE__, -1);
         if (cu->target != UINT64_MAX) {
-            if (!tgt_at)
+            if (!tgt_at) {
                 tgt_at = now;
-            if (cu->loaded && cu->applied == cu->target)
+                cu->hoff_tgt = cu->hdone ? 8 * cu->np : cu->hoff;
+            }
+            /* the state's SHA-256 finished here, for the view change */
+            if (cu->loaded && cu->applied == cu->target) {
+                (void)cu_hash_state(cu, SIZE_MAX);
                 return 1;
+            }
             /* the view change waits for us: what has not come soon (a
              * member is gone, or we are behind) is sent in it instead */
             if (cu->target < cu->x ||
@@ -1437,8 +1557,10 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
             if (cu->target == UINT64_MAX && now - eof_at > 1)
                 return cu_why(__LINE__, 0);
         }
-        /* a slice of the snapshot's SHA-256, between the receives */
-        more = cu->blob && !cu->loaded ? cu_hash_some(cu, CU_SLICE) : 0;
+        /* a slice of the snapshot's SHA-256, or of the state's once it
+         * is loaded, between the receives */
+        more = cu->blob && !cu->loaded ? cu_hash_some(cu, CU_SLICE)
+                                       : cu_hash_state(cu, CU_SLICE);
         if (more < 0)
             return cu_why(__LINE__, -1);
         pthread_mutex_unlock(&cu->mu);
@@ -1566,6 +1688,7 @@ int train_catchup_start(struct trainer *t)
         cu->senders = MESH_MAX(0, atoi(getenv("MESHTRAIN_XFER_SENDERS")));
     for (int r = 0; r < CU_RING; r++)
         cu->gstep[r] = UINT64_MAX;
+    cu->hstep = cu->bstep = UINT64_MAX;
     for (int i = 0; i < MESH_ELASTIC_MAX_SLOTS; i++)
         cu->p[i].fd = -1;
     pthread_mutex_init(&cu->mu, NULL);
@@ -1619,11 +1742,14 @@ void train_catchup_stop(struct trainer *t)
     free(cu->blob);
     for (int r = 0; r < CU_RING; r++)
         free(cu->g[r]);
+    EVP_MD_CTX_free(cu->hmd[0]);
+    EVP_MD_CTX_free(cu->hmd[1]);
     free(cu);
     t->cu = NULL;
 }
 
-int train_catchup_finish(struct trainer *t, uint64_t step)
+int train_catchup_finish(struct trainer *t, uint64_t step,
+                         struct train_whash *wh)
 {
     struct train_catchup *cu = t->cu;
     uint64_t deadline = mesh_now_ns() + (uint64_t)(4 * 1e9);
@@ -1642,9 +1768,18 @@ int train_catchup_finish(struct trainer *t, uint64_t step)
                   " (%zu bytes; the members were at step %" PRIu64
                   " when it asked, %.3f s into the catch-up; its bytes in at "
                   "%.3f s) in %.3f s, then %" PRIu64 " step(s) "
-                  "replayed; state of step %" PRIu64 " after %.3f s",
+                  "replayed%s; state of step %" PRIu64 " after %.3f s, "
+                  "%zu of its %zu bytes hashed while it waited",
                   cu->x, cu->n, cu->live, cu->t_ask, cu->t_in, cu->t_snap,
-                  cu->steps, step, cu->t_end);
+                  cu->steps,
+                  cu->rolled ? " (one more undone: the view restarts "
+                               "before it)"
+                             : "",
+                  step, cu->t_end, cu->hoff_tgt, 8 * cu->np);
+    if (ok && cu->hdone && cu->hstep == step) {
+        memcpy(wh->h, cu->h, 64);
+        wh->valid = 1;
+    }
     t->cu_snap_step = ok ? cu->x : UINT64_MAX;
     t->cu_replayed = ok ? cu->steps : 0;
     t->cu_secs = ok ? cu->t_end : 0;

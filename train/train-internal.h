@@ -282,12 +282,14 @@ void train_serve_grad(struct trainer *t, uint64_t step, float lr);
 void train_serve_updated(struct trainer *t, uint64_t step);
 /* A joiner: fetch a snapshot and replay the steps while the job trains,
  * started before its model is built (train_catchup_model: built, the
- * snapshot may be loaded); train_catchup_finish(step), when a view admits
- * it from step: 1 if the model holds that step's weights and momentum
- * (t->cu_step = step). */
+ * snapshot may be loaded); train_catchup_finish(step, wh), when a view
+ * admits it from step: 1 if the model holds that step's weights and
+ * momentum (t->cu_step = step), and then wh their hashes (valid: hashed
+ * while the joiner waited, or when the view came). */
 int train_catchup_start(struct trainer *t);
 void train_catchup_model(struct trainer *t);
-int train_catchup_finish(struct trainer *t, uint64_t step);
+int train_catchup_finish(struct trainer *t, uint64_t step,
+                         struct train_whash *wh);
 void train_catchup_stop(struct trainer *t);
 
 /* ---- finetune.c ---------------------------------------------------------- */

@@ -1733,19 +1733,21 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
     } else if (t->cu) {
         /* what the joiner caught up to in the background: the state
          * transfer then sends only what it could not rebuild */
-        (void)train_catchup_finish(t, v->step);
+        (void)train_catchup_finish(t, v->step, &wh);
     }
     mk[VC_RESTORE] = mesh_now_s();
     /* the weights' hashes, once: for the state's digest (a member's
      * offer, the range a joiner rebuilt) and the weight check below; each
      * peer hashes them now, beside the others, not in turn in the
-     * transfer */
-    if (!t->sim && (!needy || (t->cu_step == v->step && t->host_slabs))) {
+     * transfer (a joiner that caught up hashed them while it waited) */
+    if (!t->sim && !wh.valid &&
+        (!needy || (t->cu_step == v->step && t->host_slabs))) {
         rc = weights_hash(t, &wh);
         if (rc < 0)
             return train_local(t, rc);
-        hashed += 8 * (uint64_t)t->nparams;
     }
+    if (wh.valid)
+        hashed += 8 * (uint64_t)t->nparams;
     mk[VC_HASH] = mesh_now_s();
     if (n > 1) {
         vo = *mo;
