@@ -296,13 +296,42 @@ struct mesh_transport_ops {
      * rank of this host with a window has posted its own host_sync of the
      * same number (the first, the second, ...): what each wrote to its
      * window before posting it, the others may read once theirs
-     * completes. f names it for the checks and the messages (f->length
-     * 0): seq, tag, op, dtype and count must be the same on every rank,
-     * else the job fails with a desync naming both sides. A rank that
-     * dies or leaves first fails the job, as a peer of a send would.
+     * completes. f names it for the checks and the messages: seq, tag,
+     * op, dtype and count must be the same on every rank, else the job
+     * fails with a desync naming both sides. f->offset and f->length are
+     * not checked: they are this rank's two words, which the others read
+     * with host_sync_word. A rank that dies or leaves first fails the
+     * job, as a peer of a send would.
      */
     int (*host_sync)(mesh_transport_t *t, const struct mesh_frame *f,
                      mesh_req_t **out);
+
+    /*
+     * Optional (NULL: none; with host_window). The two words (its frame's
+     * offset and length) that rank, of this host, posted with its host
+     * sync number k, read between the completion of this process's sync
+     * k and its posting of sync k + 1 (the others cannot have moved past
+     * k + 1 then). -ENOTSUP (no message) where rank has no window,
+     * -ESTALE where rank's sync k is not readable now.
+     */
+    int (*host_sync_word)(mesh_transport_t *t, int rank, uint64_t k,
+                          uint64_t word[2]);
+
+    /*
+     * Optional (NULL: none; all three or none). Each rank's share of the
+     * host's shared memory: what host_alloc gives out lies in it, and
+     * every rank of the host may read it in place, so that a collective
+     * whose buffers are there skips copying its input into its window
+     * (NCCL's user-buffer registration). host_alloc: len bytes, page
+     * aligned, or -ENOMEM, no message, when the share is full or absent
+     * (the caller takes its own memory then); valid after connect, until
+     * host_free or close (thread-safe). host_heap: rank's share, mapped in
+     * this process, at *base for *len bytes (0 where there is none),
+     * -ENOTSUP (no message) for a rank of another host.
+     */
+    int (*host_alloc)(mesh_transport_t *t, size_t len, void **out);
+    void (*host_free)(mesh_transport_t *t, void *p);
+    int (*host_heap)(mesh_transport_t *t, int rank, void **base, size_t *len);
 };
 
 /* The transports built in: "tcp", "shm" and "auto" always, "verbs" when

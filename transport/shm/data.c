@@ -279,7 +279,8 @@ void shm_sync_post(struct mesh_transport *t, struct mesh_req *r)
                                  .count = f->count,
                                  .tag = f->tag,
                                  .op = f->op,
-                                 .dtype = f->dtype};
+                                 .dtype = f->dtype,
+                                 .word = {r->word[0], r->word[1]}};
     /* the frame and our window's writes before the count */
     atomic_store_explicit(&me->syncs, r->sync_k, memory_order_release);
     shm_q_push(&t->yq_head, &t->yq_tail, r);

@@ -366,6 +366,32 @@ out:
     return rc;
 }
 
+/*
+ * Each local rank's share of the segment (host_alloc's memory), in bytes:
+ * MESHTRAIN_SHM_HEAP_MB on the host's first rank (0: none), else
+ * SHM_HEAP_DEFAULT, at most SHM_HEAP_TOTAL over the host's ranks. The
+ * memfd is sparse: only the pages written take memory, and host_free
+ * gives them back.
+ */
+static size_t heap_bytes(int nlocal)
+{
+    const char *e = getenv("MESHTRAIN_SHM_HEAP_MB");
+    size_t b = SHM_HEAP_DEFAULT;
+
+    if (e && *e) {
+        char *end;
+        unsigned long long mb = strtoull(e, &end, 10);
+
+        if (*end || mb > (SHM_HEAP_TOTAL >> 20))
+            mesh_warn("shm: MESHTRAIN_SHM_HEAP_MB=%s is not a number of "
+                      "MiB up to %llu; %zu MiB",
+                      e, (unsigned long long)(SHM_HEAP_TOTAL >> 20), b >> 20);
+        else
+            b = (size_t)mb << 20;
+    }
+    return MESH_MIN(b, SHM_HEAP_TOTAL / (size_t)nlocal / SHM_PAGE * SHM_PAGE);
+}
+
 static int seg_map(struct mesh_transport *t, int memfd)
 {
     void *p =
@@ -375,6 +401,36 @@ static int seg_map(struct mesh_transport *t, int memfd)
         return mesh_err_errno("shm: mmap of the %zu-byte segment", t->seg_len);
     t->seg = p;
     return 0;
+}
+
+/* Any other local rank: map the segment the first one sized (the shares'
+ * size is its choice), and check its header. */
+static int seg_size(struct mesh_transport *t, int leader, int memfd)
+{
+    struct shm_seg_hdr h;
+    struct stat st;
+    int rc = 0;
+
+    MESH_SYSCALL(rc, fstat(memfd, &st), fail, "shm: fstat of the segment");
+    if ((size_t)st.st_size < sizeof(h))
+        return mesh_err(-EPROTO, "shm: rank %d passed a segment of %lld bytes",
+                        leader, (long long)st.st_size);
+    t->seg_len = (size_t)st.st_size;
+    rc = seg_map(t, memfd);
+    if (rc < 0)
+        return rc;
+    memcpy(&h, t->seg, sizeof(h));
+    t->heap_bytes = (size_t)h.heap_bytes;
+    if (h.magic != SHM_SEG_MAGIC || h.version != SHM_VERSION ||
+        h.nlocal != (uint32_t)t->nlocal || h.heap_bytes > SHM_HEAP_TOTAL ||
+        shm_seg_bytes(t->nlocal, t->heap_bytes) != t->seg_len)
+        return mesh_err(-EPROTO,
+                        "shm: rank %d passed a segment of %zu bytes that is "
+                        "not a version %u one for %d local ranks",
+                        leader, t->seg_len, SHM_VERSION, t->nlocal);
+    return 0;
+fail:
+    return rc;
 }
 
 /* The host's first rank: a fresh memfd, sized, mapped and initialised. */
@@ -396,6 +452,7 @@ static int seg_create(struct mesh_transport *t, int *memfd)
     h->nlocal = (uint32_t)t->nlocal;
     h->slots = SHM_SLOTS;
     h->slot_bytes = SHM_SLOT_BYTES;
+    h->heap_bytes = t->heap_bytes;
     *memfd = fd;
     return 0;
 fail:
@@ -585,21 +642,16 @@ int shm_join(struct mesh_transport *t)
         goto log;
     }
     if (t->nlocal > 1) {
-        t->seg_len = shm_seg_bytes(t->nlocal);
         if (leader == me) {
+            t->heap_bytes = heap_bytes(t->nlocal);
+            t->seg_len = shm_seg_bytes(t->nlocal, t->heap_bytes);
             rc = seg_create(t, &memfd);
             if (rc == 0)
                 rc = seg_give(t, memfd);
         } else {
             rc = seg_take(t, leader, info[leader].sock, &memfd);
             if (rc == 0)
-                rc = seg_map(t, memfd);
-            if (rc == 0 &&
-                ((struct shm_seg_hdr *)t->seg)->magic != SHM_SEG_MAGIC)
-                rc = mesh_err(-EPROTO,
-                              "shm: rank %d passed an "
-                              "uninitialised segment",
-                              leader);
+                rc = seg_size(t, leader, memfd);
         }
         if (memfd >= 0)
             close(memfd); /* the mapping keeps it */

@@ -6,6 +6,7 @@
 #include "config.h"
 
 #include "transport/shm/shm-internal.h"
+#include "common/array.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -491,7 +493,10 @@ static int shm_host_sync(mesh_transport_t *t, const struct mesh_frame *f,
     r->super.kind = TP_RECV;
     r->super.peer = t->super.world.rank;
     r->super.f = *f;
+    r->super.f.offset = 0;
     r->super.f.length = 0;
+    r->word[0] = f->offset;
+    r->word[1] = f->length;
     pthread_mutex_lock(&t->super.lock);
     if (t->super.fail.failed) {
         rc = tp_fail_err(&t->super);
@@ -504,6 +509,147 @@ static int shm_host_sync(mesh_transport_t *t, const struct mesh_frame *f,
     shm_poll(t);
     pthread_mutex_unlock(&t->super.lock);
     *out = r;
+    return 0;
+}
+
+static int shm_host_sync_word(mesh_transport_t *t, int rank, uint64_t k,
+                              uint64_t word[2])
+{
+    struct shm_proc *pr;
+    uint64_t got;
+    int li;
+
+    if (!t || !t->seg || t->me < 0 || rank < 0 || rank >= t->super.world.size)
+        return -ENOTSUP;
+    li = rank == t->super.world.rank ? t->me : t->pp[rank].local;
+    if (li < 0)
+        return -ENOTSUP;
+    pr = shm_proc_at(t, li);
+    got = atomic_load_explicit(&pr->syncs, memory_order_acquire);
+    /* sync k's frame stays in sync[k % 2] until the rank posts k + 2 */
+    if (k == 0 || got < k || got > k + 1)
+        return -ESTALE;
+    word[0] = pr->sync[k % 2].word[0];
+    word[1] = pr->sync[k % 2].word[1];
+    return 0;
+}
+
+/* ---- the shares (host_alloc) --------------------------------------------- */
+
+static int ext_insert(struct shm_ext **a, int *n, size_t *cap, int at,
+                      struct shm_ext e)
+{
+    if (mesh_array_reserve(a, cap, (size_t)*n + 1, sizeof(**a),
+                           "shm share runs") < 0)
+        return -ENOMEM;
+    memmove(&(*a)[at + 1], &(*a)[at], (size_t)(*n - at) * sizeof(**a));
+    (*a)[at] = e;
+    (*n)++;
+    return 0;
+}
+
+static void ext_remove(struct shm_ext *a, int *n, int at)
+{
+    memmove(&a[at], &a[at + 1], (size_t)(*n - at - 1) * sizeof(*a));
+    (*n)--;
+}
+
+/* The free runs of our share, first use: all of it. (lock held) */
+static int heap_init(struct mesh_transport *t)
+{
+    struct shm_ext all = {.off = 0, .len = t->heap_bytes};
+
+    if (t->cap_heap_free || !t->heap_bytes)
+        return 0;
+    return ext_insert(&t->heap_free, &t->nheap_free, &t->cap_heap_free, 0, all);
+}
+
+static int shm_host_alloc(mesh_transport_t *t, size_t len, void **out)
+{
+    size_t pl = (MESH_MAX(len, 1) + SHM_PAGE - 1) / SHM_PAGE * SHM_PAGE;
+    struct shm_ext e = {.len = pl};
+    int rc = -ENOMEM, i, at;
+
+    if (!t || !out || !t->seg || t->me < 0 || !t->heap_bytes ||
+        len > t->heap_bytes)
+        return -ENOMEM;
+    pthread_mutex_lock(&t->super.lock);
+    if (heap_init(t) < 0)
+        goto out;
+    for (i = 0; i < t->nheap_free && t->heap_free[i].len < pl; i++)
+        ;
+    if (i == t->nheap_free)
+        goto out;
+    e.off = t->heap_free[i].off;
+    for (at = 0; at < t->nheap_used && t->heap_used[at].off < e.off; at++)
+        ;
+    if (ext_insert(&t->heap_used, &t->nheap_used, &t->cap_heap_used, at, e) < 0)
+        goto out;
+    t->heap_free[i].off += pl;
+    t->heap_free[i].len -= pl;
+    if (!t->heap_free[i].len)
+        ext_remove(t->heap_free, &t->nheap_free, i);
+    *out = shm_heap_at(t, t->me) + e.off;
+    rc = 0;
+out:
+    pthread_mutex_unlock(&t->super.lock);
+    if (rc == 0)
+        (void)mlock(*out, pl); /* pinned where RLIMIT_MEMLOCK allows */
+    return rc;
+}
+
+static void shm_host_free(mesh_transport_t *t, void *p)
+{
+    uint8_t *base;
+    struct shm_ext e;
+    int i, at;
+
+    if (!t || !p || !t->seg || t->me < 0)
+        return;
+    base = shm_heap_at(t, t->me);
+    pthread_mutex_lock(&t->super.lock);
+    for (i = 0; i < t->nheap_used; i++)
+        if (base + t->heap_used[i].off == (uint8_t *)p)
+            break;
+    if (i == t->nheap_used) {
+        pthread_mutex_unlock(&t->super.lock);
+        mesh_warn("shm: %p is not from this rank's share", p);
+        return;
+    }
+    e = t->heap_used[i];
+    ext_remove(t->heap_used, &t->nheap_used, i);
+    /* the pages go back to the kernel: the next use starts from zeros */
+    munlock(p, e.len);
+    (void)madvise(p, e.len, MADV_REMOVE);
+    for (at = 0; at < t->nheap_free && t->heap_free[at].off < e.off; at++)
+        ;
+    if (at < t->nheap_free && e.off + e.len == t->heap_free[at].off) {
+        t->heap_free[at].off = e.off; /* joins the next run */
+        t->heap_free[at].len += e.len;
+    } else if (ext_insert(&t->heap_free, &t->nheap_free, &t->cap_heap_free, at,
+                          e) < 0) {
+        at = -1; /* out of memory: the run is lost to this process */
+    }
+    if (at > 0 && t->heap_free[at - 1].off + t->heap_free[at - 1].len ==
+                      t->heap_free[at].off) {
+        t->heap_free[at - 1].len += t->heap_free[at].len;
+        ext_remove(t->heap_free, &t->nheap_free, at);
+    }
+    pthread_mutex_unlock(&t->super.lock);
+}
+
+static int shm_host_heap(mesh_transport_t *t, int rank, void **base,
+                         size_t *len)
+{
+    int li;
+
+    if (!t || !t->seg || t->me < 0 || rank < 0 || rank >= t->super.world.size)
+        return -ENOTSUP;
+    li = rank == t->super.world.rank ? t->me : t->pp[rank].local;
+    if (li < 0)
+        return -ENOTSUP;
+    *base = shm_heap_at(t, li);
+    *len = t->heap_bytes;
     return 0;
 }
 
@@ -547,6 +693,8 @@ static void shm_close(mesh_transport_t *t)
         t->inner_ops->close(t->inner);
     free(t->pp);
     free(t->host);
+    free(t->heap_free);
+    free(t->heap_used);
     if (t->bg_cond_ready)
         pthread_cond_destroy(&t->bg_cond);
     tp_base_fini(&t->super);
@@ -570,6 +718,10 @@ const struct mesh_transport_ops mesh_shm_ops = {
     .host_of = shm_host_of,
     .host_window = shm_host_window,
     .host_sync = shm_host_sync,
+    .host_sync_word = shm_host_sync_word,
+    .host_alloc = shm_host_alloc,
+    .host_free = shm_host_free,
+    .host_heap = shm_host_heap,
 };
 
 /* shm, with verbs' auto table instead of TCP underneath where built. */
@@ -590,4 +742,8 @@ const struct mesh_transport_ops mesh_auto_ops = {
     .host_of = shm_host_of,
     .host_window = shm_host_window,
     .host_sync = shm_host_sync,
+    .host_sync_word = shm_host_sync_word,
+    .host_alloc = shm_host_alloc,
+    .host_free = shm_host_free,
+    .host_heap = shm_host_heap,
 };

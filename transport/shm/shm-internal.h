@@ -49,8 +49,9 @@
 /* ---- the segment (shared between the host's ranks) ---------------------- */
 
 struct shm_seg_hdr {
-    uint32_t magic, version, nlocal, slots, slot_bytes;
-    uint8_t pad[SHM_CACHE - 20];
+    uint32_t magic, version, nlocal, slots, slot_bytes, pad0;
+    uint64_t heap_bytes; /* each local rank's share (shm_heap_at) */
+    uint8_t pad[SHM_CACHE - 32];
 };
 
 /* The frame of one host sync (mesh_transport_ops.host_sync), as its rank
@@ -59,6 +60,7 @@ struct shm_sync_frame {
     uint64_t seq, count;
     uint32_t tag;
     uint8_t op, dtype, pad[2];
+    uint64_t word[2]; /* the frame's offset and length: not checked */
 };
 
 struct shm_proc {
@@ -76,7 +78,7 @@ struct shm_proc {
      */
     _Atomic uint64_t syncs;
     struct shm_sync_frame sync[2];
-    uint8_t pad1[SHM_CACHE - 8 - 2 * sizeof(struct shm_sync_frame)];
+    uint8_t pad1[2 * SHM_CACHE - 8 - 2 * sizeof(struct shm_sync_frame)];
 };
 
 enum shm_slot_kind { SLOT_INLINE = 1, SLOT_CMA = 2 };
@@ -105,6 +107,11 @@ struct shm_ring {
 
 /* ---- this process's side ------------------------------------------------ */
 
+/* A run of pages of our share of the segment (shm_heap_at), by offset. */
+struct shm_ext {
+    size_t off, len;
+};
+
 struct mesh_mr {
     void *base;
     size_t len;
@@ -115,11 +122,12 @@ struct mesh_req {
     struct tp_req super; /* kind, peer, frame, done, the request list */
     mesh_req_t *inner;   /* a peer of another host: the TCP mesh's request */
     char *buf;
-    uint64_t moved;  /* send: bytes published; receive: bytes landed */
-    int frames;      /* receive: frames landed */
-    int cma;         /* send: by address, completes when read */
-    uint64_t ack_at; /* send by address: done once tail passes this */
-    uint64_t sync_k; /* a host sync: its number (1, 2, ...), else 0 */
+    uint64_t moved;   /* send: bytes published; receive: bytes landed */
+    int frames;       /* receive: frames landed */
+    int cma;          /* send: by address, completes when read */
+    uint64_t ack_at;  /* send by address: done once tail passes this */
+    uint64_t sync_k;  /* a host sync: its number (1, 2, ...), else 0 */
+    uint64_t word[2]; /* a host sync: its words (host_sync_word) */
     struct mesh_req *qnext;
 };
 
@@ -148,6 +156,13 @@ struct mesh_transport {
     int nlocal;
     uint8_t *seg;
     size_t seg_len;
+    size_t heap_bytes;         /* each local rank's share, 0: none */
+    struct shm_ext *heap_free; /* our share's free runs, by offset */
+    int nheap_free;
+    size_t cap_heap_free;
+    struct shm_ext *heap_used; /* what host_alloc gave out */
+    int nheap_used;
+    size_t cap_heap_used;
     int cma_logged;
     uint64_t syncs;                     /* host syncs posted */
     struct mesh_req *yq_head, *yq_tail; /* host syncs not yet complete */
@@ -197,9 +212,17 @@ static inline uint8_t *shm_win_at(struct mesh_transport *t, int li)
     return t->seg + shm_win_offset(t->nlocal) + (size_t)li * SHM_WIN_BYTES;
 }
 
-static inline size_t shm_seg_bytes(int nlocal)
+/* After the windows, each local rank's share (host_alloc's memory). */
+static inline uint8_t *shm_heap_at(struct mesh_transport *t, int li)
 {
-    return shm_win_offset(nlocal) + (size_t)nlocal * SHM_WIN_BYTES;
+    return t->seg + shm_win_offset(t->nlocal) +
+           (size_t)t->nlocal * SHM_WIN_BYTES + (size_t)li * t->heap_bytes;
+}
+
+static inline size_t shm_seg_bytes(int nlocal, size_t heap_bytes)
+{
+    return shm_win_offset(nlocal) +
+           (size_t)nlocal * (SHM_WIN_BYTES + heap_bytes);
 }
 
 /* join.c */

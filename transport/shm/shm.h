@@ -19,14 +19,21 @@
  * carried, checking each caller's SO_PEERCRED against its INFO.
  *
  * The segment (all integers host order, it never leaves the host):
- *   header   u32 magic, u32 version, u32 nlocal, u32 slots, u32 slot_bytes
+ *   header   u32 magic, u32 version, u32 nlocal, u32 slots, u32 slot_bytes,
+ *            u32 0, u64 heap_bytes
  *   procs    nlocal struct shm_proc: wake-up word, sleeping, goodbye, pid,
- *            host syncs posted and the last two syncs' frames
+ *            host syncs posted and the last two syncs' frames (each with
+ *            its word, host_sync_word)
  *   rings    nlocal x nlocal single-producer rings, i -> j at i * nlocal + j:
  *            head (sender), tail (receiver), then slots, each a frame header
  *            and slot_bytes of payload
  *   windows  from the next page boundary, nlocal x SHM_WIN_BYTES: local
  *            rank i's window at i (mesh_transport_ops.host_window)
+ *   shares   then nlocal x heap_bytes: local rank i's share at i, the memory
+ * its host_alloc gives out, which the others read in place
+ *            (mesh_transport_ops.host_heap); sized by the first rank
+ *            (MESHTRAIN_SHM_HEAP_MB, default SHM_HEAP_DEFAULT, 0: none),
+ *            the others map what the memfd holds and check it
  * A slot holds a frame (the TCP frame's fields) and either its payload
  * (inline, two copies) or, for a message of SHM_CMA_MIN bytes or more, the
  * sender's address: the receiver reads it straight into its destination
@@ -44,14 +51,17 @@
 #include <stdint.h>
 
 #define SHM_SEG_MAGIC  0x314d4853u /* "SHM1" */
-#define SHM_VERSION    2u
+#define SHM_VERSION    3u
 #define SHM_SLOTS      16
 #define SHM_SLOT_BYTES (64u << 10)
 #define SHM_CMA_MIN    (64u << 10)
 #define SHM_WIN_BYTES  (8u << 20) /* each local rank's window */
 #define SHM_LOCAL_MAX  64         /* ranks of one job on one host using shm */
-#define SHM_SOCK_NAME  40         /* abstract socket name, without the NUL */
-#define SHM_ID_MAX     64         /* machine id, boot id */
+/* each local rank's share (host_alloc), virtual: MESHTRAIN_SHM_HEAP_MB */
+#define SHM_HEAP_DEFAULT ((size_t)1 << 30)
+#define SHM_HEAP_TOTAL   ((size_t)32 << 30) /* the host's shares together */
+#define SHM_SOCK_NAME    40 /* abstract socket name, without the NUL */
+#define SHM_ID_MAX       64 /* machine id, boot id */
 
 /* The mesh underneath's frames that belong to the shm transport itself. */
 #define SHM_CTRL_SEQ (UINT64_MAX - 1)
