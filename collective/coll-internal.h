@@ -35,6 +35,12 @@ void mesh_reduce_sum_isa(int isa, int dtype, void *dst, const void *const *src,
                          int nsrc, size_t n, float div);
 void mesh_convert_isa(int isa, int dst_dtype, void *dst, int src_dtype,
                       const void *src, size_t n);
+/*
+ * memcpy with streaming stores where the CPU has them (x86: they skip
+ * reading the destination's lines in first, and leave the cache to what
+ * is read again), fenced at the end; dst and src must not overlap.
+ */
+void mesh_copy_stream(void *dst, const void *src, size_t len);
 
 /* ---- schedules ----------------------------------------------------------- */
 
@@ -55,12 +61,14 @@ struct sched_op {
     uint32_t tag;     /* SEND/RECV */
     uint32_t order;   /* SEND: the transport's send order (mesh_frame) */
     uint64_t offset;  /* SEND/RECV: byte offset in the collective
-                         (for the debug trace; frames carry 0) */
+                         (for the debug trace; frames carry 0); SYNC:
+                         the word its frame carries (host_sync) */
     size_t len;       /* bytes (SEND/RECV/COPY) */
     void *buf;        /* SEND source, RECV/REDUCE/COPY destination */
     mesh_mr_t *mr;    /* SEND/RECV: the region holding buf */
     const void **src; /* REDUCE/COPY inputs (nsrc) */
     int nsrc;
+    int stream;      /* COPY: mesh_copy_stream (sched_copy_stream) */
     size_t n;        /* REDUCE elements */
     float div;       /* REDUCE */
     mesh_req_t *req; /* SEND/RECV in flight */
@@ -110,6 +118,9 @@ int sched_recv(struct sched *s, int peer, uint32_t tag, uint64_t offset,
 int sched_reduce(struct sched *s, void *dst, const void *const *src, int nsrc,
                  size_t n, float div);
 int sched_copy(struct sched *s, void *dst, const void *src, size_t len);
+/* A copy by mesh_copy_stream: into memory no one reads soon (dst and src
+ * apart). */
+int sched_copy_stream(struct sched *s, void *dst, const void *src, size_t len);
 /* A host sync (mesh_transport_ops.host_sync) of tag (plus tag_base). */
 int sched_sync(struct sched *s, uint32_t tag);
 /*
@@ -169,6 +180,14 @@ struct coll_hosts {
      */
     void **win; /* (local) */
     size_t win_len;
+    /*
+     * Their shares of the host's memory (mesh_transport_ops.host_heap),
+     * by local index, where the transport has them for every rank of the
+     * host, all of heap_len bytes (else heap is NULL): an input in them
+     * the others read in place (local.c). Meaningful with win only.
+     */
+    void **heap; /* (local) */
+    size_t heap_len;
     const struct mesh_transport_ops *ops;
     mesh_transport_t *t;
 };

@@ -50,6 +50,7 @@ struct bufent {
     size_t len;
     mesh_mr_t *mr; /* registered by the engine at first use */
     int owned;     /* from mesh_coll_buf_alloc (else the caller's memory) */
+    int shared;    /* owned, from the transport's host_alloc */
 };
 
 struct mesh_coll {
@@ -115,6 +116,7 @@ void mesh_coll_opts_init(struct mesh_coll_opts *o)
     o->measure = 1;
     o->measure_bytes = 4u << 20;
     o->seq_base = MESH_COLL_SEQ_BASE;
+    o->host_shared = 1;
 }
 
 /* ---- pinned host memory -------------------------------------------------- */
@@ -860,16 +862,33 @@ static int table_add(mesh_coll_t *c, const struct bufent *e)
     return 0;
 }
 
+/* The memory of a buffer table entry back to where it came from. */
+static void bufent_free(const mesh_coll_t *c, const struct bufent *e)
+{
+    if (e->shared)
+        c->ops->host_free(c->t, e->ptr);
+    else
+        pinned_free(c, e->ptr, e->len);
+}
+
 int mesh_coll_buf_alloc(mesh_coll_t *c, size_t len, void **out)
 {
     struct bufent e = {.len = len, .owned = 1};
-    int rc = pinned_alloc(c, len, &e.ptr);
+    int rc = -ENOMEM;
 
+    /* the host's shared memory first, where the others read it in place;
+     * else (full, absent, not asked for) our own */
+    if (c->opts.host_shared && c->hosts.heap && c->ops->host_alloc)
+        rc = c->ops->host_alloc(c->t, len, &e.ptr);
+    if (rc == 0)
+        e.shared = 1;
+    else
+        rc = pinned_alloc(c, len, &e.ptr);
     if (rc < 0)
         return rc;
     rc = table_add(c, &e);
     if (rc < 0) {
-        pinned_free(c, e.ptr, len);
+        bufent_free(c, &e);
         return rc;
     }
     *out = e.ptr;
@@ -923,7 +942,7 @@ void mesh_coll_buf_free(mesh_coll_t *c, void *buf)
         mesh_warn("mesh_coll_buf_free: %p is not a communicator buffer", buf);
         return;
     }
-    pinned_free(c, e.ptr, e.len);
+    bufent_free(c, &e);
 }
 
 void mesh_coll_buf_unregister(mesh_coll_t *c, void *buf)
@@ -942,6 +961,7 @@ static void hosts_free(struct coll_hosts *h)
     free(h->local_of);
     free(h->rank_at);
     free(h->win);
+    free(h->heap);
     memset(h, 0, sizeof(*h));
 }
 
@@ -974,6 +994,24 @@ static int hosts_windows(mesh_coll_t *c)
             return 0;
         }
         h->win_len = len;
+    }
+    if (!c->ops->host_heap || !c->ops->host_sync_word)
+        return 0;
+    h->heap = calloc((size_t)h->local, sizeof(*h->heap));
+    if (!h->heap)
+        return mesh_err(-ENOMEM, "out of memory for the hosts");
+    for (int j = 0; j < h->local; j++) {
+        size_t len = 0;
+
+        if (c->ops->host_heap(c->t, h->rank_at[hi * h->local + j], &h->heap[j],
+                              &len) < 0 ||
+            !len || (j && len != h->heap_len)) {
+            free(h->heap);
+            h->heap = NULL;
+            h->heap_len = 0;
+            return 0;
+        }
+        h->heap_len = len;
     }
     return 0;
 }
@@ -1569,7 +1607,7 @@ void mesh_coll_destroy(mesh_coll_t *c)
         if (c->bufs[i].mr)
             c->ops->dereg_mr(c->t, c->bufs[i].mr);
         if (c->bufs[i].owned)
-            pinned_free(c, c->bufs[i].ptr, c->bufs[i].len);
+            bufent_free(c, &c->bufs[i]);
     }
     free(c->bufs);
     if (c->scratch_mr)

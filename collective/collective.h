@@ -27,8 +27,9 @@
  * an average divides by the rank count in float32 before the last rounding.
  *
  * Buffers: any host memory works; memory from mesh_coll_buf_alloc() is
- * pinned (page-aligned and mlock'ed, or from the allocator in the options)
- * and registered with the transport once. A buffer must stay untouched
+ * pinned (page-aligned and mlock'ed, or from the allocator in the options,
+ * or in the host's shared memory: opts host_shared) and registered with
+ * the transport once. A buffer must stay untouched
  * between *_start() and the end of mesh_coll_wait().
  *
  * All functions return 0 or a negative errno-style code with a message
@@ -150,6 +151,17 @@ struct mesh_coll_opts {
      * the communicator.
      */
     const struct mesh_host_allocator *host_alloc;
+    /*
+     * mesh_coll_buf_alloc takes its memory from the transport's shared
+     * memory of the host first (mesh_transport_ops.host_alloc: shm's
+     * share of the segment), where the ranks of the host read each
+     * other's inputs in place (the local all-reduce then skips copying
+     * its input into its window); from host_alloc when that is full or
+     * absent. Default 1; 0: always host_alloc (device copies want nn's
+     * pinned memory, say). Needs no agreement between ranks: a collective
+     * whose buffers are not all there copies.
+     */
+    int host_shared;
 };
 
 #define MESH_COLL_SEQ_BASE MESH_SEQ_COLL_BASE

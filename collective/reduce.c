@@ -317,6 +317,41 @@ void mesh_reduce_sum_isa(int isa, int dtype, void *dst, const void *const *src,
     }
 }
 
+void mesh_copy_stream(void *dst, const void *src, size_t len)
+{
+#ifdef MESH_X86
+    char *d = dst;
+    const char *s = src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+
+    if (len < 256) {
+        memcpy(dst, src, len);
+        return;
+    }
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    len -= head;
+    for (; len >= 64; d += 64, s += 64, len -= 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)s);
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+
+        _mm_stream_si128((__m128i *)d, a);
+        _mm_stream_si128((__m128i *)(d + 16), b);
+        _mm_stream_si128((__m128i *)(d + 32), c);
+        _mm_stream_si128((__m128i *)(d + 48), e);
+    }
+    memcpy(d, s, len);
+    /* streaming stores are weakly ordered: all of them before whatever
+     * publishes the bytes (a host sync's release store) */
+    _mm_sfence();
+#else
+    memcpy(dst, src, len);
+#endif
+}
+
 void mesh_reduce_sum(int dtype, void *dst, const void *const *src, int nsrc,
                      size_t n, float div)
 {

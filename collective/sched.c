@@ -131,6 +131,15 @@ int sched_copy(struct sched *s, void *dst, const void *src, size_t len)
     return i;
 }
 
+int sched_copy_stream(struct sched *s, void *dst, const void *src, size_t len)
+{
+    int i = sched_copy(s, dst, src, len);
+
+    if (i >= 0)
+        s->ops[i].stream = 1;
+    return i;
+}
+
 int sched_sync(struct sched *s, uint32_t tag)
 {
     int i = add_op(s, SCHED_SYNC);
@@ -209,7 +218,7 @@ static int start(struct run *r, int i, const struct mesh_transport_ops *ops,
          * offset outside the expected range would wait forever. The
          * chunk's position is in the tag.
          */
-        .offset = 0,
+        .offset = o->kind == SCHED_SYNC ? o->offset : 0,
         .length = o->len,
         .order = o->order,
     };
@@ -243,7 +252,9 @@ static int start(struct run *r, int i, const struct mesh_transport_ops *ops,
         complete(r, i);
         return 0;
     default:
-        if (o->len && o->buf != o->src[0])
+        if (o->len && o->stream)
+            mesh_copy_stream(o->buf, o->src[0], o->len);
+        else if (o->len && o->buf != o->src[0])
             memmove(o->buf, o->src[0], o->len);
         complete(r, i);
         return 0;

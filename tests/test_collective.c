@@ -368,6 +368,56 @@ static void t_broadcast(struct rank_ctx *x, int algo, int dtype,
  * Each seed draws other values and another count (uneven, and below the
  * rank count for some).
  */
+/*
+ * Buffers in the host's shared memory (mesh_coll_buf_alloc) on some ranks
+ * only, the others' from malloc: the input (which 0) or the output (1).
+ * local reads the inputs in place where every rank's is there, writes the
+ * outputs in place where those are too, and copies otherwise: the same
+ * sums either way, in and out of place.
+ */
+static void t_mixed_bufs(struct rank_ctx *x, int algo, int which)
+{
+    struct group g;
+    size_t cnt = 300007, es = sizeof(float);
+    int own = x->rank % 3 == 1; /* malloc'ed here */
+    void *b[2] = {NULL, NULL}, *want = malloc(cnt * es);
+
+    group_begin(&g, 1,
+                "N=%d allreduce %s, %s in shared memory on some ranks only",
+                x->n, mesh_algo_name(algo), which ? "outputs" : "inputs");
+    for (int k = 0; k < 2; k++)
+        if (own && k == which)
+            b[k] = malloc(cnt * es);
+        else if (mesh_coll_buf_alloc(x->c, cnt * es, &b[k]) < 0)
+            b[k] = NULL;
+    if (!b[0] || !b[1] || !want) {
+        group_fail(&g, "allocation: %s", mesh_err_msg(-ENOMEM));
+    } else {
+        for (size_t i = 0; i < cnt; i++)
+            expect_red(MESH_DT_F32, want, i, x->n, MESH_REDOP_SUM, i, 7);
+        for (int inplace = 0; inplace < 2; inplace++) {
+            void *dst = inplace ? b[0] : b[1];
+
+            fill(MESH_DT_F32, b[0], cnt, x->rank, 7, 0);
+            if (coll_ok(&g,
+                        mesh_coll_allreduce(x->c, b[0], dst, cnt, MESH_DT_F32,
+                                            MESH_REDOP_SUM, algo),
+                        cnt)) {
+                check(&g, dst, want, cnt, MESH_DT_F32,
+                      inplace ? "in place" : "out of place", cnt);
+                g.hash = fnv(g.hash, dst, cnt * es);
+            }
+        }
+    }
+    for (int k = 0; k < 2; k++)
+        if (own && k == which)
+            free(b[k]);
+        else
+            mesh_coll_buf_free(x->c, b[k]);
+    free(want);
+    group_end(x, &g);
+}
+
 static void t_random(struct rank_ctx *x, int algo, unsigned seed)
 {
     static const size_t counts[] = {10007, 3, 1, 4099, 65, 7};
@@ -570,6 +620,10 @@ static void battery(struct rank_ctx *x)
     t_allreduce(x, MESH_ALGO_HRD, MESH_DT_F32, MESH_REDOP_AVG, big, 1);
     t_allreduce(x, MESH_ALGO_LOCAL, MESH_DT_F32, MESH_REDOP_AVG, big, 1);
     t_allreduce(x, MESH_ALGO_LOCAL, MESH_DT_BF16, MESH_REDOP_SUM, big, 1);
+    for (int which = 0; which < 2; which++) {
+        t_mixed_bufs(x, MESH_ALGO_LOCAL, which);
+        t_mixed_bufs(x, MESH_ALGO_AUTO, which);
+    }
     for (size_t d = 0; d < MESH_ARRAY_SIZE(dtypes); d++) {
         for (int redop = 0; redop < 2; redop++)
             t_reduce_scatter(x, dtypes[d], redop, small,
