@@ -2251,8 +2251,13 @@ static int open_comm(struct trainer *t)
      */
     co.measure = 0;
     co.measure_bytes = 0;
-    /* Bucket buffers that device copies use: nn's pinned memory. */
+    /*
+     * Bucket buffers that device copies use: nn's pinned memory. On the
+     * CPU, the host's shared memory first (shm), where the local
+     * all-reduce reads the other ranks' buckets in place.
+     */
     co.host_alloc = &mesh_nn_host_allocator;
+    co.host_shared = strcmp(t->c->device, "cpu") == 0;
     return mesh_coll_create(mesh_ops(t->mesh), mesh_transport(t->mesh),
                             mesh_world(t->mesh), &co, &t->coll);
 }
