@@ -841,7 +841,11 @@ int mesh_elastic_commit(struct mesh_elastic *e, uint64_t step)
     int rc = 0;
 
     pthread_mutex_lock(&e->mu);
-    if (e->state != ST_NORMAL)
+    /* an agreement under way, or one that this peer's thread ended
+     * (adopted) while the trainer was away from its transport: a test
+     * aid's wait at a boundary, or a view's mesh still opening. The
+     * trainer must join that view (mesh_elastic_agree returns it) */
+    if (e->state != ST_NORMAL || e->decided)
         rc = -ECANCELED;
     else
         e->committed = step;

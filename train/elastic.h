@@ -96,8 +96,9 @@ void mesh_elastic_formed(struct mesh_elastic *e);
 
 /*
  * At a step boundary, before taking the snapshot of `step`: 0, or
- * -ECANCELED when an agreement has begun (then keep the snapshots and
- * call mesh_elastic_agree).
+ * -ECANCELED when an agreement has begun, or has even ended with a view
+ * that mesh_elastic_agree has not returned yet (then keep the snapshots
+ * and call mesh_elastic_agree).
  */
 int mesh_elastic_commit(struct mesh_elastic *e, uint64_t step);
 
