@@ -94,9 +94,10 @@ struct mesh_elastic {
     double heard_at[MESH_ELASTIC_MAX_SLOTS]; /* its last PROPOSE */
     uint64_t heard; /* whose report of this round we hold */
     /* members of this epoch our own mesh blamed for its failure (its
-     * culprit, taken when the trainer drops the mesh): no one waits for
-     * their PROPOSE */
+     * culprit, taken when the trainer drops the mesh, if the failure was
+     * a death: fail_rc): no one waits for their PROPOSE */
     uint64_t blamed;
+    int fail_rc;   /* the failed mesh's error (mesh_elastic_set_failure) */
     uint64_t adds; /* joiners this agreement admits (grows) */
     uint64_t radds[MESH_ELASTIC_MAX_SLOTS]; /* each one's adds */
     uint64_t joins;     /* join requests heard while NORMAL */
@@ -301,6 +302,7 @@ static void adopt(struct mesh_elastic *e, const struct decision *d)
     e->joins &= ~d->members;
     e->adds = 0;
     e->blamed = 0;
+    e->fail_rc = 0;
     e->decided = 1;
     e->decided_at = mesh_now_s();
     pthread_cond_broadcast(&e->cv);
@@ -791,14 +793,21 @@ void mesh_elastic_stop(struct mesh_elastic *e)
 
 /*
  * Under mu: the slot of the member the failed mesh blames, into blamed
- * (while the view it served is still ours: not after a decision).
+ * (while the view it served is still ours: not after a decision), if the
+ * mesh failed of a death: a connection lost without a goodbye
+ * (-ECONNRESET) or silence (-EHOSTDOWN). Other failures name a live
+ * peer: one that left the mesh for this view change (-ESHUTDOWN; a loaded
+ * machine may delay its PROPOSE past the others' decision, which must
+ * not then leave it out), aborted the job (-ECANCELED) or sent garbage;
+ * the settle time waits for them as for anyone not heard yet.
  */
 static void take_culprit(struct mesh_elastic *e)
 {
     int c, r = 0;
 
     if (!e->t || !e->ops->culprit || e->decided ||
-        (e->state != ST_NORMAL && e->state != ST_AGREEING))
+        (e->state != ST_NORMAL && e->state != ST_AGREEING) ||
+        (e->fail_rc != -ECONNRESET && e->fail_rc != -EHOSTDOWN))
         return;
     c = e->ops->culprit(e->t);
     if (c < 0)
@@ -813,6 +822,13 @@ static void take_culprit(struct mesh_elastic *e)
             return;
         }
     }
+}
+
+void mesh_elastic_set_failure(struct mesh_elastic *e, int rc)
+{
+    pthread_mutex_lock(&e->mu);
+    e->fail_rc = rc;
+    pthread_mutex_unlock(&e->mu);
 }
 
 void mesh_elastic_set_transport(struct mesh_elastic *e,

@@ -78,6 +78,13 @@ int mesh_elastic_start(const struct mesh_elastic_opts *o,
 void mesh_elastic_stop(struct mesh_elastic *e);
 
 /*
+ * The failed view's error (what the step returned), told before the
+ * trainer drops its mesh: only a death (-ECONNRESET, -EHOSTDOWN) makes the
+ * transport's culprit a member the agreement does not wait for.
+ */
+void mesh_elastic_set_failure(struct mesh_elastic *e, int rc);
+
+/*
  * The transport of the current view (NULL while there is none): an
  * agreement that another member starts aborts it, so that every pending
  * and future operation fails at once.

@@ -1908,6 +1908,7 @@ static int elastic_recover(struct trainer *t, int rc_fail, uint64_t *step)
     int rc, tries;
 
     snprintf(why, sizeof(why), "%s", mesh_err_msg(rc_fail));
+    mesh_elastic_set_failure(t->el, rc_fail);
     timeout = MESH_MAX(5.0, 2 * to->peer_timeout_s);
     /* a joiner waits for the next step boundary of the job: a step, an
      * evaluation or a checkpoint may pass first */

@@ -105,7 +105,9 @@ void tp_fail_left(struct tp_base *b, int peer)
 {
     char nb[300];
 
-    tp_fail_job(b, peer, -ECONNRESET, 1,
+    /* -ESHUTDOWN, not -ECONNRESET: it said goodbye, it did not die (an
+     * --elastic member leaves its mesh for a view change so) */
+    tp_fail_job(b, peer, -ESHUTDOWN, 1,
                 "rank %d (%s) left the mesh with operations pending", peer,
                 tp_pname(b, peer, nb, sizeof(nb)));
 }

@@ -119,7 +119,8 @@ int tp_fail_err(struct tp_base *b);
 /* A copy of t's failure record (out->failed = 0: none yet), for any
  * transport built on the base (without the lock held). */
 void tp_failure_of(mesh_transport_t *t, struct tp_failure *out);
-/* Peer left (said goodbye) with operations pending: its failure. */
+/* Peer left (said goodbye) with operations pending: its failure, with
+ * the code -ESHUTDOWN (a peer that left, alive, not one that died). */
 void tp_fail_left(struct tp_base *b, int peer);
 
 void tp_req_link(struct tp_base *b, struct tp_req *r);

@@ -389,7 +389,7 @@ static void ctrl_got(struct conn *c)
             culprit = -1;
         /* Every survivor reports the same kind of failure. */
         if (code != -ECONNRESET && code != -EHOSTDOWN && code != -EPROTO &&
-            code != -ECANCELED)
+            code != -ECANCELED && code != -ESHUTDOWN)
             code = -ECONNABORTED;
         /* Passed on to every peer before this rank can leave: a peer that
          * heard nothing yet would otherwise read our goodbye first and

@@ -391,7 +391,7 @@ static void handle_wc(struct mesh_transport *t, const struct ibv_wc *wc)
         return;
     if (wc->status != IBV_WC_SUCCESS) {
         if (t->vp[peer].bye)
-            tp_fail_job(&t->super, peer, -ECONNRESET, 1,
+            tp_fail_job(&t->super, peer, -ESHUTDOWN, 1,
                         "rank %d (%s) left the mesh with operations pending "
                         "(%s: %s)",
                         peer, verbs_pname(t, peer, nb, sizeof(nb)),
