@@ -702,25 +702,74 @@ eval:
     return rc;
 }
 
+/* The compute's context (t->ctx), once. */
+static int open_ctx(struct trainer *t)
+{
+    const struct train_cfg *c = t->c;
+    struct mesh_nn_dev_opts dev;
+
+    if (t->ctx)
+        return 0;
+    mesh_nn_dev_opts_init(&dev);
+    dev.threads = c->threads > 0 ? c->threads : t->ncpus;
+    dev.gpu = c->gpu;
+    dev.precision = c->precision;
+    return mesh_nn_ctx_open_opts(c->device, &dev, &t->ctx);
+}
+
+/*
+ * --elastic on the cpu backend: the first step builds the compute's
+ * kernels (oneDNN's primitives, their JIT code), 0.2-1 s on a loaded
+ * machine against a step of milliseconds. A peer that joins a running job
+ * would build them in its first step after its admission, while every
+ * member waits for it in that step's all-reduce. So every --elastic start
+ * builds them first, before it asks whether a job runs: one training
+ * forward, loss and backward of zeros on a model of its own, thrown away.
+ * The primitives stay in oneDNN's cache, where the real model's first
+ * step finds them; nothing of the real model, its state or the data is
+ * touched. A peer of a job that starts together only moves that time
+ * from its first step to before it; a failure only loses the head start.
+ */
+static void warm_up(struct trainer *t)
+{
+    struct mesh_nn_model_cfg mc = t->mcfg;
+    struct mesh_nn_model *m = NULL;
+    int n = t->c->batch, rc;
+    size_t px =
+        (size_t)mc.in_channels * (size_t)mc.image_size * (size_t)mc.image_size;
+    float *x = calloc((size_t)n * px, sizeof(float)), loss;
+    int32_t *y = calloc((size_t)n, sizeof(int32_t));
+    double t0 = mesh_now_s();
+
+    mc.no_init = 1;
+    rc = x && y ? open_ctx(t) : -ENOMEM;
+    if (rc == 0)
+        rc = mesh_nn_model_create(t->ctx, &mc, &m);
+    if (rc == 0)
+        rc = mesh_nn_model_forward(m, n, x, 1);
+    if (rc == 0)
+        rc = mesh_nn_model_loss(m, y, 0.0f, &loss);
+    if (rc == 0)
+        rc = mesh_nn_model_backward(m, 0, NULL, NULL);
+    if (rc < 0)
+        mesh_info("--elastic: no warm-up of the compute: %s", mesh_err_msg(rc));
+    else
+        mesh_info("--elastic: the compute's kernels built in %.3f s",
+                  mesh_now_s() - t0);
+    mesh_nn_model_destroy(m);
+    free(x);
+    free(y);
+}
+
 static int open_model(struct trainer *t, const struct mesh_opts *mo)
 {
     const struct train_cfg *c = t->c;
-    int threads = c->threads, rc;
+    int rc;
 
     if (t->sim)
         return 0;
 
-    if (threads <= 0)
-        threads = t->ncpus;
-    {
-        struct mesh_nn_dev_opts dev;
-
-        mesh_nn_dev_opts_init(&dev);
-        dev.threads = threads;
-        dev.gpu = c->gpu;
-        dev.precision = c->precision;
-        rc = mesh_nn_ctx_open_opts(c->device, &dev, &t->ctx);
-    }
+    rc = open_ctx(t);
     if (rc == 0) {
         struct mesh_nn_model_cfg mc = t->mcfg;
 
@@ -2404,6 +2453,9 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
     if (rc == 0)
         rc = open_input(t, mo);
     t->join_mark[TRAIN_JM_INPUT] = mesh_now_s();
+    if (rc == 0 && t->c->elastic && !t->sim && !t->c->simulate &&
+        strcmp(t->c->device, "cpu") == 0 && !t->c->eval_only)
+        warm_up(t);
     if (rc == 0)
         rc = elastic_open(t, mo);
     if (rc < 0)
