@@ -21,11 +21,88 @@
 #include "train/elastic.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #define N 3
+
+struct prober {
+    struct mesh_elastic *e;
+    int rc;
+};
+
+static void *probe_main(void *arg)
+{
+    struct prober *p = arg;
+
+    p->rc = mesh_elastic_probe(p->e, 1.0);
+    return NULL;
+}
+
+/*
+ * Two joiners at once, of different job ids (tests/train_elastic_join.sh
+ * starts one with another secret and one with another job): neither is
+ * the job's peer, so neither refuses the other; only a member's refusal
+ * names what is wrong. Both probe alone here: nobody runs, nobody
+ * refuses (0). Before, each refused the other's JOIN: "another job".
+ */
+static void test_joiners_refuse_nobody(void)
+{
+    static const uint8_t secret[] = "test_elastic secret";
+    static const char *jobs[2] = {"job_a", "job_b"};
+    struct mesh_peer peers[2];
+    struct mesh_world w[2];
+    struct mesh_elastic *e[2];
+    struct prober p[2];
+    pthread_t th[2];
+    uint16_t port = test_ports_pick(2);
+    int i, rc;
+
+    if (!port) {
+        skip("no free block of 2 ports");
+        return;
+    }
+    memset(peers, 0, sizeof(peers));
+    for (i = 0; i < 2; i++) {
+        snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
+        peers[i].port = (uint16_t)(port + i);
+    }
+    for (i = 0; i < 2; i++) {
+        struct mesh_elastic_opts o;
+
+        w[i].rank = i;
+        w[i].size = 2;
+        w[i].peers = peers;
+        memset(&o, 0, sizeof(o));
+        o.world = &w[i];
+        o.secret = secret;
+        o.secret_len = sizeof(secret) - 1;
+        o.job_id = jobs[i];
+        o.settle_s = 0.15;
+        o.fd = -1;
+        rc = mesh_elastic_start(&o, &e[i]);
+        if (rc < 0) {
+            ok(0, "slot %d starts its view thread: %s", i, mesh_err_msg(rc));
+            while (i-- > 0)
+                mesh_elastic_stop(e[i]);
+            return;
+        }
+    }
+    for (i = 0; i < 2; i++) {
+        p[i].e = e[i];
+        pthread_create(&th[i], NULL, probe_main, &p[i]);
+    }
+    for (i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    ok(p[0].rc == 0 && p[1].rc == 0,
+       "two joiners of other jobs at once refuse nobody (%d, %d; -13: "
+       "refused)",
+       p[0].rc, p[1].rc);
+    for (i = 0; i < 2; i++)
+        mesh_elastic_stop(e[i]);
+}
 
 int main(void)
 {
@@ -41,7 +118,7 @@ int main(void)
         skip_all("no free block of %d ports", N);
         return 0;
     }
-    plan(9);
+    plan(10);
     memset(peers, 0, sizeof(peers));
     for (i = 0; i < N; i++) {
         snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
@@ -114,5 +191,6 @@ int main(void)
 
     for (i = 0; i < N; i++)
         mesh_elastic_stop(el[i]);
+    test_joiners_refuse_nobody();
     return done();
 }

@@ -493,11 +493,18 @@ static void refuse(struct mesh_elastic *e, const uint8_t *req, int reason,
     double now = mesh_now_s();
     int slot = mesh_get_le16(req + 6); /* as it says: unsigned */
 
-    if (slot < e->nslots) {
-        pthread_mutex_lock(&e->mu);
-        e->refused_slots |= UINT64_C(1) << slot;
+    pthread_mutex_lock(&e->mu);
+    /* a peer that has not asked yet whether a job runs, or still asks to
+     * join, speaks for no job: its refusal would reach a joiner of the
+     * job before the members' own (two bad joiners at once: the one with
+     * another secret heard "another job" from the other) */
+    if (!e->probed || e->state == ST_JOINING) {
         pthread_mutex_unlock(&e->mu);
+        return;
     }
+    if (slot < e->nslots)
+        e->refused_slots |= UINT64_C(1) << slot;
+    pthread_mutex_unlock(&e->mu);
     if (now - e->refused_at < TICK_MS / 1000.0)
         return;
     e->refused_at = now;
