@@ -1210,16 +1210,18 @@ static int cu_apply(struct train_catchup *cu)
         if (cu->applied >= lim || cu->gstep[r] != cu->applied ||
             cu->gparts[r] != cu->k)
             break;
+        /* not proved committed yet: once the state before it is hashed
+         * (a view restarting from it needs the hashes), that state is
+         * kept, and the step applied */
+        if (cu->target == UINT64_MAX && cu->applied == cu->maxseen &&
+            !(cu->hdone && cu->hstep == cu->applied))
+            break;
         if (cu->target == UINT64_MAX && cu->applied == cu->maxseen) {
-            /* not proved committed yet: the state before it is kept,
-             * hashed first (a view restarting from it needs both) */
-            (void)cu_hash_state(cu, SIZE_MAX);
             memcpy(cu->blob + CU_BLOB, w, half);
             memcpy(cu->blob + CU_BLOB + half, mom, half);
             cu->bstep = cu->applied;
-            cu->bdone = cu->hdone && cu->hstep == cu->applied;
-            if (cu->bdone)
-                memcpy(cu->bh, cu->h, 64);
+            cu->bdone = 1;
+            memcpy(cu->bh, cu->h, 64);
         }
         memcpy(mesh_nn_model_grads(t->model), cu->g[r], cu->np * 4);
         mesh_nn_sgd_set_steps(t->sgd, (int64_t)cu->applied);
