@@ -7,14 +7,16 @@
 #                            (cached in $VERBS_CACHE); 0 ok, else prints why
 #   verbs_boot SCRIPT LOG    boot, run "sh SCRIPT" chrooted into the host's
 #                            root, write the console to LOG; returns when
-#                            the guest powers off (timeout $VERBS_TIMEOUT s)
+#                            the guest powers off (timeout $VERBS_TIMEOUT s,
+#                            default 1500: the one-guest lane ran 900+ s
+#                            in CI on 2 cores)
 #
 # The cache lives outside the source tree (default /var/tmp/meshtrain-verbs-
 # UID). Only Debian's registry is used: `apt-get download` of the kernel
 # package (never installed as the host's kernel).
 
 VERBS_CACHE=${VERBS_CACHE:-/var/tmp/meshtrain-verbs-$(id -u)}
-VERBS_TIMEOUT=${VERBS_TIMEOUT:-900}
+VERBS_TIMEOUT=${VERBS_TIMEOUT:-1500}
 VERBS_MEM=${VERBS_MEM:-2048}
 VERBS_CPUS=${VERBS_CPUS:-2}
 
