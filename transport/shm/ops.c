@@ -459,16 +459,26 @@ static int shm_host_of(mesh_transport_t *t, int rank)
     return t->host[rank];
 }
 
-static int shm_host_window(mesh_transport_t *t, int rank, void **base,
-                           size_t *len, uint64_t *syncs)
+/* shm_local_of: RANK's index among this host's ranks in the segment, or
+ * -ENOTSUP when there is no segment here or RANK is not on this host. */
+static int shm_local_of(mesh_transport_t *t, int rank)
 {
     int li;
 
     if (!t || !t->seg || t->me < 0 || rank < 0 || rank >= t->super.world.size)
         return -ENOTSUP;
     li = rank == t->super.world.rank ? t->me : t->pp[rank].local;
+    return li < 0 ? -ENOTSUP : li;
+}
+
+static int shm_host_window(mesh_transport_t *t, int rank, void **base,
+                           size_t *len, uint64_t *syncs)
+{
+    int li;
+
+    li = shm_local_of(t, rank);
     if (li < 0)
-        return -ENOTSUP;
+        return li;
     *base = shm_win_at(t, li);
     *len = SHM_WIN_BYTES;
     pthread_mutex_lock(&t->super.lock);
@@ -519,11 +529,9 @@ static int shm_host_sync_word(mesh_transport_t *t, int rank, uint64_t k,
     uint64_t got;
     int li;
 
-    if (!t || !t->seg || t->me < 0 || rank < 0 || rank >= t->super.world.size)
-        return -ENOTSUP;
-    li = rank == t->super.world.rank ? t->me : t->pp[rank].local;
+    li = shm_local_of(t, rank);
     if (li < 0)
-        return -ENOTSUP;
+        return li;
     pr = shm_proc_at(t, li);
     got = atomic_load_explicit(&pr->syncs, memory_order_acquire);
     /* sync k's frame stays in sync[k % 2] until the rank posts k + 2 */
@@ -643,11 +651,9 @@ static int shm_host_heap(mesh_transport_t *t, int rank, void **base,
 {
     int li;
 
-    if (!t || !t->seg || t->me < 0 || rank < 0 || rank >= t->super.world.size)
-        return -ENOTSUP;
-    li = rank == t->super.world.rank ? t->me : t->pp[rank].local;
+    li = shm_local_of(t, rank);
     if (li < 0)
-        return -ENOTSUP;
+        return li;
     *base = shm_heap_at(t, li);
     *len = t->heap_bytes;
     return 0;
