@@ -13,14 +13,18 @@
 # fetched while the joiner builds its model. Faults during the catch-up:
 # a member killed (the joiner starts again in the members' next view), the joiner
 # killed (the job goes on, never having waited for it), and a second
-# joiner arriving while the first catches up. The members pause 30 ms at
+# joiner arriving while the first catches up. On --device devsim (the GPU
+# test double: device memory, copies that land late and out of order),
+# the members serve the host copy of their boundary's snapshot and
+# download the reduced gradients; the joiner loads the snapshot into the
+# device and replays with the device's optimizer. The members pause 30 ms at
 # each step (MESHTRAIN_TEST_STEP_MS) so that a joiner's start and its
 # catch-up fall inside the run on a loaded machine.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
 COUNT="python3 $top_srcdir/tests/train_elastic_count.py"
-t_plan 17
+t_plan 20
 N=800
 ITERS=${CATCHUP_ITERS:-160}
 TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
@@ -191,7 +195,28 @@ t_ok $? "both caught up (slot 3: $_m3; slot 4: $CU_MSG)"
 $COUNT "$TMP/two.metrics" "$ITERS" $N 20 "$TMP"/two.samples.*
 t_ok $? "two joiners: every step once, every sample of each epoch once"
 
-# 6. members without the side port (MESHTRAIN_NO_CATCHUP): the joiner
+# 6. on --device devsim, its copies 300 us late and finishing newest
+# first, with --compress fp16 (narrowed and widened on the device): the
+# joiner catches up in the background, loads the snapshot into the
+# device and replays there; the digests (the view change's, every 10
+# steps and at the end) prove its weights and momentum the members'.
+MESHTRAIN_DEVSIM_COPY_US=300
+MESHTRAIN_DEVSIM_COPY_ORDER=lifo
+export MESHTRAIN_DEVSIM_COPY_US MESHTRAIN_DEVSIM_COPY_ORDER
+start dev 3 2 --device devsim --compress fp16 --seed 5
+at_step dev 20
+join dev 3 2 --device devsim --compress fp16 --seed 5
+unset MESHTRAIN_DEVSIM_COPY_US MESHTRAIN_DEVSIM_COPY_ORDER
+wait_all 120
+codes_are "0 0 0" dev && caught_up dev 2
+t_ok $? "devsim: slot 2 caught up while 2 of 3 slots trained ($CU_MSG)"
+grep -q "catch-up: slot 2 is sent the snapshot of step" "$TMP/dev.p0.log" &&
+    grep -q "catch-up: slot 2 is sent the snapshot of step" "$TMP/dev.p1.log"
+t_ok $? "devsim: both members served a stripe of their host copy"
+$COUNT "$TMP/dev.metrics" "$ITERS" $N 12 "$TMP"/dev.samples.*
+t_ok $? "devsim: every step once, every sample of each epoch once"
+
+# 7. members without the side port (MESHTRAIN_NO_CATCHUP): the joiner
 # waits at most 3 s for the ports, then asks to be admitted and receives
 # the whole state in the view change, as before.
 MESHTRAIN_NO_CATCHUP=1

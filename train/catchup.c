@@ -41,6 +41,12 @@
  *     chunks it could not rebuild (the header and the BN statistics): the
  *     SHA-256 of the whole state, agreed by the senders, proves the rest.
  *
+ * On a device backend (--device cuda, devsim) a member serves the host copy
+ * of its boundary's snapshot (train.c, snap_take) and downloads the reduced
+ * gradients; the joiner loads the snapshot into the device and replays
+ * there, with the members' optimizer kernel (doc/elastic.md, "On a device
+ * backend").
+ *
  * Anything that goes wrong (a view change among the members, a member or
  * the joiner dying, a record out of place) ends the catch-up; the joiner
  * then asks to be admitted as before and receives the whole state in the
@@ -180,8 +186,14 @@ struct train_serve {
     int live_valid, live_ok;
     uint64_t live;
     size_t nparams;
-    const float *params, *mom; /* the live weights and momentum */
-    struct trainer *t;         /* for the test aid train_fault only */
+    /* the live weights and momentum: the model's with host slabs; on a
+     * device backend (dev) the host copy of the boundary's snapshot
+     * (train.c, snap_take: downloaded at every boundary, after the
+     * previous update), which the update leaves alone: live moves at the
+     * boundaries only, and the reduced gradients are downloaded */
+    const float *params, *mom;
+    int dev;
+    struct trainer *t; /* the device's context; the test aid train_fault */
     uint8_t key[256];
     size_t keylen;
 };
@@ -468,7 +480,10 @@ static void serve_accept(struct train_serve *sv)
     }
     mesh_put_le64(it->hdr + 8, sv->epoch);
     mesh_put_le64(it->hdr + 16, sv->members);
-    mesh_put_le64(it->hdr + 24, sv->live_valid ? sv->live : 0);
+    /* on a device backend, once the live step's update has begun, the
+     * next boundary's snapshot is the first it can serve */
+    mesh_put_le64(it->hdr + 24,
+                  !sv->live_valid ? 0 : sv->live + (sv->dev && !sv->live_ok));
     memcpy(it->hdr + 32, ss->nonce, 16);
     mesh_put_le64(it->hdr + 48, sv->nparams);
     push(ss, it);
@@ -668,7 +683,7 @@ int train_serve_start(struct trainer *t)
     socklen_t len;
     int rc, one = 1;
 
-    if (!t->el || t->sim || !t->host_slabs || t->mo->world.size < 2 ||
+    if (!t->el || t->sim || t->mo->world.size < 2 ||
         getenv("MESHTRAIN_NO_CATCHUP"))
         return 0;
     sv = calloc(1, sizeof(*sv));
@@ -680,8 +695,11 @@ int train_serve_start(struct trainer *t)
     sv->me = t->mo->world.rank;
     sv->nslots = t->mo->world.size;
     sv->nparams = t->nparams;
-    sv->params = mesh_nn_model_params(t->model);
-    sv->mom = mesh_nn_sgd_momentum(t->sgd);
+    sv->dev = !t->host_slabs;
+    if (!sv->dev) {
+        sv->params = mesh_nn_model_params(t->model);
+        sv->mom = mesh_nn_sgd_momentum(t->sgd);
+    }
     sv->t = t;
     if (t->mo->topts.secret) {
         if (t->mo->topts.secret_len > sizeof(sv->key)) {
@@ -810,11 +828,23 @@ static int serve_live(struct train_serve *sv, uint64_t step)
 void train_serve_boundary(struct trainer *t, uint64_t step)
 {
     struct train_serve *sv = t->serve;
+    const struct train_snap *sn = &t->snap[step & 1];
     int need;
 
     if (!sv)
         return;
     pthread_mutex_lock(&sv->mu);
+    if (sv->dev && (!sn->valid || sn->step != step || !sn->params)) {
+        sv->live_valid = 0; /* no host copy of this step's state */
+        pthread_mutex_unlock(&sv->mu);
+        return;
+    }
+    if (sv->dev) {
+        /* read by serve_snap until the next boundary (serve_live), while
+         * snap_take writes the other slot */
+        sv->params = sn->params;
+        sv->mom = sn->mom;
+    }
     need = serve_live(sv, step);
     pthread_mutex_unlock(&sv->mu);
     if (need)
@@ -832,8 +862,9 @@ void train_serve_updated(struct trainer *t, uint64_t step)
     /* the state of step + 1, the same bytes on every member (the same
      * reduced gradient, the same update), though its boundary has not
      * passed: a view that restarts before it fails the joiner's
-     * catch-up, which is then admitted as before */
-    if (sv->live_valid && sv->live == step)
+     * catch-up, which is then admitted as before. On a device backend
+     * its host copy is made at that boundary: not before */
+    if (!sv->dev && sv->live_valid && sv->live == step)
         need = serve_live(sv, step + 1);
     pthread_mutex_unlock(&sv->mu);
     if (need)
@@ -845,7 +876,7 @@ void train_serve_grad(struct trainer *t, uint64_t step, float lr)
     struct train_serve *sv = t->serve;
     const float *g;
     size_t lo, hi;
-    int any = 0;
+    int any = 0, rc;
 
     if (!sv)
         return;
@@ -879,7 +910,20 @@ void train_serve_grad(struct trainer *t, uint64_t step, float lr)
             sess_close(ss);
             continue;
         }
-        memcpy(it->own, g + lo, (hi - lo) * 4);
+        /* on a device backend, from the device: the reduced gradient's
+         * copy in and scaling are ordered before (train/gradsync.c) */
+        rc = 0;
+        if (!sv->dev)
+            memcpy(it->own, g + lo, (hi - lo) * 4);
+        else
+            rc = mesh_nn_download(t->ctx, it->own, g + lo, (hi - lo) * 4);
+        if (rc < 0) {
+            mesh_info("catch-up: slot %d dropped: %s", ss->slot,
+                      mesh_err_msg(rc));
+            item_free(it);
+            sess_close(ss);
+            continue;
+        }
         mesh_put_le64(it->hdr + 8, step);
         memcpy(it->hdr + 16, &lr, 4);
         mesh_put_le64(it->hdr + 24, lo);
@@ -1116,6 +1160,71 @@ static int cu_auth(struct train_catchup *cu, uint64_t x, size_t np)
     return 0;
 }
 
+/*
+ * The model's weights and momentum in host memory: the model's own with
+ * host slabs; on a device backend the host copies t->hparams and t->hmom,
+ * which the catch-up keeps equal to the device's (cu_put, cu_pull) and
+ * which hold the state caught up to when it is done (train/xfer.c reads
+ * them then).
+ */
+static float *cu_w(const struct train_catchup *cu)
+{
+    struct trainer *t = cu->t;
+
+    return t->host_slabs ? mesh_nn_model_params(t->model) : t->hparams;
+}
+
+static float *cu_m(const struct train_catchup *cu)
+{
+    struct trainer *t = cu->t;
+
+    return t->host_slabs ? mesh_nn_sgd_momentum(t->sgd) : t->hmom;
+}
+
+/* Under mu: the model's weights and momentum from src (the weights, then
+ * the momentum, as the snapshot has them); uploaded on a device backend
+ * (this thread is the only one to use the device until the catch-up
+ * ends: the training thread waits to be admitted). */
+static int cu_put(struct train_catchup *cu, const uint8_t *src)
+{
+    struct trainer *t = cu->t;
+    size_t half = cu->np * 4;
+    int rc = 0;
+
+    memcpy(cu_w(cu), src, half);
+    memcpy(cu_m(cu), src + half, half);
+    if (!t->host_slabs)
+        rc = mesh_nn_upload(t->ctx, mesh_nn_model_params(t->model), src, half);
+    if (rc == 0 && !t->host_slabs)
+        rc = mesh_nn_upload(t->ctx, mesh_nn_sgd_momentum(t->sgd), src + half,
+                            half);
+    if (rc < 0)
+        mesh_info("catch-up: the state cannot be loaded into the device: %s",
+                  mesh_err_msg(rc));
+    return rc;
+}
+
+/* Under mu, after an update on a device backend: its host copies (the
+ * download waits for the update, on the device's stream). */
+static int cu_pull(struct train_catchup *cu)
+{
+    struct trainer *t = cu->t;
+    size_t half = cu->np * 4;
+    int rc;
+
+    if (t->host_slabs)
+        return 0;
+    rc = mesh_nn_download(t->ctx, t->hparams, mesh_nn_model_params(t->model),
+                          half);
+    if (rc == 0)
+        rc = mesh_nn_download(t->ctx, t->hmom, mesh_nn_sgd_momentum(t->sgd),
+                              half);
+    if (rc < 0)
+        mesh_info("catch-up: the state cannot be read from the device: %s",
+                  mesh_err_msg(rc));
+    return rc;
+}
+
 /* Under mu: the model's weights and momentum changed (now step's): their
  * SHA-256 starts again. */
 static void cu_hash_reset(struct train_catchup *cu, uint64_t step)
@@ -1127,13 +1236,13 @@ static void cu_hash_reset(struct train_catchup *cu, uint64_t step)
 
 /*
  * Under mu: hash up to max more bytes of the model's weights and momentum
- * (those of step applied), the weights' SHA-256 and the momentum's as
- * the view change's weight check has them (train.c, weights_hash). 1 if
- * more is left, 0 if done (or nothing to hash), -1 on an OpenSSL error.
+ * (those of step applied, in host memory: cu_w, cu_m), the weights'
+ * SHA-256 and the momentum's as the view change's weight check has them
+ * (train.c, weights_hash). 1 if more is left, 0 if done (or nothing to
+ * hash), -1 on an OpenSSL error.
  */
 static int cu_hash_state(struct train_catchup *cu, size_t max)
 {
-    struct trainer *t = cu->t;
     size_t half = cu->np * 4;
     unsigned int dl;
 
@@ -1149,8 +1258,7 @@ static int cu_hash_state(struct train_catchup *cu, size_t max)
     while (max && cu->hoff < 2 * half) {
         int k = cu->hoff >= half;
         const uint8_t *src =
-            k ? (const uint8_t *)mesh_nn_sgd_momentum(t->sgd)
-              : (const uint8_t *)mesh_nn_model_params(t->model);
+            k ? (const uint8_t *)cu_m(cu) : (const uint8_t *)cu_w(cu);
         size_t o = cu->hoff - (size_t)k * half, len = MESH_MIN(half - o, max);
 
         if (EVP_DigestUpdate(cu->hmd[k], src + o, len) != 1)
@@ -1182,16 +1290,15 @@ static int cu_apply(struct train_catchup *cu)
 {
     struct trainer *t = cu->t;
     size_t half = cu->np * 4;
-    float *w, *mom;
+    int rc;
 
     if (!cu->loaded)
         return 0; /* (the model is built, and has np parameters) */
-    w = mesh_nn_model_params(t->model);
-    mom = mesh_nn_sgd_momentum(t->sgd);
     if (cu->target != UINT64_MAX && cu->bstep == cu->target &&
         cu->applied == cu->target + 1) {
-        memcpy(w, cu->blob + CU_BLOB, half);
-        memcpy(mom, cu->blob + CU_BLOB + half, half);
+        rc = cu_put(cu, cu->blob + CU_BLOB);
+        if (rc < 0)
+            return rc;
         cu->applied = cu->target;
         cu->steps--;
         cu_hash_reset(cu, cu->applied);
@@ -1204,7 +1311,7 @@ static int cu_apply(struct train_catchup *cu)
         cu->rolled = 1;
     }
     for (;;) {
-        int r = (int)(cu->applied % CU_RING), rc;
+        int r = (int)(cu->applied % CU_RING);
         uint64_t lim = cu->target != UINT64_MAX ? cu->target : cu->maxseen + 1;
 
         if (cu->applied >= lim || cu->gstep[r] != cu->applied ||
@@ -1217,15 +1324,22 @@ static int cu_apply(struct train_catchup *cu)
             !(cu->hdone && cu->hstep == cu->applied))
             break;
         if (cu->target == UINT64_MAX && cu->applied == cu->maxseen) {
-            memcpy(cu->blob + CU_BLOB, w, half);
-            memcpy(cu->blob + CU_BLOB + half, mom, half);
+            memcpy(cu->blob + CU_BLOB, cu_w(cu), half);
+            memcpy(cu->blob + CU_BLOB + half, cu_m(cu), half);
             cu->bstep = cu->applied;
             cu->bdone = 1;
             memcpy(cu->bh, cu->h, 64);
         }
-        memcpy(mesh_nn_model_grads(t->model), cu->g[r], cu->np * 4);
+        /* the members' optimizer, on the device where theirs runs */
+        if (t->host_slabs)
+            memcpy(mesh_nn_model_grads(t->model), cu->g[r], half);
+        else if ((rc = mesh_nn_upload(t->ctx, mesh_nn_model_grads(t->model),
+                                      cu->g[r], half)) < 0)
+            return rc;
         mesh_nn_sgd_set_steps(t->sgd, (int64_t)cu->applied);
         rc = mesh_nn_sgd_step(t->sgd, cu->glr[r]);
+        if (rc == 0)
+            rc = cu_pull(cu);
         if (rc < 0)
             return rc;
         cu->gstep[r] = UINT64_MAX;
@@ -1299,9 +1413,8 @@ static int cu_load(struct train_catchup *cu)
         mesh_get_le64(cu->blob + 8) != cu->x ||
         mesh_get_le64(cu->blob + 16) != t->nparams)
         return -1;
-    memcpy(mesh_nn_model_params(t->model), cu->blob + CU_BLOB, t->nparams * 4);
-    memcpy(mesh_nn_sgd_momentum(t->sgd), cu->blob + CU_BLOB + t->nparams * 4,
-           t->nparams * 4);
+    if (cu_put(cu, cu->blob + CU_BLOB) < 0)
+        return -1;
     cu->loaded = 1;
     cu_hash_reset(cu, cu->x);
     cu->t_snap = mesh_now_s() - cu->t0;
@@ -1676,8 +1789,7 @@ int train_catchup_start(struct trainer *t)
     t->cu_step = UINT64_MAX;
     /* (before the model is built: the conditions elastic_probe's hold
      * names; the buffers come with the members' parameter count) */
-    if (!t->el || t->sim || t->c->simulate ||
-        strcmp(t->c->device, "cpu") != 0 || getenv("MESHTRAIN_NO_CATCHUP"))
+    if (!t->el || t->sim || t->c->simulate || getenv("MESHTRAIN_NO_CATCHUP"))
         return 0;
     cu = calloc(1, sizeof(*cu));
     if (!cu)

@@ -268,11 +268,12 @@ void train_xfer_test_corrupt(int slot, int catchup, uint8_t *blob, size_t n,
 
 /* ---- catchup.c ----------------------------------------------------------- */
 
-/* A member: serve joiners' catch-up on a side port (--elastic, host
- * slabs); the view formed (1) or is changing (0); a step boundary (after
- * the snapshot); a step's reduced gradient (right before the optimizer,
- * which must not run while the side thread copies the live weights: it
- * waits here); the step's update done (the live weights are step + 1's).
+/* A member: serve joiners' catch-up on a side port (--elastic); the view
+ * formed (1) or is changing (0); a step boundary (after the snapshot, whose
+ * host copy a device backend serves); a step's reduced gradient (right
+ * before the optimizer, which must not run while the side thread copies
+ * the live weights: it waits here; downloaded from a device); the step's
+ * update done (with host slabs the live weights are step + 1's).
  */
 int train_serve_start(struct trainer *t);
 void train_serve_stop(struct trainer *t);
@@ -282,10 +283,12 @@ void train_serve_grad(struct trainer *t, uint64_t step, float lr);
 void train_serve_updated(struct trainer *t, uint64_t step);
 /* A joiner: fetch a snapshot and replay the steps while the job trains,
  * started before its model is built (train_catchup_model: built, the
- * snapshot may be loaded); train_catchup_finish(step, wh), when a view
- * admits it from step: 1 if the model holds that step's weights and
- * momentum (t->cu_step = step), and then wh their hashes (valid: hashed
- * while the joiner waited, or when the view came). */
+ * snapshot may be loaded; on a device backend the catch-up's thread then
+ * uses the device until it ends); train_catchup_finish(step, wh), when a
+ * view admits it from step: 1 if the model holds that step's weights and
+ * momentum (t->cu_step = step; on a device backend t->hparams and t->hmom
+ * hold a copy), and then wh their hashes (valid: hashed while the joiner
+ * waited, or when the view came). */
 int train_catchup_start(struct trainer *t);
 void train_catchup_model(struct trainer *t);
 int train_catchup_finish(struct trainer *t, uint64_t step,

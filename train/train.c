@@ -1789,8 +1789,7 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
      * offer, the range a joiner rebuilt) and the weight check below; each
      * peer hashes them now, beside the others, not in turn in the
      * transfer (a joiner that caught up hashed them while it waited) */
-    if (!t->sim && !wh.valid &&
-        (!needy || (t->cu_step == v->step && t->host_slabs))) {
+    if (!t->sim && !wh.valid && (!needy || t->cu_step == v->step)) {
         rc = weights_hash(t, &wh);
         if (rc < 0)
             return train_local(t, rc);
@@ -2417,7 +2416,6 @@ static int elastic_probe(struct trainer *t)
     /* a joiner that will catch up in the background (train/catchup.c)
      * asks the members to wait from its first request on */
     mesh_elastic_join_hold(t->el, !t->c->simulate && !t->sim &&
-                                      strcmp(t->c->device, "cpu") == 0 &&
                                       !getenv("MESHTRAIN_NO_CATCHUP"));
     /* until every slot answered (a few ms when all start together); a
      * silent slot holds the start up to this, but view 0 would wait

@@ -363,6 +363,18 @@ static int bn_average(struct trainer *t, struct train_snap *sn, int needy,
     return rc;
 }
 
+/* A joiner's weights and momentum as caught up, in host memory: on a
+ * device backend the host copies the catch-up kept (train/catchup.c). */
+static const float *caught_up_params(struct trainer *t)
+{
+    return t->host_slabs ? mesh_nn_model_params(t->model) : t->hparams;
+}
+
+static const float *caught_up_momentum(struct trainer *t)
+{
+    return t->host_slabs ? mesh_nn_sgd_momentum(t->sgd) : t->hmom;
+}
+
 /*
  * A joiner that caught up (train/catchup.c) holds the weights and
  * momentum of the step the view restarts from: it marks the chunks that
@@ -376,8 +388,8 @@ static int bn_average(struct trainer *t, struct train_snap *sn, int needy,
 static void rebuild(struct trainer *t, struct train_xfer *x, int copy)
 {
     size_t np = t->nparams * 4, lo = XFER_HEADER, hi = XFER_HEADER + 2 * np;
-    const uint8_t *p = (const uint8_t *)mesh_nn_model_params(t->model);
-    const uint8_t *m = (const uint8_t *)mesh_nn_sgd_momentum(t->sgd);
+    const uint8_t *p = (const uint8_t *)caught_up_params(t);
+    const uint8_t *m = (const uint8_t *)caught_up_momentum(t);
 
     x->virt = !copy;
     for (int c = 0; c < XFER_CHUNKS; c++) {
@@ -408,8 +420,8 @@ static void rebuild(struct trainer *t, struct train_xfer *x, int copy)
 static int rebuilt_differs(struct trainer *t, const struct train_xfer *x)
 {
     size_t np = t->nparams * 4, lo = XFER_HEADER, hi = XFER_HEADER + 2 * np;
-    const uint8_t *p = (const uint8_t *)mesh_nn_model_params(t->model);
-    const uint8_t *m = (const uint8_t *)mesh_nn_sgd_momentum(t->sgd);
+    const uint8_t *p = (const uint8_t *)caught_up_params(t);
+    const uint8_t *m = (const uint8_t *)caught_up_momentum(t);
 
     for (int c = 0; c < XFER_CHUNKS; c++) {
         size_t off, len, a, b;
@@ -946,7 +958,7 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
             if (!t->xfer->blob)
                 return train_local(t, mesh_err(-ENOMEM, "out of memory"));
         }
-        rebuilt = t->cu_step == v->step && t->host_slabs;
+        rebuilt = t->cu_step == v->step;
         rc = l.ops->reg_mr(l.tr, t->xfer->blob, n, &mr);
         if (rc == 0)
             rc = recv_state(t, &l, v->members, senders_mask, senders, t->xfer,
