@@ -317,6 +317,28 @@ void mesh_nn_cuda_host_device(int gpu);
 int mesh_nn_cuda_host_alloc(size_t len, void **out);
 int mesh_nn_cuda_host_owns(const void *p);
 void mesh_nn_cuda_host_free(void *p);
+
+/*
+ * The cuda backend lives in a module, meshtrain-cuda.so (nn/cuda/
+ * include.am), so that no process maps a CUDA library before it asks for
+ * "cuda". Its one exported symbol, mesh_nn_cuda_module, is this table;
+ * nn/ctx.c checks abi, ops_size and version (a module from another build
+ * is refused, not called).
+ */
+#define MESH_NN_CUDA_MODULE_ABI 1
+struct mesh_nn_cuda_module {
+    int abi;                               /* MESH_NN_CUDA_MODULE_ABI */
+    size_t ops_size;                       /* sizeof(mesh_nn_backend_ops) */
+    const char *version;                   /* PACKAGE_VERSION */
+    const struct mesh_nn_backend_ops *ops; /* &mesh_nn_cuda_ops */
+    int (*host_alloc)(size_t len, void **out);
+    int (*host_owns)(const void *p);
+    void (*host_free)(void *p);
+};
+extern const struct mesh_nn_cuda_module mesh_nn_cuda_module;
+/* The module once nn/ctx.c has loaded it (the "cuda" backend was looked
+ * up and the module loaded), else NULL; never loads it. */
+const struct mesh_nn_cuda_module *mesh_nn_cuda_loaded(void);
 /* "devsim": a test double of a GPU over the cpu backend (nn/devsim.c). */
 extern const struct mesh_nn_backend_ops mesh_nn_devsim_ops;
 

@@ -47,7 +47,9 @@ struct mesh_nn_sgd;
 /* ---- device -------------------------------------------------------------- */
 
 /* 0 when backend (cpu, cuda, devsim) is known and built, else -EINVAL
- * with a message that says which (unknown, or not built). */
+ * with a message that says which (unknown, or not built). "cuda" loads
+ * its module (meshtrain-cuda.so, see nn/ctx.c) at the first call: a
+ * module that cannot be loaded is -EINVAL with the file and the reason. */
 int mesh_nn_backend_check(const char *backend);
 
 /*

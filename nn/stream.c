@@ -143,25 +143,27 @@ int mesh_nn_convert(struct mesh_nn_ctx *ctx, int dst_dtype, void *dst,
 
 /* ---- pinned host memory -------------------------------------------------- */
 
+/* cudaHostAlloc'ed memory only once the cuda module is loaded (a cuda
+ * ctx was asked for): a cpu run never maps a CUDA library for it. */
 int mesh_nn_host_alloc(size_t len, void **out)
 {
-#ifdef HAVE_CUDA
-    if (mesh_nn_cuda_host_alloc(len, out) == 0)
+    const struct mesh_nn_cuda_module *m = mesh_nn_cuda_loaded();
+
+    if (m && m->host_alloc(len, out) == 0)
         return 0;
-#endif
     return mesh_host_alloc(len, out);
 }
 
 void mesh_nn_host_free(void *p, size_t len)
 {
+    const struct mesh_nn_cuda_module *m = mesh_nn_cuda_loaded();
+
     if (!p)
         return;
-#ifdef HAVE_CUDA
-    if (mesh_nn_cuda_host_owns(p)) {
-        mesh_nn_cuda_host_free(p);
+    if (m && m->host_owns(p)) {
+        m->host_free(p);
         return;
     }
-#endif
     mesh_host_free(p, len);
 }
 

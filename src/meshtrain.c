@@ -314,7 +314,7 @@ static int apply_custom(struct train_cfg *c, int id, const char *name,
         /* unknown, or not built: said now, not after the data is read */
         rc = mesh_nn_backend_check(arg);
         if (rc < 0)
-            rc = mesh_err_prefix(rc, "--device");
+            rc = mesh_err_prefix(rc, "--device %s", arg);
         c->device = arg;
         break;
     case OPT_PRECISION:

@@ -777,6 +777,11 @@ int main(void)
     struct mesh_nn_dev_opts o;
     int rc, k;
 
+#ifdef HAVE_CUDA
+    /* built with CUDA, the module must load (only a GPU may be missing) */
+    if (!mesh_nn_backend_find("cuda"))
+        die("the cuda module", -ENOENT);
+#endif
     rc = mesh_nn_ctx_open("cuda", 0, &gpu);
     if (rc < 0) {
         skip_all("%s", mesh_err_msg(rc));

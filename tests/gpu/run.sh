@@ -242,6 +242,12 @@ t=$(budget 200)
     fatal "the build failed or ran out of time: $(tail -n 1 "$LOGS/make.log")"
 say "built in $(elapsed) s"
 note "- built in $(elapsed) s from $(basename "$TARBALL")"
+# the cuda backend is the module meshtrain-cuda.so, built next to meshtrain:
+# the programs in tests/ find it through this variable
+MESHTRAIN_CUDA_MODULE=$BUILD/meshtrain-cuda.so
+export MESHTRAIN_CUDA_MODULE
+[ -f "$MESHTRAIN_CUDA_MODULE" ] ||
+    fatal "the build made no $MESHTRAIN_CUDA_MODULE (the cuda backend)"
 note ""
 
 # ---- 3. the required GPU tests -------------------------------------------------
