@@ -91,8 +91,8 @@ L=$ROOT/rehearse/logs
 # toolkit may lack it (then run.sh says so in the summary)
 SAN=""
 [ -x "$CUDA/bin/compute-sanitizer" ] && SAN=sanitize-memcheck-step.log
-for f in test_nn_cuda.tap test_nn_ops_cuda.tap two_peers.tap nn_time.err overlap/log \
-    $SAN; do
+for f in test_nn_cuda.tap test_nn_ops_cuda.tap two_peers.tap \
+    elastic_catchup.tap nn_time.err overlap/log $SAN; do
     if grep -q 'no CUDA device\|no CUDA-capable device\|CUDA driver' \
         "$L/$f" 2> /dev/null; then
         echo "reached the GPU: $f: $(grep -m 1 'no CUDA\|CUDA driver' \

@@ -18,8 +18,10 @@
 #   3. the REQUIRED GPU tests: tests/test_nn_cuda (every op and a ResNet-50
 #      step against the cpu backend, in fp32, tf32 and bf16-amp),
 #      tests/test_nn_ops on the cuda backend (against double references),
-#      tests/gpu/two_peers.sh (2 peers training on one GPU); a skip, a
-#      failure, a crash or a timeout of any of them fails the run;
+#      tests/gpu/two_peers.sh (2 peers training on one GPU),
+#      tests/gpu/elastic_catchup.sh (an --elastic joiner catches up on the
+#      GPU while 2 peers train); a skip, a failure, a crash or a timeout of
+#      any of them fails the run;
 #   4. timing: ResNet-50 training at batch 128 in fp32, tf32 and bf16-amp,
 #      tests/gpu/nn_time against tests/gpu/torch_time.py (PyTorch's best
 #      settings) when torch with CUDA is importable;
@@ -297,6 +299,7 @@ case " $PARTS " in *" tests "*)
     run_tap test_nn_ops_cuda 60 env NVIDIA_TF32_OVERRIDE=0 \
         MESHTRAIN_NN_BACKEND=cuda ./tests/test_nn_ops
     run_tap two_peers 120 sh "$SRC/tests/gpu/two_peers.sh"
+    run_tap elastic_catchup 90 sh "$SRC/tests/gpu/elastic_catchup.sh"
     grep -h '^# cuda:' "$LOGS"/test_nn_cuda.tap 2> /dev/null | head -n 1 |
         sed 's/^# /- device: /' >> "$SUM"
     note ""
