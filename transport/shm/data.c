@@ -65,12 +65,57 @@ void shm_ring_bell(struct mesh_transport *t, int li)
     struct shm_proc *pr = shm_proc_at(t, li);
 
     /* Pairs with the sleeper's fence between "sleeping" and its last look
-     * at the rings (shm_progress_main): one of the two sees the other. */
+     * at the rings (shm_bell_sleep): one of the two sees the other. */
     atomic_thread_fence(memory_order_seq_cst);
     if (!atomic_load_explicit(&pr->sleeping, memory_order_relaxed))
         return;
     atomic_fetch_add_explicit(&pr->bell, 1, memory_order_seq_cst);
     futex(&pr->bell, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+void shm_wake_self(struct mesh_transport *t)
+{
+    struct shm_proc *self;
+
+    if (!t->seg || t->me < 0)
+        return;
+    self = shm_proc_at(t, t->me);
+    atomic_fetch_add_explicit(&self->bell, 1, memory_order_seq_cst);
+    futex(&self->bell, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+int shm_bell_sleep(struct mesh_transport *t, uint64_t until_ns, int waiter)
+{
+    struct shm_proc *self = shm_proc_at(t, t->me);
+    uint64_t now = mesh_now_ns(), d;
+    struct timespec ts;
+    uint32_t bell;
+
+    if (now >= until_ns)
+        return 0;
+    d = until_ns - now;
+    ts.tv_sec = (time_t)(d / 1000000000ull);
+    ts.tv_nsec = (long)(d % 1000000000ull);
+    bell = atomic_load(&self->bell);
+    atomic_fetch_add(&self->sleeping, 1);
+    atomic_thread_fence(memory_order_seq_cst);
+    /* the last look, after "sleeping": a frame published before it is
+     * seen here, one published after it rings the bell */
+    if (shm_poll(t)) {
+        atomic_fetch_sub(&self->sleeping, 1);
+        return 1;
+    }
+    /* a waiter's request may also complete by another thread's poll
+     * (or fail): that thread rings our bell (shm_poll, shm_failed) */
+    if (waiter)
+        t->sleepers++;
+    pthread_mutex_unlock(&t->super.lock);
+    futex(&self->bell, FUTEX_WAIT, bell, &ts);
+    pthread_mutex_lock(&t->super.lock);
+    if (waiter)
+        t->sleepers--;
+    atomic_fetch_sub(&self->sleeping, 1);
+    return 0;
 }
 
 /* ---- sending ------------------------------------------------------------- */
@@ -390,7 +435,8 @@ void shm_check_gone(struct mesh_transport *t, int peer)
         tp_fail_left(&t->super, peer);
 }
 
-int shm_poll(struct mesh_transport *t)
+/* shm_poll without the wake-up of our own sleeping waiters. */
+static int poll_rings(struct mesh_transport *t)
 {
     int moved = 0;
 
@@ -416,6 +462,16 @@ int shm_poll(struct mesh_transport *t)
     return moved;
 }
 
+int shm_poll(struct mesh_transport *t)
+{
+    int moved = poll_rings(t);
+
+    /* what moved may be a request a waiter asleep on our bell waits for */
+    if (moved && t->sleepers)
+        shm_wake_self(t);
+    return moved;
+}
+
 /* ---- the progress thread ------------------------------------------------- */
 
 void shm_adopt_inner(struct mesh_transport *t)
@@ -430,14 +486,12 @@ void shm_adopt_inner(struct mesh_transport *t)
 void *shm_progress_main(void *arg)
 {
     struct mesh_transport *t = arg;
-    struct shm_proc *self = t->seg ? shm_proc_at(t, t->me) : NULL;
+    int self = t->seg && t->me >= 0;
     uint64_t last_tick = 0;
 
     pthread_mutex_lock(&t->super.lock);
     while (!t->stopping) {
         uint64_t now = mesh_now_ns();
-        uint32_t bell;
-        struct timespec ts = {.tv_sec = 0, .tv_nsec = SHM_TICK_MS * 1000000L};
 
         if (now - last_tick >= SHM_TICK_MS * 1000000ull) {
             /* Watch the TCP mesh: a dead, silent or aborting peer fails
@@ -463,17 +517,7 @@ void *shm_progress_main(void *arg)
             pthread_cond_timedwait(&t->bg_cond, &t->super.lock, &dl);
             continue;
         }
-        bell = atomic_load(&self->bell);
-        atomic_store(&self->sleeping, 1);
-        atomic_thread_fence(memory_order_seq_cst);
-        if (shm_poll(t)) {
-            atomic_store(&self->sleeping, 0);
-            continue;
-        }
-        pthread_mutex_unlock(&t->super.lock);
-        futex(&self->bell, FUTEX_WAIT, bell, &ts);
-        pthread_mutex_lock(&t->super.lock);
-        atomic_store(&self->sleeping, 0);
+        shm_bell_sleep(t, mesh_now_ns() + SHM_TICK_MS * 1000000ull, 0);
     }
     pthread_mutex_unlock(&t->super.lock);
     return NULL;

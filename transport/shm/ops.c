@@ -40,6 +40,7 @@ static void shm_failed(struct tp_base *b, int culprit, int code, int notify,
     }
     if (t->bg_cond_ready)
         pthread_cond_broadcast(&t->bg_cond);
+    shm_wake_self(t); /* waiters asleep on our bell */
     if (notify && t->inner)
         t->inner_ops->abort(t->inner, culprit, reason);
 }
@@ -347,7 +348,7 @@ static int shm_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
     uint64_t now = mesh_now_ns(), spin_end = now + t->spin_ns;
     uint64_t deadline =
         timeout_s < 0 ? MESH_NO_DEADLINE : now + (uint64_t)(timeout_s * 1e9);
-    int local = 0, remote = 0, rc = 0;
+    int local = 0, remote = 0, rc = 0, bell;
 
     for (int i = 0; i < n; i++) {
         if (!reqs[i])
@@ -379,9 +380,19 @@ static int shm_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
         sched_yield();
         pthread_mutex_lock(&t->super.lock);
     }
-    t->spinners--;
-    pthread_cond_signal(&t->bg_cond);
-    /* Sleep: the progress thread moves the bytes and wakes us. */
+    /*
+     * Sleep. Only this host's requests: on our bell, still counted among
+     * the spinners, so that a peer's bell wakes this thread itself, which
+     * polls (one wake-up, not the progress thread's and then ours); at
+     * most a tick at once, though a failure rings the bell too
+     * (shm_failed). With another host's request among them: the progress
+     * thread moves the bytes and wakes us, in naps for the TCP mesh's.
+     */
+    bell = !remote && t->seg && t->me >= 0;
+    if (!bell) {
+        t->spinners--;
+        pthread_cond_signal(&t->bg_cond);
+    }
     while (rc == 1) {
         uint64_t until = deadline;
 
@@ -389,6 +400,15 @@ static int shm_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
             rc = 0;
         } else if (t->super.fail.failed) {
             rc = tp_fail_err(&t->super);
+        } else if (bell) {
+            now = mesh_now_ns();
+            if (now >= deadline)
+                rc = mesh_err(-ETIMEDOUT,
+                              "shm wait: no request completed within %.3f s",
+                              timeout_s);
+            else
+                shm_bell_sleep(
+                    t, MESH_MIN(deadline, now + SHM_TICK_MS * 1000000ull), 1);
         } else {
             if (remote)
                 until = MESH_MIN(deadline, mesh_now_ns() + SHM_MIXED_NAP_NS);
@@ -399,6 +419,14 @@ static int shm_wait_any(mesh_transport_t *t, mesh_req_t *const *reqs, int n,
                               timeout_s);
         }
     }
+    /*
+     * Not woken for it: the progress thread takes its bell again at its
+     * next tick. Waking it here (and the peers' bells waking it again)
+     * would cost each wait two wake-ups of a thread no waiter needs; until
+     * then a peer's frames wait in the ring for our next call.
+     */
+    if (bell)
+        t->spinners--;
     pthread_mutex_unlock(&t->super.lock);
     return rc;
 }

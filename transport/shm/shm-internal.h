@@ -11,10 +11,12 @@
  *     mesh" below is that mesh);
  *   - one memfd segment per host and job (join.c), rings per ordered pair;
  *   - whoever holds the lock moves the bytes (shm_poll): isend and irecv
- *     at once, wait_any while it spins, and a progress thread otherwise,
- *     which sleeps on its futex word in the segment, woken by a peer only
- *     when it has said it sleeps (no system call while anyone spins), and
- *     ticks every SHM_TICK_MS to watch the TCP mesh;
+ *     at once, wait_any while it waits (a bounded spin, then asleep on the
+ *     rank's futex word in the segment, so that a peer's bell wakes the
+ *     waiter itself), and a progress thread otherwise, which sleeps on the
+ *     same word; a peer rings it only when a thread has said it sleeps
+ *     (no system call while anyone spins); the thread ticks every
+ *     SHM_TICK_MS to watch the TCP mesh, waiters or not;
  *   - a peer's goodbye is its word in the segment, set after its last
  *     frame: a pending operation with it then fails once its ring is empty;
  *   - after the rings, a window per local rank (SHM_WIN_BYTES) that the
@@ -65,7 +67,7 @@ struct shm_sync_frame {
 
 struct shm_proc {
     _Atomic uint32_t bell;     /* futex word: bumped by every wake-up */
-    _Atomic uint32_t sleeping; /* its progress thread sleeps on bell */
+    _Atomic uint32_t sleeping; /* its threads asleep on bell (a count) */
     _Atomic uint32_t bye;      /* closed normally: nothing more comes */
     _Atomic uint32_t failed;   /* its job failed: its buffers may be gone */
     uint32_t pid;
@@ -168,7 +170,9 @@ struct mesh_transport {
     struct mesh_req *yq_head, *yq_tail; /* host syncs not yet complete */
 
     uint64_t spin_ns;
-    int spinners; /* threads in wait_any's spin: no one needs a bell */
+    int spinners; /* threads in wait_any: they poll, the thread need not */
+    int sleepers; /* of them, those asleep on our bell: a poll that moves
+                   * anything rings it for them */
     pthread_cond_t bg_cond;
     int bg_cond_ready;
     pthread_t thread;
@@ -241,6 +245,15 @@ void shm_sync_post(struct mesh_transport *t, struct mesh_req *r);
 int shm_poll(struct mesh_transport *t);
 /* Wake local index li if it said it sleeps. */
 void shm_ring_bell(struct mesh_transport *t, int li);
+/* Ring our own bell: wake our threads asleep on it. */
+void shm_wake_self(struct mesh_transport *t);
+/*
+ * Sleep on our bell until a peer (or one of our threads) rings it, or
+ * until_ns (mesh_now_ns), the lock held around it and dropped while
+ * asleep; a last poll first, and 1 without sleeping when it moved
+ * anything, else 0. waiter: a thread of wait_any (counted in sleepers).
+ */
+int shm_bell_sleep(struct mesh_transport *t, uint64_t until_ns, int waiter);
 /* A local peer that said goodbye with our operations pending: fail. */
 void shm_check_gone(struct mesh_transport *t, int peer);
 void *shm_progress_main(void *arg);
