@@ -12,6 +12,9 @@
  * late joiner at the test aid's wait, as in tests/train_elastic_join.sh)
  * left the others waiting out the new view's join timeout; the views
  * after it then never formed, and the members exited 3 and 5.
+ *
+ * Then (test_slow_voter): a live member slow to vote is not left out of
+ * a join's view change, and one that never votes is, after --peer-timeout.
  */
 #include "config.h"
 
@@ -105,6 +108,169 @@ static void test_joiners_refuse_nobody(void)
         mesh_elastic_stop(e[i]);
 }
 
+struct agreer {
+    struct mesh_elastic *e;
+    struct mesh_elastic_view v;
+    int rc;
+};
+
+static void *agree_main(void *arg)
+{
+    struct agreer *a = arg;
+
+    a->rc = mesh_elastic_agree(a->e, 20.0, &a->v);
+    return NULL;
+}
+
+/* "rc 0, view 2, members 0xf, needy 0x8, step 5" */
+static const char *view_str(const struct agreer *a, char *buf, size_t len)
+{
+    snprintf(buf, len,
+             "rc %d, view %llu, members %#llx, left %#llx, needy %#llx, step "
+             "%llu",
+             a->rc, (unsigned long long)a->v.epoch,
+             (unsigned long long)a->v.members, (unsigned long long)a->v.left,
+             (unsigned long long)a->v.needy, (unsigned long long)a->v.step);
+    return buf;
+}
+
+/*
+ * Slots 0, 1 and 2 of 4 form view 1 (slot 3 is a spare), then slot 3
+ * asks to join. Slot 0 leaves view 1 at a step boundary to admit it;
+ * slot 2's thread stalls for 0.4 s before it votes (the test aid
+ * mesh_elastic_test_stall: a loaded machine's scheduling stall). Before,
+ * slots 0 and 1 decided view 2 = {0,1,3} once their seen set had been
+ * quiet for the settle time (0.15 s): slot 2, alive, was left out and
+ * exited 5, and the job shrank for nothing. Now an agreement that knows
+ * of no death (the view formed, no mesh blamed anyone) waits for every
+ * member of the view up to --peer-timeout (wait_s, here 2.5 s), so view
+ * 2 is {0,1,2,3}. Then a member that does not vote within that time
+ * (slot 1 stalls 30 s) is left out of view 3 after it, as a dead one.
+ */
+#define SLOW_N      4
+#define SLOW_WAIT_S 2.5
+
+static void test_slow_voter(void)
+{
+    static const uint8_t secret[] = "test_elastic secret";
+    struct mesh_peer peers[SLOW_N];
+    struct mesh_world w[SLOW_N];
+    struct mesh_elastic *e[SLOW_N];
+    struct agreer a[SLOW_N];
+    pthread_t th[SLOW_N];
+    uint16_t port = test_ports_pick(SLOW_N);
+    char buf[200];
+    double t0;
+    int i, rc, good;
+
+    if (!port) {
+        skip("no free block of %d ports", SLOW_N);
+        skip("no free block of %d ports", SLOW_N);
+        skip("no free block of %d ports", SLOW_N);
+        skip("no free block of %d ports", SLOW_N);
+        return;
+    }
+    memset(peers, 0, sizeof(peers));
+    for (i = 0; i < SLOW_N; i++) {
+        snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
+        peers[i].port = (uint16_t)(port + i);
+    }
+    for (i = 0; i < SLOW_N; i++) {
+        struct mesh_elastic_opts o;
+
+        w[i].rank = i;
+        w[i].size = SLOW_N;
+        w[i].peers = peers;
+        memset(&o, 0, sizeof(o));
+        o.world = &w[i];
+        o.secret = secret;
+        o.secret_len = sizeof(secret) - 1;
+        o.job_id = "test_elastic slow";
+        o.settle_s = 0.15;
+        o.wait_s = SLOW_WAIT_S;
+        o.fd = -1;
+        rc = mesh_elastic_start(&o, &e[i]);
+        if (rc < 0) {
+            ok(0, "slot %d starts its view thread: %s", i, mesh_err_msg(rc));
+            while (i-- > 0)
+                mesh_elastic_stop(e[i]);
+            return;
+        }
+    }
+
+    /* view 1 = {0,1,2}: slot 3 never started (it has not probed, so it
+     * takes no part); view 0 never formed, so the settle time decides */
+    good = 1;
+    for (i = 0; i < 3; i++)
+        good &= mesh_elastic_probe(e[i], 5.0) == 0;
+    for (i = 0; i < 3; i++) {
+        a[i].e = e[i];
+        pthread_create(&th[i], NULL, agree_main, &a[i]);
+    }
+    for (i = 0; i < 3; i++) {
+        pthread_join(th[i], NULL);
+        good &= a[i].rc == 0 && a[i].v.epoch == 1 && a[i].v.members == 7;
+    }
+    for (i = 0; i < 3; i++) {
+        mesh_elastic_formed(e[i]);
+        good &= mesh_elastic_commit(e[i], 5) == 0;
+    }
+    ok(good, "slots 0,1,2 of 4 form view 1 and commit step 5 (slot 0: %s)",
+       view_str(&a[0], buf, sizeof(buf)));
+
+    /* slot 3 asks to join; slot 2 will be slow to vote */
+    mesh_elastic_test_stall(e[2], 0.4);
+    rc = mesh_elastic_probe(e[3], 10.0);
+    a[3].e = e[3];
+    pthread_create(&th[3], NULL, agree_main, &a[3]);
+    for (i = 0; i < 1000 && !(mesh_elastic_joins(e[0]) >> 3 & 1); i++)
+        usleep(10000);
+    /* slot 0 at its step boundary; slots 1 and 2 are left to their
+     * threads, as while their trainers compute */
+    a[0].e = e[0];
+    agree_main(&a[0]);
+    a[1].e = e[1];
+    agree_main(&a[1]);
+    a[2].e = e[2];
+    agree_main(&a[2]);
+    pthread_join(th[3], NULL);
+    good = 1;
+    for (i = 0; i < SLOW_N; i++)
+        good &= a[i].rc == 0 && a[i].v.epoch == 2 && a[i].v.members == 0xf &&
+                a[i].v.needy == 0x8 && a[i].v.step == 5;
+    ok(rc == 1 && good,
+       "slot 2, slow to vote, is in the view that admits slot 3: view 2 of "
+       "slots 0-3 on every slot (probe %d; slot 2: %s)",
+       rc, view_str(&a[2], buf, sizeof(buf)));
+
+    /* view 2 formed; slot 1 stops voting for good */
+    good = 1;
+    for (i = 0; i < SLOW_N; i++) {
+        mesh_elastic_formed(e[i]);
+        good &= mesh_elastic_commit(e[i], 6) == 0;
+    }
+    mesh_elastic_test_stall(e[1], 30.0);
+    t0 = mesh_now_s();
+    a[0].e = e[0];
+    agree_main(&a[0]);
+    diag("view 3 decided %.2f s after slot 0 left view 2 (wait %.1f s)",
+         mesh_now_s() - t0, SLOW_WAIT_S);
+    ok(good && a[0].rc == 0 && a[0].v.epoch == 3 && a[0].v.members == 0xd &&
+           a[0].v.left == 0x2 && a[0].v.step == 6,
+       "slot 1, silent past --peer-timeout, is left out of view 3 (%s)",
+       view_str(&a[0], buf, sizeof(buf)));
+    good = 1;
+    for (i = 2; i < SLOW_N; i++) {
+        a[i].e = e[i];
+        agree_main(&a[i]);
+        good &= a[i].rc == 0 && a[i].v.epoch == 3 && a[i].v.members == 0xd;
+    }
+    ok(good, "slots 2 and 3 join view 3 too (slot 3: %s)",
+       view_str(&a[3], buf, sizeof(buf)));
+    for (i = 0; i < SLOW_N; i++)
+        mesh_elastic_stop(e[i]);
+}
+
 int main(void)
 {
     static const uint8_t secret[] = "test_elastic secret";
@@ -119,7 +285,7 @@ int main(void)
         skip_all("no free block of %d ports", N);
         return 0;
     }
-    plan(10);
+    plan(14);
     memset(peers, 0, sizeof(peers));
     for (i = 0; i < N; i++) {
         snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
@@ -193,5 +359,6 @@ int main(void)
     for (i = 0; i < N; i++)
         mesh_elastic_stop(el[i]);
     test_joiners_refuse_nobody();
+    test_slow_voter();
     return done();
 }

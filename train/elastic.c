@@ -69,6 +69,7 @@ struct mesh_elastic {
     size_t secret_len;
     uint8_t job[8]; /* SHA-256 of the job id, first bytes */
     double settle_s;
+    double wait_s; /* --peer-timeout: see all_alive */
     int fault_sig;
 
     pthread_t thread;
@@ -128,11 +129,13 @@ struct mesh_elastic {
     const struct mesh_world *world;
     char refused_by[MESH_HOST_MAX + 16];
     uint64_t my_step;      /* frozen on leaving */
+    double left_at;        /* when this peer left its view (leave) */
     struct decision last;  /* the latest decision, re-sent a while */
     double announce_until; /* monotonic seconds */
     double sent_at;
-    int decided; /* a decision waits for mesh_elastic_agree */
-    int early;   /* ours, taken before the settle time (try_decide) */
+    int decided;    /* a decision waits for mesh_elastic_agree */
+    double stall_s; /* test aid: mesh_elastic_test_stall */
+    int early;      /* ours, taken before the settle time (try_decide) */
     struct decision hist[HISTORY];
     int nhist;
 };
@@ -271,6 +274,7 @@ static void leave(struct mesh_elastic *e)
         return;
     e->state = ST_AGREEING;
     e->my_step = e->committed;
+    e->left_at = mesh_now_s();
     e->adds = fresh_joins(e);
     new_round(e, 0);
     if (e->ops && e->t)
@@ -309,21 +313,47 @@ static void adopt(struct mesh_elastic *e, const struct decision *d)
 }
 
 /*
+ * Under mu: does this peer know every member of the view it leaves to be
+ * alive? The view's mesh formed (every member joined it), and this peer
+ * knows of no death since: its mesh blamed nobody, and did not fail of a
+ * death (a connection lost without a goodbye, silence). So it is when a
+ * member leaves at a step boundary to admit joiners, or when another
+ * member's PROPOSE aborted this peer's mesh. A member not heard yet is
+ * then slow, not dead (a loaded machine's scheduling stall, a stopped
+ * process that will be continued): it is waited for up to --peer-timeout
+ * since this peer left, the time after which silence means death
+ * anywhere else. The settle time alone once left such a live member out
+ * of a join's view change (it exited 5, and the job shrank for nothing).
+ * A member that died meanwhile is noticed by a peer whose mesh blames it
+ * (that peer decides by the settle time, and the others adopt its
+ * decision), or costs the wait.
+ */
+static int all_alive(const struct mesh_elastic *e)
+{
+    return e->formed_once && e->base == e->members && !e->blamed &&
+           e->fail_rc != -ECONNRESET && e->fail_rc != -EHOSTDOWN;
+}
+
+/*
  * Under mu: decide if every member of our seen set reports it. The settle
- * time waits for members not heard yet; when there are none (every member
- * of the view was heard, or is the one our mesh blamed for its failure)
- * there is nobody to wait for, and the decision is taken at once.
+ * time waits for members not heard yet (all_alive: every member, up to
+ * --peer-timeout); when there are none (every member of the view was
+ * heard, or is the one our mesh blamed for its failure) there is nobody
+ * to wait for, and the decision is taken at once.
  */
 static void try_decide(struct mesh_elastic *e)
 {
     struct decision d;
     uint64_t step = UINT64_MAX;
+    double now = mesh_now_s();
     int early;
 
     if (e->state != ST_AGREEING)
         return;
     early = ((e->seen | e->blamed) & e->members) == e->members;
-    if (!early && mesh_now_s() - e->seen_at < e->settle_s)
+    if (!early && now - e->seen_at < e->settle_s)
+        return;
+    if (!early && all_alive(e) && now - e->left_at < e->wait_s)
         return;
     if (2 * popcount64(e->seen & e->base) <= popcount64(e->base))
         return; /* no quorum of the last view that formed */
@@ -343,7 +373,7 @@ static void try_decide(struct mesh_elastic *e)
     d.prev = e->members;
     d.members = e->seen | e->adds;
     d.step = step; /* MESH_ELASTIC_NO_STATE: nobody holds it */
-    e->early = early && mesh_now_s() - e->seen_at < e->settle_s;
+    e->early = early && now - e->seen_at < e->settle_s;
     adopt(e, &d);
     send_decided(e, &d);
 }
@@ -605,6 +635,15 @@ static void *thread_main(void *arg)
             pthread_mutex_unlock(&e->mu);
             break;
         }
+        if (e->state == ST_AGREEING && e->stall_s > 0) {
+            uint64_t until = mesh_now_ns() + (uint64_t)(e->stall_s * 1e9);
+
+            e->stall_s = 0;
+            while (!e->stop && mesh_cond_sleep(&e->cv, &e->mu, until) == 0)
+                ;
+            pthread_mutex_unlock(&e->mu);
+            continue;
+        }
         now = mesh_now_s();
         try_decide(e);
         if (e->state == ST_AGREEING && silent_member(e, now)) {
@@ -709,6 +748,7 @@ int mesh_elastic_start(const struct mesh_elastic_opts *o,
     e->nslots = w->size;
     e->me = w->rank;
     e->settle_s = o->settle_s;
+    e->wait_s = o->wait_s;
     e->fault_sig = o->fault_sig;
     if (o->secret) {
         memcpy(e->secret, o->secret, o->secret_len);
@@ -786,6 +826,7 @@ void mesh_elastic_stop(struct mesh_elastic *e)
         pthread_mutex_lock(&e->mu);
         e->stop = 1;
         wake(e);
+        pthread_cond_broadcast(&e->cv); /* a test stall */
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
         mesh_debug("--elastic: the view thread used %.6f s of CPU in %.1f s",
@@ -1015,6 +1056,13 @@ void mesh_elastic_join_hold(struct mesh_elastic *e, int hold)
     e->sent_at = 0; /* the next JOIN says so at once */
     pthread_mutex_unlock(&e->mu);
     wake(e);
+}
+
+void mesh_elastic_test_stall(struct mesh_elastic *e, double secs)
+{
+    pthread_mutex_lock(&e->mu);
+    e->stall_s = secs;
+    pthread_mutex_unlock(&e->mu);
 }
 
 void mesh_elastic_take_held(struct mesh_elastic *e)

@@ -19,10 +19,13 @@
  *     included; it only grows.
  *   - A peer decides view e + 1 = S when its seen set S has not changed
  *     for the settle time, S holds more than half of view e (quorum), and
- *     every member of S has reported exactly S. The step every member
- *     restarts from is the lowest step reported in S. After deciding, a
- *     peer reports only DECIDED(e, S, step), which every member of view e
- *     that hears it adopts (or learns that it was left out).
+ *     every member of S has reported exactly S. While it knows of no
+ *     death (view e formed, its mesh blamed nobody) it waits for every
+ *     member of view e, up to --peer-timeout: one not heard is slow.
+ *     The step every member restarts from is the lowest step reported
+ *     in S. After deciding, a peer reports only DECIDED(e, S, step),
+ *     which every member of view e that hears it adopts (or learns that
+ *     it was left out).
  *   - Two peers can never decide different views for the same epoch: seen
  *     sets only grow, a decided peer reports nothing but its decision,
  *     and two quorums of view e share a member, whose reports both
@@ -64,6 +67,9 @@ struct mesh_elastic_opts {
     size_t secret_len;
     const char *job_id;
     double settle_s; /* the seen set's quiet time before deciding */
+    /* --peer-timeout: how long an agreement that knows of no death waits
+     * for every member of the view it leaves (0: the settle time only) */
+    double wait_s;
     /* a UDP socket already bound to our slot's address (--rank auto's,
      * struct mesh_opts claim_fd; it is duplicated), or -1: bind one */
     int fd;
@@ -164,6 +170,12 @@ int mesh_elastic_side_view(struct mesh_elastic *e, uint64_t *epoch,
                            uint64_t *members, uint16_t ports[]);
 uint64_t mesh_elastic_held(struct mesh_elastic *e);
 void mesh_elastic_take_held(struct mesh_elastic *e);
+/*
+ * Test aid (tests/test_elastic.c): the thread stalls for secs, once, as
+ * soon as it is in an agreement (it has sent no PROPOSE yet): a member
+ * slow to vote, as on a loaded machine. mesh_elastic_stop ends a stall.
+ */
+void mesh_elastic_test_stall(struct mesh_elastic *e, double secs);
 /* Slot's address as resolved for the agreement (its TCP host). */
 int mesh_elastic_addr(struct mesh_elastic *e, int slot,
                       struct sockaddr_storage *ss, socklen_t *len);

@@ -2372,6 +2372,7 @@ static int elastic_open(struct trainer *t, const struct mesh_opts *mo)
     eo.secret_len = mo->topts.secret ? mo->topts.secret_len : 0;
     eo.job_id = mo->topts.job_id;
     eo.settle_s = 0.15;
+    eo.wait_s = mo->topts.peer_timeout_s;
     t->join_at = getenv("MESHTRAIN_TEST_JOIN_AT")
                      ? strtoull(getenv("MESHTRAIN_TEST_JOIN_AT"), NULL, 10)
                      : UINT64_MAX;
