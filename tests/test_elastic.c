@@ -108,6 +108,20 @@ static void test_joiners_refuse_nobody(void)
         mesh_elastic_stop(e[i]);
 }
 
+/* A transport that only counts its aborts (mesh_elastic_set_transport). */
+static int aborts;
+
+static void fake_abort(mesh_transport_t *t, int culprit, const char *why)
+{
+    (void)t;
+    (void)culprit;
+    (void)why;
+    aborts++;
+}
+
+static const struct mesh_transport_ops fake_ops = {.name = "fake",
+                                                   .abort = fake_abort};
+
 struct agreer {
     struct mesh_elastic *e;
     struct mesh_elastic_view v;
@@ -285,7 +299,7 @@ int main(void)
         skip_all("no free block of %d ports", N);
         return 0;
     }
-    plan(14);
+    plan(15);
     memset(peers, 0, sizeof(peers));
     for (i = 0; i < N; i++) {
         snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
@@ -340,6 +354,15 @@ int main(void)
        rc);
     rc = mesh_elastic_commit(el[0], 6);
     ok(rc == -ECANCELED, "nor at the boundary after (%d)", rc);
+    /* a mesh of view 0 that its trainer finishes opening now (late: its
+     * thread adopted view 1) is superseded: aborted at once, as during
+     * an agreement. It was not, and went on opening in view 0 */
+    mesh_elastic_set_transport(el[0], &fake_ops, (mesh_transport_t *)&aborts);
+    ok(aborts == 1,
+       "a mesh set after the thread adopted a later view is aborted at "
+       "once (%d abort(s))",
+       aborts);
+    mesh_elastic_set_transport(el[0], NULL, NULL);
 
     rc = mesh_elastic_agree(el[0], 20.0, &v);
     ok(rc == 0 && v.epoch == 1 && v.members == 7 && v.step == 5 && v.left == 0,

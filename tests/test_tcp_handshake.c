@@ -292,6 +292,16 @@ static void test_config(void)
     tcp_config_diff("k=a\x01\n", 5, "k=b\n", 4, out, sizeof(out));
     ok(!strcmp(out, "k=a? here, k=b there"),
        "CONFIG: non-printables in a peer's text are replaced (%s)", out);
+    /* --elastic views: the later one waits, the earlier one fails */
+    ok(tcp_config_view_order("a=1\nview=12:0,1\n", 16, "a=1\nview=9:0,1\n",
+                             15) == 1 &&
+           tcp_config_view_order("view=9:0,1,2\n", 13, "view=12:0,1\n", 12) ==
+               -1,
+       "CONFIG: views order by their number, not as text");
+    ok(tcp_config_view_order("view=3:0,1\n", 11, "view=3:0,2\n", 11) == 0 &&
+           tcp_config_view_order(a, strlen(a), "view=3:0\n", 9) == 0 &&
+           tcp_config_view_order("view=x\n", 7, "view=3:0\n", 9) == 0,
+       "CONFIG: no order within a view, without one, or without a number");
     ok(tcp_config_len_check(TCP_CONFIG_WIRE_MAX, why, sizeof(why)) == 0,
        "CONFIG: %d bytes are allowed", TCP_CONFIG_WIRE_MAX);
     ok(tcp_config_len_check(TCP_CONFIG_WIRE_MAX + 1, why, sizeof(why)) ==

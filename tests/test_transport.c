@@ -26,6 +26,7 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1335,6 +1336,79 @@ static void scenario_join_timeout(void)
     run_cleanup(&R);
 }
 
+/*
+ * --elastic views (MESH_CONFIG_VIEW, tcp): rank 1 comes to the mesh of
+ * view 5 late, still opening view 4's. Its join fails at once, saying
+ * that rank 0 is in a later view, while rank 0 waits on for it; rank 1
+ * then joins in view 5, and so does rank 0. Both used to fail
+ * ("configuration differs"), and the next view failed the same way with
+ * the next late peer: the views raced upward.
+ */
+struct view_peer {
+    uint16_t base;
+    int rank;
+    const char *view;
+    int rc;
+    char msg[MSG];
+};
+
+static void *view_join(void *arg)
+{
+    struct view_peer *p = arg;
+    struct mesh_peer peers[2];
+    struct mesh_world w = {.rank = p->rank, .size = 2, .peers = peers};
+    struct mesh_transport_opts o;
+    mesh_transport_t *t = NULL;
+
+    for (int i = 0; i < 2; i++) {
+        snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
+        peers[i].port = (uint16_t)(p->base + i);
+        peers[i].local_rank = i;
+    }
+    mesh_transport_opts_init(&o);
+    o.streams = 1;
+    o.join_timeout_s = 30;
+    o.peer_timeout_s = 5;
+    o.secret = (const uint8_t *)secret;
+    o.secret_len = strlen(secret);
+    snprintf(o.job_id, sizeof(o.job_id), "test-job");
+    snprintf(o.config, sizeof(o.config), "%s" MESH_CONFIG_VIEW "=%s\n", config,
+             p->view);
+    p->rc = ops->listen(&w, &o, &t);
+    if (p->rc >= 0)
+        p->rc = ops->connect(t);
+    snprintf(p->msg, sizeof(p->msg), "%s",
+             p->rc < 0 ? mesh_err_msg(p->rc) : "joined");
+    ops->close(t);
+    return NULL;
+}
+
+static void scenario_view_order(void)
+{
+    uint16_t base = pick_ports(2);
+    struct view_peer p0 = {.base = base, .rank = 0, .view = "5:0,1"};
+    struct view_peer late = {.base = base, .rank = 1, .view = "4:0,1"};
+    struct view_peer p1 = {.base = base, .rank = 1, .view = "5:0,1"};
+    pthread_t th;
+
+    if (!base) {
+        skip("no free ports");
+        skip("no free ports");
+        return;
+    }
+    pthread_create(&th, NULL, view_join, &p0);
+    view_join(&late);
+    ok(late.rc < 0 && strstr(late.msg, "rank 0 ") &&
+           strstr(late.msg, "is in a later view"),
+       "views: a peer of an earlier view fails its join at once: %s", late.msg);
+    view_join(&p1);
+    pthread_join(th, NULL);
+    ok(p0.rc == 0 && p1.rc == 0,
+       "views: the peer of the later view waited; both then joined it "
+       "(rank 0: %s; rank 1: %s)",
+       p0.msg, p1.msg);
+}
+
 /* In-process checks of the API's edges (no peers needed). */
 /* ---- shm: the segment's life ----------------------------------------------
  */
@@ -1667,6 +1741,7 @@ int main(int argc, char **argv)
          * asleep on the condition variable while the progress thread does
          * the I/O, and in poll() at once, without the spin. */
         scenario_order();
+        scenario_view_order();
         diag("waiters sleep while the progress thread reads "
              "(MESHTRAIN_TCP_POLL=0)");
         setenv("MESHTRAIN_TCP_POLL", "0", 1);

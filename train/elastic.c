@@ -887,7 +887,11 @@ void mesh_elastic_set_transport(struct mesh_elastic *e,
     take_culprit(e);
     e->ops = ops;
     e->t = t;
-    if (t && e->state == ST_AGREEING)
+    /* an agreement under way, or one that ended while the trainer opened
+     * this mesh (a decision that mesh_elastic_agree has not returned
+     * yet, or one that left this peer out): the mesh's view is
+     * superseded, and the others have left it or will */
+    if (t && (e->state != ST_NORMAL || e->decided))
         ops->abort(t, -1, "the mesh's view is changing");
     pthread_mutex_unlock(&e->mu);
 }
@@ -895,7 +899,10 @@ void mesh_elastic_set_transport(struct mesh_elastic *e,
 void mesh_elastic_formed(struct mesh_elastic *e)
 {
     pthread_mutex_lock(&e->mu);
-    e->base = e->members;
+    /* members is the view that formed, unless a later view has been
+     * adopted meanwhile (it has not formed) */
+    if (!e->decided)
+        e->base = e->members;
     e->formed_once = 1;
     pthread_mutex_unlock(&e->mu);
 }

@@ -1803,7 +1803,8 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
         vo.world.size = n;
         vo.world.peers = peers;
         vo.topts.join_timeout_s = MESH_MAX(5.0, mo->topts.peer_timeout_s);
-        if (snprintf(cfg, sizeof(cfg), "%sview=%" PRIu64 ":%s\n", t->config,
+        if (snprintf(cfg, sizeof(cfg),
+                     "%s" MESH_CONFIG_VIEW "=%" PRIu64 ":%s\n", t->config,
                      v->epoch,
                      mesh_elastic_slots_str(v->members, list, sizeof(list))) >=
             (int)sizeof(cfg))

@@ -140,6 +140,9 @@ void mesh_failure_msg(char *out, size_t len, const char *reason,
 /* The mesh's congestion control where none is asked for (mesh/mesh.c). */
 #define MESH_TCP_CC_DEFAULT "cubic"
 
+/* The configuration key of an --elastic view (struct mesh_transport_opts). */
+#define MESH_CONFIG_VIEW "view"
+
 struct mesh_transport_opts {
     int streams;           /* TCP streams per link (data), >= 1 */
     double join_timeout_s; /* give up joining after this (default 60) */
@@ -152,6 +155,10 @@ struct mesh_transport_opts {
      * The configuration that must agree between peers, as "key=value\n"
      * lines (at most MESH_CONFIG_MAX bytes). Its SHA-256 goes in the
      * handshake; on a mismatch the log line names the key that differs.
+     * A line MESH_CONFIG_VIEW "=N:..." (the membership view of
+     * --elastic) orders two configurations whose N differ: the side of
+     * the lower N fails its join at once (its view is superseded), the
+     * other waits on for the peer to come back in the later view.
      */
     char config[MESH_CONFIG_MAX];
     /* Transport-specific (verbs): device, port, GID index; NULL/-1 = auto. */

@@ -246,18 +246,42 @@ static int hs_got_auth(struct conn *c)
 static void hs_got_config(struct conn *c)
 {
     struct mesh_transport *t = c->t;
+    const char *theirs = (const char *)c->in + 4;
     char diff[600], nb[300];
+    int order;
 
-    tcp_config_diff(t->config, t->config_len, (const char *)c->in + 4,
-                    c->in_len - 4, diff, sizeof(diff));
+    tcp_config_diff(t->config, t->config_len, theirs, c->in_len - 4, diff,
+                    sizeof(diff));
+    order =
+        tcp_config_view_order(t->config, t->config_len, theirs, c->in_len - 4);
     /*
-     * Both sides fail the join at once, naming the field: the peer has
-     * proved the secret, so its configuration is the job's and will not
-     * change (the acceptor used to wait out --join-timeout). A link that
-     * is already up is not torn down by a stray connection.
+     * A peer still in an earlier view (--elastic: it reached this view's
+     * mesh late, or opens the one before): its side fails at once and
+     * follows to ours, so this side waits on for it. Both sides used to
+     * fail, and the view after ours then failed the same way with the
+     * next late peer: the views raced upward.
+     */
+    if (order > 0) {
+        tcp_hs_refuse(c,
+                      "configuration differs: %s (the peer's view is the "
+                      "earlier: waiting for it in this one)",
+                      diff);
+        return;
+    }
+    /*
+     * Else both sides fail the join at once, naming the field: the peer
+     * has proved the secret, so its configuration is the job's and will
+     * not change (the acceptor used to wait out --join-timeout); or this
+     * side's view is superseded by the peer's. A link that is already up
+     * is not torn down by a stray connection.
      */
     if (!t->links[c->peer].ready && !t->join_err[0]) {
-        if (c->role == ROLE_DIALER)
+        if (order < 0)
+            snprintf(t->join_err, sizeof(t->join_err),
+                     "rank %d (%s) is in a later view: configuration "
+                     "differs: %s",
+                     c->peer, tcp_pname(t, c->peer, nb, sizeof(nb)), diff);
+        else if (c->role == ROLE_DIALER)
             snprintf(t->join_err, sizeof(t->join_err),
                      "refused by rank %d (%s): configuration differs: %s",
                      c->peer, tcp_pname(t, c->peer, nb, sizeof(nb)), diff);

@@ -128,6 +128,13 @@ int tcp_config_len_check(uint32_t len, char *why, size_t whylen);
  * configurations: "k=v here, k=w there" (or "k unset"). */
 void tcp_config_diff(const char *a, size_t alen, const char *b, size_t blen,
                      char *out, size_t outlen);
+/*
+ * Order two configurations by their MESH_CONFIG_VIEW lines ("view=N:..."):
+ * 1 when a's N is the higher, -1 when b's is, 0 when they are equal or
+ * either has no such line (or no number in it).
+ */
+int tcp_config_view_order(const char *a, size_t alen, const char *b,
+                          size_t blen);
 /* Copy at most len bytes of untrusted text, replacing non-printables. */
 void tcp_clean_text(char *dst, size_t dstlen, const uint8_t *src, size_t len);
 

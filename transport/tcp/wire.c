@@ -198,6 +198,35 @@ static void config_get(const char *cfg, size_t len, const char *key,
     }
 }
 
+/* The number that starts a "view=N:..." line's value: 0, or -1. */
+static int config_view(const char *cfg, size_t len, uint64_t *n)
+{
+    const char *v;
+    size_t vl, i;
+
+    config_get(cfg, len, MESH_CONFIG_VIEW, strlen(MESH_CONFIG_VIEW), &v, &vl);
+    if (!v || !vl || vl > 40)
+        return -1;
+    *n = 0;
+    for (i = 0; i < vl && v[i] >= '0' && v[i] <= '9'; i++) {
+        if (*n > (UINT64_MAX - 9) / 10)
+            return -1;
+        *n = *n * 10 + (uint64_t)(v[i] - '0');
+    }
+    return i ? 0 : -1;
+}
+
+int tcp_config_view_order(const char *a, size_t alen, const char *b,
+                          size_t blen)
+{
+    uint64_t na, nb;
+
+    if (config_view(a, alen, &na) < 0 || config_view(b, blen, &nb) < 0 ||
+        na == nb)
+        return 0;
+    return na > nb ? 1 : -1;
+}
+
 void tcp_config_diff(const char *a, size_t alen, const char *b, size_t blen,
                      char *out, size_t outlen)
 {
