@@ -171,3 +171,82 @@ const struct mesh_transport_ops *mesh_transport_find(const char *name)
             return all[i];
     return NULL;
 }
+
+#ifndef HAVE_VERBS
+/* Side channels need verbs (transport/verbs/side.c): without them, only
+ * the open fails, and nothing else is ever called. */
+int mesh_side_dev_open(const struct mesh_transport_opts *o,
+                       mesh_side_dev_t **out)
+{
+    (void)o;
+    (void)out;
+    return mesh_err(-ENOSYS, "built without verbs (rdma-core)");
+}
+
+void mesh_side_dev_close(mesh_side_dev_t *d)
+{
+    (void)d;
+}
+
+const char *mesh_side_dev_name(const mesh_side_dev_t *d)
+{
+    (void)d;
+    return "none";
+}
+
+int mesh_side_open(mesh_side_dev_t *d, double peer_timeout_s, mesh_side_t **out)
+{
+    (void)d;
+    (void)peer_timeout_s;
+    (void)out;
+    return mesh_err(-ENOSYS, "built without verbs (rdma-core)");
+}
+
+void mesh_side_addr(const mesh_side_t *s, uint8_t addr[MESH_SIDE_ADDR])
+{
+    (void)s;
+    memset(addr, 0, MESH_SIDE_ADDR);
+}
+
+int mesh_side_connect(mesh_side_t *s, const uint8_t addr[MESH_SIDE_ADDR])
+{
+    (void)s;
+    (void)addr;
+    return mesh_err(-ENOSYS, "built without verbs (rdma-core)");
+}
+
+int mesh_side_reg(mesh_side_t *s, void *buf, size_t len, int remote_read,
+                  uint64_t *raddr, uint32_t *rkey)
+{
+    (void)s;
+    (void)buf;
+    (void)len;
+    (void)remote_read;
+    (void)raddr;
+    (void)rkey;
+    return mesh_err(-ENOSYS, "built without verbs (rdma-core)");
+}
+
+int mesh_side_read(mesh_side_t *s, void *dst, size_t len, uint64_t raddr,
+                   uint32_t rkey)
+{
+    (void)s;
+    (void)dst;
+    (void)len;
+    (void)raddr;
+    (void)rkey;
+    return mesh_err(-ENOSYS, "built without verbs (rdma-core)");
+}
+
+int mesh_side_poll(mesh_side_t *s, size_t *done)
+{
+    (void)s;
+    *done = 0;
+    return mesh_err(-ENOSYS, "built without verbs (rdma-core)");
+}
+
+void mesh_side_close(mesh_side_t *s)
+{
+    (void)s;
+}
+#endif

@@ -341,6 +341,60 @@ struct mesh_transport_ops {
     int (*host_heap)(mesh_transport_t *t, int rank, void **base, size_t *len);
 };
 
+/* ---- side channels (verbs) ----------------------------------------------- */
+
+/*
+ * A side channel is one reliable-connected queue pair, outside any mesh, on
+ * the RDMA device the verbs transport would take (opts' ib_dev, ib_port and
+ * gid_index), with a protection domain of its own: what is registered on
+ * it is reachable through that queue pair only. Its two ends swap their
+ * addresses (MESH_SIDE_ADDR bytes) over a connection the caller
+ * authenticates, connect, and one reads what the other registered
+ * (train/catchup.c: a joiner reads the members' snapshot stripes and
+ * gradients). Errors are recorded with mesh_err. Built without verbs,
+ * mesh_side_dev_open fails with -ENOSYS.
+ *
+ *   mesh_side_dev_open   the device and port, once per process user;
+ *                        -ENODEV without an active port
+ *   mesh_side_dev_close  after every channel on it is closed
+ *   mesh_side_dev_name   "rxe0 port 1"
+ *   mesh_side_open       a channel: PD, CQ, QP; a dead peer fails a read
+ *                        within peer_timeout_s
+ *   mesh_side_addr       its address, to send to the other end
+ *   mesh_side_connect    connect to the other end's address (from the
+ *                        network: every field checked, -EPROTO if bad)
+ *   mesh_side_reg        register len bytes at buf until the channel
+ *                        closes: for remote reads (remote_read; *raddr and
+ *                        *rkey for the other end), or as a read's
+ *                        destination
+ *   mesh_side_read       start reading len bytes at the other end's
+ *                        (raddr, rkey) into dst, inside a registration;
+ *                        one read at a time
+ *   mesh_side_poll       1 when the read is done, 0 while it runs (*done:
+ *                        the bytes landed so far, a prefix of dst), or < 0
+ *                        when it failed (the work completion's status in
+ *                        the message); the channel is then only closed
+ *   mesh_side_close      the queue pair, then the registrations
+ */
+#define MESH_SIDE_ADDR 32
+typedef struct mesh_side_dev mesh_side_dev_t;
+typedef struct mesh_side mesh_side_t;
+
+int mesh_side_dev_open(const struct mesh_transport_opts *o,
+                       mesh_side_dev_t **out);
+void mesh_side_dev_close(mesh_side_dev_t *d);
+const char *mesh_side_dev_name(const mesh_side_dev_t *d);
+int mesh_side_open(mesh_side_dev_t *d, double peer_timeout_s,
+                   mesh_side_t **out);
+void mesh_side_addr(const mesh_side_t *s, uint8_t addr[MESH_SIDE_ADDR]);
+int mesh_side_connect(mesh_side_t *s, const uint8_t addr[MESH_SIDE_ADDR]);
+int mesh_side_reg(mesh_side_t *s, void *buf, size_t len, int remote_read,
+                  uint64_t *raddr, uint32_t *rkey);
+int mesh_side_read(mesh_side_t *s, void *dst, size_t len, uint64_t raddr,
+                   uint32_t rkey);
+int mesh_side_poll(mesh_side_t *s, size_t *done);
+void mesh_side_close(mesh_side_t *s);
+
 /* The transports built in: "tcp", "shm" and "auto" always, "verbs" when
  * configured. */
 const struct mesh_transport_ops *mesh_transport_find(const char *name);
