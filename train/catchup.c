@@ -81,7 +81,7 @@
 
 #define CU_MAGIC   0x4355544dU /* "MTUC": a record */
 #define CU_MAGIC_B 0x4255544dU /* "MTUB": the snapshot buffer */
-#define CU_VERSION 2
+#define CU_VERSION 3
 #define CU_HDR     96 /* every record's header */
 #define CU_BLOB    64 /* the snapshot buffer's header */
 #define CU_SESS    8  /* joiners served at once */
@@ -98,7 +98,17 @@ enum {
     K_SNAP = 5,   /* member: step, size, offset, length; bytes */
     K_GRAD = 6,   /* member: step, lr, offset, count; floats */
     K_DIGEST = 7, /* member: step, SHA-256 of the whole snapshot */
+    K_RDMA = 8,   /* either: a side channel's address, nonce, HMAC */
+    K_ACK = 9,    /* joiner: the GRAD record of step read over RDMA */
 };
+
+/* Side channels (--transport verbs; doc/elastic.md, "Catching up over
+ * verbs"): HELLO's byte 56 says the member offers them, AUTH's byte 40
+ * that the joiner's K_RDMA follows; a SNAP or GRAD record with byte 52
+ * set carries no bytes but the address (40) and rkey (48) the joiner
+ * reads them at. */
+#define CU_OFFER_RDMA 1
+#define CU_VIA_RDMA   1
 
 static void hdr_init(uint8_t *h, int kind, int slot)
 {
@@ -154,6 +164,7 @@ struct cu_item {
     uint8_t *own;
     struct cu_blob *blob;
     int need_hash; /* sent once blob is hashed (DIGEST; SNAP with hold) */
+    int pool;      /* GRAD read over RDMA: 1 + its session's gbuf */
 };
 
 enum { S_FREE, S_HELLO, S_PINNED, S_STREAM, S_DRAIN };
@@ -161,14 +172,24 @@ enum { S_FREE, S_HELLO, S_PINNED, S_STREAM, S_DRAIN };
 struct cu_sess {
     int fd, state, shut;
     uint8_t nonce[16];
-    uint8_t in[CU_HDR];
-    size_t inlen;
+    uint8_t in[2 * CU_HDR]; /* AUTH, and the joiner's K_RDMA; K_ACK */
+    size_t inlen, need;
     int slot, j, k; /* the joiner, and the stripe j of k it asked for */
     uint64_t pin, next;
     int pin_live; /* the live state was pin's and stable when it asked */
     struct cu_item *head, *tail;
-    int nq;
+    int nq; /* queued, and lent */
     double since;
+    /* over RDMA: the joiner reads its stripe (rblob, registered) and
+     * each GRAD record's floats from gbuf (registered once, greg), which
+     * stay lent until its K_ACK */
+    mesh_side_t *side;
+    struct cu_blob *rblob;
+    uint8_t *gbuf[CU_QUEUE];
+    int gused[CU_QUEUE], greg[CU_QUEUE];
+    uint64_t gaddr[CU_QUEUE];
+    uint32_t gkey[CU_QUEUE];
+    struct cu_item *lent, *lent_tail;
 };
 
 struct train_serve {
@@ -196,6 +217,8 @@ struct train_serve {
     struct trainer *t; /* the device's context; the test aid train_fault */
     uint8_t key[256];
     size_t keylen;
+    mesh_side_dev_t *sdev; /* side channels' device (verbs), or NULL */
+    double peer_timeout_s;
 };
 
 static void blob_unref(struct cu_blob *b)
@@ -237,14 +260,30 @@ static void push(struct cu_sess *ss, struct cu_item *it)
 
 static void sess_close(struct cu_sess *ss)
 {
+    /* the queue pair first: nothing is read after this */
+    mesh_side_close(ss->side);
+    ss->side = NULL;
     while (ss->head) {
         struct cu_item *it = ss->head;
 
         ss->head = it->next;
         item_free(it);
     }
-    ss->tail = NULL;
+    while (ss->lent) {
+        struct cu_item *it = ss->lent;
+
+        ss->lent = it->next;
+        item_free(it);
+    }
+    ss->tail = ss->lent_tail = NULL;
     ss->nq = 0;
+    blob_unref(ss->rblob);
+    ss->rblob = NULL;
+    for (int q = 0; q < CU_QUEUE; q++) {
+        free(ss->gbuf[q]);
+        ss->gbuf[q] = NULL;
+        ss->gused[q] = ss->greg[q] = 0;
+    }
     if (ss->fd >= 0)
         close(ss->fd);
     ss->fd = -1;
@@ -352,6 +391,23 @@ static int sess_snap(struct train_serve *sv, struct cu_sess *ss,
     it->data = b->b;
     it->dlen = hi - lo;
     it->need_hash = b->hold;
+    if (ss->side && !ss->rblob) {
+        /* the joiner reads it: registered for its side channel only */
+        uint64_t ra;
+        uint32_t rk;
+
+        if (mesh_side_reg(ss->side, b->b, hi - lo, 1, &ra, &rk) == 0) {
+            ss->rblob = b;
+            b->refs++;
+            mesh_put_le64(it->hdr + 40, ra);
+            mesh_put_le32(it->hdr + 48, rk);
+            it->hdr[52] = CU_VIA_RDMA;
+            it->dlen = 0;
+        } else {
+            mesh_info("catch-up: slot %d's stripe goes over TCP: %s", ss->slot,
+                      mesh_err_msg(-EIO));
+        }
+    }
     push(ss, it);
     mesh_put_le64(dg->hdr + 8, step);
     dg->blob = b;
@@ -360,6 +416,59 @@ static int sess_snap(struct train_serve *sv, struct cu_sess *ss,
     push(ss, dg);
     ss->state = S_STREAM;
     ss->next = step;
+    return 0;
+}
+
+/*
+ * Under mu: the joiner's AUTH (signed, from slot) offered a side channel,
+ * its K_RDMA in ss->in after it: check it, open ours and connect it, and
+ * answer with our address (or none: TCP), signed over the joiner's nonce.
+ * The answer goes before any other record. -1: ss closed.
+ */
+static int sess_side(struct train_serve *sv, struct cu_sess *ss, int slot)
+{
+    const uint8_t *q = ss->in + CU_HDR;
+    uint8_t mac[32];
+    struct cu_item *it;
+    int rc = -ENODEV;
+
+    if (mesh_get_le32(q) != CU_MAGIC || q[4] != CU_VERSION || q[5] != K_RDMA ||
+        mesh_get_le16(q + 6) != slot || q[56] != 1 ||
+        auth_mac(sv->key, sv->keylen, q, ss->nonce, mac) < 0 ||
+        CRYPTO_memcmp(mac, q + 64, 32) != 0) {
+        mesh_info("catch-up: slot %d's side channel address is malformed or "
+                  "not signed with the job's secret: closed",
+                  slot);
+        sess_close(ss);
+        return -1;
+    }
+    it = item_new(K_RDMA, sv->me);
+    if (!it) {
+        sess_close(ss);
+        return -1;
+    }
+    if (sv->sdev) {
+        rc = mesh_side_open(sv->sdev, sv->peer_timeout_s, &ss->side);
+        if (rc == 0)
+            rc = mesh_side_connect(ss->side, q + 8);
+    }
+    if (rc == 0) {
+        mesh_side_addr(ss->side, it->hdr + 8);
+        it->hdr[56] = 1;
+    } else {
+        if (sv->sdev)
+            mesh_info("catch-up: no RDMA side channel to slot %d (%s): its "
+                      "stripe goes over TCP",
+                      slot, mesh_err_msg(rc));
+        mesh_side_close(ss->side);
+        ss->side = NULL;
+    }
+    if (auth_mac(sv->key, sv->keylen, it->hdr, q + 40, it->hdr + 64) < 0) {
+        item_free(it);
+        sess_close(ss);
+        return -1;
+    }
+    push(ss, it);
     return 0;
 }
 
@@ -380,6 +489,9 @@ static void sess_auth(struct train_serve *sv, struct cu_sess *ss)
         sess_close(ss);
         return;
     }
+    ss->inlen = 0; /* K_ACK records from now on */
+    if ((a[40] & CU_OFFER_RDMA) && sess_side(sv, ss, slot) < 0)
+        return;
     ss->slot = slot;
     ss->j = (int)mesh_get_le32(a + 24);
     ss->k = (int)mesh_get_le32(a + 28);
@@ -417,6 +529,23 @@ static int sess_send(struct cu_sess *ss)
             return 0; /* its SHA-256 is being computed */
         if (it->done == 0 && it->hdr[5] == K_DIGEST)
             memcpy(it->hdr + 40, it->blob->digest, 32);
+        if (it->done == 0 && it->pool && !it->hdr[52]) {
+            /* read over RDMA from its buffer, registered at first use */
+            int q = it->pool - 1;
+
+            if (!ss->greg[q] &&
+                mesh_side_reg(ss->side, ss->gbuf[q], it->dlen, 1, &ss->gaddr[q],
+                              &ss->gkey[q]) < 0) {
+                mesh_info("catch-up: slot %d dropped: %s", ss->slot,
+                          mesh_err_msg(-EIO));
+                return -1;
+            }
+            ss->greg[q] = 1;
+            mesh_put_le64(it->hdr + 40, ss->gaddr[q]);
+            mesh_put_le32(it->hdr + 48, ss->gkey[q]);
+            it->hdr[52] = CU_VIA_RDMA;
+            it->dlen = 0;
+        }
         if (it->done < CU_HDR) {
             iov[n].iov_base = it->hdr + it->done;
             iov[n++].iov_len = CU_HDR - it->done;
@@ -441,9 +570,40 @@ static int sess_send(struct cu_sess *ss)
         ss->head = it->next;
         if (!ss->head)
             ss->tail = NULL;
+        if (it->pool) {
+            /* lent until the joiner's K_ACK says it read it */
+            it->next = NULL;
+            if (ss->lent_tail)
+                ss->lent_tail->next = it;
+            else
+                ss->lent = it;
+            ss->lent_tail = it;
+            continue;
+        }
         ss->nq--;
         item_free(it);
     }
+    return 0;
+}
+
+/* Under mu: a K_ACK in ss->in: the oldest GRAD record lent is read. -1
+ * (ss closed) for anything else. */
+static int sess_ack(struct cu_sess *ss)
+{
+    const uint8_t *a = ss->in;
+    struct cu_item *it = ss->lent;
+
+    if (mesh_get_le32(a) != CU_MAGIC || a[4] != CU_VERSION || a[5] != K_ACK ||
+        !it || mesh_get_le64(a + 8) != mesh_get_le64(it->hdr + 8)) {
+        sess_close(ss);
+        return -1;
+    }
+    ss->lent = it->next;
+    if (!ss->lent)
+        ss->lent_tail = NULL;
+    ss->gused[it->pool - 1] = 0;
+    ss->nq--;
+    item_free(it);
     return 0;
 }
 
@@ -467,6 +627,7 @@ static void serve_accept(struct train_serve *sv)
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     memset(ss, 0, sizeof(*ss));
     ss->fd = fd;
+    ss->need = CU_HDR;
     ss->state = S_HELLO;
     ss->since = mesh_now_s();
     if (RAND_bytes(ss->nonce, sizeof(ss->nonce)) != 1) {
@@ -486,21 +647,38 @@ static void serve_accept(struct train_serve *sv)
                   !sv->live_valid ? 0 : sv->live + (sv->dev && !sv->live_ok));
     memcpy(it->hdr + 32, ss->nonce, 16);
     mesh_put_le64(it->hdr + 48, sv->nparams);
+    it->hdr[56] = sv->sdev ? CU_OFFER_RDMA : 0;
     push(ss, it);
 }
 
-/* Under mu: bytes from a joiner (its AUTH, or EOF). */
+/* Under mu: bytes from a joiner (its AUTH, and K_RDMA; K_ACK records
+ * over RDMA; or EOF). */
 static void sess_read(struct train_serve *sv, struct cu_sess *ss)
 {
     uint8_t junk[256];
     ssize_t r;
 
     if (ss->state == S_HELLO) {
+        r = recv(ss->fd, ss->in + ss->inlen, ss->need - ss->inlen,
+                 MSG_DONTWAIT);
+        if (r > 0) {
+            ss->inlen += (size_t)r;
+            /* (its flag read before its HMAC is checked, only to know
+             * how much to read) */
+            if (ss->inlen == CU_HDR && (ss->in[40] & CU_OFFER_RDMA))
+                ss->need = 2 * CU_HDR;
+            if (ss->inlen == ss->need)
+                sess_auth(sv, ss);
+            return;
+        }
+    } else if (ss->side) {
         r = recv(ss->fd, ss->in + ss->inlen, CU_HDR - ss->inlen, MSG_DONTWAIT);
         if (r > 0) {
             ss->inlen += (size_t)r;
-            if (ss->inlen == CU_HDR)
-                sess_auth(sv, ss);
+            if (ss->inlen == CU_HDR) {
+                ss->inlen = 0;
+                (void)sess_ack(ss);
+            }
             return;
         }
     } else {
@@ -555,10 +733,11 @@ static void serve_snap(struct train_serve *sv)
             continue;
         }
         mesh_info("catch-up: slot %d is sent the snapshot of step %" PRIu64
-                  ", %s",
+                  ", %s%s",
                   ss->slot, sv->live,
                   ss->pin_live ? "the live state when it asked"
-                               : "once this peer's state reached it");
+                               : "once this peer's state reached it",
+                  ss->side ? " (it reads it over RDMA)" : "");
         if (sess_snap(sv, ss, b, sv->live) == 0)
             train_fault(sv->t, TRAIN_FAULT_CATCHUP); /* test aid: dies */
         blob_unref(b);
@@ -701,6 +880,7 @@ int train_serve_start(struct trainer *t)
         sv->mom = mesh_nn_sgd_momentum(t->sgd);
     }
     sv->t = t;
+    sv->peer_timeout_s = t->mo->topts.peer_timeout_s;
     if (t->mo->topts.secret) {
         if (t->mo->topts.secret_len > sizeof(sv->key)) {
             free(sv);
@@ -708,6 +888,18 @@ int train_serve_start(struct trainer *t)
         }
         memcpy(sv->key, t->mo->topts.secret, t->mo->topts.secret_len);
         sv->keylen = t->mo->topts.secret_len;
+    }
+    /* over verbs, joiners read the state over RDMA: side channels on the
+     * mesh's device (without one, TCP as on every other transport) */
+    if (t->mo->transport && !strcmp(t->mo->transport, "verbs")) {
+        rc = mesh_side_dev_open(&t->mo->topts, &sv->sdev);
+        if (rc < 0) {
+            mesh_info("catch-up: no RDMA side channels (%s): joiners get "
+                      "the state over TCP",
+                      mesh_err_msg(rc));
+            mesh_err_clear();
+            sv->sdev = NULL;
+        }
     }
     rc = mesh_elastic_addr(t->el, sv->me, &ss, &len);
     if (rc == 0) {
@@ -743,6 +935,7 @@ int train_serve_start(struct trainer *t)
             close(sv->pipe[0]);
             close(sv->pipe[1]);
         }
+        mesh_side_dev_close(sv->sdev);
         free(sv);
         return rc;
     }
@@ -772,6 +965,7 @@ void train_serve_stop(struct trainer *t)
     close(sv->lfd);
     close(sv->pipe[0]);
     close(sv->pipe[1]);
+    mesh_side_dev_close(sv->sdev); /* (every session closed) */
     OPENSSL_cleanse(sv->key, sizeof(sv->key));
     free(sv);
     t->serve = NULL;
@@ -902,9 +1096,25 @@ void train_serve_grad(struct trainer *t, uint64_t step, float lr)
             continue;
         }
         it = item_new(K_GRAD, sv->me);
-        if (it)
+        if (it && ss->side && hi > lo) {
+            /* read over RDMA: a buffer of the session's, free again
+             * once read (nq counts those lent: one is free) */
+            int q = 0;
+
+            while (q < CU_QUEUE - 1 && ss->gused[q])
+                q++;
+            if (!ss->gbuf[q])
+                ss->gbuf[q] = malloc((hi - lo) * 4);
+            if (ss->gbuf[q] && !ss->gused[q]) {
+                ss->gused[q] = 1;
+                it->pool = q + 1;
+                it->data = ss->gbuf[q];
+            }
+        } else if (it) {
             it->own = malloc((hi - lo) * 4 + 1);
-        if (!it || !it->own) {
+            it->data = it->own;
+        }
+        if (!it || !it->data) {
             if (it)
                 item_free(it);
             sess_close(ss);
@@ -914,9 +1124,10 @@ void train_serve_grad(struct trainer *t, uint64_t step, float lr)
          * copy in and scaling are ordered before (train/gradsync.c) */
         rc = 0;
         if (!sv->dev)
-            memcpy(it->own, g + lo, (hi - lo) * 4);
+            memcpy((void *)(uintptr_t)it->data, g + lo, (hi - lo) * 4);
         else
-            rc = mesh_nn_download(t->ctx, it->own, g + lo, (hi - lo) * 4);
+            rc = mesh_nn_download(t->ctx, (void *)(uintptr_t)it->data, g + lo,
+                                  (hi - lo) * 4);
         if (rc < 0) {
             mesh_info("catch-up: slot %d dropped: %s", ss->slot,
                       mesh_err_msg(rc));
@@ -928,7 +1139,6 @@ void train_serve_grad(struct trainer *t, uint64_t step, float lr)
         memcpy(it->hdr + 16, &lr, 4);
         mesh_put_le64(it->hdr + 24, lo);
         mesh_put_le64(it->hdr + 32, hi - lo);
-        it->data = it->own;
         it->dlen = (hi - lo) * 4;
         push(ss, it);
         ss->next = step + 1;
@@ -955,6 +1165,14 @@ struct cu_peer {
     uint64_t rstep; /* the current GRAD record's step */
     uint64_t next;  /* the GRAD step expected next */
     uint8_t digest[32];
+    /* over RDMA: its side channel (offered in its HELLO; rdma once its
+     * K_RDMA connected it), the nonce it signs that with, and the
+     * record being read: rdlen bytes from rd0 */
+    int offer, rdma, rd;
+    mesh_side_t *side;
+    uint8_t jnonce[16];
+    uint8_t *rd0;
+    size_t rdlen;
 };
 
 struct train_catchup {
@@ -1008,11 +1226,20 @@ struct train_catchup {
     uint8_t bh[64];
     size_t hoff_tgt; /* hashed when the target came (the log line) */
     int rolled;      /* the state kept was put back */
+    /* side channels (--transport verbs): the device (NULL: TCP), no_rdma
+     * after one failed to connect; bytes read over RDMA in this try */
+    mesh_side_dev_t *sdev;
+    char sdev_name[96];
+    int no_rdma;
+    size_t rdma_snap, rdma_grad;
 };
 
 static void cu_close(struct train_catchup *cu)
 {
     for (int i = 0; i < cu->k; i++) {
+        mesh_side_close(cu->p[i].side);
+        cu->p[i].side = NULL;
+        cu->p[i].rdma = cu->p[i].rd = 0;
         if (cu->p[i].fd >= 0) {
             close(cu->p[i].fd);
             cu->p[i].fd = -1;
@@ -1132,17 +1359,56 @@ static int cu_connect(struct train_catchup *cu, const uint16_t *ports,
         *np = (size_t)mesh_get_le64(p->hdr + 48);
         p->at = mesh_get_le64(p->hdr + 24);
         memcpy(p->nonce, p->hdr + 32, 16);
+        p->offer = p->hdr[56] & CU_OFFER_RDMA;
     }
     return 0;
+}
+
+/*
+ * A side channel to each member that offers one, with what it may fill
+ * registered on it (its stripe of the snapshot, and of each gradient of
+ * the ring): over verbs, the joiner reads those over RDMA. A member
+ * without one sends over TCP.
+ */
+static void cu_sides(struct train_catchup *cu, size_t np)
+{
+    double pt = cu->t->mo->topts.peer_timeout_s;
+
+    for (int i = 0; i < cu->k && cu->sdev && !cu->no_rdma; i++) {
+        struct cu_peer *p = &cu->p[i];
+        size_t lo = cu->n * (size_t)i / (size_t)cu->k,
+               hi = cu->n * (size_t)(i + 1) / (size_t)cu->k,
+               glo = np * (size_t)i / (size_t)cu->k,
+               ghi = np * (size_t)(i + 1) / (size_t)cu->k;
+        int rc;
+
+        if (!p->offer)
+            continue;
+        rc = mesh_side_open(cu->sdev, pt, &p->side);
+        if (rc == 0)
+            rc = mesh_side_reg(p->side, cu->blob + lo, hi - lo, 0, NULL, NULL);
+        for (int r = 0; r < CU_RING && rc == 0 && ghi > glo; r++)
+            rc = mesh_side_reg(p->side, cu->g[r] + glo, (ghi - glo) * 4, 0,
+                               NULL, NULL);
+        if (rc < 0) {
+            mesh_info("catch-up: no RDMA side channel to slot %d (%s): its "
+                      "stripe comes over TCP",
+                      p->slot, mesh_err_msg(rc));
+            mesh_side_close(p->side);
+            p->side = NULL;
+        }
+    }
 }
 
 static int cu_auth(struct train_catchup *cu, uint64_t x, size_t np)
 {
     const struct mesh_opts *mo = cu->t->mo;
+    const uint8_t *key = mo->topts.secret;
+    size_t keylen = key ? mo->topts.secret_len : 0;
 
     for (int i = 0; i < cu->k; i++) {
         struct cu_peer *p = &cu->p[i];
-        uint8_t h[CU_HDR];
+        uint8_t h[2 * CU_HDR], *q = h + CU_HDR;
 
         hdr_init(h, K_AUTH, mo->world.rank);
         mesh_put_le64(h + 8, cu->epoch);
@@ -1150,10 +1416,23 @@ static int cu_auth(struct train_catchup *cu, uint64_t x, size_t np)
         mesh_put_le32(h + 24, (uint32_t)i);
         mesh_put_le32(h + 28, (uint32_t)cu->k);
         mesh_put_le64(h + 32, np);
-        if (auth_mac(mo->topts.secret,
-                     mo->topts.secret ? mo->topts.secret_len : 0, h, p->nonce,
-                     h + 64) < 0 ||
-            send_all_fd(p->fd, h, CU_HDR, mesh_now_s() + 3) < 0)
+        h[40] = p->side ? CU_OFFER_RDMA : 0;
+        if (auth_mac(key, keylen, h, p->nonce, h + 64) < 0)
+            return -1;
+        /* our side channel's address, signed too: the member answers
+         * with its own, signed over our nonce */
+        hdr_init(q, K_RDMA, mo->world.rank);
+        if (p->side) {
+            mesh_side_addr(p->side, q + 8);
+            q[56] = 1;
+            if (RAND_bytes(p->jnonce, 16) != 1)
+                return -1;
+            memcpy(q + 40, p->jnonce, 16);
+            if (auth_mac(key, keylen, q, p->nonce, q + 64) < 0)
+                return -1;
+        }
+        if (send_all_fd(p->fd, h, p->side ? 2 * CU_HDR : CU_HDR,
+                        mesh_now_s() + 3) < 0)
             return -1;
         p->next = x;
     }
@@ -1430,9 +1709,78 @@ static int cu_load(struct train_catchup *cu)
 }
 
 /*
+ * Under mu: p's K_RDMA, its answer to ours: signed over our nonce, its
+ * side channel's address (connect ours to it), or none (then TCP). 0, -1
+ * (malformed: the catch-up fails), -4 (ours did not connect: try again
+ * over TCP).
+ */
+static int cu_rdma(struct train_catchup *cu, struct cu_peer *p)
+{
+    const struct mesh_opts *mo = cu->t->mo;
+    const uint8_t *h = p->hdr;
+    uint8_t mac[32];
+    int rc;
+
+    if (!p->side || p->rdma ||
+        auth_mac(mo->topts.secret, mo->topts.secret ? mo->topts.secret_len : 0,
+                 h, p->jnonce, mac) < 0 ||
+        CRYPTO_memcmp(mac, h + 64, 32) != 0) {
+        mesh_info("catch-up: slot %d's side channel address is out of place, "
+                  "or not signed with the job's secret",
+                  p->slot);
+        return -1;
+    }
+    if (h[56] != 1) {
+        mesh_info("catch-up: slot %d has no RDMA side channel: its stripe "
+                  "comes over TCP",
+                  p->slot);
+        mesh_side_close(p->side);
+        p->side = NULL;
+        return 0;
+    }
+    rc = mesh_side_connect(p->side, h + 8);
+    if (rc < 0) {
+        mesh_info("catch-up: slot %d's side channel: %s; trying again over "
+                  "TCP",
+                  p->slot, mesh_err_msg(rc));
+        cu->no_rdma = 1;
+        return -4;
+    }
+    p->rdma = 1;
+    return 0;
+}
+
+/* Under mu: the record whose header p holds carries no bytes but where
+ * to read them (SNAP or GRAD over RDMA): start reading p->left bytes into
+ * p->dst. 0, or -1 (the catch-up fails). */
+static int cu_read(struct cu_peer *p)
+{
+    int rc;
+
+    if (!p->rdma) {
+        mesh_info("catch-up: slot %d says to read a record over RDMA, "
+                  "without a side channel",
+                  p->slot);
+        return -1;
+    }
+    if (!p->left)
+        return 0;
+    rc = mesh_side_read(p->side, p->dst, p->left, mesh_get_le64(p->hdr + 40),
+                        mesh_get_le32(p->hdr + 48));
+    if (rc < 0) {
+        mesh_info("catch-up: slot %d: %s", p->slot, mesh_err_msg(rc));
+        return -1;
+    }
+    p->rd = 1;
+    p->rd0 = p->dst;
+    p->rdlen = p->left;
+    return 0;
+}
+
+/*
  * Under mu: a record's header from p is complete: check it and say where
  * its payload goes. 1: wait (its step has no room yet), 0 go on, -1 the
- * catch-up fails, -2 boundary X had passed (LATE).
+ * catch-up fails, -2 boundary X had passed (LATE), -4 try again over TCP.
  */
 static int cu_header(struct train_catchup *cu, struct cu_peer *p)
 {
@@ -1443,6 +1791,12 @@ static int cu_header(struct train_catchup *cu, struct cu_peer *p)
         mesh_get_le16(h + 6) != p->slot)
         return -1;
     p->kind = h[5];
+    p->dst = NULL;
+    p->left = 0;
+    if (p->kind == K_RDMA)
+        return cu_rdma(cu, p);
+    if (p->side && !p->rdma)
+        return -1; /* its K_RDMA comes first */
     if (p->kind == K_LATE)
         return -2;
     if (p->kind == K_REFUSE)
@@ -1458,7 +1812,7 @@ static int cu_header(struct train_catchup *cu, struct cu_peer *p)
             return -1;
         p->dst = cu->blob + off;
         p->left = len;
-        return 0;
+        return h[52] == CU_VIA_RDMA ? cu_read(p) : h[52] ? -1 : 0;
     }
     if (p->kind == K_DIGEST) {
         if (!p->snap_done || p->dig_done || mesh_get_le64(h + 8) != cu->x)
@@ -1494,7 +1848,7 @@ static int cu_header(struct train_catchup *cu, struct cu_peer *p)
         p->rstep = k;
         p->dst = (uint8_t *)(cu->g[r] + off);
         p->left = cnt * 4;
-        return 0;
+        return h[52] == CU_VIA_RDMA ? cu_read(p) : h[52] ? -1 : 0;
     }
     return -1; /* REFUSE, or anything else */
 }
@@ -1504,6 +1858,8 @@ static int cu_record_done(struct train_catchup *cu, struct cu_peer *p)
 {
     p->hlen = 0;
     p->dst = NULL;
+    if (p->kind == K_RDMA)
+        return 0;
     if (p->kind == K_SNAP) {
         int all = 1;
 
@@ -1556,6 +1912,56 @@ static int cu_alloc(struct train_catchup *cu, size_t np)
 }
 
 /*
+ * Under mu: the reads over RDMA in progress: what landed counts as the
+ * bytes of a TCP payload would (the snapshot is hashed as it comes); a
+ * record read whole is done, and a GRAD record's K_ACK lets its member
+ * use the buffer again. A read that fails is a member gone (the catch-up
+ * goes on as for a closed connection). -1 when the catch-up fails.
+ */
+static int cu_reads(struct train_catchup *cu)
+{
+    for (int i = 0; i < cu->k; i++) {
+        struct cu_peer *p = &cu->p[i];
+        size_t done = 0, d;
+        uint64_t step = p->rstep;
+        int rc, grad = p->kind == K_GRAD;
+
+        if (!p->rd || p->eof)
+            continue;
+        rc = mesh_side_poll(p->side, &done);
+        if (rc < 0) {
+            mesh_info("catch-up: slot %d: %s", p->slot, mesh_err_msg(rc));
+            p->rd = 0;
+            p->eof = 1;
+            continue;
+        }
+        d = done - (p->rdlen - p->left);
+        p->dst = p->rd0 + done;
+        p->left = p->rdlen - done;
+        if (grad) {
+            cu->rdma_grad += d;
+        } else {
+            cu->got += d;
+            cu->rdma_snap += d;
+        }
+        if (rc == 0)
+            continue;
+        p->rd = 0;
+        if (cu_record_done(cu, p) < 0)
+            return -1;
+        if (grad) {
+            uint8_t h[CU_HDR];
+
+            hdr_init(h, K_ACK, cu->t->mo->world.rank);
+            mesh_put_le64(h + 8, step);
+            if (send_all_fd(p->fd, h, CU_HDR, mesh_now_s() + 1) < 0)
+                p->eof = 1;
+        }
+    }
+    return 0;
+}
+
+/*
  * One try: connect, name the boundary margin steps after the last one
  * the members passed (0: that one, which they copy at once unless its
  * update has begun), receive and apply until the target is reached. 1
@@ -1595,8 +2001,10 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
         pthread_mutex_lock(&cu->mu);
         return cu_why(__LINE__, -1);
     }
-    if (rc == 0)
+    if (rc == 0) {
+        cu_sides(cu, nparams);
         rc = cu_auth(cu, x, nparams);
+    }
     if (rc < 0)
         usleep(200000); /* a view forming or changing: try again */
     pthread_mutex_lock(&cu->mu);
@@ -1611,6 +2019,7 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
     cu->loaded = 0;
     cu->snap_in = 0;
     cu->got = 0;
+    cu->rdma_snap = cu->rdma_grad = 0;
     cu->bstep = UINT64_MAX;
     cu_hash_reset(cu, UINT64_MAX);
     for (int r = 0; r < CU_RING; r++)
@@ -1623,7 +2032,7 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
     until = mesh_now_s() + MESH_MAX(10.0, wait_s / 2);
     while (!cu->stop) {
         struct pollfd pf[MESH_ELASTIC_MAX_SLOTS];
-        int ix[MESH_ELASTIC_MAX_SLOTS], np = 0, open = 0, more;
+        int ix[MESH_ELASTIC_MAX_SLOTS], np = 0, open = 0, more, reading = 0;
         double now = mesh_now_s();
 
         /* the snapshot came before the model was built */
@@ -1657,8 +2066,10 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
             if (p->eof)
                 continue;
             open++;
-            /* a GRAD record waiting for room stays in the socket */
-            if (p->hlen == CU_HDR && !p->dst)
+            /* a GRAD record waiting for room stays in the socket, and
+             * what follows a record read over RDMA until it is read */
+            reading |= p->rd;
+            if ((p->hlen == CU_HDR && !p->dst) || p->rd)
                 continue;
             ix[np] = i;
             pf[np].fd = p->fd;
@@ -1679,8 +2090,10 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
         if (more < 0)
             return cu_why(__LINE__, -1);
         pthread_mutex_unlock(&cu->mu);
-        (void)poll(pf, (nfds_t)np, more ? 0 : 50);
+        (void)poll(pf, (nfds_t)np, more ? 0 : reading ? 1 : 50);
         pthread_mutex_lock(&cu->mu);
+        if (reading && cu_reads(cu) < 0)
+            return cu_why(__LINE__, -1);
         for (int j = 0; j < np; j++) {
             struct cu_peer *p = &cu->p[ix[j]];
             ssize_t r;
@@ -1704,8 +2117,9 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
                 if (p->hlen < CU_HDR)
                     continue;
                 rc = cu_header(cu, p);
-                if (rc == -2 || rc == -3) {
-                    /* X had passed, or the view changed meanwhile */
+                if (rc == -2 || rc == -3 || rc == -4) {
+                    /* X had passed, or the view changed meanwhile, or
+                     * RDMA failed: again over TCP */
                     if (rc == -2) {
                         *margin = *margin ? *margin * 2 : 1;
                         mesh_info("catch-up: slot %d is past step %" PRIu64
@@ -1755,8 +2169,23 @@ static void *cu_main(void *arg)
 {
     struct train_catchup *cu = arg;
     uint64_t margin = 0; /* the boundary just passed: served at once */
+    const struct mesh_opts *mo = cu->t->mo;
     int rc = 0;
 
+    /* over verbs, the stripes and gradients are read over RDMA, on the
+     * mesh's device (without one, they come over TCP) */
+    if (mo->transport && !strcmp(mo->transport, "verbs")) {
+        rc = mesh_side_dev_open(&mo->topts, &cu->sdev);
+        if (rc < 0)
+            mesh_info("catch-up: no RDMA side channels (%s): the state comes "
+                      "over TCP",
+                      mesh_err_msg(rc));
+        else
+            snprintf(cu->sdev_name, sizeof(cu->sdev_name), "%s",
+                     mesh_side_dev_name(cu->sdev));
+        mesh_err_clear();
+        rc = 0;
+    }
     pthread_mutex_lock(&cu->mu);
     for (int i = 0;
          i < CU_TRIES && rc == 0 && !cu->stop && cu->target == UINT64_MAX;
@@ -1764,6 +2193,8 @@ static void *cu_main(void *arg)
         rc = cu_try(cu, &margin);
         cu_close(cu);
     }
+    mesh_side_dev_close(cu->sdev);
+    cu->sdev = NULL;
     cu->result = rc == 1 ? 1 : -1;
     cu->t_end = mesh_now_s() - cu->t0;
     if (cu->result < 0) {
@@ -1890,6 +2321,10 @@ int train_catchup_finish(struct trainer *t, uint64_t step,
                                "before it)"
                              : "",
                   step, cu->t_end, cu->hoff_tgt, 8 * cu->np);
+    if (ok && cu->rdma_snap)
+        mesh_info("catch-up over RDMA (%s): %zu of the snapshot's %zu bytes "
+                  "and %zu bytes of gradients read from the members' memory",
+                  cu->sdev_name, cu->rdma_snap, cu->n, cu->rdma_grad);
     if (ok && cu->hdone && cu->hstep == step) {
         memcpy(wh->h, cu->h, 64);
         wh->valid = 1;

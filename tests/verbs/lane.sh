@@ -6,9 +6,10 @@
 # project's own tests inside (tests/verbs/guest.sh): ibv_rc_pingpong, the
 # verbs checks (tests/verbs/test_verbs), the transport conformance suite,
 # the collectives over verbs and --elastic over verbs (one of 3 training
-# peers killed, the other two go on; then it is started again and rejoins,
-# its state sent over verbs); then two guests joined by one virtio-net link,
-# two "hosts" with their own rxe, run meshbench and a 2-peer training step.
+# peers killed, the other two go on; then it is started again, catches up
+# over RDMA while they train, and rejoins); then two guests joined by one
+# virtio-net link, two "hosts" with their own rxe, run meshbench and a
+# 2-peer training step.
 # A TAP skip, with the reason, where qemu or the kernel package is missing.
 #
 # Environment: MESHTRAIN_VERBS_LANE=0 skips it; VERBS_PARTS picks parts
