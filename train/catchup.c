@@ -814,8 +814,12 @@ static void *serve_main(void *arg)
                 sess_close(ss);
                 continue;
             }
-            if (ss->state == S_DRAIN && !ss->head && !ss->shut) {
-                (void)shutdown(ss->fd, SHUT_WR); /* then wait for its EOF */
+            /* closed (then wait for its EOF) once our next view is
+             * valid: a joiner tells the view change that admits it from
+             * another by its DECIDED, which may come late (a loaded
+             * host); one not admitted starts again once we serve */
+            if (ss->state == S_DRAIN && !ss->head && !ss->shut && sv->valid) {
+                (void)shutdown(ss->fd, SHUT_WR);
                 ss->shut = 1;
             }
             at[i] = np;
@@ -1967,9 +1971,12 @@ static int cu_reads(struct train_catchup *cu)
  * update has begun), receive and apply until the target is reached. 1
  * done, 0 try again (*margin grown after LATE), -1 give up.
  */
+static int cu_why_line; /* (the log line when the catch-up fails) */
+
 static int cu_why(int line, int rc)
 {
     mesh_debug("catch-up: try ends (%d) at line %d", rc, line);
+    cu_why_line = line;
     return rc;
 }
 
@@ -2198,8 +2205,10 @@ static void *cu_main(void *arg)
     cu->result = rc == 1 ? 1 : -1;
     cu->t_end = mesh_now_s() - cu->t0;
     if (cu->result < 0) {
-        mesh_info("catch-up did not complete: this peer asks to be admitted "
-                  "and receives the whole state in the view change");
+        mesh_info("catch-up did not complete (its last try ended at "
+                  "train/catchup.c:%d): this peer asks to be admitted and "
+                  "receives the whole state in the view change",
+                  cu_why_line);
         /* (once its model is built: admitted, it must join the view's
          * mesh at once) */
         if (cu->model)
