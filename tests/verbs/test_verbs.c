@@ -12,7 +12,12 @@
  *     guard bytes right after the window, in the same page, are untouched;
  *   - 300 collectives back to back on registered buffers: right results,
  *     and the registration count returns to where it started;
- *   - --transport auto picks RDMA where every rank has an active port.
+ *   - --transport auto picks RDMA where every rank has an active port;
+ *   - side channels (transport/transport.h; the catch-up's RDMA reads):
+ *     two in one process read 5 MiB + 123 bytes (two pieces) exactly;
+ *     a garbage address, a wrapping range, an unregistered destination
+ *     are refused before any post, and a wrong rkey or a range past the
+ *     registration fails the read with the completion's status.
  * Without an RDMA device with an active port: a TAP skip with the reason.
  */
 #include "config.h"
@@ -281,6 +286,129 @@ static int run2(int (*fn)(struct two *, char *), char msgs[2][MSG],
     return good ? 0 : -1;
 }
 
+/* ---- side channels ------------------------------------------------------ */
+
+/* Two side channels a and b on d, connected to each other. */
+static int side_pair(mesh_side_dev_t *d, mesh_side_t **a, mesh_side_t **b)
+{
+    uint8_t aa[MESH_SIDE_ADDR], ba[MESH_SIDE_ADDR];
+    int rc;
+
+    *a = *b = NULL;
+    rc = mesh_side_open(d, 3.0, a);
+    if (rc == 0)
+        rc = mesh_side_open(d, 3.0, b);
+    if (rc == 0) {
+        mesh_side_addr(*a, aa);
+        mesh_side_addr(*b, ba);
+        rc = mesh_side_connect(*a, ba);
+    }
+    if (rc == 0)
+        rc = mesh_side_connect(*b, aa);
+    return rc;
+}
+
+/* Poll b's read to its end (60 s at most: TCG on a loaded host): 1
+ * done, or < 0. */
+static int side_wait(mesh_side_t *b, size_t *done)
+{
+    double until = mesh_now_s() + 60;
+
+    while (mesh_now_s() < until) {
+        int rc = mesh_side_poll(b, done);
+
+        if (rc != 0)
+            return rc;
+        usleep(100);
+    }
+    return mesh_err(-ETIMEDOUT, "the read did not end in 60 s");
+}
+
+static void check_side(void)
+{
+    struct mesh_transport_opts o;
+    mesh_side_dev_t *d = NULL;
+    mesh_side_t *a = NULL, *b = NULL;
+    size_t n = (5u << 20) + 123, done = 0;
+    uint8_t *src = malloc(n), *dst = malloc(n + 64), bad[MESH_SIDE_ADDR];
+    uint64_t ra = 0;
+    uint32_t rk = 0;
+    int rc, good = 1;
+
+    mesh_transport_opts_init(&o);
+    rc = mesh_side_dev_open(&o, &d);
+    ok(rc == 0, "side channels: the device opens (%s)",
+       rc ? mesh_err_msg(rc) : mesh_side_dev_name(d));
+    if (rc || !src || !dst) {
+        free(src);
+        free(dst);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        src[i] = (uint8_t)(i * 131 + (i >> 13));
+    memset(dst, 0xee, n + 64);
+    rc = side_pair(d, &a, &b);
+    if (rc == 0)
+        rc = mesh_side_reg(a, src, n, 1, &ra, &rk);
+    if (rc == 0)
+        rc = mesh_side_reg(b, dst, n + 64, 0, NULL, NULL);
+    if (rc == 0)
+        rc = mesh_side_read(b, dst, n, ra, rk);
+    if (rc == 0)
+        rc = side_wait(b, &done);
+    for (size_t i = n; i < n + 64; i++)
+        good &= dst[i] == 0xee;
+    ok(rc == 1 && done == n && !memcmp(src, dst, n) && good,
+       "side channels: %zu bytes read over RDMA exactly, nothing past them "
+       "(%s)",
+       n, rc < 0 ? mesh_err_msg(rc) : "ok");
+
+    /* refused before anything is posted */
+    memset(bad, 0, sizeof(bad));
+    rc = mesh_side_connect(b, bad);
+    ok(rc == -EPROTO, "side channels: a zero address is refused: %s",
+       mesh_err_msg(rc));
+    rc = mesh_side_read(b, dst, 64, UINT64_MAX - 10, rk);
+    ok(rc == -EPROTO, "side channels: a remote range that wraps is refused: %s",
+       mesh_err_msg(rc));
+    rc = mesh_side_read(b, src, 64, ra, rk);
+    ok(rc == -EINVAL,
+       "side channels: a destination outside the registrations is "
+       "refused: %s",
+       mesh_err_msg(rc));
+    rc = mesh_side_read(b, dst, n + 65, ra, rk);
+    ok(rc == -EINVAL,
+       "side channels: a read past the destination's registration is "
+       "refused: %s",
+       mesh_err_msg(rc));
+    mesh_side_close(b);
+    mesh_side_close(a);
+
+    /* the remote HCA refuses: a wrong rkey; a range past the region */
+    for (int k = 0; k < 2; k++) {
+        rc = side_pair(d, &a, &b);
+        if (rc == 0)
+            rc = mesh_side_reg(a, src, 4096, 1, &ra, &rk);
+        if (rc == 0)
+            rc = mesh_side_reg(b, dst, n, 0, NULL, NULL);
+        memset(dst, 0xee, 8192);
+        if (rc == 0)
+            rc =
+                mesh_side_read(b, dst, k ? 8192 : 4096, ra, k ? rk : rk ^ 0x5a);
+        if (rc == 0)
+            rc = side_wait(b, &done);
+        ok(rc < 0 && strstr(mesh_err_msg(rc), "remote") && dst[0] == 0xee,
+           "side channels: %s fails the read: %s",
+           k ? "a range past the registration" : "a wrong rkey",
+           rc < 0 ? mesh_err_msg(rc) : "it succeeded");
+        mesh_side_close(b);
+        mesh_side_close(a);
+    }
+    mesh_side_dev_close(d);
+    free(src);
+    free(dst);
+}
+
 /* An RDMA device with an active port, or why not. */
 static int have_rdma(char *why, size_t len)
 {
@@ -353,5 +481,6 @@ int main(void)
        "--transport auto: ranks of one host share memory, verbs beside "
        "(%s, %s)",
        m[0], m[1]);
+    check_side();
     return done();
 }
