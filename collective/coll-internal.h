@@ -421,6 +421,21 @@ double coll_htree_cost(const struct coll_shape *c, double bytes);
 double coll_hrd_cost(const struct coll_shape *c, double bytes);
 double coll_local_cost(const struct coll_shape *c, double bytes);
 
+/*
+ * Buffers in the host's shared memory (coll_hosts.heap): from
+ * COLL_SHARED_MIN bytes, local and hier start with host sync number k + 1
+ * (k: the syncs posted so far), run at once, whose two words say where
+ * this rank's input and output lie in its share; below, one copy of the
+ * input costs less than that sync. coll_host_words runs it and returns
+ * every rank's input in[0..L) and output out[0..L) (by local index) where
+ * they are in place, *ins 1 where every input is, *outs where every output
+ * is: the same on every rank of the host, so all take the same path.
+ */
+#define COLL_SHARED_MIN (256u << 10)
+int coll_host_words(struct sched *s, const struct coll_args *a,
+                    const struct coll_hosts *h, uint64_t k, size_t bytes,
+                    const void **in, void **out, int *ins, int *outs);
+
 /* ---- the builders, by family --------------------------------------------- */
 
 /* Scratch space the schedule needs, in bytes (computed before building). */

@@ -12,7 +12,9 @@
  * through the windows instead of messages, as local.c's all-reduce does:
  * each rank copies its input into its window once, a host sync, and a
  * rank adds straight from every window; the results come back the same
- * way. Each host decides for itself: nothing between hosts changes.
+ * way. Where the buffers are in the host's shared memory, the inputs are
+ * read and the outputs written in place instead (build_hier_win). Each
+ * host decides for itself: nothing between hosts changes.
  *
  * Between the hosts, a segment of up to HIER_RD_MAX bytes goes by
  * recursive doubling instead of the ring (log2 H hops instead of
@@ -130,7 +132,53 @@ static int hier_between(struct sched *s, const struct coll_args *a, char *mine,
  * the c-th piece of its final segment into its window, a host sync, and
  * every rank copies the others' pieces out. One sync per piece and phase,
  * no message inside the host.
+ *
+ * In place where the buffers are in the host's shared memory (local.c's
+ * rules again): from COLL_SHARED_MIN bytes, a first host sync with every
+ * rank's two words (coll_host_words). Where every input is there, local
+ * rank l adds segment l straight from the L inputs into its receive
+ * buffer, with no sync before the rings: the rank that adds a segment is
+ * the only one that reads it in any input, and an input's owner writes
+ * the other segments of its output (which may be that input) only after
+ * a host sync that every rank posts after its sum, or, where every
+ * output is there too, the rank of that segment does, after its sum.
+ * Where every output is there, local rank l writes its final segment into
+ * the L - 1 other outputs itself (put_in_place), and one host sync ends
+ * the collective: after it, no one writes our output or reads our input.
+ * Every path adds the same inputs in the same order as the copies do: the
+ * same bytes on every path, and every rank of the host reads the same
+ * words, so all take the same path (each host decides for itself).
  */
+
+/* Where every output is in place: the piece of our final segment we copy
+ * into the L - 1 other outputs, while it is in our cache. */
+#define HIER_PIECE (128u << 10)
+
+/* Phase 3 with every output in place, out[0..L): our final segment (mine,
+ * ms elements in, ml long) into the others' outputs with streaming stores
+ * (no output line is read in first), a piece at a time; one host sync
+ * (tag) at the end. */
+static void put_in_place(struct sched *s, const struct coll_args *a, void **out,
+                         const char *mine, size_t ms, size_t ml, uint32_t tag)
+{
+    const struct coll_hosts *h = a->hosts;
+    size_t es = mesh_dtype_size(a->dtype), pc = MESH_MAX(HIER_PIECE / es, 1);
+    int L = h->local, l = h->local_of[a->rank];
+    int end = sched_sync(s, tag);
+
+    for (size_t c = 0; c < nchunks(ml, pc); c++) {
+        size_t o, pl;
+
+        clip(0, ml, c, pc, &o, &pl);
+        for (int j = 0; j < L; j++)
+            if (j != l)
+                sched_dep(s,
+                          sched_copy_stream(s, at(out[j], ms + o, es),
+                                            at(mine, o, es), pl * es),
+                          end);
+    }
+}
+
 static int build_hier_win(struct sched *s, const struct coll_args *a,
                           void *scratch, mesh_mr_t *smr)
 {
@@ -140,8 +188,9 @@ static int build_hier_win(struct sched *s, const struct coll_args *a,
     float div =
         a->redop == MESH_REDOP_AVG && h->nhosts == 1 ? (float)a->size : 1.0f;
     int L = h->local, l = h->local_of[a->rank], prev = -1, prev_use = -1;
-    int from, rc, *out;
-    const void **in;
+    int from, rc, *out, ins = 0, outs = 0;
+    const void **in, **inp;
+    void **outp;
     char *mine;
     uint64_t k;
     void *base;
@@ -162,16 +211,29 @@ static int build_hier_win(struct sched *s, const struct coll_args *a,
         return rc;
     in = malloc((size_t)L * sizeof(*in));
     out = malloc((size_t)L * sizeof(*out));
-    if (!in || !out) {
-        free(in);
-        free(out);
-        return mesh_err(-ENOMEM, "out of memory building a hierarchy");
+    inp = calloc((size_t)L, sizeof(*inp));
+    outp = calloc((size_t)L, sizeof(*outp));
+    if (!in || !out || !inp || !outp) {
+        rc = mesh_err(-ENOMEM, "out of memory building a hierarchy");
+        goto out;
+    }
+    if (h->heap && a->count * es >= COLL_SHARED_MIN) {
+        rc = coll_host_words(s, a, h, k, a->count * es, inp, outp, &ins, &outs);
+        if (rc < 0)
+            goto out;
+        k++;
     }
 
     /* 1. Inside the host: the c-th piece of every segment into our
-     * window, a sync, the c-th piece of ours added from every window. */
+     * window, a sync, the c-th piece of ours added from every window;
+     * or ours added from every input in place. */
     from = s->nops;
-    for (size_t c = 0; c < np; c++) {
+    if (ins) {
+        for (int j = 0; j < L; j++)
+            in[j] = at(inp[j], ms, es);
+        sched_reduce(s, mine, in, L, ml, div);
+    }
+    for (size_t c = 0; c < (ins ? 0 : np); c++) {
         size_t ha = (size_t)((k + 1) % 2) * half, o, pl;
         int sync, red;
 
@@ -211,10 +273,13 @@ static int build_hier_win(struct sched *s, const struct coll_args *a,
     }
 
     /* 3. Inside the host: the c-th piece of our final segment into our
-     * window, a sync, every other segment's piece out of its owner's. */
+     * window, a sync, every other segment's piece out of its owner's; or
+     * ours into every output in place. */
+    if (outs)
+        put_in_place(s, a, outp, mine, ms, ml, 1);
     for (int j = 0; j < L; j++)
         out[j] = -1;
-    for (size_t c = 0; c < np; c++) {
+    for (size_t c = 0; c < (outs ? 0 : np); c++) {
         size_t hb = (size_t)((k + 1) % 2) * half, o, pl;
         int sync, cp;
 
@@ -244,6 +309,8 @@ static int build_hier_win(struct sched *s, const struct coll_args *a,
 out:
     free(in);
     free(out);
+    free(inp);
+    free(outp);
     return rc;
 }
 
@@ -473,6 +540,16 @@ static int lead_between(struct sched *s, const struct coll_args *a,
  * chunk c the leader copies the result's chunk into its window, a host
  * sync, and every member copies it out. One sync per chunk and phase, no
  * message inside the host.
+ *
+ * In place where the buffers are in the host's shared memory (as hier's
+ * form above): from COLL_SHARED_MIN bytes, a first host sync with every
+ * rank's two words. Where every input is there, the leader adds the L
+ * inputs straight into its receive buffer, with no sync: a member writes
+ * its output (which may be its input) only after a host sync that the
+ * leader posts after its sum. Where the leader's output is there, a host
+ * sync once it holds the result, every member copies it from there, and
+ * a host sync after which the leader may write it again. The same inputs
+ * added in the same order on every path: the same bytes.
  */
 static int build_lead_win(struct sched *s, const struct coll_args *a,
                           void *scratch, mesh_mr_t *smr,
@@ -485,8 +562,9 @@ static int build_lead_win(struct sched *s, const struct coll_args *a,
     float div =
         a->redop == MESH_REDOP_AVG && h->nhosts == 1 ? (float)a->size : 1.0f;
     int L = h->local, l = h->local_of[a->rank], prev = -1, prev_use = -1;
-    int from, rc, lead = l == 0;
-    const void **in;
+    int from, rc, lead = l == 0, ins = 0, outs = 0;
+    const void **in, **inp;
+    void **outp;
     uint64_t k;
     void *base;
     size_t len;
@@ -502,12 +580,25 @@ static int build_lead_win(struct sched *s, const struct coll_args *a,
     if (rc < 0)
         return rc;
     in = malloc((size_t)L * sizeof(*in));
-    if (!in)
-        return mesh_err(-ENOMEM, "out of memory building a hierarchy");
+    inp = calloc((size_t)L, sizeof(*inp));
+    outp = calloc((size_t)L, sizeof(*outp));
+    if (!in || !inp || !outp) {
+        rc = mesh_err(-ENOMEM, "out of memory building a hierarchy");
+        goto out;
+    }
+    if (h->heap && a->count * es >= COLL_SHARED_MIN) {
+        rc = coll_host_words(s, a, h, k, a->count * es, inp, outp, &ins, &outs);
+        if (rc < 0)
+            goto out;
+        k++;
+    }
 
-    /* 1. Every input's chunk into its window; the leader adds them. */
+    /* 1. Every input's chunk into its window; the leader adds them. Or
+     * the leader adds the inputs in place. */
     from = s->nops;
-    for (size_t c = 0; c < nch; c++) {
+    if (ins && lead)
+        sched_reduce(s, a->recvbuf, inp, L, a->count, div);
+    for (size_t c = 0; c < (ins ? 0 : nch); c++) {
         size_t ha = (size_t)((k + 1) % 2) * half, o, cl;
         int cin, sync;
 
@@ -530,17 +621,27 @@ static int build_lead_win(struct sched *s, const struct coll_args *a,
         prev = sync;
         k++;
     }
-    free(in);
     s->gate = barrier_after(s, from, a->recvbuf);
 
     /* 2. Between the hosts: the leaders' all-reduce, in place. */
     if (lead && h->nhosts > 1) {
         rc = lead_between(s, a, scratch, smr, between);
         if (rc < 0)
-            return rc;
+            goto out;
     }
 
-    /* 3. The leader's result, chunk by chunk, through its window. */
+    /* 3. The leader's result, chunk by chunk, through its window; or
+     * from its output in place, between two syncs. */
+    if (outp[0]) {
+        int ready = sched_sync(s, 1), done = sched_sync(s, 3), cp = -1;
+
+        if (!lead)
+            cp = sched_copy_stream(s, a->recvbuf, outp[0], a->count * es);
+        sched_dep(s, ready, cp);
+        sched_dep(s, cp, done);
+        sched_dep(s, ready, done);
+        nch = 0;
+    }
     prev_use = -1;
     for (size_t c = 0; c < nch; c++) {
         size_t hb = (size_t)((k + 1) % 2) * half, o, cl;
@@ -564,8 +665,12 @@ static int build_lead_win(struct sched *s, const struct coll_args *a,
         k++;
     }
     s->gate = -1;
-    return s->failed ? mesh_err(-ENOMEM, "out of memory building a schedule")
-                     : 0;
+    rc = s->failed ? mesh_err(-ENOMEM, "out of memory building a schedule") : 0;
+out:
+    free(in);
+    free(inp);
+    free(outp);
+    return rc;
 }
 
 /*

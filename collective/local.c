@@ -12,7 +12,7 @@
  *
  * In place where the buffers are in the host's shared memory (the
  * transport's shares, where mesh_coll_buf_alloc puts them; NCCL's
- * user-buffer registration): from LOCAL_SHARED_MIN bytes, a first host
+ * user-buffer registration): from COLL_SHARED_MIN bytes, a first host
  * sync carries each rank's two words, where its input and its output lie
  * in its share (or LOCAL_NOWHERE). Where every rank's input and output
  * are there, nothing goes through a window: each rank adds its slice
@@ -40,10 +40,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-/* From this many bytes, the first host sync says where the inputs are:
- * below, one copy of (L - 1) / L of the input costs less than that sync. */
-#define LOCAL_SHARED_MIN (256u << 10)
-#define LOCAL_NOWHERE    UINT64_MAX
+#define LOCAL_NOWHERE UINT64_MAX
 /* The tag of that first sync (the chunks' tags count up from 0). */
 #define LOCAL_TAG_WORDS UINT32_MAX
 /* Where every output is in place too: the piece a rank adds, then copies
@@ -74,17 +71,14 @@ static uint64_t share_offset(const struct coll_hosts *h, int j, const void *p,
 }
 
 /*
- * The first host sync, number k + 1, with our two words: where our input
- * and our output lie in our share (LOCAL_NOWHERE: not there, or the
- * output overlaps the input without being it, which the order of writes
- * below does not allow); run now, since the path depends on what it
- * brings. Then every rank's input in[0..L) and output out[0..L) in place,
- * *ins 1 where every input is in its share, *outs where every output is
- * too.
+ * Our two words at host sync k + 1 (coll-internal.h): where our input and
+ * our output lie in our share (LOCAL_NOWHERE: not there, or the output
+ * overlaps the input without being it, which the order of writes of the
+ * paths in place does not allow).
  */
-static int words_sync(struct sched *s, const struct coll_args *a,
-                      const struct coll_hosts *h, uint64_t k, size_t bytes,
-                      const void **in, void **out, int *ins, int *outs)
+int coll_host_words(struct sched *s, const struct coll_args *a,
+                    const struct coll_hosts *h, uint64_t k, size_t bytes,
+                    const void **in, void **out, int *ins, int *outs)
 {
     struct sched w;
     int L = h->local, me = h->local_of[a->rank], hi = h->host_of[a->rank];
@@ -108,9 +102,7 @@ static int words_sync(struct sched *s, const struct coll_args *a,
 
         rc = h->ops->host_sync_word(h->t, h->rank_at[hi * L + j], k + 1, word);
         if (rc < 0)
-            return mesh_err(rc,
-                            "allreduce local: rank %d's words at host "
-                            "sync #%llu",
+            return mesh_err(rc, "allreduce: rank %d's words at host sync #%llu",
                             h->rank_at[hi * L + j],
                             (unsigned long long)(k + 1));
         for (int d = 0; d < 2; d++) {
@@ -272,15 +264,15 @@ int coll_build_local_allreduce(struct sched *s, const struct coll_args *a,
     rc = h->ops->host_window(h->t, a->rank, &mine, &len, &k);
     if (rc < 0)
         return mesh_err(rc, "allreduce local: no window of rank %d", a->rank);
-    if (h->heap && a->count * es >= LOCAL_SHARED_MIN) {
+    if (h->heap && a->count * es >= COLL_SHARED_MIN) {
         const void **inp = malloc((size_t)h->local * sizeof(*inp));
         void **outp = malloc((size_t)h->local * sizeof(*outp));
         int ins = 0, outs = 0;
 
-        rc = inp && outp
-                 ? words_sync(s, a, h, k, a->count * es, inp, outp, &ins, &outs)
-                 : mesh_err(-ENOMEM, "out of memory building a "
-                                     "local all-reduce");
+        rc = inp && outp ? coll_host_words(s, a, h, k, a->count * es, inp, outp,
+                                           &ins, &outs)
+                         : mesh_err(-ENOMEM, "out of memory building a "
+                                             "local all-reduce");
         k++;
         if (rc == 0 && ins && outs)
             rc = build_direct(s, a, h, inp, outp);

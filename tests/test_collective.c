@@ -418,6 +418,78 @@ static void t_mixed_bufs(struct rank_ctx *x, int algo, int which)
     group_end(x, &g);
 }
 
+/*
+ * Random floats (rounding happens) through every path of algo: malloc'ed
+ * buffers (the copies through the windows), then the input, the output,
+ * both, and one buffer in place in the host's shared memory (in place
+ * where every rank's is there): the same bytes on every path.
+ */
+static void t_paths(struct rank_ctx *x, int algo, int dtype)
+{
+    size_t cnt = 300007, es = mesh_dtype_size(dtype), bytes = cnt * es;
+    void *src = malloc(bytes), *ref = malloc(bytes), *b[2] = {NULL, NULL};
+    uint64_t s = 0x51ed2700ull * (uint64_t)(x->rank + 1);
+    struct group g;
+
+    group_begin(&g, 1,
+                "N=%d allreduce %s %s random: the same bytes on every "
+                "path (shared memory or not)",
+                x->n, mesh_algo_name(algo), mesh_dtype_name(dtype));
+    if (!src || !ref) {
+        group_fail(&g, "allocation: %s", mesh_err_msg(-ENOMEM));
+        goto out;
+    }
+    for (size_t i = 0; i < cnt; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        mesh_dtype_put_f32(
+            dtype, src, i,
+            (float)((double)(s >> 11) / 9007199254740992.0 - 0.5) *
+                (float)(1 + i % 100));
+    }
+    /* path 0: malloc'ed; 1: input shared; 2: output shared; 3: both; 4:
+     * one shared buffer, in place */
+    for (int path = 0; path < 5 && g.ok; path++) {
+        void *out;
+
+        for (int k = 0; k < 2; k++) {
+            int shared = path == 3 || path == 4 || path == k + 1;
+
+            if (shared ? mesh_coll_buf_alloc(x->c, bytes, &b[k]) < 0
+                       : !(b[k] = malloc(bytes)))
+                b[k] = NULL;
+            if (!b[k])
+                group_fail(&g, "allocation: %s", mesh_err_msg(-ENOMEM));
+        }
+        if (b[0] && b[1]) {
+            out = path == 4 ? b[0] : b[1];
+            memcpy(b[0], src, bytes);
+            if (coll_ok(&g,
+                        mesh_coll_allreduce(x->c, b[0], out, cnt, dtype,
+                                            MESH_REDOP_AVG, algo),
+                        cnt)) {
+                if (path == 0)
+                    memcpy(ref, out, bytes);
+                else if (memcmp(ref, out, bytes))
+                    group_fail(&g, "path %d: other bytes than path 0", path);
+                g.hash = fnv(g.hash, out, bytes);
+            }
+        }
+        for (int k = 0; k < 2; k++) {
+            int shared = path == 3 || path == 4 || path == k + 1;
+
+            if (shared)
+                mesh_coll_buf_free(x->c, b[k]);
+            else
+                free(b[k]);
+            b[k] = NULL;
+        }
+    }
+out:
+    free(src);
+    free(ref);
+    group_end(x, &g);
+}
+
 static void t_random(struct rank_ctx *x, int algo, unsigned seed)
 {
     static const size_t counts[] = {10007, 3, 1, 4099, 65, 7};
@@ -623,7 +695,12 @@ static void battery(struct rank_ctx *x)
     for (int which = 0; which < 2; which++) {
         t_mixed_bufs(x, MESH_ALGO_LOCAL, which);
         t_mixed_bufs(x, MESH_ALGO_AUTO, which);
+        t_mixed_bufs(x, MESH_ALGO_HIER, which);
+        t_mixed_bufs(x, MESH_ALGO_HTREE, which);
     }
+    t_paths(x, MESH_ALGO_HIER, MESH_DT_F32);
+    t_paths(x, MESH_ALGO_HRD, MESH_DT_F16);
+    t_paths(x, MESH_ALGO_LOCAL, MESH_DT_BF16);
     for (size_t d = 0; d < MESH_ARRAY_SIZE(dtypes); d++) {
         for (int redop = 0; redop < 2; redop++)
             t_reduce_scatter(x, dtypes[d], redop, small,
