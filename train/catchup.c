@@ -1707,7 +1707,12 @@ static int cu_load(struct train_catchup *cu)
      * from a boundary at or after X, and the gradients of the steps up to
      * it were all-reduced before it, so they come (cu_apply applies them
      * up to the target; what does not come in time is sent in the view
-     * change) */
+     * change). Not when a member closed meanwhile (a snapshot that came
+     * while the model was built, then a view change or a drop): no more
+     * steps come on these connections, and the next try loads its own */
+    for (int i = 0; i < cu->k; i++)
+        if (cu->p[i].eof)
+            return 0;
     mesh_elastic_join_hold(t->el, 0);
     return 0;
 }
