@@ -1194,8 +1194,10 @@ struct train_catchup {
      * the parameter count is the members' (HELLO) until the model is
      * (model: t->model and t->sgd usable, train_catchup_model) */
     size_t np;
-    int model, snap_in, unhold; /* snapshot whole, not loaded yet;
-                                   clear the hold once the model is */
+    /* snap_in: the snapshot whole, not loaded yet; ready: the joiner's
+     * kernels built too (train_catchup_ready), so that it may be admitted;
+     * unhold: clear the hold once it is */
+    int model, snap_in, ready, unhold;
     struct cu_peer p[MESH_ELASTIC_MAX_SLOTS];
     uint64_t x;    /* the snapshot's step */
     uint64_t live; /* the highest step the members were at, from HELLO */
@@ -1713,7 +1715,10 @@ static int cu_load(struct train_catchup *cu)
     for (int i = 0; i < cu->k; i++)
         if (cu->p[i].eof)
             return 0;
-    mesh_elastic_join_hold(t->el, 0);
+    if (cu->ready)
+        mesh_elastic_join_hold(t->el, 0);
+    else
+        cu->unhold = 1;
     return 0;
 }
 
@@ -2214,9 +2219,9 @@ static void *cu_main(void *arg)
                   "train/catchup.c:%d): this peer asks to be admitted and "
                   "receives the whole state in the view change",
                   cu_why_line);
-        /* (once its model is built: admitted, it must join the view's
-         * mesh at once) */
-        if (cu->model)
+        /* (once its model and kernels are built: admitted, it must join
+         * the view's mesh at once) */
+        if (cu->ready)
             mesh_elastic_join_hold(cu->t->el, 0);
         else
             cu->unhold = 1;
@@ -2280,6 +2285,17 @@ void train_catchup_model(struct trainer *t)
         return;
     pthread_mutex_lock(&cu->mu);
     cu->model = 1;
+    pthread_mutex_unlock(&cu->mu);
+}
+
+void train_catchup_ready(struct trainer *t)
+{
+    struct train_catchup *cu = t->cu;
+
+    if (!cu)
+        return;
+    pthread_mutex_lock(&cu->mu);
+    cu->ready = 1;
     if (cu->unhold)
         mesh_elastic_join_hold(t->el, 0);
     cu->unhold = 0;

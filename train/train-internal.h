@@ -284,13 +284,18 @@ void train_serve_updated(struct trainer *t, uint64_t step);
 /* A joiner: fetch a snapshot and replay the steps while the job trains,
  * started before its model is built (train_catchup_model: built, the
  * snapshot may be loaded; on a device backend the catch-up's thread then
- * uses the device until it ends); train_catchup_finish(step, wh), when a
+ * uses the device until it ends; on the cpu backend it only copies into
+ * the model's host slabs and runs the optimizer's loop, beside the
+ * kernels' warm-up); train_catchup_ready: the joiner may be admitted (its
+ * join stays held until then, and until the snapshot is loaded);
+ * train_catchup_finish(step, wh), when a
  * view admits it from step: 1 if the model holds that step's weights and
  * momentum (t->cu_step = step; on a device backend t->hparams and t->hmom
  * hold a copy), and then wh their hashes (valid: hashed while the joiner
  * waited, or when the view came). */
 int train_catchup_start(struct trainer *t);
 void train_catchup_model(struct trainer *t);
+void train_catchup_ready(struct trainer *t);
 int train_catchup_finish(struct trainer *t, uint64_t step,
                          struct train_whash *wh);
 void train_catchup_stop(struct trainer *t);

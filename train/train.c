@@ -723,8 +723,13 @@ static int open_ctx(struct trainer *t)
  * machine against a step of milliseconds. A peer that joins a running job
  * would build them in its first step after its admission, while every
  * member waits for it in that step's all-reduce. So every --elastic start
- * builds them first, before it asks whether a job runs: one training
- * forward, loss and backward of zeros on a model of its own, thrown away.
+ * builds them before its first step (setup): a peer that starts the job
+ * right after it asked whether a job runs; a joiner once its model is
+ * built, while its catch-up receives the snapshot and replays steps into
+ * that model, holding its join until both are done (this came before the
+ * question once, which put the whole warm-up into the join time, 4 s of
+ * ResNet-50's at a load of 10). One training forward, loss and backward
+ * of zeros on a model of its own, thrown away.
  * The primitives stay in oneDNN's cache, where the real model's first
  * step finds them; nothing of the real model, its state or the data is
  * touched. A peer of a job that starts together only moves that time
@@ -737,10 +742,15 @@ static void warm_up(struct trainer *t)
     int n = t->c->batch, rc;
     size_t px =
         (size_t)mc.in_channels * (size_t)mc.image_size * (size_t)mc.image_size;
-    float *x = calloc((size_t)n * px, sizeof(float)), loss;
-    int32_t *y = calloc((size_t)n, sizeof(int32_t));
+    float *x, loss;
+    int32_t *y;
     double t0 = mesh_now_s();
 
+    if (!t->c->elastic || t->sim || t->c->simulate ||
+        strcmp(t->c->device, "cpu") != 0 || t->c->eval_only)
+        return;
+    x = calloc((size_t)n * px, sizeof(float));
+    y = calloc((size_t)n, sizeof(int32_t));
     mc.no_init = 1;
     rc = x && y ? open_ctx(t) : -ENOMEM;
     if (rc == 0)
@@ -2417,8 +2427,8 @@ static int elastic_probe(struct trainer *t)
         return MESH_EXIT_OK;
     /* a joiner that will catch up in the background (train/catchup.c)
      * asks the members to wait from its first request on */
-    mesh_elastic_join_hold(t->el, !t->c->simulate && !t->sim &&
-                                      !getenv("MESHTRAIN_NO_CATCHUP"));
+    /* (or that builds its kernels first, setup: warm_up) */
+    mesh_elastic_join_hold(t->el, !t->c->simulate && !t->sim);
     /* until every slot answered (a few ms when all start together); a
      * silent slot holds the start up to this, but view 0 would wait
      * for it until --join-timeout anyway */
@@ -2453,9 +2463,6 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
     if (rc == 0)
         rc = open_input(t, mo);
     t->join_mark[TRAIN_JM_INPUT] = mesh_now_s();
-    if (rc == 0 && t->c->elastic && !t->sim && !t->c->simulate &&
-        strcmp(t->c->device, "cpu") == 0 && !t->c->eval_only)
-        warm_up(t);
     if (rc == 0)
         rc = elastic_open(t, mo);
     if (rc < 0)
@@ -2468,8 +2475,10 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
      * the whole state */
     if (t->joiner && (rc = train_catchup_start(t)) < 0)
         mesh_info("no catch-up: %s", mesh_err_msg(rc));
-    if (t->joiner && !t->cu)
-        mesh_elastic_join_hold(t->el, 0);
+    /* a peer that starts the job builds its kernels now (a joiner once
+     * its model is, below) */
+    if (!t->joiner)
+        warm_up(t);
     if (!t->joiner) {
         code = join(t, mo);
         if (code == MESH_EXIT_JOIN && t->el && t->join_rc == -ETIMEDOUT) {
@@ -2498,6 +2507,16 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
         rc = train_serve_start(t);
     if (rc < 0)
         return fail(t, MESH_EXIT_USAGE, rc);
+    /* a joiner builds its kernels while its catch-up receives and loads
+     * the snapshot, and is admitted only after both (it holds its join
+     * until then: elastic_probe) */
+    if (t->joiner) {
+        warm_up(t);
+        if (t->cu)
+            train_catchup_ready(t);
+        else
+            mesh_elastic_join_hold(t->el, 0);
+    }
     t->join_mark[TRAIN_JM_MODEL] = mesh_now_s();
     if (t->mesh && !t->unformed)
         train_serve_view(t, 1);
