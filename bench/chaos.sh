@@ -71,8 +71,11 @@
 # fault (from the fault to the view change that excludes the peer, when
 # training resumes, and to the next step completed after it; the
 # distribution and the worst), the join time of each restarted peer (from
-# its process start to the view change that admits it, and to the first
-# step after it), and the final top-1 accuracy of each, and writes
+# its start by the driver to the view change that admits it, and to the
+# first step after it; and by its own account, from its process start to
+# its first step, with the state's bytes, the join time against the state
+# over a 1 Gbit/s link, and where the time went), and the final top-1
+# accuracy of each, and writes
 # DIR/faults.csv, DIR/restarts.csv, DIR/summary.txt and the logs (default
 # DIR=bench-chaos-out). Goals (issues 25 and 26): recovery <= 1 s after a
 # crash, <= --peer-timeout + 1 s after silence (SIGSTOP, link); no hang
@@ -605,6 +608,45 @@ if restarts:
               "of %d restarts, median %.3f / %.3f s, worst %.3f / %.3f s"
               % (len(v), len(restarts), v[len(v) // 2], w[len(w) // 2],
                  v[-1], w[-1]))
+# each joiner's own account: its join time from its process start (the
+# kernel's clock) to its first step ("slot N joined view V: step S done X
+# s after start; state B bytes received in Y s", B the view change's
+# share), where that time went ("slot N's join, s after start: main ..,
+# input .., ..."), and the state it caught up to in the background before
+# it was admitted ("caught up in the background: a snapshot of step S (B
+# bytes; ...) in Y s")
+js, cus, marks = [], [], {}
+for f in glob.glob("%s/chaos.p*.log" % out):
+    text = open(f).read()
+    for m in re.finditer(r"joined view \d+: step \d+ done ([0-9.]+) s after "
+                         r"start; state (\d+) bytes received in ([0-9.]+) s",
+                         text):
+        js.append((float(m.group(1)), int(m.group(2)), float(m.group(3))))
+    for m in re.finditer(r"caught up in the background: a snapshot of step "
+                         r"\d+ \((\d+) bytes;.*?\) in ([0-9.]+) s", text):
+        cus.append((int(m.group(1)), float(m.group(2))))
+    for m in re.finditer(r"'s join, s after start: (.*), done [0-9.]+", text):
+        for part in m.group(1).split(", "):
+            k, _, v = part.rpartition(" ")
+            marks.setdefault(k, []).append(float(v))
+if js:
+    md = lambda xs: sorted(xs)[len(xs) // 2]
+    jt = [j[0] for j in js]
+    state = (md([c[0] for c in cus]) if cus else 0) + md([j[1] for j in js])
+    print("joiners' own join time (process start to first step): n=%d, "
+          "median %.3f s, worst %.3f s; the state %d bytes (median), %s%d "
+          "in the view change (%.3f s); at 1 Gbit/s the state would take "
+          "%.4f s: the join is %.0f x that"
+          % (len(js), md(jt), max(jt), state,
+             "%d caught up in the background (%d of %d joiners, %.3f s), "
+             % (md([c[0] for c in cus]), len(cus), len(js),
+                md([c[1] for c in cus])) if cus else "",
+             md([j[1] for j in js]), md([j[2] for j in js]), state * 8 / 1e9,
+             md(jt) / (state * 8 / 1e9) if state else float("nan")))
+    if marks:
+        print("  where it went, s after the process start (medians): " +
+              ", ".join("%s %.3f" % (k, md(v)) for k, v in
+                        sorted(marks.items(), key=lambda kv: md(kv[1]))))
 steps_s = sorted(s["t_step"] for s in (fsteps or csteps))
 print("step time (%s): median %.3f s" % ("fault-free" if fsteps else "chaos",
                                         steps_s[len(steps_s) // 2]))
