@@ -275,6 +275,29 @@ finished() {
     grep -q "\"step\": $ITERS," "$OUT/chaos.metrics" 2> /dev/null
 }
 
+# reap: once the job has finished, a restarted peer the last view does
+# not hold can join nothing (it was started just before the last step:
+# it would wait --join-timeout for a quorum, twice, and hold the end of
+# the run); it is ended
+reap() {
+    _m=$(grep '"event": "view"' "$OUT/chaos.metrics" 2> /dev/null |
+         tail -n 1 | sed 's/.*"members": \[\([0-9,]*\)\].*/,\1,/')
+    [ -n "$_m" ] || return 0
+    r=0
+    while [ $r -lt "$SLOTS" ]; do
+        p=$(cat "$OUT/pid.$r" 2> /dev/null)
+        case $_m in
+        *",$r,"*) ;;
+        *) if [ -n "$p" ] && kill -0 "$p" 2> /dev/null; then
+               kill -CONT "$p" 2> /dev/null; kill -KILL "$p" 2> /dev/null
+               echo "chaos.sh: slot $r (pid $p) ended: the job finished" \
+                   "before it was admitted"
+           fi ;;
+        esac
+        r=$((r + 1))
+    done
+}
+
 # restart SLOT KIND PID DELAY (in the background): undo the fault after
 # DELAY s, wait for the old process to end, start a new peer on the slot
 restart() {
@@ -377,13 +400,18 @@ if phase chaos || [ "$SIDE" -eq 1 ]; then
     next_ns=$(date +%s%N)
     job chaos
     while running; do
+        if finished; then
+            reap
+            sleep 1
+            continue
+        fi
         rand wait_s "$GAP_LO" "$GAP_HI"
         next_ns=$((next_ns + wait_s * 1000000000))
         while [ "$(date +%s%N)" -lt "$next_ns" ] && running; do
             sleep 0.1
         done
         running || break
-        finished && continue
+        finished && continue # (and reap)
         # --phase side: no fault once the fault-free run has ended
         [ "$SIDE" -eq 1 ] && [ -e "$OUT/free.time" ] && continue
         # --duration: no fault after the window; the run trains on
