@@ -14,7 +14,8 @@
  * after it then never formed, and the members exited 3 and 5.
  *
  * Then (test_slow_voter): a live member slow to vote is not left out of
- * a join's view change, and one that never votes is, after --peer-timeout.
+ * a join's view change, nor of one after a death, and one that never
+ * votes is, after --peer-timeout.
  */
 #include "config.h"
 
@@ -149,20 +150,51 @@ static const char *view_str(const struct agreer *a, char *buf, size_t len)
 }
 
 /*
- * Slots 0, 1 and 2 of 4 form view 1 (slot 3 is a spare), then slot 3
- * asks to join. Slot 0 leaves view 1 at a step boundary to admit it;
- * slot 2's thread stalls for 0.4 s before it votes (the test aid
+ * Slots 0-3 of 5 form view 1 (slot 4 is a spare), then slot 4 asks to
+ * join. Slot 0 leaves view 1 at a step boundary to admit it; slot 2's
+ * thread stalls for 0.4 s before it votes (the test aid
  * mesh_elastic_test_stall: a loaded machine's scheduling stall). Before,
- * slots 0 and 1 decided view 2 = {0,1,3} once their seen set had been
- * quiet for the settle time (0.15 s): slot 2, alive, was left out and
- * exited 5, and the job shrank for nothing. Now an agreement that knows
- * of no death (the view formed, no mesh blamed anyone) waits for every
- * member of the view up to --peer-timeout (wait_s, here 2.5 s), so view
- * 2 is {0,1,2,3}. Then a member that does not vote within that time
- * (slot 1 stalls 30 s) is left out of view 3 after it, as a dead one.
+ * slots 0, 1 and 3 decided view 2 = {0,1,3,4} once their seen set had
+ * been quiet for the settle time (0.15 s): slot 2, alive, was left out
+ * and exited 5, and the job shrank for nothing. Now an agreement that
+ * knows of no death (the view formed, no mesh blamed anyone) waits for
+ * every member of the view up to --peer-timeout (wait_s, here 2.5 s), so
+ * view 2 is {0,1,2,3,4}. Then slot 4 dies (its thread stalls for good),
+ * slot 0's mesh blames it, and slot 2 is slow again: slot 2 is still
+ * waited for (a death known: up to 1 s), view 3 is {0,1,2,3}. Last, a
+ * member that does not vote within --peer-timeout (slot 1) is left out
+ * of view 4, as a dead one.
  */
-#define SLOW_N      4
+#define SLOW_N      5
 #define SLOW_WAIT_S 2.5
+
+static int fake_culprit_rank;
+
+static int fake_culprit(mesh_transport_t *t)
+{
+    (void)t;
+    return fake_culprit_rank;
+}
+
+static const struct mesh_transport_ops fake_dead_ops = {
+    .name = "fake", .abort = fake_abort, .culprit = fake_culprit};
+
+/* slot 0 leaves; the others of who are left to their threads (as while
+ * their trainers compute), then return the view too: 1 when each one's
+ * is of members want */
+static int slow_round(struct mesh_elastic **e, struct agreer *a, uint64_t who,
+                      uint64_t want)
+{
+    for (int i = 0; i < SLOW_N; i++)
+        if (who >> i & 1) {
+            a[i].e = e[i];
+            agree_main(&a[i]);
+        }
+    for (int i = 0; i < SLOW_N; i++)
+        if ((who >> i & 1) && (a[i].rc != 0 || a[i].v.members != want))
+            return 0;
+    return 1;
+}
 
 static void test_slow_voter(void)
 {
@@ -178,10 +210,8 @@ static void test_slow_voter(void)
     int i, rc, good;
 
     if (!port) {
-        skip("no free block of %d ports", SLOW_N);
-        skip("no free block of %d ports", SLOW_N);
-        skip("no free block of %d ports", SLOW_N);
-        skip("no free block of %d ports", SLOW_N);
+        for (i = 0; i < 5; i++)
+            skip("no free block of %d ports", SLOW_N);
         return;
     }
     memset(peers, 0, sizeof(peers));
@@ -212,74 +242,87 @@ static void test_slow_voter(void)
         }
     }
 
-    /* view 1 = {0,1,2}: slot 3 never started (it has not probed, so it
+    /* view 1 = {0,1,2,3}: slot 4 never started (it has not probed, so it
      * takes no part); view 0 never formed, so the settle time decides */
     good = 1;
-    for (i = 0; i < 3; i++)
+    for (i = 0; i < 4; i++)
         good &= mesh_elastic_probe(e[i], 5.0) == 0;
-    for (i = 0; i < 3; i++) {
+    for (i = 0; i < 4; i++) {
         a[i].e = e[i];
         pthread_create(&th[i], NULL, agree_main, &a[i]);
     }
-    for (i = 0; i < 3; i++) {
+    for (i = 0; i < 4; i++) {
         pthread_join(th[i], NULL);
-        good &= a[i].rc == 0 && a[i].v.epoch == 1 && a[i].v.members == 7;
+        good &= a[i].rc == 0 && a[i].v.epoch == 1 && a[i].v.members == 0xf;
     }
-    for (i = 0; i < 3; i++) {
+    for (i = 0; i < 4; i++) {
         mesh_elastic_formed(e[i]);
         good &= mesh_elastic_commit(e[i], 5) == 0;
     }
-    ok(good, "slots 0,1,2 of 4 form view 1 and commit step 5 (slot 0: %s)",
+    ok(good, "slots 0-3 of 5 form view 1 and commit step 5 (slot 0: %s)",
        view_str(&a[0], buf, sizeof(buf)));
 
-    /* slot 3 asks to join; slot 2 will be slow to vote */
+    /* slot 4 asks to join; slot 2 will be slow to vote */
     mesh_elastic_test_stall(e[2], 0.4);
-    rc = mesh_elastic_probe(e[3], 10.0);
-    a[3].e = e[3];
-    pthread_create(&th[3], NULL, agree_main, &a[3]);
-    for (i = 0; i < 1000 && !(mesh_elastic_joins(e[0]) >> 3 & 1); i++)
+    rc = mesh_elastic_probe(e[4], 10.0);
+    a[4].e = e[4];
+    pthread_create(&th[4], NULL, agree_main, &a[4]);
+    for (i = 0; i < 1000 && !(mesh_elastic_joins(e[0]) >> 4 & 1); i++)
         usleep(10000);
-    /* slot 0 at its step boundary; slots 1 and 2 are left to their
-     * threads, as while their trainers compute */
-    a[0].e = e[0];
-    agree_main(&a[0]);
-    a[1].e = e[1];
-    agree_main(&a[1]);
-    a[2].e = e[2];
-    agree_main(&a[2]);
-    pthread_join(th[3], NULL);
-    good = 1;
+    /* (slot 4's agree_main runs in th[4]) */
+    good = slow_round(e, a, 0xf, 0x1f);
+    pthread_join(th[4], NULL);
     for (i = 0; i < SLOW_N; i++)
-        good &= a[i].rc == 0 && a[i].v.epoch == 2 && a[i].v.members == 0xf &&
-                a[i].v.needy == 0x8 && a[i].v.step == 5;
+        good &= a[i].rc == 0 && a[i].v.epoch == 2 && a[i].v.members == 0x1f &&
+                a[i].v.needy == 0x10 && a[i].v.step == 5;
     ok(rc == 1 && good,
-       "slot 2, slow to vote, is in the view that admits slot 3: view 2 of "
-       "slots 0-3 on every slot (probe %d; slot 2: %s)",
+       "slot 2, slow to vote, is in the view that admits slot 4: view 2 of "
+       "slots 0-4 on every slot (probe %d; slot 2: %s)",
        rc, view_str(&a[2], buf, sizeof(buf)));
 
-    /* view 2 formed; slot 1 stops voting for good */
+    /* view 2 formed; slot 4 dies (its thread stalls for good) and slot
+     * 0's mesh blames it; slot 2 is slow again */
     good = 1;
     for (i = 0; i < SLOW_N; i++) {
         mesh_elastic_formed(e[i]);
         good &= mesh_elastic_commit(e[i], 6) == 0;
     }
+    mesh_elastic_test_stall(e[4], 30.0);
+    mesh_elastic_test_stall(e[2], 0.4);
+    fake_culprit_rank = 4; /* view rank 4 = slot 4 */
+    mesh_elastic_set_failure(e[0], -ECONNRESET);
+    mesh_elastic_set_transport(e[0], &fake_dead_ops,
+                               (mesh_transport_t *)&aborts);
+    mesh_elastic_set_transport(e[0], NULL, NULL); /* takes the culprit */
+    good &= slow_round(e, a, 0xf, 0xf);
+    ok(good && a[0].v.epoch == 3 && a[0].v.left == 0x10 && a[0].v.step == 6,
+       "a death known, slot 2 (slow) is still waited for: view 3 of slots "
+       "0-3 (slot 2: %s)",
+       view_str(&a[2], buf, sizeof(buf)));
+
+    /* view 3 formed; slot 1 stops voting for good */
+    good = 1;
+    for (i = 0; i < 4; i++) {
+        mesh_elastic_formed(e[i]);
+        good &= mesh_elastic_commit(e[i], 7) == 0;
+    }
     mesh_elastic_test_stall(e[1], 30.0);
     t0 = mesh_now_s();
     a[0].e = e[0];
     agree_main(&a[0]);
-    diag("view 3 decided %.2f s after slot 0 left view 2 (wait %.1f s)",
+    diag("view 4 decided %.2f s after slot 0 left view 3 (wait %.1f s)",
          mesh_now_s() - t0, SLOW_WAIT_S);
-    ok(good && a[0].rc == 0 && a[0].v.epoch == 3 && a[0].v.members == 0xd &&
-           a[0].v.left == 0x2 && a[0].v.step == 6,
-       "slot 1, silent past --peer-timeout, is left out of view 3 (%s)",
+    ok(good && a[0].rc == 0 && a[0].v.epoch == 4 && a[0].v.members == 0xd &&
+           a[0].v.left == 0x2 && a[0].v.step == 7,
+       "slot 1, silent past --peer-timeout, is left out of view 4 (%s)",
        view_str(&a[0], buf, sizeof(buf)));
     good = 1;
-    for (i = 2; i < SLOW_N; i++) {
+    for (i = 2; i < 4; i++) {
         a[i].e = e[i];
         agree_main(&a[i]);
-        good &= a[i].rc == 0 && a[i].v.epoch == 3 && a[i].v.members == 0xd;
+        good &= a[i].rc == 0 && a[i].v.epoch == 4 && a[i].v.members == 0xd;
     }
-    ok(good, "slots 2 and 3 join view 3 too (slot 3: %s)",
+    ok(good, "slots 2 and 3 join view 4 too (slot 3: %s)",
        view_str(&a[3], buf, sizeof(buf)));
     for (i = 0; i < SLOW_N; i++)
         mesh_elastic_stop(e[i]);
@@ -299,7 +342,7 @@ int main(void)
         skip_all("no free block of %d ports", N);
         return 0;
     }
-    plan(15);
+    plan(16);
     memset(peers, 0, sizeof(peers));
     for (i = 0; i < N; i++) {
         snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");

@@ -36,6 +36,10 @@
 #define HISTORY     64
 #define SILENT_S    0.3 /* a member of seen this quiet ends the round */
 #define IDLE_MS     100 /* the thread's tick while nothing is going on */
+/* how long a member not heard is waited for once a death is known: a
+ * live process's scheduling stall on a loaded machine (some 200-300 ms
+ * at a load of 40 on 2 cores), with margin (wait_limit) */
+#define DEATH_WAIT_S 1.0
 
 #define JOIN_RESEND_S 0.1
 #define JOIN_FRESH_S  1.0 /* a join request this old is stale */
@@ -69,7 +73,7 @@ struct mesh_elastic {
     size_t secret_len;
     uint8_t job[8]; /* SHA-256 of the job id, first bytes */
     double settle_s;
-    double wait_s; /* --peer-timeout: see all_alive */
+    double wait_s; /* --peer-timeout: see wait_limit */
     int fault_sig;
 
     pthread_t thread;
@@ -313,31 +317,38 @@ static void adopt(struct mesh_elastic *e, const struct decision *d)
 }
 
 /*
- * Under mu: does this peer know every member of the view it leaves to be
- * alive? The view's mesh formed (every member joined it), and this peer
- * knows of no death since: its mesh blamed nobody, and did not fail of a
- * death (a connection lost without a goodbye, silence). So it is when a
- * member leaves at a step boundary to admit joiners, or when another
- * member's PROPOSE aborted this peer's mesh. A member not heard yet is
- * then slow, not dead (a loaded machine's scheduling stall, a stopped
- * process that will be continued): it is waited for up to --peer-timeout
- * since this peer left, the time after which silence means death
- * anywhere else. The settle time alone once left such a live member out
- * of a join's view change (it exited 5, and the job shrank for nothing).
- * A member that died meanwhile is noticed by a peer whose mesh blames it
- * (that peer decides by the settle time, and the others adopt its
- * decision), or costs the wait.
+ * Under mu: how long after leaving the view this peer waits for every
+ * member of it (not blamed) before the settle time may decide. Every
+ * member of a view whose mesh formed was alive then: one not heard yet
+ * is more likely slow (a loaded machine's scheduling stall) than dead.
+ * The settle time alone once left such a live member out of a join's
+ * view change, or of the one after a joiner's death (it exited 5, and
+ * the job shrank for nothing).
+ *   - The view formed and this peer knows of no death (its mesh blamed
+ *     nobody and did not fail of one: a join at a step boundary, or
+ *     another member's PROPOSE aborted this peer's mesh): --peer-timeout,
+ *     the silence after which a peer is dead anywhere else. A member
+ *     that died meanwhile is blamed by a peer whose mesh saw it, which
+ *     decides sooner (the others adopt its decision), or costs the wait.
+ *   - The view formed and a death is known: DEATH_WAIT_S at most, since
+ *     a second death at once (which no mesh blames) is likely then.
+ *   - The view never formed (view 0 with spares, a mesh that could not
+ *     be joined): 0, the settle time only; a member may never have
+ *     started.
  */
-static int all_alive(const struct mesh_elastic *e)
+static double wait_limit(const struct mesh_elastic *e)
 {
-    return e->formed_once && e->base == e->members && !e->blamed &&
-           e->fail_rc != -ECONNRESET && e->fail_rc != -EHOSTDOWN;
+    if (!e->formed_once || e->base != e->members)
+        return 0;
+    if (!e->blamed && e->fail_rc != -ECONNRESET && e->fail_rc != -EHOSTDOWN)
+        return e->wait_s;
+    return MESH_MIN(e->wait_s, DEATH_WAIT_S);
 }
 
 /*
  * Under mu: decide if every member of our seen set reports it. The settle
- * time waits for members not heard yet (all_alive: every member, up to
- * --peer-timeout); when there are none (every member of the view was
+ * time waits for members not heard yet (wait_limit: every member, for a
+ * while); when there are none (every member of the view was
  * heard, or is the one our mesh blamed for its failure) there is nobody
  * to wait for, and the decision is taken at once.
  */
@@ -353,7 +364,7 @@ static void try_decide(struct mesh_elastic *e)
     early = ((e->seen | e->blamed) & e->members) == e->members;
     if (!early && now - e->seen_at < e->settle_s)
         return;
-    if (!early && all_alive(e) && now - e->left_at < e->wait_s)
+    if (!early && now - e->left_at < wait_limit(e))
         return;
     if (2 * popcount64(e->seen & e->base) <= popcount64(e->base))
         return; /* no quorum of the last view that formed */

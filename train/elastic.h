@@ -19,9 +19,9 @@
  *     included; it only grows.
  *   - A peer decides view e + 1 = S when its seen set S has not changed
  *     for the settle time, S holds more than half of view e (quorum), and
- *     every member of S has reported exactly S. While it knows of no
- *     death (view e formed, its mesh blamed nobody) it waits for every
- *     member of view e, up to --peer-timeout: one not heard is slow.
+ *     every member of S has reported exactly S. If view e formed, it
+ *     first waits for every member of it not blamed, up to --peer-timeout
+ *     (1 s once a death is known): one not heard is likely slow.
  *     The step every member restarts from is the lowest step reported
  *     in S. After deciding, a peer reports only DECIDED(e, S, step),
  *     which every member of view e that hears it adopts (or learns that
@@ -68,7 +68,7 @@ struct mesh_elastic_opts {
     const char *job_id;
     double settle_s; /* the seen set's quiet time before deciding */
     /* --peer-timeout: how long an agreement that knows of no death waits
-     * for every member of the view it leaves (0: the settle time only) */
+     * for every member of a view that formed (0: the settle time only) */
     double wait_s;
     /* a UDP socket already bound to our slot's address (--rank auto's,
      * struct mesh_opts claim_fd; it is duplicated), or -1: bind one */
