@@ -14,10 +14,13 @@
 #             at load 40 (its stalls far below --peer-timeout): no member
 #             may be left out;
 #   killjoin  a joiner is killed (SIGKILL) 0-1.5 s after it is admitted;
+#   stallkill both: a member runs as in stall while a joiner is admitted
+#             and killed (the others know of a death, and must still
+#             wait for the slow member);
 #   stopjoin  a joiner is stopped for 0.5-4 s after it asked to join.
 # FAULTS="stall killjoin" draws from those only.
 # A run fails when a member does not exit 0, a joiner exits other than 0
-# (or 137 when killed, 0 or 5 when stopped), or the counting checks of
+# (or 137 when killed, 0, 3 or 5 when stopped), or the counting checks of
 # tests/train_elastic_count.py fail (every step once, every sample of an
 # epoch once). It prints one line per run, the failures' logs are kept
 # under $KEEP (default /tmp/elastic_stress), and a summary at the end.
@@ -47,6 +50,16 @@ rnd() {
     X=$(($1 + (R / 65536) % ($2 - $1 + 1)))
 }
 msleep() { sleep "$(awk "BEGIN { print $1 / 1000 }")"; }
+# throttle PID: one period of the CPU a loaded machine leaves a process
+# (load 40 on 2 cores): stopped 150-300 ms, then running 10-30 ms
+throttle() {
+    rnd 150 300
+    kill -STOP "$1" 2>/dev/null
+    msleep $X
+    kill -CONT "$1" 2>/dev/null
+    rnd 10 30
+    msleep $X
+}
 
 fails=0
 i=0
@@ -59,7 +72,7 @@ while [ $i -lt "$RUNS" ]; do
     [ $J -lt $M ] || J=$((M - 1)) # the members are a quorum of the slots
     S=$((M + J))
     # shellcheck disable=SC2086
-    set -- ${FAULTS:-none stall killjoin stopjoin}
+    set -- ${FAULTS:-none stall killjoin stallkill stopjoin}
     rnd 1 $#
     eval "F=\${$X}"
     name=r$i
@@ -95,20 +108,33 @@ while [ $i -lt "$RUNS" ]; do
     victim=$(echo $JOINERS | cut -d' ' -f1)
     case $F in
     stall)
-        # one member gets the CPU a loaded machine leaves it (load 40 on
-        # 2 cores: some 10-30 ms in every 200-300), until the joiners are
-        # in (or 150 periods)
+        # until the joiners are in (or 150 periods)
         rnd 1 $M
         # shellcheck disable=SC2086
         v=$(echo $MEMBERS | cut -d' ' -f$X)
         k=0
         while [ $k -lt 150 ] && ! grep -q "joined view" "$TMP/$name".p$M.log; do
-            rnd 150 300
-            kill -STOP "$v" 2>/dev/null
-            msleep $X
-            kill -CONT "$v" 2>/dev/null
-            rnd 10 30
-            msleep $X
+            throttle "$v"
+            k=$((k + 1))
+        done
+        ;;
+    stallkill)
+        # until a joiner is admitted (or 150 periods), then 30 more while
+        # it is killed 0-1.5 s after
+        rnd 1 $M
+        # shellcheck disable=SC2086
+        v=$(echo $MEMBERS | cut -d' ' -f$X)
+        k=0
+        while [ $k -lt 150 ] && ! grep -q '"event": "view".*"joined": \[[0-9]' \
+            "$TMP/$name.metrics"; do
+            throttle "$v"
+            k=$((k + 1))
+        done
+        rnd 0 1500
+        (msleep $X && kill -KILL "$victim" 2>/dev/null) &
+        k=0
+        while [ $k -lt 30 ]; do
+            throttle "$v"
             k=$((k + 1))
         done
         ;;
@@ -136,7 +162,7 @@ while [ $i -lt "$RUNS" ]; do
     for c in $mcodes; do [ "$c" -eq 0 ] || bad="members $mcodes"; done
     for c in $jcodes; do
         case $F:$c in
-        *:0 | killjoin:137 | stopjoin:5 | stopjoin:3) ;;
+        *:0 | *kill*:137 | stopjoin:5 | stopjoin:3) ;;
         *) bad="$bad joiners $jcodes" ;;
         esac
     done
