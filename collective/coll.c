@@ -45,6 +45,43 @@ struct mesh_coll_req {
     struct mesh_coll_req *next;
 };
 
+/*
+ * AUTO's refinement (refine_*): formation timed the candidates for a few
+ * seconds at start-up, and on a loaded machine the ranking it saw can
+ * differ from the one that holds while the job runs (on 2 cores, rd 7 %
+ * ahead of htree at formation, htree 16 % ahead for the next seconds).
+ * So the first all-reduces of a size whose calls are short take turns
+ * among formation's close contenders, in epochs of up to RF_ROUNDS
+ * rounds (each contender once a round, the order shuffled by the round;
+ * as many as fit in RF_EPOCH_S by formation's times), and at
+ * an epoch's end the ranks exchange their times and agree on the
+ * ranking by the same rule as formation (coll_meas_agree: the slowest
+ * rank's time of each run, the median of the ratios within a round);
+ * the contenders within RF_KEEP of the fastest race again, at most
+ * RF_EPOCHS times, then the winner is kept for the size. Every rank runs
+ * the same calls in the same order and agrees on the same bytes, so all
+ * take the same algorithm at every call.
+ */
+#define RF_SLOTS   16          /* sizes refined (the first ones met) */
+#define RF_RACE    3           /* contenders at most */
+#define RF_ROUNDS  41          /* rounds per epoch at most (RF_EPOCH_S) */
+#define RF_EPOCH_S 0.03        /* an epoch's time, about (5 rounds at least) */
+#define RF_EPOCHS  3           /* epochs at most */
+#define RF_NEAR    1.25        /* formation's contenders: this near its best */
+#define RF_KEEP    1.03f       /* an epoch's contenders: this near its best */
+#define RF_MAX_S   2e-3        /* sizes whose best call formation timed below */
+#define RF_TAG     0xfffffe00u /* the exchange's tags, + its step */
+
+struct refine {
+    size_t bytes;
+    int race[RF_RACE];            /* the contenders, the fastest first */
+    int k;                        /* how many */
+    int rounds;                   /* per epoch */
+    int epoch, pos;               /* the current epoch, the next call in it */
+    double t[RF_RACE][RF_ROUNDS]; /* this rank's times in this epoch (s) */
+    _Atomic int choice;           /* the winner, once kept (0: still racing) */
+};
+
 struct bufent {
     void *ptr;
     size_t len;
@@ -78,6 +115,10 @@ struct mesh_coll {
     /* engine only */
     size_t auto_bytes; /* AUTO's last all-reduce size and choice */
     int auto_algo;     /* (0: none yet) */
+    /* AUTO's refinement of formation's choice (refine_*): its sizes,
+     * written by the engine; read elsewhere once nrf says so */
+    struct refine rf[RF_SLOTS];
+    _Atomic int nrf;
     int failed_rc;
     char failed_msg[1024];
     void *scratch;
@@ -267,15 +308,37 @@ int mesh_coll_auto_algos(const mesh_coll_t *c, int *ids)
     return n;
 }
 
+/* The refinement of bytes, or NULL (none yet). */
+static struct refine *refine_find(const mesh_coll_t *c, size_t bytes)
+{
+    int n =
+        atomic_load_explicit(&((mesh_coll_t *)c)->nrf, memory_order_acquire);
+
+    for (int i = 0; i < n; i++)
+        if (c->rf[i].bytes == bytes)
+            return (struct refine *)&c->rf[i];
+    return NULL;
+}
+
+int mesh_coll_auto_refined(const mesh_coll_t *c, size_t bytes)
+{
+    const struct refine *r = c ? refine_find(c, bytes) : NULL;
+
+    return r ? atomic_load(&r->choice) : 0;
+}
+
 int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
 {
     double best_cost = 0;
-    int best = -1, timed = 0;
+    int best = -1, timed = 0, kept;
 
     if (algo == MESH_ALGO_AUTO)
         algo = c->opts.algo;
     if (algo != MESH_ALGO_AUTO)
         return algo;
+    kept = mesh_coll_auto_refined(c, bytes);
+    if (kept > 0)
+        return kept;
     /* the measured times, where any algorithm has one at this size */
     for (size_t i = 0; i < coll_nalgos; i++) {
         const struct coll_algo *e = &coll_algos[i];
@@ -320,6 +383,137 @@ int mesh_coll_bcast_algo_for(const mesh_coll_t *c, int algo, size_t bytes)
 void mesh_coll_model_get(const mesh_coll_t *c, struct mesh_coll_model *out)
 {
     *out = c->model;
+}
+
+/* ---- AUTO's refinement (struct refine) ----------------------------------- */
+
+static void refine_keep(struct refine *r, int algo, const char *why)
+{
+    atomic_store(&r->choice, algo);
+    mesh_info("collectives: auto all-reduce of %zu bytes: %s, kept %s",
+              r->bytes, mesh_algo_name(algo), why);
+}
+
+/*
+ * The refinement of an AUTO all-reduce of bytes (engine only): found, or
+ * begun for a size met the first time while slots are left, from
+ * formation's times (the same on every rank); NULL where nothing was
+ * timed or no slot is left.
+ */
+static struct refine *refine_get(mesh_coll_t *c, size_t bytes)
+{
+    struct refine *r = refine_find(c, bytes);
+    int n = atomic_load(&c->nrf), ids[MESH_ALGO_LAST + 1], nauto, first;
+    double best;
+
+    if (r || !c->model.measured || n >= RF_SLOTS)
+        return r;
+    r = &c->rf[n];
+    memset(r, 0, sizeof(*r));
+    r->bytes = bytes;
+    first = mesh_coll_algo_for(c, MESH_ALGO_AUTO, bytes);
+    r->race[r->k++] = first;
+    best = measured_cost(c, first, (double)bytes);
+    nauto = mesh_coll_auto_algos(c, ids);
+    /* the others near formation's best, the nearest first */
+    /* (the exchange's tags: RF_TAG + up to 510 steps) */
+    while (best > 0 && best <= RF_MAX_S && r->k < RF_RACE &&
+           c->w->size <= 511) {
+        double next = 0;
+        int pick = -1;
+
+        for (int a = 0; a < nauto; a++) {
+            double t = measured_cost(c, ids[a], (double)bytes);
+            int in = 0;
+
+            for (int j = 0; j < r->k; j++)
+                in |= r->race[j] == ids[a];
+            if (!in && t > 0 && t <= RF_NEAR * best && (pick < 0 || t < next)) {
+                pick = ids[a];
+                next = t;
+            }
+        }
+        if (pick < 0)
+            break;
+        r->race[r->k++] = pick;
+    }
+    r->rounds =
+        best > 0 ? (int)MESH_MIN(RF_EPOCH_S / (r->k * best), RF_ROUNDS) : 0;
+    r->rounds = MESH_MAX(r->rounds, 5);
+    atomic_store(&r->choice, r->k == 1 ? first : 0);
+    atomic_store_explicit(&c->nrf, n + 1, memory_order_release);
+    return r;
+}
+
+/* Which contender the next call of r runs (its index in r->race). */
+static int refine_turn(const struct refine *r)
+{
+    int order[RF_RACE], round = r->pos / r->k;
+
+    mesh_shuffle(order, r->k,
+                 (unsigned)(r->epoch * r->rounds + round) * 2654435761u + 1);
+    return order[r->pos % r->k];
+}
+
+/*
+ * The end of r's epoch (every rank at the same call, seq): the ranks'
+ * times by a ring all-gather (tags RF_TAG + step, after the call's own
+ * frames), the agreed ranking, the next epoch's contenders or the winner.
+ */
+static int refine_agree(mesh_coll_t *c, struct refine *r, uint64_t seq)
+{
+    enum { HEAD = COLL_MEAS_HEAD };
+    int n = c->w->size, me = c->w->rank, runs = r->rounds, k = r->k;
+    size_t stride = (size_t)HEAD + (size_t)k * (size_t)runs, vb, len;
+    int live[RF_RACE], prev = -1, rc, best = 0, race[RF_RACE], nk = 0;
+    float *all, v[HEAD + RF_RACE];
+    struct sched s;
+
+    vb = stride * sizeof(float);
+    rc = scratch_reserve(c, MESH_MAX(c->scratch_len, (size_t)n * vb));
+    if (rc < 0)
+        return rc;
+    all = c->scratch;
+    memset(all + (size_t)me * stride, 0, vb);
+    for (int a = 0; a < k; a++) {
+        live[a] = 1;
+        for (int i = 0; i < runs; i++)
+            all[(size_t)me * stride + HEAD + (size_t)a * (size_t)runs + i] =
+                (float)(r->t[a][i] * 1e6);
+    }
+    len = vb;
+    sched_init(&s, seq, MESH_OP_P2P, MESH_DT_BYTE, len);
+    for (int i = 0; i < n - 1; i++) {
+        int sb = (me - i + n) % n, rb = (me - i - 1 + n) % n;
+        int snd = sched_send(&s, (me + 1) % n, RF_TAG + (uint32_t)i, 0,
+                             all + (size_t)sb * stride, len, c->scratch_mr);
+
+        sched_dep(&s, prev, snd);
+        prev = sched_recv(&s, (me - 1 + n) % n, RF_TAG + (uint32_t)i, 0,
+                          all + (size_t)rb * stride, len, c->scratch_mr);
+    }
+    rc = s.failed ? mesh_err(-ENOMEM, "out of memory building a schedule")
+                  : sched_run(&s, c->ops, c->t);
+    sched_free(&s);
+    if (rc < 0)
+        return mesh_err_prefix(rc, "auto's refinement at %zu bytes", r->bytes);
+    coll_meas_agree(all, n, live, k, runs, v);
+    for (int a = 1; a < k; a++)
+        if (v[HEAD + a] < v[HEAD + best])
+            best = a;
+    race[nk++] = r->race[best];
+    for (int a = 0; a < k; a++)
+        if (a != best && v[HEAD + a] <= RF_KEEP * v[HEAD + best])
+            race[nk++] = r->race[a];
+    memcpy(r->race, race, sizeof(race));
+    r->k = nk;
+    r->epoch++;
+    r->pos = 0;
+    if (nk == 1)
+        refine_keep(r, r->race[0], "as the others ran over 3 % slower");
+    else if (r->epoch == RF_EPOCHS)
+        refine_keep(r, r->race[0], "as the fastest of the last epoch");
+    return 0;
 }
 
 /* ---- running one request ------------------------------------------------- */
@@ -384,7 +578,9 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
     struct coll_args *a = &q->a;
     const struct coll_algo *algo;
     size_t es = mesh_dtype_size(a->dtype), sbytes, rbytes, need = 0;
-    int stmp = 0, rtmp = 0, rc;
+    int stmp = 0, rtmp = 0, rc, turn = -1;
+    struct refine *rf = NULL;
+    double t0 = 0;
     struct sched s;
 
     switch (a->op) {
@@ -409,8 +605,15 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
          * which took about 0.2 us a call: 13 % of a 4 KiB all-reduce's
          * 1.5 us between 2 ranks over shared memory.
          */
-        if (asked == MESH_ALGO_AUTO && c->auto_algo &&
-            c->auto_bytes == a->count * es) {
+        if (asked == MESH_ALGO_AUTO && c->opts.algo == MESH_ALGO_AUTO &&
+            (rf = refine_get(c, a->count * es)) && !atomic_load(&rf->choice)) {
+            turn = refine_turn(rf);
+            q->algo = rf->race[turn];
+            t0 = mesh_now_s();
+        } else if (asked == MESH_ALGO_AUTO && rf) {
+            q->algo = atomic_load(&rf->choice);
+        } else if (asked == MESH_ALGO_AUTO && c->auto_algo &&
+                   c->auto_bytes == a->count * es) {
             q->algo = c->auto_algo;
         } else {
             q->algo = mesh_coll_algo_for(c, asked, a->count * es);
@@ -474,6 +677,11 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
         rc = sched_run(&s, c->ops, c->t);
     }
     sched_free(&s);
+    if (rc == 0 && turn >= 0) {
+        rf->t[turn][rf->pos / rf->k] = mesh_now_s() - t0;
+        if (++rf->pos == rf->k * rf->rounds)
+            rc = refine_agree(c, rf, q->seq);
+    }
     if (rtmp)
         c->ops->dereg_mr(c->t, a->recv_mr);
 dereg:

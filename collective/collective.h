@@ -219,6 +219,20 @@ void mesh_coll_model_get(const mesh_coll_t *c, struct mesh_coll_model *out);
 /* The algorithm an all-reduce of bytes would run with algo (AUTO chooses). */
 int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
 /*
+ * Where formation timed the candidates, AUTO refines its choice for each
+ * of the first 16 all-reduce sizes it meets whose calls formation timed
+ * below 2 ms: its first calls there take turns among formation's
+ * contenders within 25 % of its best (3 at most), in epochs of 5 to 41
+ * rounds (about 30 ms by formation's times), and at each epoch's end the
+ * ranks exchange their times and agree on the ranking (as formation
+ * does); those within 3 % of the fastest race again,
+ * at most 3 epochs, then the winner is kept (and logged). Every rank
+ * takes the same algorithm at every call. Returns the algorithm kept for
+ * bytes, or 0 while it is still racing or was never refined;
+ * mesh_coll_algo_for answers it too once kept.
+ */
+int mesh_coll_auto_refined(const mesh_coll_t *c, size_t bytes);
+/*
  * AUTO's candidates for an all-reduce on this communicator (the
  * algorithms it times and chooses from) into ids[0..MESH_ALGO_LAST];
  * returns how many.

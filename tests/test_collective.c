@@ -664,6 +664,63 @@ static void t_auto_choice(struct rank_ctx *x)
     group_end(x, &g);
 }
 
+/*
+ * AUTO's refinement (mesh_coll_auto_refined): 400 all-reduces of 4000
+ * bytes (a size formation timed), each checked; formation's contenders
+ * take turns and the ranks agree on one to keep within 369 calls (3
+ * epochs of at most 41 rounds of at most 3): every rank keeps one, a
+ * candidate, the same and at the same call (the hash), and AUTO answers
+ * it from then on.
+ */
+static void t_auto_refine(struct rank_ctx *x)
+{
+    enum { CALLS = 400 };
+    const size_t cnt = 1000, bytes = cnt * sizeof(float);
+    int ids[MESH_ALGO_LAST + 1], nauto = mesh_coll_auto_algos(x->c, ids);
+    int kept = 0, kept_at = -1, cand = 0;
+    float *in = NULL, *out = NULL, *want = malloc(cnt * sizeof(float));
+    struct mesh_coll_model m;
+    struct group g;
+
+    group_begin(&g, 1, "N=%d auto refines its choice at %zu bytes, agreed",
+                x->n, bytes);
+    mesh_coll_model_get(x->c, &m);
+    if (!m.measured)
+        group_fail(&g, "formation timed nothing");
+    if (!want || mesh_coll_buf_alloc(x->c, bytes, (void **)&in) < 0 ||
+        mesh_coll_buf_alloc(x->c, bytes, (void **)&out) < 0)
+        group_fail(&g, "allocation: %s", mesh_err_msg(-ENOMEM));
+    for (size_t i = 0; g.ok && i < cnt; i++)
+        expect_red(MESH_DT_F32, want, i, x->n, MESH_REDOP_SUM, i, 5);
+    for (int call = 0; g.ok && call < CALLS; call++) {
+        fill(MESH_DT_F32, in, cnt, x->rank, 5, 0);
+        if (!coll_ok(&g,
+                     mesh_coll_allreduce(x->c, in, out, cnt, MESH_DT_F32,
+                                         MESH_REDOP_SUM, MESH_ALGO_AUTO),
+                     cnt))
+            break;
+        check(&g, out, want, cnt, MESH_DT_F32, "out of place", cnt);
+        if (kept_at < 0 && mesh_coll_auto_refined(x->c, bytes) > 0)
+            kept_at = call;
+    }
+    kept = mesh_coll_auto_refined(x->c, bytes);
+    for (int a = 0; a < nauto; a++)
+        cand |= ids[a] == kept;
+    if (g.ok && (kept <= 0 || !cand))
+        group_fail(&g, "after %d calls auto kept %s", CALLS,
+                   kept > 0 ? mesh_algo_name(kept) : "nothing");
+    else if (g.ok && mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, bytes) != kept)
+        group_fail(
+            &g, "auto kept %s but answers %s", mesh_algo_name(kept),
+            mesh_algo_name(mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, bytes)));
+    g.hash = fnv(g.hash, &kept, sizeof(kept));
+    g.hash = fnv(g.hash, &kept_at, sizeof(kept_at));
+    mesh_coll_buf_free(x->c, out);
+    mesh_coll_buf_free(x->c, in);
+    free(want);
+    group_end(x, &g);
+}
+
 static void battery(struct rank_ctx *x)
 {
     static const int algos[] = {
@@ -677,6 +734,7 @@ static void battery(struct rank_ctx *x)
 
     t_barrier(x);
     t_auto_choice(x);
+    t_auto_refine(x);
     for (size_t a = 0; a < MESH_ARRAY_SIZE(algos); a++)
         for (size_t d = 0; d < MESH_ARRAY_SIZE(dtypes); d++)
             for (int redop = 0; redop < 2; redop++)
