@@ -2323,6 +2323,17 @@ void train_catchup_stop(struct trainer *t)
     t->cu = NULL;
 }
 
+void train_catchup_aim(struct trainer *t, uint64_t step)
+{
+    struct train_catchup *cu = t->cu;
+
+    if (!cu)
+        return;
+    pthread_mutex_lock(&cu->mu);
+    cu->target = step;
+    pthread_mutex_unlock(&cu->mu);
+}
+
 int train_catchup_finish(struct trainer *t, uint64_t step,
                          struct train_whash *wh)
 {

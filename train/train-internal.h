@@ -296,6 +296,9 @@ void train_serve_updated(struct trainer *t, uint64_t step);
 int train_catchup_start(struct trainer *t);
 void train_catchup_model(struct trainer *t);
 void train_catchup_ready(struct trainer *t);
+/* train_catchup_aim(step): the target of train_catchup_finish, named
+ * early, so that the catch-up ends while the caller does other work. */
+void train_catchup_aim(struct trainer *t, uint64_t step);
 int train_catchup_finish(struct trainer *t, uint64_t step,
                          struct train_whash *wh);
 void train_catchup_stop(struct trainer *t);

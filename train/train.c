@@ -1741,6 +1741,23 @@ static void view_stages(struct trainer *t, const struct mesh_elastic_view *v,
             st->state_bytes);
 }
 
+/* view_open's hash of the weights: a member's, or a joiner's that holds
+ * the step the view restarts from (unless its catch-up hashed them). */
+static int view_hash(struct trainer *t, const struct mesh_elastic_view *v,
+                     int needy, struct train_whash *wh, uint64_t *hashed)
+{
+    int rc;
+
+    if (!t->sim && !wh->valid && (!needy || t->cu_step == v->step)) {
+        rc = weights_hash(t, wh);
+        if (rc < 0)
+            return train_local(t, rc);
+    }
+    if (wh->valid)
+        *hashed += 8 * (uint64_t)t->nparams;
+    return 0;
+}
+
 /*
  * Join view v: its members renumbered densely in slot order, a new mesh
  * whose handshake carries the view (so that a peer of another view is
@@ -1758,7 +1775,7 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
     struct train_whash wh;
     double mk[VC_N];
     uint64_t hashed = 0;
-    int n = 0, me = -1, rc, needy;
+    int n = 0, me = -1, rc, needy, late;
 
     memset(&st, 0, sizeof(st));
     memset(&wh, 0, sizeof(wh));
@@ -1785,10 +1802,17 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
                                     transfer fails) */
     if (needy)
         t->join_mark[TRAIN_JM_ADMIT] = v->decided_s;
+    /* a joiner on the cpu backend lets its catch-up end (the last steps
+     * applied, the hash finished) while it opens the mesh, where it would
+     * wait for the members' hashes anyway; on a device the catch-up's
+     * thread is the device's only user until it ends */
+    late = needy && t->cu && t->host_slabs;
     if (!needy) {
         rc = snap_restore(t, v->step);
         if (rc < 0)
             return rc;
+    } else if (late) {
+        train_catchup_aim(t, v->step);
     } else if (t->cu) {
         /* what the joiner caught up to in the background: the state
          * transfer then sends only what it could not rebuild */
@@ -1799,13 +1823,11 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
      * offer, the range a joiner rebuilt) and the weight check below; each
      * peer hashes them now, beside the others, not in turn in the
      * transfer (a joiner that caught up hashed them while it waited) */
-    if (!t->sim && !wh.valid && (!needy || t->cu_step == v->step)) {
-        rc = weights_hash(t, &wh);
+    if (!late) {
+        rc = view_hash(t, v, needy, &wh, &hashed);
         if (rc < 0)
-            return train_local(t, rc);
+            return rc;
     }
-    if (wh.valid)
-        hashed += 8 * (uint64_t)t->nparams;
     mk[VC_HASH] = mesh_now_s();
     if (n > 1) {
         vo = *mo;
@@ -1829,6 +1851,13 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
             return rc;
     }
     mesh_elastic_formed(t->el); /* every member joined it */
+    if (late) {
+        /* (its time counts in "mesh" on the joiner's stage line) */
+        (void)train_catchup_finish(t, v->step, &wh);
+        rc = view_hash(t, v, needy, &wh, &hashed);
+        if (rc < 0)
+            return rc;
+    }
     mk[VC_MESH] = mesh_now_s();
     if (needy)
         t->join_mark[TRAIN_JM_MESH] = mk[VC_MESH];
