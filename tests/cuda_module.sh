@@ -31,6 +31,7 @@ fi
 
 # 2. a cpu run, between its steps: nothing of CUDA in its maps
 take_ports 1
+# shellcheck disable=SC2086
 bg "$MESHTRAIN" -H localhost:1 --port "$PORT" --insecure $SMALL \
     --device cpu --data synthetic:64 --batch 2 --iters 100000 --no-eval \
     --metrics "$TMP/cpu.metrics" > "$TMP/cpu.log" 2>&1
