@@ -1715,6 +1715,8 @@ static int cu_load(struct train_catchup *cu)
     for (int i = 0; i < cu->k; i++)
         if (cu->p[i].eof)
             return 0;
+    if (mesh_elastic_passed(t->el) > cu->epoch)
+        return 0; /* (nor once the members moved on: cu_try) */
     if (cu->ready)
         mesh_elastic_join_hold(t->el, 0);
     else
@@ -1997,7 +1999,7 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
     double until = mesh_now_s() + 3, eof_at = 0, tgt_at = 0, wait_s;
     uint64_t x = 0;
     size_t nparams;
-    int rc;
+    int rc, rehold = 0;
 
     /* every member of the view the running members report, with a port */
     while (mesh_elastic_side_view(t->el, &cu->epoch, &cu->members, ports) < 0) {
@@ -2008,6 +2010,7 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
         pthread_mutex_lock(&cu->mu);
     }
     nparams = cu->np;
+    mesh_elastic_join_view(t->el, cu->epoch + 1);
     pthread_mutex_unlock(&cu->mu);
     rc = cu_connect(cu, ports, &nparams);
     for (int i = 0; i < cu->k && rc == 0; i++)
@@ -2073,6 +2076,16 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
                 (cu->loaded && cu->applied > cu->target) || now - tgt_at > 3 ||
                 (eof_at && now - MESH_MAX(eof_at, tgt_at) > 0.5))
                 return cu_why(__LINE__, -1);
+        }
+        /* a member names a view after ours: the members drain these
+         * sessions (no more steps come), so we must not be admitted in
+         * the view change after it, which would need that view's steps:
+         * our join waits again until the next try loaded its snapshot */
+        if (cu->target == UINT64_MAX && !rehold &&
+            mesh_elastic_passed(t->el) > cu->epoch) {
+            rehold = 1;
+            cu->unhold = 0;
+            mesh_elastic_join_hold(t->el, 1);
         }
         /* not caught up in time: admitted as before */
         if (!cu->steps && now > until)
@@ -2219,6 +2232,7 @@ static void *cu_main(void *arg)
                   "train/catchup.c:%d): this peer asks to be admitted and "
                   "receives the whole state in the view change",
                   cu_why_line);
+        mesh_elastic_join_view(cu->t->el, 0);
         /* (once its model and kernels are built: admitted, it must join
          * the view's mesh at once) */
         if (cu->ready)

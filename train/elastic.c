@@ -114,8 +114,11 @@ struct mesh_elastic {
     uint64_t side_members[MESH_ELASTIC_MAX_SLOTS];
     uint64_t status_from; /* running members whose STATUS we hold */
     int hold;             /* a joiner: our JOIN asks the members to wait */
+    uint64_t hold_view;   /* a joiner: 1 + the epoch it catches up from */
     double join_at[MESH_ELASTIC_MAX_SLOTS]; /* the latest, per slot */
-    int formed_once;                        /* a view's mesh has formed here */
+    /* its hold_view (0: it does not catch up) */
+    uint64_t join_view[MESH_ELASTIC_MAX_SLOTS];
+    int formed_once; /* a view's mesh has formed here */
     /* the trainer asked whether a job runs (mesh_elastic_probe); until
      * then no agreement may count this process as a member: a slot's
      * restarted process would report step 0 in the agreement that leaves
@@ -126,6 +129,7 @@ struct mesh_elastic {
      * an older epoch is stale), whether one has, and a refusal */
     uint64_t join_epoch;
     int join_heard, refused;
+    uint64_t passed;        /* ST_JOINING: the newest view a member named */
     uint64_t answered;      /* slots that answered our join request */
     double refused_at;      /* our last refusal sent */
     uint64_t refused_slots; /* the slots whose join requests we refused */
@@ -257,6 +261,15 @@ static void wake(struct mesh_elastic *e)
                  (const struct sockaddr *)&e->addr[e->me], e->addrlen[e->me]);
 }
 
+/* Under mu: slot s catches up from sessions of an earlier epoch than
+ * ours: we drained them when we left it, so the steps since never
+ * reached it; admitted, it would need the whole state. It asks again
+ * once it caught up from our epoch (train/catchup.c). */
+static int stale_catchup(const struct mesh_elastic *e, int s)
+{
+    return e->join_view[s] && e->join_view[s] - 1 < e->epoch;
+}
+
 /* Under mu: the joiners heard lately that are not members. */
 static uint64_t fresh_joins(struct mesh_elastic *e)
 {
@@ -265,7 +278,7 @@ static uint64_t fresh_joins(struct mesh_elastic *e)
 
     for (int s = 0; s < e->nslots; s++)
         if ((e->joins >> s & 1) && !(e->members >> s & 1) &&
-            (e->take_held || !(e->held >> s & 1)) &&
+            (e->take_held || (!(e->held >> s & 1) && !stale_catchup(e, s))) &&
             now - e->join_at[s] < JOIN_FRESH_S)
             j |= UINT64_C(1) << s;
     return j;
@@ -390,7 +403,8 @@ static void try_decide(struct mesh_elastic *e)
 }
 
 /* Under mu: a join request from slot from (verified). */
-static void take_join(struct mesh_elastic *e, int from, uint64_t hold)
+static void take_join(struct mesh_elastic *e, int from, uint64_t hold,
+                      uint64_t view)
 {
     uint64_t bit = UINT64_C(1) << from;
     int running = e->formed_once || e->epoch > 0;
@@ -409,8 +423,9 @@ static void take_join(struct mesh_elastic *e, int from, uint64_t hold)
         e->join_at[from] = mesh_now_s();
         /* a joiner catching up (train/catchup.c) asks to wait */
         e->held = hold == 1 ? e->held | bit : e->held & ~bit;
+        e->join_view[from] = view;
         if (e->state == ST_AGREEING && !(e->adds & bit) &&
-            (e->take_held || hold != 1)) {
+            (e->take_held || (hold != 1 && !stale_catchup(e, from)))) {
             e->adds |= bit;
             e->radds[e->me] = e->adds;
             e->seen_at = mesh_now_s();
@@ -437,6 +452,8 @@ static void take_status(struct mesh_elastic *e, int from, uint64_t epoch,
         pthread_cond_broadcast(&e->cv);
         return;
     }
+    if (epoch > e->passed)
+        e->passed = epoch;
     /* epochs only grow: a decision for an older epoch than any member
      * reported now is stale (re-sent for a while after it was made) */
     if (!e->join_heard || epoch < e->join_epoch)
@@ -453,7 +470,7 @@ static void take(struct mesh_elastic *e, int type, int from, uint64_t epoch,
     const struct decision *d;
 
     if (type == MSG_JOIN) {
-        take_join(e, from, step);
+        take_join(e, from, step, extra);
         return;
     }
     if (type == MSG_STATUS) {
@@ -663,7 +680,8 @@ static void *thread_main(void *arg)
             new_round(e, e->round + 1);
         }
         if (e->state == ST_JOINING && now - e->sent_at >= JOIN_RESEND_S) {
-            send_all(e, MSG_JOIN, 0, ~(uint64_t)0, 0, (uint64_t)e->hold, 0, 0);
+            send_all(e, MSG_JOIN, 0, ~(uint64_t)0, 0, (uint64_t)e->hold,
+                     e->hold_view, 0);
             e->sent_at = now;
         } else if (e->state == ST_AGREEING && now - e->sent_at >= RESEND_S) {
             send_all(e, MSG_PROPOSE, e->epoch, e->members, e->seen, e->my_step,
@@ -961,6 +979,8 @@ int mesh_elastic_probe(struct mesh_elastic *e, double wait_s)
     e->sent_at = 0;
     e->decided = 0;
     e->join_heard = 0;
+    e->passed = 0;
+    e->hold_view = 0;
     e->answered = 0;
     e->status_from = 0;
     wake(e); /* out of its idle poll: the first JOIN goes now */
@@ -1076,6 +1096,13 @@ void mesh_elastic_join_hold(struct mesh_elastic *e, int hold)
     wake(e);
 }
 
+void mesh_elastic_join_view(struct mesh_elastic *e, uint64_t epoch1)
+{
+    pthread_mutex_lock(&e->mu);
+    e->hold_view = epoch1;
+    pthread_mutex_unlock(&e->mu);
+}
+
 void mesh_elastic_test_stall(struct mesh_elastic *e, double secs)
 {
     pthread_mutex_lock(&e->mu);
@@ -1088,6 +1115,16 @@ void mesh_elastic_take_held(struct mesh_elastic *e)
     pthread_mutex_lock(&e->mu);
     e->take_held = 1;
     pthread_mutex_unlock(&e->mu);
+}
+
+uint64_t mesh_elastic_passed(struct mesh_elastic *e)
+{
+    uint64_t v;
+
+    pthread_mutex_lock(&e->mu);
+    v = e->passed;
+    pthread_mutex_unlock(&e->mu);
+    return v;
 }
 
 uint64_t mesh_elastic_held(struct mesh_elastic *e)

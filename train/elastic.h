@@ -161,13 +161,23 @@ uint64_t mesh_elastic_refused(struct mesh_elastic *e);
  *   - mesh_elastic_side_view gives the view the running members reported
  *     and each member's port (0, or -EAGAIN while not every member of
  *     it answered with one);
+ *   - mesh_elastic_join_view: 1 + the epoch (as the members reported
+ *     it) whose side sessions the joiner catches up from, 0 when it does
+ *     not; in its JOINs. A member that has left that epoch does not
+ *     admit it (it drained those sessions) until it asks from a later
+ *     one;
+ *   - mesh_elastic_passed: the newest view a running member named in
+ *     its answers (0: none yet): the members drained the side sessions
+ *     of the views before it;
  *   - mesh_elastic_held: the held requests heard lately (a member);
  *     mesh_elastic_take_held (test aid) admits held requests too.
  */
 void mesh_elastic_set_side(struct mesh_elastic *e, uint16_t port);
 void mesh_elastic_join_hold(struct mesh_elastic *e, int hold);
+void mesh_elastic_join_view(struct mesh_elastic *e, uint64_t epoch1);
 int mesh_elastic_side_view(struct mesh_elastic *e, uint64_t *epoch,
                            uint64_t *members, uint16_t ports[]);
+uint64_t mesh_elastic_passed(struct mesh_elastic *e);
 uint64_t mesh_elastic_held(struct mesh_elastic *e);
 void mesh_elastic_take_held(struct mesh_elastic *e);
 /*
