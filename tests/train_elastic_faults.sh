@@ -60,10 +60,23 @@ while IFS='|' read -r name fault want what; do
     unset MESHTRAIN_TEST_SAMPLES MESHTRAIN_TEST_FAULT
     case $name in
     stop_*)
-        # wait for the view change, then continue the stopped peer(s)
+        # wait until every stopped peer is in a view change's "left" list,
+        # then continue it: a view change that leaves nobody out (a loaded
+        # machine's slow member, waited for) may come before the stops
+        _stopped=$(printf '%s\n' "$fault" | tr ',' '\n' |
+            sed -n 's/^\([0-9]*\):.*:stop$/\1/p')
         _i=0
-        while [ $_i -lt 600 ] &&
-            ! grep -q "view [0-9]*:" "$TMP/$name".p*.log; do
+        while [ $_i -lt 600 ]; do
+            _left=$(grep -h "view [0-9]*: slot" "$TMP/$name".p*.log |
+                sed 's/ left .*//')
+            _all=1
+            for _r in $_stopped; do
+                case $_left in
+                *"slot $_r ("*) ;;
+                *) _all=0 ;;
+                esac
+            done
+            [ $_all = 1 ] && break
             sleep 0.1
             _i=$((_i + 1))
         done
