@@ -232,6 +232,66 @@ static void qp_retry(double peer_timeout_s, uint8_t *timeout, uint8_t *retry)
     *retry = (uint8_t)MESH_MAX(1, MESH_MIN(tries - 1, 7));
 }
 
+/*
+ * Take an RC queue pair from INIT to RTS towards the remote end l names:
+ * the mesh's QPs (verbs_qps_connect) and the catch-up's side channels
+ * (side.c) alike. Errors name what (e.g. "QP 2 for rank 3").
+ */
+int verbs_qp_rts(struct ibv_qp *qp, const struct verbs_qp_link *l,
+                 const char *what)
+{
+    uint8_t timeout, retry;
+    int rc = 0;
+
+    qp_retry(l->peer_timeout_s, &timeout, &retry);
+    {
+        struct ibv_qp_attr rtr = {
+            .qp_state = IBV_QPS_RTR,
+            .path_mtu = l->mtu,
+            .dest_qp_num = l->dest_qpn,
+            .rq_psn = l->rq_psn,
+            .max_dest_rd_atomic = l->dest_rd_atomic,
+            .min_rnr_timer = 12,
+            .ah_attr = {.is_global = 0,
+                        .dlid = l->dlid,
+                        .sl = 0,
+                        .src_path_bits = 0,
+                        .port_num = l->port},
+        };
+        struct ibv_qp_attr rts = {
+            .qp_state = IBV_QPS_RTS,
+            .timeout = timeout,
+            .retry_cnt = retry,
+            .rnr_retry = 7,
+            .sq_psn = l->sq_psn,
+            .max_rd_atomic = l->rd_atomic,
+        };
+
+        if (l->dgid) {
+            rtr.ah_attr.is_global = 1;
+            rtr.ah_attr.grh.dgid = *l->dgid;
+            rtr.ah_attr.grh.sgid_index = (uint8_t)l->sgid_index;
+            rtr.ah_attr.grh.hop_limit = 1;
+        }
+        VERBS_CHECK_RC(
+            rc,
+            ibv_modify_qp(qp, &rtr,
+                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+                              IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+            out, "verbs: %s to RTR", what);
+        VERBS_CHECK_RC(rc,
+                       ibv_modify_qp(qp, &rts,
+                                     IBV_QP_STATE | IBV_QP_TIMEOUT |
+                                         IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                         IBV_QP_SQ_PSN |
+                                         IBV_QP_MAX_QP_RD_ATOMIC),
+                       out, "verbs: %s to RTS", what);
+    }
+out:
+    return rc;
+}
+
 int verbs_qps_create(struct mesh_transport *t)
 {
     int rc = 0;
@@ -352,58 +412,26 @@ int verbs_info_decode(struct mesh_transport *t, int peer, const uint8_t *m,
 int verbs_qps_connect(struct mesh_transport *t, int peer,
                       const struct remote *r)
 {
-    enum ibv_mtu mtu = MESH_MIN((enum ibv_mtu)r->mtu, t->pattr.active_mtu);
-    uint8_t timeout, retry;
+    struct verbs_qp_link l = {
+        .port = t->port,
+        .mtu = MESH_MIN((enum ibv_mtu)r->mtu, t->pattr.active_mtu),
+        .dlid = r->lid,
+        .dgid = r->use_gid ? &r->gid : NULL,
+        .sgid_index = t->gid_index,
+        .dest_rd_atomic = 1,
+        .rd_atomic = 1,
+        .peer_timeout_s = t->super.opts.peer_timeout_s,
+    };
+    char what[48];
     int rc = 0;
 
-    qp_retry(t->super.opts.peer_timeout_s, &timeout, &retry);
-
-    for (int q = 0; q < t->nqp; q++) {
-        struct vqp *v = &t->vp[peer].qp[q];
-        struct ibv_qp_attr rtr = {
-            .qp_state = IBV_QPS_RTR,
-            .path_mtu = mtu,
-            .dest_qp_num = r->qpn[q],
-            .rq_psn = r->psn[q],
-            .max_dest_rd_atomic = 1,
-            .min_rnr_timer = 12,
-            .ah_attr = {.is_global = 0,
-                        .dlid = r->lid,
-                        .sl = 0,
-                        .src_path_bits = 0,
-                        .port_num = t->port},
-        };
-        struct ibv_qp_attr rts = {
-            .qp_state = IBV_QPS_RTS,
-            .timeout = timeout,
-            .retry_cnt = retry,
-            .rnr_retry = 7,
-            .sq_psn = v->psn,
-            .max_rd_atomic = 1,
-        };
-
-        if (r->use_gid) {
-            rtr.ah_attr.is_global = 1;
-            rtr.ah_attr.grh.dgid = r->gid;
-            rtr.ah_attr.grh.sgid_index = (uint8_t)t->gid_index;
-            rtr.ah_attr.grh.hop_limit = 1;
-        }
-        VERBS_CHECK_RC(
-            rc,
-            ibv_modify_qp(v->qp, &rtr,
-                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-                              IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
-            out, "verbs: QP %d for rank %d to RTR", q, peer);
-        VERBS_CHECK_RC(rc,
-                       ibv_modify_qp(v->qp, &rts,
-                                     IBV_QP_STATE | IBV_QP_TIMEOUT |
-                                         IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                         IBV_QP_SQ_PSN |
-                                         IBV_QP_MAX_QP_RD_ATOMIC),
-                       out, "verbs: QP %d for rank %d to RTS", q, peer);
+    for (int q = 0; q < t->nqp && rc == 0; q++) {
+        l.dest_qpn = r->qpn[q];
+        l.rq_psn = r->psn[q];
+        l.sq_psn = t->vp[peer].qp[q].psn;
+        snprintf(what, sizeof(what), "QP %d for rank %d", q, peer);
+        rc = verbs_qp_rts(t->vp[peer].qp[q].qp, &l, what);
     }
-out:
     return rc;
 }
 

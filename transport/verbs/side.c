@@ -243,28 +243,14 @@ void mesh_side_addr(const mesh_side_t *s, uint8_t a[MESH_SIDE_ADDR])
     memcpy(a + 16, d->gid.raw, 16);
 }
 
-/* As the verbs transport's QPs (transport/verbs/device.c, qp_retry): a
- * dead peer fails a read within the peer timeout. */
-static void side_retry(double peer_timeout_s, uint8_t *timeout, uint8_t *retry)
-{
-    uint8_t e = 16;
-    int tries;
-
-    while (e > 8 && 2.0 * 4.096e-6 * (double)(1u << e) > peer_timeout_s)
-        e--;
-    tries = (int)(peer_timeout_s / (4.096e-6 * (double)(1u << e)));
-    *timeout = e;
-    *retry = (uint8_t)MESH_MAX(1, MESH_MIN(tries - 1, 7));
-}
-
 int mesh_side_connect(mesh_side_t *s, const uint8_t a[MESH_SIDE_ADDR])
 {
     const mesh_side_dev_t *d = s->d;
     uint32_t qpn = mesh_get_le32(a), psn = mesh_get_le32(a + 4);
     enum ibv_mtu mtu = (enum ibv_mtu)a[10];
     int use_gid = a[11], rd = a[12], mine;
-    uint8_t timeout, retry;
-    int rc = 0;
+    union ibv_gid dgid;
+    int rc;
 
     /* every field from the network is checked before use */
     if (!qpn || qpn > 0xffffff || psn > 0xffffff || !verbs_mtu_bytes(mtu) ||
@@ -283,52 +269,29 @@ int mesh_side_connect(mesh_side_t *s, const uint8_t a[MESH_SIDE_ADDR])
     if (s->connected)
         return mesh_err(-EISCONN, "the side channel is connected already");
     mine = MESH_MAX(1, MESH_MIN(d->rd_init, SIDE_RD_MAX));
-    side_retry(s->peer_timeout_s, &timeout, &retry);
+    memcpy(dgid.raw, a + 16, 16);
     {
-        struct ibv_qp_attr rtr = {
-            .qp_state = IBV_QPS_RTR,
-            .path_mtu = MESH_MIN(mtu, d->pattr.active_mtu),
-            .dest_qp_num = qpn,
+        struct verbs_qp_link l = {
+            .port = d->port,
+            .mtu = MESH_MIN(mtu, d->pattr.active_mtu),
+            .dest_qpn = qpn,
             .rq_psn = psn,
-            .max_dest_rd_atomic =
-                (uint8_t)MESH_MAX(1, MESH_MIN(d->rd_atom, SIDE_RD_MAX)),
-            .min_rnr_timer = 12,
-            .ah_attr = {.is_global = 0,
-                        .dlid = mesh_get_le16(a + 8),
-                        .port_num = d->port},
-        };
-        struct ibv_qp_attr rts = {
-            .qp_state = IBV_QPS_RTS,
-            .timeout = timeout,
-            .retry_cnt = retry,
-            .rnr_retry = 7,
             .sq_psn = s->psn,
-            .max_rd_atomic = (uint8_t)MESH_MIN(mine, rd),
+            .dlid = mesh_get_le16(a + 8),
+            .dgid = use_gid ? &dgid : NULL,
+            .sgid_index = d->gid_index,
+            .dest_rd_atomic =
+                (uint8_t)MESH_MAX(1, MESH_MIN(d->rd_atom, SIDE_RD_MAX)),
+            .rd_atomic = (uint8_t)MESH_MIN(mine, rd),
+            .peer_timeout_s = s->peer_timeout_s,
         };
+        char what[128];
 
-        if (use_gid) {
-            rtr.ah_attr.is_global = 1;
-            memcpy(rtr.ah_attr.grh.dgid.raw, a + 16, 16);
-            rtr.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
-            rtr.ah_attr.grh.hop_limit = 1;
-        }
-        VERBS_CHECK_RC(
-            rc,
-            ibv_modify_qp(s->qp, &rtr,
-                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-                              IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
-            out, "verbs: side QP to RTR on %s", d->name);
-        VERBS_CHECK_RC(rc,
-                       ibv_modify_qp(s->qp, &rts,
-                                     IBV_QP_STATE | IBV_QP_TIMEOUT |
-                                         IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                         IBV_QP_SQ_PSN |
-                                         IBV_QP_MAX_QP_RD_ATOMIC),
-                       out, "verbs: side QP to RTS on %s", d->name);
+        snprintf(what, sizeof(what), "side QP on %s", d->name);
+        rc = verbs_qp_rts(s->qp, &l, what);
     }
-    s->connected = 1;
-out:
+    if (rc == 0)
+        s->connected = 1;
     return rc;
 }
 

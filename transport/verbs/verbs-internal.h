@@ -209,6 +209,21 @@ int verbs_info_decode(struct mesh_transport *t, int peer, const uint8_t *m,
                       struct remote *r);
 int verbs_qps_connect(struct mesh_transport *t, int peer,
                       const struct remote *r);
+/* The remote end of an RC queue pair and this end's send side, for
+ * verbs_qp_rts. */
+struct verbs_qp_link {
+    uint8_t port;              /* this end's port */
+    enum ibv_mtu mtu;          /* the path's: the smaller of both ends' */
+    uint32_t dest_qpn, rq_psn; /* the remote QP and its first PSN */
+    uint32_t sq_psn;           /* this end's first PSN */
+    uint16_t dlid;
+    const union ibv_gid *dgid; /* NULL: no GRH (InfiniBand by LID) */
+    int sgid_index;
+    uint8_t dest_rd_atomic, rd_atomic; /* RDMA reads in, out */
+    double peer_timeout_s;             /* a dead peer fails within it */
+};
+int verbs_qp_rts(struct ibv_qp *qp, const struct verbs_qp_link *l,
+                 const char *what);
 
 /* data.c */
 uint64_t verbs_wr_id(enum wr_kind kind, int peer, int qpi, int idx);
