@@ -23,19 +23,18 @@ int verbs_mtu_bytes(enum ibv_mtu m)
     return m >= IBV_MTU_256 && m <= IBV_MTU_4096 ? 128 << m : 0;
 }
 
-/* The first RoCE v2 GID of the port (IPv4-mapped preferred), else -1. */
-static int find_rocev2_gid(struct mesh_transport *t)
+/* The first RoCE v2 GID of the port (IPv4-mapped preferred), else -1: the
+ * mesh's device and the catch-up's side channels (side.c) alike. */
+int verbs_rocev2_gid(struct ibv_context *ctx, uint8_t port, int tbl_len)
 {
+    static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
     int best = -1;
 
-    for (int i = 0; i < t->pattr.gid_tbl_len; i++) {
+    for (int i = 0; i < tbl_len; i++) {
         struct ibv_gid_entry e;
-        static const uint8_t v4[12] = {0, 0, 0, 0, 0,    0,
-                                       0, 0, 0, 0, 0xff, 0xff};
 
-        if (ibv_query_gid_ex(t->ctx, t->port, (uint32_t)i, &e, 0))
-            continue;
-        if (e.gid_type != IBV_GID_TYPE_ROCE_V2)
+        if (ibv_query_gid_ex(ctx, port, (uint32_t)i, &e, 0) ||
+            e.gid_type != IBV_GID_TYPE_ROCE_V2)
             continue;
         if (!memcmp(e.gid.raw, v4, sizeof(v4)))
             return i;
@@ -125,7 +124,7 @@ int verbs_dev_open(struct mesh_transport *t)
         }
         t->gid_index = t->super.opts.gid_index;
     } else if (t->pattr.link_layer == IBV_LINK_LAYER_ETHERNET) {
-        t->gid_index = find_rocev2_gid(t);
+        t->gid_index = verbs_rocev2_gid(t->ctx, t->port, t->pattr.gid_tbl_len);
         if (t->gid_index < 0) {
             rc = mesh_err(-ENODEV,
                           "verbs: %s port %u (Ethernet) has no RoCE v2 GID; "

@@ -59,26 +59,6 @@ struct mesh_side {
     int inflight;
 };
 
-/* The first RoCE v2 GID of the port (IPv4-mapped preferred), else -1. */
-static int side_rocev2_gid(mesh_side_dev_t *d)
-{
-    static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    int best = -1;
-
-    for (int i = 0; i < d->pattr.gid_tbl_len; i++) {
-        struct ibv_gid_entry e;
-
-        if (ibv_query_gid_ex(d->ctx, d->port, (uint32_t)i, &e, 0) ||
-            e.gid_type != IBV_GID_TYPE_ROCE_V2)
-            continue;
-        if (!memcmp(e.gid.raw, v4, sizeof(v4)))
-            return i;
-        if (best < 0)
-            best = i;
-    }
-    return best;
-}
-
 int mesh_side_dev_open(const struct mesh_transport_opts *o,
                        mesh_side_dev_t **out)
 {
@@ -139,7 +119,7 @@ int mesh_side_dev_open(const struct mesh_transport_opts *o,
         }
         d->gid_index = o->gid_index;
     } else if (d->pattr.link_layer == IBV_LINK_LAYER_ETHERNET) {
-        d->gid_index = side_rocev2_gid(d);
+        d->gid_index = verbs_rocev2_gid(d->ctx, d->port, d->pattr.gid_tbl_len);
         if (d->gid_index < 0) {
             rc = mesh_err(-ENODEV, "%s (Ethernet) has no RoCE v2 GID", d->name);
             goto close_dev;

@@ -198,6 +198,7 @@ static inline const char *verbs_pname(struct mesh_transport *t, int r,
 
 /* device.c */
 int verbs_mtu_bytes(enum ibv_mtu m);
+int verbs_rocev2_gid(struct ibv_context *ctx, uint8_t port, int tbl_len);
 int verbs_dev_open(struct mesh_transport *t);
 void verbs_dev_close(struct mesh_transport *t);
 uint8_t *verbs_rbuf(struct mesh_transport *t, int peer, int qpi, int idx);
