@@ -196,9 +196,50 @@ static int slow_round(struct mesh_elastic **e, struct agreer *a, uint64_t who,
     return 1;
 }
 
-static void test_slow_voter(void)
+/*
+ * Start n slots' view threads on 127.0.0.1 ports port..port+n-1 (peers and
+ * w filled here). On a failure, names the slot, stops the ones started and
+ * returns the error.
+ */
+static int start_slots(int n, uint16_t port, struct mesh_peer *peers,
+                       struct mesh_world *w, struct mesh_elastic **e,
+                       const char *job_id, double wait_s)
 {
     static const uint8_t secret[] = "test_elastic secret";
+
+    memset(peers, 0, (size_t)n * sizeof(*peers));
+    for (int i = 0; i < n; i++) {
+        snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
+        peers[i].port = (uint16_t)(port + i);
+    }
+    for (int i = 0; i < n; i++) {
+        struct mesh_elastic_opts o;
+        int rc;
+
+        w[i].rank = i;
+        w[i].size = n;
+        w[i].peers = peers;
+        memset(&o, 0, sizeof(o));
+        o.world = &w[i];
+        o.secret = secret;
+        o.secret_len = sizeof(secret) - 1;
+        o.job_id = job_id;
+        o.settle_s = 0.15;
+        o.wait_s = wait_s;
+        o.fd = -1;
+        rc = mesh_elastic_start(&o, &e[i]);
+        if (rc < 0) {
+            ok(0, "slot %d starts its view thread: %s", i, mesh_err_msg(rc));
+            while (i-- > 0)
+                mesh_elastic_stop(e[i]);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static void test_slow_voter(void)
+{
     struct mesh_peer peers[SLOW_N];
     struct mesh_world w[SLOW_N];
     struct mesh_elastic *e[SLOW_N];
@@ -214,33 +255,9 @@ static void test_slow_voter(void)
             skip("no free block of %d ports", SLOW_N);
         return;
     }
-    memset(peers, 0, sizeof(peers));
-    for (i = 0; i < SLOW_N; i++) {
-        snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
-        peers[i].port = (uint16_t)(port + i);
-    }
-    for (i = 0; i < SLOW_N; i++) {
-        struct mesh_elastic_opts o;
-
-        w[i].rank = i;
-        w[i].size = SLOW_N;
-        w[i].peers = peers;
-        memset(&o, 0, sizeof(o));
-        o.world = &w[i];
-        o.secret = secret;
-        o.secret_len = sizeof(secret) - 1;
-        o.job_id = "test_elastic slow";
-        o.settle_s = 0.15;
-        o.wait_s = SLOW_WAIT_S;
-        o.fd = -1;
-        rc = mesh_elastic_start(&o, &e[i]);
-        if (rc < 0) {
-            ok(0, "slot %d starts its view thread: %s", i, mesh_err_msg(rc));
-            while (i-- > 0)
-                mesh_elastic_stop(e[i]);
-            return;
-        }
-    }
+    if (start_slots(SLOW_N, port, peers, w, e, "test_elastic slow",
+                    SLOW_WAIT_S) < 0)
+        return;
 
     /* view 1 = {0,1,2,3}: slot 4 never started (it has not probed, so it
      * takes no part); view 0 never formed, so the settle time decides */
@@ -330,7 +347,6 @@ static void test_slow_voter(void)
 
 int main(void)
 {
-    static const uint8_t secret[] = "test_elastic secret";
     struct mesh_peer peers[N];
     struct mesh_world w[N];
     struct mesh_elastic *el[N];
@@ -343,29 +359,9 @@ int main(void)
         return 0;
     }
     plan(16);
-    memset(peers, 0, sizeof(peers));
+    if (start_slots(N, port, peers, w, el, "test_elastic", 0) < 0)
+        return done();
     for (i = 0; i < N; i++) {
-        snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
-        peers[i].port = (uint16_t)(port + i);
-    }
-    for (i = 0; i < N; i++) {
-        struct mesh_elastic_opts o;
-
-        w[i].rank = i;
-        w[i].size = N;
-        w[i].peers = peers;
-        memset(&o, 0, sizeof(o));
-        o.world = &w[i];
-        o.secret = secret;
-        o.secret_len = sizeof(secret) - 1;
-        o.job_id = "test_elastic";
-        o.settle_s = 0.15;
-        o.fd = -1;
-        rc = mesh_elastic_start(&o, &el[i]);
-        if (rc < 0) {
-            ok(0, "slot %d starts its view thread: %s", i, mesh_err_msg(rc));
-            return done();
-        }
         mesh_elastic_formed(el[i]); /* view 0 (every slot) formed */
         bad += mesh_elastic_commit(el[i], 5) < 0;
     }
