@@ -197,7 +197,7 @@ static int run_pingpong(struct bench *b, const struct round *rd, size_t size,
                         struct result *res)
 {
     int me = b->rank, peer = rd->partner, lead = me < peer;
-    int total = b->warmup + b->iters, it, rc;
+    int total = b->warmup + b->iters, it, rc; /* <= 2 x 10^9 */
     double sum_ns = 0;
     uint64_t bad = 0;
 
@@ -362,7 +362,7 @@ static int run_stream(struct bench *b, const struct round *rd, size_t size,
         /* Sit out, but keep the sequence numbers in step. */
         int dirs = rd->index >= 0 ? 2 : 1;
 
-        for (int it = 0; it < dirs * (b->warmup + b->iters); it++)
+        for (long it = 0; it < dirs * ((long)b->warmup + b->iters); it++)
             mesh_seq_next(b->m);
         return 0;
     }
@@ -480,7 +480,8 @@ static void usage(FILE *f)
             "  -e, --maxbytes N   largest message (default 64M)\n"
             "  -f, --stepfactor F multiply the size by F each step (default "
             "2)\n"
-            "  -n, --iters N      timed iterations per size (default 20)\n"
+            "  -n, --iters N      timed iterations per size (default 20, at\n"
+            "                     most 10^9; 10^5 with --vs-fixed/--rotate)\n"
             "  -w, --warmup N     untimed iterations first (default 5)\n"
             "  -c, --check 0|1    verify every received byte (default 1)\n"
             "  --all-pairs        every pair of ranks in turn (round-robin),\n"
@@ -595,9 +596,9 @@ static int parse_args(struct mesh_opts *mo, struct args *a, int argc,
         else if (!strcmp(arg, "-f") || !strcmp(arg, "--stepfactor"))
             rc = mesh_parse_int(arg, v, 2, 1000000, &a->factor);
         else if (!strcmp(arg, "-n") || !strcmp(arg, "--iters"))
-            rc = mesh_parse_int(arg, v, 1, 1000000, &a->iters);
+            rc = mesh_parse_int(arg, v, 1, 1000000000, &a->iters);
         else if (!strcmp(arg, "-w") || !strcmp(arg, "--warmup"))
-            rc = mesh_parse_int(arg, v, 0, 1000000, &a->warmup);
+            rc = mesh_parse_int(arg, v, 0, 1000000000, &a->warmup);
         else if (!strcmp(arg, "-c") || !strcmp(arg, "--check")) {
             rc = mesh_parse_int(arg, v, 0, 1000000, &a->check);
             if (rc == 0 && a->check > 1)
@@ -611,6 +612,10 @@ static int parse_args(struct mesh_opts *mo, struct args *a, int argc,
     if (a->minbytes > a->maxbytes)
         return mesh_err(-EINVAL, "-b %zu is larger than -e %zu", a->minbytes,
                         a->maxbytes);
+    /* --vs-fixed keeps every run's time: -n runs of each algorithm. */
+    if ((a->coll.vs_fixed || a->coll.rotate) && a->iters > 100000)
+        return mesh_err(-EINVAL, "-n %d with %s: at most 100000", a->iters,
+                        a->coll.vs_fixed ? "--vs-fixed" : "--rotate");
     rc = meshbench_coll_args_check(&a->coll);
     if (rc < 0)
         return rc;

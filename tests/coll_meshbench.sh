@@ -9,7 +9,7 @@
 # spoiled input byte must be counted wrong and make every rank exit 4.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
-t_plan 23
+t_plan 24
 n=3
 for algo in ring tree direct rd rhd htree hrd local ps auto; do
     take_ports "$n" || { t_ok 1 "no free ports"; continue; }
@@ -113,6 +113,15 @@ t_ok $([ $rc -eq 1 ] && grep -q "expected seconds from 0 to 3600" \
 rc=$?
 t_ok $([ $rc -eq 1 ] && grep -q "unknown algorithm 'fastest'" "$TMP/bad.log"
        echo $?) "--algo fastest is refused (exit $rc)"
+"$MESHBENCH" --op allreduce --vs-fixed -n 100001 > "$TMP/badn.log" 2>&1
+rc=$?
+"$MESHBENCH" --op pingpong -n 1000000001 >> "$TMP/badn.log" 2>&1
+rc2=$?
+t_ok $([ $rc -eq 1 ] && [ $rc2 -eq 1 ] &&
+       grep -q -- "-n 100001 with --vs-fixed: at most 100000" "$TMP/badn.log" &&
+       grep -q -- "-n .1000000001.: expected an integer from 1 to 1000000000" \
+           "$TMP/badn.log"; echo $?) \
+    "-n past 10^5 with --vs-fixed and past 10^9 are refused (exit $rc $rc2)"
 # The check can fail: rank 1 spoils one byte of its first input longer
 # than 100 bytes; the sums come out wrong, and every rank exits 4.
 take_ports "$n"
