@@ -14,7 +14,7 @@
 t_plan 8
 PT=2
 # Runs for minutes unless something fails.
-LONG="--op pingpong -b 64 -e 64 -n 1000000 -w 0 --peer-timeout $PT \
+LONG="--op pingpong -b 64 -e 64 -n 1000000000 -w 0 --peer-timeout $PT \
 --join-timeout 30"
 # sh -c "$ONE" RANK CODE PROGRAM ARGS...: rank RANK exits CODE at once,
 # the others run PROGRAM.

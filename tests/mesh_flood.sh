@@ -46,7 +46,7 @@ take_ports 2 || t_skip_all "no free ports"
 port=$PORT
 for r in 0 1; do
     bg "$MESHBENCH" -H localhost:2 --rank $r --port "$port" \
-        --secret-file "$TMP/secret" --op pingpong -b 64 -e 64 -n 1000000 \
+        --secret-file "$TMP/secret" --op pingpong -b 64 -e 64 -n 1000000000 \
         -w 0 --join-timeout 30 > "$TMP/churn$r.log" 2>&1
 done
 wait_for "$TMP/churn0.log" 'joined the mesh' 30

@@ -12,7 +12,7 @@ PEER_TIMEOUT=2
 SLACK=10
 VICTIM=2
 # A workload that runs for minutes unless something fails.
-WORK="--op pingpong -b 64 -e 64 -n 1000000 -w 0 --peer-timeout $PEER_TIMEOUT \
+WORK="--op pingpong -b 64 -e 64 -n 1000000000 -w 0 --peer-timeout $PEER_TIMEOUT \
 --join-timeout 30"
 
 t_plan 15

@@ -36,7 +36,7 @@ t_cleanup() {
         kill -KILL "$p" 2>/dev/null
     done
     [ -n "$T_CLEANUP_HOOK" ] && $T_CLEANUP_HOOK
-    rm -rf "$TMP"
+    [ -n "$T_KEEP" ] || rm -rf "$TMP" # T_KEEP=1: keep the logs to look at
 }
 trap 't_cleanup' EXIT
 trap 'exit 130' INT

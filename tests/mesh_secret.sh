@@ -80,7 +80,7 @@ t_ok $(cat "$TMP/wrong.0.log" "$TMP/wrong.1.log" | grep -Eqi "secret|auth|hmac";
 take_ports 2
 port=$PORT
 bg "$MESHRUN" -np 2 -- "$MESHBENCH" --port "$port" --op pingpong -b 8 -e 8 \
-    -n 1000000 -w 0 > "$TMP/run.log" 2>&1
+    -n 1000000000 -w 0 > "$TMP/run.log" 2>&1
 mr=$BG_PID
 wait_for "$TMP/run.log" '^\[0\] +pingpong|^\[0\] # meshbench' 30
 leak=0

@@ -22,7 +22,7 @@ port=$PORT
 make_secret "$TMP/secret"
 for r in 0 1 2; do
     bg "$MESHBENCH" -H localhost:3 --rank $r --port "$port" \
-        --secret-file "$TMP/secret" --op pingpong -b 64 -e 64 -n 1000000 \
+        --secret-file "$TMP/secret" --op pingpong -b 64 -e 64 -n 1000000000 \
         -w 0 --peer-timeout $T --join-timeout 30 > "$TMP/r$r.log" 2>&1
     eval "p$r=\$BG_PID"
 done
