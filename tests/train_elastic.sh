@@ -26,6 +26,14 @@ TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
 --data-threads 1 --quiet --data synthetic:$N --num-classes 10 \
 --in-channels 1 --batch $BATCH --no-eval --verify-every 10 --elastic \
 --peer-timeout $PEER_TIMEOUT --join-timeout 60"
+# The faults come from this script once rank 0's metrics reach a step, so
+# the job must still run then, however fast the machine: its steps last
+# 20 ms at least (MESHTRAIN_TEST_STEP_MS, a pause at each step's start),
+# which leaves 2 s or more after the fault's step. Without it 120 steps
+# took 0.5 to 3 s here, and the job could end before the kill came (with
+# ELASTIC_ITERS=40, a job 3 times shorter, meshrun's job always did).
+MESHTRAIN_TEST_STEP_MS=20
+export MESHTRAIN_TEST_STEP_MS
 
 # start NAME PEERS ARGS...: PEERS peers by hand, samples and metrics under
 # $TMP/NAME.
