@@ -140,8 +140,15 @@ TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
 --data-threads 1 --quiet --data synthetic:600 --num-classes 10 \
 --in-channels 1 --batch 4 --no-eval --verify-every 5 --elastic \
 --peer-timeout 2 --join-timeout 60 --compress topk:0.05,fp16"
+# the kill comes at step 10 of 40 from this script, so the job must still
+# run then, however fast the machine: steps of 50 ms at least
+# (MESHTRAIN_TEST_STEP_MS) leave 1.5 s; without, the 40 steps took 0.2 s
+# here and the kill landed at step 15 to 31
+MESHTRAIN_TEST_STEP_MS=50
+export MESHTRAIN_TEST_STEP_MS
 # shellcheck disable=SC2086
 by_hand 3 "$TMP/el" $TINY --iters 40 --metrics "$TMP/el.metrics"
+unset MESHTRAIN_TEST_STEP_MS
 wait_for "$TMP/el.metrics" '"step": 10,' 120
 # shellcheck disable=SC2086
 set -- $PEERS
