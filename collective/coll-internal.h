@@ -327,6 +327,10 @@ struct coll_shape {
     double tree_load;        /* most bytes a rank sends, per byte reduced */
     int rd_rounds, rd_extra; /* coll_rd_rounds */
     const struct coll_hosts *hosts;
+    /* mesh_coll_buf_alloc puts the buffers in the host's shared memory
+     * (opts host_shared, with the transport's shares and windows): from
+     * COLL_SHARED_MIN bytes local and hier read and write them in place */
+    int in_place;
 };
 
 /*

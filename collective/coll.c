@@ -1770,6 +1770,8 @@ int mesh_coll_create(const struct mesh_transport_ops *ops, mesh_transport_t *t,
     if (rc < 0)
         goto free_c;
     c->shape.hosts = &c->hosts;
+    c->shape.in_place = c->opts.host_shared && c->hosts.win && c->hosts.heap &&
+                        c->ops->host_alloc;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->qcv, NULL);
     pthread_cond_init(&c->dcv, NULL);

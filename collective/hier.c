@@ -407,19 +407,24 @@ int coll_build_hier_allreduce(struct sched *s, const struct coll_args *a,
 }
 
 /*
- * Inside the host, (L - 1) / L of the bytes go out and come in twice
- * (memory copies: gamma's order), and the host's sum adds L inputs; between
- * hosts, the ring's terms on a segment of bytes / L over H ranks, or
- * recursive doubling's on the segment where it is small. The latency: 2
- * hops inside the host (coll_local_hop) and the hops between hosts, plus
- * each local phase's extra messages at a rank and the L - 1 other rings'
+ * Inside the host, what a rank moves of its segment's share (gamma's
+ * order): L - 1 segments go out and come in twice, 4 (L - 1) copies
+ * (through messages: into a slot and out of it; through the windows
+ * fewer, 2 L - 1, but the model keeps the messages' count there, beside
+ * which local's cost was set); in place (the buffers in the host's
+ * shared memory, from COLL_SHARED_MIN bytes: build_hier_win), none in
+ * and L - 1 streamed out. The host's sum adds L inputs. Between hosts,
+ * the ring's terms on a segment of bytes / L over H ranks, or recursive
+ * doubling's on the segment where it is small. The latency: 2 hops
+ * inside the host (coll_local_hop) and the hops between hosts, plus each
+ * local phase's extra messages at a rank and the L - 1 other rings'
  * messages through the host's NIC and cores (COLL_MSG_HOP each).
  */
 double coll_hier_cost(const struct coll_shape *c, double bytes)
 {
     const struct mesh_coll_model *m = c->model;
     const struct coll_hosts *h = c->hosts;
-    double L, H, seg, between, hops, rd;
+    double L, H, seg, between, hops, rd, copies, cost;
     int extra, rounds;
 
     if (!h || !hier_usable(h, c->size))
@@ -434,11 +439,17 @@ double coll_hier_cost(const struct coll_shape *c, double bytes)
                        (rounds + (extra > 0)) * seg * m->gamma_s_per_byte
                  : 2 * (H - 1) * (seg / H) * m->beta_s_per_byte +
                        (H - 1) * (seg / H) * m->gamma_s_per_byte;
-    return coll_lat(c, MESH_ALGO_HIER,
+    copies = h->win && h->heap && c->in_place && bytes >= COLL_SHARED_MIN
+                 ? L - 1
+                 : 4 * (L - 1);
+    cost = coll_lat(c, MESH_ALGO_HIER,
                     2 * coll_local_hop(c) + hops +
                         COLL_MSG_HOP * (4 * (L - 2) + (L - 1) * hops)) +
-           4 * (L - 1) * seg * m->gamma_s_per_byte +
+           copies * seg * m->gamma_s_per_byte +
            (L - 1) * seg * m->gamma_s_per_byte + between;
+    /* one host with windows, in place: local's steps, and local's cost;
+     * the tie goes to local, whatever the rounding */
+    return H < 2 && copies < 4 * (L - 1) ? cost * (1 + 1e-9) : cost;
 }
 
 /* ---- hierarchical forms of the tree and of recursive doubling ------------ */

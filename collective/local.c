@@ -350,21 +350,26 @@ int coll_build_local_allreduce(struct sched *s, const struct coll_args *a,
 
 /*
  * Copies: the input into the window, and the L - 1 other slices out (a
- * byte each, gamma's order); the slice's sum adds L inputs; two host syncs
- * per chunk of half a window, a hop each (the chunk: COLL_CHUNK_MAX, the
- * model's stand-in for the transport's half window).
+ * byte each, gamma's order), or in place (the buffers in the host's
+ * shared memory, from COLL_SHARED_MIN bytes: build_direct) only the
+ * slice into the L - 1 other outputs; the slice's sum adds L inputs; two
+ * host syncs per chunk of half a window, a hop each (the chunk:
+ * COLL_CHUNK_MAX, the model's stand-in for the transport's half window),
+ * or in place the two of one.
  */
 double coll_local_cost(const struct coll_shape *c, double bytes)
 {
     const struct mesh_coll_model *m = c->model;
     const struct coll_hosts *h = c->hosts;
-    double L, chunks;
+    double L, chunks, in;
 
     if (!h || !local_usable(h, c->size))
         return 1e30; /* not a choice here: hier would run */
     L = h->local;
-    chunks = MESH_MAX(1.0, bytes / (double)COLL_CHUNK_MAX);
+    in = c->in_place && h->heap && bytes >= COLL_SHARED_MIN ? 0 : bytes;
+    /* in place, one host sync ends it whatever the size */
+    chunks = in > 0 ? MESH_MAX(1.0, bytes / (double)COLL_CHUNK_MAX) : 1.0;
     return coll_lat(c, MESH_ALGO_LOCAL, 2.0) +
            2.0 * (chunks - 1.0) * m->alpha_s +
-           (bytes + 2.0 * (L - 1.0) / L * bytes) * m->gamma_s_per_byte;
+           (in + 2.0 * (L - 1.0) / L * bytes) * m->gamma_s_per_byte;
 }

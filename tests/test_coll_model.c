@@ -57,6 +57,44 @@ static int bandwidth(int id)
 }
 
 /*
+ * hier's and local's copies inside a host: in place (the buffers in the
+ * host's shared memory) fewer than through the windows or messages from
+ * COLL_SHARED_MIN bytes, none fewer below it.
+ */
+static void in_place_checks(const struct mesh_coll_model *m)
+{
+    static void *wins[8], *heaps[8];
+    struct coll_shape c;
+    struct coll_hosts h;
+    double msg, win, inpl, below_w, below_i, one_w, one_i;
+    const double big = 64.0 * (1 << 20), small = COLL_SHARED_MIN / 4.0;
+
+    shape_of(&c, m, &h, 2, 4);
+    msg = coll_hier_cost(&c, big);
+    h.win = wins;
+    win = coll_hier_cost(&c, big);
+    below_w = coll_hier_cost(&c, small);
+    h.heap = heaps;
+    c.in_place = 1;
+    inpl = coll_hier_cost(&c, big);
+    below_i = coll_hier_cost(&c, small);
+    ok(inpl < win && win <= msg && below_i == below_w,
+       "hier, 2 hosts x 4, 64 MiB: in place %.2f ms < windows %.2f <= "
+       "messages %.2f; the same below %u bytes (%.3f, %.3f)",
+       inpl * 1e3, win * 1e3, msg * 1e3, COLL_SHARED_MIN, below_i * 1e3,
+       below_w * 1e3);
+
+    shape_of(&c, m, &h, 1, 4);
+    h.win = wins;
+    one_w = coll_local_cost(&c, big);
+    h.heap = heaps;
+    c.in_place = 1;
+    one_i = coll_local_cost(&c, big);
+    ok(one_i < one_w, "local, 4 ranks, 64 MiB: in place %.2f ms < windows %.2f",
+       one_i * 1e3, one_w * 1e3);
+}
+
+/*
  * Formation's agreement (coll_meas_agree), 2 ranks, 3 algorithms, 5 runs.
  * Algorithm 0 is fast in 2 runs of 5 and slow in the rest (a least far
  * below the others', a median above them); algorithm 1 always takes about
@@ -131,7 +169,7 @@ int main(void)
     struct coll_hosts h;
     int bad = 0, id;
 
-    plan(9);
+    plan(11);
     builtin(&m);
 
     /* the seed's topology at 4 GPUs per process: 16 hosts of 2 */
@@ -206,6 +244,7 @@ int main(void)
     ok(id == MESH_ALGO_HIER, "a measured latency replaces the model's: %s",
        mesh_algo_name(id));
 
+    in_place_checks(&m);
     meas_agree_checks();
     return done();
 }
