@@ -831,8 +831,9 @@ static int restart_due(struct run *run, int running, int stopping)
         if (!q->restart_at || now < q->restart_at)
             continue;
         q->restart_at = 0;
-        /* the job is stopping, over, or has finished training */
-        if (stopping || running + n == 0 || run->finished_at)
+        /* the job is stopping (or a signal, not yet acted on, asks it
+         * to), over, or has finished training */
+        if (stopping || got_signal || running + n == 0 || run->finished_at)
             continue;
         streams_close(run, q);
         rc = launch(run, q);
