@@ -924,34 +924,12 @@ int mesh_bind(const struct mesh_opts *o, int *ncpus)
 /* SHA-256 of the rank layout, so peers with different hostfiles refuse. */
 static int layout_digest(const struct mesh_world *w, char *hex, size_t len)
 {
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    unsigned char md[EVP_MAX_MD_SIZE];
-    unsigned int mdlen = 0, i;
-    char name[MESH_HOST_MAX + 16];
-    int r, rc = 0;
+    uint8_t md[32];
+    int rc = mesh_world_digest(w, md);
 
-    if (!ctx)
-        return mesh_err(-ENOMEM, "EVP_MD_CTX_new failed");
-    if (EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
-        rc = mesh_err(-EIO, "EVP_DigestInit_ex(sha256) failed");
-        goto out;
-    }
-    for (r = 0; r < w->size; r++) {
-        mesh_peer_name(w, r, name, sizeof(name));
-        if (EVP_DigestUpdate(ctx, name, strlen(name) + 1) != 1) {
-            rc = mesh_err(-EIO, "EVP_DigestUpdate failed");
-            goto out;
-        }
-    }
-    if (EVP_DigestFinal_ex(ctx, md, &mdlen) != 1) {
-        rc = mesh_err(-EIO, "EVP_DigestFinal_ex failed");
-        goto out;
-    }
     /* 16 bytes are plenty to tell layouts apart. */
-    for (i = 0; i < 16 && 2 * i + 2 < len; i++)
+    for (int i = 0; rc == 0 && i < 16 && (size_t)(2 * i + 2) < len; i++)
         snprintf(hex + 2 * i, len - 2 * i, "%02x", md[i]);
-out:
-    EVP_MD_CTX_free(ctx);
     return rc;
 }
 

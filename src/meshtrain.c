@@ -673,6 +673,8 @@ int main(int argc, char **argv)
         mesh_opts_free(&mo);
         return MESH_EXIT_USAGE;
     }
+    /* --elastic: the views' meshes differ in size (transport.h) */
+    mo.topts.views = c.elastic;
     rc = check_outputs(&c, mo.rank);
     if (rc < 0) {
         fprintf(stderr, "meshtrain: %s\n", mesh_err_msg(rc));

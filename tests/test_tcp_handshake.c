@@ -105,7 +105,9 @@ static const struct hello_case hello_cases[] = {
     {"job id with non-printables", 5, .job = "j\x01\xff",
      .want = "wrong job id 'j?"
              "?', expected 'job-x'"},
-    {"world size", 5, SET_SIZE, 9, .want = "world size 9, expected 8"},
+    {"world size", 5, SET_SIZE, 9,
+     .want = "world size 9, expected 8 (the hostfiles differ: 9 slots "
+             "there, 8 here)"},
     {"rank past the world", 8,
      .want = "unknown rank 8 (world of 8; only ranks above 3 dial this one)"},
     {"own rank", 3,
@@ -286,6 +288,10 @@ static void test_config(void)
     tcp_config_diff(c, strlen(c), a, strlen(a), out, sizeof(out));
     ok(!strcmp(out, "seed=7 here, seed unset there"),
        "CONFIG: a key missing here, found from our side (%s)", out);
+    tcp_config_diff("layout=ab\n", 10, "layout=cd\n", 10, out, sizeof(out));
+    ok(!strcmp(out, "layout=ab here, layout=cd there (the hostfiles list "
+                    "other hosts or ports for the slots)"),
+       "CONFIG: a layout that differs says what it digests (%s)", out);
     tcp_config_diff(a, strlen(a), a, strlen(a), out, sizeof(out));
     ok(!strcmp(out, "the fingerprints differ but no key does"),
        "CONFIG: no key differs (%s)", out);
@@ -310,12 +316,46 @@ static void test_config(void)
        "CONFIG: one byte more is refused (%s)", why);
 }
 
+/* Another world size fails the dialer's join at once: only for a HELLO of
+ * this job and protocol (tcp_hello_world_differs). */
+static void test_hello_world(void)
+{
+    struct tcp_hello h;
+    struct tcp_hs_self dialer = acceptor;
+
+    dialer.dialer = 1;
+    dialer.peer = 5;
+    dialer.stream = 2;
+    hello_base(&h, 5);
+    ok(!tcp_hello_world_differs(&h, &acceptor) &&
+           !tcp_hello_world_differs(&h, &dialer),
+       "world size: the same world does not differ");
+    h.size = 3; /* a smaller hostfile, and a rank past it */
+    ok(tcp_hello_world_differs(&h, &acceptor) &&
+           tcp_hello_world_differs(&h, &dialer),
+       "world size: 3 slots there, 8 here differ, on either side");
+    memcpy(h.job, "job-y", 6);
+    ok(!tcp_hello_world_differs(&h, &acceptor),
+       "world size: another job's HELLO does not count");
+    hello_base(&h, 5);
+    h.size = 9;
+    h.version = TCP_PROTO_VERSION + 1;
+    ok(!tcp_hello_world_differs(&h, &acceptor),
+       "world size: another protocol's HELLO does not count");
+    hello_base(&h, 5);
+    h.size = 9;
+    h.magic = 0;
+    ok(!tcp_hello_world_differs(&h, &acceptor),
+       "world size: a HELLO with a bad magic does not count");
+}
+
 int main(void)
 {
     static const int seeds[] = {1, 2, 7, 42, 20240601};
 
     rng = 1;
     test_hello_fields();
+    test_hello_world();
     test_auth_known();
     for (size_t i = 0; i < sizeof(seeds) / sizeof(seeds[0]); i++) {
         rng = 0x9e3779b97f4a7c15ull * (uint64_t)(seeds[i] + 1);

@@ -53,7 +53,7 @@ enum msg_type {
 };
 
 /* MSG_REFUSED's reasons (its step field) */
-enum { REFUSED_SECRET = 1, REFUSED_JOB = 2 };
+enum { REFUSED_SECRET = 1, REFUSED_JOB = 2, REFUSED_WORLD = 3 };
 
 enum state { ST_NORMAL, ST_AGREEING, ST_EXCLUDED, ST_JOINING };
 
@@ -72,6 +72,14 @@ struct mesh_elastic {
     uint8_t secret[256];
     size_t secret_len;
     uint8_t job[8]; /* SHA-256 of the job id, first bytes */
+    /* SHA-256 of the slots' host:port (mesh_world_digest), first bytes:
+     * every message carries them (a JOIN the slot count too), so that a
+     * peer started with another hostfile is not heard, and its JOIN is
+     * refused at once (REFUSED_WORLD) */
+    uint8_t layout[4];
+    /* when a REFUSED_WORLD to a slot was last logged (the last entry:
+     * slots past ours) */
+    double world_warned[MESH_ELASTIC_MAX_SLOTS + 1];
     double settle_s;
     double wait_s; /* --peer-timeout: see wait_limit */
     int fault_sig;
@@ -136,10 +144,11 @@ struct mesh_elastic {
     double decided_at;      /* when the last decision was adopted */
     const struct mesh_world *world;
     char refused_by[MESH_HOST_MAX + 16];
-    uint64_t my_step;      /* frozen on leaving */
-    double left_at;        /* when this peer left its view (leave) */
-    struct decision last;  /* the latest decision, re-sent a while */
-    double announce_until; /* monotonic seconds */
+    uint32_t refused_nslots; /* REFUSED_WORLD: the job's slot count */
+    uint64_t my_step;        /* frozen on leaving */
+    double left_at;          /* when this peer left its view (leave) */
+    struct decision last;    /* the latest decision, re-sent a while */
+    double announce_until;   /* monotonic seconds */
     double sent_at;
     int decided;    /* a decision waits for mesh_elastic_agree */
     double stall_s; /* test aid: mesh_elastic_test_stall */
@@ -200,6 +209,11 @@ static void send_msg(struct mesh_elastic *e, int type, uint64_t epoch,
     mesh_put_le32(m + 40, round);
     mesh_put_le64(m + 44, extra);
     mesh_put_le64(m + 52, extra2);
+    /* our world: a peer of another hostfile is not heard, and a job
+     * refuses its JOIN at once */
+    if (type == MSG_JOIN)
+        mesh_put_le32(m + 40, (uint32_t)e->nslots);
+    memcpy(m + 60, e->layout, 4);
     if (sign(e, m, m + MSG_BODY) < 0)
         return;
     /* a lost datagram is re-sent at the next tick */
@@ -573,23 +587,71 @@ static void refuse(struct mesh_elastic *e, const uint8_t *req, int reason,
     mesh_put_le16(m + 6, (uint16_t)e->me);
     memcpy(m + 8, req + 8, 8); /* the job the request named */
     mesh_put_le64(m + 32, (uint64_t)reason);
+    mesh_put_le32(m + 40, (uint32_t)e->nslots); /* ours */
     (void)sendto(e->fd, m, sizeof(m), MSG_DONTWAIT, (const struct sockaddr *)to,
                  tolen);
 }
 
 /* Under mu: a refusal of our join request (unsigned: it may be forged,
  * which can only stop this joiner, never disturb the job). */
-static void take_refused(struct mesh_elastic *e, const uint8_t *m)
+static void take_refused(struct mesh_elastic *e, const uint8_t *m,
+                         const struct sockaddr_storage *src, socklen_t srclen)
 {
     int from = mesh_get_le16(m + 6);
     uint64_t why = mesh_get_le64(m + 32);
+    char host[NI_MAXHOST], port[NI_MAXSERV];
 
     if (e->state != ST_JOINING || memcmp(m + 8, e->job, 8) ||
-        from >= e->nslots || (why != REFUSED_SECRET && why != REFUSED_JOB))
+        (from >= e->nslots && why != REFUSED_WORLD) ||
+        (why != REFUSED_SECRET && why != REFUSED_JOB && why != REFUSED_WORLD))
         return;
     e->refused = (int)why;
-    mesh_peer_name(e->world, from, e->refused_by, sizeof(e->refused_by));
+    e->refused_nslots = mesh_get_le32(m + 40);
+    if (why != REFUSED_WORLD)
+        mesh_peer_name(e->world, from, e->refused_by, sizeof(e->refused_by));
+    else if (getnameinfo((const struct sockaddr *)src, srclen, host,
+                         sizeof(host), port, sizeof(port),
+                         NI_NUMERICHOST | NI_NUMERICSERV) == 0)
+        /* (another hostfile: its slot there may be none of ours) */
+        snprintf(e->refused_by, sizeof(e->refused_by), "%s%s%s:%s (slot %d)",
+                 strchr(host, ':') ? "[" : "", host,
+                 strchr(host, ':') ? "]" : "", port, from);
+    else
+        snprintf(e->refused_by, sizeof(e->refused_by), "of slot %d", from);
     pthread_cond_broadcast(&e->cv);
+}
+
+/* A signed JOIN of another world (slot count or layout): refuse it, and
+ * say so here too, at most every 5 s (the joiner asks every 100 ms until
+ * it hears the refusal). */
+static void world_refuse(struct mesh_elastic *e, const uint8_t *m,
+                         const struct sockaddr_storage *src, socklen_t srclen)
+{
+    uint32_t n = mesh_get_le32(m + 40);
+    int slot = mesh_get_le16(m + 6);
+    double now = mesh_now_s(), *at;
+    int log;
+
+    refuse(e, m, REFUSED_WORLD, src, srclen);
+    at = &e->world_warned[MESH_MIN(slot, MESH_ELASTIC_MAX_SLOTS)];
+    pthread_mutex_lock(&e->mu);
+    log = e->probed && e->state != ST_JOINING && (!*at || now - *at > 5);
+    if (log)
+        *at = now;
+    pthread_mutex_unlock(&e->mu);
+    if (!log)
+        return;
+    if (n != (uint32_t)e->nslots)
+        mesh_warn(
+            "refused a join request from slot %d: its hostfile has %" PRIu32
+            " slot(s), this job's %d (-H or --hostfile differ); the job "
+            "goes on",
+            slot, n, e->nslots);
+    else
+        mesh_warn("refused a join request from slot %d: its hostfile lists "
+                  "other hosts or ports for the job's %d slots (-H or "
+                  "--hostfile differ); the job goes on",
+                  slot, e->nslots);
 }
 
 static void receive(struct mesh_elastic *e)
@@ -608,7 +670,7 @@ static void receive(struct mesh_elastic *e)
             goto next;
         if (m[5] == MSG_REFUSED) {
             pthread_mutex_lock(&e->mu);
-            take_refused(e, m);
+            take_refused(e, m, &src, srclen);
             pthread_mutex_unlock(&e->mu);
             goto next;
         }
@@ -626,6 +688,16 @@ static void receive(struct mesh_elastic *e)
             goto next;
         }
         from = mesh_get_le16(m + 6);
+        if (memcmp(m + 60, e->layout, 4) ||
+            (m[5] == MSG_JOIN &&
+             mesh_get_le32(m + 40) != (uint32_t)e->nslots)) {
+            /* a peer of this job (it has the secret), started with
+             * another hostfile: its JOIN is refused at once, nothing of
+             * ours changes */
+            if (m[5] == MSG_JOIN)
+                world_refuse(e, m, &src, srclen);
+            goto next;
+        }
         if (from >= e->nslots || from == e->me || m[5] < MSG_PROPOSE ||
             m[5] > MSG_STATUS)
             goto next;
@@ -720,6 +792,18 @@ static void *thread_main(void *arg)
 /* Under mu: the refusal of our join request, as an error. */
 static int refused_err(const struct mesh_elastic *e)
 {
+    if (e->refused == REFUSED_WORLD && e->refused_nslots != (uint32_t)e->nslots)
+        return mesh_err(-EACCES,
+                        "the job's peer %s refused this peer: the job has "
+                        "%" PRIu32 " slot(s), this peer's hostfile %d (-H or "
+                        "--hostfile differ from the job's)",
+                        e->refused_by, e->refused_nslots, e->nslots);
+    if (e->refused == REFUSED_WORLD)
+        return mesh_err(-EACCES,
+                        "the job's peer %s refused this peer: the job's "
+                        "hostfile lists other hosts or ports for its %d "
+                        "slots than this peer's (-H or --hostfile differ)",
+                        e->refused_by, e->nslots);
     return mesh_err(-EACCES, "the job's peer %s refused this peer: %s",
                     e->refused_by,
                     e->refused == REFUSED_JOB
@@ -789,6 +873,10 @@ int mesh_elastic_start(const struct mesh_elastic_opts *o,
         goto fail_e;
     }
     memcpy(e->job, md, 8);
+    rc = mesh_world_digest(w, md);
+    if (rc < 0)
+        goto fail_e;
+    memcpy(e->layout, md, 4);
     e->members = w->size == 64 ? UINT64_MAX : (UINT64_C(1) << w->size) - 1;
     e->base = e->members;
     /* our own address first, then the others' in its family */

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -27,6 +28,25 @@ const char *mesh_peer_name(const struct mesh_world *w, int r, char *buf,
     else
         snprintf(buf, len, "%s:%u", p->host, (unsigned)p->port);
     return buf;
+}
+
+int mesh_world_digest(const struct mesh_world *w, uint8_t md[32])
+{
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    char name[MESH_HOST_MAX + 16];
+    unsigned int mdlen = 0;
+    int ok;
+
+    if (!ctx)
+        return mesh_err(-ENOMEM, "EVP_MD_CTX_new failed");
+    ok = EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1;
+    for (int r = 0; r < w->size && ok; r++) {
+        mesh_peer_name(w, r, name, sizeof(name));
+        ok = EVP_DigestUpdate(ctx, name, strlen(name) + 1) == 1;
+    }
+    ok = ok && EVP_DigestFinal_ex(ctx, md, &mdlen) == 1 && mdlen == 32;
+    EVP_MD_CTX_free(ctx);
+    return ok ? 0 : mesh_err(-EIO, "SHA-256 of the rank layout failed");
 }
 
 const char *mesh_op_name(int op)

@@ -65,6 +65,13 @@ struct mesh_world {
 const char *mesh_peer_name(const struct mesh_world *w, int r, char *buf,
                            size_t len);
 
+/*
+ * The SHA-256 of the rank layout (every rank's "host:port" in rank order,
+ * each with its NUL) into md: peers started with different hostfiles (or
+ * -H) refuse each other by it. 0, or a negative errno code.
+ */
+int mesh_world_digest(const struct mesh_world *w, uint8_t md[32]);
+
 /* ---- frames ------------------------------------------------------------- */
 
 enum mesh_op {
@@ -161,6 +168,13 @@ struct mesh_transport_opts {
      * other waits on for the peer to come back in the later view.
      */
     char config[MESH_CONFIG_MAX];
+    /*
+     * The mesh is one view of a job whose views differ in size (--elastic):
+     * a peer of another world size may be in another view, and is waited
+     * for. Else (0) a peer of this job with another world size runs with
+     * another hostfile, and fails its join at once (tcp).
+     */
+    int views;
     /* Transport-specific (verbs): device, port, GID index; NULL/-1 = auto. */
     const char *ib_dev;
     int ib_port;

@@ -158,6 +158,25 @@ static int hs_got_hello(struct conn *c)
         c->peer = (int)h.rank;
         c->stream = (int)h.stream;
     }
+    if (rc < 0 && tcp_hello_world_differs(&h, &self)) {
+        if (c->role == ROLE_ACCEPTOR) {
+            /* our size, for the dialer's message (tcp_hello_world_differs) */
+            tcp_hs_hello(t, c, hello);
+            tcp_out_append(c, hello, sizeof(hello));
+            tcp_conn_flush_out(c);
+        } else if (!t->super.opts.views && !t->links[c->peer].ready &&
+                   !t->join_err[0]) {
+            char nb[300];
+
+            snprintf(t->join_err, sizeof(t->join_err),
+                     "rank %d (%s) is in a world of %" PRIu32
+                     " slots, this peer's has %d: its hostfile (-H, "
+                     "--hostfile) differs from the job's",
+                     c->peer, tcp_pname(t, c->peer, nb, sizeof(nb)), h.size,
+                     t->super.world.size);
+            pthread_cond_broadcast(&t->super.cond);
+        }
+    }
     if (rc < 0) {
         tcp_hs_refuse(c, "%s", why);
         return -1;

@@ -100,6 +100,16 @@ void tcp_hello_decode(const uint8_t *m, struct tcp_hello *h);
  */
 int tcp_hello_check(const struct tcp_hello *h, const struct tcp_hs_self *self,
                     int *identified, char *why, size_t whylen);
+/*
+ * 1 when h is a HELLO of this job and protocol whose world size differs
+ * from self's: the peer runs with another hostfile (or -H). The acceptor
+ * answers such a HELLO with its own before it refuses, so that the dialer
+ * fails its join at once, naming both sizes, instead of dialing again
+ * until --join-timeout (HELLO is not authenticated: a process that answers
+ * at a peer's address can only make the join fail sooner).
+ */
+int tcp_hello_world_differs(const struct tcp_hello *h,
+                            const struct tcp_hs_self *self);
 
 /* Both sides' view of one connection's handshake, dialer (d) and acceptor
  * (a) alike. */

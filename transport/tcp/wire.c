@@ -82,8 +82,10 @@ int tcp_hello_check(const struct tcp_hello *h, const struct tcp_hs_self *self,
         return -EPERM;
     }
     if (h->size != (uint32_t)self->size) {
-        snprintf(why, whylen, "world size %" PRIu32 ", expected %d", h->size,
-                 self->size);
+        snprintf(why, whylen,
+                 "world size %" PRIu32 ", expected %d (the hostfiles "
+                 "differ: %" PRIu32 " slots there, %d here)",
+                 h->size, self->size, h->size, self->size);
         return -EPERM;
     }
     if (!self->dialer) {
@@ -119,6 +121,16 @@ int tcp_hello_check(const struct tcp_hello *h, const struct tcp_hs_self *self,
         return -EPERM;
     }
     return 0;
+}
+
+int tcp_hello_world_differs(const struct tcp_hello *h,
+                            const struct tcp_hs_self *self)
+{
+    size_t jl = strnlen(self->job_id, MESH_JOB_MAX);
+
+    return h->magic == TCP_HS_MAGIC && h->version == TCP_PROTO_VERSION &&
+           strnlen((const char *)h->job, MESH_JOB_MAX) == jl &&
+           !memcmp(h->job, self->job_id, jl) && h->size != (uint32_t)self->size;
 }
 
 int tcp_auth_mac(const uint8_t *secret, size_t secret_len,
@@ -260,9 +272,14 @@ void tcp_config_diff(const char *a, size_t alen, const char *b, size_t blen,
                 if (vb)
                     tcp_clean_text(sb, sizeof(sb), (const uint8_t *)vb,
                                    MESH_MIN(lb, sizeof(sb) - 1));
-                snprintf(out, outlen, "%s%s%s here, %s%s%s there", key,
+                /* the layout is a digest: say what it digests */
+                snprintf(out, outlen, "%s%s%s here, %s%s%s there%s", key,
                          va ? "=" : " ", va ? sa : "unset", key, vb ? "=" : " ",
-                         vb ? sb : "unset");
+                         vb ? sb : "unset",
+                         strcmp(key, "layout") ? ""
+                                               : " (the hostfiles list other "
+                                                 "hosts or ports for the "
+                                                 "slots)");
                 return;
             }
             p = le + 1;
