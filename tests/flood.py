@@ -5,7 +5,8 @@
                                       each one the moment it is dropped
   flood.py churn HOST PORT SECONDS    connect and close as fast as possible
 
-Prints what it did on exit ("idle: 256 held, 1234 reopened").
+Prints what it did on exit ("idle: 256 held, 1234 reopened"); idle also
+says when its N connections are open ("idle: 256 opened").
 """
 import errno
 import selectors
@@ -38,6 +39,8 @@ def idle(host, port, n, seconds):
         if s:
             sel.register(s, selectors.EVENT_READ)
             held += 1
+    # the caller waits for this line before it counts on the flood
+    print("idle: %d opened" % held, flush=True)
     while time.monotonic() < end:
         for key, _ in sel.select(timeout=0.05):
             s = key.fileobj

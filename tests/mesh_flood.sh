@@ -23,10 +23,22 @@ RUN="--secret-file $TMP/secret --op pingpong -b 8 -e 8 -n 2 -w 0 \
 bg "$MESHBENCH" -H localhost:2 --rank 0 --port "$port" $RUN \
     > "$TMP/idle0.log" 2>&1
 p0=$BG_PID
-sleep 0.3
+# the flood against rank 0's listening port, and rank 1 only once the 256
+# are open (fixed sleeps of 0.3 and 1 s let rank 1 in before the flood
+# on a loaded machine, or flood a port not yet open)
+if command -v ss >/dev/null 2>&1; then
+    i=0
+    while [ $i -lt 300 ] &&
+          [ -z "$(ss -ltnH "( sport = :$port )" 2>/dev/null)" ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+else
+    sleep 0.3
+fi
 bg $FLOOD idle 127.0.0.1 "$port" 256 $((JT + 2)) > "$TMP/idle.flood" 2>&1
 fl=$BG_PID
-sleep 1
+wait_for "$TMP/idle.flood" '^idle: [0-9]+ opened' 30
 # shellcheck disable=SC2086
 bg "$MESHBENCH" -H localhost:2 --rank 1 --port "$port" $RUN \
     > "$TMP/idle1.log" 2>&1
