@@ -1294,8 +1294,9 @@ static int cmp_size(const void *a, const void *b)
 #define MEAS_BLOCKS      4 /* the first runs, then up to 3 blocks more */
 #define MEAS_RUNS_MAX    (MEAS_BLOCKS * MEAS_RUNS_TINY)
 _Static_assert(MEAS_RUNS_MAX <= COLL_MEAS_RUNS_MAX, "coll-internal.h");
+#define MEAS_BLOCK_S 0.25 /* a block's time, about (more runs) */
 /* contenders after block b: this near the fastest (b = 1..3) */
-static const float meas_close[MEAS_BLOCKS] = {0, 1.15f, 1.08f, 1.04f};
+static const float meas_close[MEAS_BLOCKS] = {0, 1.30f, 1.10f, 1.04f};
 
 /*
  * Runs per algorithm and block at a size: many where a run takes tens of
@@ -1363,6 +1364,32 @@ size_t mesh_coll_scratch_for(const mesh_coll_t *c, int algo, size_t bytes)
         most = MESH_MAX(most, e->scratch(&a));
     }
     return most;
+}
+
+/*
+ * Runs per algorithm and block at point k: meas_runs, or more where the
+ * live algorithms' estimated times (the line of the points measured
+ * before, agreed) leave room in MEAS_BLOCK_S, up to MEAS_RUNS_TINY: on
+ * 8 namespace hosts under load, 7 runs of 4 ms ranked rd first at
+ * 256 KiB and rhd 1.33 times it, and over the seconds after rhd was
+ * 1.38 times faster. The same on every rank.
+ */
+static int block_runs(const mesh_coll_t *c, const int *ids, int nauto, int k,
+                      const int *live)
+{
+    size_t bytes = c->model.point_bytes[k];
+    int runs = meas_runs(bytes);
+    double round = 0;
+
+    for (int a = 0; k > 0 && a < nauto; a++) {
+        double est = live[a] ? measured_cost(c, ids[a], (double)bytes) : 0;
+
+        round += est > 0 ? est : 0;
+    }
+    if (round > 0)
+        runs = (int)MESH_MAX(
+            runs, MESH_MIN(MEAS_BLOCK_S / round, (double)MEAS_RUNS_TINY));
+    return runs;
 }
 
 /*
@@ -1436,20 +1463,17 @@ static double plan_live(mesh_coll_t *c, const int *ids, int nauto, int k,
 {
     const struct mesh_coll_model *m = &c->model;
     size_t bytes = m->point_bytes[k];
-    int runs = meas_runs(bytes);
     double total = 0;
+    int runs;
 
-    for (int a = 0; a < nauto; a++) {
-        double est;
-
-        if (!live[a])
-            continue;
-        if (mesh_coll_scratch_for(c, ids[a], bytes) >
-            2 * bytes + MEAS_SCRATCH_PAD) {
+    for (int a = 0; a < nauto; a++)
+        if (live[a] && mesh_coll_scratch_for(c, ids[a], bytes) >
+                           2 * bytes + MEAS_SCRATCH_PAD)
             live[a] = 0;
-            continue;
-        }
-        est = measured_cost(c, ids[a], (double)bytes);
+    runs = block_runs(c, ids, nauto, k, live);
+    for (int a = 0; a < nauto; a++) {
+        double est = live[a] ? measured_cost(c, ids[a], (double)bytes) : 0;
+
         total += (runs + 1) * (est > 0 ? est : 0);
     }
     return total;
@@ -1619,7 +1643,7 @@ static int agree(mesh_coll_t *c)
             m->budget_cut = 1; /* the same agreed spent on every rank */
             break;             /* larger sizes: on the last two's line */
         }
-        runs = meas_runs(pts[k]);
+        runs = block_runs(c, ids, nauto, k, live);
         rc = time_point(c, ids, live, nauto, pts[k], buf, t, 0, runs, 1);
         if (rc == 0)
             rc = agree_times(c, live, nauto, t, runs, start, mine, all, v);
