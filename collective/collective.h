@@ -222,14 +222,17 @@ int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
  * Where formation timed the candidates, AUTO refines its choice for each
  * of the first 16 all-reduce sizes it meets whose calls formation timed
  * below 2 ms: its first calls there take turns among formation's
- * contenders within 25 % of its best (3 at most), in epochs of 5 to 41
- * rounds (about 30 ms by formation's times), and at each epoch's end the
- * ranks exchange their times and agree on the ranking (as formation
- * does); those within 3 % of the fastest race again,
- * at most 3 epochs, then the winner is kept (and logged). Every rank
- * takes the same algorithm at every call. Returns the algorithm kept for
- * bytes, or 0 while it is still racing or was never refined;
- * mesh_coll_algo_for answers it too once kept.
+ * contenders within 50 % of its best (3, up to 5 where 5 rounds of them
+ * fit in an epoch), in epochs of 5 to 31
+ * rounds (about 37.5 ms by formation's times), and at each epoch's end
+ * the ranks exchange their times and agree on the ranking over every
+ * epoch's rounds so far (as formation does); those not clearly slower
+ * than the fastest (the 95 % interval of the median of their ratios to it
+ * within a round above 1) race again, at most 4 epochs (0.15 s of calls),
+ * then the fastest is kept (and logged). Every rank takes the same
+ * algorithm at every call. Returns the algorithm kept for bytes, or 0
+ * while it is still racing or was never refined; mesh_coll_algo_for
+ * answers it too once kept.
  */
 int mesh_coll_auto_refined(const mesh_coll_t *c, size_t bytes);
 /*

@@ -665,16 +665,16 @@ static void t_auto_choice(struct rank_ctx *x)
 }
 
 /*
- * AUTO's refinement (mesh_coll_auto_refined): 400 all-reduces of 4000
+ * AUTO's refinement (mesh_coll_auto_refined): 640 all-reduces of 4000
  * bytes (a size formation timed), each checked; formation's contenders
- * take turns and the ranks agree on one to keep within 369 calls (3
- * epochs of at most 41 rounds of at most 3): every rank keeps one, a
- * candidate, the same and at the same call (the hash), and AUTO answers
- * it from then on.
+ * take turns and the ranks agree on one to keep within 620 calls (4
+ * epochs of at most 31 rounds of at most 5): every rank keeps one, a
+ * candidate that formation timed within 50 % of its best, the same and
+ * at the same call (the hash), and AUTO answers it from then on.
  */
 static void t_auto_refine(struct rank_ctx *x)
 {
-    enum { CALLS = 400 };
+    enum { CALLS = 640 };
     const size_t cnt = 1000, bytes = cnt * sizeof(float);
     int ids[MESH_ALGO_LAST + 1], nauto = mesh_coll_auto_algos(x->c, ids);
     int kept = 0, kept_at = -1, cand = 0;
@@ -713,6 +713,23 @@ static void t_auto_refine(struct rank_ctx *x)
         group_fail(
             &g, "auto kept %s but answers %s", mesh_algo_name(kept),
             mesh_algo_name(mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, bytes)));
+    /* one of formation's contenders: timed within 50 % of its best */
+    for (int k = 0; g.ok && k < m.npoints; k++) {
+        double best = 0;
+
+        if (m.point_bytes[k] != bytes)
+            continue;
+        for (int a = 0; a < nauto; a++)
+            if (m.point_s[k][ids[a]] > 0 &&
+                (best <= 0 || m.point_s[k][ids[a]] < best))
+                best = m.point_s[k][ids[a]];
+        if (m.point_s[k][kept] > 1.5 * best * (1 + 1e-6))
+            group_fail(&g,
+                       "auto kept %s, timed %.1f us at formation, "
+                       "beyond 1.5 times the best's %.1f us",
+                       mesh_algo_name(kept), m.point_s[k][kept] * 1e6,
+                       best * 1e6);
+    }
     g.hash = fnv(g.hash, &kept, sizeof(kept));
     g.hash = fnv(g.hash, &kept_at, sizeof(kept_at));
     mesh_coll_buf_free(x->c, out);
