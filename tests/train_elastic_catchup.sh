@@ -12,8 +12,10 @@
 # members held when the joiner asked (not of their next step boundary),
 # fetched while the joiner builds its model. Faults during the catch-up:
 # a member killed (the joiner starts again in the members' next view), the joiner
-# killed (the job goes on, never having waited for it), and a second
-# joiner arriving while the first catches up. On --device devsim (the GPU
+# killed (the job goes on, never having waited for it), a second
+# joiner arriving while the first catches up, and a member whose records'
+# headers are forged (their signatures fail: the joiner refuses them and
+# fetches from the others). On --device devsim (the GPU
 # test double: device memory, copies that land late and out of order),
 # the members serve the host copy of their boundary's snapshot and
 # download the reduced gradients; the joiner loads the snapshot into the
@@ -24,7 +26,7 @@
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
 COUNT="python3 $top_srcdir/tests/train_elastic_count.py"
-t_plan 20
+t_plan 23
 N=800
 ITERS=${CATCHUP_ITERS:-160}
 TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
@@ -46,9 +48,12 @@ start() {
     PEERS=""
     _r=0
     while [ $_r -lt "$_n" ]; do
+        # (the test aid MESHTRAIN_TEST_SIDE on slot FORGE_SLOT only)
+        _side=
+        [ "$_r" = "${FORGE_SLOT:-}" ] && _side=forge
         # shellcheck disable=SC2086
         bg env MESHTRAIN_TEST_SAMPLES="$TMP/$_name.samples" \
-            MESHTRAIN_TEST_STEP_MS=30 "$MESHTRAIN" \
+            MESHTRAIN_TEST_SIDE="$_side" MESHTRAIN_TEST_STEP_MS=30 "$MESHTRAIN" \
             -H "localhost:$_slots" --rank $_r --port "$BASE" \
             --secret-file "$TMP/secret" $TINY --join-timeout 3 \
             --metrics "$TMP/$_name.metrics" "$@" > "$TMP/$_name.p$_r.log" 2>&1
@@ -194,6 +199,29 @@ caught_up two 3 && _m3=$CU_MSG && caught_up two 4
 t_ok $? "both caught up (slot 3: $_m3; slot 4: $CU_MSG)"
 $COUNT "$TMP/two.metrics" "$ITERS" $N 20 "$TMP"/two.samples.*
 t_ok $? "two joiners: every step once, every sample of each epoch once"
+
+# 5b. hostile bytes on a side connection: slot 1 changes a byte of its
+# SNAP record's header after signing it (MESHTRAIN_TEST_SIDE=forge; over
+# verbs that byte is the rkey the joiner would read at). The joiner
+# refuses the record, naming slot 1, and its next try stripes the
+# snapshot across slots 0 and 2 only; it catches up and ends with the
+# others' weights.
+FORGE_SLOT=1
+start forge 4 3
+FORGE_SLOT=
+at_step forge 20
+join forge 4 3
+wait_all 120
+codes_are "0 0 0 0" forge && caught_up forge 3
+t_ok $? "a member's forged record: all 4 finish with exit 0, slot 3 caught \
+up ($CU_MSG)"
+grep -q "catch-up: slot 1 (localhost:[0-9]*) sent a SNAP record whose header is not signed with the job's secret.*refused; its stripe is fetched from the other member" \
+    "$TMP/forge.p3.log" &&
+    grep -q "MESHTRAIN_TEST_SIDE: forge" "$TMP/forge.p1.log"
+t_ok $? "the joiner refused slot 1's forged SNAP header, naming it, and \
+fetched its stripe from the others"
+$COUNT "$TMP/forge.metrics" "$ITERS" $N 16 "$TMP"/forge.samples.*
+t_ok $? "forged record: every step once, every sample of each epoch once"
 
 # 6. on --device devsim, its copies 300 us late and finishing newest
 # first, with --compress fp16 (narrowed and widened on the device): the

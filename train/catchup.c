@@ -81,7 +81,7 @@
 
 #define CU_MAGIC   0x4355544dU /* "MTUC": a record */
 #define CU_MAGIC_B 0x4255544dU /* "MTUB": the snapshot buffer */
-#define CU_VERSION 3
+#define CU_VERSION 4
 #define CU_HDR     96 /* every record's header */
 #define CU_BLOB    64 /* the snapshot buffer's header */
 #define CU_SESS    8  /* joiners served at once */
@@ -109,6 +109,62 @@ enum {
  * reads them at. */
 #define CU_OFFER_RDMA 1
 #define CU_VIA_RDMA   1
+
+/* Every record a member sends after the joiner's AUTH (SNAP, DIGEST, GRAD,
+ * LATE, REFUSE) is signed: its sequence number (1, 2, ... on the session)
+ * in bytes 56-63 and, in bytes 64-95, the HMAC-SHA256 under the job secret
+ * of bytes 0-63 and the joiner's nonce (AUTH's bytes 44-59), as the
+ * members' K_RDMA answer is; the joiner checks it before it reads a field
+ * (an address and rkey to read over RDMA among them). A record that does
+ * not verify is refused, naming the member, and the joiner fetches that
+ * member's stripe from the others (cu_try: shun). */
+#define CU_SEQ    56
+#define CU_NONCE  44 /* AUTH: the joiner's nonce */
+#define CU_DIGEST 24 /* DIGEST: the stripe's SHA-256 */
+
+/*
+ * Test aid MESHTRAIN_TEST_SIDE=MODE[,MODE...] (tests/verbs/guest.sh, the
+ * rejoin part): "none": this process opens no side channel device (its
+ * catch-up, as a joiner or a member, goes over TCP). The other modes are
+ * a member's, each taken once, in the list's order, by the first
+ * session that comes to it: "refuse" answers a joiner's side channel
+ * address with none; "garble" with a malformed one; "forge" changes a
+ * byte of the rkey (48) of its snapshot stripe's SNAP record after it is
+ * signed (the joiner must refuse it).
+ */
+static pthread_mutex_t test_side_mu = PTHREAD_MUTEX_INITIALIZER;
+static int test_side_at; /* the modes taken so far */
+
+static int test_side(const char *mode)
+{
+    const char *v = getenv("MESHTRAIN_TEST_SIDE"), *p;
+    size_t n = strlen(mode);
+    int i = 0, hit = 0;
+
+    if (!v)
+        return 0;
+    if (!strcmp(mode, "none")) {
+        for (p = v; *p; p += strcspn(p, ","), p += *p == ',')
+            if (!strncmp(p, "none", 4) && (p[4] == ',' || !p[4]))
+                return 1;
+        return 0;
+    }
+    pthread_mutex_lock(&test_side_mu);
+    for (p = v; *p && !hit; p += strcspn(p, ","), p += *p == ',') {
+        if (!strncmp(p, "none", 4) && (p[4] == ',' || !p[4]))
+            continue;
+        if (i++ < test_side_at)
+            continue;
+        hit = !strncmp(p, mode, n) && (p[n] == ',' || !p[n]);
+        if (hit)
+            test_side_at++;
+        break;
+    }
+    pthread_mutex_unlock(&test_side_mu);
+    if (hit)
+        mesh_warn("MESHTRAIN_TEST_SIDE: %s (test aid)", mode);
+    return hit;
+}
 
 static void hdr_init(uint8_t *h, int kind, int slot)
 {
@@ -165,6 +221,7 @@ struct cu_item {
     struct cu_blob *blob;
     int need_hash; /* sent once blob is hashed (DIGEST; SNAP with hold) */
     int pool;      /* GRAD read over RDMA: 1 + its session's gbuf */
+    int forge;     /* test aid MESHTRAIN_TEST_SIDE=forge */
 };
 
 enum { S_FREE, S_HELLO, S_PINNED, S_STREAM, S_DRAIN };
@@ -174,7 +231,9 @@ struct cu_sess {
     uint8_t nonce[16];
     uint8_t in[2 * CU_HDR]; /* AUTH, and the joiner's K_RDMA; K_ACK */
     size_t inlen, need;
-    int slot, j, k; /* the joiner, and the stripe j of k it asked for */
+    int slot, j, k;     /* the joiner, and the stripe j of k it asked for */
+    uint8_t jnonce[16]; /* the joiner's (AUTH): our records are signed */
+    uint64_t seq;       /* the records signed so far */
     uint64_t pin, next;
     int pin_live; /* the live state was pin's and stable when it asked */
     struct cu_item *head, *tail;
@@ -391,6 +450,7 @@ static int sess_snap(struct train_serve *sv, struct cu_sess *ss,
     it->data = b->b;
     it->dlen = hi - lo;
     it->need_hash = b->hold;
+    it->forge = test_side("forge");
     if (ss->side && !ss->rblob) {
         /* the joiner reads it: registered for its side channel only */
         uint64_t ra;
@@ -447,7 +507,9 @@ static int sess_side(struct train_serve *sv, struct cu_sess *ss, int slot)
         sess_close(ss);
         return -1;
     }
-    if (sv->sdev) {
+    if (sv->sdev && test_side("refuse"))
+        rc = mesh_err(-ECONNREFUSED, "MESHTRAIN_TEST_SIDE=refuse");
+    else if (sv->sdev) {
         rc = mesh_side_open(sv->sdev, sv->peer_timeout_s, &ss->side);
         if (rc == 0)
             rc = mesh_side_connect(ss->side, q + 8);
@@ -455,6 +517,8 @@ static int sess_side(struct train_serve *sv, struct cu_sess *ss, int slot)
     if (rc == 0) {
         mesh_side_addr(ss->side, it->hdr + 8);
         it->hdr[56] = 1;
+        if (test_side("garble"))
+            memset(it->hdr + 8, 0, 4); /* QP number 0 */
     } else {
         if (sv->sdev)
             mesh_info("catch-up: no RDMA side channel to slot %d (%s): its "
@@ -490,8 +554,14 @@ static void sess_auth(struct train_serve *sv, struct cu_sess *ss)
         return;
     }
     ss->inlen = 0; /* K_ACK records from now on */
+    memcpy(ss->jnonce, a + CU_NONCE, 16);
+    ss->seq = 0;
     if ((a[40] & CU_OFFER_RDMA) && sess_side(sv, ss, slot) < 0)
         return;
+    if (!(a[40] & CU_OFFER_RDMA) && sv->sdev)
+        mesh_info("catch-up: slot %d has no RDMA side channel: its stripe "
+                  "goes over TCP",
+                  slot);
     ss->slot = slot;
     ss->j = (int)mesh_get_le32(a + 24);
     ss->k = (int)mesh_get_le32(a + 28);
@@ -514,7 +584,7 @@ static void sess_auth(struct train_serve *sv, struct cu_sess *ss)
 }
 
 /* Send what the socket takes; -1 when the joiner is gone. */
-static int sess_send(struct cu_sess *ss)
+static int sess_send(struct train_serve *sv, struct cu_sess *ss)
 {
     while (ss->head) {
         struct cu_item *it = ss->head;
@@ -528,7 +598,7 @@ static int sess_send(struct cu_sess *ss)
         if (it->need_hash && !it->blob->hashed)
             return 0; /* its SHA-256 is being computed */
         if (it->done == 0 && it->hdr[5] == K_DIGEST)
-            memcpy(it->hdr + 40, it->blob->digest, 32);
+            memcpy(it->hdr + CU_DIGEST, it->blob->digest, 32);
         if (it->done == 0 && it->pool && !it->hdr[52]) {
             /* read over RDMA from its buffer, registered at first use */
             int q = it->pool - 1;
@@ -545,6 +615,15 @@ static int sess_send(struct cu_sess *ss)
             mesh_put_le32(it->hdr + 48, ss->gkey[q]);
             it->hdr[52] = CU_VIA_RDMA;
             it->dlen = 0;
+        }
+        if (it->done == 0 && it->hdr[5] != K_HELLO && it->hdr[5] != K_RDMA) {
+            /* its header as it goes, signed (CU_SEQ) */
+            mesh_put_le64(it->hdr + CU_SEQ, ++ss->seq);
+            if (auth_mac(sv->key, sv->keylen, it->hdr, ss->jnonce,
+                         it->hdr + 64) < 0)
+                return -1;
+            if (it->forge) /* test aid: the rkey, after the signature */
+                it->hdr[48] ^= 0x5a;
         }
         if (it->done < CU_HDR) {
             iov[n].iov_base = it->hdr + it->done;
@@ -848,7 +927,7 @@ static void *serve_main(void *arg)
             re = pf[at[i]].revents;
             if (re & (POLLIN | POLLHUP | POLLERR))
                 sess_read(sv, ss);
-            if (ss->state != S_FREE && (re & POLLOUT) && sess_send(ss) < 0)
+            if (ss->state != S_FREE && (re & POLLOUT) && sess_send(sv, ss) < 0)
                 sess_close(ss);
         }
     }
@@ -896,7 +975,8 @@ int train_serve_start(struct trainer *t)
     /* over verbs, joiners read the state over RDMA: side channels on the
      * mesh's device (without one, TCP as on every other transport) */
     if (t->mo->transport && !strcmp(t->mo->transport, "verbs")) {
-        rc = mesh_side_dev_open(&t->mo->topts, &sv->sdev);
+        rc = test_side("none") ? mesh_err(-ENODEV, "MESHTRAIN_TEST_SIDE=none")
+                               : mesh_side_dev_open(&t->mo->topts, &sv->sdev);
         if (rc < 0) {
             mesh_info("catch-up: no RDMA side channels (%s): joiners get "
                       "the state over TCP",
@@ -1174,7 +1254,8 @@ struct cu_peer {
      * record being read: rdlen bytes from rd0 */
     int offer, rdma, rd;
     mesh_side_t *side;
-    uint8_t jnonce[16];
+    uint8_t jnonce[16]; /* ours (AUTH): its records are signed over it */
+    uint64_t seq;       /* its records verified so far */
     uint8_t *rd0;
     size_t rdlen;
 };
@@ -1238,6 +1319,9 @@ struct train_catchup {
     char sdev_name[96];
     int no_rdma;
     size_t rdma_snap, rdma_grad;
+    /* members whose records did not verify: the next tries stripe the
+     * snapshot across the others */
+    uint64_t shun;
 };
 
 static void cu_close(struct train_catchup *cu)
@@ -1312,7 +1396,8 @@ static int cu_connect(struct train_catchup *cu, const uint16_t *ports,
         struct cu_peer *p;
         int one = 1;
 
-        if (!(cu->members >> s & 1) || (cu->senders && i == cu->senders))
+        if (!(cu->members >> s & 1) || (cu->shun >> s & 1) ||
+            (cu->senders && i == cu->senders))
             continue;
         p = &cu->p[i++];
         memset(p, 0, sizeof(*p));
@@ -1423,6 +1508,11 @@ static int cu_auth(struct train_catchup *cu, uint64_t x, size_t np)
         mesh_put_le32(h + 28, (uint32_t)cu->k);
         mesh_put_le64(h + 32, np);
         h[40] = p->side ? CU_OFFER_RDMA : 0;
+        /* our nonce: the member signs its records over it */
+        if (RAND_bytes(p->jnonce, 16) != 1)
+            return -1;
+        memcpy(h + CU_NONCE, p->jnonce, 16);
+        p->seq = 0;
         if (auth_mac(key, keylen, h, p->nonce, h + 64) < 0)
             return -1;
         /* our side channel's address, signed too: the member answers
@@ -1431,8 +1521,6 @@ static int cu_auth(struct train_catchup *cu, uint64_t x, size_t np)
         if (p->side) {
             mesh_side_addr(p->side, q + 8);
             q[56] = 1;
-            if (RAND_bytes(p->jnonce, 16) != 1)
-                return -1;
             memcpy(q + 40, p->jnonce, 16);
             if (auth_mac(key, keylen, q, p->nonce, q + 64) < 0)
                 return -1;
@@ -1725,24 +1813,56 @@ static int cu_load(struct train_catchup *cu)
 }
 
 /*
- * Under mu: p's K_RDMA, its answer to ours: signed over our nonce, its
- * side channel's address (connect ours to it), or none (then TCP). 0, -1
- * (malformed: the catch-up fails), -4 (ours did not connect: try again
- * over TCP).
+ * Under mu: the header p->hdr, just complete, is signed by its member
+ * with the job's secret over our nonce (CU_SEQ): every record's header but
+ * the K_RDMA answer, which carries no sequence number, is also the next
+ * one. 0, or -1 (forged, or garbled on the way: logged, naming the
+ * member).
+ */
+static int cu_signed(struct train_catchup *cu, struct cu_peer *p)
+{
+    const struct mesh_opts *mo = cu->t->mo;
+    static const char *const kinds[] = {"?",      "HELLO", "AUTH", "LATE",
+                                        "REFUSE", "SNAP",  "GRAD", "DIGEST",
+                                        "RDMA",   "ACK"};
+    const uint8_t *h = p->hdr;
+    int kind = h[5], seq_ok;
+    uint8_t mac[32];
+    char name[MESH_HOST_MAX + 16];
+
+    seq_ok = kind == K_RDMA || mesh_get_le64(h + CU_SEQ) == p->seq + 1;
+    if (seq_ok &&
+        auth_mac(mo->topts.secret, mo->topts.secret ? mo->topts.secret_len : 0,
+                 h, p->jnonce, mac) == 0 &&
+        CRYPTO_memcmp(mac, h + 64, 32) == 0) {
+        if (kind != K_RDMA)
+            p->seq++;
+        return 0;
+    }
+    mesh_info("catch-up: slot %d (%s) sent a %s record whose header is not "
+              "signed with the job's secret over this peer's nonce%s "
+              "(forged, or garbled on the way): refused; its stripe is "
+              "fetched from the other member(s)",
+              p->slot, mesh_peer_name(&mo->world, p->slot, name, sizeof(name)),
+              kind < (int)MESH_ARRAY_SIZE(kinds) ? kinds[kind] : "unknown",
+              seq_ok ? "" : ", or out of sequence");
+    return -1;
+}
+
+/*
+ * Under mu: p's K_RDMA, its answer to ours (signed over our nonce:
+ * cu_signed): its side channel's address (connect ours to it), or none
+ * (then TCP). 0, -1 (out of place: the catch-up fails), -4 (ours did not
+ * connect: try again over TCP).
  */
 static int cu_rdma(struct train_catchup *cu, struct cu_peer *p)
 {
-    const struct mesh_opts *mo = cu->t->mo;
     const uint8_t *h = p->hdr;
-    uint8_t mac[32];
     int rc;
 
-    if (!p->side || p->rdma ||
-        auth_mac(mo->topts.secret, mo->topts.secret ? mo->topts.secret_len : 0,
-                 h, p->jnonce, mac) < 0 ||
-        CRYPTO_memcmp(mac, h + 64, 32) != 0) {
-        mesh_info("catch-up: slot %d's side channel address is out of place, "
-                  "or not signed with the job's secret",
+    /* (its signature is checked: cu_signed) */
+    if (!p->side || p->rdma) {
+        mesh_info("catch-up: slot %d's side channel address is out of place",
                   p->slot);
         return -1;
     }
@@ -1833,7 +1953,7 @@ static int cu_header(struct train_catchup *cu, struct cu_peer *p)
     if (p->kind == K_DIGEST) {
         if (!p->snap_done || p->dig_done || mesh_get_le64(h + 8) != cu->x)
             return -1;
-        memcpy(p->digest, h + 40, 32);
+        memcpy(p->digest, h + CU_DIGEST, 32);
         p->dst = NULL;
         p->left = 0;
         return 0;
@@ -1931,8 +2051,9 @@ static int cu_alloc(struct train_catchup *cu, size_t np)
  * Under mu: the reads over RDMA in progress: what landed counts as the
  * bytes of a TCP payload would (the snapshot is hashed as it comes); a
  * record read whole is done, and a GRAD record's K_ACK lets its member
- * use the buffer again. A read that fails is a member gone (the catch-up
- * goes on as for a closed connection). -1 when the catch-up fails.
+ * use the buffer again. -1 when the catch-up fails; -4 when a read failed
+ * (a side channel that does not answer: retried, or a member gone: the
+ * view changes): try again over TCP.
  */
 static int cu_reads(struct train_catchup *cu)
 {
@@ -1946,10 +2067,13 @@ static int cu_reads(struct train_catchup *cu)
             continue;
         rc = mesh_side_poll(p->side, &done);
         if (rc < 0) {
-            mesh_info("catch-up: slot %d: %s", p->slot, mesh_err_msg(rc));
+            /* a side channel that does not answer (or a member gone):
+             * the next try goes over TCP */
+            mesh_info("catch-up: slot %d: %s; trying again over TCP", p->slot,
+                      mesh_err_msg(rc));
             p->rd = 0;
-            p->eof = 1;
-            continue;
+            cu->no_rdma = 1;
+            return -4;
         }
         d = done - (p->rdlen - p->left);
         p->dst = p->rd0 + done;
@@ -2009,6 +2133,10 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
         usleep(20000);
         pthread_mutex_lock(&cu->mu);
     }
+    /* every member's records were refused: the view change sends the
+     * state (over the mesh, authenticated) */
+    if (!(cu->members & ~cu->shun))
+        return cu_why(__LINE__, -1);
     nparams = cu->np;
     mesh_elastic_join_view(t->el, cu->epoch + 1);
     pthread_mutex_unlock(&cu->mu);
@@ -2122,8 +2250,8 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
         pthread_mutex_unlock(&cu->mu);
         (void)poll(pf, (nfds_t)np, more ? 0 : reading ? 1 : 50);
         pthread_mutex_lock(&cu->mu);
-        if (reading && cu_reads(cu) < 0)
-            return cu_why(__LINE__, -1);
+        if (reading && (rc = cu_reads(cu)) < 0)
+            return cu_why(__LINE__, rc == -4 ? 0 : -1);
         for (int j = 0; j < np; j++) {
             struct cu_peer *p = &cu->p[ix[j]];
             ssize_t r;
@@ -2146,6 +2274,11 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
                 p->hlen += (size_t)r;
                 if (p->hlen < CU_HDR)
                     continue;
+                if (cu_signed(cu, p) < 0) {
+                    /* the next try fetches its stripe from the others */
+                    cu->shun |= UINT64_C(1) << p->slot;
+                    return cu_why(__LINE__, 0);
+                }
                 rc = cu_header(cu, p);
                 if (rc == -2 || rc == -3 || rc == -4) {
                     /* X had passed, or the view changed meanwhile, or
@@ -2205,7 +2338,8 @@ static void *cu_main(void *arg)
     /* over verbs, the stripes and gradients are read over RDMA, on the
      * mesh's device (without one, they come over TCP) */
     if (mo->transport && !strcmp(mo->transport, "verbs")) {
-        rc = mesh_side_dev_open(&mo->topts, &cu->sdev);
+        rc = test_side("none") ? mesh_err(-ENODEV, "MESHTRAIN_TEST_SIDE=none")
+                               : mesh_side_dev_open(&mo->topts, &cu->sdev);
         if (rc < 0)
             mesh_info("catch-up: no RDMA side channels (%s): the state comes "
                       "over TCP",
