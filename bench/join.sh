@@ -22,7 +22,9 @@
 # Reported per K, from the joiner's lines ("slot 7 joined view V: step S
 # done J s after start; state N bytes received in T s (slot 0: B, ...)"
 # and "slot 7's join, s after start: main .., input .., answered ..,
-# model .., admitted .., mesh .., state .., first step B, done J"):
+# built .., model .., bytes in .., snapshot .., admitted .., mesh ..,
+# state .., first step B, done J"; with the catch-up, when each stripe's
+# first and last bytes came, "its stripes came ..."):
 #   join time J (from the start of the process to its first step done)
 #   and B (to its first step begun: it holds the state and is a member),
 #   transfer time T and the bytes from each sender,
@@ -202,6 +204,10 @@ for K in $SENDERS; do
                 " step begun: %.3f s; first step: %.3f s\n",
                 t["admitted"] - t["answered"], b - t["admitted"], j - b
         }' | tee -a "$OUT/summary.txt"
+        # when each stripe's first and last bytes came (the catch-up's)
+        sed -n 's/.*its stripes came ([^)]*): /         stripes (s into the'\
+' catch-up, first-last byte): /p' "$OUT/$T.p7.log" | tail -n 1 |
+            tee -a "$OUT/summary.txt"
         # the members' pause (bench/join_pause.py): a step, a step while the
         # joiner caught up, the interval across the admission, that less a
         # step, the view change, bytes sent in it and the whole state, the

@@ -1249,6 +1249,7 @@ struct cu_peer {
     uint64_t rstep; /* the current GRAD record's step */
     uint64_t next;  /* the GRAD step expected next */
     uint8_t digest[32];
+    double t_first, t_done; /* its stripe's first and last bytes came */
     /* over RDMA: its side channel (offered in its HELLO; rdma once its
      * K_RDMA connected it), the nonce it signs that with, and the
      * record being read: rdlen bytes from rd0 */
@@ -2000,10 +2001,13 @@ static int cu_record_done(struct train_catchup *cu, struct cu_peer *p)
         int all = 1;
 
         p->snap_done = 1;
+        p->t_done = mesh_now_s() - cu->t0;
         for (int i = 0; i < cu->k; i++)
             all &= cu->p[i].snap_done;
-        if (all)
+        if (all) {
             cu->t_in = mesh_now_s() - cu->t0;
+            cu->t->join_mark[TRAIN_JM_BYTES] = cu->t0 + cu->t_in;
+        }
         return 0;
     }
     if (p->kind == K_DIGEST) {
@@ -2081,6 +2085,8 @@ static int cu_reads(struct train_catchup *cu)
         if (grad) {
             cu->rdma_grad += d;
         } else {
+            if (d && !p->t_first)
+                p->t_first = mesh_now_s() - cu->t0;
             cu->got += d;
             cu->rdma_snap += d;
         }
@@ -2114,6 +2120,23 @@ static int cu_why(int line, int rc)
     mesh_debug("catch-up: try ends (%d) at line %d", rc, line);
     cu_why_line = line;
     return rc;
+}
+
+/* Under mu, caught up: when each stripe's first and last bytes came, in
+ * s into the catch-up (bench/join.sh reads it). */
+static void cu_stripes_report(const struct train_catchup *cu)
+{
+    char line[64 * MESH_ELASTIC_MAX_SLOTS];
+    size_t n = 0;
+
+    line[0] = '\0';
+    for (int i = 0; i < cu->k && n + 64 < sizeof(line); i++)
+        n += (size_t)snprintf(line + n, sizeof(line) - n, "%sslot %d %.3f-%.3f",
+                              i ? ", " : "", cu->p[i].slot, cu->p[i].t_first,
+                              cu->p[i].t_done);
+    mesh_info("catch-up: the snapshot asked at %.3f s, its stripes came "
+              "(first byte-last byte, s into the catch-up): %s",
+              cu->t_ask, line);
 }
 
 static int cu_try(struct train_catchup *cu, uint64_t *margin)
@@ -2196,6 +2219,7 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
             /* the state's SHA-256 finished here, for the view change */
             if (cu->loaded && cu->applied == cu->target) {
                 (void)cu_hash_state(cu, SIZE_MAX);
+                cu_stripes_report(cu);
                 return 1;
             }
             /* the view change waits for us: what has not come soon (a
@@ -2304,6 +2328,8 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
             } else {
                 p->dst += r;
                 p->left -= (size_t)r;
+                if (p->kind == K_SNAP && !p->t_first)
+                    p->t_first = mesh_now_s() - cu->t0;
                 if (p->kind == K_SNAP)
                     cu->got += (size_t)r;
             }

@@ -23,7 +23,9 @@ enum train_join_mark {
     TRAIN_JM_RUN,    /* train_run entered: exec, libraries, flags */
     TRAIN_JM_INPUT,  /* data opened, configuration built */
     TRAIN_JM_ANSWER, /* a running member answered the JOIN */
-    TRAIN_JM_MODEL,  /* model built */
+    TRAIN_JM_BUILT,  /* model built (open_model) */
+    TRAIN_JM_MODEL,  /* model and kernels built (warm_up) */
+    TRAIN_JM_BYTES,  /* catch-up: the snapshot's bytes all in */
     TRAIN_JM_SNAP,   /* catch-up: its snapshot loaded, admission asked */
     TRAIN_JM_ADMIT,  /* the view that admits it decided */
     TRAIN_JM_MESH,   /* its mesh and communicator formed */

@@ -2097,7 +2097,8 @@ static void join_first_step(struct trainer *t, uint64_t done)
 {
     static const char *const names[TRAIN_JM_N] = {
         [TRAIN_JM_RUN] = "main",         [TRAIN_JM_INPUT] = "input",
-        [TRAIN_JM_ANSWER] = "answered",  [TRAIN_JM_MODEL] = "model",
+        [TRAIN_JM_ANSWER] = "answered",  [TRAIN_JM_BUILT] = "built",
+        [TRAIN_JM_MODEL] = "model",      [TRAIN_JM_BYTES] = "bytes in",
         [TRAIN_JM_SNAP] = "snapshot",    [TRAIN_JM_ADMIT] = "admitted",
         [TRAIN_JM_MESH] = "mesh",        [TRAIN_JM_STATE] = "state",
         [TRAIN_JM_BEGIN] = "first step",
@@ -2530,6 +2531,7 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
     rc = outputs_check(t);
     if (rc == 0)
         rc = open_model(t, mo);
+    t->join_mark[TRAIN_JM_BUILT] = mesh_now_s();
     if (rc == 0)
         train_catchup_model(t);
     if (rc == 0)
