@@ -1508,7 +1508,14 @@ static int snap_restore_buffers(struct trainer *t, uint64_t step)
     return rc < 0 ? train_local(t, rc) : 0;
 }
 
-static int snap_restore(struct trainer *t, uint64_t step)
+/*
+ * Roll back to the snapshot of step. A joiner that caught up (keep: it
+ * has just received the rest of the state) holds the weights and
+ * momentum live, in a snapshot its first update fills, as a member's is
+ * (snap_take): not copied here, on its way to its first step, unless a
+ * frozen tensor, which that update leaves alone, would stay unwritten.
+ */
+static int snap_restore(struct trainer *t, uint64_t step, int keep)
 {
     struct train_snap *sn = &t->snap[step & 1], *other = &t->snap[~step & 1];
     int rc = 0;
@@ -1524,9 +1531,11 @@ static int snap_restore(struct trainer *t, uint64_t step)
          * weights and momentum are already those of step */
         int live = sn->lazy;
 
-        if (live)
+        keep = keep && live && t->host_slabs &&
+               mesh_nn_model_frozen_params(t->model) == 0;
+        if (live && !keep)
             rc = snap_state(t, sn, 0);
-        sn->lazy = 0;
+        sn->lazy = keep;
         /* the other slot's, if lazy, is the state this one replaces */
         if (other->lazy)
             other->valid = other->lazy = 0;
@@ -1808,7 +1817,7 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
      * thread is the device's only user until it ends */
     late = needy && t->cu && t->host_slabs;
     if (!needy) {
-        rc = snap_restore(t, v->step);
+        rc = snap_restore(t, v->step, 0);
         if (rc < 0)
             return rc;
     } else if (late) {
@@ -1868,7 +1877,7 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
         mk[VC_XFER] = mesh_now_s();
         hashed += st.hashed;
         if (rc == 0)
-            rc = needy ? snap_restore(t, v->step)
+            rc = needy ? snap_restore(t, v->step, 1)
                        : snap_restore_buffers(t, v->step);
         if (rc < 0)
             return rc;
