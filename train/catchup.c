@@ -89,6 +89,7 @@
 #define CU_RING    4  /* steps of gradient a joiner holds */
 #define CU_TRIES   8
 #define CU_SLICE   (8u << 20) /* bytes hashed between two polls */
+#define CU_COPY    (4u << 20) /* bytes of a stripe copied between two polls */
 
 enum {
     K_HELLO = 1,  /* member: epoch, members, last boundary, nonce */
@@ -198,14 +199,20 @@ static size_t blob_bytes(size_t nparams)
 
 /* One stripe of a snapshot: bytes [lo, hi) of the buffer of n bytes
  * (its 64-byte header, the weights, the momentum), shared by the
- * sessions that send that stripe; hashed by the side thread in slices of
- * CU_SLICE while they send it (hold: hashed before a byte is sent, for
- * the test aid that corrupts what is sent). */
+ * sessions that send that stripe; copied from the live state by the side
+ * thread in slices of CU_COPY, each sent as soon as it is copied, and
+ * hashed in slices of CU_SLICE as far as it is copied (hold: hashed
+ * before a byte is sent, for the test aid that corrupts what is sent).
+ * The copy is finished under mu before anything changes its source
+ * (blobs_fill): the update, a view change, a new boundary's host copy. */
 struct cu_blob {
     int refs;
     int hashed, hashing, bad, hold;
     EVP_MD_CTX *md;
-    size_t off; /* hashed so far, from lo */
+    size_t off;                /* hashed so far, from lo */
+    size_t copied;             /* copied so far, from lo */
+    const float *params, *mom; /* the source, until copied */
+    size_t nparams;
     uint64_t step;
     uint8_t *b; /* hi - lo bytes */
     size_t n, lo, hi;
@@ -369,11 +376,34 @@ static void wake_serve(struct train_serve *sv)
     (void)!write(sv->pipe[1], &c, 1);
 }
 
+/* Under mu: up to max more bytes of b copied from its source (at most
+ * the rest); 1 if more is left. */
+static int blob_copy(struct cu_blob *b, size_t max)
+{
+    const uint8_t *src[2] = {(const uint8_t *)b->params,
+                             (const uint8_t *)b->mom};
+    size_t lo = b->lo + b->copied,
+           hi = b->lo + b->copied + MESH_MIN(max, b->hi - b->lo - b->copied);
+
+    /* the weights' bytes, then the momentum's, as far as they are in
+     * [lo, hi) (the header was written when b was made) */
+    for (int k = 0; k < 2; k++) {
+        size_t p0 = CU_BLOB + (size_t)k * b->nparams * 4, a = MESH_MAX(lo, p0),
+               e = MESH_MIN(hi, p0 + b->nparams * 4);
+
+        if (a < e)
+            memcpy(b->b + (a - b->lo), src[k] + (a - p0), e - a);
+    }
+    b->copied = hi - b->lo;
+    return b->copied < b->hi - b->lo;
+}
+
 /*
  * Stripe [lo, hi) of the snapshot buffer of step (its n bytes: the 64-byte
  * header, then the weights and momentum from params and mom, those of
- * step, the same bytes on every member): a copy of those bytes only;
- * hashed later by the thread. NULL when out of memory.
+ * step, the same bytes on every member): a copy of those bytes only,
+ * made in slices by the thread (blob_copy), and hashed by it as they
+ * come. NULL when out of memory.
  */
 static struct cu_blob *blob_make(size_t nparams, uint64_t step,
                                  const float *params, const float *mom,
@@ -381,7 +411,6 @@ static struct cu_blob *blob_make(size_t nparams, uint64_t step,
 {
     struct cu_blob *b = calloc(1, sizeof(*b));
     uint8_t head[CU_BLOB];
-    const uint8_t *src[2] = {(const uint8_t *)params, (const uint8_t *)mom};
 
     if (b) {
         b->n = blob_bytes(nparams);
@@ -412,15 +441,43 @@ static struct cu_blob *blob_make(size_t nparams, uint64_t step,
     mesh_put_le64(head + 16, nparams);
     if (lo < CU_BLOB)
         memcpy(b->b, head + lo, MESH_MIN((size_t)CU_BLOB, hi) - lo);
-    /* the weights' bytes, then the momentum's, as far as they are in it */
-    for (int k = 0; k < 2; k++) {
-        size_t p0 = CU_BLOB + (size_t)k * nparams * 4, a = MESH_MAX(lo, p0),
-               e = MESH_MIN(hi, p0 + nparams * 4);
-
-        if (a < e)
-            memcpy(b->b + (a - lo), src[k] + (a - p0), e - a);
-    }
+    b->params = params;
+    b->mom = mom;
+    b->nparams = nparams;
     return b;
+}
+
+/* Under mu: every stripe being copied (blob_copy) finished now, before
+ * its source changes. */
+static void blobs_fill(struct train_serve *sv)
+{
+    for (int i = 0; i < CU_SESS; i++)
+        for (struct cu_item *it = sv->s[i].head; sv->s[i].state != S_FREE && it;
+             it = it->next)
+            if (it->blob)
+                (void)blob_copy(it->blob, SIZE_MAX);
+}
+
+/* Under mu: the next slice of a stripe being copied. 1 if one was. */
+static int serve_copy(struct train_serve *sv)
+{
+    for (int i = 0; i < CU_SESS; i++)
+        for (struct cu_item *it = sv->s[i].head; sv->s[i].state != S_FREE && it;
+             it = it->next)
+            if (it->blob && it->blob->copied < it->blob->hi - it->blob->lo) {
+                (void)blob_copy(it->blob, CU_COPY);
+                return 1;
+            }
+    return 0;
+}
+
+/* The bytes of it's payload that may go now: a stripe's as far as it is
+ * copied. */
+static size_t item_ready(const struct cu_item *it)
+{
+    if (it->blob && it->hdr[5] == K_SNAP && it->dlen)
+        return MESH_MIN(it->dlen, it->blob->copied);
+    return it->dlen;
 }
 
 /* Under mu: queue stripe j of the snapshot of step (b, which holds it)
@@ -632,9 +689,13 @@ static int sess_send(struct train_serve *sv, struct cu_sess *ss)
         if (it->dlen) {
             size_t d = it->done > CU_HDR ? it->done - CU_HDR : 0;
 
-            iov[n].iov_base = (void *)(uintptr_t)(it->data + d);
-            iov[n++].iov_len = it->dlen - d;
+            if (item_ready(it) > d) {
+                iov[n].iov_base = (void *)(uintptr_t)(it->data + d);
+                iov[n++].iov_len = item_ready(it) - d;
+            }
         }
+        if (n == 0)
+            return 0; /* the rest of its stripe is being copied */
         memset(&mh, 0, sizeof(mh));
         mh.msg_iov = iov;
         mh.msg_iovlen = (size_t)n;
@@ -811,6 +872,9 @@ static void serve_snap(struct train_serve *sv)
             sess_end(sv, ss, K_REFUSE, 2);
             continue;
         }
+        /* read over RDMA: whole before the joiner is told where */
+        if (ss->side)
+            (void)blob_copy(b, SIZE_MAX);
         mesh_info("catch-up: slot %d is sent the snapshot of step %" PRIu64
                   ", %s%s",
                   ss->slot, sv->live,
@@ -837,13 +901,15 @@ static int serve_hash(struct train_serve *sv)
         for (struct cu_item *it = sv->s[i].head;
              sv->s[i].state != S_FREE && it && !b; it = it->next)
             if (it->blob && !it->blob->hashed && !it->blob->bad &&
-                !it->blob->hashing)
+                !it->blob->hashing &&
+                (it->blob->off < it->blob->copied ||
+                 it->blob->copied == it->blob->hi - it->blob->lo))
                 b = it->blob;
     if (!b)
         return 0;
     b->refs++;
     b->hashing = 1;
-    len = MESH_MIN((size_t)CU_SLICE, b->hi - b->lo - b->off);
+    len = MESH_MIN((size_t)CU_SLICE, b->copied - b->off);
     pthread_mutex_unlock(&sv->mu);
     ok = EVP_DigestUpdate(b->md, b->b + b->off, len) == 1;
     if (ok && b->off + len == b->hi - b->lo)
@@ -875,7 +941,9 @@ static void *serve_main(void *arg)
         char buf[64];
 
         serve_snap(sv);
-        more = serve_hash(sv); /* a slice, between the sends */
+        /* a slice of a stripe's copy, and of its hash, between sends */
+        more = serve_copy(sv);
+        more |= serve_hash(sv);
         pf[np].fd = sv->pipe[0];
         pf[np++].events = POLLIN;
         pf[np].fd = sv->lfd;
@@ -1062,6 +1130,9 @@ void train_serve_view(struct trainer *t, int valid)
     if (!sv)
         return;
     pthread_mutex_lock(&sv->mu);
+    /* (a view change may restore the live state: the stripes being
+     * copied from it are finished first) */
+    blobs_fill(sv);
     if (valid) {
         sv->epoch = t->view_epoch;
         sv->members = t->members;
@@ -1161,7 +1232,9 @@ void train_serve_grad(struct trainer *t, uint64_t step, float lr)
     g = mesh_nn_model_grads(t->model);
     pthread_mutex_lock(&sv->mu);
     /* the update follows: the live weights are not to be copied until
-     * it ends (train_serve_updated) */
+     * it ends (train_serve_updated), and the stripes of them being
+     * copied are finished first */
+    blobs_fill(sv);
     if (sv->live_valid && sv->live == step)
         sv->live_ok = 0;
     for (int i = 0; i < CU_SESS; i++) {
