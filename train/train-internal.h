@@ -126,6 +126,10 @@ struct trainer {
                          that step's start until join_batch joiners ask
                          or are refused (at most 60 s); UINT64_MAX:
                          never */
+    /* MESHTRAIN_TEST_JOIN_AT=STEP,STEP2...: the next waits, in order;
+     * each admission of a joiner moves join_at to the next (the verbs
+     * lane's second restart); UINT64_MAX: none */
+    uint64_t join_ats[4];
     struct train_xfer *xfer;
     /* catch-up (train/catchup.c): a member's side server; a joiner's
      * background fetch and replay, and the step whose state it left in

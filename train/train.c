@@ -1557,6 +1557,17 @@ static int snap_restore(struct trainer *t, uint64_t step, int keep)
     return 0;
 }
 
+/* Test aid MESHTRAIN_TEST_JOIN_AT: a joiner was admitted; the next one
+ * is waited for at the next step listed, if any. */
+static void join_at_next(struct trainer *t)
+{
+    int n = (int)MESH_ARRAY_SIZE(t->join_ats);
+
+    t->join_at = t->join_ats[0];
+    memmove(t->join_ats, t->join_ats + 1, (size_t)(n - 1) * sizeof(uint64_t));
+    t->join_ats[n - 1] = UINT64_MAX;
+}
+
 /* At the start of step: the snapshot, unless a view change has begun. */
 static int elastic_boundary(struct trainer *t, uint64_t step)
 {
@@ -1595,8 +1606,8 @@ static int elastic_boundary(struct trainer *t, uint64_t step)
             mesh_elastic_take_held(t->el);
         joins = mesh_elastic_joins(t->el);
     }
-    if (joins)
-        t->join_at = UINT64_MAX; /* once */
+    if (joins && t->join_ats[0] == UINT64_MAX)
+        t->join_at = UINT64_MAX; /* once (with more waits: at admission) */
     if (joins && __builtin_popcountll(joins) >= t->join_batch)
         return mesh_err(-ECANCELED, "slot(s) %s asked to join",
                         mesh_elastic_slots_str(joins, list, sizeof(list)));
@@ -1806,9 +1817,14 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
     mesh_log_set_rank(me);
     view_shape(t);
     needy = (int)(v->needy >> mo->world.rank & 1);
-    if (v->members & ~v->prev)
-        t->join_at = UINT64_MAX; /* the test aid's joiner came (even if its
-                                    transfer fails) */
+    if (needy) { /* a joiner waits for no later one */
+        t->join_at = UINT64_MAX;
+        for (int i = 0; i < (int)MESH_ARRAY_SIZE(t->join_ats); i++)
+            t->join_ats[i] = UINT64_MAX;
+    } else if (v->members & ~v->prev) {
+        join_at_next(t); /* the test aid's joiner came (even if its
+                            transfer fails) */
+    }
     if (needy)
         t->join_mark[TRAIN_JM_ADMIT] = v->decided_s;
     /* a joiner on the cpu backend lets its catch-up end (the last steps
@@ -2423,9 +2439,16 @@ static int elastic_open(struct trainer *t, const struct mesh_opts *mo)
     eo.job_id = mo->topts.job_id;
     eo.settle_s = 0.15;
     eo.wait_s = mo->topts.peer_timeout_s;
-    t->join_at = getenv("MESHTRAIN_TEST_JOIN_AT")
-                     ? strtoull(getenv("MESHTRAIN_TEST_JOIN_AT"), NULL, 10)
-                     : UINT64_MAX;
+    t->join_at = UINT64_MAX;
+    for (int i = 0; i < (int)MESH_ARRAY_SIZE(t->join_ats); i++)
+        t->join_ats[i] = UINT64_MAX;
+    if (getenv("MESHTRAIN_TEST_JOIN_AT")) {
+        char *p = getenv("MESHTRAIN_TEST_JOIN_AT");
+
+        t->join_at = strtoull(p, &p, 10);
+        for (int i = 0; *p == ',' && i < (int)MESH_ARRAY_SIZE(t->join_ats); i++)
+            t->join_ats[i] = strtoull(p + 1, &p, 10);
+    }
     t->step_ms = getenv("MESHTRAIN_TEST_STEP_MS")
                      ? atoi(getenv("MESHTRAIN_TEST_STEP_MS"))
                      : 0;

@@ -115,19 +115,27 @@ for part in $VERBS_PARTS; do
         # weights (meshtrain compares the digests after the view change
         # and every 10 steps: a mismatch exits 4). The members pause 0.3 s
         # a step (MESHTRAIN_TEST_STEP_MS), which leaves the joiner the
-        # guest's CPUs for its start (20 to 50 s under TCG, at a load of
-        # 7 to 35 on the lane's host: it asked 15 to 29 steps after the
-        # kill in 5 runs); only a joiner that has not come by
-        # step $late is waited for there (MESHTRAIN_TEST_JOIN_AT), so
-        # that the members cannot end the run without it. With the
-        # elastic part, its check is made here too (the peers' first
-        # view change).
+        # guest's CPUs for its start; only a joiner that has not come by
+        # step $late1 (the second: $late2) is waited for there
+        # (MESHTRAIN_TEST_JOIN_AT), so that the members cannot end the
+        # run without it. The fallbacks, forced by MESHTRAIN_TEST_SIDE:
+        # slot 0 answers the first joiner's side channel with none (its
+        # stripe comes over TCP) and slot 1 forges its SNAP record's rkey
+        # after signing it (the joiner refuses it, naming slot 1, and
+        # reads the snapshot from slot 0 alone, over RDMA). That joiner
+        # is killed again at step $kill2 (once admitted), and the next one
+        # has no RDMA device: it catches up over TCP from the members,
+        # which have one, and rejoins. With the elastic part, its check
+        # is made here too (the peers' first view change).
         (umask 077 && head -c 32 /dev/urandom | od -An -tx1 |
             tr -d ' \n' >/tmp/rj.secret)
-        iters=${VERBS_RJ_ITERS:-50}
-        late=$((iters - 8))
-        rj() { # rj RANK FAULT: one peer, log /tmp/rj.RANK
-            MESHTRAIN_TEST_FAULT=$2 MESHTRAIN_TEST_JOIN_AT=$late \
+        iters=${VERBS_RJ_ITERS:-100}
+        late1=$((iters / 2 - 8))
+        kill2=$((iters / 2))
+        late2=$((iters - 8))
+        rj() { # rj RANK FAULT SIDE: one peer, log /tmp/rj.RANK
+            MESHTRAIN_TEST_FAULT=$2 MESHTRAIN_TEST_SIDE=$3 \
+                MESHTRAIN_TEST_JOIN_AT=$late1,$late2 \
                 MESHTRAIN_TEST_STEP_MS=${VERBS_RJ_STEP_MS:-300} \
                 "$B/meshtrain" -H 10.77.0.1:3 --rank "$1" --port 23600 \
                 --secret-file /tmp/rj.secret --transport verbs \
@@ -138,17 +146,21 @@ for part in $VERBS_PARTS; do
                 --verify-every 10 --peer-timeout 10 --join-timeout 120 \
                 >>"/tmp/rj.$1" 2>&1
         }
-        rm -f /tmp/rj.0 /tmp/rj.1 /tmp/rj.2
+        rm -f /tmp/rj.0 /tmp/rj.1 /tmp/rj.2 /tmp/rj.2.*
         t0=$(cut -d' ' -f1 /proc/uptime)
-        rj 0 2:between:5 &
+        rj 0 2:between:5 refuse &
         p0=$!
-        rj 1 2:between:5 &
+        rj 1 2:between:5 forge &
         p1=$!
-        rj 2 2:between:5
+        rj 2 2:between:5 ""
         c2=$?
         t1=$(cut -d' ' -f1 /proc/uptime)
         mv /tmp/rj.2 /tmp/rj.2.before
-        rj 2 "" &
+        rj 2 "2:between:$kill2" ""
+        c2b=$?
+        t2=$(cut -d' ' -f1 /proc/uptime)
+        mv /tmp/rj.2 /tmp/rj.2.first
+        rj 2 "" none &
         p2=$!
         codes=
         for p in $p0 $p1 $p2; do
@@ -166,21 +178,46 @@ for part in $VERBS_PARTS; do
             fi
             ;;
         esac
-        rd=$(sed -n "s/.*catch-up over RDMA ([^)]*): \([0-9]*\) of the snapshot's \([0-9]*\) bytes and \([0-9]*\) bytes of gradients.*/\1 \2 \3/p" /tmp/rj.2 | tail -n 1)
+        rd=$(sed -n "s/.*catch-up over RDMA ([^)]*): \([0-9]*\) of the snapshot's \([0-9]*\) bytes and \([0-9]*\) bytes of gradients.*/\1 \2 \3/p" /tmp/rj.2.first | tail -n 1)
         set -- $rd
-        res "# rejoin: started at ${t0} s (uptime), peer 2 killed at $t1 s, all done at $(cut -d' ' -f1 /proc/uptime) s"
-        res "# rejoin: $(grep -h "caught up in the background\|catch-up over RDMA\|slot 2 joined view\|slot 2's join" /tmp/rj.2 | sed 's/^.*\] //' | tr '\n' ' ')"
-        if [ "$c2$codes" = "137 0 0 0" ] &&
+        res "# rejoin: started at ${t0} s (uptime), peer 2 killed at $t1 s and $t2 s, all done at $(cut -d' ' -f1 /proc/uptime) s"
+        res "# rejoin: $(grep -h "caught up in the background\|catch-up over RDMA\|slot 2 joined view\|slot 2's join" /tmp/rj.2.first | sed 's/^.*\] //' | tr '\n' ' ')"
+        all="$c2 $c2b$codes"
+        if [ "$all" = "137 137 0 0 0" ] &&
             grep -q "slot(s) 2 joined" /tmp/rj.0 &&
-            grep -q "slot 2 joined view" /tmp/rj.2 &&
-            grep -q "caught up in the background" /tmp/rj.2 &&
+            grep -q "slot 2 joined view" /tmp/rj.2.first &&
+            grep -q "caught up in the background" /tmp/rj.2.first &&
             [ -n "$rd" ] && [ "$1" = "$2" ] && [ "$1" -gt 0 ]; then
             res "ok - --elastic over verbs: peer 2 of 3 killed and started again; it caught up while the others trained, reading the snapshot ($1 bytes) and $3 bytes of gradients over RDMA, and rejoined"
         else
-            res "not ok - --elastic over verbs, rejoin with a catch-up over RDMA: exit codes $c2$codes, RDMA bytes: ${rd:-none}"
-            grep "catch-up\|caught up" /tmp/rj.0 /tmp/rj.1 /tmp/rj.2 |
+            res "not ok - --elastic over verbs, rejoin with a catch-up over RDMA: exit codes $all, RDMA bytes: ${rd:-none}"
+        fi
+        # the fallbacks: a member that answers no side channel (TCP for
+        # its stripe), a member whose rkey is forged (refused: the stripe
+        # comes from the other member), and the second joiner without an
+        # RDMA device (the state over TCP); the digests checked as above
+        if grep -q "slot 0 has no RDMA side channel: its stripe comes over TCP" /tmp/rj.2.first &&
+            grep -q "catch-up: slot 1 ([^)]*) sent a SNAP record whose header is not signed.*refused; its stripe is fetched from the other member" /tmp/rj.2.first &&
+            grep -q "MESHTRAIN_TEST_SIDE: refuse" /tmp/rj.0 &&
+            grep -q "MESHTRAIN_TEST_SIDE: forge" /tmp/rj.1; then
+            res "ok - --elastic over verbs: slot 0 refused a side channel (its stripe came over TCP) and slot 1's forged rkey was refused, naming it (the snapshot then came from slot 0)"
+        else
+            res "not ok - --elastic over verbs: the refused side channel or the forged rkey was not seen as such"
+        fi
+        if [ "$all" = "137 137 0 0 0" ] &&
+            grep -q "no RDMA side channels (MESHTRAIN_TEST_SIDE=none): the state comes over TCP" /tmp/rj.2 &&
+            grep -q "caught up in the background" /tmp/rj.2 &&
+            ! grep -q "catch-up over RDMA" /tmp/rj.2 &&
+            grep -q "slot 2 has no RDMA side channel: its stripe goes over TCP" /tmp/rj.0 &&
+            [ "$(grep -c "slot 2 joined view" /tmp/rj.2)" -ge 1 ]; then
+            res "ok - --elastic over verbs: a joiner without an RDMA device caught up over TCP from members with one, and rejoined with the same weights"
+        else
+            res "not ok - --elastic over verbs: the joiner without an RDMA device (exit codes $all)"
+        fi
+        if [ "$all" != "137 137 0 0 0" ] || ! grep -q "caught up in the background" /tmp/rj.2 /tmp/rj.2.first; then
+            grep "catch-up\|caught up" /tmp/rj.0 /tmp/rj.1 /tmp/rj.2.first /tmp/rj.2 |
                 sed "s|^/tmp/|VERBS-TAP # |"
-            for f in /tmp/rj.0 /tmp/rj.1 /tmp/rj.2; do
+            for f in /tmp/rj.0 /tmp/rj.1 /tmp/rj.2.first /tmp/rj.2; do
                 grep -v "info: step\|info: epoch" "$f" | tail -n 25 |
                     sed "s|^|VERBS-TAP # ${f#/tmp/}: |"
             done

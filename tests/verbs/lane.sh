@@ -7,7 +7,9 @@
 # verbs checks (tests/verbs/test_verbs), the transport conformance suite,
 # the collectives over verbs and --elastic over verbs (one of 3 training
 # peers killed, the other two go on; then it is started again, catches up
-# over RDMA while they train, and rejoins); then two guests joined by one
+# over RDMA while they train, and rejoins; the fallbacks to TCP and a
+# forged rkey on the way, and a second restart without an RDMA device,
+# which catches up over TCP); then two guests joined by one
 # virtio-net link, two "hosts" with their own rxe, run meshbench and a
 # 2-peer training step.
 # A TAP skip, with the reason, where qemu or the kernel package is missing.
