@@ -229,6 +229,8 @@ struct cu_item {
     int need_hash; /* sent once blob is hashed (DIGEST; SNAP with hold) */
     int pool;      /* GRAD read over RDMA: 1 + its session's gbuf */
     int forge;     /* test aid MESHTRAIN_TEST_SIDE=forge */
+    int sig;       /* its header signed: once, though a full socket (EAGAIN)
+                      makes it start again */
 };
 
 enum { S_FREE, S_HELLO, S_PINNED, S_STREAM, S_DRAIN };
@@ -673,8 +675,9 @@ static int sess_send(struct train_serve *sv, struct cu_sess *ss)
             it->hdr[52] = CU_VIA_RDMA;
             it->dlen = 0;
         }
-        if (it->done == 0 && it->hdr[5] != K_HELLO && it->hdr[5] != K_RDMA) {
+        if (!it->sig && it->hdr[5] != K_HELLO && it->hdr[5] != K_RDMA) {
             /* its header as it goes, signed (CU_SEQ) */
+            it->sig = 1;
             mesh_put_le64(it->hdr + CU_SEQ, ++ss->seq);
             if (auth_mac(sv->key, sv->keylen, it->hdr, ss->jnonce,
                          it->hdr + 64) < 0)
