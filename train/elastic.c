@@ -137,9 +137,12 @@ struct mesh_elastic {
      * an older epoch is stale), whether one has, and a refusal */
     uint64_t join_epoch;
     int join_heard, refused;
-    uint64_t passed;        /* ST_JOINING: the newest view a member named */
-    uint64_t answered;      /* slots that answered our join request */
-    double refused_at;      /* our last refusal sent */
+    uint64_t passed;   /* ST_JOINING: the newest view a member named */
+    uint64_t answered; /* slots that answered our join request */
+    /* our last refusal sent to a slot (the last entry: slots past ours);
+     * one for all made two joiners refused at once starve: the first's
+     * requests came first every time */
+    double refused_at[MESH_ELASTIC_MAX_SLOTS + 1];
     uint64_t refused_slots; /* the slots whose join requests we refused */
     double decided_at;      /* when the last decision was adopted */
     const struct mesh_world *world;
@@ -557,12 +560,12 @@ static void take(struct mesh_elastic *e, int type, int from, uint64_t epoch,
 }
 
 /* An unsigned refusal of a join request that failed the checks, to the
- * address it came from (at most one per tick). */
+ * address it came from (at most one per tick and slot named). */
 static void refuse(struct mesh_elastic *e, const uint8_t *req, int reason,
                    const struct sockaddr_storage *to, socklen_t tolen)
 {
     uint8_t m[MSG_BYTES];
-    double now = mesh_now_s();
+    double now = mesh_now_s(), *at;
     int slot = mesh_get_le16(req + 6); /* as it says: unsigned */
 
     pthread_mutex_lock(&e->mu);
@@ -577,9 +580,10 @@ static void refuse(struct mesh_elastic *e, const uint8_t *req, int reason,
     if (slot < e->nslots)
         e->refused_slots |= UINT64_C(1) << slot;
     pthread_mutex_unlock(&e->mu);
-    if (now - e->refused_at < TICK_MS / 1000.0)
+    at = &e->refused_at[MESH_MIN(slot, MESH_ELASTIC_MAX_SLOTS)];
+    if (now - *at < TICK_MS / 1000.0)
         return;
-    e->refused_at = now;
+    *at = now;
     memset(m, 0, sizeof(m));
     mesh_put_le32(m, MSG_MAGIC);
     m[4] = MSG_VERSION;
