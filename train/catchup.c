@@ -1685,7 +1685,8 @@ static void cu_hash_reset(struct train_catchup *cu, uint64_t step)
 }
 
 /*
- * Under mu: hash up to max more bytes of the model's weights and momentum
+ * On the catch-up thread, with or without mu (only this thread writes
+ * what it reads): hash up to max more bytes of the weights and momentum
  * (those of step applied, in host memory: cu_w, cu_m), the weights'
  * SHA-256 and the momentum's as the view change's weight check has them
  * (train.c, weights_hash). 1 if more is left, 0 if done (or nothing to
@@ -1801,10 +1802,11 @@ static int cu_apply(struct train_catchup *cu)
 }
 
 /*
- * Under mu: hash up to max more bytes of the snapshot's stripes, as far
- * as they came (stripe i from p[i]): the hashes run while the rest
- * arrive, not after. 1 if max stopped it, 0 if it hashed all that came,
- * -1 on an OpenSSL error.
+ * On the catch-up thread, with or without mu (only this thread writes
+ * what it reads): hash up to max more bytes of the snapshot's stripes,
+ * as far as they came (stripe i from p[i]): the hashes run while the
+ * rest arrive, not after. 1 if max stopped it, 0 if it hashed all that
+ * came, -1 on an OpenSSL error.
  */
 static int cu_hash_some(struct train_catchup *cu, size_t max)
 {
@@ -2342,14 +2344,17 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
                 return cu_why(__LINE__, 0);
         }
         /* a slice of the snapshot's SHA-256, or of the state's once it
-         * is loaded, between the receives */
+         * is loaded, between the receives; without mu, which the
+         * training thread waits for (train_catchup_aim, _model, _ready):
+         * what they hash, and where they are, only this thread writes */
+        pthread_mutex_unlock(&cu->mu);
         more = cu->blob && !cu->loaded ? cu_hash_some(cu, CU_SLICE)
                                        : cu_hash_state(cu, CU_SLICE);
+        if (more >= 0)
+            (void)poll(pf, (nfds_t)np, more ? 0 : reading ? 1 : 50);
+        pthread_mutex_lock(&cu->mu);
         if (more < 0)
             return cu_why(__LINE__, -1);
-        pthread_mutex_unlock(&cu->mu);
-        (void)poll(pf, (nfds_t)np, more ? 0 : reading ? 1 : 50);
-        pthread_mutex_lock(&cu->mu);
         if (reading && (rc = cu_reads(cu)) < 0)
             return cu_why(__LINE__, rc == -4 ? 0 : -1);
         for (int j = 0; j < np; j++) {
