@@ -1509,13 +1509,15 @@ static int snap_restore_buffers(struct trainer *t, uint64_t step)
 }
 
 /*
- * Roll back to the snapshot of step. A joiner that caught up (keep: it
- * has just received the rest of the state) holds the weights and
- * momentum live, in a snapshot its first update fills, as a member's is
- * (snap_take): not copied here, on its way to its first step, unless a
- * frozen tensor, which that update leaves alone, would stay unwritten.
+ * Roll back to the snapshot of step. A lazy one (with host slabs: the
+ * live weights and momentum are step's, its update has not run) stays
+ * lazy, as snap_take leaves it: the state transfer's senders read the
+ * live state (xfer.c, state_parts), and the step's update fills the
+ * slot (mesh_nn_sgd_step_keep). Copied only into a slot that never held
+ * a whole copy (fresh: a joiner's, just allocated) when a tensor is
+ * frozen, which the update leaves alone.
  */
-static int snap_restore(struct trainer *t, uint64_t step, int keep)
+static int snap_restore(struct trainer *t, uint64_t step, int fresh)
 {
     struct train_snap *sn = &t->snap[step & 1], *other = &t->snap[~step & 1];
     int rc = 0;
@@ -1527,12 +1529,11 @@ static int snap_restore(struct trainer *t, uint64_t step, int keep)
                                        step));
     if (!t->sim) {
         /* a lazy snapshot is the live state (its update has not run):
-         * copied now, for the senders of a state transfer; the live
-         * weights and momentum are already those of step */
-        int live = sn->lazy;
+         * the live weights and momentum are already those of step */
+        int live = sn->lazy, keep;
 
-        keep = keep && live && t->host_slabs &&
-               mesh_nn_model_frozen_params(t->model) == 0;
+        keep = live && t->host_slabs &&
+               (!fresh || mesh_nn_model_frozen_params(t->model) == 0);
         if (live && !keep)
             rc = snap_state(t, sn, 0);
         sn->lazy = keep;

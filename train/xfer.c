@@ -248,8 +248,11 @@ static void state_parts(struct trainer *t, const struct train_snap *sn,
     /* floats as the host stores them: every peer of a job shares one
      * byte order (the configuration check compares digests of floats) */
     part[0] = hdr;
-    part[1] = (const uint8_t *)sn->params;
-    part[2] = (const uint8_t *)sn->mom;
+    /* a lazy snapshot is the live state (train.c, snap_restore) */
+    part[1] = (const uint8_t *)(sn->lazy ? mesh_nn_model_params(t->model)
+                                         : sn->params);
+    part[2] =
+        (const uint8_t *)(sn->lazy ? mesh_nn_sgd_momentum(t->sgd) : sn->mom);
     part[3] = (const uint8_t *)sn->buf;
     bound[0] = 0;
     bound[1] = XFER_HEADER;
