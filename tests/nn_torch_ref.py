@@ -6,7 +6,8 @@ usage: nn_torch_ref.py CASEDIR...
 
 Each CASEDIR holds, written by the C test:
   cfg                  "arch=resnet34 width=16 cifar=0 size=128 batch=4
-                       classes=100 own32=0" (width 64 without cifar:
+                       classes=100 own32=0 inch=3 smooth=0.1 momentum=0.9
+                       wd=0.0001 nesterov=0" (width 64 without cifar:
                        torchvision's model itself; otherwise the same
                        network built from torchvision's BasicBlock/
                        Bottleneck and _make_layer with stage widths w, 2w,
@@ -21,11 +22,16 @@ and gets, from here:
   tv.safetensors       the torchvision model's state_dict as loaded
   ref.safetensors      (float64 results, stored as float32)
     logits, loss       training-mode forward, CrossEntropyLoss with label
-                       smoothing 0.1, in float64 from the float32 values
+                       smoothing smooth, in float64 from the float32 values
     grad.<param>       its gradients: the exact answer
     new.<buffer>       the BN running statistics after that forward
     sgd.<param>        the parameters after one SGD step on grad (lr 0.1,
-                       momentum 0.9, weight decay 1e-4)
+                       cfg's momentum, weight decay and nesterov)
+    sgd2.<param>       and after a second step on the same grad (the
+                       momentum buffer's update)
+    logitse            evaluation-mode forward (the running statistics as
+                       loaded, before the training forward), float64;
+    logitse32          and PyTorch's own in float32
     grad32.<param>     PyTorch's own float32 gradients
     logits32, loss32   PyTorch's own float32 forward
     new32.<buffer>     and the BN running statistics after it
@@ -116,17 +122,17 @@ def load(path):
 class Net(torch.nn.Module):
     """torchvision's ResNet at another width or with the CIFAR stem."""
 
-    def __init__(self, arch, width, classes, cifar):
+    def __init__(self, arch, width, classes, cifar, inch=3):
         super().__init__()
         block, layers = ARCHS[arch]
         self._norm_layer = torch.nn.BatchNorm2d
         self.inplanes, self.dilation = width, 1
         self.groups, self.base_width = 1, 64
         if cifar:
-            self.conv1 = torch.nn.Conv2d(3, width, 3, 1, 1, bias=False)
+            self.conv1 = torch.nn.Conv2d(inch, width, 3, 1, 1, bias=False)
             self.maxpool = torch.nn.Identity()
         else:
-            self.conv1 = torch.nn.Conv2d(3, width, 7, 2, 3, bias=False)
+            self.conv1 = torch.nn.Conv2d(inch, width, 7, 2, 3, bias=False)
             self.maxpool = torch.nn.MaxPool2d(3, 2, 1)
         self.bn1 = torch.nn.BatchNorm2d(width)
         self.relu = torch.nn.ReLU(inplace=True)
@@ -144,10 +150,13 @@ class Net(torch.nn.Module):
 
 def build(cfg):
     arch, width, classes = cfg["arch"], int(cfg["width"]), int(cfg["classes"])
-    cifar = int(cfg["cifar"])
+    cifar, inch = int(cfg["cifar"]), int(cfg.get("inch", 3))
     if width == 64 and not cifar:
-        return getattr(torchvision.models, arch)(num_classes=classes)
-    return Net(arch, width, classes, cifar)
+        model = getattr(torchvision.models, arch)(num_classes=classes)
+        if inch != 3:
+            model.conv1 = torch.nn.Conv2d(inch, 64, 7, 2, 3, bias=False)
+        return model
+    return Net(arch, width, classes, cifar, inch)
 
 
 def sites(model, x, masks=None, pool_from=None):
@@ -192,7 +201,8 @@ def one_case(d):
     relus = load(d + "/relu.safetensors")
     ours = [relus[k] for k in sorted(relus)]
     images, labels = inp["images"], inp["labels"].long()
-    xent = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    xent = torch.nn.CrossEntropyLoss(
+        label_smoothing=float(cfg.get("smooth", 0.1)))
 
     # In training mode a forward's outputs do not depend on the running
     # statistics it updates, so one model serves several forwards (a copy
@@ -200,6 +210,9 @@ def one_case(d):
     # The float64 copies are taken before the float32 step touches model.
     m64 = copy.deepcopy(model).double().train()
     mm = copy.deepcopy(model).double().train()
+    with torch.no_grad():
+        logitse = copy.deepcopy(model).double().eval()(images.double())
+        logitse32 = copy.deepcopy(model).eval()(images)
 
     # PyTorch float32: its forward, its gradients, and its ReLU inputs
     m32 = model.train()
@@ -219,8 +232,10 @@ def one_case(d):
 
     # float64: the exact answer, through torchvision's own forward
     x64 = images.double()
-    opt = torch.optim.SGD(m64.parameters(), lr=0.1, momentum=0.9,
-                          weight_decay=1e-4)
+    opt = torch.optim.SGD(m64.parameters(), lr=0.1,
+                          momentum=float(cfg.get("momentum", 0.9)),
+                          weight_decay=float(cfg.get("wd", 1e-4)),
+                          nesterov=bool(int(cfg.get("nesterov", 0))))
     opt.zero_grad()
     logits = m64(x64)
     loss = xent(logits, labels)
@@ -233,7 +248,11 @@ def one_case(d):
             ref["new." + n] = t
     opt.step()
     for n, p in m64.named_parameters():
-        ref["sgd." + n] = p
+        ref["sgd." + n] = p.detach().clone()
+    opt.step()
+    for n, p in m64.named_parameters():
+        ref["sgd2." + n] = p.detach().clone()
+    ref["logitse"], ref["logitse32"] = logitse, logitse32
 
     with torch.no_grad():
         chk, pre64 = sites(mm, x64)
