@@ -7,7 +7,9 @@
  *   stem, bottlenecks with the ImageNet stem) against central finite
  *   differences of the float loss on sampled coordinates;
  * - the gradient-ready callback: strictly decreasing contiguous ranges
- *   covering the slab; gradient accumulation; SGD over the slab.
+ *   covering the slab; gradient accumulation; SGD over the slab;
+ * - a training step is bitwise the same twice on one thread count, and
+ *   within rounding (1e-5 of each part's largest value) on 1, 2 and 3.
  *
  * Finite differences of a float32 network: the loss carries rounding noise
  * of about 1e-6, so the step is h = 1e-3 (small enough that few ReLU masks
@@ -456,6 +458,141 @@ static void test_live(const char *backend)
     free(x);
 }
 
+/*
+ * One training step (forward, loss, backward, SGD step) of cfg on n images
+ * on a ctx of threads threads: logits, loss, BN running statistics,
+ * gradients and the parameters after the step into *out (malloc'ed: n *
+ * classes + 1 + buffers + 2 x params floats); its count in *len, where
+ * each of the five parts starts in sec.
+ */
+static int step_on(const struct mesh_nn_model_cfg *cfg, int n, int threads,
+                   float **out, size_t *len, size_t sec[6])
+{
+    struct mesh_nn_ctx *c = NULL;
+    struct mesh_nn_model *m = NULL;
+    struct mesh_nn_sgd *sgd = NULL;
+    struct mesh_nn_sgd_cfg sc = {.momentum = 0.9f, .weight_decay = 1e-4f};
+    float *x = rand_images(n, cfg->in_channels ? cfg->in_channels : 3,
+                           cfg->image_size, cfg->seed + 77);
+    int32_t labels[16];
+    size_t nz = (size_t)n * cfg->num_classes, np, nb;
+    float *v = NULL;
+    int rc, i;
+
+    for (i = 0; i < n; i++)
+        labels[i] = (i * 7 + 3) % cfg->num_classes;
+    rc = mesh_nn_ctx_open("cpu", threads, &c);
+    if (rc == 0)
+        rc = mesh_nn_model_create(c, cfg, &m);
+    if (rc == 0) {
+        np = mesh_nn_model_num_params(m), nb = mesh_nn_model_num_buffers(m);
+        *len = nz + 1 + nb + 2 * np;
+        sec[0] = 0, sec[1] = nz, sec[2] = nz + 1, sec[3] = nz + 1 + nb;
+        sec[4] = nz + 1 + nb + np, sec[5] = *len;
+        v = malloc(*len * sizeof(float));
+        rc = v ? mesh_nn_model_forward(m, n, x, 1) : -ENOMEM;
+    }
+    if (rc == 0)
+        rc = mesh_nn_model_loss(m, labels, 0.1f, v + nz);
+    if (rc == 0)
+        rc = mesh_nn_model_backward(m, 0, NULL, NULL);
+    if (rc == 0)
+        rc = mesh_nn_model_logits(m, v);
+    if (rc == 0)
+        rc = mesh_nn_download(c, v + nz + 1, mesh_nn_model_buffers(m),
+                              nb * sizeof(float));
+    if (rc == 0)
+        rc = mesh_nn_download(c, v + nz + 1 + nb, mesh_nn_model_grads(m),
+                              np * sizeof(float));
+    if (rc == 0)
+        rc = mesh_nn_sgd_create(m, &sc, &sgd);
+    if (rc == 0)
+        rc = mesh_nn_sgd_step(sgd, 0.1f);
+    if (rc == 0)
+        rc = mesh_nn_download(c, v + nz + 1 + nb + np, mesh_nn_model_params(m),
+                              np * sizeof(float));
+    if (rc < 0) {
+        diag("%s", mesh_err_msg(rc));
+        free(v);
+        v = NULL;
+    }
+    *out = v;
+    mesh_nn_sgd_destroy(sgd);
+    mesh_nn_model_destroy(m);
+    mesh_nn_ctx_close(c);
+    free(x);
+    return rc;
+}
+
+/*
+ * Replicas: the same step on two ctxs of the same thread count is bitwise
+ * the same (peers of one --threads stay identical); on 1, 2 and 3 threads
+ * it may differ only in rounding: oneDNN's convolution weight gradients
+ * split their reductions over the batch by the thread count (measured up
+ * to 1.4e-6 of a tensor's largest, 1.6e-7 of all gradients' largest, in
+ * the early stages; the logits, the loss, the BN statistics and every
+ * other gradient, our batch norm's fixed tile grid included, came out
+ * bitwise the same here), which is why peers must share --threads
+ * (train.c's configuration, refused at the join: tests/train_flags.sh).
+ */
+static void test_threads(void)
+{
+    struct mesh_nn_model_cfg cfgs[2] = {
+        {.arch = "resnet18",
+         .num_classes = 10,
+         .image_size = 32,
+         .cifar_stem = 1,
+         .width = 8,
+         .seed = 21},
+        {.arch = "resnet50",
+         .num_classes = 7,
+         .in_channels = 2,
+         .image_size = 45,
+         .width = 6,
+         .seed = 22},
+    };
+    static const int threads[] = {1, 2, 3};
+    int k, t;
+
+    for (k = 0; k < 2; k++) {
+        float *ref = NULL;
+        size_t lr = 0, sec[6];
+        int n = k ? 4 : 8;
+
+        step_on(&cfgs[k], n, 1, &ref, &lr, sec);
+        for (t = 0; t < 3; t++) {
+            float *a = NULL, *b = NULL;
+            size_t la = 0, lb = 0, i, nd = 0, s2[6];
+            double e = 0;
+            int j;
+
+            step_on(&cfgs[k], n, threads[t], &a, &la, s2);
+            step_on(&cfgs[k], n, threads[t], &b, &lb, s2);
+            ok(a && b && la == lb && memcmp(a, b, la * sizeof(float)) == 0,
+               "%s: the same step twice on %d thread%s: bitwise the same",
+               cfgs[k].arch, threads[t], threads[t] > 1 ? "s" : "");
+            /* each part (logits, loss, statistics, gradients, parameters)
+             * against its own largest value */
+            for (j = 0; a && ref && la == lr && j < 5; j++) {
+                double d = 0, sc = 0;
+
+                for (i = sec[j]; i < sec[j + 1]; i++) {
+                    nd += a[i] != ref[i];
+                    d = fmax(d, fabs((double)a[i] - ref[i]));
+                    sc = fmax(sc, fabs((double)ref[i]));
+                }
+                e = fmax(e, sc > 0 ? d / sc : d);
+            }
+            ok(a && ref && la == lr && e <= 1e-5,
+               "%s: %d thread%s against 1: %zu of %zu values differ, by "
+               "at most %.3g of their part's largest",
+               cfgs[k].arch, threads[t], threads[t] > 1 ? "s" : "", nd, la, e);
+            free(a), free(b);
+        }
+        free(ref);
+    }
+}
+
 int main(void)
 {
     /*
@@ -534,6 +671,7 @@ int main(void)
     test_errors();
     test_sched();
     test_wd_skip();
+    test_threads();
     mesh_nn_ctx_close(ctx);
     return done();
 }
