@@ -808,6 +808,21 @@ static int last_side(int s, int cifar)
  * or 0.3, 1 to 3 threads, the devsim backend, plain SGD, Nesterov and a
  * larger weight decay. Bottleneck networks and batches under 4 are judged
  * against PyTorch float32's own error (rel32).
+ *
+ * Measured (seeds 2 to 37, 432 cases: 57 at batch 1, 88 on devsim, 203 on
+ * odd sides, 106 with 1, 2 or 4 input channels): both SGD steps within
+ * 3.9e-7, evaluation logits within 1.2e-6 (2.0 x PyTorch float32 at
+ * most); over each whole network our worst error against PyTorch
+ * float32's has median 1.0 (forward, 420 cases) and 1.02 (gradients on
+ * each one's own masks, 277 rel32 cases), 90th percentiles 1.4 and 1.65.
+ * 30 cases miss a limit, always one tensor or scalar of a near-singular
+ * network, where float32 itself is off by 1e-4 to 1e-1: a last stage whose
+ * BN sees 2 to 72 values a channel (batch 1 to 5 at 1x1 to 3x3), or
+ * resnet101/152. The worst, resnet34:3:0:28:2:22:26111:3:0.3:3:cpu:3
+ * (MESHTRAIN_TORCH_CASES; 2 values a channel in layer4), has logits 20 x
+ * PyTorch float32's 5.8e-6 error; seeds 26112 and 26113 of the same shape
+ * are 1.24 and 1.46 x it (up to 6e-4). Op by op, our batch norm matches
+ * PyTorch float32 on 2 to 4 values a channel in every layout.
  */
 static struct tcase *sweep(int n, int *count)
 {
