@@ -448,6 +448,55 @@ static float *readf(const struct mesh_st_file *f, const char *name,
  * The limit on one of our errors, given PyTorch float32's error on the same
  * quantity: 1e-4, or for an ill-conditioned case K32 times PyTorch's.
  */
+/* ref's float64 gradients ("grad.<param>") into m's gradients. */
+static int upload_grads(struct mesh_nn_model *m, const struct mesh_st_file *ref)
+{
+    int nt = mesh_nn_model_num_tensors(m), rc = 0;
+    char name[96];
+
+    for (int i = 0; i < nt && rc == 0; i++) {
+        const struct mesh_nn_tensor *t = mesh_nn_model_tensor(m, i);
+        float *r;
+
+        if (t->kind != MESH_NN_PARAM)
+            continue;
+        snprintf(name, sizeof(name), "grad.%s", t->name);
+        r = readf(ref, name, t->shape, t->ndim, t->count);
+        rc = r ? mesh_nn_upload(ctx, mesh_nn_model_grads(m) + t->offset, r,
+                                t->count * sizeof(float))
+               : -EINVAL;
+        free(r);
+    }
+    return rc;
+}
+
+/*
+ * The worst relative error of m's parameters (np floats, left in *pout)
+ * against ref's "<prefix>.<param>"; INFINITY where one is missing.
+ */
+static double sgd_err(struct mesh_nn_model *m, const struct mesh_st_file *ref,
+                      const char *prefix, size_t np, float **pout)
+{
+    float *p = slab(mesh_nn_model_params(m), np);
+    int nt = mesh_nn_model_num_tensors(m);
+    double ws = 0;
+    char name[96];
+
+    for (int i = 0; p && i < nt; i++) {
+        const struct mesh_nn_tensor *t = mesh_nn_model_tensor(m, i);
+        float *r;
+
+        if (t->kind != MESH_NN_PARAM)
+            continue;
+        snprintf(name, sizeof(name), "%s.%s", prefix, t->name);
+        r = readf(ref, name, t->shape, t->ndim, t->count);
+        ws = fmax(ws, r ? ref_relerr_ff(p + t->offset, r, t->count) : INFINITY);
+        free(r);
+    }
+    *pout = p;
+    return p ? ws : INFINITY;
+}
+
 static double limit(const struct tcase *c, double e32)
 {
     return c->rel32 ? fmax(TOL, K32 * e32) : TOL;
@@ -665,69 +714,23 @@ static void judge(const struct tcase *c, const char *dir, struct worst *w)
      * One SGD step on the float64 gradients, so that it checks the
      * optimizer alone, not the conditioning of the gradients again.
      */
-    for (i = 0; i < nt && rc == 0; i++) {
-        const struct mesh_nn_tensor *t = mesh_nn_model_tensor(m, i);
-        float *r;
-
-        if (t->kind != MESH_NN_PARAM)
-            continue;
-        snprintf(name, sizeof(name), "grad.%s", t->name);
-        r = readf(ref, name, t->shape, t->ndim, t->count);
-        rc = r ? mesh_nn_upload(ctx, mesh_nn_model_grads(m) + t->offset, r,
-                                t->count * sizeof(float))
-               : -EINVAL;
-        free(r);
-    }
+    free(p);
+    p = NULL;
+    rc = upload_grads(m, ref);
     if (rc == 0)
         rc = mesh_nn_sgd_create(m, &scfg, &sgd);
     if (rc == 0)
         rc = mesh_nn_sgd_step(sgd, 0.1f);
-    free(p);
-    p = rc == 0 ? slab(mesh_nn_model_params(m), np) : NULL;
-    for (i = 0; p && i < nt; i++) {
-        const struct mesh_nn_tensor *t = mesh_nn_model_tensor(m, i);
-        float *r;
-
-        if (t->kind != MESH_NN_PARAM)
-            continue;
-        snprintf(name, sizeof(name), "sgd.%s", t->name);
-        r = readf(ref, name, t->shape, t->ndim, t->count);
-        e = r ? ref_relerr_ff(p + t->offset, r, t->count) : INFINITY;
-        ws = fmax(ws, e);
-        free(r);
-    }
+    ws = rc == 0 ? sgd_err(m, ref, "sgd", np, &p) : INFINITY;
     ok(p && ws <= TOL, "%s: one SGD step, worst rel err %.3g", tag, ws);
 
     /* a second step on the same gradients: the momentum buffer's update */
-    for (i = 0; i < nt && rc == 0; i++) {
-        const struct mesh_nn_tensor *t = mesh_nn_model_tensor(m, i);
-        float *r;
-
-        if (t->kind != MESH_NN_PARAM)
-            continue;
-        snprintf(name, sizeof(name), "grad.%s", t->name);
-        r = readf(ref, name, t->shape, t->ndim, t->count);
-        rc = r ? mesh_nn_upload(ctx, mesh_nn_model_grads(m) + t->offset, r,
-                                t->count * sizeof(float))
-               : -EINVAL;
-        free(r);
-    }
+    rc = upload_grads(m, ref);
     if (rc == 0)
         rc = mesh_nn_sgd_step(sgd, 0.1f);
     free(p);
-    p = rc == 0 ? slab(mesh_nn_model_params(m), np) : NULL;
-    for (i = 0, ws = 0; p && i < nt; i++) {
-        const struct mesh_nn_tensor *t = mesh_nn_model_tensor(m, i);
-        float *r;
-
-        if (t->kind != MESH_NN_PARAM)
-            continue;
-        snprintf(name, sizeof(name), "sgd2.%s", t->name);
-        r = readf(ref, name, t->shape, t->ndim, t->count);
-        e = r ? ref_relerr_ff(p + t->offset, r, t->count) : INFINITY;
-        ws = fmax(ws, e);
-        free(r);
-    }
+    p = NULL;
+    ws = rc == 0 ? sgd_err(m, ref, "sgd2", np, &p) : INFINITY;
     ok(p && ws <= TOL, "%s: a second SGD step, worst rel err %.3g", tag, ws);
 
     /* our file loads back bitwise, num_batches_tracked too */
