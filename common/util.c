@@ -3,14 +3,17 @@
 
 #include "common/util.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -379,4 +382,30 @@ int mesh_parse_int(const char *what, const char *s, int lo, int hi, int *out)
     if (rc == 0)
         *out = (int)v;
     return rc;
+}
+
+void mesh_sockaddr_str(const struct sockaddr *sa, char *buf, size_t len)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+
+    if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const void *)sa;
+
+        if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr))
+            inet_ntop(AF_INET, &s6->sin6_addr.s6_addr[12], host, sizeof(host));
+        else
+            inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
+        port = ntohs(s6->sin6_port);
+        if (strchr(host, ':')) {
+            snprintf(buf, len, "[%s]:%u", host, port);
+            return;
+        }
+    } else if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *s4 = (const void *)sa;
+
+        inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
+        port = ntohs(s4->sin_port);
+    }
+    snprintf(buf, len, "%s:%u", host, port);
 }

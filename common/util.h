@@ -129,6 +129,14 @@ int mesh_check_output(const char *what, const char *path);
 /* "a FIFO", "a directory", "a character device", ... for messages. */
 const char *mesh_file_type_name(unsigned mode);
 
+struct sockaddr;
+
+/*
+ * An IPv4 or IPv6 socket address as "1.2.3.4:5" or "[::1]:5" (an
+ * IPv4-mapped IPv6 one as IPv4; another family "?:0"), for messages.
+ */
+void mesh_sockaddr_str(const struct sockaddr *sa, char *buf, size_t len);
+
 /*
  * The whole file at path, of 1 to max bytes (else an error that calls it
  * "not <what>"), into *buf: a malloc'ed buffer of *cap bytes, grown with

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
@@ -599,11 +600,11 @@ static void refuse(struct mesh_elastic *e, const uint8_t *req, int reason,
 /* Under mu: a refusal of our join request (unsigned: it may be forged,
  * which can only stop this joiner, never disturb the job). */
 static void take_refused(struct mesh_elastic *e, const uint8_t *m,
-                         const struct sockaddr_storage *src, socklen_t srclen)
+                         const struct sockaddr_storage *src)
 {
     int from = mesh_get_le16(m + 6);
     uint64_t why = mesh_get_le64(m + 32);
-    char host[NI_MAXHOST], port[NI_MAXSERV];
+    char addr[INET6_ADDRSTRLEN + 16];
 
     if (e->state != ST_JOINING || memcmp(m + 8, e->job, 8) ||
         (from >= e->nslots && why != REFUSED_WORLD) ||
@@ -613,15 +614,12 @@ static void take_refused(struct mesh_elastic *e, const uint8_t *m,
     e->refused_nslots = mesh_get_le32(m + 40);
     if (why != REFUSED_WORLD)
         mesh_peer_name(e->world, from, e->refused_by, sizeof(e->refused_by));
-    else if (getnameinfo((const struct sockaddr *)src, srclen, host,
-                         sizeof(host), port, sizeof(port),
-                         NI_NUMERICHOST | NI_NUMERICSERV) == 0)
+    else {
         /* (another hostfile: its slot there may be none of ours) */
-        snprintf(e->refused_by, sizeof(e->refused_by), "%s%s%s:%s (slot %d)",
-                 strchr(host, ':') ? "[" : "", host,
-                 strchr(host, ':') ? "]" : "", port, from);
-    else
-        snprintf(e->refused_by, sizeof(e->refused_by), "of slot %d", from);
+        mesh_sockaddr_str((const struct sockaddr *)src, addr, sizeof(addr));
+        snprintf(e->refused_by, sizeof(e->refused_by), "%s (slot %d)", addr,
+                 from);
+    }
     pthread_cond_broadcast(&e->cv);
 }
 
@@ -674,7 +672,7 @@ static void receive(struct mesh_elastic *e)
             goto next;
         if (m[5] == MSG_REFUSED) {
             pthread_mutex_lock(&e->mu);
-            take_refused(e, m, &src, srclen);
+            take_refused(e, m, &src);
             pthread_mutex_unlock(&e->mu);
             goto next;
         }

@@ -27,32 +27,6 @@ static void dial_failed(struct mesh_transport *t, int peer, int stream);
 
 /* ---- small helpers ------------------------------------------------------- */
 
-static void sockaddr_str(const struct sockaddr *sa, char *buf, size_t len)
-{
-    char host[INET6_ADDRSTRLEN] = "?";
-    unsigned port = 0;
-
-    if (sa->sa_family == AF_INET6) {
-        const struct sockaddr_in6 *s6 = (const void *)sa;
-
-        if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr))
-            inet_ntop(AF_INET, &s6->sin6_addr.s6_addr[12], host, sizeof(host));
-        else
-            inet_ntop(AF_INET6, &s6->sin6_addr, host, sizeof(host));
-        port = ntohs(s6->sin6_port);
-        if (strchr(host, ':')) {
-            snprintf(buf, len, "[%s]:%u", host, port);
-            return;
-        }
-    } else if (sa->sa_family == AF_INET) {
-        const struct sockaddr_in *s4 = (const void *)sa;
-
-        inet_ntop(AF_INET, &s4->sin_addr, host, sizeof(host));
-        port = ntohs(s4->sin_port);
-    }
-    snprintf(buf, len, "%s:%u", host, port);
-}
-
 /* The length of addr's host part ("1.2.3.4:5" -> 7, "[::1]:5" -> 5). */
 static size_t host_len(const char *addr)
 {
@@ -356,7 +330,7 @@ static void dial_start(struct mesh_transport *t, int peer, int stream)
      * giving up on that message would break a link it counts as up.
      */
     c->deadline_ns = mesh_now_ns() + (uint64_t)(2 * TCP_HS_DEADLINE_S * 1e9);
-    sockaddr_str(sa, c->addr, sizeof(c->addr));
+    mesh_sockaddr_str(sa, c->addr, sizeof(c->addr));
     d->active = 1;
     hs_add(t, c);
     do {
@@ -518,7 +492,7 @@ void tcp_on_accept(evutil_socket_t lfd, short what, void *arg)
             }
             break;
         }
-        sockaddr_str((struct sockaddr *)&ss, addr, sizeof(addr));
+        mesh_sockaddr_str((struct sockaddr *)&ss, addr, sizeof(addr));
         /* Whether it has sent something already (a peer's HELLO). */
         do
             n = recv(fd, &peek, 1, MSG_PEEK | MSG_DONTWAIT);
