@@ -167,6 +167,16 @@ static int test_side(const char *mode)
     return hit;
 }
 
+/* The side channels' device (verbs), a member's or a joiner's; none
+ * under the test aid's "none". */
+static int side_dev_open(const struct mesh_transport_opts *o,
+                         mesh_side_dev_t **out)
+{
+    if (test_side("none"))
+        return mesh_err(-ENODEV, "MESHTRAIN_TEST_SIDE=none");
+    return mesh_side_dev_open(o, out);
+}
+
 static void hdr_init(uint8_t *h, int kind, int slot)
 {
     memset(h, 0, CU_HDR);
@@ -1046,8 +1056,7 @@ int train_serve_start(struct trainer *t)
     /* over verbs, joiners read the state over RDMA: side channels on the
      * mesh's device (without one, TCP as on every other transport) */
     if (t->mo->transport && !strcmp(t->mo->transport, "verbs")) {
-        rc = test_side("none") ? mesh_err(-ENODEV, "MESHTRAIN_TEST_SIDE=none")
-                               : mesh_side_dev_open(&t->mo->topts, &sv->sdev);
+        rc = side_dev_open(&t->mo->topts, &sv->sdev);
         if (rc < 0) {
             mesh_info("catch-up: no RDMA side channels (%s): joiners get "
                       "the state over TCP",
@@ -2445,8 +2454,7 @@ static void *cu_main(void *arg)
     /* over verbs, the stripes and gradients are read over RDMA, on the
      * mesh's device (without one, they come over TCP) */
     if (mo->transport && !strcmp(mo->transport, "verbs")) {
-        rc = test_side("none") ? mesh_err(-ENODEV, "MESHTRAIN_TEST_SIDE=none")
-                               : mesh_side_dev_open(&mo->topts, &cu->sdev);
+        rc = side_dev_open(&mo->topts, &cu->sdev);
         if (rc < 0)
             mesh_info("catch-up: no RDMA side channels (%s): the state comes "
                       "over TCP",
