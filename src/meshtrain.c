@@ -149,8 +149,9 @@ static const struct opt_doc opts[] = {
      "topk/threshold: drop what was not sent (default: add it to the "
      "next step's gradients)"},
     {"algo", CUSTOM(OPT_ALGO),
-     "ring|tree|direct|rd|rhd|hier|htree|hrd|local|auto",
-     "all-reduce algorithm (default auto)"},
+     "ring|tree|direct|rd|rhd|hier|htree|hrd|local|auto|ps",
+     "all-reduce algorithm (default auto; ps with --simulate-compute "
+     "only)"},
     {"verify-every", U64_FIELD(verify_every, 0, LONG_MAX), "N",
      "compare weight digests every N steps, 0: only at start (default 100)"},
     {"eval-every", DOUBLE_FIELD(eval_every, 0, 1e6), "E",
@@ -222,7 +223,7 @@ static void usage(FILE *f)
                "Synchronous data-parallel training of ResNets over a "
                "peer-to-peer mesh.\n\nTraining options:\n");
     for (i = 0; i < MESH_ARRAY_SIZE(opts); i++) {
-        char left[48];
+        char left[96]; /* the longest, --algo's list of names, whole */
 
         snprintf(left, sizeof(left), "--%s%s%s", opts[i].name,
                  opts[i].arg && opts[i].arg[0] != '[' ? " " : "",

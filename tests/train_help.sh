@@ -6,7 +6,7 @@
 # scripts/check-sanitize.sh this is the model walk that ASan checks).
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
-t_plan 9
+t_plan 10
 "$MESHTRAIN" --help > "$TMP/help" 2>&1
 t_ok $? "--help exits 0"
 missing=""
@@ -16,6 +16,10 @@ for f in $(grep -o '^ *--[a-z0-9-]*' "$TMP/help" | tr -d ' ' | sort -u); do
 done
 [ -z "$missing" ]
 t_ok $? "every --help flag is in man/meshtrain.1${missing:+ (missing:$missing)}"
+# Each flag's argument whole: --algo names every algorithm it takes.
+algos="ring|tree|direct|rd|rhd|hier|htree|hrd|local|auto|ps"
+grep -q -- "--algo $algos " "$TMP/help"
+t_ok $? "--help names every --algo value ($algos)"
 "$MESHTRAIN" --batch zero > "$TMP/bad" 2>&1
 rc=$?
 [ $rc -eq 1 ] && grep -q -- "--batch" "$TMP/bad"
