@@ -83,6 +83,8 @@ struct proc {
     int restarts;      /* --restarts: how often it was started again */
     double restart_at; /* a (re)start is due then (monotonic s), 0: none */
     int late;          /* stopped by late_stop */
+    int left;          /* --elastic: a view change left its slot out */
+    double kill_at;    /* late_stop's SIGKILL is due then, 0: none */
     struct stream s[2];
 };
 
@@ -473,6 +475,9 @@ static int launch(struct run *run, struct proc *p)
     p->pid = pid;
     p->running = 1;
     p->started = 1;
+    p->left = 0;
+    p->late = 0;
+    p->kill_at = 0;
     p->status = 0;
     p->blames = -1;
     p->s[0].len = p->s[1].len = 0;
@@ -495,8 +500,24 @@ fail:
     return rc;
 }
 
+/* Mark the slots of a view report's list ("3", "1,4" or "none") left out
+ * (1) or members again (0). */
+static void mark_slots(struct run *run, const char *list, int left)
+{
+    for (const char *c = list; *c;) {
+        char *end;
+        long s = strtol(c, &end, 10);
+
+        if (end == c)
+            return;
+        if (s >= 0 && s < run->np)
+            run->procs[s].left = left;
+        c = end + (*end == ',');
+    }
+}
+
 /* A rank's culprit report (MESH_REPORT_CULPRIT) on its stderr: note it;
- * a view change's (MESH_REPORT_VIEW): say it. */
+ * a view change's (MESH_REPORT_VIEW): say it, and note who left. */
 static int take_report(struct run *run, struct proc *p, const char *line,
                        size_t n)
 {
@@ -508,11 +529,13 @@ static int take_report(struct run *run, struct proc *p, const char *line,
     if (n > kv && n < 400 && !memcmp(line, MESH_REPORT_VIEW, kv)) {
         unsigned long long view;
         int size;
-        char left[300];
+        char left[300], joined[300] = "";
 
-        if (sscanf(line + kv, "%llu size %d left %299s", &view, &size, left) !=
-            3)
+        if (sscanf(line + kv, "%llu size %d left %299s joined %299s", &view,
+                   &size, left, joined) < 3)
             return 0;
+        mark_slots(run, left, 1);
+        mark_slots(run, joined, 0);
         fprintf(stderr,
                 "meshrun: view %llu: %d rank(s) continue; slot(s) %s left "
                 "(reported by rank %d)\n",
@@ -860,25 +883,44 @@ static int restart_due(struct run *run, int running, int stopping)
 }
 
 /*
- * --restarts: a process started again that still runs LATE_S after the
- * first rank finished was waiting to join a job that ended: stop it. The
- * ranks that started with the job are never stopped here.
+ * --elastic, once the first rank finished: a rank that a view change left
+ * out (stopped, hung, or cut off) and that still runs can no longer
+ * finish; and with --restarts, a process started again that still runs
+ * LATE_S after it was waiting to join a job that ended. Stop them
+ * (SIGTERM, continued if stopped; SIGKILL after --grace). Other ranks
+ * that started with the job are never stopped here.
  */
 static void late_stop(struct run *run)
 {
-    if (!run->finished_at || mesh_now_s() < run->finished_at + LATE_S)
+    double now = mesh_now_s();
+
+    if (!run->finished_at)
         return;
     for (int r = 0; r < run->np; r++) {
         struct proc *q = &run->procs[r];
+        int joiner = q->restarts || r >= run->first_np;
 
-        if (!q->running || q->late || (!q->restarts && r < run->first_np))
+        if (q->running && q->late && q->kill_at && now >= q->kill_at) {
+            kill(-q->pid, SIGKILL);
+            q->kill_at = 0;
+        }
+        if (!q->running || q->late ||
+            !(q->left || (joiner && now >= run->finished_at + LATE_S)))
             continue;
         q->late = 1;
-        fprintf(stderr,
-                "meshrun: rank %d (%s), started again, still runs %.0f s "
-                "after the job finished; stopping it\n",
-                r, q->host, LATE_S);
+        q->kill_at = now + run->grace_s;
+        if (q->left)
+            fprintf(stderr,
+                    "meshrun: rank %d (%s), left out of the view, still "
+                    "runs after the job finished; stopping it\n",
+                    r, q->host);
+        else
+            fprintf(stderr,
+                    "meshrun: rank %d (%s), started again, still runs %.0f "
+                    "s after the job finished; stopping it\n",
+                    r, q->host, LATE_S);
         kill(-q->pid, SIGTERM);
+        kill(-q->pid, SIGCONT);
     }
 }
 
@@ -934,6 +976,8 @@ static int supervise(struct run *run)
                     run->finished_at = mesh_now_s();
                 if (c == 0 || stopping)
                     continue;
+                if (run->elastic && p->late)
+                    continue; /* late_stop's, said then */
                 if (run->elastic) {
                     /* the others form a new view without it */
                     if (WIFSIGNALED(status))
@@ -975,10 +1019,10 @@ static int supervise(struct run *run)
             signal_all(run, SIGCONT);
             kill_at = mesh_now_s() + run->grace_s;
         }
-        if (run->restarts || run->max_peers) {
+        if (run->restarts || run->max_peers)
             running += restart_due(run, running, stopping);
+        if (run->elastic && !stopping)
             late_stop(run);
-        }
         if (got_signal && !stopping) {
             int sig = got_signal;
 

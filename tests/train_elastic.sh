@@ -9,12 +9,14 @@
 # every sample of every epoch is used once (tests/train_elastic_count.py
 # counts the positions each peer trained, MESHTRAIN_TEST_SAMPLES). A
 # stopped peer that comes back finds itself left out (exit 5); a view
-# below --min-peers stops with exit 6.
+# below --min-peers stops with exit 6. Under meshrun, a killed rank stops
+# nobody, and a stopped one left out of the view is stopped once the job
+# finished, so that meshrun exits.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
 COUNT="python3 $top_srcdir/tests/train_elastic_count.py"
-t_plan 18
+t_plan 19
 # A SIGKILL is seen at once (EOF): a long peer timeout there keeps a
 # loaded machine's scheduling stalls from looking like deaths; the SIGSTOP
 # case, which waits for it, has a short one.
@@ -179,4 +181,22 @@ t_ok $? "meshrun --elastic: exit 0 after rank 2 was killed, view reported \
 (exit $EXIT_CODE)"
 [ "$EXIT_CODE" -eq 0 ] || t_show "$TMP/run.log" 10
 grep "meshrun:" "$TMP/run.log" | head -n 3 | sed 's/^/# /'
+
+# 7. Under meshrun --elastic, a rank that stops itself (SIGSTOP at step 5)
+# and is left out of the view: once the others finished, meshrun stops it
+# (it would never exit) and exits 0.
+take_ports 3
+port=$PORT
+MESHTRAIN_TEST_FAULT=2:between:5:stop
+export MESHTRAIN_TEST_FAULT
+# shellcheck disable=SC2086
+bg "$MESHRUN" -np 3 -H localhost:3 -- "$MESHTRAIN" --port "$port" $TINY \
+    --peer-timeout 3 --iters 40 > "$TMP/runstop.log" 2>&1
+unset MESHTRAIN_TEST_FAULT
+wait_exit "$BG_PID" 120
+[ "$EXIT_CODE" -eq 0 ] && grep -q "meshrun: rank 2 (localhost), left out of \
+the view, still runs after the job finished; stopping it" "$TMP/runstop.log"
+t_ok $? "meshrun --elastic: a stopped rank left out is stopped at the end, \
+exit 0 (exit $EXIT_CODE)"
+[ "$EXIT_CODE" -eq 0 ] || t_show "$TMP/runstop.log" 10
 t_done
