@@ -136,6 +136,8 @@ struct trainer {
      * the model (UINT64_MAX: none) with its figures */
     struct train_serve *serve;
     struct train_catchup *cu;
+    /* the weights' SHA-256 ahead of a view change (train/whash.c) */
+    struct train_wh *wh;
     uint64_t cu_step, cu_snap_step, cu_replayed;
     double cu_secs;
     double join_xfer_s;
@@ -308,6 +310,32 @@ void train_catchup_aim(struct trainer *t, uint64_t step);
 int train_catchup_finish(struct trainer *t, uint64_t step,
                          struct train_whash *wh);
 void train_catchup_stop(struct trainer *t);
+
+/* ---- whash.c ------------------------------------------------------------- */
+
+/*
+ * A member's weights' SHA-256 for a view change, computed ahead on a
+ * thread of its own (cpu backend; elsewhere every call does nothing and
+ * train_whash_get finds none). train_whash_hold before any write of the
+ * live weights and momentum or of a snapshot slot's, then one of:
+ * train_whash_updated(step, ok) after the update of step,
+ * train_whash_restored(step, ok) after a restore of step's snapshot (the
+ * thread hashes that state now, unless it has or is), train_whash_forget
+ * (drop every hash; it holds and releases by itself). train_whash_snap
+ * (step) before snap_take of step (holds and releases by itself).
+ * train_whash_get(step, wh, ahead): waits for the hash of step's state,
+ * if one is kept or under way: 1 and wh valid, *ahead the bytes hashed
+ * before the view change began; 0 if none (hash them yourself).
+ */
+int train_whash_start(struct trainer *t);
+void train_whash_stop(struct trainer *t);
+void train_whash_hold(struct trainer *t);
+void train_whash_updated(struct trainer *t, uint64_t step, int ok);
+void train_whash_restored(struct trainer *t, uint64_t step, int ok);
+void train_whash_snap(struct trainer *t, uint64_t step);
+void train_whash_forget(struct trainer *t);
+int train_whash_get(struct trainer *t, uint64_t step, struct train_whash *wh,
+                    uint64_t *ahead);
 
 /* ---- finetune.c ---------------------------------------------------------- */
 

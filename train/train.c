@@ -1433,6 +1433,7 @@ static int snap_take(struct trainer *t, uint64_t step)
     struct train_snap *sn = &t->snap[step & 1];
     int rc = 0;
 
+    train_whash_snap(t, step); /* (the slot is written) */
     sn->valid = 0;
     sn->lazy = 0;
     if (!t->sim) {
@@ -1482,12 +1483,18 @@ static int sgd_update(struct trainer *t, double lr)
     struct train_snap *sn = &t->snap[t->step & 1];
     int rc;
 
-    if (!t->el || !sn->lazy || !sn->valid || sn->step != t->step)
+    if (!t->el)
         return mesh_nn_sgd_step(t->sgd, (float)lr);
-    rc = mesh_nn_sgd_step_keep(t->sgd, (float)lr, sn->params, sn->mom);
-    sn->lazy = 0;
-    if (rc < 0)
-        sn->valid = 0;
+    train_whash_hold(t); /* (its thread may read the live state) */
+    if (!sn->lazy || !sn->valid || sn->step != t->step) {
+        rc = mesh_nn_sgd_step(t->sgd, (float)lr);
+    } else {
+        rc = mesh_nn_sgd_step_keep(t->sgd, (float)lr, sn->params, sn->mom);
+        sn->lazy = 0;
+        if (rc < 0)
+            sn->valid = 0;
+    }
+    train_whash_updated(t, t->step, rc == 0);
     return rc;
 }
 
@@ -1722,8 +1729,9 @@ enum {
     VC_DECIDED,  /* the next view agreed */
     VC_OPEN,     /* view_open begins */
     VC_RESTORE,  /* the snapshot restored (a joiner: its catch-up ended) */
-    VC_HASH,     /* the weights hashed */
+    VC_HASH,     /* the weights hashed (or their hash begun: VC_HASHW) */
     VC_MESH,     /* the view's mesh and communicator open */
+    VC_HASHW,    /* the weights' hash, begun before the mesh, done */
     VC_XFER,     /* the state transfer done */
     VC_RESTORE2, /* the state restored again (BN averaged, or received) */
     VC_SETUP,    /* buckets, data, metrics */
@@ -1740,22 +1748,25 @@ enum {
  */
 static void view_stages(struct trainer *t, const struct mesh_elastic_view *v,
                         const double *mk, const struct train_xfer_stats *st,
-                        uint64_t hashed)
+                        uint64_t hashed, uint64_t ahead)
 {
     if (t->rank != 0 && !(v->needy >> t->mo->world.rank & 1))
         return;
     fprintf(stderr,
             "meshtrain: slot %d, the change to view %" PRIu64
-            ", s: agreement %.3f, restore %.3f, weights' SHA-256 %.3f, "
-            "mesh %.3f, transfer %.3f (BN average %.3f, copy %.3f, "
+            ", s: agreement %.3f, restore %.3f, weights' SHA-256 %.3f "
+            "(%d%% before the view change), mesh %.3f, transfer %.3f (BN "
+            "average %.3f, copy %.3f, "
             "SHA-256 %.3f, the rest %.3f), restore %.3f, setup %.3f, "
             "weight check %.3f; total %.3f; SHA-256 over %" PRIu64
             " bytes of a %" PRIu64 "-byte state\n",
             t->mo->world.rank, v->epoch, mk[VC_DECIDED] - mk[VC_FAIL],
-            mk[VC_RESTORE] - mk[VC_OPEN], mk[VC_HASH] - mk[VC_RESTORE],
-            mk[VC_MESH] - mk[VC_HASH], mk[VC_XFER] - mk[VC_MESH], st->bn_s,
+            mk[VC_RESTORE] - mk[VC_OPEN],
+            (mk[VC_HASH] - mk[VC_RESTORE]) + (mk[VC_HASHW] - mk[VC_MESH]),
+            (int)(t->nparams ? ahead * 100 / (8 * (uint64_t)t->nparams) : 0),
+            mk[VC_MESH] - mk[VC_HASH], mk[VC_XFER] - mk[VC_HASHW], st->bn_s,
             st->copy_s, st->hash_s,
-            MESH_MAX(0.0, (mk[VC_XFER] - mk[VC_MESH]) - st->bn_s - st->copy_s -
+            MESH_MAX(0.0, (mk[VC_XFER] - mk[VC_HASHW]) - st->bn_s - st->copy_s -
                               st->hash_s),
             mk[VC_RESTORE2] - mk[VC_XFER], mk[VC_SETUP] - mk[VC_RESTORE2],
             mk[VC_VERIFY] - mk[VC_SETUP], mk[VC_VERIFY] - mk[VC_FAIL], hashed,
@@ -1795,8 +1806,8 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
     struct train_xfer_stats st;
     struct train_whash wh;
     double mk[VC_N];
-    uint64_t hashed = 0;
-    int n = 0, me = -1, rc, needy, late;
+    uint64_t hashed = 0, ahead_b = 0;
+    int n = 0, me = -1, rc, needy, late, ahead;
 
     memset(&st, 0, sizeof(st));
     memset(&wh, 0, sizeof(wh));
@@ -1834,22 +1845,31 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
      * thread is the device's only user until it ends */
     late = needy && t->cu && t->host_slabs;
     if (!needy) {
+        /* the weights' hash starts as soon as the state is restored, on
+         * its thread (a cpu backend's), unless it began before: beside
+         * the mesh, not before it */
+        train_whash_hold(t);
         rc = snap_restore(t, v->step, 0);
+        train_whash_restored(t, v->step, rc == 0);
         if (rc < 0)
             return rc;
-    } else if (late) {
+    } else {
+        train_whash_forget(t); /* it receives its state */
+    }
+    if (needy && late) {
         train_catchup_aim(t, v->step);
-    } else if (t->cu) {
+    } else if (needy && t->cu) {
         /* what the joiner caught up to in the background: the state
          * transfer then sends only what it could not rebuild */
         (void)train_catchup_finish(t, v->step, &wh);
     }
     mk[VC_RESTORE] = mesh_now_s();
+    ahead = t->wh && !needy;
     /* the weights' hashes, once: for the state's digest (a member's
      * offer, the range a joiner rebuilt) and the weight check below; each
      * peer hashes them now, beside the others, not in turn in the
      * transfer (a joiner that caught up hashed them while it waited) */
-    if (!late) {
+    if (!late && !ahead) {
         rc = view_hash(t, v, needy, &wh, &hashed);
         if (rc < 0)
             return rc;
@@ -1885,9 +1905,17 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
             return rc;
     }
     mk[VC_MESH] = mesh_now_s();
+    if (ahead) {
+        /* (its time after the mesh counts in "weights' SHA-256") */
+        (void)train_whash_get(t, v->step, &wh, &ahead_b);
+        rc = view_hash(t, v, needy, &wh, &hashed);
+        if (rc < 0)
+            return rc;
+    }
+    mk[VC_HASHW] = mesh_now_s();
     if (needy)
         t->join_mark[TRAIN_JM_MESH] = mk[VC_MESH];
-    mk[VC_XFER] = mk[VC_RESTORE2] = mk[VC_MESH];
+    mk[VC_XFER] = mk[VC_RESTORE2] = mk[VC_HASHW];
     if (v->needy) {
         /* the joiners get the state of the step the view restarts from */
         rc = train_xfer_run(t, v, &wh, &st);
@@ -1946,12 +1974,13 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
     if (rc == 0)
         train_serve_view(t, 1);
     if (rc == 0 && v->needy)
-        view_stages(t, v, mk, &st, hashed);
+        view_stages(t, v, mk, &st, hashed, ahead_b);
     /* for the view's metrics record (view_report) */
     t->vc_parts[TRAIN_VC_AGREE] = mk[VC_DECIDED] - mk[VC_FAIL];
-    t->vc_parts[TRAIN_VC_RESTORE] = mk[VC_HASH] - mk[VC_DECIDED];
+    t->vc_parts[TRAIN_VC_RESTORE] =
+        (mk[VC_HASH] - mk[VC_DECIDED]) + (mk[VC_HASHW] - mk[VC_MESH]);
     t->vc_parts[TRAIN_VC_MESH] = mk[VC_MESH] - mk[VC_HASH];
-    t->vc_parts[TRAIN_VC_XFER] = mk[VC_RESTORE2] - mk[VC_MESH];
+    t->vc_parts[TRAIN_VC_XFER] = mk[VC_RESTORE2] - mk[VC_HASHW];
     t->vc_parts[TRAIN_VC_READY] = mk[VC_VERIFY] - mk[VC_RESTORE2];
     return rc;
 }
@@ -2569,6 +2598,8 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
         train_catchup_model(t);
     if (rc == 0)
         rc = train_serve_start(t);
+    if (rc == 0)
+        rc = train_whash_start(t);
     if (rc < 0)
         return fail(t, MESH_EXIT_USAGE, rc);
     /* a joiner builds its kernels while its catch-up receives and loads
@@ -2611,6 +2642,7 @@ static void test_perturb(struct trainer *t)
 
     if (!v || !*v || atoi(v) != t->rank || t->sim)
         return;
+    train_whash_forget(t);
     p = params_host(t, &rc);
     if (rc == 0) {
         one = nextafterf(p[0], INFINITY);
@@ -2744,6 +2776,7 @@ static int finish(struct trainer *t)
 static void trainer_close(struct trainer *t)
 {
     train_catchup_stop(t);
+    train_whash_stop(t);
     train_serve_stop(t);
     mesh_elastic_stop(t->el);
     t->el = NULL;

@@ -1,0 +1,374 @@
+/*
+ * train/whash.c: a member's weights' SHA-256 for a view change, computed
+ * ahead on a thread of its own (doc/elastic.md, "The view change's own
+ * cost").
+ *
+ * Every peer hashes its weights and momentum once per view change: the
+ * state transfer's digest and the weight check after the change are
+ * built from those two SHA-256s (train.c, weights_hash). On the cpu
+ * backend (host slabs) that pass over the state need not wait for the
+ * view change:
+ *
+ *   - In a view change a member starts it as soon as its snapshot is
+ *     restored, and opens the view's mesh meanwhile; the transfer and
+ *     the weight check wait for it (train_whash_get).
+ *   - While a peer asks to be admitted (mesh_elastic_joins: the members
+ *     admit it at their next step boundary), the thread hashes the live
+ *     state of the step in flight. The view usually restarts from that
+ *     step (a member still in its update has committed only the step
+ *     before the boundary where another left), or from the next: its
+ *     hashes are then ready, or under way, when the view change comes.
+ *
+ * Which bytes: the live weights and momentum of step s (from the end of
+ * the update of s - 1, or a restore of s, until the update of s), then
+ * those of snapshot slot s % 2, which the update of s fills with what it
+ * overwrites (train.c, sgd_update) and which nothing writes until the
+ * update of s + 2 (snap_take of s + 2 does not copy into a lazy slot;
+ * train_whash_snap drops the slot's hash first anyway). Every writer of
+ * those bytes holds the thread off first (train_whash_hold) and tells it
+ * what they hold after: the update of s (train_whash_updated), a
+ * restore (train_whash_restored), anything else (train_whash_forget).
+ * The thread hashes in slices of WH_SLICE bytes, and a writer waits at
+ * most one slice. A hash is used only for the step it names; any doubt
+ * drops it, and the view change then hashes the weights itself, as
+ * without this thread.
+ */
+#include "config.h"
+
+#include "train/train-internal.h"
+#include "common/util.h"
+#include "transport/transport.h"
+
+#include <errno.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define WH_SLICE (4u << 20) /* bytes hashed between looks at the flags */
+#define WH_POLL  0.02       /* s between looks for a joiner */
+#define WH_NONE  UINT64_MAX
+
+struct wh_slot {
+    uint64_t step;         /* whose state; WH_NONE: empty */
+    const uint8_t *src[2]; /* its parameters' and momentum's bytes */
+    size_t off;            /* bytes hashed, of 2 x half */
+    int done;              /* h holds the two SHA-256s */
+    uint64_t ahead;        /* bytes hashed before the view change began */
+    EVP_MD_CTX *md[2];
+    uint8_t h[64];
+};
+
+struct train_wh {
+    struct trainer *t;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;
+    int busy;      /* a writer holds the thread off */
+    int reading;   /* the thread is in a slice (without mu) */
+    uint64_t live; /* the live state's step; WH_NONE: unknown */
+    size_t half;   /* bytes of the parameters (and of the momentum) */
+    struct wh_slot s[2];
+};
+
+static void slot_clear(struct wh_slot *w)
+{
+    w->step = WH_NONE;
+    w->off = 0;
+    w->done = 0;
+    w->ahead = 0;
+}
+
+static void slot_begin(struct train_wh *wh, struct wh_slot *w, uint64_t step,
+                       const void *p, const void *m)
+{
+    slot_clear(w);
+    w->step = step;
+    w->src[0] = p;
+    w->src[1] = m;
+}
+
+/* Under mu, with no slice in flight: the live state's bytes. */
+static void live_src(struct train_wh *wh, const void **p, const void **m)
+{
+    *p = mesh_nn_model_params(wh->t->model);
+    *m = mesh_nn_sgd_momentum(wh->t->sgd);
+}
+
+/* Under mu: the slot to hash next (the older step first), or NULL. */
+static struct wh_slot *next_slot(struct train_wh *wh)
+{
+    struct wh_slot *a = &wh->s[0], *b = &wh->s[1];
+    int oa = a->step != WH_NONE && !a->done,
+        ob = b->step != WH_NONE && !b->done;
+
+    if (oa && ob)
+        return a->step < b->step ? a : b;
+    return oa ? a : ob ? b : NULL;
+}
+
+/* Under mu: hash one slice of w (mu dropped meanwhile). */
+static void slice(struct train_wh *wh, struct wh_slot *w)
+{
+    size_t half = wh->half, o, len;
+    uint64_t step = w->step;
+    unsigned int dl;
+    int k = w->off >= half, ok = 1;
+
+    for (int i = 0; i < 2 && w->off == 0; i++) {
+        if (!w->md[i])
+            w->md[i] = EVP_MD_CTX_new();
+        ok = ok && w->md[i] && EVP_DigestInit_ex(w->md[i], EVP_sha256(), NULL);
+    }
+    o = w->off - (size_t)k * half;
+    len = MESH_MIN(half - o, (size_t)WH_SLICE);
+    if (ok) {
+        const uint8_t *src = w->src[k] + o;
+
+        wh->reading = 1;
+        pthread_mutex_unlock(&wh->mu);
+        ok = EVP_DigestUpdate(w->md[k], src, len) == 1;
+        pthread_mutex_lock(&wh->mu);
+        wh->reading = 0;
+        pthread_cond_broadcast(&wh->cv);
+    }
+    if (w->step != step) /* (dropped meanwhile: cannot happen) */
+        return;
+    if (!ok) {
+        slot_clear(w); /* the view change hashes them itself */
+        pthread_cond_broadcast(&wh->cv);
+        return;
+    }
+    w->off += len;
+    if (w->off < 2 * half)
+        return;
+    for (int i = 0; i < 2; i++) {
+        dl = 32;
+        if (EVP_DigestFinal_ex(w->md[i], w->h + 32 * i, &dl) != 1 || dl != 32)
+            ok = 0;
+    }
+    if (ok)
+        w->done = 1;
+    else
+        slot_clear(w);
+    pthread_cond_broadcast(&wh->cv);
+}
+
+static void *wh_main(void *arg)
+{
+    struct train_wh *wh = arg;
+    struct trainer *t = wh->t;
+
+    pthread_mutex_lock(&wh->mu);
+    while (!wh->stop) {
+        struct wh_slot *w = wh->busy ? NULL : next_slot(wh);
+        uint64_t live = wh->live;
+
+        if (w) {
+            slice(wh, w);
+            continue;
+        }
+        /* a peer asks to be admitted: the members admit it at their next
+         * boundary, from the state of the step in flight or the next */
+        if (!wh->busy && live != WH_NONE && wh->s[live & 1].step != live) {
+            uint64_t joins;
+
+            pthread_mutex_unlock(&wh->mu);
+            joins = mesh_elastic_joins(t->el);
+            pthread_mutex_lock(&wh->mu);
+            if (joins && !wh->busy && !wh->stop && wh->live == live &&
+                wh->s[live & 1].step != live) {
+                const void *p, *m;
+
+                live_src(wh, &p, &m);
+                slot_begin(wh, &wh->s[live & 1], live, p, m);
+                continue;
+            }
+        }
+        mesh_cond_sleep(&wh->cv, &wh->mu,
+                        mesh_now_ns() + (uint64_t)(WH_POLL * 1e9));
+    }
+    pthread_mutex_unlock(&wh->mu);
+    return NULL;
+}
+
+int train_whash_start(struct trainer *t)
+{
+    struct train_wh *wh;
+    int rc;
+
+    if (!t->el || t->sim || !t->host_slabs || !t->nparams || t->wh)
+        return 0;
+    wh = calloc(1, sizeof(*wh));
+    if (!wh)
+        return mesh_err(-ENOMEM, "out of memory");
+    wh->t = t;
+    wh->live = WH_NONE;
+    wh->half = t->nparams * 4;
+    slot_clear(&wh->s[0]);
+    slot_clear(&wh->s[1]);
+    pthread_mutex_init(&wh->mu, NULL);
+    rc = mesh_cond_init_monotonic(&wh->cv);
+    if (rc != 0) {
+        pthread_mutex_destroy(&wh->mu);
+        free(wh);
+        return mesh_err(-EIO, "pthread_cond_init (the weights' hash)");
+    }
+    rc = pthread_create(&wh->th, NULL, wh_main, wh);
+    if (rc != 0) {
+        pthread_cond_destroy(&wh->cv);
+        pthread_mutex_destroy(&wh->mu);
+        free(wh);
+        return mesh_err(-rc, "pthread_create (the weights' hash)");
+    }
+    t->wh = wh;
+    return 0;
+}
+
+void train_whash_stop(struct trainer *t)
+{
+    struct train_wh *wh = t->wh;
+
+    if (!wh)
+        return;
+    pthread_mutex_lock(&wh->mu);
+    wh->stop = 1;
+    pthread_cond_broadcast(&wh->cv);
+    pthread_mutex_unlock(&wh->mu);
+    pthread_join(wh->th, NULL);
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 2; k++)
+            EVP_MD_CTX_free(wh->s[i].md[k]);
+    pthread_cond_destroy(&wh->cv);
+    pthread_mutex_destroy(&wh->mu);
+    free(wh);
+    t->wh = NULL;
+}
+
+void train_whash_hold(struct trainer *t)
+{
+    struct train_wh *wh = t->wh;
+
+    if (!wh)
+        return;
+    pthread_mutex_lock(&wh->mu);
+    wh->busy++;
+    while (wh->reading)
+        pthread_cond_wait(&wh->cv, &wh->mu);
+    pthread_mutex_unlock(&wh->mu);
+}
+
+/* Under mu: a writer is done. */
+static void release(struct train_wh *wh)
+{
+    wh->busy--;
+    pthread_cond_broadcast(&wh->cv);
+}
+
+void train_whash_updated(struct trainer *t, uint64_t step, int ok)
+{
+    struct train_wh *wh = t->wh;
+    const struct train_snap *sn = &t->snap[step & 1];
+    struct wh_slot *w;
+
+    if (!wh)
+        return;
+    pthread_mutex_lock(&wh->mu);
+    w = &wh->s[step & 1];
+    /* the state of step now lives in its snapshot slot only (the update
+     * kept what it overwrote there), whole unless the slot is lazy */
+    if (w->step == step) {
+        if (ok && sn->valid && sn->step == step && !sn->lazy && sn->params) {
+            w->src[0] = (const uint8_t *)sn->params;
+            w->src[1] = (const uint8_t *)sn->mom;
+        } else {
+            slot_clear(w);
+        }
+    }
+    wh->live = ok ? step + 1 : WH_NONE;
+    release(wh);
+    pthread_mutex_unlock(&wh->mu);
+}
+
+void train_whash_snap(struct trainer *t, uint64_t step)
+{
+    struct train_wh *wh = t->wh;
+    struct wh_slot *w;
+
+    if (!wh)
+        return;
+    train_whash_hold(t);
+    pthread_mutex_lock(&wh->mu);
+    w = &wh->s[step & 1];
+    if (w->step != step) /* (that of step - 2, whose slot is reused) */
+        slot_clear(w);
+    release(wh);
+    pthread_mutex_unlock(&wh->mu);
+}
+
+void train_whash_restored(struct trainer *t, uint64_t step, int ok)
+{
+    struct train_wh *wh = t->wh;
+
+    if (!wh)
+        return;
+    pthread_mutex_lock(&wh->mu);
+    for (int i = 0; i < 2; i++) {
+        struct wh_slot *w = &wh->s[i];
+
+        /* a hash of step's state stays: of the live state (restored in
+         * place, or lazy and left as it was) or of its snapshot slot
+         * (restored from, not written) */
+        if (!ok || w->step != step)
+            slot_clear(w);
+        else
+            w->ahead = w->done ? 2 * wh->half : w->off;
+    }
+    if (ok && wh->s[step & 1].step != step) {
+        const void *p, *m;
+
+        live_src(wh, &p, &m);
+        slot_begin(wh, &wh->s[step & 1], step, p, m);
+    }
+    wh->live = ok ? step : WH_NONE;
+    release(wh);
+    pthread_mutex_unlock(&wh->mu);
+}
+
+void train_whash_forget(struct trainer *t)
+{
+    struct train_wh *wh = t->wh;
+
+    if (!wh)
+        return;
+    train_whash_hold(t);
+    pthread_mutex_lock(&wh->mu);
+    slot_clear(&wh->s[0]);
+    slot_clear(&wh->s[1]);
+    wh->live = WH_NONE;
+    release(wh);
+    pthread_mutex_unlock(&wh->mu);
+}
+
+int train_whash_get(struct trainer *t, uint64_t step, struct train_whash *out,
+                    uint64_t *ahead)
+{
+    struct train_wh *wh = t->wh;
+    struct wh_slot *w;
+
+    *ahead = 0;
+    if (!wh)
+        return 0;
+    pthread_mutex_lock(&wh->mu);
+    w = &wh->s[step & 1];
+    while (w->step == step && !w->done && !wh->stop)
+        pthread_cond_wait(&wh->cv, &wh->mu);
+    if (w->step == step && w->done) {
+        memcpy(out->h, w->h, sizeof(out->h));
+        out->valid = 1;
+        *ahead = w->ahead;
+    }
+    pthread_mutex_unlock(&wh->mu);
+    return out->valid;
+}
