@@ -4,17 +4,20 @@
 # exists; --resume continues from the newest checkpoint both peers hold and
 # runs to step END (B). The same job trains END steps without a break (A).
 # The final weights of A and B (parameters, BN running statistics, which
-# are averaged over the peers at every checkpoint, and counters) must be
+# are averaged over the peers at the end, and counters) must be
 # bitwise identical. The killed run is as long as it takes to kill it (the
 # learning rate does not depend on the run's length), and END comes after
 # its newest checkpoint: a 10-step run, killed once its checkpoint of step
-# 3 appeared, could end first on a fast machine.
+# 3 appeared, could end first on a fast machine. A run of END steps with
+# no checkpoints at all (C) must end bitwise as A: a checkpoint writes the
+# peers' average of the BN statistics, but training goes on from each
+# peer's own (kept in the checkpoint too), as it does without one.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
-t_plan 5
-COMMON="$SMALL --data fashion-mnist --batch 16 --lr 0.05 --no-eval \
---verify-every 2 --algo ring --bucket-mb 0.5 --join-timeout 60 \
---checkpoint-every 3"
+t_plan 7
+BASE="$SMALL --data fashion-mnist --batch 16 --lr 0.05 --no-eval \
+--verify-every 2 --algo ring --bucket-mb 0.5 --join-timeout 60"
+COMMON="$BASE --checkpoint-every 3"
 
 # shellcheck disable=SC2086
 by_hand 2 "$TMP/b" $COMMON --iters 1000000 --checkpoint-dir "$TMP/ck"
@@ -62,4 +65,14 @@ of $END)"
 
 cmp "$TMP/a.st" "$TMP/b.st"
 t_ok $? "final weights of the resumed run are bitwise identical"
+
+# shellcheck disable=SC2086
+by_hand 2 "$TMP/p" $BASE --iters $END --save "$TMP/c.st"
+wait_all 600
+[ "$CODES" = "0 0" ]
+t_ok $? "uninterrupted run of $END steps without checkpoints (exit codes \
+$CODES)"
+cmp "$TMP/a.st" "$TMP/c.st"
+t_ok $? "its final weights and BN statistics are bitwise those of the run \
+with checkpoints"
 t_done

@@ -36,8 +36,9 @@ int train_ckpt_dir(const struct trainer *t, char *buf, size_t cap)
 /*
  * Checkpoint after `step` optimizer steps: the weights and averaged BN
  * statistics (safetensors), the momentum, the trainer's counters (shared,
- * identical on every peer), the loader's position and, with sparse
- * gradients' error feedback, the residual (both this peer's own).
+ * identical on every peer), the loader's position, this peer's own BN
+ * statistics (training goes on from them, not from the average) and,
+ * with sparse gradients' error feedback, the residual (this peer's own).
  */
 int train_ckpt_write(struct trainer *t, uint64_t step)
 {
@@ -49,7 +50,9 @@ int train_ckpt_write(struct trainer *t, uint64_t step)
     float *mom;
     int rc;
 
-    rc = train_bn_average(t);
+    rc = train_bn_keep(t);
+    if (rc == 0)
+        rc = train_bn_average(t);
     if (rc < 0)
         return rc;
     rc = train_ckpt_dir(t, dir, sizeof(dir));
@@ -80,9 +83,13 @@ int train_ckpt_write(struct trainer *t, uint64_t step)
     mesh_data_get_state(t->train_ld, lstate);
     if (rc == 0)
         rc = mesh_ckpt_put(w, "loader", lstate, sizeof(lstate), 0);
+    if (rc == 0 && t->bn_own)
+        rc = mesh_ckpt_put(w, "bn_own", t->bn_own, t->nbuffers * 4, 0);
     if (rc == 0 && mesh_gradsync_residual(t->gs))
         rc = mesh_ckpt_put(w, "residual", mesh_gradsync_residual(t->gs),
                            t->nparams * 4, 0);
+    if (rc == 0)
+        rc = train_bn_restore(t);
     if (rc < 0) {
         mesh_ckpt_abort(w);
         return train_local(t, rc);
@@ -301,6 +308,16 @@ static int resume_load(struct trainer *t, struct mesh_ckpt *ck,
     /* --eval-only on a training split too small for a step has none */
     if (rc == 0 && t->train_ld)
         rc = mesh_data_set_state(t->train_ld, lstate, llen);
+    /* this peer's own BN statistics, where the checkpoint has them (the
+     * model's are their average) */
+    if (rc == 0 && t->nbuffers && !t->sim &&
+        mesh_ckpt_blob_path(ck, "bn_own", st, sizeof(st)) == 0) {
+        rc = train_bn_keep(t);
+        if (rc == 0)
+            rc = mesh_ckpt_read_into(ck, "bn_own", t->bn_own, t->nbuffers * 4);
+        if (rc == 0)
+            rc = train_bn_restore(t);
+    }
     /* the configuration digest (error_feedback=1) agreed: it must be here */
     if (rc == 0 && mesh_gradsync_residual(t->gs)) {
         rc = mesh_ckpt_read_into(ck, "residual", mesh_gradsync_residual(t->gs),

@@ -71,6 +71,9 @@ struct trainer {
     struct mesh_sim *sim;       /* --simulate-compute: no model, no data */
     struct mesh_sim_prof *prof; /* --profile-layers */
     char sim_name[320];
+    /* nbuffers: this peer's own BN statistics, kept while an evaluation or
+     * a checkpoint uses their average (train_bn_keep) */
+    float *bn_own;
 
     struct mesh_gradsync *gs;  /* the gradient buckets */
     float loss_avg;            /* the step's loss, averaged in flight */
@@ -218,6 +221,12 @@ static inline int train_local(struct trainer *t, int rc)
 float *train_momentum_host(struct trainer *t, int *rc);
 /* Average the BN running statistics over the peers (identical after). */
 int train_bn_average(struct trainer *t);
+/* Copy this peer's BN running statistics into t->bn_own (allocated on the
+ * first call), and back into the model: around an evaluation or a
+ * checkpoint during training, which use their average, so that training
+ * goes on from each peer's own as in a run without them. */
+int train_bn_keep(struct trainer *t);
+int train_bn_restore(struct trainer *t);
 
 /* ---- checkpoint.c ------------------------------------------------------- */
 

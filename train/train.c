@@ -285,6 +285,27 @@ int train_bn_average(struct trainer *t)
                                  t->hbuf, t->nbuffers);
 }
 
+static int snap_copy(struct trainer *t, float *dst, float *dev, size_t n,
+                     int to_dev);
+
+int train_bn_keep(struct trainer *t)
+{
+    if (t->sim || !t->nbuffers)
+        return 0;
+    if (!t->bn_own && !(t->bn_own = malloc(t->nbuffers * 4)))
+        return mesh_err(-ENOMEM, "out of memory for the BN statistics");
+    return snap_copy(t, t->bn_own, mesh_nn_model_buffers(t->model), t->nbuffers,
+                     0);
+}
+
+int train_bn_restore(struct trainer *t)
+{
+    if (t->sim || !t->nbuffers || !t->bn_own)
+        return 0;
+    return snap_copy(t, t->bn_own, mesh_nn_model_buffers(t->model), t->nbuffers,
+                     1);
+}
+
 static void hex(const uint8_t *d, size_t n, char *out)
 {
     size_t i;
@@ -1337,7 +1358,11 @@ static int after_step(struct trainer *t, uint64_t done, uint64_t eval_every)
             return rc;
     }
     if (eval_every && done % eval_every == 0 && done != t->total_steps) {
-        rc = evaluate(t, &top1, &top5);
+        rc = train_bn_keep(t);
+        if (rc == 0)
+            rc = evaluate(t, &top1, &top5);
+        if (rc == 0)
+            rc = train_bn_restore(t);
         if (rc < 0)
             return rc;
         if (t->rank == 0 && !c->quiet)
@@ -2809,6 +2834,7 @@ static void trainer_close(struct trainer *t)
     free(t->hparams);
     free(t->hmom);
     free(t->hbuf);
+    free(t->bn_own);
     free(t->init_buf);
 }
 
