@@ -286,6 +286,8 @@ static void dial_failed(struct mesh_transport *t, int peer, int stream)
     struct dial *d = &t->links[peer].dial[stream];
 
     d->active = 0;
+    d->failed++;
+    d->wait_ns = d->backoff_ns;
     d->next_ns = mesh_now_ns() + d->backoff_ns;
     d->backoff_ns = MESH_MIN(d->backoff_ns * 2, DIAL_BACKOFF_MAX_NS);
     d->addr_i++;
@@ -619,9 +621,24 @@ int tcp_connect(mesh_transport_t *t)
     if (!rc)
         tcp_log_cc(t);
     pthread_mutex_unlock(&t->super.lock);
-    if (!rc)
+    if (!rc) {
+        unsigned failed = 0;
+        uint64_t wait = 0;
+
+        /* what the dial backoff may have cost: a link's last wait after
+         * a refused attempt bounds the time its peer was up unseen */
+        for (int p = 0; p < t->super.world.rank; p++)
+            for (int s = 0; s <= t->S; s++) {
+                failed += t->links[p].dial[s].failed;
+                wait = MESH_MAX(wait, t->links[p].dial[s].failed
+                                          ? t->links[p].dial[s].wait_ns
+                                          : 0);
+            }
         mesh_debug("tcp: rank %d joined the mesh (%d peers, %d data streams "
-                   "per link)",
-                   t->super.world.rank, t->super.world.size - 1, t->S);
+                   "per link); %u dial(s) failed first, the longest last "
+                   "wait %.3f s",
+                   t->super.world.rank, t->super.world.size - 1, t->S, failed,
+                   (double)wait / 1e9);
+    }
     return rc;
 }

@@ -177,7 +177,9 @@ struct dial {
     int active;       /* a connection attempt exists */
     uint64_t next_ns; /* next attempt not before */
     uint64_t backoff_ns;
+    uint64_t wait_ns; /* the last wait after a failure */
     unsigned addr_i;
+    unsigned failed; /* attempts that failed */
 };
 
 struct link {
