@@ -117,6 +117,7 @@ struct mesh_elastic {
     uint64_t joins;     /* join requests heard while NORMAL */
     uint64_t held;      /* of which these ask to wait: they are catching up */
     int take_held;      /* test aid: admit held requests too */
+    int eager;          /* leave at once when a peer asks to be admitted */
     uint16_t side_port; /* ours, told in STATUS */
     uint16_t side[MESH_ELASTIC_MAX_SLOTS]; /* the members' (STATUS) */
     uint64_t side_epoch[MESH_ELASTIC_MAX_SLOTS];
@@ -308,6 +309,7 @@ static void leave(struct mesh_elastic *e)
     if (e->state != ST_NORMAL)
         return;
     e->state = ST_AGREEING;
+    e->eager = 0; /* until the trainer's next step boundary */
     e->my_step = e->committed;
     e->left_at = mesh_now_s();
     e->adds = fresh_joins(e);
@@ -447,6 +449,16 @@ static void take_join(struct mesh_elastic *e, int from, uint64_t hold,
             e->adds |= bit;
             e->radds[e->me] = e->adds;
             e->seen_at = mesh_now_s();
+        }
+        /* admitted now, not at the next step boundary: the view restarts
+         * from the step in flight, as it would from a boundary where
+         * another member had not committed it yet */
+        if (e->eager && e->state == ST_NORMAL && e->formed_once &&
+            (fresh_joins(e) & bit)) {
+            mesh_debug("slot %d asks to be admitted: leaving view %" PRIu64
+                       " at step %" PRIu64 " (committed)",
+                       from, e->epoch, e->committed);
+            leave(e);
         }
     }
     send_msg(e, MSG_STATUS, e->epoch, e->members, (uint64_t)running,
@@ -1197,6 +1209,13 @@ void mesh_elastic_test_stall(struct mesh_elastic *e, double secs)
 {
     pthread_mutex_lock(&e->mu);
     e->stall_s = secs;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void mesh_elastic_set_eager(struct mesh_elastic *e, int on)
+{
+    pthread_mutex_lock(&e->mu);
+    e->eager = on;
     pthread_mutex_unlock(&e->mu);
 }
 

@@ -181,6 +181,14 @@ uint64_t mesh_elastic_passed(struct mesh_elastic *e);
 uint64_t mesh_elastic_held(struct mesh_elastic *e);
 void mesh_elastic_take_held(struct mesh_elastic *e);
 /*
+ * on: a member leaves its view as soon as it hears a peer ask to be
+ * admitted (a fresh, unheld JOIN), from the agreement's thread, instead
+ * of at its next step boundary (mesh_elastic_joins); the trainer turns
+ * it off where it cannot redo a step (its last) and for the test aids
+ * that wait at a boundary for joiners.
+ */
+void mesh_elastic_set_eager(struct mesh_elastic *e, int on);
+/*
  * Test aid (tests/test_elastic.c): the thread stalls for secs, once, as
  * soon as it is in an agreement (it has sent no PROPOSE yet): a member
  * slow to vote, as on a loaded machine. mesh_elastic_stop ends a stall.

@@ -1616,6 +1616,12 @@ static int elastic_boundary(struct trainer *t, uint64_t step)
      * it is served, as in a job without the aid */
     if (t->step_ms > 0)
         usleep((useconds_t)t->step_ms * 1000);
+    /* a joiner is admitted as soon as it asks, during a step that can
+     * be redone (not the last), unless a test aid waits for joiners at a
+     * boundary */
+    mesh_elastic_set_eager(t->el, step + 1 < t->total_steps &&
+                                      t->join_at == UINT64_MAX &&
+                                      t->join_batch <= 1);
     rc = snap_take(t, step);
     if (rc < 0)
         return rc;
@@ -2017,12 +2023,18 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
 static void view_report(struct trainer *t, const struct mesh_elastic_view *v,
                         const char *why, double t_fail, double dur)
 {
-    char left[200], members[200], joined[200], who[1200] = "";
+    char left[200], members[200], joined[200], who[1200] = "", asked[240];
     const double *m = t->vc_parts;
     size_t n = 0;
 
     mesh_elastic_slots_str(v->left, left, sizeof(left));
     mesh_elastic_slots_str(v->members & ~v->prev, joined, sizeof(joined));
+    /* a member that heard the joiners left at once, aborting the step in
+     * flight (mesh_elastic_set_eager): what failed then is no news */
+    if (!v->left && (v->members & ~v->prev)) {
+        snprintf(asked, sizeof(asked), "slot(s) %s asked to join", joined);
+        why = asked;
+    }
     mesh_elastic_slots_str(v->members, members, sizeof(members));
     for (int s = 0; s < t->mo->world.size && n + 300 < sizeof(who); s++) {
         char name[MESH_HOST_MAX + 16];
