@@ -1749,6 +1749,7 @@ static int agree(mesh_coll_t *c)
     for (int a = 0; a < nauto; a++)
         m->lat_s[ids[a]] = m->point_s[0][ids[a]];
     m->measured = 1;
+    m->formation_s = mesh_now_s() - start;
     c->auto_algo = 0; /* the choices come from the times now */
 out:
     mesh_coll_buf_free(c, buf);
@@ -1782,6 +1783,12 @@ static void log_model(const mesh_coll_t *c)
               m->measured ? " (alpha, beta measured to the ring "
                             "neighbours, averaged over the ranks)"
                           : " (not measured: defaults)");
+    if (m->measured && c->w->rank == 0)
+        mesh_info("collectives: formation timed %d sizes in %.2f s (budget "
+                  "%.0f s%s)",
+                  m->npoints, m->formation_s, MEAS_BUDGET_S,
+                  m->budget_cut ? ", cut: larger sizes on the last two's line"
+                                : "");
     for (int k = 0; k < m->npoints; k++) {
         size_t tused = 0;
 

@@ -208,9 +208,12 @@ struct mesh_coll_model {
      * bytes, and each algorithm's time at each (0: not timed there).
      * budget_cut: the larger sizes were left untimed because formation's
      * time budget (about 20 s) ran out; they follow the last two's line.
+     * formation_s: this rank's time in formation's timing, from the links'
+     * measurement to the last size's agreement (s; 0: none).
      */
     int npoints;
     int budget_cut;
+    double formation_s;
     size_t point_bytes[MESH_COLL_POINTS];
     double point_s[MESH_COLL_POINTS][MESH_ALGO_LAST + 1];
 };

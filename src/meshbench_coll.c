@@ -632,6 +632,19 @@ static int rotation(const struct ctx *x, int *ids)
     return 1 + a->nalgos;
 }
 
+/* The line of --vs-fixed's and --rotate's header on formation's timing
+ * (rank 0's). */
+static void print_formation(const struct ctx *x)
+{
+    struct mesh_coll_model m;
+
+    mesh_coll_model_get(x->c, &m);
+    if (m.measured)
+        printf("# formation timed %d sizes in %.2f s%s\n", m.npoints,
+               m.formation_s,
+               m.budget_cut ? " (budget cut: larger sizes on a line)" : "");
+}
+
 /* --vs-fixed's table: one row per size, auto against each fixed one. */
 static int run_vs(struct ctx *x, uint64_t *wrong_all)
 {
@@ -646,6 +659,7 @@ static int run_vs(struct ctx *x, uint64_t *wrong_all)
                "ranks, type %s\n# time: the slowest rank's least (us); "
                "auto/best: auto's time over the best fixed one's\n",
                x->n, type_name(a->dtype));
+        print_formation(x);
         printf("# %10s %6s %10s", "size", "algo", "auto");
         for (int j = 1; j < nalgo; j++)
             printf(" %10s", mesh_algo_name(ids[j]));
@@ -802,6 +816,7 @@ static int run_rotate(struct ctx *x, uint64_t *wrong_all)
                "one's (least median) in the same round, lo..hi its 95 %% "
                "interval; ok: hi <= %.2f, over: lo > %.2f, ?: neither\n",
                x->n, type_name(a->dtype), ROT_GOAL, ROT_GOAL);
+        print_formation(x);
         printf("# %10s %6s %6s", "size", "algo", "rounds");
         for (int j = 0; j < nalgo; j++)
             printf(" %10s", mesh_algo_name(ids[j]));
@@ -920,10 +935,14 @@ static void print_header(const struct ctx *x, const char *name)
 
     mesh_coll_model_get(x->c, &m);
     printf("#\n# %s: %d ranks, algo %s, type %s, kernels %s; alpha %.1f us, "
-           "beta %.3f ns/B (%s)\n",
+           "beta %.3f ns/B (%s",
            name, x->n, mesh_algo_name(x->a->algo), type_name(x->a->dtype),
            mesh_reduce_isa(), m.alpha_s * 1e6, m.beta_s_per_byte * 1e9,
            m.measured ? "measured" : "defaults");
+    if (m.measured)
+        printf("; formation timed %d sizes in %.2f s", m.npoints,
+               m.formation_s);
+    printf(")\n");
     if (x->a->algo == MESH_ALGO_PS)
         printf("# ps: the seed's parameter-server baseline (rank 0 "
                "serves), for comparison only\n");
