@@ -222,22 +222,31 @@ void mesh_coll_model_get(const mesh_coll_t *c, struct mesh_coll_model *out);
 /* The algorithm an all-reduce of bytes would run with algo (AUTO chooses). */
 int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
 /*
- * Where formation timed the candidates, AUTO refines its choice for each
- * of the first 16 all-reduce sizes it meets whose calls formation timed
- * below 2 ms: its first calls there take turns among formation's
- * contenders within 50 % of its best (3, up to 5 where 5 rounds of them
- * fit in an epoch), in epochs of 5 to 31
- * rounds (about 37.5 ms by formation's times), and at each epoch's end
- * the ranks exchange their times and agree on the ranking over every
- * epoch's rounds so far (as formation does); those not clearly slower
- * than the fastest (the 95 % interval of the median of their ratios to it
- * within a round above 1) race again, at most 4 epochs (0.15 s of calls),
- * then the fastest is kept (and logged). Every rank takes the same
- * algorithm at every call. Returns the algorithm kept for bytes, or 0
- * while it is still racing or was never refined; mesh_coll_algo_for
- * answers it too once kept.
+ * Where formation timed the candidates, AUTO refines its choice for each of
+ * the first 16 all-reduce sizes it meets: its first calls there take turns
+ * among formation's contenders (those within 50 % of its best where that
+ * best call took under 2 ms, within 5 % from there: a tie raced with the
+ * job's own calls costs little; 3 at most), in epochs of 5 to 31 rounds
+ * (about 37.5 ms by formation's times), and at each epoch's end the ranks
+ * exchange their times and agree on the ranking over every epoch's rounds
+ * so far (as formation does); those not clearly slower than the fastest
+ * (the 95 % interval of the median of their ratios to it within a round
+ * above 1) race again, at most 4 epochs, then the fastest is kept (and
+ * logged). A kept winner is re-checked later: the same contenders race
+ * again for at most 2 epochs, over their new rounds only (or those and the
+ * last re-check's, where that one ended with none clearly faster), the
+ * first time after 8 times the calls a re-check can give the others, each
+ * next time twice as far, and the choice changes only where the kept one
+ * ran clearly slower than the fastest (logged, with the calls the others
+ * ran and their time over the fastest's). Every rank takes the same
+ * algorithm at every call. Returns the algorithm kept for bytes (during a
+ * re-check, the one kept before it), or 0 while its first race runs or
+ * where it was never refined; mesh_coll_algo_for answers it too once kept.
  */
 int mesh_coll_auto_refined(const mesh_coll_t *c, size_t bytes);
+/* How many re-checks of the winner kept for bytes have ended (0: none,
+ * or not refined). */
+int mesh_coll_auto_rechecks(const mesh_coll_t *c, size_t bytes);
 /*
  * AUTO's candidates for an all-reduce on this communicator (the
  * algorithms it times and chooses from) into ids[0..MESH_ALGO_LAST];

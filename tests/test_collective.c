@@ -738,6 +738,82 @@ static void t_auto_refine(struct rank_ctx *x)
     group_end(x, &g);
 }
 
+/*
+ * The re-check of AUTO's kept winner (mesh_coll_auto_rechecks), right
+ * after t_auto_refine kept one at 4000 bytes: where formation timed 2 or
+ * more contenders there (within 50 % of its best, or 5 % where that took
+ * 2 ms or more), the first re-check ends within 1400 more calls (it
+ * starts at most 8 x 2 epochs x 31 rounds x 2 others = 992 calls after
+ * the keep and runs at most 2 epochs of 31 rounds of 3), every rank at
+ * the same call and keeping the same contender (the hash); where only
+ * one was timed there, nothing is re-checked. Every call is checked.
+ */
+static void t_auto_recheck(struct rank_ctx *x)
+{
+    enum { CALLS = 1400 };
+    const size_t cnt = 1000, bytes = cnt * sizeof(float);
+    int ids[MESH_ALGO_LAST + 1], nauto = mesh_coll_auto_algos(x->c, ids);
+    int ncand = 0, at = -1, kept, cand = 0;
+    float *in = NULL, *out = NULL, *want = malloc(cnt * sizeof(float));
+    double best = 0;
+    struct mesh_coll_model m;
+    struct group g;
+
+    group_begin(&g, 1, "N=%d auto re-checks its kept winner at %zu bytes", x->n,
+                bytes);
+    mesh_coll_model_get(x->c, &m);
+    for (int k = 0; k < m.npoints; k++) {
+        if (m.point_bytes[k] != bytes)
+            continue;
+        for (int a = 0; a < nauto; a++)
+            if (m.point_s[k][ids[a]] > 0 &&
+                (best <= 0 || m.point_s[k][ids[a]] < best))
+                best = m.point_s[k][ids[a]];
+        for (int a = 0; a < nauto && best > 0; a++)
+            ncand += m.point_s[k][ids[a]] > 0 &&
+                     m.point_s[k][ids[a]] <= (best < 2e-3 ? 1.5 : 1.05) * best;
+    }
+    if (!want || mesh_coll_buf_alloc(x->c, bytes, (void **)&in) < 0 ||
+        mesh_coll_buf_alloc(x->c, bytes, (void **)&out) < 0)
+        group_fail(&g, "allocation: %s", mesh_err_msg(-ENOMEM));
+    for (size_t i = 0; g.ok && i < cnt; i++)
+        expect_red(MESH_DT_F32, want, i, x->n, MESH_REDOP_SUM, i, 7);
+    for (int call = 0; g.ok && ncand > 1 && call < CALLS; call++) {
+        fill(MESH_DT_F32, in, cnt, x->rank, 7, 0);
+        if (!coll_ok(&g,
+                     mesh_coll_allreduce(x->c, in, out, cnt, MESH_DT_F32,
+                                         MESH_REDOP_SUM, MESH_ALGO_AUTO),
+                     cnt))
+            break;
+        check(&g, out, want, cnt, MESH_DT_F32, "out of place", cnt);
+        if (mesh_coll_auto_rechecks(x->c, bytes) > 0) {
+            at = call;
+            break;
+        }
+    }
+    kept = mesh_coll_auto_refined(x->c, bytes);
+    for (int a = 0; a < nauto; a++)
+        cand |= ids[a] == kept;
+    if (g.ok && ncand > 1 && at < 0)
+        group_fail(&g, "%d contenders, and no re-check ended in %d calls",
+                   ncand, CALLS);
+    else if (g.ok && ncand <= 1 && mesh_coll_auto_rechecks(x->c, bytes))
+        group_fail(&g, "one contender, and yet a re-check");
+    else if (g.ok && (kept <= 0 || !cand))
+        group_fail(&g, "after the re-check auto kept %s",
+                   kept > 0 ? mesh_algo_name(kept) : "nothing");
+    else if (g.ok && mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, bytes) != kept)
+        group_fail(
+            &g, "auto kept %s but answers %s", mesh_algo_name(kept),
+            mesh_algo_name(mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, bytes)));
+    g.hash = fnv(g.hash, &kept, sizeof(kept));
+    g.hash = fnv(g.hash, &at, sizeof(at));
+    mesh_coll_buf_free(x->c, out);
+    mesh_coll_buf_free(x->c, in);
+    free(want);
+    group_end(x, &g);
+}
+
 static void battery(struct rank_ctx *x)
 {
     static const int algos[] = {
@@ -752,6 +828,7 @@ static void battery(struct rank_ctx *x)
     t_barrier(x);
     t_auto_choice(x);
     t_auto_refine(x);
+    t_auto_recheck(x);
     for (size_t a = 0; a < MESH_ARRAY_SIZE(algos); a++)
         for (size_t d = 0; d < MESH_ARRAY_SIZE(dtypes); d++)
             for (int redop = 0; redop < 2; redop++)
