@@ -5,10 +5,12 @@
 # each naming its damaged file and why) instead of training from scratch
 # (it used to warn, start from step 0 and exit 0); --resume=if-any may
 # start from step 0, and says so. With no checkpoint at all, --resume is
-# an error too and --resume=if-any starts from step 0.
+# an error too and --resume=if-any starts from step 0. A FIFO or a link to
+# /dev/zero in place of a checkpoint's file (which would block the scan's
+# open, or never end) makes that checkpoint damaged, not the job hang.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
-t_plan 5
+t_plan 6
 BASE="$SMALL --data synthetic:256 --num-classes 10 --in-channels 1 \
 --batch 8 --no-eval --join-timeout 20 --checkpoint-every 2"
 
@@ -73,4 +75,26 @@ wait_all 60
 [ "$CODES" = "0 0" ]
 t_ok $? "--resume=if-any with no checkpoint at all: starts from step 0 \
 (exit codes $CODES)"
+
+# shellcheck disable=SC2086
+by_hand 2 "$TMP/f" $BASE --iters 4 --checkpoint-dir "$TMP/ck3"
+wait_all 60
+ok=0
+[ "$CODES" = "0 0" ] || ok=1
+c0=$TMP/ck3/rank-0/ckpt-000000004
+c1=$TMP/ck3/rank-1/ckpt-000000004
+rm -f "$c0/momentum" "$c1/trainer"
+mkfifo "$c0/momentum" && ln -s /dev/zero "$c1/trainer" || ok=1
+# shellcheck disable=SC2086
+by_hand 2 "$TMP/g" $BASE --iters 6 --checkpoint-dir "$TMP/ck3" --resume
+wait_all 120
+[ "$CODES" = "0 0" ] || ok=1
+grep -q "resumed from step 2 " "$TMP/g0.log" &&
+    grep -q "ckpt-000000004/momentum is a FIFO, not a regular file" \
+        "$TMP/g0.log" &&
+    grep -q "ckpt-000000004/trainer is a character device, not a regular" \
+        "$TMP/g1.log" || ok=1
+t_ok $ok "a FIFO and a link to /dev/zero in checkpoints of step 4: skipped \
+as damaged, resumed from step 2 (exit codes $CODES)"
+[ $ok -eq 0 ] || { t_show "$TMP/g0.log" 8; t_show "$TMP/g1.log" 8; }
 t_done

@@ -109,11 +109,19 @@ static int hash_file(const char *path, int do_sync, uint64_t *len,
     unsigned int olen = 0;
     int fd, rc = 0;
 
-    do {
-        fd = open(path, (do_sync ? O_RDWR : O_RDONLY) | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0)
-        return mesh_err_errno("%s", path);
+    if (do_sync) {
+        do {
+            fd = open(path, O_RDWR | O_CLOEXEC);
+        } while (fd < 0 && errno == EINTR);
+        if (fd < 0)
+            return mesh_err_errno("%s", path);
+    } else {
+        /* a FIFO in its place would block the open, a device such as
+         * /dev/zero never end: a blob must be a regular file */
+        rc = mesh_open_input(NULL, path, 0, &fd, NULL);
+        if (rc < 0)
+            return rc;
+    }
     ctx = EVP_MD_CTX_new();
     if (!ctx || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
         rc = mesh_err(-EIO, "%s: SHA-256 init failed", path);
