@@ -664,7 +664,8 @@ int mesh_ckpt_list(const char *dir, uint64_t **steps, size_t *n)
         v[cnt++] = s;
     }
     closedir(d);
-    qsort(v, cnt, sizeof(*v), cmp_desc);
+    if (cnt) /* qsort's base must not be NULL, even for no elements */
+        qsort(v, cnt, sizeof(*v), cmp_desc);
     *steps = v;
     *n = cnt;
     return 0;
