@@ -84,6 +84,8 @@ struct proc {
     double restart_at; /* a (re)start is due then (monotonic s), 0: none */
     int late;          /* stopped by late_stop */
     int left;          /* --elastic: a view change left its slot out */
+    int member;        /* --elastic: in the job's view (started with the job, or
+                        * joined since it started again), not a joiner */
     double kill_at;    /* late_stop's SIGKILL is due then, 0: none */
     struct stream s[2];
 };
@@ -106,6 +108,7 @@ struct run {
     int restarts;       /* --restarts: per slot */
     double finished_at; /* --restarts: when the first rank exited 0 */
     int first_np;       /* the slots started with the job (--max-peers) */
+    int over;           /* --elastic: no member of the view runs any more */
 };
 
 static int sig_pipe[2] = {-1, -1};
@@ -472,6 +475,7 @@ static int launch(struct run *run, struct proc *p)
     close(out[1]);
     close(err[1]);
     close(sec[0]);
+    p->member = !p->started && p->rank < run->first_np;
     p->pid = pid;
     p->running = 1;
     p->started = 1;
@@ -510,8 +514,10 @@ static void mark_slots(struct run *run, const char *list, int left)
 
         if (end == c)
             return;
-        if (s >= 0 && s < run->np)
+        if (s >= 0 && s < run->np) {
             run->procs[s].left = left;
+            run->procs[s].member = !left;
+        }
         c = end + (*end == ',');
     }
 }
@@ -856,7 +862,8 @@ static int restart_due(struct run *run, int running, int stopping)
         q->restart_at = 0;
         /* the job is stopping (or a signal, not yet acted on, asks it
          * to), over, or has finished training */
-        if (stopping || got_signal || running + n == 0 || run->finished_at)
+        if (stopping || got_signal || running + n == 0 || run->finished_at ||
+            run->over)
             continue;
         streams_close(run, q);
         rc = launch(run, q);
@@ -894,7 +901,7 @@ static void late_stop(struct run *run)
 {
     double now = mesh_now_s();
 
-    if (!run->finished_at)
+    if (!run->finished_at && !run->over)
         return;
     for (int r = 0; r < run->np; r++) {
         struct proc *q = &run->procs[r];
@@ -905,14 +912,20 @@ static void late_stop(struct run *run)
             q->kill_at = 0;
         }
         if (!q->running || q->late ||
-            !(q->left || (joiner && now >= run->finished_at + LATE_S)))
+            !(q->left || (joiner && now >= run->finished_at + LATE_S) ||
+              (run->over && !q->member)))
             continue;
         q->late = 1;
         q->kill_at = now + run->grace_s;
         if (q->left)
             fprintf(stderr,
                     "meshrun: rank %d (%s), left out of the view, still "
-                    "runs after the job finished; stopping it\n",
+                    "runs after the job %s; stopping it\n",
+                    r, q->host, run->over ? "ended" : "finished");
+        else if (run->over)
+            fprintf(stderr,
+                    "meshrun: rank %d (%s), started again, has no job left "
+                    "to join; stopping it\n",
                     r, q->host);
         else
             fprintf(stderr,
@@ -922,6 +935,15 @@ static void late_stop(struct run *run)
         kill(-q->pid, SIGTERM);
         kill(-q->pid, SIGCONT);
     }
+}
+
+/* --elastic: whether a member of the job's view still runs. */
+static int members_running(const struct run *run)
+{
+    for (int r = 0; r < run->np; r++)
+        if (run->procs[r].running && run->procs[r].member)
+            return 1;
+    return 0;
 }
 
 /* Watch the ranks until all have exited; returns meshrun's exit code. */
@@ -990,8 +1012,19 @@ static int supervise(struct run *run)
                                 "meshrun: rank %d (%s) exited with code "
                                 "%d; %d rank(s) go on (--elastic)\n",
                                 r, p->host, c, running);
-                    if (running > 0)
+                    p->member = 0;
+                    if (running > 0 && !members_running(run)) {
+                        /* the job is gone (no quorum): a restarted
+                         * process would start a new one from step 0 */
+                        if ((run->restarts || run->max_peers) && !run->over)
+                            fprintf(stderr,
+                                    "meshrun: no member of the job's view "
+                                    "runs any more; no restarts, and the "
+                                    "rank(s) waiting to join are stopped\n");
+                        run->over = 1;
+                    } else if (running > 0) {
                         schedule_restart(run, p, c);
+                    }
                     continue;
                 }
                 pri = WIFSIGNALED(status) ? 3 : c != 3 ? 2 : 1;

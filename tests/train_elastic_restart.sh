@@ -19,12 +19,15 @@
 # man page and the README. A joiner that comes late (a loaded machine) is
 # waited for near the end ($LATE below), so that the job cannot end without
 # it; a failed check shows meshrun's lines, the view records and the
-# ranks' last lines.
+# ranks' last lines. When no member of the job's view is left (3 slots:
+# two killed in turn, the last one alone has no quorum), meshrun starts
+# none again (the restarted processes would start a new job from step 0),
+# stops those waiting to join, and exits 5.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
 COUNT="python3 $top_srcdir/tests/train_elastic_count.py"
-t_plan 11
+t_plan 12
 N=1200
 BATCH=8
 ITERS=${ELASTIC_ITERS:-300}
@@ -216,4 +219,26 @@ for p in $pids; do kill -0 "$p" 2> /dev/null && left=$((left + 1)); done
     ! grep -q "started again" "$TMP/intr.log"
 t_ok $? "Ctrl-C while a restart waits: exit 130 ($EXIT_CODE), no rank \
 left running ($left), none started again"
+
+# The job lost: slot 1 killed at step 5, slot 2 at step 6 of the view of
+# slots 0 and 2 (long before slot 1's restart can join), so slot 0 alone
+# has no quorum (exit 5) while slots 1 and 2 wait to join.
+take_ports 3
+# shellcheck disable=SC2086
+bg env MESHTRAIN_TEST_FAULT=1:between:5,2:between:6 "$MESHRUN" --restarts 2 \
+    -H localhost:3 -- "$MESHTRAIN" --port "$PORT" $TINY --peer-timeout 3 \
+    > "$TMP/lost.log" 2>&1
+RUN=$BG_PID
+pids=$(ps -o pid= --ppid "$RUN")
+wait_exit "$RUN" 120
+sleep 1
+left=0
+for p in $pids $(ps -o pid= --ppid "$RUN" 2> /dev/null); do
+    kill -0 "$p" 2> /dev/null && left=$((left + 1))
+done
+[ "$EXIT_CODE" -eq 5 ] && [ $left -eq 0 ] &&
+    grep -q "no member of the job's view runs any more" "$TMP/lost.log"
+t_ok $? "no member left: no restart, the joiners stopped, exit 5 \
+($EXIT_CODE), no rank left running ($left)"
+[ "$EXIT_CODE" -eq 5 ] || grep "^meshrun" "$TMP/lost.log" | sed 's/^/#   /'
 t_done
