@@ -1893,6 +1893,9 @@ static int cu_load(struct train_catchup *cu)
             return 0;
     if (mesh_elastic_passed(t->el) > cu->epoch)
         return 0; /* (nor once the members moved on: cu_try) */
+    /* the members admit us as soon as we ask: not before every one has
+     * committed X (else the view would restart before it) */
+    mesh_elastic_join_need(t->el, cu->x + 1);
     if (cu->ready)
         mesh_elastic_join_hold(t->el, 0);
     else
@@ -2482,6 +2485,7 @@ static void *cu_main(void *arg)
                   "receives the whole state in the view change",
                   cu_why_line);
         mesh_elastic_join_view(cu->t->el, 0);
+        mesh_elastic_join_need(cu->t->el, 0);
         /* (once its model and kernels are built: admitted, it must join
          * the view's mesh at once) */
         if (cu->ready)

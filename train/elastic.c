@@ -124,7 +124,11 @@ struct mesh_elastic {
     uint64_t side_members[MESH_ELASTIC_MAX_SLOTS];
     uint64_t status_from; /* running members whose STATUS we hold */
     int hold;             /* a joiner: our JOIN asks the members to wait */
-    uint64_t hold_view;   /* a joiner: 1 + the epoch it catches up from */
+    /* a joiner: 1 + the step its catch-up holds (0: none); its JOIN holds
+     * until every member reports a committed step at least that one */
+    uint64_t need;
+    uint64_t side_committed[MESH_ELASTIC_MAX_SLOTS]; /* 1 + (STATUS) */
+    uint64_t hold_view; /* a joiner: 1 + the epoch it catches up from */
     double join_at[MESH_ELASTIC_MAX_SLOTS]; /* the latest, per slot */
     /* its hold_view (0: it does not catch up) */
     uint64_t join_view[MESH_ELASTIC_MAX_SLOTS];
@@ -303,6 +307,19 @@ static uint64_t fresh_joins(struct mesh_elastic *e)
     return j;
 }
 
+/* Under mu: the held join requests heard lately (joiners catching up). */
+static uint64_t held_joins(struct mesh_elastic *e)
+{
+    double now = mesh_now_s();
+    uint64_t j = 0;
+
+    for (int s = 0; s < e->nslots; s++)
+        if ((e->joins & e->held) >> s & 1 && !(e->members >> s & 1) &&
+            now - e->join_at[s] < JOIN_FRESH_S)
+            j |= UINT64_C(1) << s;
+    return j;
+}
+
 /* Under mu: leave the current view (once per epoch). */
 static void leave(struct mesh_elastic *e)
 {
@@ -452,31 +469,66 @@ static void take_join(struct mesh_elastic *e, int from, uint64_t hold,
         }
         /* admitted now, not at the next step boundary: the view restarts
          * from the step in flight, as it would from a boundary where
-         * another member had not committed it yet */
+         * another member had not committed it yet. Not while another
+         * joiner catches up: at the boundary, as before, both enter in
+         * one view change if both are ready by then */
         if (e->eager && e->state == ST_NORMAL && e->formed_once &&
-            (fresh_joins(e) & bit)) {
+            (fresh_joins(e) & bit) && !(held_joins(e) & ~bit)) {
             mesh_debug("slot %d asks to be admitted: leaving view %" PRIu64
                        " at step %" PRIu64 " (committed)",
                        from, e->epoch, e->committed);
             leave(e);
         }
     }
+    /* 1 + the step committed: a joiner asks to be admitted only once
+     * every member has committed the step its snapshot holds (the view
+     * restarts from the lowest step committed) */
     send_msg(e, MSG_STATUS, e->epoch, e->members, (uint64_t)running,
-             e->side_port, 0, from);
+             e->side_port, running ? e->committed + 1 : 0, from);
+}
+
+/*
+ * Under mu (a joiner): every member of the view the members reported
+ * has committed the step its catch-up holds (e->need), or reports no
+ * step (an older build: nothing to wait for).
+ */
+static int need_met(const struct mesh_elastic *e)
+{
+    uint64_t ep = 0, mask = 0;
+
+    if (!e->need)
+        return 1;
+    for (int s = 0; s < e->nslots; s++)
+        if ((e->status_from >> s & 1) && e->side_epoch[s] >= ep) {
+            ep = e->side_epoch[s];
+            mask = e->side_members[s];
+        }
+    for (int s = 0; s < e->nslots; s++)
+        if ((mask >> s & 1) &&
+            (!(e->status_from >> s & 1) || e->side_epoch[s] != ep ||
+             (e->side_committed[s] && e->side_committed[s] < e->need)))
+            return 0;
+    return mask != 0;
 }
 
 /* Under mu: a member's answer to our join request. */
 static void take_status(struct mesh_elastic *e, int from, uint64_t epoch,
-                        uint64_t mask, uint64_t running, uint64_t port)
+                        uint64_t mask, uint64_t running, uint64_t port,
+                        uint64_t committed1)
 {
     if (e->state != ST_JOINING)
         return;
     e->answered |= UINT64_C(1) << from;
     if (running && port < 65536) {
+        int met = need_met(e);
+
         e->side[from] = (uint16_t)port;
         e->side_epoch[from] = epoch;
         e->side_members[from] = mask;
+        e->side_committed[from] = committed1;
         e->status_from |= UINT64_C(1) << from;
+        if (!met && need_met(e))
+            e->sent_at = 0; /* ask now: the JOIN no longer holds */
     }
     if (!running) {
         pthread_cond_broadcast(&e->cv);
@@ -504,7 +556,7 @@ static void take(struct mesh_elastic *e, int type, int from, uint64_t epoch,
         return;
     }
     if (type == MSG_STATUS) {
-        take_status(e, from, epoch, mask, step, extra);
+        take_status(e, from, epoch, mask, step, extra, extra2);
         return;
     }
     if (!e->probed && !e->formed_once)
@@ -766,8 +818,8 @@ static void *thread_main(void *arg)
             new_round(e, e->round + 1);
         }
         if (e->state == ST_JOINING && now - e->sent_at >= JOIN_RESEND_S) {
-            send_all(e, MSG_JOIN, 0, ~(uint64_t)0, 0, (uint64_t)e->hold,
-                     e->hold_view, 0);
+            send_all(e, MSG_JOIN, 0, ~(uint64_t)0, 0,
+                     (uint64_t)(e->hold || !need_met(e)), e->hold_view, 0);
             e->sent_at = now;
         } else if (e->state == ST_AGREEING && now - e->sent_at >= RESEND_S) {
             send_all(e, MSG_PROPOSE, e->epoch, e->members, e->seen, e->my_step,
@@ -1083,6 +1135,7 @@ int mesh_elastic_probe(struct mesh_elastic *e, double wait_s)
     e->join_heard = 0;
     e->passed = 0;
     e->hold_view = 0;
+    e->need = 0;
     e->answered = 0;
     e->status_from = 0;
     wake(e); /* out of its idle poll: the first JOIN goes now */
@@ -1198,6 +1251,13 @@ void mesh_elastic_join_hold(struct mesh_elastic *e, int hold)
     wake(e);
 }
 
+void mesh_elastic_join_need(struct mesh_elastic *e, uint64_t step1)
+{
+    pthread_mutex_lock(&e->mu);
+    e->need = step1;
+    pthread_mutex_unlock(&e->mu);
+}
+
 void mesh_elastic_join_view(struct mesh_elastic *e, uint64_t epoch1)
 {
     pthread_mutex_lock(&e->mu);
@@ -1239,14 +1299,10 @@ uint64_t mesh_elastic_passed(struct mesh_elastic *e)
 uint64_t mesh_elastic_held(struct mesh_elastic *e)
 {
     uint64_t j = 0;
-    double now = mesh_now_s();
 
     pthread_mutex_lock(&e->mu);
     if (e->state == ST_NORMAL && e->formed_once)
-        for (int s = 0; s < e->nslots; s++)
-            if ((e->joins & e->held) >> s & 1 && !(e->members >> s & 1) &&
-                now - e->join_at[s] < JOIN_FRESH_S)
-                j |= UINT64_C(1) << s;
+        j = held_joins(e);
     pthread_mutex_unlock(&e->mu);
     return j;
 }

@@ -175,6 +175,10 @@ uint64_t mesh_elastic_refused(struct mesh_elastic *e);
 void mesh_elastic_set_side(struct mesh_elastic *e, uint16_t port);
 void mesh_elastic_join_hold(struct mesh_elastic *e, int hold);
 void mesh_elastic_join_view(struct mesh_elastic *e, uint64_t epoch1);
+/* A joiner: step1 = 1 + the step its catch-up holds (0: none): its JOIN
+ * holds until every member reports (STATUS) that step committed, so that
+ * the view that admits it restarts from that step or a later one. */
+void mesh_elastic_join_need(struct mesh_elastic *e, uint64_t step1);
 int mesh_elastic_side_view(struct mesh_elastic *e, uint64_t *epoch,
                            uint64_t *members, uint16_t ports[]);
 uint64_t mesh_elastic_passed(struct mesh_elastic *e);
@@ -183,7 +187,8 @@ void mesh_elastic_take_held(struct mesh_elastic *e);
 /*
  * on: a member leaves its view as soon as it hears a peer ask to be
  * admitted (a fresh, unheld JOIN), from the agreement's thread, instead
- * of at its next step boundary (mesh_elastic_joins); the trainer turns
+ * of at its next step boundary (mesh_elastic_joins), unless another
+ * joiner is catching up (held: it may be ready by then); the trainer turns
  * it off where it cannot redo a step (its last) and for the test aids
  * that wait at a boundary for joiners.
  */
