@@ -1281,17 +1281,41 @@ static void scenario_goodbye(void)
     run_cleanup(&R);
 }
 
+/* Whether a rank of R declared itself stood still: the machine did not
+ * schedule it for the peer timeout, which the transport reports as it
+ * should, but then the scenario did not test what it meant to. */
+static int run_stood_still(const struct run *R)
+{
+    for (int i = 0; i < R->n; i++)
+        if (strstr(R->msg[i], "itself stood still"))
+            return 1;
+    return 0;
+}
+
 static void scenario_idle(void)
 {
     struct world_cfg c = wcfg(3, 2);
-    uint16_t base = pick_ports(3);
+    uint16_t base;
     char who[64];
     struct run R;
 
     c.peer_timeout_s = 1.0;
-    if (!scenario_start(&R, "idle", 3, NULL, &c, base, child_idle, "idle"))
-        return;
-    run_finish(&R, 30);
+    /* A 1 s peer timeout on a loaded machine (or an emulated one, the
+     * verbs lane's guest) can see a rank descheduled for longer; that
+     * rank then rightly declares itself dead, and the scenario runs
+     * again, up to 3 times in all. */
+    for (int attempt = 1;; attempt++) {
+        base = pick_ports(3);
+        if (!scenario_start(&R, "idle", 3, NULL, &c, base, child_idle, "idle"))
+            return;
+        run_finish(&R, 30);
+        if (!run_stood_still(&R) || attempt == 3)
+            break;
+        diag("idle, try %d: a rank was not scheduled for the 1 s peer "
+             "timeout (%s); running the scenario again",
+             attempt, R.msg[0]);
+        run_cleanup(&R);
+    }
     report_children(&R, "idle");
     ok(R.status[0] == 0 && R.status[1] == 0 &&
            !strstr(R.msg[0], "after idling") &&
