@@ -237,7 +237,8 @@ int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
  * last re-check's, where that one ended with none clearly faster), the
  * first time after 8 times the calls a re-check can give the others, each
  * next time twice as far, and the choice changes only where the kept one
- * ran clearly slower than the fastest (logged, with the calls the others
+ * ran clearly slower than the fastest or, over 32 rounds or more, its
+ * median over 1.03 times the fastest's (logged, with the calls the others
  * ran and their time over the fastest's). Every rank takes the same
  * algorithm at every call. Returns the algorithm kept for bytes (during a
  * re-check, the one kept before it), or 0 while its first race runs or
