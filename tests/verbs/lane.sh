@@ -19,7 +19,12 @@
 # auto runs the collectives battery over the default transport on 2
 # pretended hosts of 2 in one guest; perf adds perftest's
 # ib_write_bw against meshbench on the two-guest link); VERBS_CACHE (default
-# /var/tmp/meshtrain-verbs-UID) holds the kernel and initramfs.
+# /var/tmp/meshtrain-verbs-UID) holds the kernel and initramfs. The guest's
+# /tmp is its own: VERBS_LOGS=1 brings its peers' logs back (the rejoin
+# part's /tmp/rj.*, printed on the console as "VERBS-LOG NAME: line") into
+# tests/verbs/lane-logs/NAME; a failed rejoin check brings them back
+# without it. VERBS_RJ_ITERS, VERBS_RJ_STEP_MS and MESHTRAIN_LOG pass into
+# the guest.
 srcdir=${srcdir:-.}
 S=$(cd "$srcdir" && pwd)
 B=$(pwd)
@@ -73,6 +78,13 @@ if [ -n "$one" ]; then
     cat >"$job" <<JOB
 VERBS_PARTS="$one"
 export VERBS_PARTS
+$(for v in VERBS_LOGS VERBS_RJ_ITERS VERBS_RJ_STEP_MS MESHTRAIN_LOG; do
+        eval "x=\${$v:-}"
+        case $x in
+        *[!A-Za-z0-9,._-]*) ;;
+        ?*) echo "$v=$x; export $v" ;;
+        esac
+    done)
 sh "$S/tests/verbs/guest.sh" "$B" "$S"
 JOB
     verbs_boot "$job" "$log.s"
@@ -117,6 +129,17 @@ end=$(date +%s)
 
 n=0
 tr -d '\r' <"$log" | sed -n 's/^VERBS-TAP //p' >"$log.tap"
+# the guests' logs (VERBS_LOGS=1, or a failed check): one file each
+logs=$B/tests/verbs/lane-logs
+rm -rf "$logs"
+if grep -q "^VERBS-LOG [A-Za-z0-9._-]*: " "$log"; then
+    mkdir -p "$logs"
+    tr -d '\r' <"$log" | awk -v d="$logs" '
+        /^VERBS-LOG [A-Za-z0-9._-]+: / {
+            f = $2; sub(/:$/, "", f); l = $0; sub(/^VERBS-LOG [^ ]+ /, "", l)
+            print l >(d "/" f) }'
+    echo "# the guests' logs: $logs ($(ls "$logs" | tr '\n' ' '))"
+fi
 while IFS= read -r line; do
     case $line in
     "#"*) echo "$line" ;;
