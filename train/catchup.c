@@ -129,14 +129,22 @@ enum {
  * catch-up, as a joiner or a member, goes over TCP). The other modes are
  * a member's, each taken once, in the list's order, by the first
  * session that comes to it: "refuse" answers a joiner's side channel
- * address with none; "garble" with a malformed one; "forge" changes a
- * byte of the rkey (48) of its snapshot stripe's SNAP record after it is
- * signed (the joiner must refuse it).
+ * address with none; "garble" with a malformed one (both come first on
+ * the session: the joiner reads them before any other record,
+ * cu_answers); "late" answers a joiner's AUTH with LATE (at our live
+ * step), which ends that try of the joiner early, whatever the other
+ * members sent it. "forge" changes a byte (48: over RDMA, the rkey) of
+ * its snapshot stripe's SNAP record after it is signed (the joiner must
+ * refuse it); the joiner may end that try for another reason before it
+ * reads that record, so a forge taken stands for every later session of
+ * the same joiner (its slot) until a view admits it.
  */
 static pthread_mutex_t test_side_mu = PTHREAD_MUTEX_INITIALIZER;
-static int test_side_at; /* the modes taken so far */
+static int test_side_at;         /* the modes taken so far */
+static const char *test_side_on; /* a mode that stands, for ... */
+static int test_side_slot;       /* ... this joiner */
 
-static int test_side(const char *mode)
+static int test_side(const char *mode, int slot)
 {
     const char *v = getenv("MESHTRAIN_TEST_SIDE"), *p;
     size_t n = strlen(mode);
@@ -151,20 +159,36 @@ static int test_side(const char *mode)
         return 0;
     }
     pthread_mutex_lock(&test_side_mu);
+    hit = test_side_on && !strcmp(test_side_on, mode) && test_side_slot == slot;
     for (p = v; *p && !hit; p += strcspn(p, ","), p += *p == ',') {
         if (!strncmp(p, "none", 4) && (p[4] == ',' || !p[4]))
             continue;
         if (i++ < test_side_at)
             continue;
         hit = !strncmp(p, mode, n) && (p[n] == ',' || !p[n]);
-        if (hit)
+        if (hit) {
             test_side_at++;
+            if (!strcmp(mode, "forge")) {
+                test_side_on = "forge";
+                test_side_slot = slot;
+            }
+        }
         break;
     }
     pthread_mutex_unlock(&test_side_mu);
     if (hit)
-        mesh_warn("MESHTRAIN_TEST_SIDE: %s (test aid)", mode);
+        mesh_warn("MESHTRAIN_TEST_SIDE: %s, to slot %d (test aid)", mode, slot);
     return hit;
+}
+
+/* The test aid: a view admitted these slots; a mode that stood for one
+ * of them ends. */
+static void test_side_admitted(uint64_t members)
+{
+    pthread_mutex_lock(&test_side_mu);
+    if (test_side_on && (members >> test_side_slot & 1))
+        test_side_on = NULL;
+    pthread_mutex_unlock(&test_side_mu);
 }
 
 /* The side channels' device (verbs), a member's or a joiner's; none
@@ -172,7 +196,7 @@ static int test_side(const char *mode)
 static int side_dev_open(const struct mesh_transport_opts *o,
                          mesh_side_dev_t **out)
 {
-    if (test_side("none"))
+    if (test_side("none", -1))
         return mesh_err(-ENODEV, "MESHTRAIN_TEST_SIDE=none");
     return mesh_side_dev_open(o, out);
 }
@@ -519,7 +543,7 @@ static int sess_snap(struct train_serve *sv, struct cu_sess *ss,
     it->data = b->b;
     it->dlen = hi - lo;
     it->need_hash = b->hold;
-    it->forge = test_side("forge");
+    it->forge = test_side("forge", ss->slot);
     if (ss->side && !ss->rblob) {
         /* the joiner reads it: registered for its side channel only */
         uint64_t ra;
@@ -576,7 +600,7 @@ static int sess_side(struct train_serve *sv, struct cu_sess *ss, int slot)
         sess_close(ss);
         return -1;
     }
-    if (sv->sdev && test_side("refuse"))
+    if (sv->sdev && test_side("refuse", slot))
         rc = mesh_err(-ECONNREFUSED, "MESHTRAIN_TEST_SIDE=refuse");
     else if (sv->sdev) {
         rc = mesh_side_open(sv->sdev, sv->peer_timeout_s, &ss->side);
@@ -586,7 +610,7 @@ static int sess_side(struct train_serve *sv, struct cu_sess *ss, int slot)
     if (rc == 0) {
         mesh_side_addr(ss->side, it->hdr + 8);
         it->hdr[56] = 1;
-        if (test_side("garble"))
+        if (test_side("garble", slot))
             memset(it->hdr + 8, 0, 4); /* QP number 0 */
     } else {
         if (sv->sdev)
@@ -641,7 +665,7 @@ static void sess_auth(struct train_serve *sv, struct cu_sess *ss)
         sess_end(sv, ss, K_REFUSE, 1);
         return;
     }
-    if (sv->live_valid && x < sv->live) {
+    if ((sv->live_valid && x < sv->live) || test_side("late", slot)) {
         sess_end(sv, ss, K_LATE, sv->live);
         return;
     }
@@ -1146,6 +1170,7 @@ void train_serve_view(struct trainer *t, int valid)
      * copied from it are finished first) */
     blobs_fill(sv);
     if (valid) {
+        test_side_admitted(t->members);
         sv->epoch = t->view_epoch;
         sv->members = t->members;
         sv->rank = t->rank;
@@ -2198,6 +2223,69 @@ static int cu_reads(struct train_catchup *cu)
 }
 
 /*
+ * Each member we offered a side channel answers it (K_RDMA) before any
+ * other record (sess_side): read every member's answer now, so that each
+ * side channel is settled (connected; none: that stripe over TCP; one that
+ * does not connect: the next try over TCP) and said in the log before this
+ * try reads any other record, whatever ends it (a member's LATE read
+ * before another's answer would hide that answer). Without mu, as
+ * cu_connect (only this thread writes what it reads). 0; 1: try again (a
+ * member closed or did not answer within 3 s, an answer not signed, which
+ * shuns its member, or a side channel that did not connect); -1: the
+ * catch-up fails (an answer out of place).
+ */
+static int cu_answers(struct train_catchup *cu)
+{
+    double until = mesh_now_s() + 3;
+    int rc = 0;
+
+    for (int i = 0; i < cu->k; i++) {
+        struct cu_peer *p = &cu->p[i];
+        int r;
+
+        if (!p->side)
+            continue;
+        while (p->hlen < CU_HDR) {
+            struct pollfd pf = {.fd = p->fd, .events = POLLIN};
+            ssize_t n =
+                recv(p->fd, p->hdr + p->hlen, CU_HDR - p->hlen, MSG_DONTWAIT);
+
+            if (n > 0) {
+                p->hlen += (size_t)n;
+                continue;
+            }
+            if (n == 0 ||
+                (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
+                mesh_now_s() > until || poll(&pf, 1, 50) < 0)
+                break;
+        }
+        if (p->hlen < CU_HDR) {
+            mesh_info("catch-up: slot %d did not answer this peer's side "
+                      "channel",
+                      p->slot);
+            rc = MESH_MAX(rc, 1);
+            continue;
+        }
+        p->hlen = 0;
+        if (cu_signed(cu, p) < 0) {
+            cu->shun |= UINT64_C(1) << p->slot;
+            rc = MESH_MAX(rc, 1);
+            continue;
+        }
+        r = cu_header(cu, p);
+        if (r == -4) {
+            rc = MESH_MAX(rc, 1);
+        } else if (r < 0) {
+            mesh_info("catch-up: slot %d answered this peer's side channel "
+                      "out of place (kind %d)",
+                      p->slot, p->hdr[5]);
+            rc = 2;
+        }
+    }
+    return rc == 2 ? -1 : rc;
+}
+
+/*
  * One try: connect, name the boundary margin steps after the last one
  * the members passed (0: that one, which they copy at once unless its
  * update has begun), receive and apply until the target is reached. 1
@@ -2236,7 +2324,7 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
     double until = mesh_now_s() + 3, eof_at = 0, tgt_at = 0, wait_s;
     uint64_t x = 0;
     size_t nparams;
-    int rc, rehold = 0;
+    int rc, ans = 0, rehold = 0;
 
     /* every member of the view the running members report, with a port */
     while (mesh_elastic_side_view(t->el, &cu->epoch, &cu->members, ports) < 0) {
@@ -2266,11 +2354,15 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
         cu_sides(cu, nparams);
         rc = cu_auth(cu, x, nparams);
     }
-    if (rc < 0)
+    if (rc == 0)
+        ans = cu_answers(cu);
+    if (rc < 0 || ans > 0)
         usleep(200000); /* a view forming or changing: try again */
     pthread_mutex_lock(&cu->mu);
-    if (rc < 0)
+    if (rc < 0 || ans > 0)
         return cu_why(__LINE__, 0);
+    if (ans < 0)
+        return cu_why(__LINE__, -1);
     cu->np = nparams;
     cu->x = x;
     cu->t_ask = mesh_now_s() - cu->t0;
@@ -2474,6 +2566,10 @@ static void *cu_main(void *arg)
          i++) {
         rc = cu_try(cu, &margin);
         cu_close(cu);
+        if (rc == 0)
+            mesh_info("catch-up: try %d ended (train/catchup.c:%d); trying "
+                      "again",
+                      i + 1, cu_why_line);
     }
     mesh_side_dev_close(cu->sdev);
     cu->sdev = NULL;

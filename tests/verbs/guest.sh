@@ -11,6 +11,31 @@ export MESHTRAIN_TEST_SLOW=${MESHTRAIN_TEST_SLOW:-4}
 
 res() { echo "VERBS-TAP $*"; }
 
+# need FILE PATTERN WHAT: a check's condition; one that fails is named
+# in $why, with the pattern and file.
+need() {
+    grep -q "$2" "$1" ||
+        why="${why:+$why; }not $3 (no \"$2\" in ${1#/tmp/})"
+}
+
+# rj_diag FILE...: the catch-up's lines of the peers' logs, as TAP
+# diagnostics; the logs themselves come back whole (guest_logs).
+rj_diag() {
+    grep "catch-up\|caught up\|MESHTRAIN_TEST_SIDE\|joined view\|view [0-9]*:\|error" "$@" |
+        sed "s|^/tmp/|VERBS-TAP # |"
+    rj_bad=1
+}
+
+# The guest's files on the console, for the lane to write back
+# (tests/verbs/lane.sh: tests/verbs/lane-logs/NAME).
+guest_logs() {
+    for f in "$@"; do
+        [ -f "$f" ] || continue
+        n=${f##*/}
+        sed "s|^|VERBS-LOG $n: |" "$f"
+    done
+}
+
 # Re-emit a TAP program's results, prefixed with its name.
 sub_tap() {
     name=$1
@@ -148,7 +173,7 @@ for part in $VERBS_PARTS; do
         }
         rm -f /tmp/rj.0 /tmp/rj.1 /tmp/rj.2 /tmp/rj.2.*
         t0=$(cut -d' ' -f1 /proc/uptime)
-        rj 0 2:between:5 refuse &
+        rj 0 2:between:5 refuse,late &
         p0=$!
         rj 1 2:between:5 forge &
         p1=$!
@@ -183,44 +208,68 @@ for part in $VERBS_PARTS; do
         res "# rejoin: started at ${t0} s (uptime), peer 2 killed at $t1 s and $t2 s, all done at $(cut -d' ' -f1 /proc/uptime) s"
         res "# rejoin: $(grep -h "caught up in the background\|catch-up over RDMA\|slot 2 joined view\|slot 2's join" /tmp/rj.2.first | sed 's/^.*\] //' | tr '\n' ' ')"
         all="$c2 $c2b$codes"
-        if [ "$all" = "137 137 0 0 0" ] &&
-            grep -q "slot(s) 2 joined" /tmp/rj.0 &&
-            grep -q "slot 2 joined view" /tmp/rj.2.first &&
-            grep -q "caught up in the background" /tmp/rj.2.first &&
-            [ -n "$rd" ] && [ "$1" = "$2" ] && [ "$1" -gt 0 ]; then
+        rj_bad=
+        why=
+        [ "$all" = "137 137 0 0 0" ] ||
+            why="exit codes $all, not 137 137 0 0 0 (the first start, the first joiner, slots 0, 1 and the second joiner)"
+        need /tmp/rj.0 "slot(s) 2 joined" "slot 0 saw slot 2 join"
+        need /tmp/rj.2.first "slot 2 joined view" "the first joiner joined"
+        need /tmp/rj.2.first "caught up in the background" "the first joiner caught up in the background"
+        if [ -z "$rd" ] || [ "$1" != "$2" ] || [ "$1" -le 0 ]; then
+            why="${why:+$why; }not the whole snapshot over RDMA (${rd:-no RDMA line})"
+        fi
+        if [ -z "$why" ]; then
             res "ok - --elastic over verbs: peer 2 of 3 killed and started again; it caught up while the others trained, reading the snapshot ($1 bytes) and $3 bytes of gradients over RDMA, and rejoined"
         else
-            res "not ok - --elastic over verbs, rejoin with a catch-up over RDMA: exit codes $all, RDMA bytes: ${rd:-none}"
+            res "not ok - --elastic over verbs, rejoin with a catch-up over RDMA: $why"
+            rj_diag /tmp/rj.0 /tmp/rj.1 /tmp/rj.2.first
         fi
         # the fallbacks: a member that answers no side channel (TCP for
-        # its stripe), a member whose rkey is forged (refused: the stripe
-        # comes from the other member), and the second joiner without an
-        # RDMA device (the state over TCP); the digests checked as above
-        if grep -q "slot 0 has no RDMA side channel: its stripe comes over TCP" /tmp/rj.2.first &&
-            grep -q "catch-up: slot 1 ([^)]*) sent a SNAP record whose header is not signed.*refused; its stripe is fetched from the other member" /tmp/rj.2.first &&
-            grep -q "MESHTRAIN_TEST_SIDE: refuse" /tmp/rj.0 &&
-            grep -q "MESHTRAIN_TEST_SIDE: forge" /tmp/rj.1; then
-            res "ok - --elastic over verbs: slot 0 refused a side channel (its stripe came over TCP) and slot 1's forged rkey was refused, naming it (the snapshot then came from slot 0)"
+        # its stripe), a member that ends the joiner's first try (LATE)
+        # while the other serves a forged rkey (refused, naming it, in
+        # that try or the next: a forge stands until the joiner is
+        # admitted; then its stripe comes from slot 0 alone)
+        why=
+        need /tmp/rj.0 "MESHTRAIN_TEST_SIDE: refuse, to slot 2" "slot 0 took refuse"
+        need /tmp/rj.2.first "catch-up: slot 0 has no RDMA side channel: its stripe comes over TCP" \
+            "the joiner saw slot 0's refusal"
+        need /tmp/rj.0 "MESHTRAIN_TEST_SIDE: late, to slot 2" "slot 0 took late"
+        need /tmp/rj.2.first "catch-up: slot 0 is past step [0-9]* (LATE" "the joiner saw slot 0's LATE"
+        need /tmp/rj.1 "MESHTRAIN_TEST_SIDE: forge, to slot 2" "slot 1 took forge"
+        need /tmp/rj.2.first "catch-up: slot 1 ([^)]*) sent a SNAP record whose header is not signed.*refused; its stripe is fetched from the other member" \
+            "the joiner refused slot 1's forged SNAP record"
+        last=$(grep "its stripes came" /tmp/rj.2.first | tail -n 1)
+        case $last in
+        *"slot 1 "*) why="${why:+$why; }the snapshot came from slot 1 too ($last)" ;;
+        *": slot 0 "*) ;;
+        *) why="${why:+$why; }no snapshot from slot 0 (${last:-no stripes line})" ;;
+        esac
+        if [ -z "$why" ]; then
+            res "ok - --elastic over verbs: slot 0 refused a side channel (its stripe came over TCP) and slot 1's forged rkey was refused, naming it (the snapshot then came from slot 0), though slot 0's LATE ended a try"
         else
-            res "not ok - --elastic over verbs: the refused side channel or the forged rkey was not seen as such"
+            res "not ok - --elastic over verbs: the refused side channel or the forged rkey was not seen as such: $why"
+            rj_diag /tmp/rj.0 /tmp/rj.1 /tmp/rj.2.first
         fi
-        if [ "$all" = "137 137 0 0 0" ] &&
-            grep -q "no RDMA side channels (MESHTRAIN_TEST_SIDE=none): the state comes over TCP" /tmp/rj.2 &&
-            grep -q "caught up in the background" /tmp/rj.2 &&
-            ! grep -q "catch-up over RDMA" /tmp/rj.2 &&
-            grep -q "slot 2 has no RDMA side channel: its stripe goes over TCP" /tmp/rj.0 &&
-            [ "$(grep -c "slot 2 joined view" /tmp/rj.2)" -ge 1 ]; then
+        # the second joiner, without an RDMA device
+        why=
+        [ "$all" = "137 137 0 0 0" ] || why="exit codes $all"
+        need /tmp/rj.2 "no RDMA side channels (MESHTRAIN_TEST_SIDE=none): the state comes over TCP" \
+            "the second joiner went without a device"
+        need /tmp/rj.2 "caught up in the background" "the second joiner caught up in the background"
+        ! grep -q "catch-up over RDMA" /tmp/rj.2 ||
+            why="${why:+$why; }the second joiner read over RDMA"
+        need /tmp/rj.0 "slot 2 has no RDMA side channel: its stripe goes over TCP" \
+            "slot 0 sent the second joiner its stripe over TCP"
+        need /tmp/rj.2 "slot 2 joined view" "the second joiner joined"
+        if [ -z "$why" ]; then
             res "ok - --elastic over verbs: a joiner without an RDMA device caught up over TCP from members with one, and rejoined with the same weights"
         else
-            res "not ok - --elastic over verbs: the joiner without an RDMA device (exit codes $all)"
+            res "not ok - --elastic over verbs: the joiner without an RDMA device: $why"
+            rj_diag /tmp/rj.0 /tmp/rj.1 /tmp/rj.2
         fi
-        if [ "$all" != "137 137 0 0 0" ] || ! grep -q "caught up in the background" /tmp/rj.2 /tmp/rj.2.first; then
-            grep "catch-up\|caught up" /tmp/rj.0 /tmp/rj.1 /tmp/rj.2.first /tmp/rj.2 |
-                sed "s|^/tmp/|VERBS-TAP # |"
-            for f in /tmp/rj.0 /tmp/rj.1 /tmp/rj.2.first /tmp/rj.2; do
-                grep -v "info: step\|info: epoch" "$f" | tail -n 25 |
-                    sed "s|^|VERBS-TAP # ${f#/tmp/}: |"
-            done
+        # the peers' logs back to the host (tests/verbs/lane-logs)
+        if [ "${VERBS_LOGS:-0}" = 1 ] || [ -n "$rj_bad" ]; then
+            guest_logs /tmp/rj.0 /tmp/rj.1 /tmp/rj.2.before /tmp/rj.2.first /tmp/rj.2
         fi
         ;;
     esac
