@@ -372,8 +372,9 @@ struct mesh_transport_ops {
  *                        -ENODEV without an active port
  *   mesh_side_dev_close  after every channel on it is closed
  *   mesh_side_dev_name   "rxe0 port 1"
- *   mesh_side_open       a channel: PD, CQ, QP; a dead peer fails a read
- *                        within peer_timeout_s
+ *   mesh_side_open       a channel: PD, CQ, QP; a dead or silent peer
+ *                        fails a read within peer_timeout_s (-ETIMEDOUT
+ *                        once no completion came for that long)
  *   mesh_side_addr       its address, to send to the other end
  *   mesh_side_connect    connect to the other end's address (from the
  *                        network: every field checked, -EPROTO if bad)

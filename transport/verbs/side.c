@@ -11,6 +11,13 @@
  * stripe it sends that joiner, nothing else. A read is cut into pieces of
  * SIDE_PIECE bytes, SIDE_WINDOW of them posted at a time; RC completes
  * them in order, so the bytes done so far are a prefix of the read.
+ *
+ * A read whose peer does not answer fails: by the queue pair's retries
+ * (qp_retry: within the peer timeout) on an HCA, and in any case once no
+ * completion has come for the peer timeout (Soft-RoCE, 6.1's rdma_rxe,
+ * never completed a read to a queue pair that does not answer: the
+ * verbs lane saw none in 60 s). A channel whose read failed reads no
+ * more (its pieces may still be posted): it is closed.
  */
 #include "config.h"
 
@@ -51,7 +58,8 @@ struct mesh_side {
     int nmr;
     /* the read in progress: len bytes into dst (lkey) from raddr (rkey);
      * posted and done so far, WQEs in flight */
-    int reading;
+    int reading, failed;
+    double last; /* the read's start, or its last completion */
     uint8_t *dst;
     size_t len, posted, done;
     uint64_t raddr;
@@ -339,9 +347,11 @@ int mesh_side_read(mesh_side_t *s, void *dst, size_t len, uint64_t raddr,
     const uint8_t *p = dst;
     struct ibv_mr *mr = NULL;
 
-    if (!s->connected || s->reading)
+    if (!s->connected || s->reading || s->failed)
         return mesh_err(-EBUSY, "side channel: %s",
-                        s->reading ? "a read is in progress" : "not connected");
+                        s->reading  ? "a read is in progress"
+                        : s->failed ? "a read failed on it"
+                                    : "not connected");
     /* the remote range is the peer's word: it must not wrap; its HCA
      * checks it against the rkey's registration */
     if (!len || raddr > UINT64_MAX - len)
@@ -367,6 +377,7 @@ int mesh_side_read(mesh_side_t *s, void *dst, size_t len, uint64_t raddr,
     s->rkey = rkey;
     s->lkey = mr->lkey;
     s->inflight = 0;
+    s->last = mesh_now_s();
     return side_post(s);
 }
 
@@ -383,9 +394,21 @@ int mesh_side_poll(mesh_side_t *s, size_t *done)
     if (n < 0)
         return mesh_err(-EIO, "verbs: ibv_poll_cq on %s failed (%d)",
                         s->d->name, n);
+    if (n > 0)
+        s->last = mesh_now_s();
+    else if (n == 0 && mesh_now_s() - s->last > s->peer_timeout_s) {
+        s->reading = 0;
+        s->failed = 1;
+        return mesh_err(-ETIMEDOUT,
+                        "an RDMA read of %zu bytes from the side channel's "
+                        "peer had no completion in %.1f s (the peer "
+                        "timeout): the peer does not answer",
+                        s->len, s->peer_timeout_s);
+    }
     for (int i = 0; i < n; i++) {
         if (wc[i].status != IBV_WC_SUCCESS) {
             s->reading = 0;
+            s->failed = 1;
             return mesh_err(-EIO,
                             "an RDMA read of %zu bytes from the side "
                             "channel's peer failed: %s (vendor error 0x%x)",
@@ -399,6 +422,7 @@ int mesh_side_poll(mesh_side_t *s, size_t *done)
     rc = side_post(s);
     if (rc < 0) {
         s->reading = 0;
+        s->failed = 1;
         return rc;
     }
     *done = s->done;
