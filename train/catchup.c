@@ -124,27 +124,31 @@ enum {
 #define CU_DIGEST 24 /* DIGEST: the stripe's SHA-256 */
 
 /*
- * Test aid MESHTRAIN_TEST_SIDE=MODE[,MODE...] (tests/verbs/guest.sh, the
- * rejoin part): "none": this process opens no side channel device (its
- * catch-up, as a joiner or a member, goes over TCP). The other modes are
- * a member's, each taken once, in the list's order, by the first
- * session that comes to it: "refuse" answers a joiner's side channel
- * address with none; "garble" with a malformed one (both come first on
- * the session: the joiner reads them before any other record,
+ * Test aid MESHTRAIN_TEST_SIDE=MODE[@STEP][,MODE[@STEP]...]
+ * (tests/verbs/guest.sh, the rejoin part): "none": this process opens no
+ * side channel device (its catch-up, as a joiner or a member, goes over
+ * TCP). The other modes are a member's, each taken once, in the list's
+ * order, by the first session that comes to it once this member's live
+ * step is STEP or later (default 0): "refuse" answers a joiner's side
+ * channel address with none; "garble" with a malformed one (both come
+ * first on the session: the joiner reads them before any other record,
  * cu_answers); "late" answers a joiner's AUTH with LATE (at our live
  * step), which ends that try of the joiner early, whatever the other
  * members sent it. "forge" changes a byte (48: over RDMA, the rkey) of
  * its snapshot stripe's SNAP record after it is signed (the joiner must
- * refuse it); the joiner may end that try for another reason before it
- * reads that record, so a forge taken stands for every later session of
- * the same joiner (its slot) until a view admits it.
+ * refuse it); "silent" answers with the address of a queue pair it never
+ * connects, so that no RDMA read of the joiner's is ever answered (the
+ * joiner's read fails within --peer-timeout). The joiner may end a try
+ * for another reason before it reads the record those two act on, so
+ * each stands, once taken, for every later session of the same joiner
+ * (its slot) until a view admits it.
  */
 static pthread_mutex_t test_side_mu = PTHREAD_MUTEX_INITIALIZER;
 static int test_side_at;         /* the modes taken so far */
 static const char *test_side_on; /* a mode that stands, for ... */
 static int test_side_slot;       /* ... this joiner */
 
-static int test_side(const char *mode, int slot)
+static int test_side(const char *mode, int slot, uint64_t step)
 {
     const char *v = getenv("MESHTRAIN_TEST_SIDE"), *p;
     size_t n = strlen(mode);
@@ -165,11 +169,13 @@ static int test_side(const char *mode, int slot)
             continue;
         if (i++ < test_side_at)
             continue;
-        hit = !strncmp(p, mode, n) && (p[n] == ',' || !p[n]);
+        hit = !strncmp(p, mode, n) &&
+              (p[n] == ',' || !p[n] ||
+               (p[n] == '@' && step >= strtoull(p + n + 1, NULL, 10)));
         if (hit) {
             test_side_at++;
-            if (!strcmp(mode, "forge")) {
-                test_side_on = "forge";
+            if (!strcmp(mode, "forge") || !strcmp(mode, "silent")) {
+                test_side_on = !strcmp(mode, "forge") ? "forge" : "silent";
                 test_side_slot = slot;
             }
         }
@@ -196,7 +202,7 @@ static void test_side_admitted(uint64_t members)
 static int side_dev_open(const struct mesh_transport_opts *o,
                          mesh_side_dev_t **out)
 {
-    if (test_side("none", -1))
+    if (test_side("none", -1, 0))
         return mesh_err(-ENODEV, "MESHTRAIN_TEST_SIDE=none");
     return mesh_side_dev_open(o, out);
 }
@@ -543,7 +549,7 @@ static int sess_snap(struct train_serve *sv, struct cu_sess *ss,
     it->data = b->b;
     it->dlen = hi - lo;
     it->need_hash = b->hold;
-    it->forge = test_side("forge", ss->slot);
+    it->forge = test_side("forge", ss->slot, sv->live);
     if (ss->side && !ss->rblob) {
         /* the joiner reads it: registered for its side channel only */
         uint64_t ra;
@@ -600,17 +606,18 @@ static int sess_side(struct train_serve *sv, struct cu_sess *ss, int slot)
         sess_close(ss);
         return -1;
     }
-    if (sv->sdev && test_side("refuse", slot))
+    if (sv->sdev && test_side("refuse", slot, sv->live))
         rc = mesh_err(-ECONNREFUSED, "MESHTRAIN_TEST_SIDE=refuse");
     else if (sv->sdev) {
         rc = mesh_side_open(sv->sdev, sv->peer_timeout_s, &ss->side);
-        if (rc == 0)
+        /* (test aid: a queue pair that never answers, never connected) */
+        if (rc == 0 && !test_side("silent", slot, sv->live))
             rc = mesh_side_connect(ss->side, q + 8);
     }
     if (rc == 0) {
         mesh_side_addr(ss->side, it->hdr + 8);
         it->hdr[56] = 1;
-        if (test_side("garble", slot))
+        if (test_side("garble", slot, sv->live))
             memset(it->hdr + 8, 0, 4); /* QP number 0 */
     } else {
         if (sv->sdev)
@@ -665,7 +672,7 @@ static void sess_auth(struct train_serve *sv, struct cu_sess *ss)
         sess_end(sv, ss, K_REFUSE, 1);
         return;
     }
-    if ((sv->live_valid && x < sv->live) || test_side("late", slot)) {
+    if ((sv->live_valid && x < sv->live) || test_side("late", slot, sv->live)) {
         sess_end(sv, ss, K_LATE, sv->live);
         return;
     }
@@ -1369,6 +1376,7 @@ struct cu_peer {
     uint64_t seq;       /* its records verified so far */
     uint8_t *rd0;
     size_t rdlen;
+    double rd_t0; /* the read began */
 };
 
 struct train_catchup {
@@ -1424,10 +1432,14 @@ struct train_catchup {
     uint8_t bh[64];
     size_t hoff_tgt; /* hashed when the target came (the log line) */
     int rolled;      /* the state kept was put back */
-    /* side channels (--transport verbs): the device (NULL: TCP), no_rdma
-     * after one failed to connect; bytes read over RDMA in this try */
+    /* side channels (--transport verbs): the device (NULL: TCP);
+     * side_bad: the members whose side channel did not connect or
+     * answer (their stripes come over TCP from then on), no_rdma once two
+     * did (the fault is ours, most likely: every stripe over TCP); bytes
+     * read over RDMA in this try */
     mesh_side_dev_t *sdev;
     char sdev_name[96];
+    uint64_t side_bad;
     int no_rdma;
     size_t rdma_snap, rdma_grad;
     /* members whose records did not verify: the next tries stripe the
@@ -1584,7 +1596,7 @@ static void cu_sides(struct train_catchup *cu, size_t np)
                ghi = np * (size_t)(i + 1) / (size_t)cu->k;
         int rc;
 
-        if (!p->offer)
+        if (!p->offer || (cu->side_bad >> p->slot & 1))
             continue;
         rc = mesh_side_open(cu->sdev, pt, &p->side);
         if (rc == 0)
@@ -1965,6 +1977,15 @@ static int cu_signed(struct train_catchup *cu, struct cu_peer *p)
     return -1;
 }
 
+/* p's side channel did not connect or answer: its stripe comes over TCP
+ * in the next tries; after a second member's, every stripe. */
+static void cu_side_bad(struct train_catchup *cu, const struct cu_peer *p)
+{
+    cu->side_bad |= UINT64_C(1) << p->slot;
+    if (__builtin_popcountll(cu->side_bad) > 1)
+        cu->no_rdma = 1;
+}
+
 /*
  * Under mu: p's K_RDMA, its answer to ours (signed over our nonce:
  * cu_signed): its side channel's address (connect ours to it), or none
@@ -1992,10 +2013,10 @@ static int cu_rdma(struct train_catchup *cu, struct cu_peer *p)
     }
     rc = mesh_side_connect(p->side, h + 8);
     if (rc < 0) {
-        mesh_info("catch-up: slot %d's side channel: %s; trying again over "
-                  "TCP",
+        mesh_info("catch-up: slot %d's side channel: %s; trying again, its "
+                  "stripe over TCP",
                   p->slot, mesh_err_msg(rc));
-        cu->no_rdma = 1;
+        cu_side_bad(cu, p);
         return -4;
     }
     p->rdma = 1;
@@ -2026,6 +2047,7 @@ static int cu_read(struct cu_peer *p)
     p->rd = 1;
     p->rd0 = p->dst;
     p->rdlen = p->left;
+    p->rd_t0 = mesh_now_s();
     return 0;
 }
 
@@ -2187,11 +2209,14 @@ static int cu_reads(struct train_catchup *cu)
         rc = mesh_side_poll(p->side, &done);
         if (rc < 0) {
             /* a side channel that does not answer (or a member gone):
-             * the next try goes over TCP */
-            mesh_info("catch-up: slot %d: %s; trying again over TCP", p->slot,
-                      mesh_err_msg(rc));
+             * the read fails within --peer-timeout (transport/verbs/
+             * side.c); the next try reads that member's stripe over TCP */
+            mesh_info("catch-up: slot %d: %s, %.1f s after the read of %zu "
+                      "bytes began; trying again, its stripe over TCP",
+                      p->slot, mesh_err_msg(rc), mesh_now_s() - p->rd_t0,
+                      p->rdlen);
             p->rd = 0;
-            cu->no_rdma = 1;
+            cu_side_bad(cu, p);
             return -4;
         }
         d = done - (p->rdlen - p->left);
@@ -2230,13 +2255,14 @@ static int cu_reads(struct train_catchup *cu)
  * try reads any other record, whatever ends it (a member's LATE read
  * before another's answer would hide that answer). Without mu, as
  * cu_connect (only this thread writes what it reads). 0; 1: try again (a
- * member closed or did not answer within 3 s, an answer not signed, which
- * shuns its member, or a side channel that did not connect); -1: the
- * catch-up fails (an answer out of place).
+ * member closed or did not answer within --peer-timeout, 3 s at least; an
+ * answer not signed, which shuns its member; or a side channel that did
+ * not connect); -1: the catch-up fails (an answer out of place).
  */
 static int cu_answers(struct train_catchup *cu)
 {
-    double until = mesh_now_s() + 3;
+    double until =
+        mesh_now_s() + MESH_MAX(3.0, cu->t->mo->topts.peer_timeout_s);
     int rc = 0;
 
     for (int i = 0; i < cu->k; i++) {

@@ -141,26 +141,34 @@ for part in $VERBS_PARTS; do
         # and every 10 steps: a mismatch exits 4). The members pause 0.3 s
         # a step (MESHTRAIN_TEST_STEP_MS), which leaves the joiner the
         # guest's CPUs for its start; only a joiner that has not come by
-        # step $late1 (the second: $late2) is waited for there
-        # (MESHTRAIN_TEST_JOIN_AT), so that the members cannot end the
-        # run without it. The fallbacks, forced by MESHTRAIN_TEST_SIDE:
-        # slot 0 answers the first joiner's side channel with none (its
-        # stripe comes over TCP) and slot 1 forges its SNAP record's rkey
-        # after signing it (the joiner refuses it, naming slot 1, and
-        # reads the snapshot from slot 0 alone, over RDMA). That joiner
-        # is killed again at step $kill2 (once admitted), and the next one
-        # has no RDMA device: it catches up over TCP from the members,
-        # which have one, and rejoins. With the elastic part, its check
-        # is made here too (the peers' first view change).
+        # step $late1 (the second: $late2, the third: $late3) is waited
+        # for there (MESHTRAIN_TEST_JOIN_AT), so that the members cannot
+        # end the run without it. The fallbacks, forced by
+        # MESHTRAIN_TEST_SIDE: slot 0 answers the first joiner's side
+        # channel with none (its stripe comes over TCP) and its first try
+        # with LATE, and slot 1 forges its SNAP record's rkey after
+        # signing it (the joiner refuses it, naming slot 1, and reads the
+        # snapshot from slot 0 alone, over RDMA). That joiner is killed
+        # again at step $kill2 (once admitted), and the next one has no
+        # RDMA device: it catches up over TCP from the members, which have
+        # one, and rejoins. It is killed at step $kill3, and the third
+        # one meets a side channel that never answers (slot 0: its reads
+        # fail within --peer-timeout) and a malformed address (slot 1):
+        # it reads each of those stripes over TCP, naming the member,
+        # and rejoins (the aids wait for step $kill3: @STEP). With the
+        # elastic part, its check is made here too (the peers' first
+        # view change).
         (umask 077 && head -c 32 /dev/urandom | od -An -tx1 |
             tr -d ' \n' >/tmp/rj.secret)
-        iters=${VERBS_RJ_ITERS:-100}
-        late1=$((iters / 2 - 8))
-        kill2=$((iters / 2))
-        late2=$((iters - 8))
+        iters=${VERBS_RJ_ITERS:-140}
+        kill2=$((iters * 5 / 14))
+        kill3=$((iters * 9 / 14))
+        late1=$((kill2 - 8))
+        late2=$((kill3 - 8))
+        late3=$((iters - 8))
         rj() { # rj RANK FAULT SIDE: one peer, log /tmp/rj.RANK
             MESHTRAIN_TEST_FAULT=$2 MESHTRAIN_TEST_SIDE=$3 \
-                MESHTRAIN_TEST_JOIN_AT=$late1,$late2 \
+                MESHTRAIN_TEST_JOIN_AT=$late1,$late2,$late3 \
                 MESHTRAIN_TEST_STEP_MS=${VERBS_RJ_STEP_MS:-300} \
                 "$B/meshtrain" -H 10.77.0.1:3 --rank "$1" --port 23600 \
                 --secret-file /tmp/rj.secret --transport verbs \
@@ -173,9 +181,9 @@ for part in $VERBS_PARTS; do
         }
         rm -f /tmp/rj.0 /tmp/rj.1 /tmp/rj.2 /tmp/rj.2.*
         t0=$(cut -d' ' -f1 /proc/uptime)
-        rj 0 2:between:5 refuse,late &
+        rj 0 2:between:5 "refuse,late,silent@$kill3" &
         p0=$!
-        rj 1 2:between:5 forge &
+        rj 1 2:between:5 "forge,garble@$kill3" &
         p1=$!
         rj 2 2:between:5 ""
         c2=$?
@@ -185,7 +193,11 @@ for part in $VERBS_PARTS; do
         c2b=$?
         t2=$(cut -d' ' -f1 /proc/uptime)
         mv /tmp/rj.2 /tmp/rj.2.first
-        rj 2 "" none &
+        rj 2 "2:between:$kill3" none
+        c2c=$?
+        t3=$(cut -d' ' -f1 /proc/uptime)
+        mv /tmp/rj.2 /tmp/rj.2.second
+        rj 2 "" "" &
         p2=$!
         codes=
         for p in $p0 $p1 $p2; do
@@ -205,13 +217,13 @@ for part in $VERBS_PARTS; do
         esac
         rd=$(sed -n "s/.*catch-up over RDMA ([^)]*): \([0-9]*\) of the snapshot's \([0-9]*\) bytes and \([0-9]*\) bytes of gradients.*/\1 \2 \3/p" /tmp/rj.2.first | tail -n 1)
         set -- $rd
-        res "# rejoin: started at ${t0} s (uptime), peer 2 killed at $t1 s and $t2 s, all done at $(cut -d' ' -f1 /proc/uptime) s"
+        res "# rejoin: started at ${t0} s (uptime), peer 2 killed at $t1 s, $t2 s and $t3 s, all done at $(cut -d' ' -f1 /proc/uptime) s"
         res "# rejoin: $(grep -h "caught up in the background\|catch-up over RDMA\|slot 2 joined view\|slot 2's join" /tmp/rj.2.first | sed 's/^.*\] //' | tr '\n' ' ')"
-        all="$c2 $c2b$codes"
+        all="$c2 $c2b $c2c$codes"
         rj_bad=
         why=
-        [ "$all" = "137 137 0 0 0" ] ||
-            why="exit codes $all, not 137 137 0 0 0 (the first start, the first joiner, slots 0, 1 and the second joiner)"
+        [ "$all" = "137 137 137 0 0 0" ] ||
+            why="exit codes $all, not 137 137 137 0 0 0 (the first start, the first and second joiners, slots 0 and 1, the third joiner)"
         need /tmp/rj.0 "slot(s) 2 joined" "slot 0 saw slot 2 join"
         need /tmp/rj.2.first "slot 2 joined view" "the first joiner joined"
         need /tmp/rj.2.first "caught up in the background" "the first joiner caught up in the background"
@@ -252,24 +264,50 @@ for part in $VERBS_PARTS; do
         fi
         # the second joiner, without an RDMA device
         why=
-        [ "$all" = "137 137 0 0 0" ] || why="exit codes $all"
-        need /tmp/rj.2 "no RDMA side channels (MESHTRAIN_TEST_SIDE=none): the state comes over TCP" \
+        [ "$all" = "137 137 137 0 0 0" ] || why="exit codes $all"
+        need /tmp/rj.2.second "no RDMA side channels (MESHTRAIN_TEST_SIDE=none): the state comes over TCP" \
             "the second joiner went without a device"
-        need /tmp/rj.2 "caught up in the background" "the second joiner caught up in the background"
-        ! grep -q "catch-up over RDMA" /tmp/rj.2 ||
+        need /tmp/rj.2.second "caught up in the background" "the second joiner caught up in the background"
+        ! grep -q "catch-up over RDMA" /tmp/rj.2.second ||
             why="${why:+$why; }the second joiner read over RDMA"
         need /tmp/rj.0 "slot 2 has no RDMA side channel: its stripe goes over TCP" \
             "slot 0 sent the second joiner its stripe over TCP"
-        need /tmp/rj.2 "slot 2 joined view" "the second joiner joined"
+        need /tmp/rj.2.second "slot 2 joined view" "the second joiner joined"
         if [ -z "$why" ]; then
             res "ok - --elastic over verbs: a joiner without an RDMA device caught up over TCP from members with one, and rejoined with the same weights"
         else
             res "not ok - --elastic over verbs: the joiner without an RDMA device: $why"
+            rj_diag /tmp/rj.0 /tmp/rj.1 /tmp/rj.2.second
+        fi
+        # the third joiner: slot 0's side channel never answers (its
+        # read fails within --peer-timeout, 10 s here: no completion for
+        # that long; 2 x that allows for the guest's load), slot 1's
+        # address is malformed; each of their stripes then comes over
+        # TCP, and it rejoins with the same weights
+        why=
+        [ "$all" = "137 137 137 0 0 0" ] || why="exit codes $all"
+        need /tmp/rj.0 "MESHTRAIN_TEST_SIDE: silent, to slot 2" "slot 0 took silent"
+        need /tmp/rj.1 "MESHTRAIN_TEST_SIDE: garble, to slot 2" "slot 1 took garble"
+        need /tmp/rj.2 "catch-up: slot 1's side channel: a side channel's address is malformed.*its stripe over TCP" \
+            "the third joiner refused slot 1's malformed address"
+        stall=$(sed -n "s/.*catch-up: slot 0: an RDMA read of .*, \([0-9.]*\) s after the read of [0-9]* bytes began; trying again, its stripe over TCP.*/\1/p" /tmp/rj.2 | head -n 1)
+        if [ -z "$stall" ]; then
+            why="${why:+$why; }no failed read from slot 0 (catch-up: slot 0: an RDMA read ..., N s after the read ... began)"
+        elif ! awk -v s="$stall" 'BEGIN { exit !(s <= 20) }'; then
+            why="${why:+$why; }slot 0's read failed after $stall s, more than 2 x --peer-timeout"
+        fi
+        need /tmp/rj.2 "caught up in the background" "the third joiner caught up in the background"
+        need /tmp/rj.2 "slot 2 joined view" "the third joiner joined"
+        if [ -z "$why" ]; then
+            res "ok - --elastic over verbs: a side channel that never answers (its read failed after $stall s) and a malformed address: the joiner read those stripes over TCP, naming each member, and rejoined with the same weights"
+        else
+            res "not ok - --elastic over verbs: a silent side channel and a malformed address: $why"
             rj_diag /tmp/rj.0 /tmp/rj.1 /tmp/rj.2
         fi
         # the peers' logs back to the host (tests/verbs/lane-logs)
         if [ "${VERBS_LOGS:-0}" = 1 ] || [ -n "$rj_bad" ]; then
-            guest_logs /tmp/rj.0 /tmp/rj.1 /tmp/rj.2.before /tmp/rj.2.first /tmp/rj.2
+            guest_logs /tmp/rj.0 /tmp/rj.1 /tmp/rj.2.before /tmp/rj.2.first \
+                /tmp/rj.2.second /tmp/rj.2
         fi
         ;;
     esac

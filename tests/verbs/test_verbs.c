@@ -404,6 +404,57 @@ static void check_side(void)
         mesh_side_close(b);
         mesh_side_close(a);
     }
+
+    /* a peer that never answers: its queue pair is never connected (the
+     * catch-up's MESHTRAIN_TEST_SIDE=silent), then one that stops
+     * answering mid-transfer (closed after a first read). Each read
+     * fails once its queue pair's retries are spent, within the peer
+     * timeout (side_pair's 3 s; twice that allows for a loaded guest),
+     * not never */
+    for (int k = 0; k < 2; k++) {
+        uint8_t aa[MESH_SIDE_ADDR];
+        double t0, el = 0;
+
+        a = b = NULL;
+        rc = mesh_side_open(d, 3.0, &a);
+        if (rc == 0)
+            rc = mesh_side_open(d, 3.0, &b);
+        if (rc == 0)
+            rc = mesh_side_reg(a, src, 4096, 1, &ra, &rk);
+        if (rc == 0)
+            rc = mesh_side_reg(b, dst, n, 0, NULL, NULL);
+        if (rc == 0) {
+            uint8_t ba[MESH_SIDE_ADDR];
+
+            mesh_side_addr(a, aa);
+            mesh_side_addr(b, ba);
+            rc = mesh_side_connect(b, aa);
+            if (rc == 0 && k == 1)
+                rc = mesh_side_connect(a, ba);
+        }
+        if (rc == 0 && k == 1) {
+            /* a first read is answered; then the peer goes */
+            rc = mesh_side_read(b, dst, 4096, ra, rk);
+            if (rc == 0)
+                rc = side_wait(b, &done);
+            rc = rc == 1 && !memcmp(src, dst, 4096) ? 0 : rc < 0 ? rc : -EIO;
+            mesh_side_close(a);
+            a = NULL;
+        }
+        t0 = mesh_now_s();
+        if (rc == 0)
+            rc = mesh_side_read(b, dst, 4096, ra, rk);
+        if (rc == 0)
+            rc = side_wait(b, &done);
+        el = mesh_now_s() - t0;
+        ok(rc < 0 && el <= 6.0,
+           "side channels: a peer that %s: the read fails in %.1f s (peer "
+           "timeout 3 s): %s",
+           k ? "stops answering mid-transfer" : "never answers", el,
+           rc < 0 ? mesh_err_msg(rc) : "it succeeded");
+        mesh_side_close(b);
+        mesh_side_close(a);
+    }
     mesh_side_dev_close(d);
     free(src);
     free(dst);
