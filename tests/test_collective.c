@@ -664,6 +664,32 @@ static void t_auto_choice(struct rank_ctx *x)
     group_end(x, &g);
 }
 
+/* One checked AUTO all-reduce of cnt floats, salt picking the data;
+ * returns whether the group is still good. */
+static int auto_call(struct rank_ctx *x, struct group *g, float *in, float *out,
+                     const float *want, size_t cnt, int salt)
+{
+    fill(MESH_DT_F32, in, cnt, x->rank, salt, 0);
+    if (!coll_ok(g,
+                 mesh_coll_allreduce(x->c, in, out, cnt, MESH_DT_F32,
+                                     MESH_REDOP_SUM, MESH_ALGO_AUTO),
+                 cnt))
+        return 0;
+    check(g, out, want, cnt, MESH_DT_F32, "out of place", cnt);
+    return g->ok;
+}
+
+/* What AUTO answers at bytes is what it kept there. */
+static void auto_answers_kept(struct rank_ctx *x, struct group *g, int kept,
+                              size_t bytes)
+{
+    int now = mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, bytes);
+
+    if (g->ok && now != kept)
+        group_fail(g, "auto kept %s but answers %s", mesh_algo_name(kept),
+                   mesh_algo_name(now));
+}
+
 /*
  * AUTO's refinement (mesh_coll_auto_refined): 640 all-reduces of 4000
  * bytes (a size formation timed), each checked; formation's contenders
@@ -693,13 +719,8 @@ static void t_auto_refine(struct rank_ctx *x)
     for (size_t i = 0; g.ok && i < cnt; i++)
         expect_red(MESH_DT_F32, want, i, x->n, MESH_REDOP_SUM, i, 5);
     for (int call = 0; g.ok && call < CALLS; call++) {
-        fill(MESH_DT_F32, in, cnt, x->rank, 5, 0);
-        if (!coll_ok(&g,
-                     mesh_coll_allreduce(x->c, in, out, cnt, MESH_DT_F32,
-                                         MESH_REDOP_SUM, MESH_ALGO_AUTO),
-                     cnt))
+        if (!auto_call(x, &g, in, out, want, cnt, 5))
             break;
-        check(&g, out, want, cnt, MESH_DT_F32, "out of place", cnt);
         if (kept_at < 0 && mesh_coll_auto_refined(x->c, bytes) > 0)
             kept_at = call;
     }
@@ -709,10 +730,8 @@ static void t_auto_refine(struct rank_ctx *x)
     if (g.ok && (kept <= 0 || !cand))
         group_fail(&g, "after %d calls auto kept %s", CALLS,
                    kept > 0 ? mesh_algo_name(kept) : "nothing");
-    else if (g.ok && mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, bytes) != kept)
-        group_fail(
-            &g, "auto kept %s but answers %s", mesh_algo_name(kept),
-            mesh_algo_name(mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, bytes)));
+    else
+        auto_answers_kept(x, &g, kept, bytes);
     /* one of formation's contenders: timed within 50 % of its best */
     for (int k = 0; g.ok && k < m.npoints; k++) {
         double best = 0;
@@ -779,13 +798,8 @@ static void t_auto_recheck(struct rank_ctx *x)
     for (size_t i = 0; g.ok && i < cnt; i++)
         expect_red(MESH_DT_F32, want, i, x->n, MESH_REDOP_SUM, i, 7);
     for (int call = 0; g.ok && ncand > 1 && call < CALLS; call++) {
-        fill(MESH_DT_F32, in, cnt, x->rank, 7, 0);
-        if (!coll_ok(&g,
-                     mesh_coll_allreduce(x->c, in, out, cnt, MESH_DT_F32,
-                                         MESH_REDOP_SUM, MESH_ALGO_AUTO),
-                     cnt))
+        if (!auto_call(x, &g, in, out, want, cnt, 7))
             break;
-        check(&g, out, want, cnt, MESH_DT_F32, "out of place", cnt);
         if (mesh_coll_auto_rechecks(x->c, bytes) > 0) {
             at = call;
             break;
@@ -802,10 +816,8 @@ static void t_auto_recheck(struct rank_ctx *x)
     else if (g.ok && (kept <= 0 || !cand))
         group_fail(&g, "after the re-check auto kept %s",
                    kept > 0 ? mesh_algo_name(kept) : "nothing");
-    else if (g.ok && mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, bytes) != kept)
-        group_fail(
-            &g, "auto kept %s but answers %s", mesh_algo_name(kept),
-            mesh_algo_name(mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, bytes)));
+    else
+        auto_answers_kept(x, &g, kept, bytes);
     g.hash = fnv(g.hash, &kept, sizeof(kept));
     g.hash = fnv(g.hash, &at, sizeof(at));
     mesh_coll_buf_free(x->c, out);
