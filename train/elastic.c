@@ -362,6 +362,7 @@ static void adopt(struct mesh_elastic *e, const struct decision *d)
     e->blamed = 0;
     e->fail_rc = 0;
     e->decided = 1;
+    e->eager = 0; /* until the trainer's next step boundary */
     e->decided_at = mesh_now_s();
     pthread_cond_broadcast(&e->cv);
 }
@@ -1275,7 +1276,10 @@ void mesh_elastic_test_stall(struct mesh_elastic *e, double secs)
 void mesh_elastic_set_eager(struct mesh_elastic *e, int on)
 {
     pthread_mutex_lock(&e->mu);
-    e->eager = on;
+    /* not when an agreement began, or ended, since the trainer's commit
+     * at this boundary: else the flag would outlive it into the next
+     * view's opening, and a joiner's JOIN would abort that */
+    e->eager = on && e->state == ST_NORMAL && !e->decided;
     pthread_mutex_unlock(&e->mu);
 }
 
