@@ -514,7 +514,10 @@ static void mark_slots(struct run *run, const char *list, int left)
 
         if (end == c)
             return;
-        if (s >= 0 && s < run->np) {
+        /* a report of a view that left a slot out may come after
+         * meshrun restarted the slot: the new process, not yet a
+         * member, is not the one that left */
+        if (s >= 0 && s < run->np && !(left && !run->procs[s].member)) {
             run->procs[s].left = left;
             run->procs[s].member = !left;
         }
