@@ -535,10 +535,8 @@ static struct refine *refine_get(mesh_coll_t *c, size_t bytes)
     /*
      * The others near formation's best (within RF_NEAR, or RF_NEAR_BIG
      * where its best call takes RF_MAX_S or more: a tie there, raced
-     * with the job's own calls, costs little), the nearest first, while
-     * an epoch's RF_MIN_ROUNDS rounds of them all fit in RF_EPOCH_S by
-     * formation's times (3 at least; the exchange's tags: RF_TAG + up to
-     * 510 steps).
+     * with the job's own calls, costs little), the nearest first, up to
+     * RF_RACE in all (the exchange's tags: RF_TAG + up to 510 steps).
      */
     while (best > 0 && r->k < RF_RACE && c->w->size <= 511) {
         double next = 0;
@@ -555,8 +553,7 @@ static struct refine *refine_get(mesh_coll_t *c, size_t bytes)
                 next = t;
             }
         }
-        if (pick < 0 ||
-            (r->k >= 3 && RF_MIN_ROUNDS * (sum + next) > RF_EPOCH_S))
+        if (pick < 0)
             break;
         r->race[r->k++] = pick;
         sum += next;
