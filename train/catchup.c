@@ -2282,7 +2282,9 @@ static int cu_answers(struct train_catchup *cu)
             }
             if (n == 0 ||
                 (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
-                mesh_now_s() > until || poll(&pf, 1, 50) < 0)
+                mesh_now_s() > until)
+                break;
+            if (poll(&pf, 1, 50) < 0 && errno != EINTR)
                 break;
         }
         if (p->hlen < CU_HDR) {
