@@ -168,6 +168,8 @@ int meshbench_coll_parse_arg(struct meshbench_coll_args *a, int argc,
         return mesh_err(-EINVAL, "%s needs a value (see --help)", arg);
     if (!strcmp(arg, "--algo")) {
         rc = mesh_algo_parse(v, &a->algo);
+        if (rc < 0)
+            rc = mesh_err_prefix(rc, "--algo");
     } else if (!strcmp(arg, "--dtype") || !strcmp(arg, "-d")) {
         rc = parse_dtype(v, &a->dtype);
     } else if (!strcmp(arg, "--redop") || !strcmp(arg, "-o")) {

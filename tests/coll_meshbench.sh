@@ -111,8 +111,9 @@ t_ok $([ $rc -eq 1 ] && grep -q "expected seconds from 0 to 3600" \
        "$TMP/badt.log"; echo $?) "-t -1 is refused (exit $rc)"
 "$MESHBENCH" --op allreduce --algo fastest > "$TMP/bad.log" 2>&1
 rc=$?
-t_ok $([ $rc -eq 1 ] && grep -q "unknown algorithm 'fastest'" "$TMP/bad.log"
-       echo $?) "--algo fastest is refused (exit $rc)"
+t_ok $([ $rc -eq 1 ] &&
+       grep -q -- "--algo: unknown algorithm 'fastest'" "$TMP/bad.log"
+       echo $?) "--algo fastest is refused naming the flag (exit $rc)"
 "$MESHBENCH" --op allreduce --vs-fixed -n 100001 > "$TMP/badn.log" 2>&1
 rc=$?
 "$MESHBENCH" --op pingpong -n 1000000001 >> "$TMP/badn.log" 2>&1
