@@ -690,6 +690,27 @@ static void auto_answers_kept(struct rank_ctx *x, struct group *g, int kept,
                    mesh_algo_name(now));
 }
 
+/* Formation's best time at bytes among AUTO's algorithms (0: not timed
+ * there), and its point's index in *k. */
+static double formation_best(const struct mesh_coll_model *m, size_t bytes,
+                             const int *ids, int nauto, int *k)
+{
+    double best = 0;
+
+    *k = -1;
+    for (int p = 0; p < m->npoints; p++) {
+        if (m->point_bytes[p] != bytes)
+            continue;
+        *k = p;
+        best = 0;
+        for (int a = 0; a < nauto; a++)
+            if (m->point_s[p][ids[a]] > 0 &&
+                (best <= 0 || m->point_s[p][ids[a]] < best))
+                best = m->point_s[p][ids[a]];
+    }
+    return best;
+}
+
 /*
  * AUTO's refinement (mesh_coll_auto_refined): 640 all-reduces of 4000
  * bytes (a size formation timed), each checked; formation's contenders
@@ -703,8 +724,9 @@ static void t_auto_refine(struct rank_ctx *x)
     enum { CALLS = 640 };
     const size_t cnt = 1000, bytes = cnt * sizeof(float);
     int ids[MESH_ALGO_LAST + 1], nauto = mesh_coll_auto_algos(x->c, ids);
-    int kept = 0, kept_at = -1, cand = 0;
+    int kept = 0, kept_at = -1, cand = 0, k;
     float *in = NULL, *out = NULL, *want = malloc(cnt * sizeof(float));
+    double best;
     struct mesh_coll_model m;
     struct group g;
 
@@ -733,15 +755,8 @@ static void t_auto_refine(struct rank_ctx *x)
     else
         auto_answers_kept(x, &g, kept, bytes);
     /* one of formation's contenders: timed within 50 % of its best */
-    for (int k = 0; g.ok && k < m.npoints; k++) {
-        double best = 0;
-
-        if (m.point_bytes[k] != bytes)
-            continue;
-        for (int a = 0; a < nauto; a++)
-            if (m.point_s[k][ids[a]] > 0 &&
-                (best <= 0 || m.point_s[k][ids[a]] < best))
-                best = m.point_s[k][ids[a]];
+    best = formation_best(&m, bytes, ids, nauto, &k);
+    if (g.ok && k >= 0) {
         if (m.point_s[k][kept] > 1.5 * best * (1 + 1e-6))
             group_fail(&g,
                        "auto kept %s, timed %.1f us at formation, "
@@ -772,22 +787,17 @@ static void t_auto_recheck(struct rank_ctx *x)
     enum { CALLS = 1400 };
     const size_t cnt = 1000, bytes = cnt * sizeof(float);
     int ids[MESH_ALGO_LAST + 1], nauto = mesh_coll_auto_algos(x->c, ids);
-    int ncand = 0, at = -1, kept, cand = 0;
+    int ncand = 0, at = -1, kept, cand = 0, k;
     float *in = NULL, *out = NULL, *want = malloc(cnt * sizeof(float));
-    double best = 0;
+    double best;
     struct mesh_coll_model m;
     struct group g;
 
     group_begin(&g, 1, "N=%d auto re-checks its kept winner at %zu bytes", x->n,
                 bytes);
     mesh_coll_model_get(x->c, &m);
-    for (int k = 0; k < m.npoints; k++) {
-        if (m.point_bytes[k] != bytes)
-            continue;
-        for (int a = 0; a < nauto; a++)
-            if (m.point_s[k][ids[a]] > 0 &&
-                (best <= 0 || m.point_s[k][ids[a]] < best))
-                best = m.point_s[k][ids[a]];
+    best = formation_best(&m, bytes, ids, nauto, &k);
+    if (k >= 0) {
         for (int a = 0; a < nauto && best > 0; a++)
             ncand += m.point_s[k][ids[a]] > 0 &&
                      m.point_s[k][ids[a]] <= (best < 2e-3 ? 1.5 : 1.05) * best;
