@@ -1504,6 +1504,30 @@ static int connect_until(int fd, const struct sockaddr_storage *ss,
     return 0;
 }
 
+/* Read the rest of p's header (CU_HDR bytes) from its non-blocking
+ * socket until it is whole (0), or until the peer closes, fails or stays
+ * silent past until (-1; what came stays in p->hdr). */
+static int cu_read_hdr(struct cu_peer *p, double until)
+{
+    while (p->hlen < CU_HDR) {
+        struct pollfd pf = {.fd = p->fd, .events = POLLIN};
+        ssize_t r =
+            recv(p->fd, p->hdr + p->hlen, CU_HDR - p->hlen, MSG_DONTWAIT);
+
+        if (r > 0) {
+            p->hlen += (size_t)r;
+            continue;
+        }
+        if (r == 0 ||
+            (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
+            mesh_now_s() > until)
+            return -1;
+        if (poll(&pf, 1, 50) < 0 && errno != EINTR)
+            return -1;
+    }
+    return 0;
+}
+
 /* Connect to every member of the view and read its HELLO; *np: the
  * parameter count they all give (when not 0, the one they must give). */
 static int cu_connect(struct train_catchup *cu, const uint16_t *ports,
@@ -1546,21 +1570,8 @@ static int cu_connect(struct train_catchup *cu, const uint16_t *ports,
     for (i = 0; i < cu->k; i++) {
         struct cu_peer *p = &cu->p[i];
 
-        while (p->hlen < CU_HDR) {
-            struct pollfd pf = {.fd = p->fd, .events = POLLIN};
-            ssize_t r =
-                recv(p->fd, p->hdr + p->hlen, CU_HDR - p->hlen, MSG_DONTWAIT);
-
-            if (r > 0) {
-                p->hlen += (size_t)r;
-                continue;
-            }
-            if (r == 0 ||
-                (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-                return -1;
-            if (mesh_now_s() > until || poll(&pf, 1, 50) < 0)
-                return -1;
-        }
+        if (cu_read_hdr(p, until) < 0)
+            return -1;
         p->hlen = 0;
         if (mesh_get_le32(p->hdr) != CU_MAGIC || p->hdr[4] != CU_VERSION ||
             p->hdr[5] != K_HELLO || mesh_get_le16(p->hdr + 6) != p->slot ||
@@ -2271,23 +2282,7 @@ static int cu_answers(struct train_catchup *cu)
 
         if (!p->side)
             continue;
-        while (p->hlen < CU_HDR) {
-            struct pollfd pf = {.fd = p->fd, .events = POLLIN};
-            ssize_t n =
-                recv(p->fd, p->hdr + p->hlen, CU_HDR - p->hlen, MSG_DONTWAIT);
-
-            if (n > 0) {
-                p->hlen += (size_t)n;
-                continue;
-            }
-            if (n == 0 ||
-                (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) ||
-                mesh_now_s() > until)
-                break;
-            if (poll(&pf, 1, 50) < 0 && errno != EINTR)
-                break;
-        }
-        if (p->hlen < CU_HDR) {
+        if (cu_read_hdr(p, until) < 0) {
             mesh_info("catch-up: slot %d did not answer this peer's side "
                       "channel",
                       p->slot);
