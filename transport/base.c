@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -295,4 +296,78 @@ int tp_ctrl_exchange(const struct tp_base *b,
     }
     free(rq);
     return rc;
+}
+
+enum tp_wire tp_test_wire(struct mesh_frame *f, int slot)
+{
+    static const char *const kinds[] = {"op",   "dtype",  "count",  "seq",
+                                        "tag",  "offset", "length", "long",
+                                        "huge", "magic",  "kind",   "dup"};
+    static atomic_int kind = -1; /* -1: not read yet; 0: none */
+    static atomic_ulong left;
+    int k = atomic_load(&kind);
+
+    if (k < 0) {
+        const char *v = getenv("MESHTRAIN_TEST_WIRE");
+        unsigned long n = 1;
+
+        k = 0;
+        for (size_t i = 0; v && i < MESH_ARRAY_SIZE(kinds); i++) {
+            size_t len = strlen(kinds[i]);
+
+            if (!strncmp(v, kinds[i], len) &&
+                (v[len] == '\0' || v[len] == ':')) {
+                k = (int)i + 1;
+                if (v[len] == ':')
+                    n = strtoul(v + len + 1, NULL, 10);
+                break;
+            }
+        }
+        atomic_store(&left, n ? n : 1);
+        atomic_store(&kind, k);
+    }
+    /* magic is a TCP header's, kind a ring slot's: the frames of the
+     * other count not */
+    if (!k || (k == 10 && slot) || (k == 11 && !slot) ||
+        atomic_fetch_sub(&left, 1) != 1)
+        return TP_WIRE_NONE;
+    fprintf(stderr, "meshtrain: test aid: a hostile frame (%s)\n",
+            kinds[k - 1]);
+    switch (k) {
+    case 1:
+        f->op =
+            f->op == MESH_OP_ALLGATHER ? MESH_OP_BROADCAST : MESH_OP_ALLGATHER;
+        break;
+    case 2:
+        f->dtype ^= 1;
+        break;
+    case 3:
+        f->count += 1;
+        break;
+    case 4:
+        f->seq += 1000;
+        break;
+    case 5:
+        f->tag += 1000;
+        break;
+    case 6:
+        f->offset += f->length + 4096;
+        break;
+    case 7:
+        f->length += 1;
+        break;
+    case 8:
+        f->length += 64u << 10;
+        break;
+    case 9:
+        f->length = UINT64_C(1) << 62;
+        break;
+    case 10:
+        return TP_WIRE_MAGIC;
+    case 11:
+        return TP_WIRE_KIND;
+    default:
+        return TP_WIRE_DUP;
+    }
+    return TP_WIRE_HEADER;
 }

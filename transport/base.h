@@ -157,6 +157,29 @@ int tp_frame_match(struct tp_base *b, int culprit, int receiver, int sender,
                    const struct mesh_frame *f, int check_len,
                    const char *after);
 
+/*
+ * Test aid, MESHTRAIN_TEST_WIRE=KIND[:N] (like train/'s MESHTRAIN_TEST_*
+ * aids): the N-th data frame this process sends (from 1, default 1) goes
+ * out hostile, so that tests can check what its receiver does with frames
+ * of a peer that passed the handshake. KIND: op, dtype, count (a desync),
+ * seq, tag (a frame of another collective or step), offset (past the
+ * message), length (its header one byte longer than its payload), long
+ * (64 KiB longer), huge (length 2^62), magic (tcp: a broken header),
+ * kind (shm: a slot neither inline nor by address), dup (sent twice).
+ * slot: f is a shm ring slot's, else a TCP frame's (magic counts only
+ * TCP frames, kind only slots). Returns TP_WIRE_NONE for every other
+ * frame, and for the N-th the kind, with f's header fields changed for
+ * the kinds that change them (the payload stays as it was).
+ */
+enum tp_wire {
+    TP_WIRE_NONE,
+    TP_WIRE_HEADER, /* f changed: send it as it is now */
+    TP_WIRE_MAGIC,
+    TP_WIRE_KIND,
+    TP_WIRE_DUP,
+};
+enum tp_wire tp_test_wire(struct mesh_frame *f, int slot);
+
 /* test() (without the lock held): done, or the job's failure, frees req
  * (ops->req_free). */
 int tp_test(struct tp_base *b, mesh_req_t *req, int *done);

@@ -518,7 +518,8 @@ int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
     struct piece *ps[64];
     int idle[64];
     uint64_t len = f->length, off = 0, chunk;
-    int np, rc;
+    int np, rc, dup = -1;
+    enum tp_wire wire;
 
     (void)mr;
     rc = tp_check_buf(&t->super, "isend", f, buf);
@@ -553,7 +554,12 @@ int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
         }
         pf.offset = f->offset + off;
         pf.length = plen;
+        wire = tp_test_wire(&pf, 0);
+        if (wire == TP_WIRE_DUP)
+            dup = i;
         frame_encode(&pf, ps[i]->hdr);
+        if (wire == TP_WIRE_MAGIC)
+            ps[i]->hdr[0] ^= 0xff;
         ps[i]->next = NULL;
         ps[i]->req = r;
         ps[i]->seq = f->seq;
@@ -562,6 +568,18 @@ int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
         ps[i]->len = plen;
         ps[i]->sent = 0;
         off += plen;
+    }
+    /* The test aid's duplicate: the same piece once more, after it. */
+    if (dup >= 0) {
+        struct piece *d = malloc(sizeof(*d));
+
+        if (d) {
+            *d = *ps[dup];
+            memmove(ps + dup + 2, ps + dup + 1,
+                    (size_t)(np - dup - 1) * sizeof(*ps));
+            ps[dup + 1] = d;
+            np++;
+        }
     }
     r->super.kind = TP_SEND;
     r->super.peer = peer;
