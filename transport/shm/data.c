@@ -304,12 +304,27 @@ static int pull(struct mesh_transport *t, int peer)
         const struct shm_slot *s = shm_slot_at(ring, tail);
         struct mesh_frame f;
         struct mesh_req *r = match(t, peer, s, &f);
+        /* read once: the peer's memory, checked below, then acted on */
+        int kind = *(const volatile uint8_t *)&s->kind;
         char *dst;
 
         if (!r)
             break;
+        /* A peer's slot is not trusted further than its receive's range:
+         * an inline payload longer than a slot would be read past it. */
+        if (kind != SLOT_CMA &&
+            (kind != SLOT_INLINE || f.length > SHM_SLOT_BYTES)) {
+            char nb[300];
+
+            tp_fail_job(&t->super, peer, -EPROTO, 1,
+                        "shm: rank %d (%s) sent garbage on its ring (slot "
+                        "kind %u, length %" PRIu64 "; a slot holds %u bytes)",
+                        peer, tp_pname(&t->super, peer, nb, sizeof(nb)),
+                        (unsigned)kind, f.length, SHM_SLOT_BYTES);
+            break;
+        }
         dst = r->buf + (f.offset - r->super.f.offset);
-        if (s->kind == SLOT_CMA) {
+        if (kind == SLOT_CMA) {
             if (f.length && cma_read(t, peer, dst, s->addr, f.length) < 0)
                 break;
             /*
