@@ -1719,15 +1719,20 @@ static void scenario_api(void)
     {
         struct mesh_frame f = frame(MESH_SEQ_COLL_BASE + 20, 0,
                                     MESH_OP_ALLREDUCE, MESH_DT_F32, 1000, 4000);
-        char s1[200], s2[200];
+        char s1[200], s2[200], s3[200];
 
         mesh_frame_str(&f, s1, sizeof(s1));
         mesh_frame_p2p(&f, 5, 1, 64);
         mesh_frame_str(&f, s2, sizeof(s2));
+        /* shm's own messages over its TCP mesh (SHM_CTRL_SEQ) */
+        mesh_frame_p2p(&f, UINT64_MAX - 1, 1, 64);
+        mesh_frame_str(&f, s3, sizeof(s3));
         ok(strstr(s1, "allreduce (collective #21)") && !strstr(s1, "4611") &&
-               strstr(s1, "count 1000") && strstr(s2, "p2p (message #5)"),
-           "frames read as the operation's number and count: '%s', '%s'", s1,
-           s2);
+               strstr(s1, "count 1000") && strstr(s2, "p2p (message #5)") &&
+               strstr(s3, "p2p (transport message (seq 2^64-2))"),
+           "frames read as the operation's number and count: '%s', '%s', "
+           "'%s'",
+           s1, s2, s3);
     }
 }
 

@@ -74,7 +74,10 @@ void mesh_frame_p2p(struct mesh_frame *f, uint64_t seq, uint32_t tag,
 
 const char *mesh_seq_str(uint64_t seq, char *buf, size_t len)
 {
-    if (seq >= MESH_SEQ_COLL_BASE)
+    if (seq >= MESH_SEQ_OWN_BASE)
+        snprintf(buf, len, "transport message (seq 2^64-%" PRIu64 ")",
+                 UINT64_MAX - seq + 1);
+    else if (seq >= MESH_SEQ_COLL_BASE)
         snprintf(buf, len, "collective #%" PRIu64,
                  seq - MESH_SEQ_COLL_BASE + 1);
     else

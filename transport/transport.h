@@ -119,11 +119,14 @@ void mesh_frame_p2p(struct mesh_frame *f, uint64_t seq, uint32_t tag,
 /*
  * Sequence numbers from MESH_SEQ_COLL_BASE on are collectives' (the
  * default seq_base of collective/collective.h); below it, point-to-point
- * messages' (mesh/mesh.h's counter, from 1). Messages print neither raw:
+ * messages' (mesh/mesh.h's counter, from 1); the top 16, from
+ * MESH_SEQ_OWN_BASE, the transports' own messages over the mesh under them
+ * (shm's SHM_CTRL_SEQ, verbs' VERBS_CTRL_SEQ). Messages print none raw:
  * mesh_seq_str gives "collective #N" (N = seq - base + 1, the job's N-th
- * collective) or "message #seq".
+ * collective), "message #seq", or "transport message (seq 2^64-K)".
  */
 #define MESH_SEQ_COLL_BASE (UINT64_C(1) << 62)
+#define MESH_SEQ_OWN_BASE  (UINT64_MAX - 15)
 const char *mesh_seq_str(uint64_t seq, char *buf, size_t len);
 
 /* "allreduce (collective #12) tag 3 float32 count 1000 offset 0 length
