@@ -166,6 +166,68 @@ double mesh_now_s(void)
     return (double)mesh_now_ns() * 1e-9;
 }
 
+/* mesh_slab_alloc's header, in the 64 bytes before the pointer it
+ * returns: the mapping (base, len) of a large buffer, or the heap block
+ * (base, 0) of a small one */
+#define SLAB_BIG   ((size_t)4 << 20)
+#define SLAB_ALIGN ((size_t)2 << 20)
+#define SLAB_HDR   64
+struct slab_hdr {
+    void *base;
+    size_t maplen; /* 0: a heap block */
+};
+
+int mesh_slab_alloc(size_t len, void **out)
+{
+    struct slab_hdr *h;
+    uint8_t *base, *p;
+    size_t maplen;
+
+    if (len > SIZE_MAX - 2 * SLAB_ALIGN)
+        return mesh_err(-ENOMEM, "cannot allocate %zu bytes", len);
+    if (len < SLAB_BIG) {
+        void *b = NULL;
+
+        if (posix_memalign(&b, SLAB_HDR, SLAB_HDR + (len ? len : 1)) != 0)
+            return mesh_err(-ENOMEM, "cannot allocate %zu bytes", len);
+        memset(b, 0, SLAB_HDR + len);
+        base = b;
+        p = base + SLAB_HDR;
+        maplen = 0;
+    } else {
+        /* room for the header below a 2 MiB boundary, and the buffer
+         * above it (the rest of the mapping is never touched) */
+        maplen = len + 2 * SLAB_ALIGN;
+        base = mmap(NULL, maplen, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED)
+            return mesh_err(-ENOMEM, "cannot map %zu bytes", len);
+        p = (uint8_t *)(((uintptr_t)base + SLAB_ALIGN + SLAB_ALIGN - 1) &
+                        ~(uintptr_t)(SLAB_ALIGN - 1));
+        /* (no huge pages where the kernel has none: 4 KiB ones, as
+         * before) */
+        (void)madvise(p, len, MADV_HUGEPAGE);
+    }
+    h = (struct slab_hdr *)(void *)(p - SLAB_HDR);
+    h->base = base;
+    h->maplen = maplen;
+    *out = p;
+    return 0;
+}
+
+void mesh_slab_free(void *ptr)
+{
+    struct slab_hdr *h;
+
+    if (!ptr)
+        return;
+    h = (struct slab_hdr *)(void *)((uint8_t *)ptr - SLAB_HDR);
+    if (h->maplen)
+        munmap(h->base, h->maplen);
+    else
+        free(h->base);
+}
+
 int mesh_host_alloc(size_t len, void **out)
 {
     static atomic_int warned;
