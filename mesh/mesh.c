@@ -937,6 +937,7 @@ int mesh_open(const struct mesh_opts *o, const char *config, struct mesh **out)
 {
     struct mesh *m;
     char digest[40] = "";
+    double t0 = mesh_now_s();
     size_t n;
     int rc;
 
@@ -992,11 +993,11 @@ int mesh_open(const struct mesh_opts *o, const char *config, struct mesh **out)
         char me[MESH_HOST_MAX + 16];
 
         mesh_info("joined the mesh: rank %d of %d at %s, transport %s, %d "
-                  "stream(s) per link, job %s%s",
+                  "stream(s) per link, job %s%s, in %.3f s",
                   m->world.rank, m->world.size,
                   mesh_peer_name(&m->world, m->world.rank, me, sizeof(me)),
                   o->transport, m->topts.streams, m->topts.job_id,
-                  m->topts.insecure ? ", insecure" : "");
+                  m->topts.insecure ? ", insecure" : "", mesh_now_s() - t0);
     }
     *out = m;
     return 0;

@@ -340,6 +340,7 @@ static void dial_start(struct mesh_transport *t, int peer, int stream)
     } while (rc < 0 && errno == EINTR);
     if (rc < 0 && errno != EINPROGRESS) {
         snprintf(l->why, sizeof(l->why), "%s", strerror(errno));
+        d->refused += errno == ECONNREFUSED;
         tcp_conn_kill(c);
         return;
     }
@@ -360,6 +361,7 @@ void tcp_dial_connected(struct conn *c)
     if (err) {
         snprintf(t->links[peer].why, sizeof(t->links[peer].why), "%s",
                  strerror(err));
+        t->links[peer].dial[c->stream].refused += err == ECONNREFUSED;
         tcp_conn_kill(c);
         return;
     }
@@ -622,7 +624,7 @@ int tcp_connect(mesh_transport_t *t)
         tcp_log_cc(t);
     pthread_mutex_unlock(&t->super.lock);
     if (!rc) {
-        unsigned failed = 0;
+        unsigned failed = 0, refused = 0;
         uint64_t wait = 0;
 
         /* what the dial backoff may have cost: a link's last wait after
@@ -630,15 +632,16 @@ int tcp_connect(mesh_transport_t *t)
         for (int p = 0; p < t->super.world.rank; p++)
             for (int s = 0; s <= t->S; s++) {
                 failed += t->links[p].dial[s].failed;
+                refused += t->links[p].dial[s].refused;
                 wait = MESH_MAX(wait, t->links[p].dial[s].failed
                                           ? t->links[p].dial[s].wait_ns
                                           : 0);
             }
         mesh_debug("tcp: rank %d joined the mesh (%d peers, %d data streams "
-                   "per link); %u dial(s) failed first, the longest last "
-                   "wait %.3f s",
+                   "per link); %u dial(s) failed first (%u refused: "
+                   "nothing listened), the longest last wait %.3f s",
                    t->super.world.rank, t->super.world.size - 1, t->S, failed,
-                   (double)wait / 1e9);
+                   refused, (double)wait / 1e9);
     }
     return rc;
 }

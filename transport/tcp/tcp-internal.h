@@ -183,7 +183,8 @@ struct dial {
     uint64_t backoff_ns;
     uint64_t wait_ns; /* the last wait after a failure */
     unsigned addr_i;
-    unsigned failed; /* attempts that failed */
+    unsigned failed;  /* attempts that failed */
+    unsigned refused; /* ... of them refused: nothing listened there */
 };
 
 struct link {
