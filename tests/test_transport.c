@@ -1372,6 +1372,7 @@ struct view_peer {
     uint16_t base;
     int rank;
     const char *view;
+    int kept, listen_fd; /* kept: accept on listen_fd (o.listen_fd) */
     int rc;
     char msg[MSG];
 };
@@ -1398,6 +1399,8 @@ static void *view_join(void *arg)
     snprintf(o.job_id, sizeof(o.job_id), "test-job");
     snprintf(o.config, sizeof(o.config), "%s" MESH_CONFIG_VIEW "=%s\n", config,
              p->view);
+    if (p->kept)
+        o.listen_fd = p->listen_fd;
     p->rc = ops->listen(&w, &o, &t);
     if (p->rc >= 0)
         p->rc = ops->connect(t);
@@ -1431,6 +1434,79 @@ static void scenario_view_order(void)
        "views: the peer of the later view waited; both then joined it "
        "(rank 0: %s; rank 1: %s)",
        p0.msg, p1.msg);
+}
+
+/*
+ * A listening socket kept across meshes (o.listen_fd, as --elastic keeps
+ * one for all its views): rank 0's two meshes in turn accept on it, and
+ * between them, and after the second, the port still accepts a
+ * connection (a peer that dials early waits in its backlog, not
+ * refused); a mesh never closes it, and once its owner does, the port
+ * refuses.
+ */
+static void scenario_kept_listener(void)
+{
+    uint16_t base = pick_ports(2);
+    struct mesh_peer peers[2];
+    struct mesh_world w = {.rank = 0, .size = 2, .peers = peers};
+    struct mesh_transport_opts o;
+    struct view_peer a0 = {.base = base, .rank = 0, .view = "1:0,1"};
+    struct view_peer a1 = {.base = base, .rank = 1, .view = "1:0,1"};
+    struct view_peer b0 = {.base = base, .rank = 0, .view = "2:0,1"};
+    struct view_peer b1 = {.base = base, .rank = 1, .view = "2:0,1"};
+    pthread_t th;
+    int lfd = -1, fd, rc;
+
+    if (!base) {
+        for (int i = 0; i < 4; i++)
+            skip("no free ports");
+        return;
+    }
+    for (int i = 0; i < 2; i++) {
+        snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
+        peers[i].port = (uint16_t)(base + i);
+        peers[i].local_rank = i;
+    }
+    mesh_transport_opts_init(&o);
+    rc = mesh_tcp_listen_socket(&w, &o, &lfd);
+    a0.kept = b0.kept = 1;
+    a0.listen_fd = b0.listen_fd = lfd;
+    if (rc == 0) {
+        pthread_create(&th, NULL, view_join, &a1);
+        view_join(&a0);
+        pthread_join(th, NULL);
+    }
+    fd = rc == 0 ? raw_connect(base) : -1;
+    ok(rc == 0 && a0.rc == 0 && a1.rc == 0 && fd >= 0,
+       "kept listener: a mesh accepts on it (rank 0: %s; rank 1: %s), and "
+       "after its close the port still accepts (%s)",
+       a0.msg, a1.msg, fd >= 0 ? "connected" : "refused");
+    if (fd >= 0)
+        close(fd);
+    /* rank 1's dials may come before rank 0's mesh: they wait in the
+     * kept backlog */
+    if (rc == 0) {
+        pthread_create(&th, NULL, view_join, &b1);
+        view_join(&b0);
+        pthread_join(th, NULL);
+    }
+    ok(rc == 0 && b0.rc == 0 && b1.rc == 0,
+       "kept listener: the next mesh on it forms too (rank 0: %s; rank 1: "
+       "%s)",
+       b0.msg, b1.msg);
+    fd = rc == 0 ? raw_connect(base) : -1;
+    ok(fd >= 0 && fcntl(lfd, F_GETFD) >= 0,
+       "kept listener: the meshes left it open (%s)",
+       fd >= 0 ? "the port accepts" : "the port refuses");
+    if (fd >= 0)
+        close(fd);
+    if (lfd >= 0)
+        close(lfd);
+    fd = raw_connect(base);
+    ok(rc == 0 && fd < 0, "kept listener: closed by its owner, the port "
+                          "refuses");
+    if (fd >= 0)
+        close(fd);
 }
 
 /* In-process checks of the API's edges (no peers needed). */
@@ -1771,6 +1847,7 @@ int main(int argc, char **argv)
          * the I/O, and in poll() at once, without the spin. */
         scenario_order();
         scenario_view_order();
+        scenario_kept_listener();
         diag("waiters sleep while the progress thread reads "
              "(MESHTRAIN_TCP_POLL=0)");
         setenv("MESHTRAIN_TCP_POLL", "0", 1);

@@ -121,6 +121,10 @@ struct trainer {
      * failed to form); the state received so far (train/xfer.c); the
      * join's figures, logged after the first step */
     int unformed, joiner;
+    /* --elastic: the listening socket every view's mesh accepts on
+     * (mesh_transport_opts.listen_fd), kept for the process's life; -1:
+     * each mesh binds its own */
+    int listen_fd;
     int join_rc;      /* view 0's mesh_open: -ETIMEDOUT, some slot is a spare */
     int join_batch;   /* test aid MESHTRAIN_TEST_JOINERS=N: admit joiners
                          once N ask (tests/train_elastic_join.sh), else 1 */

@@ -1912,6 +1912,7 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
         vo.world.size = n;
         vo.world.peers = peers;
         vo.topts.join_timeout_s = MESH_MAX(5.0, mo->topts.peer_timeout_s);
+        vo.topts.listen_fd = t->listen_fd;
         if (snprintf(cfg, sizeof(cfg),
                      "%s" MESH_CONFIG_VIEW "=%" PRIu64 ":%s\n", t->config,
                      v->epoch,
@@ -2390,7 +2391,11 @@ static int open_input(struct trainer *t, const struct mesh_opts *mo)
  * agree with or average. */
 static int join(struct trainer *t, const struct mesh_opts *mo)
 {
-    int rc = t->size > 1 ? mesh_open(mo, t->config, &t->mesh) : 0;
+    struct mesh_opts o = *mo;
+    int rc;
+
+    o.topts.listen_fd = t->listen_fd; /* --elastic's, or -1 */
+    rc = t->size > 1 ? mesh_open(&o, t->config, &t->mesh) : 0;
 
     t->join_rc = rc;
     if (rc == -ECANCELED) {
@@ -2531,6 +2536,14 @@ static int elastic_open(struct trainer *t, const struct mesh_opts *mo)
     rc = mesh_elastic_start(&eo, &t->el);
     if (rc < 0)
         return rc;
+    /* one listening socket for every view's mesh: between two views a
+     * peer's dials wait in its backlog, not refused (each refusal cost
+     * a dial backoff of up to 250 ms in a view change); where it cannot
+     * be bound now, each mesh binds its own, and says why */
+    rc = mesh_tcp_listen_socket(&mo->world, &mo->topts, &t->listen_fd);
+    if (rc < 0)
+        mesh_debug("no listening socket kept across views: %s",
+                   mesh_err_msg(rc));
     t->members = t->size >= 64 ? UINT64_MAX : (UINT64_C(1) << t->size) - 1;
     if (v && *v) {
         char path[PATH_MAX];
@@ -2840,6 +2853,8 @@ static void trainer_close(struct trainer *t)
     mesh_loader_destroy(t->train_ld);
     mesh_data_close(t->ds);
     mesh_close(t->mesh);
+    if (t->listen_fd >= 0)
+        close(t->listen_fd);
     if (t->metrics)
         fclose(t->metrics);
     mesh_timeline_free(&t->tl);
@@ -2891,6 +2906,7 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     int code, rc, first = 0;
 
     memset(&t, 0, sizeof(t));
+    t.listen_fd = -1;
     t.c = c;
     t.cu_step = UINT64_MAX;
     t.rank = mo->world.rank;

@@ -121,6 +121,7 @@ void mesh_transport_opts_init(struct mesh_transport_opts *o)
     snprintf(o->job_id, sizeof(o->job_id), "meshtrain");
     o->ib_port = -1;
     o->gid_index = -1;
+    o->listen_fd = -1;
 }
 
 int mesh_transport_wait(const struct mesh_transport_ops *ops,

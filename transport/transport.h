@@ -188,6 +188,17 @@ struct mesh_transport_opts {
      */
     char tcp_cc[MESH_TCP_CC_MAX];
     int tcp_cc_default; /* tcp_cc is the mesh's default, not asked for */
+    /*
+     * TCP (and the TCP under shm and verbs): a listening socket on this
+     * rank's port (mesh_tcp_listen_socket) that the caller keeps open
+     * across meshes, and that the mesh accepts on instead of binding its
+     * own; -1 (the default): it binds its own, closed with it. --elastic
+     * keeps one for the life of the process, so that a peer that dials
+     * before this one has opened the next view's mesh waits in its
+     * backlog until it has, instead of being refused and backing off.
+     * The transport never closes it.
+     */
+    int listen_fd;
 };
 
 void mesh_transport_opts_init(struct mesh_transport_opts *o);
@@ -200,6 +211,14 @@ void mesh_transport_opts_init(struct mesh_transport_opts *o);
  * or allowed and how to change it.
  */
 int mesh_tcp_cc_check(const char *name);
+
+/*
+ * A listening socket (non-blocking, close-on-exec) on the TCP port of
+ * rank world->rank, with opts->tcp_cc, for opts->listen_fd: 0 with *out
+ * set (the caller closes it), or a negative errno-style code.
+ */
+int mesh_tcp_listen_socket(const struct mesh_world *world,
+                           const struct mesh_transport_opts *opts, int *out);
 
 /* ---- the interface ------------------------------------------------------- */
 

@@ -10,6 +10,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -87,19 +88,23 @@ int mesh_tcp_cc_check(const char *name)
     return rc;
 }
 
-/* --tcp-congestion on fd, if one was given. */
-int tcp_set_cc(struct mesh_transport *t, int fd)
+/* --tcp-congestion (cc) on fd, if one was given. */
+static int set_cc(const char *cc, int fd)
 {
     int rc = 0;
 
-    if (t->super.opts.tcp_cc[0])
+    if (cc[0])
         MESH_SYSCALL(rc,
-                     setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION,
-                                t->super.opts.tcp_cc,
-                                (socklen_t)strlen(t->super.opts.tcp_cc)),
-                     out, "setsockopt TCP_CONGESTION %s", t->super.opts.tcp_cc);
+                     setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc,
+                                (socklen_t)strlen(cc)),
+                     out, "setsockopt TCP_CONGESTION %s", cc);
 out:
     return rc;
+}
+
+int tcp_set_cc(struct mesh_transport *t, int fd)
+{
+    return set_cc(t->super.opts.tcp_cc, fd);
 }
 
 int tcp_set_sockopts(struct mesh_transport *t, int fd)
@@ -123,9 +128,10 @@ out:
     return rc;
 }
 
-int tcp_listen_socket(struct mesh_transport *t, int *out)
+int mesh_tcp_listen_socket(const struct mesh_world *world,
+                           const struct mesh_transport_opts *opts, int *out)
 {
-    uint16_t port = t->super.peers[t->super.world.rank].port;
+    uint16_t port = world->peers[world->rank].port;
     struct sockaddr_in6 s6;
     struct sockaddr_in s4;
     int fd, one = 1, zero = 0, rc = 0;
@@ -142,8 +148,8 @@ int tcp_listen_socket(struct mesh_transport *t, int *out)
             setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
             bind(fd, (struct sockaddr *)&s6, sizeof(s6)) < 0) {
             if (errno == EADDRINUSE) {
-                rc = mesh_err_errno("rank %d: bind port %u",
-                                    t->super.world.rank, (unsigned)port);
+                rc = mesh_err_errno("rank %d: bind port %u", world->rank,
+                                    (unsigned)port);
                 close(fd);
                 return rc;
             }
@@ -165,8 +171,7 @@ int tcp_listen_socket(struct mesh_transport *t, int *out)
             rc, setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)),
             close_fd, "setsockopt SO_REUSEADDR");
         MESH_SYSCALL(rc, bind(fd, (struct sockaddr *)&s4, sizeof(s4)), close_fd,
-                     "rank %d: bind port %u", t->super.world.rank,
-                     (unsigned)port);
+                     "rank %d: bind port %u", world->rank, (unsigned)port);
     }
     /*
      * Accepted connections inherit a congestion control set here. Set on
@@ -175,7 +180,7 @@ int tcp_listen_socket(struct mesh_transport *t, int *out)
      * side's sends stayed paced (a third of the dialing side's rate on
      * two namespace hosts, as with iperf3's server under -C).
      */
-    if ((rc = tcp_set_cc(t, fd)) < 0)
+    if ((rc = set_cc(opts->tcp_cc, fd)) < 0)
         goto close_fd;
     MESH_SYSCALL(rc, listen(fd, SOMAXCONN), close_fd, "listen on port %u",
                  (unsigned)port);
@@ -185,6 +190,24 @@ close_fd:
     close(fd);
 out:
     return rc;
+}
+
+/* The transport's own, unless the caller keeps one (opts->listen_fd):
+ * then a duplicate of it, which the transport closes as its own. */
+int tcp_listen_socket(struct mesh_transport *t, int *out)
+{
+    int fd;
+
+    if (t->super.opts.listen_fd < 0)
+        return mesh_tcp_listen_socket(&t->super.world, &t->super.opts, out);
+    fd = fcntl(t->super.opts.listen_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        return mesh_err_errno(
+            "rank %d: the kept listening socket on port %u",
+            t->super.world.rank,
+            (unsigned)t->super.peers[t->super.world.rank].port);
+    *out = fd;
+    return 0;
 }
 
 /*
