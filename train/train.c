@@ -2623,9 +2623,12 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
         warm_up(t);
     if (!t->joiner) {
         code = join(t, mo);
-        if (code == MESH_EXIT_JOIN && t->el && t->join_rc == -ETIMEDOUT) {
-            /* some slots are not running: the peers present agree on a
-             * view of themselves, if they are a quorum of the slots */
+        if (code == MESH_EXIT_JOIN && t->el &&
+            (t->join_rc == -ETIMEDOUT || t->join_rc == -ECONNRESET ||
+             t->join_rc == -EHOSTDOWN || t->join_rc == -ESHUTDOWN)) {
+            /* some slots are not running, or a peer died (or left) while
+             * the mesh formed: the peers present agree on a view of
+             * themselves, if they are a quorum of the slots */
             fprintf(stderr,
                     "meshtrain: slot %d: view 0 (every slot) did not form; "
                     "agreeing on a view of the peers present\n",
