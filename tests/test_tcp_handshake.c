@@ -349,6 +349,37 @@ static void test_hello_world(void)
        "world size: a HELLO with a bad magic does not count");
 }
 
+/* An ABORT's code: the five failures as sent, anything else (a hostile
+ * 2^31 too, whose negation as an int overflowed) -ECONNABORTED. */
+static void test_ctrl_code(void)
+{
+    static const struct {
+        uint32_t wire;
+        int want;
+    } cases[] = {
+        {ECONNRESET, -ECONNRESET},
+        {EHOSTDOWN, -EHOSTDOWN},
+        {EPROTO, -EPROTO},
+        {ECANCELED, -ECANCELED},
+        {ESHUTDOWN, -ESHUTDOWN},
+        {0, -ECONNABORTED},
+        {EPERM, -ECONNABORTED},
+        {UINT32_C(0x7fffffff), -ECONNABORTED},
+        {UINT32_C(0x80000000), -ECONNABORTED},
+        {UINT32_C(0xffffffff), -ECONNABORTED},
+    };
+    int good = 1;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        if (tcp_ctrl_code(cases[i].wire) != cases[i].want) {
+            diag("code %#x: %d, expected %d", (unsigned)cases[i].wire,
+                 tcp_ctrl_code(cases[i].wire), cases[i].want);
+            good = 0;
+        }
+    ok(good, "an ABORT's code: 5 failures as sent, 0, EPERM, 2^31 - 1, "
+             "2^31 and 2^32 - 1 as -ECONNABORTED");
+}
+
 int main(void)
 {
     static const int seeds[] = {1, 2, 7, 42, 20240601};
@@ -363,5 +394,6 @@ int main(void)
         test_auth_random(seeds[i]);
     }
     test_config();
+    test_ctrl_code();
     return done();
 }

@@ -375,7 +375,8 @@ static void ctrl_got(struct conn *c)
     struct link *l = &t->links[c->peer];
     uint32_t type = mesh_get_le32(c->in);
     int culprit = (int)mesh_get_le32(c->in + 4);
-    int code = -(int)mesh_get_le32(c->in + 8);
+    /* Every survivor reports the same kind of failure. */
+    int code = tcp_ctrl_code(mesh_get_le32(c->in + 8));
     uint32_t len = mesh_get_le32(c->in + 12);
     char reason[TCP_CTRL_REASON_MAX + 1], nb[300];
 
@@ -387,10 +388,6 @@ static void ctrl_got(struct conn *c)
                        MESH_MIN(len, (uint32_t)TCP_CTRL_REASON_MAX));
         if (culprit < -1 || culprit >= t->super.world.size)
             culprit = -1;
-        /* Every survivor reports the same kind of failure. */
-        if (code != -ECONNRESET && code != -EHOSTDOWN && code != -EPROTO &&
-            code != -ECANCELED && code != -ESHUTDOWN)
-            code = -ECONNABORTED;
         /* Passed on to every peer before this rank can leave: a peer that
          * heard nothing yet would otherwise read our goodbye first and
          * blame us. */

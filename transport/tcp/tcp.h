@@ -145,6 +145,12 @@ void tcp_config_diff(const char *a, size_t alen, const char *b, size_t blen,
  */
 int tcp_config_view_order(const char *a, size_t alen, const char *b,
                           size_t blen);
+/*
+ * An ABORT's error code as it came (a positive errno, untrusted) as the
+ * failure every survivor reports: -ECONNRESET, -EHOSTDOWN, -EPROTO,
+ * -ECANCELED or -ESHUTDOWN as sent, anything else -ECONNABORTED.
+ */
+int tcp_ctrl_code(uint32_t wire);
 /* Copy at most len bytes of untrusted text, replacing non-printables. */
 void tcp_clean_text(char *dst, size_t dstlen, const uint8_t *src, size_t len);
 

@@ -20,6 +20,20 @@
 #include <string.h>
 
 /* Copy at most len bytes of untrusted text, replacing non-printables. */
+int tcp_ctrl_code(uint32_t wire)
+{
+    switch (wire) {
+    case ECONNRESET:
+    case EHOSTDOWN:
+    case EPROTO:
+    case ECANCELED:
+    case ESHUTDOWN:
+        return -(int)wire;
+    default: /* e.g. 2^31, whose negation as an int overflows */
+        return -ECONNABORTED;
+    }
+}
+
 void tcp_clean_text(char *dst, size_t dstlen, const uint8_t *src, size_t len)
 {
     size_t i, n = 0;
