@@ -25,6 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* formation's timing (mesh_coll_opts.measure_budget_s), by default */
+#define MEAS_BUDGET_S 20.0
+
 enum req_kind {
     REQ_COLL = 0,    /* a collective */
     REQ_DEREG = 1,   /* deregister a buffer (from mesh_coll_buf_free) */
@@ -205,6 +208,7 @@ void mesh_coll_opts_init(struct mesh_coll_opts *o)
     o->algo = MESH_ALGO_AUTO;
     o->measure = 1;
     o->measure_bytes = 4u << 20;
+    o->measure_budget_s = MEAS_BUDGET_S;
     o->seq_base = MESH_COLL_SEQ_BASE;
     o->host_shared = 1;
 }
@@ -1493,7 +1497,6 @@ static int cmp_size(const void *a, const void *b)
 
 /* Formation's measurement bounds (see mesh_coll_opts.measure_sizes). */
 #define MEAS_SCRATCH_PAD (8u << 20) /* scratch beyond 2 x the message */
-#define MEAS_BUDGET_S    20.0       /* formation's timing, about */
 #define MEAS_RUNS_TINY   31         /* runs per size below 64 KiB */
 #define MEAS_RUNS_SMALL  7          /* below 1 MiB */
 #define MEAS_RUNS_BIG    5          /* from 1 MiB */
@@ -1501,6 +1504,11 @@ static int cmp_size(const void *a, const void *b)
 #define MEAS_RUNS_MAX    (MEAS_BLOCKS * MEAS_RUNS_TINY)
 _Static_assert(MEAS_RUNS_MAX <= COLL_MEAS_RUNS_MAX, "coll-internal.h");
 #define MEAS_BLOCK_S 0.25 /* a block's time, about (more runs) */
+#define MEAS_CHUNK_S 0.25 /* rounds between agreements on the time spent */
+#define MEAS_LEAST   3    /* a size's first block: at least this many runs */
+#define MEAS_MARGIN  1.5  /* a chunk's estimate times this must fit */
+#define MEAS_DROP    2.0  /* not timed on: this slow at two sizes, */
+#define MEAS_DROP_S  2e-3 /* where the fastest call took this or more */
 /* contenders after block b: this near the fastest (b = 1..3) */
 static const float meas_close[MEAS_BLOCKS] = {0, 1.30f, 1.10f, 1.04f};
 
@@ -1599,21 +1607,21 @@ static int block_runs(const mesh_coll_t *c, const int *ids, int nauto, int k,
 }
 
 /*
- * Time runs all-reduces of bytes (in buf) with each algorithm ids[a] whose
- * live[a] is set, after one warmup round when warm, into t[a][from..from
- * + runs) (s); the algorithms take turns in an order shuffled each round
- * (the same on every rank), so that a burst of noise on a shared machine
- * spoils one run of each rather than all runs of one, and no algorithm
- * always follows the same one (which warms the caches for it). Every rank
- * runs the same calls in the same order.
+ * Time rounds i0..i1 - 1 of all-reduces of bytes (in buf) with each
+ * algorithm ids[a] whose live[a] is set, into t[a][from + i] (s); round -1
+ * is a warmup, not kept. The algorithms take turns in an order shuffled
+ * each round (the same on every rank), so that a burst of noise on a
+ * shared machine spoils one run of each rather than all runs of one, and
+ * no algorithm always follows the same one (which warms the caches for
+ * it). Every rank runs the same calls in the same order.
  */
 static int time_point(mesh_coll_t *c, const int *ids, const int *live,
                       int nauto, size_t bytes, float *buf,
-                      double (*t)[MEAS_RUNS_MAX], int from, int runs, int warm)
+                      double (*t)[MEAS_RUNS_MAX], int from, int i0, int i1)
 {
     size_t cnt = bytes / sizeof(float);
 
-    for (int i = warm ? -1 : 0; i < runs; i++) {
+    for (int i = i0; i < i1; i++) {
         int order[MESH_ALGO_LAST + 1];
 
         mesh_shuffle(order, nauto, (unsigned)(from + i) + 1);
@@ -1635,6 +1643,17 @@ static int time_point(mesh_coll_t *c, const int *ids, const int *live,
     return 0;
 }
 
+/* The least agreed time v (us) of the live algorithms (0: none). */
+static float fastest(const int *live, int nauto, const float *v)
+{
+    float best = 0;
+
+    for (int a = 0; a < nauto; a++)
+        if (live[a] && v[a] > 0 && (best <= 0 || v[a] < best))
+            best = v[a];
+    return best;
+}
+
 /*
  * The contenders of a size from its agreed times v (us): the live
  * algorithms within a factor near of the fastest, into close[]; returns
@@ -1643,12 +1662,9 @@ static int time_point(mesh_coll_t *c, const int *ids, const int *live,
 static int contenders(const int *live, int nauto, const float *v, float near,
                       int *close)
 {
-    float best = 0;
+    float best = fastest(live, nauto, v);
     int n = 0;
 
-    for (int a = 0; a < nauto; a++)
-        if (live[a] && v[a] > 0 && (best <= 0 || v[a] < best))
-            best = v[a];
     for (int a = 0; a < nauto; a++) {
         close[a] = live[a] && v[a] > 0 && v[a] <= near * best;
         n += close[a];
@@ -1656,33 +1672,133 @@ static int contenders(const int *live, int nauto, const float *v, float near,
     return n;
 }
 
+/* The least agreed time at point k (s; 0: none). */
+static double point_best(const struct mesh_coll_model *m, const int *ids,
+                         int nauto, int k)
+{
+    double best = 0;
+
+    for (int a = 0; a < nauto; a++)
+        if (m->point_s[k][ids[a]] > 0 &&
+            (best <= 0 || m->point_s[k][ids[a]] < best))
+            best = m->point_s[k][ids[a]];
+    return best;
+}
+
 /*
  * Which algorithms to time at point k (model points 0..k-1 measured and
  * agreed, so every rank decides alike): the live ones of point k - 1
- * whose scratch fits. None is dropped for being slow at a smaller size:
- * on a shared machine one burst of load can make the best algorithm look
- * twice as slow, and a dropped one never comes back. Returns the
- * estimated time of point k's runs (s), for the budget.
+ * whose scratch fits, less those that ran over MEAS_DROP times the
+ * fastest at each of the two points before where the fastest call took
+ * MEAS_DROP_S or more. Not for being slow once, nor at small sizes: on a
+ * shared machine a burst of load can make the best algorithm look twice
+ * as slow in a short block, and a dropped one never comes back; but at
+ * the largest sizes formation spent most of its time on them (4 ranks on
+ * loopback, 256 MiB: ring, tree, rd and rhd 2.3 to 4 times hier, 10 of
+ * its 20 s), and from a few ms up an algorithm's time grows with the
+ * bytes at its own rate. Returns the estimated time of one round of
+ * point k (s; 0: none), for the budget.
  */
 static double plan_live(mesh_coll_t *c, const int *ids, int nauto, int k,
                         int *live)
 {
     const struct mesh_coll_model *m = &c->model;
     size_t bytes = m->point_bytes[k];
-    double total = 0;
-    int runs;
+    double round = 0, b1 = 0, b2 = 0;
 
+    if (k >= 2) {
+        b1 = point_best(m, ids, nauto, k - 1);
+        b2 = point_best(m, ids, nauto, k - 2);
+    }
     for (int a = 0; a < nauto; a++)
         if (live[a] && mesh_coll_scratch_for(c, ids[a], bytes) >
                            2 * bytes + MEAS_SCRATCH_PAD)
             live[a] = 0;
-    runs = block_runs(c, ids, nauto, k, live);
+        else if (live[a] && b2 >= MEAS_DROP_S && b1 >= MEAS_DROP_S &&
+                 m->point_s[k - 1][ids[a]] > MEAS_DROP * b1 &&
+                 m->point_s[k - 2][ids[a]] > MEAS_DROP * b2)
+            live[a] = 0;
     for (int a = 0; a < nauto; a++) {
         double est = live[a] ? measured_cost(c, ids[a], (double)bytes) : 0;
 
-        total += (runs + 1) * (est > 0 ? est : 0);
+        round += est > 0 ? est : 0;
     }
-    return total;
+    return round;
+}
+
+/*
+ * Formation's clock: its start on this rank, its budget (s, the same on
+ * every rank), and the time spent as last agreed (the most of any rank's
+ * time since its own start), with the buffers that agree on it (one float
+ * of each rank).
+ */
+struct meas_clock {
+    double start, budget, spent;
+    float *mine, *all;
+};
+
+/* Agree on the time spent: every rank's, gathered; the most. */
+static int clock_agree(mesh_coll_t *c, struct meas_clock *k)
+{
+    int rc;
+
+    k->mine[0] = (float)(mesh_now_s() - k->start);
+    rc = mesh_coll_allgather(c, k->mine, k->all, 1, MESH_DT_F32);
+    if (rc < 0)
+        return rc;
+    k->spent = 0;
+    for (int r = 0; r < c->w->size; r++)
+        k->spent = MESH_MAX(k->spent, (double)k->all[r]);
+    return 0;
+}
+
+/*
+ * Time up to runs rounds of point bytes (time_point; a warmup first when
+ * warm, alone: the first call at a size may grow the scratch) into
+ * t[.][from..), in chunks of about MEAS_CHUNK_S by est (s a round), the
+ * ranks agreeing on the time spent after each (clock_agree); a chunk has
+ * only as many rounds as fit, MEAS_MARGIN times over, in the budget left,
+ * and each later chunk is estimated from the agreed time of the rounds
+ * before it. est 0: unknown, a first chunk of one round while any budget
+ * is left; est < 0: all rounds in one chunk, whatever the budget. Every
+ * decision comes from agreed numbers, so every rank times the same
+ * rounds. Returns how many rounds were timed (0..runs), or a negative
+ * errno.
+ */
+static int time_rounds(mesh_coll_t *c, const int *ids, const int *live,
+                       int nauto, size_t bytes, float *buf,
+                       double (*t)[MEAS_RUNS_MAX], int from, int runs, int warm,
+                       double est, struct meas_clock *k)
+{
+    int i = warm ? -1 : 0, rc;
+
+    while (i < runs) {
+        int n = est < 0 ? runs - i
+                : i < 0 || est == 0
+                    ? 1
+                    : (int)MESH_MAX(1, MESH_MIN(MEAS_CHUNK_S / est, runs));
+        double before = k->spent;
+
+        if (est >= 0 && k->spent >= k->budget)
+            break;
+        if (est > 0) /* as many as fit */
+            n = (int)MESH_MIN((double)n,
+                              (k->budget - k->spent) / (MEAS_MARGIN * est));
+        n = MESH_MIN(n, runs - i);
+        if (n < 1)
+            break;
+        rc = time_point(c, ids, live, nauto, bytes, buf, t, from, i, i + n);
+        if (rc == 0)
+            rc = clock_agree(c, k);
+        if (rc < 0)
+            return rc;
+        i += n;
+        mesh_debug("collectives: formation at %zu bytes: %d rounds in %.3f "
+                   "s (%.3f s estimated), %.3f s spent",
+                   bytes, n, k->spent - before, n * est, k->spent);
+        est = (k->spent - before) / n;
+    }
+    return MESH_MAX(i, 0);
 }
 
 /* agree_times' vectors: alpha, beta, the time spent so far, then the
@@ -1794,14 +1910,23 @@ static int agree_times(mesh_coll_t *c, const int *live, int nauto,
     if (rc < 0)
         return rc;
     coll_meas_agree(all, c->w->size, live, nauto, runs, v);
+    for (int r = 0; r < c->w->size; r++) /* the time spent: the most */
+        v[2] = MESH_MAX(v[2], all[(size_t)r * stride + 2]);
     return 0;
 }
 
 /*
  * Measure alpha and beta to the ring neighbours, and time each of AUTO's
  * candidates at the planned sizes. Each size's times (and alpha, beta)
- * are averaged over the ranks by a ring all-reduce, so that every rank
- * holds the same bytes and makes the same decisions from them.
+ * are gathered from every rank and agreed (coll_meas_agree), so that
+ * every rank holds the same numbers and makes the same decisions from
+ * them, the budget's included: a size is timed only where its warmup and
+ * MEAS_LEAST rounds fit, MEAS_MARGIN times over, by the line of the sizes
+ * before; its rounds run in chunks that each must fit by the rounds
+ * before (time_rounds); and a size that got fewer than MEAS_LEAST rounds
+ * in is not kept. The sizes not timed follow the last two's line. (The
+ * last size timed had passed the 20 s budget by up to 3.5 s where it ran
+ * slower under load than that line said.)
  */
 static int agree(mesh_coll_t *c)
 {
@@ -1810,9 +1935,13 @@ static int agree(mesh_coll_t *c)
     int ids[MESH_ALGO_LAST + 1], live[MESH_ALGO_LAST + 1];
     int nauto = mesh_coll_auto_algos(c, ids), np;
     size_t pts[MESH_COLL_POINTS];
-    int close[MESH_ALGO_LAST + 1], runs;
-    double start = mesh_now_s(), spent = 0,
-           t[MESH_ALGO_LAST + 1][MEAS_RUNS_MAX];
+    int close[MESH_ALGO_LAST + 1], runs, done;
+    struct meas_clock clk = {
+        .start = mesh_now_s(),
+        .budget = c->opts.measure_budget_s > 0 ? c->opts.measure_budget_s
+                                               : MEAS_BUDGET_S,
+    };
+    double t[MESH_ALGO_LAST + 1][MEAS_RUNS_MAX];
     float *v = NULL, *w = NULL, *buf = NULL, *mine = NULL, *all = NULL;
     size_t most = (size_t)HEAD + (size_t)nauto * MEAS_RUNS_MAX;
     int rc;
@@ -1838,60 +1967,79 @@ static int agree(mesh_coll_t *c)
     if (rc < 0)
         goto out;
     memset(buf, 0, pts[np - 1]);
+    clk.mine = mine;
+    clk.all = all;
     for (int a = 0; a < nauto; a++)
         live[a] = 1;
     m->npoints = 0;
     m->budget_cut = 0;
+    m->budget_s = clk.budget;
     for (int k = 0; k < np; k++) {
+        double round;
+
         m->point_bytes[k] = pts[k];
+        /* the first size always, in one chunk; the others by the budget */
+        round = k > 0 ? plan_live(c, ids, nauto, k, live) : -1;
         if (k > 0 &&
-            spent + plan_live(c, ids, nauto, k, live) > MEAS_BUDGET_S) {
-            m->budget_cut = 1; /* the same agreed spent on every rank */
-            break;             /* larger sizes: on the last two's line */
-        }
+            (clk.spent >= clk.budget ||
+             clk.spent + MEAS_MARGIN * (1 + MEAS_LEAST) * round > clk.budget))
+            break;
         runs = block_runs(c, ids, nauto, k, live);
-        rc = time_point(c, ids, live, nauto, pts[k], buf, t, 0, runs, 1);
-        if (rc == 0)
-            rc = agree_times(c, live, nauto, t, runs, start, mine, all, v);
+        done = time_rounds(c, ids, live, nauto, pts[k], buf, t, 0, runs, 1,
+                           round, &clk);
+        if (done < 0) {
+            rc = done;
+            goto out;
+        }
+        if (k > 0 && done < MEAS_LEAST)
+            break; /* its time is spent, but too few runs to rank by */
+        rc = agree_times(c, live, nauto, t, done, clk.start, mine, all, v);
         /*
-         * The algorithms within 15 % of the fastest run as many times
+         * The algorithms within 30 % of the fastest run as many times
          * again, and their medians over all their runs are agreed
-         * anew; then those within 8 %, then 4 %, while the budget lasts:
+         * anew; then those within 10 %, then 4 %, while the budget lasts:
          * where the choice is close, noise has the most say, and each
          * block spends its runs on fewer candidates. Every rank holds the
          * same agreed times, so all take the same blocks.
          */
         memcpy(close, live, sizeof(close));
-        for (int b = 1; rc == 0 && b < MEAS_BLOCKS && v[2] < MEAS_BUDGET_S;
-             b++) {
-            int prev[MESH_ALGO_LAST + 1];
+        for (int b = 1; rc == 0 && b < MEAS_BLOCKS; b++) {
+            int prev[MESH_ALGO_LAST + 1], more;
+            double est = 0;
 
             memcpy(prev, close, sizeof(prev));
             if (contenders(prev, nauto, v + HEAD, meas_close[b], close) < 2)
                 break;
-            rc = time_point(c, ids, close, nauto, pts[k], buf, t, b * runs,
-                            runs, 0);
-            if (rc == 0)
-                rc = agree_times(c, close, nauto, t, (b + 1) * runs, start,
-                                 mine, all, w);
+            for (int a = 0; a < nauto; a++)
+                est += close[a] ? v[HEAD + a] * 1e-6 : 0;
+            more = time_rounds(c, ids, close, nauto, pts[k], buf, t, done, runs,
+                               0, est, &clk);
+            if (more <= 0) {
+                rc = more;
+                break;
+            }
+            done += more;
+            rc = agree_times(c, close, nauto, t, done, clk.start, mine, all, w);
             for (int a = 0; rc == 0 && a < nauto; a++)
                 if (close[a])
                     v[HEAD + a] = w[HEAD + a];
-            v[2] = w[2];
         }
         if (rc < 0)
             goto out;
-        spent = v[2];
         for (int a = 0; a < nauto; a++)
             m->point_s[k][ids[a]] = v[HEAD + a] * 1e-6;
         m->npoints = k + 1;
     }
+    /* the same agreed numbers on every rank: the same sizes cut */
+    m->budget_cut = m->npoints < np;
+    memset(m->point_s + m->npoints, 0,
+           (size_t)(MESH_COLL_POINTS - m->npoints) * sizeof(m->point_s[0]));
     m->alpha_s = v[0] * 1e-6;
     m->beta_s_per_byte = v[1] * 1e-9;
     for (int a = 0; a < nauto; a++)
         m->lat_s[ids[a]] = m->point_s[0][ids[a]];
     m->measured = 1;
-    m->formation_s = mesh_now_s() - start;
+    m->formation_s = mesh_now_s() - clk.start;
     c->auto_algo = 0; /* the choices come from the times now */
 out:
     mesh_coll_buf_free(c, buf);
@@ -1928,7 +2076,7 @@ static void log_model(const mesh_coll_t *c)
     if (m->measured && c->w->rank == 0)
         mesh_info("collectives: formation timed %d sizes in %.2f s (budget "
                   "%.0f s%s)",
-                  m->npoints, m->formation_s, MEAS_BUDGET_S,
+                  m->npoints, m->formation_s, m->budget_s,
                   m->budget_cut ? ", cut: larger sizes on the last two's line"
                                 : "");
     for (int k = 0; k < m->npoints; k++) {

@@ -125,8 +125,10 @@ struct mesh_coll_opts {
      * times again, and their medians are agreed anew, then those within 8 %,
      * then 4 % (up to 4 blocks of runs, while the budget lasts). An algorithm
      * whose scratch memory would exceed twice the message plus 8 MiB is not
-     * timed (nor chosen) at that size and above; sizes that would take the
-     * measurement past about 20 s in all are not timed either. AUTO then takes,
+     * timed (nor chosen) at that size and above, nor one that ran over twice
+     * the fastest's time at each of the two sizes before where that took 2
+     * ms or more; sizes that would take the measurement past its budget
+     * (measure_budget_s) are not timed either. AUTO then takes,
      * for each size, the algorithm of least time on the line through the
      * measured sizes around it (beyond the largest, on the last two; when 32
      * bytes is the only size timed, above it the built-in model). NULL / 0:
@@ -135,6 +137,17 @@ struct mesh_coll_opts {
      */
     const size_t *measure_sizes;
     int nmeasure_sizes;
+    /*
+     * With measure: the time the measurement may take (s; default 20, <= 0
+     * the default). Every rank must pass the same value. Each decision to
+     * time a size, or a chunk of its runs, is taken from the time spent as
+     * agreed by the ranks (the most of any rank's) and its estimate from
+     * the times before, 1.5 times over, so that the budget holds unless a
+     * chunk runs over 1.5 times slower than the one before it (or than
+     * the line of the sizes before, for a size's first chunk); a size that
+     * got fewer than 3 runs of each candidate in is not kept.
+     */
+    double measure_budget_s;
     /*
      * The first sequence number; the communicator's collectives take
      * seq_base, seq_base + 1, ... Default MESH_COLL_SEQ_BASE, a range
@@ -207,13 +220,15 @@ struct mesh_coll_model {
      * measure_sizes): npoints sizes in increasing order, the first 32
      * bytes, and each algorithm's time at each (0: not timed there).
      * budget_cut: the larger sizes were left untimed because formation's
-     * time budget (about 20 s) ran out; they follow the last two's line.
-     * formation_s: this rank's time in formation's timing, from the links'
-     * measurement to the last size's agreement (s; 0: none).
+     * time budget (budget_s, opts measure_budget_s) ran out; they follow
+     * the last two's line. formation_s: this rank's time in formation's
+     * timing, from the links' measurement to the last size's agreement
+     * (s; 0: none).
      */
     int npoints;
     int budget_cut;
     double formation_s;
+    double budget_s;
     size_t point_bytes[MESH_COLL_POINTS];
     double point_s[MESH_COLL_POINTS][MESH_ALGO_LAST + 1];
 };

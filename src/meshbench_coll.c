@@ -642,9 +642,9 @@ static void print_formation(const struct ctx *x)
 
     mesh_coll_model_get(x->c, &m);
     if (m.measured)
-        printf("# formation timed %d sizes in %.2f s%s\n", m.npoints,
-               m.formation_s,
-               m.budget_cut ? " (budget cut: larger sizes on a line)" : "");
+        printf("# formation timed %d sizes in %.2f s (budget %.0f s%s)\n",
+               m.npoints, m.formation_s, m.budget_s,
+               m.budget_cut ? "; cut: larger sizes on a line" : "");
 }
 
 /* --vs-fixed's table: one row per size, auto against each fixed one. */
@@ -942,8 +942,8 @@ static void print_header(const struct ctx *x, const char *name)
            mesh_reduce_isa(), m.alpha_s * 1e6, m.beta_s_per_byte * 1e9,
            m.measured ? "measured" : "defaults");
     if (m.measured)
-        printf("; formation timed %d sizes in %.2f s", m.npoints,
-               m.formation_s);
+        printf("; formation timed %d sizes in %.2f s of its %.0f", m.npoints,
+               m.formation_s, m.budget_s);
     printf(")\n");
     if (x->a->algo == MESH_ALGO_PS)
         printf("# ps: the seed's parameter-server baseline (rank 0 "

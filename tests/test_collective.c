@@ -70,6 +70,18 @@ struct rank_ctx {
 
 static const size_t measure_sizes[] = {96u << 10, 4000, 96u << 10, 48};
 
+/*
+ * The formation budget scenario (SC_BUDGET; the parent draws it from a
+ * seed before it forks the ranks): the sizes the job asks to time (none
+ * of measure_bytes), and formation's budget.
+ */
+#define BUDGET_SIZES 6
+static struct {
+    size_t sizes[BUDGET_SIZES];
+    double budget_s;
+} bcase;
+static int budget_run; /* the ranks run SC_BUDGET */
+
 static int mesh_up(struct rank_ctx *x, uint16_t base, size_t chunk, int measure)
 {
     struct mesh_coll_opts co;
@@ -102,6 +114,12 @@ static int mesh_up(struct rank_ctx *x, uint16_t base, size_t chunk, int measure)
     /* and the job's sizes, unsorted, one repeated, not powers of two */
     co.measure_sizes = measure_sizes;
     co.nmeasure_sizes = (int)MESH_ARRAY_SIZE(measure_sizes);
+    if (budget_run) {
+        co.measure_bytes = 0;
+        co.measure_sizes = bcase.sizes;
+        co.nmeasure_sizes = BUDGET_SIZES;
+        co.measure_budget_s = bcase.budget_s;
+    }
     return mesh_coll_create(ops, x->t, &x->w, &co, &x->c);
 }
 
@@ -893,6 +911,122 @@ static void battery(struct rank_ctx *x)
     t_barrier(x);
 }
 
+/* ---- formation's budget -------------------------------------------------- */
+
+/* The line of the last two sizes timed at bytes for id (-1: none). */
+static double last_line(const struct mesh_coll_model *m, int id, size_t bytes)
+{
+    int k = m->npoints - 1;
+    double t0 = m->point_s[k - 1][id], t1 = m->point_s[k][id];
+    double x0 = (double)m->point_bytes[k - 1], x1 = (double)m->point_bytes[k];
+
+    if (t0 <= 0 || t1 <= 0)
+        return -1;
+    return t1 + MESH_MAX(t1 - t0, 0) / (x1 - x0) * ((double)bytes - x1);
+}
+
+/*
+ * Formation under a small budget (bcase): the sizes timed are 32 bytes
+ * and a prefix of the asked ones (sorted), the rest cut by the budget
+ * (and said so), the same on every rank (the hash: the sizes, the times,
+ * the choices); AUTO takes the fastest at each size timed and, at the
+ * sizes cut, the fastest on the line of the last two timed (the model's
+ * fallback); an algorithm not timed at a size is not timed at larger
+ * ones, nor one that ran over twice the fastest at the two sizes before
+ * where that took 2 ms or more; and the time formation took, which is
+ * not asserted closely (a loaded machine may stop any rank for seconds),
+ * stays within the budget plus SLACK_S.
+ */
+static void s_budget(struct rank_ctx *x)
+{
+    struct mesh_coll_model m;
+    size_t want[BUDGET_SIZES + 1];
+    int ids[MESH_ALGO_LAST + 1], nauto = mesh_coll_auto_algos(x->c, ids);
+    int nwant = 1;
+    struct group g;
+    const char *slow = getenv("MESHTRAIN_TEST_SLOW");
+    double f = slow && atof(slow) > 1.0 ? atof(slow) : 1.0;
+
+    group_begin(&g, 1, "N=%d formation within a budget of %.2f s", x->n,
+                bcase.budget_s);
+    mesh_coll_model_get(x->c, &m);
+    want[0] = 32;
+    for (int i = 0; i < BUDGET_SIZES; i++) /* sorted and distinct */
+        want[nwant++] = bcase.sizes[i];
+    if (!m.measured || m.npoints < 1 || m.npoints > nwant)
+        group_fail(&g, "%d sizes timed (measured %d)", m.npoints, m.measured);
+    if (m.budget_cut != (m.npoints < nwant))
+        group_fail(&g, "%d of %d sizes timed, but budget cut %d", m.npoints,
+                   nwant, m.budget_cut);
+    if (m.budget_s != bcase.budget_s)
+        group_fail(&g, "budget %.3f s, not %.3f", m.budget_s, bcase.budget_s);
+    if (!(m.formation_s > 0 && m.formation_s <= bcase.budget_s + SLACK_S * f))
+        group_fail(&g, "formation took %.3f s, budget %.3f s", m.formation_s,
+                   bcase.budget_s);
+    g.hash = fnv(g.hash, &m.npoints, sizeof(m.npoints));
+    g.hash = fnv(g.hash, &m.budget_cut, sizeof(m.budget_cut));
+    for (int k = 0; g.ok && k < m.npoints; k++) {
+        int got = mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, m.point_bytes[k]);
+        double b[2] = {0, 0};
+
+        if (m.point_bytes[k] != want[k])
+            group_fail(&g, "size %d timed is %zu, not %zu", k, m.point_bytes[k],
+                       want[k]);
+        for (int j = 0; j < 2 && k >= 2; j++)
+            b[j] = formation_best(&m, m.point_bytes[k - 1 - j], ids, nauto,
+                                  &(int){0});
+        for (int a = 0; a < nauto; a++) {
+            double now = m.point_s[k][ids[a]];
+            const double *p1 = k >= 1 ? m.point_s[k - 1] : NULL;
+            const double *p2 = k >= 2 ? m.point_s[k - 2] : NULL;
+            int slow_ = p2 && b[0] >= 2e-3 && b[1] >= 2e-3 &&
+                        p1[ids[a]] > 2 * b[0] && p2[ids[a]] > 2 * b[1];
+
+            if (now > 0 && p1 && (p1[ids[a]] <= 0 || slow_))
+                group_fail(&g, "%s timed at %zu bytes after %s",
+                           mesh_algo_name(ids[a]), m.point_bytes[k],
+                           slow_ ? "twice the fastest at the two sizes before"
+                                 : "it was not timed");
+        }
+        if (m.point_s[k][got] <= 0 ||
+            m.point_s[k][got] !=
+                formation_best(&m, m.point_bytes[k], ids, nauto, &(int){0}))
+            group_fail(&g, "at %zu bytes auto takes %s, not the fastest timed",
+                       m.point_bytes[k], mesh_algo_name(got));
+        g.hash = fnv(g.hash, &m.point_bytes[k], sizeof(m.point_bytes[k]));
+        g.hash = fnv(g.hash, m.point_s[k], sizeof(m.point_s[k]));
+        g.hash = fnv(g.hash, &got, sizeof(got));
+    }
+    for (int k = m.npoints; g.ok && k < nwant; k++) {
+        int got = mesh_coll_algo_for(x->c, MESH_ALGO_AUTO, want[k]), best = -1;
+        double cost = -1, best_cost = 0;
+
+        for (int a = 0; m.npoints >= 2 && a < nauto; a++) {
+            double t = last_line(&m, ids[a], want[k]);
+
+            if (t >= 0 && (best < 0 || t < best_cost)) {
+                best = ids[a];
+                best_cost = t;
+            }
+            if (ids[a] == got)
+                cost = t;
+        }
+        if (got <= MESH_ALGO_AUTO || got == MESH_ALGO_PS ||
+            (best >= 0 && cost != best_cost))
+            group_fail(&g,
+                       "at %zu bytes (cut) auto takes %s, the last two's "
+                       "line %s",
+                       want[k], mesh_algo_name(got),
+                       best < 0 ? "none" : mesh_algo_name(best));
+        g.hash = fnv(g.hash, &got, sizeof(got));
+    }
+    if (x->rank == 0)
+        diag("N=%d rank 0: formation timed %d of %d sizes in %.3f s (budget "
+             "%.3f s)",
+             x->n, m.npoints, nwant, m.formation_s, bcase.budget_s);
+    group_end(x, &g);
+}
+
 /* ---- failure scenarios --------------------------------------------------- */
 
 /* The all-reduce of the failure scenarios (the parent sets it before it
@@ -957,7 +1091,7 @@ static void s_kill(struct rank_ctx *x, int sig)
 
 /* ---- the parent ---------------------------------------------------------- */
 
-enum scenario { SC_BATTERY, SC_MISMATCH, SC_KILL, SC_STOP };
+enum scenario { SC_BATTERY, SC_MISMATCH, SC_KILL, SC_STOP, SC_BUDGET };
 
 /* The hosts the ranks of a battery pretend to be on (1: one machine). */
 static int test_hosts = 1;
@@ -994,7 +1128,8 @@ static void child(int rank, int n, uint16_t base, int sc, int fd)
     if (!x.out)
         _exit(2);
     /* odd N: small chunks, so that even small counts run many chunks */
-    rc = mesh_up(&x, base, n % 2 ? 4096 : 0, sc == SC_BATTERY);
+    rc = mesh_up(&x, base, n % 2 ? 4096 : 0,
+                 sc == SC_BATTERY || sc == SC_BUDGET);
     if (rc < 0) {
         fprintf(x.out, "setup 0 0 %s\n", mesh_err_msg(rc));
         fclose(x.out);
@@ -1002,6 +1137,8 @@ static void child(int rank, int n, uint16_t base, int sc, int fd)
     }
     if (sc == SC_BATTERY)
         battery(&x);
+    else if (sc == SC_BUDGET)
+        s_budget(&x);
     else if (sc == SC_MISMATCH)
         s_size_mismatch(&x);
     else
@@ -1193,6 +1330,69 @@ static void battery_of(int n, const char *label)
         free(res[r].text);
 }
 
+/*
+ * Formation on n ranks under a budget drawn from seed (bcase): 6 sizes
+ * from 1 KiB to 4 MiB, each 2 to 4 times the one before, and 0.1 to 0.6
+ * s; run and
+ * report (s_budget).
+ */
+static void check_budget(int n, unsigned seed, const char *label)
+{
+    struct result res[MAXP];
+    uint64_t s = 0x9e3779b97f4a7c15ull * (seed + 1);
+    char line[LINE], name[LINE], h0[32] = "";
+    int all = 1, same = 1;
+
+    for (int i = 0; i < BUDGET_SIZES; i++) {
+        size_t lo = i ? bcase.sizes[i - 1] : 512;
+
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        /* within [2 lo, 4 lo), a multiple of 4 */
+        bcase.sizes[i] = (2 * lo + (size_t)(s >> 33) % (2 * lo)) & ~(size_t)3;
+    }
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    bcase.budget_s = 0.1 + 0.1 * (double)((s >> 33) % 6);
+    diag("%sN=%d seed %u: sizes %zu..%zu, budget %.1f s", label, n, seed,
+         bcase.sizes[0], bcase.sizes[BUDGET_SIZES - 1], bcase.budget_s);
+    memset(res, 0, sizeof(res));
+    budget_run = 1;
+    if (run_ports(n, SC_BUDGET, res) < 0) {
+        budget_run = 0;
+        ok(0, "%sN=%d formation within a budget: could not start the ranks",
+           label, n);
+        return;
+    }
+    budget_run = 0;
+    snprintf(name, sizeof(name), "N=%d formation within its budget", n);
+    for (int r = 0; r < n; r++) {
+        char h[32];
+        int okr = 0, off = 0;
+
+        if (nth_line(res[r].text, 0, line, sizeof(line)) < 0 ||
+            sscanf(line, "%1023s %d %31s %n", name, &okr, h, &off) < 3) {
+            all = 0;
+            diag("rank %d (exit %d): no result: %s", r, res[r].status,
+                 res[r].text);
+            continue;
+        }
+        if (!okr) {
+            all = 0;
+            diag("rank %d: %s", r, line + off);
+        }
+        if (r == 0)
+            snprintf(h0, sizeof(h0), "%s", h);
+        else if (strcmp(h, h0))
+            same = 0;
+    }
+    for (char *p = name; *p; p++)
+        if (*p == '~')
+            *p = ' ';
+    ok(all && same, "%s%s (seed %u)%s", label, name, seed,
+       same ? "" : " (outputs differ between ranks)");
+    for (int r = 0; r < n; r++)
+        free(res[r].text);
+}
+
 /* N = 4, rank 2 dies or stops mid-all-reduce: every survivor must get an
  * error naming it within the peer timeout's bound (plus SLACK_S). */
 static void check_death(int sc, int sig, const char *how, const char *label)
@@ -1317,6 +1517,14 @@ int main(int argc, char **argv)
         unsetenv("MESHTRAIN_TCP_SPIN_US");
     }
 
+    {
+        /* MESHTRAIN_COLL_SEED: other sizes and budgets (default 1) */
+        const char *e = getenv("MESHTRAIN_COLL_SEED");
+        unsigned seed = e ? (unsigned)strtoul(e, NULL, 0) : 1;
+
+        for (int n = 2; n <= nmax && n <= MAXP; n *= 2)
+            check_budget(n, seed + (unsigned)n, "");
+    }
     check_mismatch("");
     check_death(SC_KILL, SIGKILL, "killed (SIGKILL)", "");
     check_death(SC_STOP, SIGSTOP, "stopped (SIGSTOP, silent)", "");
