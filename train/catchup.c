@@ -1411,6 +1411,7 @@ struct train_catchup {
     int gparts[CU_RING];
     float glr[CU_RING];
     double t0, t_snap, t_end;
+    double t_rx;        /* the last bytes of a record came (mesh_now_s) */
     double t_ask, t_in; /* AUTH sent; the stripes' bytes all in */
     uint64_t steps;
     /* the SHA-256 of the model's weights and momentum (the state of step
@@ -2232,6 +2233,8 @@ static int cu_reads(struct train_catchup *cu)
         d = done - (p->rdlen - p->left);
         p->dst = p->rd0 + done;
         p->left = p->rdlen - done;
+        if (d)
+            cu->t_rx = mesh_now_s();
         if (grad) {
             cu->rdma_grad += d;
         } else {
@@ -2305,6 +2308,18 @@ static int cu_answers(struct train_catchup *cu)
         }
     }
     return rc == 2 ? -1 : rc;
+}
+
+/*
+ * How long an admitted joiner waits in the view change for the gradients
+ * it lacks, while they keep coming (3 s without a byte ends it, as it
+ * always did): the members wait for it there, but for less than the whole
+ * state over the same links. Within the peer timeout, so that no
+ * member's wait for it in the transfer nears that (3 s at least).
+ */
+static double cu_wait_cap(const struct train_catchup *cu)
+{
+    return MESH_MAX(3.0, 0.8 * cu->t->mo->topts.peer_timeout_s);
 }
 
 /*
@@ -2426,10 +2441,17 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
                 cu_stripes_report(cu);
                 return 1;
             }
-            /* the view change waits for us: what has not come soon (a
-             * member is gone, or we are behind) is sent in it instead */
+            /* the view change waits for us: what does not come (a
+             * member is gone) is sent in it instead, and so is the whole
+             * state where we lack more than it (over one slow link the
+             * snapshot can take steps, whose gradients come behind it:
+             * 200 MB for ResNet-50 in two, as long as its 205 MB state),
+             * or the snapshot itself after 3 s */
             if (cu->target < cu->x ||
-                (cu->loaded && cu->applied > cu->target) || now - tgt_at > 3 ||
+                (cu->loaded && cu->applied > cu->target) ||
+                now - MESH_MAX(tgt_at, cu->t_rx) > 3 ||
+                now - tgt_at > (cu->loaded ? cu_wait_cap(cu) : 3) ||
+                (cu->target - cu->applied) * cu->np * 4 > cu->n ||
                 (eof_at && now - MESH_MAX(eof_at, tgt_at) > 0.5))
                 return cu_why(__LINE__, -1);
         }
@@ -2533,6 +2555,7 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
                 if (rc == 1)
                     continue;
             } else {
+                cu->t_rx = mesh_now_s();
                 p->dst += r;
                 p->left -= (size_t)r;
                 if (p->kind == K_SNAP && !p->t_first)
@@ -2723,12 +2746,14 @@ int train_catchup_finish(struct trainer *t, uint64_t step,
                          struct train_whash *wh)
 {
     struct train_catchup *cu = t->cu;
-    uint64_t deadline = mesh_now_ns() + (uint64_t)(4 * 1e9);
+    uint64_t deadline;
     int ok, rc = 0;
 
     t->cu_step = UINT64_MAX;
     if (!cu)
         return 0;
+    /* (the catch-up thread gives up within its cap, cu_try) */
+    deadline = mesh_now_ns() + (uint64_t)((cu_wait_cap(cu) + 1) * 1e9);
     pthread_mutex_lock(&cu->mu);
     cu->target = step;
     while (!cu->result && rc == 0)
