@@ -258,7 +258,9 @@ const char *meshbench_coll_help(void)
            "                     (order statistics), and whether it is\n"
            "                     within 1.03 (\"ok\": interval at or below),\n"
            "                     above it (\"over\": interval above) or\n"
-           "                     not shown either way (\"?\")\n"
+           "                     not shown either way (\"?\"); with -t the\n"
+           "                     fixed ones over 1.25 x the best's median\n"
+           "                     in the first quarter sit out the rest\n"
            "  --algos A,B        with --vs-fixed or --rotate: the fixed\n"
            "                     algorithms to run beside auto (default:\n"
            "                     every one auto chooses from)\n"
@@ -717,54 +719,132 @@ static int run_vs(struct ctx *x, uint64_t *wrong_all)
 }
 
 /*
- * --rotate: like measure_vs, but every run is kept: rounds of an
- * out-of-place all-reduce of cnt elements with each of ids[0..nalgo)
- * (auto first) in an order shuffled each round, the same on every rank.
- * One warmup round (with -t, timed to size the rest), then *iters rounds
- * (at least -n, at most ROT_ITERS_MAX). On return t[j * *iters + i] is
- * algorithm j's time in round i (s), the slowest rank's, on every rank
- * (0 where j's scratch would pass formation's bound); the caller frees t.
+ * The slowest rank's time of each of the m runs in ft (this rank's, s),
+ * gathered into all (m x n floats), into out (m doubles), on every rank.
  */
-#define ROT_ITERS_MAX 4000
-static int measure_rotate(struct ctx *x, size_t cnt, const int *ids, int nalgo,
-                          double **tout, int *iters)
+static int slowest_runs(struct ctx *x, const float *ft, float *all, size_t m,
+                        double *out)
 {
-    float *ft = NULL, *all = NULL;
-    int rc, fits[MESH_ALGO_LAST + 2];
-    size_t m;
+    int rc = mesh_coll_allgather(x->c, ft, all, m, MESH_DT_F32);
 
-    *tout = NULL;
-    rc = warmup_round(x, cnt, ids, nalgo, fits, ROT_ITERS_MAX, iters);
-    if (rc < 0)
-        return rc;
-    *iters = MESH_MIN(MESH_MAX(*iters, 1), ROT_ITERS_MAX);
-    m = (size_t)*iters * (size_t)nalgo;
-    ft = calloc(m, sizeof(*ft));
-    all = calloc(m * (size_t)x->n, sizeof(*all));
-    *tout = calloc(m, sizeof(**tout));
-    if (!ft || !all || !*tout) {
-        rc =
-            mesh_err(-ENOMEM, "out of memory for %d x %d times", *iters, nalgo);
-        goto out;
-    }
-    for (int i = 0; rc == 0 && i < *iters; i++) {
-        double rt[MESH_ALGO_LAST + 2] = {0};
-
-        rc = timed_round(x, cnt, ids, nalgo, fits, i, rt);
-        for (int k = 0; k < nalgo; k++)
-            ft[(size_t)k * (size_t)*iters + (size_t)i] = (float)rt[k];
-    }
-    /* the slowest rank's time of each run */
-    if (rc == 0)
-        rc = mesh_coll_allgather(x->c, ft, all, m, MESH_DT_F32);
     for (size_t e = 0; rc == 0 && e < m; e++) {
         double most = 0;
 
         for (int r = 0; r < x->n; r++)
             most = MESH_MAX(most, (double)all[(size_t)r * m + e]);
-        (*tout)[e] = most;
+        out[e] = most;
     }
+    return rc;
+}
+
+#define ROT_ITERS_MAX 4000 /* --rotate's rounds at most */
+#define ROT_KEEP      1.25 /* the fixed ones this near the best run on */
+
+static double median_of(double *v, int n);
+
+/*
+ * --rotate's first n1 rounds done (ft, this rank's times round by round,
+ * since t0): the fixed algorithms whose median over them (the slowest
+ * rank's times, gathered into tr) ran over ROT_KEEP times the least fixed
+ * one's leave fits, and *n becomes the rounds that the time left (-t less
+ * the slowest rank's time so far) takes at the pace of those still in (at
+ * least *n, at most ROT_ITERS_MAX). The same gathered times on every
+ * rank, so every rank runs the same rounds.
+ */
+static int rotate_prune(struct ctx *x, const float *ft, float *all, double *tr,
+                        int nalgo, int n1, double t0, int *fits, int *n)
+{
+    double med[MESH_ALGO_LAST + 2], col[ROT_ITERS_MAX], best = 0, round = 0;
+    double spent = 0;
+    float el = (float)(mesh_now_s() - t0);
+    int rc = slowest_runs(x, ft, all, (size_t)n1 * (size_t)nalgo, tr);
+
+    if (rc == 0)
+        rc = mesh_coll_allgather(x->c, &el, x->times, 1, MESH_DT_F32);
+    if (rc < 0)
+        return rc;
+    for (int r = 0; r < x->n; r++)
+        spent = MESH_MAX(spent, (double)x->times[r]);
+    for (int k = 0; k < nalgo; k++) {
+        for (int i = 0; i < n1; i++)
+            col[i] = tr[(size_t)i * (size_t)nalgo + (size_t)k];
+        med[k] = fits[k] ? median_of(col, n1) : 0;
+        if (k > 0 && med[k] > 0 && (best <= 0 || med[k] < best))
+            best = med[k];
+    }
+    for (int k = 1; k < nalgo; k++)
+        if (fits[k] && med[k] > ROT_KEEP * best)
+            fits[k] = 0;
+    for (int k = 0; k < nalgo; k++)
+        round += fits[k] ? med[k] : 0;
+    if (round > 0 && x->a->time_s > spent)
+        *n = (int)MESH_MIN(
+            (double)ROT_ITERS_MAX,
+            MESH_MAX((double)*n, n1 + (x->a->time_s - spent) / round));
+    return 0;
+}
+
+/*
+ * --rotate: like measure_vs, but every run is kept: rounds of an
+ * out-of-place all-reduce of cnt elements with each of ids[0..nalgo)
+ * (auto first) in an order shuffled each round, the same on every rank.
+ * One warmup round (with -t, timed to size the rest), then *iters rounds
+ * (at least -n, at most ROT_ITERS_MAX). With -t, after the first quarter
+ * of the rounds (at least -n) the fixed algorithms whose median there ran
+ * over ROT_KEEP times the least fixed one's sit out (every rank decides
+ * from the same gathered times), and the rounds left take the time left
+ * at the pace of those still in: a near tie gets more rounds, and the
+ * pair it is judged by runs closer in time, where the load from elsewhere
+ * is more alike. On return t[j * *iters + i] is algorithm j's time in
+ * round i (s), the slowest rank's, on every rank (0 where j did not run:
+ * its scratch would pass formation's bound, or it sat out); the caller
+ * frees t.
+ */
+static int measure_rotate(struct ctx *x, size_t cnt, const int *ids, int nalgo,
+                          double **tout, int *iters)
+{
+    const struct meshbench_coll_args *a = x->a;
+    float *ft = NULL, *all = NULL;
+    double *tr = NULL, t0;
+    int rc, fits[MESH_ALGO_LAST + 2], n1, n;
+    size_t m = (size_t)ROT_ITERS_MAX * (size_t)nalgo;
+
+    *tout = NULL;
+    rc = warmup_round(x, cnt, ids, nalgo, fits, ROT_ITERS_MAX, iters);
+    if (rc < 0)
+        return rc;
+    n = MESH_MIN(MESH_MAX(*iters, 1), ROT_ITERS_MAX);
+    n1 = a->time_s > 0 ? MESH_MIN(MESH_MAX(a->iters, n / 4), n) : n;
+    /* the times round by round: ft[i * nalgo + k], this rank's; tr, the
+     * slowest rank's */
+    ft = calloc(m, sizeof(*ft));
+    all = calloc(m * (size_t)x->n, sizeof(*all));
+    tr = calloc(m, sizeof(*tr));
+    *tout = calloc(m, sizeof(**tout));
+    if (!ft || !all || !tr || !*tout) {
+        rc = mesh_err(-ENOMEM, "out of memory for %d x %d times", ROT_ITERS_MAX,
+                      nalgo);
+        goto out;
+    }
+    t0 = mesh_now_s();
+    for (int i = 0; rc == 0 && i < n; i++) {
+        double rt[MESH_ALGO_LAST + 2] = {0};
+
+        rc = timed_round(x, cnt, ids, nalgo, fits, i, rt);
+        for (int k = 0; k < nalgo; k++)
+            ft[(size_t)i * (size_t)nalgo + (size_t)k] = (float)rt[k];
+        if (rc == 0 && i + 1 == n1 && n1 < n)
+            rc = rotate_prune(x, ft, all, tr, nalgo, n1, t0, fits, &n);
+    }
+    if (rc == 0)
+        rc = slowest_runs(x, ft, all, (size_t)n * (size_t)nalgo, tr);
+    for (int k = 0; rc == 0 && k < nalgo; k++)
+        for (int i = 0; i < n; i++)
+            (*tout)[(size_t)k * (size_t)n + (size_t)i] =
+                tr[(size_t)i * (size_t)nalgo + (size_t)k];
+    *iters = n;
 out:
+    free(tr);
     free(all);
     free(ft);
     if (rc < 0) {
@@ -818,6 +898,11 @@ static int run_rotate(struct ctx *x, uint64_t *wrong_all)
                "one's (least median) in the same round, lo..hi its 95 %% "
                "interval; ok: hi <= %.2f, over: lo > %.2f, ?: neither\n",
                x->n, type_name(a->dtype), ROT_GOAL, ROT_GOAL);
+        if (a->time_s > 0)
+            printf("# after the first quarter of the rounds the fixed ones "
+                   "over %.2f x the best's median there sit out; rounds: "
+                   "those auto and the best ran\n",
+                   ROT_KEEP);
         print_formation(x);
         printf("# %10s %6s %6s", "size", "algo", "rounds");
         for (int j = 0; j < nalgo; j++)
@@ -853,19 +938,27 @@ static int run_rotate(struct ctx *x, uint64_t *wrong_all)
         }
         for (int j = 0; j < nalgo; j++) {
             double *tj = t + (size_t)j * (size_t)iters;
+            int nr = 0;
 
-            if (tj[0] <= 0)
+            for (int i = 0; i < iters; i++) /* the rounds it ran */
+                if (tj[i] > 0)
+                    r[nr++] = tj[i];
+            if (nr == 0)
                 continue; /* not run: scratch */
-            memcpy(r, tj, (size_t)iters * sizeof(*r));
-            med[j] = median_of(r, iters) * 1e6;
+            med[j] = median_of(r, nr) * 1e6;
             if (j > 0 && (best < 0 || med[j] < med[best]))
                 best = j;
         }
         rm = lo = hi = 0;
         if (best > 0 && med[0] > 0) {
-            for (int i = 0; i < iters; i++)
-                r[i] = t[i] / t[(size_t)best * (size_t)iters + (size_t)i];
-            median_ci(r, iters, &rm, &lo, &hi);
+            const double *tb = t + (size_t)best * (size_t)iters;
+            int nr = 0;
+
+            for (int i = 0; i < iters; i++) /* the rounds both ran */
+                if (tb[i] > 0 && t[i] > 0)
+                    r[nr++] = t[i] / tb[i];
+            median_ci(r, nr, &rm, &lo, &hi);
+            iters = nr;
         }
         free(r);
         free(t);

@@ -9,7 +9,7 @@
 # spoiled input byte must be counted wrong and make every rank exit 4.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
-t_plan 24
+t_plan 25
 n=3
 for algo in ring tree direct rd rhd htree hrd local ps auto; do
     take_ports "$n" || { t_ok 1 "no free ports"; continue; }
@@ -96,6 +96,25 @@ t_ok $([ $rc -eq 0 ] && [ "$rows" -eq 3 ] &&
        grep -q '# Out of bounds values : 0 OK' "$log"; echo $?) \
     "--rotate --algos ring,rd: exit $rc, $rows of 3 rows with an interval"
 [ $rc -eq 0 ] && [ "$rows" -eq 3 ] || t_show "$log"
+# with -t: the fixed ones far behind after the first quarter sit out,
+# and each row still has its interval over the rounds auto and the best
+# both ran
+take_ports "$n"
+port=$PORT
+log=$TMP/rott.log
+timeout 120 "$MESHRUN" -np "$n" -- "$MESHBENCH" --port "$port" \
+    --join-timeout 30 --op allreduce --rotate -b 4K -e 64K -f 16 -n 4 \
+    -w 1 -t 0.2 > "$log" 2>&1
+rc=$?
+rows=$(grep -E '^\[0\] +[0-9]+ +[a-z]+ +[0-9]+ ' "$log" |
+       awk '$4 >= 4 && $(NF - 3) > 0 && $(NF - 2) <= $(NF - 3) &&
+            $(NF - 3) <= $(NF - 1) && $NF ~ /^(ok|over|\?)$/ { n++ }
+            END { print n + 0 }')
+t_ok $([ $rc -eq 0 ] && [ "$rows" -eq 2 ] &&
+       grep -q '^\[0\] # after the first quarter of the rounds' "$log" &&
+       grep -q '# Out of bounds values : 0 OK' "$log"; echo $?) \
+    "--rotate -t 0.2: exit $rc, $rows of 2 rows with an interval"
+[ $rc -eq 0 ] && [ "$rows" -eq 2 ] || t_show "$log"
 "$MESHBENCH" --op allreduce --algos ring > "$TMP/bada.log" 2>&1
 rc=$?
 "$MESHBENCH" --op allreduce --rotate --algos ring,tree,ring \
