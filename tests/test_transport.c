@@ -1373,6 +1373,8 @@ struct view_peer {
     int rank;
     const char *view;
     int kept, listen_fd; /* kept: accept on listen_fd (o.listen_fd) */
+    int hold;            /* leave the mesh open, in t */
+    mesh_transport_t *t;
     int rc;
     char msg[MSG];
 };
@@ -1406,7 +1408,10 @@ static void *view_join(void *arg)
         p->rc = ops->connect(t);
     snprintf(p->msg, sizeof(p->msg), "%s",
              p->rc < 0 ? mesh_err_msg(p->rc) : "joined");
-    ops->close(t);
+    if (p->hold && p->rc >= 0)
+        p->t = t;
+    else
+        ops->close(t);
     return NULL;
 }
 
@@ -1507,6 +1512,91 @@ static void scenario_kept_listener(void)
                           "refuses");
     if (fd >= 0)
         close(fd);
+}
+
+/* Both ranks of a 2-rank mesh of view `view`, left open; 0 when both
+ * joined. */
+static int hold_pair(struct view_peer *p0, struct view_peer *p1)
+{
+    pthread_t th;
+
+    p0->hold = p1->hold = 1;
+    pthread_create(&th, NULL, view_join, p1);
+    view_join(p0);
+    pthread_join(th, NULL);
+    return p0->rc == 0 && p1->rc == 0 ? 0 : -1;
+}
+
+static void close_pair(struct view_peer *p0, struct view_peer *p1)
+{
+    ops->close(p0->t);
+    ops->close(p1->t);
+    p0->t = p1->t = NULL;
+}
+
+/*
+ * A failed mesh on a kept listening socket (its view is changing)
+ * accepts no more: a connection made meanwhile waits in the backlog, and
+ * the next mesh on the socket is the one that takes it (here a bad
+ * HELLO, which it refuses). Accepted by the failed mesh, a dial of the
+ * next view was refused there (the failed mesh's view is the earlier)
+ * and backed off.
+ */
+static void scenario_kept_failed(void)
+{
+    uint16_t base = pick_ports(2);
+    struct mesh_peer peers[2];
+    struct mesh_world w = {.rank = 0, .size = 2, .peers = peers};
+    struct mesh_transport_opts o;
+    struct view_peer a0 = {.base = base, .rank = 0, .view = "1:0,1"};
+    struct view_peer a1 = {.base = base, .rank = 1, .view = "1:0,1"};
+    struct view_peer b0 = {.base = base, .rank = 0, .view = "2:0,1"};
+    struct view_peer b1 = {.base = base, .rank = 1, .view = "2:0,1"};
+    uint8_t m[TCP_HELLO_LEN];
+    int lfd = -1, fd = -1, waited = 0, taken = 0, rc;
+
+    if (!base) {
+        for (int i = 0; i < 2; i++)
+            skip("no free ports");
+        return;
+    }
+    for (int i = 0; i < 2; i++) {
+        snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
+        peers[i].port = (uint16_t)(base + i);
+        peers[i].local_rank = i;
+    }
+    mesh_transport_opts_init(&o);
+    rc = mesh_tcp_listen_socket(&w, &o, &lfd);
+    a0.kept = b0.kept = 1;
+    a0.listen_fd = b0.listen_fd = lfd;
+    if (rc == 0)
+        rc = hold_pair(&a0, &a1);
+    if (rc == 0) {
+        ops->abort(a0.t, -1, "the view is changing (test)");
+        fd = raw_connect(base);
+        memset(m, 0xa5, sizeof(m)); /* no magic: refused when read */
+        if (fd >= 0 && write(fd, m, sizeof(m)) == (ssize_t)sizeof(m))
+            waited = !closed_within(fd, 0.5);
+        close_pair(&a0, &a1);
+    }
+    ok(rc == 0 && waited,
+       "kept listener: a failed mesh leaves a new connection in the "
+       "backlog (rank 0: %s; rank 1: %s)",
+       a0.msg, a1.msg);
+    if (rc == 0 && fd >= 0 && hold_pair(&b0, &b1) == 0) {
+        taken = closed_within(fd, 20);
+        close_pair(&b0, &b1);
+    } else if (b0.t || b1.t) {
+        close_pair(&b0, &b1);
+    }
+    ok(taken,
+       "kept listener: the next mesh on it took that connection "
+       "(and refused its bad HELLO; rank 0: %s; rank 1: %s)",
+       b0.msg, b1.msg);
+    if (fd >= 0)
+        close(fd);
+    if (lfd >= 0)
+        close(lfd);
 }
 
 /* In-process checks of the API's edges (no peers needed). */
@@ -1848,6 +1938,7 @@ int main(int argc, char **argv)
         scenario_order();
         scenario_view_order();
         scenario_kept_listener();
+        scenario_kept_failed();
         diag("waiters sleep while the progress thread reads "
              "(MESHTRAIN_TCP_POLL=0)");
         setenv("MESHTRAIN_TCP_POLL", "0", 1);

@@ -474,6 +474,18 @@ void tcp_on_accept(evutil_socket_t lfd, short what, void *arg)
 
     (void)what;
     pthread_mutex_lock(&t->super.lock);
+    if (t->super.fail.failed && t->super.opts.listen_fd >= 0) {
+        /*
+         * A failed mesh on a kept listening socket (--elastic: its view
+         * is changing) accepts no more: a peer that dials for the next
+         * view waits in the backlog for this peer's next mesh. Accepted
+         * here, it was refused (this mesh's view is the earlier) and
+         * backed off; the agreement is often done by then.
+         */
+        event_del(t->listen_ev);
+        pthread_mutex_unlock(&t->super.lock);
+        return;
+    }
     for (;;) {
         char addr[96], peek;
         ssize_t n;
