@@ -607,16 +607,21 @@ static void take(struct mesh_elastic *e, int type, int from, uint64_t epoch,
     if (round > e->round)
         new_round(e, round);
     e->heard_at[from] = mesh_now_s();
+    /* a report that grew is sent at once, not at the next resend: each
+     * member decides once every one has reported the same set, which
+     * took one or two resend periods (20-40 ms) of every view change */
     if (!(e->seen >> from & 1)) {
         e->seen |= UINT64_C(1) << from;
         e->seen_at = mesh_now_s();
         e->report[e->me] = e->seen;
+        e->sent_at = 0;
     }
     /* the joiners a member admits are ours too (adds only grow) */
     if (extra & ~e->members & ~e->adds) {
         e->adds |= extra & ~e->members;
         e->seen_at = mesh_now_s();
         e->radds[e->me] = e->adds;
+        e->sent_at = 0;
     }
     /* reports of a member only grow; keep the latest */
     e->report[from] = mask & e->members;
