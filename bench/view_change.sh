@@ -94,7 +94,10 @@ peer() {
     eval "P$1=$!"
     PIDS="$PIDS $!"
 }
-nviews() { grep -c '"event": "view"' "$OUT/metrics" 2> /dev/null || echo 0; }
+nviews() {
+    _n=$(grep -c '"event": "view"' "$OUT/metrics" 2> /dev/null)
+    echo "${_n:-0}"
+}
 # settled V: wait (at most 120 s) for view V's record, then 2 s; each
 # log gets a mark, so that the lines after it are the next change's.
 settled() {
