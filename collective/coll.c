@@ -40,6 +40,7 @@ struct mesh_coll_req {
     struct coll_args a;
     int algo; /* as asked; AUTO resolved by the engine */
     uint64_t seq;
+    int nseq;      /* the sequence numbers it takes, from seq */
     mesh_mr_t *mr; /* REQ_DEREG */
     int done;
     int rc;
@@ -923,6 +924,9 @@ static void run_req(struct mesh_coll *c, struct mesh_coll_req *q)
     q->t_begin = mesh_now_s();
     rc = q->kind == REQ_MEASURE ? run_measure(c, q) : run_coll(c, q);
     q->t_end = mesh_now_s();
+    /* One at a time: every seq below q's next is finished here. */
+    if (rc == 0 && c->ops->seq_done)
+        c->ops->seq_done(c->t, c->opts.seq_base, q->seq + (uint64_t)q->nseq);
     if (rc < 0) {
         snprintf(q->msg, sizeof(q->msg), "%s: %s",
                  req_what(q, what, sizeof(what)), mesh_err_msg(rc));
@@ -992,6 +996,7 @@ static void submit(mesh_coll_t *c, mesh_coll_req_t *q, int nseq)
 {
     pthread_mutex_lock(&c->mu);
     q->seq = c->next_seq;
+    q->nseq = nseq;
     c->next_seq += (uint64_t)nseq;
     if (c->tail)
         c->tail->next = q;
@@ -1018,6 +1023,7 @@ static int submit_wait(mesh_coll_t *c, mesh_coll_req_t *q, int nseq)
         return mesh_coll_wait(q);
     }
     q->seq = c->next_seq;
+    q->nseq = nseq;
     c->next_seq += (uint64_t)nseq;
     run_marked(c, q);
     if (c->head || c->stop)
@@ -2142,6 +2148,8 @@ int mesh_coll_create(const struct mesh_transport_ops *ops, mesh_transport_t *t,
         goto free_c;
     }
     c->next_seq = c->opts.seq_base;
+    if (c->ops->seq_done)
+        c->ops->seq_done(c->t, c->opts.seq_base, c->next_seq);
     c->model.alpha_s = 50e-6; /* a LAN's order of magnitude */
     c->model.beta_s_per_byte = 1e-9;
     /* y += x streams about 6 GB/s of x from memory on the development
@@ -2208,6 +2216,8 @@ void mesh_coll_destroy(mesh_coll_t *c)
     if (c->scratch_mr)
         c->ops->dereg_mr(c->t, c->scratch_mr);
     pinned_free(c, c->scratch, c->scratch_len);
+    if (c->ops->seq_done)
+        c->ops->seq_done(c->t, c->opts.seq_base, UINT64_MAX);
     pthread_cond_destroy(&c->dcv);
     pthread_cond_destroy(&c->qcv);
     pthread_mutex_destroy(&c->mu);

@@ -5,15 +5,17 @@
 # Over tcp and shm, for frames that are checked on arrival (a desync of
 # op, dtype or count; a length past the receive, by one byte, 64 KiB or
 # 2^62; a broken frame header; a ring slot neither inline nor by address,
-# or longer than a slot): every rank exits non-zero, none killed by a
-# signal, none left running, and every survivor's log names the hostile
-# rank and the fault.
+# or longer than a slot) and for frames that no receive will ever match
+# (a seq 2^32 collectives ahead, the collective before's seq, a
+# duplicate, an offset past the collective): every rank exits non-zero,
+# none killed by a signal, none left running, and every survivor's log
+# names the hostile rank and the fault.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
 CASES="tcp:op tcp:dtype tcp:count tcp:length tcp:long tcp:huge tcp:magic \
-shm:op shm:count shm:length shm:long shm:huge shm:kind"
-t_plan 13
-BENCH="--op allreduce --algo ring -b 64K -e 1M -f 4 -n 2 -w 1 --streams 1"
+shm:op shm:count shm:length shm:long shm:huge shm:kind \
+tcp:seq tcp:stale tcp:dup tcp:offset shm:seq shm:stale shm:dup shm:offset"
+t_plan 21
 
 i=0
 for c in $CASES; do
@@ -24,6 +26,13 @@ for c in $CASES; do
     # from the 10th on, they are the ring's
     nth=$((2 + i % 5))
     [ "$tr" = shm ] && nth=$((nth + 10))
+    BENCH="--op allreduce --algo ring -b 64K -e 1M -f 4 -n 2 -w 1 --streams 1"
+    case $kind in
+    # past the collective's first: the seq before it is not a collective's
+    stale | dup) nth=$((nth + 10)) ;;
+    # one message the whole collective: the offset lands past it
+    offset) BENCH="--op allreduce --algo direct -b 1K -e 1K -n 2 -w 1" ;;
+    esac
     i=$((i + 1))
     take_ports 3 || { t_skip "no free ports"; continue; }
     make_secret "$TMP/secret"
@@ -46,8 +55,16 @@ for c in $CASES; do
     op | dtype | count) fault="desync" ;;
     kind) fault="garbage on its ring" ;;
     magic) fault="garbage on data stream" ;;
-    long) fault="beyond the posted receive\|garbage on its ring" ;;
-    *) fault="beyond the posted receive" ;;
+    # a length past the collective's own count fails as such first
+    long) fault="beyond the posted receive\|garbage on its ring\|past its own" ;;
+    seq) fault="too far ahead" ;;
+    offset) fault="past its own collective" ;;
+    # it may still meet a receive of the collective before, not finished
+    # here yet (a receive done: a duplicate; its count differs; its bytes
+    # claimed)
+    stale) fault="finished here\|duplicate\|desync\|beyond the posted receive" ;;
+    dup) fault="duplicate\|finished here\|beyond the posted receive" ;;
+    *) fault="beyond the posted receive\|past its own collective" ;;
     esac
     name="rank $evil (localhost:$((PORT + evil)))"
     bad=""

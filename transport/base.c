@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include "transport/base.h"
+#include "common/dtype.h"
 #include "common/util.h"
 
 #include <errno.h>
@@ -50,6 +51,9 @@ void tp_base_fini(struct tp_base *b)
     }
     free(b->peers);
     b->peers = NULL;
+    free(b->got);
+    b->got = NULL;
+    b->ngot = b->capgot = 0;
 }
 
 void tp_fail_job(struct tp_base *b, int culprit, int code, int notify,
@@ -193,6 +197,132 @@ int tp_frame_match(struct tp_base *b, int culprit, int receiver, int sender,
     return 1;
 }
 
+/* The owner of seq, or NULL. */
+static const struct tp_seq_owner *seq_owner(const struct tp_base *b,
+                                            uint64_t seq)
+{
+    const struct tp_seq_owner *o = NULL;
+
+    for (int i = 0; i < TP_SEQ_OWNERS; i++)
+        if (b->seqs[i].used && b->seqs[i].base <= seq &&
+            seq < MESH_SEQ_OWN_BASE && (!o || b->seqs[i].base > o->base))
+            o = &b->seqs[i];
+    return o;
+}
+
+/* a * b, or UINT64_MAX where it overflows */
+static uint64_t mul_sat(uint64_t a, uint64_t b)
+{
+    return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
+int tp_frame_check(struct tp_base *b, int sender, const struct mesh_frame *f)
+{
+    uint64_t es = mesh_dtype_size(f->dtype), span, low = 0;
+    const struct tp_seq_owner *o = NULL;
+    char fb[200], sn[300];
+    const char *why = NULL;
+
+    /* The collective's bytes: its count of elements, the ranks' blocks
+     * of them where each rank holds one (an unknown dtype or op is a
+     * desync, which matching names). */
+    span = mul_sat(f->count, es);
+    if (f->op == MESH_OP_REDUCE_SCATTER || f->op == MESH_OP_ALLGATHER ||
+        f->op == MESH_OP_PS)
+        span = mul_sat(span, (uint64_t)b->world.size);
+    if (es && (f->offset > span || f->length > span - f->offset))
+        why = "a frame past its own collective's bytes";
+    if (!why)
+        o = seq_owner(b, f->seq);
+    if (o) {
+        low = o->low;
+        if (f->seq < low)
+            why = "a frame of a collective that finished here (a duplicate "
+                  "or a stale frame: no receive will ever match it)";
+        else if (f->seq - low >= MESH_SEQ_AHEAD)
+            why = "a frame too far ahead (2^24 collectives or more past the "
+                  "one running here)";
+    }
+    if (!why)
+        return 0;
+    tp_fail_job(b, sender, -EPROTO, 1, "rank %d (%s) sent %s: %s", sender,
+                tp_pname(b, sender, sn, sizeof(sn)), why,
+                mesh_frame_str(f, fb, sizeof(fb)));
+    return -EPROTO;
+}
+
+void tp_recv_got(struct tp_base *b, const struct tp_req *r)
+{
+    if (!seq_owner(b, r->f.seq))
+        return;
+    if (b->ngot == b->capgot) {
+        size_t cap = b->capgot ? 2 * b->capgot : 64;
+        struct tp_got *g = realloc(b->got, cap * sizeof(*g));
+
+        if (!g)
+            return; /* unchecked, not wrong */
+        b->got = g;
+        b->capgot = cap;
+    }
+    b->got[b->ngot++] = (struct tp_got){.peer = r->peer,
+                                        .tag = r->f.tag,
+                                        .seq = r->f.seq,
+                                        .offset = r->f.offset,
+                                        .length = r->f.length};
+}
+
+int tp_frame_unmatched(struct tp_base *b, int sender,
+                       const struct mesh_frame *f)
+{
+    char fb[200], sn[300];
+
+    for (size_t i = 0; i < b->ngot; i++) {
+        const struct tp_got *g = &b->got[i];
+
+        if (g->peer != sender || g->seq != f->seq || g->tag != f->tag ||
+            !(g->length
+                  ? f->offset >= g->offset && f->offset - g->offset < g->length
+                  : f->offset == g->offset))
+            continue;
+        tp_fail_job(b, sender, -EPROTO, 1,
+                    "rank %d (%s) sent a duplicate: %s, of a message received "
+                    "in full",
+                    sender, tp_pname(b, sender, sn, sizeof(sn)),
+                    mesh_frame_str(f, fb, sizeof(fb)));
+        return -EPROTO;
+    }
+    return 0;
+}
+
+void tp_seq_done(struct tp_base *b, uint64_t base, uint64_t low)
+{
+    struct tp_seq_owner *free_one = NULL;
+    size_t n = 0;
+
+    /* the receives of finished seqs: tp_frame_check covers them */
+    for (size_t i = 0; i < b->ngot; i++)
+        if (!(b->got[i].seq >= base && b->got[i].seq < low))
+            b->got[n++] = b->got[i];
+    b->ngot = n;
+
+    for (int i = 0; i < TP_SEQ_OWNERS; i++) {
+        struct tp_seq_owner *o = &b->seqs[i];
+
+        if (o->used && o->base == base) {
+            if (low == UINT64_MAX)
+                o->used = 0;
+            else
+                o->low = low;
+            return;
+        }
+        if (!o->used && !free_one)
+            free_one = o;
+    }
+    /* more owners than kept: the newest goes unchecked */
+    if (free_one && low != UINT64_MAX)
+        *free_one = (struct tp_seq_owner){.used = 1, .base = base, .low = low};
+}
+
 int tp_check_buf(const struct tp_base *b, const char *what,
                  const struct mesh_frame *f, const void *buf)
 {
@@ -300,9 +430,9 @@ int tp_ctrl_exchange(const struct tp_base *b,
 
 enum tp_wire tp_test_wire(struct mesh_frame *f, int slot)
 {
-    static const char *const kinds[] = {"op",   "dtype",  "count",  "seq",
-                                        "tag",  "offset", "length", "long",
-                                        "huge", "magic",  "kind",   "dup"};
+    static const char *const kinds[] = {
+        "op",   "dtype", "count", "seq",  "tag", "offset", "length",
+        "long", "huge",  "magic", "kind", "dup", "stale"};
     static atomic_int kind = -1; /* -1: not read yet; 0: none */
     static atomic_ulong left;
     int k = atomic_load(&kind);
@@ -345,7 +475,7 @@ enum tp_wire tp_test_wire(struct mesh_frame *f, int slot)
         f->count += 1;
         break;
     case 4:
-        f->seq += 1000;
+        f->seq += UINT64_C(1) << 32;
         break;
     case 5:
         f->tag += 1000;

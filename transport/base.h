@@ -74,6 +74,20 @@ struct tp_base_ops {
     void (*req_free)(struct tp_base *b, struct tp_req *r, int failed);
 };
 
+/* A completed receive of an owned seq (from, seq, tag, range). */
+struct tp_got {
+    int peer;
+    uint32_t tag;
+    uint64_t seq, offset, length;
+};
+
+/* An owner of sequence numbers (transport.h's seq_done). */
+#define TP_SEQ_OWNERS 4
+struct tp_seq_owner {
+    int used;
+    uint64_t base, low;
+};
+
 struct tp_base {
     const char *name; /* "tcp", "verbs": the start of some messages */
     const struct tp_base_ops *ops;
@@ -85,6 +99,10 @@ struct tp_base {
     int sync_ready;       /* lock and cond initialised */
     struct tp_req *reqs;  /* every request not yet freed, newest first */
     struct tp_failure fail;
+    struct tp_seq_owner seqs[TP_SEQ_OWNERS];
+    /* the receives completed of owned seqs not finished yet (tp_recv_got) */
+    struct tp_got *got;
+    size_t ngot, capgot;
 };
 
 /*
@@ -158,14 +176,41 @@ int tp_frame_match(struct tp_base *b, int culprit, int receiver, int sender,
                    const char *after);
 
 /*
+ * What a frame f that sender sent can be checked for before any receive
+ * matches it (so also while it waits as an early frame): a header that
+ * contradicts itself (its range past count elements of its dtype, times
+ * the ranks for a reduce-scatter or all-gather), a seq that an owner
+ * finished here or one too far ahead (transport.h's seq_done). 0, or
+ * -EPROTO after failing the job naming sender and the fault.
+ */
+int tp_frame_check(struct tp_base *b, int sender, const struct mesh_frame *f);
+/* seq_done's record: base's owner finished every seq below low here
+ * (UINT64_MAX: it is gone); forgets the receives of seqs below it. */
+void tp_seq_done(struct tp_base *b, uint64_t base, uint64_t low);
+/*
+ * Receive r (of peer, expecting r->f) completed: where an owner keeps its
+ * seq, remember it until that seq finishes, for tp_frame_unmatched.
+ */
+void tp_recv_got(struct tp_base *b, const struct tp_req *r);
+/*
+ * Frame f of sender matched no posted receive and would wait: if it lies
+ * in a receive that completed (a collective still running here, which
+ * posts each message's receive once), it is a duplicate, and the job
+ * fails naming sender (-EPROTO); else 0.
+ */
+int tp_frame_unmatched(struct tp_base *b, int sender,
+                       const struct mesh_frame *f);
+
+/*
  * Test aid, MESHTRAIN_TEST_WIRE=KIND[:N] (like train/'s MESHTRAIN_TEST_*
  * aids): the N-th data frame this process sends (from 1, default 1) goes
  * out hostile, so that tests can check what its receiver does with frames
  * of a peer that passed the handshake. KIND: op, dtype, count (a desync),
- * seq, tag (a frame of another collective or step), offset (past the
- * message), length (its header one byte longer than its payload), long
- * (64 KiB longer), huge (length 2^62), magic (tcp: a broken header),
- * kind (shm: a slot neither inline nor by address), dup (sent twice).
+ * seq (2^32 collectives ahead), stale (seq - 1: the collective before's),
+ * tag (another step), offset (past the message), length (its header one
+ * byte longer than its payload), long (64 KiB longer), huge (length
+ * 2^62), magic (tcp: a broken header), kind (shm: a slot neither inline
+ * nor by address), dup (sent twice).
  * slot: f is a shm ring slot's, else a TCP frame's (magic counts only
  * TCP frames, kind only slots). Returns TP_WIRE_NONE for every other
  * frame, and for the N-th the kind, with f's header fields changed for

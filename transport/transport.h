@@ -127,6 +127,14 @@ void mesh_frame_p2p(struct mesh_frame *f, uint64_t seq, uint32_t tag,
  */
 #define MESH_SEQ_COLL_BASE (UINT64_C(1) << 62)
 #define MESH_SEQ_OWN_BASE  (UINT64_MAX - 15)
+/*
+ * How far past an owner's low (seq_done) a peer's frame may be. A peer
+ * leads only where it finished collectives with no byte from this rank
+ * (a broadcast's root, a chain's head), and the frames of its lead queue
+ * unread in the link (a socket's buffers, 16 ring slots, credits): 2^24
+ * collectives' headers alone would be 1 GiB there.
+ */
+#define MESH_SEQ_AHEAD (UINT64_C(1) << 24)
 const char *mesh_seq_str(uint64_t seq, char *buf, size_t len);
 
 /* "allreduce (collective #12) tag 3 float32 count 1000 offset 0 length
@@ -313,6 +321,19 @@ struct mesh_transport_ops {
 
     /* Close every link and free everything; NULL is fine. */
     void (*close)(mesh_transport_t *t);
+
+    /*
+     * Optional (NULL: nothing is kept). The owner of the sequence numbers
+     * from base up (a communicator, which runs its collectives one at a
+     * time and matches every byte a peer sends it) says that every one of
+     * them below low is finished on this rank: each receive it posted for
+     * them completed. A peer's frame of such a seq, arriving or waiting
+     * unmatched, is then one that no receive will ever match (a duplicate,
+     * a stale frame), and so is one of seq low + MESH_SEQ_AHEAD or more
+     * (further ahead than any peer can run): the job fails naming its
+     * sender. low == UINT64_MAX: the owner is gone, its range unchecked.
+     */
+    void (*seq_done)(mesh_transport_t *t, uint64_t base, uint64_t low);
 
     /*
      * Optional (NULL: every rank is a host of its own). The host of rank

@@ -241,6 +241,8 @@ static struct mesh_req *match(struct mesh_transport *t, int peer,
                              .count = s->count,
                              .offset = s->offset,
                              .length = s->length};
+    if (tp_frame_check(&t->super, peer, f) < 0)
+        return NULL;
     for (struct mesh_req *r = t->pp[peer].rq_head; r; r = r->qnext) {
         int m =
             tp_frame_match(&t->super, peer, self, peer, &r->super.f, r->moved,
@@ -252,6 +254,7 @@ static struct mesh_req *match(struct mesh_transport *t, int peer,
             continue;
         return r;
     }
+    (void)tp_frame_unmatched(&t->super, peer, f);
     return NULL;
 }
 
@@ -345,6 +348,7 @@ static int pull(struct mesh_transport *t, int peer)
         tail++;
         if (r->moved == r->super.f.length) {
             shm_q_remove(&pp->rq_head, &pp->rq_tail, r);
+            tp_recv_got(&t->super, &r->super);
             tp_req_done(&t->super, &r->super);
         }
     }

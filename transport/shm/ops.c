@@ -461,6 +461,18 @@ static void shm_abort(mesh_transport_t *t, int culprit, const char *why)
         adopt_locked(t);
 }
 
+/* The rings' frames are checked here, the TCP mesh's there. */
+static void shm_seq_done(mesh_transport_t *t, uint64_t base, uint64_t low)
+{
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->super.lock);
+    tp_seq_done(&t->super, base, low);
+    pthread_mutex_unlock(&t->super.lock);
+    if (t->inner && t->inner_ops->seq_done)
+        t->inner_ops->seq_done(t->inner, base, low);
+}
+
 mesh_transport_t *mesh_shm_inner(mesh_transport_t *t)
 {
     return t ? t->inner : NULL;
@@ -749,6 +761,7 @@ const struct mesh_transport_ops mesh_shm_ops = {
     .abort = shm_abort,
     .culprit = shm_culprit,
     .close = shm_close,
+    .seq_done = shm_seq_done,
     .host_of = shm_host_of,
     .host_window = shm_host_window,
     .host_sync = shm_host_sync,
@@ -773,6 +786,7 @@ const struct mesh_transport_ops mesh_auto_ops = {
     .abort = shm_abort,
     .culprit = shm_culprit,
     .close = shm_close,
+    .seq_done = shm_seq_done,
     .host_of = shm_host_of,
     .host_window = shm_host_window,
     .host_sync = shm_host_sync,

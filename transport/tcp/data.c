@@ -35,8 +35,10 @@ static void posted_remove(struct link *l, struct mesh_req *r)
 
 static void req_complete(struct mesh_transport *t, struct mesh_req *r)
 {
-    if (r->super.kind == TP_RECV)
+    if (r->super.kind == TP_RECV) {
         posted_remove(&t->links[r->super.peer], r);
+        tp_recv_got(&t->super, &r->super);
+    }
     tp_req_done(&t->super, &r->super);
     tcp_kick(t, 0);
 }
@@ -147,6 +149,10 @@ static enum match_rc data_match(struct conn *c)
     const struct mesh_frame *f = &c->rx_f;
     struct mesh_req *r;
 
+    if (tp_frame_check(&t->super, c->peer, f) < 0) {
+        tcp_conn_kill(c);
+        return MATCH_FAILED;
+    }
     for (r = l->posted; r; r = r->pnext) {
         const struct mesh_frame *e = &r->super.f;
         int m =
@@ -165,6 +171,10 @@ static enum match_rc data_match(struct conn *c)
         c->rx_dst = r->buf + (f->offset - e->offset);
         c->rx_left = f->length;
         return MATCH_OK;
+    }
+    if (tp_frame_unmatched(&t->super, c->peer, f) < 0) {
+        tcp_conn_kill(c);
+        return MATCH_FAILED;
     }
     return MATCH_WAIT;
 }
@@ -602,6 +612,45 @@ out:
     return rc;
 }
 
+/* Match the headers l's parked streams hold again: a receive was posted,
+ * or an owner's seqs finished (a header may have become stale). */
+static void parked_retry(struct mesh_transport *t, struct link *l)
+{
+    for (int s = 0; s < t->S && !t->super.fail.failed; s++) {
+        struct conn *c = l->data ? l->data[s] : NULL;
+
+        if (!c || !c->parked || c->state != C_READY)
+            continue;
+        switch (data_match(c)) {
+        case MATCH_OK:
+            c->parked = 0;
+            if (!c->rx_left)
+                data_piece_done(c);
+            /* a holder, or a waiter, reads it (see tx_blocked) */
+            if (atomic_load(&t->holders))
+                tcp_kick(t, 1);
+            else
+                tcp_rev_on(c);
+            break;
+        case MATCH_WAIT:
+        case MATCH_FAILED:
+            break;
+        }
+    }
+}
+
+void tcp_seq_done(mesh_transport_t *t, uint64_t base, uint64_t low)
+{
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->super.lock);
+    tp_seq_done(&t->super, base, low);
+    for (int p = 0; p < t->super.world.size && !t->super.fail.failed; p++)
+        if (p != t->super.world.rank && t->links[p].ready)
+            parked_retry(t, &t->links[p]);
+    pthread_mutex_unlock(&t->super.lock);
+}
+
 int tcp_irecv(mesh_transport_t *t, int peer, const struct mesh_frame *expect,
               void *buf, mesh_mr_t *mr, mesh_req_t **out)
 {
@@ -642,28 +691,7 @@ int tcp_irecv(mesh_transport_t *t, int peer, const struct mesh_frame *expect,
         q->pnext = r;
         r->pprev = q;
     }
-    /* Streams parked on a header may now go on. */
-    for (int s = 0; s < t->S && !t->super.fail.failed; s++) {
-        struct conn *c = l->data[s];
-
-        if (!c || !c->parked || c->state != C_READY)
-            continue;
-        switch (data_match(c)) {
-        case MATCH_OK:
-            c->parked = 0;
-            if (!c->rx_left)
-                data_piece_done(c);
-            /* a holder, or a waiter, reads it (see tx_blocked) */
-            if (atomic_load(&t->holders))
-                tcp_kick(t, 1);
-            else
-                tcp_rev_on(c);
-            break;
-        case MATCH_WAIT:
-        case MATCH_FAILED:
-            break;
-        }
-    }
+    parked_retry(t, l);
     /* A peer that left may still have delivered this; else it never will. */
     if (l->bye)
         bye_check(t, peer, 0);

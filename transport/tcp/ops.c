@@ -390,4 +390,5 @@ const struct mesh_transport_ops mesh_tcp_ops = {
     .abort = tcp_abort,
     .culprit = tcp_culprit,
     .close = tcp_close,
+    .seq_done = tcp_seq_done,
 };

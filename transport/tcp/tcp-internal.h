@@ -327,6 +327,8 @@ int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
 int tcp_irecv(mesh_transport_t *t, int peer, const struct mesh_frame *expect,
               void *buf, mesh_mr_t *mr, mesh_req_t **out);
 int tcp_test(mesh_transport_t *t, mesh_req_t *req, int *done);
+/* transport.h's seq_done: record it, then check the parked headers. */
+void tcp_seq_done(mesh_transport_t *t, uint64_t base, uint64_t low);
 /* base's req_free: test() hands a request back */
 void tcp_req_free(struct tp_base *b, struct tp_req *r, int failed);
 
