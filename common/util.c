@@ -228,6 +228,16 @@ void mesh_slab_free(void *ptr)
         free(h->base);
 }
 
+void mesh_touch(void *p, size_t len)
+{
+    volatile uint8_t *b = p;
+
+    for (size_t i = 0; i < len; i += 4096)
+        b[i] = b[i];
+    if (len)
+        b[len - 1] = b[len - 1];
+}
+
 int mesh_host_alloc(size_t len, void **out)
 {
     static atomic_int warned;

@@ -159,6 +159,10 @@ int mesh_file_read(const char *path, size_t max, const char *what,
 int mesh_slab_alloc(size_t len, void **out);
 void mesh_slab_free(void *p);
 
+/* Fault in the pages of [p, p + len) for writing now, not at their first
+ * use: each page's first byte is written back unchanged. */
+void mesh_touch(void *p, size_t len);
+
 /*
  * Pinned host memory: page-aligned, mlock'ed where RLIMIT_MEMLOCK allows
  * (a one-time warning is logged where it does not). Freed with
