@@ -148,22 +148,6 @@ int mesh_file_read(const char *path, size_t max, const char *what,
                    uint8_t **buf, size_t *cap, size_t *len);
 
 /*
- * Zeroed host memory for large buffers (model slabs, a joiner's snapshot):
- * from 4 MiB up an anonymous mapping, aligned to 2 MiB, with transparent
- * huge pages asked for (MADV_HUGEPAGE), which the kernel zeroes as each
- * is first touched: a page fault per 2 MiB instead of per 4 KiB, and no
- * page touched at all until it is used (one read of an untouched page
- * maps the shared zero page). Smaller sizes come from the heap, 64-byte
- * aligned and zeroed. Free with mesh_slab_free only (NULL is ignored).
- */
-int mesh_slab_alloc(size_t len, void **out);
-void mesh_slab_free(void *p);
-
-/* Fault in the pages of [p, p + len) for writing now, not at their first
- * use: each page's first byte is written back unchanged. */
-void mesh_touch(void *p, size_t len);
-
-/*
  * Pinned host memory: page-aligned, mlock'ed where RLIMIT_MEMLOCK allows
  * (a one-time warning is logged where it does not). Freed with
  * mesh_host_free(ptr, len).

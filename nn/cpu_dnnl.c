@@ -223,14 +223,13 @@ static const char *cpu_dev_describe(struct mesh_nn_dev *dev)
 static int cpu_alloc(struct mesh_nn_dev *dev, size_t bytes, void **out)
 {
     void *p = NULL;
+    int e;
 
-    /* 64-byte alignment at least: one AVX-512 vector, oneDNN's
-     * preference. The slabs (weights, gradients, momentum: 100 MB each
-     * for ResNet-50) on huge pages, zeroed by the kernel as they are
-     * first touched: a joiner's model build and warm-up were mostly page
-     * faults (doc/elastic.md) */
-    if (mesh_slab_alloc(bytes, &p) < 0)
+    /* 64-byte alignment: one AVX-512 vector, oneDNN's preference. */
+    e = posix_memalign(&p, 64, bytes ? bytes : 64);
+    if (e)
         return mesh_err(-ENOMEM, "nn cpu: cannot allocate %zu bytes", bytes);
+    memset(p, 0, bytes);
     *out = p;
     __atomic_add_fetch(&dev->live, 1, __ATOMIC_RELAXED);
     return 0;
@@ -240,7 +239,7 @@ static void cpu_free(struct mesh_nn_dev *dev, void *p)
 {
     if (p)
         __atomic_sub_fetch(&dev->live, 1, __ATOMIC_RELAXED);
-    mesh_slab_free(p);
+    free(p);
 }
 
 static long cpu_live_allocs(struct mesh_nn_dev *dev)
@@ -1735,8 +1734,7 @@ static int act_convert(struct mesh_nn_dev *dev, int n, int c, int h, int w,
         return -ENOMEM;
     }
     rc = reo_run(dev, &r, src, dst, scratch);
-    if (scratch)
-        cpu_free(dev, scratch);
+    free(scratch);
     prim_fini(&r.r);
     return rc;
 }

@@ -2181,19 +2181,20 @@ static int cu_alloc(struct train_catchup *cu, size_t np)
 {
     int ok;
 
-    /* on huge pages: the joiner's CPU, not its link, set the pace at
-     * 1 Gbit/s, and 4 KiB page faults were much of it */
     cu->n = blob_bytes(np);
-    ok = mesh_slab_alloc(cu->n, (void **)&cu->blob) == 0;
-    for (int r = 0; r < CU_RING; r++)
-        ok &= mesh_slab_alloc(np * 4 + 4, (void **)&cu->g[r]) == 0;
+    cu->blob = malloc(cu->n);
+    ok = cu->blob != NULL;
+    for (int r = 0; r < CU_RING; r++) {
+        cu->g[r] = malloc(np * 4 + 4);
+        ok &= cu->g[r] != NULL;
+    }
     if (ok)
         return 0;
     mesh_info("catch-up: out of memory for a snapshot of %zu bytes", cu->n);
-    mesh_slab_free(cu->blob);
+    free(cu->blob);
     cu->blob = NULL;
     for (int r = 0; r < CU_RING; r++) {
-        mesh_slab_free(cu->g[r]);
+        free(cu->g[r]);
         cu->g[r] = NULL;
     }
     return -1;
@@ -2722,9 +2723,9 @@ void train_catchup_stop(struct trainer *t)
     pthread_join(cu->th, NULL);
     pthread_cond_destroy(&cu->cv);
     pthread_mutex_destroy(&cu->mu);
-    mesh_slab_free(cu->blob);
+    free(cu->blob);
     for (int r = 0; r < CU_RING; r++)
-        mesh_slab_free(cu->g[r]);
+        free(cu->g[r]);
     EVP_MD_CTX_free(cu->hmd[0]);
     EVP_MD_CTX_free(cu->hmd[1]);
     free(cu);

@@ -2646,15 +2646,6 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
     rc = outputs_check(t);
     if (rc == 0)
         rc = open_model(t, mo);
-    /* a joiner's slabs are first touched here, beside its catch-up's
-     * transfer, not when the snapshot is loaded into them (the kernel
-     * zeroes each page then: 0.6 to 0.8 s of ResNet-50's load at 1 Gbit/s
-     * on a loaded host); before the catch-up may load them (below) */
-    if (rc == 0 && t->joiner && t->cu && t->host_slabs) {
-        mesh_touch(mesh_nn_model_params(t->model), t->nparams * 4);
-        mesh_touch(mesh_nn_sgd_momentum(t->sgd), t->nparams * 4);
-        mesh_touch(mesh_nn_model_grads(t->model), t->nparams * 4);
-    }
     t->join_mark[TRAIN_JM_BUILT] = mesh_now_s();
     if (rc == 0)
         train_catchup_model(t);
