@@ -801,8 +801,9 @@ static void t_auto_refine(struct rank_ctx *x)
 /*
  * The re-check of AUTO's kept winner (mesh_coll_auto_rechecks), right
  * after t_auto_refine kept one at 4000 bytes: where formation timed 2 or
- * more contenders there (within 50 % of its best, or 5 % where that took
- * 2 ms or more), the first re-check ends within 1400 more calls (it
+ * more contenders there (within 50 % of its best: the runner-up races
+ * within 50 % at every size), the first re-check ends within 1400 more
+ * calls (it
  * starts at most 8 x 2 epochs x 31 rounds x 2 others = 992 calls after
  * the keep and runs at most 2 epochs of 31 rounds of 3), every rank at
  * the same call and keeping the same contender (the hash); where only
@@ -825,8 +826,8 @@ static void t_auto_recheck(struct rank_ctx *x)
     best = formation_best(&m, bytes, ids, nauto, &k);
     if (k >= 0) {
         for (int a = 0; a < nauto && best > 0; a++)
-            ncand += m.point_s[k][ids[a]] > 0 &&
-                     m.point_s[k][ids[a]] <= (best < 2e-3 ? 1.5 : 1.05) * best;
+            ncand +=
+                m.point_s[k][ids[a]] > 0 && m.point_s[k][ids[a]] <= 1.5 * best;
     }
     if (!want || mesh_coll_buf_alloc(x->c, bytes, (void **)&in) < 0 ||
         mesh_coll_buf_alloc(x->c, bytes, (void **)&out) < 0)
