@@ -134,17 +134,23 @@ static void slot_frame(struct shm_slot *s, const struct mesh_frame *f,
     s->addr = 0;
 }
 
+/* The frame header that slot s carries. */
+static struct mesh_frame slot_header(const struct shm_slot *s)
+{
+    return (struct mesh_frame){.seq = s->seq,
+                               .tag = s->tag,
+                               .op = s->op,
+                               .dtype = s->dtype,
+                               .count = s->count,
+                               .offset = s->offset,
+                               .length = s->length};
+}
+
 /* The test aid (tp_test_wire) on a slot just framed: 1 when it goes out
  * twice. */
 static int slot_hostile(struct shm_slot *s)
 {
-    struct mesh_frame f = {.seq = s->seq,
-                           .tag = s->tag,
-                           .op = s->op,
-                           .dtype = s->dtype,
-                           .count = s->count,
-                           .offset = s->offset,
-                           .length = s->length};
+    struct mesh_frame f = slot_header(s);
 
     switch (tp_test_wire(&f, 1)) {
     case TP_WIRE_HEADER:
@@ -234,13 +240,7 @@ static struct mesh_req *match(struct mesh_transport *t, int peer,
 {
     int self = t->super.world.rank;
 
-    *f = (struct mesh_frame){.seq = s->seq,
-                             .tag = s->tag,
-                             .op = s->op,
-                             .dtype = s->dtype,
-                             .count = s->count,
-                             .offset = s->offset,
-                             .length = s->length};
+    *f = slot_header(s);
     if (tp_frame_check(&t->super, peer, f) < 0)
         return NULL;
     for (struct mesh_req *r = t->pp[peer].rq_head; r; r = r->qnext) {
