@@ -1442,6 +1442,36 @@ static void scenario_view_order(void)
 }
 
 /*
+ * Rank 0's listening socket for 2 ranks on base (*lfd), kept by the test
+ * as --elastic keeps one, and views 1 and 2 of the pair on it (a: view 1,
+ * b: view 2); 0, or the error of the socket.
+ */
+static int kept_setup(uint16_t base, int *lfd, struct view_peer *a0,
+                      struct view_peer *a1, struct view_peer *b0,
+                      struct view_peer *b1)
+{
+    struct mesh_peer peers[2];
+    struct mesh_world w = {.rank = 0, .size = 2, .peers = peers};
+    struct mesh_transport_opts o;
+    int rc;
+
+    *a0 = (struct view_peer){.base = base, .rank = 0, .view = "1:0,1"};
+    *a1 = (struct view_peer){.base = base, .rank = 1, .view = "1:0,1"};
+    *b0 = (struct view_peer){.base = base, .rank = 0, .view = "2:0,1"};
+    *b1 = (struct view_peer){.base = base, .rank = 1, .view = "2:0,1"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
+        peers[i].port = (uint16_t)(base + i);
+        peers[i].local_rank = i;
+    }
+    mesh_transport_opts_init(&o);
+    rc = mesh_tcp_listen_socket(&w, &o, lfd);
+    a0->kept = b0->kept = 1;
+    a0->listen_fd = b0->listen_fd = *lfd;
+    return rc;
+}
+
+/*
  * A listening socket kept across meshes (o.listen_fd, as --elastic keeps
  * one for all its views): rank 0's two meshes in turn accept on it, and
  * between them, and after the second, the port still accepts a
@@ -1452,13 +1482,7 @@ static void scenario_view_order(void)
 static void scenario_kept_listener(void)
 {
     uint16_t base = pick_ports(2);
-    struct mesh_peer peers[2];
-    struct mesh_world w = {.rank = 0, .size = 2, .peers = peers};
-    struct mesh_transport_opts o;
-    struct view_peer a0 = {.base = base, .rank = 0, .view = "1:0,1"};
-    struct view_peer a1 = {.base = base, .rank = 1, .view = "1:0,1"};
-    struct view_peer b0 = {.base = base, .rank = 0, .view = "2:0,1"};
-    struct view_peer b1 = {.base = base, .rank = 1, .view = "2:0,1"};
+    struct view_peer a0, a1, b0, b1;
     pthread_t th;
     int lfd = -1, fd, rc;
 
@@ -1467,15 +1491,7 @@ static void scenario_kept_listener(void)
             skip("no free ports");
         return;
     }
-    for (int i = 0; i < 2; i++) {
-        snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
-        peers[i].port = (uint16_t)(base + i);
-        peers[i].local_rank = i;
-    }
-    mesh_transport_opts_init(&o);
-    rc = mesh_tcp_listen_socket(&w, &o, &lfd);
-    a0.kept = b0.kept = 1;
-    a0.listen_fd = b0.listen_fd = lfd;
+    rc = kept_setup(base, &lfd, &a0, &a1, &b0, &b1);
     if (rc == 0) {
         pthread_create(&th, NULL, view_join, &a1);
         view_join(&a0);
@@ -1545,13 +1561,7 @@ static void close_pair(struct view_peer *p0, struct view_peer *p1)
 static void scenario_kept_failed(void)
 {
     uint16_t base = pick_ports(2);
-    struct mesh_peer peers[2];
-    struct mesh_world w = {.rank = 0, .size = 2, .peers = peers};
-    struct mesh_transport_opts o;
-    struct view_peer a0 = {.base = base, .rank = 0, .view = "1:0,1"};
-    struct view_peer a1 = {.base = base, .rank = 1, .view = "1:0,1"};
-    struct view_peer b0 = {.base = base, .rank = 0, .view = "2:0,1"};
-    struct view_peer b1 = {.base = base, .rank = 1, .view = "2:0,1"};
+    struct view_peer a0, a1, b0, b1;
     uint8_t m[TCP_HELLO_LEN];
     int lfd = -1, fd = -1, waited = 0, taken = 0, rc;
 
@@ -1560,15 +1570,7 @@ static void scenario_kept_failed(void)
             skip("no free ports");
         return;
     }
-    for (int i = 0; i < 2; i++) {
-        snprintf(peers[i].host, sizeof(peers[i].host), "127.0.0.1");
-        peers[i].port = (uint16_t)(base + i);
-        peers[i].local_rank = i;
-    }
-    mesh_transport_opts_init(&o);
-    rc = mesh_tcp_listen_socket(&w, &o, &lfd);
-    a0.kept = b0.kept = 1;
-    a0.listen_fd = b0.listen_fd = lfd;
+    rc = kept_setup(base, &lfd, &a0, &a1, &b0, &b1);
     if (rc == 0)
         rc = hold_pair(&a0, &a1);
     if (rc == 0) {
