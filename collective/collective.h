@@ -121,8 +121,8 @@ struct mesh_coll_opts {
      * gets that median times the median over the rounds of its time over
      * that one's in the same round (a round's load hits both), the same
      * on every rank before anything is decided from it, so every rank
-     * takes the same choices; those within 15 % of the fastest then run as many
-     * times again, and their medians are agreed anew, then those within 8 %,
+     * takes the same choices; those within 30 % of the fastest then run as many
+     * times again, and their medians are agreed anew, then those within 10 %,
      * then 4 % (up to 4 blocks of runs, while the budget lasts). An algorithm
      * whose scratch memory would exceed twice the message plus 8 MiB is not
      * timed (nor chosen) at that size and above, nor one that ran over twice

@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Copy at most len bytes of untrusted text, replacing non-printables. */
+/* An ABORT's error code as it came, as the failure reported (tcp.h). */
 int tcp_ctrl_code(uint32_t wire)
 {
     switch (wire) {
@@ -34,6 +34,7 @@ int tcp_ctrl_code(uint32_t wire)
     }
 }
 
+/* Copy at most len bytes of untrusted text, replacing non-printables. */
 void tcp_clean_text(char *dst, size_t dstlen, const uint8_t *src, size_t len)
 {
     size_t i, n = 0;
