@@ -34,9 +34,19 @@ established() {
         wc -l
 }
 # its control and data connection to each of slots 0..2 (1 stream), and
-# a moment for their handshakes (local, a few ms)
+# a moment for their handshakes (local, a few ms). --elastic binds the
+# port before the model is built and view 0's mesh accepts: a dial is
+# established in the backlog before then, so wait until each of slots
+# 0..2 holds its 6 too (its dials, and those it accepted: its mesh took
+# them), else a loaded machine kills the victim before the handshakes
+# and the others wait out the join timeout instead
+all_up() {
+    for _p in $PEERS; do
+        [ "$(established "$_p")" -ge 6 ] || return 1
+    done
+}
 i=0
-while [ "$(established "$victim")" -lt 6 ] && [ $i -lt 600 ]; do
+until all_up || [ $i -ge 600 ]; do
     sleep 0.1
     i=$((i + 1))
 done
