@@ -1734,7 +1734,7 @@ static int act_convert(struct mesh_nn_dev *dev, int n, int c, int h, int w,
         return -ENOMEM;
     }
     rc = reo_run(dev, &r, src, dst, scratch);
-    free(scratch);
+    cpu_free(dev, scratch); /* (cpu_alloc counted it live) */
     prim_fini(&r.r);
     return rc;
 }
