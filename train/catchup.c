@@ -2316,11 +2316,15 @@ static int cu_answers(struct train_catchup *cu)
  * it lacks, while they keep coming (3 s without a byte ends it, as it
  * always did): the members wait for it there, but for less than the whole
  * state over the same links. Within the peer timeout, so that no
- * member's wait for it in the transfer nears that (3 s at least).
+ * member's wait for it in the transfer nears that (3 s at least), and 2 s
+ * short of the members' join timeout for the view's mesh (max(5 s, the
+ * peer timeout)), which a joiner on a device opens only after this wait.
  */
 static double cu_wait_cap(const struct train_catchup *cu)
 {
-    return MESH_MAX(3.0, 0.8 * cu->t->mo->topts.peer_timeout_s);
+    double pt = cu->t->mo->topts.peer_timeout_s;
+
+    return MESH_MIN(MESH_MAX(3.0, 0.8 * pt), MESH_MAX(5.0, pt) - 2.0);
 }
 
 /*
