@@ -2317,14 +2317,16 @@ static int cu_answers(struct train_catchup *cu)
  * always did): the members wait for it there, but for less than the whole
  * state over the same links. Within the peer timeout, so that no
  * member's wait for it in the transfer nears that (3 s at least), and 2 s
- * short of the members' join timeout for the view's mesh (max(5 s, the
- * peer timeout)), which a joiner on a device opens only after this wait.
+ * short of the members' join timeout for the view's mesh
+ * (train_view_join_timeout), which a joiner on a device opens only after
+ * this wait.
  */
 static double cu_wait_cap(const struct train_catchup *cu)
 {
     double pt = cu->t->mo->topts.peer_timeout_s;
 
-    return MESH_MIN(MESH_MAX(3.0, 0.8 * pt), MESH_MAX(5.0, pt) - 2.0);
+    return MESH_MIN(MESH_MAX(3.0, 0.8 * pt),
+                    train_view_join_timeout(cu->t) - 2.0);
 }
 
 /*

@@ -220,6 +220,13 @@ static inline int train_local(struct trainer *t, int rc)
     return rc;
 }
 
+/* How long the members wait for every peer of a new view's mesh: the
+ * peer timeout, 5 s at least (a joiner's last waits keep within it). */
+static inline double train_view_join_timeout(const struct trainer *t)
+{
+    return MESH_MAX(5.0, t->mo->topts.peer_timeout_s);
+}
+
 /* Host copies of device slabs (the slab itself with host slabs); *rc is
  * the copy's status. */
 float *train_momentum_host(struct trainer *t, int *rc);

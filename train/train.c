@@ -1911,7 +1911,7 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
         vo.world.rank = me;
         vo.world.size = n;
         vo.world.peers = peers;
-        vo.topts.join_timeout_s = MESH_MAX(5.0, mo->topts.peer_timeout_s);
+        vo.topts.join_timeout_s = train_view_join_timeout(t);
         vo.topts.listen_fd = t->listen_fd;
         if (snprintf(cfg, sizeof(cfg),
                      "%s" MESH_CONFIG_VIEW "=%" PRIu64 ":%s\n", t->config,
