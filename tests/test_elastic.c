@@ -16,6 +16,10 @@
  * Then (test_slow_voter): a live member slow to vote is not left out of
  * a join's view change, nor of one after a death, and one that never
  * votes is, after --peer-timeout.
+ *
+ * And (test_cell_hash) the weights' cell hash (train_wch, train/whash.c),
+ * which the weight check and the state transfer compare: fed in any
+ * pieces it is the SHA-256 of its cells' SHA-256s, and every byte counts.
  */
 #include "config.h"
 
@@ -23,10 +27,12 @@
 #include "tests/ports.h"
 #include "tests/tap.h"
 #include "train/elastic.h"
+#include "train/train-internal.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -345,6 +351,72 @@ static void test_slow_voter(void)
         mesh_elastic_stop(e[i]);
 }
 
+/* The cell hash of len bytes of p, by its definition. */
+static void cells_by_hand(const uint8_t *p, size_t len, uint8_t out[32])
+{
+    size_t n = len ? (len + TRAIN_WCELL - 1) / TRAIN_WCELL : 1;
+    uint8_t *list = calloc(n, 32);
+
+    for (size_t c = 0; list && c < n; c++)
+        EVP_Digest(p + c * TRAIN_WCELL,
+                   len ? MESH_MIN((size_t)TRAIN_WCELL, len - c * TRAIN_WCELL)
+                       : 0,
+                   list + 32 * c, NULL, EVP_sha256(), NULL);
+    EVP_Digest(list, 32 * n, out, NULL, EVP_sha256(), NULL);
+    free(list);
+}
+
+static void test_cell_hash(void)
+{
+    size_t lens[] = {0, 1000, TRAIN_WCELL, 2 * TRAIN_WCELL + 12345};
+    size_t len = lens[3];
+    uint8_t *p = malloc(len), a[32], b[32], c[32], whole[32];
+    uint32_t seed = 7;
+    struct train_wch w = {0};
+    int good = p != NULL, rc = 0;
+
+    for (size_t i = 0; p && i < len; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        p[i] = (uint8_t)(seed >> 24);
+    }
+    for (int k = 0; good && k < 4; k++) {
+        train_wch_sum(p, lens[k], a);
+        cells_by_hand(p, lens[k], b);
+        good = !memcmp(a, b, 32);
+    }
+    ok(good, "a cell hash is the SHA-256 of its 4 MiB cells' SHA-256s "
+             "(0, 1000 bytes, one cell, 2 cells and a part)");
+    /* fed in pieces across the cells' edges */
+    if (p) {
+        size_t cut[] = {7, TRAIN_WCELL - 7, TRAIN_WCELL + 1,
+                        2 * TRAIN_WCELL + 5, len};
+        size_t at = 0;
+
+        rc = train_wch_init(&w, len);
+        for (int k = 0; k < 5 && rc == 0; k++) {
+            rc = train_wch_feed(&w, p + at, cut[k] - at);
+            at = cut[k];
+        }
+        if (rc == 0)
+            rc = train_wch_final(&w, c);
+        train_wch_free(&w);
+    }
+    ok(p && rc == 0 && !memcmp(a, c, 32),
+       "fed in pieces across the cells' edges, the same hash (%d)", rc);
+    if (p)
+        EVP_Digest(p, len, whole, NULL, EVP_sha256(), NULL);
+    ok(p && memcmp(a, whole, 32), "it is not the SHA-256 of the bytes");
+    good = p != NULL;
+    for (size_t i = 0; good && i < len; i += TRAIN_WCELL - 1) {
+        p[i] ^= 1;
+        train_wch_sum(p, len, b);
+        good = memcmp(a, b, 32) != 0;
+        p[i] ^= 1;
+    }
+    ok(good, "a bit flipped anywhere changes it");
+    free(p);
+}
+
 int main(void)
 {
     struct mesh_peer peers[N];
@@ -358,7 +430,8 @@ int main(void)
         skip_all("no free block of %d ports", N);
         return 0;
     }
-    plan(16);
+    plan(20);
+    test_cell_hash();
     if (start_slots(N, port, peers, w, el, "test_elastic", 0) < 0)
         return done();
     for (i = 0; i < N; i++) {

@@ -81,10 +81,10 @@
 
 #define CU_MAGIC   0x4355544dU /* "MTUC": a record */
 #define CU_MAGIC_B 0x4255544dU /* "MTUB": the snapshot buffer */
-#define CU_VERSION 4
-#define CU_HDR     96 /* every record's header */
-#define CU_BLOB    64 /* the snapshot buffer's header */
-#define CU_SESS    8  /* joiners served at once */
+#define CU_VERSION 5           /* 5: a stripe's SHA-256 of its pieces' */
+#define CU_HDR     96          /* every record's header */
+#define CU_BLOB    64          /* the snapshot buffer's header */
+#define CU_SESS    8           /* joiners served at once */
 #define CU_QUEUE   16 /* records queued for one joiner; more: dropped */
 #define CU_RING    4  /* steps of gradient a joiner holds */
 #define CU_TRIES   8
@@ -98,7 +98,7 @@ enum {
     K_REFUSE = 4, /* member: the request does not fit its view */
     K_SNAP = 5,   /* member: step, size, offset, length; bytes */
     K_GRAD = 6,   /* member: step, lr, offset, count; floats */
-    K_DIGEST = 7, /* member: step, SHA-256 of the whole snapshot */
+    K_DIGEST = 7, /* member: step, its stripe's SHA-256 (cu_sh) */
     K_RDMA = 8,   /* either: a side channel's address, nonce, HMAC */
     K_ACK = 9,    /* joiner: the GRAD record of step read over RDMA */
 };
@@ -235,6 +235,125 @@ static size_t blob_bytes(size_t nparams)
     return CU_BLOB + 8 * nparams;
 }
 
+/*
+ * The snapshot buffer's cells: its header, then the cells of the weights'
+ * and of the momentum's cell hashes (train_wch: TRAIN_WCELL bytes from
+ * each one's start, the last shorter). cell_at: the index of the cell
+ * that holds byte pos (0: the header; 1 + c: the weights' cell c; 1 + nc
+ * + c: the momentum's), and its range [*lo, *hi). cells_of: the cells of
+ * a cell hash of half bytes.
+ */
+static size_t cells_of(size_t half)
+{
+    return half ? (half + TRAIN_WCELL - 1) / TRAIN_WCELL : 1;
+}
+
+static size_t cell_at(size_t np, size_t pos, size_t *lo, size_t *hi)
+{
+    size_t half = np * 4, base, c;
+
+    if (pos < CU_BLOB) {
+        *lo = 0;
+        *hi = CU_BLOB;
+        return 0;
+    }
+    base = pos < CU_BLOB + half ? CU_BLOB : CU_BLOB + half;
+    c = (pos - base) / TRAIN_WCELL;
+    *lo = base + c * TRAIN_WCELL;
+    *hi = base + MESH_MIN((c + 1) * TRAIN_WCELL, half);
+    return 1 + (base == CU_BLOB ? 0 : cells_of(half)) + c;
+}
+
+/*
+ * A stripe's SHA-256 (its DIGEST record): the SHA-256 of the SHA-256s of
+ * its pieces, the stripe [lo, hi) of the snapshot buffer cut at the
+ * buffer's cell edges, fed in order. A joiner keeps the SHA-256 of every
+ * piece that is a whole cell (cells, 32 bytes each, and ok: a byte per
+ * cell), so that its stripes' hashes give the weights' and the
+ * momentum's cell hashes too (cu_load): one pass over the state.
+ */
+struct cu_sh {
+    EVP_MD_CTX *piece, *top;
+    size_t np, pos, hi;
+    size_t plo, phi; /* the piece being hashed */
+    uint8_t *cells, *ok;
+};
+
+static void sh_free(struct cu_sh *h)
+{
+    EVP_MD_CTX_free(h->piece);
+    EVP_MD_CTX_free(h->top);
+    h->piece = h->top = NULL;
+}
+
+static int sh_init(struct cu_sh *h, size_t np, size_t lo, size_t hi,
+                   uint8_t *cells, uint8_t *ok)
+{
+    if (!h->piece)
+        h->piece = EVP_MD_CTX_new();
+    if (!h->top)
+        h->top = EVP_MD_CTX_new();
+    h->np = np;
+    h->pos = h->plo = h->phi = lo;
+    h->hi = hi;
+    h->cells = cells;
+    h->ok = ok;
+    if (!h->piece || !h->top ||
+        EVP_DigestInit_ex(h->top, EVP_sha256(), NULL) != 1)
+        return -1;
+    return 0;
+}
+
+/* The stripe's next n bytes (from h->pos). 0, or -1. */
+static int sh_feed(struct cu_sh *h, const uint8_t *b, size_t n)
+{
+    if (n > h->hi - h->pos)
+        return -1;
+    while (n) {
+        size_t take, clo, chi, c;
+
+        if (h->pos == h->phi) { /* a piece begins */
+            c = cell_at(h->np, h->pos, &clo, &chi);
+            (void)c;
+            h->plo = h->pos;
+            h->phi = MESH_MIN(chi, h->hi);
+            if (EVP_DigestInit_ex(h->piece, EVP_sha256(), NULL) != 1)
+                return -1;
+        }
+        take = MESH_MIN(n, h->phi - h->pos);
+        if (EVP_DigestUpdate(h->piece, b, take) != 1)
+            return -1;
+        h->pos += take;
+        b += take;
+        n -= take;
+        if (h->pos == h->phi) { /* a piece ends */
+            uint8_t d[32];
+            unsigned int dl = 32;
+
+            if (EVP_DigestFinal_ex(h->piece, d, &dl) != 1 || dl != 32 ||
+                EVP_DigestUpdate(h->top, d, 32) != 1)
+                return -1;
+            c = cell_at(h->np, h->plo, &clo, &chi);
+            if (h->cells && h->plo == clo && h->phi == chi) {
+                memcpy(h->cells + 32 * c, d, 32);
+                h->ok[c] = 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The stripe hashed whole: its SHA-256. 0, or -1. */
+static int sh_final(struct cu_sh *h, uint8_t out[32])
+{
+    unsigned int dl = 32;
+
+    if (h->pos != h->hi || EVP_DigestFinal_ex(h->top, out, &dl) != 1 ||
+        dl != 32)
+        return -1;
+    return 0;
+}
+
 /* ---- the members' side --------------------------------------------------- */
 
 /* One stripe of a snapshot: bytes [lo, hi) of the buffer of n bytes
@@ -248,7 +367,7 @@ static size_t blob_bytes(size_t nparams)
 struct cu_blob {
     int refs;
     int hashed, hashing, bad, hold;
-    EVP_MD_CTX *md;
+    struct cu_sh sh;
     size_t off;                /* hashed so far, from lo */
     size_t copied;             /* copied so far, from lo */
     const float *params, *mom; /* the source, until copied */
@@ -332,7 +451,7 @@ struct train_serve {
 static void blob_unref(struct cu_blob *b)
 {
     if (b && --b->refs == 0) {
-        EVP_MD_CTX_free(b->md);
+        sh_free(&b->sh);
         free(b->b);
         free(b);
     }
@@ -464,9 +583,8 @@ static struct cu_blob *blob_make(size_t nparams, uint64_t step,
         free(b);
         return NULL;
     }
-    b->md = EVP_MD_CTX_new();
-    if (!b->md || EVP_DigestInit_ex(b->md, EVP_sha256(), NULL) != 1) {
-        EVP_MD_CTX_free(b->md);
+    if (sh_init(&b->sh, nparams, lo, hi, NULL, NULL) < 0) {
+        sh_free(&b->sh);
         free(b->b);
         free(b);
         return NULL;
@@ -937,7 +1055,6 @@ static int serve_hash(struct train_serve *sv)
 {
     struct cu_blob *b = NULL;
     uint8_t d[32];
-    unsigned int dl = 32;
     size_t len;
     int ok;
 
@@ -955,9 +1072,9 @@ static int serve_hash(struct train_serve *sv)
     b->hashing = 1;
     len = MESH_MIN((size_t)CU_SLICE, b->copied - b->off);
     pthread_mutex_unlock(&sv->mu);
-    ok = EVP_DigestUpdate(b->md, b->b + b->off, len) == 1;
+    ok = sh_feed(&b->sh, b->b + b->off, len) == 0;
     if (ok && b->off + len == b->hi - b->lo)
-        ok = EVP_DigestFinal_ex(b->md, d, &dl) == 1 && dl == 32;
+        ok = sh_final(&b->sh, d) == 0;
     pthread_mutex_lock(&sv->mu);
     b->hashing = 0;
     b->off += len;
@@ -1361,8 +1478,8 @@ struct cu_peer {
     uint8_t *dst; /* the current record's payload goes here */
     size_t left;
     int kind, snap_done, dig_done; /* its stripe, its SHA-256 came */
-    EVP_MD_CTX *md;                /* its stripe's SHA-256, as the bytes come */
-    size_t hashed;  /* the first hashed bytes of its stripe are in md */
+    struct cu_sh sh;               /* its stripe's SHA-256, as the bytes come */
+    size_t hashed;  /* the first hashed bytes of its stripe are in sh */
     uint64_t rstep; /* the current GRAD record's step */
     uint64_t next;  /* the GRAD step expected next */
     uint8_t digest[32];
@@ -1403,6 +1520,9 @@ struct train_catchup {
     uint64_t live; /* the highest step the members were at, from HELLO */
     uint8_t *blob;
     size_t n, got;
+    /* the SHA-256 of each of blob's cells (cell_at) that a stripe's hash
+     * gave whole (cellok) */
+    uint8_t *cells, *cellok;
     int loaded;
     uint64_t applied; /* the model holds the state before this step */
     uint64_t maxseen; /* a GRAD record of this step has come */
@@ -1418,7 +1538,7 @@ struct train_catchup {
      * hstep), hashed in slices while the joiner waits, so that the view
      * change that admits it need not: hoff of the 8 np bytes in so far,
      * h once hdone */
-    EVP_MD_CTX *hmd[2];
+    struct train_wch hwc[2];
     uint64_t hstep;
     size_t hoff;
     int hdone;
@@ -1458,8 +1578,7 @@ static void cu_close(struct train_catchup *cu)
             close(cu->p[i].fd);
             cu->p[i].fd = -1;
         }
-        EVP_MD_CTX_free(cu->p[i].md);
-        cu->p[i].md = NULL;
+        sh_free(&cu->p[i].sh);
     }
     cu->k = 0;
 }
@@ -1552,9 +1671,6 @@ static int cu_connect(struct train_catchup *cu, const uint16_t *ports,
         p->slot = s;
         p->fd = -1;
         cu->k = i;
-        p->md = EVP_MD_CTX_new();
-        if (!p->md || EVP_DigestInit_ex(p->md, EVP_sha256(), NULL) != 1)
-            return -1;
         if (mesh_elastic_addr(t->el, s, &ss, &len) < 0)
             return -1;
         if (ss.ss_family == AF_INET)
@@ -1753,36 +1869,28 @@ static void cu_hash_reset(struct train_catchup *cu, uint64_t step)
 static int cu_hash_state(struct train_catchup *cu, size_t max)
 {
     size_t half = cu->np * 4;
-    unsigned int dl;
 
     if (!cu->loaded || cu->hdone || cu->hstep != cu->applied)
         return 0;
-    for (int k = 0; k < 2 && cu->hoff == 0; k++) {
-        if (!cu->hmd[k])
-            cu->hmd[k] = EVP_MD_CTX_new();
-        if (!cu->hmd[k] ||
-            EVP_DigestInit_ex(cu->hmd[k], EVP_sha256(), NULL) != 1)
+    for (int k = 0; k < 2 && cu->hoff == 0; k++)
+        if (train_wch_init(&cu->hwc[k], half) < 0)
             return -1;
-    }
     while (max && cu->hoff < 2 * half) {
         int k = cu->hoff >= half;
         const uint8_t *src =
             k ? (const uint8_t *)cu_m(cu) : (const uint8_t *)cu_w(cu);
         size_t o = cu->hoff - (size_t)k * half, len = MESH_MIN(half - o, max);
 
-        if (EVP_DigestUpdate(cu->hmd[k], src + o, len) != 1)
+        if (train_wch_feed(&cu->hwc[k], src + o, len) < 0)
             return -1;
         cu->hoff += len;
         max -= len;
     }
     if (cu->hoff < 2 * half)
         return 1;
-    for (int k = 0; k < 2; k++) {
-        dl = 32;
-        if (EVP_DigestFinal_ex(cu->hmd[k], cu->h + 32 * k, &dl) != 1 ||
-            dl != 32)
+    for (int k = 0; k < 2; k++)
+        if (train_wch_final(&cu->hwc[k], cu->h + 32 * k) < 0)
             return -1;
-    }
     cu->hdone = 1;
     return 0;
 }
@@ -1881,7 +1989,7 @@ static int cu_hash_some(struct train_catchup *cu, size_t max)
         if (end <= lo + p->hashed)
             continue;
         len = MESH_MIN(end - lo - p->hashed, max);
-        if (EVP_DigestUpdate(p->md, cu->blob + lo + p->hashed, len) != 1)
+        if (sh_feed(&p->sh, cu->blob + lo + p->hashed, len) < 0)
             return -1;
         p->hashed += len;
         max -= len;
@@ -1889,12 +1997,40 @@ static int cu_hash_some(struct train_catchup *cu, size_t max)
     return max == 0;
 }
 
+/*
+ * The cell hashes of the weights and of the momentum of the snapshot in
+ * blob, into h (as train.c's weights_hash): from the SHA-256s of the
+ * cells the stripes' hashes kept, and of the others (the few across two
+ * stripes) hashed now. 0, or -1.
+ */
+static int cu_cells(struct train_catchup *cu, uint8_t h[64])
+{
+    size_t half = cu->np * 4, nc = cells_of(half);
+
+    for (size_t c = 1; c < 1 + 2 * nc; c++) {
+        size_t base = c <= nc ? CU_BLOB : CU_BLOB + half,
+               i = c <= nc ? c - 1 : c - 1 - nc,
+               lo = base + MESH_MIN(i * TRAIN_WCELL, half),
+               hi = base + MESH_MIN((i + 1) * TRAIN_WCELL, half);
+
+        if (cu->cellok[c])
+            continue;
+        if (!EVP_Digest(cu->blob + lo, hi - lo, cu->cells + 32 * c, NULL,
+                        EVP_sha256(), NULL))
+            return -1;
+        cu->cellok[c] = 1;
+    }
+    if (train_wch_top(cu->cells + 32, nc, h) < 0 ||
+        train_wch_top(cu->cells + 32 * (1 + nc), nc, h + 32) < 0)
+        return -1;
+    return 0;
+}
+
 /* The snapshot and every SHA-256 came: check and load it. */
 static int cu_load(struct train_catchup *cu)
 {
     struct trainer *t = cu->t;
-    uint8_t d[32];
-    unsigned int dl = 32;
+    uint8_t d[32], h[64];
 
     if (t->nparams != cu->np) {
         mesh_info("catch-up: the members' model has %zu parameters, this "
@@ -1907,11 +2043,9 @@ static int cu_load(struct train_catchup *cu)
     for (int i = 0; i < cu->k; i++) {
         struct cu_peer *p = &cu->p[i];
 
-        dl = 32;
         if (p->hashed != cu->n * (size_t)(i + 1) / (size_t)cu->k -
                              cu->n * (size_t)i / (size_t)cu->k ||
-            EVP_DigestFinal_ex(p->md, d, &dl) != 1 || dl != 32 ||
-            memcmp(d, p->digest, 32) != 0) {
+            sh_final(&p->sh, d) < 0 || memcmp(d, p->digest, 32) != 0) {
             mesh_info("catch-up: the snapshot received does not hash to the "
                       "SHA-256 the members offered (slot %d's stripe)",
                       p->slot);
@@ -1923,10 +2057,14 @@ static int cu_load(struct train_catchup *cu)
         mesh_get_le64(cu->blob + 8) != cu->x ||
         mesh_get_le64(cu->blob + 16) != t->nparams)
         return -1;
-    if (cu_put(cu, cu->blob + CU_BLOB) < 0)
+    if (cu_cells(cu, h) < 0 || cu_put(cu, cu->blob + CU_BLOB) < 0)
         return -1;
     cu->loaded = 1;
+    /* the state's hashes came with the stripes' (one pass) */
     cu_hash_reset(cu, cu->x);
+    memcpy(cu->h, h, 64);
+    cu->hoff = 8 * cu->np;
+    cu->hdone = 1;
     cu->t_snap = mesh_now_s() - cu->t0;
     t->join_mark[TRAIN_JM_SNAP] = cu->t0 + cu->t_snap;
     train_fault(t, TRAIN_FAULT_CATCHUP); /* test aid: the joiner dies */
@@ -2183,7 +2321,9 @@ static int cu_alloc(struct train_catchup *cu, size_t np)
 
     cu->n = blob_bytes(np);
     cu->blob = malloc(cu->n);
-    ok = cu->blob != NULL;
+    cu->cells = malloc(32 * (1 + 2 * cells_of(np * 4)));
+    cu->cellok = malloc(1 + 2 * cells_of(np * 4));
+    ok = cu->blob && cu->cells && cu->cellok;
     for (int r = 0; r < CU_RING; r++) {
         cu->g[r] = malloc(np * 4 + 4);
         ok &= cu->g[r] != NULL;
@@ -2192,7 +2332,9 @@ static int cu_alloc(struct train_catchup *cu, size_t np)
         return 0;
     mesh_info("catch-up: out of memory for a snapshot of %zu bytes", cu->n);
     free(cu->blob);
-    cu->blob = NULL;
+    free(cu->cells);
+    free(cu->cellok);
+    cu->blob = cu->cells = cu->cellok = NULL;
     for (int r = 0; r < CU_RING; r++) {
         free(cu->g[r]);
         cu->g[r] = NULL;
@@ -2394,6 +2536,13 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
         pthread_mutex_lock(&cu->mu);
         return cu_why(__LINE__, -1);
     }
+    /* each stripe's hash, kept cell by cell for the state's */
+    if (rc == 0)
+        memset(cu->cellok, 0, 1 + 2 * cells_of(nparams * 4));
+    for (int i = 0; i < cu->k && rc == 0; i++)
+        rc = sh_init(&cu->p[i].sh, nparams, cu->n * (size_t)i / (size_t)cu->k,
+                     cu->n * (size_t)(i + 1) / (size_t)cu->k, cu->cells,
+                     cu->cellok);
     if (rc == 0) {
         cu_sides(cu, nparams);
         rc = cu_auth(cu, x, nparams);
@@ -2730,10 +2879,12 @@ void train_catchup_stop(struct trainer *t)
     pthread_cond_destroy(&cu->cv);
     pthread_mutex_destroy(&cu->mu);
     free(cu->blob);
+    free(cu->cells);
+    free(cu->cellok);
     for (int r = 0; r < CU_RING; r++)
         free(cu->g[r]);
-    EVP_MD_CTX_free(cu->hmd[0]);
-    EVP_MD_CTX_free(cu->hmd[1]);
+    train_wch_free(&cu->hwc[0]);
+    train_wch_free(&cu->hwc[1]);
     free(cu);
     t->cu = NULL;
 }

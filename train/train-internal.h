@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <openssl/evp.h>
 
 #include "collective/collective.h"
 #include "train/gradsync.h"
@@ -255,7 +256,7 @@ int train_ckpt_resume(struct trainer *t, uint64_t *step_out);
  * each, as the host stores them), computed once per view change: the
  * weight check after it compares their hash (train.c), and the state
  * transfer's digest is built from them (xfer.c), so that a view change
- * hashes the weights once on each peer.
+ * hashes the weights once on each peer. Each is a cell hash (below).
  */
 struct train_whash {
     int valid;
@@ -332,6 +333,33 @@ int train_catchup_finish(struct trainer *t, uint64_t step,
 void train_catchup_stop(struct trainer *t);
 
 /* ---- whash.c ------------------------------------------------------------- */
+
+/*
+ * The cell hash of a byte string: the SHA-256 of the list of the SHA-256s
+ * of its cells, the TRAIN_WCELL bytes at each multiple of TRAIN_WCELL (the
+ * last one shorter). Every byte is hashed once, and cells can be hashed
+ * apart, in any order (a joiner's stripes as they come, train/catchup.c),
+ * then combined; SHA-256 throughout. The weights' and the momentum's
+ * hashes (struct train_whash) and the state transfer's parts are cell
+ * hashes. train_wch_init(c, len) for a string of len bytes, fed in order
+ * (train_wch_feed, any pieces), then train_wch_final; train_wch_free;
+ * train_wch_sum(p, len, out) in one call; train_wch_top(cells, n, out):
+ * the cell hash from its n cells' SHA-256s (n x 32 bytes). 0 or -EIO.
+ */
+#define TRAIN_WCELL (4u << 20)
+
+struct train_wch {
+    EVP_MD_CTX *cell; /* the cell being hashed */
+    EVP_MD_CTX *top;  /* over the cells' SHA-256s */
+    size_t at, len;   /* bytes fed, of len */
+};
+
+int train_wch_init(struct train_wch *c, size_t len);
+int train_wch_feed(struct train_wch *c, const void *p, size_t n);
+int train_wch_final(struct train_wch *c, uint8_t out[32]);
+void train_wch_free(struct train_wch *c);
+int train_wch_sum(const void *p, size_t len, uint8_t out[32]);
+int train_wch_top(const uint8_t *cells, size_t n, uint8_t out[32]);
 
 /*
  * A member's weights' SHA-256 for a view change, computed ahead on a

@@ -314,7 +314,8 @@ static void hex(const uint8_t *d, size_t n, char *out)
         snprintf(out + 2 * i, 3, "%02x", d[i]);
 }
 
-/* The SHA-256 of the parameters and of the momentum, into wh. */
+/* The cell hashes (SHA-256) of the parameters and of the momentum, into
+ * wh. */
 static int weights_hash(struct trainer *t, struct train_whash *wh)
 {
     float *p, *mom;
@@ -322,12 +323,12 @@ static int weights_hash(struct trainer *t, struct train_whash *wh)
 
     wh->valid = 0;
     p = params_host(t, &rc);
-    if (rc == 0)
-        rc = mesh_ckpt_sha256(p, t->nparams * 4, wh->h);
+    if (rc == 0 && train_wch_sum(p, t->nparams * 4, wh->h) < 0)
+        rc = mesh_err(-EIO, "SHA-256 (OpenSSL EVP) of the weights failed");
     if (rc == 0)
         mom = train_momentum_host(t, &rc);
-    if (rc == 0)
-        rc = mesh_ckpt_sha256(mom, t->nparams * 4, wh->h + 32);
+    if (rc == 0 && train_wch_sum(mom, t->nparams * 4, wh->h + 32) < 0)
+        rc = mesh_err(-EIO, "SHA-256 (OpenSSL EVP) of the momentum failed");
     wh->valid = rc == 0;
     return rc;
 }

@@ -5,7 +5,8 @@
  *
  * Every peer hashes its weights and momentum once per view change: the
  * state transfer's digest and the weight check after the change are
- * built from those two SHA-256s (train.c, weights_hash). On the cpu
+ * built from those two SHA-256s (train.c, weights_hash: cell hashes, at
+ * the end of this file). On the cpu
  * backend (host slabs) that pass over the state need not wait for the
  * view change:
  *
@@ -55,7 +56,7 @@ struct wh_slot {
     size_t off;            /* bytes hashed, of 2 x half */
     int done;              /* h holds the two SHA-256s */
     uint64_t ahead;        /* bytes hashed before the view change began */
-    EVP_MD_CTX *md[2];
+    struct train_wch wc[2];
     uint8_t h[64];
 };
 
@@ -113,14 +114,10 @@ static void slice(struct train_wh *wh, struct wh_slot *w)
 {
     size_t half = wh->half, o, len;
     uint64_t step = w->step;
-    unsigned int dl;
     int k = w->off >= half, ok = 1;
 
-    for (int i = 0; i < 2 && w->off == 0; i++) {
-        if (!w->md[i])
-            w->md[i] = EVP_MD_CTX_new();
-        ok = ok && w->md[i] && EVP_DigestInit_ex(w->md[i], EVP_sha256(), NULL);
-    }
+    for (int i = 0; i < 2 && w->off == 0; i++)
+        ok = ok && train_wch_init(&w->wc[i], half) == 0;
     o = w->off - (size_t)k * half;
     len = MESH_MIN(half - o, (size_t)WH_SLICE);
     if (ok) {
@@ -128,7 +125,7 @@ static void slice(struct train_wh *wh, struct wh_slot *w)
 
         wh->reading = 1;
         pthread_mutex_unlock(&wh->mu);
-        ok = EVP_DigestUpdate(w->md[k], src, len) == 1;
+        ok = train_wch_feed(&w->wc[k], src, len) == 0;
         pthread_mutex_lock(&wh->mu);
         wh->reading = 0;
         pthread_cond_broadcast(&wh->cv);
@@ -143,11 +140,9 @@ static void slice(struct train_wh *wh, struct wh_slot *w)
     w->off += len;
     if (w->off < 2 * half)
         return;
-    for (int i = 0; i < 2; i++) {
-        dl = 32;
-        if (EVP_DigestFinal_ex(w->md[i], w->h + 32 * i, &dl) != 1 || dl != 32)
+    for (int i = 0; i < 2; i++)
+        if (train_wch_final(&w->wc[i], w->h + 32 * i) < 0)
             ok = 0;
-    }
     if (ok)
         w->done = 1;
     else
@@ -239,7 +234,7 @@ void train_whash_stop(struct trainer *t)
     pthread_join(wh->th, NULL);
     for (int i = 0; i < 2; i++)
         for (int k = 0; k < 2; k++)
-            EVP_MD_CTX_free(wh->s[i].md[k]);
+            train_wch_free(&wh->s[i].wc[k]);
     pthread_cond_destroy(&wh->cv);
     pthread_mutex_destroy(&wh->mu);
     free(wh);
@@ -371,4 +366,93 @@ int train_whash_get(struct trainer *t, uint64_t step, struct train_whash *out,
     }
     pthread_mutex_unlock(&wh->mu);
     return out->valid;
+}
+
+/* ---- the cell hash ------------------------------------------------------- */
+
+int train_wch_init(struct train_wch *c, size_t len)
+{
+    if (!c->cell)
+        c->cell = EVP_MD_CTX_new();
+    if (!c->top)
+        c->top = EVP_MD_CTX_new();
+    c->at = 0;
+    c->len = len;
+    if (!c->cell || !c->top ||
+        EVP_DigestInit_ex(c->cell, EVP_sha256(), NULL) != 1 ||
+        EVP_DigestInit_ex(c->top, EVP_sha256(), NULL) != 1)
+        return -EIO;
+    return 0;
+}
+
+int train_wch_feed(struct train_wch *c, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    uint8_t h[32];
+    unsigned int dl;
+
+    if (n > c->len - c->at)
+        return -EIO;
+    while (n) {
+        size_t in = c->at % TRAIN_WCELL, take = MESH_MIN(n, TRAIN_WCELL - in);
+
+        if (EVP_DigestUpdate(c->cell, b, take) != 1)
+            return -EIO;
+        c->at += take;
+        b += take;
+        n -= take;
+        /* a cell is whole: its SHA-256 into the list (the last cell's
+         * in train_wch_final) */
+        if (c->at % TRAIN_WCELL == 0 && c->at < c->len) {
+            dl = 32;
+            if (EVP_DigestFinal_ex(c->cell, h, &dl) != 1 || dl != 32 ||
+                EVP_DigestUpdate(c->top, h, 32) != 1 ||
+                EVP_DigestInit_ex(c->cell, EVP_sha256(), NULL) != 1)
+                return -EIO;
+        }
+    }
+    return 0;
+}
+
+int train_wch_final(struct train_wch *c, uint8_t out[32])
+{
+    uint8_t h[32];
+    unsigned int dl = 32;
+
+    if (c->at != c->len)
+        return -EIO;
+    /* the last cell (an empty string has one, empty) */
+    if (EVP_DigestFinal_ex(c->cell, h, &dl) != 1 || dl != 32 ||
+        EVP_DigestUpdate(c->top, h, 32) != 1)
+        return -EIO;
+    dl = 32;
+    if (EVP_DigestFinal_ex(c->top, out, &dl) != 1 || dl != 32)
+        return -EIO;
+    return 0;
+}
+
+void train_wch_free(struct train_wch *c)
+{
+    EVP_MD_CTX_free(c->cell);
+    EVP_MD_CTX_free(c->top);
+    c->cell = c->top = NULL;
+}
+
+int train_wch_sum(const void *p, size_t len, uint8_t out[32])
+{
+    struct train_wch c = {0};
+    int rc = train_wch_init(&c, len);
+
+    if (rc == 0)
+        rc = train_wch_feed(&c, p, len);
+    if (rc == 0)
+        rc = train_wch_final(&c, out);
+    train_wch_free(&c);
+    return rc;
+}
+
+int train_wch_top(const uint8_t *cells, size_t n, uint8_t out[32])
+{
+    return EVP_Digest(cells, 32 * n, out, NULL, EVP_sha256(), NULL) == 1 ? 0
+                                                                         : -EIO;
 }

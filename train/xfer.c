@@ -20,8 +20,9 @@
  * died) leaves the chunks received; the next view's senders send only the
  * rest, when they offer the same digest (the same step).
  *
- * The digest is the SHA-256 of the SHA-256 of the state's four parts (the
- * header, the parameters, the momentum, the BN statistics). The second
+ * The digest is the SHA-256 of the cell hashes (train/whash.c: the
+ * SHA-256 of the SHA-256s of its 4 MiB cells) of the state's four parts
+ * (the header, the parameters, the momentum, the BN statistics). The second
  * and third are those of the weights that the weight check after the view
  * change compares (train.c), which every member computes once for both;
  * a joiner hashes what arrives while it arrives, in order, and a joiner
@@ -53,7 +54,7 @@
 #define XFER_MAGIC_ST  0x5358544dU /* "MTXS" little-endian: the state */
 #define XFER_MAGIC_OF  0x4f58544dU /* "MTXO": an offer */
 #define XFER_MAGIC_RQ  0x5258544dU /* "MTXR": a request */
-#define XFER_VERSION   2           /* 2: the digest of the parts' digests */
+#define XFER_VERSION   3           /* 3: of the parts' cell hashes */
 #define XFER_TAG_OFFER 1
 #define XFER_TAG_REQ   2
 #define XFER_TAG_DATA  16
@@ -118,15 +119,16 @@ static int missing(const uint8_t *have, int *list)
 
 /*
  * The state's SHA-256, fed in order (a joiner's as the chunks arrive):
- * the parts' hashes, then that of the four. A part whose hash is given
- * (known) is skipped.
+ * the parts' cell hashes (train_wch: whash.c), then the SHA-256 of the
+ * four. A part whose hash is given (known) is skipped.
  */
 struct phash {
-    EVP_MD_CTX *ctx;
+    struct train_wch wc;    /* the part being hashed */
     size_t bound[5];        /* part p is [bound[p], bound[p + 1]) */
     const uint8_t *base[4]; /* where part p's bytes are */
     size_t at;              /* the bytes before it are hashed or skipped */
     int part;               /* the part that holds at */
+    int begun;              /* wc holds part's first bytes */
     unsigned known;         /* bit p: part p's hash is given */
     uint8_t h[4][32];
     uint64_t hashed; /* bytes hashed */
@@ -140,8 +142,7 @@ static int sha_err(void)
 
 static void ph_free(struct phash *ph)
 {
-    EVP_MD_CTX_free(ph->ctx);
-    ph->ctx = NULL;
+    train_wch_free(&ph->wc);
 }
 
 /*
@@ -167,11 +168,6 @@ static int ph_init(struct phash *ph, const struct trainer *t, size_t n,
         memcpy(ph->h[1], wh->h, 32);
         memcpy(ph->h[2], wh->h + 32, 32);
     }
-    ph->ctx = EVP_MD_CTX_new();
-    if (!ph->ctx || !EVP_DigestInit_ex(ph->ctx, EVP_sha256(), NULL)) {
-        ph_free(ph);
-        return sha_err();
-    }
     return 0;
 }
 
@@ -182,19 +178,22 @@ static int ph_feed(struct phash *ph, size_t upto)
     int ok = 1;
 
     while (ok && ph->part < 4) {
-        size_t end = ph->bound[ph->part + 1];
+        size_t beg = ph->bound[ph->part], end = ph->bound[ph->part + 1];
         int skip = ph->known >> ph->part & 1;
 
-        if (ph->at < end) {
+        if (!skip && !ph->begun) {
+            ok = train_wch_init(&ph->wc, end - beg) == 0;
+            ph->begun = 1;
+        }
+        if (ok && ph->at < end) {
             size_t stop = MESH_MIN(upto, end);
 
             if (stop <= ph->at)
                 break;
             if (!skip) {
-                ok = EVP_DigestUpdate(ph->ctx,
-                                      ph->base[ph->part] +
-                                          (ph->at - ph->bound[ph->part]),
-                                      stop - ph->at);
+                ok =
+                    train_wch_feed(&ph->wc, ph->base[ph->part] + (ph->at - beg),
+                                   stop - ph->at) == 0;
                 ph->hashed += stop - ph->at;
             }
             ph->at = stop;
@@ -203,9 +202,9 @@ static int ph_feed(struct phash *ph, size_t upto)
         }
         /* part done */
         if (ok && !skip)
-            ok = EVP_DigestFinal_ex(ph->ctx, ph->h[ph->part], NULL) &&
-                 EVP_DigestInit_ex(ph->ctx, EVP_sha256(), NULL);
+            ok = train_wch_final(&ph->wc, ph->h[ph->part]) == 0;
         ph->part++;
+        ph->begun = 0;
     }
     ph->secs += mesh_now_s() - t0;
     return ok ? 0 : sha_err();
