@@ -7,7 +7,7 @@
 #                  [--no-restarts] [--duration S] [--batch-mode MODE]
 #                  [--lr-schedule K] [--algo A] [--floor-algo A]
 #                  [--phase free|chaos|both|side|floor|P1,P2..]
-#                  [--out DIR]
+#                  [--rate R] [--out DIR]
 #
 # N hosts (default 8) in network namespaces (scripts/netns.sh), one
 # meshtrain peer each, train a ResNet-18 (--width, default 4, CIFAR stem)
@@ -74,10 +74,15 @@
 # its start by the driver to the view change that admits it, and to the
 # first step after it; and by its own account, from its process start to
 # its first step, with the state's bytes, the join time against the state
-# over a 1 Gbit/s link, and where the time went), and the final top-1
+# over the link rate, N / R, and where the time went; each joiner's own
+# line too), and the final top-1
 # accuracy of each, and writes
 # DIR/faults.csv, DIR/restarts.csv, DIR/summary.txt and the logs (default
-# DIR=bench-chaos-out). Goals (issues 25 and 26): recovery <= 1 s after a
+# DIR=bench-chaos-out). --rate R (Ngbit or Nmbit; default none) shapes
+# every host's egress with tbf (scripts/netns.sh --rate), in both runs of
+# --phase side alike, and the join times are then taken against the state
+# over R; unshaped, against 1 Gbit/s, which the summary says.
+# Goals (issues 25 and 26): recovery <= 1 s after a
 # crash, <= --peer-timeout + 1 s after silence (SIGSTOP, link); no hang
 # and no digest mismatch; accuracy within 0.5 points of the fault-free
 # run; steps per minute >= 90 % of fault-free with a fault every 20 s on
@@ -106,6 +111,7 @@ BMODE=keep
 SCHED=cosine
 ALGO=""
 FLOOR_ALGO=ring
+RATE=""
 while [ $# -gt 0 ]; do
     case $1 in
     --slots) SLOTS=$2 ;;
@@ -126,6 +132,7 @@ while [ $# -gt 0 ]; do
     --lr-schedule) SCHED=$2 ;;
     --algo) ALGO=$2 ;;
     --floor-algo) FLOOR_ALGO=$2 ;;
+    --rate) RATE=$2 ;;
     *) echo "usage: bench/chaos.sh [--slots N] [--min-peers M] [--iters I]" \
             "[--seed S] [--peer-timeout T] [--width W] [--batch B]" \
             "[--gap LO HI] [--restart-delay LO HI] [--no-restarts]" \
@@ -133,7 +140,7 @@ while [ $# -gt 0 ]; do
             "[--lr-schedule const|step|cosine] [--algo A]" \
             "[--floor-algo A]" \
             "[--phase free|chaos|both|side|floor|P1,P2..]" \
-            "[--out DIR]" >&2
+            "[--rate R] [--out DIR]" >&2
        exit 2 ;;
     esac
     shift 2
@@ -161,6 +168,15 @@ esac
 case $DURATION in
 ''|*[!0-9]*) echo "chaos.sh: --duration takes whole seconds" >&2; exit 2 ;;
 esac
+# the link rate in bit/s (0: not shaped), for the join time's N / R
+case $RATE in
+'') BPS=0 ;;
+*[!0-9]*gbit|gbit) echo "chaos.sh: --rate as Ngbit or Nmbit" >&2; exit 2 ;;
+*[!0-9]*mbit|mbit) echo "chaos.sh: --rate as Ngbit or Nmbit" >&2; exit 2 ;;
+*gbit) BPS=$(( ${RATE%gbit} * 1000000000 )) ;;
+*mbit) BPS=$(( ${RATE%mbit} * 1000000 )) ;;
+*) echo "chaos.sh: --rate as Ngbit or Nmbit" >&2; exit 2 ;;
+esac
 [ -x "$MESHTRAIN" ] || { echo "chaos.sh: build meshtrain first" >&2; exit 1; }
 DATA=/usr/share/datasets/fashion-mnist
 [ -d "$DATA" ] || { echo "chaos.sh: no Fashion-MNIST in $DATA" >&2; exit 1; }
@@ -182,10 +198,12 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-sh "$NETNS" up "$SLOTS" --prefix "$PREFIX" > /dev/null ||
+sh "$NETNS" up "$SLOTS" --prefix "$PREFIX" ${RATE:+--rate "$RATE"} \
+    > /dev/null ||
     { echo "chaos.sh: scripts/netns.sh up failed" >&2; exit 1; }
 if [ "$SIDE" -eq 1 ]; then
-    sh "$NETNS" up "$SLOTS" --prefix "$FPREFIX" > /dev/null ||
+    sh "$NETNS" up "$SLOTS" --prefix "$FPREFIX" ${RATE:+--rate "$RATE"} \
+        > /dev/null ||
         { echo "chaos.sh: scripts/netns.sh up failed" >&2; exit 1; }
 fi
 : > "$OUT/hosts"
@@ -342,7 +360,7 @@ echo "chaos.sh: $SLOTS hosts, ResNet-18 width $WIDTH, batch $BATCH per peer," \
     "$GAP_LO-$GAP_HI s$([ "$RESTARTS" -eq 1 ] && echo ", restarts after" \
     "$RD_LO-$RD_HI s")$([ "$DURATION" -gt 0 ] && echo ", faults for" \
     "$DURATION s")$([ "$SIDE" -eq 1 ] && echo ", fault-free run side by" \
-    "side"); load $(cut -d' ' -f1-3 /proc/loadavg)"
+    "side"), links ${RATE:-not shaped}; load $(cut -d' ' -f1-3 /proc/loadavg)"
 # fault-free NAME: a run with nothing injected
 fault_free() {
     rm -f "$OUT/side"
@@ -455,10 +473,12 @@ if phase chaos || [ "$SIDE" -eq 1 ]; then
     wait
 fi
 
-python3 - "$OUT" "$ITERS" "$PT" "$DURATION" "$FLOOR_ALGO" "$SLOTS" <<'EOF' |
+python3 - "$OUT" "$ITERS" "$PT" "$DURATION" "$FLOOR_ALGO" "$SLOTS" "$BPS" \
+    <<'EOF' |
 import glob, json, os, re, sys
 out, iters, pt = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 duration, floor_algo, slots = float(sys.argv[4]), sys.argv[5], sys.argv[6]
+bps = float(sys.argv[7])
 
 def run(name):
     t0, t1 = map(float, open("%s/%s.time" % (out, name)).read().split())
@@ -640,37 +660,80 @@ if restarts:
 # kernel's clock) to its first step ("slot N joined view V: step S done X
 # s after start; state B bytes received in Y s", B the view change's
 # share), where that time went ("slot N's join, s after start: main ..,
-# input .., ..."), and the state it caught up to in the background before
-# it was admitted ("caught up in the background: a snapshot of step S (B
-# bytes; ...) in Y s")
+# input .., ..., first step T, done X": T when it began its first step,
+# X when that step was done), and the state it caught up to in the
+# background before it was admitted ("caught up in the background: a
+# snapshot of step S (B bytes; ...) in Y s", the line before its
+# "joined"). Each joiner's state N is the two shares together; its join
+# time is taken against N / R, R the link rate (--rate; unshaped, 1
+# Gbit/s for reference): begun (J_begun) and done (J_done), as
+# bench/join.sh does
 js, cus, marks = [], [], {}
-for f in glob.glob("%s/chaos.p*.log" % out):
-    text = open(f).read()
-    for m in re.finditer(r"joined view \d+: step \d+ done ([0-9.]+) s after "
-                         r"start; state (\d+) bytes received in ([0-9.]+) s",
-                         text):
-        js.append((float(m.group(1)), int(m.group(2)), float(m.group(3))))
-    for m in re.finditer(r"caught up in the background: a snapshot of step "
-                         r"\d+ \((\d+) bytes;.*?\) in ([0-9.]+) s", text):
-        cus.append((int(m.group(1)), float(m.group(2))))
-    for m in re.finditer(r"'s join, s after start: (.*), done [0-9.]+", text):
-        for part in m.group(1).split(", "):
-            k, _, v = part.rpartition(" ")
-            marks.setdefault(k, []).append(float(v))
+for f in sorted(glob.glob("%s/chaos.p*.log" % out)):
+    cu = None
+    cur = None
+    for line in open(f, errors="replace"):
+        m = re.search(r"caught up in the background: a snapshot of step "
+                      r"\d+ \((\d+) bytes;.*?\) in ([0-9.]+) s", line)
+        if m:
+            cu = (int(m.group(1)), float(m.group(2)))
+            cus.append(cu)
+            continue
+        m = re.search(r"slot (\d+) joined view (\d+): step \d+ done "
+                      r"([0-9.]+) s after start; state (\d+) bytes received "
+                      r"in ([0-9.]+) s", line)
+        if m:
+            cur = {"slot": int(m.group(1)), "view": int(m.group(2)),
+                   "done": float(m.group(3)), "vc": int(m.group(4)),
+                   "xfer": float(m.group(5)), "bg": cu[0] if cu else 0,
+                   "begun": None}
+            js.append(cur)
+            cu = None
+            continue
+        m = re.search(r"'s join, s after start: (.*), done [0-9.]+", line)
+        if m:
+            for part in m.group(1).split(", "):
+                k, _, v = part.rpartition(" ")
+                marks.setdefault(k, []).append(float(v))
+                if k == "first step" and cur is not None:
+                    cur["begun"] = float(v)
+            cur = None
 if js:
     md = lambda xs: sorted(xs)[len(xs) // 2]
-    jt = [j[0] for j in js]
-    state = (md([c[0] for c in cus]) if cus else 0) + md([j[1] for j in js])
+    rate = bps if bps > 0 else 1e9
+    rname = ("%g Mbit/s (tbf)" % (bps / 1e6) if bps > 0 else
+             "1 Gbit/s (links not shaped: for reference)")
+    print("each joiner, process start to its first step begun / done, "
+          "against its state over the link rate N / R, R = %s:" % rname)
+    for j in sorted(js, key=lambda j: j["view"]):
+        n = j["bg"] + j["vc"]
+        nr = n * 8 / rate
+        j["nr"] = nr
+        print("  slot %d, view %d: %s / %.3f s; N %d bytes (%d + %d in "
+              "the view change), N / R %.4f s: %s / %.0f x" % (j["slot"], j["view"],
+                          "%.3f" % j["begun"] if j["begun"] else "-",
+                          j["done"], n, j["bg"], j["vc"], nr,
+                          "%.0f" % (j["begun"] / nr) if j["begun"] else "-",
+                          j["done"] / nr))
+    jt = [j["done"] for j in js]
+    jb = [j["begun"] for j in js if j["begun"]]
+    state = md([j["bg"] + j["vc"] for j in js])
+    xr = lambda key: sorted(j[key] / j["nr"] for j in js if j[key])
+    rb, rd = xr("begun"), xr("done")
     print("joiners' own join time (process start to first step): n=%d, "
-          "median %.3f s, worst %.3f s; the state %d bytes (median), %s%d "
-          "in the view change (%.3f s); at 1 Gbit/s the state would take "
-          "%.4f s: the join is %.0f x that"
-          % (len(js), md(jt), max(jt), state,
+          "begun median %s s, worst %s s; done median %.3f s, worst %.3f s; "
+          "the state %d bytes (median), %s%d in the view change (%.3f s); "
+          "over %s the state takes %.4f s (N / R): the join is %s x that "
+          "begun (worst %s), %.0f x done (worst %.0f)"
+          % (len(js), "%.3f" % md(jb) if jb else "-",
+             "%.3f" % max(jb) if jb else "-", md(jt), max(jt), state,
              "%d caught up in the background (%d of %d joiners, %.3f s), "
              % (md([c[0] for c in cus]), len(cus), len(js),
                 md([c[1] for c in cus])) if cus else "",
-             md([j[1] for j in js]), md([j[2] for j in js]), state * 8 / 1e9,
-             md(jt) / (state * 8 / 1e9) if state else float("nan")))
+             md([j["vc"] for j in js]), md([j["xfer"] for j in js]),
+             rname.split(" (")[0], state * 8 / rate,
+             "%.0f" % md(rb) if rb else "-", "%.0f" % rb[-1] if rb else "-",
+             md(rd), rd[-1]))
     if marks:
         print("  where it went, s after the process start (medians): " +
               ", ".join("%s %.3f" % (k, md(v)) for k, v in
