@@ -302,6 +302,11 @@ static int define(struct mesh_nn_model *m, const struct arch *a)
         if (rc == 0)
             rc = add_tensor(m, "fc.bias", MESH_NN_PARAM, MESH_NN_ROLE_FC_BIAS,
                             1, bs);
+        /* backward accumulates fc's weight and bias as one range through
+         * gscratch: with few features and many classes (width 8, 1000
+         * classes) that range is the largest */
+        if ((size_t)(ws[0] * ws[1] + bs[0]) > m->max_tensor)
+            m->max_tensor = (size_t)(ws[0] * ws[1] + bs[0]);
     }
     /* buffers in the same order as their BNs */
     if (rc == 0)
