@@ -325,6 +325,47 @@ static void drain(struct run *r, const struct mesh_transport_ops *ops,
                   r->ninflight);
 }
 
+/*
+ * Tell the transport every receive s will post (its expect), so that a
+ * peer's frame that none of them takes fails the job at once instead of
+ * waiting for ever. Only a schedule with messages: one that only syncs
+ * (coll_host_words) runs before its collective's own, of the same seq and
+ * op, whose receives it would hide.
+ */
+static int expect(const struct sched *s, const struct mesh_transport_ops *ops,
+                  mesh_transport_t *t)
+{
+    struct mesh_frame f = {.seq = s->seq,
+                           .op = (uint8_t)s->op,
+                           .dtype = (uint8_t)s->dtype,
+                           .count = s->count};
+    struct mesh_expect *e;
+    size_t n = 0, msgs = 0;
+
+    if (!ops->expect)
+        return 0;
+    for (int i = 0; i < s->nops; i++) {
+        n += s->ops[i].kind == SCHED_RECV;
+        msgs += s->ops[i].kind <= SCHED_RECV;
+    }
+    if (!msgs)
+        return 0;
+    e = malloc(MESH_MAX(n, 1) * sizeof(*e));
+    if (!e)
+        return mesh_err(-ENOMEM, "out of memory running a %s schedule",
+                        mesh_op_name(s->op));
+    n = 0;
+    for (int i = 0; i < s->nops; i++)
+        if (s->ops[i].kind == SCHED_RECV) /* at offset 0, as start() posts */
+            e[n++] = (struct mesh_expect){.peer = s->ops[i].peer,
+                                          .tag = s->ops[i].tag,
+                                          .offset = 0,
+                                          .length = s->ops[i].len};
+    ops->expect(t, &f, e, n);
+    free(e);
+    return 0;
+}
+
 int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
               mesh_transport_t *t)
 {
@@ -352,6 +393,9 @@ int sched_run(struct sched *s, const struct mesh_transport_ops *ops,
                       mesh_op_name(s->op));
         goto free_arrays;
     }
+    rc = expect(s, ops, t);
+    if (rc < 0)
+        goto free_arrays;
     /* Receives first: posted early, they let the peers' data flow in. */
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < s->nops; i++)

@@ -7,15 +7,18 @@
 # 2^62; a broken frame header; a ring slot neither inline nor by address,
 # or longer than a slot) and for frames that no receive will ever match
 # (a seq 2^32 collectives ahead, the collective before's seq, a
-# duplicate, an offset past the collective): every rank exits non-zero,
-# none killed by a signal, none left running, and every survivor's log
-# names the hostile rank and the fault.
+# duplicate, an offset past the collective; inside the collective running
+# there, another step, or an offset past its message; a seq 2 ahead, with
+# frames of the running one due behind it on its one stream or ring):
+# every rank exits non-zero, none killed by a signal, none left running,
+# and every survivor's log names the hostile rank and the fault.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
 CASES="tcp:op tcp:dtype tcp:count tcp:length tcp:long tcp:huge tcp:magic \
 shm:op shm:count shm:length shm:long shm:huge shm:kind \
-tcp:seq tcp:stale tcp:dup tcp:offset shm:seq shm:stale shm:dup shm:offset"
-t_plan 21
+tcp:seq tcp:stale tcp:dup tcp:offset shm:seq shm:stale shm:dup shm:offset \
+tcp:tag shm:tag tcp:inside shm:inside tcp:ahead shm:ahead"
+t_plan 27
 
 i=0
 for c in $CASES; do
@@ -28,8 +31,10 @@ for c in $CASES; do
     [ "$tr" = shm ] && nth=$((nth + 10))
     BENCH="--op allreduce --algo ring -b 64K -e 1M -f 4 -n 2 -w 1 --streams 1"
     case $kind in
-    # past the collective's first: the seq before it is not a collective's
-    stale | dup) nth=$((nth + 10)) ;;
+    # past the collective's first: the seq before it is not a
+    # collective's (the links' measure: 20 pings of seq 1, then 4 streams)
+    stale) nth=$((nth + 20)) ;;
+    dup) nth=$((nth + 10)) ;;
     # one message the whole collective: the offset lands past it
     offset) BENCH="--op allreduce --algo direct -b 1K -e 1K -n 2 -w 1" ;;
     esac
@@ -59,6 +64,10 @@ for c in $CASES; do
     long) fault="beyond the posted receive\|garbage on its ring\|past its own" ;;
     seq) fault="too far ahead" ;;
     offset) fault="past its own collective" ;;
+    # a receive of its collective that is not posted yet may still take
+    # it, but none has that step, or that offset
+    tag | inside) fault="no receive of its collective here expects" ;;
+    ahead) fault="ahead of frames of the one running here" ;;
     # it may still meet a receive of the collective before, not finished
     # here yet (a receive done: a duplicate; its count differs; its bytes
     # claimed)

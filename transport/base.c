@@ -51,9 +51,11 @@ void tp_base_fini(struct tp_base *b)
     }
     free(b->peers);
     b->peers = NULL;
-    free(b->got);
-    b->got = NULL;
-    b->ngot = b->capgot = 0;
+    for (int i = 0; i < TP_SEQ_OWNERS; i++) {
+        free(b->seqs[i].exp);
+        free(b->seqs[i].due);
+    }
+    memset(b->seqs, 0, sizeof(b->seqs));
 }
 
 void tp_fail_job(struct tp_base *b, int culprit, int code, int notify,
@@ -251,64 +253,206 @@ int tp_frame_check(struct tp_base *b, int sender, const struct mesh_frame *f)
     return -EPROTO;
 }
 
+/* An owner whose running part f is of: 1 (*o set), else 0. */
+static int part_of(const struct tp_base *b, const struct mesh_frame *f,
+                   const struct tp_seq_owner **o)
+{
+    *o = seq_owner(b, f->seq);
+    return *o && (*o)->plan && f->seq == (*o)->part.seq &&
+           f->op == (*o)->part.op;
+}
+
+/* (peer, tag) order of the receives, for the binary search */
+static int exp_cmp(const void *x, const void *y)
+{
+    const struct tp_exp *a = x, *c = y;
+
+    if (a->peer != c->peer)
+        return a->peer < c->peer ? -1 : 1;
+    return a->tag < c->tag ? -1 : a->tag > c->tag;
+}
+
+/* The first of o's receives from peer of tag (its equals follow), or
+ * NULL. */
+static struct tp_exp *exp_find(const struct tp_seq_owner *o, int peer,
+                               uint32_t tag)
+{
+    size_t lo = 0, hi = o->nexp;
+    struct tp_exp key = {.peer = peer, .tag = tag};
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+
+        if (exp_cmp(&o->exp[mid], &key) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < o->nexp && !exp_cmp(&o->exp[lo], &key) ? &o->exp[lo] : NULL;
+}
+
+/* Whether e, at or past exp_find's answer, is still one of (peer, tag). */
+static int exp_is(const struct tp_seq_owner *o, const struct tp_exp *e,
+                  int peer, uint32_t tag)
+{
+    return e && e < o->exp + o->nexp && e->peer == peer && e->tag == tag;
+}
+
+/* Whether f starts in receive e (transport.h's matching rule). */
+static int exp_holds(const struct tp_exp *e, const struct mesh_frame *f)
+{
+    return e->length
+               ? f->offset >= e->offset && f->offset - e->offset < e->length
+               : f->offset == e->offset;
+}
+
+void tp_expect(struct tp_base *b, const struct mesh_frame *f,
+               const struct mesh_expect *recv, size_t n)
+{
+    struct tp_seq_owner *o = (struct tp_seq_owner *)seq_owner(b, f->seq);
+    size_t nb = (size_t)b->world.size * sizeof(*o->due);
+
+    if (!o)
+        return;
+    o->prev_op = o->plan && o->part.seq == f->seq ? o->part.op : -1;
+    o->plan = 0;
+    if (n > o->capexp) {
+        struct tp_exp *e = realloc(o->exp, n * sizeof(*e));
+
+        if (!e)
+            return; /* unchecked, not wrong */
+        o->exp = e;
+        o->capexp = n;
+    }
+    if (!o->due && !(o->due = malloc(nb)))
+        return;
+    memset(o->due, 0, nb);
+    for (size_t i = 0; i < n; i++) {
+        o->exp[i] = (struct tp_exp){.peer = recv[i].peer,
+                                    .tag = recv[i].tag,
+                                    .offset = recv[i].offset,
+                                    .length = recv[i].length};
+        if (recv[i].peer >= 0 && recv[i].peer < b->world.size)
+            o->due[recv[i].peer]++;
+    }
+    o->nexp = n;
+    qsort(o->exp, n, sizeof(*o->exp), exp_cmp);
+    o->part = *f;
+    o->plan = 1;
+}
+
 void tp_recv_got(struct tp_base *b, const struct tp_req *r)
 {
-    if (!seq_owner(b, r->f.seq))
-        return;
-    if (b->ngot == b->capgot) {
-        size_t cap = b->capgot ? 2 * b->capgot : 64;
-        struct tp_got *g = realloc(b->got, cap * sizeof(*g));
+    const struct tp_seq_owner *co;
+    struct tp_seq_owner *o;
+    struct tp_exp *e;
 
-        if (!g)
-            return; /* unchecked, not wrong */
-        b->got = g;
-        b->capgot = cap;
-    }
-    b->got[b->ngot++] = (struct tp_got){.peer = r->peer,
-                                        .tag = r->f.tag,
-                                        .seq = r->f.seq,
-                                        .offset = r->f.offset,
-                                        .length = r->f.length};
+    if (!part_of(b, &r->f, &co))
+        return;
+    o = (struct tp_seq_owner *)co;
+    for (e = exp_find(o, r->peer, r->f.tag); exp_is(o, e, r->peer, r->f.tag);
+         e++)
+        if (!e->done && exp_holds(e, &r->f)) {
+            e->done = 1;
+            o->due[r->peer]--;
+            return;
+        }
+}
+
+int tp_frame_later(const struct tp_base *b, int sender,
+                   const struct mesh_frame *f)
+{
+    const struct tp_seq_owner *o = seq_owner(b, f->seq);
+
+    return o && o->plan && o->due[sender] > 0 &&
+           (f->seq > o->part.seq ||
+            (f->seq == o->part.seq && f->op != o->part.op &&
+             f->op != o->prev_op));
 }
 
 int tp_frame_unmatched(struct tp_base *b, int sender,
                        const struct mesh_frame *f)
 {
+    const struct tp_seq_owner *o;
+    const struct tp_exp *e, *in = NULL;
     char fb[200], sn[300];
+    const char *why;
 
-    for (size_t i = 0; i < b->ngot; i++) {
-        const struct tp_got *g = &b->got[i];
+    if (!part_of(b, f, &o)) {
+        if (!o || !o->plan || f->seq > o->part.seq ||
+            (f->seq == o->part.seq && f->op != o->prev_op))
+            return tp_frame_later(b, sender, f);
+        /* the owner runs its parts in order, each to its end */
+        why = "a frame of a part of a collective that finished here (a "
+              "duplicate or a stale frame: no receive will ever match it)";
+    } else if (f->dtype != o->part.dtype || f->count != o->part.count) {
+        char pb[200], rn[300];
 
-        if (g->peer != sender || g->seq != f->seq || g->tag != f->tag ||
-            !(g->length
-                  ? f->offset >= g->offset && f->offset - g->offset < g->length
-                  : f->offset == g->offset))
-            continue;
         tp_fail_job(b, sender, -EPROTO, 1,
-                    "rank %d (%s) sent a duplicate: %s, of a message received "
-                    "in full",
-                    sender, tp_pname(b, sender, sn, sizeof(sn)),
+                    "desync between rank %d (%s), which expects %s, and rank "
+                    "%d (%s), which sent %s",
+                    b->world.rank, tp_pname(b, b->world.rank, rn, sizeof(rn)),
+                    mesh_frame_str(&o->part, pb, sizeof(pb)), sender,
+                    tp_pname(b, sender, sn, sizeof(sn)),
                     mesh_frame_str(f, fb, sizeof(fb)));
         return -EPROTO;
+    } else {
+        for (e = exp_find(o, sender, f->tag); exp_is(o, e, sender, f->tag); e++)
+            if (exp_holds(e, f) && (!in || in->done))
+                in = e;
+        if (!in)
+            why = "a frame that no receive of its collective here expects "
+                  "(another step or offset)";
+        else if (in->done)
+            why = "a duplicate, of a message received in full";
+        else if (f->length > in->offset + in->length - f->offset)
+            why = "a frame past the end of its message";
+        else
+            return 0;
     }
-    return 0;
+    tp_fail_job(b, sender, -EPROTO, 1, "rank %d (%s) sent %s: %s", sender,
+                tp_pname(b, sender, sn, sizeof(sn)), why,
+                mesh_frame_str(f, fb, sizeof(fb)));
+    return -EPROTO;
+}
+
+int tp_fail_order(struct tp_base *b, int sender, const struct mesh_frame *f)
+{
+    const struct tp_seq_owner *o = seq_owner(b, f->seq);
+    char fb[200], sn[300], pb[200], rn[300];
+
+    if (o && o->plan && f->seq == o->part.seq)
+        tp_fail_job(b, sender, -EPROTO, 1,
+                    "desync between rank %d (%s), which runs %s, and rank %d "
+                    "(%s), which sent %s ahead of frames of it still due "
+                    "from it",
+                    b->world.rank, tp_pname(b, b->world.rank, rn, sizeof(rn)),
+                    mesh_frame_str(&o->part, pb, sizeof(pb)), sender,
+                    tp_pname(b, sender, sn, sizeof(sn)),
+                    mesh_frame_str(f, fb, sizeof(fb)));
+    else
+        tp_fail_job(
+            b, sender, -EPROTO, 1,
+            "rank %d (%s) sent a frame of a later collective or part, %s, "
+            "ahead of frames of the one running here that are still due "
+            "from it (it cannot have finished that one; every stream "
+            "from it waits so)",
+            sender, tp_pname(b, sender, sn, sizeof(sn)),
+            mesh_frame_str(f, fb, sizeof(fb)));
+    return -EPROTO;
 }
 
 void tp_seq_done(struct tp_base *b, uint64_t base, uint64_t low)
 {
     struct tp_seq_owner *free_one = NULL;
-    size_t n = 0;
-
-    /* the receives of finished seqs: tp_frame_check covers them */
-    for (size_t i = 0; i < b->ngot; i++)
-        if (!(b->got[i].seq >= base && b->got[i].seq < low))
-            b->got[n++] = b->got[i];
-    b->ngot = n;
 
     for (int i = 0; i < TP_SEQ_OWNERS; i++) {
         struct tp_seq_owner *o = &b->seqs[i];
 
         if (o->used && o->base == base) {
+            /* the part running is finished: the low covers its frames */
+            if (o->plan && o->part.seq < low)
+                o->plan = 0;
             if (low == UINT64_MAX)
                 o->used = 0;
             else
@@ -319,8 +463,12 @@ void tp_seq_done(struct tp_base *b, uint64_t base, uint64_t low)
             free_one = o;
     }
     /* more owners than kept: the newest goes unchecked */
-    if (free_one && low != UINT64_MAX)
-        *free_one = (struct tp_seq_owner){.used = 1, .base = base, .low = low};
+    if (free_one && low != UINT64_MAX) {
+        free_one->used = 1;
+        free_one->base = base;
+        free_one->low = low;
+        free_one->plan = 0;
+    }
 }
 
 int tp_check_buf(const struct tp_base *b, const char *what,
@@ -428,14 +576,16 @@ int tp_ctrl_exchange(const struct tp_base *b,
     return rc;
 }
 
-enum tp_wire tp_test_wire(struct mesh_frame *f, int slot)
+enum tp_wire tp_test_wire(struct mesh_frame *f, const struct mesh_frame *msg,
+                          int slot)
 {
     static const char *const kinds[] = {
-        "op",   "dtype", "count", "seq",  "tag", "offset", "length",
-        "long", "huge",  "magic", "kind", "dup", "stale"};
+        "op",   "dtype", "count", "seq", "tag",   "offset", "length", "long",
+        "huge", "magic", "kind",  "dup", "stale", "ahead",  "inside"};
     static atomic_int kind = -1; /* -1: not read yet; 0: none */
     static atomic_ulong left;
     int k = atomic_load(&kind);
+    uint64_t span;
 
     if (k < 0) {
         const char *v = getenv("MESHTRAIN_TEST_WIRE");
@@ -456,9 +606,15 @@ enum tp_wire tp_test_wire(struct mesh_frame *f, int slot)
         atomic_store(&left, n ? n : 1);
         atomic_store(&kind, k);
     }
+    if (!k)
+        return TP_WIRE_NONE;
     /* magic is a TCP header's, kind a ring slot's: the frames of the
-     * other count not */
-    if (!k || (k == 10 && slot) || (k == 11 && !slot) ||
+     * other count not; inside counts only the frames it can move past
+     * their message (one that ends before its collective's last bytes) */
+    span = mul_sat(f->count, mesh_dtype_size(f->dtype));
+    if ((k == 10 && slot) || (k == 11 && !slot) ||
+        (k == 15 &&
+         (span < f->length || span - f->length < msg->offset + msg->length)) ||
         atomic_fetch_sub(&left, 1) != 1)
         return TP_WIRE_NONE;
     fprintf(stderr, "meshtrain: test aid: a hostile frame (%s)\n",
@@ -496,6 +652,15 @@ enum tp_wire tp_test_wire(struct mesh_frame *f, int slot)
         return TP_WIRE_MAGIC;
     case 11:
         return TP_WIRE_KIND;
+    case 13:
+        f->seq -= 1;
+        break;
+    case 14:
+        f->seq += 2;
+        break;
+    case 15:
+        f->offset = span - f->length;
+        break;
     default:
         return TP_WIRE_DUP;
     }

@@ -74,18 +74,26 @@ struct tp_base_ops {
     void (*req_free)(struct tp_base *b, struct tp_req *r, int failed);
 };
 
-/* A completed receive of an owned seq (from, seq, tag, range). */
-struct tp_got {
+/* A receive of an owner's running part (transport.h's expect). */
+struct tp_exp {
     int peer;
     uint32_t tag;
-    uint64_t seq, offset, length;
+    int done; /* it completed */
+    uint64_t offset, length;
 };
 
-/* An owner of sequence numbers (transport.h's seq_done). */
+/* An owner of sequence numbers (transport.h's seq_done and expect). */
 #define TP_SEQ_OWNERS 4
 struct tp_seq_owner {
     int used;
     uint64_t base, low;
+    /* the part running (expect), plan 0: none known */
+    int plan;
+    struct mesh_frame part; /* its seq, op, dtype and count */
+    int prev_op;            /* the op of the part before of its seq, or -1 */
+    struct tp_exp *exp;     /* (nexp) its receives, by (peer, tag) */
+    size_t nexp, capexp;
+    int *due; /* (world.size) its receives from each peer not complete */
 };
 
 struct tp_base {
@@ -100,9 +108,6 @@ struct tp_base {
     struct tp_req *reqs;  /* every request not yet freed, newest first */
     struct tp_failure fail;
     struct tp_seq_owner seqs[TP_SEQ_OWNERS];
-    /* the receives completed of owned seqs not finished yet (tp_recv_got) */
-    struct tp_got *got;
-    size_t ngot, capgot;
 };
 
 /*
@@ -185,21 +190,33 @@ int tp_frame_match(struct tp_base *b, int culprit, int receiver, int sender,
  */
 int tp_frame_check(struct tp_base *b, int sender, const struct mesh_frame *f);
 /* seq_done's record: base's owner finished every seq below low here
- * (UINT64_MAX: it is gone); forgets the receives of seqs below it. */
+ * (UINT64_MAX: it is gone); its part running goes once low passes it. */
 void tp_seq_done(struct tp_base *b, uint64_t base, uint64_t low);
-/*
- * Receive r (of peer, expecting r->f) completed: where an owner keeps its
- * seq, remember it until that seq finishes, for tp_frame_unmatched.
- */
+/* expect's record: the part f of its owner runs now, with the n receives
+ * recv (the transport then checks the frames that wait). */
+void tp_expect(struct tp_base *b, const struct mesh_frame *f,
+               const struct mesh_expect *recv, size_t n);
+/* Receive r (of peer, expecting r->f) completed: where it is one of its
+ * owner's running part, no frame may fall in it any more. */
 void tp_recv_got(struct tp_base *b, const struct tp_req *r);
 /*
- * Frame f of sender matched no posted receive and would wait: if it lies
- * in a receive that completed (a collective still running here, which
- * posts each message's receive once), it is a duplicate, and the job
- * fails naming sender (-EPROTO); else 0.
+ * Frame f of sender matched no posted receive and would wait. Against its
+ * owner's running part (expect): of a part that ran before, in no receive
+ * of the part, in one that completed or past one's end, or with another
+ * dtype or count: the job fails naming sender (-EPROTO). Else 1 where f
+ * is of a later part while a receive of the running part from sender is
+ * due (tp_frame_later: if every stream from sender waits so, the sender
+ * broke the order, tp_fail_order), else 0.
  */
 int tp_frame_unmatched(struct tp_base *b, int sender,
                        const struct mesh_frame *f);
+/* Whether a waiting frame f of sender is of a later part of its owner
+ * than the one running while a receive of that from sender is due. */
+int tp_frame_later(const struct tp_base *b, int sender,
+                   const struct mesh_frame *f);
+/* Every stream from sender waits with a frame of a later part (f one of
+ * them): fail the job naming sender (returns -EPROTO). */
+int tp_fail_order(struct tp_base *b, int sender, const struct mesh_frame *f);
 
 /*
  * Test aid, MESHTRAIN_TEST_WIRE=KIND[:N] (like train/'s MESHTRAIN_TEST_*
@@ -210,7 +227,9 @@ int tp_frame_unmatched(struct tp_base *b, int sender,
  * tag (another step), offset (past the message), length (its header one
  * byte longer than its payload), long (64 KiB longer), huge (length
  * 2^62), magic (tcp: a broken header), kind (shm: a slot neither inline
- * nor by address), dup (sent twice).
+ * nor by address), dup (sent twice), ahead (seq + 2: a collective not
+ * running here yet), inside (the last bytes of its collective, past its
+ * message msg, the one f is a piece of: only such frames count).
  * slot: f is a shm ring slot's, else a TCP frame's (magic counts only
  * TCP frames, kind only slots). Returns TP_WIRE_NONE for every other
  * frame, and for the N-th the kind, with f's header fields changed for
@@ -223,7 +242,8 @@ enum tp_wire {
     TP_WIRE_KIND,
     TP_WIRE_DUP,
 };
-enum tp_wire tp_test_wire(struct mesh_frame *f, int slot);
+enum tp_wire tp_test_wire(struct mesh_frame *f, const struct mesh_frame *msg,
+                          int slot);
 
 /* test() (without the lock held): done, or the job's failure, frees req
  * (ops->req_free). */

@@ -112,6 +112,14 @@ struct mesh_frame {
     uint32_t order;
 };
 
+/* A receive that a schedule will post (mesh_transport_ops.expect): from
+ * peer, of the message (tag, offset, length) of its collective. */
+struct mesh_expect {
+    int peer;
+    uint32_t tag;
+    uint64_t offset, length;
+};
+
 /* A point-to-point message's frame: len bytes (op P2P, dtype byte). */
 void mesh_frame_p2p(struct mesh_frame *f, uint64_t seq, uint32_t tag,
                     size_t len);
@@ -273,7 +281,8 @@ struct mesh_transport_ops {
      * Its op, dtype and count must equal the receive's, else the link and
      * the job fail with a desync error naming both sides. A frame reaching
      * past the posted range closes the link before any payload is read. A
-     * frame with no posted receive yet waits (its stream is not read).
+     * frame with no posted receive yet waits (its stream is not read),
+     * unless seq_done and expect tell that none will take it.
      */
     int (*irecv)(mesh_transport_t *t, int peer, const struct mesh_frame *expect,
                  void *buf, mesh_mr_t *mr, mesh_req_t **out);
@@ -334,6 +343,27 @@ struct mesh_transport_ops {
      * sender. low == UINT64_MAX: the owner is gone, its range unchecked.
      */
     void (*seq_done)(mesh_transport_t *t, uint64_t base, uint64_t low);
+
+    /*
+     * Optional (NULL: nothing is kept; with seq_done). An owner of
+     * sequence numbers (seq_done's) is about to run the part of collective
+     * f->seq whose frames carry f->op, f->dtype and f->count (its
+     * schedule: one per seq and op, run one at a time, in order of seq;
+     * a collective may have parts of other ops after it, as auto's
+     * exchange of times); recv[0..n) are all the receives this rank will
+     * post for it, each once (copied). From now until its next part, a
+     * peer's frame of this part that lies in none of them (another tag or
+     * offset), in one that completed or past one's end, or with another
+     * dtype or count, is one that no receive will ever match, and so is a
+     * frame of a part that ran before; and where a peer's frame of a
+     * later part waits on every stream it has to this rank while a
+     * receive of this part from it is due (its frames of this part would
+     * be behind it), the peer broke the order: the job fails naming the
+     * sender, as soon as that is known (on arrival, while the frame waits
+     * unmatched, or now, for frames that wait already).
+     */
+    void (*expect)(mesh_transport_t *t, const struct mesh_frame *f,
+                   const struct mesh_expect *recv, size_t n);
 
     /*
      * Optional (NULL: every rank is a host of its own). The host of rank

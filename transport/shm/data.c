@@ -146,13 +146,13 @@ static struct mesh_frame slot_header(const struct shm_slot *s)
                                .length = s->length};
 }
 
-/* The test aid (tp_test_wire) on a slot just framed: 1 when it goes out
- * twice. */
-static int slot_hostile(struct shm_slot *s)
+/* The test aid (tp_test_wire) on a slot just framed, a piece of message
+ * msg: 1 when it goes out twice. */
+static int slot_hostile(struct shm_slot *s, const struct mesh_frame *msg)
 {
     struct mesh_frame f = slot_header(s);
 
-    switch (tp_test_wire(&f, 1)) {
+    switch (tp_test_wire(&f, msg, 1)) {
     case TP_WIRE_HEADER:
         s->seq = f.seq;
         s->tag = f.tag;
@@ -197,7 +197,7 @@ static int push(struct mesh_transport *t, int peer)
             slot_frame(s, f, f->offset, f->length, SLOT_CMA);
             s->addr = (uint64_t)(uintptr_t)r->buf;
             r->ack_at = head++;
-            if (slot_hostile(s) && head - tail < SHM_SLOTS)
+            if (slot_hostile(s, f) && head - tail < SHM_SLOTS)
                 memcpy(shm_slot_at(ring, head++), s, SHM_SLOT_STRIDE);
             shm_q_remove(&pp->sq_head, &pp->sq_tail, r);
             shm_q_push(&pp->aq_head, &pp->aq_tail, r);
@@ -212,7 +212,7 @@ static int push(struct mesh_transport *t, int peer)
                 memcpy(s + 1, r->buf + r->moved, piece);
             r->moved += piece;
             head++;
-            if (slot_hostile(s) && head - tail < SHM_SLOTS)
+            if (slot_hostile(s, f) && head - tail < SHM_SLOTS)
                 memcpy(shm_slot_at(ring, head++), s, SHM_SLOT_STRIDE);
         }
         if (r->moved == f->length) {
@@ -254,7 +254,10 @@ static struct mesh_req *match(struct mesh_transport *t, int peer,
             continue;
         return r;
     }
-    (void)tp_frame_unmatched(&t->super, peer, f);
+    /* of a later part, where the one ring from peer has the running
+     * part's frames due from it behind: it broke the order */
+    if (tp_frame_unmatched(&t->super, peer, f) == 1)
+        tp_fail_order(&t->super, peer, f);
     return NULL;
 }
 

@@ -473,6 +473,18 @@ static void shm_seq_done(mesh_transport_t *t, uint64_t base, uint64_t low)
         t->inner_ops->seq_done(t->inner, base, low);
 }
 
+static void shm_expect(mesh_transport_t *t, const struct mesh_frame *f,
+                       const struct mesh_expect *recv, size_t n)
+{
+    if (!t)
+        return;
+    pthread_mutex_lock(&t->super.lock);
+    tp_expect(&t->super, f, recv, n);
+    pthread_mutex_unlock(&t->super.lock);
+    if (t->inner && t->inner_ops->expect)
+        t->inner_ops->expect(t->inner, f, recv, n);
+}
+
 mesh_transport_t *mesh_shm_inner(mesh_transport_t *t)
 {
     return t ? t->inner : NULL;
@@ -762,6 +774,7 @@ const struct mesh_transport_ops mesh_shm_ops = {
     .culprit = shm_culprit,
     .close = shm_close,
     .seq_done = shm_seq_done,
+    .expect = shm_expect,
     .host_of = shm_host_of,
     .host_window = shm_host_window,
     .host_sync = shm_host_sync,
@@ -787,6 +800,7 @@ const struct mesh_transport_ops mesh_auto_ops = {
     .culprit = shm_culprit,
     .close = shm_close,
     .seq_done = shm_seq_done,
+    .expect = shm_expect,
     .host_of = shm_host_of,
     .host_window = shm_host_window,
     .host_sync = shm_host_sync,

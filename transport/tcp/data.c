@@ -172,11 +172,26 @@ static enum match_rc data_match(struct conn *c)
         c->rx_left = f->length;
         return MATCH_OK;
     }
-    if (tp_frame_unmatched(&t->super, c->peer, f) < 0) {
-        tcp_conn_kill(c);
-        return MATCH_FAILED;
+    switch (tp_frame_unmatched(&t->super, c->peer, f)) {
+    case 0:
+        return MATCH_WAIT;
+    case 1:
+        /* of a later part: fine while another stream may still bring
+         * the running part's frames due from the peer */
+        for (int s = 0; s < t->S; s++) {
+            struct conn *o = l->data[s];
+
+            if (o != c && !(o && o->parked && o->state == C_READY &&
+                            tp_frame_later(&t->super, c->peer, &o->rx_f)))
+                return MATCH_WAIT;
+        }
+        tp_fail_order(&t->super, c->peer, f);
+        break;
+    default:
+        break;
     }
-    return MATCH_WAIT;
+    tcp_conn_kill(c);
+    return MATCH_FAILED;
 }
 
 /* The current frame's payload has fully arrived. */
@@ -561,7 +576,7 @@ int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
         }
         pf.offset = f->offset + off;
         pf.length = plen;
-        wire = tp_test_wire(&pf, 0);
+        wire = tp_test_wire(&pf, f, 0);
         if (wire == TP_WIRE_DUP)
             dup = i;
         frame_encode(&pf, ps[i]->hdr);
@@ -645,6 +660,17 @@ void tcp_seq_done(mesh_transport_t *t, uint64_t base, uint64_t low)
         return;
     pthread_mutex_lock(&t->super.lock);
     tp_seq_done(&t->super, base, low);
+    for (int p = 0; p < t->super.world.size && !t->super.fail.failed; p++)
+        if (p != t->super.world.rank && t->links[p].ready)
+            parked_retry(t, &t->links[p]);
+    pthread_mutex_unlock(&t->super.lock);
+}
+
+void tcp_expect(mesh_transport_t *t, const struct mesh_frame *f,
+                const struct mesh_expect *recv, size_t n)
+{
+    pthread_mutex_lock(&t->super.lock);
+    tp_expect(&t->super, f, recv, n);
     for (int p = 0; p < t->super.world.size && !t->super.fail.failed; p++)
         if (p != t->super.world.rank && t->links[p].ready)
             parked_retry(t, &t->links[p]);

@@ -391,4 +391,5 @@ const struct mesh_transport_ops mesh_tcp_ops = {
     .culprit = tcp_culprit,
     .close = tcp_close,
     .seq_done = tcp_seq_done,
+    .expect = tcp_expect,
 };

@@ -329,6 +329,9 @@ int tcp_irecv(mesh_transport_t *t, int peer, const struct mesh_frame *expect,
 int tcp_test(mesh_transport_t *t, mesh_req_t *req, int *done);
 /* transport.h's seq_done: record it, then check the parked headers. */
 void tcp_seq_done(mesh_transport_t *t, uint64_t base, uint64_t low);
+/* transport.h's expect: record it, then check the parked headers. */
+void tcp_expect(mesh_transport_t *t, const struct mesh_frame *f,
+                const struct mesh_expect *recv, size_t n);
 /* base's req_free: test() hands a request back */
 void tcp_req_free(struct tp_base *b, struct tp_req *r, int failed);
 
