@@ -822,6 +822,49 @@ if fsteps:
     print("  with one device per peer (a model): %.1f s, %.1f %% of the "
           "fault-free steps per minute" % (model, 100 * fmodel / model *
                                            len(csteps) / len(fsteps)))
+# --phase side: the chaos run against the fault-free run over the same
+# seconds, by the chaos run's state in each interval between its steps:
+# a fault's or a join's view change in it, a slot faulted and not yet
+# restarted (by the kind of fault), a restarted peer not yet admitted,
+# or none of these (full). Each state's ratio is the chaos run's steps
+# over the fault-free run's in the same intervals, and the steps it lost
+# there the difference: where the side-by-side ratio went
+if os.path.exists(out + "/side") and fsteps:
+    import bisect
+    fws = sorted(x["wall"] for x in fsteps)
+    spans = []  # (from, to, state) per fault: absent, then joining
+    for t, kind, slot in faults:
+        t, slot = float(t), int(slot)
+        rs = [float(r) for r, s_, _ in restarts
+              if int(s_) == slot and float(r) > t]
+        r = min(rs) if rs else end
+        spans.append((t, r, "absent (" + kind + ")"))
+        adm = [v["wall"] for v in cviews
+               if v["wall"] >= r and slot in v["members"]]
+        if rs and adm:
+            spans.append((r, min(adm), "joining"))
+    by = {}
+    for a, b in zip([c0] + cs_, cs_):
+        vs = [v for v in cviews if a < v["wall"] <= b]
+        if a == c0:
+            k = "start"
+        elif vs:
+            k = ("a fault's view change" if any(v["left"] for v in vs)
+                 else "a join's view change")
+        else:
+            k = next((st for x, y, st in spans if x <= b < y), "full")
+        n = bisect.bisect_right(fws, b) - bisect.bisect_right(fws, a)
+        e = by.setdefault(k, [0, 0.0, 0])
+        e[0] += 1
+        e[1] += b - a
+        e[2] += n
+    print("side by side, by the chaos run's state (its steps against the "
+          "fault-free run's in the same seconds):")
+    for k, (n, tot, nf) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+        print("  %-22s %7.1f s: %6d against %6d steps, %s; %+5d steps, "
+              "%+.1f points" % (k, tot, n, nf,
+                                "%.3f" % (n / nf) if nf else "-", n - nf,
+                                100.0 * (n - nf) / len(fw)))
 print("digest mismatches: %d (fault-free %d)" % (cmis, fmis))
 # false suspicions: a view change that dropped a slot no fault hit (each
 # fault's own drop is the first view after it that lacks the slot), and
