@@ -61,7 +61,8 @@ struct mesh_coll_req {
  * formation's contenders (within RF_NEAR of its best where that is
  * below RF_MAX_S, else the runner-up within RF_NEAR and the others
  * within RF_NEAR_BIG: a tie there costs little to race with the job's
- * own calls; 3 at most), in epochs of up to
+ * own calls; then, where a place is left, formation's fastest at the
+ * timed sizes either side; 3 at most), in epochs of up to
  * RF_ROUNDS rounds (each contender once
  * a round, the order shuffled by the round; as many as fit in RF_EPOCH_S
  * by formation's times, RF_MIN_ROUNDS at least), and at an epoch's end
@@ -517,6 +518,29 @@ static void refine_recheck(struct refine *r)
 }
 
 /*
+ * Formation's fastest at the timed size next to bytes (side 0: the
+ * largest below it, 1: the smallest above it), or -1 (none timed there).
+ */
+static int point_winner(const mesh_coll_t *c, size_t bytes, int side,
+                        const int *ids, int nauto)
+{
+    const struct mesh_coll_model *m = &c->model;
+    int p = -1, w = -1;
+
+    for (int i = 0; i < m->npoints; i++)
+        if (side == 0 ? m->point_bytes[i] < bytes &&
+                            (p < 0 || m->point_bytes[i] > m->point_bytes[p])
+                      : m->point_bytes[i] > bytes &&
+                            (p < 0 || m->point_bytes[i] < m->point_bytes[p]))
+            p = i;
+    for (int a = 0; p >= 0 && a < nauto; a++)
+        if (m->point_s[p][ids[a]] > 0 &&
+            (w < 0 || m->point_s[p][ids[a]] < m->point_s[p][w]))
+            w = ids[a];
+    return w;
+}
+
+/*
  * The refinement of an AUTO all-reduce of bytes (engine only): found, or
  * begun for a size met the first time while slots are left, from
  * formation's times (the same on every rank); NULL where nothing was
@@ -570,6 +594,25 @@ static struct refine *refine_get(mesh_coll_t *c, size_t bytes)
             break;
         r->race[r->k++] = pick;
         sum += next;
+    }
+    /*
+     * Where a place is left, formation's fastest at the timed sizes
+     * either side races too, however it was timed at this one: one
+     * size's few rounds under a burst of load can rank the fastest far
+     * behind (4 ranks on loopback at 1 MiB: hier 2.7 times htree at
+     * formation, the fastest at 256 KiB and 4 MiB, and 1.07 times
+     * faster than htree over the 2667 rounds after).
+     */
+    for (int side = 0; side < 2 && best > 0 && c->w->size <= 511; side++) {
+        int w = point_winner(c, bytes, side, ids, nauto), in = 0;
+        double t = w > 0 ? measured_cost(c, w, (double)bytes) : 0;
+
+        for (int j = 0; j < r->k; j++)
+            in |= r->race[j] == w;
+        if (r->k < RF_RACE && !in && t > 0) {
+            r->race[r->k++] = w;
+            sum += t;
+        }
     }
     r->rounds = best > 0 ? (int)MESH_MIN(RF_EPOCH_S / sum, RF_ROUNDS) : 0;
     r->rounds = MESH_MAX(r->rounds, RF_MIN_ROUNDS);

@@ -738,6 +738,29 @@ static double formation_best(const struct mesh_coll_model *m, size_t bytes,
 }
 
 /*
+ * Formation's fastest at the timed size next to bytes (side 0: below, 1:
+ * above) that it also timed at bytes (point k), or -1: AUTO's refinement
+ * races it too where a place is left.
+ */
+static int neighbour_winner(const struct mesh_coll_model *m, size_t bytes,
+                            int side, const int *ids, int nauto, int k)
+{
+    int p = -1, w = -1;
+
+    for (int i = 0; i < m->npoints; i++)
+        if (side == 0 ? m->point_bytes[i] < bytes &&
+                            (p < 0 || m->point_bytes[i] > m->point_bytes[p])
+                      : m->point_bytes[i] > bytes &&
+                            (p < 0 || m->point_bytes[i] < m->point_bytes[p]))
+            p = i;
+    for (int a = 0; p >= 0 && a < nauto; a++)
+        if (m->point_s[p][ids[a]] > 0 &&
+            (w < 0 || m->point_s[p][ids[a]] < m->point_s[p][w]))
+            w = ids[a];
+    return w >= 0 && k >= 0 && m->point_s[k][w] > 0 ? w : -1;
+}
+
+/*
  * AUTO's refinement (mesh_coll_auto_refined): 640 all-reduces of 4000
  * bytes (a size formation timed), each checked; formation's contenders
  * take turns and the ranks agree on one to keep within 620 calls (4
@@ -780,10 +803,13 @@ static void t_auto_refine(struct rank_ctx *x)
                    kept > 0 ? mesh_algo_name(kept) : "nothing");
     else
         auto_answers_kept(x, &g, kept, bytes);
-    /* one of formation's contenders: timed within 50 % of its best */
+    /* one of formation's contenders: timed within 50 % of its best, or
+     * its fastest at a timed size next to this one */
     best = formation_best(&m, bytes, ids, nauto, &k);
     if (g.ok && k >= 0) {
-        if (m.point_s[k][kept] > 1.5 * best * (1 + 1e-6))
+        if (m.point_s[k][kept] > 1.5 * best * (1 + 1e-6) &&
+            kept != neighbour_winner(&m, bytes, 0, ids, nauto, k) &&
+            kept != neighbour_winner(&m, bytes, 1, ids, nauto, k))
             group_fail(&g,
                        "auto kept %s, timed %.1f us at formation, "
                        "beyond 1.5 times the best's %.1f us",
@@ -802,7 +828,8 @@ static void t_auto_refine(struct rank_ctx *x)
  * The re-check of AUTO's kept winner (mesh_coll_auto_rechecks), right
  * after t_auto_refine kept one at 4000 bytes: where formation timed 2 or
  * more contenders there (within 50 % of its best: the runner-up races
- * within 50 % at every size), the first re-check ends within 1400 more
+ * within 50 % at every size; or its fastest at a timed size next to
+ * it), the first re-check ends within 1400 more
  * calls (it
  * starts at most 8 x 2 epochs x 31 rounds x 2 others = 992 calls after
  * the keep and runs at most 2 epochs of 31 rounds of 3), every rank at
@@ -825,9 +852,17 @@ static void t_auto_recheck(struct rank_ctx *x)
     mesh_coll_model_get(x->c, &m);
     best = formation_best(&m, bytes, ids, nauto, &k);
     if (k >= 0) {
+        int nw[2];
+
         for (int a = 0; a < nauto && best > 0; a++)
             ncand +=
                 m.point_s[k][ids[a]] > 0 && m.point_s[k][ids[a]] <= 1.5 * best;
+        /* the fastest at the timed sizes either side race too */
+        for (int side = 0; side < 2 && best > 0; side++) {
+            nw[side] = neighbour_winner(&m, bytes, side, ids, nauto, k);
+            ncand += nw[side] >= 0 && m.point_s[k][nw[side]] > 1.5 * best &&
+                     (side == 0 || nw[1] != nw[0]);
+        }
     }
     if (!want || mesh_coll_buf_alloc(x->c, bytes, (void **)&in) < 0 ||
         mesh_coll_buf_alloc(x->c, bytes, (void **)&out) < 0)
