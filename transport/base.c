@@ -163,6 +163,26 @@ int tp_any_done(mesh_req_t *const *reqs, int n)
     return 0;
 }
 
+/*
+ * Fail the job blaming culprit for a desync between receiver, which
+ * expected e, and sender, which sent f (then tail): -EPROTO.
+ */
+static int fail_desync(struct tp_base *b, int culprit, int receiver,
+                       const struct mesh_frame *e, int sender,
+                       const struct mesh_frame *f, const char *tail)
+{
+    char fa[200], fb[200], rn[300], sn[300];
+
+    tp_fail_job(b, culprit, -EPROTO, 1,
+                "desync between rank %d (%s), which expected %s, and rank %d "
+                "(%s), which sent %s%s",
+                receiver, tp_pname(b, receiver, rn, sizeof(rn)),
+                mesh_frame_str(e, fa, sizeof(fa)), sender,
+                tp_pname(b, sender, sn, sizeof(sn)),
+                mesh_frame_str(f, fb, sizeof(fb)), tail);
+    return -EPROTO;
+}
+
 int tp_frame_match(struct tp_base *b, int culprit, int receiver, int sender,
                    const struct mesh_frame *e, uint64_t claimed,
                    const struct mesh_frame *f, int check_len, const char *after)
@@ -174,16 +194,8 @@ int tp_frame_match(struct tp_base *b, int culprit, int receiver, int sender,
 
     if (e->seq != f->seq || e->tag != f->tag || !starts_inside)
         return 0;
-    if (e->op != f->op || e->dtype != f->dtype || e->count != f->count) {
-        tp_fail_job(b, culprit, -EPROTO, 1,
-                    "desync between rank %d (%s), which expected %s, and "
-                    "rank %d (%s), which sent %s",
-                    receiver, tp_pname(b, receiver, rn, sizeof(rn)),
-                    mesh_frame_str(e, fa, sizeof(fa)), sender,
-                    tp_pname(b, sender, sn, sizeof(sn)),
-                    mesh_frame_str(f, fb, sizeof(fb)));
-        return -EPROTO;
-    }
+    if (e->op != f->op || e->dtype != f->dtype || e->count != f->count)
+        return fail_desync(b, culprit, receiver, e, sender, f, "");
     if (check_len &&
         (f->length > end - f->offset || f->length > e->length - claimed)) {
         tp_fail_job(b, culprit, -EPROTO, 1,
@@ -260,6 +272,19 @@ static int part_of(const struct tp_base *b, const struct mesh_frame *f,
     *o = seq_owner(b, f->seq);
     return *o && (*o)->plan && f->seq == (*o)->part.seq &&
            f->op == (*o)->part.op;
+}
+
+/* o's running part as a frame in f's place (tag, offset, length), for
+ * messages */
+static const struct mesh_frame *part_as(const struct tp_seq_owner *o,
+                                        const struct mesh_frame *f,
+                                        struct mesh_frame *out)
+{
+    *out = o->part;
+    out->tag = f->tag;
+    out->offset = f->offset;
+    out->length = f->length;
+    return out;
 }
 
 /* (peer, tag) order of the receives, for the binary search */
@@ -375,6 +400,7 @@ int tp_frame_unmatched(struct tp_base *b, int sender,
 {
     const struct tp_seq_owner *o;
     const struct tp_exp *e, *in = NULL;
+    struct mesh_frame pe;
     char fb[200], sn[300];
     const char *why;
 
@@ -386,16 +412,8 @@ int tp_frame_unmatched(struct tp_base *b, int sender,
         why = "a frame of a part of a collective that finished here (a "
               "duplicate or a stale frame: no receive will ever match it)";
     } else if (f->dtype != o->part.dtype || f->count != o->part.count) {
-        char pb[200], rn[300];
-
-        tp_fail_job(b, sender, -EPROTO, 1,
-                    "desync between rank %d (%s), which expects %s, and rank "
-                    "%d (%s), which sent %s",
-                    b->world.rank, tp_pname(b, b->world.rank, rn, sizeof(rn)),
-                    mesh_frame_str(&o->part, pb, sizeof(pb)), sender,
-                    tp_pname(b, sender, sn, sizeof(sn)),
-                    mesh_frame_str(f, fb, sizeof(fb)));
-        return -EPROTO;
+        return fail_desync(b, sender, b->world.rank, part_as(o, f, &pe), sender,
+                           f, "");
     } else {
         for (e = exp_find(o, sender, f->tag); exp_is(o, e, sender, f->tag); e++)
             if (exp_holds(e, f) && (!in || in->done))
@@ -419,26 +437,19 @@ int tp_frame_unmatched(struct tp_base *b, int sender,
 int tp_fail_order(struct tp_base *b, int sender, const struct mesh_frame *f)
 {
     const struct tp_seq_owner *o = seq_owner(b, f->seq);
-    char fb[200], sn[300], pb[200], rn[300];
+    struct mesh_frame pe;
+    char fb[200], sn[300];
 
     if (o && o->plan && f->seq == o->part.seq)
-        tp_fail_job(b, sender, -EPROTO, 1,
-                    "desync between rank %d (%s), which runs %s, and rank %d "
-                    "(%s), which sent %s ahead of frames of it still due "
-                    "from it",
-                    b->world.rank, tp_pname(b, b->world.rank, rn, sizeof(rn)),
-                    mesh_frame_str(&o->part, pb, sizeof(pb)), sender,
-                    tp_pname(b, sender, sn, sizeof(sn)),
-                    mesh_frame_str(f, fb, sizeof(fb)));
-    else
-        tp_fail_job(
-            b, sender, -EPROTO, 1,
-            "rank %d (%s) sent a frame of a later collective or part, %s, "
-            "ahead of frames of the one running here that are still due "
-            "from it (it cannot have finished that one; every stream "
-            "from it waits so)",
-            sender, tp_pname(b, sender, sn, sizeof(sn)),
-            mesh_frame_str(f, fb, sizeof(fb)));
+        return fail_desync(b, sender, b->world.rank, part_as(o, f, &pe), sender,
+                           f, " ahead of frames of it still due from it");
+    tp_fail_job(b, sender, -EPROTO, 1,
+                "rank %d (%s) sent a frame of a later collective or part, %s, "
+                "ahead of frames of the one running here that are still due "
+                "from it (it cannot have finished that one; every stream "
+                "from it waits so)",
+                sender, tp_pname(b, sender, sn, sizeof(sn)),
+                mesh_frame_str(f, fb, sizeof(fb)));
     return -EPROTO;
 }
 
