@@ -3,10 +3,14 @@
 # refused when they join (exit code 2), and the error names the field:
 # the model, the per-peer batch, the seed; and two agreeing peers join.
 # Both sides fail at once, naming the field: the accepting rank 0 does not
-# wait out --join-timeout (30 s here) to say "never joined".
+# wait out --join-timeout (30 s here) to say "never joined". Last, a
+# configuration that trains a degenerate network (--batch 1 with a 1 x 1
+# last stage: its batch norms see one value a channel, and the output does
+# not depend on the input; PyTorch refuses it) draws a warning, and the
+# same with --batch 2 none.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
-t_plan 4
+t_plan 6
 BASE="$SMALL --data synthetic:512 --num-classes 10 --in-channels 1 \
 --iters 1 --no-eval --join-timeout 30"
 
@@ -56,4 +60,19 @@ pair model model "--batch 8" "--batch 8 --model resnet34"
 pair batch batch "--batch 8" "--batch 16"
 pair seed seed "--batch 8 --seed 1" "--batch 8 --seed 2"
 pair same "" "--batch 8" "--batch 8"
+
+take_ports 1
+for b in 1 2; do
+    # shellcheck disable=SC2086
+    "$MESHTRAIN" -H localhost:1 --port "$PORT" --insecure $BASE --batch $b \
+        --image-size 8 > "$TMP/degenerate.$b.log" 2>&1
+    echo $? > "$TMP/degenerate.$b.rc"
+done
+[ "$(cat "$TMP/degenerate.1.rc")" -eq 0 ] &&
+    grep -q "does not depend on the input" "$TMP/degenerate.1.log"
+t_ok $? "--batch 1 with a 1 x 1 last stage trains, with a warning"
+grep -h "does not depend" "$TMP/degenerate.1.log" | cut -c 1-200 | sed 's/^/# /'
+[ "$(cat "$TMP/degenerate.2.rc")" -eq 0 ] &&
+    ! grep -q "does not depend on the input" "$TMP/degenerate.2.log"
+t_ok $? "--batch 2 there: no such warning"
 t_done

@@ -793,6 +793,29 @@ static void warm_up(struct trainer *t)
     free(y);
 }
 
+/*
+ * --batch 1 where the last stage is 1 x 1 (a small --image-size): its batch
+ * norms see one value a channel in training, output their beta whatever
+ * the input, and the network's output does not depend on the image.
+ * PyTorch refuses to train this ("Expected more than 1 value per channel");
+ * here a warning says it (rank 0), unless --freeze may hold those BNs on
+ * their running statistics.
+ */
+static void degenerate_warn(const struct trainer *t, int rank)
+{
+    int k, side = t->mcfg.image_size;
+
+    for (k = t->mcfg.cifar_stem ? 3 : 5; k > 0; k--)
+        side = (side - 1) / 2 + 1;
+    if (rank == 0 && !t->c->eval_only && !t->c->freeze && t->c->batch == 1 &&
+        side == 1)
+        mesh_warn("--batch 1 at --image-size %d: the last stage is 1 x 1, "
+                  "so its batch norms see one value per channel in training "
+                  "and the output does not depend on the input (PyTorch "
+                  "refuses this); take --batch 2 or more, or a larger image",
+                  t->mcfg.image_size);
+}
+
 static int open_model(struct trainer *t, const struct mesh_opts *mo)
 {
     const struct train_cfg *c = t->c;
@@ -819,6 +842,7 @@ static int open_model(struct trainer *t, const struct mesh_opts *mo)
     if (rc < 0)
         return rc;
     t->mcfg = *mesh_nn_model_config(t->model);
+    degenerate_warn(t, mo->world.rank);
     mesh_train_model_nn(t->model, &t->tm);
     t->nparams = mesh_nn_model_num_params(t->model);
     t->nbuffers = mesh_nn_model_num_buffers(t->model);
