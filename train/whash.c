@@ -14,8 +14,9 @@
  *     restored, and opens the view's mesh meanwhile; the transfer and
  *     the weight check wait for it (train_whash_get).
  *   - While a peer asks to be admitted (mesh_elastic_joins: the members
- *     admit it at their next step boundary), the thread hashes the live
- *     state of the step in flight. The view usually restarts from that
+ *     admit it at once), or catches up (mesh_elastic_held: it asks once
+ *     its snapshot is loaded), the thread hashes the live state of the
+ *     step in flight, every step. The view usually restarts from that
  *     step (a member still in its update has committed only the step
  *     before the boundary where another left), or from the next: its
  *     hashes are then ready, or under way, when the view change comes.
@@ -164,13 +165,16 @@ static void *wh_main(void *arg)
             slice(wh, w);
             continue;
         }
-        /* a peer asks to be admitted: the members admit it at their next
-         * boundary, from the state of the step in flight or the next */
+        /* a peer asks to be admitted: the members admit it at once, from
+         * the state of the step in flight (or the one before); or it
+         * catches up (a held request): it asks once its snapshot is
+         * loaded, within a step or two, so every step's state is hashed
+         * meanwhile, beside the training, not in the view change */
         if (!wh->busy && live != WH_NONE && wh->s[live & 1].step != live) {
             uint64_t joins;
 
             pthread_mutex_unlock(&wh->mu);
-            joins = mesh_elastic_joins(t->el);
+            joins = mesh_elastic_joins(t->el) | mesh_elastic_held(t->el);
             pthread_mutex_lock(&wh->mu);
             if (joins && !wh->busy && !wh->stop && wh->live == live &&
                 wh->s[live & 1].step != live) {
