@@ -2154,17 +2154,36 @@ static void log_model(const mesh_coll_t *c)
                   mesh_algo_name(c->opts.algo));
         return;
     }
-    /* the choice per power of two, as ranges */
-    for (size_t b = 8;; b *= 2) {
+    /*
+     * The choice as ranges, each from the exact size where it starts:
+     * sampled 16 times an octave, then the first size of a new choice
+     * found by bisection (a choice can change more than once inside an
+     * octave: 7 ranks by the built-in numbers take rd at 128 KiB, rhd
+     * from 142,858 bytes and the ring from 155,556).
+     */
+    for (size_t b = 8, lo = 0;; lo = b, b += MESH_MAX(b / 16, (size_t)1)) {
         int a = b <= ((size_t)1 << 30)
                     ? mesh_coll_algo_for(c, MESH_ALGO_AUTO, b)
                     : -1;
+        size_t at = b;
 
-        if (prev >= 0 && a != prev && used < sizeof(ranges)) {
-            used += (size_t)snprintf(ranges + used, sizeof(ranges) - used,
-                                     "%s%s from %zu B", used ? ", " : "",
-                                     mesh_algo_name(prev), from);
-            from = b;
+        if (prev >= 0 && a != prev) {
+            /* the first size after lo that does not take prev */
+            for (size_t l = lo, h = b; a >= 0 && h - l > 1;) {
+                size_t mid = l + (h - l) / 2;
+
+                if (mesh_coll_algo_for(c, MESH_ALGO_AUTO, mid) == prev)
+                    l = mid;
+                else
+                    h = at = mid;
+            }
+            if (used < sizeof(ranges))
+                used += (size_t)snprintf(ranges + used, sizeof(ranges) - used,
+                                         "%s%s from %zu B", used ? ", " : "",
+                                         mesh_algo_name(prev), from);
+            from = at;
+            if (a >= 0) /* sampled on from there */
+                a = mesh_coll_algo_for(c, MESH_ALGO_AUTO, b = at);
         }
         if (a < 0)
             break;
