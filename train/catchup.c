@@ -2313,6 +2313,19 @@ static int cu_record_done(struct train_catchup *cu, struct cu_peer *p)
     return 0;
 }
 
+/* cu_alloc's buffers freed (those there). */
+static void cu_free_bufs(struct train_catchup *cu)
+{
+    free(cu->blob);
+    free(cu->cells);
+    free(cu->cellok);
+    cu->blob = cu->cells = cu->cellok = NULL;
+    for (int r = 0; r < CU_RING; r++) {
+        free(cu->g[r]);
+        cu->g[r] = NULL;
+    }
+}
+
 /* The buffers for a model of np parameters: the snapshot and CU_RING
  * steps of gradient. -1 when out of memory. */
 static int cu_alloc(struct train_catchup *cu, size_t np)
@@ -2331,14 +2344,7 @@ static int cu_alloc(struct train_catchup *cu, size_t np)
     if (ok)
         return 0;
     mesh_info("catch-up: out of memory for a snapshot of %zu bytes", cu->n);
-    free(cu->blob);
-    free(cu->cells);
-    free(cu->cellok);
-    cu->blob = cu->cells = cu->cellok = NULL;
-    for (int r = 0; r < CU_RING; r++) {
-        free(cu->g[r]);
-        cu->g[r] = NULL;
-    }
+    cu_free_bufs(cu);
     return -1;
 }
 
@@ -2532,6 +2538,11 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
         x = MESH_MAX(x, cu->p[i].at);
     cu->live = x;
     x += *margin;
+    /* a try that ended before its AUTH was answered (cu->np still 0)
+     * sized the buffers by HELLOs not yet authenticated: another count
+     * now, they are sized anew (cellok, cells and blob by np) */
+    if (rc == 0 && cu->blob && cu->n != blob_bytes(nparams))
+        cu_free_bufs(cu);
     if (rc == 0 && !cu->blob && cu_alloc(cu, nparams) < 0) {
         pthread_mutex_lock(&cu->mu);
         return cu_why(__LINE__, -1);
@@ -2878,11 +2889,7 @@ void train_catchup_stop(struct trainer *t)
     pthread_join(cu->th, NULL);
     pthread_cond_destroy(&cu->cv);
     pthread_mutex_destroy(&cu->mu);
-    free(cu->blob);
-    free(cu->cells);
-    free(cu->cellok);
-    for (int r = 0; r < CU_RING; r++)
-        free(cu->g[r]);
+    cu_free_bufs(cu);
     train_wch_free(&cu->hwc[0]);
     train_wch_free(&cu->hwc[1]);
     free(cu);
