@@ -26,7 +26,7 @@
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
 COUNT="python3 $top_srcdir/tests/train_elastic_count.py"
-t_plan 23
+t_plan 25
 N=800
 ITERS=${CATCHUP_ITERS:-160}
 TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
@@ -259,4 +259,18 @@ codes_are "0 0 0 0" old &&
     grep -q "slot 3 joined view 2: .* state $_state bytes received" \
         "$TMP/old.p3.log"
 t_ok $? "members that serve no catch-up: the joiner gets all $_state bytes"
+
+# 8. a state of several 4 MiB cells (--width 20: 1.1 M parameters): 3
+# members' stripes cut cells, each stripe's digest is over its pieces,
+# and the joiner builds the state's hash from the cells; the digests
+# (the view change's, every 10 steps and at the end) prove its weights
+# and momentum the members'.
+start cells 4 3 --width 20 --seed 11
+at_step cells 20
+join cells 4 3 --width 20 --seed 11
+wait_all 120
+codes_are "0 0 0 0" cells && caught_up cells 3
+t_ok $? "3 senders, a state of several cells: slot 3 caught up ($CU_MSG)"
+$COUNT "$TMP/cells.metrics" "$ITERS" $N 16 "$TMP"/cells.samples.*
+t_ok $? "several cells: every step once, every sample of each epoch once"
 t_done
