@@ -238,30 +238,43 @@ static size_t blob_bytes(size_t nparams)
 /*
  * The snapshot buffer's cells: its header, then the cells of the weights'
  * and of the momentum's cell hashes (train_wch: TRAIN_WCELL bytes from
- * each one's start, the last shorter). cell_at: the index of the cell
- * that holds byte pos (0: the header; 1 + c: the weights' cell c; 1 + nc
- * + c: the momentum's), and its range [*lo, *hi). cells_of: the cells of
- * a cell hash of half bytes.
+ * each one's start, the last shorter). A cell's index: 0 the header,
+ * 1 + c the weights' cell c, 1 + nc + c the momentum's. cell_range: cell
+ * idx's bytes [*lo, *hi); cell_at: the index of the cell that holds byte
+ * pos, and its range. cells_of: the cells of a cell hash of half bytes.
  */
 static size_t cells_of(size_t half)
 {
     return half ? (half + TRAIN_WCELL - 1) / TRAIN_WCELL : 1;
 }
 
-static size_t cell_at(size_t np, size_t pos, size_t *lo, size_t *hi)
+static void cell_range(size_t np, size_t idx, size_t *lo, size_t *hi)
 {
-    size_t half = np * 4, base, c;
+    size_t half = np * 4, nc = cells_of(half), base, c;
 
-    if (pos < CU_BLOB) {
+    if (idx == 0) {
         *lo = 0;
         *hi = CU_BLOB;
-        return 0;
+        return;
     }
-    base = pos < CU_BLOB + half ? CU_BLOB : CU_BLOB + half;
-    c = (pos - base) / TRAIN_WCELL;
-    *lo = base + c * TRAIN_WCELL;
+    base = idx <= nc ? CU_BLOB : CU_BLOB + half;
+    c = idx <= nc ? idx - 1 : idx - 1 - nc;
+    *lo = base + MESH_MIN(c * TRAIN_WCELL, half);
     *hi = base + MESH_MIN((c + 1) * TRAIN_WCELL, half);
-    return 1 + (base == CU_BLOB ? 0 : cells_of(half)) + c;
+}
+
+static size_t cell_at(size_t np, size_t pos, size_t *lo, size_t *hi)
+{
+    size_t half = np * 4, idx;
+
+    if (pos < CU_BLOB)
+        idx = 0;
+    else if (pos < CU_BLOB + half)
+        idx = 1 + (pos - CU_BLOB) / TRAIN_WCELL;
+    else
+        idx = 1 + cells_of(half) + (pos - CU_BLOB - half) / TRAIN_WCELL;
+    cell_range(np, idx, lo, hi);
+    return idx;
 }
 
 /*
@@ -313,8 +326,7 @@ static int sh_feed(struct cu_sh *h, const uint8_t *b, size_t n)
         size_t take, clo, chi, c;
 
         if (h->pos == h->phi) { /* a piece begins */
-            c = cell_at(h->np, h->pos, &clo, &chi);
-            (void)c;
+            (void)cell_at(h->np, h->pos, &clo, &chi);
             h->plo = h->pos;
             h->phi = MESH_MIN(chi, h->hi);
             if (EVP_DigestInit_ex(h->piece, EVP_sha256(), NULL) != 1)
@@ -2008,13 +2020,11 @@ static int cu_cells(struct train_catchup *cu, uint8_t h[64])
     size_t half = cu->np * 4, nc = cells_of(half);
 
     for (size_t c = 1; c < 1 + 2 * nc; c++) {
-        size_t base = c <= nc ? CU_BLOB : CU_BLOB + half,
-               i = c <= nc ? c - 1 : c - 1 - nc,
-               lo = base + MESH_MIN(i * TRAIN_WCELL, half),
-               hi = base + MESH_MIN((i + 1) * TRAIN_WCELL, half);
+        size_t lo, hi;
 
         if (cu->cellok[c])
             continue;
+        cell_range(cu->np, c, &lo, &hi);
         if (!EVP_Digest(cu->blob + lo, hi - lo, cu->cells + 32 * c, NULL,
                         EVP_sha256(), NULL))
             return -1;
