@@ -384,15 +384,20 @@ void tp_recv_got(struct tp_base *b, const struct tp_req *r)
         }
 }
 
+/* Whether f is of a part after o's running one (a later seq, or another
+ * op of its seq than the running part's and the one before it). */
+static int part_later(const struct tp_seq_owner *o, const struct mesh_frame *f)
+{
+    return f->seq > o->part.seq || (f->seq == o->part.seq &&
+                                    f->op != o->part.op && f->op != o->prev_op);
+}
+
 int tp_frame_later(const struct tp_base *b, int sender,
                    const struct mesh_frame *f)
 {
     const struct tp_seq_owner *o = seq_owner(b, f->seq);
 
-    return o && o->plan && o->due[sender] > 0 &&
-           (f->seq > o->part.seq ||
-            (f->seq == o->part.seq && f->op != o->part.op &&
-             f->op != o->prev_op));
+    return o && o->plan && o->due[sender] > 0 && part_later(o, f);
 }
 
 int tp_frame_unmatched(struct tp_base *b, int sender,
@@ -405,8 +410,7 @@ int tp_frame_unmatched(struct tp_base *b, int sender,
     const char *why;
 
     if (!part_of(b, f, &o)) {
-        if (!o || !o->plan || f->seq > o->part.seq ||
-            (f->seq == o->part.seq && f->op != o->prev_op))
+        if (!o || !o->plan || part_later(o, f))
             return tp_frame_later(b, sender, f);
         /* the owner runs its parts in order, each to its end */
         why = "a frame of a part of a collective that finished here (a "
