@@ -394,6 +394,35 @@ void coll_meas_agree(const float *all, int nranks, const int *live, int nauto,
                      int runs, float *v);
 
 /*
+ * AUTO's race at the end of an epoch (coll.c, refine_agree), from the
+ * ranks' times of k contenders over runs rounds (all: nranks vectors of
+ * COLL_MEAS_HEAD + k * runs floats, laid out as coll_meas_agree takes
+ * them) and their agreed vector v (coll_meas_agree's, all live): on[a] =
+ * 1 for each contender that races on, the fastest always (least v), the
+ * others unless clearly slower than it (the lower end of the 95 %
+ * interval of the median of their ratios within a round above 1) or,
+ * from COLL_RACE_BEHIND_RUNS rounds (COLL_RACE_BEHIND_RUNS_BIG where big:
+ * the size's best call took 2 ms or more at formation), their median
+ * ratio over COLL_RACE_BEHIND. kept: the index of the one a re-check
+ * re-checks, or -1 (the first race); last: the race's last epoch.
+ * Returns the index of the contender to keep, or -1 (race on), and where
+ * one is kept the reason in *why (COLL_RACE_*). The same bytes give every
+ * rank the same answer. k <= MESH_ALGO_LAST + 1, runs <= COLL_MEAS_RUNS_MAX.
+ */
+#define COLL_RACE_BEHIND          1.03
+#define COLL_RACE_BEHIND_RUNS     32
+#define COLL_RACE_BEHIND_RUNS_BIG 10
+enum {
+    COLL_RACE_SLOWER = 1, /* the one kept ran clearly slower */
+    COLL_RACE_BEHIND_IT,  /* the one kept ran COLL_RACE_BEHIND behind */
+    COLL_RACE_CLEAR,      /* the others are out */
+    COLL_RACE_NONE,       /* (a re-check's last epoch) none clearly faster */
+    COLL_RACE_FASTEST,    /* (the race's last epoch) the fastest over all */
+};
+int coll_race_decide(const float *all, const float *v, int nranks, int k,
+                     int runs, int kept, int big, int last, int *on, int *why);
+
+/*
  * The model's latency terms beyond hops x alpha, in alphas (built-in
  * figures, like gamma; a measured 32-byte time replaces them all):
  * COLL_LOCAL_HOP, a hop inside a host over shared memory, where the

@@ -159,6 +159,109 @@ static void meas_agree_checks(void)
        (double)pv[COLL_MEAS_HEAD], (double)pv[COLL_MEAS_HEAD + 1]);
 }
 
+/*
+ * AUTO's race at an epoch's end (coll_race_decide), 2 ranks (rank 1 a
+ * little faster: the slowest rank's time counts), 3 contenders over
+ * rounds whose load from elsewhere moves every time by up to 1.6 x: 0
+ * the reference, 1 level with it (a median ratio of 1.005), 2 a few %
+ * behind (median ratio 1.065) yet faster than 0 in 3 rounds of 10, so
+ * never clearly slower. The pattern of 10 rounds repeats for longer
+ * races.
+ */
+enum { RACE_K = 3, RACE_MAX = 40, RACE_S = COLL_MEAS_HEAD + RACE_K * RACE_MAX };
+static const float race_load[10] = {100, 140, 90,  160, 110,
+                                    120, 95,  150, 105, 130};
+static const float race_ratio[RACE_K][10] = {
+    {1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    {1.01f, 0.99f, 1.02f, 0.995f, 1.00f, 1.01f, 0.985f, 1.02f, 0.99f, 1.01f},
+    {1.10f, 0.98f, 1.08f, 1.05f, 0.97f, 1.09f, 1.06f, 1.12f, 0.99f, 1.07f},
+};
+
+/* The race's times over runs rounds into all (2 ranks), its agreed
+ * vector into v; contender a's times scaled by scale[a]. */
+static void race_times(float *all, float *v, int runs, const float *scale)
+{
+    const int live[RACE_K] = {1, 1, 1};
+    size_t stride = (size_t)COLL_MEAS_HEAD + (size_t)RACE_K * (size_t)runs;
+
+    memset(all, 0, 2 * RACE_S * sizeof(*all));
+    for (int r = 0; r < 2; r++)
+        for (int a = 0; a < RACE_K; a++)
+            for (int i = 0; i < runs; i++)
+                all[(size_t)r * stride + COLL_MEAS_HEAD +
+                    (size_t)a * (size_t)runs + (size_t)i] =
+                    race_load[i % 10] * race_ratio[a][i % 10] * scale[a] *
+                    (r ? 0.95f : 1.0f);
+    coll_meas_agree(all, 2, live, RACE_K, runs, v);
+}
+
+static void race_checks(void)
+{
+    static const float same[RACE_K] = {1, 1, 1};
+    static const float clear[RACE_K] = {1, 1.3f, 1.3f}; /* 0 well ahead */
+    float all[2 * RACE_S], v[COLL_MEAS_HEAD + RACE_K];
+    int on[RACE_K], on2[RACE_K], why = 0, why2 = 0, keep, keep2;
+
+    /* a large size's race after 10 rounds: 2 is out, 0 and 1 race on */
+    race_times(all, v, 10, same);
+    keep = coll_race_decide(all, v, 2, RACE_K, 10, -1, 1, 0, on, &why);
+    ok(keep == -1 && on[0] && on[1] && !on[2],
+       "a large size's race, 10 rounds: the one 6.5 %% behind by its "
+       "median is out, not clearly slower (on %d %d %d, keep %d)",
+       on[0], on[1], on[2], keep);
+    /* the same bytes, the same answer (every rank decides alike) */
+    keep2 = coll_race_decide(all, v, 2, RACE_K, 10, -1, 1, 0, on2, &why2);
+    ok(keep2 == keep && !memcmp(on, on2, sizeof(on)) && why2 == why,
+       "the same times give the same decision");
+
+    /* fewer rounds, or a small size before 32: it races on */
+    race_times(all, v, 5, same);
+    keep = coll_race_decide(all, v, 2, RACE_K, 5, -1, 1, 0, on, &why);
+    ok(keep == -1 && on[0] && on[1] && on[2],
+       "a large size's race, 5 rounds: all race on (on %d %d %d)", on[0], on[1],
+       on[2]);
+    race_times(all, v, 20, same);
+    keep = coll_race_decide(all, v, 2, RACE_K, 20, -1, 0, 0, on, &why);
+    ok(keep == -1 && on[0] && on[1] && on[2],
+       "a small size's race, 20 rounds: all race on (on %d %d %d)", on[0],
+       on[1], on[2]);
+    race_times(all, v, 40, same);
+    keep = coll_race_decide(all, v, 2, RACE_K, 40, -1, 0, 0, on, &why);
+    ok(keep == -1 && on[0] && on[1] && !on[2],
+       "a small size's race, 40 rounds: the one behind is out (on %d %d "
+       "%d)",
+       on[0], on[1], on[2]);
+
+    /* a re-check of the one behind: it moves at 10 rounds, to the fastest */
+    race_times(all, v, 10, same);
+    keep = coll_race_decide(all, v, 2, RACE_K, 10, 2, 1, 0, on, &why);
+    ok(keep == 0 && why == COLL_RACE_BEHIND_IT,
+       "a large size's re-check of the one behind moves to the fastest at "
+       "10 rounds (keep %d, why %d)",
+       keep, why);
+    /* a re-check of one level with the fastest: kept at its last epoch */
+    keep = coll_race_decide(all, v, 2, RACE_K, 10, 1, 1, 1, on, &why);
+    ok(keep == 1 && why == COLL_RACE_NONE,
+       "a re-check of one within 3 %% keeps it at its last epoch (keep %d, "
+       "why %d)",
+       keep, why);
+    /* the race's last epoch: the fastest */
+    keep = coll_race_decide(all, v, 2, RACE_K, 10, -1, 1, 1, on, &why);
+    ok(keep == 0 && why == COLL_RACE_FASTEST,
+       "the race's last epoch keeps the fastest (keep %d, why %d)", keep, why);
+
+    /* a clear winner: kept after one epoch of 5, at any size, and a
+     * re-check of it keeps it */
+    race_times(all, v, 5, clear);
+    keep = coll_race_decide(all, v, 2, RACE_K, 5, -1, 0, 0, on, &why);
+    keep2 = coll_race_decide(all, v, 2, RACE_K, 5, 0, 1, 0, on2, &why2);
+    ok(keep == 0 && why == COLL_RACE_CLEAR && keep2 == 0 &&
+           why2 == COLL_RACE_CLEAR,
+       "a clear winner is kept after 5 rounds, and kept by a re-check "
+       "(keep %d %d, why %d %d)",
+       keep, keep2, why, why2);
+}
+
 int main(void)
 {
     static const int hosts[] = {2, 3, 4, 5, 8, 16, 32};
@@ -169,7 +272,7 @@ int main(void)
     struct coll_hosts h;
     int bad = 0, id;
 
-    plan(11);
+    plan(20);
     builtin(&m);
 
     /* the seed's topology at 4 GPUs per process: 16 hosts of 2 */
@@ -246,5 +349,6 @@ int main(void)
 
     in_place_checks(&m);
     meas_agree_checks();
+    race_checks();
     return done();
 }

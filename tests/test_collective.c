@@ -829,10 +829,10 @@ static void t_auto_refine(struct rank_ctx *x)
  * after t_auto_refine kept one at 4000 bytes: where formation timed 2 or
  * more contenders there (within 50 % of its best: the runner-up races
  * within 50 % at every size; or its fastest at a timed size next to
- * it), the first re-check ends within 1400 more
- * calls (it
- * starts at most 8 x 2 epochs x 31 rounds x 2 others = 992 calls after
- * the keep and runs at most 2 epochs of 31 rounds of 3), every rank at
+ * it), the first re-check ends within 1400 more calls (it starts at most
+ * 8 x 2 epochs x 31 rounds x 2 others = 992 calls after the keep and runs
+ * at most 62 rounds of 3: 2 epochs, or up to 4 where 2 hold fewer than
+ * the 3 % rule's 32 rounds: 45 at most then), every rank at
  * the same call and keeping the same contender (the hash); where only
  * one was timed there, nothing is re-checked. Every call is checked.
  */
