@@ -384,7 +384,8 @@ int mesh_hostfile_parse_file(const char *path, struct mesh_hostfile **out)
     }
     text[got] = '\0';
     if (strlen(text) != got) {
-        rc = mesh_err(-EINVAL, "hostfile %s contains a NUL byte", path);
+        rc = mesh_err(-EINVAL, "hostfile %s: a NUL byte at byte offset %zu",
+                      path, strlen(text));
         goto out_text;
     }
     rc = parse(path, text, 0, out);

@@ -751,7 +751,8 @@ static int parse_manifest(struct mesh_ckpt *c, char *text, const char *mpath)
             struct blob *bl;
 
             if (c->n >= MESH_CKPT_BLOBS_MAX)
-                return mesh_err(-EIO, "%s: too many blobs", mpath);
+                return mesh_err(-EIO, "%s: line %d: more than %d blobs", mpath,
+                                lineno, MESH_CKPT_BLOBS_MAX);
             if (blob_lookup(c->blobs, c->n, name))
                 return mesh_err(-EIO, "%s: line %d: blob %s twice", mpath,
                                 lineno, name);
