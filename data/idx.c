@@ -100,6 +100,39 @@ out:
     return rc;
 }
 
+/*
+ * The len bytes of images that end r, into *out (malloc'ed), in steps that
+ * double: memory follows the bytes that arrive, not the header's claim (a
+ * gzip'ed file of 87 bytes may claim 16 GiB of images).
+ */
+static int idx_pixels(struct rd *r, const char *path, size_t len, uint8_t **out)
+{
+    uint8_t *buf = NULL, *nb;
+    size_t got = 0, step;
+    int rc;
+
+    do {
+        step = MESH_MIN(len - got, MESH_MAX(got, (size_t)1 << 20));
+        nb = realloc(buf, got + step);
+        if (!nb) {
+            rc = mesh_err(-ENOMEM, "%s: cannot allocate %zu bytes", path,
+                          got + step);
+            break;
+        }
+        buf = nb;
+        rc = got + step == len
+                 ? data_rd_last(r, buf + got, step, "the images")
+                 : data_rd_exact(r, buf + got, step, "the images");
+        got += step;
+    } while (rc == 0 && got < len);
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
+    return 0;
+}
+
 static int idx_read(const char *dir, const char *img_name, const char *lbl_name,
                     int classes, struct split *sp, int *h, int *w)
 {
@@ -138,15 +171,16 @@ static int idx_read(const char *dir, const char *img_name, const char *lbl_name,
         goto out;
     }
     bytes = (size_t)n * rows * cols;
-    sp->pix = malloc(bytes);
+    rc = idx_pixels(&ri, ipath, bytes, &sp->pix);
+    if (rc < 0)
+        goto out;
     sp->labels = malloc(sizeof(int32_t) * n);
-    if (!sp->pix || !sp->labels) {
-        rc = mesh_err(-ENOMEM, "%s: cannot allocate %zu bytes", ipath, bytes);
+    if (!sp->labels) {
+        rc = mesh_err(-ENOMEM, "%s: cannot allocate %zu labels", lpath,
+                      (size_t)n);
         goto out;
     }
-    rc = data_rd_last(&ri, sp->pix, bytes, "the images");
-    if (rc == 0)
-        rc = idx_labels(lpath, ipath, n, classes, sp->labels);
+    rc = idx_labels(lpath, ipath, n, classes, sp->labels);
     if (rc == 0) {
         sp->count = n;
         *h = (int)rows;
