@@ -251,7 +251,7 @@ void tcp_data_read(struct conn *c)
             peer_lost(c, "closed the connection (stream %d)", c->stream);
             return;
         }
-        l->last_rx_ns = mesh_now_ns();
+        l->last_rx_ns = l->data_rx_ns = mesh_now_ns();
         if (c->rx_req) {
             c->rx_dst += n;
             c->rx_left -= (uint64_t)n;

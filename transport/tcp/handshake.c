@@ -126,6 +126,7 @@ static void hs_attach(struct conn *c)
         l->dial[c->stream].active = 0;
     l->nready++;
     l->last_rx_ns = mesh_now_ns();
+    l->data_rx_ns = l->last_rx_ns;
     l->tx_ns = l->last_rx_ns;
     link_check_ready(t, l);
     /* Bytes may already wait in the socket. */

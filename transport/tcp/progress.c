@@ -252,6 +252,7 @@ static void stall_check(struct mesh_transport *t, uint64_t now)
         if (p == t->super.world.rank)
             continue;
         l->last_rx_ns = MESH_MIN(l->last_rx_ns + stall, now);
+        l->data_rx_ns = MESH_MIN(l->data_rx_ns + stall, now);
         if (l->lost_ns)
             l->lost_ns = MESH_MIN(l->lost_ns + stall, now);
     }
@@ -276,7 +277,36 @@ static void silence_note(struct mesh_transport *t, int p, uint64_t now)
     l->sil_ns = sil;
 }
 
-/* Periodic: dials, handshake deadlines, heartbeats, silent peers. */
+/*
+ * A stream of p parked on a frame of a later part while frames of the
+ * running one are still due from p waits for those on p's other streams
+ * (data.c, data_match): p sent them before it, so they come within the
+ * network's time. A peer that sends nothing on any data stream for twice
+ * the peer timeout meanwhile never will (a hostile or broken one; its
+ * heartbeats keep it from looking silent): fail the job naming it, as
+ * with one stream, rather than wait forever. (Twice: a dead or stopped
+ * rank that holds this one back is declared so first, by its silence.)
+ */
+static void ahead_check(struct mesh_transport *t, int p, uint64_t now)
+{
+    struct link *l = &t->links[p];
+
+    if (now - l->data_rx_ns <=
+        (uint64_t)(2 * t->super.opts.peer_timeout_s * 1e9))
+        return;
+    for (int s = 0; s < t->S; s++) {
+        struct conn *c = l->data[s];
+
+        if (c && c->parked && c->state == C_READY &&
+            tp_frame_later(&t->super, p, &c->rx_f)) {
+            tp_fail_order(&t->super, p, &c->rx_f);
+            return;
+        }
+    }
+}
+
+/* Periodic: dials, handshake deadlines, heartbeats, silent peers, peers
+ * whose frames a parked stream waits for. */
 void tcp_on_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct mesh_transport *t = arg;
@@ -335,6 +365,8 @@ void tcp_on_tick(evutil_socket_t fd, short what, void *arg)
                         p, tcp_pname(t, p, nb, sizeof(nb)),
                         (double)(now - l->last_rx_ns) / 1e9,
                         t->super.opts.peer_timeout_s, 2 * tick_s(t));
+        if (!t->super.fail.failed && l->data)
+            ahead_check(t, p, now);
     }
     tcp_tick_arm(t);
 out:

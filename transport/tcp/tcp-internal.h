@@ -194,6 +194,7 @@ struct link {
     int ready;          /* all S + 1 are READY */
     int bye;            /* the peer closed the mesh normally */
     uint64_t last_rx_ns;
+    uint64_t data_rx_ns;     /* last bytes on any of its data streams */
     uint64_t tx_ns;          /* last bytes sent on any of its connections */
     struct mesh_req *posted; /* receives posted, not yet complete */
     unsigned rr;             /* next data stream for a message */
