@@ -24,7 +24,8 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 dir=${1:-$top/build-sanitize}
 case $dir in /*) ;; *) dir=$(pwd)/$dir ;; esac
 
-# The unit tests, and the programs' model walk (tests/train_help.sh):
+# The unit tests, the hostile-input harnesses' replays (tests/fuzz.h), and
+# the programs' model walk (tests/train_help.sh):
 # the multi-process scenarios are left to the plain build, since under ASan
 # they are slow and test timing, not memory.
 tests=${SANITIZE_TESTS:-"tests/test_util tests/test_reduce tests/test_hostfile
@@ -32,6 +33,8 @@ tests=${SANITIZE_TESTS:-"tests/test_util tests/test_reduce tests/test_hostfile
     tests/test_nn_ops tests/test_nn_bf16 tests/test_nn_devsim
     tests/test_transport tests/test_tcp_handshake tests/test_collective
     tests/test_sparse tests/test_finetune
+    tests/fuzz_hostfile tests/fuzz_handshake tests/fuzz_frames
+    tests/fuzz_ckpt tests/fuzz_data
     tests/train_help.sh"}
 flags=${SANITIZE_FLAGS:-"-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"}
 
