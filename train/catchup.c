@@ -408,6 +408,7 @@ enum { S_FREE, S_HELLO, S_PINNED, S_STREAM, S_DRAIN };
 
 struct cu_sess {
     int fd, state, shut;
+    int hello; /* its HELLO is queued (serve_hello) */
     uint8_t nonce[16];
     uint8_t in[2 * CU_HDR]; /* AUTH, and the joiner's K_RDMA; K_ACK */
     size_t inlen, need;
@@ -921,20 +922,61 @@ static int sess_ack(struct cu_sess *ss)
     return 0;
 }
 
+/* Under mu: ss's HELLO, with our view and live step. */
+static void sess_hello(struct train_serve *sv, struct cu_sess *ss)
+{
+    struct cu_item *it = item_new(K_HELLO, sv->me);
+
+    if (!it) {
+        sess_close(ss);
+        return;
+    }
+    ss->hello = 1;
+    mesh_put_le64(it->hdr + 8, sv->epoch);
+    mesh_put_le64(it->hdr + 16, sv->members);
+    /* on a device backend, once the live step's update has begun, the
+     * next boundary's snapshot is the first it can serve */
+    mesh_put_le64(it->hdr + 24,
+                  !sv->live_valid ? 0 : sv->live + (sv->dev && !sv->live_ok));
+    memcpy(it->hdr + 32, ss->nonce, 16);
+    mesh_put_le64(it->hdr + 48, sv->nparams);
+    it->hdr[56] = sv->sdev ? CU_OFFER_RDMA : 0;
+    push(ss, it);
+}
+
+/*
+ * Under mu: the sessions whose HELLO waits go on. A joiner may connect
+ * while our view changes: it starts again as soon as every member of the
+ * next view reports that view (cu_try), before its mesh formed here. Its
+ * HELLO then waits until the view is ours and its first boundary passed
+ * (a live step to name: a HELLO of step 0 would have it ask for a step
+ * long gone, and try again), or 1 s at most, instead of a close that
+ * would cost it a try.
+ */
+static void serve_hello(struct train_serve *sv, double now)
+{
+    for (int i = 0; i < CU_SESS; i++) {
+        struct cu_sess *ss = &sv->s[i];
+
+        if (ss->state == S_HELLO && !ss->hello && sv->valid &&
+            (sv->live_valid || now - ss->since > 1))
+            sess_hello(sv, ss);
+    }
+}
+
 /* Under mu: a new joiner's connection. */
 static void serve_accept(struct train_serve *sv)
 {
     int fd = accept4(sv->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC),
         one = 1;
     struct cu_sess *ss = NULL;
-    struct cu_item *it;
 
     if (fd < 0)
         return;
     for (int i = 0; i < CU_SESS && !ss; i++)
         if (sv->s[i].state == S_FREE)
             ss = &sv->s[i];
-    if (!ss || !sv->valid) {
+    if (!ss) {
         close(fd);
         return;
     }
@@ -948,21 +990,7 @@ static void serve_accept(struct train_serve *sv)
         sess_close(ss);
         return;
     }
-    it = item_new(K_HELLO, sv->me);
-    if (!it) {
-        sess_close(ss);
-        return;
-    }
-    mesh_put_le64(it->hdr + 8, sv->epoch);
-    mesh_put_le64(it->hdr + 16, sv->members);
-    /* on a device backend, once the live step's update has begun, the
-     * next boundary's snapshot is the first it can serve */
-    mesh_put_le64(it->hdr + 24,
-                  !sv->live_valid ? 0 : sv->live + (sv->dev && !sv->live_ok));
-    memcpy(it->hdr + 32, ss->nonce, 16);
-    mesh_put_le64(it->hdr + 48, sv->nparams);
-    it->hdr[56] = sv->sdev ? CU_OFFER_RDMA : 0;
-    push(ss, it);
+    serve_hello(sv, ss->since);
 }
 
 /* Under mu: bytes from a joiner (its AUTH, and K_RDMA; K_ACK records
@@ -1114,6 +1142,7 @@ static void *serve_main(void *arg)
         char buf[64];
 
         serve_snap(sv);
+        serve_hello(sv, now);
         /* a slice of a stripe's copy, and of its hash, between sends */
         more = serve_copy(sv);
         more |= serve_hash(sv);
@@ -1318,7 +1347,8 @@ void train_serve_view(struct trainer *t, int valid)
          * joiner it admits needs it), nothing more */
         sv->valid = 0;
         for (int i = 0; i < CU_SESS; i++)
-            if (sv->s[i].state != S_FREE && sv->s[i].state != S_DRAIN) {
+            if (sv->s[i].state != S_FREE && sv->s[i].state != S_DRAIN &&
+                (sv->s[i].state != S_HELLO || sv->s[i].hello)) {
                 sv->s[i].state = S_DRAIN;
                 sv->s[i].since = mesh_now_s();
             }
@@ -1341,8 +1371,9 @@ static int serve_live(struct train_serve *sv, uint64_t step)
 
         if (ss->state == S_PINNED && ss->pin < step)
             sess_end(sv, ss, K_LATE, step);
-        else if (ss->state == S_PINNED && ss->pin == step)
-            need = 1;
+        else if ((ss->state == S_PINNED && ss->pin == step) ||
+                 (ss->state == S_HELLO && !ss->hello))
+            need = 1; /* (its HELLO waited for a live step: serve_hello) */
     }
     return need;
 }
@@ -2527,6 +2558,7 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
     uint64_t x = 0;
     size_t nparams;
     int rc, ans = 0, rehold = 0;
+    char pbuf[4 * MESH_ELASTIC_MAX_SLOTS];
 
     /* every member of the view the running members report, with a port */
     while (mesh_elastic_side_view(t->el, &cu->epoch, &cu->members, ports) < 0) {
@@ -2660,12 +2692,30 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
             pf[np].fd = p->fd;
             pf[np++].events = POLLIN;
         }
-        if (open < cu->k) {
+        if (open < cu->k && !eof_at)
+            eof_at = now;
+        if (open < cu->k && cu->target == UINT64_MAX) {
             /* a member closed: the view changed. Unless it is the view
-             * change that admits us, start again in the next view */
-            if (!eof_at)
-                eof_at = now;
-            if (cu->target == UINT64_MAX && now - eof_at > 1)
+             * change that admits us, start again in the next view as
+             * soon as every member of it reports it (a view that leaves
+             * us out), not after a fixed wait, which a job's last steps
+             * may not outlast. A close that no view change follows (a
+             * member that dropped us, too far behind): after 3 s, or
+             * half the peer timeout */
+            uint16_t pp[MESH_ELASTIC_MAX_SLOTS];
+            uint64_t ep, mm;
+
+            if (mesh_elastic_side_view(t->el, &ep, &mm, pp) == 0 &&
+                ep > cu->epoch) {
+                mesh_info("catch-up: the members' view %" PRIu64
+                          " (slots %s) leaves out this peer and follows the "
+                          "view of this try (%" PRIu64 "): starting again "
+                          "from it",
+                          ep, mesh_elastic_slots_str(mm, pbuf, sizeof(pbuf)),
+                          cu->epoch);
+                return cu_why(__LINE__, 0);
+            }
+            if (now - eof_at > MESH_MAX(3.0, 0.5 * t->mo->topts.peer_timeout_s))
                 return cu_why(__LINE__, 0);
         }
         /* a slice of the snapshot's SHA-256, or of the state's once it
