@@ -1708,6 +1708,20 @@ static int child_shm_segment(struct ctx *cx, char *msg, size_t len)
         snprintf(msg, len, "rank %d: no shared segment after the join", me);
         return -1;
     }
+    /* every rank on this machine: n over its CPUs, at least 1 */
+    {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        double want = nc > 0 && n > nc ? (double)n / (double)nc : 1.0;
+        double got = ops->ranks_per_cpu ? ops->ranks_per_cpu(cx->t) : -1;
+
+        if (got < want - 1e-9 || got > want + 1e-9) {
+            snprintf(msg, len,
+                     "rank %d: %.3f ranks per CPU, want %.3f (%d ranks, "
+                     "%ld CPUs)",
+                     me, got, want, n, nc);
+            return -1;
+        }
+    }
     /* MESHTRAIN_SHM_CMA=0 or 1 (scenario_shm): the path it asked for */
     if (getenv("MESHTRAIN_SHM_CMA") &&
         (mesh_shm_one_copy(cx->t, nb[0]) !=
@@ -1820,7 +1834,8 @@ static void scenario_shm(void)
         run_finish(&R, 60);
         report_children(&R, "shm segment");
         ok(all_ok(&R),
-           "shm: 3 ranks, 300 back-to-back operations each way (and through "
+           "shm: 3 ranks (ranks per CPU: 3 over this machine's CPUs, at "
+           "least 1), 300 back-to-back operations each way (and through "
            "the windows, with a host sync), inline and "
            "%s; after close no segment mapped, no descriptor left",
            cma ? "by address (MESHTRAIN_SHM_CMA=1)"

@@ -374,6 +374,15 @@ struct mesh_transport_ops {
     int (*host_of)(mesh_transport_t *t, int rank);
 
     /*
+     * Optional (NULL: 1). The most ranks per CPU on any machine of the
+     * job: a machine's ranks (of every network namespace: one kernel)
+     * over its online CPUs, at least 1; the same answer on every rank;
+     * valid after connect. Where it is over 1, ranks wait for a CPU at
+     * every hop of a collective (the cost model's latency term).
+     */
+    double (*ranks_per_cpu)(mesh_transport_t *t);
+
+    /*
      * Optional (NULL: none; both or neither). Memory the ranks of one host
      * share (shm), for collectives that read each other's data in place:
      * *base and *len (the same on every rank) are rank's window, mapped

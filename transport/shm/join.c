@@ -44,7 +44,7 @@ enum shm_cma_verdict {
 /* ---- identity ------------------------------------------------------------ */
 
 struct shm_info {
-    uint32_t pid, uid;
+    uint32_t pid, uid, ncpu;
     uint64_t ns_dev, ns_ino, probe;
     char machine[SHM_ID_MAX], boot[SHM_ID_MAX], test_host[32];
     char sock[SHM_SOCK_NAME];
@@ -84,6 +84,11 @@ static void info_self(struct mesh_transport *t, struct shm_info *in,
     if (!in->machine[0])
         read_id("/var/lib/dbus/machine-id", in->machine, sizeof(in->machine));
     read_id("/proc/sys/kernel/random/boot_id", in->boot, sizeof(in->boot));
+    {
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+
+        in->ncpu = ncpu > 0 && ncpu <= SHM_NCPU_MAX ? (uint32_t)ncpu : 0;
+    }
     if (th)
         snprintf(in->test_host, sizeof(in->test_host), "%s", th);
     memcpy(in->sock, t->sock_name, SHM_SOCK_NAME);
@@ -103,6 +108,7 @@ static void info_encode(const struct shm_info *in, uint8_t *m)
     memcpy(m + 104, in->boot, SHM_ID_MAX);
     memcpy(m + 168, in->test_host, 32);
     memcpy(m + 200, in->sock, SHM_SOCK_NAME);
+    mesh_put_le32(m + 240, in->ncpu);
 }
 
 static int info_decode(struct mesh_transport *t, int peer, const uint8_t *m,
@@ -127,6 +133,9 @@ static int info_decode(struct mesh_transport *t, int peer, const uint8_t *m,
     memcpy(in->boot, m + 104, SHM_ID_MAX - 1);
     memcpy(in->test_host, m + 168, 31);
     memcpy(in->sock, m + 200, SHM_SOCK_NAME);
+    in->ncpu = mesh_get_le32(m + 240);
+    if (in->ncpu > SHM_NCPU_MAX) /* not a machine's: unknown */
+        in->ncpu = 0;
     return 0;
 }
 
@@ -138,6 +147,46 @@ static int same_host(const struct shm_info *a, const struct shm_info *b)
            !strcmp(a->machine, b->machine) && a->ns_dev == b->ns_dev &&
            a->ns_ino == b->ns_ino && a->uid == b->uid &&
            !strcmp(a->test_host, b->test_host);
+}
+
+/* Same machine: the same boot and machine ids (one kernel, whatever the
+ * network namespace or user) and the same test host (a test double's
+ * machine has CPUs of its own). */
+static int same_cpus(const struct shm_info *a, const struct shm_info *b)
+{
+    return a->boot[0] && !strcmp(a->boot, b->boot) &&
+           !strcmp(a->machine, b->machine) &&
+           !strcmp(a->test_host, b->test_host);
+}
+
+/*
+ * The most ranks per CPU on any machine of the job: each machine's ranks
+ * over its online CPUs (as its ranks report them; a machine whose count
+ * is unknown is left out), at least 1. From the INFOs every rank holds
+ * alike, so every rank computes the same.
+ */
+static double ranks_per_cpu(const struct shm_info *info, int n)
+{
+    double most = 1.0;
+
+    for (int p = 0; p < n; p++) {
+        int first = 1, ranks = 0;
+        uint32_t ncpu = 0;
+
+        for (int q = 0; q < p && first; q++)
+            first = !same_cpus(&info[p], &info[q]);
+        if (!first || !info[p].boot[0])
+            continue; /* counted with its first rank, or unknown */
+        for (int q = p; q < n; q++)
+            if (same_cpus(&info[p], &info[q])) {
+                ranks++;
+                if (info[q].ncpu && (!ncpu || info[q].ncpu < ncpu))
+                    ncpu = info[q].ncpu;
+            }
+        if (ncpu)
+            most = MESH_MAX(most, (double)ranks / ncpu);
+    }
+    return most;
 }
 
 /* ---- the abstract socket ------------------------------------------------- */
@@ -633,6 +682,7 @@ int shm_join(struct mesh_transport *t)
                 break;
             }
     }
+    t->ranks_per_cpu = ranks_per_cpu(info, n);
     t->me = t->pp[me].local;
     if (t->me < 0) {
         /* more than SHM_LOCAL_MAX here and we are past them: TCP only */

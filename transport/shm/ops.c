@@ -511,6 +511,11 @@ static int shm_host_of(mesh_transport_t *t, int rank)
     return t->host[rank];
 }
 
+static double shm_ranks_per_cpu(mesh_transport_t *t)
+{
+    return t && t->ranks_per_cpu > 1 ? t->ranks_per_cpu : 1.0;
+}
+
 /* shm_local_of: RANK's index among this host's ranks in the segment, or
  * -ENOTSUP when there is no segment here or RANK is not on this host. */
 static int shm_local_of(mesh_transport_t *t, int rank)
@@ -776,6 +781,7 @@ const struct mesh_transport_ops mesh_shm_ops = {
     .seq_done = shm_seq_done,
     .expect = shm_expect,
     .host_of = shm_host_of,
+    .ranks_per_cpu = shm_ranks_per_cpu,
     .host_window = shm_host_window,
     .host_sync = shm_host_sync,
     .host_sync_word = shm_host_sync_word,
@@ -802,6 +808,7 @@ const struct mesh_transport_ops mesh_auto_ops = {
     .seq_done = shm_seq_done,
     .expect = shm_expect,
     .host_of = shm_host_of,
+    .ranks_per_cpu = shm_ranks_per_cpu,
     .host_window = shm_host_window,
     .host_sync = shm_host_sync,
     .host_sync_word = shm_host_sync_word,

@@ -152,9 +152,10 @@ struct mesh_transport {
     int sock_fd; /* abstract Unix socket (listen), until connect ends */
     char sock_name[SHM_SOCK_NAME];
 
-    struct shm_peer *pp; /* (size) */
-    int *host;           /* (size): the lowest rank of each rank's host */
-    int me;              /* our index in the segment, -1: none */
+    struct shm_peer *pp;  /* (size) */
+    int *host;            /* (size): the lowest rank of each rank's host */
+    double ranks_per_cpu; /* the most on any machine (ranks_per_cpu op) */
+    int me;               /* our index in the segment, -1: none */
     int nlocal;
     uint8_t *seg;
     size_t seg_len;

@@ -73,10 +73,13 @@ enum shm_ctrl_tag {
 /*
  * INFO (256 bytes): u32 magic, u32 version, u32 pid, u32 uid, u64 netns
  * device, u64 netns inode, u64 probe address, char machine_id[64],
- * char boot_id[64], char test_host[32], char sock[40] (zero-padded).
+ * char boot_id[64], char test_host[32], char sock[40] (zero-padded),
+ * u32 the machine's online CPUs (0: unknown; the collectives' cost
+ * model, mesh_transport_ops.ranks_per_cpu), zeros to the end.
  */
 #define SHM_INFO_MAGIC 0x4f464e49u /* "INFO" */
 #define SHM_INFO_LEN   256
+#define SHM_NCPU_MAX   (1u << 20) /* more: not a count (unknown) */
 
 /*
  * MESHTRAIN_SHM_TEST_HOST (a test double for a second machine): ranks
