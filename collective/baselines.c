@@ -174,6 +174,17 @@ double coll_direct_cost(const struct coll_shape *c, double bytes)
            (n - 1) * bytes * m->gamma_s_per_byte;
 }
 
+/* n (n - 1) whole messages, each added by its receiver. */
+double coll_direct_work(const struct coll_shape *c, double bytes)
+{
+    const struct mesh_coll_model *m = c->model;
+    double n = c->size;
+
+    return n * (n - 1) *
+           (m->alpha_s + bytes * m->beta_s_per_byte +
+            bytes * m->gamma_s_per_byte);
+}
+
 /* ---- barrier ------------------------------------------------------------- */
 
 /* Dissemination: in round j, send to r + 2^j and hear from r - 2^j. */

@@ -356,6 +356,17 @@ struct coll_algo {
      * neither has a fill worth a term. NULL: AUTO never chooses it.
      */
     double (*cost)(const struct coll_shape *c, double bytes);
+    /*
+     * The CPU time all ranks spend on it together, in the same numbers:
+     * every message x alpha (on a host's own CPUs a TCP hop's time is
+     * mostly its two ends' system calls, wake-ups and copies), every byte
+     * sent x beta, every byte added x gamma. Where ranks share CPUs
+     * (model ranks_per_cpu over 1) the busiest machine's CPUs must do
+     * its ranks' share of it, which bounds the time from below
+     * (coll_model_cost). NULL: no bound (the hierarchical forms and
+     * local, which run only with several ranks on a host's own CPUs).
+     */
+    double (*work)(const struct coll_shape *c, double bytes);
 };
 
 /*
@@ -375,6 +386,14 @@ double coll_lat(const struct coll_shape *c, int algo, double hops);
  * coll_algos on a tie.
  */
 int coll_model_choice(const struct coll_shape *c, double bytes);
+/*
+ * The model's time of an all-reduce of bytes with e on c: e's cost, and
+ * where ranks share CPUs (ranks_per_cpu over 1) at least the share of
+ * e's work that the busiest machine's CPUs do: work / size x
+ * ranks_per_cpu.
+ */
+double coll_model_cost(const struct coll_shape *c, const struct coll_algo *e,
+                       double bytes);
 
 /*
  * Formation's agreement on its timings (coll.c, coll_meas_agree): every
@@ -453,6 +472,11 @@ double coll_hier_cost(const struct coll_shape *c, double bytes);
 double coll_htree_cost(const struct coll_shape *c, double bytes);
 double coll_hrd_cost(const struct coll_shape *c, double bytes);
 double coll_local_cost(const struct coll_shape *c, double bytes);
+double coll_ring_work(const struct coll_shape *c, double bytes);
+double coll_tree_work(const struct coll_shape *c, double bytes);
+double coll_direct_work(const struct coll_shape *c, double bytes);
+double coll_rd_work(const struct coll_shape *c, double bytes);
+double coll_rhd_work(const struct coll_shape *c, double bytes);
 
 /*
  * Buffers in the host's shared memory (coll_hosts.heap): from

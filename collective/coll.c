@@ -2174,19 +2174,25 @@ out:
 static void log_model(const mesh_coll_t *c)
 {
     const struct mesh_coll_model *m = &c->model;
-    char ranges[512] = "", times[512];
+    char ranges[512] = "", times[512], share[96] = "";
     size_t used = 0, from = 8;
     int ids[MESH_ALGO_LAST + 1], nauto = mesh_coll_auto_algos(c, ids);
     int prev = -1;
 
+    if (!m->measured && m->ranks_per_cpu > 1)
+        snprintf(share, sizeof(share),
+                 "; %.2f ranks per CPU on the most crowded machine: its "
+                 "CPUs' share of the work bounds the time",
+                 m->ranks_per_cpu);
     mesh_info("collectives: %d ranks, kernels %s, alpha %.1f us, beta %.3f "
-              "ns/B (%.2f GB/s), gamma %.3f ns/B%s",
+              "ns/B (%.2f GB/s), gamma %.3f ns/B%s%s",
               c->w->size, mesh_reduce_isa(), m->alpha_s * 1e6,
               m->beta_s_per_byte * 1e9, 1e-9 / m->beta_s_per_byte,
               m->gamma_s_per_byte * 1e9,
               m->measured ? " (alpha, beta measured to the ring "
                             "neighbours, averaged over the ranks)"
-                          : " (not measured: defaults)");
+                          : " (not measured: defaults)",
+              share);
     if (m->measured && c->w->rank == 0)
         mesh_info("collectives: formation timed %d sizes in %.2f s (budget "
                   "%.0f s%s)",
@@ -2282,6 +2288,10 @@ int mesh_coll_create(const struct mesh_transport_ops *ops, mesh_transport_t *t,
     /* y += x streams about 6 GB/s of x from memory on the development
      * machine; a timing here would run in cache and flatter it. */
     c->model.gamma_s_per_byte = 0.16e-9;
+    /* measured times have the ranks' sharing of CPUs in them */
+    c->model.ranks_per_cpu = !c->opts.measure && c->ops->ranks_per_cpu
+                                 ? c->ops->ranks_per_cpu(c->t)
+                                 : 1.0;
     c->shape.model = &c->model;
     c->shape.size = world->size;
     coll_tree_shape(world->size, &c->shape.tree_depth, &c->shape.tree_load);

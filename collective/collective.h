@@ -214,6 +214,17 @@ struct mesh_coll_model {
     double beta_s_per_byte;
     double gamma_s_per_byte;
     int measured;
+    /*
+     * The most ranks per CPU on any machine of the communicator (the
+     * transport's ranks_per_cpu), where AUTO decides by the model alone
+     * (opts measure 0); else, or where the transport cannot tell, 1. Over
+     * 1, that machine's CPUs do its ranks' share of all the CPU work of an
+     * all-reduce (messages, bytes sent, bytes added), which bounds its
+     * time from below: many small messages (the ring's 2 N (N - 1)) cost
+     * more than their hops. On a cluster of a rank per core or fewer: 1,
+     * and the model is the hops' alone.
+     */
+    double ranks_per_cpu;
     double lat_s[MESH_ALGO_LAST + 1];
     /*
      * The all-reduces timed at create (opts measure_bytes and

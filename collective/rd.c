@@ -342,3 +342,27 @@ double coll_rhd_cost(const struct coll_shape *c, double bytes)
            (2 * (p - 1) / p + 2 * fold) * bytes * m->beta_s_per_byte +
            ((p - 1) / p + fold) * bytes * m->gamma_s_per_byte;
 }
+
+/* The fold's extras' whole messages in and out; log2 P rounds of P whole
+ * messages, each added. */
+double coll_rd_work(const struct coll_shape *c, double bytes)
+{
+    const struct mesh_coll_model *m = c->model;
+    double e = c->rd_extra, p = (double)(1 << c->rd_rounds);
+    double msgs = 2 * e + p * c->rd_rounds;
+
+    return msgs * m->alpha_s + msgs * bytes * m->beta_s_per_byte +
+           (e + p * c->rd_rounds) * bytes * m->gamma_s_per_byte;
+}
+
+/* The fold as rd's; the halving's and the doubling's log2 P rounds of P
+ * messages each move (P - 1) / P of the message, the halving's added. */
+double coll_rhd_work(const struct coll_shape *c, double bytes)
+{
+    const struct mesh_coll_model *m = c->model;
+    double e = c->rd_extra, p = (double)(1 << c->rd_rounds);
+
+    return (2 * e + 2 * p * c->rd_rounds) * m->alpha_s +
+           (2 * e + 2 * (p - 1)) * bytes * m->beta_s_per_byte +
+           (e + p - 1) * bytes * m->gamma_s_per_byte;
+}

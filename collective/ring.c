@@ -8,6 +8,7 @@
 #include "collective/coll-internal.h"
 #include "common/util.h"
 
+#include <math.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -314,4 +315,17 @@ double coll_ring_cost(const struct coll_shape *c, double bytes)
     return coll_lat(c, MESH_ALGO_RING, 2 * (n - 1)) +
            2 * (n - 1) * seg * m->beta_s_per_byte +
            (n - 1) * seg * m->gamma_s_per_byte;
+}
+
+/* 2 (n - 1) steps of n messages, each of a chunk (a slice of n, cut as
+ * chunk_elems does), n - 1 of them added. */
+double coll_ring_work(const struct coll_shape *c, double bytes)
+{
+    const struct mesh_coll_model *m = c->model;
+    double n = c->size, seg = bytes / n;
+    double nk = MESH_MAX(ceil(seg / coll_chunk_of(seg)), 1.0);
+
+    return 2 * (n - 1) * n * nk * m->alpha_s +
+           2 * (n - 1) * bytes * m->beta_s_per_byte +
+           (n - 1) * bytes * m->gamma_s_per_byte;
 }

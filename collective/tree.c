@@ -8,6 +8,7 @@
 #include "collective/coll-internal.h"
 #include "common/util.h"
 
+#include <math.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -280,4 +281,17 @@ double coll_tree_cost(const struct coll_shape *c, double bytes)
            bytes * m->gamma_s_per_byte +
            2 * c->tree_depth * MESH_MIN(coll_chunk_of(half), half) *
                m->beta_s_per_byte;
+}
+
+/* Each tree carries half the message up (reduce: n - 1 messages, each
+ * added) and down (n - 1), chunk by chunk. */
+double coll_tree_work(const struct coll_shape *c, double bytes)
+{
+    const struct mesh_coll_model *m = c->model;
+    double n = c->size, half = bytes / 2;
+    double nk = MESH_MAX(ceil(half / coll_chunk_of(half)), 1.0);
+
+    return 4 * (n - 1) * nk * m->alpha_s +
+           2 * (n - 1) * bytes * m->beta_s_per_byte +
+           (n - 1) * bytes * m->gamma_s_per_byte;
 }

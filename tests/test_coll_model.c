@@ -272,7 +272,7 @@ int main(void)
     struct coll_hosts h;
     int bad = 0, id;
 
-    plan(20);
+    plan(23);
     builtin(&m);
 
     /* the seed's topology at 4 GPUs per process: 16 hosts of 2 */
@@ -346,6 +346,55 @@ int main(void)
     id = coll_model_choice(&c, 4);
     ok(id == MESH_ALGO_HIER, "a measured latency replaces the model's: %s",
        mesh_algo_name(id));
+
+    /* ranks sharing CPUs (N / 2 per CPU, no hosts: one rank per network
+     * namespace of one machine, as bench/chaos.sh runs): the middle sizes
+     * never go to direct (N - 1 whole messages per rank) nor, from 5
+     * ranks, to the ring (2 N (N - 1) messages in all) */
+    builtin(&m);
+    bad = 0;
+    for (int n = 3; n <= 8; n++)
+        for (double b = 32 << 10; b <= 512 << 10; b *= 2) {
+            shape_of(&c, &m, &h, n, 1);
+            m.ranks_per_cpu = n / 2.0;
+            id = coll_model_choice(&c, b);
+            if (id == MESH_ALGO_DIRECT || (n >= 5 && id == MESH_ALGO_RING)) {
+                bad++;
+                diag("%d ranks, %.1f per CPU, %.0f bytes: %s", n,
+                     m.ranks_per_cpu, b, mesh_algo_name(id));
+            }
+        }
+    ok(bad == 0,
+       "3..8 ranks at N / 2 per CPU, 32-512 KiB: no direct, no ring "
+       "from 5 ranks (%d others)",
+       bad);
+    /* the chaos run's bucket in a view of 7: a CPU each, the hops'
+     * model's ring; 3.5 ranks per CPU, rd or rhd */
+    shape_of(&c, &m, &h, 7, 1);
+    m.ranks_per_cpu = 1;
+    id = coll_model_choice(&c, 178200);
+    m.ranks_per_cpu = 3.5;
+    ok(id == MESH_ALGO_RING && (coll_model_choice(&c, 178200) == MESH_ALGO_RD ||
+                                coll_model_choice(&c, 178200) == MESH_ALGO_RHD),
+       "7 ranks, 178,200 bytes: %s with a CPU each, %s at 3.5 per CPU",
+       mesh_algo_name(id), mesh_algo_name(coll_model_choice(&c, 178200)));
+    /* the largest messages still move the ring's bytes */
+    bad = 0;
+    for (int n = 3; n <= 16; n++) {
+        shape_of(&c, &m, &h, n, 1);
+        m.ranks_per_cpu = n / 2.0;
+        id = coll_model_choice(&c, 256.0 * (1 << 20));
+        if (!bandwidth(id) && id != MESH_ALGO_TREE) {
+            bad++;
+            diag("%d ranks at %.1f per CPU, 256 MiB: %s", n, m.ranks_per_cpu,
+                 mesh_algo_name(id));
+        }
+    }
+    ok(bad == 0,
+       "256 MiB, 3..16 ranks at N / 2 per CPU: ring, rhd or the tree (%d "
+       "others)",
+       bad);
+    builtin(&m);
 
     in_place_checks(&m);
     meas_agree_checks();
