@@ -30,6 +30,8 @@ static void posted_remove(struct link *l, struct mesh_req *r)
         l->posted = r->pnext;
     if (r->pnext)
         r->pnext->pprev = r->pprev;
+    else
+        l->posted_tail = r->pprev;
     r->posted = 0;
 }
 
@@ -703,20 +705,19 @@ int tcp_irecv(mesh_transport_t *t, int peer, const struct mesh_frame *expect,
     r->super.f = *expect;
     r->buf = buf;
     tp_req_link(&t->super, &r->super);
-    /* Append: earlier receives match first. */
+    /* Append: earlier receives match first. At the tail, not by a walk:
+     * a schedule posts all its receives at once (tens of thousands with
+     * a small --chunk), and a walk each under the lock starved the
+     * progress thread's heartbeats until the peers took this rank for
+     * dead. */
     r->posted = 1;
     r->pnext = NULL;
-    if (!l->posted) {
-        r->pprev = NULL;
+    r->pprev = l->posted_tail;
+    if (l->posted_tail)
+        l->posted_tail->pnext = r;
+    else
         l->posted = r;
-    } else {
-        struct mesh_req *q = l->posted;
-
-        while (q->pnext)
-            q = q->pnext;
-        q->pnext = r;
-        r->pprev = q;
-    }
+    l->posted_tail = r;
     parked_retry(t, l);
     /* A peer that left may still have delivered this; else it never will. */
     if (l->bye)

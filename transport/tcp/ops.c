@@ -88,6 +88,7 @@ static void tcp_failed(struct tp_base *b, int culprit, int code, int notify,
             c->rx_req = NULL;
         }
         l->posted = NULL;
+        l->posted_tail = NULL;
         /* The culprit too: a desync names both sides to both. */
         if (notify && !l->bye)
             tcp_ctrl_send(l->ctrl, TCP_CTRL_ABORT, culprit, code, reason);

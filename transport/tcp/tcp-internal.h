@@ -197,8 +197,9 @@ struct link {
     uint64_t data_rx_ns;     /* last bytes on any of its data streams */
     uint64_t tx_ns;          /* last bytes sent on any of its connections */
     struct mesh_req *posted; /* receives posted, not yet complete */
-    unsigned rr;             /* next data stream for a message */
-    struct dial *dial;       /* (S + 1), dialers only */
+    struct mesh_req *posted_tail; /* its last: a schedule posts thousands */
+    unsigned rr;                  /* next data stream for a message */
+    struct dial *dial;            /* (S + 1), dialers only */
     struct sockaddr_storage addrs[ADDRS_MAX];
     socklen_t addr_lens[ADDRS_MAX];
     unsigned naddrs;
