@@ -19,6 +19,13 @@
 
 #define RESUME_MAX_ENTRIES  32
 #define TRAINER_STATE_MAGIC UINT64_C(0x31726e6961727474) /* "ttrainr1" */
+/* The trainer record: magic, step, the loader's epoch, the optimizer's
+ * steps, BN's num_batches_tracked, then the next step's data position
+ * (epoch, position in its permutation: struct trainer's d_epoch, d_pos).
+ * Records of 40 bytes (before the position) are read too: their position
+ * is that of a run of one view. */
+#define TRAINER_STATE_BYTES 56
+#define TRAINER_STATE_OLD   40
 
 int train_ckpt_dir(const struct trainer *t, char *buf, size_t cap)
 {
@@ -44,7 +51,7 @@ int train_ckpt_write(struct trainer *t, uint64_t step)
 {
     struct mesh_ckpt_writer *w = NULL;
     struct mesh_ckpt_meta meta;
-    uint8_t state[40], lstate[MESH_DATA_STATE_BYTES];
+    uint8_t state[TRAINER_STATE_BYTES], lstate[MESH_DATA_STATE_BYTES];
     char dir[1024], path[1200];
     uint64_t epoch, lstep;
     float *mom;
@@ -77,6 +84,8 @@ int train_ckpt_write(struct trainer *t, uint64_t step)
     mesh_put_le64(state + 24, (uint64_t)mesh_nn_sgd_steps(t->sgd));
     mesh_put_le64(state + 32,
                   (uint64_t)mesh_nn_model_batches_tracked(t->model));
+    mesh_put_le64(state + 40, t->d_epoch);
+    mesh_put_le64(state + 48, t->d_pos);
     if (rc == 0)
         rc =
             mesh_ckpt_put(w, "trainer", state, sizeof(state), MESH_CKPT_SHARED);
@@ -268,15 +277,42 @@ static int resume_pick(struct trainer *t, const char *dir,
     return 1;
 }
 
+/*
+ * The next step's data position from the trainer record. A view with
+ * another global batch (--elastic) moved it off the multiples of this
+ * view's, which the loader's record (a step within its layout) cannot
+ * hold: lay the loader out from it, as a view change does.
+ */
+static int resume_position(struct trainer *t, const char *path, uint64_t epoch,
+                           uint64_t pos)
+{
+    uint64_t g = (uint64_t)t->slots * (uint64_t)t->c->batch, e, s;
+
+    if (pos > t->info.train_count || epoch > t->total_steps)
+        return mesh_err(-EIO,
+                        "%s/trainer: data position %" PRIu64 " of epoch "
+                        "%" PRIu64 " is past the %" PRIu64 " samples or the "
+                        "run",
+                        path, pos, epoch, (uint64_t)t->info.train_count);
+    t->d_epoch = epoch;
+    t->d_pos = pos;
+    t->d_restored = 1;
+    mesh_data_tell(t->train_ld, &e, &s);
+    if (e == epoch && s * g == pos)
+        return 0;
+    return mesh_data_layout(t->train_ld, epoch, pos, t->slots, t->rank,
+                            t->size);
+}
+
 /* Load the weights, the momentum, the trainer's counters, the loader's
  * position and the residual (sparse gradients) from the checkpoint ck of
  * step. */
 static int resume_load(struct trainer *t, struct mesh_ckpt *ck,
                        const char *path, uint64_t step)
 {
-    uint8_t state[40];
+    uint8_t *state = NULL;
     void *lstate = NULL;
-    size_t llen = 0;
+    size_t llen = 0, slen = 0;
     char st[1300];
     int rc;
 
@@ -292,9 +328,11 @@ static int resume_load(struct trainer *t, struct mesh_ckpt *ck,
                                 t->nparams * 4);
     }
     if (rc == 0)
-        rc = mesh_ckpt_read_into(ck, "trainer", state, sizeof(state));
-    if (rc == 0 && (mesh_get_le64(state) != TRAINER_STATE_MAGIC ||
-                    mesh_get_le64(state + 8) != step))
+        rc = mesh_ckpt_read(ck, "trainer", (void **)&state, &slen);
+    if (rc == 0 &&
+        ((slen != TRAINER_STATE_BYTES && slen != TRAINER_STATE_OLD) ||
+         mesh_get_le64(state) != TRAINER_STATE_MAGIC ||
+         mesh_get_le64(state + 8) != step))
         rc = mesh_err(-EIO,
                       "%s/trainer: not a meshtrain trainer record for "
                       "step %" PRIu64,
@@ -308,6 +346,9 @@ static int resume_load(struct trainer *t, struct mesh_ckpt *ck,
     /* --eval-only on a training split too small for a step has none */
     if (rc == 0 && t->train_ld)
         rc = mesh_data_set_state(t->train_ld, lstate, llen);
+    if (rc == 0 && t->train_ld && slen == TRAINER_STATE_BYTES)
+        rc = resume_position(t, path, mesh_get_le64(state + 40),
+                             mesh_get_le64(state + 48));
     /* this peer's own BN statistics, where the checkpoint has them (the
      * model's are their average) */
     if (rc == 0 && t->nbuffers && !t->sim &&
@@ -329,6 +370,7 @@ static int resume_load(struct trainer *t, struct mesh_ckpt *ck,
                           path);
     }
     free(lstate);
+    free(state);
     return rc;
 }
 

@@ -62,6 +62,12 @@ struct trainer {
     struct mesh_nn_ctx *ctx;
     struct mesh_nn_model *model;
     struct mesh_nn_sgd *sgd;
+    /* BN's num_batches_tracked at step 0 (--init's, else 0; a checkpoint's
+     * less its steps x --accumulate): after step s the model's counter is
+     * set to nbt0 + s x --accumulate on every peer, as in a run of one
+     * view, not to the forward passes this process ran (a joiner ran none
+     * before it came, a view with --keep-global-batch gives peers more) */
+    int64_t nbt0;
     struct mesh_nn_model_cfg mcfg;
     struct mesh_train_model tm; /* the model or the simulation, as ops */
     size_t nparams, nbuffers;
@@ -118,6 +124,7 @@ struct trainer {
         float *residual; /* sparse gradients' error feedback, or NULL */
     } snap[2];
     uint64_t d_epoch, d_pos;
+    int d_restored; /* --resume took d_epoch, d_pos from the checkpoint */
     /* joins: no view's mesh has formed here yet (a joiner, or view 0
      * failed to form); the state received so far (train/xfer.c); the
      * join's figures, logged after the first step */

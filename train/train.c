@@ -2346,6 +2346,9 @@ static int train_loop(struct trainer *t, uint64_t start, int *code)
             samples_note(t, step);
             rc = train_step(t, &one, &loss, &valid);
         }
+        if (rc == 0 && t->model)
+            mesh_nn_model_set_batches_tracked(
+                t->model, t->nbt0 + (int64_t)done * t->c->accumulate);
         if (rc == 0 && !t->loss_lag)
             rc = report(t, &r, done, loss, lr, &one);
         else if (rc == 0 && valid)
@@ -2755,6 +2758,9 @@ static int start_point(struct trainer *t, uint64_t *start)
                             : MESH_EXIT_PEER,
                         rc);
     }
+    if (t->model)
+        t->nbt0 = mesh_nn_model_batches_tracked(t->model) -
+                  (int64_t)*start * c->accumulate;
     test_perturb(t);
     rc = verify_weights(t, *start ? "after resuming" : "before step 1", NULL);
     if (rc < 0)
@@ -2948,13 +2954,15 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     t.gscale = 1.0f / (float)c->accumulate;
 
     code = setup(&t, mo);
+    if (code == MESH_EXIT_OK && t.model) /* --init's, or 0 */
+        t.nbt0 = mesh_nn_model_batches_tracked(t.model);
     if (code == MESH_EXIT_OK && t.unformed) {
         first = 1; /* the view's snapshot holds the data position */
         code = elastic_first_view(&t, &start);
     } else if (code == MESH_EXIT_OK) {
         code = start_point(&t, &start);
     }
-    if (code == MESH_EXIT_OK && t.train_ld && !first) {
+    if (code == MESH_EXIT_OK && t.train_ld && !first && !t.d_restored) {
         t.d_epoch = start / t.steps_per_epoch;
         t.d_pos =
             start % t.steps_per_epoch * (uint64_t)t.slots * (uint64_t)c->batch;
