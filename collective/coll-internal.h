@@ -422,15 +422,17 @@ void coll_meas_agree(const float *all, int nranks, const int *live, int nauto,
  * interval of the median of their ratios within a round above 1) or,
  * from COLL_RACE_BEHIND_RUNS rounds (COLL_RACE_BEHIND_RUNS_BIG where big:
  * the size's best call took 2 ms or more at formation), their median
- * ratio over COLL_RACE_BEHIND. kept: the index of the one a re-check
- * re-checks, or -1 (the first race); last: the race's last epoch.
+ * ratio over COLL_RACE_BEHIND; the one a re-check re-checks (kept: its
+ * index, or -1 in the first race) by that ratio only from
+ * COLL_RACE_RECHECK_RUNS_BIG rounds where big. last: the race's last epoch.
  * Returns the index of the contender to keep, or -1 (race on), and where
  * one is kept the reason in *why (COLL_RACE_*). The same bytes give every
  * rank the same answer. k <= MESH_ALGO_LAST + 1, runs <= COLL_MEAS_RUNS_MAX.
  */
-#define COLL_RACE_BEHIND          1.03
-#define COLL_RACE_BEHIND_RUNS     32
-#define COLL_RACE_BEHIND_RUNS_BIG 10
+#define COLL_RACE_BEHIND           1.03
+#define COLL_RACE_BEHIND_RUNS      32
+#define COLL_RACE_BEHIND_RUNS_BIG  10
+#define COLL_RACE_RECHECK_RUNS_BIG 20
 enum {
     COLL_RACE_SLOWER = 1, /* the one kept ran clearly slower */
     COLL_RACE_BEHIND_IT,  /* the one kept ran COLL_RACE_BEHIND behind */

@@ -232,14 +232,18 @@ static void race_checks(void)
        "%d)",
        on[0], on[1], on[2]);
 
-    /* a re-check of the one behind: it moves at 10 rounds, to the fastest */
+    /* a re-check of the one behind: it moves to the fastest at 20 rounds,
+     * not 10 (a kept one needs more to lose than a contender to drop) */
     race_times(all, v, 10, same);
     keep = coll_race_decide(all, v, 2, RACE_K, 10, 2, 1, 0, on, &why);
-    ok(keep == 0 && why == COLL_RACE_BEHIND_IT,
-       "a large size's re-check of the one behind moves to the fastest at "
-       "10 rounds (keep %d, why %d)",
-       keep, why);
+    race_times(all, v, 20, same);
+    keep2 = coll_race_decide(all, v, 2, RACE_K, 20, 2, 1, 0, on2, &why2);
+    ok(keep == -1 && on[2] && keep2 == 0 && why2 == COLL_RACE_BEHIND_IT,
+       "a large size's re-check of the one behind races on at 10 rounds "
+       "and moves to the fastest at 20 (keep %d, %d, why %d)",
+       keep, keep2, why2);
     /* a re-check of one level with the fastest: kept at its last epoch */
+    race_times(all, v, 10, same);
     keep = coll_race_decide(all, v, 2, RACE_K, 10, 1, 1, 1, on, &why);
     ok(keep == 1 && why == COLL_RACE_NONE,
        "a re-check of one within 3 %% keeps it at its last epoch (keep %d, "
