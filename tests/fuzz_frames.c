@@ -58,23 +58,6 @@ static void req_free(struct tp_base *b, struct tp_req *r, int f)
 
 static const struct tp_base_ops ops = {.failed = failed, .req_free = req_free};
 
-/* tcp's frame_decode (transport/tcp/data.c): -1 for a bad header. */
-static int decode(const uint8_t *h, struct mesh_frame *f)
-{
-    if (mesh_get_le32(h) != TCP_FRAME_MAGIC || h[6] || h[7] ||
-        mesh_get_le32(h + 12))
-        return -1;
-    memset(f, 0, sizeof(*f));
-    f->op = h[4];
-    f->dtype = h[5];
-    f->tag = mesh_get_le32(h + 8);
-    f->seq = mesh_get_le64(h + 16);
-    f->count = mesh_get_le64(h + 24);
-    f->offset = mesh_get_le64(h + 32);
-    f->length = mesh_get_le64(h + 40);
-    return 0;
-}
-
 /* The job failed: the answer, which must name the sender. */
 static void refused(struct tp_base *b, int sender)
 {
@@ -142,11 +125,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len)
     tp_expect(&b, &part, exp, (size_t)nexp);
     for (size_t at = 4; at + 49 <= len; at += 49) {
         int s = 1 + data[at] % (WORLD - 1), m = 0, u;
-        struct mesh_frame f;
+        struct mesh_frame f = {0};
 
         if (parked[s])
             continue; /* its stream reads nothing more */
-        if (decode(data + at + 1, &f) < 0) {
+        if (tcp_frame_decode(data + at + 1, &f) < 0) {
             tp_fail_job(&b, s, -EPROTO, 1,
                         "rank %d (%s:%d) sent garbage on data stream 1 "
                         "(bad frame header)",

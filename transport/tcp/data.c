@@ -47,35 +47,6 @@ static void req_complete(struct mesh_transport *t, struct mesh_req *r)
 
 /* ---- the data plane ------------------------------------------------------ */
 
-static void frame_encode(const struct mesh_frame *f, uint8_t *h)
-{
-    memset(h, 0, TCP_FRAME_HDR_LEN);
-    mesh_put_le32(h, TCP_FRAME_MAGIC);
-    h[4] = f->op;
-    h[5] = f->dtype;
-    mesh_put_le32(h + 8, f->tag);
-    mesh_put_le64(h + 16, f->seq);
-    mesh_put_le64(h + 24, f->count);
-    mesh_put_le64(h + 32, f->offset);
-    mesh_put_le64(h + 40, f->length);
-}
-
-static int frame_decode(const uint8_t *h, struct mesh_frame *f)
-{
-    if (mesh_get_le32(h) != TCP_FRAME_MAGIC || h[6] || h[7] ||
-        mesh_get_le32(h + 12))
-        return -1;
-    f->op = h[4];
-    f->dtype = h[5];
-    f->tag = mesh_get_le32(h + 8);
-    f->seq = mesh_get_le64(h + 16);
-    f->count = mesh_get_le64(h + 24);
-    f->offset = mesh_get_le64(h + 32);
-    f->length = mesh_get_le64(h + 40);
-    f->order = 0; /* local to the sender */
-    return 0;
-}
-
 /*
  * A peer said goodbye. What it sent before still arrives on its data
  * streams (other sockets than the goodbye's), so its receives may still
@@ -267,7 +238,7 @@ void tcp_data_read(struct conn *c)
         c->hdr_got += (size_t)n;
         if (c->hdr_got < TCP_FRAME_HDR_LEN)
             continue;
-        if (frame_decode(c->hdr, &c->rx_f) < 0) {
+        if (tcp_frame_decode(c->hdr, &c->rx_f) < 0) {
             tp_fail_job(&t->super, c->peer, -EPROTO, 1,
                         "rank %d (%s) sent garbage on data stream %d (bad "
                         "frame header)",
@@ -581,7 +552,7 @@ int tcp_isend(mesh_transport_t *t, int peer, const struct mesh_frame *f,
         wire = tp_test_wire(&pf, f, 0);
         if (wire == TP_WIRE_DUP)
             dup = i;
-        frame_encode(&pf, ps[i]->hdr);
+        tcp_frame_encode(&pf, ps[i]->hdr);
         if (wire == TP_WIRE_MAGIC)
             ps[i]->hdr[0] ^= 0xff;
         ps[i]->next = NULL;

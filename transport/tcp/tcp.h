@@ -154,6 +154,14 @@ int tcp_ctrl_code(uint32_t wire);
 /* Copy at most len bytes of untrusted text, replacing non-printables. */
 void tcp_clean_text(char *dst, size_t dstlen, const uint8_t *src, size_t len);
 
+/*
+ * A data frame's 48-byte header (layout above): encode, and decode with
+ * its checks (magic, reserved bytes zero); -1 for a bad header. The
+ * decoded frame's order is 0 (local to the sender).
+ */
+void tcp_frame_encode(const struct mesh_frame *f, uint8_t *h);
+int tcp_frame_decode(const uint8_t *h, struct mesh_frame *f);
+
 /* Handshake deadline per connection. */
 #define TCP_HS_DEADLINE_S 5.0
 /*

@@ -302,3 +302,34 @@ void tcp_config_diff(const char *a, size_t alen, const char *b, size_t blen,
     }
     snprintf(out, outlen, "the fingerprints differ but no key does");
 }
+
+/* ---- data frames --------------------------------------------------------- */
+
+void tcp_frame_encode(const struct mesh_frame *f, uint8_t *h)
+{
+    memset(h, 0, TCP_FRAME_HDR_LEN);
+    mesh_put_le32(h, TCP_FRAME_MAGIC);
+    h[4] = f->op;
+    h[5] = f->dtype;
+    mesh_put_le32(h + 8, f->tag);
+    mesh_put_le64(h + 16, f->seq);
+    mesh_put_le64(h + 24, f->count);
+    mesh_put_le64(h + 32, f->offset);
+    mesh_put_le64(h + 40, f->length);
+}
+
+int tcp_frame_decode(const uint8_t *h, struct mesh_frame *f)
+{
+    if (mesh_get_le32(h) != TCP_FRAME_MAGIC || h[6] || h[7] ||
+        mesh_get_le32(h + 12))
+        return -1;
+    f->op = h[4];
+    f->dtype = h[5];
+    f->tag = mesh_get_le32(h + 8);
+    f->seq = mesh_get_le64(h + 16);
+    f->count = mesh_get_le64(h + 24);
+    f->offset = mesh_get_le64(h + 32);
+    f->length = mesh_get_le64(h + 40);
+    f->order = 0; /* local to the sender */
+    return 0;
+}
