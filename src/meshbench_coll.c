@@ -26,7 +26,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PERIOD 15 /* the input pattern repeats every PERIOD elements */
+/*
+ * The input pattern repeats every PERIOD elements, a prime, so that a
+ * block or chunk moved by a whole number of periods is unlikely to land on
+ * a count or offset an algorithm uses; its values hash the rank and the
+ * index, so that no two ranks' blocks are alike at any per-rank count.
+ */
+#define PERIOD 4099
 
 static const struct {
     const char *name;
@@ -292,9 +298,15 @@ void meshbench_coll_config(const struct meshbench_coll_args *a, char *buf,
 
 /* ---- data ---------------------------------------------------------------- */
 
+/* An integer in [-7, 7]: sums of up to 36 ranks are exact in bfloat16. */
 static int val(int rank, size_t i)
 {
-    return (int)(((size_t)rank * 131 + i * 31) % PERIOD) - 7;
+    uint32_t h = (uint32_t)rank * 0x9e3779b1u ^ (uint32_t)i * 0x85ebca77u;
+
+    h ^= h >> 15;
+    h *= 0xc2b2ae3du;
+    h ^= h >> 13;
+    return (int)(h % 15) - 7;
 }
 
 /* Encoded element values: period[k] for element index i with i % PERIOD
