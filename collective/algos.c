@@ -58,7 +58,11 @@ double coll_model_cost(const struct coll_shape *c, const struct coll_algo *e,
 {
     double cost = e->cost(c, bytes), share = c->model->ranks_per_cpu;
 
-    if (share > 1 && e->work && cost < 1e29)
+    /* not where hosts hold several ranks each: there the hierarchical
+     * forms and local run too, whose work (shared memory, in place) is
+     * not modelled; bounding the others alone would favour them */
+    if (share > 1 && e->work && cost < 1e29 &&
+        !(c->hosts && c->hosts->local >= 2))
         cost = MESH_MAX(cost, e->work(c, bytes) / c->size * share);
     return cost;
 }

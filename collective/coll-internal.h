@@ -390,7 +390,9 @@ int coll_model_choice(const struct coll_shape *c, double bytes);
  * The model's time of an all-reduce of bytes with e on c: e's cost, and
  * where ranks share CPUs (ranks_per_cpu over 1) at least the share of
  * e's work that the busiest machine's CPUs do: work / size x
- * ranks_per_cpu.
+ * ranks_per_cpu; except where hosts hold several ranks each (hosts
+ * local >= 2: the hierarchical forms and local, which have no work
+ * function, run there).
  */
 double coll_model_cost(const struct coll_shape *c, const struct coll_algo *e,
                        double bytes);

@@ -221,8 +221,10 @@ struct mesh_coll_model {
      * 1, that machine's CPUs do its ranks' share of all the CPU work of an
      * all-reduce (messages, bytes sent, bytes added), which bounds its
      * time from below: many small messages (the ring's 2 N (N - 1)) cost
-     * more than their hops. On a cluster of a rank per core or fewer: 1,
-     * and the model is the hops' alone.
+     * more than their hops (not where hosts hold several ranks each:
+     * the hierarchical forms that run there have no such bound). On a
+     * cluster of a rank per core or fewer: 1, and the model is the hops'
+     * alone.
      */
     double ranks_per_cpu;
     double lat_s[MESH_ALGO_LAST + 1];

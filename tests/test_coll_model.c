@@ -276,7 +276,7 @@ int main(void)
     struct coll_hosts h;
     int bad = 0, id;
 
-    plan(23);
+    plan(24);
     builtin(&m);
 
     /* the seed's topology at 4 GPUs per process: 16 hosts of 2 */
@@ -397,6 +397,29 @@ int main(void)
     ok(bad == 0,
        "256 MiB, 3..16 ranks at N / 2 per CPU: ring, rhd or the tree (%d "
        "others)",
+       bad);
+    /* hosts of several ranks (where hier, htree, hrd and local, which
+     * have no work bound, run): the sharing changes no choice */
+    bad = 0;
+    for (size_t i = 0; i < 3; i++)
+        for (double b = 4; b <= 256.0 * (1 << 20); b *= 4) {
+            int one;
+
+            shape_of(&c, &m, &h, (int)i + 1, 2 + (int)i);
+            m.ranks_per_cpu = 1;
+            one = coll_model_choice(&c, b);
+            m.ranks_per_cpu = 4;
+            id = coll_model_choice(&c, b);
+            if (id != one) {
+                bad++;
+                diag("%d hosts x %d, %.0f bytes: %s at 4 per CPU, %s at 1",
+                     (int)i + 1, 2 + (int)i, b, mesh_algo_name(id),
+                     mesh_algo_name(one));
+            }
+        }
+    ok(bad == 0,
+       "1 x 2, 2 x 3, 3 x 4 (hosts x ranks), 4 B-256 MiB: the same choice "
+       "at 4 ranks per CPU as at 1 (%d others)",
        bad);
     builtin(&m);
 
