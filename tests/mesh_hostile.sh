@@ -15,13 +15,17 @@
 # the frame 2 collectives ahead on one of 4 tcp streams, the frames due
 # behind it never sent: the parked stream waits for them on the other
 # streams, until twice the peer timeout without a byte on any of them.
+# measure4: likewise, a ping of the links' measure at the communicator's
+# forming (point-to-point frames, checked against the measure's expected
+# receives like a collective's) sent 2 seqs ahead.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
 CASES="tcp:op tcp:dtype tcp:count tcp:length tcp:long tcp:huge tcp:magic \
 shm:op shm:count shm:length shm:long shm:huge shm:kind \
 tcp:seq tcp:stale tcp:dup tcp:offset shm:seq shm:stale shm:dup shm:offset \
-tcp:tag shm:tag tcp:inside shm:inside tcp:ahead shm:ahead tcp:ahead4"
-t_plan 28
+tcp:tag shm:tag tcp:inside shm:inside tcp:ahead shm:ahead tcp:ahead4 \
+tcp:measure4"
+t_plan 29
 
 i=0
 for c in $CASES; do
@@ -38,22 +42,28 @@ for c in $CASES; do
     # collective's (the links' measure: 20 pings of seq 1, then 4 streams)
     stale) nth=$((nth + 20)) ;;
     dup) nth=$((nth + 10)) ;;
-    # past the links' measure (its p2p frames have no owner to check
-    # them against), inside a collective, on one of 4 streams
+    # past the links' measure, inside a collective, on one of 4 streams
     ahead4)
         nth=40
+        BENCH="${BENCH% --streams 1} --streams 4 --peer-timeout 5"
+        ;;
+    # the 4th of the links' measure's 20 pings
+    measure4)
+        nth=4
         BENCH="${BENCH% --streams 1} --streams 4 --peer-timeout 5"
         ;;
     # one message the whole collective: the offset lands past it
     offset) BENCH="--op allreduce --algo direct -b 1K -e 1K -n 2 -w 1" ;;
     esac
+    wire=${kind%4}
+    [ "$kind" = measure4 ] && wire=ahead
     i=$((i + 1))
     take_ports 3 || { t_skip "no free ports"; continue; }
     make_secret "$TMP/secret"
     PEERS=""
     for r in 0 1 2; do
         w=""
-        [ $r -eq $evil ] && w="${kind%4}:$nth"
+        [ $r -eq $evil ] && w="$wire:$nth"
         # shellcheck disable=SC2086
         bg env MESHTRAIN_TEST_WIRE="$w" MESHTRAIN_SHM_CMA=0 "$MESHBENCH" \
             -H localhost:3 --rank $r --port "$PORT" --transport "$tr" \
@@ -76,7 +86,9 @@ for c in $CASES; do
     # a receive of its collective that is not posted yet may still take
     # it, but none has that step, or that offset
     tag | inside) fault="no receive of its collective here expects" ;;
-    ahead | ahead4) fault="ahead of frames of the one running here" ;;
+    ahead | ahead4 | measure4)
+        fault="ahead of frames of the one running here"
+        ;;
     # it may still meet a receive of the collective before, not finished
     # here yet (a receive done: a duplicate; its count differs; its bytes
     # claimed)
@@ -93,7 +105,7 @@ for c in $CASES; do
         [ $r -eq $evil ] && continue
         grep "$name" "$TMP/$i.$r.log" | grep -q "$fault" || bad="$bad $r"
     done
-    grep -q "test aid: a hostile frame (${kind%4})" "$TMP/$i.$evil.log" ||
+    grep -q "test aid: a hostile frame ($wire)" "$TMP/$i.$evil.log" ||
         bad="$bad $evil"
     t_ok "$([ -z "$bad" ]; echo $?)" \
         "$tr, rank $evil's frame $nth with a hostile $kind: every rank \
