@@ -103,6 +103,12 @@ enum {
     K_ACK = 9,    /* joiner: the GRAD record of step read over RDMA */
 };
 
+/* HELLO's bytes 64-67: the member's last step, in ms (0: not known). Not
+ * signed, as the rest of HELLO: the joiner only weighs whether to catch
+ * up with it (cu_worth), and either way ends with the state the view
+ * agreed. */
+#define CU_STEP_MS 64
+
 /* Side channels (--transport verbs; doc/elastic.md, "Catching up over
  * verbs"): HELLO's byte 56 says the member offers them, AUTH's byte 40
  * that the joiner's K_RDMA follows; a SNAP or GRAD record with byte 52
@@ -459,6 +465,10 @@ struct train_serve {
     size_t keylen;
     mesh_side_dev_t *sdev; /* side channels' device (verbs), or NULL */
     double peer_timeout_s;
+    /* the last boundary (step bstep, at bt) and the step before it took
+     * step_s (0: not known yet): HELLO tells it */
+    uint64_t bstep;
+    double bt, step_s;
 };
 
 static void blob_unref(struct cu_blob *b)
@@ -941,6 +951,8 @@ static void sess_hello(struct train_serve *sv, struct cu_sess *ss)
     memcpy(it->hdr + 32, ss->nonce, 16);
     mesh_put_le64(it->hdr + 48, sv->nparams);
     it->hdr[56] = sv->sdev ? CU_OFFER_RDMA : 0;
+    mesh_put_le32(it->hdr + CU_STEP_MS,
+                  (uint32_t)MESH_MIN(sv->step_s * 1e3 + 0.5, 4e9));
     push(ss, it);
 }
 
@@ -1382,11 +1394,17 @@ void train_serve_boundary(struct trainer *t, uint64_t step)
 {
     struct train_serve *sv = t->serve;
     const struct train_snap *sn = &t->snap[step & 1];
+    double now;
     int need;
 
     if (!sv)
         return;
     pthread_mutex_lock(&sv->mu);
+    now = mesh_now_s();
+    if (sv->bt > 0 && step == sv->bstep + 1)
+        sv->step_s = now - sv->bt;
+    sv->bt = now;
+    sv->bstep = step;
     if (sv->dev && (!sn->valid || sn->step != step || !sn->params)) {
         sv->live_valid = 0; /* no host copy of this step's state */
         pthread_mutex_unlock(&sv->mu);
@@ -1514,7 +1532,8 @@ void train_serve_grad(struct trainer *t, uint64_t step, float lr)
 
 struct cu_peer {
     int fd, slot, eof;
-    uint64_t at; /* the step of its live state, from HELLO */
+    uint64_t at;   /* the step of its live state, from HELLO */
+    double step_s; /* its last step's time, from HELLO (0: not known) */
     uint8_t nonce[16];
     uint8_t hdr[CU_HDR];
     size_t hlen;
@@ -1743,6 +1762,7 @@ static int cu_connect(struct train_catchup *cu, const uint16_t *ports,
             return -1; /* the view moved on, or another model */
         *np = (size_t)mesh_get_le64(p->hdr + 48);
         p->at = mesh_get_le64(p->hdr + 24);
+        p->step_s = mesh_get_le32(p->hdr + CU_STEP_MS) / 1e3;
         memcpy(p->nonce, p->hdr + 32, 16);
         p->offer = p->hdr[56] & CU_OFFER_RDMA;
     }
@@ -2550,6 +2570,57 @@ static void cu_stripes_report(const struct train_catchup *cu)
               cu->t_ask, line);
 }
 
+/*
+ * Under mu, while the snapshot comes: whether catching up still pays.
+ * The stripes share the senders' links with the members' training, and
+ * each step's gradient (4 np bytes) follows on the same links. At the
+ * rate r the stripes came so far, the snapshot takes S = n / r, and one
+ * gradient the fraction f = 4 np / (r T) of the members' step T. The
+ * joiner asks to be admitted once its snapshot is loaded; the view
+ * change then waits for the gradients of the steps that passed
+ * meanwhile (S / T of them: f S at r, or the whole state, S, at most,
+ * which it sends instead). So the rest of the catch-up e s into the
+ * snapshot is S - e + min(f, 1) S, and the whole state in the view
+ * change about S, from links the members' pause frees: the whole state
+ * is sooner while e < min(f, 1) S. Only from f >= 1/2, where the
+ * catch-up's bytes take the links at least half as long again as the
+ * snapshot's, beside the members' steps (which they slow): below, the
+ * members' training matters more. One sender of ResNet-50's 205 MB on a
+ * 200 Mbit/s link that a 7-peer ring shares: r 12 MB/s, T 8 to 13 s, f
+ * 0.7 to 1 (doc/elastic.md, "One sender"). Judged from 2 s into the
+ * snapshot on, while every stripe comes, with the members' step times
+ * (HELLO). 1: give up (the joiner is admitted with the whole state); 0:
+ * go on.
+ */
+static int cu_worth(struct train_catchup *cu, double now)
+{
+    double e = now - cu->t0 - cu->t_ask, step = 0, r, s, f;
+
+    if (cu->snap_in || cu->got >= cu->n || cu->got == 0 || e < 2 ||
+        now - cu->t_rx > 1)
+        return 0;
+    /* a stripe not begun is a member that does not send (a silent side
+     * channel, a member gone), not a rate: its own timeout ends the try */
+    for (int i = 0; i < cu->k; i++) {
+        if (!cu->p[i].snap_done && !cu->p[i].t_first)
+            return 0;
+        step = MESH_MAX(step, cu->p[i].step_s);
+    }
+    if (step <= 0)
+        return 0;
+    r = (double)cu->got / e;
+    s = (double)cu->n / r;
+    f = 4.0 * (double)cu->np / (r * step);
+    if (f < 0.5 || MESH_MIN(f, 1.0) * s <= e)
+        return 0;
+    mesh_info("catch-up: given up %.1f s into the snapshot (%zu of %zu "
+              "bytes in): its stripes come at %.1f MB/s, at which a step's "
+              "gradient (%.1f MB) takes %.0f%% of the members' %.2f s step; "
+              "the whole state in the view change is sooner",
+              e, cu->got, cu->n, r / 1e6, 4e-6 * (double)cu->np, 100 * f, step);
+    return 1;
+}
+
 static int cu_try(struct train_catchup *cu, uint64_t *margin)
 {
     struct trainer *t = cu->t;
@@ -2676,6 +2747,8 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
         }
         /* not caught up in time: admitted as before */
         if (!cu->steps && now > until)
+            return cu_why(__LINE__, -1);
+        if (cu->target == UINT64_MAX && cu_worth(cu, now))
             return cu_why(__LINE__, -1);
         for (int i = 0; i < cu->k; i++) {
             struct cu_peer *p = &cu->p[i];
