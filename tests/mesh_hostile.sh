@@ -17,15 +17,18 @@
 # streams, until twice the peer timeout without a byte on any of them.
 # measure4: likewise, a ping of the links' measure at the communicator's
 # forming (point-to-point frames, checked against the measure's expected
-# receives like a collective's) sent 2 seqs ahead.
+# receives like a collective's) sent 2 seqs ahead. stale4: that ping sent
+# with the seq before the measure's, of no collective: no receive takes it
+# while the receives of the pings behind it wait, until twice the peer
+# timeout without a byte on any of the 4 streams.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
 CASES="tcp:op tcp:dtype tcp:count tcp:length tcp:long tcp:huge tcp:magic \
 shm:op shm:count shm:length shm:long shm:huge shm:kind \
 tcp:seq tcp:stale tcp:dup tcp:offset shm:seq shm:stale shm:dup shm:offset \
 tcp:tag shm:tag tcp:inside shm:inside tcp:ahead shm:ahead tcp:ahead4 \
-tcp:measure4"
-t_plan 29
+tcp:measure4 tcp:stale4"
+t_plan 30
 
 i=0
 for c in $CASES; do
@@ -48,7 +51,7 @@ for c in $CASES; do
         BENCH="${BENCH% --streams 1} --streams 4 --peer-timeout 5"
         ;;
     # the 4th of the links' measure's 20 pings
-    measure4)
+    measure4 | stale4)
         nth=4
         BENCH="${BENCH% --streams 1} --streams 4 --peer-timeout 5"
         ;;
@@ -89,6 +92,7 @@ for c in $CASES; do
     ahead | ahead4 | measure4)
         fault="ahead of frames of the one running here"
         ;;
+    stale4) fault="that no receive posted here takes" ;;
     # it may still meet a receive of the collective before, not finished
     # here yet (a receive done: a duplicate; its count differs; its bytes
     # claimed)

@@ -278,30 +278,46 @@ static void silence_note(struct mesh_transport *t, int p, uint64_t now)
 }
 
 /*
- * A stream of p parked on a frame of a later part while frames of the
- * running one are still due from p waits for those on p's other streams
- * (data.c, data_match): p sent them before it, so they come within the
- * network's time. A peer that sends nothing on any data stream for twice
- * the peer timeout meanwhile never will (a hostile or broken one; its
- * heartbeats keep it from looking silent): fail the job naming it, as
- * with one stream, rather than wait forever. (Twice: a dead or stopped
- * rank that holds this one back is declared so first, by its silence.)
+ * A stream of p parked on a frame that no posted receive takes, while
+ * this rank waits on a receive from p. A frame of a later part while
+ * frames of the running one are still due from p waits for those on p's
+ * other streams (data.c, data_match): p sent them before it, so they
+ * come within the network's time; any other parked frame (a point-to-
+ * point one, of no collective's seqs, such as the links' measure at the
+ * mesh's forming) waits for a receive posted later, which p's data then
+ * still due lets this rank reach. A peer that sends nothing on any data
+ * stream for twice the peer timeout meanwhile never will (a hostile or
+ * broken one; its heartbeats keep it from looking silent): fail the job
+ * naming it, as with one stream, rather than wait forever. (Twice: a dead
+ * or stopped rank that holds this one back is declared so first, by its
+ * silence.)
  */
 static void ahead_check(struct mesh_transport *t, int p, uint64_t now)
 {
     struct link *l = &t->links[p];
+    char fb[200], nb[300];
 
-    if (now - l->data_rx_ns <=
-        (uint64_t)(2 * t->super.opts.peer_timeout_s * 1e9))
+    if (!l->posted || now - l->data_rx_ns <=
+                          (uint64_t)(2 * t->super.opts.peer_timeout_s * 1e9))
         return;
     for (int s = 0; s < t->S; s++) {
         struct conn *c = l->data[s];
 
-        if (c && c->parked && c->state == C_READY &&
-            tp_frame_later(&t->super, p, &c->rx_f)) {
+        if (!c || !c->parked || c->state != C_READY)
+            continue;
+        if (tp_frame_later(&t->super, p, &c->rx_f)) {
             tp_fail_order(&t->super, p, &c->rx_f);
             return;
         }
+        tp_fail_job(&t->super, p, -EPROTO, 1,
+                    "rank %d (%s) sent a frame that no receive posted here "
+                    "takes, %s, while receives from it are still due here "
+                    "and none of its data streams moved for %.1f s (twice "
+                    "the peer timeout)",
+                    p, tcp_pname(t, p, nb, sizeof(nb)),
+                    mesh_frame_str(&c->rx_f, fb, sizeof(fb)),
+                    (double)(now - l->data_rx_ns) / 1e9);
+        return;
     }
 }
 
