@@ -27,11 +27,12 @@ static void builtin(struct mesh_coll_model *m)
     m->gamma_s_per_byte = 0.16e-9;
 }
 
-/* The shape of n ranks, in h (H hosts of L ranks) or with no hosts. */
+/* The shape of H x L ranks in h (H hosts of L ranks), or, with L = 0, of H
+ * ranks with no hosts. */
 static void shape_of(struct coll_shape *c, const struct mesh_coll_model *m,
                      struct coll_hosts *h, int H, int L)
 {
-    int n = H * L;
+    int n = L > 0 ? H * L : H;
 
     memset(c, 0, sizeof(*c));
     memset(h, 0, sizeof(*h));
