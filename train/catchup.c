@@ -2786,6 +2786,12 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
                           "from it",
                           ep, mesh_elastic_slots_str(mm, pbuf, sizeof(pbuf)),
                           cu->epoch);
+                /* held, as above: this report may come before the view
+                 * passed here, and the next try starts from nothing */
+                if (!rehold) {
+                    cu->unhold = 0;
+                    mesh_elastic_join_hold(t->el, 1);
+                }
                 return cu_why(__LINE__, 0);
             }
             if (now - eof_at > MESH_MAX(3.0, 0.5 * t->mo->topts.peer_timeout_s))
