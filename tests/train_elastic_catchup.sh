@@ -124,7 +124,7 @@ snapshot of step $3, the live state when it asked"
 start a 3 2 --compress topk:0.05 --seed 3
 at_step a 20
 join a 3 2 --compress topk:0.05 --seed 3
-wait_all 120
+wait_all 300
 codes_are "0 0 0" a && caught_up a 2
 t_ok $? "2 of 3 slots, top-k: slot 2 caught up while they trained ($CU_MSG)"
 served_live a 2
@@ -135,7 +135,7 @@ t_ok $? "top-k: every step once, every sample of each epoch once"
 start b 5 4 --keep-global-batch --seed 7
 at_step b 20
 join b 5 4 --keep-global-batch --seed 7
-wait_all 120
+wait_all 300
 codes_are "0 0 0 0 0" b && caught_up b 4
 t_ok $? "4 of 5 slots, --keep-global-batch: slot 4 caught up ($CU_MSG)"
 served_live b 4
@@ -153,7 +153,7 @@ start msend 4 3
 unset MESHTRAIN_TEST_FAULT
 at_step msend 20
 join msend 4 3
-wait_all 120
+wait_all 300
 codes_are "0 137 0 0" msend
 t_ok $? "a member killed during the catch-up: the 3 others finish with exit 0"
 grep -q '"left": \[1\], "joined": \[' "$TMP/msend.metrics" &&
@@ -180,7 +180,7 @@ MESHTRAIN_TEST_FAULT=3:catchup
 export MESHTRAIN_TEST_FAULT
 join mjoin 4 3
 unset MESHTRAIN_TEST_FAULT
-wait_all 120
+wait_all 300
 codes_are "0 0 0 137" mjoin &&
     grep -q "test fault: signal 9 at catchup" "$TMP/mjoin.p3.log"
 t_ok $? "the joiner killed during its catch-up: the 3 members finish with 0"
@@ -197,7 +197,7 @@ at_step two 20
 join two 5 3
 sleep 0.1
 join two 5 4
-wait_all 120
+wait_all 300
 codes_are "0 0 0 0 0" two &&
     grep -q "slot 3 joined view [0-9]*: step" "$TMP/two.p3.log" &&
     grep -q "slot 4 joined view [0-9]*: step" "$TMP/two.p4.log"
@@ -218,7 +218,7 @@ start forge 4 3
 FORGE_SLOT=
 at_step forge 20
 join forge 4 3
-wait_all 120
+wait_all 300
 codes_are "0 0 0 0" forge && caught_up forge 3
 t_ok $? "a member's forged record: all 4 finish with exit 0, slot 3 caught \
 up ($CU_MSG)"
@@ -242,7 +242,7 @@ start dev 3 2 --device devsim --compress fp16 --seed 5
 at_step dev 20
 join dev 3 2 --device devsim --compress fp16 --seed 5
 unset MESHTRAIN_DEVSIM_COPY_US MESHTRAIN_DEVSIM_COPY_ORDER
-wait_all 120
+wait_all 300
 codes_are "0 0 0" dev && caught_up dev 2
 t_ok $? "devsim: slot 2 caught up while 2 of 3 slots trained ($CU_MSG)"
 grep -q "catch-up: slot 2 is sent the snapshot of step" "$TMP/dev.p0.log" &&
@@ -260,7 +260,7 @@ start old 4 3
 unset MESHTRAIN_NO_CATCHUP
 at_step old 20
 join old 4 3
-wait_all 120
+wait_all 300
 _state=$(sed -n 's/.*"state_bytes": \([0-9]*\),.*/\1/p' "$TMP/old.metrics")
 codes_are "0 0 0 0" old &&
     grep -q "slot 3 joined view 2: .* state $_state bytes received" \
@@ -275,7 +275,7 @@ t_ok $? "members that serve no catch-up: the joiner gets all $_state bytes"
 start cells 4 3 --width 20 --seed 11
 at_step cells 20
 join cells 4 3 --width 20 --seed 11
-wait_all 120
+wait_all 300
 codes_are "0 0 0 0" cells && caught_up cells 3
 t_ok $? "3 senders, a state of several cells: slot 3 caught up ($CU_MSG)"
 $COUNT "$TMP/cells.metrics" "$ITERS" $N 16 "$TMP"/cells.samples.*
