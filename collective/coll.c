@@ -2180,16 +2180,18 @@ out:
 static void log_model(const mesh_coll_t *c)
 {
     const struct mesh_coll_model *m = &c->model;
-    char ranges[512] = "", times[512], share[96] = "";
+    char ranges[512] = "", times[512], share[160] = "";
     size_t used = 0, from = 8;
     int ids[MESH_ALGO_LAST + 1], nauto = mesh_coll_auto_algos(c, ids);
     int prev = -1;
 
     if (!m->measured && m->ranks_per_cpu > 1)
         snprintf(share, sizeof(share),
-                 "; %.2f ranks per CPU on the most crowded machine: its "
-                 "CPUs' share of the work bounds the time",
-                 m->ranks_per_cpu);
+                 "; %.2f ranks per CPU on the most crowded machine: %s",
+                 m->ranks_per_cpu,
+                 c->shape.hosts && c->shape.hosts->local >= 2
+                     ? "no bound: hosts hold several ranks each"
+                     : "its CPUs' share of the work bounds the time");
     mesh_info("collectives: %d ranks, kernels %s, alpha %.1f us, beta %.3f "
               "ns/B (%.2f GB/s), gamma %.3f ns/B%s%s",
               c->w->size, mesh_reduce_isa(), m->alpha_s * 1e6,
