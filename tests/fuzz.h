@@ -8,7 +8,7 @@
  * the replay both report.
  *
  * Built two ways:
- *   - make check: with tests/fuzz_replay.c as main (any compiler), which
+ *   - make check: with tests/fuzz_main.c as main (any compiler), which
  *     replays the harness's cases, tests/fuzz-corpus/<name>.txt (seeds and
  *     every input a fuzzing run found), as TAP, each against the message
  *     it expects; also under scripts/check-sanitize.sh.
