@@ -384,6 +384,17 @@ int mesh_parse_int(const char *what, const char *s, int lo, int hi, int *out)
     return rc;
 }
 
+int mesh_hexval(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 void mesh_sockaddr_str(const struct sockaddr *sa, char *buf, size_t len)
 {
     char host[INET6_ADDRSTRLEN] = "?";

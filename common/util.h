@@ -106,6 +106,9 @@ int mesh_parse_long(const char *what, const char *s, long lo, long hi,
                     long *out);
 int mesh_parse_int(const char *what, const char *s, int lo, int hi, int *out);
 
+/* The value of the hex digit c (0-9, a-f, A-F), or -1 if c is none. */
+int mesh_hexval(int c);
+
 /*
  * Open path for reading without ever blocking in open(): a FIFO or a
  * device with no writer would otherwise hang there. The file must be a

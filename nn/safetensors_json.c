@@ -134,17 +134,6 @@ static int expect(struct parser *p, char c, const char *ctx)
     return 0;
 }
 
-static int hexval(uint8_t c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Four hex digits at p->pos + 2 (after "\u"); -1 if not. */
 static long hex4(const struct parser *p, size_t at)
 {
@@ -153,7 +142,7 @@ static long hex4(const struct parser *p, size_t at)
     if (at + 6 > p->n)
         return -1;
     for (size_t i = at + 2; i < at + 6; i++) {
-        int d = hexval(p->h[i]);
+        int d = mesh_hexval(p->h[i]);
         if (d < 0)
             return -1;
         v = v * 16 + d;

@@ -124,17 +124,6 @@ struct fcase {
     size_t len, cap;
 };
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Append the escaped bytes s to c; -1 on a bad escape. */
 static int unescape(struct fcase *c, const char *s)
 {
@@ -162,8 +151,9 @@ static int unescape(struct fcase *c, const char *s)
                 v = 0;
             else if (*s == '\\')
                 v = '\\';
-            else if (*s == 'x' && hexval(s[1]) >= 0 && hexval(s[2]) >= 0) {
-                v = hexval(s[1]) << 4 | hexval(s[2]);
+            else if (*s == 'x' && mesh_hexval(s[1]) >= 0 &&
+                     mesh_hexval(s[2]) >= 0) {
+                v = mesh_hexval(s[1]) << 4 | mesh_hexval(s[2]);
                 s += 2;
             } else
                 return -1;
