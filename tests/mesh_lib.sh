@@ -76,6 +76,32 @@ t_show() {
     [ -f "$1" ] && sed 's/^/#   /' "$1" | tail -n "${2:-30}"
 }
 
+# t_netns_up LETTER N [OPTIONS...]: N hosts in network namespaces
+# (scripts/netns.sh up N OPTIONS, addresses 10.77.0.1-N) under the prefix
+# PREFIX=LETTER<pid mod 1000>, short since netns.sh appends up to 10
+# characters to it in interface names. Skips the whole script, with the
+# reason, without root, iproute2 or namespace support; bails out where
+# setting them up fails. They are taken down on exit, after the command
+# in T_NETNS_DOWN_FIRST, if set (for what the script added to them).
+t_netns_up() {
+    NETNS=$top_srcdir/scripts/netns.sh
+    [ -f "$NETNS" ] || t_skip_all "scripts/netns.sh is missing"
+    PREFIX=$1$(( $$ % 1000 ))
+    shift
+    _why=$(sh "$NETNS" check --prefix "$PREFIX" 2>&1) ||
+        t_skip_all "network namespaces unavailable: $_why"
+    T_CLEANUP_HOOK=t_netns_down
+    sh "$NETNS" up "$@" --prefix "$PREFIX" > "$TMP/up.log" 2>&1 || {
+        t_show "$TMP/up.log"
+        echo "Bail out! scripts/netns.sh up $* failed"
+        exit 1
+    }
+}
+t_netns_down() {
+    [ -n "${T_NETNS_DOWN_FIRST:-}" ] && $T_NETNS_DOWN_FIRST
+    sh "$NETNS" down --prefix "$PREFIX" > /dev/null 2>&1
+}
+
 # take_ports N: sets PORT and keeps those ports ours (tests/ports.sh).
 . "$top_srcdir/tests/ports.sh"
 

@@ -8,20 +8,7 @@
 # iproute2 or namespace support.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
-NETNS=$top_srcdir/scripts/netns.sh
-[ -f "$NETNS" ] || t_skip_all "scripts/netns.sh is missing"
-# Short: netns.sh appends up to 10 characters to it in interface names.
-PREFIX=m$(( $$ % 1000 ))
-why=$(sh "$NETNS" check --prefix "$PREFIX" 2>&1) ||
-    t_skip_all "network namespaces unavailable: $why"
-
-netns_down() { sh "$NETNS" down --prefix "$PREFIX" >/dev/null 2>&1; }
-T_CLEANUP_HOOK=netns_down
-sh "$NETNS" up 4 --prefix "$PREFIX" > "$TMP/up.log" 2>&1 || {
-    t_show "$TMP/up.log"
-    echo "Bail out! scripts/netns.sh up 4 failed"
-    exit 1
-}
+t_netns_up m 4
 
 # The "remote shell": AGENT HOST COMMAND runs COMMAND in HOST's namespace.
 cat > "$TMP/agent" <<AGENT

@@ -11,22 +11,9 @@
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
-NETNS=$top_srcdir/scripts/netns.sh
-[ -f "$NETNS" ] || t_skip_all "scripts/netns.sh is missing"
-PREFIX=e$(( $$ % 1000 ))
-why=$(sh "$NETNS" check --prefix "$PREFIX" 2>&1) ||
-    t_skip_all "network namespaces unavailable: $why"
-
-netns_down() {
-    ip link del "${PREFIX}br1" > /dev/null 2>&1
-    sh "$NETNS" down --prefix "$PREFIX" > /dev/null 2>&1
-}
-T_CLEANUP_HOOK=netns_down
-sh "$NETNS" up 5 --prefix "$PREFIX" > "$TMP/up.log" 2>&1 || {
-    t_show "$TMP/up.log"
-    echo "Bail out! scripts/netns.sh up 5 failed"
-    exit 1
-}
+br1_down() { ip link del "${PREFIX}br1" > /dev/null 2>&1; }
+T_NETNS_DOWN_FIRST=br1_down
+t_netns_up e 5
 
 t_plan 5
 N=1200

@@ -17,22 +17,7 @@
 
 command -v python3 > /dev/null || t_skip_all "python3 not found"
 command -v tc > /dev/null || t_skip_all "tc (iproute2) not found"
-NETNS=$top_srcdir/scripts/netns.sh
-[ -f "$NETNS" ] || t_skip_all "scripts/netns.sh is missing"
-PREFIX=s$(( $$ % 1000 ))
-why=$(sh "$NETNS" check --prefix "$PREFIX" 2>&1) ||
-    t_skip_all "network namespaces unavailable: $why"
-
-netns_down() {
-    sh "$NETNS" down --prefix "$PREFIX" > /dev/null 2>&1
-}
-T_CLEANUP_HOOK=netns_down
-sh "$NETNS" up 2 --prefix "$PREFIX" --rate 512kbit --latency 500ms \
-    > "$TMP/up.log" 2>&1 || {
-    t_show "$TMP/up.log"
-    echo "Bail out! scripts/netns.sh up 2 --rate 512kbit failed"
-    exit 1
-}
+t_netns_up s 2 --rate 512kbit --latency 500ms
 
 t_plan 3
 N=1200
