@@ -72,7 +72,10 @@ struct mesh_coll_req {
  * every epoch so far; the contenders not clearly slower than the fastest
  * (refine_slower), nor 3 % behind it by the median once they ran enough
  * rounds (coll_race_decide: 10 rounds where formation's best call took
- * RF_MAX_S or more, 32 below) race again, at most RF_EPOCHS epochs in all, then
+ * RF_MAX_S or more, 32 below) race again, at most RF_EPOCHS epochs in all
+ * (and where a race's first epoch holds 12 rounds or more, the ranks agree
+ * after its first 7 too, coll_race_probe: one clearly slower leaves there,
+ * not after up to 31 of its calls), then
  * the fastest over all of them is kept for the size. So a close call gets up to
  * four times the rounds of a clear one, and a contender's few bad rounds do not
  * decide. And the race's first second can rank otherwise than the minutes after
@@ -89,7 +92,8 @@ struct mesh_coll_req {
  * contenders' 2 ms calls fit it), of which the slower contenders' share runs up
  * to RF_NEAR times the best's time; from RF_MAX_S RF_EPOCHS x RF_MIN_ROUNDS
  * rounds at most, the others within RF_NEAR_BIG by formation's times (the
- * runner-up RF_NEAR); a clear call ends after the first epoch. The first
+ * runner-up RF_NEAR); a clear call ends after the first epoch, or at its
+ * probe (7 rounds) where the epoch holds 12 or more. The first
  * re-check comes RF_RECHECK_SPAN times RF_RECHECK_EPOCHS epochs' calls of the
  * others after the keep (a re-check that holds more epochs, to reach 32 rounds
  * below RF_MAX_S, gives the others up to twice that share: 1 / 4 of the calls
@@ -120,6 +124,7 @@ struct refine {
     int k;             /* how many */
     int rounds;        /* per epoch */
     int epoch, pos;    /* the current epoch, the next call in it */
+    int done;          /* its rounds agreed at its probe (0: none yet) */
     int epochs;        /* this race's epochs at most */
     int big;           /* formation's best call took RF_MAX_S or more */
     /* this rank's times of each contender (by its place in race) over
@@ -459,7 +464,7 @@ void mesh_coll_model_get(const mesh_coll_t *c, struct mesh_coll_model *out)
  * kept one's time costs at most 1 / RF_RECHECK_SPAN of it), each next
  * one RF_RECHECK_GROW times further. Logged with what the races cost.
  */
-static void refine_keep(struct refine *r, int algo, const char *why)
+static void refine_keep(struct refine *r, int algo, const char *why, int runs)
 {
     int was = atomic_load(&r->choice), n;
     char what[64] = "";
@@ -477,10 +482,11 @@ static void refine_keep(struct refine *r, int algo, const char *why)
         snprintf(what, sizeof(what), "re-check %d at call %" PRIu64 ": ", n,
                  r->calls);
     }
-    mesh_info("collectives: auto all-reduce of %zu bytes: %s%s, kept %s (the "
-              "others ran %" PRIu64 " calls of the races, %.1f ms over the "
-              "fastest's time; next re-check %s%" PRIu64 ")",
-              r->bytes, what, mesh_algo_name(algo), why, r->others_calls,
+    mesh_info("collectives: auto all-reduce of %zu bytes: %s%s, kept %s, "
+              "after %d rounds (the others ran %" PRIu64 " calls of the "
+              "races, %.1f ms over the fastest's time; next re-check "
+              "%s%" PRIu64 ")",
+              r->bytes, what, mesh_algo_name(algo), why, runs, r->others_calls,
               r->others_excess_s * 1e3, r->gap ? "at call " : "none",
               r->gap ? r->next_check : 0);
 }
@@ -518,6 +524,7 @@ static void refine_recheck(struct refine *r)
     ep = MESH_MIN(ep, RF_EPOCHS);
     r->racing = 1;
     r->pos = 0;
+    r->done = 0;
     if (r->resume && (r->epoch + ep) * r->rounds <= RF_EPOCHS * RF_ROUNDS) {
         r->epochs = r->epoch + ep;
         return;
@@ -744,16 +751,18 @@ int coll_race_decide(const float *all, const float *v, int nranks, int k,
 }
 
 /*
- * The end of r's epoch (every rank at the same call, seq): the ranks'
- * times of every epoch's rounds so far by a ring all-gather (tags RF_TAG +
- * step, after the call's own frames), the agreed ranking over all of
- * them, the next epoch's contenders or the winner.
+ * The end of r's epoch, or its probe (coll_race_probe; every rank at the
+ * same call, seq): the ranks' times of every round so far by a ring
+ * all-gather (tags RF_TAG + step, after the call's own frames), the
+ * agreed ranking over all of them, the contenders that race on (at a
+ * probe, to the epoch's end) or the winner.
  */
 static int refine_agree(mesh_coll_t *c, struct refine *r, uint64_t seq)
 {
     enum { HEAD = COLL_MEAS_HEAD };
     int n = c->w->size, me = c->w->rank, k = r->k;
-    int runs = (r->epoch + 1) * r->rounds;
+    int at = r->pos / r->k, probe = at < r->rounds; /* this epoch's rounds */
+    int runs = r->epoch * r->rounds + at;
     size_t stride = (size_t)HEAD + (size_t)k * (size_t)runs, vb, len;
     int live[RF_RACE], prev = -1, rc, best = -1, race[RF_RACE], nk = 0;
     int was = atomic_load(&r->choice), kept = -1, on[RF_RACE], keep, why = 0;
@@ -800,16 +809,17 @@ static int refine_agree(mesh_coll_t *c, struct refine *r, uint64_t seq)
         return mesh_err_prefix(rc, "auto's refinement at %zu bytes", r->bytes);
     coll_meas_agree(all, n, live, k, runs, v);
     keep = coll_race_decide(all, v, n, k, runs, kept, r->big,
-                            r->epoch + 1 == r->epochs, on, &why);
+                            !probe && r->epoch + 1 == r->epochs, on, &why);
     for (int a = 0; a < k; a++)
         if (on[a] && (best < 0 || v[HEAD + a] < v[HEAD + best]))
             best = a;
-    /* what this epoch's calls of the others cost (the agreed medians) */
+    /* what the others' calls since the last agreement cost (the agreed
+     * medians) */
     for (int a = 0; a < k; a++)
         if (a != best) {
-            r->others_calls += (uint64_t)r->rounds;
+            r->others_calls += (uint64_t)(at - r->done);
             r->others_excess_s +=
-                r->rounds * (v[HEAD + a] - v[HEAD + best]) * 1e-6;
+                (at - r->done) * (v[HEAD + a] - v[HEAD + best]) * 1e-6;
         }
     keep = keep >= 0 ? r->race[keep] : 0;
     /* the contenders that race on, the fastest first, with their times */
@@ -823,15 +833,21 @@ static int refine_agree(mesh_coll_t *c, struct refine *r, uint64_t seq)
     memcpy(r->race, race, sizeof(race));
     memcpy(r->t, t, (size_t)nk * sizeof(t[0]));
     r->k = nk;
-    r->epoch++;
-    r->pos = 0;
+    if (probe) { /* the rest of the epoch, those left */
+        r->done = at;
+        r->pos = at * nk;
+    } else {
+        r->epoch++;
+        r->pos = 0;
+        r->done = 0;
+    }
     /*
      * A re-check (was: the kept one) that ends with none clearly faster
      * lets the next one add its rounds to this one's (refine_recheck).
      */
     r->resume = keep && why == COLL_RACE_NONE;
     if (keep)
-        refine_keep(r, keep, why_str[why]);
+        refine_keep(r, keep, why_str[why], runs);
     return 0;
 }
 
@@ -1002,9 +1018,12 @@ static int run_coll(struct mesh_coll *c, struct mesh_coll_req *q)
     }
     sched_free(&s);
     if (rc == 0 && turn >= 0) {
+        int probe = rf->done ? 0 : coll_race_probe(rf->rounds, rf->epoch);
+
         rf->t[turn][rf->epoch * rf->rounds + rf->pos / rf->k] =
             mesh_now_s() - t0;
-        if (++rf->pos == rf->k * rf->rounds)
+        ++rf->pos;
+        if (rf->pos == rf->k * rf->rounds || rf->pos == rf->k * probe)
             rc = refine_agree(c, rf, q->seq);
     }
     if (rtmp)

@@ -267,6 +267,133 @@ static void race_checks(void)
        keep, keep2, why, why2);
 }
 
+/*
+ * The probe of a race's first epoch (coll_race_probe, then
+ * coll_race_decide over its first COLL_RACE_PROBE_RUNS rounds) on
+ * synthetic rounds drawn from a seed: R ranks (each 3 % slower than the
+ * one before: the slowest rank's time counts), K contenders, each round a
+ * load from elsewhere of 1 to 1.6 times (2.5 times about one round in 8)
+ * that hits the round's calls alike, and every call its own noise of up
+ * to +-noise; contender a's times ratio[a] times the first's.
+ */
+enum { PR_R = 8, PR_K = 3, PR_RUNS = COLL_MEAS_RUNS_MAX };
+enum { PR_S = COLL_MEAS_HEAD + PR_K * PR_RUNS };
+
+static double draw(uint64_t *s) /* splitmix64, in [0, 1) */
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53;
+}
+
+static void probe_times(float *all, float *v, int R, int K, int runs,
+                        const float *ratio, double noise, uint64_t seed)
+{
+    const int live[PR_K] = {1, 1, 1};
+    size_t stride = (size_t)COLL_MEAS_HEAD + (size_t)K * (size_t)runs;
+    uint64_t s = seed * 0x2545f4914f6cdd1dull;
+
+    memset(all, 0, (size_t)R * stride * sizeof(*all));
+    for (int i = 0; i < runs; i++) {
+        double load = draw(&s) < 0.125 ? 2.5 : 1 + 0.6 * draw(&s);
+
+        for (int a = 0; a < K; a++)
+            for (int r = 0; r < R; r++)
+                all[(size_t)r * stride + COLL_MEAS_HEAD +
+                    (size_t)a * (size_t)runs + (size_t)i] =
+                    (float)(500 * load * ratio[a] * (1 - 0.03 * r) *
+                            (1 + noise * (2 * draw(&s) - 1)));
+    }
+    coll_meas_agree(all, R, live, K, runs, v);
+}
+
+/*
+ * Over seeds 1..PR_SEEDS and the shapes R = 2, 4, 8 ranks, K = 2, 3
+ * contenders: the probe comes only in a fresh epoch 0 long enough; a
+ * contender 1.35 times the fastest leaves at it (nearly always: the
+ * noise can hide it in a round), one level with the fastest seldom (its
+ * rounds all slower by chance: 1 / 128 each), the fastest never, and
+ * nothing is kept there but the one left when the others are out (no
+ * last epoch, no 3 % rule: too few rounds); the same times give the
+ * same answer (every rank decides from the same gathered bytes).
+ */
+#define PR_SEEDS 300
+static void probe_checks(void)
+{
+    static const int Rs[] = {2, 4, 8}, Ks[] = {2, 3};
+    static const float clear[PR_K] = {1, 1.35f, 1.35f};
+    static const float level[PR_K] = {1, 1, 1};
+    static float all[PR_R * PR_S];
+    const int P = COLL_RACE_PROBE_RUNS;
+    float v[COLL_MEAS_HEAD + PR_K];
+    int bad = 0, cases = 0, left = 0, outs = 0, others = 0, wrong = 0;
+    int differ = 0;
+
+    for (int rounds = 5; rounds <= 31; rounds++) /* coll.c's epochs */
+        for (int e = 0; e < 4; e++) {
+            int p = coll_race_probe(rounds, e);
+
+            bad += p != (e == 0 && rounds >= P + COLL_RACE_PROBE_LEFT ? P : 0);
+            bad += p > 0 && rounds - p < COLL_RACE_PROBE_LEFT;
+        }
+    ok(bad == 0 && coll_race_probe(31, 0) == P && coll_race_probe(31, 1) == 0,
+       "a probe after %d rounds in a first epoch of %d rounds or more, none "
+       "later (%d faults)",
+       P, P + COLL_RACE_PROBE_LEFT, bad);
+
+    for (size_t i = 0; i < MESH_ARRAY_SIZE(Rs); i++)
+        for (size_t j = 0; j < MESH_ARRAY_SIZE(Ks); j++)
+            for (uint64_t seed = 1; seed <= PR_SEEDS; seed++)
+                for (int big = 0; big < 2; big++) {
+                    int R = Rs[i], K = Ks[j], on[PR_K], on2[PR_K], why = 0;
+                    int why2 = 0, keep, keep2, best = 0;
+
+                    /* clearly slower ones leave; the fastest is kept */
+                    probe_times(all, v, R, K, P, clear, 0.1, seed);
+                    keep =
+                        coll_race_decide(all, v, R, K, P, -1, big, 0, on, &why);
+                    keep2 = coll_race_decide(all, v, R, K, P, -1, big, 0, on2,
+                                             &why2);
+                    differ += keep != keep2 || why != why2 ||
+                              memcmp(on, on2, (size_t)K * sizeof(*on));
+                    cases++;
+                    left += keep == 0 && why == COLL_RACE_CLEAR;
+                    wrong += !on[0] || (keep >= 0 && keep != 0);
+
+                    /* level ones race on, but for chance */
+                    probe_times(all, v, R, K, P, level, 0.1, seed + 7919);
+                    keep =
+                        coll_race_decide(all, v, R, K, P, -1, big, 0, on, &why);
+                    for (int a = 1; a < K; a++)
+                        best = v[COLL_MEAS_HEAD + a] < v[COLL_MEAS_HEAD + best]
+                                   ? a
+                                   : best;
+                    wrong += !on[best];
+                    for (int a = 0; a < K; a++)
+                        outs += !on[a];
+                    others += K - 1;
+                    wrong += keep >= 0 && why != COLL_RACE_CLEAR;
+                    /* a re-check's probe of a level kept one keeps
+                     * it racing unless it was clearly slower */
+                    keep =
+                        coll_race_decide(all, v, R, K, P, 1, big, 0, on, &why);
+                    wrong += keep >= 0 && on[1] && why != COLL_RACE_CLEAR;
+                    wrong += keep >= 0 && !on[1] && why != COLL_RACE_SLOWER;
+                }
+    ok(left >= cases * 95 / 100 && wrong == 0 && differ == 0,
+       "the probe of %d rounds over %d seeds x 2, 4, 8 ranks x 2, 3 "
+       "contenders: the fastest kept where the others ran 1.35 times it in "
+       "%d of %d (wrong %d, differing %d)",
+       P, PR_SEEDS, left, cases, wrong, differ);
+    ok(outs * 100 <= others * 3,
+       "the probe: contenders level with the fastest leave in %d of %d "
+       "(at most 3 %%; 1 / %d each by chance)",
+       outs, others, 1 << P);
+}
+
 int main(void)
 {
     static const int hosts[] = {2, 3, 4, 5, 8, 16, 32};
@@ -277,7 +404,7 @@ int main(void)
     struct coll_hosts h;
     int bad = 0, id;
 
-    plan(24);
+    plan(27);
     builtin(&m);
 
     /* the seed's topology at 4 GPUs per process: 16 hosts of 2 */
@@ -427,5 +554,6 @@ int main(void)
     in_place_checks(&m);
     meas_agree_checks();
     race_checks();
+    probe_checks();
     return done();
 }
