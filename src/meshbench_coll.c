@@ -138,6 +138,8 @@ int meshbench_coll_args_check(const struct meshbench_coll_args *a)
         return mesh_err(-EINVAL, "--vs-fixed and --rotate: give one");
     if (a->nalgos && !a->vs_fixed && !a->rotate)
         return mesh_err(-EINVAL, "--algos needs --vs-fixed or --rotate");
+    if (a->min_rounds && !a->rotate)
+        return mesh_err(-EINVAL, "--min-rounds needs --rotate");
     return 0;
 }
 
@@ -168,7 +170,8 @@ int meshbench_coll_parse_arg(struct meshbench_coll_args *a, int argc,
     }
     if (strcmp(arg, "--algo") && strcmp(arg, "--dtype") && strcmp(arg, "-d") &&
         strcmp(arg, "--redop") && strcmp(arg, "-o") && strcmp(arg, "--root") &&
-        strcmp(arg, "--chunk") && strcmp(arg, "-t") && strcmp(arg, "--time"))
+        strcmp(arg, "--chunk") && strcmp(arg, "-t") && strcmp(arg, "--time") &&
+        strcmp(arg, "--min-rounds"))
         return 0;
     if (!v)
         return mesh_err(-EINVAL, "%s needs a value (see --help)", arg);
@@ -203,6 +206,11 @@ int meshbench_coll_parse_arg(struct meshbench_coll_args *a, int argc,
             rc = mesh_err(-EINVAL, "%s '%s': expected a number from 0", arg, v);
         else if (!strcmp(arg, "--root"))
             a->root = (int)x;
+        else if (!strcmp(arg, "--min-rounds") && (*end || x > 4000))
+            rc = mesh_err(-EINVAL, "%s '%s': expected a number from 0 to 4000",
+                          arg, v);
+        else if (!strcmp(arg, "--min-rounds"))
+            a->min_rounds = (int)x;
         else
             a->chunk_bytes = (size_t)x << (!strcmp(end, "K")   ? 10
                                            : !strcmp(end, "M") ? 20
@@ -267,6 +275,12 @@ const char *meshbench_coll_help(void)
            "                     not shown either way (\"?\"); with -t the\n"
            "                     fixed ones over 1.25 x the best's median\n"
            "                     in the first quarter sit out the rest\n"
+           "  --min-rounds N     with --rotate: at least N rounds a size\n"
+           "                     (at most 4000) for auto and those that\n"
+           "                     do not sit out, the first quarter still\n"
+           "                     the one -t and -n give (so a size may\n"
+           "                     take longer than -t); for sizes where\n"
+           "                     -t holds too few rounds to show 3 %\n"
            "  --algos A,B        with --vs-fixed or --rotate: the fixed\n"
            "                     algorithms to run beside auto (default:\n"
            "                     every one auto chooses from)\n"
@@ -282,10 +296,10 @@ void meshbench_coll_config(const struct meshbench_coll_args *a, char *buf,
 {
     snprintf(buf, len,
              "coll_ops=%d\nalgo=%s\ndtype=%s\nredop=%d\nroot=%d\nchunk=%zu\n"
-             "time=%.6f\nvs_fixed=%d\nrotate=%d\nalgos=",
+             "time=%.6f\nvs_fixed=%d\nrotate=%d\nmin_rounds=%d\nalgos=",
              a->ops, mesh_algo_name(a->algo), mesh_dtype_name(a->dtype),
              a->redop, a->root, a->chunk_bytes, a->time_s, a->vs_fixed,
-             a->rotate);
+             a->rotate, a->min_rounds);
     for (int k = 0; k < a->nalgos; k++) {
         size_t used = strlen(buf);
 
@@ -807,7 +821,11 @@ static int rotate_prune(struct ctx *x, const float *ft, float *all, double *tr,
  * from the same gathered times), and the rounds left take the time left
  * at the pace of those still in: a near tie gets more rounds, and the
  * pair it is judged by runs closer in time, where the load from elsewhere
- * is more alike. On return t[j * *iters + i] is algorithm j's time in
+ * is more alike. --min-rounds raises the rounds to at least that many
+ * (the first quarter stays the one -t gives): a size whose rounds take
+ * seconds (64 MiB on the 1 Gbit/s hosts: 14 to 20 rounds in 60 s) gets
+ * enough to show 3 %, whatever the load. On return t[j * *iters + i] is
+ * algorithm j's time in
  * round i (s), the slowest rank's, on every rank (0 where j did not run:
  * its scratch would pass formation's bound, or it sat out); the caller
  * frees t.
@@ -826,7 +844,11 @@ static int measure_rotate(struct ctx *x, size_t cnt, const int *ids, int nalgo,
     if (rc < 0)
         return rc;
     n = MESH_MIN(MESH_MAX(*iters, 1), ROT_ITERS_MAX);
-    n1 = a->time_s > 0 ? MESH_MIN(MESH_MAX(a->iters, n / 4), n) : n;
+    n1 = MESH_MIN(MESH_MAX(a->iters, n / 4), n);
+    /* --min-rounds: more rounds after the same first quarter */
+    n = MESH_MAX(n, MESH_MIN(a->min_rounds, ROT_ITERS_MAX));
+    if (a->time_s <= 0)
+        n1 = n; /* none sits out */
     /* the times round by round: ft[i * nalgo + k], this rank's; tr, the
      * slowest rank's */
     ft = calloc(m, sizeof(*ft));

@@ -35,6 +35,9 @@ struct meshbench_coll_args {
     /* --rotate: likewise, every iteration timed, each one's median and a
      * confidence interval of auto over the best fixed one */
     int rotate;
+    /* --min-rounds: with --rotate, each size's rounds at least this many
+     * (0: as -t and -n give) */
+    int min_rounds;
     /* --algos: the fixed algorithms --vs-fixed and --rotate run beside
      * auto (nalgos 0: every one AUTO chooses from) */
     int nalgos;
@@ -52,7 +55,8 @@ int meshbench_coll_op(const char *name, int *bit);
 
 /*
  * Parse one of the collective flags at argv[*i] (--algo, --dtype, -d,
- * --redop, -o, --root, --chunk, -t, --vs-fixed, --rotate, --algos): 1 when
+ * --redop, -o, --root, --chunk, -t, --vs-fixed, --rotate, --algos,
+ * --min-rounds): 1 when
  * consumed (and *i advanced), 0 when not ours, < 0 with a message for a
  * bad value.
  */
@@ -60,7 +64,8 @@ int meshbench_coll_parse_arg(struct meshbench_coll_args *a, int argc,
                              char **argv, int *i);
 
 /* After parsing: 0, or < 0 with a message for flags that do not go
- * together (--algos without --vs-fixed or --rotate, both of those). */
+ * together (--algos without --vs-fixed or --rotate, both of those,
+ * --min-rounds without --rotate). */
 int meshbench_coll_args_check(const struct meshbench_coll_args *a);
 
 /* The collective flags, for --help (static text). */

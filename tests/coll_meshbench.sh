@@ -9,7 +9,7 @@
 # spoiled input byte must be counted wrong and make every rank exit 4.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
-t_plan 25
+t_plan 27
 n=3
 for algo in ring tree direct rd rhd htree hrd local ps auto; do
     take_ports "$n" || { t_ok 1 "no free ports"; continue; }
@@ -115,6 +115,30 @@ t_ok $([ $rc -eq 0 ] && [ "$rows" -eq 2 ] &&
        grep -q '# Out of bounds values : 0 OK' "$log"; echo $?) \
     "--rotate -t 0.2: exit $rc, $rows of 2 rows with an interval"
 [ $rc -eq 0 ] && [ "$rows" -eq 2 ] || t_show "$log"
+# --min-rounds: at least that many rounds a size, where -t holds fewer
+take_ports "$n"
+port=$PORT
+log=$TMP/rotm.log
+timeout 120 "$MESHRUN" -np "$n" -- "$MESHBENCH" --port "$port" \
+    --join-timeout 30 --op allreduce --rotate --algos ring,rd -b 4K -e 64K \
+    -f 16 -n 4 -w 1 -t 0.01 --min-rounds 60 > "$log" 2>&1
+rc=$?
+rows=$(grep -E '^\[0\] +[0-9]+ +[a-z]+ +[0-9]+ ' "$log" |
+       awk '$4 >= 60 && $(NF - 2) <= $(NF - 3) && $(NF - 3) <= $(NF - 1) &&
+            $NF ~ /^(ok|over|\?)$/ { n++ } END { print n + 0 }')
+t_ok $([ $rc -eq 0 ] && [ "$rows" -eq 2 ] &&
+       grep -q '# Out of bounds values : 0 OK' "$log"; echo $?) \
+    "--rotate -t 0.01 --min-rounds 60: exit $rc, $rows of 2 rows of 60 rounds or more"
+[ $rc -eq 0 ] && [ "$rows" -eq 2 ] || t_show "$log"
+"$MESHBENCH" --op allreduce --min-rounds 10 > "$TMP/badm.log" 2>&1
+rc=$?
+"$MESHBENCH" --op allreduce --rotate --min-rounds 4001 >> "$TMP/badm.log" 2>&1
+rc2=$?
+t_ok $([ $rc -eq 1 ] && [ $rc2 -eq 1 ] &&
+       grep -q -- "--min-rounds needs --rotate" "$TMP/badm.log" &&
+       grep -q -- "--min-rounds '4001': expected a number from 0 to 4000" \
+           "$TMP/badm.log"; echo $?) \
+    "--min-rounds without --rotate and past 4000 are refused (exit $rc $rc2)"
 "$MESHBENCH" --op allreduce --algos ring > "$TMP/bada.log" 2>&1
 rc=$?
 "$MESHBENCH" --op allreduce --rotate --algos ring,tree,ring \
