@@ -20,15 +20,18 @@
 # receives like a collective's) sent 2 seqs ahead. stale4: that ping sent
 # with the seq before the measure's, of no collective: no receive takes it
 # while the receives of the pings behind it wait, until twice the peer
-# timeout without a byte on any of the 4 streams.
+# timeout without a byte on any of the 4 streams. shm:stale4: that ping
+# on a ring (its 13th data frame): no receive takes it while the
+# receives of the pings behind it wait, until twice the peer timeout
+# without a slot published or taken on the ring.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/mesh_lib.sh"
 
 CASES="tcp:op tcp:dtype tcp:count tcp:length tcp:long tcp:huge tcp:magic \
 shm:op shm:count shm:length shm:long shm:huge shm:kind \
 tcp:seq tcp:stale tcp:dup tcp:offset shm:seq shm:stale shm:dup shm:offset \
 tcp:tag shm:tag tcp:inside shm:inside tcp:ahead shm:ahead tcp:ahead4 \
-tcp:measure4 tcp:stale4"
-t_plan 30
+tcp:measure4 tcp:stale4 shm:stale4"
+t_plan 31
 
 i=0
 for c in $CASES; do
@@ -53,6 +56,7 @@ for c in $CASES; do
     # the 4th of the links' measure's 20 pings
     measure4 | stale4)
         nth=4
+        [ "$tr" = shm ] && nth=13
         BENCH="${BENCH% --streams 1} --streams 4 --peer-timeout 5"
         ;;
     # one message the whole collective: the offset lands past it

@@ -306,6 +306,11 @@ static int pull(struct mesh_transport *t, int peer)
     uint64_t head = atomic_load_explicit(&ring->head, memory_order_acquire);
     uint64_t tail0 = tail;
 
+    if (head != pp->in_head) {
+        pp->in_head = head;
+        pp->in_moved_ns = mesh_now_ns();
+    }
+    pp->parked = 0;
     while (tail < head && !t->super.fail.failed) {
         const struct shm_slot *s = shm_slot_at(ring, tail);
         struct mesh_frame f;
@@ -314,8 +319,12 @@ static int pull(struct mesh_transport *t, int peer)
         int kind = *(const volatile uint8_t *)&s->kind;
         char *dst;
 
-        if (!r)
+        if (!r) {
+            /* no posted receive takes it (yet): the ring waits */
+            pp->parked = !t->super.fail.failed;
+            pp->parked_f = f;
             break;
+        }
         /* A peer's slot is not trusted further than its receive's range:
          * an inline payload longer than a slot would be read past it. */
         if (kind != SLOT_CMA &&
@@ -358,6 +367,7 @@ static int pull(struct mesh_transport *t, int peer)
     if (tail != tail0) {
         atomic_store_explicit(&ring->tail, tail, memory_order_release);
         shm_ring_bell(t, pp->local);
+        pp->in_moved_ns = mesh_now_ns();
         return 1;
     }
     return 0;
@@ -493,6 +503,49 @@ void shm_check_gone(struct mesh_transport *t, int peer)
         tp_fail_left(&t->super, peer);
 }
 
+/*
+ * A ring parked on a frame that no posted receive takes waits for a
+ * receive posted later, which the peer's frames behind it, or its data
+ * still due on the ring, let this rank reach (a frame of a later part,
+ * with frames of the running one due behind it, failed at once: match).
+ * A peer that publishes nothing on its ring for twice the peer timeout
+ * meanwhile, its receives due here, never will (a hostile or broken one;
+ * its heartbeats on the TCP mesh keep it from looking silent): fail the
+ * job naming it, as the TCP transport does (transport/tcp/progress.c,
+ * ahead_check), rather than wait forever. (Twice: a dead or stopped rank
+ * that holds this one back is declared so first, by its silence.)
+ */
+void shm_stale_check(struct mesh_transport *t, uint64_t now)
+{
+    uint64_t prev = t->tick_ns, stall = 0;
+    uint64_t limit = (uint64_t)(2 * t->super.opts.peer_timeout_s * 1e9);
+    char fb[200], nb[300];
+
+    /* A stall of this process (stopped, not scheduled; the TCP mesh fails
+     * one past the peer timeout) is not the peers' silence. */
+    t->tick_ns = now;
+    if (prev && now - prev > 2 * SHM_TICK_MS * 1000000ull + 500000000ull)
+        stall = now - prev - SHM_TICK_MS * 1000000ull;
+    for (int p = 0; p < t->super.world.size; p++) {
+        struct shm_peer *pp = &t->pp[p];
+
+        if (pp->local < 0 || p == t->super.world.rank)
+            continue;
+        pp->in_moved_ns = MESH_MIN(pp->in_moved_ns + stall, now);
+        if (t->super.fail.failed || !pp->parked || !pp->rq_head ||
+            now - pp->in_moved_ns <= limit)
+            continue;
+        tp_fail_job(&t->super, p, -EPROTO, 1,
+                    "rank %d (%s) sent a frame that no receive posted here "
+                    "takes, %s, while receives from it are still due here "
+                    "and none of its data streams (its ring) moved for %.1f "
+                    "s (twice the peer timeout)",
+                    p, tp_pname(&t->super, p, nb, sizeof(nb)),
+                    mesh_frame_str(&pp->parked_f, fb, sizeof(fb)),
+                    (double)(now - pp->in_moved_ns) / 1e9);
+    }
+}
+
 /* shm_poll without the wake-up of our own sleeping waiters. */
 static int poll_rings(struct mesh_transport *t)
 {
@@ -561,6 +614,8 @@ void *shm_progress_main(void *arg)
             pthread_mutex_lock(&t->super.lock);
             if (rc < 0)
                 shm_adopt_inner(t);
+            shm_poll(t);
+            shm_stale_check(t, mesh_now_ns());
             last_tick = now;
         }
         if (shm_poll(t))

@@ -148,6 +148,11 @@ static int shm_connect(mesh_transport_t *t)
     if (rc < 0)
         return rc;
     if (t->seg) {
+        uint64_t now = mesh_now_ns();
+
+        /* the rings' clocks start now (shm_stale_check) */
+        for (int p = 0; p < t->super.world.size; p++)
+            t->pp[p].in_moved_ns = now;
         if (pthread_create(&t->thread, NULL, shm_progress_main, t))
             return mesh_err(-EAGAIN, "shm: cannot start the progress thread");
         t->thread_started = 1;

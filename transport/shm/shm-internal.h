@@ -141,6 +141,14 @@ struct shm_peer {
     struct mesh_req *aq_head, *aq_tail; /* sends by address, not yet read */
     struct mesh_req *rq_head, *rq_tail; /* posted receives */
     int gone;                           /* its goodbye seen */
+    /*
+     * Its ring to us (shm_stale_check): the head we saw last, when the
+     * ring last moved (a slot published or taken), and whether its tail
+     * slot waits with a frame that no posted receive takes (parked_f).
+     */
+    uint64_t in_head, in_moved_ns;
+    int parked;
+    struct mesh_frame parked_f;
 };
 
 struct mesh_transport {
@@ -179,6 +187,7 @@ struct mesh_transport {
     pthread_t thread;
     int thread_started;
     int stopping;
+    uint64_t tick_ns; /* the progress thread's last tick (its stalls) */
 };
 
 static inline struct shm_proc *shm_proc_at(struct mesh_transport *t, int li)
@@ -255,6 +264,13 @@ void shm_wake_self(struct mesh_transport *t);
  * anything, else 0. waiter: a thread of wait_any (counted in sleepers).
  */
 int shm_bell_sleep(struct mesh_transport *t, uint64_t until_ns, int waiter);
+/*
+ * Every tick: a ring parked on a frame that no posted receive takes, while
+ * receives from its peer are due here and the ring has not moved for
+ * twice the peer timeout, fails the job naming the peer (the TCP
+ * transport's rule); a stall of this process is not held against it.
+ */
+void shm_stale_check(struct mesh_transport *t, uint64_t now);
 /* A local peer that said goodbye with our operations pending: fail. */
 void shm_check_gone(struct mesh_transport *t, int peer);
 void *shm_progress_main(void *arg);
