@@ -895,8 +895,9 @@ static int restart_due(struct run *run, int running, int stopping)
 /*
  * --elastic, once the first rank finished: a rank that a view change left
  * out (stopped, hung, or cut off) and that still runs can no longer
- * finish; and with --restarts, a process started again that still runs
- * LATE_S after it was waiting to join a job that ended. Stop them
+ * finish; and with --restarts, a process started again that waits to
+ * join a job that ended: at once when no member runs any more (over),
+ * else LATE_S after the first rank finished. Stop them
  * (SIGTERM, continued if stopped; SIGKILL after --grace). Other ranks
  * that started with the job are never stopped here.
  */
@@ -999,6 +1000,11 @@ static int supervise(struct run *run)
                 c = exit_code_of(status);
                 if (c == 0 && !run->finished_at)
                     run->finished_at = mesh_now_s();
+                /* the last member finished: a process started again
+                 * that has not joined yet has no job left to join
+                 * (late_stop stops it now, not LATE_S later) */
+                if (c == 0 && run->elastic && !members_running(run))
+                    run->over = 1;
                 if (c == 0 || stopping)
                     continue;
                 if (run->elastic && p->late)

@@ -1,0 +1,39 @@
+#!/bin/sh
+# tests/train_sweep.sh: short regressions of what the sweeps
+# (scripts/train_sweep.sh, scripts/elastic_sweep.sh) found.
+# - meshrun --elastic --restarts: a rank started again that has not joined
+#   when the job's last member finishes has no job left to join; meshrun
+#   stopped it only 60 s (LATE_S) after the first rank finished, so the
+#   job's end waited a minute for nothing (the sweep: a restart near the
+#   end of a 3-rank job). Here slot 1 is killed at step 20 and its restart
+#   stops itself in its catch-up (MESHTRAIN_TEST_FAULT 1:catchup:0:stop),
+#   so it is still waiting when the others finish: meshrun must say that
+#   it has no job left to join and exit 0 with 2 of 3 ranks finished.
+. "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
+
+t_plan 2
+TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
+--data-threads 1 --quiet --data synthetic:400 --num-classes 10 \
+--in-channels 1 --batch 4 --no-eval --verify-every 10 --elastic \
+--peer-timeout 10 --join-timeout 60"
+
+take_ports 3 || t_skip_all "no free ports"
+# slot 1's first process never reaches a catch-up (it is a member with
+# no joiner); the one started again stops in its own
+# shellcheck disable=SC2086
+bg env MESHTRAIN_TEST_FAULT=1:catchup:0:stop "$MESHRUN" --restarts 1 \
+    -H localhost:3 -- "$MESHTRAIN" --port "$PORT" $TINY --iters 3000 \
+    --metrics "$TMP/late.metrics" > "$TMP/late.log" 2>&1
+RUN=$BG_PID
+at_step late 20
+pid=$(rank_pid "$RUN" 1) && kill -KILL "$pid"
+t_ok $? "slot 1 killed at step 20 (pid ${pid:-none})"
+wait_exit "$RUN" 300
+[ "$EXIT_CODE" -eq 0 ] &&
+    grep -q "meshrun: rank 1 (localhost), started again, has no job left to \
+join; stopping it" "$TMP/late.log" &&
+    grep -q "meshrun: 2 of 3 rank(s) finished" "$TMP/late.log"
+t_ok $? "the restart waiting to join is stopped when the job's last member \
+finishes; meshrun exits 0 ($EXIT_CODE)"
+[ "$EXIT_CODE" -eq 0 ] || grep "^meshrun" "$TMP/late.log" | sed "s/^/#   /"
+t_done
