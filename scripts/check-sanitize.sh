@@ -34,7 +34,7 @@ tests=${SANITIZE_TESTS:-"tests/test_util tests/test_reduce tests/test_hostfile
     tests/test_transport tests/test_tcp_handshake tests/test_collective
     tests/test_sparse tests/test_finetune
     tests/fuzz_hostfile tests/fuzz_handshake tests/fuzz_frames
-    tests/fuzz_ckpt tests/fuzz_data
+    tests/fuzz_ckpt tests/fuzz_data tests/fuzz_verbs
     tests/train_help.sh"}
 flags=${SANITIZE_FLAGS:-"-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"}
 

@@ -250,6 +250,8 @@ int verbs_match_sends(struct mesh_transport *t, int peer)
             continue;
         verbs_q_remove(&vp->wq_head, &vp->wq_tail, r);
         if (c->reserved >= c->f.length) {
+            /* all of it taken: the peer may grant the slot again */
+            vp->grants.open[c->slot] = 0;
             if (pc)
                 pc->next = c->next;
             else
@@ -272,16 +274,17 @@ static void got_cts(struct mesh_transport *t, int peer, int qpi,
                     const uint8_t *m, uint32_t len)
 {
     struct vpeer *vp = &t->vp[peer];
+    struct verbs_cts_hdr h;
     struct cts *c;
     char nb[300];
     int rc;
 
-    if (len != VERBS_CTS_LEN || mesh_get_le32(m) != VERBS_CTS_MAGIC || m[10] ||
-        m[11] || mesh_get_le32(m + 60)) {
-        tp_fail_job(&t->super, peer, -EPROTO, 1,
-                    "rank %d (%s) sent a malformed clear-to-send (%" PRIu32
-                    " bytes)",
-                    peer, verbs_pname(t, peer, nb, sizeof(nb)), len);
+    /* every field checked before use, the slot's generation and whether
+     * it is open against what this peer granted before */
+    rc = verbs_cts_check(m, len, qpi, t->nqp, &vp->grants, peer,
+                         verbs_pname(t, peer, nb, sizeof(nb)), &h);
+    if (rc < 0) {
+        tp_fail_job(&t->super, peer, rc, 1, "%s", mesh_err_msg(rc));
         return;
     }
     c = calloc(1, sizeof(*c));
@@ -290,27 +293,11 @@ static void got_cts(struct mesh_transport *t, int peer, int qpi,
                     "out of memory for a clear-to-send");
         return;
     }
-    c->slot = mesh_get_le16(m + 4);
-    c->gen = mesh_get_le16(m + 6);
-    c->f.op = m[8];
-    c->f.dtype = m[9];
-    c->f.tag = mesh_get_le32(m + 12);
-    c->f.seq = mesh_get_le64(m + 16);
-    c->f.count = mesh_get_le64(m + 24);
-    c->f.offset = mesh_get_le64(m + 32);
-    c->f.length = mesh_get_le64(m + 40);
-    c->addr = mesh_get_le64(m + 48);
-    c->rkey = mesh_get_le32(m + 56);
-    if (c->slot >= VERBS_CREDITS || c->slot % t->nqp != qpi ||
-        c->gen > 0x7fff || c->f.offset + c->f.length < c->f.offset ||
-        c->addr + c->f.length < c->addr) {
-        tp_fail_job(&t->super, peer, -EPROTO, 1,
-                    "rank %d (%s) sent an invalid clear-to-send (slot %u on QP "
-                    "%d, range overflow?)",
-                    peer, verbs_pname(t, peer, nb, sizeof(nb)), c->slot, qpi);
-        free(c);
-        return;
-    }
+    c->f = h.f;
+    c->addr = h.addr;
+    c->rkey = h.rkey;
+    c->slot = h.slot;
+    c->gen = h.gen;
     if (vp->cts_tail)
         vp->cts_tail->next = c;
     else
@@ -321,21 +308,24 @@ static void got_cts(struct mesh_transport *t, int peer, int qpi,
         tp_fail_job(&t->super, -1, rc, 1, "%s", mesh_err_msg(rc));
 }
 
-static void got_imm(struct mesh_transport *t, int peer, uint32_t imm)
+static void got_imm(struct mesh_transport *t, int peer, int qpi, uint32_t imm,
+                    uint32_t byte_len)
 {
     struct vpeer *vp = &t->vp[peer];
     unsigned slot = VERBS_IMM_SLOT(imm);
+    struct verbs_slot_view sv = {0};
     struct mesh_req *r;
     char nb[300];
     int rc;
 
-    if (slot >= VERBS_CREDITS || !vp->slot[slot] ||
-        VERBS_IMM_GEN(imm) != vp->gen[slot] || !(imm & VERBS_IMM_FINAL)) {
-        tp_fail_job(&t->super, peer, -EPROTO, 1,
-                    "rank %d (%s) completed a write for slot %u generation %u, "
-                    "which this rank never granted",
-                    peer, verbs_pname(t, peer, nb, sizeof(nb)), slot,
-                    VERBS_IMM_GEN(imm));
+    if (slot < VERBS_CREDITS && vp->slot[slot])
+        sv = (struct verbs_slot_view){.open = 1,
+                                      .gen = vp->gen[slot],
+                                      .length = vp->slot[slot]->super.f.length};
+    rc = verbs_imm_check(imm, qpi, t->nqp, byte_len, &sv, peer,
+                         verbs_pname(t, peer, nb, sizeof(nb)));
+    if (rc < 0) {
+        tp_fail_job(&t->super, peer, rc, 1, "%s", mesh_err_msg(rc));
         return;
     }
     r = vp->slot[slot];
@@ -413,7 +403,7 @@ static void handle_wc(struct mesh_transport *t, const struct ibv_wc *wc)
         int rc;
 
         if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-            got_imm(t, peer, ntohl(wc->imm_data));
+            got_imm(t, peer, qpi, ntohl(wc->imm_data), wc->byte_len);
         } else if (wc->opcode == IBV_WC_RECV) {
             got_cts(t, peer, qpi, verbs_rbuf(t, peer, qpi, idx), wc->byte_len);
         } else {

@@ -360,51 +360,23 @@ void verbs_info_encode(struct mesh_transport *t, int peer, uint8_t *m)
 int verbs_info_decode(struct mesh_transport *t, int peer, const uint8_t *m,
                       struct remote *r)
 {
+    struct verbs_info vi;
     char nb[300];
+    int rc = verbs_info_check(m, peer, verbs_pname(t, peer, nb, sizeof(nb)),
+                              t->nqp, t->gid_index >= 0, &vi);
 
-    if (mesh_get_le32(m) != VERBS_INFO_MAGIC ||
-        mesh_get_le32(m + 4) != VERBS_INFO_VERSION)
-        return mesh_err(-EPROTO,
-                        "verbs: rank %d (%s) sent QP details of an unknown "
-                        "format (magic 0x%08" PRIx32 " version %" PRIu32 ")",
-                        peer, verbs_pname(t, peer, nb, sizeof(nb)),
-                        mesh_get_le32(m), mesh_get_le32(m + 4));
+    if (rc < 0)
+        return rc;
     memset(r, 0, sizeof(*r));
-    r->active = mesh_get_le32(m + 8) == 1;
-    r->nqp = mesh_get_le32(m + 12);
-    if (!r->active)
-        return 0;
-    if (r->nqp != (uint32_t)t->nqp)
-        return mesh_err(
-            -EPROTO,
-            "verbs: rank %d (%s) has %" PRIu32 " QPs per peer, this rank %d",
-            peer, verbs_pname(t, peer, nb, sizeof(nb)), r->nqp, t->nqp);
-    r->lid = mesh_get_le16(m + 16);
-    r->mtu = m[18];
-    r->link_layer = m[19];
-    memcpy(r->gid.raw, m + 20, 16);
-    r->use_gid = m[36];
-    if (!verbs_mtu_bytes((enum ibv_mtu)r->mtu) || r->use_gid > 1)
-        return mesh_err(-EPROTO,
-                        "verbs: rank %d (%s) sent a bad MTU (%u) or GID flag",
-                        peer, verbs_pname(t, peer, nb, sizeof(nb)), r->mtu);
-    if ((r->use_gid != 0) != (t->gid_index >= 0))
-        return mesh_err(-EPROTO,
-                        "verbs: rank %d (%s) %s a GID, this rank %s (mixed "
-                        "InfiniBand and RoCE? see --gid-index)",
-                        peer, verbs_pname(t, peer, nb, sizeof(nb)),
-                        r->use_gid ? "uses" : "does not use",
-                        t->gid_index >= 0 ? "does" : "does not");
-    for (int q = 0; q < t->nqp; q++) {
-        r->qpn[q] = mesh_get_le32(m + 40 + 4 * q);
-        r->psn[q] = mesh_get_le32(m + 72 + 4 * q);
-        if (!r->qpn[q] || r->qpn[q] > 0xffffff || r->psn[q] > 0xffffff)
-            return mesh_err(-EPROTO,
-                            "verbs: rank %d (%s) sent a bad QP number "
-                            "0x%" PRIx32 " or PSN",
-                            peer, verbs_pname(t, peer, nb, sizeof(nb)),
-                            r->qpn[q]);
-    }
+    r->active = vi.active;
+    r->nqp = vi.nqp;
+    r->lid = vi.lid;
+    r->mtu = vi.mtu;
+    r->link_layer = vi.link_layer;
+    r->use_gid = vi.use_gid;
+    memcpy(r->gid.raw, vi.gid, sizeof(r->gid.raw));
+    memcpy(r->qpn, vi.qpn, sizeof(r->qpn));
+    memcpy(r->psn, vi.psn, sizeof(r->psn));
     return 0;
 }
 

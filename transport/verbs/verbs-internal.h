@@ -136,6 +136,7 @@ struct vpeer {
     struct mesh_req *rq_head, *rq_tail; /* receives waiting for a slot */
     /* sender side */
     struct cts *cts_head, *cts_tail;
+    struct verbs_grants grants;         /* its CTSs' slots: generation, open */
     struct mesh_req *wq_head, *wq_tail; /* sends waiting for a CTS */
     int bye;
     uint64_t bye_ns;     /* when its goodbye arrived (0: not yet checked) */

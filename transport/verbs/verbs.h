@@ -68,6 +68,85 @@ enum verbs_ctrl_tag {
 #define VERBS_IMM_SLOT(imm) ((imm)&0xffffu)
 
 /*
+ * The formats above, decoded and checked without a device (wire.c; the
+ * transport's data.c and device.c apply them to what arrives, and
+ * tests/fuzz_verbs runs them anywhere). A peer's bytes are used only
+ * after these checks pass; each refusal is -EPROTO with a message
+ * (mesh_err) that names the peer, as "rank P (NAME)", and the field.
+ */
+
+/* INFO as decoded. */
+struct verbs_info {
+    int active;
+    uint32_t nqp;
+    uint16_t lid;
+    uint8_t mtu, link_layer, use_gid;
+    uint8_t gid[16];
+    uint32_t qpn[VERBS_QP_MAX], psn[VERBS_QP_MAX];
+};
+
+/*
+ * Decode and check peer's INFO m (VERBS_INFO_LEN bytes) against this
+ * rank's nqp and whether it uses a GID: magic, version, the active flag
+ * (0 or 1), and of an active peer: its number of QPs, the MTU (an enum
+ * ibv_mtu, 256 to 4096 bytes), the link layer, the GID flag, a LID a
+ * unicast one where no GID is used, a GID not all zero where one is, each
+ * QP number (24 bits, not 0) and PSN (24 bits), and the zero padding.
+ */
+int verbs_info_check(const uint8_t *m, int peer, const char *pname, int nqp,
+                     int use_gid, struct verbs_info *out);
+
+/* A CTS as decoded. */
+struct verbs_cts_hdr {
+    struct mesh_frame f; /* the receive's expected frame */
+    uint64_t addr;       /* its window in the receiver's memory */
+    uint32_t rkey;
+    uint16_t slot, gen;
+};
+
+/* The sender's record of a peer's grants: per slot, the generation of
+ * its last CTS, and whether that one is still open (not all sends
+ * matched). */
+struct verbs_grants {
+    uint16_t gen[VERBS_CREDITS];
+    uint8_t open[VERBS_CREDITS];
+};
+
+/*
+ * Decode and check a CTS of len bytes m that peer sent on QP qpi of nqp,
+ * against g: its length, magic and zero bytes, a slot of the peer's
+ * VERBS_CREDITS on the QP it belongs to (slot % nqp), its generation the
+ * one after the slot's last (15 bits), no open grant of that slot, a
+ * known op and dtype, a range (offset + length) that does not wrap, and a
+ * window (addr + length) that does not wrap, not at address 0. On success
+ * g records the grant open (the caller closes it once its sends took all
+ * of it).
+ */
+int verbs_cts_check(const uint8_t *m, uint32_t len, int qpi, int nqp,
+                    struct verbs_grants *g, int peer, const char *pname,
+                    struct verbs_cts_hdr *out);
+
+/* What the receiver granted in one slot (verbs_imm_check). */
+struct verbs_slot_view {
+    int open;        /* a receive holds the slot */
+    uint16_t gen;    /* of its CTS */
+    uint64_t length; /* of its window */
+};
+
+/*
+ * Check the immediate imm (host order) of a write-with-immediate that
+ * completed on QP qpi of nqp, its last write byte_len bytes long, against
+ * what this rank granted in the slot it names (s: that slot's view; the
+ * caller reads it only for a slot below VERBS_CREDITS, else passes one
+ * not open): a slot of ours, open, of the same generation, the final
+ * flag, the slot's QP (the writes before it went there: RC orders them
+ * only on one QP), and a last write no longer than the window.
+ */
+int verbs_imm_check(uint32_t imm, int qpi, int nqp, uint32_t byte_len,
+                    const struct verbs_slot_view *s, int peer,
+                    const char *pname);
+
+/*
  * Test hooks (tests/verbs only). The next RDMA write of this process uses
  * a wrong rkey (BAD_RKEY) or lands past the end of the receiver's window
  * (OVERRUN, the CTS bound check skipped): the target HCA must refuse it
