@@ -9,9 +9,16 @@
 #   stops itself in its catch-up (MESHTRAIN_TEST_FAULT 1:catchup:0:stop),
 #   so it is still waiting when the others finish: meshrun must say that
 #   it has no job left to join and exit 0 with 2 of 3 ranks finished.
+# - --resume of a checkpoint written with another configuration was
+#   refused naming only the kinds of field that might differ ("model,
+#   data, batch, seed, optimizer or peer count"), also where it was
+#   --accumulate or --precision; checkpoints now hold the configuration's
+#   text and the refusal names what differs. Here 2 peers write one and
+#   resume it with --accumulate 2: exit 1, naming accumulate (and the
+#   steps per epoch it changes).
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
-t_plan 2
+t_plan 3
 TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
 --data-threads 1 --quiet --data synthetic:400 --num-classes 10 \
 --in-channels 1 --batch 4 --no-eval --verify-every 10 --elastic \
@@ -36,4 +43,20 @@ join; stopping it" "$TMP/late.log" &&
 t_ok $? "the restart waiting to join is stopped when the job's last member \
 finishes; meshrun exits 0 ($EXIT_CODE)"
 [ "$EXIT_CODE" -eq 0 ] || grep "^meshrun" "$TMP/late.log" | sed "s/^/#   /"
+
+take_ports 2
+# shellcheck disable=SC2086
+"$MESHRUN" -np 2 -- "$MESHTRAIN" --port "$PORT" $TINY --iters 4 \
+    --checkpoint-every 4 --checkpoint-dir "$TMP/ck" > "$TMP/w.log" 2>&1
+w=$?
+# shellcheck disable=SC2086
+"$MESHRUN" -np 2 -- "$MESHTRAIN" --port "$PORT" $TINY --iters 8 \
+    --checkpoint-dir "$TMP/ck" --resume --accumulate 2 > "$TMP/r.log" 2>&1
+r=$?
+[ $w -eq 0 ] && [ $r -eq 1 ] &&
+    grep -q "rank-0/ckpt-000000004 was written with another configuration \
+(.*): accumulate=1 there, accumulate=2 here; steps_per_epoch=" "$TMP/r.log"
+t_ok $? "--resume with --accumulate 2 of a checkpoint without: refused, \
+naming accumulate (exits $w $r)"
+[ $r -eq 1 ] || t_show "$TMP/r.log" 5
 t_done

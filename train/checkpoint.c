@@ -97,6 +97,11 @@ int train_ckpt_write(struct trainer *t, uint64_t step)
     if (rc == 0 && mesh_gradsync_residual(t->gs))
         rc = mesh_ckpt_put(w, "residual", mesh_gradsync_residual(t->gs),
                            t->nparams * 4, 0);
+    /* the digested configuration as text, so that a refused --resume can
+     * name what differs (not shared: the agreement digest stays what it
+     * was) */
+    if (rc == 0 && t->config_core)
+        rc = mesh_ckpt_put(w, "config", t->config, t->config_core, 0);
     if (rc == 0)
         rc = train_bn_restore(t);
     if (rc < 0) {
@@ -233,6 +238,69 @@ out:
 }
 
 /*
+ * What differs between the configuration text that checkpoint step of dir
+ * was written with (its "config" blob, where it has one) and this run's:
+ * "accumulate=1 there, accumulate=2 here; ..." (the first few) into why,
+ * or "" when the checkpoint has none to compare.
+ */
+static void config_diff(const struct trainer *t, const char *dir, uint64_t step,
+                        char *why, size_t cap)
+{
+    struct mesh_ckpt *ck = NULL;
+    char path[1200], *there = NULL, *mine, *save = NULL, *line, *grown;
+    size_t len = 0, n = 0;
+    int shown = 0, more = 0;
+
+    why[0] = '\0';
+    mine = strndup(t->config, t->config_core);
+    if (!mine || mesh_ckpt_path(dir, step, path, sizeof(path)) < 0 ||
+        mesh_ckpt_open(path, &ck) < 0 ||
+        mesh_ckpt_read(ck, "config", (void **)&there, &len) < 0)
+        goto out;
+    grown = realloc(there, len + 1);
+    if (!grown)
+        goto out;
+    there = grown;
+    there[len] = '\0';
+    /* lines of ours that the checkpoint's text lacks, each with the
+     * checkpoint's line of the same key */
+    for (line = strtok_r(mine, "\n", &save); line;
+         line = strtok_r(NULL, "\n", &save)) {
+        const char *eq = strchr(line, '=');
+        size_t key = eq ? (size_t)(eq - line) + 1 : strlen(line);
+        const char *p, *other = NULL;
+        size_t l;
+        int same = 0;
+
+        for (p = there; *p; p += l + (p[l] == '\n')) {
+            l = strcspn(p, "\n");
+            if (l == strlen(line) && !strncmp(p, line, l))
+                same = 1;
+            else if (l >= key && !strncmp(p, line, key))
+                other = p;
+        }
+        if (same)
+            continue;
+        if (shown == 3) {
+            more++;
+            continue;
+        }
+        if (n < cap)
+            n += (size_t)snprintf(why + n, cap - n, "%s%.*s there, %s here",
+                                  shown ? "; " : "",
+                                  other ? (int)strcspn(other, "\n") : 4,
+                                  other ? other : "none", line);
+        shown++;
+    }
+    if (more && n < cap)
+        snprintf(why + n, cap - n, "; and %d more", more);
+out:
+    mesh_ckpt_close(ck);
+    free(there);
+    free(mine);
+}
+
+/*
  * The newest step that every peer holds with the same agreement digest:
  * 1 and *step, or 0 when there is none, after resume_none (then an error,
  * or 0 with --resume=if-any). Errors when this rank's checkpoint of that
@@ -267,13 +335,15 @@ static int resume_pick(struct trainer *t, const char *dir,
         return rc;
     for (i = 0; i < nmine; i++)
         if (mine[i].step == *step &&
-            memcmp(mine[i].config, t->config_digest, 32) != 0)
+            memcmp(mine[i].config, t->config_digest, 32) != 0) {
+            config_diff(t, dir, *step, why, sizeof(why));
             return mesh_err(-EINVAL,
                             "--resume: checkpoint %s/ckpt-%09" PRIu64
                             " was written with another configuration "
                             "(model, data, batch, seed, optimizer or peer "
-                            "count)",
-                            dir, *step);
+                            "count)%s%s",
+                            dir, *step, why[0] ? ": " : "", why);
+        }
     return 1;
 }
 

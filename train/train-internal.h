@@ -181,6 +181,8 @@ struct trainer {
 
     uint8_t config_digest[32];
     char config[MESH_CONFIG_MAX];
+    size_t config_core; /* config's first bytes that config_digest covers
+                         * (what checkpoints must agree on) */
 
     /* --init: the file's bytes until loaded, and their SHA-256 (hex) */
     uint8_t *init_buf;

@@ -563,6 +563,7 @@ static int build_config(struct trainer *t, const uint8_t data_fp[32])
         return i;
     n += i;
     core = (size_t)n;
+    t->config_core = core;
     if (mesh_ckpt_sha256(t->config, core, t->config_digest) < 0)
         return -EIO;
     n += snprintf(t->config + n, sizeof(t->config) - (size_t)n,
