@@ -1348,6 +1348,15 @@ int main(int argc, char **argv)
                       run.max_peers, run.np);
         goto usage_error;
     }
+    /* at the end, fewer than --min-peers finished is a failure: refuse a
+     * job that could never have as many, rather than after its run */
+    if (run.elastic && run.min_peers > run.np) {
+        rc = mesh_err(-EINVAL,
+                      "--min-peers %d but the hosts have %d slots: the job "
+                      "could never finish with that many",
+                      run.min_peers, run.np);
+        goto usage_error;
+    }
     run.procs = calloc((size_t)run.np, sizeof(*run.procs));
     if (!run.procs) {
         rc = mesh_err(-ENOMEM, "out of memory for %d ranks", run.np);

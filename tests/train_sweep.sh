@@ -16,9 +16,12 @@
 #   text and the refusal names what differs. Here 2 peers write one and
 #   resume it with --accumulate 2: exit 1, naming accumulate (and the
 #   steps per epoch it changes).
+# - meshrun --elastic --min-peers above the slot count ran the whole job
+#   and failed it at the end ("only 2 of 2 rank(s) finished, fewer than
+#   --min-peers 3"); it is refused before any rank starts.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
-t_plan 3
+t_plan 4
 TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
 --data-threads 1 --quiet --data synthetic:400 --num-classes 10 \
 --in-channels 1 --batch 4 --no-eval --verify-every 10 --elastic \
@@ -59,4 +62,13 @@ r=$?
 t_ok $? "--resume with --accumulate 2 of a checkpoint without: refused, \
 naming accumulate (exits $w $r)"
 [ $r -eq 1 ] || t_show "$TMP/r.log" 5
+
+# shellcheck disable=SC2086
+"$MESHRUN" -np 2 --elastic --min-peers 3 -- "$MESHTRAIN" --port "$PORT" \
+    $TINY --iters 4 --save "$TMP/mp.st" > "$TMP/mp.log" 2>&1
+m=$?
+[ $m -eq 1 ] && [ ! -e "$TMP/mp.st" ] &&
+    grep -q "^meshrun: --min-peers 3 but the hosts have 2 slots" "$TMP/mp.log"
+t_ok $? "meshrun --elastic --min-peers 3 on 2 slots: refused before the run \
+(exit $m)"
 t_done
