@@ -7,15 +7,16 @@
 # at once (two joiners together; 5 ranks or more, so that a quorum is
 # left), slot 0 (the host leader of the hierarchical forms), at an
 # epoch's last step (a join during the epoch's end), with and without the
-# catch-up and --keep-global-batch, layouts of even and uneven hosts,
-# every --algo that runs on any layout. Per case: meshrun exits 0 with
-# every rank finished (a stopped one aside), each killed slot started
-# again once and joined (the members wait for it near the end:
+# catch-up, --keep-global-batch and --accumulate 2, layouts of even and
+# uneven hosts, every --algo that runs on any layout. Per case: meshrun
+# exits 0 with every rank finished (a stopped one aside), each killed slot
+# started again once and joined (the members wait for it near the end:
 # MESHTRAIN_TEST_JOIN_AT), none waiting to join a job that ended, and no
 # digest mismatch (--verify-every 1). A restart that meets the test
 # fault again (it joined before the fault's step) is a skip. The hosts
 # are 127.0.0.x (one machine: shared memory between all) or, with
 # SWEEP_NETNS=1 (root), network namespaces (TCP between them).
+# SWEEP_EXTRA adds meshtrain flags (--streams 4, --transport tcp);
 # SWEEP_KEEP=DIR keeps the failed cases' logs. Not part of make check
 # (minutes); one line per case and a summary.
 top_srcdir=${top_srcdir:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -31,7 +32,7 @@ MOMENTS="between allreduce eval checkpoint between allreduce"
 TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
 --data-threads 1 --quiet --num-classes 10 --in-channels 1 --batch 4 \
 --lr 0.01 --verify-every 1 --peer-timeout 3 --join-timeout 60 --elastic \
---data synthetic:400 --epochs 8"
+--data synthetic:400 --epochs 8 ${SWEEP_EXTRA:-}"
 
 LAUNCH="--launcher local"
 if [ -n "$SWEEP_NETNS" ]; then
@@ -63,7 +64,8 @@ while [ $n -lt "$CASES" ]; do
     algo=$(pick $((i / 5)) $ALGOS)
     moment=$(pick $((i / 2)) $MOMENTS)
     np=$(echo "$lay" | tr + '\n' | awk '{ n += $1 } END { print n }')
-    spe=$((400 / (4 * np)))
+    acc=$((1 + (i % 4 == 1)))
+    spe=$((400 / (4 * np * acc)))
     # the slot: one that shares its host where any does; every 4th case
     # slot 0; the step: an epoch's last step every 3rd case
     s1=$(((i * 3 + 1) % np))
@@ -92,6 +94,7 @@ while [ $n -lt "$CASES" ]; do
     [ "$moment" = checkpoint ] &&
         extra="--checkpoint-every 1 --checkpoint-dir $TMP/ck"
     [ $((i % 2)) -eq 1 ] && extra="$extra --keep-global-batch"
+    [ $acc -gt 1 ] && extra="$extra --accumulate $acc"
     nocatch=""
     [ $((i % 6)) -eq 5 ] && nocatch=1
     take_ports 16 || { echo "no ports"; exit 1; }
