@@ -2587,16 +2587,22 @@ static void cu_stripes_report(const struct train_catchup *cu)
  * snapshot's, beside the members' steps (which they slow): below, the
  * members' training matters more. One sender of ResNet-50's 205 MB on a
  * 200 Mbit/s link that a 7-peer ring shares: r 12 MB/s, T 8 to 13 s, f
- * 0.7 to 1 (doc/elastic.md, "One sender"). Judged from 2 s into the
- * snapshot on, while every stripe comes, with the members' step times
- * (HELLO). 1: give up (the joiner is admitted with the whole state); 0:
- * go on.
+ * 0.7 to 1 (doc/elastic.md, "One sender"). Judged from 1 s into the
+ * snapshot on, once its first bytes came 0.5 s before (r counts from
+ * them: a member copies its stripe before it sends, 0.1 to 0.5 s for all
+ * of ResNet-50's at a load of 10), while every stripe comes, with the
+ * members' step times (HELLO). Every second spent before giving up is
+ * one more of the join (the bytes received are dropped: the view
+ * restarts from a later step); from 2 s, as until 8 December 2026, it
+ * was 18 to 25 % of the join with one sender at 200 Mbit/s. 1: give up
+ * (the joiner is admitted with the whole state); 0: go on.
  */
 static int cu_worth(struct train_catchup *cu, double now)
 {
-    double e = now - cu->t0 - cu->t_ask, step = 0, r, s, f;
+    double e = now - cu->t0 - cu->t_ask, step = 0, first = now - cu->t0, r, s,
+           f;
 
-    if (cu->snap_in || cu->got >= cu->n || cu->got == 0 || e < 2 ||
+    if (cu->snap_in || cu->got >= cu->n || cu->got == 0 || e < 1 ||
         now - cu->t_rx > 1)
         return 0;
     /* a stripe not begun is a member that does not send (a silent side
@@ -2604,11 +2610,14 @@ static int cu_worth(struct train_catchup *cu, double now)
     for (int i = 0; i < cu->k; i++) {
         if (!cu->p[i].snap_done && !cu->p[i].t_first)
             return 0;
+        if (cu->p[i].t_first)
+            first = MESH_MIN(first, cu->p[i].t_first);
         step = MESH_MAX(step, cu->p[i].step_s);
     }
-    if (step <= 0)
+    first = now - cu->t0 - first; /* s since the first bytes */
+    if (step <= 0 || first < 0.5)
         return 0;
-    r = (double)cu->got / e;
+    r = (double)cu->got / first;
     s = (double)cu->n / r;
     f = 4.0 * (double)cu->np / (r * step);
     if (f < 0.5 || MESH_MIN(f, 1.0) * s <= e)
