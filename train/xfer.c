@@ -118,17 +118,23 @@ static int missing(const uint8_t *have, int *list)
 /* ---- the state's digest -------------------------------------------------- */
 
 /*
- * The state's SHA-256, fed in order (a joiner's as the chunks arrive):
- * the parts' cell hashes (train_wch: whash.c), then the SHA-256 of the
- * four. A part whose hash is given (known) is skipped.
+ * The state's SHA-256: the parts' cell hashes (train_wch: whash.c), then
+ * the SHA-256 of the four. A part whose hash is given (known) is skipped.
+ * Each cell is hashed on its own once all its bytes are held, in any
+ * order (ph_feed): a joiner's chunks come from every sender at once, each
+ * sender's run in order, so a hash fed in the state's order waited for
+ * the first sender's run, then the second's, and hashed most of the state
+ * after the last bytes came (0.3 s of a 0.85 s transfer with 7 senders at
+ * 1 Gbit/s, 8 December 2026); now only the cells of each run's last
+ * chunks are left then.
  */
 struct phash {
-    struct train_wch wc;    /* the part being hashed */
     size_t bound[5];        /* part p is [bound[p], bound[p + 1]) */
     const uint8_t *base[4]; /* where part p's bytes are */
-    size_t at;              /* the bytes before it are hashed or skipped */
-    int part;               /* the part that holds at */
-    int begun;              /* wc holds part's first bytes */
+    size_t cell0[5];        /* part p's cells are [cell0[p], cell0[p + 1]) */
+    uint8_t *cells;         /* each cell's SHA-256 */
+    uint8_t *done;          /* whether it is hashed */
+    size_t n;               /* the state's bytes */
     unsigned known;         /* bit p: part p's hash is given */
     uint8_t h[4][32];
     uint64_t hashed; /* bytes hashed */
@@ -142,7 +148,9 @@ static int sha_err(void)
 
 static void ph_free(struct phash *ph)
 {
-    train_wch_free(&ph->wc);
+    free(ph->cells);
+    free(ph->done);
+    ph->cells = ph->done = NULL;
 }
 
 /*
@@ -157,54 +165,73 @@ static int ph_init(struct phash *ph, const struct trainer *t, size_t n,
     size_t np = t->nparams * 4;
 
     memset(ph, 0, sizeof(*ph));
+    ph->n = n;
     ph->bound[1] = XFER_HEADER;
     ph->bound[2] = XFER_HEADER + np;
     ph->bound[3] = XFER_HEADER + 2 * np;
     ph->bound[4] = n;
-    for (int p = 0; p < 4; p++)
+    for (int p = 0; p < 4; p++) {
+        size_t len = ph->bound[p + 1] - ph->bound[p];
+
         ph->base[p] = blob ? blob + ph->bound[p] : parts[p];
+        /* (an empty part has one cell, empty: train_wch) */
+        ph->cell0[p + 1] =
+            ph->cell0[p] + (len ? (len + TRAIN_WCELL - 1) / TRAIN_WCELL : 1);
+    }
     if (wh && wh->valid) {
         ph->known = 1u << 1 | 1u << 2;
         memcpy(ph->h[1], wh->h, 32);
         memcpy(ph->h[2], wh->h + 32, 32);
     }
+    ph->cells = malloc(32 * ph->cell0[4]);
+    ph->done = calloc(ph->cell0[4], 1);
+    if (!ph->cells || !ph->done) {
+        ph_free(ph);
+        return mesh_err(-ENOMEM, "out of memory");
+    }
     return 0;
 }
 
-/* Hash the state up to upto (the bytes before it are final). */
-static int ph_feed(struct phash *ph, size_t upto)
+/* Whether every chunk that holds a byte of [beg, end) is in have. */
+static int held(const uint8_t *have, size_t n, size_t beg, size_t end)
+{
+    size_t cl = chunk_len(n);
+
+    for (size_t c = beg / cl; end > beg && c <= (end - 1) / cl; c++)
+        if (!(have[c / 8] >> (c % 8) & 1))
+            return 0;
+    return 1;
+}
+
+/*
+ * Hash every cell not hashed yet whose bytes are all held: whose chunks
+ * are all in have (NULL: every byte is).
+ */
+static int ph_feed(struct phash *ph, const uint8_t *have)
 {
     double t0 = mesh_now_s();
+    unsigned int dl;
     int ok = 1;
 
-    while (ok && ph->part < 4) {
-        size_t beg = ph->bound[ph->part], end = ph->bound[ph->part + 1];
-        int skip = ph->known >> ph->part & 1;
+    for (int p = 0; p < 4 && ok; p++) {
+        size_t beg = ph->bound[p], end = ph->bound[p + 1];
 
-        if (!skip && !ph->begun) {
-            ok = train_wch_init(&ph->wc, end - beg) == 0;
-            ph->begun = 1;
-        }
-        if (ok && ph->at < end) {
-            size_t stop = MESH_MIN(upto, end);
+        if (ph->known >> p & 1)
+            continue;
+        for (size_t c = ph->cell0[p]; c < ph->cell0[p + 1] && ok; c++) {
+            size_t off = (c - ph->cell0[p]) * TRAIN_WCELL,
+                   len = MESH_MIN(TRAIN_WCELL, end - beg - off);
 
-            if (stop <= ph->at)
-                break;
-            if (!skip) {
-                ok =
-                    train_wch_feed(&ph->wc, ph->base[ph->part] + (ph->at - beg),
-                                   stop - ph->at) == 0;
-                ph->hashed += stop - ph->at;
-            }
-            ph->at = stop;
-            if (stop < end)
-                break;
+            if (ph->done[c] ||
+                (have && !held(have, ph->n, beg + off, beg + off + len)))
+                continue;
+            dl = 32;
+            ok = EVP_Digest(ph->base[p] + off, len, ph->cells + 32 * c, &dl,
+                            EVP_sha256(), NULL) == 1 &&
+                 dl == 32;
+            ph->done[c] = 1;
+            ph->hashed += len;
         }
-        /* part done */
-        if (ok && !skip)
-            ok = train_wch_final(&ph->wc, ph->h[ph->part]) == 0;
-        ph->part++;
-        ph->begun = 0;
     }
     ph->secs += mesh_now_s() - t0;
     return ok ? 0 : sha_err();
@@ -213,10 +240,15 @@ static int ph_feed(struct phash *ph, size_t upto)
 /* Hash the rest of the state; out: its digest. */
 static int ph_final(struct phash *ph, uint8_t out[32])
 {
-    int rc = ph_feed(ph, ph->bound[4]);
+    int rc = ph_feed(ph, NULL);
 
-    if (rc == 0 &&
-        !EVP_Digest(ph->h, sizeof(ph->h), out, NULL, EVP_sha256(), NULL))
+    for (int p = 0; p < 4 && rc == 0; p++)
+        if (!(ph->known >> p & 1))
+            rc = train_wch_top(ph->cells + 32 * ph->cell0[p],
+                               ph->cell0[p + 1] - ph->cell0[p], ph->h[p]);
+    if (rc < 0)
+        return sha_err();
+    if (!EVP_Digest(ph->h, sizeof(ph->h), out, NULL, EVP_sha256(), NULL))
         rc = sha_err();
     return rc;
 }
@@ -705,7 +737,7 @@ static int recv_state(struct trainer *t, struct link *l, uint64_t members,
     mesh_req_t *reqs[64 + XFER_CHUNKS];
     mesh_mr_t *cmr = NULL;
     int nreq = 0, rc, k, m, list[XFER_CHUNKS], owner[XFER_CHUNKS];
-    int peer_of[64], front = 0;
+    int peer_of[64];
 
     memset(reqs, 0, sizeof(reqs));
     ctrl = calloc((size_t)senders * 2, XFER_CTRL);
@@ -818,16 +850,9 @@ static int recv_state(struct trainer *t, struct link *l, uint64_t members,
             st->bytes += len;
             st->sent[owner[i - nreq]] += len;
         }
-        /* hash what is held in order, while the rest arrives */
-        if (rc == 0 && done) {
-            size_t off, len;
-
-            while (front < XFER_CHUNKS &&
-                   (x->have[front / 8] >> (front % 8) & 1))
-                front++;
-            chunk_range(x->n, front, &off, &len);
-            rc = front == XFER_CHUNKS ? 0 : ph_feed(ph, off);
-        }
+        /* hash each cell once held, while the rest arrives */
+        if (rc == 0 && done)
+            rc = ph_feed(ph, x->have);
     }
 out:
     if (cmr)
