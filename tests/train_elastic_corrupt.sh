@@ -155,9 +155,30 @@ t_ok $? "catch3: every step once, every sample of each epoch once"
 # slot 3 catches up, and the view change sends it only the chunks across
 # the edges of what it rebuilt; the bytes of the weights' range in them
 # are not its own, and the whole state it holds does not hash to the
-# offered digest: it exits 4; the members train on without it.
-CORRUPT=1:xfer run edge3 4 3 3 6
+# offered digest: it exits 4; the members train on without it. Where the
+# members reach step $JOINAT before the joiner's catch-up finished (a
+# loaded machine), they admit it at once with the whole state, which it
+# refuses as in 1-3: a refusal too, but not of a rebuilt state, so the
+# run is tried again (up to 3 times) and the check skipped, with the
+# reason, if the catch-up never finished in time.
+_try=1
+while :; do
+    CORRUPT=1:xfer run edge3 4 3 3 6
+    grep -q "state transfer: the state rebuilt from the catch-up" \
+        "$TMP/edge3.p3.log" && break
+    [ "$CODES" = "0 0 0 4" ] && [ $_try -lt 3 ] &&
+        grep -q "state transfer: the [0-9]* bytes received do not hash" \
+            "$TMP/edge3.p3.log" || break
+    t_diag "edge3, try $_try: the joiner was admitted before its catch-up \
+finished (the whole state refused); again"
+    _try=$((_try + 1))
+done
 if [ "$CODES" = "0 0 0 4" ] &&
+    grep -q "state transfer: the [0-9]* bytes received do not hash" \
+        "$TMP/edge3.p3.log"; then
+    t_skip "edge3: in 3 tries the members reached step $JOINAT before the \
+joiner's catch-up finished (a loaded machine); it refused the whole state"
+elif [ "$CODES" = "0 0 0 4" ] &&
     grep -q "state transfer: the state rebuilt from the catch-up and the \
 [0-9]* bytes received do not hash" "$TMP/edge3.p3.log" &&
     grep -q '"left": \[3\]' "$TMP/edge3.metrics"; then
