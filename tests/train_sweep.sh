@@ -19,9 +19,14 @@
 # - meshrun --elastic --min-peers above the slot count ran the whole job
 #   and failed it at the end ("only 2 of 2 rank(s) finished, fewer than
 #   --min-peers 3"); it is refused before any rank starts.
+# - A hostfile with one machine under two names and the same port
+#   (localhost and 127.0.0.1, or Horovod's host:N lines on 127.0.0.1 and
+#   127.0.0.2, both from the default port) failed the second rank's bind
+#   with only "Address already in use"; it now names the rank that has
+#   the same port under the other name.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
-t_plan 4
+t_plan 5
 TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
 --data-threads 1 --quiet --data synthetic:400 --num-classes 10 \
 --in-channels 1 --batch 4 --no-eval --verify-every 10 --elastic \
@@ -71,4 +76,16 @@ m=$?
     grep -q "^meshrun: --min-peers 3 but the hosts have 2 slots" "$TMP/mp.log"
 t_ok $? "meshrun --elastic --min-peers 3 on 2 slots: refused before the run \
 (exit $m)"
+
+take_ports 1
+printf 'localhost slots=1 port=%s\n127.0.0.1 slots=1 port=%s\n' "$PORT" \
+    "$PORT" > "$TMP/hosts"
+"$MESHRUN" --hostfile "$TMP/hosts" -- "$MESHBENCH" --join-timeout 10 -n 1 \
+    > "$TMP/dup.log" 2>&1
+d=$?
+[ $d -eq 2 ] && grep -q "bind port $PORT: Address already in use; rank [01] \
+(\(localhost\|127.0.0.1\):$PORT) has this port too" "$TMP/dup.log"
+t_ok $? "one machine as localhost and 127.0.0.1 on one port: the bind's \
+error names the other rank (exit $d)"
+[ $d -eq 2 ] || t_show "$TMP/dup.log" 5
 t_done

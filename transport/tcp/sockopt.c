@@ -128,6 +128,31 @@ out:
     return rc;
 }
 
+/*
+ * EADDRINUSE on this rank's port: where another rank of the hostfile has
+ * the same port under another host name (localhost and 127.0.0.1, two
+ * loopback addresses, a name and its address), that rank is the likely
+ * holder once both run on this machine: say so, naming it.
+ */
+static int bind_in_use(const struct mesh_world *world, uint16_t port)
+{
+    char name[300];
+    int r;
+
+    for (r = 0; r < world->size; r++)
+        if (r != world->rank && world->peers[r].port == port)
+            break;
+    if (r == world->size)
+        return mesh_err_errno("rank %d: bind port %u", world->rank,
+                              (unsigned)port);
+    return mesh_err(-EADDRINUSE,
+                    "rank %d: bind port %u: %s; rank %d (%s) has this port "
+                    "too: where its host is this machine, give one of them "
+                    "another port=",
+                    world->rank, (unsigned)port, strerror(EADDRINUSE), r,
+                    mesh_peer_name(world, r, name, sizeof(name)));
+}
+
 int mesh_tcp_listen_socket(const struct mesh_world *world,
                            const struct mesh_transport_opts *opts, int *out)
 {
@@ -148,8 +173,7 @@ int mesh_tcp_listen_socket(const struct mesh_world *world,
             setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
             bind(fd, (struct sockaddr *)&s6, sizeof(s6)) < 0) {
             if (errno == EADDRINUSE) {
-                rc = mesh_err_errno("rank %d: bind port %u", world->rank,
-                                    (unsigned)port);
+                rc = bind_in_use(world, port);
                 close(fd);
                 return rc;
             }
