@@ -312,8 +312,9 @@ static void parts_copy(const uint8_t *const *part, const size_t *bound,
 /*
  * Check a received state's header (its digest matched) and load it into
  * snapshot sn. live: the weights and momentum are the model's (a joiner
- * that caught up, its own proved equal to the senders'), which the
- * snapshot then holds lazily as a member's does (train.c, snap_take).
+ * that caught up, its own proved equal to the senders'; or one with host
+ * slabs, whose caller copies them there next), which the snapshot then
+ * holds lazily as a member's does (train.c, snap_take).
  */
 static int state_read(struct trainer *t, uint64_t step, const uint8_t *b,
                       int live, struct train_snap *sn)
@@ -937,7 +938,7 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
 {
     uint64_t holders = v->members & ~v->needy, senders_mask;
     int me = t->mo->world.rank, needy = (int)(v->needy >> me & 1);
-    int senders, rc, rebuilt, live = 0;
+    int senders, rc, rebuilt, live = 0, host;
     struct train_snap *sn = &t->snap[v->step & 1];
     struct link l;
     struct phash ph;
@@ -1006,8 +1007,21 @@ int train_xfer_run(struct trainer *t, const struct mesh_elastic_view *v,
         ph_free(&ph);
         if (rc < 0)
             return rc;
+        /* host slabs: the weights and momentum go straight into the
+         * model, which the snapshot then holds lazily, as where the joiner
+         * rebuilt them (live): one copy of the state, not two (into the
+         * snapshot, then from it into the model at its restore) */
+        host = !live && t->host_slabs;
         t1 = mesh_now_s();
-        rc = state_read(t, v->step, t->xfer->blob, live, sn);
+        rc = state_read(t, v->step, t->xfer->blob, live || host, sn);
+        if (rc == 0 && host) {
+            size_t np = t->nparams * 4;
+
+            memcpy(mesh_nn_model_params(t->model), t->xfer->blob + XFER_HEADER,
+                   np);
+            memcpy(mesh_nn_sgd_momentum(t->sgd),
+                   t->xfer->blob + XFER_HEADER + np, np);
+        }
         st->copy_s = mesh_now_s() - t1;
         if (rc < 0)
             return rc;
