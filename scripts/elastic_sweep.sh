@@ -36,7 +36,7 @@ TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
 
 LAUNCH="--launcher local"
 if [ -n "$SWEEP_NETNS" ]; then
-    PREFIX=es$(($$ % 1000))
+    PREFIX=es$(($$ % 100000))
     NETNS=$top_srcdir/scripts/netns.sh
     netns_down() { sh "$NETNS" down --prefix "$PREFIX" > /dev/null 2>&1; }
     T_CLEANUP_HOOK=netns_down

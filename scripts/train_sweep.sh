@@ -45,7 +45,7 @@ TINY="--model resnet18 --width 8 --cifar-stem --image-size 12 --threads 1 \
 LAUNCH="--launcher local"
 HOSTNET=127.0.0
 if [ -n "$SWEEP_NETNS" ]; then
-    PREFIX=ts$(($$ % 1000))
+    PREFIX=ts$(($$ % 100000))
     NETNS=$top_srcdir/scripts/netns.sh
     netns_down() { sh "$NETNS" down --prefix "$PREFIX" > /dev/null 2>&1; }
     T_CLEANUP_HOOK=netns_down
