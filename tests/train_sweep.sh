@@ -24,9 +24,16 @@
 #   127.0.0.2, both from the default port) failed the second rank's bind
 #   with only "Address already in use"; it now names the rank that has
 #   the same port under the other name.
+# - meshrun --restarts starts a dead rank again with the job's own flags;
+#   with --resume among them (a job meant to survive its own restarts)
+#   the new process, a joiner, refused itself ("--resume with --elastic
+#   needs every slot at the start", exit 1) after the members had
+#   admitted it, and the job stalled 5 s on the join that never came. A
+#   joiner takes the members' state; --resume stays refused where view 0
+#   did not form.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
-t_plan 5
+t_plan 6
 TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
 --data-threads 1 --quiet --data synthetic:400 --num-classes 10 \
 --in-channels 1 --batch 4 --no-eval --verify-every 10 --elastic \
@@ -88,4 +95,17 @@ d=$?
 t_ok $? "one machine as localhost and 127.0.0.1 on one port: the bind's \
 error names the other rank (exit $d)"
 [ $d -eq 2 ] || t_show "$TMP/dup.log" 5
+
+take_ports 3
+# shellcheck disable=SC2086
+env MESHTRAIN_TEST_FAULT=1:between:5 MESHTRAIN_TEST_JOIN_AT=55 "$MESHRUN" \
+    --restarts 1 -H localhost:3 -- "$MESHTRAIN" --port "$PORT" $TINY \
+    --iters 60 --resume=if-any --checkpoint-every 20 \
+    --checkpoint-dir "$TMP/rk" > "$TMP/rj.log" 2>&1
+j=$?
+[ $j -eq 0 ] && grep -q "meshrun: 3 of 3 rank(s) finished" "$TMP/rj.log" &&
+    grep -q "this peer joins a running job and takes its state" "$TMP/rj.log"
+t_ok $? "--resume=if-any under meshrun --restarts: the restarted rank joins \
+(exit $j)"
+[ $j -eq 0 ] || grep "^meshrun\|resume" "$TMP/rj.log" | sed "s/^/#   /"
 t_done

@@ -2970,7 +2970,12 @@ static int elastic_first_view(struct trainer *t, uint64_t *start)
 {
     int rc;
 
-    if (t->c->resume)
+    /* a joiner takes the running job's state, not a checkpoint's (meshrun
+     * --restarts starts a dead rank again with the job's own flags) */
+    if (t->c->resume && t->joiner)
+        mesh_info("--resume: this peer joins a running job and takes its "
+                  "state from the members, not from a checkpoint");
+    if (t->c->resume && !t->joiner)
         return fail(t, MESH_EXIT_USAGE,
                     mesh_err(-EINVAL, "--resume with --elastic needs every "
                                       "slot at the start"));
