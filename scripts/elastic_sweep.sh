@@ -11,9 +11,11 @@
 # uneven hosts, every --algo that runs on any layout. Per case: meshrun
 # exits 0 with every rank finished (a stopped one aside), each killed slot
 # started again once and joined (the members wait for it near the end:
-# MESHTRAIN_TEST_JOIN_AT), none waiting to join a job that ended, and no
-# digest mismatch (--verify-every 1). A restart that meets the test
-# fault again (it joined before the fault's step) is a skip. The hosts
+# MESHTRAIN_TEST_JOIN_AT), none waiting to join a job that ended, no
+# digest mismatch (--verify-every 1), and every step once and every
+# sample of an epoch used once (tests/train_elastic_count.py). A restart
+# that meets the test fault again (it joined before the fault's step) is
+# a skip. The hosts
 # are 127.0.0.x (one machine: shared memory between all) or, with
 # SWEEP_NETNS=1 (root), network namespaces (TCP between them).
 # SWEEP_EXTRA adds meshtrain flags (--streams 4, --transport tcp);
@@ -115,14 +117,23 @@ while [ $n -lt "$CASES" ]; do
     # cannot end before it joins
     joinat=""
     [ $want -gt 0 ] && joinat=$((8 * spe - 5))
+    rm -f "$TMP"/s.samples* "$TMP/m.jsonl"
     env MESHTRAIN_TEST_FAULT="$fault" ${nocatch:+MESHTRAIN_NO_CATCHUP=1} \
         ${joinat:+MESHTRAIN_TEST_JOIN_AT=$joinat} \
+        MESHTRAIN_TEST_SAMPLES="$TMP/s.samples" \
         timeout 300 "$MESHRUN" $LAUNCH --restarts 1 \
         --hostfile "$TMP/hosts" -- "$MESHTRAIN" $TINY --algo $algo $extra \
-        > "$TMP/e.log" 2>&1
+        --metrics "$TMP/m.jsonl" > "$TMP/e.log" 2>&1
     rc=$?
     why=""
     [ $rc -eq 0 ] || why="exit $rc"
+    # every step once in rank 0's metrics, every sample of every epoch
+    # used once (tests/train_elastic_count.py), up to the last step
+    last=$(sed -n 's/^{"step": \([0-9]*\),.*/\1/p' "$TMP/m.jsonl" | tail -n 1)
+    [ $rc -eq 0 ] && { c=$(/usr/bin/python3 \
+        "$top_srcdir/tests/train_elastic_count.py" "$TMP/m.jsonl" \
+        "${last:-0}" 400 $((4 * np * acc)) "$TMP"/s.samples.*) ||
+        why="$why; samples: $(echo "$c" | head -n 2 | tr '\n' ' ')"; }
     # a stopped slot stays stopped (nobody continues it) until meshrun
     # ends it when the others finish
     fin=$((np - (want == 0)))
