@@ -2587,22 +2587,24 @@ static void cu_stripes_report(const struct train_catchup *cu)
  * snapshot's, beside the members' steps (which they slow): below, the
  * members' training matters more. One sender of ResNet-50's 205 MB on a
  * 200 Mbit/s link that a 7-peer ring shares: r 12 MB/s, T 8 to 13 s, f
- * 0.7 to 1 (doc/elastic.md, "One sender"). Judged from 1 s into the
- * snapshot on, once its first bytes came 0.5 s before (r counts from
+ * 0.7 to 1 (doc/elastic.md, "One sender"). Judged from 0.5 s into the
+ * snapshot on, once its first bytes came 0.25 s before (r counts from
  * them: a member copies its stripe before it sends, 0.1 to 0.5 s for all
- * of ResNet-50's at a load of 10), while every stripe comes, with the
- * members' step times (HELLO). Every second spent before giving up is
- * one more of the join (the bytes received are dropped: the view
- * restarts from a later step); from 2 s, as until 8 December 2026, it
- * was 18 to 25 % of the join with one sender at 200 Mbit/s. 1: give up
- * (the joiner is admitted with the whole state); 0: go on.
+ * of ResNet-50's at a load of 10; the links are shaped from the first
+ * byte, tbf's burst is 4 ms of its rate), while every stripe comes, with
+ * the members' step times (HELLO). Every second spent before giving up
+ * is one more of the join (the bytes received are dropped: the view
+ * restarts from a later step): from 2 s, as until 8 December 2026, it
+ * was 18 to 25 % of the join with one sender at 200 Mbit/s, the whole
+ * state itself 1.05 x N / R on the wire. 1: give up (the joiner is
+ * admitted with the whole state); 0: go on.
  */
 static int cu_worth(struct train_catchup *cu, double now)
 {
     double e = now - cu->t0 - cu->t_ask, step = 0, first = now - cu->t0, r, s,
            f;
 
-    if (cu->snap_in || cu->got >= cu->n || cu->got == 0 || e < 1 ||
+    if (cu->snap_in || cu->got >= cu->n || cu->got == 0 || e < 0.5 ||
         now - cu->t_rx > 1)
         return 0;
     /* a stripe not begun is a member that does not send (a silent side
@@ -2615,7 +2617,7 @@ static int cu_worth(struct train_catchup *cu, double now)
         step = MESH_MAX(step, cu->p[i].step_s);
     }
     first = now - cu->t0 - first; /* s since the first bytes */
-    if (step <= 0 || first < 0.5)
+    if (step <= 0 || first < 0.25)
         return 0;
     r = (double)cu->got / first;
     s = (double)cu->n / r;
