@@ -18,7 +18,8 @@
 # a skip. The hosts
 # are 127.0.0.x (one machine: shared memory between all) or, with
 # SWEEP_NETNS=1 (root), network namespaces (TCP between them).
-# SWEEP_EXTRA adds meshtrain flags (--streams 4, --transport tcp);
+# SWEEP_LAYOUTS replaces the layouts (up to 4 hosts); SWEEP_EXTRA adds
+# meshtrain flags (--streams 4, --transport tcp);
 # SWEEP_KEEP=DIR keeps the failed cases' logs. Not part of make check
 # (minutes); one line per case and a summary.
 top_srcdir=${top_srcdir:-$(cd "$(dirname "$0")/.." && pwd)}
@@ -26,7 +27,7 @@ top_srcdir=${top_srcdir:-$(cd "$(dirname "$0")/.." && pwd)}
 
 CASES=${1:-30}
 FIRST=${2:-0}
-LAYOUTS="2+2 4 2+2+2 1+1+1 3+3 3+1 1+2+2 2+3"
+LAYOUTS=${SWEEP_LAYOUTS:-"2+2 4 2+2+2 1+1+1 3+3 3+1 1+2+2 2+3"}
 HOSTNET=127.0.0
 ALGOS="auto hier ring htree rhd hrd tree rd"
 MOMENTS="between allreduce eval checkpoint between allreduce"
@@ -42,7 +43,7 @@ if [ -n "$SWEEP_NETNS" ]; then
     NETNS=$top_srcdir/scripts/netns.sh
     netns_down() { sh "$NETNS" down --prefix "$PREFIX" > /dev/null 2>&1; }
     T_CLEANUP_HOOK=netns_down
-    sh "$NETNS" up 3 --prefix "$PREFIX" > /dev/null || exit 1
+    sh "$NETNS" up 4 --prefix "$PREFIX" > /dev/null || exit 1
     printf '#!/bin/sh\nhost=$1\nshift\nexec ip netns exec "%s${host##*.}" sh -c "$1"\n' \
         "$PREFIX" > "$TMP/agent"
     chmod +x "$TMP/agent"

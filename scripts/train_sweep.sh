@@ -22,16 +22,16 @@
 # machine, so shared memory joins every rank and the collectives see one
 # host; SWEEP_NETNS=1 (root): network namespaces (scripts/netns.sh,
 # 10.77.0.x), TCP between them and shared memory inside each, and hosts of
-# one size run the hierarchical forms. SWEEP_ALGOS and SWEEP_COMPS narrow
-# the lists; SWEEP_EXTRA adds meshtrain flags; SWEEP_KEEP=DIR keeps the
-# failed cases' logs. Not part of make check (minutes); one line per case
-# and a summary.
+# one size run the hierarchical forms. SWEEP_ALGOS, SWEEP_COMPS and
+# SWEEP_LAYOUTS (up to 4 hosts) replace the lists; SWEEP_EXTRA adds
+# meshtrain flags; SWEEP_KEEP=DIR keeps the failed cases' logs. Not part
+# of make check (minutes); one line per case and a summary.
 top_srcdir=${top_srcdir:-$(cd "$(dirname "$0")/.." && pwd)}
 . "$top_srcdir/tests/train_lib.sh"
 
 CASES=${1:-60}
 FIRST=${2:-0}
-LAYOUTS="4 2+2 2+2+2 1+1+1 3 1+1 3+1 1+2 2+3+1 1+3"
+LAYOUTS=${SWEEP_LAYOUTS:-"4 2+2 2+2+2 1+1+1 3 1+1 3+1 1+2 2+3+1 1+3"}
 ALGOS=${SWEEP_ALGOS:-"ring tree direct rd rhd hier htree hrd local auto"}
 BATCHES="1 3 2 5"
 ACCS="1 2 3"
@@ -49,7 +49,7 @@ if [ -n "$SWEEP_NETNS" ]; then
     NETNS=$top_srcdir/scripts/netns.sh
     netns_down() { sh "$NETNS" down --prefix "$PREFIX" > /dev/null 2>&1; }
     T_CLEANUP_HOOK=netns_down
-    sh "$NETNS" up 3 --prefix "$PREFIX" > /dev/null || exit 1
+    sh "$NETNS" up 4 --prefix "$PREFIX" > /dev/null || exit 1
     printf '#!/bin/sh\nhost=$1\nshift\nexec ip netns exec "%s${host##*.}" sh -c "$1"\n' \
         "$PREFIX" > "$TMP/agent"
     chmod +x "$TMP/agent"
