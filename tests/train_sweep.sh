@@ -33,7 +33,7 @@
 #   did not form.
 . "${top_srcdir:-$(dirname "$0")/..}/tests/train_lib.sh"
 
-t_plan 6
+t_plan 8
 TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
 --data-threads 1 --quiet --data synthetic:400 --num-classes 10 \
 --in-channels 1 --batch 4 --no-eval --verify-every 10 --elastic \
@@ -74,6 +74,26 @@ r=$?
 t_ok $? "--resume with --accumulate 2 of a checkpoint without: refused, \
 naming accumulate (exits $w $r)"
 [ $r -eq 1 ] || t_show "$TMP/r.log" 5
+# shellcheck disable=SC2086
+"$MESHRUN" -np 2 -- "$MESHTRAIN" --port "$PORT" $TINY --iters 8 \
+    --checkpoint-dir "$TMP/ck" --resume --precision bf16-amp \
+    > "$TMP/rp.log" 2>&1
+r=$?
+[ $r -eq 1 ] && grep -q "precision=0 (default) there, precision=3 \
+(bf16-amp) here" "$TMP/rp.log"
+t_ok $? "--resume with --precision bf16-amp of a checkpoint without: \
+refused, naming the precisions (exit $r)"
+[ $r -eq 1 ] || t_show "$TMP/rp.log" 5
+# shellcheck disable=SC2086
+"$MESHRUN" -np 2 -- "$MESHTRAIN" --port "$PORT" $TINY --iters 3 \
+    --checkpoint-dir "$TMP/ck" --resume > "$TMP/re.log" 2>&1
+r=$?
+[ $r -eq 0 ] && grep -q "the checkpoint holds step 4, at or past this \
+run's last step (3, from --iters or --epochs): no step is trained" \
+    "$TMP/re.log"
+t_ok $? "--resume of step 4 with --iters 3: a warning that no step is \
+trained (exit $r)"
+[ $r -eq 0 ] || t_show "$TMP/re.log" 5
 
 # shellcheck disable=SC2086
 "$MESHRUN" -np 2 --elastic --min-peers 3 -- "$MESHTRAIN" --port "$PORT" \

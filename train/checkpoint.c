@@ -237,6 +237,27 @@ out:
     return rc;
 }
 
+/* " (bf16-amp)" after a "precision=N" line of the configuration text,
+ * whose number is enum mesh_nn_precision's; else "". */
+static const char *prec_name(const char *line)
+{
+    unsigned v;
+
+    if (!line || sscanf(line, "precision=%u", &v) != 1)
+        return "";
+    switch (v) {
+    case MESH_NN_PREC_DEFAULT:
+        return " (default)";
+    case MESH_NN_PREC_FP32:
+        return " (fp32)";
+    case MESH_NN_PREC_TF32:
+        return " (tf32)";
+    case MESH_NN_PREC_BF16_AMP:
+        return " (bf16-amp)";
+    }
+    return "";
+}
+
 /*
  * What differs between the configuration text that checkpoint step of dir
  * was written with (its "config" blob, where it has one) and this run's:
@@ -286,10 +307,11 @@ static void config_diff(const struct trainer *t, const char *dir, uint64_t step,
             continue;
         }
         if (n < cap)
-            n += (size_t)snprintf(why + n, cap - n, "%s%.*s there, %s here",
+            n += (size_t)snprintf(why + n, cap - n, "%s%.*s%s there, %s%s here",
                                   shown ? "; " : "",
                                   other ? (int)strcspn(other, "\n") : 4,
-                                  other ? other : "none", line);
+                                  other ? other : "none", prec_name(other),
+                                  line, prec_name(line));
         shown++;
     }
     if (more && n < cap)

@@ -2806,6 +2806,12 @@ static int start_point(struct trainer *t, uint64_t *start)
                             ? MESH_EXIT_USAGE
                             : MESH_EXIT_PEER,
                         rc);
+        /* a run already at or past its end: say so, not a silent exit */
+        if (*start >= t->total_steps && t->rank == 0)
+            mesh_warn("--resume: the checkpoint holds step %" PRIu64
+                      ", at or past this run's last step (%" PRIu64
+                      ", from --iters or --epochs): no step is trained",
+                      *start, t->total_steps);
     }
     if (t->model)
         t->nbt0 = mesh_nn_model_batches_tracked(t->model) -
