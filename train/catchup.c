@@ -1546,6 +1546,7 @@ struct cu_peer {
     uint64_t next;  /* the GRAD step expected next */
     uint8_t digest[32];
     double t_first, t_done; /* its stripe's first and last bytes came */
+    size_t got;             /* its stripe's bytes in */
     /* over RDMA: its side channel (offered in its HELLO; rdma once its
      * K_RDMA connected it), the nonce it signs that with, and the
      * record being read: rdlen bytes from rd0 */
@@ -2451,6 +2452,7 @@ static int cu_reads(struct train_catchup *cu)
             if (d && !p->t_first)
                 p->t_first = mesh_now_s() - cu->t0;
             cu->got += d;
+            p->got += d;
             cu->rdma_snap += d;
         }
         if (rc == 0)
@@ -2573,9 +2575,14 @@ static void cu_stripes_report(const struct train_catchup *cu)
 /*
  * Under mu, while the snapshot comes: whether catching up still pays.
  * The stripes share the senders' links with the members' training, and
- * each step's gradient (4 np bytes) follows on the same links. At the
- * rate r the stripes came so far, the snapshot takes S = n / r, and one
- * gradient the fraction f = 4 np / (r T) of the members' step T. The
+ * each step's gradient (4 np bytes, a stripe of it from each of the K
+ * members) follows on the same links. The catch-up goes at the pace of
+ * its slowest stripe: at the rate r that one came so far, the snapshot
+ * takes S = (its length) / r, and its stripe of a gradient the fraction
+ * f = 4 np / (K r T) of the members' step T (from the stripes' total
+ * rate until 8 December 2026, which missed one member whose link its
+ * all-reduce kept busier: bench/join.sh --senders 3 --rate 200mbit,
+ * stripes in at 4.5, 4.6 and 11.6 s, B 1.46 x N / R). The
  * joiner asks to be admitted once its snapshot is loaded; the view
  * change then waits for the gradients of the steps that passed
  * meanwhile (S / T of them: f S at r, or the whole state, S, at most,
@@ -2601,34 +2608,48 @@ static void cu_stripes_report(const struct train_catchup *cu)
  */
 static int cu_worth(struct train_catchup *cu, double now)
 {
-    double e = now - cu->t0 - cu->t_ask, step = 0, first = now - cu->t0, r, s,
-           f;
+    double e = now - cu->t0 - cu->t_ask, step = 0, s = 0, f = 0, r = 0;
+    int slow = -1;
 
     if (cu->snap_in || cu->got >= cu->n || cu->got == 0 || e < 0.5 ||
         now - cu->t_rx > 1)
         return 0;
-    /* a stripe not begun is a member that does not send (a silent side
-     * channel, a member gone), not a rate: its own timeout ends the try */
     for (int i = 0; i < cu->k; i++) {
-        if (!cu->p[i].snap_done && !cu->p[i].t_first)
+        const struct cu_peer *p = &cu->p[i];
+        double since, ri, len;
+
+        /* a stripe not begun is a member that does not send (a silent
+         * side channel, a member gone), not a rate: its own timeout ends
+         * the try */
+        if (!p->snap_done && !p->t_first)
             return 0;
-        if (cu->p[i].t_first)
-            first = MESH_MIN(first, cu->p[i].t_first);
-        step = MESH_MAX(step, cu->p[i].step_s);
+        step = MESH_MAX(step, p->step_s);
+        if (p->snap_done)
+            continue;
+        since = now - cu->t0 - p->t_first; /* s since its first bytes */
+        if (since < 0.25 || !p->got)
+            return 0;
+        ri = (double)p->got / since;
+        len = (double)(cu->n * (size_t)(i + 1) / (size_t)cu->k -
+                       cu->n * (size_t)i / (size_t)cu->k);
+        if (len / ri > s) {
+            s = len / ri;
+            r = ri;
+            slow = i;
+        }
     }
-    first = now - cu->t0 - first; /* s since the first bytes */
-    if (step <= 0 || first < 0.25)
+    if (step <= 0 || slow < 0)
         return 0;
-    r = (double)cu->got / first;
-    s = (double)cu->n / r;
-    f = 4.0 * (double)cu->np / (r * step);
+    f = 4.0 * (double)cu->np / (double)cu->k / (r * step);
     if (f < 0.5 || MESH_MIN(f, 1.0) * s <= e)
         return 0;
     mesh_info("catch-up: given up %.1f s into the snapshot (%zu of %zu "
-              "bytes in): its stripes come at %.1f MB/s, at which a step's "
-              "gradient (%.1f MB) takes %.0f%% of the members' %.2f s step; "
-              "the whole state in the view change is sooner",
-              e, cu->got, cu->n, r / 1e6, 4e-6 * (double)cu->np, 100 * f, step);
+              "bytes in): its slowest stripe (slot %d's) comes at %.1f MB/s, "
+              "at which its part of a step's gradient (%.1f MB) takes %.0f%% "
+              "of the members' %.2f s step; the whole state in the view "
+              "change is sooner",
+              e, cu->got, cu->n, cu->p[slow].slot, r / 1e6,
+              4e-6 * (double)cu->np / (double)cu->k, 100 * f, step);
     return 1;
 }
 
@@ -2877,8 +2898,10 @@ static int cu_try(struct train_catchup *cu, uint64_t *margin)
                 p->left -= (size_t)r;
                 if (p->kind == K_SNAP && !p->t_first)
                     p->t_first = mesh_now_s() - cu->t0;
-                if (p->kind == K_SNAP)
+                if (p->kind == K_SNAP) {
                     cu->got += (size_t)r;
+                    p->got += (size_t)r;
+                }
             }
             if (p->left == 0 && cu_record_done(cu, p) < 0)
                 return cu_why(__LINE__, -1);
