@@ -10,6 +10,9 @@
  *   - a write past the receive window (the CTS bound check bypassed by a
  *     test hook): the HCA refuses it at the registration's end, and the
  *     guard bytes right after the window, in the same page, are untouched;
+ *   - a receive's last write on another QP than its slot's, and a
+ *     clear-to-send of the wrong generation (test hooks): the peer's
+ *     checks (transport/verbs/wire.c) fail both ranks naming the field;
  *   - 300 collectives back to back on registered buffers: right results,
  *     and the registration count returns to where it started;
  *   - --transport auto picks RDMA where every rank has an active port;
@@ -44,6 +47,7 @@ static const char *secret = "verbs lane secret, thirty-two b!";
 
 struct two {
     int rank;
+    int streams; /* QPs per peer, 0: the default */
     uint16_t base;
     struct mesh_peer peers[2];
     struct mesh_world w;
@@ -67,6 +71,8 @@ static int up(struct two *x, const char *name, char *msg)
     x->o.secret = (const uint8_t *)secret;
     x->o.secret_len = strlen(secret);
     x->o.peer_timeout_s = 3.0;
+    if (x->streams)
+        x->o.streams = x->streams;
     x->ops = mesh_transport_find(name);
     if (!x->ops) {
         snprintf(msg, MSG, "transport %s not built", name);
@@ -80,10 +86,16 @@ static int up(struct two *x, const char *name, char *msg)
     return rc;
 }
 
-/* Rank 1 writes 64 KiB to rank 0 with a broken rkey, or (overrun) past the
- * window of a 4 KiB registration inside a 64 KiB allocation. */
-static int bad_write(struct two *x, int overrun, char *msg)
+/*
+ * Rank 1 sends 64 KiB to rank 0 with the test hook hook set on the sender
+ * (BAD_RKEY: a broken rkey; OVERRUN: past the window of a 4 KiB
+ * registration inside a 64 KiB allocation; IMM_QP) or on the receiver
+ * (CTS_GEN): both must fail; for BAD_RKEY and OVERRUN, rank 0's buffer
+ * untouched.
+ */
+static int bad_verbs(struct two *x, int hook, char *msg)
 {
+    int overrun = hook == VERBS_DEBUG_OVERRUN;
     const size_t win = overrun ? 4096 : 65536, alloc = 65536;
     struct mesh_frame f = {.seq = 1,
                            .op = MESH_OP_P2P,
@@ -107,21 +119,28 @@ static int bad_write(struct two *x, int overrun, char *msg)
         snprintf(msg, MSG, "reg_mr: %s", mesh_err_msg(rc));
         return -1;
     }
-    if (x->rank == 1) {
-        mesh_verbs_debug_set(overrun ? VERBS_DEBUG_OVERRUN
-                                     : VERBS_DEBUG_BAD_RKEY);
+    if (x->rank == (hook == VERBS_DEBUG_CTS_GEN ? 0 : 1))
+        mesh_verbs_debug_set(hook);
+    if (x->rank == 1)
         rc = x->ops->isend(x->t, 0, &f, buf, mr, &r);
-    } else {
+    else
         rc = x->ops->irecv(x->t, 1, &f, buf, mr, &r);
-    }
     if (rc == 0)
         rc = mesh_transport_wait(x->ops, x->t, r);
+    /* IMM_QP: the writes themselves succeed, the send with them; the
+     * receiver's refusal comes as its notice, to the next operation */
+    if (rc == 0 && x->rank == 1 && hook == VERBS_DEBUG_IMM_QP) {
+        rc = x->ops->irecv(x->t, 0, &f, buf, mr, &r);
+        if (rc == 0)
+            rc = mesh_transport_wait(x->ops, x->t, r);
+    }
     if (rc == 0) {
         snprintf(msg, MSG, "rank %d: no error", x->rank);
         return -1;
     }
     snprintf(msg, MSG, "%s", mesh_err_msg(rc));
-    if (x->rank == 0)
+    if (x->rank == 0 &&
+        (hook == VERBS_DEBUG_BAD_RKEY || hook == VERBS_DEBUG_OVERRUN))
         for (size_t i = 0; i < alloc; i++)
             if (buf[i] != 0xee) {
                 snprintf(msg, MSG,
@@ -135,12 +154,23 @@ static int bad_write(struct two *x, int overrun, char *msg)
 
 static int child_rkey(struct two *x, char *msg)
 {
-    return bad_write(x, 0, msg);
+    return bad_verbs(x, VERBS_DEBUG_BAD_RKEY, msg);
 }
 
 static int child_overrun(struct two *x, char *msg)
 {
-    return bad_write(x, 1, msg);
+    return bad_verbs(x, VERBS_DEBUG_OVERRUN, msg);
+}
+
+static int child_imm_qp(struct two *x, char *msg)
+{
+    x->streams = 2;
+    return bad_verbs(x, VERBS_DEBUG_IMM_QP, msg);
+}
+
+static int child_cts_gen(struct two *x, char *msg)
+{
+    return bad_verbs(x, VERBS_DEBUG_CTS_GEN, msg);
 }
 
 /* 300 all-reduces (sizes 1 float .. 256 Ki floats) on registered buffers,
@@ -511,6 +541,22 @@ int main(void)
     ok(rc == 0 && strstr(m[1], "remote") && strstr(m[0], "rank 1"),
        "a write past the window is refused at the registration's end, "
        "guard bytes untouched");
+    diag("rank 0: %s", m[0]);
+    diag("rank 1: %s", m[1]);
+
+    rc = run2(child_imm_qp, m, 60);
+    ok(rc == 0 && strstr(m[0], "not on the slot's QP 0") &&
+           strstr(m[0], "rank 1 (") && strstr(m[1], "rank 1 ("),
+       "a receive's last write on another QP than its slot's fails both "
+       "ranks, naming the writer and the QP");
+    diag("rank 0: %s", m[0]);
+    diag("rank 1: %s", m[1]);
+
+    rc = run2(child_cts_gen, m, 60);
+    ok(rc == 0 && strstr(m[1], "with generation 2, expected 1") &&
+           strstr(m[1], "rank 0 (") && strstr(m[0], "rank 0 ("),
+       "a clear-to-send of the wrong generation fails both ranks, naming "
+       "its sender and the generation");
     diag("rank 0: %s", m[0]);
     diag("rank 1: %s", m[1]);
 

@@ -107,6 +107,9 @@ static int post_cts(struct mesh_transport *t, struct mesh_req *r, int slot)
     mesh_put_le32(m, VERBS_CTS_MAGIC);
     mesh_put_le16(m + 4, (uint16_t)slot);
     mesh_put_le16(m + 6, vp->gen[slot]);
+    if (atomic_fetch_and(&debug_flags, ~VERBS_DEBUG_CTS_GEN) &
+        VERBS_DEBUG_CTS_GEN)
+        mesh_put_le16(m + 6, (uint16_t)((vp->gen[slot] + 1) & 0x7fff));
     m[8] = r->super.f.op;
     m[9] = r->super.f.dtype;
     mesh_put_le32(m + 12, r->super.f.tag);
@@ -221,6 +224,9 @@ static int cts_match(struct mesh_transport *t, struct mesh_req *r,
     c->reserved += f->length;
     r->rrkey = c->rkey;
     r->qpi = c->slot % t->nqp;
+    if (t->nqp > 1 && (atomic_fetch_and(&debug_flags, ~VERBS_DEBUG_IMM_QP) &
+                       VERBS_DEBUG_IMM_QP))
+        r->qpi = (c->slot + 1) % t->nqp; /* not ordered with the slot's */
     r->imm = ((uint32_t)c->gen << 16) | c->slot;
     if (c->reserved >= e->length)
         r->imm |= VERBS_IMM_FINAL;

@@ -150,11 +150,17 @@ int verbs_imm_check(uint32_t imm, int qpi, int nqp, uint32_t byte_len,
  * Test hooks (tests/verbs only). The next RDMA write of this process uses
  * a wrong rkey (BAD_RKEY) or lands past the end of the receiver's window
  * (OVERRUN, the CTS bound check skipped): the target HCA must refuse it
- * and the job must fail naming the status, never corrupt memory.
+ * and the job must fail naming the status, never corrupt memory. The
+ * next send's writes go on another QP than its slot's (IMM_QP, with 2 QPs
+ * or more), or the next CTS carries the generation after its own
+ * (CTS_GEN): the peer's checks (verbs_imm_check, verbs_cts_check) must
+ * fail the job naming this rank and the field.
  */
 enum {
     VERBS_DEBUG_BAD_RKEY = 1,
     VERBS_DEBUG_OVERRUN = 2,
+    VERBS_DEBUG_IMM_QP = 4,
+    VERBS_DEBUG_CTS_GEN = 8,
 };
 void mesh_verbs_debug_set(int flags);
 
