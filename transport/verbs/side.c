@@ -248,6 +248,18 @@ int mesh_side_connect(mesh_side_t *s, const uint8_t a[MESH_SIDE_ADDR])
                         "0x%" PRIx32 ", PSN 0x%" PRIx32 ", MTU %d, GID flag "
                         "%d, read depth %d)",
                         qpn, psn, (int)mtu, use_gid, rd);
+    /* the rest as the transport's own QP details (transport/verbs/wire.c):
+     * zero padding, a unicast LID where no GID routes, a GID where one
+     * does */
+    if (a[13] || a[14] || a[15] ||
+        (!use_gid &&
+         (mesh_get_le16(a + 8) == 0 || mesh_get_le16(a + 8) >= 0xc000)) ||
+        (use_gid && !memcmp(a + 16, (const uint8_t[16]){0}, 16)))
+        return mesh_err(-EPROTO,
+                        "a side channel's address is malformed (padding "
+                        "%02x%02x%02x, LID 0x%04x without a GID: a unicast "
+                        "LID is 0x0001 to 0xbfff; or an all-zero GID)",
+                        a[13], a[14], a[15], mesh_get_le16(a + 8));
     if (use_gid != (d->gid_index >= 0))
         return mesh_err(-EPROTO,
                         "the side channel's peer %s a GID, %s %s (mixed "
