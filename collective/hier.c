@@ -155,27 +155,32 @@ static int hier_between(struct sched *s, const struct coll_args *a, char *mine,
 #define HIER_PIECE (128u << 10)
 
 /* Phase 3 with every output in place, out[0..L): our final segment (mine,
- * ms elements in, ml long) into the others' outputs with streaming stores
- * (no output line is read in first), a piece at a time; one host sync
- * (tag) at the end. */
+ * ms elements in, ml long) into the others' outputs, with streaming stores
+ * where the host's buffers outgrow the cache (coll_stream_out: no output
+ * line is read in first), a piece at a time; one host sync (tag) at the
+ * end. */
 static void put_in_place(struct sched *s, const struct coll_args *a, void **out,
                          const char *mine, size_t ms, size_t ml, uint32_t tag)
 {
     const struct coll_hosts *h = a->hosts;
     size_t es = mesh_dtype_size(a->dtype), pc = MESH_MAX(HIER_PIECE / es, 1);
     int L = h->local, l = h->local_of[a->rank];
-    int end = sched_sync(s, tag);
+    int end = sched_sync(s, tag), stream = coll_stream_out(L, a->count * es);
 
     for (size_t c = 0; c < nchunks(ml, pc); c++) {
         size_t o, pl;
 
         clip(0, ml, c, pc, &o, &pl);
-        for (int j = 0; j < L; j++)
+        for (int j = 0; j < L; j++) {
+            void *d = at(out[j], ms + o, es);
+            const void *from = at(mine, o, es);
+
             if (j != l)
                 sched_dep(s,
-                          sched_copy_stream(s, at(out[j], ms + o, es),
-                                            at(mine, o, es), pl * es),
+                          stream ? sched_copy_stream(s, d, from, pl * es)
+                                 : sched_copy(s, d, from, pl * es),
                           end);
+        }
     }
 }
 

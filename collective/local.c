@@ -38,6 +38,8 @@
 #include "common/util.h"
 
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #define LOCAL_NOWHERE UINT64_MAX
@@ -68,6 +70,59 @@ static uint64_t share_offset(const struct coll_hosts *h, int j, const void *p,
         bytes > h->heap_len - (size_t)(q - b))
         return LOCAL_NOWHERE;
     return (uint64_t)(q - b);
+}
+
+/* One number from a sysfs file of cpu0's cache index i: 0 where none. */
+static unsigned long cache_attr(int i, const char *name)
+{
+    char path[96], line[32], unit = 0;
+    unsigned long v = 0;
+    FILE *f;
+
+    snprintf(path, sizeof(path),
+             "/sys/devices/system/cpu/cpu0/cache/index%d/%s", i, name);
+    f = fopen(path, "r");
+    if (!f)
+        return 0;
+    if (!fgets(line, sizeof(line), f) || sscanf(line, "%lu%c", &v, &unit) < 1)
+        v = 0;
+    fclose(f);
+    return v << (unit == 'K' ? 10 : unit == 'M' ? 20 : 0);
+}
+
+/*
+ * The last-level cache's bytes, from sysfs (glibc's sysconf said 320 MiB
+ * for this machine's 32 MiB L3, as the hypervisor's CPUID has it); 8 MiB
+ * where it does not say.
+ */
+static size_t llc_bytes(void)
+{
+    static atomic_size_t llc; /* racing first calls store the same */
+    size_t b = atomic_load(&llc);
+    unsigned long best = 0;
+
+    if (b)
+        return b;
+    for (int i = 0; i < 16; i++) {
+        unsigned long level = cache_attr(i, "level"), size;
+
+        if (!level)
+            break;
+        size = cache_attr(i, "size");
+        if (level > best && size) {
+            best = level;
+            b = size;
+        }
+    }
+    if (!b)
+        b = (size_t)8 << 20;
+    atomic_store(&llc, b);
+    return b;
+}
+
+int coll_stream_out(int local, size_t bytes)
+{
+    return 2.0 * (double)local * (double)bytes > (double)llc_bytes();
 }
 
 /*
@@ -124,8 +179,9 @@ int coll_host_words(struct sched *s, const struct coll_args *a,
  * Every input and output in place (in, out; ours at [me]): piece by
  * piece, we add our slice straight from the L inputs into the start of
  * our window (a piece fits the cache), copy the sum from there into the L
- * outputs with streaming stores (no output line is read in first, where
- * a plain copy reads each before it writes it), and post one host sync at
+ * outputs, with streaming stores where the host's buffers outgrow the
+ * cache (coll_stream_out: no output line is read in first, where a plain
+ * copy reads each before it writes it), and post one host sync at
  * the end, after which no one writes our output or reads our input any
  * more. Our slice of every input and output is ours alone until then: the
  * rank that adds a slice is the only one that reads it in any input (an
@@ -139,7 +195,8 @@ static int build_direct(struct sched *s, const struct coll_args *a,
 {
     size_t es = mesh_dtype_size(a->dtype), ce, nch, ms, ml;
     float div = a->redop == MESH_REDOP_AVG ? (float)a->size : 1.0f;
-    int L = h->local, me = h->local_of[a->rank], end;
+    int L = h->local, me = h->local_of[a->rank], end,
+        stream = coll_stream_out(L, a->count * es);
     const void **src = malloc((size_t)L * sizeof(*src));
     int *cp = malloc((size_t)L * sizeof(*cp));
     char *piece = h->win[me];
@@ -169,8 +226,8 @@ static int build_direct(struct sched *s, const struct coll_args *a,
         for (int j = 0; j < L; j++)
             sched_dep(s, cp[j], red);
         for (int j = 0; j < L; j++) {
-            cp[j] =
-                sched_copy_stream(s, (char *)out[j] + o * es, piece, l * es);
+            cp[j] = (stream ? sched_copy_stream : sched_copy)(
+                s, (char *)out[j] + o * es, piece, l * es);
             sched_dep(s, red, cp[j]);
             sched_dep(s, cp[j], end);
         }
