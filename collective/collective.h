@@ -252,16 +252,18 @@ int mesh_coll_algo_for(const mesh_coll_t *c, int algo, size_t bytes);
 /*
  * Where formation timed the candidates, AUTO refines its choice for each of
  * the first 16 all-reduce sizes it meets: its first calls there take turns
- * among formation's contenders (those within 50 % of its best where that
- * best call took under 2 ms, within 5 % from there: a tie raced with the
- * job's own calls costs little; 3 at most), in epochs of 5 to 31 rounds
- * (about 37.5 ms by formation's times), and at each epoch's end the ranks
- * exchange their times and agree on the ranking over every epoch's rounds
- * so far (as formation does); those not clearly slower than the fastest
- * (the 95 % interval of the median of their ratios to it within a round
- * above 1) race again, at most 4 epochs, then the fastest is kept (and
- * logged). A kept winner is re-checked later: the same contenders race
- * again for at most 2 epochs, over their new rounds only (or those and the
+ * among formation's contenders (where its best call took under 2 ms those
+ * within 100 % of it, else the runner-up within 50 % and the others within
+ * 20 %; the nearest first, 4 at most, then its fastest at the timed sizes
+ * either side where a place is left, 5 in all below 2 ms), in epochs of
+ * 5 to 31 rounds (about 37.5 ms by formation's times), and at each epoch's end
+ * (and after the first 7 rounds of a first epoch of 12 or more) the ranks
+ * exchange their times and agree on the ranking over every round so far (as
+ * formation does); those not clearly slower than the fastest (the 95 % interval
+ * of the median of their ratios to it within a round above 1) nor, over enough
+ * rounds, 3 % behind it race on, at most 4 epochs, then the fastest is
+ * kept (and logged). A kept winner is re-checked later: the same contenders
+ * race again for at most 2 epochs, over their new rounds only (or those and the
  * last re-check's, where that one ended with none clearly faster), the
  * first time after 8 times the calls a re-check can give the others, each
  * next time twice as far, and the choice changes only where the kept one

@@ -765,8 +765,10 @@ static int neighbour_winner(const struct mesh_coll_model *m, size_t bytes,
  * bytes (a size formation timed), each checked; formation's contenders
  * take turns and the ranks agree on one to keep within 620 calls (4
  * epochs of at most 31 rounds of at most 5): every rank keeps one, a
- * candidate that formation timed within 50 % of its best, the same and
- * at the same call (the hash), and AUTO answers it from then on.
+ * candidate that formation timed within 50 % of its best (100 % where
+ * that took under 2 ms), or its fastest at a timed size next to this
+ * one, the same and at the same call (the hash), and AUTO answers it
+ * from then on.
  */
 static void t_auto_refine(struct rank_ctx *x)
 {
@@ -775,7 +777,7 @@ static void t_auto_refine(struct rank_ctx *x)
     int ids[MESH_ALGO_LAST + 1], nauto = mesh_coll_auto_algos(x->c, ids);
     int kept = 0, kept_at = -1, cand = 0, k;
     float *in = NULL, *out = NULL, *want = malloc(cnt * sizeof(float));
-    double best;
+    double best, near;
     struct mesh_coll_model m;
     struct group g;
 
@@ -803,17 +805,18 @@ static void t_auto_refine(struct rank_ctx *x)
                    kept > 0 ? mesh_algo_name(kept) : "nothing");
     else
         auto_answers_kept(x, &g, kept, bytes);
-    /* one of formation's contenders: timed within 50 % of its best, or
-     * its fastest at a timed size next to this one */
+    /* one of formation's contenders: timed within 50 % of its best (100 %
+     * below 2 ms), or its fastest at a timed size next to this one */
     best = formation_best(&m, bytes, ids, nauto, &k);
+    near = best <= 2e-3 ? 2.0 : 1.5;
     if (g.ok && k >= 0) {
-        if (m.point_s[k][kept] > 1.5 * best * (1 + 1e-6) &&
+        if (m.point_s[k][kept] > near * best * (1 + 1e-6) &&
             kept != neighbour_winner(&m, bytes, 0, ids, nauto, k) &&
             kept != neighbour_winner(&m, bytes, 1, ids, nauto, k))
             group_fail(&g,
                        "auto kept %s, timed %.1f us at formation, "
-                       "beyond 1.5 times the best's %.1f us",
-                       mesh_algo_name(kept), m.point_s[k][kept] * 1e6,
+                       "beyond %.1f times the best's %.1f us",
+                       mesh_algo_name(kept), m.point_s[k][kept] * 1e6, near,
                        best * 1e6);
     }
     g.hash = fnv(g.hash, &kept, sizeof(kept));
@@ -827,23 +830,23 @@ static void t_auto_refine(struct rank_ctx *x)
 /*
  * The re-check of AUTO's kept winner (mesh_coll_auto_rechecks), right
  * after t_auto_refine kept one at 4000 bytes: where formation timed 2 or
- * more contenders there (within 50 % of its best: the runner-up races
- * within 50 % at every size; or its fastest at a timed size next to
- * it), the first re-check ends within 1400 more calls (it starts at most
- * 8 x 2 epochs x 31 rounds x 2 others = 992 calls after the keep and runs
- * at most 62 rounds of 3: 2 epochs, or up to 4 where 2 hold fewer than
- * the 3 % rule's 32 rounds: 45 at most then), every rank at
- * the same call and keeping the same contender (the hash); where only
- * one was timed there, nothing is re-checked. Every call is checked.
+ * more contenders there (within 50 % of its best, 100 % below 2 ms; or
+ * its fastest at a timed size next to it), the first re-check ends
+ * within 2400 more calls (it starts at most 8 x 2 epochs x 31 rounds x 4
+ * others = 1984 calls after the keep and runs at most 62 rounds of 5: 2
+ * epochs, or up to 4 where 2 hold fewer than the 3 % rule's 32 rounds: 60
+ * at most then), every rank at the same call and keeping the same contender
+ * (the hash); where only one was timed there, nothing is re-checked. Every call
+ * is checked.
  */
 static void t_auto_recheck(struct rank_ctx *x)
 {
-    enum { CALLS = 1400 };
+    enum { CALLS = 2400 };
     const size_t cnt = 1000, bytes = cnt * sizeof(float);
     int ids[MESH_ALGO_LAST + 1], nauto = mesh_coll_auto_algos(x->c, ids);
     int ncand = 0, at = -1, kept, cand = 0, k;
     float *in = NULL, *out = NULL, *want = malloc(cnt * sizeof(float));
-    double best;
+    double best, near;
     struct mesh_coll_model m;
     struct group g;
 
@@ -851,16 +854,17 @@ static void t_auto_recheck(struct rank_ctx *x)
                 bytes);
     mesh_coll_model_get(x->c, &m);
     best = formation_best(&m, bytes, ids, nauto, &k);
+    near = best <= 2e-3 ? 2.0 : 1.5;
     if (k >= 0) {
         int nw[2];
 
         for (int a = 0; a < nauto && best > 0; a++)
             ncand +=
-                m.point_s[k][ids[a]] > 0 && m.point_s[k][ids[a]] <= 1.5 * best;
+                m.point_s[k][ids[a]] > 0 && m.point_s[k][ids[a]] <= near * best;
         /* the fastest at the timed sizes either side race too */
         for (int side = 0; side < 2 && best > 0; side++) {
             nw[side] = neighbour_winner(&m, bytes, side, ids, nauto, k);
-            ncand += nw[side] >= 0 && m.point_s[k][nw[side]] > 1.5 * best &&
+            ncand += nw[side] >= 0 && m.point_s[k][nw[side]] > near * best &&
                      (side == 0 || nw[1] != nw[0]);
         }
     }
