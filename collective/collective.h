@@ -114,7 +114,9 @@ struct mesh_coll_opts {
      * trainer's buckets, meshbench's sweep), each timed with each of
      * AUTO's algorithms besides 32 bytes and measure_bytes (at most
      * MESH_COLL_POINTS sizes in all; a longer list is thinned, keeping
-     * its ends). The algorithms take turns run by run (so that a burst
+     * its ends), out of place (as meshbench's tables are: over shared
+     * memory in place runs otherwise; the job's own calls then refine
+     * the choice). The algorithms take turns run by run (so that a burst
      * of load from elsewhere spoils one run of each), every rank's times
      * are gathered, and from the slowest rank's time of each run, the
      * algorithm of least median keeps its median and each other one
