@@ -43,6 +43,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,6 +244,9 @@ static int cpu_alloc(struct mesh_nn_dev *dev, size_t bytes, void **out)
     void *p = NULL;
     int e;
 
+    /* the head must not wrap the length round to a small block */
+    if (bytes > SIZE_MAX - CPU_HEAD)
+        return mesh_err(-ENOMEM, "nn cpu: cannot allocate %zu bytes", bytes);
     if (bytes >= CPU_MAP_MIN) {
         p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                  -1, 0);

@@ -20,6 +20,7 @@
 #include "tests/tap.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,54 @@ static struct mesh_nn_plan *mkplan(const struct mesh_nn_plan_desc *d)
     if (rc < 0)
         diag("plan: %s", mesh_err_msg(rc));
     return p;
+}
+
+/*
+ * alloc's contract (backend.h): zero-filled blocks, each its own, on both
+ * sides of the CPU backend's 1 MiB line (an mmap of its own above it, a
+ * 64-byte head below each block), and a size so near SIZE_MAX that the
+ * head would wrap it round is refused, not handed out as a small block.
+ */
+static void test_alloc(void)
+{
+    static const size_t sizes[] = {
+        0, 1, 4099, 1u << 20, (1u << 20) - 1, (3u << 20) + 5};
+    static const size_t huge[] = {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 63};
+    long live = O->live_allocs(D);
+    unsigned char *h = malloc((3u << 20) + 5);
+    int bad = 0, refused = 0;
+
+    for (size_t i = 0; h && i < MESH_ARRAY_SIZE(sizes); i++) {
+        size_t n = sizes[i];
+        void *p = NULL;
+
+        if (O->alloc(D, n, &p) < 0 || !p) {
+            bad++;
+            continue;
+        }
+        memset(h, 0xa5, n);
+        if (n && (O->download(D, h, p, n) < 0 || h[0] || h[n - 1] ||
+                  memcmp(h, h + 1, n - 1)))
+            bad++;
+        memset(h, 0x5a, n); /* every byte of the block is ours */
+        if (n && O->upload(D, p, h, n) < 0)
+            bad++;
+        O->free(D, p);
+    }
+    for (size_t i = 0; i < MESH_ARRAY_SIZE(huge); i++) {
+        void *p = NULL;
+
+        if (O->alloc(D, huge[i], &p) < 0)
+            refused++;
+        else
+            O->free(D, p);
+    }
+    free(h);
+    ok(h && bad == 0 && refused == (int)MESH_ARRAY_SIZE(huge) &&
+           O->live_allocs(D) == live,
+       "alloc: zeroed blocks of 0 B to 3 MiB (%d bad), sizes past "
+       "SIZE_MAX - 64 refused (%d of %zu), none left live",
+       bad, refused, MESH_ARRAY_SIZE(huge));
 }
 
 /* Upload a double array as floats: activations through act_import. */
@@ -849,6 +898,7 @@ int main(void)
         return 0;
     }
     diag("%s", mesh_nn_ctx_describe(ctx));
+    test_alloc();
     for (i = 0; i < MESH_ARRAY_SIZE(convs); i++)
         test_conv(convs[i][0], convs[i][1], convs[i][2], convs[i][3],
                   convs[i][4], convs[i][5], convs[i][6]);
