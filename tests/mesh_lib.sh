@@ -78,24 +78,42 @@ t_show() {
 
 # t_netns_up LETTER N [OPTIONS...]: N hosts in network namespaces
 # (scripts/netns.sh up N OPTIONS, addresses 10.77.0.1-N) under the prefix
-# PREFIX=LETTER<pid mod 1000>, short since netns.sh appends up to 10
-# characters to it in interface names. Skips the whole script, with the
+# PREFIX=LETTER<pid mod 1000000> (netns.sh takes 8 characters at most:
+# LETTER is 1 or 2; two scripts of one LETTER whose pids agreed mod 1000
+# took each other's hosts down). Skips the whole script, with the
 # reason, without root, iproute2 or namespace support; bails out where
 # setting them up fails. They are taken down on exit, after the command
 # in T_NETNS_DOWN_FIRST, if set (for what the script added to them).
-t_netns_up() {
+t_netns_up() { t_netns_try "$@" || t_skip_all "$NETNS_WHY"; }
+# t_netns_try LETTER N [OPTIONS...]: t_netns_up for a script that needs
+# them in some rows only: without root, iproute2 or namespace support it
+# returns 1 with the reason in NETNS_WHY (the caller skips those rows);
+# where setting them up fails it bails out all the same.
+t_netns_try() {
     NETNS=$top_srcdir/scripts/netns.sh
-    [ -f "$NETNS" ] || t_skip_all "scripts/netns.sh is missing"
-    PREFIX=$1$(( $$ % 1000 ))
+    NETNS_WHY="scripts/netns.sh is missing"
+    [ -f "$NETNS" ] || return 1
+    PREFIX=$1$(( $$ % 1000000 ))
     shift
-    _why=$(sh "$NETNS" check --prefix "$PREFIX" 2>&1) ||
-        t_skip_all "network namespaces unavailable: $_why"
+    NETNS_WHY=$(sh "$NETNS" check --prefix "$PREFIX" 2>&1) || {
+        NETNS_WHY="network namespaces unavailable: $NETNS_WHY"
+        return 1
+    }
     T_CLEANUP_HOOK=t_netns_down
     sh "$NETNS" up "$@" --prefix "$PREFIX" > "$TMP/up.log" 2>&1 || {
         t_show "$TMP/up.log"
         echo "Bail out! scripts/netns.sh up $* failed"
         exit 1
     }
+}
+# t_netns_agent FILE: FILE becomes the "remote shell" of meshrun's ssh
+# launcher (--launcher ssh --ssh FILE) for those hosts: FILE HOST COMMAND
+# runs COMMAND in the namespace of HOST (10.77.0.K).
+t_netns_agent() {
+    # shellcheck disable=SC2016
+    printf '#!/bin/sh\nhost=$1\nshift\nexec ip netns exec "%s${host##*.}" sh -c "$1"\n' \
+        "$PREFIX" > "$1"
+    chmod +x "$1"
 }
 t_netns_down() {
     [ -n "${T_NETNS_DOWN_FIRST:-}" ] && $T_NETNS_DOWN_FIRST

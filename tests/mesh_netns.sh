@@ -11,13 +11,7 @@
 t_netns_up m 4
 
 # The "remote shell": AGENT HOST COMMAND runs COMMAND in HOST's namespace.
-cat > "$TMP/agent" <<AGENT
-#!/bin/sh
-host=\$1
-shift
-exec ip netns exec "$PREFIX\${host##*.}" sh -c "\$1"
-AGENT
-chmod +x "$TMP/agent"
+t_netns_agent "$TMP/agent"
 
 t_plan 6
 for n in 2 4; do

@@ -49,16 +49,8 @@ sweep "5 ranks, tcp, --chunk 7, every op at 1-343 elements" 16 -np 5 -- \
     --chunk 7 -d half -o avg --root 3 -b 2 -e 686 -f 7 -n 1 -w 0
 
 take_ports 3
-NETNS=$top_srcdir/scripts/netns.sh
-PREFIX=ms$(($$ % 1000))
-T_CLEANUP_HOOK=t_netns_down
-if why=$(sh "$NETNS" check --prefix "$PREFIX" 2>&1) &&
-   sh "$NETNS" up 2 --prefix "$PREFIX" > "$TMP/up.log" 2>&1; then
-    # meshrun's ssh launcher with an "ssh" that runs in the namespace
-    # shellcheck disable=SC2016
-    printf '#!/bin/sh\nhost=$1\nshift\nexec ip netns exec "%s${host##*.}" sh -c "$1"\n' \
-        "$PREFIX" > "$TMP/agent"
-    chmod +x "$TMP/agent"
+if t_netns_try ms 2; then
+    t_netns_agent "$TMP/agent"
     printf '10.77.0.1 slots=3 port=%s\n10.77.0.2 slots=3 port=%s\n' \
         "$PORT" "$PORT" > "$TMP/hosts"
     WANT_LINE="collectives: 2 host(s) of 3 ranks: hier runs"
@@ -68,7 +60,7 @@ if why=$(sh "$NETNS" check --prefix "$PREFIX" 2>&1) &&
         --algo htree -d bfloat16 --root 2 -b 6 -e 9438 -f 11 -n 1 -w 0
     WANT_LINE=
 else
-    t_skip "2 hosts of 3: network namespaces unavailable: ${why:-up failed}"
+    t_skip "2 hosts of 3: $NETNS_WHY"
 fi
 
 take_ports 7
