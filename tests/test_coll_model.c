@@ -351,8 +351,15 @@ static void probe_checks(void)
                     int R = Rs[i], K = Ks[j], on[PR_K], on2[PR_K], why = 0;
                     int why2 = 0, keep, keep2, best = 0;
 
-                    /* clearly slower ones leave; the fastest is kept */
+                    /* clearly slower ones leave; the fastest is kept.
+                     * Decided twice into flags set apart beforehand:
+                     * each contender's flag is written, and alike, as
+                     * every rank's must be from the same agreed times */
                     probe_times(all, v, R, K, P, clear, 0.1, seed);
+                    for (int a = 0; a < K; a++) {
+                        on[a] = -1;
+                        on2[a] = -2;
+                    }
                     keep =
                         coll_race_decide(all, v, R, K, P, -1, big, 0, on, &why);
                     keep2 = coll_race_decide(all, v, R, K, P, -1, big, 0, on2,
