@@ -252,9 +252,7 @@ int mesh_side_connect(mesh_side_t *s, const uint8_t a[MESH_SIDE_ADDR])
      * zero padding, a unicast LID where no GID routes, a GID where one
      * does */
     if (a[13] || a[14] || a[15] ||
-        (!use_gid &&
-         (mesh_get_le16(a + 8) == 0 || mesh_get_le16(a + 8) >= 0xc000)) ||
-        (use_gid && !memcmp(a + 16, (const uint8_t[16]){0}, 16)))
+        !verbs_route_ok(use_gid, mesh_get_le16(a + 8), a + 16))
         return mesh_err(-EPROTO,
                         "a side channel's address is malformed (padding "
                         "%02x%02x%02x, LID 0x%04x without a GID: a unicast "

@@ -95,6 +95,9 @@ struct verbs_info {
  */
 int verbs_info_check(const uint8_t *m, int peer, const char *pname, int nqp,
                      int use_gid, struct verbs_info *out);
+/* Whether a peer's route is one a QP can take: a GID not all zeros where
+ * GIDs route (RoCE), else a unicast LID (0x0001 to 0xbfff). */
+int verbs_route_ok(int use_gid, uint16_t lid, const uint8_t gid[16]);
 
 /* A CTS as decoded. */
 struct verbs_cts_hdr {

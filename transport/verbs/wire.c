@@ -34,6 +34,12 @@ static int zero_bytes(const uint8_t *m, size_t from, size_t to)
     return 1;
 }
 
+int verbs_route_ok(int use_gid, uint16_t lid, const uint8_t gid[16])
+{
+    return use_gid ? !zero_bytes(gid, 0, 16)
+                   : lid != 0 && lid < WIRE_LID_UNICAST;
+}
+
 int verbs_info_check(const uint8_t *m, int peer, const char *pname, int nqp,
                      int use_gid, struct verbs_info *out)
 {
@@ -90,12 +96,12 @@ int verbs_info_check(const uint8_t *m, int peer, const char *pname, int nqp,
                         "InfiniBand and RoCE? see --gid-index)",
                         peer, pname, r.use_gid ? "uses" : "does not use",
                         use_gid ? "does" : "does not");
-    if (r.use_gid && zero_bytes(r.gid, 0, sizeof(r.gid)))
+    if (r.use_gid && !verbs_route_ok(1, r.lid, r.gid))
         return mesh_err(-EPROTO,
                         "verbs: rank %d (%s) sent QP details with GID flag 1 "
                         "and a GID of zeros",
                         peer, pname);
-    if (!r.use_gid && (r.lid == 0 || r.lid >= WIRE_LID_UNICAST))
+    if (!r.use_gid && !verbs_route_ok(0, r.lid, r.gid))
         return mesh_err(-EPROTO,
                         "verbs: rank %d (%s) sent QP details with LID 0x%04x "
                         "and no GID (a unicast LID is 0x0001 to 0xbfff)",
