@@ -39,25 +39,12 @@ TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
 
 LAUNCH="--launcher local"
 if [ -n "$SWEEP_NETNS" ]; then
-    PREFIX=es$(($$ % 100000))
-    NETNS=$top_srcdir/scripts/netns.sh
-    netns_down() { sh "$NETNS" down --prefix "$PREFIX" > /dev/null 2>&1; }
-    T_CLEANUP_HOOK=netns_down
-    sh "$NETNS" up 4 --prefix "$PREFIX" > /dev/null || exit 1
-    printf '#!/bin/sh\nhost=$1\nshift\nexec ip netns exec "%s${host##*.}" sh -c "$1"\n' \
-        "$PREFIX" > "$TMP/agent"
-    chmod +x "$TMP/agent"
+    t_netns_try es 4 || { echo "$NETNS_WHY" >&2; exit 1; }
+    t_netns_agent "$TMP/agent"
     LAUNCH="--launcher ssh --ssh $TMP/agent"
     HOSTNET=10.77.0
 fi
 
-pick() {
-    _i=$1
-    shift
-    _n=$#
-    _i=$((_i % _n + 1))
-    eval "echo \${$_i}"
-}
 
 fails=0
 n=0

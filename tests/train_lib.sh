@@ -76,3 +76,13 @@ codes_are() {
     done
     return 1
 }
+
+# pick INDEX LIST...: the (INDEX mod count)-th word of LIST (the sweeps'
+# way through their axes, scripts/*_sweep.sh).
+pick() {
+    _i=$1
+    shift
+    _n=$#
+    _i=$((_i % _n + 1))
+    eval "echo \${$_i}"
+}
