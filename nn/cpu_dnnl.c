@@ -31,7 +31,8 @@
  * - Threads: Debian's libdnnl runs on OpenMP (DNNL_CPU_THREADING_RUNTIME ==
  *   DNNL_RUNTIME_OMP); omp_set_num_threads() sets the count for the calling
  *   thread, so every op sets it again (cheap) in case the trainer calls from
- *   a thread other than the one that opened the device.
+ *   a thread other than the one that opened the device; so does every
+ *   primitive's creation, which oneDNN sizes by that count.
  * A device is used by one thread at a time (the memory objects carry state).
  */
 #include "config.h"
@@ -436,6 +437,7 @@ static int prim_init(struct mesh_nn_dev *dev, struct prim *p,
     const dnnl_memory_desc_t *sp;
     int rc = 0, i;
 
+    set_threads(dev); /* (oneDNN sizes a primitive by it) */
     memset(p, 0, sizeof(*p));
     DNNL_CHECK(rc, dnnl_primitive_attr_create(&attr), fail, what);
     DNNL_CHECK(rc,
@@ -519,6 +521,7 @@ static int reo_init(struct mesh_nn_dev *dev, struct reo *r,
     dnnl_primitive_attr_t attr = NULL;
     int rc = 0;
 
+    set_threads(dev); /* (oneDNN sizes a primitive by it) */
     memset(r, 0, sizeof(*r));
     if (dnnl_memory_desc_equal(src, dst))
         return 0;
@@ -603,6 +606,7 @@ static int has_fast_impl(struct mesh_nn_dev *dev, const_dnnl_op_desc_t od,
     dnnl_primitive_desc_t pd = NULL;
     int fast = 0;
 
+    set_threads(dev); /* (oneDNN sizes a primitive by it) */
     if (dnnl_primitive_attr_create(&attr) != dnnl_success)
         return 0;
     if (dnnl_primitive_attr_set_scratchpad_mode(
@@ -699,6 +703,7 @@ static int op_prim(struct mesh_nn_dev *dev, op_desc_fn mk,
     union op_desc od, fd;
     int bf16 = try_bf16, rc = 0;
 
+    set_threads(dev); /* (oneDNN sizes a primitive by it) */
     for (;;) {
         if (dir != DIR_FWD) {
             DNNL_CHECK(rc, mk(m, DIR_FWD, bf16, &fd), out, what);
