@@ -2967,9 +2967,11 @@ static void *cu_main(void *arg)
                   cu_why_line);
         mesh_elastic_join_view(cu->t->el, 0);
         mesh_elastic_join_need(cu->t->el, 0);
-        /* (once its model and kernels are built: admitted, it must join
-         * the view's mesh at once) */
-        if (cu->ready)
+        /* once its model is built (admitted, it must join the view's
+         * mesh at once, and receives the state into the model's slabs);
+         * its kernels are built beside the transfer, which takes about N
+         * / (its link's rate) here (train.c, warm_start) */
+        if (cu->model)
             mesh_elastic_join_hold(cu->t->el, 0);
         else
             cu->unhold = 1;
@@ -3033,6 +3035,11 @@ void train_catchup_model(struct trainer *t)
         return;
     pthread_mutex_lock(&cu->mu);
     cu->model = 1;
+    /* (a catch-up that failed waits for no kernels: cu_main) */
+    if (cu->unhold && cu->result < 0) {
+        mesh_elastic_join_hold(t->el, 0);
+        cu->unhold = 0;
+    }
     pthread_mutex_unlock(&cu->mu);
 }
 
@@ -3056,6 +3063,10 @@ void train_catchup_stop(struct trainer *t)
 
     if (!cu)
         return;
+    /* the warm-up's thread no longer tells it (train.c, warm_main) */
+    pthread_mutex_lock(&t->warm_mu);
+    t->cu = NULL;
+    pthread_mutex_unlock(&t->warm_mu);
     pthread_mutex_lock(&cu->mu);
     cu->stop = 1;
     pthread_mutex_unlock(&cu->mu);

@@ -7,6 +7,7 @@
 #ifndef MESH_TRAIN_INTERNAL_H
 #define MESH_TRAIN_INTERNAL_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <openssl/evp.h>
@@ -151,6 +152,12 @@ struct trainer {
      * the model (UINT64_MAX: none) with its figures */
     struct train_serve *serve;
     struct train_catchup *cu;
+    /* a joiner's warm-up, on a thread of its own (train.c, warm_start);
+     * warm_mu orders its end against the catch-up's: cu is set to NULL
+     * under it before the catch-up is freed */
+    pthread_t warm_th;
+    pthread_mutex_t warm_mu;
+    int warm_on;
     /* the weights' SHA-256 ahead of a view change (train/whash.c) */
     struct train_wh *wh;
     uint64_t cu_step, cu_snap_step, cu_replayed;

@@ -795,6 +795,54 @@ static void warm_up(struct trainer *t)
 }
 
 /*
+ * A joiner builds its kernels on a thread of its own, beside the rest of
+ * its start: its catch-up (holding its join until both are done, as
+ * before: train_catchup_ready), or, where the catch-up failed or gave up
+ * (one sender on a link its ring shares), the view change that admits it
+ * as soon as its model is built and sends it the whole state, about N /
+ * (its link's rate): 0.6 to 1.9 s of kernels at a load of 5 to 10
+ * came before that admission, not beside its transfer (bench/join.sh,
+ * 8 December 2026). warm_join waits for the thread before anything else
+ * runs on the device: the restore after the transfer, the first step.
+ */
+static void *warm_main(void *arg)
+{
+    struct trainer *t = arg;
+
+    warm_up(t);
+    /* (read once the thread is joined: join_report) */
+    t->join_mark[TRAIN_JM_MODEL] = mesh_now_s();
+    pthread_mutex_lock(&t->warm_mu);
+    if (t->cu)
+        train_catchup_ready(t);
+    pthread_mutex_unlock(&t->warm_mu);
+    return NULL;
+}
+
+/* Start it (inline where no thread can be made). */
+static void warm_start(struct trainer *t)
+{
+    int rc = -pthread_create(&t->warm_th, NULL, warm_main, t);
+
+    if (rc == 0) {
+        t->warm_on = 1;
+        return;
+    }
+    mesh_info("--elastic: the kernels are built before the join "
+              "(pthread_create: %s)",
+              strerror(-rc));
+    (void)warm_main(t);
+}
+
+static void warm_join(struct trainer *t)
+{
+    if (!t->warm_on)
+        return;
+    pthread_join(t->warm_th, NULL);
+    t->warm_on = 0;
+}
+
+/*
  * --batch 1 where the last stage is 1 x 1 (a small --image-size): its batch
  * norms see one value a channel in training, output their beta whatever
  * the input, and the network's output does not depend on the image.
@@ -1979,6 +2027,7 @@ static int view_open(struct trainer *t, const struct mesh_elastic_view *v,
         rc = train_xfer_run(t, v, &wh, &st);
         mk[VC_XFER] = mesh_now_s();
         hashed += st.hashed;
+        warm_join(t); /* (built beside the transfer: warm_start) */
         if (rc == 0)
             rc = needy ? snap_restore(t, v->step, 1)
                        : snap_restore_buffers(t, v->step);
@@ -2341,6 +2390,7 @@ static int train_loop(struct trainer *t, uint64_t start, int *code)
             rc = 0;
         }
         if (rc == 0) {
+            warm_join(t);
             if (t->join_view && !t->join_mark[TRAIN_JM_BEGIN])
                 t->join_mark[TRAIN_JM_BEGIN] = mesh_now_s();
             train_fault(t, TRAIN_FAULT_BETWEEN);
@@ -2686,15 +2736,13 @@ static int setup(struct trainer *t, const struct mesh_opts *mo)
         return fail(t, MESH_EXIT_USAGE, rc);
     /* a joiner builds its kernels while its catch-up receives and loads
      * the snapshot, and is admitted only after both (it holds its join
-     * until then: elastic_probe) */
+     * until then: elastic_probe); without a catch-up (or once it failed)
+     * while the view change sends it the whole state (warm_start) */
     if (t->joiner) {
-        warm_up(t);
-        if (t->cu)
-            train_catchup_ready(t);
-        else
+        if (!t->cu)
             mesh_elastic_join_hold(t->el, 0);
+        warm_start(t);
     }
-    t->join_mark[TRAIN_JM_MODEL] = mesh_now_s();
     if (t->mesh && !t->unformed)
         train_serve_view(t, 1);
     if (t->unformed)
@@ -2866,6 +2914,7 @@ static int finish(struct trainer *t)
 /* Close every resource in reverse order of opening. */
 static void trainer_close(struct trainer *t)
 {
+    warm_join(t);
     train_catchup_stop(t);
     train_whash_stop(t);
     train_serve_stop(t);
@@ -2904,6 +2953,7 @@ static void trainer_close(struct trainer *t)
     free(t->hbuf);
     free(t->bn_own);
     free(t->init_buf);
+    pthread_mutex_destroy(&t->warm_mu);
 }
 
 /* The exit code of an error of the steps or the end of the run. */
@@ -2952,6 +3002,7 @@ int train_run(const struct train_cfg *c, const struct mesh_opts *mo)
     int code, rc, first = 0;
 
     memset(&t, 0, sizeof(t));
+    pthread_mutex_init(&t.warm_mu, NULL);
     t.listen_fd = -1;
     t.c = c;
     t.cu_step = UINT64_MAX;
