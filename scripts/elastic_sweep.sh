@@ -28,7 +28,6 @@ top_srcdir=${top_srcdir:-$(cd "$(dirname "$0")/.." && pwd)}
 CASES=${1:-30}
 FIRST=${2:-0}
 LAYOUTS=${SWEEP_LAYOUTS:-"2+2 4 2+2+2 1+1+1 3+3 3+1 1+2+2 2+3"}
-HOSTNET=127.0.0
 ALGOS="auto hier ring htree rhd hrd tree rd"
 MOMENTS="between allreduce eval checkpoint between allreduce"
 # 400 samples, batch 4: 25 steps per epoch at 4 ranks, 16 at 6, 33 at 3
@@ -37,14 +36,7 @@ TINY="--model resnet18 --width 4 --cifar-stem --image-size 12 --threads 1 \
 --lr 0.01 --verify-every 1 --peer-timeout 3 --join-timeout 60 --elastic \
 --data synthetic:400 --epochs 8 ${SWEEP_EXTRA:-}"
 
-LAUNCH="--launcher local"
-if [ -n "$SWEEP_NETNS" ]; then
-    t_netns_try es 4 || { echo "$NETNS_WHY" >&2; exit 1; }
-    t_netns_agent "$TMP/agent"
-    LAUNCH="--launcher ssh --ssh $TMP/agent"
-    HOSTNET=10.77.0
-fi
-
+sweep_hosts es
 
 fails=0
 n=0

@@ -42,15 +42,7 @@ TINY="--model resnet18 --width 8 --cifar-stem --image-size 12 --threads 1 \
 --data-threads 1 --quiet --num-classes 10 --in-channels 1 --lr 0.05 \
 --verify-every 1 --join-timeout 60 ${SWEEP_EXTRA:-}"
 
-LAUNCH="--launcher local"
-HOSTNET=127.0.0
-if [ -n "$SWEEP_NETNS" ]; then
-    t_netns_try ts 4 || { echo "$NETNS_WHY" >&2; exit 1; }
-    t_netns_agent "$TMP/agent"
-    LAUNCH="--launcher ssh --ssh $TMP/agent"
-    HOSTNET=10.77.0
-fi
-
+sweep_hosts ts
 
 fails=0
 n=0

@@ -86,3 +86,17 @@ pick() {
     _i=$((_i % _n + 1))
     eval "echo \${$_i}"
 }
+
+# sweep_hosts LETTERS: LAUNCH and HOSTNET of the sweeps' hostfiles
+# (scripts/*_sweep.sh): meshrun's local launcher on 127.0.0.x, or, with
+# SWEEP_NETNS set, 4 namespace hosts (10.77.0.x, prefix LETTERS) reached
+# through t_netns_agent; exits where those cannot be made.
+sweep_hosts() {
+    LAUNCH="--launcher local"
+    HOSTNET=127.0.0
+    [ -n "${SWEEP_NETNS:-}" ] || return 0
+    t_netns_try "$1" 4 || { echo "$NETNS_WHY" >&2; exit 1; }
+    t_netns_agent "$TMP/agent"
+    LAUNCH="--launcher ssh --ssh $TMP/agent"
+    HOSTNET=10.77.0
+}
